@@ -1,0 +1,38 @@
+# Every target sets itself up from nothing: a .venv installed through constraints.txt.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+EXTRAS := dev,tensorplay,cli,demo
+
+.PHONY: setup test lint typecheck unit bench bench-quick demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+lint: setup
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
+
+typecheck: setup
+	$(PY) -m mypy
+
+unit: setup
+	$(PY) -m pytest -q -n 2
+
+test: lint typecheck unit
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+bench-quick: setup
+	$(PY) benchmarks/run.py --quick
+
+demo: setup
+	$(VENV)/bin/prunekit demo
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""prunekit: neural-network pruning by mask reparameterization.
+
+``import prunekit as prune`` is a drop-in for ``torch.nn.utils.prune``.
+"""
+
+from prunekit.amount import (
+    compute_nparams_to_prune,
+    validate_pruning_amount,
+    validate_pruning_amount_init,
+)
+from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.functional import (
+    custom_from_mask,
+    global_unstructured,
+    identity,
+    is_pruned,
+    l1_unstructured,
+    ln_structured,
+    random_structured,
+    random_unstructured,
+    remove,
+)
+from prunekit.methods import (
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    RandomStructured,
+    RandomUnstructured,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BasePruningMethod",
+    "CustomFromMask",
+    "Identity",
+    "L1Unstructured",
+    "LnStructured",
+    "PruningBase",
+    "PruningContainer",
+    "RandomStructured",
+    "RandomUnstructured",
+    "__version__",
+    "compute_nparams_to_prune",
+    "custom_from_mask",
+    "global_unstructured",
+    "identity",
+    "is_pruned",
+    "l1_unstructured",
+    "ln_structured",
+    "random_structured",
+    "random_unstructured",
+    "remove",
+    "validate_pruning_amount",
+    "validate_pruning_amount_init",
+]

@@ -1,0 +1,93 @@
+"""Checks of the numbers a pruning call is given: amount, dim, norm order, tensor shape."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+__all__ = [
+    "compute_nparams_to_prune",
+    "validate_dim",
+    "validate_norm_order",
+    "validate_pruning_amount",
+    "validate_pruning_amount_init",
+    "validate_structured_tensor",
+]
+
+AMOUNT_RULE = "a float in [0, 1] (a fraction) or an int >= 0 (a count)"
+NORM_RULE = "a positive number, float('inf'), float('-inf'), 'fro' or 'nuc'"
+
+
+def validate_pruning_amount_init(amount: Any, owner: str = "amount") -> None:
+    """Check an amount before the tensor it applies to is known.
+
+    Raises TypeError for a non-number (bools included) and ValueError for a
+    value outside the allowed range (NaN included).
+    """
+    if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
+        raise TypeError(
+            f"{owner}: invalid amount={amount!r} of type {type(amount).__name__}; "
+            f"expected {AMOUNT_RULE}"
+        )
+    if isinstance(amount, numbers.Integral):
+        if amount < 0:
+            raise ValueError(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
+        return
+    value = float(amount)
+    if math.isnan(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
+
+
+def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
+    """Return how many of `tensor_size` units `amount` asks to prune.
+
+    An int is a count; a float is a fraction of `tensor_size`, rounded with
+    Python's round() (ties to even), as torch.nn.utils.prune does.
+    """
+    if isinstance(amount, numbers.Integral):
+        return int(amount)
+    return round(float(amount) * tensor_size)
+
+
+def validate_pruning_amount(amount: float, tensor_size: int, owner: str = "amount") -> None:
+    """Check that a count `amount` does not exceed the `tensor_size` units available."""
+    if isinstance(amount, numbers.Integral) and amount > tensor_size:
+        raise ValueError(
+            f"{owner}: amount={amount} is more than the {tensor_size} units available to prune; "
+            f"expected a count <= {tensor_size} or a fraction in [0, 1]"
+        )
+
+
+def validate_structured_tensor(shape: tuple[int, ...], owner: str = "tensor") -> None:
+    """Structured pruning needs channels: a tensor of two or more dims."""
+    if len(shape) <= 1:
+        raise ValueError(
+            f"{owner}: structured pruning needs a tensor with 2 or more dims, "
+            f"got shape {tuple(shape)}; use an unstructured method for 1-D tensors"
+        )
+
+
+def validate_dim(dim: Any, ndim: int, owner: str = "dim") -> int:
+    """Return `dim` as a non-negative axis of an `ndim`-D tensor, or raise IndexError."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{owner}: invalid dim={dim!r}; expected an int")
+    axis = int(dim)
+    if not -ndim <= axis < ndim:
+        raise IndexError(
+            f"{owner}: dim={axis} is out of range for a tensor with {ndim} dims; "
+            f"expected an int in [{-ndim}, {ndim - 1}]"
+        )
+    return axis % ndim
+
+
+def validate_norm_order(n: Any, owner: str = "n") -> None:
+    """Check `n`, the order of the norm that ranks channels."""
+    if isinstance(n, str):
+        if n in ("fro", "nuc"):
+            return
+    elif isinstance(n, numbers.Real) and not isinstance(n, bool):
+        value = float(n)
+        if value in (math.inf, -math.inf) or (math.isfinite(value) and value > 0):
+            return
+    raise ValueError(f"{owner}: invalid norm order n={n!r}; expected {NORM_RULE}")
