@@ -1,4 +1,9 @@
-"""Which framework a tensor or module belongs to, and that framework's namespace."""
+"""Which framework (torch or tensorplay) an object belongs to, and the few operations that differ.
+
+Both frameworks share the PyTorch API, so the rest of the package calls tensor
+methods directly and types them as ``torch.Tensor``; a tensorplay tensor passes
+through the same code by duck typing. What is not shared lives here.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,92 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch import Tensor
 
-__all__ = ["namespace"]
+__all__ = ["FRAMEWORKS", "common_namespace", "framework", "namespace", "norm"]
+
+FRAMEWORKS = ("torch", "tensorplay")
 
 
-def namespace(obj: Any) -> ModuleType:
-    """Return the top-level package (torch or tensorplay) that `obj`'s type comes from."""
-    root = type(obj).__module__.split(".", 1)[0]
-    if root == "torch":
-        return torch
-    if root == "tensorplay":
-        return sys.modules["tensorplay"]
+def framework(obj: Any) -> str:
+    """Return ``'torch'`` or ``'tensorplay'``: the framework `obj`'s type comes from.
+
+    Subclasses defined elsewhere (a user's ``nn.Module``) count as the framework
+    of the class they derive from. Raises TypeError for anything else.
+    """
+    for cls in type(obj).__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root in FRAMEWORKS:
+            return root
     raise TypeError(
         f"expected a torch or tensorplay tensor or module, got {type(obj).__module__}."
         f"{type(obj).__qualname__}"
     )
+
+
+def namespace(obj: Any) -> ModuleType:
+    """Return the top-level package (torch or tensorplay) that `obj` belongs to."""
+    if framework(obj) == "torch":
+        return torch
+    return sys.modules["tensorplay"]
+
+
+def common_namespace(where: str, /, **objects: Any) -> ModuleType:
+    """Return the one framework of `objects` (None values skipped); raise if they mix two.
+
+    The keyword names are how the error names the objects, e.g.
+    ``common_namespace(where, module=m, importance_scores=s)``.
+    """
+    seen: dict[str, str] = {}
+    for label, obj in objects.items():
+        if obj is None:
+            continue
+        try:
+            seen.setdefault(framework(obj), label)
+        except TypeError:
+            raise TypeError(
+                f"{where}: {label} must be a torch or tensorplay object, got {type(obj).__name__}"
+            ) from None
+    if len(seen) > 1:
+        described = " but ".join(
+            f"{label} is a {name} {_kind(objects[label])}" for name, label in seen.items()
+        )
+        raise TypeError(
+            f"{where}: cannot mix torch and tensorplay objects in one call: {described}; "
+            "pass modules and tensors of one framework"
+        )
+    if not seen:
+        raise TypeError(f"{where}: no torch or tensorplay object given")
+    return torch if "torch" in seen else sys.modules["tensorplay"]
+
+
+def _kind(obj: Any) -> str:
+    """How an error names `obj`: 'tensor' for any tensor, else its class name."""
+    return "tensor" if hasattr(obj, "shape") and hasattr(obj, "dtype") else type(obj).__name__
+
+
+def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:
+    """The norm of `t` over `dims`: order `p` a number, ``'fro'`` or ``'nuc'`` (two dims).
+
+    ``'fro'`` is the 2-norm of the entries over any number of dims, on both
+    frameworks. tensorplay's ``norm`` takes numeric orders only, so its
+    ``'nuc'`` goes through ``linalg.matrix_norm``. The nuclear norm needs a
+    singular value decomposition, which neither framework runs below float32.
+    """
+    ns = namespace(t)
+    if p == "nuc":
+        if t.dtype not in (ns.float32, ns.float64):
+            raise TypeError(
+                f"n='nuc' needs float32 or float64 values (it takes a singular value "
+                f"decomposition), got {t.dtype}; use another norm order or convert the tensor"
+            )
+        nuclear: Tensor = ns.linalg.matrix_norm(t, ord="nuc", dim=tuple(dims))
+        return nuclear
+    order = 2 if p == "fro" else p
+    if ns is torch:
+        vector: Tensor = torch.linalg.vector_norm(t, order, dim=dims)
+        return vector
+    # tensorplay's norm() agrees with torch's vector_norm to the last bit more
+    # often than its own linalg.vector_norm does, so channel rankings match.
+    result: Tensor = ns.norm(t, p=order, dim=dims)
+    return result

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from prunekit._backend import namespace
+from prunekit._backend import common_namespace, namespace
 
 __all__ = [
     "PRUNING_TYPES",
@@ -111,6 +111,12 @@ class BasePruningMethod(ABC):
         importance_scores: Tensor | None = None,
     ) -> Tensor:
         """Return `t` pruned by this method, without touching any module."""
+        ns = common_namespace(
+            f"{type(self).__name__}.prune",
+            t=t,
+            default_mask=default_mask,
+            importance_scores=importance_scores,
+        )
         scores = t if importance_scores is None else importance_scores
         if tuple(scores.shape) != tuple(t.shape):
             raise ValueError(
@@ -118,7 +124,7 @@ class BasePruningMethod(ABC):
                 f"{tuple(scores.shape)} do not match the tensor's shape {tuple(t.shape)}"
             )
         if default_mask is None:
-            default_mask = namespace(t).ones_like(t)
+            default_mask = ns.ones_like(t)
         return t * self.compute_mask(scores, default_mask=default_mask)
 
     def remove(self, module: nn.Module) -> None:
@@ -316,11 +322,7 @@ def _parameter(module: nn.Module, name: str) -> nn.Parameter:
 
 def _scores(scores: Any, current: Tensor, where: str) -> Tensor:
     """Check importance scores against the tensor they rank; return them detached."""
-    if type(scores).__module__.split(".")[0] != type(current).__module__.split(".")[0]:
-        raise TypeError(
-            f"{where}: importance_scores must be a tensor of the same framework as the "
-            f"parameter, got {type(scores).__name__}"
-        )
+    common_namespace(where, parameter=current, importance_scores=scores)
     if tuple(scores.shape) != tuple(current.shape):
         raise ValueError(
             f"{where}: importance_scores of shape {tuple(scores.shape)} do not match "
@@ -337,6 +339,7 @@ def _scores(scores: Any, current: Tensor, where: str) -> Tensor:
 
 def _checked_mask(mask: Any, current: Tensor, where: str) -> Tensor:
     """A computed mask as installed: same shape and dtype as the parameter, detached."""
+    common_namespace(where, parameter=current, mask=mask)
     if tuple(mask.shape) != tuple(current.shape):
         raise ValueError(
             f"{where}: the pruning method returned a mask of shape {tuple(mask.shape)}, "

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from prunekit._backend import namespace
+from prunekit._backend import common_namespace, namespace
 from prunekit.base import (
     BasePruningMethod,
     PruningContainer,
@@ -152,6 +152,7 @@ def global_unstructured(
     for module, name in params:
         current, mask = _current(module, name)
         given = importance_scores.get((module, name))
+        common_namespace(describe(module, name), parameter=current, importance_scores=given)
         if given is not None and tuple(given.shape) != tuple(current.shape):
             raise ValueError(
                 f"{describe(module, name)}: importance_scores of shape {tuple(given.shape)} "
@@ -160,7 +161,10 @@ def global_unstructured(
         scores.append((current if given is None else given.detach()).reshape(-1))
         masks.append(mask.reshape(-1).to(dtype=current.dtype))
         shapes.append(current.shape)
-    ns = namespace(scores[0])
+    ns = common_namespace(
+        "global_unstructured",
+        **{f"{type(m).__name__}.{name} (parameters[{i}])": m for i, (m, name) in enumerate(params)},
+    )
     container = PruningContainer()
     container._tensor_name = method._tensor_name = "global"
     container.add_pruning_method(method)

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import namespace
+from prunekit._backend import common_namespace, namespace, norm
 from prunekit.amount import (
     compute_nparams_to_prune,
     validate_dim,
@@ -166,7 +166,7 @@ class LnStructured(_Structured):
                 f"{owner}: n='nuc' needs a 3-D tensor (two axes besides dim), "
                 f"got shape {tuple(t.shape)}"
             )
-        norms: Tensor = namespace(t).norm(t, p=self.n, dim=others)
+        norms = norm(t, self.n, others)
         _require_finite(norms, owner, what="channel norms")
         return norms
 
@@ -199,6 +199,7 @@ class CustomFromMask(BasePruningMethod):
         self.mask = mask
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        common_namespace("CustomFromMask", mask=self.mask, default_mask=default_mask)
         if tuple(self.mask.shape) != tuple(default_mask.shape):
             raise ValueError(
                 f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}, "
