@@ -1,0 +1,399 @@
+"""The same calls on tensorplay modules: masks equal to torch's, training, remove, clear errors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.utils.prune as torch_prune
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import prunekit as prune
+from frameworks import Framework
+from prunekit._backend import common_namespace, framework, namespace
+
+tp = pytest.importorskip("tensorplay", minversion="1.0")
+TORCH = Framework("torch")
+TP = Framework("tensorplay")
+
+# A step prunes module `m` through `lib` (prunekit or torch.nn.utils.prune), making
+# any tensor it needs with `fw`.
+Step = Callable[[Any, Framework, Any], Any]
+
+
+def make(fw: Framework, kind: str) -> Any:
+    if kind == "linear":
+        return fw.nn.Linear(7, 5)
+    if kind == "conv1d":
+        return fw.nn.Conv1d(4, 6, 3)
+    return fw.nn.Conv2d(3, 6, 3)
+
+
+def twins(kind: str, seed: int = 0) -> tuple[Any, Any]:
+    """A torch module and a tensorplay module holding the same weights."""
+    torch.manual_seed(seed)
+    reference = make(TORCH, kind)
+    other = make(TP, kind)
+    TP.copy_parameters(reference, other)
+    return reference, other
+
+
+def ramp(fw: Framework, m: Any, name: str = "weight") -> Any:
+    """Scores 0, 1, 2, ... in flat order, reversed every third entry: no ties, not the weights."""
+    n = getattr(m, name).numel()
+    values = [float(n - i) if i % 3 == 0 else float(i) for i in range(n)]
+    return fw.tensor(values).reshape(tuple(getattr(m, name).shape))
+
+
+def stripes(fw: Framework, m: Any) -> Any:
+    n = m.weight.numel()
+    values = [float(i % 3 != 0) for i in range(n)]
+    return fw.tensor(values).reshape(tuple(m.weight.shape))
+
+
+inf = math.inf
+STEPS: dict[str, Step] = {
+    "identity": lambda lib, fw, m: lib.identity(m, "weight"),
+    "l1_frac": lambda lib, fw, m: lib.l1_unstructured(m, "weight", 0.3),
+    "l1_count": lambda lib, fw, m: lib.l1_unstructured(m, "weight", 11),
+    "l1_all": lambda lib, fw, m: lib.l1_unstructured(m, "weight", 1.0),
+    "l1_none": lambda lib, fw, m: lib.l1_unstructured(m, "weight", 0.0),
+    "l1_bias": lambda lib, fw, m: lib.l1_unstructured(m, "bias", 0.5),
+    "l1_scores": lambda lib, fw, m: lib.l1_unstructured(
+        m, "weight", 0.5, importance_scores=ramp(fw, m)
+    ),
+    "custom": lambda lib, fw, m: lib.custom_from_mask(m, "weight", stripes(fw, m)),
+    "ln_scores": lambda lib, fw, m: lib.ln_structured(
+        m, "weight", 0.5, 2, 0, importance_scores=ramp(fw, m)
+    ),
+}
+for _n in (1, 2, 3, 0.5, inf, -inf):
+    for _dim in (0, 1, -1):
+        STEPS[f"ln_n{_n}_dim{_dim}"] = lambda lib, fw, m, n=_n, dim=_dim: lib.ln_structured(
+            m, "weight", 0.5, n, dim
+        )
+STEPS["ln_count"] = lambda lib, fw, m: lib.ln_structured(m, "weight", 2, 1, 0)
+
+CHAINS: dict[str, list[Step]] = {name: [step] for name, step in STEPS.items()}
+CHAINS.update(
+    {
+        "l1_then_ln": [STEPS["l1_frac"], STEPS["ln_n2_dim0"]],
+        "ln_then_l1_then_l1": [STEPS["ln_count"], STEPS["l1_frac"], STEPS["l1_count"]],
+        "ln_then_ln": [STEPS["ln_count"], STEPS["ln_n2_dim1"]],
+        "custom_then_l1": [STEPS["custom"], STEPS["l1_scores"]],
+        "l1_all_then_ln": [STEPS["l1_all"], STEPS["ln_n1_dim0"]],
+        "identity_then_l1": [STEPS["identity"], STEPS["l1_count"]],
+    }
+)
+
+
+def masks_of(m: Any) -> dict[str, Any]:
+    return {name: buf.tolist() for name, buf in m.named_buffers() if name.endswith("_mask")}
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_same_masks_as_torch(kind: str, chain: str) -> None:
+    reference, other = twins(kind)
+    mine = make(TORCH, kind)
+    mine.load_state_dict(reference.state_dict())
+    for step in CHAINS[chain]:
+        step(torch_prune, TORCH, reference)
+        step(prune, TORCH, mine)
+        step(prune, TP, other)
+    assert masks_of(reference)
+    assert masks_of(other) == masks_of(reference)
+    assert masks_of(mine) == masks_of(reference)
+    for name in masks_of(reference):
+        tensor = name.removesuffix("_mask")
+        assert getattr(other, tensor).tolist() == getattr(reference, tensor).tolist()
+        torch_prune.remove(reference, tensor)
+        prune.remove(other, tensor)
+        assert getattr(other, tensor).tolist() == getattr(reference, tensor).tolist()
+    assert not prune.is_pruned(other)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_nuclear_norm_ranks_channels_as_torch(dim: int) -> None:
+    reference, other = twins("conv1d")
+    torch_prune.ln_structured(reference, "weight", 0.5, "nuc", dim)
+    prune.ln_structured(other, "weight", 0.5, "nuc", dim)
+    assert other.weight_mask.tolist() == reference.weight_mask.tolist()
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_frobenius_norm_is_the_2_norm_on_any_number_of_dims(framework: Framework, dim: int) -> None:
+    fro, two = framework.nn.Conv2d(3, 6, 3), framework.nn.Conv2d(3, 6, 3)
+    framework.copy_parameters(fro, two)
+    prune.ln_structured(fro, "weight", 0.5, "fro", dim)
+    prune.ln_structured(two, "weight", 0.5, 2, dim)
+    assert fro.weight_mask.tolist() == two.weight_mask.tolist()
+    assert 0 < float(fro.weight_mask.sum()) < fro.weight_mask.numel()
+
+
+@pytest.mark.parametrize("amount", [0.35, 40])
+def test_global_unstructured_same_as_torch(amount: float) -> None:
+    pairs = [twins("linear", 1), twins("conv2d", 2)]
+    for lib, fw, side in ((torch_prune, TORCH, 0), (prune, TP, 1)):
+        first, second = (pair[side] for pair in pairs)
+        lib.l1_unstructured(first, "weight", 0.2)
+        lib.global_unstructured(
+            [(first, "weight"), (second, "weight"), (second, "bias")],
+            pruning_method=lib.L1Unstructured,
+            importance_scores={(second, "weight"): ramp(fw, second)},
+            amount=amount,
+        )
+    for reference, other in pairs:
+        assert masks_of(other) == masks_of(reference)
+    assert isinstance(
+        pairs[0][1]._forward_pre_hooks[next(iter(pairs[0][1]._forward_pre_hooks))],
+        prune.PruningContainer,
+    )
+
+
+# -- tie-breaking: the portable selection path gives torch's selection, ties included
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 6),
+    data=st.data(),
+)
+def test_ties_are_broken_alike(rows: int, cols: int, data: st.DataObject) -> None:
+    values = data.draw(
+        st.lists(
+            st.sampled_from([-2.0, -1.0, 0.0, 1.0, 2.0]), min_size=rows * cols, max_size=rows * cols
+        )
+    )
+    count = data.draw(st.integers(0, rows * cols))
+    channels = data.draw(st.integers(0, rows))
+    masks = []
+    for fw in (TORCH, TP):
+        t = fw.tensor(values).reshape((rows, cols))
+        unstructured = prune.L1Unstructured(count).compute_mask(t, fw.ns.ones_like(t))
+        structured = prune.LnStructured(channels, 1, 0).compute_mask(t, fw.ns.ones_like(t))
+        masks.append((unstructured.tolist(), structured.tolist()))
+    assert masks[0] == masks[1]
+    assert sum(row.count(0.0) for row in masks[1][0]) == count
+
+
+# -- random methods: exact counts, earlier masks respected, reproducible with a seed
+
+
+def test_random_unstructured_on_tensorplay() -> None:
+    m, again = TP.nn.Linear(7, 5), TP.nn.Linear(7, 5)
+    TP.copy_parameters(m, again)
+    prune.l1_unstructured(m, "weight", 0.5)  # 18 of 35 pruned
+    first = m.weight_mask.clone()
+    TP.seed(3)
+    prune.random_unstructured(m, "weight", 0.5)  # half of the 17 left, rounded to 8
+    mask = m.weight_mask
+    assert int((mask == 0).sum()) == 18 + 8
+    assert bool((mask <= first).all())
+    prune.l1_unstructured(again, "weight", 0.5)
+    TP.seed(3)
+    prune.random_unstructured(again, "weight", 0.5)
+    assert again.weight_mask.tolist() == mask.tolist()
+
+
+def test_random_structured_on_tensorplay() -> None:
+    m = TP.nn.Conv2d(3, 6, 3)
+    TP.seed(5)
+    prune.random_structured(m, "weight", 2, dim=0)
+    per_channel = m.weight_mask.sum(dim=[1, 2, 3]).tolist()
+    assert sorted(per_channel) == [0.0, 0.0] + [27.0] * 4
+
+
+# -- the reparameterization itself on tensorplay
+
+
+def test_reparameterization_on_tensorplay() -> None:
+    m = TP.nn.Linear(4, 3)
+    weight = m.weight
+    hook = prune.l1_unstructured(m, "weight", 0.5)
+    assert hook is m
+    assert m.weight_orig is weight
+    assert "weight" not in m._parameters
+    assert sorted(m._buffers) == ["weight_mask"]
+    assert m.weight_mask.dtype == weight.dtype
+    assert m.weight.tolist() == (m.weight_orig * m.weight_mask).tolist()
+    with tp.no_grad():
+        m.weight_orig.add_(1.0)
+    m(TP.tensor([[1.0, 2.0, 3.0, 4.0]]))
+    assert m.weight.tolist() == (m.weight_orig * m.weight_mask).tolist()
+    prune.remove(m, "weight")
+    assert m.weight is weight
+    assert isinstance(m.weight, tp.nn.Parameter)
+    assert not m._forward_pre_hooks and not m._buffers
+
+
+def snapshot(m: Any) -> tuple[Any, ...]:
+    return (
+        {k: (id(v), v.tolist()) for k, v in m._parameters.items()},
+        {k: v.tolist() for k, v in m._buffers.items()},
+        list(m._forward_pre_hooks.values()),
+    )
+
+
+def test_failed_call_leaves_tensorplay_module_as_it_was() -> None:
+    m = TP.nn.Linear(4, 3)
+    prune.l1_unstructured(m, "weight", 2)
+    before = snapshot(m)
+    with pytest.raises(ValueError, match="amount=99"):
+        prune.l1_unstructured(m, "weight", 99)
+    with pytest.raises(ValueError, match="importance_scores of shape"):
+        prune.ln_structured(m, "weight", 1, 2, 0, importance_scores=TP.tensor([1.0, 2.0]))
+    assert snapshot(m) == before
+
+
+# -- framework detection and mixing
+
+
+def test_framework_of_objects() -> None:
+    class Net(tp.nn.Module):
+        pass
+
+    class TorchNet(torch.nn.Module):
+        pass
+
+    assert framework(Net()) == "tensorplay"
+    assert framework(TP.nn.Linear(2, 2).weight) == "tensorplay"
+    assert framework(TP.tensor([1.0])) == "tensorplay"
+    assert framework(TorchNet()) == "torch"
+    assert framework(torch.ones(1).as_subclass(type("Sub", (torch.Tensor,), {}))) == "torch"
+    assert namespace(Net()) is tp
+    with pytest.raises(TypeError, match="expected a torch or tensorplay"):
+        framework([1.0])
+    with pytest.raises(TypeError, match="where: scores must be a torch or tensorplay object"):
+        common_namespace("where", scores=[1.0])
+
+
+MIXED_CALLS: dict[str, Callable[[Any, Framework], Any]] = {
+    "importance_scores": lambda m, other: prune.l1_unstructured(
+        m, "weight", 1, importance_scores=other.tensor([[1.0] * 4] * 3)
+    ),
+    "custom_from_mask": lambda m, other: prune.custom_from_mask(
+        m, "weight", other.tensor([[1.0] * 4] * 3)
+    ),
+    "global_modules": lambda m, other: prune.global_unstructured(
+        [(m, "weight"), (other.nn.Linear(4, 3), "weight")], prune.L1Unstructured, amount=2
+    ),
+    "global_scores": lambda m, other: prune.global_unstructured(
+        [(m, "weight")],
+        prune.L1Unstructured,
+        importance_scores={(m, "weight"): other.tensor([[1.0] * 4] * 3)},
+        amount=2,
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(MIXED_CALLS))
+def test_mixing_frameworks_is_a_clear_error(framework: Framework, call: str) -> None:
+    other = TP if framework.name == "torch" else TORCH
+    m = framework.nn.Linear(4, 3)
+    prune.l1_unstructured(m, "bias", 1)
+    before = snapshot(m)
+    with pytest.raises(TypeError, match="cannot mix torch and tensorplay") as info:
+        MIXED_CALLS[call](m, other)
+    assert f"a {framework.name} " in str(info.value) and f"a {other.name} " in str(info.value)
+    assert snapshot(m) == before
+
+
+def test_prune_rejects_mixed_tensors() -> None:
+    method = prune.L1Unstructured(1)
+    with pytest.raises(TypeError, match=r"L1Unstructured\.prune: cannot mix"):
+        method.prune(TP.tensor([1.0, 2.0]), default_mask=torch.ones(2))
+    with pytest.raises(TypeError, match="importance_scores is a torch tensor"):
+        method.prune(TP.tensor([1.0, 2.0]), importance_scores=torch.ones(2))
+    assert method.prune(TP.tensor([3.0, -1.0, 2.0])).tolist() == [3.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nuclear_norm_below_float32_is_a_clear_error(framework: Framework, dtype: str) -> None:
+    m = getattr(framework.nn.Conv1d(2, 4, 3), "half" if dtype == "float16" else dtype)()
+    before = snapshot(m)
+    with pytest.raises(TypeError, match=f"n='nuc' needs float32 or float64 values.*{dtype}"):
+        prune.ln_structured(m, "weight", 1, "nuc", 0)
+    assert snapshot(m) == before
+
+
+# -- a tensorplay network pruned, trained while pruned, then made permanent
+
+PRUNINGS: dict[str, Callable[[Any], None]] = {
+    "identity": lambda net: [prune.identity(layer, "weight") for layer in (net[0], net[3])],
+    "random_unstructured": lambda net: [
+        prune.random_unstructured(layer, "weight", 0.5) for layer in (net[0], net[3])
+    ],
+    "l1_unstructured": lambda net: [
+        prune.l1_unstructured(layer, "weight", 0.5) for layer in (net[0], net[3])
+    ],
+    "random_structured": lambda net: [
+        prune.random_structured(layer, "weight", 0.5, dim=0) for layer in (net[0], net[3])
+    ],
+    "ln_structured": lambda net: [
+        prune.ln_structured(layer, "weight", 0.5, 2, dim=1) for layer in (net[0], net[3])
+    ],
+    "custom_from_mask": lambda net: [
+        prune.custom_from_mask(layer, "weight", stripes(TP, layer)) for layer in (net[0], net[3])
+    ],
+    "global_unstructured": lambda net: prune.global_unstructured(
+        [(net[0], "weight"), (net[3], "weight"), (net[3], "bias")],
+        prune.L1Unstructured,
+        amount=0.6,
+    ),
+}
+
+
+@pytest.mark.parametrize("method", sorted(PRUNINGS))
+def test_train_pruned_tensorplay_network_then_remove(method: str) -> None:
+    TP.seed(0)
+    nn = TP.nn
+    net = nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+    PRUNINGS[method](net)
+    pruned = [
+        (layer, name.removesuffix("_mask"))
+        for layer in (net[0], net[3])
+        for name in layer._buffers
+        if name.endswith("_mask")
+    ]
+    assert len(pruned) >= 2
+    originals = {(id(layer), name): getattr(layer, name + "_orig") for layer, name in pruned}
+    starts = {key: orig.detach().clone() for key, orig in originals.items()}
+    optimizer = tp.optim.SGD(net.parameters(), lr=0.1)
+    x = TP.randn(8, 2, 6, 6, seed=1)
+    y = tp.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = tp.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        assert math.isfinite(float(loss))
+        for layer, name in pruned:
+            grad = getattr(layer, name + "_orig").grad
+            mask = getattr(layer, name + "_mask")
+            assert bool((grad[mask == 0] == 0).all()), f"{method}: gradient leaks into {name}"
+            assert bool((grad[mask == 1] != 0).any())
+        optimizer.step()
+    for layer, name in pruned:
+        orig, mask = getattr(layer, name + "_orig"), getattr(layer, name + "_mask")
+        start = starts[(id(layer), name)]
+        assert (orig[mask == 0]).tolist() == (start[mask == 0]).tolist()
+        assert (orig[mask == 1]).tolist() != (start[mask == 1]).tolist()
+    output = net(x).tolist()
+    expected = {
+        key: (orig * getattr(layer, key[1] + "_mask")).tolist()
+        for (layer, _), (key, orig) in zip(pruned, originals.items(), strict=True)
+    }
+    for layer, name in pruned:
+        prune.remove(layer, name)
+    assert not prune.is_pruned(net)
+    assert not any(name.endswith(("_orig", "_mask")) for name, _ in net.named_parameters())
+    assert not list(net.named_buffers())
+    for (layer, name), (key, orig) in zip(pruned, originals.items(), strict=True):
+        assert getattr(layer, name) is orig
+        assert getattr(layer, name).tolist() == expected[key]
+    assert net(x).tolist() == output
