@@ -25,7 +25,9 @@ TP = Framework("tensorplay")
 Step = Callable[[Any, Framework, Any], Any]
 
 
-def make(fw: Framework, kind: str) -> Any:
+def make(fw: Framework, kind: str, small: bool = False) -> Any:
+    if small:
+        return fw.nn.Linear(9, 2) if kind == "linear" else fw.nn.Conv2d(1, 2, 3)
     if kind == "linear":
         return fw.nn.Linear(7, 5)
     if kind == "conv1d":
@@ -36,7 +38,7 @@ def make(fw: Framework, kind: str) -> Any:
 def twins(kind: str, seed: int = 0) -> tuple[Any, Any]:
     """A torch module and a tensorplay module holding the same weights."""
     torch.manual_seed(seed)
-    reference = make(TORCH, kind)
+    reference = make(TORCH, kind, small=True)
     other = make(TP, kind)
     TP.copy_parameters(reference, other)
     return reference, other
@@ -125,14 +127,23 @@ def test_nuclear_norm_ranks_channels_as_torch(dim: int) -> None:
     assert other.weight_mask.tolist() == reference.weight_mask.tolist()
 
 
-@pytest.mark.parametrize("dim", [0, 1])
-def test_frobenius_norm_is_the_2_norm_on_any_number_of_dims(framework: Framework, dim: int) -> None:
-    fro, two = framework.nn.Conv2d(3, 6, 3), framework.nn.Conv2d(3, 6, 3)
-    framework.copy_parameters(fro, two)
-    prune.ln_structured(fro, "weight", 0.5, "fro", dim)
-    prune.ln_structured(two, "weight", 0.5, 2, dim)
-    assert fro.weight_mask.tolist() == two.weight_mask.tolist()
-    assert 0 < float(fro.weight_mask.sum()) < fro.weight_mask.numel()
+@pytest.mark.parametrize("kind", ["linear", "conv2d"])
+def test_frobenius_norm_is_the_2_norm_of_each_channel(framework: Framework, kind: str) -> None:
+    # Channel 0 holds one 2.5 (L1 = L2 = 2.5), channel 1 only 0.5s (L1 >= 2.5, L2 <= 1.5):
+    # the 1-norm would prune channel 0, the Frobenius norm prunes channel 1.
+    m = make(framework, kind, small=True)
+    shape = tuple(m.weight.shape)
+    size = m.weight.numel() // 2
+    values = [2.5] + [0.0] * (size - 1) + [0.5] * size
+    with framework.ns.no_grad():
+        m.weight.copy_(framework.tensor(values).reshape(shape))
+    reference = make(TORCH, kind, small=True)
+    TORCH.copy_parameters(m, reference)
+    prune.ln_structured(m, "weight", 1, "fro", 0)
+    assert m.weight_mask.reshape((2, size)).tolist() == [[1.0] * size, [0.0] * size]
+    if kind == "linear":  # torch.nn.utils.prune takes 'fro' over one or two dims only
+        torch_prune.ln_structured(reference, "weight", 1, "fro", 0)
+        assert reference.weight_mask.tolist() == m.weight_mask.tolist()
 
 
 @pytest.mark.parametrize("amount", [0.35, 40])
