@@ -1,10 +1,22 @@
-"""Shared fixtures: `framework` runs a test once on torch and once on tensorplay."""
+"""Shared fixtures: seeded RNGs for every test; `framework` runs a test on both frameworks."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
+import torch
 
 from frameworks import FRAMEWORK_NAMES, Framework
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+    if importlib.util.find_spec("tensorplay") is not None:
+        import tensorplay
+
+        tensorplay.manual_seed(0)
 
 
 @pytest.fixture(params=FRAMEWORK_NAMES)

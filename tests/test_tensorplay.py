@@ -38,7 +38,7 @@ def make(fw: Framework, kind: str, small: bool = False) -> Any:
 def twins(kind: str, seed: int = 0) -> tuple[Any, Any]:
     """A torch module and a tensorplay module holding the same weights."""
     torch.manual_seed(seed)
-    reference = make(TORCH, kind, small=True)
+    reference = make(TORCH, kind)
     other = make(TP, kind)
     TP.copy_parameters(reference, other)
     return reference, other

@@ -150,7 +150,8 @@ class LnStructured(_Structured):
     """Prunes the `amount` channels along `dim` with the smallest L`n` norm.
 
     `n` is a positive number, ``inf``, ``-inf``, ``'fro'`` or ``'nuc'`` (the
-    nuclear norm needs a 3-D tensor: two axes besides `dim`).
+    nuclear norm needs a 3-D tensor: two axes besides `dim`). ``'fro'`` works
+    on tensors of any rank, as the 2-norm of each channel.
     """
 
     def __init__(self, amount: float, n: Any, dim: int = -1) -> None:
