@@ -38,6 +38,10 @@ class Framework:
             data = data.detach().tolist() if hasattr(data, "detach") else data.tolist()
         return self.ns.tensor(data, dtype=self.dtype(dtype))
 
+    def equal(self, a: Any, b: Any) -> bool:
+        """Same shape and same values (the framework-neutral torch.equal)."""
+        return tuple(a.shape) == tuple(b.shape) and a.tolist() == b.tolist()
+
     def seed(self, value: int) -> None:
         self.ns.manual_seed(value)
 

@@ -1,12 +1,12 @@
-"""base.py: the reparameterization, composition, rollback and remove."""
+"""base.py: the reparameterization, composition, rollback and remove, on both frameworks."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 import prunekit as prune
+from frameworks import Framework
 from prunekit.base import combine_masks
 
 
@@ -22,72 +22,72 @@ class Threshold(prune.BasePruningMethod):
         return default_mask * (t.abs() >= self.threshold).to(default_mask.dtype)
 
 
-def test_apply_moves_the_same_parameter_to_orig() -> None:
-    m = nn.Linear(4, 3)
+def test_apply_moves_the_same_parameter_to_orig(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 3)
     weight = m.weight
     method = prune.L1Unstructured.apply(m, "weight", amount=5)
     assert m.weight_orig is weight
     assert "weight" not in m._parameters
     assert list(m._parameters) == ["bias", "weight_orig"]
-    assert isinstance(m.weight_mask, Tensor)
+    assert isinstance(m.weight_mask, framework.ns.Tensor)
     assert "weight_mask" in m._buffers
-    assert torch.equal(m.weight, m.weight_mask * m.weight_orig)
+    assert framework.equal(m.weight, m.weight_mask * m.weight_orig)
     assert int((m.weight_mask == 0).sum()) == 5
     assert method._tensor_name == "weight"
     assert list(m._forward_pre_hooks.values()) == [method]
 
 
-def test_state_dict_holds_orig_and_mask() -> None:
-    m = nn.Linear(4, 3)
+def test_state_dict_holds_orig_and_mask(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 3)
     prune.l1_unstructured(m, "weight", 0.5)
     assert list(m.state_dict()) == ["bias", "weight_orig", "weight_mask"]
 
 
-def test_hook_refreshes_the_masked_tensor_on_forward() -> None:
-    m = nn.Linear(4, 3)
+def test_hook_refreshes_the_masked_tensor_on_forward(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 3)
     prune.random_unstructured(m, "weight", 0.5)
-    with torch.no_grad():
+    with framework.ns.no_grad():
         m.weight_orig.add_(1.0)
-    m(torch.randn(2, 4))
-    assert torch.equal(m.weight, m.weight_mask * m.weight_orig)
+    m(framework.ns.randn(2, 4))
+    assert framework.equal(m.weight, m.weight_mask * m.weight_orig)
 
 
-def test_gradients_reach_orig_only_through_unpruned_entries() -> None:
-    m = nn.Linear(6, 5)
+def test_gradients_reach_orig_only_through_unpruned_entries(framework: Framework) -> None:
+    m = framework.nn.Linear(6, 5)
     prune.l1_unstructured(m, "weight", 0.4)
-    m(torch.randn(8, 6)).sum().backward()
+    m(framework.ns.randn(8, 6)).sum().backward()
     grad = m.weight_orig.grad
     assert grad is not None
-    assert torch.all(grad[m.weight_mask == 0] == 0)
-    assert torch.all(grad[m.weight_mask == 1] != 0)
+    assert framework.ns.all(grad[m.weight_mask == 0] == 0)
+    assert framework.ns.all(grad[m.weight_mask == 1] != 0)
 
 
-def test_mask_dtype_follows_the_parameter() -> None:
-    m = nn.Linear(4, 4).to(torch.float64)
-    scores = torch.randn(4, 4, dtype=torch.float32)
+def test_mask_dtype_follows_the_parameter(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 4).double()
+    scores = framework.ns.randn(4, 4, dtype=framework.ns.float32)
     prune.ln_structured(m, "weight", 1, n=2, dim=0, importance_scores=scores)
-    assert m.weight_mask.dtype == torch.float64
-    prune.custom_from_mask(m, "weight", torch.ones(4, 4, dtype=torch.bool))
-    assert m.weight_mask.dtype == torch.float64
+    assert m.weight_mask.dtype == framework.ns.float64
+    prune.custom_from_mask(m, "weight", framework.ns.ones(4, 4, dtype=framework.ns.bool))
+    assert m.weight_mask.dtype == framework.ns.float64
 
 
-def test_importance_scores_rank_instead_of_the_weights() -> None:
-    m = nn.Linear(5, 2)
-    scores = torch.arange(10, dtype=torch.float32).reshape(2, 5)
+def test_importance_scores_rank_instead_of_the_weights(framework: Framework) -> None:
+    m = framework.nn.Linear(5, 2)
+    scores = framework.ns.arange(10, dtype=framework.ns.float32).reshape(2, 5)
     prune.l1_unstructured(m, "weight", 3, importance_scores=scores)
     assert m.weight_mask.reshape(-1).tolist() == [0.0] * 3 + [1.0] * 7
 
 
-def test_importance_scores_of_wrong_shape_are_rejected() -> None:
-    m = nn.Linear(5, 2)
+def test_importance_scores_of_wrong_shape_are_rejected(framework: Framework) -> None:
+    m = framework.nn.Linear(5, 2)
     with pytest.raises(ValueError, match=r"importance_scores of shape \(5, 2\)"):
-        prune.l1_unstructured(m, "weight", 3, importance_scores=torch.ones(5, 2))
+        prune.l1_unstructured(m, "weight", 3, importance_scores=framework.ns.ones(5, 2))
     assert not prune.is_pruned(m)
     assert "weight" in m._parameters
 
 
-def test_second_pruning_composes_in_one_container() -> None:
-    m = nn.Linear(10, 10)
+def test_second_pruning_composes_in_one_container(framework: Framework) -> None:
+    m = framework.nn.Linear(10, 10)
     first = prune.L1Unstructured.apply(m, "weight", amount=0.5)
     container = prune.RandomUnstructured.apply(m, "weight", amount=0.5)
     assert isinstance(container, prune.PruningContainer)
@@ -106,10 +106,10 @@ def test_second_pruning_composes_in_one_container() -> None:
     ]
 
 
-def test_unstructured_ranks_only_unpruned_entries() -> None:
-    m = nn.Linear(4, 1, bias=False)
-    with torch.no_grad():
-        m.weight.copy_(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+def test_unstructured_ranks_only_unpruned_entries(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 1, bias=False)
+    with framework.ns.no_grad():
+        m.weight.copy_(framework.tensor([[0.1, 0.2, 0.3, 0.4]]))
     prune.l1_unstructured(m, "weight", 1)
     prune.l1_unstructured(m, "weight", 1)
     assert m.weight_mask.tolist() == [[0.0, 0.0, 1.0, 1.0]]
@@ -117,24 +117,24 @@ def test_unstructured_ranks_only_unpruned_entries() -> None:
     assert m.weight_mask.tolist() == [[0.0, 0.0, 0.0, 1.0]]
 
 
-def test_structured_ranks_only_live_channels() -> None:
-    m = nn.Linear(3, 4, bias=False)
-    with torch.no_grad():
-        m.weight.copy_(torch.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3, [4.0] * 3]))
+def test_structured_ranks_only_live_channels(framework: Framework) -> None:
+    m = framework.nn.Linear(3, 4, bias=False)
+    with framework.ns.no_grad():
+        m.weight.copy_(framework.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3, [4.0] * 3]))
     prune.ln_structured(m, "weight", 1, n=2, dim=0)
     prune.ln_structured(m, "weight", 0.5, n=2, dim=0)  # half of the 3 live rows: 2
     assert m.weight_mask[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0]
 
 
-def test_global_type_sees_every_entry() -> None:
-    m = nn.Linear(2, 1, bias=False)
-    prune.custom_from_mask(m, "weight", torch.tensor([[0.0, 1.0]]))
-    prune.custom_from_mask(m, "weight", torch.tensor([[1.0, 0.0]]))
+def test_global_type_sees_every_entry(framework: Framework) -> None:
+    m = framework.nn.Linear(2, 1, bias=False)
+    prune.custom_from_mask(m, "weight", framework.tensor([[0.0, 1.0]]))
+    prune.custom_from_mask(m, "weight", framework.tensor([[1.0, 0.0]]))
     assert m.weight_mask.tolist() == [[0.0, 0.0]]
 
 
-def test_count_above_available_units_is_an_error_at_apply() -> None:
-    m = nn.Linear(3, 2)
+def test_count_above_available_units_is_an_error_at_apply(framework: Framework) -> None:
+    m = framework.nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"parameter 'weight' of Linear: .*amount=7"):
         prune.l1_unstructured(m, "weight", 7)
     prune.l1_unstructured(m, "weight", 4)
@@ -142,73 +142,73 @@ def test_count_above_available_units_is_an_error_at_apply() -> None:
         prune.l1_unstructured(m, "weight", 3)
 
 
-def test_bad_amount_is_an_error_at_construction() -> None:
+def test_bad_amount_is_an_error_at_construction(framework: Framework) -> None:
     with pytest.raises(ValueError, match=r"amount=1\.5"):
         prune.L1Unstructured(1.5)
     with pytest.raises(TypeError, match="amount='half'"):
         prune.RandomUnstructured("half")  # type: ignore[arg-type]
-    m = nn.Linear(3, 2)
+    m = framework.nn.Linear(3, 2)
     with pytest.raises(ValueError, match="parameter 'weight' of Linear: L1Unstructured"):
         prune.l1_unstructured(m, "weight", -1)
 
 
-def test_failed_composition_keeps_the_old_pruning() -> None:
-    m = nn.Linear(3, 2)
+def test_failed_composition_keeps_the_old_pruning(framework: Framework) -> None:
+    m = framework.nn.Linear(3, 2)
     method = prune.L1Unstructured.apply(m, "weight", 2)
     mask = m.weight_mask.clone()
     with pytest.raises(ValueError):
         prune.l1_unstructured(m, "weight", 5)
     assert list(m._forward_pre_hooks.values()) == [method]
-    assert torch.equal(m.weight_mask, mask)
+    assert framework.equal(m.weight_mask, mask)
     assert not isinstance(method, prune.PruningContainer)
 
 
-def test_remove_makes_pruning_permanent() -> None:
-    m = nn.Linear(5, 4)
+def test_remove_makes_pruning_permanent(framework: Framework) -> None:
+    m = framework.nn.Linear(5, 4)
     weight = m.weight
     prune.l1_unstructured(m, "weight", 0.5)
     expected = (m.weight_mask * m.weight_orig).detach().clone()
     prune.remove(m, "weight")
     assert m.weight is weight
-    assert isinstance(m.weight, nn.Parameter)
-    assert torch.equal(m.weight.detach(), expected)
+    assert isinstance(m.weight, framework.nn.Parameter)
+    assert framework.equal(m.weight.detach(), expected)
     assert list(m.state_dict()) == ["bias", "weight"]
     assert not hasattr(m, "weight_orig")
     assert not hasattr(m, "weight_mask")
     assert not prune.is_pruned(m)
 
 
-def test_remove_of_unpruned_tensor_is_a_value_error() -> None:
-    m = nn.Linear(5, 4)
+def test_remove_of_unpruned_tensor_is_a_value_error(framework: Framework) -> None:
+    m = framework.nn.Linear(5, 4)
     with pytest.raises(ValueError, match="parameter 'weight' of Linear is not pruned"):
         prune.remove(m, "weight")
 
 
-def test_method_remove_without_apply() -> None:
+def test_method_remove_without_apply(framework: Framework) -> None:
     with pytest.raises(RuntimeError, match="not attached"):
-        prune.L1Unstructured(1).remove(nn.Linear(2, 2))
+        prune.L1Unstructured(1).remove(framework.nn.Linear(2, 2))
 
 
-def test_prune_returns_a_pruned_copy() -> None:
-    t = torch.tensor([3.0, -1.0, 2.0, 0.5])
+def test_prune_returns_a_pruned_copy(framework: Framework) -> None:
+    t = framework.tensor([3.0, -1.0, 2.0, 0.5])
     out = prune.L1Unstructured(2).prune(t)
     assert out.tolist() == [3.0, 0.0, 2.0, 0.0]
     assert t.tolist() == [3.0, -1.0, 2.0, 0.5]
-    scores = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    scores = framework.tensor([0.0, 1.0, 2.0, 3.0])
     assert prune.L1Unstructured(1).prune(t, importance_scores=scores).tolist() == [
         0.0,
         -1.0,
         2.0,
         0.5,
     ]
-    default = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    default = framework.tensor([1.0, 1.0, 1.0, 0.0])
     assert prune.Identity().prune(t, default_mask=default).tolist() == [3.0, -1.0, 2.0, 0.0]
 
 
-def test_apply_mask_multiplies_mask_and_orig() -> None:
-    m = nn.Linear(3, 3)
+def test_apply_mask_multiplies_mask_and_orig(framework: Framework) -> None:
+    m = framework.nn.Linear(3, 3)
     method = prune.L1Unstructured.apply(m, "weight", 4)
-    assert torch.equal(method.apply_mask(m), m.weight_mask * m.weight_orig)
+    assert framework.equal(method.apply_mask(m), m.weight_mask * m.weight_orig)
 
 
 def test_pruning_base_is_an_alias() -> None:
@@ -241,10 +241,10 @@ def test_abstract_intermediate_class_needs_no_type() -> None:
         Intermediate()  # type: ignore[abstract]
 
 
-def test_user_defined_method_applies_composes_and_removes() -> None:
-    m = nn.Linear(4, 2, bias=False)
-    with torch.no_grad():
-        m.weight.copy_(torch.tensor([[0.1, -0.5, 2.0, 0.3], [-3.0, 0.05, 0.6, -0.2]]))
+def test_user_defined_method_applies_composes_and_removes(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 2, bias=False)
+    with framework.ns.no_grad():
+        m.weight.copy_(framework.tensor([[0.1, -0.5, 2.0, 0.3], [-3.0, 0.05, 0.6, -0.2]]))
     Threshold.apply(m, "weight", threshold=0.25)
     assert m.weight_mask.tolist() == [[0.0, 1.0, 1.0, 1.0], [1.0, 0.0, 1.0, 0.0]]
     prune.l1_unstructured(m, "weight", 2)  # smallest of the live: 0.3 and -0.5
@@ -276,12 +276,12 @@ def test_container_from_several_methods() -> None:
     assert container[0] is a and container[1] is b
 
 
-def test_empty_container_cannot_compute() -> None:
+def test_empty_container_cannot_compute(framework: Framework) -> None:
     with pytest.raises(ValueError, match="empty"):
-        prune.PruningContainer().compute_mask(torch.ones(2), torch.ones(2))
+        prune.PruningContainer().compute_mask(framework.ns.ones(2), framework.ns.ones(2))
 
 
-def test_combine_masks_needs_dim_for_structured() -> None:
+def test_combine_masks_needs_dim_for_structured(framework: Framework) -> None:
     class NoDim(prune.BasePruningMethod):
         PRUNING_TYPE = "structured"
 
@@ -289,18 +289,18 @@ def test_combine_masks_needs_dim_for_structured() -> None:
             return default_mask
 
     with pytest.raises(AttributeError, match="no attribute 'dim'"):
-        combine_masks(NoDim(), torch.ones(2, 2), torch.ones(2, 2))
+        combine_masks(NoDim(), framework.ns.ones(2, 2), framework.ns.ones(2, 2))
 
 
-def test_combine_masks_leaves_its_input_alone() -> None:
-    mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    out = combine_masks(prune.L1Unstructured(1), torch.tensor([4.0, 3.0, 2.0, 1.0]), mask)
+def test_combine_masks_leaves_its_input_alone(framework: Framework) -> None:
+    mask = framework.tensor([1.0, 0.0, 1.0, 1.0])
+    out = combine_masks(prune.L1Unstructured(1), framework.tensor([4.0, 3.0, 2.0, 1.0]), mask)
     assert out.tolist() == [1.0, 0.0, 1.0, 0.0]
     assert mask.tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
-def test_two_tensors_of_one_module_have_their_own_hooks() -> None:
-    m = nn.Linear(4, 4)
+def test_two_tensors_of_one_module_have_their_own_hooks(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 4)
     prune.l1_unstructured(m, "weight", 3)
     prune.l1_unstructured(m, "bias", 1)
     names = sorted(h._tensor_name for h in m._forward_pre_hooks.values())

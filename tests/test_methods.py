@@ -1,79 +1,81 @@
-"""methods.py: what each built-in method's compute_mask chooses."""
+"""methods.py: what each built-in method's compute_mask chooses, on both frameworks."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 
 import prunekit as prune
+from frameworks import Framework
 
 
-def test_identity_keeps_the_default_mask() -> None:
-    default = torch.tensor([1.0, 0.0, 1.0])
-    assert torch.equal(prune.Identity().compute_mask(torch.randn(3), default), default)
+def test_identity_keeps_the_default_mask(framework: Framework) -> None:
+    default = framework.tensor([1.0, 0.0, 1.0])
+    assert framework.equal(prune.Identity().compute_mask(framework.ns.randn(3), default), default)
 
 
-def test_l1_prunes_the_smallest_magnitudes() -> None:
-    t = torch.tensor([[-5.0, 0.1], [2.0, -0.2], [0.3, 4.0]])
-    mask = prune.L1Unstructured(amount=0.5).compute_mask(t, torch.ones_like(t))
+def test_l1_prunes_the_smallest_magnitudes(framework: Framework) -> None:
+    t = framework.tensor([[-5.0, 0.1], [2.0, -0.2], [0.3, 4.0]])
+    mask = prune.L1Unstructured(amount=0.5).compute_mask(t, framework.ns.ones_like(t))
     assert mask.tolist() == [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
 
 
-def test_l1_keeps_zeros_of_the_default_mask_without_reranking() -> None:
+def test_l1_keeps_zeros_of_the_default_mask_without_reranking(framework: Framework) -> None:
     # Called directly (outside a container) the ranking is over all entries,
     # and entries the default mask zeroes stay zero.
-    t = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    default = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    t = framework.tensor([1.0, 2.0, 3.0, 4.0])
+    default = framework.tensor([1.0, 1.0, 1.0, 0.0])
     assert prune.L1Unstructured(1).compute_mask(t, default).tolist() == [0.0, 1.0, 1.0, 0.0]
 
 
-def test_l1_leaves_default_mask_untouched() -> None:
-    default = torch.ones(4)
-    prune.L1Unstructured(2).compute_mask(torch.randn(4), default)
+def test_l1_leaves_default_mask_untouched(framework: Framework) -> None:
+    default = framework.ns.ones(4)
+    prune.L1Unstructured(2).compute_mask(framework.ns.randn(4), default)
     assert default.tolist() == [1.0] * 4
 
 
 @pytest.mark.parametrize("amount", [0, 0.0])
-def test_nothing_to_prune(amount: float) -> None:
-    t = torch.randn(5)
-    assert prune.L1Unstructured(amount).compute_mask(t, torch.ones(5)).tolist() == [1.0] * 5
+def test_nothing_to_prune(framework: Framework, amount: float) -> None:
+    t = framework.ns.randn(5)
+    assert prune.L1Unstructured(amount).compute_mask(t, framework.ns.ones(5)).tolist() == [1.0] * 5
 
 
-def test_l1_rejects_nan_scores() -> None:
-    t = torch.tensor([1.0, math.nan, 2.0])
+def test_l1_rejects_nan_scores(framework: Framework) -> None:
+    t = framework.tensor([1.0, math.nan, 2.0])
     with pytest.raises(ValueError, match="NaN or infinite"):
-        prune.L1Unstructured(1).compute_mask(t, torch.ones(3))
+        prune.L1Unstructured(1).compute_mask(t, framework.ns.ones(3))
 
 
-def test_l1_handles_float16_sums_that_overflow() -> None:
-    t = torch.full((100,), 60000.0, dtype=torch.float16)
+def test_l1_handles_float16_sums_that_overflow(framework: Framework) -> None:
+    t = framework.ns.full((100,), 60000.0, dtype=framework.ns.float16)
     t[7] = 1.0
-    mask = prune.L1Unstructured(1).compute_mask(t, torch.ones_like(t))
+    mask = prune.L1Unstructured(1).compute_mask(t, framework.ns.ones_like(t))
     assert mask[7] == 0 and int(mask.sum()) == 99
 
 
-def test_random_unstructured_exact_count_and_randomness() -> None:
+def test_random_unstructured_exact_count_and_randomness(framework: Framework) -> None:
     masks = [
-        prune.RandomUnstructured(0.3).compute_mask(torch.randn(10, 10), torch.ones(10, 10))
+        prune.RandomUnstructured(0.3).compute_mask(
+            framework.ns.randn(10, 10), framework.ns.ones(10, 10)
+        )
         for _ in range(5)
     ]
     assert all(int((mask == 0).sum()) == 30 for mask in masks)
     assert len({tuple(m.reshape(-1).tolist()) for m in masks}) > 1
 
 
-def test_random_unstructured_follows_the_seed() -> None:
-    torch.manual_seed(3)
-    a = prune.RandomUnstructured(0.5).compute_mask(torch.ones(20), torch.ones(20))
-    torch.manual_seed(3)
-    b = prune.RandomUnstructured(0.5).compute_mask(torch.ones(20), torch.ones(20))
-    assert torch.equal(a, b)
+def test_random_unstructured_follows_the_seed(framework: Framework) -> None:
+    framework.seed(3)
+    a = prune.RandomUnstructured(0.5).compute_mask(framework.ns.ones(20), framework.ns.ones(20))
+    framework.seed(3)
+    b = prune.RandomUnstructured(0.5).compute_mask(framework.ns.ones(20), framework.ns.ones(20))
+    assert framework.equal(a, b)
 
 
-def test_random_structured_prunes_whole_channels() -> None:
-    t = torch.randn(6, 4, 3)
-    mask = prune.RandomStructured(amount=2, dim=1).compute_mask(t, torch.ones_like(t))
+def test_random_structured_prunes_whole_channels(framework: Framework) -> None:
+    t = framework.ns.randn(6, 4, 3)
+    mask = prune.RandomStructured(amount=2, dim=1).compute_mask(t, framework.ns.ones_like(t))
     channel_sums = mask.sum(dim=(0, 2))
     assert sorted(channel_sums.tolist()) == [0.0, 0.0, 18.0, 18.0]
 
@@ -89,47 +91,49 @@ def test_random_structured_prunes_whole_channels() -> None:
         (2, 1, [1]),  # column L2 norms: 4.39, 2.24
     ],
 )
-def test_ln_structured_prunes_the_smallest_norms(n: object, dim: int, pruned: list[int]) -> None:
-    t = torch.tensor([[3.0, 0.0], [2.0, 2.0], [2.5, 1.0]])
-    mask = prune.LnStructured(amount=1, n=n, dim=dim).compute_mask(t, torch.ones_like(t))
+def test_ln_structured_prunes_the_smallest_norms(
+    framework: Framework, n: object, dim: int, pruned: list[int]
+) -> None:
+    t = framework.tensor([[3.0, 0.0], [2.0, 2.0], [2.5, 1.0]])
+    mask = prune.LnStructured(amount=1, n=n, dim=dim).compute_mask(t, framework.ns.ones_like(t))
     dead = [i for i in range(t.shape[dim]) if mask.select(dim, i).sum() == 0]
     assert dead == pruned
     assert int((mask == 0).sum()) == t.numel() // t.shape[dim]
 
 
-def test_frobenius_on_4d_is_the_channel_2_norm() -> None:
-    t = torch.randn(5, 3, 2, 2)
-    fro = prune.LnStructured(amount=2, n="fro", dim=0).compute_mask(t, torch.ones_like(t))
-    two = prune.LnStructured(amount=2, n=2, dim=0).compute_mask(t, torch.ones_like(t))
-    assert torch.equal(fro, two)
+def test_frobenius_on_4d_is_the_channel_2_norm(framework: Framework) -> None:
+    t = framework.ns.randn(5, 3, 2, 2)
+    fro = prune.LnStructured(amount=2, n="fro", dim=0).compute_mask(t, framework.ns.ones_like(t))
+    two = prune.LnStructured(amount=2, n=2, dim=0).compute_mask(t, framework.ns.ones_like(t))
+    assert framework.equal(fro, two)
     norms = t.reshape(5, -1).norm(dim=1)
     dead = (fro.reshape(5, -1).sum(dim=1) == 0).nonzero().reshape(-1)
     assert sorted(dead.tolist()) == sorted(norms.argsort()[:2].tolist())
 
 
-def test_ln_structured_nuclear_norm_on_3d() -> None:
-    t = torch.randn(3, 4, 5)
+def test_ln_structured_nuclear_norm_on_3d(framework: Framework) -> None:
+    t = framework.ns.randn(3, 4, 5)
     t[:, :, 2] *= 0.01
-    mask = prune.LnStructured(amount=1, n="nuc", dim=2).compute_mask(t, torch.ones_like(t))
+    mask = prune.LnStructured(amount=1, n="nuc", dim=2).compute_mask(t, framework.ns.ones_like(t))
     assert mask[:, :, 2].sum() == 0 and mask.sum() == 48
 
 
-def test_ln_structured_nuclear_norm_needs_3d() -> None:
+def test_ln_structured_nuclear_norm_needs_3d(framework: Framework) -> None:
     with pytest.raises(ValueError, match="n='nuc' needs a 3-D tensor"):
         prune.LnStructured(amount=1, n="nuc", dim=0).compute_mask(
-            torch.ones(2, 2), torch.ones(2, 2)
+            framework.ns.ones(2, 2), framework.ns.ones(2, 2)
         )
 
 
-def test_ln_structured_ties_prune_lower_channel_first() -> None:
-    t = torch.ones(3, 4)
-    mask = prune.LnStructured(amount=2, n=2, dim=1).compute_mask(t, torch.ones_like(t))
+def test_ln_structured_ties_prune_lower_channel_first(framework: Framework) -> None:
+    t = framework.ns.ones(3, 4)
+    mask = prune.LnStructured(amount=2, n=2, dim=1).compute_mask(t, framework.ns.ones_like(t))
     assert mask[0].tolist() == [0.0, 0.0, 1.0, 1.0]
 
 
-def test_structured_respects_the_default_mask() -> None:
-    t = torch.randn(4, 4)
-    default = torch.ones(4, 4)
+def test_structured_respects_the_default_mask(framework: Framework) -> None:
+    t = framework.ns.randn(4, 4)
+    default = framework.ns.ones(4, 4)
     default[0, 0] = 0
     mask = prune.LnStructured(amount=0, n=1, dim=0).compute_mask(t, default)
     assert mask[0, 0] == 0
@@ -137,16 +141,20 @@ def test_structured_respects_the_default_mask() -> None:
     assert mask[0, 0] == 0 and int(mask.sum()) in (11, 12)
 
 
-def test_structured_rejects_1d_and_bad_dim() -> None:
+def test_structured_rejects_1d_and_bad_dim(framework: Framework) -> None:
     with pytest.raises(ValueError, match="2 or more dims"):
-        prune.LnStructured(1, n=1, dim=0).compute_mask(torch.ones(4), torch.ones(4))
+        prune.LnStructured(1, n=1, dim=0).compute_mask(framework.ns.ones(4), framework.ns.ones(4))
     with pytest.raises(IndexError, match="dim=2 is out of range"):
-        prune.RandomStructured(1, dim=2).compute_mask(torch.ones(2, 2), torch.ones(2, 2))
+        prune.RandomStructured(1, dim=2).compute_mask(
+            framework.ns.ones(2, 2), framework.ns.ones(2, 2)
+        )
 
 
-def test_structured_count_above_channels() -> None:
+def test_structured_count_above_channels(framework: Framework) -> None:
     with pytest.raises(ValueError, match="amount=5 is more than the 4 units"):
-        prune.LnStructured(5, n=1, dim=0).compute_mask(torch.ones(4, 2), torch.ones(4, 2))
+        prune.LnStructured(5, n=1, dim=0).compute_mask(
+            framework.ns.ones(4, 2), framework.ns.ones(4, 2)
+        )
 
 
 @pytest.mark.parametrize("n", [0, -1, "l1", None])
@@ -160,20 +168,22 @@ def test_structured_rejects_non_int_dim() -> None:
         prune.RandomStructured(0.5, dim=0.5)  # type: ignore[arg-type]
 
 
-def test_custom_from_mask_multiplies_into_default() -> None:
-    method = prune.CustomFromMask(torch.tensor([1, 0, 1, 0]))
-    out = method.compute_mask(torch.randn(4), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+def test_custom_from_mask_multiplies_into_default(framework: Framework) -> None:
+    method = prune.CustomFromMask(framework.ns.tensor([1, 0, 1, 0]))
+    out = method.compute_mask(framework.ns.randn(4), framework.tensor([1.0, 1.0, 0.0, 0.0]))
     assert out.tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert out.dtype == torch.float32
+    assert out.dtype == framework.ns.float32
 
 
-def test_custom_from_mask_rejects_bad_masks() -> None:
+def test_custom_from_mask_rejects_bad_masks(framework: Framework) -> None:
     with pytest.raises(ValueError, match="only 0 and 1"):
-        prune.CustomFromMask(torch.tensor([0.5, 1.0]))
+        prune.CustomFromMask(framework.tensor([0.5, 1.0]))
     with pytest.raises(TypeError, match="must be a tensor"):
         prune.CustomFromMask([1, 0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"mask has shape \(2,\), the tensor \(3,\)"):
-        prune.CustomFromMask(torch.ones(2)).compute_mask(torch.ones(3), torch.ones(3))
+        prune.CustomFromMask(framework.ns.ones(2)).compute_mask(
+            framework.ns.ones(3), framework.ns.ones(3)
+        )
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,20 @@
-"""Properties every mask keeps, on random shapes, values, amounts and default masks."""
+"""Properties every mask keeps, on random shapes, values, amounts and default masks.
+
+Each property runs on both frameworks: the values are drawn with torch and copied.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prunekit as prune
+from frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.amount import compute_nparams_to_prune
 from prunekit.base import combine_masks
 
@@ -38,17 +44,23 @@ def amounts(units: int) -> st.SearchStrategy[float]:
     return st.one_of(st.integers(0, units), st.floats(0.0, 1.0))
 
 
-def check_mask(mask: torch.Tensor, t: torch.Tensor, default: torch.Tensor) -> None:
-    assert mask.shape == t.shape
+on_both = pytest.mark.parametrize("name", FRAMEWORK_NAMES)
+
+
+def check_mask(mask: Any, t: Any, default: Any) -> None:
+    assert tuple(mask.shape) == tuple(t.shape)
     assert mask.dtype == default.dtype
     assert bool(((mask == 0) | (mask == 1)).all())
     assert bool((mask[default == 0] == 0).all())
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors())
-def test_unstructured_masks(data: st.DataObject, t: torch.Tensor) -> None:
-    default = data.draw(default_masks(t))
+def test_unstructured_masks(data: st.DataObject, t: torch.Tensor, name: str) -> None:
+    fw = Framework(name)
+    default = fw.tensor(data.draw(default_masks(t)))
+    t = fw.tensor(t)
     amount = data.draw(amounts(t.numel()))
     cls = data.draw(st.sampled_from([prune.L1Unstructured, prune.RandomUnstructured]))
     mask = cls(amount).compute_mask(t, default)
@@ -59,12 +71,15 @@ def test_unstructured_masks(data: st.DataObject, t: torch.Tensor) -> None:
     assert int(((mask == 0) & (default == 1)).sum()) <= k
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors())
 def test_container_unstructured_prunes_exactly_k_of_the_unpruned(
-    data: st.DataObject, t: torch.Tensor
+    data: st.DataObject, t: torch.Tensor, name: str
 ) -> None:
-    default = data.draw(default_masks(t))
+    fw = Framework(name)
+    default = fw.tensor(data.draw(default_masks(t)))
+    t = fw.tensor(t)
     alive = int(default.sum())
     amount = data.draw(amounts(alive))
     method = data.draw(st.sampled_from([prune.L1Unstructured, prune.RandomUnstructured]))(amount)
@@ -73,10 +88,15 @@ def test_container_unstructured_prunes_exactly_k_of_the_unpruned(
     assert alive - int(mask.sum()) == compute_nparams_to_prune(amount, alive)
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors())
-def test_l1_prunes_no_larger_magnitude_than_it_keeps(data: st.DataObject, t: torch.Tensor) -> None:
-    default = data.draw(default_masks(t))
+def test_l1_prunes_no_larger_magnitude_than_it_keeps(
+    data: st.DataObject, t: torch.Tensor, name: str
+) -> None:
+    fw = Framework(name)
+    default = fw.tensor(data.draw(default_masks(t)))
+    t = fw.tensor(t)
     amount = data.draw(amounts(int(default.sum())))
     mask = combine_masks(prune.L1Unstructured(amount), t, default)
     newly = (mask == 0) & (default == 1)
@@ -91,10 +111,15 @@ def test_l1_prunes_no_larger_magnitude_than_it_keeps(data: st.DataObject, t: tor
         assert chosen.tolist() == sorted(chosen.tolist(), reverse=True)
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors(min_dims=2))
-def test_structured_masks_prune_whole_channels(data: st.DataObject, t: torch.Tensor) -> None:
-    default = data.draw(default_masks(t))
+def test_structured_masks_prune_whole_channels(
+    data: st.DataObject, t: torch.Tensor, name: str
+) -> None:
+    fw = Framework(name)
+    default = fw.tensor(data.draw(default_masks(t)))
+    t = fw.tensor(t)
     dim = data.draw(st.integers(-t.dim(), t.dim() - 1))
     channels = t.shape[dim]
     amount = data.draw(amounts(channels))
@@ -107,7 +132,7 @@ def test_structured_masks_prune_whole_channels(data: st.DataObject, t: torch.Ten
     # each channel is either left as the default mask had it or zeroed whole
     axis = dim % t.dim()
     zeroed = [
-        c for c in range(channels) if not torch.equal(mask.select(axis, c), default.select(axis, c))
+        c for c in range(channels) if not fw.equal(mask.select(axis, c), default.select(axis, c))
     ]
     assert all(mask.select(axis, c).sum() == 0 for c in zeroed)
     k = compute_nparams_to_prune(amount, channels)
@@ -116,12 +141,15 @@ def test_structured_masks_prune_whole_channels(data: st.DataObject, t: torch.Ten
     assert len(dead) >= k
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors(min_dims=2))
 def test_container_structured_prunes_k_of_the_live_channels(
-    data: st.DataObject, t: torch.Tensor
+    data: st.DataObject, t: torch.Tensor, name: str
 ) -> None:
-    default = data.draw(default_masks(t))
+    fw = Framework(name)
+    default = fw.tensor(data.draw(default_masks(t)))
+    t = fw.tensor(t)
     dim = data.draw(st.integers(0, t.dim() - 1))
     others = [d for d in range(t.dim()) if d != dim]
     live = int((default.sum(dim=others) != 0).sum())
@@ -132,10 +160,13 @@ def test_container_structured_prunes_k_of_the_live_channels(
     assert live - now_live == compute_nparams_to_prune(amount, live)
 
 
+@on_both
 @SETTINGS
 @given(data=st.data(), t=tensors())
-def test_equal_inputs_give_equal_masks(data: st.DataObject, t: torch.Tensor) -> None:
+def test_equal_inputs_give_equal_masks(data: st.DataObject, t: torch.Tensor, name: str) -> None:
+    fw = Framework(name)
+    t = fw.tensor(t)
     amount = data.draw(amounts(t.numel()))
-    a = prune.L1Unstructured(amount).compute_mask(t, torch.ones_like(t))
-    b = prune.L1Unstructured(amount).compute_mask(t.clone(), torch.ones_like(t))
-    assert torch.equal(a, b)
+    a = prune.L1Unstructured(amount).compute_mask(t, fw.ns.ones_like(t))
+    b = prune.L1Unstructured(amount).compute_mask(t.clone(), fw.ns.ones_like(t))
+    assert fw.equal(a, b)
