@@ -309,13 +309,13 @@ def test_two_tensors_of_one_module_have_their_own_hooks(framework: Framework) ->
     assert [h._tensor_name for h in m._forward_pre_hooks.values()] == ["weight"]
 
 
-def test_second_pruning_ranks_current_values_even_without_a_forward() -> None:
-    m = nn.Linear(4, 1, bias=False)
-    with torch.no_grad():
-        m.weight.copy_(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
+def test_second_pruning_ranks_current_values_even_without_a_forward(framework: Framework) -> None:
+    m = framework.nn.Linear(4, 1, bias=False)
+    with framework.ns.no_grad():
+        m.weight.copy_(framework.tensor([[1.0, 2.0, 3.0, 4.0]]))
     prune.l1_unstructured(m, "weight", 1)
-    with torch.no_grad():  # an optimizer step, no forward since
-        m.weight_orig.copy_(torch.tensor([[1.0, 9.0, 0.5, 8.0]]))
+    with framework.ns.no_grad():  # an optimizer step, no forward since
+        m.weight_orig.copy_(framework.tensor([[1.0, 9.0, 0.5, 8.0]]))
     prune.l1_unstructured(m, "weight", 1)
     assert m.weight_mask.tolist() == [[0.0, 1.0, 0.0, 1.0]]
     assert m.weight.tolist() == [[0.0, 9.0, 0.0, 8.0]]
