@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import prunekit as prune
 from frameworks import Framework
-from prunekit._backend import common_namespace, framework, namespace
+from prunekit._backend import common_namespace, framework, namespace, seeded_rand
 
 tp = pytest.importorskip("tensorplay", minversion="1.0")
 TORCH = Framework("torch")
@@ -282,6 +282,18 @@ def test_framework_of_objects() -> None:
         framework([1.0])
     with pytest.raises(TypeError, match="where: scores must be a torch or tensorplay object"):
         common_namespace("where", scores=[1.0])
+
+
+def test_seeded_rand_depends_only_on_the_seed(framework: Framework) -> None:
+    ns = framework.ns
+    framework.seed(11)
+    expected_next = ns.rand(4).tolist()
+    framework.seed(11)
+    first = seeded_rand(ns, 6, seed=3, device=ns.ones(1).device).tolist()
+    assert ns.rand(4).tolist() == expected_next  # the global RNG went on as if untouched
+    assert seeded_rand(ns, 6, seed=3).tolist() == first
+    assert seeded_rand(ns, 6, seed=4).tolist() != first
+    assert all(0.0 <= v < 1.0 for v in first)
 
 
 MIXED_CALLS: dict[str, Callable[[Any, Framework], Any]] = {

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FRAMEWORKS", "common_namespace", "framework", "namespace", "norm"]
+__all__ = ["FRAMEWORKS", "common_namespace", "framework", "namespace", "norm", "seeded_rand"]
 
 FRAMEWORKS = ("torch", "tensorplay")
 
@@ -101,3 +101,22 @@ def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:
     # often than its own linalg.vector_norm does, so channel rankings match.
     result: Tensor = ns.norm(t, p=order, dim=dims)
     return result
+
+
+def seeded_rand(ns: ModuleType, count: int, seed: int, device: Any = None) -> Tensor:
+    """`count` uniform values in [0, 1) that depend only on `seed`; the global RNG is untouched.
+
+    torch draws from a Generator of its own. tensorplay 1.0 does not reproduce
+    draws from a seeded Generator (and its ``Generator.manual_seed`` returns an
+    int), so there the global RNG is seeded for the draw and restored after it.
+    """
+    if ns is torch:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return torch.rand(count, generator=generator, device=device)
+    state = ns.get_rng_state()
+    try:
+        ns.manual_seed(seed)
+        values: Tensor = ns.rand(count, device=device)
+    finally:
+        ns.set_rng_state(state)
+    return values
