@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 import prunekit as prune
 from frameworks import Framework
-from prunekit._backend import common_namespace, framework, namespace, seeded_rand
+from prunekit._backend import (
+    common_namespace,
+    dtype_name,
+    framework,
+    is_tensor,
+    namespace,
+    seeded_rand,
+)
 
 tp = pytest.importorskip("tensorplay", minversion="1.0")
 TORCH = Framework("torch")
@@ -282,6 +289,14 @@ def test_framework_of_objects() -> None:
         framework([1.0])
     with pytest.raises(TypeError, match="where: scores must be a torch or tensorplay object"):
         common_namespace("where", scores=[1.0])
+
+
+def test_tensor_and_dtype_helpers(framework: Framework) -> None:
+    layer = framework.nn.Linear(2, 2)
+    assert is_tensor(layer.weight) and is_tensor(framework.ns.ones(2))
+    assert not is_tensor(layer) and not is_tensor([1.0]) and not is_tensor(None)
+    assert dtype_name(framework.ns.float16) == "float16"
+    assert dtype_name(layer.weight.dtype) == "float32"
 
 
 def test_seeded_rand_depends_only_on_the_seed(framework: Framework) -> None:

@@ -14,7 +14,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["FRAMEWORKS", "common_namespace", "framework", "namespace", "norm", "seeded_rand"]
+__all__ = [
+    "FRAMEWORKS",
+    "common_namespace",
+    "dtype_name",
+    "framework",
+    "is_tensor",
+    "namespace",
+    "norm",
+    "seeded_rand",
+]
 
 FRAMEWORKS = ("torch", "tensorplay")
 
@@ -40,6 +49,20 @@ def namespace(obj: Any) -> ModuleType:
     if framework(obj) == "torch":
         return torch
     return sys.modules["tensorplay"]
+
+
+def is_tensor(obj: Any) -> bool:
+    """True for a tensor (Parameters included) of either framework."""
+    try:
+        ns = namespace(obj)
+    except TypeError:
+        return False
+    return isinstance(obj, ns.Tensor)
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype's name without its framework: ``'float32'`` for torch's and tensorplay's."""
+    return str(dtype).rpartition(".")[2]
 
 
 def common_namespace(where: str, /, **objects: Any) -> ModuleType:
