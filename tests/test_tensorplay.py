@@ -18,6 +18,7 @@ from prunekit._backend import (
     common_namespace,
     dtype_name,
     framework,
+    is_module,
     is_tensor,
     namespace,
     seeded_rand,
@@ -295,6 +296,8 @@ def test_tensor_and_dtype_helpers(framework: Framework) -> None:
     layer = framework.nn.Linear(2, 2)
     assert is_tensor(layer.weight) and is_tensor(framework.ns.ones(2))
     assert not is_tensor(layer) and not is_tensor([1.0]) and not is_tensor(None)
+    assert is_module(layer) and is_module(framework.nn.Sequential(layer))
+    assert not is_module(layer.weight) and not is_module("Linear")
     assert dtype_name(framework.ns.float16) == "float16"
     assert dtype_name(layer.weight.dtype) == "float32"
 

@@ -19,6 +19,7 @@ __all__ = [
     "common_namespace",
     "dtype_name",
     "framework",
+    "is_module",
     "is_tensor",
     "namespace",
     "norm",
@@ -58,6 +59,15 @@ def is_tensor(obj: Any) -> bool:
     except TypeError:
         return False
     return isinstance(obj, ns.Tensor)
+
+
+def is_module(obj: Any) -> bool:
+    """True for an ``nn.Module`` of either framework."""
+    try:
+        ns = namespace(obj)
+    except TypeError:
+        return False
+    return isinstance(obj, ns.nn.Module)
 
 
 def dtype_name(dtype: Any) -> str:
