@@ -17,12 +17,12 @@ from frameworks import Framework
 from prunekit._backend import (
     common_namespace,
     dtype_name,
-    framework,
     is_module,
     is_tensor,
     namespace,
     seeded_rand,
 )
+from prunekit._backend import framework as framework_of
 
 tp = pytest.importorskip("tensorplay", minversion="1.0")
 TORCH = Framework("torch")
@@ -43,7 +43,7 @@ def make(fw: Framework, kind: str, small: bool = False) -> Any:
     return fw.nn.Conv2d(3, 6, 3)
 
 
-def twins(kind: str, seed: int = 0) -> tuple[Any, Any]:
+def torch_and_tensorplay(kind: str, seed: int = 0) -> tuple[Any, Any]:
     """A torch module and a tensorplay module holding the same weights."""
     torch.manual_seed(seed)
     reference = make(TORCH, kind)
@@ -53,9 +53,10 @@ def twins(kind: str, seed: int = 0) -> tuple[Any, Any]:
 
 
 def ramp(fw: Framework, m: Any, name: str = "weight") -> Any:
-    """Scores 0, 1, 2, ... in flat order, reversed every third entry: no ties, not the weights."""
+    """Scores unlike the weights and free of ties: i at flat index i, but n - i - 0.5 at every
+    third index."""
     n = getattr(m, name).numel()
-    values = [float(n - i) if i % 3 == 0 else float(i) for i in range(n)]
+    values = [n - i - 0.5 if i % 3 == 0 else float(i) for i in range(n)]
     return fw.tensor(values).reshape(tuple(getattr(m, name).shape))
 
 
@@ -101,6 +102,9 @@ CHAINS.update(
 )
 
 
+# -- the same weights give the same masks as torch.nn.utils.prune
+
+
 def masks_of(m: Any) -> dict[str, Any]:
     return {name: buf.tolist() for name, buf in m.named_buffers() if name.endswith("_mask")}
 
@@ -108,7 +112,7 @@ def masks_of(m: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", ["linear", "conv2d"])
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_same_masks_as_torch(kind: str, chain: str) -> None:
-    reference, other = twins(kind)
+    reference, other = torch_and_tensorplay(kind)
     mine = make(TORCH, kind)
     mine.load_state_dict(reference.state_dict())
     for step in CHAINS[chain]:
@@ -129,7 +133,7 @@ def test_same_masks_as_torch(kind: str, chain: str) -> None:
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_nuclear_norm_ranks_channels_as_torch(dim: int) -> None:
-    reference, other = twins("conv1d")
+    reference, other = torch_and_tensorplay("conv1d")
     torch_prune.ln_structured(reference, "weight", 0.5, "nuc", dim)
     prune.ln_structured(other, "weight", 0.5, "nuc", dim)
     assert other.weight_mask.tolist() == reference.weight_mask.tolist()
@@ -156,7 +160,7 @@ def test_frobenius_norm_is_the_2_norm_of_each_channel(framework: Framework, kind
 
 @pytest.mark.parametrize("amount", [0.35, 40])
 def test_global_unstructured_same_as_torch(amount: float) -> None:
-    pairs = [twins("linear", 1), twins("conv2d", 2)]
+    pairs = [torch_and_tensorplay("linear", 1), torch_and_tensorplay("conv2d", 2)]
     for lib, fw, side in ((torch_prune, TORCH, 0), (prune, TP, 1)):
         first, second = (pair[side] for pair in pairs)
         lib.l1_unstructured(first, "weight", 0.2)
@@ -201,54 +205,7 @@ def test_ties_are_broken_alike(rows: int, cols: int, data: st.DataObject) -> Non
     assert sum(row.count(0.0) for row in masks[1][0]) == count
 
 
-# -- random methods: exact counts, earlier masks respected, reproducible with a seed
-
-
-def test_random_unstructured_on_tensorplay() -> None:
-    m, again = TP.nn.Linear(7, 5), TP.nn.Linear(7, 5)
-    TP.copy_parameters(m, again)
-    prune.l1_unstructured(m, "weight", 0.5)  # 18 of 35 pruned
-    first = m.weight_mask.clone()
-    TP.seed(3)
-    prune.random_unstructured(m, "weight", 0.5)  # half of the 17 left, rounded to 8
-    mask = m.weight_mask
-    assert int((mask == 0).sum()) == 18 + 8
-    assert bool((mask <= first).all())
-    prune.l1_unstructured(again, "weight", 0.5)
-    TP.seed(3)
-    prune.random_unstructured(again, "weight", 0.5)
-    assert again.weight_mask.tolist() == mask.tolist()
-
-
-def test_random_structured_on_tensorplay() -> None:
-    m = TP.nn.Conv2d(3, 6, 3)
-    TP.seed(5)
-    prune.random_structured(m, "weight", 2, dim=0)
-    per_channel = m.weight_mask.sum(dim=[1, 2, 3]).tolist()
-    assert sorted(per_channel) == [0.0, 0.0] + [27.0] * 4
-
-
-# -- the reparameterization itself on tensorplay
-
-
-def test_reparameterization_on_tensorplay() -> None:
-    m = TP.nn.Linear(4, 3)
-    weight = m.weight
-    hook = prune.l1_unstructured(m, "weight", 0.5)
-    assert hook is m
-    assert m.weight_orig is weight
-    assert "weight" not in m._parameters
-    assert sorted(m._buffers) == ["weight_mask"]
-    assert m.weight_mask.dtype == weight.dtype
-    assert m.weight.tolist() == (m.weight_orig * m.weight_mask).tolist()
-    with tp.no_grad():
-        m.weight_orig.add_(1.0)
-    m(TP.tensor([[1.0, 2.0, 3.0, 4.0]]))
-    assert m.weight.tolist() == (m.weight_orig * m.weight_mask).tolist()
-    prune.remove(m, "weight")
-    assert m.weight is weight
-    assert isinstance(m.weight, tp.nn.Parameter)
-    assert not m._forward_pre_hooks and not m._buffers
+# -- rollback and framework detection
 
 
 def snapshot(m: Any) -> tuple[Any, ...]:
@@ -270,9 +227,6 @@ def test_failed_call_leaves_tensorplay_module_as_it_was() -> None:
     assert snapshot(m) == before
 
 
-# -- framework detection and mixing
-
-
 def test_framework_of_objects() -> None:
     class Net(tp.nn.Module):
         pass
@@ -280,14 +234,14 @@ def test_framework_of_objects() -> None:
     class TorchNet(torch.nn.Module):
         pass
 
-    assert framework(Net()) == "tensorplay"
-    assert framework(TP.nn.Linear(2, 2).weight) == "tensorplay"
-    assert framework(TP.tensor([1.0])) == "tensorplay"
-    assert framework(TorchNet()) == "torch"
-    assert framework(torch.ones(1).as_subclass(type("Sub", (torch.Tensor,), {}))) == "torch"
+    assert framework_of(Net()) == "tensorplay"
+    assert framework_of(TP.nn.Linear(2, 2).weight) == "tensorplay"
+    assert framework_of(TP.tensor([1.0])) == "tensorplay"
+    assert framework_of(TorchNet()) == "torch"
+    assert framework_of(torch.ones(1).as_subclass(type("Sub", (torch.Tensor,), {}))) == "torch"
     assert namespace(Net()) is tp
     with pytest.raises(TypeError, match="expected a torch or tensorplay"):
-        framework([1.0])
+        framework_of([1.0])
     with pytest.raises(TypeError, match="where: scores must be a torch or tensorplay object"):
         common_namespace("where", scores=[1.0])
 
