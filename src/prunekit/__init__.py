@@ -9,6 +9,14 @@ from prunekit.amount import (
     validate_pruning_amount_init,
 )
 from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.checkpoint import (
+    atomic_save,
+    load_pruned,
+    load_pruned_state_dict,
+    permanent_state_dict,
+    refresh_pruned,
+    save_pruned,
+)
 from prunekit.functional import (
     custom_from_mask,
     global_unstructured,
@@ -42,6 +50,7 @@ __all__ = [
     "RandomStructured",
     "RandomUnstructured",
     "__version__",
+    "atomic_save",
     "compute_nparams_to_prune",
     "custom_from_mask",
     "global_unstructured",
@@ -49,9 +58,14 @@ __all__ = [
     "is_pruned",
     "l1_unstructured",
     "ln_structured",
+    "load_pruned",
+    "load_pruned_state_dict",
+    "permanent_state_dict",
     "random_structured",
     "random_unstructured",
+    "refresh_pruned",
     "remove",
+    "save_pruned",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
 ]
