@@ -80,7 +80,7 @@ def test_importance_scores_rank_instead_of_the_weights() -> None:
 
 def test_importance_scores_of_wrong_shape_are_rejected() -> None:
     m = nn.Linear(5, 2)
-    with pytest.raises(ValueError, match=r"importance_scores of shape \(5, 2\)"):
+    with pytest.raises(ValueError, match=r"importance_scores have shape \(5, 2\); expected"):
         prune.l1_unstructured(m, "weight", 3, importance_scores=torch.ones(5, 2))
     assert not prune.is_pruned(m)
     assert "weight" in m._parameters

@@ -101,7 +101,7 @@ def test_global_accepts_a_generator() -> None:
 
 def test_global_rejects_structured_methods() -> None:
     m = nn.Linear(3, 3)
-    with pytest.raises(TypeError, match="only 'unstructured' methods"):
+    with pytest.raises(TypeError, match="expected an 'unstructured' method"):
         prune.global_unstructured([(m, "weight")], prune.RandomStructured, amount=1)
     assert not prune.is_pruned(m)
 
@@ -110,7 +110,7 @@ def test_global_rejects_non_iterables_and_bad_scores() -> None:
     m = nn.Linear(3, 3)
     with pytest.raises(TypeError, match="iterable of \\(module, name\\) pairs"):
         prune.global_unstructured(m, prune.L1Unstructured, amount=1)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="must be a dict"):
+    with pytest.raises(TypeError, match="expected a dict keyed by"):
         prune.global_unstructured(
             [(m, "weight")],
             prune.L1Unstructured,

@@ -43,7 +43,7 @@ def test_nothing_to_prune(amount: float) -> None:
 
 def test_l1_rejects_nan_scores() -> None:
     t = torch.tensor([1.0, math.nan, 2.0])
-    with pytest.raises(ValueError, match="NaN or infinite"):
+    with pytest.raises(ValueError, match=r"cannot be ranked, e\.g\. nan"):
         prune.L1Unstructured(1).compute_mask(t, torch.ones(3))
 
 
@@ -170,9 +170,9 @@ def test_custom_from_mask_multiplies_into_default() -> None:
 def test_custom_from_mask_rejects_bad_masks() -> None:
     with pytest.raises(ValueError, match="only 0 and 1"):
         prune.CustomFromMask(torch.tensor([0.5, 1.0]))
-    with pytest.raises(TypeError, match="must be a tensor"):
+    with pytest.raises(TypeError, match="invalid mask of type list; expected a tensor"):
         prune.CustomFromMask([1, 0])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"mask has shape \(2,\), the tensor \(3,\)"):
+    with pytest.raises(ValueError, match=r"mask has shape \(2,\); expected the tensor's"):
         prune.CustomFromMask(torch.ones(2)).compute_mask(torch.ones(3), torch.ones(3))
 
 
