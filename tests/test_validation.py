@@ -508,3 +508,25 @@ def test_messages_name_the_module_for_dotted_names() -> None:
         prune.l1_unstructured(mha, "out_proj.weight", 2.5)
     assert fingerprint(mha) == before
     copy.deepcopy(mha)
+
+
+class TiedLM(nn.Module):
+    """An embedding whose weight the output layer reuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_tied_weights_seen_from_a_common_parent_are_refused() -> None:
+    model = TiedLM()
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"'embed.weight' of TiedLM .*'head.weight'.*tied"):
+        prune.l1_unstructured(model, "embed.weight", 0.5)
+    assert fingerprint(model) == before
+    untied = TiedLM()
+    untied.head.weight = nn.Parameter(untied.embed.weight.detach().clone())
+    prune.l1_unstructured(untied, "embed.weight", 0.5)
+    assert prune.is_pruned(untied.embed)

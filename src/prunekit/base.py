@@ -328,6 +328,8 @@ def install(
             f"prune it through the attention module: (mha, 'out_proj.{leaf}')",
             stacklevel=4,
         )
+    if owner is not module:
+        _refuse_ties(module, name, owner._parameters.get(leaf), where)
     hook = _install(owner, leaf, method, importance_scores, where)
     if owner is not module:
         path = name.rpartition(".")[0]
@@ -337,6 +339,18 @@ def install(
         ):
             module.register_forward_pre_hook(RefreshSubmodule(path, leaf))
     return hook
+
+
+def _refuse_ties(root: nn.Module, name: str, param: Any, where: str) -> None:
+    """Raise if `param` also sits under another name of `root` (tied weights)."""
+    if param is None:
+        return
+    for other, p in root.named_parameters(remove_duplicate=False):
+        if p is param and other != name:
+            raise ValueError(
+                f"{where} is the same Parameter as {other!r} of this module (tied weights); "
+                "expected an untied parameter: pruning one name would leave the other unmasked"
+            )
 
 
 def _install(
