@@ -264,7 +264,7 @@ def test_container_rejects_other_tensors_and_non_methods() -> None:
     assert container._tensor_name == "weight"
     with pytest.raises(ValueError, match="cannot add one for 'bias'"):
         container.add_pruning_method(b)
-    with pytest.raises(TypeError, match="got int"):
+    with pytest.raises(TypeError, match="invalid method of type int; expected"):
         container.add_pruning_method(3)  # type: ignore[arg-type]
     assert len(container) == 1
 

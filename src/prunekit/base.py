@@ -116,8 +116,8 @@ class BasePruningMethod(ABC):
         scores = t if importance_scores is None else importance_scores
         if tuple(scores.shape) != tuple(t.shape):
             raise ValueError(
-                f"{type(self).__name__}.prune: importance_scores of shape "
-                f"{tuple(scores.shape)} do not match the tensor's shape {tuple(t.shape)}"
+                f"{type(self).__name__}.prune: importance_scores have shape "
+                f"{tuple(scores.shape)}; expected the tensor's shape {tuple(t.shape)}"
             )
         if default_mask is None:
             default_mask = namespace(t).ones_like(t)
@@ -217,12 +217,14 @@ class PruningContainer(BasePruningMethod):
         """Append `method`, which must prune the same tensor as the container."""
         if not isinstance(method, BasePruningMethod):
             raise TypeError(
-                f"PruningContainer accepts BasePruningMethod instances, got {type(method).__name__}"
+                f"PruningContainer: invalid method of type {type(method).__name__}; "
+                "expected a BasePruningMethod instance"
             )
         if method._tensor_name != self._tensor_name:
             raise ValueError(
                 f"PruningContainer holds methods for {self._tensor_name!r}, "
-                f"cannot add one for {method._tensor_name!r}"
+                f"cannot add one for {method._tensor_name!r}; expected a method pruning "
+                f"{self._tensor_name!r}"
             )
         self._pruning_methods += (method,)
 
