@@ -289,7 +289,8 @@ def _copy_masked_tensor(module: nn.Module, name: str, memo: dict[int, Any]) -> N
         return
     orig_copy = copy.deepcopy(orig, memo)
     mask_copy = copy.deepcopy(mask, memo)
-    memo[id(masked)] = mask_copy.to(dtype=orig_copy.dtype) * orig_copy
+    result = mask_copy.to(dtype=orig_copy.dtype) * orig_copy
+    memo[id(masked)] = result if masked.requires_grad else result.detach()
     memo.setdefault(id(memo), []).append(masked)  # keep the id taken, as copy does
 
 
