@@ -28,6 +28,7 @@ def fingerprint(model: nn.Module) -> dict[str, Any]:
             ],
             "buffers": [(k, id(v), None if v is None else bits(v)) for k, v in m._buffers.items()],
             "hooks": hooks,
+            "load_hooks": [(k, id(h)) for k, h in m._load_state_dict_post_hooks.items()],
             "attrs": [(k, id(v), bits(v)) for k, v in m.__dict__.items() if isinstance(v, Tensor)],
         }
     out["<state_dict>"] = [(k, bits(v)) for k, v in model.state_dict().items()]

@@ -191,3 +191,16 @@ def test_pickled_hook_alone_and_unpickled_module_deepcopy() -> None:
     train_step(loaded, "attention")  # non-leaf pruned tensors again
     copied = copy.deepcopy(loaded)
     assert state(copied) == state(loaded)
+
+
+def test_load_state_dict_refreshes_the_pruned_attribute_without_a_forward() -> None:
+    model, twin = mlp(), mlp()
+    train_step(model, "mlp")
+    twin.load_state_dict(model.state_dict())
+    for m in (twin[0], twin[2]):
+        assert torch.equal(m.weight, m.weight_orig * m.weight_mask)
+    prune.remove(twin[0], "weight")
+    assert len(twin[0]._load_state_dict_post_hooks) == 1  # bias is still pruned
+    prune.remove(twin[0], "bias")
+    prune.remove(twin[2], "weight")
+    assert [len(m._load_state_dict_post_hooks) for m in twin] == [0, 0, 0]

@@ -33,11 +33,13 @@ __all__ = [
     "BasePruningMethod",
     "PruningBase",
     "PruningContainer",
+    "RefreshAfterLoad",
     "RefreshSubmodule",
     "combine_masks",
     "describe",
     "drop_refresh",
     "find_pruning_hook",
+    "forget_load_refresh",
     "install",
     "with_context",
 ]
@@ -403,7 +405,34 @@ def _install(
         snapshot.restore()
         raise
     hook._module = weakref.ref(module)
+    if not any(
+        isinstance(h, RefreshAfterLoad) for h in module._load_state_dict_post_hooks.values()
+    ):
+        module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
     return hook
+
+
+class RefreshAfterLoad:
+    """load_state_dict post-hook: recompute ``module.<name>`` = mask * orig after a load.
+
+    Without it the attribute keeps the values from before the load until the next forward.
+    install() registers one per pruned module; functional.remove() drops it with the last
+    pruning of the module.
+    """
+
+    def __call__(self, module: nn.Module, incompatible_keys: Any) -> None:
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
+                setattr(module, hook._tensor_name, hook.apply_mask(module))
+
+
+def forget_load_refresh(module: nn.Module) -> None:
+    """Drop the RefreshAfterLoad of `module` if no pruning is left on it."""
+    if any(isinstance(h, BasePruningMethod) for h in module._forward_pre_hooks.values()):
+        return
+    for key, hook in list(module._load_state_dict_post_hooks.items()):
+        if isinstance(hook, RefreshAfterLoad):
+            del module._load_state_dict_post_hooks[key]
 
 
 class RefreshSubmodule:

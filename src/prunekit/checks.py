@@ -195,6 +195,7 @@ class Snapshot:
         self.parameters = dict(module._parameters)
         self.buffers = dict(module._buffers)
         self.hooks = dict(module._forward_pre_hooks)
+        self.load_hooks = dict(module._load_state_dict_post_hooks)
         self.tensors = {k: v for k, v in module.__dict__.items() if isinstance(v, Tensor)}
         self.methods = {
             key: hook._pruning_methods
@@ -213,6 +214,8 @@ class Snapshot:
         m._buffers.update(self.buffers)
         m._forward_pre_hooks.clear()
         m._forward_pre_hooks.update(self.hooks)
+        m._load_state_dict_post_hooks.clear()
+        m._load_state_dict_post_hooks.update(self.load_hooks)
         for name in [k for k, v in m.__dict__.items() if isinstance(v, Tensor)]:
             if name not in self.tensors:
                 del m.__dict__[name]

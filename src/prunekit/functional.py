@@ -14,6 +14,7 @@ from prunekit.base import (
     describe,
     drop_refresh,
     find_pruning_hook,
+    forget_load_refresh,
     with_context,
 )
 from prunekit.checks import (
@@ -112,6 +113,7 @@ def remove(module: M, name: str) -> M:
         )
     hook.remove(owner)
     del owner._forward_pre_hooks[key]
+    forget_load_refresh(owner)
     if owner is not module:
         drop_refresh(module, name)
     return module
