@@ -28,6 +28,7 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "Report",
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",
@@ -52,6 +54,7 @@ __all__ = [
     "random_structured",
     "random_unstructured",
     "remove",
+    "report",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
 ]
