@@ -181,7 +181,9 @@ def _run_demo(args: argparse.Namespace) -> int:
             progress=tick,
         )
     console.print(result.rich_table())
-    console.print(f"Wrote to {args.out}: " + ", ".join(p.name for p in result.files))
+    print(f"Wrote to {args.out}:")
+    for path in result.files:
+        print(f"  {path.name}")
     return 0
 
 

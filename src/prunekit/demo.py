@@ -85,17 +85,23 @@ class DemoResult:
     def rich_table(self) -> Any:
         """The table of results as a ``rich.table.Table`` (needs the 'cli' extra)."""
         table_mod = require("rich.table", "cli", "the demo's table")
+        params = self.rows[0].params
         table = table_mod.Table(
-            title=f"Pruning a CNN on 8x8 digits (test set: {self.test_images} images)"
+            title=f"Pruning a CNN on 8x8 digits ({self.test_images} test images)",
+            caption=f"sparsity: zeros among conv + linear weights; non-zero: of {params:,} "
+            "parameters; dense, sparse: sizes (sparse = non-zero values + 1-bit map); "
+            f"structured: {STRUCTURED_AMOUNT:.0%} of the output channels of every layer but "
+            "the last",
         )
-        for name in ("model", "sparsity", "test acc.", "non-zero params", "dense", "sparse"):
-            table.add_column(name, justify="left" if name == "model" else "right")
+        table.add_column("model", no_wrap=True)
+        for name in ("sparsity", "test acc.", "non-zero", "dense", "sparse"):
+            table.add_column(name, justify="right")
         for r in self.rows:
             table.add_row(
                 r.model,
                 f"{r.sparsity:.1%}",
                 f"{r.accuracy:.2%}",
-                f"{r.nonzeros:,} / {r.params:,}",
+                f"{r.nonzeros:,}",
                 human_bytes(r.dense_bytes),
                 human_bytes(r.sparse_bytes),
             )
@@ -134,7 +140,7 @@ def run_demo(
             rows.append(_measure(label, model, data))
         for module, name in dense.prunable()[:-1]:
             ln_structured(module, name, STRUCTURED_AMOUNT, n=2, dim=0)
-        label = f"L2 structured, {STRUCTURED_AMOUNT:.0%} channels"
+        label = f"structured L2 {STRUCTURED_AMOUNT:.0%}"
         _train(dense, data, finetune_epochs, 1e-3, "structured, fine-tuning", tick)
         rows.append(_measure(label, dense, data))
     final = report(model)
@@ -149,10 +155,10 @@ def _checked(sparsities: Sequence[float], epochs: int, finetune_epochs: int) -> 
             raise ValueError(f"run_demo: invalid {name}={value!r}; expected an int >= 0")
     if not sparsities:
         raise ValueError("run_demo: sparsities is empty; expected fractions such as 0.5,0.75,0.9")
-    for value in sparsities:
-        validate_pruning_amount_init(value, owner="run_demo: sparsity")
-        if not isinstance(value, float):
-            raise ValueError(f"run_demo: invalid sparsity={value!r}; expected a float in [0, 1]")
+    for fraction in sparsities:
+        validate_pruning_amount_init(fraction, owner="run_demo: sparsity")
+        if not isinstance(fraction, float):
+            raise ValueError(f"run_demo: invalid sparsity={fraction!r}; expected a float in [0, 1]")
     steps = list(sparsities)
     if steps != sorted(set(steps)):
         raise ValueError(
@@ -210,7 +216,8 @@ def _train(
         for i in range(batches):
             index = order[i * BATCH : (i + 1) * BATCH]
             optimizer.zero_grad()
-            F.cross_entropy(model(data.x_train[index]), data.y_train[index]).backward()
+            loss = F.cross_entropy(model(data.x_train[index]), data.y_train[index])
+            loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             tick(label, epoch * batches + i + 1, total)
 
@@ -219,9 +226,8 @@ def _prune_to(model: DigitsCNN, target: float) -> None:
     """Global L1 over the prunable weights until `target` of them are pruned in all."""
     pairs = model.prunable()
     total = sum(getattr(m, n).numel() for m, n in pairs)
-    masked = sum(
-        int((m._buffers[n + "_mask"] == 0).sum()) for m, n in pairs if n + "_mask" in m._buffers
-    )
+    masks = [m._buffers.get(n + "_mask") for m, n in pairs]
+    masked = sum(int(mask.eq(0).sum()) for mask in masks if mask is not None)
     global_unstructured(pairs, L1Unstructured, amount=max(round(target * total) - masked, 0))
 
 
@@ -284,7 +290,16 @@ def _plot_accuracy(rows: list[DemoRow], path: Path) -> Path:
         [100 * structured.accuracy],
         marker="s",
         linestyle="none",
-        label=structured.model + ", fine-tuned",
+        label=structured.model + " (channels), fine-tuned",
+    )
+    ax.annotate(
+        f"{100 * structured.accuracy:.1f}%",
+        (100 * structured.sparsity, 100 * structured.accuracy),
+        textcoords="offset points",
+        xytext=(0, -14),
+        ha="center",
+        fontsize=8,
+        color="C1",
     )
     low = min(100 * r.accuracy for r in rows)
     ax.set_ylim(max(0.0, low - 5), 100.5)

@@ -21,7 +21,9 @@ from prunekit._extras import require
 from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
 from prunekit.statedict import entries
 
-__all__ = ["Report", "TensorRow", "report"]
+__all__ = ["Report", "TensorRow", "human_bytes", "report"]
+
+HEADER = ("tensor", "shape", "elements", "zeros", "sparsity", "mask", "method")
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,9 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
     def __str__(self) -> str:
-        header = ("tensor", "shape", "elements", "zeros", "sparsity", "mask", "method")
-        body = [_cells(r) for r in self.rows]
+        columns = self._columns()
+        header = HEADER[:columns]
+        body = [_cells(r)[:columns] for r in self.rows]
         total = self.totals()
         footer = (
             "total",
@@ -138,8 +141,8 @@ class Report:
             f"{self.sparsity:.1%}",
             str(total["masked"]),
             "",
-        )
-        widths = [max(len(line[i]) for line in [header, *body, footer]) for i in range(7)]
+        )[:columns]
+        widths = [max(len(line[i]) for line in [header, *body, footer]) for i in range(columns)]
         rule = "  ".join("-" * w for w in widths)
         lines = [_line(header, widths), rule, *(_line(b, widths) for b in body), rule]
         lines.append(_line(footer, widths))
@@ -154,8 +157,8 @@ class Report:
         table_mod = require("rich.table", "cli", "Report.rich_table")
         table = table_mod.Table(title=title, show_footer=True, caption=self._size_line())
         footer = ("total", "", f"{self.numel:,}", f"{self.zeros:,}", f"{self.sparsity:.1%}")
-        header = ("tensor", "shape", "elements", "zeros", "sparsity", "mask", "method")
-        for i, name in enumerate(header):
+        columns = self._columns()
+        for i, name in enumerate(HEADER[:columns]):
             right = 2 <= i <= 4
             table.add_column(
                 name,
@@ -163,7 +166,7 @@ class Report:
                 justify="right" if right else "left",
             )
         for row in self.rows:
-            table.add_row(*_cells(row))
+            table.add_row(*_cells(row)[:columns])
         return table
 
     def plot(self, path: str | os.PathLike[str], title: str | None = None) -> Path:
@@ -184,9 +187,18 @@ class Report:
         ax.set_ylabel("tensor")
         ax.set_title(title or f"Sparsity per tensor (overall {self.sparsity:.1%})")
         ax.grid(axis="x", alpha=0.3)
+        if any(r.masked for r in self.rows):
+            patches = require("matplotlib.patches", "cli", "Report.plot")
+            kinds = [("#c0392b", "mask installed"), ("#7f8c8d", "no mask")]
+            handles = [patches.Patch(color=c, label=text) for c, text in kinds]
+            ax.legend(handles=handles, loc="lower right", fontsize=8)
         target = Path(path)
         fig.savefig(target, format="png")
         return target
+
+    def _columns(self) -> int:
+        """How many of HEADER to show: 'method' only when some row names one."""
+        return len(HEADER) if any(r.method for r in self.rows) else len(HEADER) - 1
 
     def _size_line(self) -> str:
         return (

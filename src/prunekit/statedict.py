@@ -140,7 +140,7 @@ def prune_state_dict(
             continue
         if keep_masks:
             out[e.name + ORIG] = e.tensor
-            out[e.name + MASK] = holder.tensor_mask
+            out[e.name + MASK] = holder.get_buffer("tensor_mask")
         else:
             _, hook = find_pruning_hook(holder, "tensor")
             assert hook is not None
