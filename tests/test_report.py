@@ -66,6 +66,9 @@ def test_global_pruning_shows_its_masks() -> None:
     weights = [found["0.weight"], found["3.weight"]]
     assert sum(r.zeros for r in weights) == round(0.8 * (72 + 48))
     assert all(r.method == "CustomFromMask" for r in weights)
+    prunekit.global_unstructured(pairs, prunekit.L1Unstructured, amount=0.5)
+    prunekit.l1_unstructured(model[0], "weight", amount=1)
+    assert report(model)["0.weight"].method == "CustomFromMask x2+L1Unstructured(1)"
 
 
 def test_state_dict_with_masks_matches_the_module() -> None:
@@ -159,9 +162,9 @@ def test_plot_writes_a_png(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_rejects_other_inputs() -> None:
-    with pytest.raises(TypeError, match="expected an nn.Module or a state_dict"):
+    with pytest.raises(TypeError, match=r"expected an nn\.Module or a state_dict"):
         report([torch.ones(2)])  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="entry 'n' is a int"):
+    with pytest.raises(TypeError, match="entry 'n' has type int"):
         report({"w": torch.ones(2), "n": 3})  # type: ignore[dict-item]
 
 

@@ -238,7 +238,10 @@ def _consoles() -> tuple[Any, Any]:
 
 @contextmanager
 def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback ``tick(label, done, total)`` drawing one rich bar per label."""
+    """A progress callback ``tick(label, done, total)`` drawing one rich bar per label.
+
+    The bars appear at the first tick, so a call that fails its checks prints nothing.
+    """
     progress_mod = require("rich.progress", "cli", "the prunekit command")
     bars = progress_mod.Progress(
         progress_mod.TextColumn("{task.description:<34}"),
@@ -250,12 +253,17 @@ def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
     tasks: dict[str, Any] = {}
 
     def tick(label: str, done: int, total: int) -> None:
+        if not tasks:
+            bars.start()
         if label not in tasks:
             tasks[label] = bars.add_task(label, total=total)
         bars.update(tasks[label], completed=done)
 
-    with bars:
+    try:
         yield tick
+    finally:
+        if tasks:
+            bars.stop()
 
 
 def _amount(text: str) -> float:

@@ -118,7 +118,7 @@ def _as_state_dict(obj: Any, where: str) -> dict[str, Tensor]:
     for key, value in obj.items():
         if not isinstance(value, Tensor):
             raise CheckpointError(
-                f"{where}: entry {key!r} is a {type(value).__name__}, not a tensor; expected a "
+                f"{where}: entry {key!r} has type {type(value).__name__}, not a tensor; expected a "
                 "flat state_dict (names to tensors), such as model.state_dict()"
             )
     return {str(key): value for key, value in obj.items()}

@@ -7,6 +7,7 @@ Rendering libraries are imported only when a rendering needs them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -257,7 +258,7 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     for key, value in state.items():
         if not isinstance(value, Tensor):
             raise TypeError(
-                f"report: state_dict entry {key!r} is a {type(value).__name__}, not a tensor"
+                f"report: state_dict entry {key!r} has type {type(value).__name__}, not a tensor"
             )
     return [
         _row(e.name, e.tensor, e.mask, None) for e in entries(state) if e.tensor.is_floating_point()
@@ -279,11 +280,13 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
 
 
 def _method_name(hook: BasePruningMethod | None) -> str | None:
-    """``L1Unstructured(0.5)``; a container's methods joined by ``+``."""
+    """``L1Unstructured(0.5)``; a container's methods joined by ``+``, repeats as ``x3``."""
     if hook is None:
         return None
     if isinstance(hook, PruningContainer):
-        return "+".join(filter(None, (_method_name(m) for m in hook)))
+        names = [_method_name(m) or "" for m in hook]
+        runs = [(name, len(list(group))) for name, group in itertools.groupby(names)]
+        return "+".join(name if count == 1 else f"{name} x{count}" for name, count in runs)
     amount = getattr(hook, "amount", None)
     return type(hook).__name__ + (f"({amount})" if amount is not None else "")
 
