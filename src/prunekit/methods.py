@@ -150,7 +150,8 @@ class LnStructured(_Structured):
     """Prunes the `amount` channels along `dim` with the smallest L`n` norm.
 
     `n` is a positive number, ``inf``, ``-inf``, ``'fro'`` or ``'nuc'`` (the
-    nuclear norm needs a 3-D tensor: two axes besides `dim`).
+    nuclear norm needs a 3-D tensor: two axes besides `dim`). ``'fro'`` works
+    on tensors of any rank, as the 2-norm of each channel.
     """
 
     def __init__(self, amount: float, n: Any, dim: int = -1) -> None:
@@ -166,7 +167,9 @@ class LnStructured(_Structured):
                 f"{owner}: n='nuc' needs a 3-D tensor (two axes besides dim), "
                 f"got shape {tuple(t.shape)}"
             )
-        norms: Tensor = namespace(t).norm(t, p=self.n, dim=others)
+        # 'fro' over any number of axes is the 2-norm of the flattened channel.
+        order = 2 if self.n == "fro" else self.n
+        norms: Tensor = namespace(t).norm(t, p=order, dim=others)
         _require_finite(norms, owner, what="channel norms")
         return norms
 
