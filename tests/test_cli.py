@@ -285,3 +285,10 @@ def test_demo_errors(
     assert status == code
     one_line_error(err, fragment)
     assert not (tmp_path / "d").exists()
+
+
+def test_demo_out_must_be_a_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("")
+    status, _, err = run(capsys, "demo", "--out", str(tmp_path / "taken"))
+    assert status == 1
+    one_line_error(err, "is a file; expected a folder")

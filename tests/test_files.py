@@ -39,6 +39,13 @@ def test_format_is_read_from_the_content_not_the_suffix(tmp_path: Path) -> None:
     assert torch.equal(load_state_dict(renamed)["a.bias"], _state()["a.bias"])
 
 
+def test_legacy_torch_format(tmp_path: Path) -> None:
+    path = tmp_path / "old.pt"
+    torch.save(_state(), path, _use_new_zipfile_serialization=False)
+    assert detect_format(path) == "torch"
+    assert torch.equal(load_state_dict(path)["a.weight"], _state()["a.weight"])
+
+
 def test_tied_tensors_are_written_to_safetensors(tmp_path: Path) -> None:
     shared = torch.ones(2, 2)
     path = save_state_dict({"x": shared, "y": shared}, tmp_path / "t.safetensors")

@@ -125,6 +125,8 @@ def run_demo(
     """
     steps = _checked(sparsities, epochs, finetune_epochs)
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"run_demo: out={str(folder)!r} is a file; expected a folder")
     folder.mkdir(parents=True, exist_ok=True)
     tick = progress or (lambda label, done, total: None)
     with _deterministic(seed):
