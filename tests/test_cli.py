@@ -246,8 +246,10 @@ def test_prune_file_errors(
 
 def test_demo_tiny_run_is_reproducible(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out_dir = tmp_path / "demo"
-    code, first, _ = run(capsys, "demo", "--out", str(out_dir), *TINY_DEMO)
+    code, first, progress = run(capsys, "demo", "--out", str(out_dir), *TINY_DEMO)
     assert code == 0
+    for label in ("training the dense model", "pruned to 90%, fine-tuning"):
+        assert label in progress and label not in first  # bars on stderr, table on stdout
     for label in ("dense", "global L1 50%", "global L1 90%", "structured L2 50%"):
         assert label in first
     names = {p.name for p in out_dir.iterdir()}
