@@ -196,3 +196,23 @@ def test_import_prunekit_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_tensorplay_models_and_state_dicts() -> None:
+    tp = pytest.importorskip("tensorplay")
+    state = {
+        "w": tp.tensor([[0.0, 1.0], [2.0, 0.0]]),
+        "v_orig": tp.ones(2, 3),
+        "v_mask": tp.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+    }
+    found = report(state)
+    assert [(r.name, r.shape, r.zeros, r.masked) for r in found.rows] == [
+        ("w", (2, 2), 2, False),
+        ("v", (2, 3), 4, True),
+    ]
+    assert found["w"].dtype == "float32"
+    model = tp.nn.Sequential(tp.nn.Linear(4, 3), tp.nn.Linear(3, 2))
+    rows = report(model).rows
+    assert [(r.name, r.numel) for r in rows] == [
+        (n, p.numel()) for n, p in model.named_parameters()
+    ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit._backend import namespace
 from prunekit._extras import require
 from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
 from prunekit.statedict import entries
@@ -208,7 +209,7 @@ class Report:
         )
 
 
-def report(source: nn.Module | Mapping[str, Tensor]) -> Report:
+def report(source: nn.Module | Mapping[str, Tensor] | Any) -> Report:
     """Report on a model (pruned or not) or a state_dict (with or without masks).
 
     A model gives one row per floating-point parameter, a pruned one under its
@@ -216,10 +217,10 @@ def report(source: nn.Module | Mapping[str, Tensor]) -> Report:
     A state_dict cannot tell parameters from buffers, so every floating-point
     tensor in it gets a row; ``<n>_orig`` + ``<n>_mask`` pairs are one row ``<n>``.
     """
-    if isinstance(source, nn.Module):
-        return Report(tuple(_module_rows(source)))
     if isinstance(source, Mapping):
         return Report(tuple(_state_rows(source)))
+    if _framework_object(source, "nn.Module"):
+        return Report(tuple(_module_rows(source)))
     raise TypeError(
         f"report: expected an nn.Module or a state_dict (a mapping of names to tensors), "
         f"got {type(source).__name__}"
@@ -256,7 +257,7 @@ def _module_rows(model: nn.Module) -> list[TensorRow]:
 
 def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     for key, value in state.items():
-        if not isinstance(value, Tensor):
+        if not _framework_object(value, "Tensor"):
             raise TypeError(
                 f"report: state_dict entry {key!r} has type {type(value).__name__}, not a tensor"
             )
@@ -265,12 +266,22 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     ]
 
 
+def _framework_object(obj: Any, kind: str) -> bool:
+    """Whether `obj` is a ``<framework>.<kind>`` of torch or tensorplay."""
+    try:
+        ns = namespace(obj)
+    except TypeError:
+        return False
+    cls = ns.nn.Module if kind == "nn.Module" else ns.Tensor
+    return isinstance(obj, cls)
+
+
 def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
     values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
     return TensorRow(
         name=name,
         shape=tuple(int(s) for s in tensor.shape),
-        dtype=str(tensor.dtype).removeprefix("torch."),
+        dtype=str(tensor.dtype).rsplit(".", 1)[-1],
         numel=int(tensor.numel()),
         zeros=int((values == 0).sum()),
         masked=mask is not None,
