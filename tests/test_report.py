@@ -216,3 +216,19 @@ def test_tensorplay_models_and_state_dicts() -> None:
     assert [(r.name, r.numel) for r in rows] == [
         (n, p.numel()) for n, p in model.named_parameters()
     ]
+
+
+class _Custom(nn.Module):
+    """A model class defined outside torch, as users' models are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+
+
+def test_user_defined_model_classes() -> None:
+    model = _Custom()
+    prunekit.l1_unstructured(model.layer, "weight", amount=2)
+    found = report(model)
+    assert [r.name for r in found.rows] == ["layer.bias", "layer.weight"]
+    assert found["layer.weight"].zeros == 2

@@ -135,16 +135,20 @@ def run_demo(
         _train(model, data, epochs, 2e-3, "training the dense model", tick)
         rows = [_measure("dense", model, data)]
         dense = copy.deepcopy(model)
-        for target in steps:
+        overall = "pruning steps (+ fine-tuning)"
+        tick(overall, 0, len(steps) + 1)
+        for done, target in enumerate(steps, 1):
             _prune_to(model, target)
             label = f"global L1 {target:.0%}"
             _train(model, data, finetune_epochs, 1e-3, f"pruned to {target:.0%}, fine-tuning", tick)
             rows.append(_measure(label, model, data))
+            tick(overall, done, len(steps) + 1)
         for module, name in dense.prunable()[:-1]:
             ln_structured(module, name, STRUCTURED_AMOUNT, n=2, dim=0)
         label = f"structured L2 {STRUCTURED_AMOUNT:.0%}"
         _train(dense, data, finetune_epochs, 1e-3, "structured, fine-tuning", tick)
         rows.append(_measure(label, dense, data))
+        tick(overall, len(steps) + 1, len(steps) + 1)
     final = report(model)
     files = _write(folder, model, final, rows)
     return DemoResult(tuple(rows), final, files, len(data.y_test))

@@ -11,14 +11,15 @@ import itertools
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from prunekit._backend import namespace
 from prunekit._extras import require
 from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
 from prunekit.statedict import entries
@@ -267,13 +268,15 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
 
 
 def _framework_object(obj: Any, kind: str) -> bool:
-    """Whether `obj` is a ``<framework>.<kind>`` of torch or tensorplay."""
-    try:
-        ns = namespace(obj)
-    except TypeError:
-        return False
-    cls = ns.nn.Module if kind == "nn.Module" else ns.Tensor
-    return isinstance(obj, cls)
+    """Whether `obj` is a torch or tensorplay ``nn.Module`` (`kind`) or ``Tensor``.
+
+    Checked by class hierarchy: users' model classes live in their own modules.
+    """
+    frameworks = [torch, sys.modules.get("tensorplay")]
+    for ns in filter(None, frameworks):
+        if isinstance(obj, ns.nn.Module if kind == "nn.Module" else ns.Tensor):
+            return True
+    return False
 
 
 def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
