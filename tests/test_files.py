@@ -48,9 +48,11 @@ def test_legacy_torch_format(tmp_path: Path) -> None:
 
 def test_tied_tensors_are_written_to_safetensors(tmp_path: Path) -> None:
     shared = torch.ones(2, 2)
-    path = save_state_dict({"x": shared, "y": shared}, tmp_path / "t.safetensors")
-    loaded = load_state_dict(path)
-    assert torch.equal(loaded["x"], shared) and torch.equal(loaded["y"], shared)
+    big = torch.arange(12.0).reshape(6, 2)  # views of one storage, one of them transposed
+    state = {"x": shared, "y": shared, "top": big[:2], "rest": big[2:], "t": big.t()}
+    loaded = load_state_dict(save_state_dict(state, tmp_path / "t.safetensors"))
+    for key, value in state.items():
+        assert torch.equal(loaded[key], value), key
 
 
 @pytest.mark.parametrize(
