@@ -294,3 +294,36 @@ def test_demo_out_must_be_a_folder(capsys: pytest.CaptureFixture[str], tmp_path:
     status, _, err = run(capsys, "demo", "--out", str(tmp_path / "taken"))
     assert status == 1
     one_line_error(err, "is a file; expected a folder")
+
+
+# --- failures inside the library ----------------------------------------------------------------
+
+
+def test_missing_extra_is_one_line(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def without_rich(name: str, package: str | None = None) -> object:
+        if name.startswith("rich"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", without_rich)
+    code, _, err = run(capsys, "report", str(checkpoint))
+    assert code == 1
+    one_line_error(err, "needs the package 'rich'", "pip install 'prunekit[cli]'")
+
+
+def test_unexpected_errors_are_one_line_with_their_type(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("first line\nsecond line")
+
+    monkeypatch.setattr("prunekit.cli.report", broken)
+    code, _, err = run(capsys, "report", str(checkpoint))
+    assert code == 1
+    one_line_error(err, "prunekit report: error: RuntimeError: first line second line")

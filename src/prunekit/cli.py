@@ -10,6 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from prunekit._extras import require
+from prunekit.demo import run_demo
+from prunekit.files import load_state_dict
+from prunekit.report import report
+from prunekit.statedict import prune_file
 
 __all__ = ["build_parser", "main"]
 
@@ -168,8 +172,6 @@ def _trust_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from prunekit.demo import run_demo
-
     console, errors = _consoles()
     with _progress_bars(errors) as tick:
         result = run_demo(
@@ -188,9 +190,6 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from prunekit.files import load_state_dict
-    from prunekit.report import report
-
     found = report(load_state_dict(args.path, trust_pickle=args.trust_pickle))
     if args.plot:
         found.plot(args.plot, title=f"Sparsity per tensor of {args.path}")
@@ -203,9 +202,6 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
-    from prunekit.report import report
-    from prunekit.statedict import prune_file
-
     result = prune_file(
         args.path,
         args.out,
