@@ -169,6 +169,15 @@ def test_save_and_load_files(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["deploy.pt", "model.pt"]
 
 
+def test_safetensors_files(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    model = mlp()
+    prune.save_pruned(model, tmp_path / "model.safetensors")
+    fresh = plain_mlp()
+    prune.load_pruned(fresh, tmp_path / "model.safetensors")
+    assert sorted(state(fresh)) == sorted(state(model))
+
+
 def test_a_failed_save_keeps_the_old_file_and_leaves_no_temp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,7 +188,8 @@ def test_a_failed_save_keeps_the_old_file_and_leaves_no_temp(
 
     def half_then_fail(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         real_save(obj, f, *args, **kwargs)
-        f.truncate(10)
+        with open(f, "r+b") as handle:
+            handle.truncate(10)
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", half_then_fail)

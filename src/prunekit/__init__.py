@@ -10,7 +10,6 @@ from prunekit.amount import (
 )
 from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
 from prunekit.checkpoint import (
-    atomic_save,
     load_pruned,
     load_pruned_state_dict,
     permanent_state_dict,
@@ -36,6 +35,7 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
@@ -49,8 +49,8 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "Report",
     "__version__",
-    "atomic_save",
     "compute_nparams_to_prune",
     "custom_from_mask",
     "global_unstructured",
@@ -65,6 +65,7 @@ __all__ = [
     "random_unstructured",
     "refresh_pruned",
     "remove",
+    "report",
     "save_pruned",
     "validate_pruning_amount",
     "validate_pruning_amount_init",

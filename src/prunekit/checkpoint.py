@@ -6,21 +6,19 @@ A pruned tensor ``<name>`` is stored as ``<name>_orig`` (its values) and ``<name
 
 from __future__ import annotations
 
-import contextlib
 import os
-import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from prunekit.base import BasePruningMethod, install
 from prunekit.checks import Snapshot, check_binary_mask, describe
+from prunekit.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
 
 __all__ = [
-    "atomic_save",
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
@@ -173,50 +171,20 @@ def _check_keys(
             )
 
 
-def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """``torch.save(obj, path)`` through a temporary file and os.replace.
-
-    The file at `path` is either the old one or the complete new one, never half written.
-    """
-    target = os.fspath(path)
-    temp = f"{target}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(temp, "xb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    with contextlib.suppress(OSError):
-        directory = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
-def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool = False) -> None:
-    """Save `model`'s state_dict to `path` atomically.
+def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool = False) -> Path:
+    """Save `model`'s state_dict to `path` atomically (safetensors if it ends in .safetensors).
 
     With ``permanent=True`` the pruning is made permanent in the file (for deployment:
     loads into an unpruned model with load_state_dict); `model` itself is not changed.
     """
     state = permanent_state_dict(model) if permanent else model.state_dict()
-    atomic_save(state, path)
+    return save_state_dict(state, path)
 
 
-def load_pruned(
-    model: nn.Module,
-    path: str | os.PathLike[str],
-    strict: bool = True,
-    map_location: Any = None,
-) -> Any:
-    """Load a file written by save_pruned (or torch.save of a state_dict) into `model`.
+def load_pruned(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> Any:
+    """Load a file written by save_pruned (or any state_dict file) into `model`.
 
-    Reads with ``weights_only=True``; see load_pruned_state_dict for the rest.
+    PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
+    the rest.
     """
-    state = torch.load(path, map_location=map_location, weights_only=True)
-    return load_pruned_state_dict(model, state, strict=strict)
+    return load_pruned_state_dict(model, load_state_dict(path), strict=strict)
