@@ -2,6 +2,11 @@
 
 Every error reads ``<where>: <what is wrong, with the bad value>; expected <what is allowed>``,
 where ``<where>`` names the module and the parameter (see describe()).
+
+Decisions: a Parameter under two names (tied weights) is refused wherever both names are
+visible (one module, one global call, a parent given a dotted name), because pruning one
+name would leave the other unmasked. Empty tensors are allowed, as in torch: a fraction
+prunes 0 entries and a count must be 0.
 """
 
 from __future__ import annotations
