@@ -147,6 +147,26 @@ class PruningMachine(RuleBasedStateMachine):
                 self.module(target_, self.theirs), target_[1], amount, n=n, dim=dim
             )
 
+    @rule(target_=st.sampled_from(MATRICES), amount=AMOUNTS, dim=st.sampled_from([0, 1]))
+    def random_structured(self, target_: tuple[str, str], amount: float, dim: int) -> None:
+        alive = self.ones(target_)
+        channels = alive.sum(dim=1 - dim) != 0
+        units = int(channels.sum())
+        if isinstance(amount, int) and amount > units:
+            call = lambda: prune.random_structured(self.module(target_), target_[1], amount, dim)  # noqa: E731
+            self.expect_failure(call)
+            return
+        prune.random_structured(self.module(target_), target_[1], amount, dim=dim)
+        after = mask_of(self.ours, target_)
+        assert after is not None
+        assert units - int((after.sum(dim=1 - dim) != 0).sum()) == expected_count(amount, units)
+        self.sync(target_)
+
+    @rule(target_=st.sampled_from(TARGETS))
+    def identity(self, target_: tuple[str, str]) -> None:
+        prune.identity(self.module(target_), target_[1])
+        torch_prune.identity(self.module(target_, self.theirs), target_[1])
+
     @rule(target_=st.sampled_from(TARGETS), data=st.data())
     def custom(self, target_: tuple[str, str], data: st.DataObject) -> None:
         shape = tuple(current(self.ours, target_).shape)
