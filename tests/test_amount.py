@@ -62,7 +62,7 @@ def test_count_above_size_is_rejected() -> None:
 
 def test_structured_needs_two_dims() -> None:
     validate_structured_tensor((3, 4))
-    with pytest.raises(ValueError, match=r"2 or more dims, got shape \(5,\)"):
+    with pytest.raises(ValueError, match=r"shape \(5,\); expected a tensor with 2 or more dims"):
         validate_structured_tensor((5,))
 
 

@@ -1,4 +1,4 @@
-"""methods.py: what each built-in method's compute_mask chooses, on both frameworks."""
+"""methods.py: what each built-in method's compute_mask chooses. On both frameworks."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_nothing_to_prune(framework: Framework, amount: float) -> None:
 
 def test_l1_rejects_nan_scores(framework: Framework) -> None:
     t = framework.tensor([1.0, math.nan, 2.0])
-    with pytest.raises(ValueError, match="NaN or infinite"):
+    with pytest.raises(ValueError, match=r"cannot be ranked, e\.g\. nan"):
         prune.L1Unstructured(1).compute_mask(t, framework.ns.ones(3))
 
 
@@ -178,9 +178,9 @@ def test_custom_from_mask_multiplies_into_default(framework: Framework) -> None:
 def test_custom_from_mask_rejects_bad_masks(framework: Framework) -> None:
     with pytest.raises(ValueError, match="only 0 and 1"):
         prune.CustomFromMask(framework.tensor([0.5, 1.0]))
-    with pytest.raises(TypeError, match="must be a tensor"):
+    with pytest.raises(TypeError, match="invalid mask of type list; expected a tensor"):
         prune.CustomFromMask([1, 0])  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"mask has shape \(2,\), the tensor \(3,\)"):
+    with pytest.raises(ValueError, match=r"mask has shape \(2,\); expected the tensor's"):
         prune.CustomFromMask(framework.ns.ones(2)).compute_mask(
             framework.ns.ones(3), framework.ns.ones(3)
         )

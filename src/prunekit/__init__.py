@@ -9,6 +9,13 @@ from prunekit.amount import (
     validate_pruning_amount_init,
 )
 from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.checkpoint import (
+    load_pruned,
+    load_pruned_state_dict,
+    permanent_state_dict,
+    refresh_pruned,
+    save_pruned,
+)
 from prunekit.functional import (
     custom_from_mask,
     global_unstructured,
@@ -28,6 +35,7 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
@@ -41,6 +49,7 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "Report",
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",
@@ -49,9 +58,15 @@ __all__ = [
     "is_pruned",
     "l1_unstructured",
     "ln_structured",
+    "load_pruned",
+    "load_pruned_state_dict",
+    "permanent_state_dict",
     "random_structured",
     "random_unstructured",
+    "refresh_pruned",
     "remove",
+    "report",
+    "save_pruned",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
 ]

@@ -40,8 +40,8 @@ def framework(obj: Any) -> str:
         if root in FRAMEWORKS:
             return root
     raise TypeError(
-        f"expected a torch or tensorplay tensor or module, got {type(obj).__module__}."
-        f"{type(obj).__qualname__}"
+        f"invalid object of type {type(obj).__module__}.{type(obj).__qualname__}; "
+        "expected a torch or tensorplay tensor or module"
     )
 
 
@@ -89,7 +89,8 @@ def common_namespace(where: str, /, **objects: Any) -> ModuleType:
             seen.setdefault(framework(obj), label)
         except TypeError:
             raise TypeError(
-                f"{where}: {label} must be a torch or tensorplay object, got {type(obj).__name__}"
+                f"{where}: invalid {label} of type {type(obj).__name__}; "
+                "expected a torch or tensorplay object"
             ) from None
     if len(seen) > 1:
         described = " but ".join(
@@ -97,10 +98,10 @@ def common_namespace(where: str, /, **objects: Any) -> ModuleType:
         )
         raise TypeError(
             f"{where}: cannot mix torch and tensorplay objects in one call: {described}; "
-            "pass modules and tensors of one framework"
+            "expected modules and tensors of one framework"
         )
     if not seen:
-        raise TypeError(f"{where}: no torch or tensorplay object given")
+        raise TypeError(f"{where}: no tensor or module given; expected a torch or tensorplay one")
     return torch if "torch" in seen else sys.modules["tensorplay"]
 
 
@@ -113,19 +114,21 @@ def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:
     """The norm of `t` over `dims`: order `p` a number, ``'fro'`` or ``'nuc'`` (two dims).
 
     ``'fro'`` is the 2-norm of the entries over any number of dims, on both
-    frameworks. tensorplay's ``norm`` takes numeric orders only, so its
-    ``'nuc'`` goes through ``linalg.matrix_norm``. The nuclear norm needs a
-    singular value decomposition, which neither framework runs below float32.
+    frameworks (tensorplay's ``norm`` takes numeric orders only). The nuclear
+    norm needs a singular value decomposition, which neither framework runs
+    below float32; see _nuclear_norm_numpy for tensorplay's.
     """
     ns = namespace(t)
     if p == "nuc":
         if t.dtype not in (ns.float32, ns.float64):
             raise TypeError(
-                f"n='nuc' needs float32 or float64 values (it takes a singular value "
-                f"decomposition), got {t.dtype}; use another norm order or convert the tensor"
+                f"n='nuc' takes a singular value decomposition, which cannot run on dtype "
+                f"{t.dtype}; expected float32 or float64 values (or another norm order)"
             )
-        nuclear: Tensor = ns.linalg.matrix_norm(t, ord="nuc", dim=tuple(dims))
-        return nuclear
+        if ns is torch:
+            nuclear: Tensor = torch.linalg.matrix_norm(t, ord="nuc", dim=tuple(dims))
+            return nuclear
+        return _nuclear_norm_numpy(ns, t, dims)
     order = 2 if p == "fro" else p
     if ns is torch:
         vector: Tensor = torch.linalg.vector_norm(t, order, dim=dims)
@@ -133,6 +136,22 @@ def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:
     # tensorplay's norm() agrees with torch's vector_norm to the last bit more
     # often than its own linalg.vector_norm does, so channel rankings match.
     result: Tensor = ns.norm(t, p=order, dim=dims)
+    return result
+
+
+def _nuclear_norm_numpy(ns: ModuleType, t: Tensor, dims: list[int]) -> Tensor:
+    """The nuclear norm over `dims` of tensorplay tensor `t`, computed by numpy.
+
+    tensorplay 1.0 finds LAPACK at its first decomposition by looking for an
+    OpenBLAS loaded in the process; once scipy is imported it takes scipy's,
+    which lacks the 64-bit interface it needs, and every decomposition fails
+    from then on. numpy (a tensorplay dependency) has no such trouble.
+    """
+    import numpy as np
+
+    values = np.moveaxis(t.detach().numpy(), dims, (-2, -1))
+    singular = np.linalg.svd(values, compute_uv=False)
+    result: Tensor = ns.tensor(singular.sum(axis=-1).tolist(), dtype=t.dtype)
     return result
 
 

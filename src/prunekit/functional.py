@@ -12,8 +12,18 @@ from prunekit.base import (
     BasePruningMethod,
     PruningContainer,
     describe,
+    drop_refresh,
     find_pruning_hook,
+    forget_load_refresh,
     with_context,
+)
+from prunekit.checks import (
+    Snapshot,
+    check_finite,
+    check_free_names,
+    check_scores,
+    prunable_parameter,
+    resolve,
 )
 from prunekit.methods import (
     CustomFromMask,
@@ -89,19 +99,23 @@ def remove(module: M, name: str) -> M:
 
     Raises ValueError if the tensor is not pruned.
     """
-    key, hook = find_pruning_hook(module, name)
+    owner, leaf = resolve(module, name)
+    key, hook = find_pruning_hook(owner, leaf)
     if hook is None:
         pruned = sorted(
             h._tensor_name
-            for h in module._forward_pre_hooks.values()
+            for h in owner._forward_pre_hooks.values()
             if isinstance(h, BasePruningMethod) and h._tensor_name is not None
         )
         raise ValueError(
             f"{describe(module, name)} is not pruned, so there is nothing to remove; "
-            f"pruned tensors of this module: {pruned}"
+            f"expected one of the pruned tensors of this module: {pruned}"
         )
-    hook.remove(module)
-    del module._forward_pre_hooks[key]
+    hook.remove(owner)
+    del owner._forward_pre_hooks[key]
+    forget_load_refresh(owner)
+    if owner is not module:
+        drop_refresh(module, name)
     return module
 
 
@@ -125,46 +139,27 @@ def global_unstructured(
     `pruning_method` must be an unstructured method class. Entries pruned
     before stay pruned, and a fractional amount is a fraction of the entries
     still unpruned across all tensors. Each tensor gets its share through
-    CustomFromMask, composed with any earlier pruning.
+    CustomFromMask, composed with any earlier pruning. Every tensor is checked
+    before any is pruned; if one fails, none is.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError(
-            "global_unstructured: parameters must be an iterable of (module, name) pairs, "
-            f"got {type(parameters).__name__}"
+            f"global_unstructured: invalid parameters of type {type(parameters).__name__}; "
+            "expected an iterable of (module, name) pairs"
         )
     params = list(parameters)
     if importance_scores is None:
         importance_scores = {}
     if not isinstance(importance_scores, dict):
         raise TypeError(
-            "global_unstructured: importance_scores must be a dict keyed by (module, name), "
-            f"got {type(importance_scores).__name__}"
+            "global_unstructured: invalid importance_scores of type "
+            f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
         )
-    method = pruning_method(**kwargs)
-    if method.PRUNING_TYPE != "unstructured":
-        raise TypeError(
-            f"global_unstructured: {pruning_method.__name__} has PRUNING_TYPE "
-            f"{method.PRUNING_TYPE!r}; only 'unstructured' methods can prune globally"
-        )
+    method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores, masks, shapes = [], [], []
-    for module, name in params:
-        current, mask = _current(module, name)
-        given = importance_scores.get((module, name))
-        common_namespace(describe(module, name), parameter=current, importance_scores=given)
-        if given is not None and tuple(given.shape) != tuple(current.shape):
-            raise ValueError(
-                f"{describe(module, name)}: importance_scores of shape {tuple(given.shape)} "
-                f"do not match the parameter's shape {tuple(current.shape)}"
-            )
-        scores.append((current if given is None else given.detach()).reshape(-1))
-        masks.append(mask.reshape(-1).to(dtype=current.dtype))
-        shapes.append(current.shape)
-    ns = common_namespace(
-        "global_unstructured",
-        **{f"{type(m).__name__}.{name} (parameters[{i}])": m for i, (m, name) in enumerate(params)},
-    )
+    scores, masks, shapes = _global_targets(params, importance_scores, method)
+    ns = namespace(scores[0])
     container = PruningContainer()
     container._tensor_name = method._tensor_name = "global"
     container.add_pruning_method(method)
@@ -172,22 +167,97 @@ def global_unstructured(
         final = container.compute_mask(ns.cat(scores), ns.cat(masks))
     except (TypeError, ValueError, IndexError) as error:
         raise with_context(error, "global_unstructured") from None
+    snapshots: dict[int, Snapshot] = {}
+    for module, name in params:
+        for target in (module, resolve(module, name)[0]):
+            snapshots.setdefault(id(target), Snapshot(target))
     offset = 0
-    for (module, name), shape, flat in zip(params, shapes, masks, strict=True):
-        part = final[offset : offset + flat.numel()].reshape(shape)
-        CustomFromMask.apply(module, name, part)
-        offset += flat.numel()
+    try:
+        for (module, name), shape, flat in zip(params, shapes, masks, strict=True):
+            part = final[offset : offset + flat.numel()].reshape(shape)
+            CustomFromMask.apply(module, name, part)
+            offset += flat.numel()
+    except BaseException:
+        for snapshot in snapshots.values():
+            snapshot.restore()
+        raise
 
 
-def _current(module: nn.Module, name: str) -> tuple[Tensor, Tensor]:
-    """The current (masked) values of ``module.<name>`` and its mask, both detached."""
-    _, hook = find_pruning_hook(module, name)
-    if hook is not None:
-        return hook.apply_mask(module).detach(), getattr(module, name + "_mask").detach()
-    param = module._parameters.get(name) if isinstance(name, str) else None
-    if param is None:
-        raise AttributeError(
-            f"{describe(module, name)} does not exist; parameters of this module: "
-            f"{sorted(module._parameters)}"
+def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMethod:
+    """Check that `pruning_method` is an unstructured method class; build it from `kwargs`."""
+    if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
+        raise TypeError(
+            f"global_unstructured: invalid pruning_method={pruning_method!r}; expected a "
+            "BasePruningMethod subclass with PRUNING_TYPE 'unstructured', e.g. L1Unstructured"
         )
-    return param.detach(), namespace(param).ones_like(param.detach())
+    kind = getattr(pruning_method, "PRUNING_TYPE", None)
+    if kind != "unstructured":
+        raise TypeError(
+            f"global_unstructured: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
+            f"{kind!r}; expected an 'unstructured' method, e.g. L1Unstructured"
+        )
+    try:
+        return pruning_method(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise with_context(error, "global_unstructured") from None
+
+
+def _global_targets(
+    params: list[Any],
+    importance_scores: dict[tuple[nn.Module, str], Tensor],
+    method: BasePruningMethod,
+) -> tuple[list[Tensor], list[Tensor], list[Any]]:
+    """Check every listed tensor; return their flat scores, flat masks and shapes."""
+    scores: list[Tensor] = []
+    masks: list[Tensor] = []
+    shapes: list[Any] = []
+    seen: dict[int, str] = {}
+    first: tuple[str, Tensor] | None = None
+    device = None
+    for entry in params:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(
+                f"global_unstructured: invalid entry {entry!r} in parameters; "
+                "expected (module, name) pairs"
+            )
+        module, name = entry
+        where = describe(module, name)
+        current, mask, param = _current(module, name, where)
+        label = f"parameters[{len(scores)}] ({where})"
+        if first is None:
+            first = (label, current)
+        else:
+            common_namespace("global_unstructured", **{first[0]: first[1], label: current})
+        if id(param) in seen:
+            raise ValueError(
+                f"{where} is the same Parameter as {seen[id(param)]}, listed before (tied "
+                "weights or a repeated entry); expected each parameter once"
+            )
+        seen[id(param)] = where
+        if device is None:
+            device = current.device
+        elif current.device != device:
+            raise ValueError(
+                f"{where} is on device {current.device}; expected all listed parameters "
+                f"on one device, the first is on {device}"
+            )
+        given = importance_scores.get((module, name))
+        ranked = current if given is None else check_scores(given, current, where)
+        if isinstance(method, L1Unstructured):
+            check_finite(ranked, where, "scores")
+        scores.append(ranked.reshape(-1))
+        masks.append(mask.reshape(-1).to(dtype=current.dtype))
+        shapes.append(current.shape)
+    return scores, masks, shapes
+
+
+def _current(module: nn.Module, name: str, where: str) -> tuple[Tensor, Tensor, nn.Parameter]:
+    """The current (masked) values of ``module.<name>``, its mask and its Parameter."""
+    owner, leaf = resolve(module, name)
+    _, hook = find_pruning_hook(owner, leaf)
+    if hook is not None:
+        orig: nn.Parameter = getattr(owner, leaf + "_orig")
+        return hook.apply_mask(owner).detach(), getattr(owner, leaf + "_mask").detach(), orig
+    param = prunable_parameter(owner, leaf, where)
+    check_free_names(owner, leaf, where)
+    return param.detach(), namespace(param).ones_like(param.detach()), param

@@ -17,6 +17,7 @@ from prunekit.amount import (
     validate_structured_tensor,
 )
 from prunekit.base import BasePruningMethod
+from prunekit.checks import check_binary_mask, check_finite
 from prunekit.select import smallest_k
 
 __all__ = [
@@ -193,18 +194,15 @@ class CustomFromMask(BasePruningMethod):
     PRUNING_TYPE = "global"
 
     def __init__(self, mask: Tensor) -> None:
-        if not hasattr(mask, "shape") or not hasattr(mask, "dtype"):
-            raise TypeError(f"CustomFromMask: the mask must be a tensor, got {type(mask).__name__}")
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("CustomFromMask: the mask may hold only 0 and 1 (or False and True)")
+        check_binary_mask(mask, "CustomFromMask")
         self.mask = mask
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         common_namespace("CustomFromMask", mask=self.mask, default_mask=default_mask)
         if tuple(self.mask.shape) != tuple(default_mask.shape):
             raise ValueError(
-                f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}, "
-                f"the tensor {tuple(default_mask.shape)}"
+                f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}; "
+                f"expected the tensor's shape {tuple(default_mask.shape)}"
             )
         result: Tensor = default_mask * self.mask.to(
             dtype=default_mask.dtype, device=default_mask.device
@@ -219,14 +217,6 @@ class CustomFromMask(BasePruningMethod):
 
 def _require_finite(t: Tensor, owner: str, what: str = "scores") -> None:
     """Raise ValueError if `t` holds NaN or infinity: such values cannot be ranked."""
-    if t.numel() == 0:
+    if t.numel() == 0 or math.isfinite(float(t.sum())):
         return
-    total = float(t.sum())
-    if math.isfinite(total):
-        return
-    ns = namespace(t)
-    if bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()):
-        raise ValueError(
-            f"{owner}: the {what} hold NaN or infinite values, which cannot be ranked; "
-            "fix the weights or pass finite importance_scores"
-        )
+    check_finite(t, owner, what)
