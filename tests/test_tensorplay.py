@@ -351,6 +351,25 @@ def test_nuclear_norm_below_float32_is_a_clear_error(framework: Framework, dtype
     assert snapshot(m) == before
 
 
+def test_checkpoint_files_refuse_tensorplay_models_and_say_what_works(tmp_path: Any) -> None:
+    nn = TP.nn
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    prune.l1_unstructured(model[0], "weight", 0.5)
+    path = tmp_path / "pruned.pt"
+    with pytest.raises(TypeError, match=r"save_pruned: .*tensorplay\.save\(model\.state_dict"):
+        prune.save_pruned(model, path)
+    assert not path.exists()
+    fresh = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    with pytest.raises(TypeError, match=r"load_pruned: .*load_pruned_state_dict\(model, tensorp"):
+        prune.load_pruned(fresh, path)
+    # What the errors advise works:
+    tp.save(model.state_dict(), str(path))
+    prune.load_pruned_state_dict(fresh, tp.load(str(path)))
+    assert fresh[0].weight_mask.tolist() == model[0].weight_mask.tolist()
+    x = TP.randn(3, 4)
+    assert fresh(x).tolist() == model(x).tolist()
+
+
 # -- a tensorplay network pruned, trained while pruned, then made permanent
 
 PRUNINGS: dict[str, Callable[[Any], None]] = {

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit._backend import framework, is_module
 from prunekit.base import BasePruningMethod, install
 from prunekit.checks import Snapshot, check_binary_mask, describe
 from prunekit.files import load_state_dict, save_state_dict
@@ -177,6 +178,7 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     With ``permanent=True`` the pruning is made permanent in the file (for deployment:
     loads into an unpruned model with load_state_dict); `model` itself is not changed.
     """
+    _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
     state = permanent_state_dict(model) if permanent else model.state_dict()
     return save_state_dict(state, path)
 
@@ -187,4 +189,15 @@ def load_pruned(model: nn.Module, path: str | os.PathLike[str], strict: bool = T
     PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
     the rest.
     """
+    _refuse_tensorplay(model, "load_pruned", "load_pruned_state_dict(model, tensorplay.load(path))")
     return load_pruned_state_dict(model, load_state_dict(path), strict=strict)
+
+
+def _refuse_tensorplay(model: Any, where: str, instead: str) -> None:
+    """Checkpoint files hold torch tensors: a tensorplay model cannot go through them."""
+    if is_module(model) and framework(model) == "tensorplay":
+        raise TypeError(
+            f"{where}: invalid model {type(model).__name__} of tensorplay; prunekit's checkpoint "
+            "files hold torch tensors, so expected a torch model. For a tensorplay model use "
+            f"{instead}"
+        )
