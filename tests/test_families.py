@@ -1,4 +1,7 @@
-"""The module families users prune train while pruned, and remove() leaves them working."""
+"""The module families users prune train while pruned, and remove() leaves them working.
+
+The families run on both frameworks.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 import prunekit as prune
+from frameworks import Framework
 
 Pruner = Callable[[nn.Module, str], Any]
 L1: Pruner = lambda m, n: prune.l1_unstructured(m, n, 0.4)  # noqa: E731
@@ -23,59 +27,59 @@ def rows(dim: int) -> Pruner:
 class Family:
     def __init__(
         self,
-        build: Callable[[], nn.Module],
-        inputs: Callable[[], tuple[Any, ...]],
+        build: Callable[[Any], Any],  # from a framework's nn package
+        inputs: Callable[[Any], tuple[Any, ...]],  # from a framework's namespace
         targets: list[tuple[str, list[Pruner]]],
     ) -> None:
         self.build, self.inputs, self.targets = build, inputs, targets
 
 
-def first(out: Any) -> Tensor:
+def first(out: Any) -> Any:
     while isinstance(out, tuple):
         out = out[0]
-    assert isinstance(out, Tensor)
+    assert hasattr(out, "shape")
     return out
 
 
-def seq(*shape: int) -> Callable[[], tuple[Any, ...]]:
-    return lambda: (torch.randn(*shape),)
+def seq(*shape: int) -> Callable[[Any], tuple[Any, ...]]:
+    return lambda ns: (ns.randn(*shape),)
 
 
 FAMILIES = {
     "MultiheadAttention": Family(
-        lambda: nn.MultiheadAttention(8, 2),
-        lambda: (torch.randn(4, 2, 8),) * 3,
+        lambda nn: nn.MultiheadAttention(8, 2),
+        lambda ns: (ns.randn(4, 2, 8),) * 3,
         [("in_proj_weight", [L1, rows(0)]), ("out_proj.weight", [L1, rows(1)])],
     ),
     "LSTM": Family(
-        lambda: nn.LSTM(4, 6, num_layers=2),
+        lambda nn: nn.LSTM(4, 6, num_layers=2),
         seq(5, 2, 4),
         [("weight_ih_l0", [L1]), ("weight_hh_l0", [rows(0), L1]), ("weight_hh_l1", [RAND])],
     ),
     "GRU": Family(
-        lambda: nn.GRU(4, 6, batch_first=True),
+        lambda nn: nn.GRU(4, 6, batch_first=True),
         seq(2, 5, 4),
         [("weight_hh_l0", [rows(1)]), ("weight_ih_l0", [L1]), ("bias_hh_l0", [L1])],
     ),
     "Embedding": Family(
-        lambda: nn.Embedding(10, 4),
-        lambda: (torch.arange(10).reshape(2, 5),),
+        lambda nn: nn.Embedding(10, 4),
+        lambda ns: (ns.arange(10).reshape(2, 5),),
         [("weight", [rows(0), L1])],
     ),
-    "Conv1d": Family(lambda: nn.Conv1d(3, 4, 3), seq(2, 3, 7), [("weight", [rows(0), L1])]),
+    "Conv1d": Family(lambda nn: nn.Conv1d(3, 4, 3), seq(2, 3, 7), [("weight", [rows(0), L1])]),
     "Conv2d": Family(
-        lambda: nn.Conv2d(3, 4, 3), seq(2, 3, 6, 6), [("weight", [L1, rows(1)]), ("bias", [L1])]
+        lambda nn: nn.Conv2d(3, 4, 3), seq(2, 3, 6, 6), [("weight", [L1, rows(1)]), ("bias", [L1])]
     ),
-    "Conv3d": Family(lambda: nn.Conv3d(2, 4, 2), seq(1, 2, 4, 4, 4), [("weight", [rows(0)])]),
+    "Conv3d": Family(lambda nn: nn.Conv3d(2, 4, 2), seq(1, 2, 4, 4, 4), [("weight", [rows(0)])]),
     "ConvTranspose2d": Family(
-        lambda: nn.ConvTranspose2d(3, 4, 3), seq(2, 3, 5, 5), [("weight", [rows(1), L1])]
+        lambda nn: nn.ConvTranspose2d(3, 4, 3), seq(2, 3, 5, 5), [("weight", [rows(1), L1])]
     ),
     "BatchNorm2d": Family(
-        lambda: nn.BatchNorm2d(6), seq(4, 6, 3, 3), [("weight", [L1]), ("bias", [RAND])]
+        lambda nn: nn.BatchNorm2d(6), seq(4, 6, 3, 3), [("weight", [L1]), ("bias", [RAND])]
     ),
-    "LayerNorm": Family(lambda: nn.LayerNorm(8), seq(3, 8), [("weight", [L1, RAND])]),
+    "LayerNorm": Family(lambda nn: nn.LayerNorm(8), seq(3, 8), [("weight", [L1, RAND])]),
     "TransformerEncoderLayer": Family(
-        lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0),
+        lambda nn: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0),
         seq(5, 2, 8),
         [
             ("self_attn.in_proj_weight", [L1]),
@@ -87,14 +91,14 @@ FAMILIES = {
 }
 
 
-def owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+def owner(model: Any, name: str) -> tuple[Any, str]:
     path, _, leaf = name.rpartition(".")
     return model.get_submodule(path), leaf
 
 
-def prune_family(family: Family) -> nn.Module:
-    torch.manual_seed(0)
-    model = family.build()
+def prune_family(family: Family, framework: Framework) -> Any:
+    framework.seed(0)
+    model = family.build(framework.nn)
     model.train()
     for name, pruners in family.targets:
         for pruner in pruners:
@@ -102,27 +106,35 @@ def prune_family(family: Family) -> nn.Module:
     return model
 
 
-def check_masked(model: nn.Module, family: Family) -> None:
+def check_masked(model: Any, family: Family, framework: Framework) -> None:
     """The tensor the module used is mask * orig: zero wherever the mask is."""
     for name, _ in family.targets:
         m, leaf = owner(model, name)
         mask = getattr(m, leaf + "_mask")
         effective = getattr(m, leaf)
-        assert torch.equal(effective, getattr(m, leaf + "_orig") * mask)
+        assert framework.equal(effective, getattr(m, leaf + "_orig") * mask)
         assert not effective[mask == 0].any()
         assert (mask == 0).any()
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
-def test_trains_while_pruned_then_remove_leaves_a_working_module(kind: str) -> None:
+def test_trains_while_pruned_then_remove_leaves_a_working_module(
+    framework: Framework, kind: str
+) -> None:
+    if framework.name == "tensorplay" and kind == "ConvTranspose2d":
+        pytest.skip(
+            "tensorplay 1.0's ConvTranspose2d caches its weight by memory address, so a "
+            "pruned one can return stale outputs; prunekit warns (see test_tensorplay.py)"
+        )
     family = FAMILIES[kind]
-    model = prune_family(family)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    ns = framework.ns
+    model = prune_family(family, framework)
+    opt = ns.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     for step in range(3):
-        torch.manual_seed(step)
+        framework.seed(step)
         opt.zero_grad()
-        first(model(*family.inputs())).square().mean().backward()
-        check_masked(model, family)
+        first(model(*family.inputs(ns))).square().mean().backward()
+        check_masked(model, family, framework)
         for name, _ in family.targets:
             m, leaf = owner(model, name)
             grad = getattr(m, leaf + "_orig").grad
@@ -133,9 +145,9 @@ def test_trains_while_pruned_then_remove_leaves_a_working_module(kind: str) -> N
         opt.step()
 
     # The forward reads the masked tensor: pruned entries have no effect, others do.
-    torch.manual_seed(7)
-    x = family.inputs()
-    with torch.no_grad():
+    framework.seed(7)
+    x = family.inputs(ns)
+    with ns.no_grad():
         reference = first(model(*x))
         for name, _ in family.targets:
             m, leaf = owner(model, name)
@@ -147,7 +159,7 @@ def test_trains_while_pruned_then_remove_leaves_a_working_module(kind: str) -> N
             for index in pruned + kept:
                 saved = orig[index].clone()
                 orig[index] += 100.0
-                effects.append(not torch.equal(first(model(*x)), reference))
+                effects.append(not framework.equal(first(model(*x)), reference))
                 orig[index] = saved
             assert not any(effects[: len(pruned)]), f"{name}: a pruned entry was used"
             assert any(effects[len(pruned) :]), f"{name}: no kept entry was used"
@@ -173,8 +185,13 @@ def test_trains_while_pruned_then_remove_leaves_a_working_module(kind: str) -> N
         m, leaf = owner(model, name)
         assert m._parameters[leaf] is params[name]  # the optimizer's Parameter
         assert not m._parameters[leaf][masks[name] == 0].any()
-    with torch.no_grad():  # close, not equal: CPU kernels may round by storage alignment
-        torch.testing.assert_close(first(model(*x)), reference, rtol=1e-5, atol=1e-6)
+    with ns.no_grad():  # close, not equal: CPU kernels may round by storage alignment
+        torch.testing.assert_close(
+            torch.tensor(first(model(*x)).tolist()),
+            torch.tensor(reference.tolist()),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     for _ in range(2):  # trains as a plain module, pruned entries free again
         opt.zero_grad()
         first(model(*x)).square().mean().backward()

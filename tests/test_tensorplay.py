@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -368,6 +369,37 @@ def test_checkpoint_files_refuse_tensorplay_models_and_say_what_works(tmp_path: 
     assert fresh[0].weight_mask.tolist() == model[0].weight_mask.tolist()
     x = TP.randn(3, 4)
     assert fresh(x).tolist() == model(x).tolist()
+
+
+@pytest.mark.parametrize("kind", ["ConvTranspose2d", "ConvTranspose3d"])
+def test_tensorplay_transposed_convolutions_warn_and_remove_makes_them_right(kind: str) -> None:
+    layer = getattr(TP.nn, kind)(3, 4, 2)
+    with pytest.warns(UserWarning, match=r"outputs while pruned may be stale.*remove\(\)"):
+        prune.l1_unstructured(layer, "weight", 0.4)
+    optimizer = tp.optim.SGD(layer.parameters(), lr=0.5)
+    x = TP.randn(2, 3, *([4] * (int(kind[-2]))), seed=3)
+    for _ in range(3):
+        optimizer.zero_grad()
+        layer(x).square().mean().backward()
+        optimizer.step()
+    prune.remove(layer, "weight")
+    reference = getattr(torch.nn.functional, "conv_transpose" + kind[-2:].lower())(
+        TORCH.tensor(x), TORCH.tensor(layer.weight), TORCH.tensor(layer.bias)
+    )
+    with tp.no_grad():
+        output = layer(x)
+    assert torch.allclose(TORCH.tensor(output), reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("fw_name", "kind"),
+    [("torch", "ConvTranspose2d"), ("tensorplay", "Conv2d"), ("tensorplay", "ConvTranspose1d")],
+)
+def test_no_warning_where_the_framework_is_safe(fw_name: str, kind: str) -> None:
+    layer = getattr(Framework(fw_name).nn, kind)(3, 4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prune.l1_unstructured(layer, "weight", 0.4)
 
 
 # -- a tensorplay network pruned, trained while pruned, then made permanent

@@ -19,6 +19,7 @@ __all__ = [
     "common_namespace",
     "dtype_name",
     "framework",
+    "framework_caveat",
     "is_module",
     "is_tensor",
     "namespace",
@@ -73,6 +74,32 @@ def is_module(obj: Any) -> bool:
 def dtype_name(dtype: Any) -> str:
     """A dtype's name without its framework: ``'float32'`` for torch's and tensorplay's."""
     return str(dtype).rpartition(".")[2]
+
+
+def framework_caveat(module: Any) -> str | None:
+    """What a pruned `module` cannot be trusted to do on its framework, or None.
+
+    tensorplay 1.0's ConvTranspose2d and ConvTranspose3d cache their weight's
+    layout by memory address: a weight tensor computed afresh on every forward
+    (as a pruned one is), landing where an earlier one lay, is served the
+    earlier values. Unpruned layers are safe: their weight is updated in place.
+    """
+    if framework(module) != "tensorplay":
+        return None
+    names = {cls.__name__ for cls in type(module).__mro__ if _from_framework(cls)}
+    if names & {"ConvTranspose2d", "ConvTranspose3d"}:
+        return (
+            "tensorplay 1.0's ConvTranspose2d/3d cache their weight by memory address, so a "
+            "weight recomputed on each forward, as a pruned one is, can be served the values "
+            "of an earlier one: outputs while pruned may be stale. Make the pruning permanent "
+            "with remove() before relying on this layer's outputs"
+        )
+    return None
+
+
+def _from_framework(cls: type) -> bool:
+    """True if `cls` is defined by torch or tensorplay (not a user's subclass)."""
+    return cls.__module__.partition(".")[0] in FRAMEWORKS
 
 
 def common_namespace(where: str, /, **objects: Any) -> ModuleType:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, namespace
+from prunekit._backend import common_namespace, framework_caveat, namespace
 from prunekit.checks import (
     Snapshot,
     check_free_names,
@@ -339,6 +339,9 @@ def install(
             f"prune it through the attention module: (mha, 'out_proj.{leaf}')",
             stacklevel=4,
         )
+    caveat = framework_caveat(owner)
+    if caveat is not None:
+        warnings.warn(f"{where}: {caveat}", stacklevel=4)
     if owner is not module:
         _refuse_ties(module, name, owner._parameters.get(leaf), where)
     hook = _install(owner, leaf, method, importance_scores, where)
