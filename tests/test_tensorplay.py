@@ -238,10 +238,13 @@ def test_ties_are_broken_alike(rows: int, cols: int, data: st.DataObject) -> Non
 
 
 def snapshot(m: Any) -> tuple[Any, ...]:
+    """Parameters, buffers, tensor attributes (objects and values) and hooks of `m`."""
     return (
-        {k: (id(v), v.tolist()) for k, v in m._parameters.items()},
+        {k: (id(v), v.tolist()) for k, v in m._parameters.items() if v is not None},
         {k: v.tolist() for k, v in m._buffers.items()},
+        {k: (id(v), v.tolist()) for k, v in m.__dict__.items() if is_tensor(v)},
         list(m._forward_pre_hooks.values()),
+        list(m._load_state_dict_post_hooks.values()),
     )
 
 
@@ -254,6 +257,25 @@ def test_failed_call_leaves_tensorplay_module_as_it_was() -> None:
     with pytest.raises(ValueError, match="importance_scores have shape"):
         prune.ln_structured(m, "weight", 1, 2, 0, importance_scores=TP.tensor([1.0, 2.0]))
     assert snapshot(m) == before
+
+
+def test_failure_while_the_tensorplay_module_changes_rolls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fresh, pruned = TP.nn.Linear(4, 3), TP.nn.Linear(4, 3)
+    prune.l1_unstructured(pruned, "weight", 2)
+    for m in (fresh, pruned):
+        before = snapshot(m)
+
+        def boom(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("failed mid-way")
+
+        monkeypatch.setattr(type(m), "register_forward_pre_hook", boom)
+        monkeypatch.setattr(prune.PruningContainer, "add_pruning_method", boom)
+        with pytest.raises(RuntimeError, match="failed mid-way"):
+            prune.l1_unstructured(m, "weight", 1)
+        monkeypatch.undo()
+        assert snapshot(m) == before
 
 
 def test_framework_of_objects() -> None:
