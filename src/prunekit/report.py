@@ -11,15 +11,14 @@ import itertools
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from prunekit._backend import dtype_name, is_module, is_tensor
 from prunekit._extras import require
 from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
 from prunekit.statedict import entries
@@ -220,7 +219,7 @@ def report(source: nn.Module | Mapping[str, Tensor] | Any) -> Report:
     """
     if isinstance(source, Mapping):
         return Report(tuple(_state_rows(source)))
-    if _framework_object(source, "nn.Module"):
+    if is_module(source):
         return Report(tuple(_module_rows(source)))
     raise TypeError(
         f"report: expected an nn.Module or a state_dict (a mapping of names to tensors), "
@@ -258,7 +257,7 @@ def _module_rows(model: nn.Module) -> list[TensorRow]:
 
 def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     for key, value in state.items():
-        if not _framework_object(value, "Tensor"):
+        if not is_tensor(value):
             raise TypeError(
                 f"report: state_dict entry {key!r} has type {type(value).__name__}, not a tensor"
             )
@@ -267,24 +266,12 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     ]
 
 
-def _framework_object(obj: Any, kind: str) -> bool:
-    """Whether `obj` is a torch or tensorplay ``nn.Module`` (`kind`) or ``Tensor``.
-
-    Checked by class hierarchy: users' model classes live in their own modules.
-    """
-    frameworks = [torch, sys.modules.get("tensorplay")]
-    for ns in filter(None, frameworks):
-        if isinstance(obj, ns.nn.Module if kind == "nn.Module" else ns.Tensor):
-            return True
-    return False
-
-
 def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
     values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
     return TensorRow(
         name=name,
         shape=tuple(int(s) for s in tensor.shape),
-        dtype=str(tensor.dtype).rsplit(".", 1)[-1],
+        dtype=dtype_name(tensor.dtype),
         numel=int(tensor.numel()),
         zeros=int((values == 0).sum()),
         masked=mask is not None,
