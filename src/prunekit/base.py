@@ -121,6 +121,11 @@ class BasePruningMethod(ABC):
             default_mask = namespace(t).ones_like(t)
         return t * self.compute_mask(scores, default_mask=default_mask)
 
+    def _combine(self, t: Tensor, mask: Tensor) -> Tensor | None:
+        """What combine_masks gives for this 'unstructured' method, computed without
+        gathering ``t[mask == 1]``; None when the method has no such shortcut."""
+        return None
+
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: write mask * orig into the Parameter ``<name>``.
 
@@ -209,6 +214,9 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
         return method.compute_mask(t, default_mask=mask.clone()).to(dtype=mask.dtype)
     new_mask = mask.clone()
     if kind == "unstructured":
+        fast = method._combine(t, mask)
+        if fast is not None:
+            return fast
         keep = mask == 1
         partial = method.compute_mask(t[keep], default_mask=mask[keep])
         new_mask[keep] = partial.to(dtype=mask.dtype)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 from torch import Tensor, nn
@@ -17,7 +19,7 @@ from prunekit.amount import (
     validate_structured_tensor,
 )
 from prunekit.base import BasePruningMethod
-from prunekit.select import smallest_k
+from prunekit.select import Source, smallest_k, smallest_k_many
 
 __all__ = [
     "CustomFromMask",
@@ -57,7 +59,7 @@ class _AmountMethod(BasePruningMethod):
 
 
 class _Unstructured(_AmountMethod):
-    """Prunes the `amount` entries with the smallest scores (see _scores)."""
+    """Prunes the `amount` entries with the smallest scores (see _choose)."""
 
     PRUNING_TYPE = "unstructured"
 
@@ -65,19 +67,60 @@ class _Unstructured(_AmountMethod):
         k = self._count(t.numel())
         mask = default_mask.clone()
         if k:
-            mask.masked_fill_(smallest_k(self._scores(t), k), 0)
+            chosen = self._choose([t], [None], k)
+            if chosen is None:
+                raise _unrankable(type(self).__name__, "scores")
+            mask.masked_fill_(chosen[0].reshape(t.shape), 0)
         return mask
 
-    def _scores(self, t: Tensor) -> Tensor:
+    def _combine(self, t: Tensor, mask: Tensor) -> Tensor | None:
+        if type(self).compute_mask is not _Unstructured.compute_mask:
+            return None  # a subclass ranks its own way: use the generic path
+        alive = mask == 1
+        k = self._count(int(alive.count_nonzero()))
+        chosen = self._choose([t], [alive], k) if k else None
+        if k and chosen is None:
+            return None
+        result = mask.clone()
+        if chosen is not None:
+            result.masked_fill_(chosen[0].reshape(t.shape), 0)
+        return result
+
+    def _choose(
+        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
+    ) -> list[Tensor] | None:
+        """Flat bool selections of the `k` entries to prune across `scores`, where alive.
+
+        None when some scores cannot be ranked (NaN or infinity).
+        """
         raise NotImplementedError
 
 
 class RandomUnstructured(_Unstructured):
     """Prunes `amount` entries chosen uniformly at random."""
 
-    def _scores(self, t: Tensor) -> Tensor:
-        noise: Tensor = namespace(t).rand(t.shape, device=t.device)
-        return noise
+    def _choose(
+        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
+    ) -> list[Tensor] | None:
+        counts = [
+            t.numel() if a is None else int(a.count_nonzero())
+            for t, a in zip(scores, alive, strict=True)
+        ]
+        ns = namespace(scores[0])
+        device = scores[0].device
+        if len(scores) == 1:
+            noise = ns.rand(counts[0], device=device)
+            sources: list[Source] = [lambda: (noise, None)]
+        else:
+            # Redrawn on every pass from per-tensor seeds instead of kept in memory.
+            seed = int(ns.randint(0, 2**62, (1,)))
+            sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
+        chosen = smallest_k_many(sources, k)
+        for i, live in enumerate(alive):
+            if live is not None:
+                full = ns.zeros(scores[i].numel(), dtype=ns.bool, device=device)
+                chosen[i] = full.masked_scatter_(live.reshape(-1), chosen[i])
+        return chosen
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, amount: float) -> BasePruningMethod:  # type: ignore[override]
@@ -88,9 +131,13 @@ class RandomUnstructured(_Unstructured):
 class L1Unstructured(_Unstructured):
     """Prunes the `amount` entries of smallest absolute value."""
 
-    def _scores(self, t: Tensor) -> Tensor:
-        _require_finite(t, type(self).__name__)
-        return t.abs()
+    def _choose(
+        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
+    ) -> list[Tensor] | None:
+        if not all(_finite(t) for t in scores):
+            return None
+        sources = [_fixed_source(t, a) for t, a in zip(scores, alive, strict=True)]
+        return smallest_k_many(sources, k, magnitude=True)
 
     @classmethod
     def apply(  # type: ignore[override]
@@ -102,6 +149,21 @@ class L1Unstructured(_Unstructured):
     ) -> BasePruningMethod:
         """Prune the `amount` entries of ``module.<name>`` with the smallest |score|."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+def _fixed_source(scores: Tensor, alive: Tensor | None) -> Source:
+    return lambda: (scores, alive)
+
+
+def _noise_source(ns: ModuleType, count: int, seed: int, device: Any) -> Source:
+    """Uniform noise for one tensor, drawn again identically on every call."""
+
+    def draw() -> tuple[Tensor, None]:
+        generator = ns.Generator(device=device).manual_seed(seed)
+        noise: Tensor = ns.rand(count, generator=generator, device=device)
+        return noise, None
+
+    return draw
 
 
 class _Structured(_AmountMethod):
@@ -215,16 +277,22 @@ class CustomFromMask(BasePruningMethod):
         return super().apply(module, name, mask=mask)
 
 
+def _finite(t: Tensor) -> bool:
+    """True if `t` holds no NaN or infinity (a float sum is its quick first check)."""
+    if t.numel() == 0 or math.isfinite(float(t.sum())):
+        return True
+    ns = namespace(t)
+    return not (bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()))
+
+
 def _require_finite(t: Tensor, owner: str, what: str = "scores") -> None:
     """Raise ValueError if `t` holds NaN or infinity: such values cannot be ranked."""
-    if t.numel() == 0:
-        return
-    total = float(t.sum())
-    if math.isfinite(total):
-        return
-    ns = namespace(t)
-    if bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()):
-        raise ValueError(
-            f"{owner}: the {what} hold NaN or infinite values, which cannot be ranked; "
-            "fix the weights or pass finite importance_scores"
-        )
+    if not _finite(t):
+        raise _unrankable(owner, what)
+
+
+def _unrankable(owner: str, what: str) -> ValueError:
+    return ValueError(
+        f"{owner}: the {what} hold NaN or infinite values, which cannot be ranked; "
+        "fix the weights or pass finite importance_scores"
+    )
