@@ -9,7 +9,7 @@ a call that fails leaves the module exactly as it was.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -121,9 +121,16 @@ class BasePruningMethod(ABC):
             default_mask = namespace(t).ones_like(t)
         return t * self.compute_mask(scores, default_mask=default_mask)
 
-    def _combine(self, t: Tensor, mask: Tensor) -> Tensor | None:
-        """What combine_masks gives for this 'unstructured' method, computed without
-        gathering ``t[mask == 1]``; None when the method has no such shortcut."""
+    def _choose(
+        self, scores: Sequence[Tensor], masks: Sequence[Tensor | None]
+    ) -> Iterator[Tensor] | None:
+        """The entries an 'unstructured' method prunes, without gathering them.
+
+        Yields one flat bool selection per tensor of `scores`, all ranked together
+        as if concatenated, each only where its mask is 1 (everywhere for None).
+        None when the method has no such shortcut: callers then gather
+        ``t[mask == 1]`` and call compute_mask (user-defined methods go that way).
+        """
         return None
 
     def remove(self, module: nn.Module) -> None:
@@ -214,9 +221,10 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
         return method.compute_mask(t, default_mask=mask.clone()).to(dtype=mask.dtype)
     new_mask = mask.clone()
     if kind == "unstructured":
-        fast = method._combine(t, mask)
-        if fast is not None:
-            return fast
+        chosen = method._choose([t], [mask])
+        if chosen is not None:
+            new_mask.masked_fill_(next(chosen).reshape(t.shape), 0)
+            return new_mask
         keep = mask == 1
         partial = method.compute_mask(t[keep], default_mask=mask[keep])
         new_mask[keep] = partial.to(dtype=mask.dtype)

@@ -148,42 +148,68 @@ def global_unstructured(
         )
     if not params:
         return
-    scores, masks, shapes = [], [], []
+    scores: list[Tensor] = []
+    masks: list[Tensor | None] = []
     for module, name in params:
-        current, mask = _current(module, name)
+        values, mask = _values(module, name)
         given = importance_scores.get((module, name))
-        if given is not None and tuple(given.shape) != tuple(current.shape):
+        if given is not None and tuple(given.shape) != tuple(values.shape):
             raise ValueError(
                 f"{describe(module, name)}: importance_scores of shape {tuple(given.shape)} "
-                f"do not match the parameter's shape {tuple(current.shape)}"
+                f"do not match the parameter's shape {tuple(values.shape)}"
             )
-        scores.append((current if given is None else given.detach()).reshape(-1))
-        masks.append(mask.reshape(-1).to(dtype=current.dtype))
-        shapes.append(current.shape)
+        scores.append(values if given is None else given.detach())
+        masks.append(mask)
+    try:
+        chosen = method._choose(scores, masks)
+        if chosen is None:
+            keeps = _global_generic(method, scores, masks)
+        else:
+            # One tensor at a time: no copy of the model is ever made.
+            keeps = [~pick.reshape(t.shape) for pick, t in zip(chosen, scores, strict=True)]
+    except (TypeError, ValueError, IndexError) as error:
+        raise with_context(error, "global_unstructured") from None
+    del scores, masks
+    for module, name in params:
+        CustomFromMask.apply(module, name, keeps.pop(0))
+
+
+def _global_generic(
+    method: BasePruningMethod, scores: list[Tensor], masks: list[Tensor | None]
+) -> list[Tensor]:
+    """Rank all tensors as one concatenated vector through a PruningContainer."""
     ns = namespace(scores[0])
+    flat_scores, flat_masks = [], []
+    for t, mask in zip(scores, masks, strict=True):
+        # Entries where the mask is not 1 do not compete, so their values never matter.
+        flat_scores.append(t.reshape(-1))
+        flat_masks.append(ns.ones_like(flat_scores[-1]) if mask is None else mask.reshape(-1))
     container = PruningContainer()
     container._tensor_name = method._tensor_name = "global"
     container.add_pruning_method(method)
-    try:
-        final = container.compute_mask(ns.cat(scores), ns.cat(masks))
-    except (TypeError, ValueError, IndexError) as error:
-        raise with_context(error, "global_unstructured") from None
-    offset = 0
-    for (module, name), shape, flat in zip(params, shapes, masks, strict=True):
-        part = final[offset : offset + flat.numel()].reshape(shape)
-        CustomFromMask.apply(module, name, part)
-        offset += flat.numel()
+    final = container.compute_mask(ns.cat(flat_scores), ns.cat(flat_masks).to(flat_scores[0].dtype))
+    keeps, offset = [], 0
+    for t in scores:
+        keeps.append(final[offset : offset + t.numel()].reshape(t.shape))
+        offset += t.numel()
+    return keeps
 
 
-def _current(module: nn.Module, name: str) -> tuple[Tensor, Tensor]:
-    """The current (masked) values of ``module.<name>`` and its mask, both detached."""
+def _values(module: nn.Module, name: str) -> tuple[Tensor, Tensor | None]:
+    """Values of ``module.<name>`` that are right wherever its mask (None if unpruned) is 1.
+
+    For a pruned tensor that is ``<name>_orig`` itself, so nothing is copied.
+    """
     _, hook = find_pruning_hook(module, name)
     if hook is not None:
-        return hook.apply_mask(module).detach(), getattr(module, name + "_mask").detach()
+        mask = getattr(module, name + "_mask").detach()
+        if type(hook).apply_mask is BasePruningMethod.apply_mask:
+            return getattr(module, name + "_orig").detach(), mask
+        return hook.apply_mask(module).detach(), mask
     param = module._parameters.get(name) if isinstance(name, str) else None
     if param is None:
         raise AttributeError(
             f"{describe(module, name)} does not exist; parameters of this module: "
             f"{sorted(module._parameters)}"
         )
-    return param.detach(), namespace(param).ones_like(param.detach())
+    return param.detach(), None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -59,37 +59,35 @@ class _AmountMethod(BasePruningMethod):
 
 
 class _Unstructured(_AmountMethod):
-    """Prunes the `amount` entries with the smallest scores (see _choose)."""
+    """Prunes the `amount` entries with the smallest scores (see _rank)."""
 
     PRUNING_TYPE = "unstructured"
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        k = self._count(t.numel())
+        chosen = self._choose([t], [None])
+        if chosen is None:
+            raise _unrankable(type(self).__name__, "scores")
         mask = default_mask.clone()
-        if k:
-            chosen = self._choose([t], [None], k)
-            if chosen is None:
-                raise _unrankable(type(self).__name__, "scores")
-            mask.masked_fill_(chosen[0].reshape(t.shape), 0)
+        mask.masked_fill_(next(chosen).reshape(t.shape), 0)
         return mask
 
-    def _combine(self, t: Tensor, mask: Tensor) -> Tensor | None:
-        if type(self).compute_mask is not _Unstructured.compute_mask:
-            return None  # a subclass ranks its own way: use the generic path
-        alive = mask == 1
-        k = self._count(int(alive.count_nonzero()))
-        chosen = self._choose([t], [alive], k) if k else None
-        if k and chosen is None:
-            return None
-        result = mask.clone()
-        if chosen is not None:
-            result.masked_fill_(chosen[0].reshape(t.shape), 0)
-        return result
-
     def _choose(
-        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
-    ) -> list[Tensor] | None:
-        """Flat bool selections of the `k` entries to prune across `scores`, where alive.
+        self, scores: Sequence[Tensor], masks: Sequence[Tensor | None]
+    ) -> Iterator[Tensor] | None:
+        if type(self).compute_mask is not _Unstructured.compute_mask:
+            return None  # a subclass ranks its own way: the generic path serves it
+        counts = [_alive_count(t, mask) for t, mask in zip(scores, masks, strict=True)]
+        k = self._count(sum(counts))
+        return self._rank(scores, masks, counts, k)
+
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        counts: Sequence[int],
+        k: int,
+    ) -> Iterator[Tensor] | None:
+        """Flat selections of the `k` entries to prune, ranked where each mask is 1.
 
         None when some scores cannot be ranked (NaN or infinity).
         """
@@ -99,13 +97,13 @@ class _Unstructured(_AmountMethod):
 class RandomUnstructured(_Unstructured):
     """Prunes `amount` entries chosen uniformly at random."""
 
-    def _choose(
-        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
-    ) -> list[Tensor] | None:
-        counts = [
-            t.numel() if a is None else int(a.count_nonzero())
-            for t, a in zip(scores, alive, strict=True)
-        ]
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        counts: Sequence[int],
+        k: int,
+    ) -> Iterator[Tensor] | None:
         ns = namespace(scores[0])
         device = scores[0].device
         if len(scores) == 1:
@@ -116,11 +114,7 @@ class RandomUnstructured(_Unstructured):
             seed = int(ns.randint(0, 2**62, (1,)))
             sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
         chosen = smallest_k_many(sources, k)
-        for i, live in enumerate(alive):
-            if live is not None:
-                full = ns.zeros(scores[i].numel(), dtype=ns.bool, device=device)
-                chosen[i] = full.masked_scatter_(live.reshape(-1), chosen[i])
-        return chosen
+        return (_spread(pick, t, mask) for pick, t, mask in zip(chosen, scores, masks, strict=True))
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, amount: float) -> BasePruningMethod:  # type: ignore[override]
@@ -131,12 +125,16 @@ class RandomUnstructured(_Unstructured):
 class L1Unstructured(_Unstructured):
     """Prunes the `amount` entries of smallest absolute value."""
 
-    def _choose(
-        self, scores: Sequence[Tensor], alive: Sequence[Tensor | None], k: int
-    ) -> list[Tensor] | None:
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        counts: Sequence[int],
+        k: int,
+    ) -> Iterator[Tensor] | None:
         if not all(_finite(t) for t in scores):
             return None
-        sources = [_fixed_source(t, a) for t, a in zip(scores, alive, strict=True)]
+        sources = [_alive_source(t, mask) for t, mask in zip(scores, masks, strict=True)]
         return smallest_k_many(sources, k, magnitude=True)
 
     @classmethod
@@ -151,8 +149,22 @@ class L1Unstructured(_Unstructured):
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
 
 
-def _fixed_source(scores: Tensor, alive: Tensor | None) -> Source:
-    return lambda: (scores, alive)
+def _alive_count(t: Tensor, mask: Tensor | None) -> int:
+    return t.numel() if mask is None else int((mask == 1).count_nonzero())
+
+
+def _alive_source(scores: Tensor, mask: Tensor | None) -> Source:
+    """Scores that compete where `mask` is 1; the flags are made again on each call."""
+    return lambda: (scores, None if mask is None else mask == 1)
+
+
+def _spread(chosen: Tensor, t: Tensor, mask: Tensor | None) -> Tensor:
+    """A selection made among the alive entries, put back at their places in `t`."""
+    if mask is None:
+        return chosen
+    ns = namespace(t)
+    full: Tensor = ns.zeros(t.numel(), dtype=ns.bool, device=t.device)
+    return full.masked_scatter_((mask == 1).reshape(-1), chosen)
 
 
 def _noise_source(ns: ModuleType, count: int, seed: int, device: Any) -> Source:

@@ -52,27 +52,29 @@ def smallest_k(
     """
     flat = scores.reshape(-1)
     live = None if alive is None else alive.reshape(-1)
-    (chosen,) = smallest_k_many([lambda: (flat, live)], k, magnitude=magnitude)
+    chosen = next(smallest_k_many([lambda: (flat, live)], k, magnitude=magnitude))
     return chosen.reshape(scores.shape)
 
 
-def smallest_k_many(sources: Sequence[Source], k: int, *, magnitude: bool = False) -> list[Tensor]:
-    """Return, for each source, a flat bool tensor marking its share of the `k` smallest.
+def smallest_k_many(
+    sources: Sequence[Source], k: int, *, magnitude: bool = False
+) -> Iterator[Tensor]:
+    """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
     The scores of all sources rank together as if concatenated in order, but
-    are never concatenated: each source is called once per pass and dropped.
+    are never concatenated: each source is called once per pass and dropped,
+    and each selection is made only when the caller asks for it.
     """
     total = sum(_alive_count(*source()) for source in sources)
     if not 0 <= k <= total:
         raise ValueError(f"smallest_k: k={k} is outside [0, {total}], the entries that compete")
     if k == 0 or k == total:
-        return [_filled(*source(), everything=k > 0) for source in sources]
+        return (_filled(*source(), everything=k > 0) for source in sources)
     plan = _fast_plan(sources, magnitude)
     if plan is None:
-        return _portable(sources, k, magnitude)
+        return iter(_portable(sources, k, magnitude))
     reader = _Reader(sources, plan)
-    cut = _find_cut(reader, k)
-    return list(_mark(reader, cut))
+    return _mark(reader, _find_cut(reader, k))
 
 
 @dataclass(frozen=True)
