@@ -11,6 +11,7 @@ from prunekit.amount import (
 from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
 from prunekit.functional import (
     custom_from_mask,
+    forward_reuse,
     global_unstructured,
     identity,
     is_pruned,
@@ -18,6 +19,7 @@ from prunekit.functional import (
     ln_structured,
     random_structured,
     random_unstructured,
+    refresh,
     remove,
 )
 from prunekit.methods import (
@@ -44,6 +46,7 @@ __all__ = [
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",
+    "forward_reuse",
     "global_unstructured",
     "identity",
     "is_pruned",
@@ -51,6 +54,7 @@ __all__ = [
     "ln_structured",
     "random_structured",
     "random_unstructured",
+    "refresh",
     "remove",
     "validate_pruning_amount",
     "validate_pruning_amount_init",

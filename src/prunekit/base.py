@@ -53,6 +53,9 @@ class BasePruningMethod(ABC):
 
     PRUNING_TYPE: ClassVar[str]
     _tensor_name: str | None = None
+    reuse_masked: bool = True
+    """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
+    _reuse: tuple[Any, ...] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -68,7 +71,53 @@ class BasePruningMethod(ABC):
             )
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
-        """Forward pre-hook: refresh ``module.<name>`` = mask * orig."""
+        """Forward pre-hook: make ``module.<name>`` equal mask * orig.
+
+        When no gradient is needed (``no_grad``, ``inference_mode``, or neither
+        tensor requires grad), the product made by the previous call is reused
+        as long as ``<name>_orig``, ``<name>_mask`` and ``module.<name>`` are the
+        same objects, with the same storage and version counters: any in-place
+        change (an optimizer step, ``load_state_dict``, ``copy_``), a new pruning,
+        a dtype or device move makes it recompute. The one change it cannot see
+        is a write through ``.data`` (``orig.data.copy_(...)``), which bypasses
+        version counters: after one, call ``prunekit.refresh(module)``, or turn
+        reuse off with ``prunekit.forward_reuse(module, False)`` (it sets
+        ``reuse_masked`` on each hook).
+        """
+        name = self._require_name()
+        orig = getattr(module, name + "_orig")
+        mask = getattr(module, name + "_mask")
+        ns = namespace(orig)
+        if not self.reuse_masked or (
+            ns.is_grad_enabled() and (orig.requires_grad or mask.requires_grad)
+        ):
+            self._reuse = None
+            setattr(module, name, self.apply_mask(module))
+            return
+        cached = self._reuse
+        if (
+            cached is not None
+            and cached[0] is orig
+            and cached[1] is mask
+            and module.__dict__.get(name) is cached[2]
+            and _state(orig, mask, cached[2]) == cached[3]
+        ):
+            return
+        with ns.inference_mode(False), ns.no_grad():
+            masked = self.apply_mask(module)
+        setattr(module, name, masked)
+        state = _state(orig, mask, masked)
+        self._reuse = None if state is None else (orig, mask, masked, state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the reused product behind."""
+        state = self.__dict__.copy()
+        state.pop("_reuse", None)
+        return state
+
+    def refresh(self, module: nn.Module) -> None:
+        """Recompute ``module.<name>`` = mask * orig now, forgetting any reused product."""
+        self._reuse = None
         setattr(module, self._require_name(), self.apply_mask(module))
 
     @abstractmethod
@@ -145,6 +194,7 @@ class BasePruningMethod(ABC):
         mask = module._buffers.get(name + "_mask")
         if orig is None or mask is None:
             raise ValueError(f"{describe(module, name)} is not pruned: nothing to remove")
+        self._reuse = None
         with namespace(orig).no_grad():
             orig.mul_(mask.to(dtype=orig.dtype))
         module.__dict__.pop(name, None)
@@ -247,6 +297,17 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
         new_mask[index] = partial.to(dtype=mask.dtype)
         return new_mask
     raise ValueError(f"unknown PRUNING_TYPE {kind!r}; expected one of {PRUNING_TYPES}")
+
+
+def _state(*tensors: Any) -> tuple[Any, ...] | None:
+    """What changes when a tensor's values may have: storage, dtype and version counter.
+
+    None for tensors without a version counter (inference tensors).
+    """
+    try:
+        return tuple((t.data_ptr(), t.dtype, t.device, t._version) for t in tensors)
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:

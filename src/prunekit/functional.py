@@ -26,6 +26,7 @@ from prunekit.methods import (
 
 __all__ = [
     "custom_from_mask",
+    "forward_reuse",
     "global_unstructured",
     "identity",
     "is_pruned",
@@ -33,6 +34,7 @@ __all__ = [
     "ln_structured",
     "random_structured",
     "random_unstructured",
+    "refresh",
     "remove",
 ]
 
@@ -213,3 +215,30 @@ def _values(module: nn.Module, name: str) -> tuple[Tensor, Tensor | None]:
             f"{sorted(module._parameters)}"
         )
     return param.detach(), None
+
+
+def refresh(module: M) -> M:
+    """Recompute ``<name>`` = mask * orig for every pruned tensor in `module` and its submodules.
+
+    Needed only after writing to ``<name>_orig`` or ``<name>_mask`` through
+    ``.data``, which forward reuse cannot detect (see BasePruningMethod.__call__).
+    """
+    for sub in module.modules():
+        for hook in list(sub._forward_pre_hooks.values()):
+            if isinstance(hook, BasePruningMethod):
+                hook.refresh(sub)
+    return module
+
+
+def forward_reuse(module: M, enabled: bool) -> M:
+    """Allow or forbid gradient-free forwards of `module` to reuse masked tensors.
+
+    Applies to every pruning hook in `module` and its submodules; prunings added
+    later start with reuse on.
+    """
+    for sub in module.modules():
+        for hook in sub._forward_pre_hooks.values():
+            if isinstance(hook, BasePruningMethod):
+                hook.reuse_masked = bool(enabled)
+                hook._reuse = None
+    return module
