@@ -222,27 +222,28 @@ def _mark(reader: _Reader, cut: _Cut) -> Iterator[Tensor]:
     for i in range(len(reader.sources)):
         top = reader.top(i)[1]
         chosen = top < cut.top
-        if reader.plan.digits == 1:
-            equal = top == cut.top
-            count = int(equal.count_nonzero())
-            take = min(count, ties)
-            if 0 < take < count:
-                _keep_first(equal, take)
-            if take:
-                chosen |= equal
-        else:
+        take = 0
+        if reader.plan.digits > 1:
             where, low = reader.bucket(i, cut.top)
             chosen[where[low < cut.low]] = True
-            equal = where[low == cut.low]
-            take = min(int(equal.numel()), ties)
-            chosen[equal[:take]] = True
+            if ties:
+                equal = where[low == cut.low]
+                take = min(int(equal.numel()), ties)
+                chosen[equal[:take]] = True
+        elif ties:
+            flags = top == cut.top
+            count = int(flags.count_nonzero())
+            take = min(count, ties)
+            if take < count:
+                _keep_first(flags, take)
+            chosen |= flags
         del top
         ties -= take
         yield chosen
 
 
 def _keep_first(flags: Tensor, count: int) -> None:
-    """Clear every True of 1-D bool `flags` after the first `count`, in place."""
+    """Clear every True of 1-D bool `flags` after the first `count` (>= 1), in place."""
     size = flags.numel()
     full = size // _CHUNK * _CHUNK
     start, seen = 0, 0
