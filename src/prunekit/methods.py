@@ -64,7 +64,8 @@ class _Unstructured(_AmountMethod):
     PRUNING_TYPE = "unstructured"
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        chosen = self._choose([t], [None])
+        k = self._count(t.numel())
+        chosen = self._rank([t], [None], [t.numel()], k)
         if chosen is None:
             raise _unrankable(type(self).__name__, "scores")
         mask = default_mask.clone()
