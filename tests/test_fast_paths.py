@@ -10,8 +10,15 @@ import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 import prunekit as prune
+from prunekit import select
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.fixture(autouse=True, params=["radix", "plain"])
+def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs through both selection paths (small inputs normally take the plain one)."""
+    monkeypatch.setattr(select, "_SMALL", 0 if request.param == "radix" else 1 << 14)
 
 
 class Distinct:

@@ -7,9 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prunekit import select
 from prunekit.select import smallest_k, smallest_k_many
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@pytest.fixture(autouse=True)
+def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small inputs normally take the plain path; here they take the radix one."""
+    monkeypatch.setattr(select, "_SMALL", 0)
 
 
 def reference(
@@ -71,9 +78,10 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
 
 
 @settings(max_examples=300, deadline=None)
-@given(problems())
-def test_matches_stable_sort(problem: tuple) -> None:
+@given(problems(), st.sampled_from([0, 1 << 14]))
+def test_matches_stable_sort(problem: tuple, small: int) -> None:
     scores, alive, k, magnitude = problem
+    select._SMALL = small  # both the radix path and the plain one
     got = run(scores, alive, k, magnitude)
     want = reference(scores, alive, k, magnitude)
     for g, w in zip(got, want, strict=True):

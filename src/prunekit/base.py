@@ -171,12 +171,16 @@ class BasePruningMethod(ABC):
         return t * self.compute_mask(scores, default_mask=default_mask)
 
     def _choose(
-        self, scores: Sequence[Tensor], masks: Sequence[Tensor | None]
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        keep_dtype: Any = None,
     ) -> Iterator[Tensor] | None:
         """The entries an 'unstructured' method prunes, without gathering them.
 
-        Yields one flat bool selection per tensor of `scores`, all ranked together
-        as if concatenated, each only where its mask is 1 (everywhere for None).
+        Yields one flat bool selection per tensor of `scores` (True = pruned), all
+        ranked together as if concatenated, each only where its mask is 1
+        (everywhere for None); with `keep_dtype`, 0/1 of that dtype (1 = kept).
         None when the method has no such shortcut: callers then gather
         ``t[mask == 1]`` and call compute_mask (user-defined methods go that way).
         """
@@ -269,12 +273,12 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
     kind = method.PRUNING_TYPE
     if kind == "global":
         return method.compute_mask(t, default_mask=mask.clone()).to(dtype=mask.dtype)
+    if kind == "unstructured":
+        kept = method._choose([t], [mask], keep_dtype=mask.dtype)
+        if kept is not None:
+            return next(kept).reshape(t.shape).mul_(mask)
     new_mask = mask.clone()
     if kind == "unstructured":
-        chosen = method._choose([t], [mask])
-        if chosen is not None:
-            new_mask.masked_fill_(next(chosen).reshape(t.shape), 0)
-            return new_mask
         keep = mask == 1
         partial = method.compute_mask(t[keep], default_mask=mask[keep])
         new_mask[keep] = partial.to(dtype=mask.dtype)

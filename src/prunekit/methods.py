@@ -65,21 +65,25 @@ class _Unstructured(_AmountMethod):
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         k = self._count(t.numel())
-        chosen = self._rank([t], [None], [t.numel()], k)
-        if chosen is None:
+        kept = self._rank([t], [None], [t.numel()], k, default_mask.dtype)
+        if kept is None:
             raise _unrankable(type(self).__name__, "scores")
-        mask = default_mask.clone()
-        mask.masked_fill_(next(chosen).reshape(t.shape), 0)
+        mask = next(kept).reshape(t.shape)
+        if not _all_ones(default_mask):
+            mask.mul_(default_mask)
         return mask
 
     def _choose(
-        self, scores: Sequence[Tensor], masks: Sequence[Tensor | None]
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        keep_dtype: Any = None,
     ) -> Iterator[Tensor] | None:
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
         counts = [_alive_count(t, mask) for t, mask in zip(scores, masks, strict=True)]
         k = self._count(sum(counts))
-        return self._rank(scores, masks, counts, k)
+        return self._rank(scores, masks, counts, k, keep_dtype)
 
     def _rank(
         self,
@@ -87,9 +91,11 @@ class _Unstructured(_AmountMethod):
         masks: Sequence[Tensor | None],
         counts: Sequence[int],
         k: int,
+        keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         """Flat selections of the `k` entries to prune, ranked where each mask is 1.
 
+        As bool (True = pruned), or with `keep_dtype` as 0/1 of that dtype (1 = kept).
         None when some scores cannot be ranked (NaN or infinity).
         """
         raise NotImplementedError
@@ -104,6 +110,7 @@ class RandomUnstructured(_Unstructured):
         masks: Sequence[Tensor | None],
         counts: Sequence[int],
         k: int,
+        keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         ns = namespace(scores[0])
         device = scores[0].device
@@ -114,8 +121,16 @@ class RandomUnstructured(_Unstructured):
             # Redrawn on every pass from per-tensor seeds instead of kept in memory.
             seed = int(ns.randint(0, 2**62, (1,)))
             sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
-        chosen = smallest_k_many(sources, k)
-        return (_spread(pick, t, mask) for pick, t, mask in zip(chosen, scores, masks, strict=True))
+        if all(mask is None for mask in masks):
+            # Noise is never negative, so ranking it by magnitude is the same and skips a check.
+            return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
+        chosen = smallest_k_many(sources, k, magnitude=True)
+        spread = (
+            _spread(pick, t, mask) for pick, t, mask in zip(chosen, scores, masks, strict=True)
+        )
+        if keep_dtype is None:
+            return spread
+        return ((~pick).to(keep_dtype) for pick in spread)
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, amount: float) -> BasePruningMethod:  # type: ignore[override]
@@ -132,11 +147,12 @@ class L1Unstructured(_Unstructured):
         masks: Sequence[Tensor | None],
         counts: Sequence[int],
         k: int,
+        keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         if not all(_finite(t) for t in scores):
             return None
         sources = [_alive_source(t, mask) for t, mask in zip(scores, masks, strict=True)]
-        return smallest_k_many(sources, k, magnitude=True)
+        return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
 
     @classmethod
     def apply(  # type: ignore[override]
@@ -148,6 +164,11 @@ class L1Unstructured(_Unstructured):
     ) -> BasePruningMethod:
         """Prune the `amount` entries of ``module.<name>`` with the smallest |score|."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+def _all_ones(mask: Tensor) -> bool:
+    low, high = namespace(mask).aminmax(mask) if mask.numel() else (1, 1)
+    return bool(low == 1) and bool(high == 1)
 
 
 def _alive_count(t: Tensor, mask: Tensor | None) -> int:

@@ -39,6 +39,7 @@ _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
 _DEAD = 0x7FFF  # a NaN pattern in the top digit of every supported format
 _CHUNK = 1 << 16
+_SMALL = 1 << 14  # below this many entries a few plain calls beat the passes
 
 
 def smallest_k(
@@ -57,24 +58,34 @@ def smallest_k(
 
 
 def smallest_k_many(
-    sources: Sequence[Source], k: int, *, magnitude: bool = False
+    sources: Sequence[Source],
+    k: int,
+    *,
+    magnitude: bool = False,
+    keep_dtype: torch.dtype | None = None,
 ) -> Iterator[Tensor]:
     """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
     The scores of all sources rank together as if concatenated in order, but
     are never concatenated: each source is called once per pass and dropped,
-    and each selection is made only when the caller asks for it.
+    and each selection is made only when the caller asks for it. With
+    `keep_dtype`, each yields the complement instead, as 1s (kept) and 0s
+    (chosen) of that dtype: a mask, made without an intermediate bool tensor.
     """
     total = sum(_alive_count(*source()) for source in sources)
     if not 0 <= k <= total:
         raise ValueError(f"smallest_k: k={k} is outside [0, {total}], the entries that compete")
     if k == 0 or k == total:
-        return (_filled(*source(), everything=k > 0) for source in sources)
-    plan = _fast_plan(sources, magnitude)
-    if plan is None:
-        return iter(_portable(sources, k, magnitude))
-    reader = _Reader(sources, plan)
-    return _mark(reader, _find_cut(reader, k))
+        chosen: Iterator[Tensor] = (_filled(*source(), everything=k > 0) for source in sources)
+    else:
+        plan = _fast_plan(sources, magnitude)
+        if plan is not None and plan.size > _SMALL:
+            reader = _Reader(sources, plan)
+            return _mark(reader, _find_cut(reader, k), keep_dtype)
+        chosen = iter(_portable(sources, k, magnitude))
+    if keep_dtype is None:
+        return chosen
+    return ((~pick).to(keep_dtype) for pick in chosen)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class _Plan:
 
     dtype: torch.dtype
     digits: int
+    size: int  # entries in all sources
 
 
 @dataclass
@@ -111,15 +123,17 @@ def _filled(scores: Tensor, alive: Tensor | None, everything: bool) -> Tensor:
 def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
     """The dtype all scores are read in, or None when the fast path does not apply."""
     dtype: torch.dtype | None = None
+    size = 0
     for source in sources:
         scores, _ = source()
+        size += scores.numel()
         if not isinstance(scores, Tensor) or scores.dtype not in _DIGITS:
             return None
         if not magnitude and scores.numel() and bool(scores.min() < 0):
             return None
         dtype = scores.dtype if dtype is None else torch.promote_types(dtype, scores.dtype)
     assert dtype is not None
-    return _Plan(dtype, _DIGITS[dtype])
+    return _Plan(dtype, _DIGITS[dtype], size)
 
 
 def _digits(scores: Tensor, plan: _Plan) -> Tensor:
@@ -216,30 +230,34 @@ def _find_cut(reader: _Reader, k: int) -> _Cut:
     return _Cut(top, low, rank)
 
 
-def _mark(reader: _Reader, cut: _Cut) -> Iterator[Tensor]:
+def _mark(reader: _Reader, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
     """Yield each source's selection: keys below the cut, then the first `cut.ties` ties."""
     ties = cut.ties
     for i in range(len(reader.sources)):
         top = reader.top(i)[1]
-        chosen = top < cut.top
+        if keep_dtype is None:
+            out, hit = top < cut.top, True
+        else:
+            out = torch.empty(top.shape, dtype=keep_dtype, device=top.device)
+            out, hit = torch.ge(top, cut.top, out=out), False
         take = 0
         if reader.plan.digits > 1:
             where, low = reader.bucket(i, cut.top)
-            chosen[where[low < cut.low]] = True
+            out[where[low < cut.low]] = hit
             if ties:
                 equal = where[low == cut.low]
                 take = min(int(equal.numel()), ties)
-                chosen[equal[:take]] = True
+                out[equal[:take]] = hit
         elif ties:
             flags = top == cut.top
             count = int(flags.count_nonzero())
             take = min(count, ties)
             if take < count:
                 _keep_first(flags, take)
-            chosen |= flags
+            out.masked_fill_(flags, hit)
         del top
         ties -= take
-        yield chosen
+        yield out
 
 
 def _keep_first(flags: Tensor, count: int) -> None:
