@@ -221,7 +221,10 @@ class _Structured(_AmountMethod):
         pruned = smallest_k(self._channel_scores(t, dim), k)
         shape = [1] * t.dim()
         shape[dim] = t.shape[dim]
-        return default_mask * (~pruned).reshape(shape).to(dtype=default_mask.dtype)
+        kept = (~pruned).reshape(shape).to(dtype=default_mask.dtype)
+        if _all_ones(default_mask):
+            return kept.expand(default_mask.shape).contiguous()  # a write, without a read
+        return default_mask * kept
 
     def _channel_scores(self, t: Tensor, dim: int) -> Tensor:
         raise NotImplementedError
@@ -290,7 +293,8 @@ class CustomFromMask(BasePruningMethod):
     def __init__(self, mask: Tensor) -> None:
         if not hasattr(mask, "shape") or not hasattr(mask, "dtype"):
             raise TypeError(f"CustomFromMask: the mask must be a tensor, got {type(mask).__name__}")
-        if not bool(((mask == 0) | (mask == 1)).all()):
+        binary = str(mask.dtype).endswith("bool")  # nothing to check, and no int64 copies
+        if not binary and not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("CustomFromMask: the mask may hold only 0 and 1 (or False and True)")
         self.mask = mask
 
@@ -300,10 +304,10 @@ class CustomFromMask(BasePruningMethod):
                 f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}, "
                 f"the tensor {tuple(default_mask.shape)}"
             )
-        result: Tensor = default_mask * self.mask.to(
-            dtype=default_mask.dtype, device=default_mask.device
-        )
-        return result
+        kept: Tensor = self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
+        if not _all_ones(default_mask):
+            return default_mask * kept
+        return kept.clone() if kept is self.mask else kept
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
