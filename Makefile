@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lint: setup
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 typecheck: setup
 	$(PY) -m mypy

@@ -161,7 +161,7 @@ def test_writes_through_data_need_refresh_or_reuse_off() -> None:
     with torch.no_grad():
         layer(X)
     assert not torch.equal(layer.weight, layer.weight_orig * layer.weight_mask)
-    prune.refresh(layer)
+    prune.refresh_pruned(layer)
     assert_fresh(layer, X)
 
     prune.forward_reuse(layer, False)

@@ -184,3 +184,15 @@ def test_more_than_two_to_the_31_entries_in_total() -> None:
             assert bool(picked[last_tie]) and not bool(picked[last_tie + 256])
         total += count
     assert total == k
+
+
+def test_ties_prune_lower_index_first() -> None:
+    scores = torch.tensor([2.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    assert smallest_k(scores, 3).tolist() == [False, True, True, True, False, False]
+
+
+def test_shape_and_dtype_of_result() -> None:
+    chosen = smallest_k(torch.randn(2, 3, 4), 6)
+    assert chosen.shape == (2, 3, 4)
+    assert chosen.dtype == torch.bool
+    assert int(chosen.sum()) == 6

@@ -9,6 +9,13 @@ from prunekit.amount import (
     validate_pruning_amount_init,
 )
 from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.checkpoint import (
+    load_pruned,
+    load_pruned_state_dict,
+    permanent_state_dict,
+    refresh_pruned,
+    save_pruned,
+)
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -19,7 +26,6 @@ from prunekit.functional import (
     ln_structured,
     random_structured,
     random_unstructured,
-    refresh,
     remove,
 )
 from prunekit.methods import (
@@ -30,6 +36,7 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
@@ -43,6 +50,7 @@ __all__ = [
     "PruningContainer",
     "RandomStructured",
     "RandomUnstructured",
+    "Report",
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",
@@ -52,10 +60,15 @@ __all__ = [
     "is_pruned",
     "l1_unstructured",
     "ln_structured",
+    "load_pruned",
+    "load_pruned_state_dict",
+    "permanent_state_dict",
     "random_structured",
     "random_unstructured",
-    "refresh",
+    "refresh_pruned",
     "remove",
+    "report",
+    "save_pruned",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
 ]

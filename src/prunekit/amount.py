@@ -63,8 +63,9 @@ def validate_structured_tensor(shape: tuple[int, ...], owner: str = "tensor") ->
     """Structured pruning needs channels: a tensor of two or more dims."""
     if len(shape) <= 1:
         raise ValueError(
-            f"{owner}: structured pruning needs a tensor with 2 or more dims, "
-            f"got shape {tuple(shape)}; use an unstructured method for 1-D tensors"
+            f"{owner}: structured pruning needs channels, got a tensor of shape "
+            f"{tuple(shape)}; expected a tensor with 2 or more dims (prune 1-D tensors "
+            "with an unstructured method)"
         )
 
 

@@ -8,6 +8,9 @@ a call that fails leaves the module exactly as it was.
 
 from __future__ import annotations
 
+import copy
+import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -15,32 +18,33 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from prunekit._backend import namespace
+from prunekit.checks import (
+    Snapshot,
+    check_free_names,
+    check_scores,
+    describe,
+    prunable_parameter,
+    resolve,
+    with_context,
+)
 
 __all__ = [
     "PRUNING_TYPES",
     "BasePruningMethod",
     "PruningBase",
     "PruningContainer",
+    "RefreshAfterLoad",
+    "RefreshSubmodule",
     "combine_masks",
     "describe",
+    "drop_refresh",
     "find_pruning_hook",
+    "forget_load_refresh",
     "install",
     "with_context",
 ]
 
 PRUNING_TYPES = ("unstructured", "structured", "global")
-
-
-def describe(module: Any, name: str) -> str:
-    """How errors name a tensor: ``parameter 'weight' of Linear``."""
-    return f"parameter {name!r} of {type(module).__name__}"
-
-
-def with_context(error: Exception, where: str) -> Exception:
-    """Return `error` with `where` put in front of its message, if its type allows."""
-    if type(error) in (TypeError, ValueError, IndexError, AttributeError):
-        return type(error)(f"{where}: {error}")
-    return error
 
 
 class BasePruningMethod(ABC):
@@ -80,8 +84,8 @@ class BasePruningMethod(ABC):
         change (an optimizer step, ``load_state_dict``, ``copy_``), a new pruning,
         a dtype or device move makes it recompute. The one change it cannot see
         is a write through ``.data`` (``orig.data.copy_(...)``), which bypasses
-        version counters: after one, call ``prunekit.refresh(module)``, or turn
-        reuse off with ``prunekit.forward_reuse(module, False)`` (it sets
+        version counters: after one, call ``prunekit.refresh_pruned(model)``, or
+        turn reuse off with ``prunekit.forward_reuse(model, False)`` (it sets
         ``reuse_masked`` on each hook).
         """
         name = self._require_name()
@@ -108,17 +112,6 @@ class BasePruningMethod(ABC):
         setattr(module, name, masked)
         state = _state(orig, mask, masked)
         self._reuse = None if state is None else (orig, mask, masked, state)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles leave the reused product behind."""
-        state = self.__dict__.copy()
-        state.pop("_reuse", None)
-        return state
-
-    def refresh(self, module: nn.Module) -> None:
-        """Recompute ``module.<name>`` = mask * orig now, forgetting any reused product."""
-        self._reuse = None
-        setattr(module, self._require_name(), self.apply_mask(module))
 
     @abstractmethod
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
@@ -163,8 +156,8 @@ class BasePruningMethod(ABC):
         scores = t if importance_scores is None else importance_scores
         if tuple(scores.shape) != tuple(t.shape):
             raise ValueError(
-                f"{type(self).__name__}.prune: importance_scores of shape "
-                f"{tuple(scores.shape)} do not match the tensor's shape {tuple(t.shape)}"
+                f"{type(self).__name__}.prune: importance_scores have shape "
+                f"{tuple(scores.shape)}; expected the tensor's shape {tuple(t.shape)}"
             )
         if default_mask is None:
             default_mask = namespace(t).ones_like(t)
@@ -197,14 +190,58 @@ class BasePruningMethod(ABC):
         orig = module._parameters.get(name + "_orig")
         mask = module._buffers.get(name + "_mask")
         if orig is None or mask is None:
-            raise ValueError(f"{describe(module, name)} is not pruned: nothing to remove")
+            raise ValueError(
+                f"{describe(module, name)} is not pruned (no {name + '_orig'!r} and "
+                f"{name + '_mask'!r}); expected a tensor this method pruned"
+            )
         self._reuse = None
         with namespace(orig).no_grad():
             orig.mul_(mask.to(dtype=orig.dtype))
         module.__dict__.pop(name, None)
         del module._parameters[name + "_orig"]
         del module._buffers[name + "_mask"]
-        module.register_parameter(name, orig)
+        # setattr, not register_parameter: RNN modules keep their own list of weights.
+        setattr(module, name, orig)
+
+    # -- Copying and pickling ----------------------------------------------------------
+    # After a forward pass with grad, module.<name> is a non-leaf tensor (mask * orig) in
+    # the module's __dict__, which copy.deepcopy refuses (pytorch#37322). install() gives
+    # the hook a weak reference to its module; the module's hooks are copied before its
+    # attributes, so the hook, when copied, registers mask' * orig' (of the copies) in the
+    # memo as the copy of that tensor. Pickling keeps a strong reference instead (pickle
+    # handles the cycle), so an unpickled module can be deep-copied as well.
+
+    _module: weakref.ReferenceType[nn.Module] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_module", None)
+        state.pop("_reuse", None)  # the reused product is recomputed, never stored
+        state["_bound_module"] = self._bound_module()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        module = state.pop("_bound_module", None)
+        self.__dict__.update(state)
+        if module is not None:
+            self._module = weakref.ref(module)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
+        module = self._bound_module()
+        copied_module = memo.get(id(module)) if module is not None else None
+        if module is not None and copied_module is not None:
+            _copy_masked_tensor(module, self._require_name(), memo)
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_reuse")}
+        new.__dict__.update(copy.deepcopy(state, memo))
+        if copied_module is not None:
+            new._module = weakref.ref(copied_module)
+        return new
+
+    def _bound_module(self) -> nn.Module | None:
+        return self._module() if self._module is not None else None
 
     def _require_name(self) -> str:
         if self._tensor_name is None:
@@ -238,12 +275,14 @@ class PruningContainer(BasePruningMethod):
         """Append `method`, which must prune the same tensor as the container."""
         if not isinstance(method, BasePruningMethod):
             raise TypeError(
-                f"PruningContainer accepts BasePruningMethod instances, got {type(method).__name__}"
+                f"PruningContainer: invalid method of type {type(method).__name__}; "
+                "expected a BasePruningMethod instance"
             )
         if method._tensor_name != self._tensor_name:
             raise ValueError(
                 f"PruningContainer holds methods for {self._tensor_name!r}, "
-                f"cannot add one for {method._tensor_name!r}"
+                f"cannot add one for {method._tensor_name!r}; expected a method pruning "
+                f"{self._tensor_name!r}"
             )
         self._pruning_methods += (method,)
 
@@ -314,6 +353,20 @@ def _state(*tensors: Any) -> tuple[Any, ...] | None:
         return None
 
 
+def _copy_masked_tensor(module: nn.Module, name: str, memo: dict[int, Any]) -> None:
+    """Put in `memo` the copy of ``module.<name>``: the copied mask times the copied orig."""
+    masked = module.__dict__.get(name)
+    orig = module._parameters.get(name + "_orig")
+    mask = module._buffers.get(name + "_mask")
+    if not isinstance(masked, Tensor) or id(masked) in memo or orig is None or mask is None:
+        return
+    orig_copy = copy.deepcopy(orig, memo)
+    mask_copy = copy.deepcopy(mask, memo)
+    result = mask_copy.to(dtype=orig_copy.dtype) * orig_copy
+    memo[id(masked)] = result if masked.requires_grad else result.detach()
+    memo.setdefault(id(memo), []).append(masked)  # keep the id taken, as copy does
+
+
 def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:
     """Return (key, hook) of the pruning hook on ``module.<name>``, or (None, None)."""
     found = [
@@ -337,20 +390,65 @@ def install(
 ) -> BasePruningMethod:
     """Install `method` on ``module.<name>``, composing with any earlier pruning.
 
-    The mask is computed and checked before the module changes; on any error
-    the module keeps its parameters, buffers and hooks untouched.
+    A dotted name (``'out_proj.weight'``) prunes a submodule's tensor and refreshes it on
+    `module`'s forward: needed where the parent reads the child's weight without calling
+    the child (MultiheadAttention.out_proj). The mask is computed and checked before the
+    module changes; on any error the module keeps its parameters, buffers and hooks.
     """
+    owner, leaf = resolve(module, name)
     where = describe(module, name)
+    if owner is module and type(owner).__name__ == "NonDynamicallyQuantizableLinear":
+        warnings.warn(
+            f"{where}: this Linear is a MultiheadAttention's out_proj, whose forward never "
+            "runs, so its pruned weight would go stale after the first training step; "
+            f"prune it through the attention module: (mha, 'out_proj.{leaf}')",
+            stacklevel=4,
+        )
+    if owner is not module:
+        _refuse_ties(module, name, owner._parameters.get(leaf), where)
+    hook = _install(owner, leaf, method, importance_scores, where)
+    if owner is not module:
+        path = name.rpartition(".")[0]
+        if not any(
+            isinstance(h, RefreshSubmodule) and (h.path, h.name) == (path, leaf)
+            for h in module._forward_pre_hooks.values()
+        ):
+            module.register_forward_pre_hook(RefreshSubmodule(path, leaf))
+    return hook
+
+
+def _refuse_ties(root: nn.Module, name: str, param: Any, where: str) -> None:
+    """Raise if `param` also sits under another name of `root` (tied weights)."""
+    if param is None:
+        return
+    for other, p in root.named_parameters(remove_duplicate=False):
+        if p is param and other != name:
+            raise ValueError(
+                f"{where} is the same Parameter as {other!r} of this module (tied weights); "
+                "expected an untied parameter: pruning one name would leave the other unmasked"
+            )
+
+
+def _install(
+    module: nn.Module,
+    name: str,
+    method: BasePruningMethod,
+    importance_scores: Tensor | None,
+    where: str,
+) -> BasePruningMethod:
     key, old = find_pruning_hook(module, name)
-    method._tensor_name = name
     if old is None:
-        param = _parameter(module, name)
+        param = prunable_parameter(module, name, where)
+        check_free_names(module, name, where)
         current = param.detach()
         default_mask = namespace(param).ones_like(current)
     else:
         current = old.apply_mask(module).detach()
         default_mask = getattr(module, name + "_mask").detach()
-    scores = current if importance_scores is None else _scores(importance_scores, current, where)
+    scores = (
+        current if importance_scores is None else check_scores(importance_scores, current, where)
+    )
+    method._tensor_name = name
     try:
         if old is None:
             mask = method.compute_mask(scores, default_mask=default_mask)
@@ -360,68 +458,88 @@ def install(
         raise with_context(error, where) from None
     mask = _checked_mask(mask, current, where)
 
-    if old is None:
-        del module._parameters[name]
-        module.register_parameter(name + "_orig", param)
-        module.register_buffer(name + "_mask", mask)
-        setattr(module, name, method.apply_mask(module))
-        module.register_forward_pre_hook(method)
-        return method
-    container = old if isinstance(old, PruningContainer) else PruningContainer(old)
-    container.add_pruning_method(method)
-    module._buffers[name + "_mask"] = mask
-    module._forward_pre_hooks[key] = container
-    setattr(module, name, container.apply_mask(module))
-    return container
+    snapshot = Snapshot(module)
+    try:
+        if old is None:
+            hook = method
+            del module._parameters[name]
+            module.register_parameter(name + "_orig", param)
+            module.register_buffer(name + "_mask", mask)
+            module.register_forward_pre_hook(method)
+        else:
+            hook = old if isinstance(old, PruningContainer) else PruningContainer(old)
+            hook.add_pruning_method(method)
+            module._buffers[name + "_mask"] = mask
+            module._forward_pre_hooks[key] = hook
+        setattr(module, name, hook.apply_mask(module))
+    except BaseException:
+        snapshot.restore()
+        raise
+    hook._module = weakref.ref(module)
+    if not any(
+        isinstance(h, RefreshAfterLoad) for h in module._load_state_dict_post_hooks.values()
+    ):
+        module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
+    return hook
 
 
-def _parameter(module: nn.Module, name: str) -> nn.Parameter:
-    """Return the Parameter ``module.<name>``, or explain why it cannot be pruned."""
-    where = describe(module, name)
-    if not isinstance(name, str):
-        raise TypeError(f"{where}: the name must be a str, got {type(name).__name__}")
-    param = module._parameters.get(name)
-    if param is None:
-        if name in module._buffers:
-            raise TypeError(f"{where} is a buffer; only parameters can be pruned")
-        if name.endswith(("_orig", "_mask")):
-            raise TypeError(f"{where} belongs to an installed pruning; prune {name[:-5]!r}")
-        names = sorted(module._parameters)
-        raise AttributeError(f"{where} does not exist; parameters of this module: {names}")
-    if not param.is_floating_point():
-        raise TypeError(
-            f"{where} has dtype {param.dtype}; only floating-point parameters can be pruned"
-        )
-    return param
+class RefreshAfterLoad:
+    """load_state_dict post-hook: recompute ``module.<name>`` = mask * orig after a load.
+
+    Without it the attribute keeps the values from before the load until the next forward.
+    install() registers one per pruned module; functional.remove() drops it with the last
+    pruning of the module.
+    """
+
+    def __call__(self, module: nn.Module, incompatible_keys: Any) -> None:
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
+                setattr(module, hook._tensor_name, hook.apply_mask(module))
 
 
-def _scores(scores: Any, current: Tensor, where: str) -> Tensor:
-    """Check importance scores against the tensor they rank; return them detached."""
-    if type(scores).__module__.split(".")[0] != type(current).__module__.split(".")[0]:
-        raise TypeError(
-            f"{where}: importance_scores must be a tensor of the same framework as the "
-            f"parameter, got {type(scores).__name__}"
-        )
-    if tuple(scores.shape) != tuple(current.shape):
-        raise ValueError(
-            f"{where}: importance_scores of shape {tuple(scores.shape)} do not match "
-            f"the parameter's shape {tuple(current.shape)}"
-        )
-    if scores.device != current.device:
-        raise ValueError(
-            f"{where}: importance_scores are on {scores.device}, the parameter on "
-            f"{current.device}; move them to the parameter's device"
-        )
-    result: Tensor = scores.detach()
-    return result
+def forget_load_refresh(module: nn.Module) -> None:
+    """Drop the RefreshAfterLoad of `module` if no pruning is left on it."""
+    if any(isinstance(h, BasePruningMethod) for h in module._forward_pre_hooks.values()):
+        return
+    for key, hook in list(module._load_state_dict_post_hooks.items()):
+        if isinstance(hook, RefreshAfterLoad):
+            del module._load_state_dict_post_hooks[key]
+
+
+class RefreshSubmodule:
+    """Forward pre-hook on a parent: refreshes a pruned tensor of the child at `path`.
+
+    For children whose forward never runs because the parent reads their weights
+    directly (MultiheadAttention.out_proj, pytorch#69353): without it the child's masked
+    tensor, computed once, is reused by every step and its graph freed after the first
+    backward.
+    """
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        owner = module.get_submodule(self.path)
+        _, hook = find_pruning_hook(owner, self.name)
+        if hook is not None:
+            hook(owner, inputs)
+
+
+def drop_refresh(module: nn.Module, name: str) -> None:
+    """Remove the RefreshSubmodule that install() put on `module` for dotted `name`."""
+    path, _, leaf = name.rpartition(".")
+    for key, hook in list(module._forward_pre_hooks.items()):
+        if isinstance(hook, RefreshSubmodule) and (hook.path, hook.name) == (path, leaf):
+            del module._forward_pre_hooks[key]
 
 
 def _checked_mask(mask: Any, current: Tensor, where: str) -> Tensor:
     """A computed mask as installed: same shape and dtype as the parameter, detached."""
     if tuple(mask.shape) != tuple(current.shape):
         raise ValueError(
-            f"{where}: the pruning method returned a mask of shape {tuple(mask.shape)}, "
-            f"expected {tuple(current.shape)}"
+            f"{where}: the pruning method returned a mask of shape {tuple(mask.shape)}; "
+            f"expected the parameter's shape {tuple(current.shape)}"
         )
     result: Tensor = mask.detach().to(dtype=current.dtype, device=current.device)
     if not result.is_contiguous():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -12,8 +13,18 @@ from prunekit.base import (
     BasePruningMethod,
     PruningContainer,
     describe,
+    drop_refresh,
     find_pruning_hook,
+    forget_load_refresh,
     with_context,
+)
+from prunekit.checks import (
+    Snapshot,
+    check_finite,
+    check_free_names,
+    check_scores,
+    prunable_parameter,
+    resolve,
 )
 from prunekit.methods import (
     CustomFromMask,
@@ -34,7 +45,6 @@ __all__ = [
     "ln_structured",
     "random_structured",
     "random_unstructured",
-    "refresh",
     "remove",
 ]
 
@@ -91,19 +101,23 @@ def remove(module: M, name: str) -> M:
 
     Raises ValueError if the tensor is not pruned.
     """
-    key, hook = find_pruning_hook(module, name)
+    owner, leaf = resolve(module, name)
+    key, hook = find_pruning_hook(owner, leaf)
     if hook is None:
         pruned = sorted(
             h._tensor_name
-            for h in module._forward_pre_hooks.values()
+            for h in owner._forward_pre_hooks.values()
             if isinstance(h, BasePruningMethod) and h._tensor_name is not None
         )
         raise ValueError(
             f"{describe(module, name)} is not pruned, so there is nothing to remove; "
-            f"pruned tensors of this module: {pruned}"
+            f"expected one of the pruned tensors of this module: {pruned}"
         )
-    hook.remove(module)
-    del module._forward_pre_hooks[key]
+    hook.remove(owner)
+    del owner._forward_pre_hooks[key]
+    forget_load_refresh(owner)
+    if owner is not module:
+        drop_refresh(module, name)
     return module
 
 
@@ -127,69 +141,67 @@ def global_unstructured(
     `pruning_method` must be an unstructured method class. Entries pruned
     before stay pruned, and a fractional amount is a fraction of the entries
     still unpruned across all tensors. Each tensor gets its share through
-    CustomFromMask, composed with any earlier pruning.
+    CustomFromMask, composed with any earlier pruning. Every tensor is checked
+    before any is pruned; if one fails, none is.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError(
-            "global_unstructured: parameters must be an iterable of (module, name) pairs, "
-            f"got {type(parameters).__name__}"
+            f"global_unstructured: invalid parameters of type {type(parameters).__name__}; "
+            "expected an iterable of (module, name) pairs"
         )
     params = list(parameters)
     if importance_scores is None:
         importance_scores = {}
     if not isinstance(importance_scores, dict):
         raise TypeError(
-            "global_unstructured: importance_scores must be a dict keyed by (module, name), "
-            f"got {type(importance_scores).__name__}"
+            "global_unstructured: invalid importance_scores of type "
+            f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
         )
-    method = pruning_method(**kwargs)
-    if method.PRUNING_TYPE != "unstructured":
-        raise TypeError(
-            f"global_unstructured: {pruning_method.__name__} has PRUNING_TYPE "
-            f"{method.PRUNING_TYPE!r}; only 'unstructured' methods can prune globally"
-        )
+    method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores: list[Tensor] = []
-    masks: list[Tensor | None] = []
-    for module, name in params:
-        values, mask = _values(module, name)
-        given = importance_scores.get((module, name))
-        if given is not None and tuple(given.shape) != tuple(values.shape):
-            raise ValueError(
-                f"{describe(module, name)}: importance_scores of shape {tuple(given.shape)} "
-                f"do not match the parameter's shape {tuple(values.shape)}"
-            )
-        scores.append(values if given is None else given.detach())
-        masks.append(mask)
+    scores, masks = _global_targets(params, importance_scores, method)
     try:
         chosen = method._choose(scores, masks)
         if chosen is None:
             keeps = _global_generic(method, scores, masks)
         else:
-            # One tensor at a time: no copy of the model is ever made.
+            # One tensor at a time: the model is never concatenated nor copied.
             keeps = [~pick.reshape(t.shape) for pick, t in zip(chosen, scores, strict=True)]
     except (TypeError, ValueError, IndexError) as error:
         raise with_context(error, "global_unstructured") from None
     del scores, masks
+    snapshots: dict[int, Snapshot] = {}
     for module, name in params:
-        CustomFromMask.apply(module, name, keeps.pop(0))
+        for target in (module, resolve(module, name)[0]):
+            snapshots.setdefault(id(target), Snapshot(target))
+    try:
+        for (module, name), keep in zip(params, keeps, strict=True):
+            CustomFromMask.apply(module, name, keep)
+    except BaseException:
+        for snapshot in snapshots.values():
+            snapshot.restore()
+        raise
 
 
 def _global_generic(
     method: BasePruningMethod, scores: list[Tensor], masks: list[Tensor | None]
 ) -> list[Tensor]:
-    """Rank all tensors as one concatenated vector through a PruningContainer."""
+    """Rank all tensors as one concatenated vector through a PruningContainer.
+
+    The path of user-defined methods, which only know how to rank one tensor.
+    """
     ns = namespace(scores[0])
     flat_scores, flat_masks = [], []
     for t, mask in zip(scores, masks, strict=True):
-        # Entries where the mask is not 1 do not compete, so their values never matter.
+        # Entries whose mask is not 1 do not compete, so their values never matter.
         flat_scores.append(t.reshape(-1))
         flat_masks.append(ns.ones_like(flat_scores[-1]) if mask is None else mask.reshape(-1))
     container = PruningContainer()
     container._tensor_name = method._tensor_name = "global"
     container.add_pruning_method(method)
-    final = container.compute_mask(ns.cat(flat_scores), ns.cat(flat_masks).to(flat_scores[0].dtype))
+    merged = ns.cat(flat_scores)
+    final = container.compute_mask(merged, ns.cat(flat_masks).to(dtype=merged.dtype))
     keeps, offset = [], 0
     for t in scores:
         keeps.append(final[offset : offset + t.numel()].reshape(t.shape))
@@ -197,44 +209,101 @@ def _global_generic(
     return keeps
 
 
-def _values(module: nn.Module, name: str) -> tuple[Tensor, Tensor | None]:
-    """Values of ``module.<name>`` that are right wherever its mask (None if unpruned) is 1.
-
-    For a pruned tensor that is ``<name>_orig`` itself, so nothing is copied.
-    """
-    _, hook = find_pruning_hook(module, name)
-    if hook is not None:
-        mask = getattr(module, name + "_mask").detach()
-        if type(hook).apply_mask is BasePruningMethod.apply_mask:
-            return getattr(module, name + "_orig").detach(), mask
-        return hook.apply_mask(module).detach(), mask
-    param = module._parameters.get(name) if isinstance(name, str) else None
-    if param is None:
-        raise AttributeError(
-            f"{describe(module, name)} does not exist; parameters of this module: "
-            f"{sorted(module._parameters)}"
+def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMethod:
+    """Check that `pruning_method` is an unstructured method class; build it from `kwargs`."""
+    if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
+        raise TypeError(
+            f"global_unstructured: invalid pruning_method={pruning_method!r}; expected a "
+            "BasePruningMethod subclass with PRUNING_TYPE 'unstructured', e.g. L1Unstructured"
         )
-    return param.detach(), None
+    kind = getattr(pruning_method, "PRUNING_TYPE", None)
+    if kind != "unstructured":
+        raise TypeError(
+            f"global_unstructured: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
+            f"{kind!r}; expected an 'unstructured' method, e.g. L1Unstructured"
+        )
+    try:
+        return pruning_method(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise with_context(error, "global_unstructured") from None
 
 
-def refresh(module: M) -> M:
-    """Recompute ``<name>`` = mask * orig for every pruned tensor in `module` and its submodules.
+def _global_targets(
+    params: list[Any],
+    importance_scores: dict[tuple[nn.Module, str], Tensor],
+    method: BasePruningMethod,
+) -> tuple[list[Tensor], list[Tensor | None]]:
+    """Check every listed tensor; return the scores that rank it and its mask (None: unpruned).
 
-    Needed only after writing to ``<name>_orig`` or ``<name>_mask`` through
-    ``.data``, which forward reuse cannot detect (see BasePruningMethod.__call__).
+    Nothing is copied: where a tensor is pruned its scores are ``<name>_orig``, equal
+    to the current values wherever the mask is 1, the only entries that compete.
     """
-    for sub in module.modules():
-        for hook in list(sub._forward_pre_hooks.values()):
-            if isinstance(hook, BasePruningMethod):
-                hook.refresh(sub)
-    return module
+    scores: list[Tensor] = []
+    masks: list[Tensor | None] = []
+    seen: dict[int, str] = {}
+    device = None
+    for entry in params:
+        if not (isinstance(entry, tuple) and len(entry) == 2):
+            raise TypeError(
+                f"global_unstructured: invalid entry {entry!r} in parameters; "
+                "expected (module, name) pairs"
+            )
+        module, name = entry
+        where = describe(module, name)
+        current, mask, param = _current(module, name, where)
+        if id(param) in seen:
+            raise ValueError(
+                f"{where} is the same Parameter as {seen[id(param)]}, listed before (tied "
+                "weights or a repeated entry); expected each parameter once"
+            )
+        seen[id(param)] = where
+        if device is None:
+            device = current.device
+        elif current.device != device:
+            raise ValueError(
+                f"{where} is on device {current.device}; expected all listed parameters "
+                f"on one device, the first is on {device}"
+            )
+        given = importance_scores.get((module, name))
+        ranked = current if given is None else check_scores(given, current, where)
+        if isinstance(method, L1Unstructured) and not _sums_finite(ranked):
+            check_finite(ranked, where, "scores")
+        scores.append(ranked)
+        masks.append(mask)
+    return scores, masks
+
+
+def _sums_finite(t: Tensor) -> bool:
+    """A quick pass that is True for every finite tensor (and rarely for others)."""
+    return t.numel() == 0 or math.isfinite(float(t.sum()))
+
+
+def _current(
+    module: nn.Module, name: str, where: str
+) -> tuple[Tensor, Tensor | None, nn.Parameter]:
+    """Values of ``module.<name>`` right wherever its mask is 1, that mask, and the Parameter.
+
+    For a pruned tensor the values are ``<name>_orig`` itself (no copy is made) unless
+    its hook computes them another way; an unpruned tensor has no mask (None).
+    """
+    owner, leaf = resolve(module, name)
+    _, hook = find_pruning_hook(owner, leaf)
+    if hook is not None:
+        orig: nn.Parameter = getattr(owner, leaf + "_orig")
+        mask = getattr(owner, leaf + "_mask").detach()
+        if type(hook).apply_mask is BasePruningMethod.apply_mask:
+            return orig.detach(), mask, orig
+        return hook.apply_mask(owner).detach(), mask, orig
+    param = prunable_parameter(owner, leaf, where)
+    check_free_names(owner, leaf, where)
+    return param.detach(), None, param
 
 
 def forward_reuse(module: M, enabled: bool) -> M:
     """Allow or forbid gradient-free forwards of `module` to reuse masked tensors.
 
-    Applies to every pruning hook in `module` and its submodules; prunings added
-    later start with reuse on.
+    Applies to every pruning hook in `module` and its submodules (prunings added
+    later start with reuse on). See BasePruningMethod.__call__ for what reuse sees.
     """
     for sub in module.modules():
         for hook in sub._forward_pre_hooks.values():

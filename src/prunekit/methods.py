@@ -19,6 +19,7 @@ from prunekit.amount import (
     validate_structured_tensor,
 )
 from prunekit.base import BasePruningMethod
+from prunekit.checks import check_binary_mask, check_finite
 from prunekit.select import Source, smallest_k, smallest_k_many
 
 __all__ = [
@@ -67,7 +68,7 @@ class _Unstructured(_AmountMethod):
         k = self._count(t.numel())
         kept = self._rank([t], [None], [t.numel()], k, default_mask.dtype)
         if kept is None:
-            raise _unrankable(type(self).__name__, "scores")
+            raise _unrankable(t, type(self).__name__, "scores")
         mask = next(kept).reshape(t.shape)
         if not _all_ones(default_mask):
             mask.mul_(default_mask)
@@ -249,7 +250,8 @@ class LnStructured(_Structured):
     """Prunes the `amount` channels along `dim` with the smallest L`n` norm.
 
     `n` is a positive number, ``inf``, ``-inf``, ``'fro'`` or ``'nuc'`` (the
-    nuclear norm needs a 3-D tensor: two axes besides `dim`).
+    nuclear norm needs a 3-D tensor: two axes besides `dim`). ``'fro'`` works
+    on tensors of any rank, as the 2-norm of each channel.
     """
 
     def __init__(self, amount: float, n: Any, dim: int = -1) -> None:
@@ -265,7 +267,9 @@ class LnStructured(_Structured):
                 f"{owner}: n='nuc' needs a 3-D tensor (two axes besides dim), "
                 f"got shape {tuple(t.shape)}"
             )
-        norms: Tensor = namespace(t).norm(t, p=self.n, dim=others)
+        # 'fro' over any number of axes is the 2-norm of the flattened channel.
+        order = 2 if self.n == "fro" else self.n
+        norms: Tensor = namespace(t).norm(t, p=order, dim=others)
         _require_finite(norms, owner, what="channel norms")
         return norms
 
@@ -291,18 +295,15 @@ class CustomFromMask(BasePruningMethod):
     PRUNING_TYPE = "global"
 
     def __init__(self, mask: Tensor) -> None:
-        if not hasattr(mask, "shape") or not hasattr(mask, "dtype"):
-            raise TypeError(f"CustomFromMask: the mask must be a tensor, got {type(mask).__name__}")
-        binary = str(mask.dtype).endswith("bool")  # nothing to check, and no int64 copies
-        if not binary and not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("CustomFromMask: the mask may hold only 0 and 1 (or False and True)")
+        if not str(getattr(mask, "dtype", "")).endswith("bool"):  # bool masks are binary
+            check_binary_mask(mask, "CustomFromMask")
         self.mask = mask
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         if tuple(self.mask.shape) != tuple(default_mask.shape):
             raise ValueError(
-                f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}, "
-                f"the tensor {tuple(default_mask.shape)}"
+                f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}; "
+                f"expected the tensor's shape {tuple(default_mask.shape)}"
             )
         kept: Tensor = self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
         if not _all_ones(default_mask):
@@ -326,11 +327,10 @@ def _finite(t: Tensor) -> bool:
 def _require_finite(t: Tensor, owner: str, what: str = "scores") -> None:
     """Raise ValueError if `t` holds NaN or infinity: such values cannot be ranked."""
     if not _finite(t):
-        raise _unrankable(owner, what)
+        raise _unrankable(t, owner, what)
 
 
-def _unrankable(owner: str, what: str) -> ValueError:
-    return ValueError(
-        f"{owner}: the {what} hold NaN or infinite values, which cannot be ranked; "
-        "fix the weights or pass finite importance_scores"
-    )
+def _unrankable(t: Tensor, owner: str, what: str) -> ValueError:
+    """The error for scores holding NaN or infinity (check_finite names the first one)."""
+    check_finite(t, owner, what)
+    return ValueError(f"{owner}: the {what} hold values that cannot be ranked")

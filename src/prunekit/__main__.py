@@ -1,0 +1,5 @@
+"""``python -m prunekit``: the command line."""
+
+from prunekit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Saving and loading pruned models: state dicts with or without the pruning, atomic files.
+
+A pruned tensor ``<name>`` is stored as ``<name>_orig`` (its values) and ``<name>_mask``
+(0s and 1s), the format torch.nn.utils.prune uses too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunekit.base import BasePruningMethod, install
+from prunekit.checks import Snapshot, check_binary_mask, describe
+from prunekit.files import load_state_dict, save_state_dict
+from prunekit.methods import CustomFromMask
+
+__all__ = [
+    "load_pruned",
+    "load_pruned_state_dict",
+    "permanent_state_dict",
+    "refresh_pruned",
+    "save_pruned",
+]
+
+StateDict = Mapping[str, Tensor]
+
+
+def pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
+    """Yield (prefix, module, name) for every pruned tensor, under every prefix it has."""
+    for path, module in model.named_modules(remove_duplicate=False):
+        prefix = path + "." if path else ""
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
+                yield prefix, module, hook._tensor_name
+
+
+def refresh_pruned(model: nn.Module) -> None:
+    """Recompute ``module.<name>`` = mask * orig for every pruned tensor of `model`."""
+    for module in model.modules():
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
+                setattr(module, hook._tensor_name, hook.apply_mask(module))
+
+
+def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """A plain state_dict of `model` with every pruning made permanent; `model` is not changed.
+
+    Each ``<name>_orig`` / ``<name>_mask`` pair becomes ``<name>`` = mask * orig, so the
+    result loads into an unpruned copy of the model. Other entries are the model's own
+    (detached) tensors, as in state_dict().
+    """
+    state = dict(model.state_dict())
+    for prefix, _, name in pruned_tensors(model):
+        key = prefix + name
+        orig = state.pop(key + "_orig", None)
+        mask = state.pop(key + "_mask", None)
+        if orig is not None and mask is not None:
+            state[key] = mask.to(dtype=orig.dtype) * orig
+    return state
+
+
+def load_pruned_state_dict(model: nn.Module, state_dict: StateDict, strict: bool = True) -> Any:
+    """Load a state_dict with ``_orig``/``_mask`` entries, pruning `model` to match.
+
+    Tensors of `model` not yet pruned get the saved mask exactly (through CustomFromMask);
+    pruned ones keep their hooks and take the saved mask and values. Keys and shapes are
+    checked before anything changes: on error `model` is left as it was. Returns what
+    ``nn.Module.load_state_dict`` returns (missing and unexpected keys when not strict).
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"load_pruned_state_dict: invalid state_dict of type {type(state_dict).__name__}; "
+            "expected a mapping of names to tensors"
+        )
+    installs = _installs(model, state_dict, strict)
+    _check_keys(model, state_dict, installs, strict)
+    snapshots: dict[int, Snapshot] = {}
+    for target, _, _, owner in installs.values():
+        for module in (target, owner):
+            snapshots.setdefault(id(module), Snapshot(module))
+    try:
+        for target, name, mask, _ in installs.values():
+            install(target, name, CustomFromMask(mask))
+        result = model.load_state_dict(state_dict, strict=strict)
+    except BaseException:
+        for snapshot in snapshots.values():
+            snapshot.restore()
+        raise
+    refresh_pruned(model)
+    return result
+
+
+Install = tuple[nn.Module, str, Tensor, nn.Module]
+
+
+def _installs(
+    model: nn.Module, state_dict: StateDict, strict: bool
+) -> dict[tuple[int, str], Install]:
+    """The tensors to prune before loading: saved as pruned, plain in `model`.
+
+    Values are (module to install on, name, mask, module holding the tensor); they differ
+    for MultiheadAttention.out_proj, pruned through its parent (see install()).
+    """
+    found: dict[tuple[int, str], Install] = {}
+    for key, mask in state_dict.items():
+        if not key.endswith("_mask") or key[:-5] + "_orig" not in state_dict:
+            continue
+        check_binary_mask(mask, f"load_pruned_state_dict: entry {key!r}")
+        path, _, name = key[:-5].rpartition(".")
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            if strict:
+                raise RuntimeError(
+                    f"load_pruned_state_dict: entry {key!r} names a submodule {path!r} that "
+                    f"{type(model).__name__} does not have; expected keys of this model "
+                    "(or strict=False to skip them)"
+                ) from None
+            continue
+        if name not in module._parameters or module._parameters[name] is None:
+            continue  # already pruned, or no such parameter: _check_keys reports it
+        target, dotted = module, name
+        if type(module).__name__ == "NonDynamicallyQuantizableLinear" and path:
+            parent, _, child = path.rpartition(".")
+            target, dotted = model.get_submodule(parent), f"{child}.{name}"
+        found.setdefault((id(module), name), (target, dotted, mask, module))
+    return found
+
+
+def _check_keys(
+    model: nn.Module,
+    state_dict: StateDict,
+    installs: Mapping[tuple[int, str], Install],
+    strict: bool,
+) -> None:
+    """Raise before loading if keys (when strict) or shapes do not match."""
+    expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    for path, module in model.named_modules(remove_duplicate=False):
+        prefix = path + "." if path else ""
+        for (owner, name), _ in installs.items():
+            if owner == id(module) and prefix + name in expected:
+                shape = expected.pop(prefix + name)
+                expected[prefix + name + "_orig"] = expected[prefix + name + "_mask"] = shape
+    where = f"load_pruned_state_dict into {type(model).__name__}"
+    if strict:
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        if missing or unexpected:
+            raise RuntimeError(
+                f"{where}: missing keys {missing}, unexpected keys {unexpected}; expected "
+                "the model's keys, with <name>_orig and <name>_mask for pruned tensors"
+            )
+    wrong = [
+        f"{key}: saved {tuple(t.shape)}, model {expected[key]}"
+        for key, t in state_dict.items()
+        if key in expected and tuple(t.shape) != expected[key]
+    ]
+    if wrong:
+        raise RuntimeError(f"{where}: shapes differ ({'; '.join(wrong)}); expected equal shapes")
+    for module_id, name in installs:
+        module = installs[(module_id, name)][3]
+        param = module._parameters[name]
+        if param is not None and not param.is_floating_point():
+            raise TypeError(
+                f"{describe(module, name)} has dtype {param.dtype}; "
+                "expected a floating-point parameter"
+            )
+
+
+def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool = False) -> Path:
+    """Save `model`'s state_dict to `path` atomically (safetensors if it ends in .safetensors).
+
+    With ``permanent=True`` the pruning is made permanent in the file (for deployment:
+    loads into an unpruned model with load_state_dict); `model` itself is not changed.
+    """
+    state = permanent_state_dict(model) if permanent else model.state_dict()
+    return save_state_dict(state, path)
+
+
+def load_pruned(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> Any:
+    """Load a file written by save_pruned (or any state_dict file) into `model`.
+
+    PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
+    the rest.
+    """
+    return load_pruned_state_dict(model, load_state_dict(path), strict=strict)

@@ -1,0 +1,295 @@
+"""The command line, ``prunekit demo | report | prune``: parses arguments and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from prunekit._extras import require
+from prunekit.demo import run_demo
+from prunekit.files import load_state_dict
+from prunekit.report import report
+from prunekit.statedict import prune_file
+
+__all__ = ["build_parser", "main"]
+
+# Kinds of error whose message alone explains the problem; others also get their type name.
+_EXPECTED = (OSError, ValueError, TypeError, KeyError, IndexError, ImportError)
+
+
+class _UsageError(Exception):
+    """A command line argparse rejects; its message is the one line to print."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line instead of usage + message
+        raise _UsageError(f"{self.prog}: error: {message} (see '{self.prog} --help')")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line `argv` (default sys.argv[1:]); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as error:
+        print(error, file=sys.stderr)
+        return 2
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else 0
+    try:
+        status: int = args.run(args)
+    except KeyboardInterrupt:
+        print(f"prunekit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        kind = "" if isinstance(error, _EXPECTED) else f"{type(error).__name__}: "
+        text = " ".join(str(error).split()) or type(error).__name__
+        print(f"prunekit {args.command}: error: {kind}{text}", file=sys.stderr)
+        return 1
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="prunekit",
+        description="Prune neural networks, inspect and prune checkpoints, run the demo.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _demo_parser(commands)
+    _report_parser(commands)
+    _prune_parser(commands)
+    return parser
+
+
+def _demo_parser(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="train a small CNN on 8x8 digits, prune it step by step, show what it costs",
+        description="Train a small CNN on scikit-learn's bundled 8x8 digits, prune it with "
+        "global L1 (fine-tuning after each step) and with structured L2, print a table "
+        "of sparsity, test accuracy, non-zero parameters and size, and write the pruned "
+        "checkpoint, its report (JSON) and plots (PNG) to --out.",
+    )
+    demo.add_argument(
+        "--sparsity",
+        type=_fractions,
+        default="0.5,0.75,0.9",
+        metavar="S1,S2,...",
+        help="increasing fractions of the weights to prune, one step each (default %(default)s)",
+    )
+    demo.add_argument("--out", default="demo-out", help="folder to write to (default %(default)s)")
+    demo.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
+    demo.add_argument(
+        "--finetune-epochs", type=int, default=6, help="epochs after each step (default 6)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.set_defaults(run=_run_demo)
+
+
+def _report_parser(commands: Any) -> None:
+    report = commands.add_parser(
+        "report",
+        help="show the sparsity of each tensor in a checkpoint",
+        description="Show each floating-point tensor of a checkpoint (a PyTorch state_dict "
+        "file or .safetensors): shape, zeros, sparsity, whether a mask is saved with it; "
+        "then totals and sizes.",
+    )
+    report.add_argument("path", metavar="PATH", help="checkpoint file")
+    report.add_argument("--json", action="store_true", help="print the report as JSON")
+    report.add_argument("--plot", metavar="PNG", help="also draw sparsity per tensor to PNG")
+    _trust_argument(report)
+    report.set_defaults(run=_run_report)
+
+
+def _prune_parser(commands: Any) -> None:
+    prune = commands.add_parser(
+        "prune",
+        help="prune the tensors of a checkpoint without the model's code",
+        description="Prune the tensors of a checkpoint (PyTorch state_dict file or "
+        ".safetensors) and write the result to OUT (.safetensors by its suffix, else "
+        "torch.save). By default every floating-point tensor of 2 or more dims is pruned "
+        "(weights, not biases or norms). Tensors saved as <name>_orig + <name>_mask keep "
+        "their mask and are pruned further.",
+    )
+    prune.add_argument("path", metavar="PATH", help="checkpoint to read")
+    prune.add_argument("-o", "--out", required=True, metavar="OUT", help="file to write")
+    prune.add_argument(
+        "--method",
+        choices=("l1", "random", "ln"),
+        default="l1",
+        help="l1: smallest |value|; random; ln: whole channels by L-n norm (default l1)",
+    )
+    prune.add_argument(
+        "--amount",
+        type=_amount,
+        required=True,
+        help="fraction to prune, such as 0.9, or a count of entries (channels for ln), "
+        "such as 1000",
+    )
+    prune.add_argument(
+        "--global",
+        dest="global_pruning",
+        action="store_true",
+        help="rank the entries of all selected tensors together (l1 and random)",
+    )
+    prune.add_argument("--n", type=_norm, help="ln: norm order: 1, 2, inf, fro ... (default 2)")
+    prune.add_argument("--dim", type=int, help="ln: axis of the channels (default 0)")
+    prune.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="prune only tensors whose name matches GLOB (repeatable), any number of dims",
+    )
+    prune.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out tensors whose name matches GLOB (repeatable)",
+    )
+    prune.add_argument(
+        "--keep-masks",
+        action="store_true",
+        help="write <name>_orig and <name>_mask instead of making the pruning permanent",
+    )
+    prune.add_argument("--seed", type=int, help="seed for the random method")
+    _trust_argument(prune)
+    prune.set_defaults(run=_run_prune)
+
+
+def _trust_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow a PyTorch file holding pickled objects (a whole model); "
+        "loading it runs code from the file, so use it only on files you trust",
+    )
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    console, errors = _consoles()
+    with _progress_bars(errors) as tick:
+        result = run_demo(
+            args.out,
+            sparsities=args.sparsity,
+            epochs=args.epochs,
+            finetune_epochs=args.finetune_epochs,
+            seed=args.seed,
+            progress=tick,
+        )
+    console.print(result.rich_table())
+    print(f"Wrote to {args.out}:")
+    for path in result.files:
+        print(f"  {path.name}")
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    found = report(load_state_dict(args.path, trust_pickle=args.trust_pickle))
+    if args.plot:
+        found.plot(args.plot, title=f"Sparsity per tensor of {args.path}")
+    if args.json:
+        print(found.to_json())
+    else:
+        console, _ = _consoles()
+        console.print(found.rich_table(title=str(args.path)))
+    return 0
+
+
+def _run_prune(args: argparse.Namespace) -> int:
+    result = prune_file(
+        args.path,
+        args.out,
+        args.method,
+        args.amount,
+        trust_pickle=args.trust_pickle,
+        n=args.n,
+        dim=args.dim,
+        global_pruning=args.global_pruning,
+        include=args.include,
+        exclude=args.exclude,
+        keep_masks=args.keep_masks,
+        seed=args.seed,
+    )
+    rows = [row for row in report(result.state).rows if row.name in set(result.pruned)]
+    zeros, numel = sum(r.zeros for r in rows), sum(r.numel for r in rows)
+    print(
+        f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
+        f"{' globally' if args.global_pruning else ''}: {zeros / max(numel, 1):.1%} "
+        f"of them are zero. Wrote {args.out}"
+    )
+    return 0
+
+
+def _consoles() -> tuple[Any, Any]:
+    """Rich consoles for results (stdout) and progress (stderr)."""
+    console_mod = require("rich.console", "cli", "the prunekit command")
+    return console_mod.Console(), console_mod.Console(stderr=True)
+
+
+@contextmanager
+def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
+    """A progress callback ``tick(label, done, total)`` drawing one rich bar per label.
+
+    The bars appear at the first tick, so a call that fails its checks prints nothing.
+    """
+    progress_mod = require("rich.progress", "cli", "the prunekit command")
+    bars = progress_mod.Progress(
+        progress_mod.TextColumn("{task.description:<34}"),
+        progress_mod.BarColumn(),
+        progress_mod.MofNCompleteColumn(),
+        progress_mod.TimeElapsedColumn(),
+        console=console,
+    )
+    tasks: dict[str, Any] = {}
+
+    def tick(label: str, done: int, total: int) -> None:
+        if not tasks:
+            bars.start()
+        if label not in tasks:
+            tasks[label] = bars.add_task(label, total=total)
+        bars.update(tasks[label], completed=done)
+
+    try:
+        yield tick
+    finally:
+        if tasks:
+            bars.stop()
+
+
+def _amount(text: str) -> float:
+    """'0.9' is a fraction, '1000' a count (as in the library: float vs int)."""
+    try:
+        return int(text) if text.strip().lstrip("+-").isdigit() else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid amount {text!r}: expected a fraction in [0, 1] such as 0.9, "
+            "or a count such as 1000"
+        ) from None
+
+
+def _fractions(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid sparsities {text!r}: expected fractions separated by commas, "
+            "such as 0.5,0.75,0.9"
+        ) from None
+
+
+def _norm(text: str) -> float | str:
+    if text in ("fro", "nuc"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid norm {text!r}: expected a positive number, inf, -inf, fro or nuc"
+        ) from None
+    return int(value) if math.isfinite(value) and value.is_integer() else value

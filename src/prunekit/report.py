@@ -1,0 +1,325 @@
+"""What is pruned where: per-tensor sparsity of a model or state_dict, then its renderings.
+
+``report(obj)`` gathers the numbers (a Report); the Report renders them as a
+text table (``str``), a dict or JSON, a rich table, or a bar chart in a PNG.
+Rendering libraries are imported only when a rendering needs them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit._extras import require
+from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
+from prunekit.statedict import entries
+
+__all__ = ["Report", "TensorRow", "human_bytes", "report"]
+
+HEADER = ("tensor", "shape", "elements", "zeros", "sparsity", "mask", "method")
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor: its size, how many of its entries are zero, and the pruning on it.
+
+    `masked` says a mask is installed (or saved beside it); `method` names the
+    pruning method(s) when a module's hook says so, else it is None.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    zeros: int
+    masked: bool
+    method: str | None
+    itemsize: int
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of entries that are zero (0 for an empty tensor)."""
+        return self.zeros / self.numel if self.numel else 0.0
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of the tensor stored dense."""
+        return self.numel * self.itemsize
+
+    @property
+    def sparse_bytes(self) -> int:
+        """Bytes stored sparse: the non-zero values plus a bitmap of one bit per entry."""
+        return (self.numel - self.zeros) * self.itemsize + math.ceil(self.numel / 8)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "numel": self.numel,
+            "zeros": self.zeros,
+            "sparsity": self.sparsity,
+            "masked": self.masked,
+            "method": self.method,
+            "dense_bytes": self.dense_bytes,
+            "sparse_bytes": self.sparse_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """The rows of a report, one per tensor, and their totals."""
+
+    rows: tuple[TensorRow, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(r.numel for r in self.rows)
+
+    @property
+    def zeros(self) -> int:
+        return sum(r.zeros for r in self.rows)
+
+    @property
+    def nonzeros(self) -> int:
+        return self.numel - self.zeros
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of all entries that are zero."""
+        return self.zeros / self.numel if self.numel else 0.0
+
+    @property
+    def dense_bytes(self) -> int:
+        return sum(r.dense_bytes for r in self.rows)
+
+    @property
+    def sparse_bytes(self) -> int:
+        return sum(r.sparse_bytes for r in self.rows)
+
+    def __getitem__(self, name: str) -> TensorRow:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no tensor named {name!r} in this report")
+
+    def totals(self) -> dict[str, Any]:
+        return {
+            "tensors": len(self.rows),
+            "masked": sum(r.masked for r in self.rows),
+            "numel": self.numel,
+            "zeros": self.zeros,
+            "nonzeros": self.nonzeros,
+            "sparsity": self.sparsity,
+            "dense_bytes": self.dense_bytes,
+            "sparse_bytes": self.sparse_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tensors": [r.to_dict() for r in self.rows], "totals": self.totals()}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        columns = self._columns()
+        header = HEADER[:columns]
+        body = [_cells(r)[:columns] for r in self.rows]
+        total = self.totals()
+        footer = (
+            "total",
+            f"{total['tensors']} tensors",
+            f"{self.numel:,}",
+            f"{self.zeros:,}",
+            f"{self.sparsity:.1%}",
+            str(total["masked"]),
+            "",
+        )[:columns]
+        widths = [max(len(line[i]) for line in [header, *body, footer]) for i in range(columns)]
+        rule = "  ".join("-" * w for w in widths)
+        lines = [_line(header, widths), rule, *(_line(b, widths) for b in body), rule]
+        lines.append(_line(footer, widths))
+        lines.append(
+            f"size: {human_bytes(self.dense_bytes)} dense, "
+            f"{human_bytes(self.sparse_bytes)} stored sparse (values + bitmap)"
+        )
+        return "\n".join(lines)
+
+    def rich_table(self, title: str | None = None) -> Any:
+        """The report as a ``rich.table.Table`` (needs the 'cli' extra)."""
+        table_mod = require("rich.table", "cli", "Report.rich_table")
+        table = table_mod.Table(title=title, show_footer=True, caption=self._size_line())
+        footer = ("total", "", f"{self.numel:,}", f"{self.zeros:,}", f"{self.sparsity:.1%}")
+        columns = self._columns()
+        for i, name in enumerate(HEADER[:columns]):
+            right = 2 <= i <= 4
+            table.add_column(
+                name,
+                footer=footer[i] if i < len(footer) else "",
+                justify="right" if right else "left",
+            )
+        for row in self.rows:
+            table.add_row(*_cells(row)[:columns])
+        return table
+
+    def plot(self, path: str | os.PathLike[str], title: str | None = None) -> Path:
+        """Draw the sparsity of each tensor as horizontal bars into the PNG `path`."""
+        figure_mod = require("matplotlib.figure", "cli", "Report.plot")
+        names = [r.name for r in self.rows]
+        values = [100 * r.sparsity for r in self.rows]
+        height = 1.2 + 0.32 * max(len(names), 1)
+        fig = figure_mod.Figure(figsize=(7, height), dpi=100, layout="constrained")
+        ax = fig.add_subplot()
+        colors = ["#c0392b" if r.masked else "#7f8c8d" for r in self.rows]
+        bars = ax.barh(range(len(names)), values, color=colors)
+        ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)
+        ax.set_yticks(range(len(names)), labels=names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 110)
+        ax.set_xlabel("sparsity (% of entries that are zero)")
+        ax.set_ylabel("tensor")
+        ax.set_title(title or f"Sparsity per tensor (overall {self.sparsity:.1%})")
+        ax.grid(axis="x", alpha=0.3)
+        if any(r.masked for r in self.rows):
+            patches = require("matplotlib.patches", "cli", "Report.plot")
+            kinds = [("#c0392b", "mask installed"), ("#7f8c8d", "no mask")]
+            handles = [patches.Patch(color=c, label=text) for c, text in kinds]
+            ax.legend(handles=handles, loc="lower right", fontsize=8)
+        target = Path(path)
+        fig.savefig(target, format="png")
+        return target
+
+    def _columns(self) -> int:
+        """How many of HEADER to show: 'method' only when some row names one."""
+        return len(HEADER) if any(r.method for r in self.rows) else len(HEADER) - 1
+
+    def _size_line(self) -> str:
+        return (
+            f"{self.nonzeros:,} non-zero of {self.numel:,}; "
+            f"{human_bytes(self.dense_bytes)} dense, {human_bytes(self.sparse_bytes)} sparse"
+        )
+
+
+def report(source: nn.Module | Mapping[str, Tensor] | Any) -> Report:
+    """Report on a model (pruned or not) or a state_dict (with or without masks).
+
+    A model gives one row per floating-point parameter, a pruned one under its
+    own name (``conv.weight``, not ``conv.weight_orig``), valued as mask * orig.
+    A state_dict cannot tell parameters from buffers, so every floating-point
+    tensor in it gets a row; ``<n>_orig`` + ``<n>_mask`` pairs are one row ``<n>``.
+    """
+    if isinstance(source, Mapping):
+        return Report(tuple(_state_rows(source)))
+    if _framework_object(source, "nn.Module"):
+        return Report(tuple(_module_rows(source)))
+    raise TypeError(
+        f"report: expected an nn.Module or a state_dict (a mapping of names to tensors), "
+        f"got {type(source).__name__}"
+    )
+
+
+def human_bytes(count: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _module_rows(model: nn.Module) -> list[TensorRow]:
+    rows, seen = [], set()
+    for prefix, module in model.named_modules():
+        dot = prefix + "." if prefix else ""
+        for pname, param in module._parameters.items():
+            if param is None or id(param) in seen or not param.is_floating_point():
+                continue
+            seen.add(id(param))
+            base = pname[:-5] if pname.endswith("_orig") else None
+            mask = module._buffers.get(base + "_mask") if base is not None else None
+            if base is None or mask is None:
+                rows.append(_row(dot + pname, param.detach(), None, None))
+                continue
+            _, hook = find_pruning_hook(module, base)
+            rows.append(_row(dot + base, param.detach(), mask, _method_name(hook)))
+    return rows
+
+
+def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
+    for key, value in state.items():
+        if not _framework_object(value, "Tensor"):
+            raise TypeError(
+                f"report: state_dict entry {key!r} has type {type(value).__name__}, not a tensor"
+            )
+    return [
+        _row(e.name, e.tensor, e.mask, None) for e in entries(state) if e.tensor.is_floating_point()
+    ]
+
+
+def _framework_object(obj: Any, kind: str) -> bool:
+    """Whether `obj` is a torch or tensorplay ``nn.Module`` (`kind`) or ``Tensor``.
+
+    Checked by class hierarchy: users' model classes live in their own modules.
+    """
+    frameworks = [torch, sys.modules.get("tensorplay")]
+    for ns in filter(None, frameworks):
+        if isinstance(obj, ns.nn.Module if kind == "nn.Module" else ns.Tensor):
+            return True
+    return False
+
+
+def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
+    values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
+    return TensorRow(
+        name=name,
+        shape=tuple(int(s) for s in tensor.shape),
+        dtype=str(tensor.dtype).rsplit(".", 1)[-1],
+        numel=int(tensor.numel()),
+        zeros=int((values == 0).sum()),
+        masked=mask is not None,
+        method=method,
+        itemsize=int(tensor.element_size()),
+    )
+
+
+def _method_name(hook: BasePruningMethod | None) -> str | None:
+    """``L1Unstructured(0.5)``; a container's methods joined by ``+``, repeats as ``x3``."""
+    if hook is None:
+        return None
+    if isinstance(hook, PruningContainer):
+        names = [_method_name(m) or "" for m in hook]
+        runs = [(name, len(list(group))) for name, group in itertools.groupby(names)]
+        return "+".join(name if count == 1 else f"{name} x{count}" for name, count in runs)
+    amount = getattr(hook, "amount", None)
+    return type(hook).__name__ + (f"({amount})" if amount is not None else "")
+
+
+def _cells(row: TensorRow) -> tuple[str, ...]:
+    return (
+        row.name,
+        "x".join(map(str, row.shape)) or "scalar",
+        f"{row.numel:,}",
+        f"{row.zeros:,}",
+        f"{row.sparsity:.1%}",
+        "yes" if row.masked else "no",
+        row.method or "",
+    )
+
+
+def _line(cells: tuple[str, ...], widths: list[int]) -> str:
+    parts = [
+        c.rjust(w) if 2 <= i <= 4 else c.ljust(w)
+        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+    ]
+    return "  ".join(parts).rstrip()

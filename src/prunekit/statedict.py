@@ -1,0 +1,229 @@
+"""Pruning the tensors of a state_dict without the model's code.
+
+Each tensor is wrapped in a one-parameter module, so the very methods,
+composition and global selection that prune models do the work here. A
+tensor saved as ``<name>_orig`` + ``<name>_mask`` resumes from its mask.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.amount import validate_pruning_amount_init
+from prunekit.base import BasePruningMethod, describe, find_pruning_hook
+from prunekit.files import load_state_dict, save_state_dict
+from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.methods import L1Unstructured, LnStructured, RandomUnstructured
+
+__all__ = [
+    "METHODS",
+    "Entry",
+    "PruneResult",
+    "entries",
+    "prune_file",
+    "prune_state_dict",
+    "select_names",
+]
+
+METHODS: dict[str, type[BasePruningMethod]] = {
+    "l1": L1Unstructured,
+    "random": RandomUnstructured,
+    "ln": LnStructured,
+}
+ORIG, MASK = "_orig", "_mask"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a state_dict by its name in the model; `mask` is None if not pruned."""
+
+    name: str
+    tensor: Tensor
+    mask: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """The new state_dict and the names of the tensors pruned in it."""
+
+    state: dict[str, Tensor]
+    pruned: list[str] = field(default_factory=list)
+
+
+def entries(state: Mapping[str, Tensor]) -> list[Entry]:
+    """The tensors of `state` in order; a ``<n>_orig``/``<n>_mask`` pair is one entry ``<n>``."""
+    result = []
+    for key, value in state.items():
+        base = key[: -len(ORIG)]
+        if key.endswith(ORIG) and base + MASK in state:
+            result.append(Entry(base, value, state[base + MASK]))
+        elif not (key.endswith(MASK) and key[: -len(MASK)] + ORIG in state):
+            result.append(Entry(key, value))
+    return result
+
+
+def select_names(
+    found: Sequence[Entry], include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> list[str]:
+    """Names of the floating-point tensors to prune, in order.
+
+    Without `include`, the tensors of 2 or more dims (weights, not biases or
+    norms); with it, those matching any of its globs. Tensors matching an
+    `exclude` glob are left out. A glob that matches nothing is an error.
+    """
+    floats = [e for e in found if e.tensor.is_floating_point()]
+    for pattern in [*include, *exclude]:
+        if not any(fnmatch.fnmatchcase(e.name, pattern) for e in floats):
+            raise ValueError(
+                f"the pattern {pattern!r} matches no floating-point tensor; "
+                f"tensors: {_listing([e.name for e in floats])}"
+            )
+    if include:
+        chosen = [e for e in floats if any(fnmatch.fnmatchcase(e.name, p) for p in include)]
+    else:
+        chosen = [e for e in floats if e.tensor.dim() >= 2]
+    names = [e.name for e in chosen if not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
+    if not names:
+        raise ValueError(
+            "no tensor left to prune after include/exclude; "
+            f"tensors: {_listing([e.name for e in floats])}"
+        )
+    return names
+
+
+def prune_state_dict(
+    state: Mapping[str, Tensor],
+    method: str,
+    amount: float,
+    *,
+    n: Any = None,
+    dim: int | None = None,
+    global_pruning: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    keep_masks: bool = False,
+    seed: int | None = None,
+) -> PruneResult:
+    """Return a copy of `state` with its selected tensors pruned; `state` is not changed.
+
+    `method` is 'l1', 'random' (unstructured) or 'ln' (channels along `dim`,
+    default 0, ranked by the L`n` norm, default 2). With `global_pruning`,
+    `amount` counts over all selected tensors together. Without `keep_masks`
+    the pruning is made permanent (plain tensors); with it, each pruned tensor
+    is saved as ``<name>_orig`` and ``<name>_mask`` as a pruned model saves it.
+    """
+    cls, kwargs = _method(method, amount, n, dim, global_pruning)
+    found = entries(state)
+    targets = set(select_names(found, include, exclude))
+    holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
+    with _seeded(seed):
+        if global_pruning:
+            pairs = [(holders[e.name], "tensor") for e in found if e.name in targets]
+            global_unstructured(pairs, cls, **kwargs)
+        else:
+            for e in found:
+                if e.name in targets:
+                    _apply(cls, holders[e.name], e.name, kwargs)
+    out: dict[str, Tensor] = {}
+    for e in found:
+        holder = holders.get(e.name)
+        if holder is None:
+            out[e.name] = e.tensor
+            continue
+        if keep_masks:
+            out[e.name + ORIG] = e.tensor
+            out[e.name + MASK] = holder.get_buffer("tensor_mask")
+        else:
+            _, hook = find_pruning_hook(holder, "tensor")
+            assert hook is not None
+            out[e.name] = hook.apply_mask(holder).detach()
+    return PruneResult(out, [e.name for e in found if e.name in targets])
+
+
+def prune_file(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    method: str,
+    amount: float,
+    *,
+    trust_pickle: bool = False,
+    **options: Any,
+) -> PruneResult:
+    """Load the state_dict in `path`, prune it (see prune_state_dict), write it to `out`."""
+    _method(method, amount, options.get("n"), options.get("dim"), options.get("global_pruning"))
+    result = prune_state_dict(
+        load_state_dict(path, trust_pickle=trust_pickle), method, amount, **options
+    )
+    save_state_dict(result.state, out)
+    return result
+
+
+class _Tensor(nn.Module):
+    """A module holding one tensor of a state_dict as its parameter ``tensor``."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        super().__init__()
+        self.tensor = nn.Parameter(tensor.detach(), requires_grad=False)
+
+
+def _holder(entry: Entry) -> _Tensor:
+    holder = _Tensor(entry.tensor)
+    if entry.mask is not None:
+        _reworded(entry.name, holder, custom_from_mask, mask=entry.mask)
+    return holder
+
+
+def _apply(
+    cls: type[BasePruningMethod], holder: _Tensor, name: str, kwargs: dict[str, Any]
+) -> None:
+    _reworded(name, holder, cls.apply, **kwargs)
+
+
+def _reworded(name: str, holder: _Tensor, call: Any, **kwargs: Any) -> None:
+    """Run ``call(holder, 'tensor', ...)``, naming the state_dict entry in its errors."""
+    try:
+        call(holder, "tensor", **kwargs)
+    except (TypeError, ValueError, IndexError) as error:
+        text = str(error).replace(describe(holder, "tensor"), f"tensor {name!r}")
+        raise type(error)(text) from None
+
+
+def _method(
+    method: str, amount: float, n: Any, dim: int | None, global_pruning: bool | None
+) -> tuple[type[BasePruningMethod], dict[str, Any]]:
+    """The method class and its keyword arguments, after checking they fit together."""
+    cls = METHODS.get(method)
+    if cls is None:
+        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(METHODS)}")
+    validate_pruning_amount_init(amount, owner="amount")
+    if cls is not LnStructured:
+        if n is not None or dim is not None:
+            raise ValueError(f"n and dim apply to method 'ln' only, not {method!r}")
+        return cls, {"amount": amount}
+    if global_pruning:
+        raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
+    return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
+
+
+@contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Seed torch's random generator inside the block, restoring its state after."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _listing(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "") or "(none)"

@@ -1,0 +1,204 @@
+"""The module families users prune train while pruned, and remove() leaves them working."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit as prune
+
+Pruner = Callable[[nn.Module, str], Any]
+L1: Pruner = lambda m, n: prune.l1_unstructured(m, n, 0.4)  # noqa: E731
+RAND: Pruner = lambda m, n: prune.random_unstructured(m, n, 0.3)  # noqa: E731
+
+
+def rows(dim: int) -> Pruner:
+    return lambda m, n: prune.ln_structured(m, n, 0.5, n=2, dim=dim)
+
+
+class Family:
+    def __init__(
+        self,
+        build: Callable[[], nn.Module],
+        inputs: Callable[[], tuple[Any, ...]],
+        targets: list[tuple[str, list[Pruner]]],
+    ) -> None:
+        self.build, self.inputs, self.targets = build, inputs, targets
+
+
+def first(out: Any) -> Tensor:
+    while isinstance(out, tuple):
+        out = out[0]
+    assert isinstance(out, Tensor)
+    return out
+
+
+def seq(*shape: int) -> Callable[[], tuple[Any, ...]]:
+    return lambda: (torch.randn(*shape),)
+
+
+FAMILIES = {
+    "MultiheadAttention": Family(
+        lambda: nn.MultiheadAttention(8, 2),
+        lambda: (torch.randn(4, 2, 8),) * 3,
+        [("in_proj_weight", [L1, rows(0)]), ("out_proj.weight", [L1, rows(1)])],
+    ),
+    "LSTM": Family(
+        lambda: nn.LSTM(4, 6, num_layers=2),
+        seq(5, 2, 4),
+        [("weight_ih_l0", [L1]), ("weight_hh_l0", [rows(0), L1]), ("weight_hh_l1", [RAND])],
+    ),
+    "GRU": Family(
+        lambda: nn.GRU(4, 6, batch_first=True),
+        seq(2, 5, 4),
+        [("weight_hh_l0", [rows(1)]), ("weight_ih_l0", [L1]), ("bias_hh_l0", [L1])],
+    ),
+    "Embedding": Family(
+        lambda: nn.Embedding(10, 4),
+        lambda: (torch.arange(10).reshape(2, 5),),
+        [("weight", [rows(0), L1])],
+    ),
+    "Conv1d": Family(lambda: nn.Conv1d(3, 4, 3), seq(2, 3, 7), [("weight", [rows(0), L1])]),
+    "Conv2d": Family(
+        lambda: nn.Conv2d(3, 4, 3), seq(2, 3, 6, 6), [("weight", [L1, rows(1)]), ("bias", [L1])]
+    ),
+    "Conv3d": Family(lambda: nn.Conv3d(2, 4, 2), seq(1, 2, 4, 4, 4), [("weight", [rows(0)])]),
+    "ConvTranspose2d": Family(
+        lambda: nn.ConvTranspose2d(3, 4, 3), seq(2, 3, 5, 5), [("weight", [rows(1), L1])]
+    ),
+    "BatchNorm2d": Family(
+        lambda: nn.BatchNorm2d(6), seq(4, 6, 3, 3), [("weight", [L1]), ("bias", [RAND])]
+    ),
+    "LayerNorm": Family(lambda: nn.LayerNorm(8), seq(3, 8), [("weight", [L1, RAND])]),
+    "TransformerEncoderLayer": Family(
+        lambda: nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0),
+        seq(5, 2, 8),
+        [
+            ("self_attn.in_proj_weight", [L1]),
+            ("self_attn.out_proj.weight", [rows(0)]),
+            ("linear1.weight", [L1, rows(0)]),
+            ("linear2.weight", [RAND]),
+        ],
+    ),
+}
+
+
+def owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, leaf = name.rpartition(".")
+    return model.get_submodule(path), leaf
+
+
+def prune_family(family: Family) -> nn.Module:
+    torch.manual_seed(0)
+    model = family.build()
+    model.train()
+    for name, pruners in family.targets:
+        for pruner in pruners:
+            pruner(model, name)
+    return model
+
+
+def check_masked(model: nn.Module, family: Family) -> None:
+    """The tensor the module used is mask * orig: zero wherever the mask is."""
+    for name, _ in family.targets:
+        m, leaf = owner(model, name)
+        mask = getattr(m, leaf + "_mask")
+        effective = getattr(m, leaf)
+        assert torch.equal(effective, getattr(m, leaf + "_orig") * mask)
+        assert not effective[mask == 0].any()
+        assert (mask == 0).any()
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_trains_while_pruned_then_remove_leaves_a_working_module(kind: str) -> None:
+    family = FAMILIES[kind]
+    model = prune_family(family)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    for step in range(3):
+        torch.manual_seed(step)
+        opt.zero_grad()
+        first(model(*family.inputs())).square().mean().backward()
+        check_masked(model, family)
+        for name, _ in family.targets:
+            m, leaf = owner(model, name)
+            grad = getattr(m, leaf + "_orig").grad
+            mask = getattr(m, leaf + "_mask")
+            assert grad is not None
+            assert not grad[mask == 0].any(), "gradient reached pruned entries"
+            assert grad[mask == 1].abs().sum() > 0, "no gradient reached unpruned entries"
+        opt.step()
+
+    # The forward reads the masked tensor: pruned entries have no effect, others do.
+    torch.manual_seed(7)
+    x = family.inputs()
+    with torch.no_grad():
+        reference = first(model(*x))
+        for name, _ in family.targets:
+            m, leaf = owner(model, name)
+            orig = getattr(m, leaf + "_orig")
+            mask = getattr(m, leaf + "_mask")
+            pruned = [tuple(i) for i in (mask == 0).nonzero()[:5].tolist()]
+            kept = [tuple(i) for i in (mask == 1).nonzero()[:10].tolist()]
+            effects = []
+            for index in pruned + kept:
+                saved = orig[index].clone()
+                orig[index] += 100.0
+                effects.append(not torch.equal(first(model(*x)), reference))
+                orig[index] = saved
+            assert not any(effects[: len(pruned)]), f"{name}: a pruned entry was used"
+            assert any(effects[len(pruned) :]), f"{name}: no kept entry was used"
+        reference = first(model(*x))
+
+    params = {
+        name: owner(model, name)[0]._parameters[owner(model, name)[1] + "_orig"]
+        for name, _ in family.targets
+    }
+    masks = {
+        name: getattr(*owner(model, name)[:1], owner(model, name)[1] + "_mask").clone()
+        for name, _ in family.targets
+    }
+    for name, _ in family.targets:
+        prune.remove(model, name)
+    assert not prune.is_pruned(model)
+    assert not any(
+        type(h).__name__ == "RefreshSubmodule"
+        for m in model.modules()
+        for h in m._forward_pre_hooks.values()
+    )
+    for name, _ in family.targets:
+        m, leaf = owner(model, name)
+        assert m._parameters[leaf] is params[name]  # the optimizer's Parameter
+        assert not m._parameters[leaf][masks[name] == 0].any()
+    with torch.no_grad():  # close, not equal: CPU kernels may round by storage alignment
+        torch.testing.assert_close(first(model(*x)), reference, rtol=1e-5, atol=1e-6)
+    for _ in range(2):  # trains as a plain module, pruned entries free again
+        opt.zero_grad()
+        first(model(*x)).square().mean().backward()
+        opt.step()
+    for name, _ in family.targets:
+        m, leaf = owner(model, name)
+        assert m._parameters[leaf].grad is not None
+
+
+def test_pruning_out_proj_directly_warns_and_names_the_fix() -> None:
+    mha = nn.MultiheadAttention(8, 2)
+    with pytest.warns(UserWarning, match=r"\(mha, 'out_proj.weight'\)"):
+        prune.l1_unstructured(mha.out_proj, "weight", 0.5)
+
+
+def test_out_proj_pruned_directly_goes_stale_as_in_torch() -> None:
+    """Why #69353 happens: MultiheadAttention never calls out_proj, so its hook never runs."""
+    mha = nn.MultiheadAttention(8, 2)
+    with pytest.warns(UserWarning):
+        prune.l1_unstructured(mha.out_proj, "weight", 0.5)
+    calls = []
+    mha.out_proj.register_forward_pre_hook(lambda m, i: calls.append(m))
+    x = torch.randn(3, 1, 8)
+    mha(x, x, x)[0].sum().backward()
+    assert calls == []
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        mha(x, x, x)[0].sum().backward()

@@ -1,0 +1,150 @@
+"""prunekit.statedict: pruning a state_dict's tensors without the model, checked against torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+
+from prunekit.statedict import entries, prune_state_dict, select_names
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(16, 3))
+
+
+def _state() -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in _model().state_dict().items()}
+
+
+WEIGHTS = ["0.weight", "3.weight"]
+
+
+def test_entries_pair_orig_and_mask() -> None:
+    model = _model()
+    torch_prune.l1_unstructured(model[3], "weight", amount=0.5)
+    found = {e.name: e for e in entries(model.state_dict())}
+    assert found["3.weight"].mask is not None
+    assert torch.equal(found["3.weight"].tensor, model[3].weight_orig)
+    assert "3.weight_mask" not in found and "3.weight_orig" not in found
+    assert found["3.bias"].mask is None
+
+
+def test_select_defaults_to_floating_tensors_of_two_dims_or_more() -> None:
+    found = entries(_state())
+    assert select_names(found) == WEIGHTS
+    assert select_names(found, include=["*.bias"]) == ["0.bias", "1.bias", "3.bias"]
+    assert select_names(found, exclude=["3.*"]) == ["0.weight"]
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "message"),
+    [
+        (["conv*"], [], "the pattern 'conv\\*' matches no floating-point tensor"),
+        ([], ["nope"], "the pattern 'nope' matches no"),
+        ([], ["*.weight"], "no tensor left to prune"),
+        (["1.num_batches_tracked"], [], "matches no floating-point tensor"),
+    ],
+)
+def test_select_errors(include: list[str], exclude: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select_names(entries(_state()), include, exclude)
+
+
+def test_l1_matches_torch_per_tensor() -> None:
+    state = _state()
+    result = prune_state_dict(state, "l1", 0.6)
+    model = _model()
+    for module in (model[0], model[3]):
+        torch_prune.l1_unstructured(module, "weight", amount=0.6)
+        torch_prune.remove(module, "weight")
+    for key, value in model.state_dict().items():
+        assert torch.equal(result.state[key], value), key
+    assert result.pruned == WEIGHTS
+
+
+def test_global_matches_torch() -> None:
+    result = prune_state_dict(_state(), "l1", 50, global_pruning=True, keep_masks=True)
+    model = _model()
+    pairs = [(model[0], "weight"), (model[3], "weight")]
+    torch_prune.global_unstructured(pairs, torch_prune.L1Unstructured, amount=50)
+    expected = model.state_dict()
+    assert sorted(result.state) == sorted(expected)
+    for key, value in expected.items():
+        assert torch.equal(result.state[key], value), key
+        assert result.state[key].dtype == value.dtype
+
+
+def test_ln_matches_torch() -> None:
+    result = prune_state_dict(_state(), "ln", 2, n=1, dim=1, include=["3.weight"])
+    model = _model()
+    torch_prune.ln_structured(model[3], "weight", amount=2, n=1, dim=1)
+    assert torch.equal(result.state["3.weight"], model[3].weight)
+    assert torch.equal(result.state["0.weight"], model[0].weight)  # not included
+
+
+def test_masks_in_the_input_are_resumed() -> None:
+    model = _model()
+    torch_prune.l1_unstructured(model[3], "weight", amount=0.5)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    result = prune_state_dict(saved, "l1", 0.5, include=["3.weight"], keep_masks=True)
+    torch_prune.l1_unstructured(model[3], "weight", amount=0.5)
+    assert torch.equal(result.state["3.weight_mask"], model[3].weight_mask)
+    assert int((result.state["3.weight_mask"] == 0).sum()) == 24 + 12
+    permanent = prune_state_dict(saved, "l1", 0.5, include=["0.weight"])
+    assert "3.weight_mask" not in permanent.state  # the old mask is made permanent too
+    assert torch.equal(permanent.state["3.weight"], saved["3.weight_orig"] * saved["3.weight_mask"])
+
+
+def test_the_input_is_not_changed() -> None:
+    state = _state()
+    copy = {k: v.clone() for k, v in state.items()}
+    prune_state_dict(state, "l1", 0.9)
+    prune_state_dict(state, "random", 0.9, global_pruning=True, seed=1)
+    for key, value in copy.items():
+        assert torch.equal(state[key], value)
+
+
+def test_random_is_reproducible_with_a_seed_and_leaves_the_global_generator() -> None:
+    state = _state()
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first = prune_state_dict(state, "random", 0.5, seed=7)
+    second = prune_state_dict(state, "random", 0.5, seed=7)
+    other = prune_state_dict(state, "random", 0.5, seed=8)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert torch.equal(first.state["3.weight"], second.state["3.weight"])
+    assert not torch.equal(first.state["3.weight"], other.state["3.weight"])
+    assert int((first.state["3.weight"] == 0).sum()) == 24
+
+
+@pytest.mark.parametrize(
+    ("method", "amount", "options", "error", "message"),
+    [
+        ("l2", 0.5, {}, ValueError, "method='l2' is not known; expected one of l1, random, ln"),
+        ("l1", 1.5, {}, ValueError, "invalid amount=1.5"),
+        ("l1", True, {}, TypeError, "invalid amount=True"),
+        ("l1", 0.5, {"n": 2}, ValueError, "n and dim apply to method 'ln' only"),
+        ("ln", 0.5, {"global_pruning": True}, ValueError, "use method 'l1' or 'random'"),
+        ("ln", 0.5, {"include": ["3.bias"]}, ValueError, "tensor '3.bias': .*2 or more dims"),
+        ("ln", 0.5, {"dim": 4}, IndexError, "tensor '0.weight': .*dim=4 is out of range"),
+        ("l1", 100, {}, ValueError, "amount=100 is more than the 72"),
+        ("ln", 0.5, {"n": -1}, ValueError, "invalid norm order n=-1"),
+    ],
+)
+def test_errors(
+    method: str, amount: float, options: dict[str, object], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        prune_state_dict(_state(), method, amount, **options)  # type: ignore[arg-type]
+
+
+def test_a_bad_saved_mask_is_named() -> None:
+    state = {"w_orig": torch.ones(2, 2), "w_mask": torch.full((2, 2), 0.5)}
+    with pytest.raises(
+        ValueError,
+        match=r"tensor 'w': CustomFromMask: the mask holds 4 value\(s\) other than 0 and 1",
+    ):
+        prune_state_dict(state, "l1", 0.5)
