@@ -196,3 +196,16 @@ def test_shape_and_dtype_of_result() -> None:
     assert chosen.shape == (2, 3, 4)
     assert chosen.dtype == torch.bool
     assert int(chosen.sum()) == 6
+
+
+def test_tensorplay_tensors_take_the_portable_path() -> None:
+    tp = pytest.importorskip("tensorplay")
+    values = [0.5, -0.1, 0.3, 0.3, 2.0, -0.3]
+    scores = tp.tensor(values)
+    for magnitude in (False, True):
+        for k in range(len(values) + 1):
+            got = smallest_k(scores, k, magnitude=magnitude).tolist()
+            (want,) = reference([torch.tensor(values)], [None], k, magnitude)
+            assert got == want.tolist()
+    keep = next(smallest_k_many([lambda: (scores, None)], 2, keep_dtype=tp.float32))
+    assert keep.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
