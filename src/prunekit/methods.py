@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -66,7 +66,7 @@ class _Unstructured(_AmountMethod):
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         k = self._count(t.numel())
-        kept = self._rank([t], [None], [t.numel()], k, default_mask.dtype)
+        kept = self._rank([t], [_no_flags], [t.numel()], k, default_mask.dtype)
         if kept is None:
             raise _unrankable(t, type(self).__name__, "scores")
         mask = next(kept).reshape(t.shape)
@@ -82,19 +82,20 @@ class _Unstructured(_AmountMethod):
     ) -> Iterator[Tensor] | None:
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
-        counts = [_alive_count(t, mask) for t, mask in zip(scores, masks, strict=True)]
+        flags = [_alive_flags(mask, keep=len(scores) == 1) for mask in masks]
+        counts = [_count_alive(t, f()) for t, f in zip(scores, flags, strict=True)]
         k = self._count(sum(counts))
-        return self._rank(scores, masks, counts, k, keep_dtype)
+        return self._rank(scores, flags, counts, k, keep_dtype)
 
     def _rank(
         self,
         scores: Sequence[Tensor],
-        masks: Sequence[Tensor | None],
+        flags: Sequence[Flags],
         counts: Sequence[int],
         k: int,
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
-        """Flat selections of the `k` entries to prune, ranked where each mask is 1.
+        """Flat selections of the `k` entries to prune, ranked where each flag is True.
 
         As bool (True = pruned), or with `keep_dtype` as 0/1 of that dtype (1 = kept).
         None when some scores cannot be ranked (NaN or infinity).
@@ -108,7 +109,7 @@ class RandomUnstructured(_Unstructured):
     def _rank(
         self,
         scores: Sequence[Tensor],
-        masks: Sequence[Tensor | None],
+        flags: Sequence[Flags],
         counts: Sequence[int],
         k: int,
         keep_dtype: Any,
@@ -122,13 +123,11 @@ class RandomUnstructured(_Unstructured):
             # Redrawn on every pass from per-tensor seeds instead of kept in memory.
             seed = int(ns.randint(0, 2**62, (1,)))
             sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
-        if all(mask is None for mask in masks):
+        if all(f() is None for f in flags):
             # Noise is never negative, so ranking it by magnitude is the same and skips a check.
             return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
         chosen = smallest_k_many(sources, k, magnitude=True)
-        spread = (
-            _spread(pick, t, mask) for pick, t, mask in zip(chosen, scores, masks, strict=True)
-        )
+        spread = (_spread(pick, t, f()) for pick, t, f in zip(chosen, scores, flags, strict=True))
         if keep_dtype is None:
             return spread
         return ((~pick).to(keep_dtype) for pick in spread)
@@ -145,14 +144,14 @@ class L1Unstructured(_Unstructured):
     def _rank(
         self,
         scores: Sequence[Tensor],
-        masks: Sequence[Tensor | None],
+        flags: Sequence[Flags],
         counts: Sequence[int],
         k: int,
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         if not all(_finite(t) for t in scores):
             return None
-        sources = [_alive_source(t, mask) for t, mask in zip(scores, masks, strict=True)]
+        sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
         return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
 
     @classmethod
@@ -172,22 +171,39 @@ def _all_ones(mask: Tensor) -> bool:
     return bool(low == 1) and bool(high == 1)
 
 
-def _alive_count(t: Tensor, mask: Tensor | None) -> int:
-    return t.numel() if mask is None else int((mask == 1).count_nonzero())
+Flags = Callable[[], "Tensor | None"]
+"""Returns which entries of a tensor compete (bool), or None for all of them."""
 
 
-def _alive_source(scores: Tensor, mask: Tensor | None) -> Source:
-    """Scores that compete where `mask` is 1; the flags are made again on each call."""
-    return lambda: (scores, None if mask is None else mask == 1)
+def _count_alive(t: Tensor, alive: Tensor | None) -> int:
+    return t.numel() if alive is None else int(alive.count_nonzero())
 
 
-def _spread(chosen: Tensor, t: Tensor, mask: Tensor | None) -> Tensor:
-    """A selection made among the alive entries, put back at their places in `t`."""
+def _no_flags() -> None:
+    return None
+
+
+def _alive_flags(mask: Tensor | None, keep: bool) -> Flags:
+    """The entries where `mask` is 1: computed once if `keep`, else again on each call."""
     if mask is None:
+        return _no_flags
+    if keep:
+        alive = mask == 1
+        return lambda: alive
+    return lambda: mask == 1
+
+
+def _alive_source(scores: Tensor, flags: Flags) -> Source:
+    return lambda: (scores, flags())
+
+
+def _spread(chosen: Tensor, t: Tensor, alive: Tensor | None) -> Tensor:
+    """A selection made among the alive entries, put back at their places in `t`."""
+    if alive is None:
         return chosen
     ns = namespace(t)
     full: Tensor = ns.zeros(t.numel(), dtype=ns.bool, device=t.device)
-    return full.masked_scatter_((mask == 1).reshape(-1), chosen)
+    return full.masked_scatter_(alive.reshape(-1), chosen)
 
 
 def _noise_source(ns: ModuleType, count: int, seed: int, device: Any) -> Source:

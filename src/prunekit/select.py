@@ -147,9 +147,9 @@ def _digits(scores: Tensor, plan: _Plan) -> Tensor:
 def _top(digits: Tensor, alive: Tensor | None) -> Tensor:
     """The top digit without the sign (so |score| ranks), dead entries pushed past all."""
     top = digits[:, -1] & 0x7FFF
-    if alive is not None:
-        top.masked_fill_(~alive.reshape(-1), _DEAD)
-    return top
+    if alive is None:
+        return top
+    return torch.where(alive.reshape(-1), top, _DEAD)
 
 
 def _low(digits: Tensor) -> Tensor:
