@@ -12,6 +12,7 @@ kernel's high-water mark, reset before each call through /proc/self/clear_refs).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -73,15 +74,27 @@ class Row:
     name: str
     times: dict[str, list[float]] = field(default_factory=lambda: {"torch": [], "prunekit": []})
     peaks: dict[str, list[int]] = field(default_factory=lambda: {"torch": [], "prunekit": []})
-    same: bool | None = None
+    same: str | None = None
     note: str = ""
+
+
+def same_masks(theirs: nn.Module, ours: nn.Module) -> str:
+    """'yes' if the masks are equal; 'ties' if they differ only among equal |weights|
+    (torch.topk breaks those ties arbitrarily, prunekit by index); else 'NO'."""
+    a, b = theirs.weight_mask, ours.weight_mask
+    if torch.equal(a, b):
+        return "yes"
+    differ = a != b
+    values = theirs.weight_orig.detach().abs()[differ]
+    tied = bool((values == values[0]).all()) and int(a.sum()) == int(b.sum())
+    return "ties" if tied else "NO"
 
 
 def run_case(
     name: str,
     setup: Callable[[Any], Any],
     work: Callable[[Any, Any], Any],
-    masks: Callable[[Any], list[torch.Tensor]] | None,
+    check: bool,
     repeats: int,
 ) -> Row:
     """Time `work(lib, setup(lib))` for both libraries, alternating, `repeats` times each."""
@@ -96,9 +109,8 @@ def run_case(
             row.times[side].append(seconds)
             row.peaks[side].append(peak)
             results[side] = state
-        if masks is not None and r == 0:
-            theirs, ours = masks(results["torch"]), masks(results["prunekit"])
-            row.same = all(torch.equal(a, b) for a, b in zip(theirs, ours, strict=True))
+        if check and r == 0:
+            row.same = same_masks(results["torch"], results["prunekit"])
         del results
     return row
 
@@ -124,44 +136,41 @@ def single_cases(quick: bool, repeats: int) -> list[Row]:
             layer.weight.copy_(conv_base)
         return layer
 
-    def weight_mask(layer: nn.Module) -> list[torch.Tensor]:
-        return [layer.weight_mask]
-
     size = f"{n}x{n}"
     return [
         run_case(
             f"l1_unstructured {size}",
             fresh,
             lambda lib, m: lib.l1_unstructured(m, "weight", amount=0.3),
-            weight_mask,
+            True,
             repeats,
         ),
         run_case(
             f"l1 again (container) {size}",
             pruned_once,
             lambda lib, m: lib.l1_unstructured(m, "weight", amount=0.3),
-            weight_mask,
+            True,
             repeats,
         ),
         run_case(
             f"random_unstructured {size}",
             fresh,
             lambda lib, m: lib.random_unstructured(m, "weight", amount=0.3),
-            None,
+            False,
             repeats,
         ),
         run_case(
             f"ln_structured Linear {size}",
             fresh,
             lambda lib, m: lib.ln_structured(m, "weight", amount=0.3, n=2, dim=0),
-            weight_mask,
+            True,
             repeats,
         ),
         run_case(
             f"ln_structured Conv2d {'x'.join(map(str, conv_shape))}",
             conv,
             lambda lib, m: lib.ln_structured(m, "weight", amount=0.3, n=1, dim=0),
-            weight_mask,
+            True,
             repeats,
         ),
     ]
@@ -228,7 +237,11 @@ def global_child(spec: dict[str, Any]) -> None:
     )
     pruned = sum(int((m.weight_mask == 0).sum()) for m in layers)
     model = sum(m.weight_orig.numel() * m.weight_orig.element_size() for m in layers)
-    print(json.dumps({"seconds": seconds, "peak": peak, "pruned": pruned, "model": model}))
+    digest = hashlib.sha1()
+    for m in layers:
+        digest.update((m.weight_mask != 0).numpy().tobytes())
+    result = {"seconds": seconds, "peak": peak, "pruned": pruned, "model": model}
+    print(json.dumps({**result, "digest": digest.hexdigest()}))
 
 
 def spawn(spec: dict[str, Any]) -> dict[str, Any] | str:
@@ -247,7 +260,7 @@ def spawn(spec: dict[str, Any]) -> dict[str, Any] | str:
 def global_case(quick: bool, repeats: int) -> Row:
     layers, width = (4, 128) if quick else (20, 2048)
     row = Row(f"global_unstructured {layers}x Linear({width},{width})")
-    pruned: dict[str, int] = {}
+    pruned: dict[str, tuple[int, str]] = {}
     model = 0
     for r in range(repeats):
         order = ["torch", "prunekit"] if r % 2 == 0 else ["prunekit", "torch"]
@@ -259,9 +272,11 @@ def global_case(quick: bool, repeats: int) -> Row:
                 continue
             row.times[side].append(result["seconds"])
             row.peaks[side].append(result["peak"])
-            pruned[side] = result["pruned"]
+            pruned[side] = (result["pruned"], result["digest"])
             model = result["model"]
-    row.same = len(set(pruned.values())) == 1 if len(pruned) == 2 else None
+    if len(pruned) == 2:
+        (count_t, digest_t), (count_p, digest_p) = pruned["torch"], pruned["prunekit"]
+        row.same = "yes" if digest_t == digest_p else ("count" if count_t == count_p else "NO")
     if model and row.peaks["prunekit"]:
         growth = [statistics.median(row.peaks[s]) / model for s in LIBS if row.peaks[s]]
         row.note = (
@@ -314,7 +329,7 @@ def table(rows: list[Row]) -> str:
         m = {s: statistics.median(v) / MIB if v else None for s, v in row.peaks.items()}
         speed = t["torch"] / t["prunekit"] if t["torch"] and t["prunekit"] else None
         mem = m["torch"] / m["prunekit"] if m["torch"] and m["prunekit"] else None
-        same = "-" if row.same is None else ("yes" if row.same else "NO")
+        same = row.same or "-"
         lines.append(
             f"{row.name:44} {_fmt(t['torch'], 10, 2)} {_fmt(t['prunekit'], 12, 2)} "
             f"{_fmt(speed, 7, 1, 'x')} {_fmt(m['torch'], 10, 1)} {_fmt(m['prunekit'], 13, 1)} "
