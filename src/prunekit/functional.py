@@ -16,6 +16,7 @@ from prunekit.base import (
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
+    install,
     with_context,
 )
 from prunekit.checks import (
@@ -160,24 +161,29 @@ def global_unstructured(
     method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores, masks = _global_targets(params, importance_scores, method)
+    scores, masks, dtypes = _global_targets(params, importance_scores, method)
+    # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
+    keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     try:
-        chosen = method._choose(scores, masks)
-        if chosen is None:
-            keeps = _global_generic(method, scores, masks)
+        kept = method._choose(scores, masks, keep_dtype=keep_dtype)
+        if kept is None:
+            methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:
             # One tensor at a time: the model is never concatenated nor copied.
-            keeps = [~pick.reshape(t.shape) for pick, t in zip(chosen, scores, strict=True)]
+            methods = [
+                CustomFromMask._trusted((k if keep_dtype else ~k).reshape(t.shape))
+                for k, t in zip(kept, scores, strict=True)
+            ]
     except (TypeError, ValueError, IndexError) as error:
         raise with_context(error, "global_unstructured") from None
-    del scores, masks
+    del scores, masks, kept
     snapshots: dict[int, Snapshot] = {}
     for module, name in params:
         for target in (module, resolve(module, name)[0]):
             snapshots.setdefault(id(target), Snapshot(target))
     try:
-        for (module, name), keep in zip(params, keeps, strict=True):
-            CustomFromMask.apply(module, name, keep)
+        for (module, name), share in zip(params, methods, strict=True):
+            install(module, name, share)
     except BaseException:
         for snapshot in snapshots.values():
             snapshot.restore()
@@ -232,14 +238,16 @@ def _global_targets(
     params: list[Any],
     importance_scores: dict[tuple[nn.Module, str], Tensor],
     method: BasePruningMethod,
-) -> tuple[list[Tensor], list[Tensor | None]]:
-    """Check every listed tensor; return the scores that rank it and its mask (None: unpruned).
+) -> tuple[list[Tensor], list[Tensor | None], list[Any]]:
+    """Check every listed tensor; return the scores that rank it, its mask (None: unpruned)
+    and its dtype.
 
     Nothing is copied: where a tensor is pruned its scores are ``<name>_orig``, equal
     to the current values wherever the mask is 1, the only entries that compete.
     """
     scores: list[Tensor] = []
     masks: list[Tensor | None] = []
+    dtypes: list[Any] = []
     seen: dict[int, str] = {}
     device = None
     for entry in params:
@@ -270,7 +278,8 @@ def _global_targets(
             check_finite(ranked, where, "scores")
         scores.append(ranked)
         masks.append(mask)
-    return scores, masks
+        dtypes.append(current.dtype)
+    return scores, masks, dtypes
 
 
 def _sums_finite(t: Tensor) -> bool:

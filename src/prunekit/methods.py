@@ -315,6 +315,16 @@ class CustomFromMask(BasePruningMethod):
             check_binary_mask(mask, "CustomFromMask")
         self.mask = mask
 
+    _owned = False
+
+    @classmethod
+    def _trusted(cls, mask: Tensor) -> CustomFromMask:
+        """One for a mask prunekit made (binary, used nowhere else): no check, no copy."""
+        method = cls.__new__(cls)
+        method.mask = mask
+        method._owned = True
+        return method
+
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         if tuple(self.mask.shape) != tuple(default_mask.shape):
             raise ValueError(
@@ -324,7 +334,7 @@ class CustomFromMask(BasePruningMethod):
         kept: Tensor = self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
         if not _all_ones(default_mask):
             return default_mask * kept
-        return kept.clone() if kept is self.mask else kept
+        return kept.clone() if kept is self.mask and not self._owned else kept
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]

@@ -67,8 +67,9 @@ def smallest_k_many(
     """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
     The scores of all sources rank together as if concatenated in order, but
-    are never concatenated: each source is called once per pass and dropped,
-    and each selection is made only when the caller asks for it. With
+    are never concatenated: each source is called once per pass and dropped.
+    The selections themselves (1 byte, or `keep_dtype`, per entry) are all held
+    until yielded when there are several sources. With
     `keep_dtype`, each yields the complement instead, as 1s (kept) and 0s
     (chosen) of that dtype: a mask, made without an intermediate bool tensor.
     """
@@ -80,7 +81,7 @@ def smallest_k_many(
     else:
         plan = _fast_plan(sources, magnitude)
         if plan is not None and plan.size > _SMALL:
-            reader = _Reader(sources, plan)
+            reader = _Reader(sources, plan, keep_dtype)
             return _mark(reader, _find_cut(reader, k), keep_dtype)
         chosen = iter(_portable(sources, k, magnitude))
     if keep_dtype is None:
@@ -171,13 +172,35 @@ def _pick(hist: Tensor, rank: int) -> tuple[int, int]:
 class _Reader:
     """Reads each source's digits and top digits; keeps them when there is one source."""
 
-    def __init__(self, sources: Sequence[Source], plan: _Plan) -> None:
+    def __init__(
+        self, sources: Sequence[Source], plan: _Plan, keep_dtype: torch.dtype | None
+    ) -> None:
         self.sources = sources
         self.plan = plan
+        self.keep_dtype = keep_dtype
         self.keep = len(sources) == 1
         self.kept: dict[object, tuple[Tensor, ...]] = {}
         self.buckets: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self.budget = 0  # bucket entries (16 bytes each) still allowed to be kept
+        self.early: dict[int, Tensor] = {}  # selections begun while reading the bucket
+
+    def begin(self, index: int, value: int) -> tuple[Tensor, Tensor]:
+        """bucket(), and with several sources also the selection by top digit alone.
+
+        The top digit of the cut is known once the first histogram is summed, so
+        the pass that reads the bucket can start each source's selection too,
+        sparing a read when marking.
+        """
+        if self.keep or (index, value) in self.buckets:
+            return self.bucket(index, value)
+        digits, top = self.top(index)
+        self.early[index] = _below(top, value, self.keep_dtype)
+        found = (top == value).nonzero().reshape(-1)
+        low = _low(digits[found])
+        if found.numel() <= self.budget:
+            self.budget -= found.numel()
+            self.buckets[index, value] = (found, low)
+        return found, low
 
     def top(self, index: int) -> tuple[Tensor, Tensor]:
         """(digits, top digits) of source `index`."""
@@ -221,7 +244,9 @@ def _find_cut(reader: _Reader, k: int) -> _Cut:
     for shift in range(16 * (reader.plan.digits - 2), -1, -16):
         parts = []
         for i in range(count):
-            lows = reader.bucket(i, top)[1]
+            lows = (reader.begin if shift == 16 * (reader.plan.digits - 2) else reader.bucket)(
+                i, top
+            )[1]
             lows = lows[(lows >> (shift + 16)) == (low >> (shift + 16))]
             parts.append(torch.bincount((lows >> shift) & 0xFFFF, minlength=_LOW_BINS))
         digit, below = _pick(sum(parts[1:], parts[0]), rank)
@@ -233,13 +258,13 @@ def _find_cut(reader: _Reader, k: int) -> _Cut:
 def _mark(reader: _Reader, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
     """Yield each source's selection: keys below the cut, then the first `cut.ties` ties."""
     ties = cut.ties
+    hit = keep_dtype is None
     for i in range(len(reader.sources)):
-        top = reader.top(i)[1]
-        if keep_dtype is None:
-            out, hit = top < cut.top, True
-        else:
-            out = torch.empty(top.shape, dtype=keep_dtype, device=top.device)
-            out, hit = torch.ge(top, cut.top, out=out), False
+        top: Tensor | None = None
+        out = reader.early.pop(i, None)
+        if out is None:
+            top = reader.top(i)[1]
+            out = _below(top, cut.top, keep_dtype)
         take = 0
         if reader.plan.digits > 1:
             where, low = reader.bucket(i, cut.top)
@@ -249,15 +274,24 @@ def _mark(reader: _Reader, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
                 take = min(int(equal.numel()), ties)
                 out[equal[:take]] = hit
         elif ties:
-            flags = top == cut.top
+            flags = (reader.top(i)[1] if top is None else top) == cut.top
             count = int(flags.count_nonzero())
             take = min(count, ties)
             if take < count:
                 _keep_first(flags, take)
             out.masked_fill_(flags, hit)
+            del flags
         del top
         ties -= take
         yield out
+
+
+def _below(top: Tensor, value: int, keep_dtype: torch.dtype | None) -> Tensor:
+    """True where the top digit is below `value`; with `keep_dtype`, 1 where it is not."""
+    if keep_dtype is None:
+        return top < value
+    out = torch.empty(top.shape, dtype=keep_dtype, device=top.device)
+    return torch.ge(top, value, out=out)
 
 
 def _keep_first(flags: Tensor, count: int) -> None:
