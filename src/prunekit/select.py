@@ -9,8 +9,9 @@ top, order non-negative floats the same way as their values; a histogram of
 the top digit (one ``bincount``) finds the bucket that holds the k-th value,
 the next digits are counted only inside that bucket, and a last pass marks
 the entries below it. Ties are resolved only when they straddle the k-th
-value. Tensors are read one at a time, so extra memory is bounded by the
-largest one, and counts are Python ints, so totals above 2**31 are fine.
+value. Tensors are read one at a time, so the work memory (beyond the
+selections returned) is bounded by the largest one, and counts are Python
+ints, so totals above 2**31 are fine.
 The fast path covers torch tensors of float16, bfloat16, float32 and
 float64; anything else (other frameworks, negative scores) takes a portable
 path built from plain tensor methods.
@@ -68,10 +69,10 @@ def smallest_k_many(
 
     The scores of all sources rank together as if concatenated in order, but
     are never concatenated: each source is called once per pass and dropped.
-    The selections themselves (1 byte, or `keep_dtype`, per entry) are all held
-    until yielded when there are several sources. With
-    `keep_dtype`, each yields the complement instead, as 1s (kept) and 0s
-    (chosen) of that dtype: a mask, made without an intermediate bool tensor.
+    With several float32/float64 sources the selections are begun during the
+    ranking passes and held until yielded. With `keep_dtype`, each yields the
+    complement instead, as 1s (kept) and 0s (chosen) of that dtype: a mask,
+    made without an intermediate bool tensor.
     """
     total = sum(_alive_count(*source()) for source in sources)
     if not 0 <= k <= total:
