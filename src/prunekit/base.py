@@ -179,6 +179,14 @@ class BasePruningMethod(ABC):
         """
         return None
 
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        """``compute_mask(scores, ones)`` in `dtype`, made without building the ones.
+
+        None when the method has no such shortcut (install then builds the ones).
+        """
+        kept = self._choose([scores], [None], keep_dtype=dtype)
+        return None if kept is None else next(kept).reshape(scores.shape)
+
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: write mask * orig into the Parameter ``<name>``.
 
@@ -441,17 +449,19 @@ def _install(
         param = prunable_parameter(module, name, where)
         check_free_names(module, name, where)
         current = param.detach()
-        default_mask = namespace(param).ones_like(current)
     else:
-        current = old.apply_mask(module).detach()
         default_mask = getattr(module, name + "_mask").detach()
+        current = _current_values(module, name, old, method, importance_scores)
     scores = (
         current if importance_scores is None else check_scores(importance_scores, current, where)
     )
     method._tensor_name = name
     try:
         if old is None:
-            mask = method.compute_mask(scores, default_mask=default_mask)
+            mask = method._first_mask(scores, current.dtype)
+            if mask is None:
+                ones = namespace(param).ones_like(current)
+                mask = method.compute_mask(scores, default_mask=ones)
         else:
             mask = combine_masks(method, scores, default_mask)
     except (TypeError, ValueError, IndexError) as error:
@@ -481,6 +491,28 @@ def _install(
     ):
         module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
     return hook
+
+
+def _current_values(
+    module: nn.Module,
+    name: str,
+    old: BasePruningMethod,
+    method: BasePruningMethod,
+    importance_scores: Tensor | None,
+) -> Tensor:
+    """The values of a pruned tensor that a new pruning by `method` can see.
+
+    mask * orig in general; ``<name>_orig`` itself (no copy) when only the entries
+    whose mask is 1 are seen (an 'unstructured' method) or the values are not ranked
+    at all (importance scores given), since there the two agree.
+    """
+    orig: Tensor = getattr(module, name + "_orig").detach()
+    if type(old).apply_mask is BasePruningMethod.apply_mask and (
+        method.PRUNING_TYPE == "unstructured" or importance_scores is not None
+    ):
+        return orig
+    values: Tensor = old.apply_mask(module).detach()
+    return values
 
 
 class RefreshAfterLoad:

@@ -229,19 +229,36 @@ class _Structured(_AmountMethod):
         self.dim = dim
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        kept = self._kept_channels(t, default_mask.dtype)
+        if kept is None:
+            return default_mask
+        if _all_ones(default_mask):
+            return kept.expand(default_mask.shape).contiguous()  # a write, without a read
+        return default_mask * kept
+
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        if type(self).compute_mask is not _Structured.compute_mask:
+            return None
+        kept = self._kept_channels(scores, dtype)
+        if kept is None:
+            ns = namespace(scores)
+            ones: Tensor = ns.ones(scores.shape, dtype=dtype, device=scores.device)
+            return ones
+        return kept.expand(scores.shape).contiguous()
+
+    def _kept_channels(self, t: Tensor, dtype: Any) -> Tensor | None:
+        """1 (kept) or 0 per channel in `dtype`, shaped to broadcast; None if none is pruned."""
         owner = type(self).__name__
         validate_structured_tensor(tuple(t.shape), owner)
         dim = validate_dim(self.dim, t.dim(), owner)
         k = self._count(t.shape[dim])
         if k == 0:
-            return default_mask
+            return None
         pruned = smallest_k(self._channel_scores(t, dim), k)
         shape = [1] * t.dim()
         shape[dim] = t.shape[dim]
-        kept = (~pruned).reshape(shape).to(dtype=default_mask.dtype)
-        if _all_ones(default_mask):
-            return kept.expand(default_mask.shape).contiguous()  # a write, without a read
-        return default_mask * kept
+        kept: Tensor = (~pruned).reshape(shape).to(dtype=dtype)
+        return kept
 
     def _channel_scores(self, t: Tensor, dim: int) -> Tensor:
         raise NotImplementedError
@@ -335,6 +352,13 @@ class CustomFromMask(BasePruningMethod):
         if not _all_ones(default_mask):
             return default_mask * kept
         return kept.clone() if kept is self.mask and not self._owned else kept
+
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        if not self._owned or self.mask.dtype != dtype:
+            return None
+        if tuple(self.mask.shape) != tuple(scores.shape):
+            return None  # compute_mask explains the mismatch
+        return self.mask
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
