@@ -13,6 +13,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit as prune
+import prunekit.functional
 from model_state import fingerprint
 
 Case = tuple[nn.Module, Callable[[], Any], type[Exception], list[str]]
@@ -458,16 +459,17 @@ def test_global_rolls_back_when_a_late_install_fails(monkeypatch: pytest.MonkeyP
     a, b = linear(), linear()
     prune.l1_unstructured(a, "weight", 0.25)
     before = [fingerprint(a), fingerprint(b)]
-    real = prune.CustomFromMask.apply
+    real = prunekit.functional.install
     calls = []
 
-    def flaky(cls: Any, module: nn.Module, name: str, mask: torch.Tensor) -> Any:
+    def flaky(module: nn.Module, name: str, method: Any, *args: Any) -> Any:
         calls.append(module)
         if len(calls) == 2:
             raise RuntimeError("interrupted")
-        return real(module, name, mask)
+        return real(module, name, method, *args)
 
-    monkeypatch.setattr(prune.CustomFromMask, "apply", classmethod(flaky))
+    # global_unstructured installs each tensor's share through base.install().
+    monkeypatch.setattr(prunekit.functional, "install", flaky)
     with pytest.raises(RuntimeError, match="interrupted"):
         prune.global_unstructured([(a, "weight"), (b, "weight")], prune.L1Unstructured, amount=0.5)
     assert [fingerprint(a), fingerprint(b)] == before

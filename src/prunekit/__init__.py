@@ -18,6 +18,7 @@ from prunekit.checkpoint import (
 )
 from prunekit.functional import (
     custom_from_mask,
+    forward_reuse,
     global_unstructured,
     identity,
     is_pruned,
@@ -53,6 +54,7 @@ __all__ = [
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",
+    "forward_reuse",
     "global_unstructured",
     "identity",
     "is_pruned",

@@ -12,7 +12,7 @@ import copy
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -57,6 +57,9 @@ class BasePruningMethod(ABC):
 
     PRUNING_TYPE: ClassVar[str]
     _tensor_name: str | None = None
+    reuse_masked: bool = True
+    """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
+    _reuse: tuple[Any, ...] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -72,8 +75,43 @@ class BasePruningMethod(ABC):
             )
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
-        """Forward pre-hook: refresh ``module.<name>`` = mask * orig."""
-        setattr(module, self._require_name(), self.apply_mask(module))
+        """Forward pre-hook: make ``module.<name>`` equal mask * orig.
+
+        When no gradient is needed (``no_grad``, ``inference_mode``, or neither
+        tensor requires grad), the product made by the previous call is reused
+        as long as ``<name>_orig``, ``<name>_mask`` and ``module.<name>`` are the
+        same objects, with the same storage and version counters: any in-place
+        change (an optimizer step, ``load_state_dict``, ``copy_``), a new pruning,
+        a dtype or device move makes it recompute. The one change it cannot see
+        is a write through ``.data`` (``orig.data.copy_(...)``), which bypasses
+        version counters: after one, call ``prunekit.refresh_pruned(model)``, or
+        turn reuse off with ``prunekit.forward_reuse(model, False)`` (it sets
+        ``reuse_masked`` on each hook).
+        """
+        name = self._require_name()
+        orig = getattr(module, name + "_orig")
+        mask = getattr(module, name + "_mask")
+        ns = namespace(orig)
+        if not self.reuse_masked or (
+            ns.is_grad_enabled() and (orig.requires_grad or mask.requires_grad)
+        ):
+            self._reuse = None
+            setattr(module, name, self.apply_mask(module))
+            return
+        cached = self._reuse
+        if (
+            cached is not None
+            and cached[0] is orig
+            and cached[1] is mask
+            and module.__dict__.get(name) is cached[2]
+            and _state(orig, mask, cached[2]) == cached[3]
+        ):
+            return
+        with ns.inference_mode(False), ns.no_grad():
+            masked = self.apply_mask(module)
+        setattr(module, name, masked)
+        state = _state(orig, mask, masked)
+        self._reuse = None if state is None else (orig, mask, masked, state)
 
     @abstractmethod
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
@@ -131,6 +169,30 @@ class BasePruningMethod(ABC):
             default_mask = ns.ones_like(t)
         return t * self.compute_mask(scores, default_mask=default_mask)
 
+    def _choose(
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        keep_dtype: Any = None,
+    ) -> Iterator[Tensor] | None:
+        """The entries an 'unstructured' method prunes, without gathering them.
+
+        Yields one flat bool selection per tensor of `scores` (True = pruned), all
+        ranked together as if concatenated, each only where its mask is 1
+        (everywhere for None); with `keep_dtype`, 0/1 of that dtype (1 = kept).
+        None when the method has no such shortcut: callers then gather
+        ``t[mask == 1]`` and call compute_mask (user-defined methods go that way).
+        """
+        return None
+
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        """``compute_mask(scores, ones)`` in `dtype`, made without building the ones.
+
+        None when the method has no such shortcut (install then builds the ones).
+        """
+        kept = self._choose([scores], [None], keep_dtype=dtype)
+        return None if kept is None else next(kept).reshape(scores.shape)
+
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: write mask * orig into the Parameter ``<name>``.
 
@@ -146,6 +208,7 @@ class BasePruningMethod(ABC):
                 f"{describe(module, name)} is not pruned (no {name + '_orig'!r} and "
                 f"{name + '_mask'!r}); expected a tensor this method pruned"
             )
+        self._reuse = None
         with namespace(orig).no_grad():
             orig.mul_(mask.to(dtype=orig.dtype))
         module.__dict__.pop(name, None)
@@ -167,6 +230,7 @@ class BasePruningMethod(ABC):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_module", None)
+        state.pop("_reuse", None)  # the reused product is recomputed, never stored
         state["_bound_module"] = self._bound_module()
         return state
 
@@ -184,7 +248,7 @@ class BasePruningMethod(ABC):
             _copy_masked_tensor(module, self._require_name(), memo)
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        state = {k: v for k, v in self.__dict__.items() if k != "_module"}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_module", "_reuse")}
         new.__dict__.update(copy.deepcopy(state, memo))
         if copied_module is not None:
             new._module = weakref.ref(copied_module)
@@ -262,6 +326,10 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
     kind = method.PRUNING_TYPE
     if kind == "global":
         return method.compute_mask(t, default_mask=mask.clone()).to(dtype=mask.dtype)
+    if kind == "unstructured":
+        kept = method._choose([t], [mask], keep_dtype=mask.dtype)
+        if kept is not None:
+            return next(kept).reshape(t.shape).mul_(mask)
     new_mask = mask.clone()
     if kind == "unstructured":
         keep = mask == 1
@@ -286,6 +354,17 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
         new_mask[index] = partial.to(dtype=mask.dtype)
         return new_mask
     raise ValueError(f"unknown PRUNING_TYPE {kind!r}; expected one of {PRUNING_TYPES}")
+
+
+def _state(*tensors: Any) -> tuple[Any, ...] | None:
+    """What changes when a tensor's values may have: storage, dtype and version counter.
+
+    None for tensors without a version counter (inference tensors).
+    """
+    try:
+        return tuple((t.data_ptr(), t.dtype, t.device, t._version) for t in tensors)
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def _copy_masked_tensor(module: nn.Module, name: str, memo: dict[int, Any]) -> None:
@@ -379,17 +458,19 @@ def _install(
         param = prunable_parameter(module, name, where)
         check_free_names(module, name, where)
         current = param.detach()
-        default_mask = namespace(param).ones_like(current)
     else:
-        current = old.apply_mask(module).detach()
         default_mask = getattr(module, name + "_mask").detach()
+        current = _current_values(module, name, old, method, importance_scores)
     scores = (
         current if importance_scores is None else check_scores(importance_scores, current, where)
     )
     method._tensor_name = name
     try:
         if old is None:
-            mask = method.compute_mask(scores, default_mask=default_mask)
+            mask = method._first_mask(scores, current.dtype)
+            if mask is None:
+                ones = namespace(param).ones_like(current)
+                mask = method.compute_mask(scores, default_mask=ones)
         else:
             mask = combine_masks(method, scores, default_mask)
     except (TypeError, ValueError, IndexError) as error:
@@ -419,6 +500,28 @@ def _install(
     ):
         module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
     return hook
+
+
+def _current_values(
+    module: nn.Module,
+    name: str,
+    old: BasePruningMethod,
+    method: BasePruningMethod,
+    importance_scores: Tensor | None,
+) -> Tensor:
+    """The values of a pruned tensor that a new pruning by `method` can see.
+
+    mask * orig in general; ``<name>_orig`` itself (no copy) when only the entries
+    whose mask is 1 are seen (an 'unstructured' method) or the values are not ranked
+    at all (importance scores given), since there the two agree.
+    """
+    orig: Tensor = getattr(module, name + "_orig").detach()
+    if type(old).apply_mask is BasePruningMethod.apply_mask and (
+        method.PRUNING_TYPE == "unstructured" or importance_scores is not None
+    ):
+        return orig
+    values: Tensor = old.apply_mask(module).detach()
+    return values
 
 
 class RefreshAfterLoad:

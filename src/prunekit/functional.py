@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ from prunekit.base import (
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
+    install,
     with_context,
 )
 from prunekit.checks import (
@@ -36,6 +38,7 @@ from prunekit.methods import (
 
 __all__ = [
     "custom_from_mask",
+    "forward_reuse",
     "global_unstructured",
     "identity",
     "is_pruned",
@@ -158,29 +161,58 @@ def global_unstructured(
     method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores, masks, shapes = _global_targets(params, importance_scores, method)
-    ns = namespace(scores[0])
-    container = PruningContainer()
-    container._tensor_name = method._tensor_name = "global"
-    container.add_pruning_method(method)
+    scores, masks, dtypes = _global_targets(params, importance_scores, method)
+    # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
+    keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     try:
-        final = container.compute_mask(ns.cat(scores), ns.cat(masks))
+        kept = method._choose(scores, masks, keep_dtype=keep_dtype)
+        if kept is None:
+            methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
+        else:
+            # One tensor at a time: the model is never concatenated nor copied.
+            methods = [
+                CustomFromMask._trusted((k if keep_dtype else ~k).reshape(t.shape))
+                for k, t in zip(kept, scores, strict=True)
+            ]
     except (TypeError, ValueError, IndexError) as error:
         raise with_context(error, "global_unstructured") from None
+    del scores, masks, kept
     snapshots: dict[int, Snapshot] = {}
     for module, name in params:
         for target in (module, resolve(module, name)[0]):
             snapshots.setdefault(id(target), Snapshot(target))
-    offset = 0
     try:
-        for (module, name), shape, flat in zip(params, shapes, masks, strict=True):
-            part = final[offset : offset + flat.numel()].reshape(shape)
-            CustomFromMask.apply(module, name, part)
-            offset += flat.numel()
+        for (module, name), share in zip(params, methods, strict=True):
+            install(module, name, share)
     except BaseException:
         for snapshot in snapshots.values():
             snapshot.restore()
         raise
+
+
+def _global_generic(
+    method: BasePruningMethod, scores: list[Tensor], masks: list[Tensor | None]
+) -> list[Tensor]:
+    """Rank all tensors as one concatenated vector through a PruningContainer.
+
+    The path of user-defined methods, which only know how to rank one tensor.
+    """
+    ns = namespace(scores[0])
+    flat_scores, flat_masks = [], []
+    for t, mask in zip(scores, masks, strict=True):
+        # Entries whose mask is not 1 do not compete, so their values never matter.
+        flat_scores.append(t.reshape(-1))
+        flat_masks.append(ns.ones_like(flat_scores[-1]) if mask is None else mask.reshape(-1))
+    container = PruningContainer()
+    container._tensor_name = method._tensor_name = "global"
+    container.add_pruning_method(method)
+    merged = ns.cat(flat_scores)
+    final = container.compute_mask(merged, ns.cat(flat_masks).to(dtype=merged.dtype))
+    keeps, offset = [], 0
+    for t in scores:
+        keeps.append(final[offset : offset + t.numel()].reshape(t.shape))
+        offset += t.numel()
+    return keeps
 
 
 def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMethod:
@@ -206,11 +238,16 @@ def _global_targets(
     params: list[Any],
     importance_scores: dict[tuple[nn.Module, str], Tensor],
     method: BasePruningMethod,
-) -> tuple[list[Tensor], list[Tensor], list[Any]]:
-    """Check every listed tensor; return their flat scores, flat masks and shapes."""
+) -> tuple[list[Tensor], list[Tensor | None], list[Any]]:
+    """Check every listed tensor; return the scores that rank it, its mask (None: unpruned)
+    and its dtype.
+
+    Nothing is copied: where a tensor is pruned its scores are ``<name>_orig``, equal
+    to the current values wherever the mask is 1, the only entries that compete.
+    """
     scores: list[Tensor] = []
-    masks: list[Tensor] = []
-    shapes: list[Any] = []
+    masks: list[Tensor | None] = []
+    dtypes: list[Any] = []
     seen: dict[int, str] = {}
     first: tuple[str, Tensor] | None = None
     device = None
@@ -243,21 +280,49 @@ def _global_targets(
             )
         given = importance_scores.get((module, name))
         ranked = current if given is None else check_scores(given, current, where)
-        if isinstance(method, L1Unstructured):
+        if isinstance(method, L1Unstructured) and not _sums_finite(ranked):
             check_finite(ranked, where, "scores")
-        scores.append(ranked.reshape(-1))
-        masks.append(mask.reshape(-1).to(dtype=current.dtype))
-        shapes.append(current.shape)
-    return scores, masks, shapes
+        scores.append(ranked)
+        masks.append(mask)
+        dtypes.append(current.dtype)
+    return scores, masks, dtypes
 
 
-def _current(module: nn.Module, name: str, where: str) -> tuple[Tensor, Tensor, nn.Parameter]:
-    """The current (masked) values of ``module.<name>``, its mask and its Parameter."""
+def _sums_finite(t: Tensor) -> bool:
+    """A quick pass that is True for every finite tensor (and rarely for others)."""
+    return t.numel() == 0 or math.isfinite(float(t.sum()))
+
+
+def _current(
+    module: nn.Module, name: str, where: str
+) -> tuple[Tensor, Tensor | None, nn.Parameter]:
+    """Values of ``module.<name>`` right wherever its mask is 1, that mask, and the Parameter.
+
+    For a pruned tensor the values are ``<name>_orig`` itself (no copy is made) unless
+    its hook computes them another way; an unpruned tensor has no mask (None).
+    """
     owner, leaf = resolve(module, name)
     _, hook = find_pruning_hook(owner, leaf)
     if hook is not None:
         orig: nn.Parameter = getattr(owner, leaf + "_orig")
-        return hook.apply_mask(owner).detach(), getattr(owner, leaf + "_mask").detach(), orig
+        mask = getattr(owner, leaf + "_mask").detach()
+        if type(hook).apply_mask is BasePruningMethod.apply_mask:
+            return orig.detach(), mask, orig
+        return hook.apply_mask(owner).detach(), mask, orig
     param = prunable_parameter(owner, leaf, where)
     check_free_names(owner, leaf, where)
-    return param.detach(), namespace(param).ones_like(param.detach()), param
+    return param.detach(), None, param
+
+
+def forward_reuse(module: M, enabled: bool) -> M:
+    """Allow or forbid gradient-free forwards of `module` to reuse masked tensors.
+
+    Applies to every pruning hook in `module` and its submodules (prunings added
+    later start with reuse on). See BasePruningMethod.__call__ for what reuse sees.
+    """
+    for sub in module.modules():
+        for hook in sub._forward_pre_hooks.values():
+            if isinstance(hook, BasePruningMethod):
+                hook.reuse_masked = bool(enabled)
+                hook._reuse = None
+    return module

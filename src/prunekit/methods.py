@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, namespace, norm
+from prunekit._backend import common_namespace, namespace, norm, seeded_rand
 from prunekit.amount import (
     compute_nparams_to_prune,
     validate_dim,
@@ -18,7 +20,7 @@ from prunekit.amount import (
 )
 from prunekit.base import BasePruningMethod
 from prunekit.checks import check_binary_mask, check_finite
-from prunekit.select import smallest_k
+from prunekit.select import Source, smallest_k, smallest_k_many
 
 __all__ = [
     "CustomFromMask",
@@ -58,27 +60,77 @@ class _AmountMethod(BasePruningMethod):
 
 
 class _Unstructured(_AmountMethod):
-    """Prunes the `amount` entries with the smallest scores (see _scores)."""
+    """Prunes the `amount` entries with the smallest scores (see _rank)."""
 
     PRUNING_TYPE = "unstructured"
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         k = self._count(t.numel())
-        mask = default_mask.clone()
-        if k:
-            mask.masked_fill_(smallest_k(self._scores(t), k), 0)
+        kept = self._rank([t], [_no_flags], [t.numel()], k, default_mask.dtype)
+        if kept is None:
+            raise _unrankable(t, type(self).__name__, "scores")
+        mask = next(kept).reshape(t.shape)
+        if not _all_ones(default_mask):
+            mask.mul_(default_mask)
         return mask
 
-    def _scores(self, t: Tensor) -> Tensor:
+    def _choose(
+        self,
+        scores: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        keep_dtype: Any = None,
+    ) -> Iterator[Tensor] | None:
+        if type(self).compute_mask is not _Unstructured.compute_mask:
+            return None  # a subclass ranks its own way: the generic path serves it
+        flags = [_alive_flags(mask, keep=len(scores) == 1) for mask in masks]
+        counts = [_count_alive(t, f()) for t, f in zip(scores, flags, strict=True)]
+        k = self._count(sum(counts))
+        return self._rank(scores, flags, counts, k, keep_dtype)
+
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        flags: Sequence[Flags],
+        counts: Sequence[int],
+        k: int,
+        keep_dtype: Any,
+    ) -> Iterator[Tensor] | None:
+        """Flat selections of the `k` entries to prune, ranked where each flag is True.
+
+        As bool (True = pruned), or with `keep_dtype` as 0/1 of that dtype (1 = kept).
+        None when some scores cannot be ranked (NaN or infinity).
+        """
         raise NotImplementedError
 
 
 class RandomUnstructured(_Unstructured):
     """Prunes `amount` entries chosen uniformly at random."""
 
-    def _scores(self, t: Tensor) -> Tensor:
-        noise: Tensor = namespace(t).rand(t.shape, device=t.device)
-        return noise
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        flags: Sequence[Flags],
+        counts: Sequence[int],
+        k: int,
+        keep_dtype: Any,
+    ) -> Iterator[Tensor] | None:
+        ns = namespace(scores[0])
+        device = scores[0].device
+        if len(scores) == 1:
+            noise = ns.rand(counts[0], device=device)
+            sources: list[Source] = [lambda: (noise, None)]
+        else:
+            # Redrawn on every pass from per-tensor seeds instead of kept in memory.
+            seed = int(ns.randint(0, 2**62, (1,)))
+            sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
+        if all(f() is None for f in flags):
+            # Noise is never negative, so ranking it by magnitude is the same and skips a check.
+            return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
+        chosen = smallest_k_many(sources, k, magnitude=True)
+        spread = (_spread(pick, t, f()) for pick, t, f in zip(chosen, scores, flags, strict=True))
+        if keep_dtype is None:
+            return spread
+        return ((~pick).to(keep_dtype) for pick in spread)
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, amount: float) -> BasePruningMethod:  # type: ignore[override]
@@ -89,9 +141,18 @@ class RandomUnstructured(_Unstructured):
 class L1Unstructured(_Unstructured):
     """Prunes the `amount` entries of smallest absolute value."""
 
-    def _scores(self, t: Tensor) -> Tensor:
-        _require_finite(t, type(self).__name__)
-        return t.abs()
+    def _rank(
+        self,
+        scores: Sequence[Tensor],
+        flags: Sequence[Flags],
+        counts: Sequence[int],
+        k: int,
+        keep_dtype: Any,
+    ) -> Iterator[Tensor] | None:
+        if not all(_finite(t) for t in scores):
+            return None
+        sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
+        return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
 
     @classmethod
     def apply(  # type: ignore[override]
@@ -103,6 +164,55 @@ class L1Unstructured(_Unstructured):
     ) -> BasePruningMethod:
         """Prune the `amount` entries of ``module.<name>`` with the smallest |score|."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
+
+
+def _all_ones(mask: Tensor) -> bool:
+    low, high = namespace(mask).aminmax(mask) if mask.numel() else (1, 1)
+    return bool(low == 1) and bool(high == 1)
+
+
+Flags = Callable[[], "Tensor | None"]
+"""Returns which entries of a tensor compete (bool), or None for all of them."""
+
+
+def _count_alive(t: Tensor, alive: Tensor | None) -> int:
+    return t.numel() if alive is None else int(alive.count_nonzero())
+
+
+def _no_flags() -> None:
+    return None
+
+
+def _alive_flags(mask: Tensor | None, keep: bool) -> Flags:
+    """The entries where `mask` is 1: computed once if `keep`, else again on each call."""
+    if mask is None:
+        return _no_flags
+    if keep:
+        alive = mask == 1
+        return lambda: alive
+    return lambda: mask == 1
+
+
+def _alive_source(scores: Tensor, flags: Flags) -> Source:
+    return lambda: (scores, flags())
+
+
+def _spread(chosen: Tensor, t: Tensor, alive: Tensor | None) -> Tensor:
+    """A selection made among the alive entries, put back at their places in `t`."""
+    if alive is None:
+        return chosen
+    ns = namespace(t)
+    full: Tensor = ns.zeros(t.numel(), dtype=ns.bool, device=t.device)
+    return full.masked_scatter_(alive.reshape(-1), chosen)
+
+
+def _noise_source(ns: ModuleType, count: int, seed: int, device: Any) -> Source:
+    """Uniform noise for one tensor, drawn again identically on every call."""
+
+    def draw() -> tuple[Tensor, None]:
+        return seeded_rand(ns, count, seed, device), None
+
+    return draw
 
 
 class _Structured(_AmountMethod):
@@ -117,16 +227,36 @@ class _Structured(_AmountMethod):
         self.dim = dim
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        kept = self._kept_channels(t, default_mask.dtype)
+        if kept is None:
+            return default_mask
+        if _all_ones(default_mask):
+            return kept.expand(default_mask.shape).contiguous()  # a write, without a read
+        return default_mask * kept
+
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        if type(self).compute_mask is not _Structured.compute_mask:
+            return None
+        kept = self._kept_channels(scores, dtype)
+        if kept is None:
+            ns = namespace(scores)
+            ones: Tensor = ns.ones(scores.shape, dtype=dtype, device=scores.device)
+            return ones
+        return kept.expand(scores.shape).contiguous()
+
+    def _kept_channels(self, t: Tensor, dtype: Any) -> Tensor | None:
+        """1 (kept) or 0 per channel in `dtype`, shaped to broadcast; None if none is pruned."""
         owner = type(self).__name__
         validate_structured_tensor(tuple(t.shape), owner)
         dim = validate_dim(self.dim, t.dim(), owner)
         k = self._count(t.shape[dim])
         if k == 0:
-            return default_mask
+            return None
         pruned = smallest_k(self._channel_scores(t, dim), k)
         shape = [1] * t.dim()
         shape[dim] = t.shape[dim]
-        return default_mask * (~pruned).reshape(shape).to(dtype=default_mask.dtype)
+        kept: Tensor = (~pruned).reshape(shape).to(dtype=dtype)
+        return kept
 
     def _channel_scores(self, t: Tensor, dim: int) -> Tensor:
         raise NotImplementedError
@@ -194,8 +324,19 @@ class CustomFromMask(BasePruningMethod):
     PRUNING_TYPE = "global"
 
     def __init__(self, mask: Tensor) -> None:
-        check_binary_mask(mask, "CustomFromMask")
+        if not str(getattr(mask, "dtype", "")).endswith("bool"):  # bool masks are binary
+            check_binary_mask(mask, "CustomFromMask")
         self.mask = mask
+
+    _owned = False
+
+    @classmethod
+    def _trusted(cls, mask: Tensor) -> CustomFromMask:
+        """One for a mask prunekit made (binary, used nowhere else): no check, no copy."""
+        method = cls.__new__(cls)
+        method.mask = mask
+        method._owned = True
+        return method
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         common_namespace("CustomFromMask", mask=self.mask, default_mask=default_mask)
@@ -204,10 +345,17 @@ class CustomFromMask(BasePruningMethod):
                 f"CustomFromMask: the mask has shape {tuple(self.mask.shape)}; "
                 f"expected the tensor's shape {tuple(default_mask.shape)}"
             )
-        result: Tensor = default_mask * self.mask.to(
-            dtype=default_mask.dtype, device=default_mask.device
-        )
-        return result
+        kept: Tensor = self.mask.to(dtype=default_mask.dtype, device=default_mask.device)
+        if not _all_ones(default_mask):
+            return default_mask * kept
+        return kept.clone() if kept is self.mask and not self._owned else kept
+
+    def _first_mask(self, scores: Tensor, dtype: Any) -> Tensor | None:
+        if not self._owned or self.mask.dtype != dtype:
+            return None
+        if tuple(self.mask.shape) != tuple(scores.shape):
+            return None  # compute_mask explains the mismatch
+        return self.mask
 
     @classmethod
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
@@ -215,8 +363,21 @@ class CustomFromMask(BasePruningMethod):
         return super().apply(module, name, mask=mask)
 
 
+def _finite(t: Tensor) -> bool:
+    """True if `t` holds no NaN or infinity (a float sum is its quick first check)."""
+    if t.numel() == 0 or math.isfinite(float(t.sum())):
+        return True
+    ns = namespace(t)
+    return not (bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()))
+
+
 def _require_finite(t: Tensor, owner: str, what: str = "scores") -> None:
     """Raise ValueError if `t` holds NaN or infinity: such values cannot be ranked."""
-    if t.numel() == 0 or math.isfinite(float(t.sum())):
-        return
+    if not _finite(t):
+        raise _unrankable(t, owner, what)
+
+
+def _unrankable(t: Tensor, owner: str, what: str) -> ValueError:
+    """The error for scores holding NaN or infinity (check_finite names the first one)."""
     check_finite(t, owner, what)
+    return ValueError(f"{owner}: the {what} hold values that cannot be ranked")

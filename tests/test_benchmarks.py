@@ -1,0 +1,36 @@
+"""benchmarks/run.py --quick runs end to end and prints its table (no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
+def test_quick_benchmark_prints_every_case() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for case in (
+        "l1_unstructured",
+        "l1 again (container)",
+        "random_unstructured",
+        "ln_structured Linear",
+        "ln_structured Conv2d",
+        "global_unstructured",
+        "no-grad forward",
+        "training step",
+    ):
+        assert case in out, out
+    assert "failed" not in out and " NO" not in out, out
