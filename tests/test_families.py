@@ -207,6 +207,25 @@ def test_pruning_out_proj_directly_warns_and_names_the_fix() -> None:
         prune.l1_unstructured(mha.out_proj, "weight", 0.5)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda linear: prune.l1_unstructured(linear, "weight", 0.5),
+        lambda linear: prune.identity(linear, "weight"),
+        lambda linear: prune.L1Unstructured.apply(linear, "weight", 0.5),
+        lambda linear: prune.global_unstructured(
+            [(linear, "weight")], prune.L1Unstructured, amount=3
+        ),
+    ],
+    ids=["function", "identity", "class apply", "global"],
+)
+def test_out_proj_warning_points_at_the_callers_line(call: Callable[[nn.Module], Any]) -> None:
+    mha = nn.MultiheadAttention(8, 2)
+    with pytest.warns(UserWarning, match="out_proj") as record:
+        call(mha.out_proj)
+    assert [(w.filename, w.lineno) for w in record] == [(__file__, call.__code__.co_firstlineno)]
+
+
 def test_out_proj_pruned_directly_goes_stale_as_in_torch() -> None:
     """Why #69353 happens: MultiheadAttention never calls out_proj, so its hook never runs."""
     mha = nn.MultiheadAttention(8, 2)

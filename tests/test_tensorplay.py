@@ -393,6 +393,26 @@ def test_checkpoint_files_refuse_tensorplay_models_and_say_what_works(tmp_path: 
     assert fresh(x).tolist() == model(x).tolist()
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda layer: prune.l1_unstructured(layer, "weight", 0.4),
+        lambda layer: prune.RandomStructured.apply(layer, "weight", 1, dim=0),
+        lambda layer: prune.global_unstructured(
+            [(layer, "weight")], prune.L1Unstructured, amount=2
+        ),
+    ],
+    ids=["function", "class apply", "global"],
+)
+def test_tensorplay_transposed_convolution_warning_points_at_the_callers_line(
+    call: Callable[[Any], Any],
+) -> None:
+    layer = TP.nn.ConvTranspose2d(3, 4, 2)
+    with pytest.warns(UserWarning, match="outputs while pruned may be stale") as record:
+        call(layer)
+    assert [(w.filename, w.lineno) for w in record] == [(__file__, call.__code__.co_firstlineno)]
+
+
 @pytest.mark.parametrize("kind", ["ConvTranspose2d", "ConvTranspose3d"])
 def test_tensorplay_transposed_convolutions_warn_and_remove_makes_them_right(kind: str) -> None:
     layer = getattr(TP.nn, kind)(3, 4, 2)

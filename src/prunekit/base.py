@@ -9,7 +9,6 @@ a call that fails leaves the module exactly as it was.
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,7 @@ from prunekit.checks import (
     describe,
     prunable_parameter,
     resolve,
+    warn_caller,
     with_context,
 )
 
@@ -412,15 +412,14 @@ def install(
     owner, leaf = resolve(module, name)
     where = describe(module, name)
     if owner is module and type(owner).__name__ == "NonDynamicallyQuantizableLinear":
-        warnings.warn(
+        warn_caller(
             f"{where}: this Linear is a MultiheadAttention's out_proj, whose forward never "
             "runs, so its pruned weight would go stale after the first training step; "
-            f"prune it through the attention module: (mha, 'out_proj.{leaf}')",
-            stacklevel=4,
+            f"prune it through the attention module: (mha, 'out_proj.{leaf}')"
         )
     caveat = framework_caveat(owner)
     if caveat is not None:
-        warnings.warn(f"{where}: {caveat}", stacklevel=4)
+        warn_caller(f"{where}: {caveat}")
     if owner is not module:
         _refuse_ties(module, name, owner._parameters.get(leaf), where)
     hook = _install(owner, leaf, method, importance_scores, where)

@@ -11,6 +11,9 @@ prunes 0 entries and a count must be 0.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 from torch import Tensor, nn
@@ -27,8 +30,11 @@ __all__ = [
     "describe",
     "prunable_parameter",
     "resolve",
+    "warn_caller",
     "with_context",
 ]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def describe(module: Any, name: Any) -> str:
@@ -41,6 +47,18 @@ def with_context(error: Exception, where: str) -> Exception:
     if type(error) in (TypeError, ValueError, IndexError, AttributeError):
         return type(error)(f"{where}: {error}")
     return error
+
+
+def warn_caller(message: str) -> None:
+    """Warn, pointing at the first line outside prunekit: the user's call, however deep."""
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 2 is this function's caller
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def check_module(module: Any, name: Any) -> None:
