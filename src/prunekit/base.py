@@ -23,6 +23,7 @@ from prunekit.checks import (
     check_scores,
     describe,
     prunable_parameter,
+    refuse_ties,
     resolve,
     warn_caller,
     with_context,
@@ -420,8 +421,8 @@ def install(
     caveat = framework_caveat(owner)
     if caveat is not None:
         warn_caller(f"{where}: {caveat}")
-    if owner is not module:
-        _refuse_ties(module, name, owner._parameters.get(leaf), where)
+    if owner is not module and (param := owner._parameters.get(leaf)) is not None:
+        refuse_ties(module.named_parameters(remove_duplicate=False), name, param, where)
     hook = _install(owner, leaf, method, importance_scores, where)
     if owner is not module:
         path = name.rpartition(".")[0]
@@ -431,18 +432,6 @@ def install(
         ):
             module.register_forward_pre_hook(RefreshSubmodule(path, leaf))
     return hook
-
-
-def _refuse_ties(root: nn.Module, name: str, param: Any, where: str) -> None:
-    """Raise if `param` also sits under another name of `root` (tied weights)."""
-    if param is None:
-        return
-    for other, p in root.named_parameters(remove_duplicate=False):
-        if p is param and other != name:
-            raise ValueError(
-                f"{where} is the same Parameter as {other!r} of this module (tied weights); "
-                "expected an untied parameter: pruning one name would leave the other unmasked"
-            )
 
 
 def _install(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor, nn
@@ -29,6 +30,7 @@ __all__ = [
     "check_scores",
     "describe",
     "prunable_parameter",
+    "refuse_ties",
     "resolve",
     "warn_caller",
     "with_context",
@@ -127,13 +129,18 @@ def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -
             f"{where} has dtype {param.dtype}; expected a floating-point parameter "
             "(integer, bool and complex parameters cannot be pruned)"
         )
-    tied = [other for other, p in module._parameters.items() if p is param and other != name]
-    if tied:
-        raise ValueError(
-            f"{where} is the same Parameter as {tied[0]!r} of this module (tied weights); "
-            "expected an untied parameter: pruning one name would leave the other unmasked"
-        )
+    refuse_ties(module._parameters.items(), name, param, where)
     return param
+
+
+def refuse_ties(named: Iterable[tuple[str, Any]], name: str, param: Any, where: str) -> None:
+    """Raise if `param` is also listed in `named` under another name (tied weights)."""
+    for other, p in named:
+        if p is param and other != name:
+            raise ValueError(
+                f"{where} is the same Parameter as {other!r} of this module (tied weights); "
+                "expected an untied parameter: pruning one name would leave the other unmasked"
+            )
 
 
 def check_free_names(module: nn.Module, name: str, where: str) -> None:
