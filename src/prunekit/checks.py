@@ -11,6 +11,7 @@ prunes 0 entries and a count must be 0.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -32,6 +33,7 @@ __all__ = [
     "prunable_parameter",
     "refuse_ties",
     "resolve",
+    "sums_finite",
     "warn_caller",
     "with_context",
 ]
@@ -185,7 +187,7 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:
     """Raise ValueError if `t` holds NaN (or infinity, unless allowed): they cannot be ranked."""
-    if t.numel() == 0 or not t.is_floating_point():
+    if not t.is_floating_point() or sums_finite(t):
         return
     ns = namespace(t)
     bad = ns.isnan(t) if allow_inf else ~ns.isfinite(t)
@@ -199,6 +201,11 @@ def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> N
         f"{where}: the {what} hold {count} value(s) that cannot be ranked, e.g. {value} at "
         f"index {first}; expected {allowed}"
     )
+
+
+def sums_finite(t: Tensor) -> bool:
+    """A quick pass that is True for every finite tensor (and rarely for others)."""
+    return t.numel() == 0 or math.isfinite(float(t.sum()))
 
 
 def check_binary_mask(mask: Any, where: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -19,7 +18,7 @@ from prunekit.amount import (
     validate_structured_tensor,
 )
 from prunekit.base import BasePruningMethod
-from prunekit.checks import check_binary_mask, check_finite
+from prunekit.checks import check_binary_mask, check_finite, sums_finite
 from prunekit.select import Source, smallest_k, smallest_k_many
 
 __all__ = [
@@ -365,7 +364,7 @@ class CustomFromMask(BasePruningMethod):
 
 def _finite(t: Tensor) -> bool:
     """True if `t` holds no NaN or infinity (a float sum is its quick first check)."""
-    if t.numel() == 0 or math.isfinite(float(t.sum())):
+    if sums_finite(t):
         return True
     ns = namespace(t)
     return not (bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()))
