@@ -19,7 +19,7 @@ from prunekit.amount import (
 )
 from prunekit.base import BasePruningMethod
 from prunekit.checks import check_binary_mask, check_finite, sums_finite
-from prunekit.select import Source, smallest_k, smallest_k_many
+from prunekit.select import Source, alive_count, smallest_k, smallest_k_many
 
 __all__ = [
     "CustomFromMask",
@@ -82,7 +82,7 @@ class _Unstructured(_AmountMethod):
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
         flags = [_alive_flags(mask, keep=len(scores) == 1) for mask in masks]
-        counts = [_count_alive(t, f()) for t, f in zip(scores, flags, strict=True)]
+        counts = [alive_count(t, f()) for t, f in zip(scores, flags, strict=True)]
         k = self._count(sum(counts))
         return self._rank(scores, flags, counts, k, keep_dtype)
 
@@ -172,10 +172,6 @@ def _all_ones(mask: Tensor) -> bool:
 
 Flags = Callable[[], "Tensor | None"]
 """Returns which entries of a tensor compete (bool), or None for all of them."""
-
-
-def _count_alive(t: Tensor, alive: Tensor | None) -> int:
-    return t.numel() if alive is None else int(alive.count_nonzero())
 
 
 def _no_flags() -> None:

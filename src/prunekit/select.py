@@ -27,7 +27,7 @@ from torch import Tensor
 
 from prunekit._backend import namespace
 
-__all__ = ["Source", "smallest_k", "smallest_k_many"]
+__all__ = ["Source", "alive_count", "smallest_k", "smallest_k_many"]
 
 Source = Callable[[], tuple[Tensor, Tensor | None]]
 """Returns one tensor's scores and its alive flags (bool, or None for all alive).
@@ -74,7 +74,7 @@ def smallest_k_many(
     complement instead, as 1s (kept) and 0s (chosen) of that dtype: a mask,
     made without an intermediate bool tensor.
     """
-    total = sum(_alive_count(*source()) for source in sources)
+    total = sum(alive_count(*source()) for source in sources)
     if not 0 <= k <= total:
         raise ValueError(f"smallest_k: k={k} is outside [0, {total}], the entries that compete")
     if k == 0 or k == total:
@@ -108,7 +108,8 @@ class _Cut:
     ties: int
 
 
-def _alive_count(scores: Tensor, alive: Tensor | None) -> int:
+def alive_count(scores: Tensor, alive: Tensor | None) -> int:
+    """How many entries of `scores` compete: those where `alive` is True (all for None)."""
     return scores.numel() if alive is None else int(alive.count_nonzero())
 
 
