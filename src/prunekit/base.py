@@ -42,6 +42,8 @@ __all__ = [
     "find_pruning_hook",
     "forget_load_refresh",
     "install",
+    "pruning_hooks",
+    "refresh_masked",
     "with_context",
 ]
 
@@ -382,6 +384,11 @@ def _copy_masked_tensor(module: nn.Module, name: str, memo: dict[int, Any]) -> N
     memo.setdefault(id(memo), []).append(masked)  # keep the id taken, as copy does
 
 
+def pruning_hooks(module: nn.Module) -> list[BasePruningMethod]:
+    """The pruning hooks installed on `module` itself (not its submodules), in order."""
+    return [h for h in module._forward_pre_hooks.values() if isinstance(h, BasePruningMethod)]
+
+
 def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:
     """Return (key, hook) of the pruning hook on ``module.<name>``, or (None, None)."""
     found = [
@@ -521,14 +528,19 @@ class RefreshAfterLoad:
     """
 
     def __call__(self, module: nn.Module, incompatible_keys: Any) -> None:
-        for hook in list(module._forward_pre_hooks.values()):
-            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
-                setattr(module, hook._tensor_name, hook.apply_mask(module))
+        refresh_masked(module)
+
+
+def refresh_masked(module: nn.Module) -> None:
+    """Recompute ``module.<name>`` = mask * orig for each tensor pruned on `module` itself."""
+    for hook in pruning_hooks(module):
+        if hook._tensor_name is not None:
+            setattr(module, hook._tensor_name, hook.apply_mask(module))
 
 
 def forget_load_refresh(module: nn.Module) -> None:
     """Drop the RefreshAfterLoad of `module` if no pruning is left on it."""
-    if any(isinstance(h, BasePruningMethod) for h in module._forward_pre_hooks.values()):
+    if pruning_hooks(module):
         return
     for key, hook in list(module._load_state_dict_post_hooks.items()):
         if isinstance(hook, RefreshAfterLoad):

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit._backend import framework, is_module
-from prunekit.base import BasePruningMethod, install
+from prunekit.base import install, pruning_hooks, refresh_masked
 from prunekit.checks import Snapshot, check_binary_mask, describe
 from prunekit.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
@@ -34,17 +34,15 @@ def pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
     """Yield (prefix, module, name) for every pruned tensor, under every prefix it has."""
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
-        for hook in module._forward_pre_hooks.values():
-            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
+        for hook in pruning_hooks(module):
+            if hook._tensor_name is not None:
                 yield prefix, module, hook._tensor_name
 
 
 def refresh_pruned(model: nn.Module) -> None:
     """Recompute ``module.<name>`` = mask * orig for every pruned tensor of `model`."""
     for module in model.modules():
-        for hook in list(module._forward_pre_hooks.values()):
-            if isinstance(hook, BasePruningMethod) and hook._tensor_name is not None:
-                setattr(module, hook._tensor_name, hook.apply_mask(module))
+        refresh_masked(module)
 
 
 def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:

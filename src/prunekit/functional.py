@@ -16,6 +16,7 @@ from prunekit.base import (
     find_pruning_hook,
     forget_load_refresh,
     install,
+    pruning_hooks,
     with_context,
 )
 from prunekit.checks import (
@@ -104,11 +105,7 @@ def remove(module: M, name: str) -> M:
     owner, leaf = resolve(module, name)
     key, hook = find_pruning_hook(owner, leaf)
     if hook is None:
-        pruned = sorted(
-            h._tensor_name
-            for h in owner._forward_pre_hooks.values()
-            if isinstance(h, BasePruningMethod) and h._tensor_name is not None
-        )
+        pruned = sorted(h._tensor_name for h in pruning_hooks(owner) if h._tensor_name is not None)
         raise ValueError(
             f"{describe(module, name)} is not pruned, so there is nothing to remove; "
             f"expected one of the pruned tensors of this module: {pruned}"
@@ -123,11 +120,7 @@ def remove(module: M, name: str) -> M:
 
 def is_pruned(module: nn.Module) -> bool:
     """True if `module` or any submodule carries a pruning hook."""
-    return any(
-        isinstance(hook, BasePruningMethod)
-        for sub in module.modules()
-        for hook in sub._forward_pre_hooks.values()
-    )
+    return any(pruning_hooks(sub) for sub in module.modules())
 
 
 def global_unstructured(
@@ -315,8 +308,7 @@ def forward_reuse(module: M, enabled: bool) -> M:
     later start with reuse on). See BasePruningMethod.__call__ for what reuse sees.
     """
     for sub in module.modules():
-        for hook in sub._forward_pre_hooks.values():
-            if isinstance(hook, BasePruningMethod):
-                hook.reuse_masked = bool(enabled)
-                hook._reuse = None
+        for hook in pruning_hooks(sub):
+            hook.reuse_masked = bool(enabled)
+            hook._reuse = None
     return module
