@@ -197,12 +197,7 @@ class _Reader:
             return self.bucket(index, value)
         digits, top = self.top(index)
         self.early[index] = _below(top, value, self.keep_dtype)
-        found = (top == value).nonzero().reshape(-1)
-        low = _low(digits[found])
-        if found.numel() <= self.budget:
-            self.budget -= found.numel()
-            self.buckets[index, value] = (found, low)
-        return found, low
+        return self._gather(index, value, digits, top)
 
     def top(self, index: int) -> tuple[Tensor, Tensor]:
         """(digits, top digits) of source `index`."""
@@ -221,6 +216,10 @@ class _Reader:
         if (index, value) in self.buckets:
             return self.buckets[index, value]
         digits, top = self.top(index)
+        return self._gather(index, value, digits, top)
+
+    def _gather(self, index: int, value: int, digits: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:
+        """The bucket read from `digits`; kept for the next pass if it fits the budget."""
         found = (top == value).nonzero().reshape(-1)
         low = _low(digits[found])
         if self.keep or found.numel() <= self.budget:
