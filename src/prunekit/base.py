@@ -37,14 +37,12 @@ __all__ = [
     "RefreshAfterLoad",
     "RefreshSubmodule",
     "combine_masks",
-    "describe",
     "drop_refresh",
     "find_pruning_hook",
     "forget_load_refresh",
     "install",
     "pruning_hooks",
     "refresh_masked",
-    "with_context",
 ]
 
 PRUNING_TYPES = ("unstructured", "structured", "global")

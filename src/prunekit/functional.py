@@ -11,21 +11,21 @@ from prunekit._backend import common_namespace, namespace
 from prunekit.base import (
     BasePruningMethod,
     PruningContainer,
-    describe,
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
     install,
     pruning_hooks,
-    with_context,
 )
 from prunekit.checks import (
     Snapshot,
     check_finite,
     check_free_names,
     check_scores,
+    describe,
     prunable_parameter,
     resolve,
+    with_context,
 )
 from prunekit.methods import (
     CustomFromMask,

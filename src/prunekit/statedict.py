@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.amount import validate_pruning_amount_init
-from prunekit.base import BasePruningMethod, describe, find_pruning_hook
+from prunekit.base import BasePruningMethod, find_pruning_hook
+from prunekit.checks import describe
 from prunekit.files import load_state_dict, save_state_dict
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.methods import L1Unstructured, LnStructured, RandomUnstructured
