@@ -319,3 +319,24 @@ def test_second_pruning_ranks_current_values_even_without_a_forward(framework: F
     prune.l1_unstructured(m, "weight", 1)
     assert m.weight_mask.tolist() == [[0.0, 1.0, 0.0, 1.0]]
     assert m.weight.tolist() == [[0.0, 9.0, 0.0, 8.0]]
+
+
+def test_structured_method_with_a_bad_dim_is_named_in_the_error(framework: Framework) -> None:
+    class Rows(prune.BasePruningMethod):
+        PRUNING_TYPE = "structured"
+
+        def __init__(self, dim: int) -> None:
+            self.dim = dim
+
+        def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+            return default_mask
+
+    m = framework.nn.Linear(3, 2)
+    method = prune.Identity.apply(m, "weight")
+    with pytest.raises(
+        IndexError,
+        match=r"parameter 'weight' of Linear: Rows: dim=5 is out of range .*expected an int in "
+        r"\[-2, 1\]",
+    ):
+        Rows.apply(m, "weight", dim=5)
+    assert list(m._forward_pre_hooks.values()) == [method]

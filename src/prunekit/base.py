@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from prunekit._backend import common_namespace, framework_caveat, namespace
+from prunekit.amount import validate_dim
 from prunekit.checks import (
     Snapshot,
     check_free_names,
@@ -344,11 +345,8 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
                 f"{type(method).__name__} has PRUNING_TYPE 'structured' but no attribute "
                 "'dim' saying which axis holds the channels"
             )
-        ndim = t.dim()
-        if not -ndim <= dim < ndim:
-            raise IndexError(f"dim={dim} is out of range for a tensor with {ndim} dims")
-        dim %= ndim
-        others = [d for d in range(ndim) if d != dim]
+        dim = validate_dim(dim, t.dim(), type(method).__name__)
+        others = [d for d in range(t.dim()) if d != dim]
         alive = mask.sum(dim=others) != 0
         index = (slice(None),) * dim + (alive,)
         partial = method.compute_mask(t[index], default_mask=mask[index])
