@@ -13,8 +13,9 @@ value. Tensors are read one at a time, so the work memory (beyond the
 selections returned) is bounded by the largest one, and counts are Python
 ints, so totals above 2**31 are fine.
 The fast path covers torch tensors of float16, bfloat16, float32 and
-float64; anything else (other frameworks, negative scores) takes a portable
-path built from plain tensor methods.
+float64 holding more than 2**14 entries in all; anything else (other
+frameworks, negative scores, small inputs) takes a portable path built from
+plain tensor methods.
 """
 
 from __future__ import annotations
