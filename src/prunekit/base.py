@@ -20,7 +20,6 @@ from prunekit._backend import common_namespace, framework_caveat, namespace
 from prunekit.amount import validate_dim
 from prunekit.checks import (
     Snapshot,
-    check_free_names,
     check_scores,
     describe,
     prunable_parameter,
@@ -447,7 +446,6 @@ def _install(
     key, old = find_pruning_hook(module, name)
     if old is None:
         param = prunable_parameter(module, name, where)
-        check_free_names(module, name, where)
         current = param.detach()
     else:
         default_mask = getattr(module, name + "_mask").detach()

@@ -96,7 +96,10 @@ def resolve(module: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -> nn.Parameter:
-    """Return the Parameter ``module.<name>``, or explain why it cannot be pruned."""
+    """Return the Parameter ``module.<name>``, or explain why it cannot be pruned.
+
+    Its names ``<name>_orig`` and ``<name>_mask`` must be free too (see check_free_names).
+    """
     where = where or describe(module, name)
     param = module._parameters.get(name)
     if param is None:
@@ -132,6 +135,7 @@ def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -
             "(integer, bool and complex parameters cannot be pruned)"
         )
     refuse_ties(module._parameters.items(), name, param, where)
+    check_free_names(module, name, where)
     return param
 
 

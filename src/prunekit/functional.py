@@ -20,7 +20,6 @@ from prunekit.base import (
 from prunekit.checks import (
     Snapshot,
     check_finite,
-    check_free_names,
     check_scores,
     describe,
     prunable_parameter,
@@ -297,7 +296,6 @@ def _current(
             return orig.detach(), mask, orig
         return hook.apply_mask(owner).detach(), mask, orig
     param = prunable_parameter(owner, leaf, where)
-    check_free_names(owner, leaf, where)
     return param.detach(), None, param
 
 
