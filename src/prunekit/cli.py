@@ -216,7 +216,8 @@ def _run_prune(args: argparse.Namespace) -> int:
         keep_masks=args.keep_masks,
         seed=args.seed,
     )
-    rows = [row for row in report(result.state).rows if row.name in set(result.pruned)]
+    pruned = set(result.pruned)
+    rows = [row for row in report(result.state).rows if row.name in pruned]
     zeros, numel = sum(r.zeros for r in rows), sum(r.numel for r in rows)
     print(
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"

@@ -132,7 +132,7 @@ def prune_state_dict(
         else:
             for e in found:
                 if e.name in targets:
-                    _apply(cls, holders[e.name], e.name, kwargs)
+                    _reworded(e.name, holders[e.name], cls.apply, **kwargs)
     out: dict[str, Tensor] = {}
     for e in found:
         holder = holders.get(e.name)
@@ -180,12 +180,6 @@ def _holder(entry: Entry) -> _Tensor:
     if entry.mask is not None:
         _reworded(entry.name, holder, custom_from_mask, mask=entry.mask)
     return holder
-
-
-def _apply(
-    cls: type[BasePruningMethod], holder: _Tensor, name: str, kwargs: dict[str, Any]
-) -> None:
-    _reworded(name, holder, cls.apply, **kwargs)
 
 
 def _reworded(name: str, holder: _Tensor, call: Any, **kwargs: Any) -> None:
