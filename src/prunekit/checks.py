@@ -2,6 +2,7 @@
 
 Every error reads ``<where>: <what is wrong, with the bad value>; expected <what is allowed>``,
 where ``<where>`` names the module and the parameter (see describe()).
+Warnings point at the user's line, however deep the call (see warn_caller()).
 
 Decisions: a Parameter under two names (tied weights) is refused wherever both names are
 visible (one module, one global call, a parent given a dotted name), because pruning one
