@@ -37,6 +37,7 @@ __all__ = [
     "RefreshAfterLoad",
     "RefreshSubmodule",
     "combine_masks",
+    "current_values",
     "drop_refresh",
     "find_pruning_hook",
     "forget_load_refresh",
@@ -449,7 +450,8 @@ def _install(
         current = param.detach()
     else:
         default_mask = getattr(module, name + "_mask").detach()
-        current = _current_values(module, name, old, method, importance_scores)
+        alive_only = method.PRUNING_TYPE == "unstructured" or importance_scores is not None
+        current = current_values(module, name, old, alive_only)
     scores = (
         current if importance_scores is None else check_scores(importance_scores, current, where)
     )
@@ -491,23 +493,18 @@ def _install(
     return hook
 
 
-def _current_values(
-    module: nn.Module,
-    name: str,
-    old: BasePruningMethod,
-    method: BasePruningMethod,
-    importance_scores: Tensor | None,
+def current_values(
+    module: nn.Module, name: str, old: BasePruningMethod, alive_only: bool
 ) -> Tensor:
-    """The values of a pruned tensor that a new pruning by `method` can see.
+    """The values of ``module.<name>``, pruned by `old`, that a new pruning sees.
 
-    mask * orig in general; ``<name>_orig`` itself (no copy) when only the entries
-    whose mask is 1 are seen (an 'unstructured' method) or the values are not ranked
-    at all (importance scores given), since there the two agree.
+    mask * orig in general; with `alive_only` (only the entries whose mask is 1
+    matter: an 'unstructured' method, or values not ranked at all because importance
+    scores are given) ``<name>_orig`` itself, no copy, since there the two agree,
+    unless `old` computes its values its own way.
     """
     orig: Tensor = getattr(module, name + "_orig").detach()
-    if type(old).apply_mask is BasePruningMethod.apply_mask and (
-        method.PRUNING_TYPE == "unstructured" or importance_scores is not None
-    ):
+    if alive_only and type(old).apply_mask is BasePruningMethod.apply_mask:
         return orig
     values: Tensor = old.apply_mask(module).detach()
     return values

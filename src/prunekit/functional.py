@@ -11,6 +11,7 @@ from prunekit._backend import common_namespace, namespace
 from prunekit.base import (
     BasePruningMethod,
     PruningContainer,
+    current_values,
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
@@ -292,9 +293,7 @@ def _current(
     if hook is not None:
         orig: nn.Parameter = getattr(owner, leaf + "_orig")
         mask = getattr(owner, leaf + "_mask").detach()
-        if type(hook).apply_mask is BasePruningMethod.apply_mask:
-            return orig.detach(), mask, orig
-        return hook.apply_mask(owner).detach(), mask, orig
+        return current_values(owner, leaf, hook, alive_only=True), mask, orig
     param = prunable_parameter(owner, leaf, where)
     return param.detach(), None, param
 
