@@ -22,6 +22,7 @@ from prunekit.checks import (
     Snapshot,
     check_scores,
     describe,
+    is_attention_out_proj,
     prunable_parameter,
     refuse_ties,
     resolve,
@@ -415,7 +416,7 @@ def install(
     """
     owner, leaf = resolve(module, name)
     where = describe(module, name)
-    if owner is module and type(owner).__name__ == "NonDynamicallyQuantizableLinear":
+    if owner is module and is_attention_out_proj(owner):
         warn_caller(
             f"{where}: this Linear is a MultiheadAttention's out_proj, whose forward never "
             "runs, so its pruned weight would go stale after the first training step; "

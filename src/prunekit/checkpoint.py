@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from prunekit._backend import framework, is_module
 from prunekit.base import install, pruning_hooks, refresh_masked
-from prunekit.checks import Snapshot, check_binary_mask, describe
+from prunekit.checks import Snapshot, check_binary_mask, describe, is_attention_out_proj
 from prunekit.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
 
@@ -123,7 +123,7 @@ def _installs(
         if name not in module._parameters or module._parameters[name] is None:
             continue  # already pruned, or no such parameter: _check_keys reports it
         target, dotted = module, name
-        if type(module).__name__ == "NonDynamicallyQuantizableLinear" and path:
+        if is_attention_out_proj(module) and path:
             parent, _, child = path.rpartition(".")
             target, dotted = model.get_submodule(parent), f"{child}.{name}"
         found.setdefault((id(module), name), (target, dotted, mask, module))

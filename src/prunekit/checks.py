@@ -31,6 +31,7 @@ __all__ = [
     "check_module",
     "check_scores",
     "describe",
+    "is_attention_out_proj",
     "prunable_parameter",
     "refuse_ties",
     "resolve",
@@ -64,6 +65,11 @@ def warn_caller(message: str) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def is_attention_out_proj(module: Any) -> bool:
+    """True for a MultiheadAttention's out_proj, which its parent reads without calling it."""
+    return type(module).__name__ == "NonDynamicallyQuantizableLinear"
 
 
 def check_module(module: Any, name: Any) -> None:
