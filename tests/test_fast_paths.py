@@ -15,10 +15,12 @@ from prunekit import select
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
-@pytest.fixture(autouse=True, params=["radix", "plain"])
+@pytest.fixture(autouse=True, params=["guess", "radix", "plain"])
 def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs through both selection paths (small inputs normally take the plain one)."""
-    monkeypatch.setattr(select, "_SMALL", 0 if request.param == "radix" else 1 << 14)
+    """Every test runs through each selection path: one pass around a guess from a sample,
+    the histogram passes, and the plain one (small inputs normally take the plain one)."""
+    monkeypatch.setattr(select, "_SMALL", 1 << 14 if request.param == "plain" else 0)
+    monkeypatch.setattr(select, "_SAMPLE", 64 if request.param == "guess" else 1 << 40)
 
 
 class Distinct:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,8 +17,13 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 @pytest.fixture(autouse=True)
 def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small inputs normally take the plain path; here they take the radix one."""
+    """Small inputs normally take the plain path; here they take the radix one.
+
+    Tests may shrink select._CHUNK; the fixture puts it back afterwards.
+    """
     monkeypatch.setattr(select, "_SMALL", 0)
+    monkeypatch.setattr(select, "_CHUNK", select._CHUNK)
+    monkeypatch.setattr(select, "_SAMPLE", select._SAMPLE)
 
 
 def reference(
@@ -78,11 +85,25 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
 
 
 @settings(max_examples=300, deadline=None)
-@given(problems(), st.sampled_from([0, 1 << 14]))
-def test_matches_stable_sort(problem: tuple, small: int) -> None:
+@given(
+    problems(),
+    st.sampled_from([0, 1 << 14]),
+    st.sampled_from([7, 64, 1 << 20]),
+    st.sampled_from([64, 1 << 16]),
+    st.booleans(),
+)
+def test_matches_stable_sort(
+    problem: tuple, small: int, chunk: int, sample: int, as_mask: bool
+) -> None:
     scores, alive, k, magnitude = problem
     select._SMALL = small  # both the radix path and the plain one
-    got = run(scores, alive, k, magnitude)
+    select._CHUNK = chunk  # passes that cross chunk borders, and one chunk per tensor
+    select._SAMPLE = sample  # a guess from a sample (right or wrong), or no guess at all
+    # Alive flags as bool, or as a 0/1 mask of the scores' dtype (1 competes).
+    flags = [
+        a if a is None or not as_mask else a.to(s.dtype) for s, a in zip(scores, alive, strict=True)
+    ]
+    got = run(scores, flags, k, magnitude)
     want = reference(scores, alive, k, magnitude)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
@@ -93,6 +114,7 @@ def test_heavy_ties_across_chunks_keep_lowest_indices(dtype: torch.dtype) -> Non
     # 200k entries with 3 values: the cut falls inside a run of ties far past one chunk.
     g = torch.Generator().manual_seed(1)
     scores = torch.randint(0, 3, (200_000,), generator=g).to(dtype)
+    select._CHUNK = 4096
     for k in (1, 66_000, 100_001, 199_999):
         got = smallest_k(scores, k)
         (want,) = reference([scores], [None], k, magnitude=False)
@@ -116,6 +138,43 @@ def test_large_tie_free_tensor_matches_topk(dtype: torch.dtype) -> None:
     want = torch.zeros(n, dtype=torch.bool)
     want[torch.topk(scores.abs().to(torch.float64), k, largest=False).indices] = True
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("alive", [False, True])
+def test_one_pass_around_a_guess_and_the_fallback_give_the_same(
+    dtype: torch.dtype, alive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(n, generator=g).to(dtype) for n in (40_000, 25_000)]
+    flags = [torch.rand(p.numel(), generator=g) < 0.7 if alive else None for p in parts]
+    k = 20_000
+    want = reference(parts, flags, k, magnitude=True)
+    outcomes: list[bool] = []
+    one_pass = select._mark_between
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        result = one_pass(*args)
+        outcomes.append(result is not None)
+        return result
+
+    monkeypatch.setattr(select, "_mark_between", spy)
+    sources = [(lambda p=p, a=a: (p, a)) for p, a in zip(parts, flags, strict=True)]
+    for got, w in zip(smallest_k_many(sources, k, magnitude=True), want, strict=True):
+        assert torch.equal(got, w)
+    assert outcomes == [True]  # the sample's guess held: one pass did it
+    # Bounds that miss the k-th value (all below it, all above it, too wide to gather):
+    # the histogram passes take over and give the same selection.
+    kth = torch.cat([p.abs() for p in parts]).to(torch.float64).sort().values[k].item()
+    for lower, upper in ((0.0, kth / 4), (kth * 4, kth * 8), (0.0, math.inf)):
+        bounds = (torch.tensor(lower, dtype=dtype), torch.tensor(upper, dtype=dtype))
+        monkeypatch.setattr(select, "_guess", lambda *args, b=bounds: b)
+        outcomes.clear()
+        for kept, w in zip(
+            smallest_k_many(sources, k, magnitude=True, keep_dtype=dtype), want, strict=True
+        ):
+            assert torch.equal(kept, (~w).to(dtype))
+        assert outcomes == [False]
 
 
 def test_negative_and_signed_zero_scores() -> None:

@@ -153,11 +153,15 @@ def global_unstructured(
     method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores, masks, dtypes = _global_targets(params, importance_scores, method)
+    scores, masks, dtypes, wheres = _global_targets(params, importance_scores)
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     try:
         kept = method._choose(scores, masks, keep_dtype=keep_dtype)
+        if kept is None and isinstance(method, L1Unstructured):
+            # It found NaN or infinity (its one check): name the tensor that holds it.
+            for ranked, where in zip(scores, wheres, strict=True):
+                check_finite(ranked, where, "scores")
         if kept is None:
             methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:
@@ -229,10 +233,9 @@ def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMe
 def _global_targets(
     params: list[Any],
     importance_scores: dict[tuple[nn.Module, str], Tensor],
-    method: BasePruningMethod,
-) -> tuple[list[Tensor], list[Tensor | None], list[Any]]:
-    """Check every listed tensor; return the scores that rank it, its mask (None: unpruned)
-    and its dtype.
+) -> tuple[list[Tensor], list[Tensor | None], list[Any], list[str]]:
+    """Check every listed tensor; return the scores that rank it, its mask (None: unpruned),
+    its dtype and its description for messages.
 
     Nothing is copied: where a tensor is pruned its scores are ``<name>_orig``, equal
     to the current values wherever the mask is 1, the only entries that compete.
@@ -240,6 +243,7 @@ def _global_targets(
     scores: list[Tensor] = []
     masks: list[Tensor | None] = []
     dtypes: list[Any] = []
+    wheres: list[str] = []
     seen: dict[int, str] = {}
     first: tuple[str, Tensor] | None = None
     device = None
@@ -272,12 +276,11 @@ def _global_targets(
             )
         given = importance_scores.get((module, name))
         ranked = current if given is None else check_scores(given, current, where)
-        if isinstance(method, L1Unstructured):
-            check_finite(ranked, where, "scores")
         scores.append(ranked)
+        wheres.append(where)
         masks.append(mask)
         dtypes.append(current.dtype)
-    return scores, masks, dtypes
+    return scores, masks, dtypes, wheres
 
 
 def _current(

@@ -81,7 +81,7 @@ class _Unstructured(_AmountMethod):
     ) -> Iterator[Tensor] | None:
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
-        flags = [_alive_flags(mask, keep=len(scores) == 1) for mask in masks]
+        flags = [_alive_flags(mask) for mask in masks]
         counts = [alive_count(t, f()) for t, f in zip(scores, flags, strict=True)]
         k = self._count(sum(counts))
         return self._rank(scores, flags, counts, k, keep_dtype)
@@ -124,8 +124,10 @@ class RandomUnstructured(_Unstructured):
             sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
         if all(f() is None for f in flags):
             # Noise is never negative, so ranking it by magnitude is the same and skips a check.
-            return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
-        chosen = smallest_k_many(sources, k, magnitude=True)
+            return smallest_k_many(
+                sources, k, magnitude=True, keep_dtype=keep_dtype, total=sum(counts)
+            )
+        chosen = smallest_k_many(sources, k, magnitude=True, total=sum(counts))
         spread = (_spread(pick, t, f()) for pick, t, f in zip(chosen, scores, flags, strict=True))
         if keep_dtype is None:
             return spread
@@ -151,7 +153,7 @@ class L1Unstructured(_Unstructured):
         if not all(_finite(t) for t in scores):
             return None
         sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
-        return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype)
+        return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype, total=sum(counts))
 
     @classmethod
     def apply(  # type: ignore[override]
@@ -171,21 +173,19 @@ def _all_ones(mask: Tensor) -> bool:
 
 
 Flags = Callable[[], "Tensor | None"]
-"""Returns which entries of a tensor compete (bool), or None for all of them."""
+"""Returns which entries of a tensor compete (its mask: where it is 1), or None for all."""
 
 
 def _no_flags() -> None:
     return None
 
 
-def _alive_flags(mask: Tensor | None, keep: bool) -> Flags:
-    """The entries where `mask` is 1: computed once if `keep`, else again on each call."""
+def _alive_flags(mask: Tensor | None) -> Flags:
+    """The entries where `mask` is 1: the mask itself, which the selection kernels
+    compare with 1 a chunk at a time (no flags as large as the tensor are made)."""
     if mask is None:
         return _no_flags
-    if keep:
-        alive = mask == 1
-        return lambda: alive
-    return lambda: mask == 1
+    return lambda: mask
 
 
 def _alive_source(scores: Tensor, flags: Flags) -> Source:
@@ -198,7 +198,7 @@ def _spread(chosen: Tensor, t: Tensor, alive: Tensor | None) -> Tensor:
         return chosen
     ns = namespace(t)
     full: Tensor = ns.zeros(t.numel(), dtype=ns.bool, device=t.device)
-    return full.masked_scatter_(alive.reshape(-1), chosen)
+    return full.masked_scatter_(alive.reshape(-1) == 1, chosen)
 
 
 def _noise_source(ns: ModuleType, count: int, seed: int, device: Any) -> Source:
