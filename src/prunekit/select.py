@@ -47,7 +47,7 @@ _LOW_BINS = 1 << 16
 _DEAD = 0x7FFF  # a NaN pattern in the top digit of every supported format
 _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
 _SMALL = 1 << 14  # below this many entries a few plain calls beat the passes
-_SAMPLE = 1 << 16  # entries sampled to guess where the k-th value lies
+_SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
 
 
@@ -217,7 +217,10 @@ def _mark_between(
     plan = chunks.plan
     hit = keep_dtype is None
     out_dtype = torch.bool if hit else keep_dtype
-    budget = plan.size // 16  # also makes the ranking of those in between a smaller problem
+    # Those in between (a position and a value each) may take no more memory than the
+    # largest tensor, and are at most 1/16 of all: ranking them is a smaller problem.
+    item = torch.finfo(plan.dtype).bits // 8
+    budget = min(plan.size // 16, plan.largest * item // (8 + item))
     outs, places, values = [], [], []
     below = offset = 0
     for scores, alive in (source() for source in chunks.sources):
