@@ -4,15 +4,20 @@ Every method ranks through here, so the rule is the same everywhere: exactly
 k entries are chosen, and among equal scores the lower flat index goes first
 (across several tensors: the earlier tensor first, then the lower index).
 
-The fast path never sorts. A float's bits, read as 16-bit digits from the
-top, order non-negative floats the same way as their values; a histogram of
-the top digit (one ``bincount``) finds the bucket that holds the k-th value,
-the next digits are counted only inside that bucket, and a last pass
-compares every magnitude with the k-th one. Ties are resolved only when they
-straddle the k-th value. Scores are read a chunk at a time into small
+The fast path never sorts. Scores are read a chunk at a time into small
 buffers reused throughout, so the work memory (beyond the selections
-returned) is a few MiB whatever the model, no tensor is ever concatenated,
-and counts are Python ints, so totals above 2**31 are fine.
+returned) is a few MiB plus the entries gathered below, never more than the
+largest tensor, and no tensor is concatenated.
+An evenly spaced sample gives two magnitudes that almost surely enclose the
+k-th smallest; one pass marks the entries below the lower one and gathers
+the few in between, which are ranked apart (_mark_between). When the guess
+misses, histograms take over (_find_cut, _mark): a float's bits, read as
+16-bit digits from the top, order non-negative floats the same way as their
+values, so a ``bincount`` of the top digit finds the bucket that holds the
+k-th value, the next digits are counted only inside that bucket, and a last
+pass compares every magnitude with the k-th one. Ties are resolved only
+where they straddle the k-th value. Counts are Python ints, so totals above
+2**31 are fine.
 The fast path covers torch tensors of float16, bfloat16, float32 and
 float64 holding more than 2**14 entries in all; anything else (other
 frameworks, negative scores, small inputs) takes a portable path built from
@@ -78,7 +83,8 @@ def smallest_k_many(
 
     The scores of all sources rank together as if concatenated in order, but
     are never concatenated: each source is called once per pass and dropped.
-    Each selection is made when it is asked for. With `keep_dtype`, each yields
+    When the sampled guess holds, all selections are made in one pass and held
+    until yielded; otherwise each is made when asked for. With `keep_dtype`, each yields
     the complement instead, as 1s (kept, or not competing) and 0s (chosen) of
     that dtype: a mask, made without an intermediate bool tensor. `total`, if
     the caller knows it, is how many entries compete in all.
