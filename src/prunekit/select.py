@@ -283,7 +283,7 @@ class _Chunks:
         size = min(_CHUNK, plan.largest)
         self.top = torch.empty(size, dtype=torch.int16)
         self.dead = torch.empty(size, dtype=torch.bool)
-        self.spread = torch.empty(size, dtype=torch.int8)
+        self.all_bits = torch.empty(size, dtype=torch.int8)  # -1 where dead, else 0
         self.flags = torch.empty(size, dtype=torch.bool)
         self.between = torch.empty(size, dtype=torch.bool)
         self.values = torch.empty(size, dtype=plan.dtype)
@@ -318,7 +318,7 @@ class _Chunks:
             if dead is not None:
                 # All bits set where dead (-1 as int8 widens to 0xFFFF), then the sign
                 # cleared: _DEAD. Branch-free, unlike masked_fill_ on scattered flags.
-                ones = torch.neg(dead.view(torch.int8), out=self.spread[: part.numel()])
+                ones = torch.neg(dead.view(torch.int8), out=self.all_bits[: part.numel()])
                 torch.bitwise_or(digits, ones, out=top)
                 digits = top
             torch.bitwise_and(digits, 0x7FFF, out=top)
