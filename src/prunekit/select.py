@@ -231,11 +231,8 @@ def _mark_between(
     below = offset = 0
     for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
-        for start, part, dead in chunks.read(scores, alive):
-            n = part.numel()
-            piece = out[start : start + n]
-            magnitudes = piece if out_dtype == plan.dtype else chunks.values[:n]
-            torch.abs(part, out=magnitudes)
+        for start, piece, magnitudes, dead in chunks.magnitudes(scores, alive, out):
+            n = piece.numel()
             low = torch.lt(magnitudes, lower, out=piece if hit else chunks.flags[:n])
             between = torch.le(magnitudes, upper, out=chunks.between[:n])
             if dead is not None:
@@ -308,6 +305,20 @@ class _Chunks:
                     torch.ne(flags, 1, out=dead)
             yield start, part.contiguous(), dead
 
+    def magnitudes(
+        self, scores: Tensor, alive: Tensor | None, out: Tensor
+    ) -> Iterator[tuple[int, Tensor, Tensor, Tensor | None]]:
+        """(start, the chunk's slice of `out`, its |scores|, dead flags or None) per chunk.
+
+        The magnitudes are written into the slice of `out` itself when `out` has the
+        scores' dtype (callers then overwrite them with the selection), else into a buffer.
+        """
+        for start, part, dead in self.read(scores, alive):
+            piece = out[start : start + part.numel()]
+            magnitudes = piece if out.dtype == self.plan.dtype else self.values[: part.numel()]
+            torch.abs(part, out=magnitudes)
+            yield start, piece, magnitudes, dead
+
     def tops(self, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
         """(start, scores, top digits) per chunk: the top 16 bits without the sign,
         _DEAD where the entry does not compete."""
@@ -374,11 +385,8 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
     for i in range(len(chunks.sources)):
         scores, alive = chunks.sources[i]()
         out = torch.empty(scores.numel(), dtype=out_dtype)
-        for start, part, dead in chunks.read(scores, alive):
-            n = part.numel()
-            piece = out[start : start + n]
-            magnitudes = piece if out_dtype == plan.dtype else chunks.values[:n]
-            torch.abs(part, out=magnitudes)
+        for start, piece, magnitudes, dead in chunks.magnitudes(scores, alive, out):
+            n = piece.numel()
             equal = None
             if take:
                 flags = torch.eq(magnitudes, bound, out=chunks.flags[:n])
