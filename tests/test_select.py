@@ -47,10 +47,17 @@ def reference(
 
 
 def run(
-    scores: list[torch.Tensor], alive: list[torch.Tensor | None], k: int, magnitude: bool
+    scores: list[torch.Tensor],
+    alive: list[torch.Tensor | None],
+    k: int,
+    magnitude: bool,
+    as_count: bool = False,
 ) -> list[torch.Tensor]:
+    """The selection through smallest_k_many; with `as_count`, k is given as a function of
+    how many compete, which the kernel then counts itself."""
     sources = [(lambda s=s, a=a: (s, a)) for s, a in zip(scores, alive, strict=True)]
-    return list(smallest_k_many(sources, k, magnitude=magnitude))
+    count = (lambda total: k) if as_count else k
+    return list(smallest_k_many(sources, count, magnitude=magnitude))
 
 
 @st.composite
@@ -75,6 +82,8 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
         values = values.to(dtype)
         if draw(st.booleans()):
             values[: n // 3] = -0.0 if negative else 0.0
+        if n and draw(st.booleans()):
+            values[n // 2] = -math.inf if negative else math.inf  # ranks last, as in a sort
         scores.append(values)
         alive.append(torch.rand(n, generator=g) < 0.6 if draw(st.booleans()) else None)
     competing = sum(
@@ -91,9 +100,10 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
     st.sampled_from([7, 64, 1 << 20]),
     st.sampled_from([64, 1 << 16]),
     st.booleans(),
+    st.booleans(),
 )
 def test_matches_stable_sort(
-    problem: tuple, small: int, chunk: int, sample: int, as_mask: bool
+    problem: tuple, small: int, chunk: int, sample: int, as_mask: bool, as_count: bool
 ) -> None:
     scores, alive, k, magnitude = problem
     select._SMALL = small  # both the radix path and the plain one
@@ -103,7 +113,7 @@ def test_matches_stable_sort(
     flags = [
         a if a is None or not as_mask else a.to(s.dtype) for s, a in zip(scores, alive, strict=True)
     ]
-    got = run(scores, flags, k, magnitude)
+    got = run(scores, flags, k, magnitude, as_count)
     want = reference(scores, alive, k, magnitude)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
@@ -197,6 +207,38 @@ def test_k_out_of_range_is_refused() -> None:
         smallest_k(torch.ones(4), 5)
     with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
         smallest_k(torch.ones(4), 2, torch.tensor([True, False, False, False]))
+
+
+@pytest.mark.parametrize("as_mask", [False, True])
+def test_a_count_is_taken_from_the_exact_number_competing(
+    as_mask: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # k as a function of how many compete: the sample only estimates that number, so a
+    # function that refuses the estimate must not decide anything; the exact count does.
+    g = torch.Generator().manual_seed(4)
+    parts = [torch.randn(n, generator=g) for n in (60_000, 40_000)]
+    flags = [torch.rand(p.numel(), generator=g) < 0.3 for p in parts]
+    exact = sum(int(f.sum()) for f in flags)
+    asked: list[int] = []
+
+    def count(total: int) -> int:
+        asked.append(total)
+        if total != exact:
+            raise ValueError(f"refused {total}")
+        return total // 3
+
+    alive = [f.to(p.dtype) if as_mask else f for p, f in zip(parts, flags, strict=True)]
+    sources = [(lambda p=p, a=a: (p, a)) for p, a in zip(parts, alive, strict=True)]
+    want = reference(parts, flags, exact // 3, magnitude=True)
+    for got, w in zip(smallest_k_many(sources, count, magnitude=True), want, strict=True):
+        assert torch.equal(got, w)
+    assert exact in asked and any(total != exact for total in asked)  # estimates were tried
+
+    def never(total: int) -> int:
+        raise ValueError(f"amount does not fit {total} entries")
+
+    with pytest.raises(ValueError, match=f"does not fit {exact} entries"):
+        list(smallest_k_many(sources, never, magnitude=True))
 
 
 def test_sources_are_read_one_at_a_time_in_order() -> None:

@@ -64,8 +64,7 @@ class _Unstructured(_AmountMethod):
     PRUNING_TYPE = "unstructured"
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        k = self._count(t.numel())
-        kept = self._rank([t], [_no_flags], [t.numel()], k, default_mask.dtype)
+        kept = self._rank([t], [_no_flags], self._count, default_mask.dtype)
         if kept is None:
             raise _unrankable(t, type(self).__name__, "scores")
         mask = next(kept).reshape(t.shape)
@@ -82,19 +81,17 @@ class _Unstructured(_AmountMethod):
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
         flags = [_alive_flags(mask) for mask in masks]
-        counts = [alive_count(t, f()) for t, f in zip(scores, flags, strict=True)]
-        k = self._count(sum(counts))
-        return self._rank(scores, flags, counts, k, keep_dtype)
+        return self._rank(scores, flags, self._count, keep_dtype)
 
     def _rank(
         self,
         scores: Sequence[Tensor],
         flags: Sequence[Flags],
-        counts: Sequence[int],
-        k: int,
+        count: Callable[[int], int],
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
-        """Flat selections of the `k` entries to prune, ranked where each flag is True.
+        """Flat selections of the entries to prune, ranked where each flag is True:
+        `count` of how many entries compete, in all.
 
         As bool (True = pruned), or with `keep_dtype` as 0/1 of that dtype (1 = kept).
         None when some scores cannot be ranked (NaN or infinity).
@@ -109,10 +106,11 @@ class RandomUnstructured(_Unstructured):
         self,
         scores: Sequence[Tensor],
         flags: Sequence[Flags],
-        counts: Sequence[int],
-        k: int,
+        count: Callable[[int], int],
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
+        counts = [alive_count(t, f()) for t, f in zip(scores, flags, strict=True)]
+        k = count(sum(counts))
         ns = namespace(scores[0])
         device = scores[0].device
         if len(scores) == 1:
@@ -121,7 +119,7 @@ class RandomUnstructured(_Unstructured):
         else:
             # Redrawn on every pass from per-tensor seeds instead of kept in memory.
             seed = int(ns.randint(0, 2**62, (1,)))
-            sources = [_noise_source(ns, count, seed + i, device) for i, count in enumerate(counts)]
+            sources = [_noise_source(ns, n, seed + i, device) for i, n in enumerate(counts)]
         if all(f() is None for f in flags):
             # Noise is never negative, so ranking it by magnitude is the same and skips a check.
             return smallest_k_many(
@@ -146,14 +144,15 @@ class L1Unstructured(_Unstructured):
         self,
         scores: Sequence[Tensor],
         flags: Sequence[Flags],
-        counts: Sequence[int],
-        k: int,
+        count: Callable[[int], int],
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         if not all(_finite(t) for t in scores):
             return None
         sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
-        return smallest_k_many(sources, k, magnitude=True, keep_dtype=keep_dtype, total=sum(counts))
+        # With no flags every entry competes; else the selection counts them as it reads.
+        total = sum(t.numel() for t in scores) if all(f() is None for f in flags) else None
+        return smallest_k_many(sources, count, magnitude=True, keep_dtype=keep_dtype, total=total)
 
     @classmethod
     def apply(  # type: ignore[override]

@@ -37,6 +37,9 @@ from prunekit._backend import namespace
 
 __all__ = ["Source", "alive_count", "smallest_k", "smallest_k_many"]
 
+Count = int | Callable[[int], int]
+"""How many entries to choose: a number, or a function of how many compete."""
+
 Source = Callable[[], tuple[Tensor, Tensor | None]]
 """Returns one tensor's scores and which of them compete: True or 1 there (None: all do).
 
@@ -54,6 +57,7 @@ _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
 _SMALL = 1 << 14  # below this many entries a few plain calls beat the passes
 _SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
+_ONE = torch.ones(())
 
 
 def smallest_k(
@@ -73,7 +77,7 @@ def smallest_k(
 
 def smallest_k_many(
     sources: Sequence[Source],
-    k: int,
+    k: Count,
     *,
     magnitude: bool = False,
     keep_dtype: torch.dtype | None = None,
@@ -87,27 +91,58 @@ def smallest_k_many(
     until yielded; otherwise each is made when asked for. With `keep_dtype`, each yields
     the complement instead, as 1s (kept, or not competing) and 0s (chosen) of
     that dtype: a mask, made without an intermediate bool tensor. `total`, if
-    the caller knows it, is how many entries compete in all.
+    the caller knows it, is how many entries compete in all. `k` may be a
+    function of that count (it may raise to refuse it): the one pass then
+    counts the competing entries itself instead of reading them beforehand.
     """
+    plan = _fast_plan(sources, magnitude)
+    if plan is None or plan.size <= _SMALL:
+        total = _competing(sources) if total is None else total
+        k = _resolve(k, total)
+        if k in (0, total):
+            return _all_or_none(sources, k > 0, keep_dtype)
+        return _complement(iter(_portable(sources, k, magnitude)), keep_dtype)
+    if total is not None:
+        k = _resolve(k, total)
+        if k in (0, total):
+            return _all_or_none(sources, k > 0, keep_dtype)
+    chunks = _Chunks(sources, plan)
+    bounds = _guess(chunks, k, total)
+    done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
+    if done is not None:
+        return iter(done)
     if total is None:
-        total = sum(alive_count(*source()) for source in sources)
-    if not 0 <= k <= total:
-        raise ValueError(f"smallest_k: k={k} is outside [0, {total}], the entries that compete")
-    if k == 0 or k == total:
-        chosen: Iterator[Tensor] = (_filled(*source(), everything=k > 0) for source in sources)
-    else:
-        plan = _fast_plan(sources, magnitude)
-        if plan is not None and plan.size > _SMALL:
-            chunks = _Chunks(sources, plan)
-            bounds = _guess(chunks, k, total)
-            done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
-            if done is not None:
-                return iter(done)
-            return _mark(chunks, _find_cut(chunks, k), keep_dtype)
-        chosen = iter(_portable(sources, k, magnitude))
+        total = _competing(sources) if chunks.counted is None else chunks.counted
+    k = _resolve(k, total)
+    if k in (0, total):
+        return _all_or_none(sources, k > 0, keep_dtype)
+    return _mark(chunks, _find_cut(chunks, k), keep_dtype)
+
+
+def _competing(sources: Sequence[Source]) -> int:
+    return sum(alive_count(*source()) for source in sources)
+
+
+def _all_or_none(
+    sources: Sequence[Source], everything: bool, keep_dtype: torch.dtype | None
+) -> Iterator[Tensor]:
+    chosen = (_filled(*source(), everything=everything) for source in sources)
+    return _complement(chosen, keep_dtype)
+
+
+def _complement(chosen: Iterator[Tensor], keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+    """The selections as they are, or with `keep_dtype` as masks (1 = not chosen)."""
     if keep_dtype is None:
         return chosen
     return ((~pick).to(keep_dtype) for pick in chosen)
+
+
+def _resolve(k: Count, total: int) -> int:
+    """The number of entries to choose among `total`, checked."""
+    count = k(total) if callable(k) else k
+    if not 0 <= count <= total:
+        raise ValueError(f"smallest_k: k={count} is outside [0, {total}], the entries that compete")
+    return count
 
 
 @dataclass(frozen=True)
@@ -180,31 +215,49 @@ def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
     return _Plan(dtype, _BITS[dtype], size, largest)
 
 
-def _guess(chunks: _Chunks, k: int, total: int) -> tuple[Tensor, Tensor] | None:
+def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor] | None:
     """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced sample.
 
     The spacing is prime to 2, 3, 5 and 7, so rows, columns and kernel positions
-    are all sampled. None when the sample is too small to say much.
+    are all sampled. None when the sample is too small to say much. When the
+    number competing is not known yet, the sample's share of them stands in for
+    it, and the bounds widen to allow for its error.
     """
     plan = chunks.plan
     stride = max(1, plan.size // _SAMPLE)
     while math.gcd(stride, 210) != 1:
         stride += 1
     parts = []
+    flagged = False
+    seen = 0  # entries sampled, competing or not
     for source in chunks.sources:
         scores, alive = source()
         part = scores.reshape(-1)[::stride].to(plan.dtype).abs()
+        seen += part.numel()
         if alive is not None:
             part = part[alive.reshape(-1)[::stride] == 1]
+            flagged = True
         parts.append(part)
     sample = torch.cat(parts)
     size = sample.numel()
     if size < _SAMPLE // 8:
         return None
-    share = k / total
-    margin = _SPREAD * math.sqrt(share * (1 - share) / size) + 2 / size
-    low = math.floor((share - margin) * size)
-    high = math.ceil((share + margin) * size)
+    if total is None and not flagged:
+        total = plan.size
+    if total is not None:
+        totals = [total]
+    else:
+        share = size / seen
+        error = _SPREAD * math.sqrt(share * (1 - share) / seen) + 1 / seen
+        totals = [max(1, round(plan.size * (share + side * error))) for side in (-1, 1)]
+    try:
+        shares = [_resolve(k, t) / t for t in totals]
+    except ValueError:
+        return None  # refused for an estimate: the exact count will say
+    spread = max(p * (1 - p) for p in shares)
+    margin = _SPREAD * math.sqrt(spread / size) + 2 / size
+    low = math.floor((min(shares) - margin) * size)
+    high = math.ceil((max(shares) + margin) * size)
     zero = torch.zeros((), dtype=plan.dtype)
     lower = sample.kthvalue(low)[0] if low >= 1 else zero
     upper = sample.kthvalue(high)[0] if high <= size else zero + math.inf
@@ -212,7 +265,7 @@ def _guess(chunks: _Chunks, k: int, total: int) -> tuple[Tensor, Tensor] | None:
 
 
 def _mark_between(
-    chunks: _Chunks, k: int, lower: Tensor, upper: Tensor, keep_dtype: torch.dtype | None
+    chunks: _Chunks, k: Count, lower: Tensor, upper: Tensor, keep_dtype: torch.dtype | None
 ) -> list[Tensor] | None:
     """The selections in one pass, if the k-th smallest magnitude lies in [lower, upper].
 
@@ -222,43 +275,41 @@ def _mark_between(
     """
     plan = chunks.plan
     hit = keep_dtype is None
-    out_dtype = torch.bool if hit else keep_dtype
+    out_dtype = torch.bool if keep_dtype is None else keep_dtype
     # Those in between (a position and a value each) may take no more memory than the
     # largest tensor, and are at most 1/16 of all: ranking them is a smaller problem.
     item = torch.finfo(plan.dtype).bits // 8
     budget = min(plan.size // 16, plan.largest * item // (8 + item))
     outs, places, values = [], [], []
-    below = offset = 0
+    below = offset = counted = 0
     for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
-        for start, piece, magnitudes, dead in chunks.magnitudes(scores, alive, out):
+        for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
             n = piece.numel()
-            low = torch.lt(magnitudes, lower, out=piece if hit else chunks.flags[:n])
-            between = torch.le(magnitudes, upper, out=chunks.between[:n])
-            if dead is not None:
-                live = torch.logical_not(dead, out=dead)
-                low &= live
-                between &= live
-            between ^= low  # lower <= magnitude <= upper, alive
-            below += int(low.count_nonzero())
-            where = between.nonzero().reshape(-1)
+            counted += competing
+            # Compares into floats: several times faster here than into bool.
+            low = torch.lt(magnitudes, lower, out=chunks.low[:n])
+            between = torch.le(magnitudes, upper, out=chunks.high[:n]).sub_(low)
+            below += _ones(low)
+            where = chunks.between[:n].copy_(between).nonzero().reshape(-1)
             budget -= where.numel()
             if budget < 0:
                 return None
             places.append(where + (offset + start))
-            values.append(magnitudes[where])
-            if not hit:
-                if dead is None and magnitudes is piece:
-                    torch.ge(piece, lower, out=piece)
-                else:
-                    piece.copy_(low.logical_not_())
+            values.append(magnitudes.index_select(0, where))
+            _write(piece, low, hit)
         outs.append(out)
         offset += scores.numel()
-    rank = k - below
+    chunks.counted = counted
+    rank = _resolve(k, counted) - below
     values_all = torch.cat(values)
     if not 0 < rank <= values_all.numel():
         return None
-    chosen = torch.cat(places)[smallest_k(values_all, rank)]
+    if values_all.numel() <= _SAMPLE:
+        picked = _select_sorted(values_all, rank)  # a sample would hold them all
+    else:
+        picked = smallest_k(values_all, rank)
+    chosen = torch.cat(places)[picked]
     offset = 0
     for out in outs:
         inside = chosen[(chosen >= offset) & (chosen < offset + out.numel())]
@@ -277,6 +328,7 @@ class _Chunks:
     def __init__(self, sources: Sequence[Source], plan: _Plan) -> None:
         self.sources = sources
         self.plan = plan
+        self.counted: int | None = None  # entries competing, once a pass has read them all
         size = min(_CHUNK, plan.largest)
         self.top = torch.empty(size, dtype=torch.int16)
         self.dead = torch.empty(size, dtype=torch.bool)
@@ -284,52 +336,70 @@ class _Chunks:
         self.flags = torch.empty(size, dtype=torch.bool)
         self.between = torch.empty(size, dtype=torch.bool)
         self.values = torch.empty(size, dtype=plan.dtype)
+        # 0/1 as floats: compares write floats several times faster than bools here.
+        self.low = torch.empty(size, dtype=plan.dtype)
+        self.high = torch.empty(size, dtype=plan.dtype)
+        self.alive = torch.empty(size, dtype=plan.dtype)
+        self.zeros = torch.zeros(size, dtype=plan.dtype)
 
     def read(
         self, scores: Tensor, alive: Tensor | None
     ) -> Iterator[tuple[int, Tensor, Tensor | None]]:
-        """(start, scores, dead flags or None) for each chunk of one source's scores."""
+        """(start, scores, alive flags or None) for each chunk of one source's scores."""
         flat = scores.reshape(-1)
         live = None if alive is None else alive.reshape(-1)
         for start in range(0, flat.numel(), _CHUNK):
             part = flat[start : start + _CHUNK]
             if part.dtype != self.plan.dtype:
                 part = part.to(self.plan.dtype)
-            dead = None
-            if live is not None:
-                flags = live[start : start + _CHUNK]
-                dead = self.dead[: part.numel()]
-                if flags.dtype == torch.bool:
-                    torch.logical_not(flags, out=dead)
-                else:
-                    torch.ne(flags, 1, out=dead)
-            yield start, part.contiguous(), dead
+            flags = None if live is None else live[start : start + _CHUNK]
+            yield start, part.contiguous(), flags
 
     def magnitudes(
         self, scores: Tensor, alive: Tensor | None, out: Tensor
-    ) -> Iterator[tuple[int, Tensor, Tensor, Tensor | None]]:
-        """(start, the chunk's slice of `out`, its |scores|, dead flags or None) per chunk.
+    ) -> Iterator[tuple[int, Tensor, Tensor, int]]:
+        """(start, the chunk's slice of `out`, its |scores|, how many compete) per chunk.
+
+        Entries that do not compete read as NaN, so every comparison leaves them out.
 
         The magnitudes are written into the slice of `out` itself when `out` has the
         scores' dtype (callers then overwrite them with the selection), else into a buffer.
         """
-        for start, part, dead in self.read(scores, alive):
-            piece = out[start : start + part.numel()]
-            magnitudes = piece if out.dtype == self.plan.dtype else self.values[: part.numel()]
+        for start, part, flags in self.read(scores, alive):
+            n = part.numel()
+            piece = out[start : start + n]
+            magnitudes = piece if out.dtype == self.plan.dtype else self.values[:n]
             torch.abs(part, out=magnitudes)
-            yield start, piece, magnitudes, dead
+            if flags is None:
+                live_count = n
+            else:
+                # |x| + 0 / alive: |x| + 0/1 (exact) where alive, |x| + 0/0 = NaN where not.
+                # Branch-free, unlike masked_fill_ or where() on scattered flags.
+                if flags.dtype == torch.bool:
+                    live = self.alive[:n].copy_(flags)
+                else:
+                    live = torch.eq(flags, 1, out=self.alive[:n])
+                magnitudes.addcdiv_(self.zeros[:n], live)
+                live_count = _ones(live)
+            yield start, piece, magnitudes, live_count
 
     def tops(self, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
         """(start, scores, top digits) per chunk: the top 16 bits without the sign,
         _DEAD where the entry does not compete."""
         step = self.plan.bits // 16
-        for start, part, dead in self.read(*self.sources[index]()):
+        for start, part, flags in self.read(*self.sources[index]()):
+            n = part.numel()
             digits = part.view(torch.int16)[step - 1 :: step]  # little-endian: top digit last
-            top = self.top[: part.numel()]
-            if dead is not None:
+            top = self.top[:n]
+            if flags is not None:
+                dead = self.dead[:n]
+                if flags.dtype == torch.bool:
+                    torch.logical_not(flags, out=dead)
+                else:
+                    torch.ne(flags, 1, out=dead)
                 # All bits set where dead (-1 as int8 widens to 0xFFFF), then the sign
                 # cleared: _DEAD. Branch-free, unlike masked_fill_ on scattered flags.
-                ones = torch.neg(dead.view(torch.int8), out=self.all_bits[: part.numel()])
+                ones = torch.neg(dead.view(torch.int8), out=self.all_bits[:n])
                 torch.bitwise_or(digits, ones, out=top)
                 digits = top
             torch.bitwise_and(digits, 0x7FFF, out=top)
@@ -377,36 +447,37 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
     plan = chunks.plan
     bound = torch.tensor([cut.key], dtype=plan.key).view(plan.dtype)[0]
     hit = keep_dtype is None
-    out_dtype = torch.bool if hit else keep_dtype
+    out_dtype = torch.bool if keep_dtype is None else keep_dtype
     # With no ties at the cut the chosen are exactly the keys up to it.
     take = 0 if cut.take == cut.equal else cut.take
     below = torch.le if take == 0 else torch.lt
-    above = torch.gt if take == 0 else torch.ge
-    for i in range(len(chunks.sources)):
-        scores, alive = chunks.sources[i]()
+    for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
-        for start, piece, magnitudes, dead in chunks.magnitudes(scores, alive, out):
+        for start, piece, magnitudes, _ in chunks.magnitudes(scores, alive, out):
             n = piece.numel()
             equal = None
             if take:
-                flags = torch.eq(magnitudes, bound, out=chunks.flags[:n])
-                if dead is not None:
-                    flags &= ~dead
-                where = flags.nonzero().reshape(-1)[:take]
-                equal = where + start
-                take -= where.numel()
-            if dead is None:
-                (below if hit else above)(magnitudes, bound, out=piece)
-            elif hit:
-                below(magnitudes, bound, out=piece)
-                piece &= ~dead
-            else:
-                # Through bool, then one copy: cheaper than masked_fill_ on scattered flags.
-                flags = above(magnitudes, bound, out=chunks.flags[:n])
-                piece.copy_(flags.logical_or_(dead))
+                flags = chunks.flags[:n].copy_(torch.eq(magnitudes, bound, out=chunks.low[:n]))
+                equal = flags.nonzero().reshape(-1)[:take] + start
+                take -= equal.numel()
+            chosen = below(magnitudes, bound, out=chunks.low[:n])  # never where NaN
+            _write(piece, chosen, hit)
             if equal is not None:
                 out[equal] = hit
         yield out
+
+
+def _ones(flags: Tensor) -> int:
+    """How many 1s a chunk of 0/1 floats holds (float32 sums are exact that far)."""
+    return int(flags.sum(dtype=torch.float32))
+
+
+def _write(piece: Tensor, chosen: Tensor, hit: bool) -> None:
+    """Write 0/1 floats `chosen` into `piece`: as they are (`hit`), or as 1 - chosen."""
+    if hit:
+        piece.copy_(chosen)
+    else:
+        torch.sub(_ONE, chosen, out=piece)
 
 
 def _portable(sources: Sequence[Source], k: int, magnitude: bool) -> list[Tensor]:
