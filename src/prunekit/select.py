@@ -280,10 +280,13 @@ def _mark_between(
     # largest tensor, and are at most 1/16 of all: ranking them is a smaller problem.
     item = torch.finfo(plan.dtype).bits // 8
     budget = min(plan.size // 16, plan.largest * item // (8 + item))
-    outs, places, values = [], [], []
-    below = offset = counted = 0
+    outs: list[Tensor] = []
+    places: list[list[Tensor]] = []  # per source: the positions in between, chunk by chunk
+    values = []
+    below = counted = 0
     for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
+        here = []
         for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
             n = piece.numel()
             counted += competing
@@ -295,11 +298,11 @@ def _mark_between(
             budget -= where.numel()
             if budget < 0:
                 return None
-            places.append(where + (offset + start))
+            here.append(where + start)
             values.append(magnitudes.index_select(0, where))
             _write(piece, low, hit)
         outs.append(out)
-        offset += scores.numel()
+        places.append(here)
     chunks.counted = counted
     rank = _resolve(k, counted) - below
     values_all = torch.cat(values)
@@ -309,12 +312,11 @@ def _mark_between(
         picked = _select_sorted(values_all, rank)  # a sample would hold them all
     else:
         picked = smallest_k(values_all, rank)
-    chosen = torch.cat(places)[picked]
     offset = 0
-    for out in outs:
-        inside = chosen[(chosen >= offset) & (chosen < offset + out.numel())]
-        out[inside - offset] = hit
-        offset += out.numel()
+    for out, here in zip(outs, places, strict=True):
+        where = torch.cat(here)
+        out[where[picked[offset : offset + where.numel()]]] = hit
+        offset += where.numel()
     return outs
 
 
