@@ -229,3 +229,21 @@ def test_unrankable_entries_fall_back_or_fail_like_the_generic_path() -> None:
             amount=0.2,
         )
     assert torch.equal(layer.weight_mask, before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_first_pruning_refuses_scores_it_cannot_rank(bad: float) -> None:
+    # A first pruning checks the scores as it reads them: the error still names the entry.
+    layers = [nn.Linear(64, 64) for _ in range(2)]
+    with torch.no_grad():
+        layers[1].weight[5, 7] = bad
+    kept = [layer.weight.detach().clone() for layer in layers]
+    with pytest.raises(ValueError, match=r"\(5, 7\)"):
+        prune.l1_unstructured(layers[1], "weight", amount=0.3)
+    with pytest.raises(ValueError, match=r"\(5, 7\)"):
+        prune.global_unstructured(
+            [(m, "weight") for m in layers], pruning_method=prune.L1Unstructured, amount=0.3
+        )
+    for layer, weight in zip(layers, kept, strict=True):
+        assert not prune.is_pruned(layer)
+        assert torch.allclose(layer.weight, weight, equal_nan=True)

@@ -19,7 +19,7 @@ from prunekit.amount import (
 )
 from prunekit.base import BasePruningMethod
 from prunekit.checks import check_binary_mask, check_finite, sums_finite
-from prunekit.select import Source, alive_count, smallest_k, smallest_k_many
+from prunekit.select import NotFinite, Source, alive_count, smallest_k, smallest_k_many
 
 __all__ = [
     "CustomFromMask",
@@ -147,12 +147,24 @@ class L1Unstructured(_Unstructured):
         count: Callable[[int], int],
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
-        if not all(_finite(t) for t in scores):
-            return None
         sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
-        # With no flags every entry competes; else the selection counts them as it reads.
-        total = sum(t.numel() for t in scores) if all(f() is None for f in flags) else None
-        return smallest_k_many(sources, count, magnitude=True, keep_dtype=keep_dtype, total=total)
+        everything = all(f() is None for f in flags)
+        if not everything and not all(_finite(t) for t in scores):
+            return None
+        # With no flags every entry competes, and the selection checks the scores as it
+        # reads them; with flags it counts those that compete as it reads.
+        total = sum(t.numel() for t in scores) if everything else None
+        try:
+            return smallest_k_many(
+                sources,
+                count,
+                magnitude=True,
+                keep_dtype=keep_dtype,
+                total=total,
+                finite=everything,
+            )
+        except NotFinite:
+            return None
 
     @classmethod
     def apply(  # type: ignore[override]

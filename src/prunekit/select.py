@@ -35,7 +35,7 @@ from torch import Tensor
 
 from prunekit._backend import namespace
 
-__all__ = ["Source", "alive_count", "smallest_k", "smallest_k_many"]
+__all__ = ["NotFinite", "Source", "alive_count", "smallest_k", "smallest_k_many"]
 
 Count = int | Callable[[int], int]
 """How many entries to choose: a number, or a function of how many compete."""
@@ -60,6 +60,10 @@ _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave eith
 _ONE = torch.ones(())
 
 
+class NotFinite(ValueError):
+    """Raised, when asked, if a competing score is NaN or infinite."""
+
+
 def smallest_k(
     scores: Tensor, k: int, alive: Tensor | None = None, *, magnitude: bool = False
 ) -> Tensor:
@@ -82,6 +86,7 @@ def smallest_k_many(
     magnitude: bool = False,
     keep_dtype: torch.dtype | None = None,
     total: int | None = None,
+    finite: bool = False,
 ) -> Iterator[Tensor]:
     """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
@@ -94,8 +99,12 @@ def smallest_k_many(
     the caller knows it, is how many entries compete in all. `k` may be a
     function of that count (it may raise to refuse it): the one pass then
     counts the competing entries itself instead of reading them beforehand.
+    With `finite`, raises NotFinite before yielding anything if a score is NaN
+    or infinite (for sources without flags, whose scores all compete).
     """
     plan = _fast_plan(sources, magnitude)
+    if finite and (plan is None or plan.size <= _SMALL):
+        _require_finite(sources)
     if plan is None or plan.size <= _SMALL:
         total = _competing(sources) if total is None else total
         k = _resolve(k, total)
@@ -109,6 +118,8 @@ def smallest_k_many(
     chunks = _Chunks(sources, plan)
     bounds = _guess(chunks, k, total)
     done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
+    if finite and not chunks.finite:
+        _require_finite(sources)  # not read in full, or not finite: the exact check says
     if done is not None:
         return iter(done)
     if total is None:
@@ -117,6 +128,13 @@ def smallest_k_many(
     if k in (0, total):
         return _all_or_none(sources, k > 0, keep_dtype)
     return _mark(chunks, _find_cut(chunks, k), keep_dtype)
+
+
+def _require_finite(sources: Sequence[Source]) -> None:
+    for source in sources:
+        scores, _ = source()
+        if scores.numel() and not bool(namespace(scores).isfinite(scores).all()):
+            raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
 
 
 def _competing(sources: Sequence[Source]) -> int:
@@ -290,12 +308,17 @@ def _mark_between(
     places: list[list[Tensor]] = []  # per source: the positions in between, chunk by chunk
     values = []
     below = counted = 0
+    peaks: list[Tensor] | None = []  # each chunk's largest magnitude: NaN or inf if any is
     for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
         here = []
         for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
             n = piece.numel()
             counted += competing
+            if alive is not None:
+                peaks = None  # NaN stands for the entries that do not compete
+            elif peaks is not None:
+                peaks.append(magnitudes.amax())
             # Compares into floats: several times faster here than into bool.
             low = torch.lt(magnitudes, lower, out=chunks.low[:n])
             between = torch.le(magnitudes, upper, out=chunks.high[:n]).sub_(low)
@@ -310,6 +333,8 @@ def _mark_between(
         outs.append(out)
         places.append(here)
     chunks.counted = counted
+    if peaks:
+        chunks.finite = bool(torch.stack(peaks).isfinite().all())
     rank = _resolve(k, counted) - below
     values_all = torch.cat(values)
     if not 0 < rank <= values_all.numel():
@@ -337,6 +362,7 @@ class _Chunks:
         self.sources = sources
         self.plan = plan
         self.counted: int | None = None  # entries competing, once a pass has read them all
+        self.finite = False  # True once a pass has read every score and found them finite
         size = min(_CHUNK, plan.largest)
         self.top = torch.empty(size, dtype=torch.int16)
         self.dead = torch.empty(size, dtype=torch.bool)
