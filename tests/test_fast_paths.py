@@ -18,9 +18,14 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 @pytest.fixture(autouse=True, params=["guess", "radix", "plain"])
 def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs through each selection path: one pass around a guess from a sample,
-    the histogram passes, and the plain one (small inputs normally take the plain one)."""
+    the histogram passes, and the plain one (small inputs normally take the plain one).
+
+    The inputs here are small, so the guess from a sample of them is loose: the one pass
+    may gather up to half of the entries in between (1/16 otherwise) to be taken at all.
+    """
     monkeypatch.setattr(select, "_SMALL", 1 << 14 if request.param == "plain" else 0)
-    monkeypatch.setattr(select, "_SAMPLE", 64 if request.param == "guess" else 1 << 40)
+    monkeypatch.setattr(select, "_SAMPLE", 1024 if request.param == "guess" else 1 << 40)
+    monkeypatch.setattr(select, "_budget", lambda plan: plan.size // 2)
 
 
 class Distinct:
@@ -247,3 +252,28 @@ def test_a_first_pruning_refuses_scores_it_cannot_rank(bad: float) -> None:
     for layer, weight in zip(layers, kept, strict=True):
         assert not prune.is_pruned(layer)
         assert torch.allclose(layer.weight, weight, equal_nan=True)
+
+
+def test_the_one_pass_serves_first_second_and_global_pruning(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if request.node.callspec.params["selection_path"] != "guess":
+        pytest.skip("about the one pass only")
+    held: list[bool] = []
+    one_pass = select._mark_between
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        result = one_pass(*args)
+        held.append(result is not None)
+        return result
+
+    monkeypatch.setattr(select, "_mark_between", spy)
+    theirs, ours = models(torch.float32)
+    for lib, layers in ((torch_prune, theirs), (prune, ours)):
+        lib.l1_unstructured(layers[0], "weight", amount=0.3)
+        lib.l1_unstructured(layers[0], "weight", amount=0.4)
+        params = [(m, "weight") for m in layers]
+        lib.global_unstructured(params, pruning_method=lib.L1Unstructured, amount=0.2)
+    for t, o in zip(theirs, ours, strict=True):
+        assert_same_pruning(t, o)
+    assert len(held) >= 3 and all(held)  # every call was served by the one pass

@@ -13,17 +13,19 @@ from prunekit import select
 from prunekit.select import smallest_k, smallest_k_many
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+BUDGET = select._budget
 
 
 @pytest.fixture(autouse=True)
 def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small inputs normally take the plain path; here they take the radix one.
 
-    Tests may shrink select._CHUNK; the fixture puts it back afterwards.
+    Tests may change select._CHUNK, _SAMPLE or _budget; the fixture puts them back afterwards.
     """
     monkeypatch.setattr(select, "_SMALL", 0)
     monkeypatch.setattr(select, "_CHUNK", select._CHUNK)
     monkeypatch.setattr(select, "_SAMPLE", select._SAMPLE)
+    monkeypatch.setattr(select, "_budget", select._budget)
 
 
 def reference(
@@ -98,17 +100,26 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
     problems(),
     st.sampled_from([0, 1 << 14]),
     st.sampled_from([7, 64, 1 << 20]),
-    st.sampled_from([64, 1 << 16]),
+    st.sampled_from([64, 1024, 1 << 16]),
+    st.booleans(),
     st.booleans(),
     st.booleans(),
 )
 def test_matches_stable_sort(
-    problem: tuple, small: int, chunk: int, sample: int, as_mask: bool, as_count: bool
+    problem: tuple,
+    small: int,
+    chunk: int,
+    sample: int,
+    as_mask: bool,
+    as_count: bool,
+    loose: bool,
 ) -> None:
     scores, alive, k, magnitude = problem
     select._SMALL = small  # both the radix path and the plain one
     select._CHUNK = chunk  # passes that cross chunk borders, and one chunk per tensor
     select._SAMPLE = sample  # a guess from a sample (right or wrong), or no guess at all
+    # With `loose`, the one pass is taken even around a loose guess (these inputs are small).
+    select._budget = (lambda plan: plan.size // 2) if loose else BUDGET
     # Alive flags as bool, or as a 0/1 mask of the scores' dtype (1 competes).
     flags = [
         a if a is None or not as_mask else a.to(s.dtype) for s, a in zip(scores, alive, strict=True)
@@ -185,6 +196,25 @@ def test_one_pass_around_a_guess_and_the_fallback_give_the_same(
         ):
             assert torch.equal(kept, (~w).to(dtype))
         assert outcomes == [False]
+
+
+def test_one_pass_over_an_empty_tensor_among_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(5)
+    parts = [torch.empty(0), torch.randn(50_000, generator=g), torch.empty(0)]
+    held: list[bool] = []
+    one_pass = select._mark_between
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        result = one_pass(*args)
+        held.append(result is not None)
+        return result
+
+    monkeypatch.setattr(select, "_mark_between", spy)
+    sources = [(lambda p=p: (p, None)) for p in parts]
+    got = list(smallest_k_many(sources, 20_000, magnitude=True))
+    assert held == [True]
+    for chosen, want in zip(got, reference(parts, [None] * 3, 20_000, True), strict=True):
+        assert torch.equal(chosen, want)
 
 
 def test_negative_and_signed_zero_scores() -> None:

@@ -300,10 +300,7 @@ def _mark_between(
     plan = chunks.plan
     hit = keep_dtype is None
     out_dtype = torch.bool if keep_dtype is None else keep_dtype
-    # Those in between (a position and a value each) may take no more memory than the
-    # largest tensor, and are at most 1/16 of all: ranking them is a smaller problem.
-    item = torch.finfo(plan.work).bits // 8
-    budget = min(plan.size // 16, plan.largest * item // (8 + item))
+    budget = _budget(plan)
     outs: list[Tensor] = []
     places: list[list[Tensor]] = []  # per source: the positions in between, chunk by chunk
     values = []
@@ -345,10 +342,19 @@ def _mark_between(
         picked = smallest_k(values_all, rank)
     offset = 0
     for out, here in zip(outs, places, strict=True):
-        where = torch.cat(here)
-        out[where[picked[offset : offset + where.numel()]]] = hit
-        offset += where.numel()
+        if here:  # an empty tensor has no chunks
+            where = torch.cat(here)
+            out[where[picked[offset : offset + where.numel()]]] = hit
+            offset += where.numel()
     return outs
+
+
+def _budget(plan: _Plan) -> int:
+    """How many entries in between the one pass may gather: at most 1/16 of all (ranking
+    them is then a much smaller problem), taking no more memory (a position and a value
+    each) than the largest tensor."""
+    item = torch.finfo(plan.work).bits // 8
+    return min(plan.size // 16, plan.largest * item // (8 + item))
 
 
 class _Chunks:
