@@ -217,6 +217,23 @@ def test_one_pass_over_an_empty_tensor_among_others(monkeypatch: pytest.MonkeyPa
         assert torch.equal(chosen, want)
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.float64, torch.int32, torch.float16])
+def test_a_mask_of_another_dtype_lets_only_its_ones_compete(mask_dtype: torch.dtype) -> None:
+    # 1 - 1e-12 is not 1, though it rounds to 1.0 in float32: that entry does not compete.
+    g = torch.Generator().manual_seed(6)
+    scores = torch.randn(40_000, generator=g)
+    alive = (torch.rand(40_000, generator=g) < 0.8).to(torch.float64)
+    if mask_dtype == torch.float64:
+        alive[::7] = 1 - 1e-12
+    elif mask_dtype == torch.int32:
+        alive[::7] = 2
+    mask = alive.to(mask_dtype)
+    want = reference([scores], [mask == 1], 10_000, magnitude=True)
+    for count in (10_000, lambda total: 10_000):
+        (got,) = smallest_k_many([lambda: (scores, mask)], count, magnitude=True)
+        assert torch.equal(got, want[0])
+
+
 def test_negative_and_signed_zero_scores() -> None:
     scores = torch.tensor([0.0, -0.0, -1.0, 2.0, -0.0, 0.5])
     assert smallest_k(scores, 2).tolist() == [True, False, True, False, False, False]

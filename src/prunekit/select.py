@@ -18,6 +18,9 @@ k-th value, the next digits are counted only inside that bucket, and a last
 pass compares every magnitude with the k-th one. Ties are resolved only
 where they straddle the k-th value. Counts are Python ints, so totals above
 2**31 are fine.
+Within a chunk, comparisons write 0/1 floats (several times faster here than
+bools, and summed to count), and entries that do not compete read as NaN,
+which every comparison leaves out: no branch, no masked write.
 The fast path covers torch tensors of float16, bfloat16, float32 and
 float64 holding more than 2**14 entries in all; anything else (other
 frameworks, negative scores, small inputs) takes a portable path built from
@@ -57,7 +60,7 @@ _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
 _SMALL = 1 << 14  # below this many entries a few plain calls beat the passes
 _SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
-_ONE = torch.ones(())
+_ONE = torch.ones(())  # 1 - chosen = kept
 
 
 class NotFinite(ValueError):
@@ -421,10 +424,10 @@ class _Chunks:
                 live = self.alive[:n]
                 if flags.dtype == torch.bool:
                     live.copy_(flags)
-                elif flags.dtype == live.dtype:
-                    torch.eq(flags, 1, out=live)
-                else:
+                elif flags.dtype != live.dtype and _widens(flags.dtype, live.dtype):
                     torch.eq(live.copy_(flags), 1, out=live)  # faster than mixed dtypes
+                else:
+                    torch.eq(flags, 1, out=live)
                 magnitudes.addcdiv_(self.zeros[:n], live)
                 live_count = _ones(live)
             yield start, piece, magnitudes, live_count
@@ -511,6 +514,11 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
             if equal is not None:
                 out[equal] = hit
         yield out
+
+
+def _widens(source: torch.dtype, target: torch.dtype) -> bool:
+    """True if `source` is a float type that `target` holds exactly (so == 1 is kept)."""
+    return source.is_floating_point and torch.promote_types(source, target) == target
 
 
 def _ones(flags: Tensor) -> int:
