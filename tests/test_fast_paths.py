@@ -23,7 +23,8 @@ def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     The inputs here are small, so the guess from a sample of them is loose: the one pass
     may gather up to half of the entries in between (1/16 otherwise) to be taken at all.
     """
-    monkeypatch.setattr(select, "_SMALL", 1 << 14 if request.param == "plain" else 0)
+    monkeypatch.setattr(select, "_SMALL", 1 << 16 if request.param == "plain" else 0)
+    monkeypatch.setattr(select, "_GUESS", 0)
     monkeypatch.setattr(select, "_SAMPLE", 1024 if request.param == "guess" else 1 << 40)
     monkeypatch.setattr(select, "_budget", lambda plan: plan.size // 2)
 

@@ -18,11 +18,13 @@ BUDGET = select._budget
 
 @pytest.fixture(autouse=True)
 def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small inputs normally take the plain path; here they take the radix one.
+    """Small inputs normally take the plain path; here they take the radix one, or the one
+    pass around a guess from a sample.
 
     Tests may change select._CHUNK, _SAMPLE or _budget; the fixture puts them back afterwards.
     """
     monkeypatch.setattr(select, "_SMALL", 0)
+    monkeypatch.setattr(select, "_GUESS", 0)
     monkeypatch.setattr(select, "_CHUNK", select._CHUNK)
     monkeypatch.setattr(select, "_SAMPLE", select._SAMPLE)
     monkeypatch.setattr(select, "_budget", select._budget)

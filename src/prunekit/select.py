@@ -57,8 +57,9 @@ _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
 _DEAD = 0x7FFF  # a NaN pattern in the top digit of every supported format
 _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
-_SMALL = 1 << 14  # below this many entries a few plain calls beat the passes
+_SMALL = 1 << 16  # up to this many entries a few plain calls beat the passes (measured)
 _SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
+_GUESS = 1 << 18  # from this many entries on, a sample is a fraction of them: worth taking
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
 _ONE = torch.ones(())  # 1 - chosen = kept
 
@@ -246,11 +247,14 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
     """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced sample.
 
     The spacing is prime to 2, 3, 5 and 7, so rows, columns and kernel positions
-    are all sampled. None when the sample is too small to say much. When the
+    are all sampled. None for fewer than _GUESS entries (a sample would be most of
+    them) or a sample too small to say much. When the
     number competing is not known yet, the sample's share of them stands in for
     it, and the bounds widen to allow for its error.
     """
     plan = chunks.plan
+    if plan.size < _GUESS:
+        return None
     stride = max(1, plan.size // _SAMPLE)
     while math.gcd(stride, 210) != 1:
         stride += 1
