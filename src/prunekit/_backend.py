@@ -8,6 +8,7 @@ through the same code by duck typing. What is not shared lives here.
 from __future__ import annotations
 
 import sys
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -36,14 +37,28 @@ def framework(obj: Any) -> str:
     Subclasses defined elsewhere (a user's ``nn.Module``) count as the framework
     of the class they derive from. Raises TypeError for anything else.
     """
-    for cls in type(obj).__mro__:
-        root = cls.__module__.partition(".")[0]
-        if root in FRAMEWORKS:
-            return root
+    root = _root(type(obj))
+    if root is not None:
+        return root
     raise TypeError(
         f"invalid object of type {type(obj).__module__}.{type(obj).__qualname__}; "
         "expected a torch or tensorplay tensor or module"
     )
+
+
+_ROOTS: weakref.WeakKeyDictionary[type, str | None] = weakref.WeakKeyDictionary()
+
+
+def _root(cls: type) -> str | None:
+    """The framework `cls` derives from, or None; remembered per class (calls are frequent)."""
+    try:
+        return _ROOTS[cls]
+    except KeyError:
+        pass
+    modules = (c.__module__.partition(".")[0] for c in cls.__mro__)
+    root = next((m for m in modules if m in FRAMEWORKS), None)
+    _ROOTS[cls] = root
+    return root
 
 
 def namespace(obj: Any) -> ModuleType:
@@ -55,20 +70,18 @@ def namespace(obj: Any) -> ModuleType:
 
 def is_tensor(obj: Any) -> bool:
     """True for a tensor (Parameters included) of either framework."""
-    try:
-        ns = namespace(obj)
-    except TypeError:
-        return False
-    return isinstance(obj, ns.Tensor)
+    if isinstance(obj, Tensor):
+        return True
+    root = _root(type(obj))
+    return root == "tensorplay" and isinstance(obj, sys.modules["tensorplay"].Tensor)
 
 
 def is_module(obj: Any) -> bool:
     """True for an ``nn.Module`` of either framework."""
-    try:
-        ns = namespace(obj)
-    except TypeError:
-        return False
-    return isinstance(obj, ns.nn.Module)
+    if isinstance(obj, torch.nn.Module):
+        return True
+    root = _root(type(obj))
+    return root == "tensorplay" and isinstance(obj, sys.modules["tensorplay"].nn.Module)
 
 
 def dtype_name(dtype: Any) -> str:

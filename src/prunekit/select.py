@@ -58,6 +58,7 @@ _LOW_BINS = 1 << 16
 _DEAD = 0x7FFF  # a NaN pattern in the top digit of every supported format
 _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
 _SMALL = 1 << 16  # up to this many entries a few plain calls beat the passes (measured)
+_TINY = 1 << 10  # up to this many, one stable sort beats kthvalue and its compares
 _SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
 _GUESS = 1 << 18  # from this many entries on, a sample is a fraction of them: worth taking
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
@@ -227,19 +228,22 @@ def _filled(scores: Tensor, alive: Tensor | None, everything: bool) -> Tensor:
 
 
 def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
-    """How to read the scores, or None when the fast path does not apply."""
+    """How to read the scores, or None when the fast path does not apply (or does not pay)."""
     dtype: torch.dtype | None = None
     size = largest = 0
     for source in sources:
         scores, _ = source()
         if not isinstance(scores, Tensor) or scores.dtype not in _BITS:
             return None
-        if not magnitude and scores.numel() and bool(scores.min() < 0):
-            return None
         size += scores.numel()
         largest = max(largest, scores.numel())
         dtype = scores.dtype if dtype is None else torch.promote_types(dtype, scores.dtype)
-    assert dtype is not None
+    if dtype is None or size <= _SMALL:
+        return None
+    for source in () if magnitude else sources:
+        scores, _ = source()
+        if scores.numel() and bool(scores.min() < 0):
+            return None
     return _Plan(dtype, _BITS[dtype], size, largest)
 
 
@@ -574,7 +578,11 @@ def _portable(sources: Sequence[Source], k: int, magnitude: bool) -> list[Tensor
 
 
 def _select_sorted(flat: Tensor, k: int) -> Tensor:
-    """The k smallest of a 1-D tensor via kthvalue, ties by lowest index."""
+    """The k smallest of a 1-D tensor via kthvalue (a stable sort if tiny), ties by lowest index."""
+    if isinstance(flat, Tensor) and flat.numel() <= _TINY:
+        chosen_few = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
+        chosen_few[torch.argsort(flat, stable=True)[:k]] = True
+        return chosen_few
     threshold = flat.kthvalue(k)[0]
     chosen = flat < threshold
     missing = k - int(chosen.sum())
