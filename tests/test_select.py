@@ -166,55 +166,37 @@ def test_large_tie_free_tensor_matches_topk(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("alive", [False, True])
 def test_one_pass_around_a_guess_and_the_fallback_give_the_same(
-    dtype: torch.dtype, alive: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: torch.dtype, alive: bool, one_pass: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g = torch.Generator().manual_seed(3)
     parts = [torch.randn(n, generator=g).to(dtype) for n in (40_000, 25_000)]
     flags = [torch.rand(p.numel(), generator=g) < 0.7 if alive else None for p in parts]
     k = 20_000
     want = reference(parts, flags, k, magnitude=True)
-    outcomes: list[bool] = []
-    one_pass = select._mark_between
-
-    def spy(*args):  # type: ignore[no-untyped-def]
-        result = one_pass(*args)
-        outcomes.append(result is not None)
-        return result
-
-    monkeypatch.setattr(select, "_mark_between", spy)
     sources = [(lambda p=p, a=a: (p, a)) for p, a in zip(parts, flags, strict=True)]
     for got, w in zip(smallest_k_many(sources, k, magnitude=True), want, strict=True):
         assert torch.equal(got, w)
-    assert outcomes == [True]  # the sample's guess held: one pass did it
+    assert one_pass == [True]  # the sample's guess held: one pass did it
     # Bounds that miss the k-th value (all below it, all above it, too wide to gather):
     # the histogram passes take over and give the same selection.
     kth = torch.cat([p.abs() for p in parts]).to(torch.float64).sort().values[k].item()
     for lower, upper in ((0.0, kth / 4), (kth * 4, kth * 8), (0.0, math.inf)):
         bounds = (torch.tensor(lower, dtype=dtype), torch.tensor(upper, dtype=dtype))
         monkeypatch.setattr(select, "_guess", lambda *args, b=bounds: b)
-        outcomes.clear()
+        one_pass.clear()
         for kept, w in zip(
             smallest_k_many(sources, k, magnitude=True, keep_dtype=dtype), want, strict=True
         ):
             assert torch.equal(kept, (~w).to(dtype))
-        assert outcomes == [False]
+        assert one_pass == [False]
 
 
-def test_one_pass_over_an_empty_tensor_among_others(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_pass_over_an_empty_tensor_among_others(one_pass: list[bool]) -> None:
     g = torch.Generator().manual_seed(5)
     parts = [torch.empty(0), torch.randn(50_000, generator=g), torch.empty(0)]
-    held: list[bool] = []
-    one_pass = select._mark_between
-
-    def spy(*args):  # type: ignore[no-untyped-def]
-        result = one_pass(*args)
-        held.append(result is not None)
-        return result
-
-    monkeypatch.setattr(select, "_mark_between", spy)
     sources = [(lambda p=p: (p, None)) for p in parts]
     got = list(smallest_k_many(sources, 20_000, magnitude=True))
-    assert held == [True]
+    assert one_pass == [True]
     for chosen, want in zip(got, reference(parts, [None] * 3, 20_000, True), strict=True):
         assert torch.equal(chosen, want)
 
