@@ -239,13 +239,15 @@ def test_unrankable_entries_fall_back_or_fail_like_the_generic_path() -> None:
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_a_first_pruning_refuses_scores_it_cannot_rank(bad: float) -> None:
-    # A first pruning checks the scores as it reads them: the error still names the entry.
+    # A first pruning checks the scores as it reads them: the error still names the entry,
+    # whatever the amount (none or all of them too), on every path.
     layers = [nn.Linear(64, 64) for _ in range(2)]
     with torch.no_grad():
         layers[1].weight[5, 7] = bad
     kept = [layer.weight.detach().clone() for layer in layers]
-    with pytest.raises(ValueError, match=r"\(5, 7\)"):
-        prune.l1_unstructured(layers[1], "weight", amount=0.3)
+    for amount in (0.3, 0.0, 1.0):
+        with pytest.raises(ValueError, match=r"\(5, 7\)"):
+            prune.l1_unstructured(layers[1], "weight", amount=amount)
     with pytest.raises(ValueError, match=r"\(5, 7\)"):
         prune.global_unstructured(
             [(m, "weight") for m in layers], pruning_method=prune.L1Unstructured, amount=0.3

@@ -108,9 +108,9 @@ def smallest_k_many(
     or infinite (for sources without flags, whose scores all compete).
     """
     plan = _fast_plan(sources, magnitude)
-    if finite and (plan is None or plan.size <= _SMALL):
-        _require_finite(sources)
-    if plan is None or plan.size <= _SMALL:
+    if plan is None:
+        if finite:
+            _require_finite(sources)
         total = _competing(sources) if total is None else total
         k = _resolve(k, total)
         if k in (0, total):
@@ -119,6 +119,8 @@ def smallest_k_many(
     if total is not None:
         k = _resolve(k, total)
         if k in (0, total):
+            if finite:
+                _require_finite(sources)
             return _all_or_none(sources, k > 0, keep_dtype)
     chunks = _Chunks(sources, plan)
     bounds = _guess(chunks, k, total)
