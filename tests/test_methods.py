@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
 
 import prunekit as prune
 from frameworks import Framework
@@ -166,6 +169,18 @@ def test_ln_structured_rejects_bad_norm(n: object) -> None:
 def test_structured_rejects_non_int_dim() -> None:
     with pytest.raises(TypeError, match=r"dim=0\.5"):
         prune.RandomStructured(0.5, dim=0.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"dim=True"):
+        prune.LnStructured(0.5, n=2, dim=True)
+
+
+def test_structured_takes_a_numpy_int_dim_as_torch_does() -> None:
+    np = pytest.importorskip("numpy")
+    theirs, ours = nn.Linear(8, 6), nn.Linear(8, 6)
+    ours.load_state_dict(theirs.state_dict())
+    torch_prune.ln_structured(theirs, "weight", 0.5, n=2, dim=np.int64(0))
+    prune.ln_structured(ours, "weight", 0.5, n=2, dim=np.int64(0))
+    assert torch.equal(theirs.weight_mask, ours.weight_mask)
+    assert type(ours._forward_pre_hooks[next(iter(ours._forward_pre_hooks))].dim) is int
 
 
 def test_custom_from_mask_multiplies_into_default(framework: Framework) -> None:

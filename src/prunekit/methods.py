@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -228,9 +229,9 @@ class _Structured(_AmountMethod):
 
     def __init__(self, amount: float, dim: int = -1) -> None:
         super().__init__(amount)
-        if isinstance(dim, bool) or not isinstance(dim, int):
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
             raise TypeError(f"{type(self).__name__}: invalid dim={dim!r}; expected an int")
-        self.dim = dim
+        self.dim: int = int(dim)  # numpy ints too, as torch takes them
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         kept = self._kept_channels(t, default_mask.dtype)
