@@ -273,3 +273,18 @@ def test_each_path_serves_first_second_and_global_pruning(
         assert len(one_pass) >= 3 and all(one_pass)
     else:
         assert one_pass == []
+
+
+def test_a_bad_amount_is_named_before_bad_scores_on_every_path() -> None:
+    layer = nn.Linear(64, 64)
+    with torch.no_grad():
+        layer.weight[5, 7] = float("nan")
+    with pytest.raises(ValueError, match="amount=4101"):
+        prune.l1_unstructured(layer, "weight", amount=4101)
+    with torch.no_grad():
+        layer.weight[5, 7] = 1.0
+    prune.l1_unstructured(layer, "weight", amount=0.5)
+    with torch.no_grad():
+        layer.weight_orig[5, 7] = float("nan")
+    with pytest.raises(ValueError, match="amount=2049"):
+        prune.l1_unstructured(layer, "weight", amount=2049)  # 2048 left unpruned

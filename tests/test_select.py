@@ -218,6 +218,22 @@ def test_a_mask_of_another_dtype_lets_only_its_ones_compete(mask_dtype: torch.dt
         assert torch.equal(got, want[0])
 
 
+@pytest.mark.parametrize("sample", [64, 1024, 1 << 17])
+def test_scores_holding_nan_still_give_exactly_k(sample: int) -> None:
+    # NaN is outside the contract (callers check first), but no path may then choose
+    # more or fewer than k: a NaN in the sample means no guess.
+    select._SAMPLE = sample
+    scores = torch.rand(50_000)
+    scores[::10] = float("nan")  # the top 10 % of a sort: the guess's upper bound falls there
+    for k in (1, 20_000, 44_500, 45_000):
+        assert int(smallest_k(scores, k).sum()) == k
+
+
+def test_tensors_off_the_cpu_take_the_plain_path() -> None:
+    scores = torch.empty(1 << 20, device="meta")
+    assert select._fast_plan([lambda: (scores, None)], magnitude=True) is None
+
+
 def test_negative_and_signed_zero_scores() -> None:
     scores = torch.tensor([0.0, -0.0, -1.0, 2.0, -0.0, 0.5])
     assert smallest_k(scores, 2).tolist() == [True, False, True, False, False, False]

@@ -311,6 +311,22 @@ def test_tensor_and_dtype_helpers(framework: Framework) -> None:
     assert dtype_name(layer.weight.dtype) == "float32"
 
 
+def test_objects_of_unhashable_classes_are_neither_tensors_nor_modules() -> None:
+    # A metaclass with __eq__ and no __hash__ makes its classes unhashable.
+    class Meta(type):
+        def __eq__(cls, other: object) -> bool:
+            return cls is other
+
+        __hash__ = None  # type: ignore[assignment]
+
+    class Odd(metaclass=Meta):
+        pass
+
+    assert not is_tensor(Odd()) and not is_module(Odd())
+    with pytest.raises(TypeError, match="expected a torch or tensorplay"):
+        framework_of(Odd())
+
+
 def test_seeded_rand_depends_only_on_the_seed(framework: Framework) -> None:
     ns = framework.ns
     framework.seed(11)

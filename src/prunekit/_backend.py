@@ -55,10 +55,15 @@ def _root(cls: type) -> str | None:
         return _ROOTS[cls]
     except KeyError:
         pass
-    modules = (c.__module__.partition(".")[0] for c in cls.__mro__)
-    root = next((m for m in modules if m in FRAMEWORKS), None)
-    _ROOTS[cls] = root
+    except TypeError:  # a class that cannot be hashed (or weakly referenced): not remembered
+        return _find_root(cls)
+    root = _ROOTS[cls] = _find_root(cls)
     return root
+
+
+def _find_root(cls: type) -> str | None:
+    modules = (c.__module__.partition(".")[0] for c in cls.__mro__)
+    return next((m for m in modules if m in FRAMEWORKS), None)
 
 
 def namespace(obj: Any) -> ModuleType:

@@ -245,8 +245,7 @@ class Snapshot:
         self.buffers = dict(module._buffers)
         self.hooks = dict(module._forward_pre_hooks)
         self.load_hooks = dict(module._load_state_dict_post_hooks)
-        tensor = namespace(module).Tensor
-        self.tensors = {k: v for k, v in module.__dict__.items() if isinstance(v, tensor)}
+        self.tensors = {k: v for k, v in module.__dict__.items() if is_tensor(v)}
         self.methods = {
             key: hook._pruning_methods
             for key, hook in self.hooks.items()

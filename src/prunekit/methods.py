@@ -91,11 +91,12 @@ class _Unstructured(_AmountMethod):
         count: Callable[[int], int],
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
-        """Flat selections of the entries to prune, ranked where each flag is True:
-        `count` of how many entries compete, in all.
+        """Flat selections of the entries to prune, ranked where each flag is True.
 
-        As bool (True = pruned), or with `keep_dtype` as 0/1 of that dtype (1 = kept).
-        None when some scores cannot be ranked (NaN or infinity).
+        How many: `count` of the number of entries that compete, in all (it raises
+        if the amount does not fit them). As bool (True = pruned), or with
+        `keep_dtype` as 0/1 of that dtype (1 = kept). None when some scores cannot
+        be ranked (NaN or infinity).
         """
         raise NotImplementedError
 
@@ -149,20 +150,14 @@ class L1Unstructured(_Unstructured):
         keep_dtype: Any,
     ) -> Iterator[Tensor] | None:
         sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
+        # With no flags every entry competes; with flags the selection counts those that
+        # compete as it reads them. It checks the scores are finite (in its one pass
+        # when it can), after the amount.
         everything = all(f() is None for f in flags)
-        if not everything and not all(_finite(t) for t in scores):
-            return None
-        # With no flags every entry competes, and the selection checks the scores as it
-        # reads them; with flags it counts those that compete as it reads.
         total = sum(t.numel() for t in scores) if everything else None
         try:
             return smallest_k_many(
-                sources,
-                count,
-                magnitude=True,
-                keep_dtype=keep_dtype,
-                total=total,
-                finite=everything,
+                sources, count, magnitude=True, keep_dtype=keep_dtype, total=total, finite=True
             )
         except NotFinite:
             return None

@@ -21,10 +21,10 @@ where they straddle the k-th value. Counts are Python ints, so totals above
 Within a chunk, comparisons write 0/1 floats (several times faster here than
 bools, and summed to count), and entries that do not compete read as NaN,
 which every comparison leaves out: no branch, no masked write.
-The fast path covers torch tensors of float16, bfloat16, float32 and
-float64 holding more than 2**14 entries in all; anything else (other
-frameworks, negative scores, small inputs) takes a portable path built from
-plain tensor methods.
+The fast path covers CPU torch tensors of float16, bfloat16, float32 and
+float64 holding more than 2**16 entries in all (the sampled guess from 2**18
+on); anything else (other frameworks and devices, negative scores, small
+inputs) takes a portable path built from plain tensor methods.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ Source = Callable[[], tuple[Tensor, Tensor | None]]
 
 The flags may be a bool tensor or a mask of any dtype (entries equal to 1 compete).
 
-Called once per pass, so a source may recompute its scores instead of holding them.
+Called about once per pass, so a source may recompute its scores instead of holding them.
 """
 
 _BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
@@ -66,7 +66,7 @@ _ONE = torch.ones(())  # 1 - chosen = kept
 
 
 class NotFinite(ValueError):
-    """Raised, when asked, if a competing score is NaN or infinite."""
+    """Raised, when asked, if a score is NaN or infinite."""
 
 
 def smallest_k(
@@ -102,17 +102,19 @@ def smallest_k_many(
     the complement instead, as 1s (kept, or not competing) and 0s (chosen) of
     that dtype: a mask, made without an intermediate bool tensor. `total`, if
     the caller knows it, is how many entries compete in all. `k` may be a
-    function of that count (it may raise to refuse it): the one pass then
-    counts the competing entries itself instead of reading them beforehand.
-    With `finite`, raises NotFinite before yielding anything if a score is NaN
-    or infinite (for sources without flags, whose scores all compete).
+    function of that count: the one pass then counts the competing entries
+    itself instead of reading them beforehand. The function may be called with
+    estimates of the count too, and raise ValueError to refuse one: a refused
+    estimate costs speed only, a refused count is raised. With `finite`, raises
+    NotFinite if a score is NaN or infinite, after any error about `k` and before
+    yielding anything (all scores count here, competing or not).
     """
     plan = _fast_plan(sources, magnitude)
     if plan is None:
-        if finite:
-            _require_finite(sources)
         total = _competing(sources) if total is None else total
-        k = _resolve(k, total)
+        k = _resolve(k, total)  # a bad count is named before bad scores, on every path
+        if finite:
+            _refuse_non_finite(sources)
         if k in (0, total):
             return _all_or_none(sources, k > 0, keep_dtype)
         return _complement(iter(_portable(sources, k, magnitude)), keep_dtype)
@@ -120,28 +122,31 @@ def smallest_k_many(
         k = _resolve(k, total)
         if k in (0, total):
             if finite:
-                _require_finite(sources)
+                _refuse_non_finite(sources)
             return _all_or_none(sources, k > 0, keep_dtype)
     chunks = _Chunks(sources, plan)
     bounds = _guess(chunks, k, total)
     done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
-    if finite and not chunks.finite:
-        _require_finite(sources)  # not read in full, or not finite: the exact check says
-    if done is not None:
-        return iter(done)
     if total is None:
         total = _competing(sources) if chunks.counted is None else chunks.counted
     k = _resolve(k, total)
+    if finite and not chunks.finite:
+        _refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
+    if done is not None:
+        return iter(done)
     if k in (0, total):
         return _all_or_none(sources, k > 0, keep_dtype)
     return _mark(chunks, _find_cut(chunks, k), keep_dtype)
 
 
-def _require_finite(sources: Sequence[Source]) -> None:
+def _refuse_non_finite(sources: Sequence[Source]) -> None:
+    """Raise NotFinite if any score is NaN or infinite (checked a chunk at a time)."""
     for source in sources:
-        scores, _ = source()
-        if scores.numel() and not bool(namespace(scores).isfinite(scores).all()):
-            raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
+        flat = source()[0].reshape(-1)
+        ns = namespace(flat)
+        for start in range(0, flat.numel(), _CHUNK):
+            if not bool(ns.isfinite(flat[start : start + _CHUNK]).all()):
+                raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
 
 
 def _competing(sources: Sequence[Source]) -> int:
@@ -237,6 +242,8 @@ def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
         scores, _ = source()
         if not isinstance(scores, Tensor) or scores.dtype not in _BITS:
             return None
+        if scores.device.type != "cpu":
+            return None  # the chunk buffers live in CPU memory
         size += scores.numel()
         largest = max(largest, scores.numel())
         dtype = scores.dtype if dtype is None else torch.promote_types(dtype, scores.dtype)
@@ -298,6 +305,8 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
     zero = torch.zeros((), dtype=plan.dtype)
     lower = sample.kthvalue(low)[0] if low >= 1 else zero
     upper = sample.kthvalue(high)[0] if high <= size else zero + math.inf
+    if not bool(lower <= upper):
+        return None  # NaN in the sample: no guess (scores must be checked, not ranked)
     return lower, upper
 
 
@@ -416,7 +425,8 @@ class _Chunks:
         Entries that do not compete read as NaN, so every comparison leaves them out.
 
         The magnitudes are written into the slice of `out` itself when `out` has the
-        scores' dtype (callers then overwrite them with the selection), else into a buffer.
+        dtype they are compared in (callers then overwrite them with the selection),
+        else into a buffer.
         """
         for start, part, flags in self.read(scores, alive):
             n = part.numel()
