@@ -229,6 +229,21 @@ def test_scores_holding_nan_still_give_exactly_k(sample: int) -> None:
         assert int(smallest_k(scores, k).sum()) == k
 
 
+@pytest.mark.parametrize("size", [1000, 100_000, 300_000])
+def test_finite_check_refuses_nan_and_inf_but_not_huge_sums(size: int) -> None:
+    # Scores near the largest float32 sum to infinity, yet every one of them is finite.
+    huge = torch.full((size,), 3e38)
+    alive = torch.ones(size, dtype=torch.bool)
+    for flags in (None, alive):
+        chosen = smallest_k_many([lambda f=flags: (huge, f)], 10, magnitude=True, finite=True)
+        assert int(next(chosen).sum()) == 10
+        for bad in (float("nan"), float("inf")):
+            scores = huge.clone()
+            scores[size // 2] = bad
+            with pytest.raises(select.NotFinite):
+                smallest_k_many([lambda s=scores, f=flags: (s, f)], 10, magnitude=True, finite=True)
+
+
 def test_tensors_off_the_cpu_take_the_plain_path() -> None:
     scores = torch.empty(1 << 20, device="meta")
     assert select._fast_plan([lambda: (scores, None)], magnitude=True) is None
