@@ -263,9 +263,9 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
 
     The spacing is prime to 2, 3, 5 and 7, so rows, columns and kernel positions
     are all sampled. None for fewer than _GUESS entries (a sample would be most of
-    them) or a sample too small to say much. When the
-    number competing is not known yet, the sample's share of them stands in for
-    it, and the bounds widen to allow for its error.
+    them) or a sample too small to say much. When the number competing is not
+    known yet, the sample's share of them stands in for it, and the bounds widen
+    to allow for that estimate's error.
     """
     plan = chunks.plan
     if plan.size < _GUESS:
