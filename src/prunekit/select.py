@@ -55,7 +55,7 @@ _BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64
 _KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
-_DEAD = 0x7FFF  # a NaN pattern in the top digit of every supported format
+_DEAD = 0x7FFF  # top digit, sign cleared, of entries that do not compete: NaN in every format
 _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
 _SMALL = 1 << 16  # up to this many entries a few plain calls beat the passes (measured)
 _TINY = 1 << 10  # up to this many, one stable sort beats kthvalue and its compares
@@ -473,7 +473,7 @@ class _Chunks:
                 ones = torch.neg(dead.view(torch.int8), out=self.all_bits[:n])
                 torch.bitwise_or(digits, ones, out=top)
                 digits = top
-            torch.bitwise_and(digits, 0x7FFF, out=top)
+            torch.bitwise_and(digits, _DEAD, out=top)  # the sign cleared: all ones is _DEAD
             yield start, part, top
 
 
