@@ -12,6 +12,7 @@ kernel's high-water mark, reset before each call through /proc/self/clear_refs).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -82,15 +83,22 @@ class Row:
 
 
 def same_masks(theirs: nn.Module, ours: nn.Module) -> str:
-    """'yes' if the masks are equal; 'ties' if they differ only among equal |weights|
-    (torch.topk breaks those ties arbitrarily, prunekit by index); else 'NO'."""
-    a, b = theirs.weight_mask, ours.weight_mask
-    if torch.equal(a, b):
-        return "yes"
-    differ = a != b
-    values = theirs.weight_orig.detach().abs()[differ]
-    tied = bool((values == values[0]).all()) and int(a.sum()) == int(b.sum())
-    return "ties" if tied else "NO"
+    """Over every pruned layer: 'yes' if the masks are equal; 'ties' if they differ only
+    among equal |weights| (torch.topk breaks those ties arbitrarily, prunekit by index);
+    else 'NO'."""
+    verdict = "yes"
+    for mine, other in zip(theirs.modules(), ours.modules(), strict=True):
+        if not hasattr(mine, "weight_mask"):
+            continue
+        a, b = mine.weight_mask, other.weight_mask
+        if torch.equal(a, b):
+            continue
+        differ = a != b
+        values = mine.weight_orig.detach().abs()[differ]
+        if not (bool((values == values[0]).all()) and int(a.sum()) == int(b.sum())):
+            return "NO"
+        verdict = "ties"
+    return verdict
 
 
 def run_case(
@@ -177,6 +185,35 @@ def single_cases(quick: bool, repeats: int) -> list[Row]:
             repeats,
         ),
     ]
+
+
+def model_case(quick: bool, repeats: int) -> Row:
+    """Every layer of a CNN with ResNet-18's weight shapes, pruned by one call each."""
+    width = 8 if quick else 64
+    torch.manual_seed(1)
+    layers: list[nn.Module] = [nn.Conv2d(3, width, 7)]
+    channels = width
+    for stage in (width, 2 * width, 4 * width, 8 * width):
+        for _ in range(4):
+            layers.append(nn.Conv2d(channels, stage, 3))
+            channels = stage
+    layers.append(nn.Linear(channels, 1000))
+    base = nn.Sequential(*layers)
+    weights = sum(m.weight.numel() for m in layers)
+
+    def work(lib: Any, model: nn.Sequential) -> None:
+        for layer in model:
+            lib.l1_unstructured(layer, "weight", amount=0.3)
+
+    row = run_case(
+        "l1 per layer, ResNet-18 shapes",
+        lambda lib: copy.deepcopy(base),
+        work,
+        True,
+        repeats,
+    )
+    row.note = f"{len(layers)} layers, {weights} weights, one l1_unstructured call each"
+    return row
 
 
 def forward_cases(quick: bool, repeats: int) -> list[Row]:
@@ -373,6 +410,7 @@ def main() -> None:
         f"medians of {repeats} alternating runs (global: {min(repeats, 3)}, one subprocess each)"
     )
     rows = single_cases(args.quick, repeats)
+    rows.append(model_case(args.quick, repeats))
     rows.append(global_case(args.quick, min(repeats, 3)))
     rows += forward_cases(args.quick, repeats)
     if not args.quick:

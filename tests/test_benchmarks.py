@@ -28,6 +28,7 @@ def test_quick_benchmark_prints_every_case() -> None:
         "random_unstructured",
         "ln_structured Linear",
         "ln_structured Conv2d",
+        "l1 per layer, ResNet-18 shapes",
         "global_unstructured",
         "no-grad forward",
         "training step",
