@@ -9,6 +9,7 @@ from typing import Any
 __all__ = [
     "compute_nparams_to_prune",
     "validate_dim",
+    "validate_dim_type",
     "validate_norm_order",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
@@ -69,11 +70,16 @@ def validate_structured_tensor(shape: tuple[int, ...], owner: str = "tensor") ->
         )
 
 
-def validate_dim(dim: Any, ndim: int, owner: str = "dim") -> int:
-    """Return `dim` as a non-negative axis of an `ndim`-D tensor, or raise IndexError."""
+def validate_dim_type(dim: Any, owner: str = "dim") -> int:
+    """Return `dim` as an int (numpy integers too, as torch takes them); bool is refused."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"{owner}: invalid dim={dim!r}; expected an int")
-    axis = int(dim)
+    return int(dim)
+
+
+def validate_dim(dim: Any, ndim: int, owner: str = "dim") -> int:
+    """Return `dim` as a non-negative axis of an `ndim`-D tensor, or raise IndexError."""
+    axis = validate_dim_type(dim, owner)
     if not -ndim <= axis < ndim:
         raise IndexError(
             f"{owner}: dim={axis} is out of range for a tensor with {ndim} dims; "

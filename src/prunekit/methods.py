@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -13,6 +12,7 @@ from prunekit._backend import common_namespace, namespace, norm, seeded_rand
 from prunekit.amount import (
     compute_nparams_to_prune,
     validate_dim,
+    validate_dim_type,
     validate_norm_order,
     validate_pruning_amount,
     validate_pruning_amount_init,
@@ -224,9 +224,7 @@ class _Structured(_AmountMethod):
 
     def __init__(self, amount: float, dim: int = -1) -> None:
         super().__init__(amount)
-        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-            raise TypeError(f"{type(self).__name__}: invalid dim={dim!r}; expected an int")
-        self.dim: int = int(dim)  # numpy ints too, as torch takes them
+        self.dim = validate_dim_type(dim, owner=type(self).__name__)
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         kept = self._kept_channels(t, default_mask.dtype)
