@@ -12,7 +12,6 @@ prunes 0 entries and a count must be 0.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
@@ -22,6 +21,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit._backend import common_namespace, is_module, is_tensor, namespace
+from prunekit.select import all_finite
 
 __all__ = [
     "Snapshot",
@@ -35,7 +35,6 @@ __all__ = [
     "prunable_parameter",
     "refuse_ties",
     "resolve",
-    "sums_finite",
     "warn_caller",
     "with_context",
 ]
@@ -198,7 +197,7 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:
     """Raise ValueError if `t` holds NaN (or infinity, unless allowed): they cannot be ranked."""
-    if not t.is_floating_point() or sums_finite(t):
+    if not t.is_floating_point() or all_finite(t):
         return
     ns = namespace(t)
     bad = ns.isnan(t) if allow_inf else ~ns.isfinite(t)
@@ -212,11 +211,6 @@ def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> N
         f"{where}: the {what} hold {count} value(s) that cannot be ranked, e.g. {value} at "
         f"index {first}; expected {allowed}"
     )
-
-
-def sums_finite(t: Tensor) -> bool:
-    """A quick pass that is True for every finite tensor (and rarely for others)."""
-    return t.numel() == 0 or math.isfinite(float(t.sum()))
 
 
 def check_binary_mask(mask: Any, where: str) -> None:

@@ -19,8 +19,15 @@ from prunekit.amount import (
     validate_structured_tensor,
 )
 from prunekit.base import BasePruningMethod
-from prunekit.checks import check_binary_mask, check_finite, sums_finite
-from prunekit.select import NotFinite, Source, alive_count, smallest_k, smallest_k_many
+from prunekit.checks import check_binary_mask, check_finite
+from prunekit.select import (
+    NotFinite,
+    Source,
+    alive_count,
+    all_finite,
+    smallest_k,
+    smallest_k_many,
+)
 
 __all__ = [
     "CustomFromMask",
@@ -363,17 +370,9 @@ class CustomFromMask(BasePruningMethod):
         return super().apply(module, name, mask=mask)
 
 
-def _finite(t: Tensor) -> bool:
-    """True if `t` holds no NaN or infinity (a float sum is its quick first check)."""
-    if sums_finite(t):
-        return True
-    ns = namespace(t)
-    return not (bool(ns.isnan(t).any()) or bool(ns.isinf(t).any()))
-
-
 def _require_finite(t: Tensor, owner: str, what: str = "scores") -> None:
     """Raise ValueError if `t` holds NaN or infinity: such values cannot be ranked."""
-    if not _finite(t):
+    if not all_finite(t):
         raise _unrankable(t, owner, what)
 
 

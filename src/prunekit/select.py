@@ -38,7 +38,7 @@ from torch import Tensor
 
 from prunekit._backend import namespace
 
-__all__ = ["NotFinite", "Source", "alive_count", "smallest_k", "smallest_k_many"]
+__all__ = ["NotFinite", "Source", "alive_count", "all_finite", "smallest_k", "smallest_k_many"]
 
 Count = int | Callable[[int], int]
 """How many entries to choose: a number, or a function of how many compete."""
@@ -139,16 +139,22 @@ def smallest_k_many(
     return _mark(chunks, _find_cut(chunks, k), keep_dtype)
 
 
+def all_finite(t: Tensor) -> bool:
+    """True if `t` holds no NaN or infinity. Read a chunk at a time: a finite sum clears
+    a chunk quickly, isfinite() settles the rest; no temporary as large as `t`."""
+    flat = t.reshape(-1)
+    ns = namespace(flat)
+    for start in range(0, flat.numel(), _CHUNK):
+        part = flat[start : start + _CHUNK]
+        if not math.isfinite(float(part.sum())) and not bool(ns.isfinite(part).all()):
+            return False
+    return True
+
+
 def _refuse_non_finite(sources: Sequence[Source]) -> None:
-    """Raise NotFinite if any score is NaN or infinite (checked a chunk at a time; a sum
-    that is finite clears a chunk quickly, isfinite() settles the rest)."""
-    for source in sources:
-        flat = source()[0].reshape(-1)
-        ns = namespace(flat)
-        for start in range(0, flat.numel(), _CHUNK):
-            part = flat[start : start + _CHUNK]
-            if not math.isfinite(float(part.sum())) and not bool(ns.isfinite(part).all()):
-                raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
+    """Raise NotFinite if any score is NaN or infinite."""
+    if not all(all_finite(source()[0]) for source in sources):
+        raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
 
 
 def _competing(sources: Sequence[Source]) -> int:
