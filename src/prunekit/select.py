@@ -110,33 +110,27 @@ def smallest_k_many(
     yielding anything (all scores count here, competing or not).
     """
     plan = _fast_plan(sources, magnitude)
-    if plan is None:
-        total = _competing(sources) if total is None else total
-        k = _resolve(k, total)  # a bad count is named before bad scores, on every path
-        if finite:
-            _refuse_non_finite(sources)
-        if k in (0, total):
-            return _all_or_none(sources, k > 0, keep_dtype)
-        return _complement(iter(_portable(sources, k, magnitude)), keep_dtype)
-    if total is not None:
-        k = _resolve(k, total)
-        if k in (0, total):
-            if finite:
-                _refuse_non_finite(sources)
-            return _all_or_none(sources, k > 0, keep_dtype)
-    chunks = _Chunks(sources, plan)
-    bounds = _guess(chunks, k, total)
-    done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
-    if total is None:
-        total = _competing(sources) if chunks.counted is None else chunks.counted
-    k = _resolve(k, total)
-    if finite and not chunks.finite:
+    if plan is None and total is None:
+        total = _competing(sources)
+    count = None if total is None else _resolve(k, total)  # a bad k is named before bad scores
+    chunks = done = None
+    if plan is not None and (count is None or count not in (0, total)):  # a selection to make
+        chunks = _Chunks(sources, plan)
+        bounds = _guess(chunks, k, total)
+        done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
+        if total is None:
+            total = _competing(sources) if chunks.counted is None else chunks.counted
+            count = _resolve(k, total)
+    assert total is not None and count is not None
+    if finite and not (chunks is not None and chunks.finite):
         _refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
     if done is not None:
         return iter(done)
-    if k in (0, total):
-        return _all_or_none(sources, k > 0, keep_dtype)
-    return _mark(chunks, _find_cut(chunks, k), keep_dtype)
+    if count in (0, total):
+        return _all_or_none(sources, count > 0, keep_dtype)
+    if chunks is None:
+        return _complement(iter(_portable(sources, count, magnitude)), keep_dtype)
+    return _mark(chunks, _find_cut(chunks, count), keep_dtype)
 
 
 def all_finite(t: Tensor) -> bool:
