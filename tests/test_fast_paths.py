@@ -15,18 +15,24 @@ from prunekit import select
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
-@pytest.fixture(autouse=True, params=["guess", "radix", "plain"])
+@pytest.fixture(autouse=True, params=["guess", "guess-tensors", "radix", "plain"])
 def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs through each selection path: one pass around a guess from a sample,
-    the histogram passes, and the plain one (small inputs normally take the plain one).
+    """Every test runs through each selection path: one pass around a guess from a sample
+    (as the C loop, in chunks and parts as small as these inputs allow, and as tensor
+    operations), the histogram passes, and the plain one (small inputs normally take it).
 
     The inputs here are small, so the guess from a sample of them is loose: the one pass
     may gather up to half of the entries in between (1/16 otherwise) to be taken at all.
     """
     monkeypatch.setattr(select, "_SMALL", 1 << 16 if request.param == "plain" else 0)
     monkeypatch.setattr(select, "_GUESS", 0)
-    monkeypatch.setattr(select, "_SAMPLE", 1024 if request.param == "guess" else 1 << 40)
+    monkeypatch.setattr(select, "_SAMPLE", 1024 if "guess" in request.param else 1 << 40)
     monkeypatch.setattr(select, "_budget", lambda plan: plan.size // 2)
+    monkeypatch.setattr(select, "_STEP", 1000)
+    monkeypatch.setattr(select, "_PART", 100)
+    monkeypatch.setattr(select, "_threads", lambda: 2)
+    if request.param == "guess-tensors":
+        monkeypatch.setattr(select, "_native", None)
 
 
 class Distinct:
@@ -260,7 +266,7 @@ def test_a_first_pruning_refuses_scores_it_cannot_rank(bad: float) -> None:
 def test_each_path_serves_first_second_and_global_pruning(
     request: pytest.FixtureRequest, one_pass: list[bool]
 ) -> None:
-    # The one pass serves every call in "guess" mode, and no call in the other two.
+    # The one pass serves every call in the "guess" modes, and no call in the other two.
     theirs, ours = models(torch.float32)
     for lib, layers in ((torch_prune, theirs), (prune, ours)):
         lib.l1_unstructured(layers[0], "weight", amount=0.3)
@@ -269,7 +275,7 @@ def test_each_path_serves_first_second_and_global_pruning(
         lib.global_unstructured(params, pruning_method=lib.L1Unstructured, amount=0.2)
     for t, o in zip(theirs, ours, strict=True):
         assert_same_pruning(t, o)
-    if request.node.callspec.params["selection_path"] == "guess":
+    if "guess" in request.node.callspec.params["selection_path"]:
         assert len(one_pass) >= 3 and all(one_pass)
     else:
         assert one_pass == []

@@ -14,6 +14,7 @@ from prunekit.select import smallest_k, smallest_k_many
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 BUDGET = select._budget
+NATIVE, PART, THREADS = select._native, select._PART, select._threads
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +22,13 @@ def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small inputs normally take the plain path; here they take the radix one, or the one
     pass around a guess from a sample.
 
-    Tests may change select._CHUNK, _SAMPLE or _budget; the fixture puts them back afterwards.
+    Tests may change select._CHUNK, _STEP, _PART, _threads, _native, _SAMPLE or _budget;
+    the fixture puts them back afterwards.
     """
     monkeypatch.setattr(select, "_SMALL", 0)
     monkeypatch.setattr(select, "_GUESS", 0)
-    monkeypatch.setattr(select, "_CHUNK", select._CHUNK)
+    for name in ("_CHUNK", "_STEP", "_PART", "_threads", "_native"):
+        monkeypatch.setattr(select, name, getattr(select, name))
     monkeypatch.setattr(select, "_SAMPLE", select._SAMPLE)
     monkeypatch.setattr(select, "_budget", select._budget)
 
@@ -106,6 +109,7 @@ def problems(draw: st.DrawFn) -> tuple[list[torch.Tensor], list[torch.Tensor | N
     st.booleans(),
     st.booleans(),
     st.booleans(),
+    st.sampled_from(["tensors", "C", "C in parts"]),
 )
 def test_matches_stable_sort(
     problem: tuple,
@@ -115,10 +119,17 @@ def test_matches_stable_sort(
     as_mask: bool,
     as_count: bool,
     loose: bool,
+    one_pass: str,
 ) -> None:
     scores, alive, k, magnitude = problem
     select._SMALL = small  # both the radix path and the plain one
-    select._CHUNK = chunk  # passes that cross chunk borders, and one chunk per tensor
+    select._CHUNK = select._STEP = (
+        chunk  # passes that cross chunk borders, and one chunk per tensor
+    )
+    # The one pass as tensor operations, as the C loop, or the C loop with each chunk in
+    # parts of a few entries on three threads.
+    select._native = None if one_pass == "tensors" else NATIVE
+    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
     select._SAMPLE = sample  # a guess from a sample (right or wrong), or no guess at all
     # With `loose`, the one pass is taken even around a loose guess (these inputs are small).
     select._budget = (lambda plan: plan.size // 2) if loose else BUDGET

@@ -29,14 +29,24 @@ inputs) takes a portable path built from plain tensor methods.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
 
 from prunekit._backend import namespace
+
+_native: ModuleType | None
+try:  # the one pass as a C loop (_native.c); without it, tensor operations do the same
+    from prunekit import _native
+except ImportError:  # pragma: no cover - not built here
+    _native = None
 
 __all__ = ["NotFinite", "Source", "alive_count", "all_finite", "smallest_k", "smallest_k_many"]
 
@@ -57,12 +67,15 @@ _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
 _DEAD = 0x7FFF  # top digit, sign cleared, of entries that do not compete: NaN in every format
 _CHUNK = 1 << 18  # entries read at a time: the work buffers stay in cache (L2)
+_STEP = 1 << 20  # entries per call of the C loop, which blocks them itself (fewer calls: faster)
 _SMALL = 1 << 16  # up to this many entries a few plain calls beat the passes (measured)
 _TINY = 1 << 10  # up to this many, one stable sort beats kthvalue and its compares
 _SAMPLE = 1 << 17  # entries sampled to guess where the k-th value lies
 _GUESS = 1 << 18  # from this many entries on, a sample is a fraction of them: worth taking
 _SPREAD = 6.0  # how many standard deviations of the guess the bounds leave either side
 _ONE = torch.ones(())  # 1 - chosen = kept
+_PART = 1 << 16  # the C loop splits a chunk among threads in parts at least this large
+_threads = torch.get_num_threads  # how many threads the C loop may use: as many as torch
 
 
 class NotFinite(ValueError):
@@ -207,6 +220,17 @@ class _Cut:
     take: int
 
 
+@dataclass
+class _Part:
+    """What the one pass found in one chunk (positions count from the tensor's start)."""
+
+    below: int  # competing entries below the lower bound
+    competing: int
+    positions: Tensor  # of the competing entries between the bounds, ascending
+    values: Tensor  # their magnitudes
+    finite: Tensor | bool | None  # every score of the chunk finite (None: not known)
+
+
 def alive_count(scores: Tensor, alive: Tensor | None) -> int:
     """How many entries of `scores` compete: those where `alive` is 1/True (all for None)."""
     if alive is None:
@@ -329,33 +353,27 @@ def _mark_between(
     places: list[list[Tensor]] = []  # per source: the positions in between, chunk by chunk
     values = []
     below = counted = 0
-    peaks: list[Tensor] | None = []  # each chunk's largest magnitude: NaN or inf if any is
+    peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
     for scores, alive in (source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
         here = []
-        for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
-            n = piece.numel()
-            counted += competing
-            if alive is not None:
-                peaks = None  # NaN stands for the entries that do not compete
+        for part in chunks.split(scores, alive, out, lower, upper, hit):
+            counted += part.competing
+            below += part.below
+            if part.finite is None:
+                peaks = None
             elif peaks is not None:
-                peaks.append(magnitudes.amax())
-            # Compares into floats: several times faster here than into bool.
-            low = torch.lt(magnitudes, lower, out=chunks.low[:n])
-            between = torch.le(magnitudes, upper, out=chunks.high[:n]).sub_(low)
-            below += _ones(low)
-            where = chunks.between[:n].copy_(between).nonzero().reshape(-1)
-            budget -= where.numel()
+                peaks.append(part.finite)
+            budget -= part.positions.numel()
             if budget < 0:
                 return None
-            here.append(where + start)
-            values.append(magnitudes.index_select(0, where))
-            _write(piece, low, hit)
+            here.append(part.positions)
+            values.append(part.values)
         outs.append(out)
         places.append(here)
     chunks.counted = counted
     if peaks:
-        chunks.finite = bool(torch.stack(peaks).isfinite().all())
+        chunks.finite = all(bool(peak) for peak in peaks)
     rank = _resolve(k, counted) - below
     values_all = torch.cat(values)
     if not 0 < rank <= values_all.numel():
@@ -405,18 +423,27 @@ class _Chunks:
         self.high = torch.empty(size, dtype=plan.work)
         self.alive = torch.empty(size, dtype=plan.work)
         self.zeros = torch.zeros(size, dtype=plan.work)
+        # The C loop's: where it gathers the in-between entries, 16-bit scores widened,
+        # other flags as bools. Only the pages written are ever mapped.
+        step = min(_STEP, plan.largest) if _native else 0
+        self.positions = torch.empty(step, dtype=torch.int64)
+        self.found = torch.empty(step, dtype=plan.work)
+        self.wide = torch.empty(step if plan.bits == 16 else 0, dtype=plan.work)
+        self.live = torch.empty(step, dtype=torch.bool)
 
     def read(
-        self, scores: Tensor, alive: Tensor | None
+        self, scores: Tensor, alive: Tensor | None, step: int | None = None
     ) -> Iterator[tuple[int, Tensor, Tensor | None]]:
-        """(start, scores, alive flags or None) for each chunk of one source's scores."""
+        """(start, scores, alive flags or None) for each chunk (of `step` entries,
+        _CHUNK by default) of one source's scores."""
+        step = step or _CHUNK
         flat = scores.reshape(-1)
         live = None if alive is None else alive.reshape(-1)
-        for start in range(0, flat.numel(), _CHUNK):
-            part = flat[start : start + _CHUNK]
+        for start in range(0, flat.numel(), step):
+            part = flat[start : start + step]
             if part.dtype != self.plan.dtype:
                 part = part.to(self.plan.dtype)
-            flags = None if live is None else live[start : start + _CHUNK]
+            flags = None if live is None else live[start : start + step]
             yield start, part.contiguous(), flags
 
     def magnitudes(
@@ -453,6 +480,67 @@ class _Chunks:
                 magnitudes.addcdiv_(self.zeros[:n], live)
                 live_count = _ones(live)
             yield start, piece, magnitudes, live_count
+
+    def split(
+        self,
+        scores: Tensor,
+        alive: Tensor | None,
+        out: Tensor,
+        lower: Tensor,
+        upper: Tensor,
+        hit: bool,
+    ) -> Iterator[_Part]:
+        """The one pass over one source, chunk by chunk: writes the entries below `lower`
+        into `out` (`hit` where chosen, else 1 - `hit`; in-between entries as not chosen)
+        and yields what each chunk holds between the bounds."""
+        width = out.element_size()
+        if _native is None or width not in (1, 2, 4, 8) or out.is_complex():
+            yield from self._split_tensors(scores, alive, out, lower, upper, hit)
+            return
+        one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
+        chosen, other = (one, 0) if hit else (0, one)
+        bounds = float(lower), float(upper)
+        for start, part, flags in self.read(scores, alive, _STEP):
+            n = part.numel()
+            if part.dtype not in (torch.float32, torch.float64):
+                part = self.wide[:n].copy_(part)  # 16-bit: widened (exactly)
+            if flags is not None and (flags.dtype != torch.bool or not flags.is_contiguous()):
+                flags = torch.eq(flags, 1, out=self.live[:n])
+            competing, below, positions, values, finite = _native_split(
+                part,
+                flags,
+                out[start : start + n],
+                chosen,
+                other,
+                bounds,
+                self.positions[:n],
+                self.found[:n],
+            )
+            yield _Part(below, competing, positions.add_(start), values, finite)
+
+    def _split_tensors(
+        self,
+        scores: Tensor,
+        alive: Tensor | None,
+        out: Tensor,
+        lower: Tensor,
+        upper: Tensor,
+        hit: bool,
+    ) -> Iterator[_Part]:
+        """`split` as tensor operations, a few per chunk."""
+        for start, piece, magnitudes, competing in self.magnitudes(scores, alive, out):
+            n = piece.numel()
+            # NaN stands for the entries that do not compete, so only without flags does
+            # the chunk's largest magnitude say whether all are finite.
+            finite = magnitudes.amax().isfinite() if alive is None else None
+            # Compares into floats: several times faster here than into bool.
+            low = torch.lt(magnitudes, lower, out=self.low[:n])
+            between = torch.le(magnitudes, upper, out=self.high[:n]).sub_(low)
+            below = _ones(low)
+            where = self.between[:n].copy_(between).nonzero().reshape(-1)
+            values = magnitudes.index_select(0, where)
+            _write(piece, low, hit)
+            yield _Part(below, competing, where.add_(start), values, finite)
 
     def tops(self, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
         """(start, scores, top digits) per chunk: the top 16 bits without the sign,
@@ -536,6 +624,72 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
             if equal is not None:
                 out[equal] = hit
         yield out
+
+
+_UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_POOL: list[tuple[int, ThreadPoolExecutor]] = []  # the C loop's threads (how many), once made
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of at least `workers` threads, kept for later calls."""
+    if not _POOL or _POOL[0][0] < workers:
+        _POOL[:] = [(workers, ThreadPoolExecutor(workers, thread_name_prefix="prunekit"))]
+    return _POOL[0][1]
+
+
+os.register_at_fork(after_in_child=_POOL.clear)  # the pool's threads do not survive a fork
+
+
+def _native_split(
+    scores: Tensor,
+    flags: Tensor | None,
+    out: Tensor,
+    chosen: int,
+    other: int,
+    bounds: tuple[float, float],
+    positions: Tensor,
+    values: Tensor,
+) -> tuple[int, int, Tensor, Tensor, bool]:
+    """One chunk through the C loop, in as many parts as torch has threads (each at
+    least _PART entries): the parts run at once, the GIL released.
+
+    Returns how many entries compete, how many are below, the positions and values
+    of those in between (copies), and whether all scores are finite.
+    """
+    assert _native is not None
+    n = scores.numel()
+    count = max(1, min(_threads(), n // _PART))
+    parts = list(itertools.pairwise(n * i // count for i in range(count + 1)))
+
+    def run(start: int, end: int) -> tuple[int, int, int, bool]:
+        tally: tuple[int, int, int, bool] = _native.split(
+            scores.data_ptr() + start * scores.element_size(),
+            scores.element_size(),
+            0 if flags is None else flags.data_ptr() + start,
+            out.data_ptr() + start * out.element_size(),
+            out.element_size(),
+            chosen,
+            other,
+            end - start,
+            *bounds,
+            positions.data_ptr() + start * positions.element_size(),
+            values.data_ptr() + start * values.element_size(),
+            start,
+        )
+        return tally
+
+    pending = [_pool(count - 1).submit(run, *part) for part in parts[1:]]
+    tallies = [run(*parts[0]), *(future.result() for future in pending)]
+    spans = [
+        slice(start, start + tally[1]) for (start, _), tally in zip(parts, tallies, strict=True)
+    ]
+    return (
+        sum(tally[2] for tally in tallies),
+        sum(tally[0] for tally in tallies),
+        torch.cat([positions[span] for span in spans]),
+        torch.cat([values[span] for span in spans]),
+        all(tally[3] for tally in tallies),
+    )
 
 
 def _widens(source: torch.dtype, target: torch.dtype) -> bool:

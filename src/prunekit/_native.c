@@ -1,0 +1,166 @@
+/* The selection's one pass over a chunk of scores, as one loop (prunekit.select).
+
+For each entry: its magnitude; whether it competes (its alive flag); whether
+it is below `lower` (then chosen); whether it lies in [lower, upper] (then its
+position and magnitude are gathered, to be ranked by the caller); whether it
+is finite. The selection is written as one of two bit patterns per entry. The
+scores are read once, where the same work as tensor operations reads them
+about ten times.
+
+No Python object is touched while the loop runs, so it releases the GIL: two
+threads can work on two halves of a chunk. Addresses come in as integers from
+Tensor.data_ptr(); the caller owns and checks every buffer (select.py). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Entries handled per inner loop: their in-between flags fit in L1. */
+#define BLOCK 2048
+
+/* On x86-64 Linux with GCC, build the loops for AVX-512, AVX2 and the baseline, and
+   pick one when the module loads (measured: 0.83 and 0.70 of the baseline's time). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+typedef struct {
+    Py_ssize_t below;     /* competing entries below `lower` */
+    Py_ssize_t found;     /* competing entries in [lower, upper], gathered */
+    Py_ssize_t competing; /* entries whose alive flag is set (all, without flags) */
+    int finite;           /* every magnitude finite, competing or not */
+} Tally;
+
+/* One loop per score type S, output type O and whether alive flags are read. */
+#define SPLIT(NAME, S, ABS, MAX, O, ALIVE)                                                   \
+    static CLONES void NAME(const S *scores, const uint8_t *alive, O *out, O chosen,       \
+                            O other, Py_ssize_t n, S lower, S upper, int64_t *positions,   \
+                            S *values, int64_t base, Tally *tally) {                       \
+        const O flip = chosen ^ other;                                                     \
+        uint8_t between[BLOCK];                                                            \
+        for (Py_ssize_t start = 0; start < n; start += BLOCK) {                            \
+            const Py_ssize_t len = n - start < BLOCK ? n - start : BLOCK;                  \
+            const S *x = scores + start;                                                   \
+            O *o = out + start;                                                            \
+            int32_t lows = 0, band = 0, live = 0, bad = 0;                                 \
+            for (Py_ssize_t i = 0; i < len; i++) {                                         \
+                const S a = ABS(x[i]);                                                     \
+                const int32_t on = ALIVE ? (alive[start + i] != 0) : 1;                    \
+                const int32_t low = on & (a < lower);                                      \
+                const int32_t in = on & (a >= lower) & (a <= upper);                       \
+                o[i] = other ^ (flip & (O)(-(O)low));                                      \
+                lows += low;                                                               \
+                band += in;                                                                \
+                live += on;                                                                \
+                bad |= !(a <= MAX);                                                        \
+                between[i] = (uint8_t)in;                                                  \
+            }                                                                              \
+            tally->below += lows;                                                          \
+            tally->competing += live;                                                      \
+            tally->finite &= !bad;                                                         \
+            if (!band) continue;                                                           \
+            /* Few entries lie in between: skip the flags eight at a time. */             \
+            for (Py_ssize_t w = 0; w < len; w += 8) {                                      \
+                uint64_t word = 0;                                                         \
+                memcpy(&word, between + w, len - w < 8 ? (size_t)(len - w) : 8);           \
+                while (word) {                                                             \
+                    const Py_ssize_t i = w + (__builtin_ctzll(word) >> 3);                 \
+                    positions[tally->found] = base + start + i;                            \
+                    values[tally->found] = ABS(x[i]);                                      \
+                    tally->found++;                                                        \
+                    word &= word - 1;                                                      \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    }
+
+#define SPLITS(S, ABS, MAX, O, SUFFIX)                  \
+    SPLIT(split_##SUFFIX, S, ABS, MAX, O, 0)           \
+    SPLIT(split_alive_##SUFFIX, S, ABS, MAX, O, 1)
+
+SPLITS(float, fabsf, FLT_MAX, uint8_t, f4_o1)
+SPLITS(float, fabsf, FLT_MAX, uint16_t, f4_o2)
+SPLITS(float, fabsf, FLT_MAX, uint32_t, f4_o4)
+SPLITS(float, fabsf, FLT_MAX, uint64_t, f4_o8)
+SPLITS(double, fabs, DBL_MAX, uint8_t, f8_o1)
+SPLITS(double, fabs, DBL_MAX, uint16_t, f8_o2)
+SPLITS(double, fabs, DBL_MAX, uint32_t, f8_o4)
+SPLITS(double, fabs, DBL_MAX, uint64_t, f8_o8)
+
+#define CALL(SUFFIX, S, O)                                                                 \
+    do {                                                                                   \
+        if (alive)                                                                         \
+            split_alive_##SUFFIX((const S *)scores, alive, (O *)out, (O)chosen, (O)other, \
+                                 n, (S)lower, (S)upper, positions, (S *)values, base,     \
+                                 &tally);                                                  \
+        else                                                                               \
+            split_##SUFFIX((const S *)scores, NULL, (O *)out, (O)chosen, (O)other, n,     \
+                           (S)lower, (S)upper, positions, (S *)values, base, &tally);     \
+    } while (0)
+
+static PyObject *split(PyObject *self, PyObject *args) {
+    unsigned long long scores_at, alive_at, out_at, positions_at, values_at;
+    unsigned long long chosen, other;
+    int kind, width;
+    Py_ssize_t n;
+    double lower, upper;
+    long long base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiKKiKKnddKKL", &scores_at, &kind, &alive_at, &out_at, &width,
+                          &chosen, &other, &n, &lower, &upper, &positions_at, &values_at,
+                          &base))
+        return NULL;
+    if ((kind != 4 && kind != 8) || (width != 1 && width != 2 && width != 4 && width != 8) ||
+        n < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "split: scores of %d bytes, output of %d bytes, %zd entries; expected "
+                     "4 or 8, 1, 2, 4 or 8, and a count >= 0",
+                     kind, width, n);
+        return NULL;
+    }
+    const void *scores = (const void *)(uintptr_t)scores_at;
+    const uint8_t *alive = (const uint8_t *)(uintptr_t)alive_at;
+    void *out = (void *)(uintptr_t)out_at;
+    int64_t *positions = (int64_t *)(uintptr_t)positions_at;
+    void *values = (void *)(uintptr_t)values_at;
+    Tally tally = {0, 0, 0, 1};
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 4) {
+        switch (width) {
+        case 1: CALL(f4_o1, float, uint8_t); break;
+        case 2: CALL(f4_o2, float, uint16_t); break;
+        case 4: CALL(f4_o4, float, uint32_t); break;
+        default: CALL(f4_o8, float, uint64_t); break;
+        }
+    } else {
+        switch (width) {
+        case 1: CALL(f8_o1, double, uint8_t); break;
+        case 2: CALL(f8_o2, double, uint16_t); break;
+        case 4: CALL(f8_o4, double, uint32_t); break;
+        default: CALL(f8_o8, double, uint64_t); break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("nnnO", tally.below, tally.found, tally.competing,
+                         tally.finite ? Py_True : Py_False);
+}
+
+static PyMethodDef methods[] = {
+    {"split", split, METH_VARARGS,
+     "split(scores, kind, alive, out, width, chosen, other, n, lower, upper, positions, "
+     "values, base) -> (below, found, competing, finite)\n\n"
+     "One pass over n scores (float of `kind` bytes) at the given addresses; see _native.c."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "prunekit._native",
+                                    "The selection's one pass as a single loop (see select.py).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,16 @@
+def split(
+    scores: int,
+    kind: int,
+    alive: int,
+    out: int,
+    width: int,
+    chosen: int,
+    other: int,
+    n: int,
+    lower: float,
+    upper: float,
+    positions: int,
+    values: int,
+    base: int,
+    /,
+) -> tuple[int, int, int, bool]: ...

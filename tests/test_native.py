@@ -1,0 +1,136 @@
+"""The one pass's C loop (prunekit._native) against the same pass in tensor operations."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+
+from prunekit import select
+
+native = select._native
+needs_native = pytest.mark.skipif(native is None, reason="the C loop is not built")
+
+
+def test_the_c_loop_is_built() -> None:
+    # Installing from source builds it wherever a C compiler is found, as here.
+    assert native is not None
+
+
+def reference(
+    scores: torch.Tensor, alive: torch.Tensor | None, lower: float, upper: float
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Chosen flags, in-between positions, competing and below counts, as tensor ops."""
+    magnitudes = scores.abs()
+    on = torch.ones_like(scores, dtype=torch.bool) if alive is None else alive
+    low = on & (magnitudes < lower)
+    between = on & (magnitudes >= lower) & (magnitudes <= upper)
+    return low, between.nonzero().reshape(-1), int(on.sum()), int(low.sum())
+
+
+def run(
+    scores: torch.Tensor,
+    alive: torch.Tensor | None,
+    out: torch.Tensor,
+    chosen: int,
+    other: int,
+    lower: float,
+    upper: float,
+) -> tuple[int, int, torch.Tensor, torch.Tensor, bool]:
+    n = scores.numel()
+    positions = torch.empty(n, dtype=torch.int64)
+    values = torch.empty(n, dtype=scores.dtype)
+    return select._native_split(
+        scores, alive, out, chosen, other, (lower, upper), positions, values
+    )
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("out_dtype", [torch.bool, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, 7, 2047, 2048, 2049, 10_003])
+@pytest.mark.parametrize("flagged", [False, True])
+def test_matches_tensor_operations(
+    dtype: torch.dtype, out_dtype: torch.dtype, size: int, flagged: bool
+) -> None:
+    g = torch.Generator().manual_seed(size)
+    scores = torch.randn(size, generator=g, dtype=torch.float64).to(dtype)
+    scores[::5] = 0.5  # ties at a bound
+    alive = torch.rand(size, generator=g) < 0.7 if flagged else None
+    lower, upper = 0.5, 0.9
+    out = torch.full((size,), 7, dtype=out_dtype)  # every entry must be written
+    one = int(torch.ones((), dtype=out_dtype).view(select._UNSIGNED[out.element_size()]))
+    hit = out_dtype == torch.bool
+    chosen, other = (one, 0) if hit else (0, one)
+    competing, below, positions, values, finite = run(
+        scores, alive, out, chosen, other, lower, upper
+    )
+    low, where, want_competing, want_below = reference(scores, alive, lower, upper)
+    assert torch.equal(out, (low if hit else ~low).to(out_dtype))
+    assert torch.equal(positions, where)
+    assert torch.equal(values, scores.abs()[where])
+    assert (competing, below, finite) == (want_competing, want_below, True)
+
+
+@needs_native
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_any_non_finite_score_is_seen_competing_or_not(bad: float) -> None:
+    scores = torch.rand(5000)
+    alive = torch.ones(5000, dtype=torch.bool)
+    alive[4321] = False
+    scores[4321] = bad
+    out = torch.empty(5000, dtype=torch.bool)
+    assert run(scores, alive, out, 1, 0, 0.2, 0.3)[4] is False
+    assert run(scores, None, out, 1, 0, 0.2, 0.3)[4] is False
+    scores[4321] = 1.0
+    assert run(scores, alive, out, 1, 0, 0.2, 0.3)[4] is True
+
+
+@needs_native
+def test_parts_on_threads_give_what_one_part_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(100_001, generator=g)
+    alive = torch.rand(100_001, generator=g) < 0.5
+    out = torch.empty(100_001, dtype=torch.float32)
+    whole = run(scores, alive, out, 0, 0x3F800000, 0.3, 0.35)
+    whole_out = out.clone()
+    monkeypatch.setattr(select, "_PART", 1000)
+    monkeypatch.setattr(select, "_threads", lambda: 4)
+    parted = run(scores, alive, out, 0, 0x3F800000, 0.3, 0.35)
+    assert torch.equal(out, whole_out)
+    assert parted[:2] == whole[:2] and parted[4] == whole[4]
+    assert torch.equal(parted[2], whole[2]) and torch.equal(parted[3], whole[3])
+
+
+@needs_native
+def test_refuses_unknown_widths() -> None:
+    assert native is not None
+    with pytest.raises(ValueError, match="expected 4 or 8"):
+        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
+        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+
+
+def _prune_in_child(queue: multiprocessing.Queue) -> None:
+    torch.set_num_threads(1)  # torch's own threads do not survive a fork either
+    scores = torch.randn(300_000, generator=torch.Generator().manual_seed(0))
+    queue.put(select.smallest_k(scores, 1000, magnitude=True).nonzero().reshape(-1).tolist())
+
+
+@needs_native
+def test_a_forked_child_gets_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "_PART", 1000)
+    monkeypatch.setattr(select, "_threads", lambda: 2)
+    scores = torch.randn(300_000, generator=torch.Generator().manual_seed(0))
+    want = select.smallest_k(scores, 1000, magnitude=True).nonzero().reshape(-1).tolist()
+    assert select._POOL  # the parent made its pool, whose thread the child will not have
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_prune_in_child, args=(queue,))
+    child.start()
+    child.join(30)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung on the parent's thread pool")
+    assert queue.get(timeout=5) == want
