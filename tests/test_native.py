@@ -107,9 +107,9 @@ def test_parts_on_threads_give_what_one_part_gives(monkeypatch: pytest.MonkeyPat
 def test_refuses_unknown_widths() -> None:
     assert native is not None
     with pytest.raises(ValueError, match="expected 4 or 8"):
-        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
-        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
 
 
 def _prune_in_child(queue: multiprocessing.Queue) -> None:

@@ -37,12 +37,16 @@ typedef struct {
     int finite;           /* every magnitude finite, competing or not */
 } Tally;
 
-/* One loop per score type S, output type O and whether alive flags are read. */
-#define SPLIT(NAME, S, ABS, MAX, O, ALIVE)                                                   \
+/* One loop per score type S, output type O, whether alive flags are read and whether
+   a product is written: `orig` with the magnitude cleared (the sign kept, as 0 * orig
+   keeps it) where chosen. */
+#define SPLIT(NAME, S, ABS, MAX, O, ALIVE, PRODUCT)                                          \
     static CLONES void NAME(const S *scores, const uint8_t *alive, O *out, O chosen,       \
-                            O other, Py_ssize_t n, S lower, S upper, int64_t *positions,   \
-                            S *values, int64_t base, Tally *tally) {                       \
+                            O other, const O *orig, O *product, Py_ssize_t n, S lower,     \
+                            S upper, int64_t *positions, S *values, int64_t base,          \
+                            Tally *tally) {                                                \
         const O flip = chosen ^ other;                                                     \
+        const O magnitude = (O)(((O)-1) >> 1); /* every bit but the sign */               \
         uint8_t between[BLOCK];                                                            \
         for (Py_ssize_t start = 0; start < n; start += BLOCK) {                            \
             const Py_ssize_t len = n - start < BLOCK ? n - start : BLOCK;                  \
@@ -55,6 +59,8 @@ typedef struct {
                 const int32_t low = on & (a < lower);                                      \
                 const int32_t in = on & (a >= lower) & (a <= upper);                       \
                 o[i] = other ^ (flip & (O)(-(O)low));                                      \
+                if (PRODUCT)                                                               \
+                    product[start + i] = orig[start + i] & (O)~(magnitude & (O)(-(O)low)); \
                 lows += low;                                                               \
                 band += in;                                                                \
                 live += on;                                                                \
@@ -80,9 +86,10 @@ typedef struct {
         }                                                                                  \
     }
 
-#define SPLITS(S, ABS, MAX, O, SUFFIX)                  \
-    SPLIT(split_##SUFFIX, S, ABS, MAX, O, 0)           \
-    SPLIT(split_alive_##SUFFIX, S, ABS, MAX, O, 1)
+#define SPLITS(S, ABS, MAX, O, SUFFIX)                         \
+    SPLIT(split_##SUFFIX, S, ABS, MAX, O, 0, 0)               \
+    SPLIT(split_alive_##SUFFIX, S, ABS, MAX, O, 1, 0)         \
+    SPLIT(split_product_##SUFFIX, S, ABS, MAX, O, 0, 1)
 
 SPLITS(float, fabsf, FLT_MAX, uint8_t, f4_o1)
 SPLITS(float, fabsf, FLT_MAX, uint16_t, f4_o2)
@@ -95,33 +102,32 @@ SPLITS(double, fabs, DBL_MAX, uint64_t, f8_o8)
 
 #define CALL(SUFFIX, S, O)                                                                 \
     do {                                                                                   \
-        if (alive)                                                                         \
-            split_alive_##SUFFIX((const S *)scores, alive, (O *)out, (O)chosen, (O)other, \
-                                 n, (S)lower, (S)upper, positions, (S *)values, base,     \
-                                 &tally);                                                  \
-        else                                                                               \
-            split_##SUFFIX((const S *)scores, NULL, (O *)out, (O)chosen, (O)other, n,     \
-                           (S)lower, (S)upper, positions, (S *)values, base, &tally);     \
+        void (*loop)(const S *, const uint8_t *, O *, O, O, const O *, O *, Py_ssize_t, S, \
+                     S, int64_t *, S *, int64_t, Tally *) =                                \
+            product ? split_product_##SUFFIX : alive ? split_alive_##SUFFIX : split_##SUFFIX; \
+        loop((const S *)scores, alive, (O *)out, (O)chosen, (O)other, (const O *)orig,     \
+             (O *)product, n, (S)lower, (S)upper, positions, (S *)values, base, &tally);   \
     } while (0)
 
 static PyObject *split(PyObject *self, PyObject *args) {
-    unsigned long long scores_at, alive_at, out_at, positions_at, values_at;
+    unsigned long long scores_at, alive_at, out_at, positions_at, values_at, orig_at, product_at;
     unsigned long long chosen, other;
     int kind, width;
     Py_ssize_t n;
     double lower, upper;
     long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KiKKiKKnddKKL", &scores_at, &kind, &alive_at, &out_at, &width,
-                          &chosen, &other, &n, &lower, &upper, &positions_at, &values_at,
-                          &base))
+    if (!PyArg_ParseTuple(args, "KiKKiKKKKnddKKL", &scores_at, &kind, &alive_at, &out_at,
+                          &width, &chosen, &other, &orig_at, &product_at, &n, &lower, &upper,
+                          &positions_at, &values_at, &base))
         return NULL;
     if ((kind != 4 && kind != 8) || (width != 1 && width != 2 && width != 4 && width != 8) ||
-        n < 0) {
+        n < 0 || (product_at && (alive_at || !orig_at))) {
         PyErr_Format(PyExc_ValueError,
-                     "split: scores of %d bytes, output of %d bytes, %zd entries; expected "
-                     "4 or 8, 1, 2, 4 or 8, and a count >= 0",
-                     kind, width, n);
+                     "split: scores of %d bytes, output of %d bytes, %zd entries, product "
+                     "%s; expected 4 or 8, 1, 2, 4 or 8, a count >= 0, and a product only "
+                     "from an orig and without alive flags",
+                     kind, width, n, product_at ? "asked" : "not asked");
         return NULL;
     }
     const void *scores = (const void *)(uintptr_t)scores_at;
@@ -129,6 +135,8 @@ static PyObject *split(PyObject *self, PyObject *args) {
     void *out = (void *)(uintptr_t)out_at;
     int64_t *positions = (int64_t *)(uintptr_t)positions_at;
     void *values = (void *)(uintptr_t)values_at;
+    const void *orig = (const void *)(uintptr_t)orig_at;
+    void *product = (void *)(uintptr_t)product_at;
     Tally tally = {0, 0, 0, 1};
     Py_BEGIN_ALLOW_THREADS
     if (kind == 4) {
@@ -153,8 +161,8 @@ static PyObject *split(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
-     "split(scores, kind, alive, out, width, chosen, other, n, lower, upper, positions, "
-     "values, base) -> (below, found, competing, finite)\n\n"
+     "split(scores, kind, alive, out, width, chosen, other, orig, product, n, lower, upper, "
+     "positions, values, base) -> (below, found, competing, finite)\n\n"
      "One pass over n scores (float of `kind` bytes) at the given addresses; see _native.c."},
     {NULL, NULL, 0, NULL},
 };

@@ -6,6 +6,8 @@ def split(
     width: int,
     chosen: int,
     other: int,
+    orig: int,
+    product: int,
     n: int,
     lower: float,
     upper: float,

@@ -670,6 +670,8 @@ def _native_split(
             out.element_size(),
             chosen,
             other,
+            0,
+            0,
             end - start,
             *bounds,
             positions.data_ptr() + start * positions.element_size(),
