@@ -143,6 +143,50 @@ def test_matches_stable_sort(
         assert torch.equal(g, w)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a float tensor (so -0.0 differs from 0.0)."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    problems(),
+    st.sampled_from([7, 64, 1 << 20]),
+    st.sampled_from([64, 1024, 1 << 16]),
+    st.booleans(),
+    st.sampled_from(["tensors", "C", "C in parts"]),
+)
+def test_products_are_the_scores_times_the_masks(
+    problem: tuple, chunk: int, sample: int, loose: bool, one_pass: str
+) -> None:
+    scores, alive, k, magnitude = problem
+    select._CHUNK = select._STEP = chunk
+    select._SAMPLE = sample
+    select._budget = (lambda plan: plan.size // 2) if loose else BUDGET
+    select._native = None if one_pass == "tensors" else NATIVE
+    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
+    dtype = scores[0].dtype
+    # A product for each tensor without flags whose scores are finite (as callers ensure).
+    products = [
+        torch.full((s.numel(),), 7, dtype=dtype) if a is None and bool(s.isfinite().all()) else None
+        for s, a in zip(scores, alive, strict=True)
+    ]
+    sources = [(lambda s=s, a=a: (s, a)) for s, a in zip(scores, alive, strict=True)]
+    got = list(
+        smallest_k_many(sources, k, magnitude=magnitude, keep_dtype=dtype, products=products)
+    )
+    want = reference(scores, alive, k, magnitude)
+    for mask, chosen, s, product in zip(got, want, scores, products, strict=True):
+        assert torch.equal(mask, (~chosen).to(dtype))
+        if product is not None:  # bit for bit: 0 x a negative score is -0.0
+            assert torch.equal(bits(product), bits(s.reshape(-1) * mask))
+
+
+def test_products_need_a_mask_dtype() -> None:
+    with pytest.raises(ValueError, match="products need keep_dtype"):
+        smallest_k_many([lambda: (torch.ones(3), None)], 1, products=[torch.empty(3)])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_heavy_ties_across_chunks_keep_lowest_indices(dtype: torch.dtype) -> None:
     # 200k entries with 3 values: the cut falls inside a run of ties far past one chunk.

@@ -105,6 +105,7 @@ def smallest_k_many(
     keep_dtype: torch.dtype | None = None,
     total: int | None = None,
     finite: bool = False,
+    products: Sequence[Tensor | None] | None = None,
 ) -> Iterator[Tensor]:
     """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
@@ -121,7 +122,14 @@ def smallest_k_many(
     estimate costs speed only, a refused count is raised. With `finite`, raises
     NotFinite if a score is NaN or infinite, after any error about `k` and before
     yielding anything (all scores count here, competing or not).
+
+    `products` (with `keep_dtype`) may hold, per source, a flat tensor of that dtype
+    into which the source's scores times its mask are written by the time the mask
+    is yielded: in the one pass, as the mask is written, while the scores are read
+    anyway. A source given a product must have no flags and finite scores.
     """
+    if products is not None and keep_dtype is None:
+        raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
     plan = _fast_plan(sources, magnitude)
     if plan is None and total is None:
         total = _competing(sources)
@@ -130,7 +138,7 @@ def smallest_k_many(
     if plan is not None and (count is None or count not in (0, total)):  # a selection to make
         chunks = _Chunks(sources, plan)
         bounds = _guess(chunks, k, total)
-        done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype)
+        done = None if bounds is None else _mark_between(chunks, k, *bounds, keep_dtype, products)
         if total is None:
             total = _competing(sources) if chunks.counted is None else chunks.counted
             count = _resolve(k, total)
@@ -140,10 +148,22 @@ def smallest_k_many(
     if done is not None:
         return iter(done)
     if count in (0, total):
-        return _all_or_none(sources, count > 0, keep_dtype)
-    if chunks is None:
-        return _complement(iter(_portable(sources, count, magnitude)), keep_dtype)
-    return _mark(chunks, _find_cut(chunks, count), keep_dtype)
+        masks = _all_or_none(sources, count > 0, keep_dtype)
+    elif chunks is None:
+        masks = _complement(iter(_portable(sources, count, magnitude)), keep_dtype)
+    else:
+        masks = _mark(chunks, _find_cut(chunks, count), keep_dtype)
+    return masks if products is None else _multiplied(masks, sources, products)
+
+
+def _multiplied(
+    masks: Iterator[Tensor], sources: Sequence[Source], products: Sequence[Tensor | None]
+) -> Iterator[Tensor]:
+    """The masks as they are, each product written as its mask is yielded."""
+    for mask, source, product in zip(masks, sources, products, strict=True):
+        if product is not None:
+            torch.mul(source()[0].reshape(-1), mask, out=product)
+        yield mask
 
 
 def all_finite(t: Tensor) -> bool:
@@ -337,7 +357,12 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
 
 
 def _mark_between(
-    chunks: _Chunks, k: Count, lower: Tensor, upper: Tensor, keep_dtype: torch.dtype | None
+    chunks: _Chunks,
+    k: Count,
+    lower: Tensor,
+    upper: Tensor,
+    keep_dtype: torch.dtype | None,
+    products: Sequence[Tensor | None] | None = None,
 ) -> list[Tensor] | None:
     """The selections in one pass, if the k-th smallest magnitude lies in [lower, upper].
 
@@ -354,10 +379,14 @@ def _mark_between(
     values = []
     below = counted = 0
     peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
-    for scores, alive in (source() for source in chunks.sources):
+    made = []  # per source given a product: its flat scores, mask and product
+    for index, (scores, alive) in enumerate(source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
+        product = None if products is None else products[index]
+        if product is not None:
+            made.append((scores.reshape(-1), out, product))
         here = []
-        for part in chunks.split(scores, alive, out, lower, upper, hit):
+        for part in chunks.split(scores, alive, out, lower, upper, hit, product):
             counted += part.competing
             below += part.below
             if part.finite is None:
@@ -386,8 +415,12 @@ def _mark_between(
     for out, here in zip(outs, places, strict=True):
         if here:  # an empty tensor has no chunks
             where = torch.cat(here)
-            out[where[picked[offset : offset + where.numel()]]] = hit
+            chosen = where[picked[offset : offset + where.numel()]]
             offset += where.numel()
+            out[chosen] = hit
+            for flat, mask, product in made:
+                if mask is out:
+                    product[chosen] = flat[chosen] * out[chosen]
     return outs
 
 
@@ -489,14 +522,19 @@ class _Chunks:
         lower: Tensor,
         upper: Tensor,
         hit: bool,
+        product: Tensor | None = None,
     ) -> Iterator[_Part]:
         """The one pass over one source, chunk by chunk: writes the entries below `lower`
-        into `out` (`hit` where chosen, else 1 - `hit`; in-between entries as not chosen)
-        and yields what each chunk holds between the bounds."""
+        into `out` (`hit` where chosen, else 1 - `hit`; in-between entries as not chosen),
+        and scores x out into `product` if given; yields what each chunk holds between
+        the bounds."""
         width = out.element_size()
         if _native is None or width not in (1, 2, 4, 8) or out.is_complex():
-            yield from self._split_tensors(scores, alive, out, lower, upper, hit)
+            yield from self._split_tensors(scores, alive, out, lower, upper, hit, product)
             return
+        flat = scores.reshape(-1)
+        # The C loop writes the product from the scores' bits: scores of the mask's dtype.
+        fused = product if product is not None and flat.dtype == out.dtype else None
         one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
         chosen, other = (one, 0) if hit else (0, one)
         bounds = float(lower), float(upper)
@@ -506,16 +544,21 @@ class _Chunks:
                 part = self.wide[:n].copy_(part)  # 16-bit: widened (exactly)
             if flags is not None and (flags.dtype != torch.bool or not flags.is_contiguous()):
                 flags = torch.eq(flags, 1, out=self.live[:n])
+            piece = out[start : start + n]
+            into = None if fused is None else (flat[start : start + n], fused[start : start + n])
             competing, below, positions, values, finite = _native_split(
                 part,
                 flags,
-                out[start : start + n],
+                piece,
                 chosen,
                 other,
                 bounds,
                 self.positions[:n],
                 self.found[:n],
+                into,
             )
+            if product is not None and fused is None:
+                torch.mul(flat[start : start + n], piece, out=product[start : start + n])
             yield _Part(below, competing, positions.add_(start), values, finite)
 
     def _split_tensors(
@@ -526,8 +569,10 @@ class _Chunks:
         lower: Tensor,
         upper: Tensor,
         hit: bool,
+        product: Tensor | None,
     ) -> Iterator[_Part]:
         """`split` as tensor operations, a few per chunk."""
+        flat = scores.reshape(-1)
         for start, piece, magnitudes, competing in self.magnitudes(scores, alive, out):
             n = piece.numel()
             # NaN stands for the entries that do not compete, so only without flags does
@@ -540,6 +585,8 @@ class _Chunks:
             where = self.between[:n].copy_(between).nonzero().reshape(-1)
             values = magnitudes.index_select(0, where)
             _write(piece, low, hit)
+            if product is not None:
+                torch.mul(flat[start : start + n], piece, out=product[start : start + n])
             yield _Part(below, competing, where.add_(start), values, finite)
 
     def tops(self, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
@@ -649,12 +696,14 @@ def _native_split(
     bounds: tuple[float, float],
     positions: Tensor,
     values: Tensor,
+    product: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[int, int, Tensor, Tensor, bool]:
     """One chunk through the C loop, in as many parts as torch has threads (each at
     least _PART entries): the parts run at once, the GIL released.
 
     Returns how many entries compete, how many are below, the positions and values
-    of those in between (copies), and whether all scores are finite.
+    of those in between (copies), and whether all scores are finite. With `product`,
+    (orig, into): writes orig x out into `into`, both of out's dtype.
     """
     assert _native is not None
     n = scores.numel()
@@ -670,8 +719,8 @@ def _native_split(
             out.element_size(),
             chosen,
             other,
-            0,
-            0,
+            0 if product is None else product[0].data_ptr() + start * out.element_size(),
+            0 if product is None else product[1].data_ptr() + start * out.element_size(),
             end - start,
             *bounds,
             positions.data_ptr() + start * positions.element_size(),
