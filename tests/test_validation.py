@@ -462,7 +462,7 @@ def test_global_rolls_back_when_a_late_install_fails(monkeypatch: pytest.MonkeyP
     real = prunekit.functional.install
     calls = []
 
-    def flaky(module: nn.Module, name: str, method: Any, *args: Any) -> Any:
+    def flaky(module: nn.Module, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(module)
         if len(calls) == 2:
             raise RuntimeError("interrupted")

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from prunekit._backend import common_namespace, framework_caveat, namespace
@@ -59,6 +60,8 @@ class BasePruningMethod(ABC):
     """
 
     PRUNING_TYPE: ClassVar[str]
+    _writes_products: ClassVar[bool] = False
+    """Whether _choose can also write each tensor times its mask (its `products`)."""
     _tensor_name: str | None = None
     reuse_masked: bool = True
     """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
@@ -177,6 +180,7 @@ class BasePruningMethod(ABC):
         scores: Sequence[Tensor],
         masks: Sequence[Tensor | None],
         keep_dtype: Any = None,
+        products: Sequence[Tensor | None] | None = None,
     ) -> Iterator[Tensor] | None:
         """The entries an 'unstructured' method prunes, without gathering them.
 
@@ -185,6 +189,11 @@ class BasePruningMethod(ABC):
         (everywhere for None); with `keep_dtype`, 0/1 of that dtype (1 = kept).
         None when the method has no such shortcut: callers then gather
         ``t[mask == 1]`` and call compute_mask (user-defined methods go that way).
+
+        `products` is for methods with _writes_products: per tensor, None or a flat
+        torch tensor of `keep_dtype` to receive the scores times the mask, by the time
+        that mask is yielded (only for scores that are the tensor's own values, with
+        no mask: then it is ``module.<name>``).
         """
         return None
 
@@ -195,6 +204,17 @@ class BasePruningMethod(ABC):
         """
         kept = self._choose([scores], [None], keep_dtype=dtype)
         return None if kept is None else next(kept).reshape(scores.shape)
+
+    def _first_masked(self, scores: Tensor, dtype: Any) -> tuple[Tensor | None, Tensor | None]:
+        """``_first_mask`` and, when the method writes it in the same pass, mask * scores
+        (contiguous; else None). For scores that are the tensor's own values."""
+        if not (self._writes_products and fusable(scores, dtype)):
+            return self._first_mask(scores, dtype), None
+        product = torch.empty(scores.shape, dtype=dtype)
+        kept = self._choose([scores], [None], keep_dtype=dtype, products=[product.view(-1)])
+        if kept is None:
+            return self._first_mask(scores, dtype), None
+        return next(kept).reshape(scores.shape), product
 
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: write mask * orig into the Parameter ``<name>``.
@@ -406,9 +426,11 @@ def install(
     name: str,
     method: BasePruningMethod,
     importance_scores: Tensor | None = None,
+    masked: Tensor | None = None,
 ) -> BasePruningMethod:
     """Install `method` on ``module.<name>``, composing with any earlier pruning.
 
+    `masked`, for a first pruning, is mask * orig made already (by the selection).
     A dotted name (``'out_proj.weight'``) prunes a submodule's tensor and refreshes it on
     `module`'s forward: needed where the parent reads the child's weight without calling
     the child (MultiheadAttention.out_proj). The mask is computed and checked before the
@@ -427,7 +449,7 @@ def install(
         warn_caller(f"{where}: {caveat}")
     if owner is not module and (param := owner._parameters.get(leaf)) is not None:
         refuse_ties(module.named_parameters(remove_duplicate=False), name, param, where)
-    hook = _install(owner, leaf, method, importance_scores, where)
+    hook = _install(owner, leaf, method, importance_scores, where, masked)
     if owner is not module:
         path = name.rpartition(".")[0]
         if not any(
@@ -444,6 +466,7 @@ def _install(
     method: BasePruningMethod,
     importance_scores: Tensor | None,
     where: str,
+    masked: Tensor | None = None,
 ) -> BasePruningMethod:
     key, old = find_pruning_hook(module, name)
     if old is None:
@@ -457,14 +480,18 @@ def _install(
         current if importance_scores is None else check_scores(importance_scores, current, where)
     )
     method._tensor_name = name
+    mask: Tensor | None
     try:
-        if old is None:
-            mask = method._first_mask(scores, current.dtype)
+        if old is not None:
+            mask, masked = combine_masks(method, scores, default_mask), None
+        else:
+            if masked is None and importance_scores is None:
+                mask, masked = method._first_masked(scores, current.dtype)
+            else:
+                mask = method._first_mask(scores, current.dtype)
             if mask is None:
                 ones = namespace(param).ones_like(current)
                 mask = method.compute_mask(scores, default_mask=ones)
-        else:
-            mask = combine_masks(method, scores, default_mask)
     except (TypeError, ValueError, IndexError) as error:
         raise with_context(error, where) from None
     mask = _checked_mask(mask, current, where)
@@ -482,7 +509,10 @@ def _install(
             hook.add_pruning_method(method)
             module._buffers[name + "_mask"] = mask
             module._forward_pre_hooks[key] = hook
-        setattr(module, name, hook.apply_mask(module))
+        if masked is None:
+            setattr(module, name, hook.apply_mask(module))
+        else:
+            setattr(module, name, _made(masked, param, mask))
     except BaseException:
         snapshot.restore()
         raise
@@ -492,6 +522,41 @@ def _install(
     ):
         module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
     return hook
+
+
+def fusable(t: Tensor, dtype: Any) -> bool:
+    """Whether mask * `t` may be made in the selection's pass: a contiguous CPU torch
+    tensor of floats of `dtype` (the product's dtype)."""
+    return (
+        isinstance(t, Tensor)
+        and t.device.type == "cpu"
+        and t.dtype == dtype
+        and t.is_floating_point()
+        and t.is_contiguous()
+    )
+
+
+class _Multiplied(torch.autograd.Function):
+    """mask * orig made already: the forward hands it over, the backward is mul's."""
+
+    @staticmethod
+    def forward(ctx: Any, orig: Tensor, mask: Tensor, made: list[Tensor]) -> Tensor:
+        ctx.save_for_backward(mask)
+        return made[0]  # in a list, so autograd does not take it for an input
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None, None
+
+
+def _made(product: Tensor, orig: Tensor, mask: Tensor) -> Tensor:
+    """``module.<name>`` from mask * orig made during the selection: as apply_mask's
+    would be, part of the graph when gradients are recorded."""
+    if torch.is_grad_enabled() and orig.requires_grad:
+        result: Tensor = _Multiplied.apply(orig, mask, [product])  # type: ignore[no-untyped-call]
+        return result
+    return product
 
 
 def current_values(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from prunekit._backend import common_namespace, namespace
@@ -15,6 +16,7 @@ from prunekit.base import (
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
+    fusable,
     install,
     pruning_hooks,
 )
@@ -156,8 +158,18 @@ def global_unstructured(
     scores, masks, dtypes, wheres = _global_targets(params, importance_scores)
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
+    products = _products(method, params, scores, masks, importance_scores, keep_dtype)
     try:
-        kept = method._choose(scores, masks, keep_dtype=keep_dtype)
+        kept = method._choose(
+            scores,
+            masks,
+            keep_dtype=keep_dtype,
+            products=[None if p is None else p.view(-1) for p in products]
+            if any(p is not None for p in products)
+            else None,
+        )
+        if kept is None:
+            products = [None] * len(products)
         if kept is None and isinstance(method, L1Unstructured):
             # It found NaN or infinity (its one check): name the tensor that holds it.
             for ranked, where in zip(scores, wheres, strict=True):
@@ -178,12 +190,32 @@ def global_unstructured(
         for target in (module, resolve(module, name)[0]):
             snapshots.setdefault(id(target), Snapshot(target))
     try:
-        for (module, name), share in zip(params, methods, strict=True):
-            install(module, name, share)
+        for (module, name), share, product in zip(params, methods, products, strict=True):
+            install(module, name, share, masked=product)
     except BaseException:
         for snapshot in snapshots.values():
             snapshot.restore()
         raise
+
+
+def _products(
+    method: BasePruningMethod,
+    params: list[tuple[nn.Module, str]],
+    scores: list[Tensor],
+    masks: list[Tensor | None],
+    importance_scores: dict[tuple[nn.Module, str], Tensor],
+    keep_dtype: Any,
+) -> list[Tensor | None]:
+    """Where the method can write module.<name> (mask * orig) in its pass, room for it:
+    tensors pruned for the first time, ranked by their own values."""
+    if not method._writes_products or keep_dtype is None:
+        return [None] * len(params)
+    return [
+        torch.empty(t.shape, dtype=keep_dtype)
+        if mask is None and pair not in importance_scores and fusable(t, keep_dtype)
+        else None
+        for t, mask, pair in zip(scores, masks, params, strict=True)
+    ]
 
 
 def _global_generic(

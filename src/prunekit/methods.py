@@ -85,11 +85,12 @@ class _Unstructured(_AmountMethod):
         scores: Sequence[Tensor],
         masks: Sequence[Tensor | None],
         keep_dtype: Any = None,
+        products: Sequence[Tensor | None] | None = None,
     ) -> Iterator[Tensor] | None:
         if type(self).compute_mask is not _Unstructured.compute_mask:
             return None  # a subclass ranks its own way: the generic path serves it
         flags = [_alive_flags(mask) for mask in masks]
-        return self._rank(scores, flags, self._count, keep_dtype)
+        return self._rank(scores, flags, self._count, keep_dtype, products)
 
     def _rank(
         self,
@@ -97,13 +98,14 @@ class _Unstructured(_AmountMethod):
         flags: Sequence[Flags],
         count: Callable[[int], int],
         keep_dtype: Any,
+        products: Sequence[Tensor | None] | None = None,
     ) -> Iterator[Tensor] | None:
         """Flat selections of the entries to prune, ranked where each flag is True.
 
         How many: `count` of the number of entries that compete, in all (it raises
         if the amount does not fit them). As bool (True = pruned), or with
         `keep_dtype` as 0/1 of that dtype (1 = kept). None when some scores cannot
-        be ranked (NaN or infinity).
+        be ranked (NaN or infinity). `products`: see BasePruningMethod._choose.
         """
         raise NotImplementedError
 
@@ -117,7 +119,9 @@ class RandomUnstructured(_Unstructured):
         flags: Sequence[Flags],
         count: Callable[[int], int],
         keep_dtype: Any,
+        products: Sequence[Tensor | None] | None = None,
     ) -> Iterator[Tensor] | None:
+        assert products is None  # not _writes_products: its scores are noise
         counts = [alive_count(t, f()) for t, f in zip(scores, flags, strict=True)]
         k = count(sum(counts))
         ns = namespace(scores[0])
@@ -149,12 +153,15 @@ class RandomUnstructured(_Unstructured):
 class L1Unstructured(_Unstructured):
     """Prunes the `amount` entries of smallest absolute value."""
 
+    _writes_products = True
+
     def _rank(
         self,
         scores: Sequence[Tensor],
         flags: Sequence[Flags],
         count: Callable[[int], int],
         keep_dtype: Any,
+        products: Sequence[Tensor | None] | None = None,
     ) -> Iterator[Tensor] | None:
         sources = [_alive_source(t, f) for t, f in zip(scores, flags, strict=True)]
         # With no flags every entry competes; with flags the selection counts those that
@@ -164,7 +171,13 @@ class L1Unstructured(_Unstructured):
         total = sum(t.numel() for t in scores) if everything else None
         try:
             return smallest_k_many(
-                sources, count, magnitude=True, keep_dtype=keep_dtype, total=total, finite=True
+                sources,
+                count,
+                magnitude=True,
+                keep_dtype=keep_dtype,
+                total=total,
+                finite=True,
+                products=products,
             )
         except NotFinite:
             return None
