@@ -19,14 +19,15 @@ def test_the_c_loop_is_built() -> None:
 
 
 def reference(
-    scores: torch.Tensor, alive: torch.Tensor | None, lower: float, upper: float
+    scores: torch.Tensor, alive: torch.Tensor | None, lower: float, mid: float, upper: float
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """Chosen flags, in-between positions, competing and below counts, as tensor ops."""
+    """Marked flags (below mid), in-between positions, competing and below-lower counts,
+    as tensor operations."""
     magnitudes = scores.abs()
     on = torch.ones_like(scores, dtype=torch.bool) if alive is None else alive
-    low = on & (magnitudes < lower)
     between = on & (magnitudes >= lower) & (magnitudes <= upper)
-    return low, between.nonzero().reshape(-1), int(on.sum()), int(low.sum())
+    below = int((on & (magnitudes < lower)).sum())
+    return on & (magnitudes < mid), between.nonzero().reshape(-1), int(on.sum()), below
 
 
 def run(
@@ -37,13 +38,13 @@ def run(
     other: int,
     lower: float,
     upper: float,
+    mid: float | None = None,
 ) -> tuple[int, int, torch.Tensor, torch.Tensor, bool]:
     n = scores.numel()
     positions = torch.empty(n, dtype=torch.int64)
     values = torch.empty(n, dtype=scores.dtype)
-    return select._native_split(
-        scores, alive, out, chosen, other, (lower, upper), positions, values
-    )
+    bounds = (lower, lower if mid is None else mid, upper)
+    return select._native_split(scores, alive, out, chosen, other, bounds, positions, values)
 
 
 @needs_native
@@ -51,8 +52,9 @@ def run(
 @pytest.mark.parametrize("out_dtype", [torch.bool, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("size", [1, 7, 2047, 2048, 2049, 10_003])
 @pytest.mark.parametrize("flagged", [False, True])
+@pytest.mark.parametrize("mid", [0.5, 0.7])
 def test_matches_tensor_operations(
-    dtype: torch.dtype, out_dtype: torch.dtype, size: int, flagged: bool
+    dtype: torch.dtype, out_dtype: torch.dtype, size: int, flagged: bool, mid: float
 ) -> None:
     g = torch.Generator().manual_seed(size)
     scores = torch.randn(size, generator=g, dtype=torch.float64).to(dtype)
@@ -64,9 +66,9 @@ def test_matches_tensor_operations(
     hit = out_dtype == torch.bool
     chosen, other = (one, 0) if hit else (0, one)
     competing, below, positions, values, finite = run(
-        scores, alive, out, chosen, other, lower, upper
+        scores, alive, out, chosen, other, lower, upper, mid
     )
-    low, where, want_competing, want_below = reference(scores, alive, lower, upper)
+    low, where, want_competing, want_below = reference(scores, alive, lower, mid, upper)
     assert torch.equal(out, (low if hit else ~low).to(out_dtype))
     assert torch.equal(positions, where)
     assert torch.equal(values, scores.abs()[where])
@@ -104,12 +106,30 @@ def test_parts_on_threads_give_what_one_part_gives(monkeypatch: pytest.MonkeyPat
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("distinct", [3, 1000, 10**9])
+def test_kth_is_kthvalue(dtype: torch.dtype, distinct: int) -> None:
+    assert native is not None
+    g = torch.Generator().manual_seed(distinct)
+    values = torch.randint(0, distinct, (5001,), generator=g).to(dtype)
+    for k in (1, 2, 2500, 5000, 5001):
+        scratch = values.clone()
+        got = native.kth(scratch.data_ptr(), values.element_size(), values.numel(), k - 1)
+        assert got == float(values.kthvalue(k)[0])
+        assert torch.equal(scratch.sort()[0], values.sort()[0])  # reordered, not changed
+
+
+@needs_native
 def test_refuses_unknown_widths() -> None:
     assert native is not None
     with pytest.raises(ValueError, match="expected 4 or 8"):
-        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
-        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0, 0, 0.0, 1.0, 0, 0, 0)
+        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
+    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
+        native.settle(0, 3, 0, 1, 0, 0, 0, 0, 4, 0, 0.5, 0.5, 0)
+    with pytest.raises(ValueError, match="0 <= k < n"):
+        native.kth(0, 4, 10, 10)
 
 
 def _prune_in_child(queue: multiprocessing.Queue) -> None:

@@ -236,7 +236,7 @@ def test_one_pass_around_a_guess_and_the_fallback_give_the_same(
     # the histogram passes take over and give the same selection.
     kth = torch.cat([p.abs() for p in parts]).to(torch.float64).sort().values[k].item()
     for lower, upper in ((0.0, kth / 4), (kth * 4, kth * 8), (0.0, math.inf)):
-        bounds = (torch.tensor(lower, dtype=dtype), torch.tensor(upper, dtype=dtype))
+        bounds = tuple(torch.tensor(b, dtype=dtype) for b in (lower, lower, upper))
         monkeypatch.setattr(select, "_guess", lambda *args, b=bounds: b)
         one_pass.clear()
         for kept, w in zip(

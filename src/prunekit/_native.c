@@ -1,4 +1,5 @@
-/* The selection's one pass over a chunk of scores, as one loop (prunekit.select).
+/* The selection's one pass over a chunk of scores, as one loop (prunekit.select); the
+   k-th smallest of the few entries it gathers; their marking once that is known.
 
 For each entry: its magnitude; whether it competes (its alive flag); whether
 it is below `lower` (then chosen); whether it lies in [lower, upper] (then its
@@ -39,11 +40,13 @@ typedef struct {
 
 /* One loop per score type S, output type O, whether alive flags are read and whether
    a product is written: `orig` with the magnitude cleared (the sign kept, as 0 * orig
-   keeps it) where chosen. */
+   keeps it) where chosen. Entries below `mid` (in [lower, upper]: the best guess of the
+   k-th smallest) are written as chosen, so that settling the gathered ones afterwards
+   changes few of them. */
 #define SPLIT(NAME, S, ABS, MAX, O, ALIVE, PRODUCT)                                          \
     static CLONES void NAME(const S *scores, const uint8_t *alive, O *out, O chosen,       \
                             O other, const O *orig, O *product, Py_ssize_t n, S lower,     \
-                            S upper, int64_t *positions, S *values, int64_t base,          \
+                            S mid, S upper, int64_t *positions, S *values, int64_t base,   \
                             Tally *tally) {                                                \
         const O flip = chosen ^ other;                                                     \
         const O magnitude = (O)(((O)-1) >> 1); /* every bit but the sign */               \
@@ -58,9 +61,9 @@ typedef struct {
                 const int32_t on = ALIVE ? (alive[start + i] != 0) : 1;                    \
                 const int32_t low = on & (a < lower);                                      \
                 const int32_t in = on & (a >= lower) & (a <= upper);                       \
-                o[i] = other ^ (flip & (O)(-(O)low));                                      \
-                if (PRODUCT)                                                               \
-                    product[start + i] = orig[start + i] & (O)~(magnitude & (O)(-(O)low)); \
+                const O mark = (O)(-(O)(on & (a < mid)));                                  \
+                o[i] = other ^ (flip & mark);                                              \
+                if (PRODUCT) product[start + i] = orig[start + i] & (O)~(magnitude & mark); \
                 lows += low;                                                               \
                 band += in;                                                                \
                 live += on;                                                                \
@@ -103,10 +106,11 @@ SPLITS(double, fabs, DBL_MAX, uint64_t, f8_o8)
 #define CALL(SUFFIX, S, O)                                                                 \
     do {                                                                                   \
         void (*loop)(const S *, const uint8_t *, O *, O, O, const O *, O *, Py_ssize_t, S, \
-                     S, int64_t *, S *, int64_t, Tally *) =                                \
+                     S, S, int64_t *, S *, int64_t, Tally *) =                             \
             product ? split_product_##SUFFIX : alive ? split_alive_##SUFFIX : split_##SUFFIX; \
         loop((const S *)scores, alive, (O *)out, (O)chosen, (O)other, (const O *)orig,     \
-             (O *)product, n, (S)lower, (S)upper, positions, (S *)values, base, &tally);   \
+             (O *)product, n, (S)lower, (S)mid, (S)upper, positions, (S *)values, base,    \
+             &tally);                                                                      \
     } while (0)
 
 static PyObject *split(PyObject *self, PyObject *args) {
@@ -114,12 +118,12 @@ static PyObject *split(PyObject *self, PyObject *args) {
     unsigned long long chosen, other;
     int kind, width;
     Py_ssize_t n;
-    double lower, upper;
+    double lower, mid, upper;
     long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KiKKiKKKKnddKKL", &scores_at, &kind, &alive_at, &out_at,
-                          &width, &chosen, &other, &orig_at, &product_at, &n, &lower, &upper,
-                          &positions_at, &values_at, &base))
+    if (!PyArg_ParseTuple(args, "KiKKiKKKKndddKKL", &scores_at, &kind, &alive_at, &out_at,
+                          &width, &chosen, &other, &orig_at, &product_at, &n, &lower, &mid,
+                          &upper, &positions_at, &values_at, &base))
         return NULL;
     if ((kind != 4 && kind != 8) || (width != 1 && width != 2 && width != 4 && width != 8) ||
         n < 0 || (product_at && (alive_at || !orig_at))) {
@@ -159,11 +163,154 @@ static PyObject *split(PyObject *self, PyObject *args) {
                          tally.finite ? Py_True : Py_False);
 }
 
+/* The gathered entries of one tensor, in order: chosen if their magnitude is below the
+   k-th smallest, or equal to it while `take` lasts (ties go to the earlier entry). The
+   one pass wrote those below `mid` as chosen; only the entries that differ are written
+   again (out, and the product's magnitude: cleared or restored). Returns what `take`
+   is left. */
+#define SETTLE(NAME, S, O)                                                                \
+    static Py_ssize_t NAME(O *out, O chosen, O other, const O *orig, O *product,          \
+                           const int64_t *positions, const S *values, Py_ssize_t count,   \
+                           S kth, S mid, Py_ssize_t take) {                               \
+        const O magnitude = (O)(((O)-1) >> 1);                                            \
+        for (Py_ssize_t i = 0; i < count; i++) {                                          \
+            const S value = values[i];                                                    \
+            const int tie = value == kth && take > 0;                                     \
+            const int pick = value < kth || tie;                                          \
+            take -= tie;                                                                  \
+            if (pick == (value < mid)) continue;                                          \
+            const int64_t at = positions[i];                                              \
+            out[at] = pick ? chosen : other;                                              \
+            if (product) product[at] = pick ? orig[at] & (O)~magnitude : orig[at];        \
+        }                                                                                 \
+        return take;                                                                      \
+    }
+
+SETTLE(settle_f4_o1, float, uint8_t)
+SETTLE(settle_f4_o2, float, uint16_t)
+SETTLE(settle_f4_o4, float, uint32_t)
+SETTLE(settle_f4_o8, float, uint64_t)
+SETTLE(settle_f8_o1, double, uint8_t)
+SETTLE(settle_f8_o2, double, uint16_t)
+SETTLE(settle_f8_o4, double, uint32_t)
+SETTLE(settle_f8_o8, double, uint64_t)
+
+#define SETTLE_CALL(SUFFIX, S, O)                                                          \
+    take = settle_##SUFFIX((O *)out, (O)chosen, (O)other, (const O *)orig, (O *)product,  \
+                           positions, (const S *)values, count, (S)kth, (S)mid, take)
+
+static PyObject *settle(PyObject *self, PyObject *args) {
+    unsigned long long out_at, orig_at, product_at, positions_at, values_at, chosen, other;
+    int kind, width;
+    Py_ssize_t count, take;
+    double kth, mid;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KiKKKKKKinddn", &out_at, &width, &chosen, &other, &orig_at,
+                          &product_at, &positions_at, &values_at, &kind, &count, &kth, &mid,
+                          &take))
+        return NULL;
+    if ((kind != 4 && kind != 8) || (width != 1 && width != 2 && width != 4 && width != 8) ||
+        count < 0 || take < 0 || (product_at && !orig_at)) {
+        PyErr_Format(PyExc_ValueError,
+                     "settle: values of %d bytes, output of %d bytes, %zd entries, %zd ties to "
+                     "take; expected 4 or 8, 1, 2, 4 or 8, counts >= 0, and a product only "
+                     "from an orig",
+                     kind, width, count, take);
+        return NULL;
+    }
+    void *out = (void *)(uintptr_t)out_at;
+    const void *orig = (const void *)(uintptr_t)orig_at;
+    void *product = (void *)(uintptr_t)product_at;
+    const int64_t *positions = (const int64_t *)(uintptr_t)positions_at;
+    const void *values = (const void *)(uintptr_t)values_at;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 4) {
+        switch (width) {
+        case 1: SETTLE_CALL(f4_o1, float, uint8_t); break;
+        case 2: SETTLE_CALL(f4_o2, float, uint16_t); break;
+        case 4: SETTLE_CALL(f4_o4, float, uint32_t); break;
+        default: SETTLE_CALL(f4_o8, float, uint64_t); break;
+        }
+    } else {
+        switch (width) {
+        case 1: SETTLE_CALL(f8_o1, double, uint8_t); break;
+        case 2: SETTLE_CALL(f8_o2, double, uint16_t); break;
+        case 4: SETTLE_CALL(f8_o4, double, uint32_t); break;
+        default: SETTLE_CALL(f8_o8, double, uint64_t); break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSsize_t(take);
+}
+
+/* The k-th smallest (0-based) of n values, found in place by quickselect: a three-way
+   partition around a pseudo-random pivot, so runs of ties cost no more than distinct
+   values. The values hold no NaN. */
+#define KTH(NAME, S)                                                                      \
+    static S NAME(S *a, Py_ssize_t n, Py_ssize_t k) {                                     \
+        Py_ssize_t lo = 0, hi = n - 1;                                                    \
+        uint64_t seed = 0x9E3779B97F4A7C15ull;                                            \
+        while (lo < hi) {                                                                 \
+            seed ^= seed << 13;                                                           \
+            seed ^= seed >> 7;                                                            \
+            seed ^= seed << 17;                                                           \
+            const S pivot = a[lo + (Py_ssize_t)(seed % (uint64_t)(hi - lo + 1))];         \
+            Py_ssize_t less = lo, i = lo, more = hi;                                      \
+            while (i <= more) {                                                           \
+                const S v = a[i];                                                         \
+                if (v < pivot) {                                                          \
+                    a[i++] = a[less];                                                     \
+                    a[less++] = v;                                                        \
+                } else if (v > pivot) {                                                   \
+                    a[i] = a[more];                                                       \
+                    a[more--] = v;                                                        \
+                } else {                                                                  \
+                    i++;                                                                  \
+                }                                                                         \
+            }                                                                             \
+            if (k < less) hi = less - 1;                                                  \
+            else if (k > more) lo = more + 1;                                             \
+            else return pivot;                                                            \
+        }                                                                                 \
+        return a[k];                                                                      \
+    }
+
+KTH(kth_f4, float)
+KTH(kth_f8, double)
+
+static PyObject *kth(PyObject *self, PyObject *args) {
+    unsigned long long values_at;
+    int kind;
+    Py_ssize_t n, k;
+    double result;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kinn", &values_at, &kind, &n, &k)) return NULL;
+    if ((kind != 4 && kind != 8) || k < 0 || k >= n) {
+        PyErr_Format(PyExc_ValueError,
+                     "kth: values of %d bytes, k=%zd of %zd; expected 4 or 8 and 0 <= k < n",
+                     kind, k, n);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == 4)
+        result = kth_f4((float *)(uintptr_t)values_at, n, k);
+    else
+        result = kth_f8((double *)(uintptr_t)values_at, n, k);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(result);
+}
+
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
-     "split(scores, kind, alive, out, width, chosen, other, orig, product, n, lower, upper, "
-     "positions, values, base) -> (below, found, competing, finite)\n\n"
+     "split(scores, kind, alive, out, width, chosen, other, orig, product, n, lower, mid, "
+     "upper, positions, values, base) -> (below, found, competing, finite)\n\n"
      "One pass over n scores (float of `kind` bytes) at the given addresses; see _native.c."},
+    {"settle", settle, METH_VARARGS,
+     "settle(out, width, chosen, other, orig, product, positions, values, kind, count, kth, "
+     "mid, take) -> take left\n\n"
+     "Marks the gathered entries at or below the k-th smallest magnitude; see _native.c."},
+    {"kth", kth, METH_VARARGS,
+     "kth(values, kind, n, k) -> the k-th smallest (0-based), reordering the values"},
     {NULL, NULL, 0, NULL},
 };
 

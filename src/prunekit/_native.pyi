@@ -10,9 +10,27 @@ def split(
     product: int,
     n: int,
     lower: float,
+    mid: float,
     upper: float,
     positions: int,
     values: int,
     base: int,
     /,
 ) -> tuple[int, int, int, bool]: ...
+def settle(
+    out: int,
+    width: int,
+    chosen: int,
+    other: int,
+    orig: int,
+    product: int,
+    positions: int,
+    values: int,
+    kind: int,
+    count: int,
+    kth: float,
+    mid: float,
+    take: int,
+    /,
+) -> int: ...
+def kth(values: int, kind: int, n: int, k: int, /) -> float: ...

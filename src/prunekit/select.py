@@ -302,8 +302,9 @@ def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
     return _Plan(dtype, _BITS[dtype], size, largest)
 
 
-def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor] | None:
-    """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced sample.
+def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced sample,
+    and the sample's best guess of it in between.
 
     The spacing is prime to 2, 3, 5 and 7, so rows, columns and kernel positions
     are all sampled. None for fewer than _GUESS entries (a sample would be most of
@@ -348,18 +349,21 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
     margin = _SPREAD * math.sqrt(spread / size) + 2 / size
     low = math.floor((min(shares) - margin) * size)
     high = math.ceil((max(shares) + margin) * size)
+    middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
     zero = torch.zeros((), dtype=plan.dtype)
     lower = sample.kthvalue(low)[0] if low >= 1 else zero
     upper = sample.kthvalue(high)[0] if high <= size else zero + math.inf
+    mid = sample.kthvalue(middle)[0].clamp(lower, upper)
     if not bool(lower <= upper):
         return None  # NaN in the sample: no guess (scores must be checked, not ranked)
-    return lower, upper
+    return lower, mid, upper
 
 
 def _mark_between(
     chunks: _Chunks,
     k: Count,
     lower: Tensor,
+    mid: Tensor,
     upper: Tensor,
     keep_dtype: torch.dtype | None,
     products: Sequence[Tensor | None] | None = None,
@@ -368,25 +372,22 @@ def _mark_between(
 
     Entries below `lower` are chosen, those above `upper` are not, and those in
     between are gathered and ranked apart (they are few). None when the guess
-    was wrong or too many entries fall in between.
+    was wrong or too many entries fall in between. The C loop marks those in
+    between below `mid` (the best guess) as chosen at once, and settles only the
+    ones that guess got wrong.
     """
-    plan = chunks.plan
     hit = keep_dtype is None
     out_dtype = torch.bool if keep_dtype is None else keep_dtype
-    budget = _budget(plan)
-    outs: list[Tensor] = []
-    places: list[list[Tensor]] = []  # per source: the positions in between, chunk by chunk
+    budget = _budget(chunks.plan)
+    gathered: list[_Gathered] = []
     values = []
     below = counted = 0
     peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
-    made = []  # per source given a product: its flat scores, mask and product
     for index, (scores, alive) in enumerate(source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
         product = None if products is None else products[index]
-        if product is not None:
-            made.append((scores.reshape(-1), out, product))
         here = []
-        for part in chunks.split(scores, alive, out, lower, upper, hit, product):
+        for part in chunks.split(scores, alive, out, (lower, mid, upper), hit, product):
             counted += part.competing
             below += part.below
             if part.finite is None:
@@ -398,8 +399,8 @@ def _mark_between(
                 return None
             here.append(part.positions)
             values.append(part.values)
-        outs.append(out)
-        places.append(here)
+        where = torch.cat(here) if here else torch.empty(0, dtype=torch.int64)
+        gathered.append(_Gathered(scores.reshape(-1), out, product, where))
     chunks.counted = counted
     if peaks:
         chunks.finite = all(bool(peak) for peak in peaks)
@@ -407,21 +408,71 @@ def _mark_between(
     values_all = torch.cat(values)
     if not 0 < rank <= values_all.numel():
         return None
-    if values_all.numel() <= _SAMPLE:
-        picked = _select_sorted(values_all, rank)  # a sample would hold them all
+    if chunks.native(out_dtype):
+        _settle_native(gathered, values_all, rank, hit, float(mid))
     else:
-        picked = smallest_k(values_all, rank)
+        _settle_tensors(gathered, values_all, rank, hit)
+    return [entry.out for entry in gathered]
+
+
+@dataclass
+class _Gathered:
+    """One source after the one pass: its flat scores, selection, product (if asked) and
+    the positions of its entries in between."""
+
+    scores: Tensor
+    out: Tensor
+    product: Tensor | None
+    where: Tensor
+
+
+def _settle_tensors(gathered: list[_Gathered], values: Tensor, rank: int, hit: bool) -> None:
+    """Choose the `rank` smallest of the entries in between (all sources in order)."""
+    small = values.numel() <= _SAMPLE  # a sample would hold them all: no guess
+    picked = _select_sorted(values, rank) if small else smallest_k(values, rank)
     offset = 0
-    for out, here in zip(outs, places, strict=True):
-        if here:  # an empty tensor has no chunks
-            where = torch.cat(here)
-            chosen = where[picked[offset : offset + where.numel()]]
-            offset += where.numel()
-            out[chosen] = hit
-            for flat, mask, product in made:
-                if mask is out:
-                    product[chosen] = flat[chosen] * out[chosen]
-    return outs
+    for entry in gathered:
+        chosen = entry.where[picked[offset : offset + entry.where.numel()]]
+        offset += entry.where.numel()
+        entry.out[chosen] = hit
+        if entry.product is not None:
+            entry.product[chosen] = entry.scores[chosen] * entry.out[chosen]
+
+
+def _settle_native(
+    gathered: list[_Gathered], values: Tensor, rank: int, hit: bool, mid: float
+) -> None:
+    """`_settle_tensors` through the C loop: from the k-th smallest value and how many
+    of its ties to take, each source's entries in between are settled in one go (the
+    one pass marked those below `mid` as chosen)."""
+    assert _native is not None
+    scratch = values.clone()  # reordered in place
+    kth = _native.kth(scratch.data_ptr(), values.element_size(), values.numel(), rank - 1)
+    take = rank - int((values < kth).sum())
+    offset = 0
+    for entry in gathered:
+        out, product, count = entry.out, entry.product, entry.where.numel()
+        width = out.element_size()
+        one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
+        fused = product is not None and entry.scores.dtype == out.dtype
+        take = _native.settle(
+            out.data_ptr(),
+            width,
+            one if hit else 0,
+            0 if hit else one,
+            entry.scores.data_ptr() if fused else 0,
+            product.data_ptr() if fused and product is not None else 0,
+            entry.where.data_ptr(),
+            values[offset:].data_ptr(),
+            values.element_size(),
+            count,
+            kth,
+            mid,
+            take,
+        )
+        offset += count
+        if product is not None and not fused:
+            torch.mul(entry.scores, out, out=product)
 
 
 def _budget(plan: _Plan) -> int:
@@ -514,30 +565,38 @@ class _Chunks:
                 live_count = _ones(live)
             yield start, piece, magnitudes, live_count
 
+    def native(self, out_dtype: torch.dtype) -> bool:
+        """Whether the C loop makes selections of `out_dtype` (1, 2, 4 or 8 bytes, real)."""
+        size = torch.empty((), dtype=out_dtype).element_size()
+        return _native is not None and size in _UNSIGNED and not out_dtype.is_complex
+
     def split(
         self,
         scores: Tensor,
         alive: Tensor | None,
         out: Tensor,
-        lower: Tensor,
-        upper: Tensor,
+        bounds: tuple[Tensor, Tensor, Tensor],
         hit: bool,
         product: Tensor | None = None,
     ) -> Iterator[_Part]:
-        """The one pass over one source, chunk by chunk: writes the entries below `lower`
-        into `out` (`hit` where chosen, else 1 - `hit`; in-between entries as not chosen),
-        and scores x out into `product` if given; yields what each chunk holds between
-        the bounds."""
-        width = out.element_size()
-        if _native is None or width not in (1, 2, 4, 8) or out.is_complex():
+        """The one pass over one source, chunk by chunk, given (lower, mid, upper): writes
+        the entries chosen into `out` (`hit` where chosen, else 1 - `hit`), and scores x
+        out into `product` if given; yields what each chunk holds between lower and upper.
+
+        Chosen are the entries below mid in the C loop, below lower in the tensor operations:
+        _settle_native and _settle_tensors finish each.
+        """
+        lower, mid, upper = bounds
+        if not self.native(out.dtype):
             yield from self._split_tensors(scores, alive, out, lower, upper, hit, product)
             return
+        width = out.element_size()
         flat = scores.reshape(-1)
         # The C loop writes the product from the scores' bits: scores of the mask's dtype.
         fused = product if product is not None and flat.dtype == out.dtype else None
         one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
         chosen, other = (one, 0) if hit else (0, one)
-        bounds = float(lower), float(upper)
+        cuts = float(lower), float(mid), float(upper)
         for start, part, flags in self.read(scores, alive, _STEP):
             n = part.numel()
             if part.dtype not in (torch.float32, torch.float64):
@@ -552,7 +611,7 @@ class _Chunks:
                 piece,
                 chosen,
                 other,
-                bounds,
+                cuts,
                 self.positions[:n],
                 self.found[:n],
                 into,
@@ -693,13 +752,14 @@ def _native_split(
     out: Tensor,
     chosen: int,
     other: int,
-    bounds: tuple[float, float],
+    bounds: tuple[float, float, float],
     positions: Tensor,
     values: Tensor,
     product: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[int, int, Tensor, Tensor, bool]:
     """One chunk through the C loop, in as many parts as torch has threads (each at
-    least _PART entries): the parts run at once, the GIL released.
+    least _PART entries): the parts run at once, the GIL released. `bounds`: (lower,
+    mid, upper), see _Chunks.split.
 
     Returns how many entries compete, how many are below, the positions and values
     of those in between (copies), and whether all scores are finite. With `product`,
