@@ -24,7 +24,7 @@ def reference(
     """Marked flags (below mid), in-between positions, competing and below-lower counts,
     as tensor operations."""
     magnitudes = scores.abs()
-    on = torch.ones_like(scores, dtype=torch.bool) if alive is None else alive
+    on = torch.ones_like(scores, dtype=torch.bool) if alive is None else alive == 1
     between = on & (magnitudes >= lower) & (magnitudes <= upper)
     below = int((on & (magnitudes < lower)).sum())
     return on & (magnitudes < mid), between.nonzero().reshape(-1), int(on.sum()), below
@@ -51,15 +51,19 @@ def run(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("out_dtype", [torch.bool, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("size", [1, 7, 2047, 2048, 2049, 10_003])
-@pytest.mark.parametrize("flagged", [False, True])
+@pytest.mark.parametrize("flags", [None, torch.bool, torch.bfloat16, torch.float32, torch.int64])
 @pytest.mark.parametrize("mid", [0.5, 0.7])
 def test_matches_tensor_operations(
-    dtype: torch.dtype, out_dtype: torch.dtype, size: int, flagged: bool, mid: float
+    dtype: torch.dtype, out_dtype: torch.dtype, size: int, flags: torch.dtype | None, mid: float
 ) -> None:
     g = torch.Generator().manual_seed(size)
     scores = torch.randn(size, generator=g, dtype=torch.float64).to(dtype)
     scores[::5] = 0.5  # ties at a bound
-    alive = torch.rand(size, generator=g) < 0.7 if flagged else None
+    alive = None
+    if flags is not None:  # a mask: 1 competes, anything else does not
+        alive = (torch.rand(size, generator=g) * 1.4).to(torch.int64).to(flags)
+        if flags.is_floating_point:
+            alive[1::7] = 0.5
     lower, upper = 0.5, 0.9
     out = torch.full((size,), 7, dtype=out_dtype)  # every entry must be written
     one = int(torch.ones((), dtype=out_dtype).view(select._UNSIGNED[out.element_size()]))
@@ -123,9 +127,9 @@ def test_kth_is_kthvalue(dtype: torch.dtype, distinct: int) -> None:
 def test_refuses_unknown_widths() -> None:
     assert native is not None
     with pytest.raises(ValueError, match="expected 4 or 8"):
-        native.split(0, 2, 0, 0, 4, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
+        native.split(0, 2, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
-        native.split(0, 4, 0, 0, 3, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
+        native.split(0, 4, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0.0, 0.5, 1.0, 0, 0, 0)
     with pytest.raises(ValueError, match="1, 2, 4 or 8"):
         native.settle(0, 3, 0, 1, 0, 0, 0, 0, 4, 0, 0.5, 0.5, 0)
     with pytest.raises(ValueError, match="0 <= k < n"):

@@ -43,8 +43,8 @@ typedef struct {
    keeps it) where chosen. Entries below `mid` (in [lower, upper]: the best guess of the
    k-th smallest) are written as chosen, so that settling the gathered ones afterwards
    changes few of them. */
-#define SPLIT(NAME, S, ABS, MAX, O, ALIVE, PRODUCT)                                          \
-    static CLONES void NAME(const S *scores, const uint8_t *alive, O *out, O chosen,       \
+#define SPLIT(NAME, S, ABS, MAX, O, A, ALIVE, PRODUCT)                                       \
+    static CLONES void NAME(const S *scores, const A *alive, A one, O *out, O chosen,      \
                             O other, const O *orig, O *product, Py_ssize_t n, S lower,     \
                             S mid, S upper, int64_t *positions, S *values, int64_t base,   \
                             Tally *tally) {                                                \
@@ -58,7 +58,7 @@ typedef struct {
             int32_t lows = 0, band = 0, live = 0, bad = 0;                                 \
             for (Py_ssize_t i = 0; i < len; i++) {                                         \
                 const S a = ABS(x[i]);                                                     \
-                const int32_t on = ALIVE ? (alive[start + i] != 0) : 1;                    \
+                const int32_t on = ALIVE ? (alive[start + i] == one) : 1;                  \
                 const int32_t low = on & (a < lower);                                      \
                 const int32_t in = on & (a >= lower) & (a <= upper);                       \
                 const O mark = (O)(-(O)(on & (a < mid)));                                  \
@@ -89,10 +89,15 @@ typedef struct {
         }                                                                                  \
     }
 
-#define SPLITS(S, ABS, MAX, O, SUFFIX)                         \
-    SPLIT(split_##SUFFIX, S, ABS, MAX, O, 0, 0)               \
-    SPLIT(split_alive_##SUFFIX, S, ABS, MAX, O, 1, 0)         \
-    SPLIT(split_product_##SUFFIX, S, ABS, MAX, O, 0, 1)
+/* Alive flags of 1, 2, 4 or 8 bytes: an entry competes where its flag's bits are `one`'s
+   (a bool's True, or 1 in a mask of any real dtype). */
+#define SPLITS(S, ABS, MAX, O, SUFFIX)                                     \
+    SPLIT(split_##SUFFIX, S, ABS, MAX, O, uint8_t, 0, 0)                  \
+    SPLIT(split_alive1_##SUFFIX, S, ABS, MAX, O, uint8_t, 1, 0)           \
+    SPLIT(split_alive2_##SUFFIX, S, ABS, MAX, O, uint16_t, 1, 0)          \
+    SPLIT(split_alive4_##SUFFIX, S, ABS, MAX, O, uint32_t, 1, 0)          \
+    SPLIT(split_alive8_##SUFFIX, S, ABS, MAX, O, uint64_t, 1, 0)          \
+    SPLIT(split_product_##SUFFIX, S, ABS, MAX, O, uint8_t, 0, 1)
 
 SPLITS(float, fabsf, FLT_MAX, uint8_t, f4_o1)
 SPLITS(float, fabsf, FLT_MAX, uint16_t, f4_o2)
@@ -105,37 +110,68 @@ SPLITS(double, fabs, DBL_MAX, uint64_t, f8_o8)
 
 #define CALL(SUFFIX, S, O)                                                                 \
     do {                                                                                   \
-        void (*loop)(const S *, const uint8_t *, O *, O, O, const O *, O *, Py_ssize_t, S, \
-                     S, S, int64_t *, S *, int64_t, Tally *) =                             \
-            product ? split_product_##SUFFIX : alive ? split_alive_##SUFFIX : split_##SUFFIX; \
-        loop((const S *)scores, alive, (O *)out, (O)chosen, (O)other, (const O *)orig,     \
-             (O *)product, n, (S)lower, (S)mid, (S)upper, positions, (S *)values, base,    \
-             &tally);                                                                      \
+        const S *x = (const S *)scores;                                                    \
+        O *o = (O *)out;                                                                   \
+        const O *src = (const O *)orig;                                                    \
+        S *v = (S *)values;                                                                \
+        switch (alive ? alive_width : 0) {                                                 \
+        case 0:                                                                            \
+            if (product)                                                                   \
+                split_product_##SUFFIX(x, NULL, 0, o, (O)chosen, (O)other, src, (O *)product, \
+                                       n, (S)lower, (S)mid, (S)upper, positions, v, base,  \
+                                       &tally);                                            \
+            else                                                                           \
+                split_##SUFFIX(x, NULL, 0, o, (O)chosen, (O)other, NULL, NULL, n, (S)lower, \
+                               (S)mid, (S)upper, positions, v, base, &tally);              \
+            break;                                                                         \
+        case 1:                                                                            \
+            split_alive1_##SUFFIX(x, (const uint8_t *)alive, (uint8_t)alive_one, o,        \
+                                  (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
+                                  (S)upper, positions, v, base, &tally);                   \
+            break;                                                                         \
+        case 2:                                                                            \
+            split_alive2_##SUFFIX(x, (const uint16_t *)alive, (uint16_t)alive_one, o,      \
+                                  (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
+                                  (S)upper, positions, v, base, &tally);                   \
+            break;                                                                         \
+        case 4:                                                                            \
+            split_alive4_##SUFFIX(x, (const uint32_t *)alive, (uint32_t)alive_one, o,      \
+                                  (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
+                                  (S)upper, positions, v, base, &tally);                   \
+            break;                                                                         \
+        default:                                                                           \
+            split_alive8_##SUFFIX(x, (const uint64_t *)alive, (uint64_t)alive_one, o,      \
+                                  (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
+                                  (S)upper, positions, v, base, &tally);                   \
+            break;                                                                         \
+        }                                                                                  \
     } while (0)
 
 static PyObject *split(PyObject *self, PyObject *args) {
     unsigned long long scores_at, alive_at, out_at, positions_at, values_at, orig_at, product_at;
-    unsigned long long chosen, other;
-    int kind, width;
+    unsigned long long chosen, other, alive_one;
+    int kind, width, alive_width;
     Py_ssize_t n;
     double lower, mid, upper;
     long long base;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KiKKiKKKKndddKKL", &scores_at, &kind, &alive_at, &out_at,
-                          &width, &chosen, &other, &orig_at, &product_at, &n, &lower, &mid,
-                          &upper, &positions_at, &values_at, &base))
+    if (!PyArg_ParseTuple(args, "KiKiKKiKKKKndddKKL", &scores_at, &kind, &alive_at,
+                          &alive_width, &alive_one, &out_at, &width, &chosen, &other, &orig_at,
+                          &product_at, &n, &lower, &mid, &upper, &positions_at, &values_at,
+                          &base))
         return NULL;
-    if ((kind != 4 && kind != 8) || (width != 1 && width != 2 && width != 4 && width != 8) ||
+#define WIDTH_OK(w) ((w) == 1 || (w) == 2 || (w) == 4 || (w) == 8)
+    if ((kind != 4 && kind != 8) || !WIDTH_OK(width) || (alive_at && !WIDTH_OK(alive_width)) ||
         n < 0 || (product_at && (alive_at || !orig_at))) {
         PyErr_Format(PyExc_ValueError,
-                     "split: scores of %d bytes, output of %d bytes, %zd entries, product "
-                     "%s; expected 4 or 8, 1, 2, 4 or 8, a count >= 0, and a product only "
-                     "from an orig and without alive flags",
-                     kind, width, n, product_at ? "asked" : "not asked");
+                     "split: scores of %d bytes, output of %d bytes, flags of %d bytes, %zd "
+                     "entries, product %s; expected 4 or 8, 1, 2, 4 or 8, 1, 2, 4 or 8, a "
+                     "count >= 0, and a product only from an orig and without alive flags",
+                     kind, width, alive_width, n, product_at ? "asked" : "not asked");
         return NULL;
     }
     const void *scores = (const void *)(uintptr_t)scores_at;
-    const uint8_t *alive = (const uint8_t *)(uintptr_t)alive_at;
+    const void *alive = (const void *)(uintptr_t)alive_at;
     void *out = (void *)(uintptr_t)out_at;
     int64_t *positions = (int64_t *)(uintptr_t)positions_at;
     void *values = (void *)(uintptr_t)values_at;
@@ -302,8 +338,9 @@ static PyObject *kth(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
-     "split(scores, kind, alive, out, width, chosen, other, orig, product, n, lower, mid, "
-     "upper, positions, values, base) -> (below, found, competing, finite)\n\n"
+     "split(scores, kind, alive, alive_width, alive_one, out, width, chosen, other, orig, "
+     "product, n, lower, mid, upper, positions, values, base) -> (below, found, competing, "
+     "finite)\n\n"
      "One pass over n scores (float of `kind` bytes) at the given addresses; see _native.c."},
     {"settle", settle, METH_VARARGS,
      "settle(out, width, chosen, other, orig, product, positions, values, kind, count, kth, "

@@ -2,6 +2,8 @@ def split(
     scores: int,
     kind: int,
     alive: int,
+    alive_width: int,
+    alive_one: int,
     out: int,
     width: int,
     chosen: int,

@@ -452,12 +452,11 @@ def _settle_native(
     offset = 0
     for entry in gathered:
         out, product, count = entry.out, entry.product, entry.where.numel()
-        width = out.element_size()
-        one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
+        one = _one_bits(out.dtype)
         fused = product is not None and entry.scores.dtype == out.dtype
         take = _native.settle(
             out.data_ptr(),
-            width,
+            out.element_size(),
             one if hit else 0,
             0 if hit else one,
             entry.scores.data_ptr() if fused else 0,
@@ -590,19 +589,18 @@ class _Chunks:
         if not self.native(out.dtype):
             yield from self._split_tensors(scores, alive, out, lower, upper, hit, product)
             return
-        width = out.element_size()
         flat = scores.reshape(-1)
         # The C loop writes the product from the scores' bits: scores of the mask's dtype.
         fused = product if product is not None and flat.dtype == out.dtype else None
-        one = int(torch.ones((), dtype=out.dtype).view(_UNSIGNED[width]).item())
+        one = _one_bits(out.dtype)
         chosen, other = (one, 0) if hit else (0, one)
         cuts = float(lower), float(mid), float(upper)
         for start, part, flags in self.read(scores, alive, _STEP):
             n = part.numel()
             if part.dtype not in (torch.float32, torch.float64):
                 part = self.wide[:n].copy_(part)  # 16-bit: widened (exactly)
-            if flags is not None and (flags.dtype != torch.bool or not flags.is_contiguous()):
-                flags = torch.eq(flags, 1, out=self.live[:n])
+            if flags is not None and not (self.native(flags.dtype) and flags.is_contiguous()):
+                flags = torch.eq(flags, 1, out=self.live[:n])  # the C loop reads 1s as bits
             piece = out[start : start + n]
             into = None if fused is None else (flat[start : start + n], fused[start : start + n])
             competing, below, positions, values, finite = _native_split(
@@ -733,6 +731,14 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
 
 
 _UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _one_bits(dtype: torch.dtype) -> int:
+    """The bits of 1 (True for bool) in `dtype`, read as an unsigned integer."""
+    one = torch.ones((), dtype=dtype)
+    return int(one.view(_UNSIGNED[one.element_size()]).item()) & ((1 << 8 * one.element_size()) - 1)
+
+
 _POOL: list[tuple[int, ThreadPoolExecutor]] = []  # the C loop's threads (how many), once made
 
 
@@ -774,7 +780,9 @@ def _native_split(
         tally: tuple[int, int, int, bool] = _native.split(
             scores.data_ptr() + start * scores.element_size(),
             scores.element_size(),
-            0 if flags is None else flags.data_ptr() + start,
+            0 if flags is None else flags.data_ptr() + start * flags.element_size(),
+            0 if flags is None else flags.element_size(),
+            0 if flags is None else _one_bits(flags.dtype),
             out.data_ptr() + start * out.element_size(),
             out.element_size(),
             chosen,
