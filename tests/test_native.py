@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 
 import pytest
@@ -111,16 +112,19 @@ def test_parts_on_threads_give_what_one_part_gives(monkeypatch: pytest.MonkeyPat
 
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("distinct", [3, 1000, 10**9])
-def test_kth_is_kthvalue(dtype: torch.dtype, distinct: int) -> None:
+@pytest.mark.parametrize("distinct", [1, 3, 1000, 10**9])
+@pytest.mark.parametrize("spread", [1.0, 1e30])
+def test_kth_is_kthvalue(dtype: torch.dtype, distinct: int, spread: float) -> None:
+    # Magnitudes (>= 0): few or many distinct values, in a narrow or a huge range, inf too.
     assert native is not None
     g = torch.Generator().manual_seed(distinct)
-    values = torch.randint(0, distinct, (5001,), generator=g).to(dtype)
-    for k in (1, 2, 2500, 5000, 5001):
-        scratch = values.clone()
-        got = native.kth(scratch.data_ptr(), values.element_size(), values.numel(), k - 1)
+    values = torch.randint(0, distinct, (70_001,), generator=g).to(dtype) * spread
+    values[::1000] = math.inf
+    before = values.clone()
+    for k in (1, 2, 35_000, 69_999, 70_001):
+        got = native.kth(values.data_ptr(), values.element_size(), values.numel(), k - 1)
         assert got == float(values.kthvalue(k)[0])
-        assert torch.equal(scratch.sort()[0], values.sort()[0])  # reordered, not changed
+    assert torch.equal(values, before)
 
 
 @needs_native

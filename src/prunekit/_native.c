@@ -18,6 +18,7 @@ Tensor.data_ptr(); the caller owns and checks every buffer (select.py). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Entries handled per inner loop: their in-between flags fit in L1. */
@@ -314,6 +315,49 @@ static PyObject *settle(PyObject *self, PyObject *args) {
 KTH(kth_f4, float)
 KTH(kth_f8, double)
 
+/* The same without touching the values: non-negative floats order like their bits, so a
+   histogram of the bits' top 16 above the smallest's finds the bucket holding the k-th,
+   whose few values are copied out and quickselected. Two reads of the values, no copy
+   of them all. */
+#define BUCKETS (1 << 16)
+#define KTH_HIST(NAME, S, K, QUICK)                                                        \
+    static int NAME(const S *values, Py_ssize_t n, Py_ssize_t k, S *result) {              \
+        K low = (K)-1, high = 0;                                                           \
+        for (Py_ssize_t i = 0; i < n; i++) {                                               \
+            K bits;                                                                        \
+            memcpy(&bits, values + i, sizeof bits);                                        \
+            low = bits < low ? bits : low;                                                 \
+            high = bits > high ? bits : high;                                              \
+        }                                                                                  \
+        int shift = 0;                                                                     \
+        while (((high - low) >> shift) >= BUCKETS) shift++;                                \
+        Py_ssize_t *counts = calloc(BUCKETS, sizeof *counts);                              \
+        if (!counts) return -1;                                                            \
+        for (Py_ssize_t i = 0; i < n; i++) {                                               \
+            K bits;                                                                        \
+            memcpy(&bits, values + i, sizeof bits);                                        \
+            counts[(bits - low) >> shift]++;                                               \
+        }                                                                                  \
+        Py_ssize_t bucket = 0, before = 0;                                                 \
+        while (before + counts[bucket] <= k) before += counts[bucket++];                   \
+        const Py_ssize_t size = counts[bucket];                                            \
+        free(counts);                                                                      \
+        S *few = malloc((size_t)size * sizeof *few);                                       \
+        if (!few) return -1;                                                               \
+        Py_ssize_t m = 0;                                                                  \
+        for (Py_ssize_t i = 0; i < n; i++) {                                               \
+            K bits;                                                                        \
+            memcpy(&bits, values + i, sizeof bits);                                        \
+            if ((Py_ssize_t)((bits - low) >> shift) == bucket) few[m++] = values[i];       \
+        }                                                                                  \
+        *result = QUICK(few, size, k - before);                                            \
+        free(few);                                                                         \
+        return 0;                                                                          \
+    }
+
+KTH_HIST(kth_hist_f4, float, uint32_t, kth_f4)
+KTH_HIST(kth_hist_f8, double, uint64_t, kth_f8)
+
 static PyObject *kth(PyObject *self, PyObject *args) {
     unsigned long long values_at;
     int kind;
@@ -327,12 +371,17 @@ static PyObject *kth(PyObject *self, PyObject *args) {
                      kind, k, n);
         return NULL;
     }
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    if (kind == 4)
-        result = kth_f4((float *)(uintptr_t)values_at, n, k);
-    else
-        result = kth_f8((double *)(uintptr_t)values_at, n, k);
+    if (kind == 4) {
+        float found = 0;
+        failed = kth_hist_f4((const float *)(uintptr_t)values_at, n, k, &found);
+        result = found;
+    } else {
+        failed = kth_hist_f8((const double *)(uintptr_t)values_at, n, k, &result);
+    }
     Py_END_ALLOW_THREADS
+    if (failed) return PyErr_NoMemory();
     return PyFloat_FromDouble(result);
 }
 
@@ -347,7 +396,7 @@ static PyMethodDef methods[] = {
      "mid, take) -> take left\n\n"
      "Marks the gathered entries at or below the k-th smallest magnitude; see _native.c."},
     {"kth", kth, METH_VARARGS,
-     "kth(values, kind, n, k) -> the k-th smallest (0-based), reordering the values"},
+     "kth(values, kind, n, k) -> the k-th smallest (0-based) of n non-negative values"},
     {NULL, NULL, 0, NULL},
 };
 

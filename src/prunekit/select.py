@@ -446,8 +446,7 @@ def _settle_native(
     of its ties to take, each source's entries in between are settled in one go (the
     one pass marked those below `mid` as chosen)."""
     assert _native is not None
-    scratch = values.clone()  # reordered in place
-    kth = _native.kth(scratch.data_ptr(), values.element_size(), values.numel(), rank - 1)
+    kth = _native.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
     take = rank - int((values < kth).sum())
     offset = 0
     for entry in gathered:
