@@ -443,17 +443,27 @@ def _settle_native(
     gathered: list[_Gathered], values: Tensor, rank: int, hit: bool, mid: float
 ) -> None:
     """`_settle_tensors` through the C loop: from the k-th smallest value and how many
-    of its ties to take, each source's entries in between are settled in one go (the
-    one pass marked those below `mid` as chosen)."""
+    of its ties each source takes (the earlier sources first), each source's entries
+    in between are settled in one go, sources side by side on torch's threads (the one
+    pass marked those below `mid` as chosen)."""
     assert _native is not None
     kth = _native.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
-    take = rank - int((values < kth).sum())
+    left = rank - int((values < kth).sum())
+    jobs = []
     offset = 0
     for entry in gathered:
-        out, product, count = entry.out, entry.product, entry.where.numel()
+        count = entry.where.numel()
+        ties = int((values[offset : offset + count] == kth).sum()) if left else 0
+        jobs.append((entry, values[offset : offset + count], min(ties, left)))
+        left -= min(ties, left)
+        offset += count
+
+    def settle(entry: _Gathered, mine: Tensor, take: int) -> None:
+        out, product = entry.out, entry.product
         one = _one_bits(out.dtype)
         fused = product is not None and entry.scores.dtype == out.dtype
-        take = _native.settle(
+        assert _native is not None
+        _native.settle(
             out.data_ptr(),
             out.element_size(),
             one if hit else 0,
@@ -461,16 +471,23 @@ def _settle_native(
             entry.scores.data_ptr() if fused else 0,
             product.data_ptr() if fused and product is not None else 0,
             entry.where.data_ptr(),
-            values[offset:].data_ptr(),
-            values.element_size(),
-            count,
+            mine.data_ptr(),
+            mine.element_size(),
+            mine.numel(),
             kth,
             mid,
             take,
         )
-        offset += count
         if product is not None and not fused:
             torch.mul(entry.scores, out, out=product)
+
+    threads = max(1, min(_threads(), len(jobs)))
+    others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
+    pending = [_pool(threads - 1).submit(settle, *job) for job in others]
+    for job in jobs[::threads]:
+        settle(*job)
+    for future in pending:
+        future.result()
 
 
 def _budget(plan: _Plan) -> int:
