@@ -41,11 +41,16 @@ def run(
     upper: float,
     mid: float | None = None,
 ) -> tuple[int, int, torch.Tensor, torch.Tensor, bool]:
-    n = scores.numel()
-    positions = torch.empty(n, dtype=torch.int64)
-    values = torch.empty(n, dtype=scores.dtype)
+    """The C loop over one chunk: competing and below counts, the positions and values
+    gathered, and whether all scores are finite."""
+    gather = select._Gather(scores.numel() + 5, scores.dtype)
+    gather.size = 5  # after entries gathered before
     bounds = (lower, lower if mid is None else mid, upper)
-    return select._native_split(scores, alive, out, chosen, other, bounds, positions, values)
+    competing, below, finite = select._native_split(
+        scores, alive, out, chosen, other, bounds, gather, 0
+    )
+    found = slice(5, gather.size)
+    return competing, below, gather.positions[found], gather.values[found], finite
 
 
 @needs_native

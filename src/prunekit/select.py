@@ -242,13 +242,30 @@ class _Cut:
 
 @dataclass
 class _Part:
-    """What the one pass found in one chunk (positions count from the tensor's start)."""
+    """What the one pass found in one chunk (its entries in between go to a _Gather)."""
 
     below: int  # competing entries below the lower bound
     competing: int
-    positions: Tensor  # of the competing entries between the bounds, ascending
-    values: Tensor  # their magnitudes
     finite: Tensor | bool | None  # every score of the chunk finite (None: not known)
+
+
+class _Gather:
+    """The entries the one pass gathers between the bounds, all sources in order: their
+    positions (in their tensor) and magnitudes, written in place, never concatenated.
+
+    Room for `capacity` entries; only the pages written are ever mapped.
+    """
+
+    def __init__(self, capacity: int, dtype: torch.dtype) -> None:
+        self.positions = torch.empty(capacity, dtype=torch.int64)
+        self.values = torch.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def append(self, positions: Tensor, values: Tensor) -> None:
+        end = self.size + positions.numel()
+        self.positions[self.size : end] = positions
+        self.values[self.size : end] = values
+        self.size = end
 
 
 def alive_count(scores: Tensor, alive: Tensor | None) -> int:
@@ -379,33 +396,31 @@ def _mark_between(
     hit = keep_dtype is None
     out_dtype = torch.bool if keep_dtype is None else keep_dtype
     budget = _budget(chunks.plan)
+    # Room for the budget and one more chunk: a chunk is gathered before it is counted.
+    gather = _Gather(budget + min(max(_STEP, _CHUNK), chunks.plan.largest), chunks.plan.work)
     gathered: list[_Gathered] = []
-    values = []
     below = counted = 0
     peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
     for index, (scores, alive) in enumerate(source() for source in chunks.sources):
         out = torch.empty(scores.numel(), dtype=out_dtype)
         product = None if products is None else products[index]
-        here = []
-        for part in chunks.split(scores, alive, out, (lower, mid, upper), hit, product):
+        first = gather.size
+        for part in chunks.split(scores, alive, out, (lower, mid, upper), hit, product, gather):
             counted += part.competing
             below += part.below
             if part.finite is None:
                 peaks = None
             elif peaks is not None:
                 peaks.append(part.finite)
-            budget -= part.positions.numel()
-            if budget < 0:
+            if gather.size > budget:
                 return None
-            here.append(part.positions)
-            values.append(part.values)
-        where = torch.cat(here) if here else torch.empty(0, dtype=torch.int64)
+        where = gather.positions[first : gather.size]
         gathered.append(_Gathered(scores.reshape(-1), out, product, where))
     chunks.counted = counted
     if peaks:
         chunks.finite = all(bool(peak) for peak in peaks)
     rank = _resolve(k, counted) - below
-    values_all = torch.cat(values)
+    values_all = gather.values[: gather.size]
     if not 0 < rank <= values_all.numel():
         return None
     if chunks.native(out_dtype):
@@ -522,11 +537,9 @@ class _Chunks:
         self.high = torch.empty(size, dtype=plan.work)
         self.alive = torch.empty(size, dtype=plan.work)
         self.zeros = torch.zeros(size, dtype=plan.work)
-        # The C loop's: where it gathers the in-between entries, 16-bit scores widened,
-        # other flags as bools. Only the pages written are ever mapped.
+        # The C loop's: 16-bit scores widened, other flags as bools. Only the pages
+        # written are ever mapped.
         step = min(_STEP, plan.largest) if _native else 0
-        self.positions = torch.empty(step, dtype=torch.int64)
-        self.found = torch.empty(step, dtype=plan.work)
         self.wide = torch.empty(step if plan.bits == 16 else 0, dtype=plan.work)
         self.live = torch.empty(step, dtype=torch.bool)
 
@@ -592,18 +605,20 @@ class _Chunks:
         out: Tensor,
         bounds: tuple[Tensor, Tensor, Tensor],
         hit: bool,
-        product: Tensor | None = None,
+        product: Tensor | None,
+        gather: _Gather,
     ) -> Iterator[_Part]:
         """The one pass over one source, chunk by chunk, given (lower, mid, upper): writes
         the entries chosen into `out` (`hit` where chosen, else 1 - `hit`), and scores x
-        out into `product` if given; yields what each chunk holds between lower and upper.
+        out into `product` if given; gathers the entries between lower and upper into
+        `gather` and yields counts per chunk.
 
         Chosen are the entries below mid in the C loop, below lower in the tensor operations:
         _settle_native and _settle_tensors finish each.
         """
         lower, mid, upper = bounds
         if not self.native(out.dtype):
-            yield from self._split_tensors(scores, alive, out, lower, upper, hit, product)
+            yield from self._split_tensors(scores, alive, out, lower, upper, hit, product, gather)
             return
         flat = scores.reshape(-1)
         # The C loop writes the product from the scores' bits: scores of the mask's dtype.
@@ -619,20 +634,12 @@ class _Chunks:
                 flags = torch.eq(flags, 1, out=self.live[:n])  # the C loop reads 1s as bits
             piece = out[start : start + n]
             into = None if fused is None else (flat[start : start + n], fused[start : start + n])
-            competing, below, positions, values, finite = _native_split(
-                part,
-                flags,
-                piece,
-                chosen,
-                other,
-                cuts,
-                self.positions[:n],
-                self.found[:n],
-                into,
+            competing, below, finite = _native_split(
+                part, flags, piece, chosen, other, cuts, gather, start, into
             )
             if product is not None and fused is None:
                 torch.mul(flat[start : start + n], piece, out=product[start : start + n])
-            yield _Part(below, competing, positions.add_(start), values, finite)
+            yield _Part(below, competing, finite)
 
     def _split_tensors(
         self,
@@ -643,6 +650,7 @@ class _Chunks:
         upper: Tensor,
         hit: bool,
         product: Tensor | None,
+        gather: _Gather,
     ) -> Iterator[_Part]:
         """`split` as tensor operations, a few per chunk."""
         flat = scores.reshape(-1)
@@ -660,7 +668,8 @@ class _Chunks:
             _write(piece, low, hit)
             if product is not None:
                 torch.mul(flat[start : start + n], piece, out=product[start : start + n])
-            yield _Part(below, competing, where.add_(start), values, finite)
+            gather.append(where.add_(start), values)
+            yield _Part(below, competing, finite)
 
     def tops(self, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
         """(start, scores, top digits) per chunk: the top 16 bits without the sign,
@@ -775,22 +784,25 @@ def _native_split(
     chosen: int,
     other: int,
     bounds: tuple[float, float, float],
-    positions: Tensor,
-    values: Tensor,
+    gather: _Gather,
+    base: int,
     product: tuple[Tensor, Tensor] | None = None,
-) -> tuple[int, int, Tensor, Tensor, bool]:
+) -> tuple[int, int, bool]:
     """One chunk through the C loop, in as many parts as torch has threads (each at
     least _PART entries): the parts run at once, the GIL released. `bounds`: (lower,
-    mid, upper), see _Chunks.split.
+    mid, upper), see _Chunks.split. The entries in between are appended to `gather`,
+    their positions counted from `base` (which must have room for the chunk). With
+    `product`, (orig, into): writes orig x out into `into`, both of out's dtype.
 
-    Returns how many entries compete, how many are below, the positions and values
-    of those in between (copies), and whether all scores are finite. With `product`,
-    (orig, into): writes orig x out into `into`, both of out's dtype.
+    Returns how many entries compete, how many are below, and whether all scores are
+    finite.
     """
     assert _native is not None
     n = scores.numel()
     count = max(1, min(_threads(), n // _PART))
     parts = list(itertools.pairwise(n * i // count for i in range(count + 1)))
+    at = gather.size  # each part gathers from at + its start, then they close ranks
+    positions, values = gather.positions, gather.values
 
     def run(start: int, end: int) -> tuple[int, int, int, bool]:
         tally: tuple[int, int, int, bool] = _native.split(
@@ -807,22 +819,29 @@ def _native_split(
             0 if product is None else product[1].data_ptr() + start * out.element_size(),
             end - start,
             *bounds,
-            positions.data_ptr() + start * positions.element_size(),
-            values.data_ptr() + start * values.element_size(),
-            start,
+            positions.data_ptr() + (at + start) * positions.element_size(),
+            values.data_ptr() + (at + start) * values.element_size(),
+            base + start,
         )
         return tally
 
     pending = [_pool(count - 1).submit(run, *part) for part in parts[1:]]
     tallies = [run(*parts[0]), *(future.result() for future in pending)]
-    spans = [
-        slice(start, start + tally[1]) for (start, _), tally in zip(parts, tallies, strict=True)
-    ]
+    end = at
+    for (start, _), tally in zip(parts, tallies, strict=True):
+        found = tally[1]
+        if found and at + start != end:  # move down next to the part before
+            source = slice(at + start, at + start + found)
+            overlap = end + found > at + start
+            gather.positions[end : end + found] = (
+                positions[source].clone() if overlap else positions[source]
+            )
+            gather.values[end : end + found] = values[source].clone() if overlap else values[source]
+        end += found
+    gather.size = end
     return (
         sum(tally[2] for tally in tallies),
         sum(tally[0] for tally in tallies),
-        torch.cat([positions[span] for span in spans]),
-        torch.cat([values[span] for span in spans]),
         all(tally[3] for tally in tallies),
     )
 
