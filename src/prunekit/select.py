@@ -10,7 +10,11 @@ returned) is a few MiB plus the entries gathered below, never more than the
 largest tensor, and no tensor is concatenated.
 An evenly spaced sample gives two magnitudes that almost surely enclose the
 k-th smallest; one pass marks the entries below the lower one and gathers
-the few in between, which are ranked apart (_mark_between). When the guess
+the few in between, which are ranked apart (_mark_between). That pass is a
+C loop (_native.c, split among torch's threads, which marks entries below
+the sample's best guess and then settles the gathered ones) where it was
+built, else tensor operations a chunk at a time; the two give the same
+selections, and can write scores x mask alongside (`products`). When the guess
 misses, histograms take over (_find_cut, _mark): a float's bits, read as
 16-bit digits from the top, order non-negative floats the same way as their
 values, so a ``bincount`` of the top digit finds the bucket that holds the
@@ -18,9 +22,9 @@ k-th value, the next digits are counted only inside that bucket, and a last
 pass compares every magnitude with the k-th one. Ties are resolved only
 where they straddle the k-th value. Counts are Python ints, so totals above
 2**31 are fine.
-Within a chunk, comparisons write 0/1 floats (several times faster here than
-bools, and summed to count), and entries that do not compete read as NaN,
-which every comparison leaves out: no branch, no masked write.
+In the tensor operations, comparisons write 0/1 floats (several times faster
+here than bools, and summed to count), and entries that do not compete read
+as NaN, which every comparison leaves out: no branch, no masked write.
 The fast path covers CPU torch tensors of float16, bfloat16, float32 and
 float64 holding more than 2**16 entries in all (the sampled guess from 2**18
 on); anything else (other frameworks and devices, negative scores, small
