@@ -187,6 +187,29 @@ def test_products_need_a_mask_dtype() -> None:
         smallest_k_many([lambda: (torch.ones(3), None)], 1, products=[torch.empty(3)])
 
 
+@pytest.mark.parametrize("product", [torch.empty(10), torch.empty(300_000, dtype=torch.float64)])
+def test_products_must_fit_their_scores(product: torch.Tensor) -> None:
+    scores = torch.randn(300_000)
+    with pytest.raises(ValueError, match=r"expected 300000 contiguous torch\.float32"):
+        smallest_k_many([lambda: (scores, None)], 10, keep_dtype=torch.float32, products=[product])
+
+
+def test_products_of_strided_and_expanded_scores() -> None:
+    n = 300_000
+    strided = torch.randn(2 * n)[::2]
+    expanded = torch.full((1,), 0.5).expand(n)
+    for scores in (strided, expanded):
+        product = torch.empty(n)
+        (mask,) = smallest_k_many(
+            [lambda s=scores: (s, None)],
+            n // 3,
+            magnitude=True,
+            keep_dtype=torch.float32,
+            products=[product],
+        )
+        assert torch.equal(bits(product), bits(scores * mask))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_heavy_ties_across_chunks_keep_lowest_indices(dtype: torch.dtype) -> None:
     # 200k entries with 3 values: the cut falls inside a run of ties far past one chunk.

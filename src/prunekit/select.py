@@ -132,8 +132,8 @@ def smallest_k_many(
     is yielded: in the one pass, as the mask is written, while the scores are read
     anyway. A source given a product must have no flags and finite scores.
     """
-    if products is not None and keep_dtype is None:
-        raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
+    if products is not None:
+        _check_products(sources, products, keep_dtype)
     plan = _fast_plan(sources, magnitude)
     if plan is None and total is None:
         total = _competing(sources)
@@ -158,6 +158,25 @@ def smallest_k_many(
     else:
         masks = _mark(chunks, _find_cut(chunks, count), keep_dtype)
     return masks if products is None else _multiplied(masks, sources, products)
+
+
+def _check_products(
+    sources: Sequence[Source], products: Sequence[Tensor | None], keep_dtype: torch.dtype | None
+) -> None:
+    """Raise ValueError unless each product is a contiguous tensor of `keep_dtype` with
+    as many entries as its source's scores."""
+    if keep_dtype is None:
+        raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
+    for index, (source, product) in enumerate(zip(sources, products, strict=True)):
+        if product is None:
+            continue
+        n = source()[0].numel()
+        if not (product.numel() == n and product.dtype == keep_dtype and product.is_contiguous()):
+            raise ValueError(
+                f"smallest_k_many: products[{index}] is {product.numel()} "
+                f"{'contiguous' if product.is_contiguous() else 'strided'} {product.dtype} "
+                f"entries; expected {n} contiguous {keep_dtype} entries"
+            )
 
 
 def _multiplied(
@@ -480,7 +499,7 @@ def _settle_native(
     def settle(entry: _Gathered, mine: Tensor, take: int) -> None:
         out, product = entry.out, entry.product
         one = _one_bits(out.dtype)
-        fused = product is not None and entry.scores.dtype == out.dtype
+        fused = product is not None and _bits_of(entry.scores, out)
         assert _native is not None
         _native.settle(
             out.data_ptr(),
@@ -625,8 +644,9 @@ class _Chunks:
             yield from self._split_tensors(scores, alive, out, lower, upper, hit, product, gather)
             return
         flat = scores.reshape(-1)
-        # The C loop writes the product from the scores' bits: scores of the mask's dtype.
-        fused = product if product is not None and flat.dtype == out.dtype else None
+        # The C loop writes the product from the scores' bits: scores of the mask's dtype,
+        # contiguous.
+        fused = product if product is not None and _bits_of(flat, out) else None
         one = _one_bits(out.dtype)
         chosen, other = (one, 0) if hit else (0, one)
         cuts = float(lower), float(mid), float(upper)
@@ -760,6 +780,12 @@ def _mark(chunks: _Chunks, cut: _Cut, keep_dtype: torch.dtype | None) -> Iterato
 
 
 _UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_of(scores: Tensor, out: Tensor) -> bool:
+    """Whether the C loop can write a product from the bits of `scores` (flat) into a
+    tensor like `out`: the same dtype, contiguous."""
+    return scores.dtype == out.dtype and scores.is_contiguous()
 
 
 def _one_bits(dtype: torch.dtype) -> int:
