@@ -194,6 +194,27 @@ def test_products_must_fit_their_scores(product: torch.Tensor) -> None:
         smallest_k_many([lambda: (scores, None)], 10, keep_dtype=torch.float32, products=[product])
 
 
+@pytest.mark.parametrize("size", [299_995, 300_005])
+def test_flags_must_be_one_per_score(size: int) -> None:
+    with pytest.raises(ValueError, match=r"300000 scores and \d+ flags"):
+        smallest_k(torch.randn(300_000), 1000, torch.ones(size, dtype=torch.bool))
+
+
+def test_products_of_scores_that_require_grad() -> None:
+    scores = torch.randn(300_000, requires_grad=True)
+    for native in (NATIVE, None):
+        select._native = native
+        product = torch.empty(300_000, dtype=torch.float64)  # not the scores' dtype
+        (mask,) = smallest_k_many(
+            [lambda: (scores, None)],
+            1000,
+            magnitude=True,
+            keep_dtype=torch.float64,
+            products=[product],
+        )
+        assert torch.equal(product, scores.detach().double() * mask)
+
+
 def test_products_of_strided_and_expanded_scores() -> None:
     n = 300_000
     strided = torch.randn(2 * n)[::2]

@@ -134,6 +134,7 @@ def smallest_k_many(
     """
     if products is not None:
         _check_products(sources, products, keep_dtype)
+    _check_flags(sources)
     plan = _fast_plan(sources, magnitude)
     if plan is None and total is None:
         total = _competing(sources)
@@ -158,6 +159,17 @@ def smallest_k_many(
     else:
         masks = _mark(chunks, _find_cut(chunks, count), keep_dtype)
     return masks if products is None else _multiplied(masks, sources, products)
+
+
+def _check_flags(sources: Sequence[Source]) -> None:
+    """Raise ValueError unless each source's flags (if any) are as many as its scores."""
+    for index, source in enumerate(sources):
+        scores, alive = source()
+        if alive is not None and alive.numel() != scores.numel():
+            raise ValueError(
+                f"smallest_k_many: source {index} has {scores.numel()} scores and "
+                f"{alive.numel()} flags; expected one flag per score"
+            )
 
 
 def _check_products(
@@ -185,7 +197,7 @@ def _multiplied(
     """The masks as they are, each product written as its mask is yielded."""
     for mask, source, product in zip(masks, sources, products, strict=True):
         if product is not None:
-            torch.mul(source()[0].reshape(-1), mask, out=product)
+            torch.mul(source()[0].detach().reshape(-1), mask, out=product)
         yield mask
 
 
@@ -363,7 +375,7 @@ def _guess(chunks: _Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor
     seen = 0  # entries sampled, competing or not
     for source in chunks.sources:
         scores, alive = source()
-        part = scores.reshape(-1)[::stride].to(plan.dtype).abs()
+        part = scores.detach().reshape(-1)[::stride].to(plan.dtype).abs()
         seen += part.numel()
         if alive is not None:
             part = part[alive.reshape(-1)[::stride] == 1]
@@ -517,7 +529,7 @@ def _settle_native(
             take,
         )
         if product is not None and not fused:
-            torch.mul(entry.scores, out, out=product)
+            torch.mul(entry.scores.detach(), out, out=product)
 
     threads = max(1, min(_threads(), len(jobs)))
     others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
@@ -572,7 +584,7 @@ class _Chunks:
         """(start, scores, alive flags or None) for each chunk (of `step` entries,
         _CHUNK by default) of one source's scores."""
         step = step or _CHUNK
-        flat = scores.reshape(-1)
+        flat = scores.detach().reshape(-1)
         live = None if alive is None else alive.reshape(-1)
         for start in range(0, flat.numel(), step):
             part = flat[start : start + step]
@@ -662,7 +674,7 @@ class _Chunks:
                 part, flags, piece, chosen, other, cuts, gather, start, into
             )
             if product is not None and fused is None:
-                torch.mul(flat[start : start + n], piece, out=product[start : start + n])
+                torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
             yield _Part(below, competing, finite)
 
     def _split_tensors(
@@ -691,7 +703,7 @@ class _Chunks:
             values = magnitudes.index_select(0, where)
             _write(piece, low, hit)
             if product is not None:
-                torch.mul(flat[start : start + n], piece, out=product[start : start + n])
+                torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
             gather.append(where.add_(start), values)
             yield _Part(below, competing, finite)
 
