@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -213,6 +215,41 @@ def test_products_of_scores_that_require_grad() -> None:
             products=[product],
         )
         assert torch.equal(product, scores.detach().double() * mask)
+
+
+def test_products_must_be_where_their_scores_are() -> None:
+    scores = torch.randn(300_000)
+    product = torch.empty(300_000, device="meta")
+    with pytest.raises(
+        ValueError, match=r"on meta; expected \d+ contiguous torch\.float32 entries on cpu"
+    ):
+        smallest_k_many([lambda: (scores, None)], 10, keep_dtype=torch.float32, products=[product])
+
+
+@pytest.mark.parametrize("one_pass", ["tensors", "C"])
+def test_scores_made_anew_are_not_all_held(one_pass: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sources may make their scores on each call (global random pruning draws its noise
+    # so): the one pass must not keep them all alive until the end.
+    select._native = None if one_pass == "tensors" else NATIVE
+    made: list[weakref.ref[torch.Tensor]] = []
+
+    def source(seed: int) -> tuple[torch.Tensor, None]:
+        scores = torch.rand(100_000, generator=torch.Generator().manual_seed(seed))
+        made.append(weakref.ref(scores))
+        return scores, None
+
+    alive_at_settle = []
+    for name in ("_settle_native", "_settle_tensors"):
+        real = getattr(select, name)
+
+        def spy(*args: object, real: Any = real) -> None:
+            alive_at_settle.append(sum(ref() is not None for ref in made))
+            real(*args)
+
+        monkeypatch.setattr(select, name, spy)
+    sources = [lambda i=i: source(i) for i in range(8)]
+    list(smallest_k_many(sources, 80_000, magnitude=True))
+    assert alive_at_settle and alive_at_settle[0] <= 1
 
 
 def test_products_of_strided_and_expanded_scores() -> None:

@@ -176,18 +176,25 @@ def _check_products(
     sources: Sequence[Source], products: Sequence[Tensor | None], keep_dtype: torch.dtype | None
 ) -> None:
     """Raise ValueError unless each product is a contiguous tensor of `keep_dtype` with
-    as many entries as its source's scores."""
+    as many entries as its source's scores, on their device."""
     if keep_dtype is None:
         raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
     for index, (source, product) in enumerate(zip(sources, products, strict=True)):
         if product is None:
             continue
-        n = source()[0].numel()
-        if not (product.numel() == n and product.dtype == keep_dtype and product.is_contiguous()):
+        scores = source()[0]
+        n = scores.numel()
+        if not (
+            product.numel() == n
+            and product.dtype == keep_dtype
+            and product.is_contiguous()
+            and product.device == scores.device
+        ):
             raise ValueError(
                 f"smallest_k_many: products[{index}] is {product.numel()} "
                 f"{'contiguous' if product.is_contiguous() else 'strided'} {product.dtype} "
-                f"entries; expected {n} contiguous {keep_dtype} entries"
+                f"entries on {product.device}; expected {n} contiguous {keep_dtype} entries "
+                f"on {scores.device}, as its scores"
             )
 
 
@@ -450,7 +457,9 @@ def _mark_between(
             if gather.size > budget:
                 return None
         where = gather.positions[first : gather.size]
-        gathered.append(_Gathered(scores.reshape(-1), out, product, where))
+        # Scores are kept only where a product needs them: sources may make theirs anew.
+        held = None if product is None else scores.detach().reshape(-1)
+        gathered.append(_Gathered(out, product, held, where))
     chunks.counted = counted
     if peaks:
         chunks.finite = all(bool(peak) for peak in peaks)
@@ -467,12 +476,12 @@ def _mark_between(
 
 @dataclass
 class _Gathered:
-    """One source after the one pass: its flat scores, selection, product (if asked) and
-    the positions of its entries in between."""
+    """One source after the one pass: its selection, its product and flat scores (if a
+    product is asked) and the positions of its entries in between."""
 
-    scores: Tensor
     out: Tensor
     product: Tensor | None
+    scores: Tensor | None
     where: Tensor
 
 
@@ -486,6 +495,7 @@ def _settle_tensors(gathered: list[_Gathered], values: Tensor, rank: int, hit: b
         offset += entry.where.numel()
         entry.out[chosen] = hit
         if entry.product is not None:
+            assert entry.scores is not None
             entry.product[chosen] = entry.scores[chosen] * entry.out[chosen]
 
 
@@ -511,14 +521,15 @@ def _settle_native(
     def settle(entry: _Gathered, mine: Tensor, take: int) -> None:
         out, product = entry.out, entry.product
         one = _one_bits(out.dtype)
-        fused = product is not None and _bits_of(entry.scores, out)
+        scores = entry.scores
+        fused = scores is not None and _bits_of(scores, out)
         assert _native is not None
         _native.settle(
             out.data_ptr(),
             out.element_size(),
             one if hit else 0,
             0 if hit else one,
-            entry.scores.data_ptr() if fused else 0,
+            scores.data_ptr() if fused and scores is not None else 0,
             product.data_ptr() if fused and product is not None else 0,
             entry.where.data_ptr(),
             mine.data_ptr(),
@@ -529,7 +540,8 @@ def _settle_native(
             take,
         )
         if product is not None and not fused:
-            torch.mul(entry.scores.detach(), out, out=product)
+            assert scores is not None
+            torch.mul(scores, out, out=product)
 
     threads = max(1, min(_threads(), len(jobs)))
     others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
