@@ -252,6 +252,35 @@ def test_scores_made_anew_are_not_all_held(one_pass: str, monkeypatch: pytest.Mo
     assert alive_at_settle and alive_at_settle[0] <= 1
 
 
+def test_a_product_cannot_be_its_scores() -> None:
+    scores = torch.randn(300_000)
+    with pytest.raises(ValueError, match="in memory of its own"):
+        smallest_k_many([lambda: (scores, None)], 10, keep_dtype=torch.float32, products=[scores])
+
+
+@pytest.mark.parametrize("one_pass", ["tensors", "C", "C in parts"])
+def test_products_under_inference_mode(one_pass: str) -> None:
+    # Products of another dtype than the scores are multiplied after the pass, where the
+    # caller's inference mode holds (it is per thread).
+    select._native = None if one_pass == "tensors" else NATIVE
+    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
+    g = torch.Generator().manual_seed(0)
+    scores = [torch.randn(300_000, generator=g) for _ in range(3)]
+    with torch.inference_mode():
+        products = [torch.empty(300_000, dtype=torch.float64) for _ in scores]
+        masks = list(
+            smallest_k_many(
+                [lambda s=s: (s, None) for s in scores],
+                200_000,
+                magnitude=True,
+                keep_dtype=torch.float64,
+                products=products,
+            )
+        )
+    for s, mask, product in zip(scores, masks, products, strict=True):
+        assert torch.equal(product, s.double() * mask)
+
+
 def test_products_of_strided_and_expanded_scores() -> None:
     n = 300_000
     strided = torch.randn(2 * n)[::2]

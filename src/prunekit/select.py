@@ -134,7 +134,6 @@ def smallest_k_many(
     """
     if products is not None:
         _check_products(sources, products, keep_dtype)
-    _check_flags(sources)
     plan = _fast_plan(sources, magnitude)
     if plan is None and total is None:
         total = _competing(sources)
@@ -161,22 +160,20 @@ def smallest_k_many(
     return masks if products is None else _multiplied(masks, sources, products)
 
 
-def _check_flags(sources: Sequence[Source]) -> None:
-    """Raise ValueError unless each source's flags (if any) are as many as its scores."""
-    for index, source in enumerate(sources):
-        scores, alive = source()
-        if alive is not None and alive.numel() != scores.numel():
-            raise ValueError(
-                f"smallest_k_many: source {index} has {scores.numel()} scores and "
-                f"{alive.numel()} flags; expected one flag per score"
-            )
+def _check_flags(index: int, scores: Tensor, alive: Tensor | None) -> None:
+    """Raise ValueError unless a source's flags (if any) are as many as its scores."""
+    if alive is not None and alive.numel() != scores.numel():
+        raise ValueError(
+            f"smallest_k_many: source {index} has {scores.numel()} scores and "
+            f"{alive.numel()} flags; expected one flag per score"
+        )
 
 
 def _check_products(
     sources: Sequence[Source], products: Sequence[Tensor | None], keep_dtype: torch.dtype | None
 ) -> None:
     """Raise ValueError unless each product is a contiguous tensor of `keep_dtype` with
-    as many entries as its source's scores, on their device."""
+    as many entries as its source's scores, on their device, not sharing their memory."""
     if keep_dtype is None:
         raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
     for index, (source, product) in enumerate(zip(sources, products, strict=True)):
@@ -189,12 +186,13 @@ def _check_products(
             and product.dtype == keep_dtype
             and product.is_contiguous()
             and product.device == scores.device
+            and product.untyped_storage().data_ptr() != scores.untyped_storage().data_ptr()
         ):
             raise ValueError(
                 f"smallest_k_many: products[{index}] is {product.numel()} "
                 f"{'contiguous' if product.is_contiguous() else 'strided'} {product.dtype} "
                 f"entries on {product.device}; expected {n} contiguous {keep_dtype} entries "
-                f"on {scores.device}, as its scores"
+                f"on {scores.device}, as its scores, and in memory of its own"
             )
 
 
@@ -340,19 +338,24 @@ def _filled(scores: Tensor, alive: Tensor | None, everything: bool) -> Tensor:
 
 
 def _fast_plan(sources: Sequence[Source], magnitude: bool) -> _Plan | None:
-    """How to read the scores, or None when the fast path does not apply (or does not pay)."""
+    """How to read the scores, or None when the fast path does not apply (or does not pay).
+    Checks every source's flags on the way."""
     dtype: torch.dtype | None = None
+    fast = True
     size = largest = 0
-    for source in sources:
-        scores, _ = source()
-        if not isinstance(scores, Tensor) or scores.dtype not in _BITS:
-            return None
+    for index, source in enumerate(sources):
+        scores, alive = source()
+        _check_flags(index, scores, alive)  # here, where every source is read anyway
+        if not fast or not isinstance(scores, Tensor) or scores.dtype not in _BITS:
+            fast = False
+            continue
         if scores.device.type != "cpu":
-            return None  # the chunk buffers live in CPU memory
+            fast = False  # the chunk buffers live in CPU memory
+            continue
         size += scores.numel()
         largest = max(largest, scores.numel())
         dtype = scores.dtype if dtype is None else torch.promote_types(dtype, scores.dtype)
-    if dtype is None or size <= _SMALL:
+    if not fast or dtype is None or size <= _SMALL:
         return None
     for source in () if magnitude else sources:
         scores, _ = source()
@@ -539,9 +542,6 @@ def _settle_native(
             mid,
             take,
         )
-        if product is not None and not fused:
-            assert scores is not None
-            torch.mul(scores, out, out=product)
 
     threads = max(1, min(_threads(), len(jobs)))
     others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
@@ -550,6 +550,10 @@ def _settle_native(
         settle(*job)
     for future in pending:
         future.result()
+    for entry in gathered:  # here: the caller's modes (inference mode) are per thread
+        scores, product = entry.scores, entry.product
+        if product is not None and scores is not None and not _bits_of(scores, entry.out):
+            torch.mul(scores, entry.out, out=product)
 
 
 def _budget(plan: _Plan) -> int:
