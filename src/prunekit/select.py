@@ -186,7 +186,7 @@ def _check_products(
             and product.dtype == keep_dtype
             and product.is_contiguous()
             and product.device == scores.device
-            and product.untyped_storage().data_ptr() != scores.untyped_storage().data_ptr()
+            and not (n and _same_memory(product, scores))
         ):
             raise ValueError(
                 f"smallest_k_many: products[{index}] is {product.numel()} "
@@ -194,6 +194,11 @@ def _check_products(
                 f"entries on {product.device}; expected {n} contiguous {keep_dtype} entries "
                 f"on {scores.device}, as its scores, and in memory of its own"
             )
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors live in the same storage."""
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _multiplied(
