@@ -41,6 +41,39 @@ typedef struct {
     int finite;           /* every magnitude finite, competing or not */
 } Tally;
 
+/* Each pairing of a score type with an output width the loops are built for, as
+   X(suffix, score type, its fabs, its largest finite value, output type). */
+#define EACH_PAIRING(X)                              \
+    X(f4_o1, float, fabsf, FLT_MAX, uint8_t)         \
+    X(f4_o2, float, fabsf, FLT_MAX, uint16_t)        \
+    X(f4_o4, float, fabsf, FLT_MAX, uint32_t)        \
+    X(f4_o8, float, fabsf, FLT_MAX, uint64_t)        \
+    X(f8_o1, double, fabs, DBL_MAX, uint8_t)         \
+    X(f8_o2, double, fabs, DBL_MAX, uint16_t)        \
+    X(f8_o4, double, fabs, DBL_MAX, uint32_t)        \
+    X(f8_o8, double, fabs, DBL_MAX, uint64_t)
+
+/* RUN(suffix, score type, output type) for the pairing of `kind` (bytes per score, 4
+   or 8) and `width` (bytes per output entry, 1, 2, 4 or 8), both checked before. */
+#define DISPATCH(RUN)                                          \
+    do {                                                       \
+        if (kind == 4) {                                       \
+            switch (width) {                                   \
+            case 1: RUN(f4_o1, float, uint8_t); break;         \
+            case 2: RUN(f4_o2, float, uint16_t); break;        \
+            case 4: RUN(f4_o4, float, uint32_t); break;        \
+            default: RUN(f4_o8, float, uint64_t); break;       \
+            }                                                  \
+        } else {                                               \
+            switch (width) {                                   \
+            case 1: RUN(f8_o1, double, uint8_t); break;        \
+            case 2: RUN(f8_o2, double, uint16_t); break;       \
+            case 4: RUN(f8_o4, double, uint32_t); break;       \
+            default: RUN(f8_o8, double, uint64_t); break;      \
+            }                                                  \
+        }                                                      \
+    } while (0)
+
 /* One loop per score type S, output type O, whether alive flags are read and whether
    a product is written: `orig` with the magnitude cleared (the sign kept, as 0 * orig
    keeps it) where chosen. Entries below `mid` (in [lower, upper]: the best guess of the
@@ -94,7 +127,7 @@ typedef struct {
 
 /* Alive flags of 1, 2, 4 or 8 bytes: an entry competes where its flag's bits are `one`'s
    (a bool's True, or 1 in a mask of any real dtype). */
-#define SPLITS(S, ABS, MAX, O, SUFFIX)                                     \
+#define SPLITS(SUFFIX, S, ABS, MAX, O)                                     \
     SPLIT(split_##SUFFIX, S, ABS, MAX, O, uint8_t, 0, 0)                  \
     SPLIT(split_alive1_##SUFFIX, S, ABS, MAX, O, uint8_t, 1, 0)           \
     SPLIT(split_alive2_##SUFFIX, S, ABS, MAX, O, uint16_t, 1, 0)          \
@@ -102,14 +135,7 @@ typedef struct {
     SPLIT(split_alive8_##SUFFIX, S, ABS, MAX, O, uint64_t, 1, 0)          \
     SPLIT(split_product_##SUFFIX, S, ABS, MAX, O, uint8_t, 0, 1)
 
-SPLITS(float, fabsf, FLT_MAX, uint8_t, f4_o1)
-SPLITS(float, fabsf, FLT_MAX, uint16_t, f4_o2)
-SPLITS(float, fabsf, FLT_MAX, uint32_t, f4_o4)
-SPLITS(float, fabsf, FLT_MAX, uint64_t, f4_o8)
-SPLITS(double, fabs, DBL_MAX, uint8_t, f8_o1)
-SPLITS(double, fabs, DBL_MAX, uint16_t, f8_o2)
-SPLITS(double, fabs, DBL_MAX, uint32_t, f8_o4)
-SPLITS(double, fabs, DBL_MAX, uint64_t, f8_o8)
+EACH_PAIRING(SPLITS)
 
 #define CALL(SUFFIX, S, O)                                                                 \
     do {                                                                                   \
@@ -182,21 +208,7 @@ static PyObject *split(PyObject *self, PyObject *args) {
     void *product = (void *)(uintptr_t)product_at;
     Tally tally = {0, 0, 0, 1};
     Py_BEGIN_ALLOW_THREADS
-    if (kind == 4) {
-        switch (width) {
-        case 1: CALL(f4_o1, float, uint8_t); break;
-        case 2: CALL(f4_o2, float, uint16_t); break;
-        case 4: CALL(f4_o4, float, uint32_t); break;
-        default: CALL(f4_o8, float, uint64_t); break;
-        }
-    } else {
-        switch (width) {
-        case 1: CALL(f8_o1, double, uint8_t); break;
-        case 2: CALL(f8_o2, double, uint16_t); break;
-        case 4: CALL(f8_o4, double, uint32_t); break;
-        default: CALL(f8_o8, double, uint64_t); break;
-        }
-    }
+    DISPATCH(CALL);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("nnnO", tally.below, tally.found, tally.competing,
                          tally.finite ? Py_True : Py_False);
@@ -225,14 +237,8 @@ static PyObject *split(PyObject *self, PyObject *args) {
         return take;                                                                      \
     }
 
-SETTLE(settle_f4_o1, float, uint8_t)
-SETTLE(settle_f4_o2, float, uint16_t)
-SETTLE(settle_f4_o4, float, uint32_t)
-SETTLE(settle_f4_o8, float, uint64_t)
-SETTLE(settle_f8_o1, double, uint8_t)
-SETTLE(settle_f8_o2, double, uint16_t)
-SETTLE(settle_f8_o4, double, uint32_t)
-SETTLE(settle_f8_o8, double, uint64_t)
+#define SETTLES(SUFFIX, S, ABS, MAX, O) SETTLE(settle_##SUFFIX, S, O)
+EACH_PAIRING(SETTLES)
 
 #define SETTLE_CALL(SUFFIX, S, O)                                                          \
     take = settle_##SUFFIX((O *)out, (O)chosen, (O)other, (const O *)orig, (O *)product,  \
@@ -263,21 +269,7 @@ static PyObject *settle(PyObject *self, PyObject *args) {
     const int64_t *positions = (const int64_t *)(uintptr_t)positions_at;
     const void *values = (const void *)(uintptr_t)values_at;
     Py_BEGIN_ALLOW_THREADS
-    if (kind == 4) {
-        switch (width) {
-        case 1: SETTLE_CALL(f4_o1, float, uint8_t); break;
-        case 2: SETTLE_CALL(f4_o2, float, uint16_t); break;
-        case 4: SETTLE_CALL(f4_o4, float, uint32_t); break;
-        default: SETTLE_CALL(f4_o8, float, uint64_t); break;
-        }
-    } else {
-        switch (width) {
-        case 1: SETTLE_CALL(f8_o1, double, uint8_t); break;
-        case 2: SETTLE_CALL(f8_o2, double, uint16_t); break;
-        case 4: SETTLE_CALL(f8_o4, double, uint32_t); break;
-        default: SETTLE_CALL(f8_o8, double, uint64_t); break;
-        }
-    }
+    DISPATCH(SETTLE_CALL);
     Py_END_ALLOW_THREADS
     return PyLong_FromSsize_t(take);
 }
