@@ -651,8 +651,7 @@ class _Chunks:
 
     def native(self, out_dtype: torch.dtype) -> bool:
         """Whether the C loop makes selections of `out_dtype` (1, 2, 4 or 8 bytes, real)."""
-        size = torch.empty((), dtype=out_dtype).element_size()
-        return _native is not None and size in _UNSIGNED and not out_dtype.is_complex
+        return _native is not None and out_dtype.itemsize in _UNSIGNED and not out_dtype.is_complex
 
     def split(
         self,
@@ -865,6 +864,7 @@ def _native_split(
     count = max(1, min(_threads(), n // _PART))
     parts = list(itertools.pairwise(n * i // count for i in range(count + 1)))
     at = gather.size  # each part gathers from at + its start, then they close ranks
+    alive_one = 0 if flags is None else _one_bits(flags.dtype)
     positions, values = gather.positions, gather.values
 
     def run(start: int, end: int) -> tuple[int, int, int, bool]:
@@ -873,7 +873,7 @@ def _native_split(
             scores.element_size(),
             0 if flags is None else flags.data_ptr() + start * flags.element_size(),
             0 if flags is None else flags.element_size(),
-            0 if flags is None else _one_bits(flags.dtype),
+            alive_one,
             out.data_ptr() + start * out.element_size(),
             out.element_size(),
             chosen,
