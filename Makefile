@@ -8,7 +8,7 @@ EXTRAS := dev,tensorplay,cli,demo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt src/prunekit/_native.c
+$(STAMP): pyproject.toml constraints.txt src/prunekit/select/_native.c
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from prunekit.amount import (
+from prunekit.core.amount import (
     compute_nparams_to_prune,
     validate_dim,
     validate_norm_order,

@@ -58,7 +58,7 @@ def test_all_names_resolve() -> None:
 
 
 def test_amount_helpers_are_exported() -> None:
-    from prunekit import amount
+    from prunekit.core import amount
 
     assert prunekit.compute_nparams_to_prune is amount.compute_nparams_to_prune
     assert prunekit.validate_pruning_amount is amount.validate_pruning_amount

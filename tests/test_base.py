@@ -7,7 +7,7 @@ from torch import Tensor
 
 import prunekit as prune
 from frameworks import Framework
-from prunekit.base import combine_masks
+from prunekit.core.method import combine_masks
 
 
 class Threshold(prune.BasePruningMethod):

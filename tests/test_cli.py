@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from prunekit.cli import main
-from prunekit.files import load_state_dict, save_state_dict
+from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.report import report
+from prunekit.tools.cli import main
 
 TINY_DEMO = ["--epochs", "1", "--finetune-epochs", "1", "--sparsity", "0.5,0.9"]
 
@@ -323,7 +323,7 @@ def test_unexpected_errors_are_one_line_with_their_type(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("first line\nsecond line")
 
-    monkeypatch.setattr("prunekit.cli.report", broken)
+    monkeypatch.setattr("prunekit.tools.cli.report", broken)
     code, _, err = run(capsys, "report", str(checkpoint))
     assert code == 1
     one_line_error(err, "prunekit report: error: RuntimeError: first line second line")

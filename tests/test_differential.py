@@ -19,7 +19,7 @@ from torch import nn
 
 import prunekit
 from frameworks import Framework
-from prunekit._backend import framework as framework_of
+from prunekit.core.backend import framework as framework_of
 
 Step = Callable[[ModuleType, Any], Any]
 Maker = Callable[[Any], Any]  # builds a module from a framework's nn package

@@ -1,4 +1,4 @@
-"""prunekit.files: reading and writing state_dicts, torch and safetensors, safely."""
+"""prunekit.io.files: reading and writing state_dicts, torch and safetensors, safely."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from prunekit.files import CheckpointError, detect_format, load_state_dict, save_state_dict
+from prunekit.io.files import CheckpointError, detect_format, load_state_dict, save_state_dict
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -11,7 +11,8 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit as prune
-from prunekit import base, select
+from prunekit import select
+from prunekit.core import method as base
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 

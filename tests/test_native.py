@@ -1,4 +1,4 @@
-"""The one pass's C loop (prunekit._native) against the same pass in tensor operations."""
+"""The one pass's C loop (prunekit.select._native) against the same pass in tensor operations."""
 
 from __future__ import annotations
 

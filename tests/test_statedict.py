@@ -1,4 +1,4 @@
-"""prunekit.statedict: pruning a state_dict's tensors without the model, checked against torch."""
+"""prunekit.io.statedict: pruning a state_dict's tensors without the model, against torch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from prunekit.statedict import entries, prune_state_dict, select_names
+from prunekit.io.statedict import entries, prune_state_dict, select_names
 
 
 def _model() -> nn.Sequential:

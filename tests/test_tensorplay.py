@@ -17,15 +17,16 @@ from hypothesis import strategies as st
 
 import prunekit as prune
 from frameworks import Framework
-from prunekit._backend import (
+from prunekit.core.backend import (
     common_namespace,
     dtype_name,
     is_module,
     is_tensor,
+    multiply_,
     namespace,
     seeded_rand,
 )
-from prunekit._backend import framework as framework_of
+from prunekit.core.backend import framework as framework_of
 
 tp = pytest.importorskip("tensorplay", minversion="1.0")
 TORCH = Framework("torch")
@@ -140,6 +141,15 @@ def test_nuclear_norm_ranks_channels_as_torch(dim: int) -> None:
     torch_prune.ln_structured(reference, "weight", 0.5, "nuc", dim)
     prune.ln_structured(other, "weight", 0.5, "nuc", dim)
     assert other.weight_mask.tolist() == reference.weight_mask.tolist()
+
+
+@pytest.mark.parametrize("ns", [torch, tp], ids=["torch", "tensorplay"])
+def test_multiply_in_place_writes_the_product(ns: Any) -> None:
+    # tensorplay 1.0's t.mul_(tensor) leaves t as it was; masks and remove() rely on it.
+    t = ns.tensor([0.0, 1.0, 2.0, 3.0])
+    result = multiply_(t, ns.tensor([1.0, 0.0, 1.0, 0.0]))
+    assert result is t
+    assert t.tolist() == [0.0, 0.0, 2.0, 0.0]
 
 
 def test_nuclear_norm_works_after_scipy_is_imported() -> None:

@@ -3,19 +3,12 @@
 ``import prunekit as prune`` is a drop-in for ``torch.nn.utils.prune``.
 """
 
-from prunekit.amount import (
+from prunekit.core.amount import (
     compute_nparams_to_prune,
     validate_pruning_amount,
     validate_pruning_amount_init,
 )
-from prunekit.base import BasePruningMethod, PruningBase, PruningContainer
-from prunekit.checkpoint import (
-    load_pruned,
-    load_pruned_state_dict,
-    permanent_state_dict,
-    refresh_pruned,
-    save_pruned,
-)
+from prunekit.core.method import BasePruningMethod, PruningBase, PruningContainer
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -27,6 +20,13 @@ from prunekit.functional import (
     random_structured,
     random_unstructured,
     remove,
+)
+from prunekit.io.checkpoint import (
+    load_pruned,
+    load_pruned_state_dict,
+    permanent_state_dict,
+    refresh_pruned,
+    save_pruned,
 )
 from prunekit.methods import (
     CustomFromMask,

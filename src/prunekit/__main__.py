@@ -1,5 +1,5 @@
 """``python -m prunekit``: the command line."""
 
-from prunekit.cli import main
+from prunekit.tools.cli import main
 
 raise SystemExit(main())

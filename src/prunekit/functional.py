@@ -8,8 +8,17 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, namespace
-from prunekit.base import (
+from prunekit.core.backend import common_namespace, namespace
+from prunekit.core.checks import (
+    Snapshot,
+    check_finite,
+    check_scores,
+    describe,
+    prunable_parameter,
+    resolve,
+    with_context,
+)
+from prunekit.core.method import (
     BasePruningMethod,
     PruningContainer,
     current_values,
@@ -19,15 +28,6 @@ from prunekit.base import (
     fusable,
     install,
     pruning_hooks,
-)
-from prunekit.checks import (
-    Snapshot,
-    check_finite,
-    check_scores,
-    describe,
-    prunable_parameter,
-    resolve,
-    with_context,
 )
 from prunekit.methods import (
     CustomFromMask,

@@ -8,8 +8,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, namespace, norm, seeded_rand
-from prunekit.amount import (
+from prunekit.core.amount import (
     compute_nparams_to_prune,
     validate_dim,
     validate_dim_type,
@@ -18,8 +17,9 @@ from prunekit.amount import (
     validate_pruning_amount_init,
     validate_structured_tensor,
 )
-from prunekit.base import BasePruningMethod
-from prunekit.checks import check_binary_mask, check_finite
+from prunekit.core.backend import common_namespace, multiply_, namespace, norm, seeded_rand
+from prunekit.core.checks import check_binary_mask, check_finite
+from prunekit.core.method import BasePruningMethod
 from prunekit.select import (
     NotFinite,
     Source,
@@ -77,7 +77,7 @@ class _Unstructured(_AmountMethod):
             raise _unrankable(t, type(self).__name__, "scores")
         mask = next(kept).reshape(t.shape)
         if not _all_ones(default_mask):
-            mask.mul_(default_mask)
+            multiply_(mask, default_mask)
         return mask
 
     def _choose(

@@ -18,10 +18,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import dtype_name, is_module, is_tensor
 from prunekit._extras import require
-from prunekit.base import BasePruningMethod, PruningContainer, find_pruning_hook
-from prunekit.statedict import entries
+from prunekit.core.backend import dtype_name, is_module, is_tensor
+from prunekit.core.method import BasePruningMethod, PruningContainer, find_pruning_hook
+from prunekit.io.statedict import entries
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]
 

@@ -23,6 +23,7 @@ __all__ = [
     "framework_caveat",
     "is_module",
     "is_tensor",
+    "multiply_",
     "namespace",
     "norm",
     "seeded_rand",
@@ -153,6 +154,17 @@ def common_namespace(where: str, /, **objects: Any) -> ModuleType:
 def _kind(obj: Any) -> str:
     """How an error names `obj`: 'tensor' for any tensor, else its class name."""
     return "tensor" if hasattr(obj, "shape") and hasattr(obj, "dtype") else type(obj).__name__
+
+
+def multiply_(t: Tensor, other: Tensor) -> Tensor:
+    """``t *= other`` in place; returns `t`.
+
+    tensorplay 1.0's ``mul_`` with a tensor argument leaves `t` unchanged (with a
+    number it works), so there the product is copied in instead.
+    """
+    if namespace(t) is torch:
+        return t.mul_(other)
+    return t.copy_(t * other)
 
 
 def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, is_module, is_tensor, namespace
+from prunekit.core.backend import common_namespace, is_module, is_tensor, namespace
 from prunekit.select import all_finite
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "with_context",
 ]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # prunekit/
 
 
 def describe(module: Any, name: Any) -> str:

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from prunekit._extras import require
-from prunekit.demo import run_demo
-from prunekit.files import load_state_dict
+from prunekit.io.files import load_state_dict
+from prunekit.io.statedict import prune_file
 from prunekit.report import report
-from prunekit.statedict import prune_file
+from prunekit.tools.demo import run_demo
 
 __all__ = ["build_parser", "main"]
 

@@ -44,11 +44,11 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from prunekit._backend import namespace
+from prunekit.core.backend import namespace
 
 _native: ModuleType | None
 try:  # the one pass as a C loop (_native.c); without it, tensor operations do the same
-    from prunekit import _native
+    from prunekit.select import _native
 except ImportError:  # pragma: no cover - not built here
     _native = None
 

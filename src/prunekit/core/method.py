@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from prunekit._backend import common_namespace, framework_caveat, namespace
-from prunekit.amount import validate_dim
-from prunekit.checks import (
+from prunekit.core.amount import validate_dim
+from prunekit.core.backend import common_namespace, framework_caveat, multiply_, namespace
+from prunekit.core.checks import (
     Snapshot,
     check_scores,
     describe,
@@ -233,7 +233,7 @@ class BasePruningMethod(ABC):
             )
         self._reuse = None
         with namespace(orig).no_grad():
-            orig.mul_(mask.to(dtype=orig.dtype))
+            multiply_(orig, mask.to(dtype=orig.dtype))
         module.__dict__.pop(name, None)
         del module._parameters[name + "_orig"]
         del module._buffers[name + "_mask"]
@@ -352,7 +352,7 @@ def combine_masks(method: BasePruningMethod, t: Tensor, mask: Tensor) -> Tensor:
     if kind == "unstructured":
         kept = method._choose([t], [mask], keep_dtype=mask.dtype)
         if kept is not None:
-            return next(kept).reshape(t.shape).mul_(mask)
+            return multiply_(next(kept).reshape(t.shape), mask)
     new_mask = mask.clone()
     if kind == "unstructured":
         keep = mask == 1

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.amount import validate_pruning_amount_init
-from prunekit.base import BasePruningMethod, find_pruning_hook
-from prunekit.checks import describe
-from prunekit.files import load_state_dict, save_state_dict
+from prunekit.core.amount import validate_pruning_amount_init
+from prunekit.core.checks import describe
+from prunekit.core.method import BasePruningMethod, find_pruning_hook
 from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import L1Unstructured, LnStructured, RandomUnstructured
 
 __all__ = [

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from prunekit._extras import require
-from prunekit.amount import validate_pruning_amount_init
+from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.functional import global_unstructured, ln_structured
 from prunekit.methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report

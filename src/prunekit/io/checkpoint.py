@@ -13,10 +13,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit._backend import framework, is_module
-from prunekit.base import install, pruning_hooks, refresh_masked
-from prunekit.checks import Snapshot, check_binary_mask, describe, is_attention_out_proj
-from prunekit.files import load_state_dict, save_state_dict
+from prunekit.core.backend import framework, is_module
+from prunekit.core.checks import Snapshot, check_binary_mask, describe, is_attention_out_proj
+from prunekit.core.method import install, pruning_hooks, refresh_masked
+from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
 
 __all__ = [

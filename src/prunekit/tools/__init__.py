@@ -1,0 +1,1 @@
+"""What sits on top of the library: the command line and the demo."""
