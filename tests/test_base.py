@@ -1,13 +1,17 @@
-"""base.py: the reparameterization, composition, rollback and remove, on both frameworks."""
+"""core: the reparameterization, composition, rollback and remove, on both frameworks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
-from torch import Tensor
+import torch.nn.utils.prune as torch_prune
+from torch import Tensor, nn
 
 import prunekit as prune
 from frameworks import Framework
-from prunekit.core.method import combine_masks
+from prunekit.core.container import combine_masks
 
 
 class Threshold(prune.BasePruningMethod):
@@ -215,22 +219,57 @@ def test_pruning_base_is_an_alias() -> None:
     assert prune.PruningBase is prune.BasePruningMethod
 
 
-def test_missing_pruning_type_fails_at_class_definition() -> None:
-    with pytest.raises(TypeError, match="NoType must declare PRUNING_TYPE"):
+class _KeepAll:
+    """compute_mask of the classes below: keeps every entry."""
 
-        class NoType(prune.BasePruningMethod):
-            def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-                return default_mask
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        return default_mask
 
 
-def test_unknown_pruning_type_fails_at_class_definition() -> None:
-    with pytest.raises(ValueError, match="PRUNING_TYPE='channels' is not allowed"):
+def _typeless(library: Any) -> type:
+    return type("NoType", (_KeepAll, library.BasePruningMethod), {})
 
-        class BadType(prune.BasePruningMethod):
-            PRUNING_TYPE = "channels"
 
-            def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-                return default_mask
+def _mistyped(library: Any) -> type:
+    return type("BadType", (_KeepAll, library.BasePruningMethod), {"PRUNING_TYPE": "channels"})
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (_typeless, AttributeError, "NoType declares no PRUNING_TYPE"),
+        (_mistyped, ValueError, "PRUNING_TYPE='channels' is not allowed"),
+    ],
+    ids=["missing", "unknown"],
+)
+def test_pruning_type_is_checked_at_composition_as_in_torch(
+    make: Callable[[Any], type], error: type[Exception], message: str
+) -> None:
+    # torch accepts such a class until a second pruning composes it; so does prunekit,
+    # with the same exception type and a message that says what is allowed.
+    for library in (torch_prune, prune):
+        cls = make(library)  # defining the class raises nothing
+        m = nn.Linear(4, 3)
+        cls.apply(m, "weight")  # a first pruning needs no PRUNING_TYPE
+        library.l1_unstructured(m, "weight", amount=2)
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        with pytest.raises(error) as caught:
+            cls.apply(m, "weight")  # composing with it reads its PRUNING_TYPE
+        if library is prune:
+            assert message in str(caught.value)
+            assert "PRUNING_TYPE" in str(caught.value) and "expected" in str(caught.value)
+            after = m.state_dict()
+            assert list(after) == list(before)
+            assert all(v.equal(before[k]) for k, v in after.items())
+
+
+def test_global_pruning_reads_pruning_type_from_the_instance() -> None:
+    m = nn.Linear(4, 3)
+    with pytest.raises(AttributeError, match="declares no PRUNING_TYPE"):
+        prune.global_unstructured([(m, "weight")], _typeless(prune))
+    with pytest.raises(TypeError, match="has PRUNING_TYPE 'channels'"):
+        prune.global_unstructured([(m, "weight")], _mistyped(prune))
+    assert not prune.is_pruned(m)
 
 
 def test_abstract_intermediate_class_needs_no_type() -> None:

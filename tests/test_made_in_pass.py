@@ -12,7 +12,7 @@ from torch import nn
 
 import prunekit as prune
 from prunekit import select
-from prunekit.core import method as base
+from prunekit.core import install as installing
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -32,13 +32,13 @@ def layers(dtype: torch.dtype, count: int = 2) -> list[nn.Linear]:
 def made(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Per install: whether module.<name> came made from the selection."""
     seen: list[bool] = []
-    real = base._made
+    real = installing.made
 
     def spy(product: torch.Tensor, orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         seen.append(True)
         return real(product, orig, mask)
 
-    monkeypatch.setattr(base, "_made", spy)
+    monkeypatch.setattr(installing, "made", spy)
     return seen
 
 

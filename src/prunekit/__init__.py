@@ -8,7 +8,9 @@ from prunekit.core.amount import (
     validate_pruning_amount,
     validate_pruning_amount_init,
 )
-from prunekit.core.method import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.core.container import PruningContainer
+from prunekit.core.method import BasePruningMethod, PruningBase
+from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -33,24 +35,33 @@ from prunekit.methods import (
     Identity,
     L1Unstructured,
     LnStructured,
+    Pruning,
     RandomStructured,
     RandomUnstructured,
 )
+from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "Channels",
+    "Criterion",
     "CustomFromMask",
     "Identity",
     "L1Unstructured",
     "LnStructured",
+    "Magnitude",
+    "Pattern",
+    "Pruning",
     "PruningBase",
     "PruningContainer",
+    "Random",
     "RandomStructured",
     "RandomUnstructured",
     "Report",
+    "Unstructured",
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",

@@ -9,31 +9,33 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.backend import common_namespace, namespace
-from prunekit.core.checks import (
-    Snapshot,
-    check_finite,
-    check_scores,
+from prunekit.core.checks import check_finite, check_scores, prunable_parameter, resolve
+from prunekit.core.container import PruningContainer
+from prunekit.core.errors import (
+    attribute_error,
     describe,
-    prunable_parameter,
-    resolve,
-    with_context,
+    naming,
+    type_error,
+    value_error,
 )
-from prunekit.core.method import (
-    BasePruningMethod,
-    PruningContainer,
+from prunekit.core.install import (
     current_values,
     drop_refresh,
     find_pruning_hook,
     forget_load_refresh,
-    fusable,
     install,
     pruning_hooks,
 )
+from prunekit.core.method import PRUNING_TYPES, BasePruningMethod, construct
+from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.product import fusable
+from prunekit.core.transaction import transaction
 from prunekit.methods import (
     CustomFromMask,
     Identity,
     L1Unstructured,
     LnStructured,
+    Pruning,
     RandomStructured,
     RandomUnstructured,
 )
@@ -108,7 +110,7 @@ def remove(module: M, name: str) -> M:
     key, hook = find_pruning_hook(owner, leaf)
     if hook is None:
         pruned = sorted(h._tensor_name for h in pruning_hooks(owner) if h._tensor_name is not None)
-        raise ValueError(
+        raise value_error(
             f"{describe(module, name)} is not pruned, so there is nothing to remove; "
             f"expected one of the pruned tensors of this module: {pruned}"
         )
@@ -140,7 +142,7 @@ def global_unstructured(
     before any is pruned; if one fails, none is.
     """
     if not isinstance(parameters, Iterable):
-        raise TypeError(
+        raise type_error(
             f"global_unstructured: invalid parameters of type {type(parameters).__name__}; "
             "expected an iterable of (module, name) pairs"
         )
@@ -148,7 +150,7 @@ def global_unstructured(
     if importance_scores is None:
         importance_scores = {}
     if not isinstance(importance_scores, dict):
-        raise TypeError(
+        raise type_error(
             "global_unstructured: invalid importance_scores of type "
             f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
         )
@@ -156,10 +158,11 @@ def global_unstructured(
     if not params:
         return
     scores, masks, dtypes, wheres = _global_targets(params, importance_scores)
+    targets = [resolve(module, name) for module, name in params]
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     products = _products(method, params, scores, masks, importance_scores, keep_dtype)
-    try:
+    with naming("global_unstructured"):
         kept = method._choose(
             scores,
             masks,
@@ -167,14 +170,14 @@ def global_unstructured(
             products=[None if p is None else p.view(-1) for p in products]
             if any(p is not None for p in products)
             else None,
+            targets=targets,
         )
         if kept is None:
             products = [None] * len(products)
-        if kept is None and isinstance(method, L1Unstructured):
-            # It found NaN or infinity (its one check): name the tensor that holds it.
-            for ranked, where in zip(scores, wheres, strict=True):
-                check_finite(ranked, where, "scores")
-        if kept is None:
+            if isinstance(method, Pruning) and method._own_mask():
+                # It found NaN or infinity (its one check): name the tensor that holds it.
+                for ranked, where in zip(scores, wheres, strict=True):
+                    check_finite(ranked, where, "scores")
             methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:
             # One tensor at a time: the model is never concatenated nor copied.
@@ -182,20 +185,11 @@ def global_unstructured(
                 CustomFromMask._trusted((k if keep_dtype else ~k).reshape(t.shape))
                 for k, t in zip(kept, scores, strict=True)
             ]
-    except (TypeError, ValueError, IndexError) as error:
-        raise with_context(error, "global_unstructured") from None
     del scores, masks, kept
-    snapshots: dict[int, Snapshot] = {}
-    for module, name in params:
-        for target in (module, resolve(module, name)[0]):
-            snapshots.setdefault(id(target), Snapshot(target))
-    try:
+    touched = [m for module, name in params for m in (module, resolve(module, name)[0])]
+    with transaction(touched):
         for (module, name), share, product in zip(params, methods, products, strict=True):
             install(module, name, share, masked=product)
-    except BaseException:
-        for snapshot in snapshots.values():
-            snapshot.restore()
-        raise
 
 
 def _products(
@@ -208,7 +202,7 @@ def _products(
 ) -> list[Tensor | None]:
     """Where the method can write module.<name> (mask * orig) in its pass, room for it:
     tensors pruned for the first time, ranked by their own values."""
-    if not method._writes_products or keep_dtype is None:
+    if not method._fuses_products() or keep_dtype is None:
         return [None] * len(params)
     return [
         torch.empty(t.shape, dtype=keep_dtype)
@@ -244,22 +238,25 @@ def _global_generic(
 
 
 def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMethod:
-    """Check that `pruning_method` is an unstructured method class; build it from `kwargs`."""
+    """Check that `pruning_method` is a method class; build it from `kwargs` and check that
+    it is 'unstructured' (read from the instance, as torch does)."""
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
-        raise TypeError(
+        raise type_error(
             f"global_unstructured: invalid pruning_method={pruning_method!r}; expected a "
             "BasePruningMethod subclass with PRUNING_TYPE 'unstructured', e.g. L1Unstructured"
         )
-    kind = getattr(pruning_method, "PRUNING_TYPE", None)
-    if kind != "unstructured":
-        raise TypeError(
-            f"global_unstructured: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
-            f"{kind!r}; expected an 'unstructured' method, e.g. L1Unstructured"
+    method: BasePruningMethod = construct(pruning_method, (), kwargs, "global_unstructured")
+    if not hasattr(method, "PRUNING_TYPE"):
+        raise attribute_error(
+            f"global_unstructured: pruning_method={pruning_method.__name__} declares no "
+            f"PRUNING_TYPE; expected 'unstructured' (one of {PRUNING_TYPES})"
         )
-    try:
-        return pruning_method(**kwargs)
-    except (TypeError, ValueError) as error:
-        raise with_context(error, "global_unstructured") from None
+    if method.PRUNING_TYPE != "unstructured":
+        raise type_error(
+            f"global_unstructured: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
+            f"{method.PRUNING_TYPE!r}; expected an 'unstructured' method, e.g. L1Unstructured"
+        )
+    return method
 
 
 def _global_targets(
@@ -281,7 +278,7 @@ def _global_targets(
     device = None
     for entry in params:
         if not (isinstance(entry, tuple) and len(entry) == 2):
-            raise TypeError(
+            raise type_error(
                 f"global_unstructured: invalid entry {entry!r} in parameters; "
                 "expected (module, name) pairs"
             )
@@ -294,7 +291,7 @@ def _global_targets(
         else:
             common_namespace("global_unstructured", **{first[0]: first[1], label: current})
         if id(param) in seen:
-            raise ValueError(
+            raise value_error(
                 f"{where} is the same Parameter as {seen[id(param)]}, listed before (tied "
                 "weights or a repeated entry); expected each parameter once"
             )
@@ -302,7 +299,7 @@ def _global_targets(
         if device is None:
             device = current.device
         elif current.device != device:
-            raise ValueError(
+            raise value_error(
                 f"{where} is on device {current.device}; expected all listed parameters "
                 f"on one device, the first is on {device}"
             )
@@ -326,8 +323,8 @@ def _current(
     owner, leaf = resolve(module, name)
     _, hook = find_pruning_hook(owner, leaf)
     if hook is not None:
-        orig: nn.Parameter = getattr(owner, leaf + "_orig")
-        mask = getattr(owner, leaf + "_mask").detach()
+        orig: nn.Parameter = getattr(owner, orig_name(leaf))
+        mask = getattr(owner, mask_name(leaf)).detach()
         return current_values(owner, leaf, hook, alive_only=True), mask, orig
     param = prunable_parameter(owner, leaf, where)
     return param.detach(), None, param

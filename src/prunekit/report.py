@@ -20,7 +20,9 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
-from prunekit.core.method import BasePruningMethod, PruningContainer, find_pruning_hook
+from prunekit.core.container import PruningContainer
+from prunekit.core.install import find_pruning_hook
+from prunekit.core.method import BasePruningMethod
 from prunekit.io.statedict import entries
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any
 
+from prunekit.core.errors import index_error, type_error, value_error
+
 __all__ = [
+    "Amount",
     "compute_nparams_to_prune",
     "validate_dim",
     "validate_dim_type",
@@ -27,17 +31,17 @@ def validate_pruning_amount_init(amount: Any, owner: str = "amount") -> None:
     value outside the allowed range (NaN included).
     """
     if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
-        raise TypeError(
+        raise type_error(
             f"{owner}: invalid amount={amount!r} of type {type(amount).__name__}; "
             f"expected {AMOUNT_RULE}"
         )
     if isinstance(amount, numbers.Integral):
         if amount < 0:
-            raise ValueError(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
+            raise value_error(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
         return
     value = float(amount)
     if math.isnan(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
+        raise value_error(f"{owner}: invalid amount={amount!r}; expected {AMOUNT_RULE}")
 
 
 def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
@@ -54,16 +58,29 @@ def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
 def validate_pruning_amount(amount: float, tensor_size: int, owner: str = "amount") -> None:
     """Check that a count `amount` does not exceed the `tensor_size` units available."""
     if isinstance(amount, numbers.Integral) and amount > tensor_size:
-        raise ValueError(
+        raise value_error(
             f"{owner}: amount={amount} is more than the {tensor_size} units available to prune; "
             f"expected a count <= {tensor_size} or a fraction in [0, 1]"
         )
 
 
+@dataclass(frozen=True)
+class Amount:
+    """A method's `amount` and the name its errors go by (the method's class)."""
+
+    value: float
+    owner: str
+
+    def count(self, units: int) -> int:
+        """How many of `units` to prune; raises if a count exceeds them."""
+        validate_pruning_amount(self.value, units, owner=self.owner)
+        return compute_nparams_to_prune(self.value, units)
+
+
 def validate_structured_tensor(shape: tuple[int, ...], owner: str = "tensor") -> None:
     """Structured pruning needs channels: a tensor of two or more dims."""
     if len(shape) <= 1:
-        raise ValueError(
+        raise value_error(
             f"{owner}: structured pruning needs channels, got a tensor of shape "
             f"{tuple(shape)}; expected a tensor with 2 or more dims (prune 1-D tensors "
             "with an unstructured method)"
@@ -73,7 +90,7 @@ def validate_structured_tensor(shape: tuple[int, ...], owner: str = "tensor") ->
 def validate_dim_type(dim: Any, owner: str = "dim") -> int:
     """Return `dim` as an int (numpy integers too, as torch takes them); bool is refused."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"{owner}: invalid dim={dim!r}; expected an int")
+        raise type_error(f"{owner}: invalid dim={dim!r}; expected an int")
     return int(dim)
 
 
@@ -81,7 +98,7 @@ def validate_dim(dim: Any, ndim: int, owner: str = "dim") -> int:
     """Return `dim` as a non-negative axis of an `ndim`-D tensor, or raise IndexError."""
     axis = validate_dim_type(dim, owner)
     if not -ndim <= axis < ndim:
-        raise IndexError(
+        raise index_error(
             f"{owner}: dim={axis} is out of range for a tensor with {ndim} dims; "
             f"expected an int in [{-ndim}, {ndim - 1}]"
         )
@@ -97,4 +114,4 @@ def validate_norm_order(n: Any, owner: str = "n") -> None:
         value = float(n)
         if value in (math.inf, -math.inf) or (math.isfinite(value) and value > 0):
             return
-    raise ValueError(f"{owner}: invalid norm order n={n!r}; expected {NORM_RULE}")
+    raise value_error(f"{owner}: invalid norm order n={n!r}; expected {NORM_RULE}")

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import type_error
+
 __all__ = [
     "FRAMEWORKS",
     "common_namespace",
@@ -41,7 +43,7 @@ def framework(obj: Any) -> str:
     root = _root(type(obj))
     if root is not None:
         return root
-    raise TypeError(
+    raise type_error(
         f"invalid object of type {type(obj).__module__}.{type(obj).__qualname__}; "
         "expected a torch or tensorplay tensor or module"
     )
@@ -134,7 +136,7 @@ def common_namespace(where: str, /, **objects: Any) -> ModuleType:
         try:
             seen.setdefault(framework(obj), label)
         except TypeError:
-            raise TypeError(
+            raise type_error(
                 f"{where}: invalid {label} of type {type(obj).__name__}; "
                 "expected a torch or tensorplay object"
             ) from None
@@ -142,12 +144,12 @@ def common_namespace(where: str, /, **objects: Any) -> ModuleType:
         described = " but ".join(
             f"{label} is a {name} {_kind(objects[label])}" for name, label in seen.items()
         )
-        raise TypeError(
+        raise type_error(
             f"{where}: cannot mix torch and tensorplay objects in one call: {described}; "
             "expected modules and tensors of one framework"
         )
     if not seen:
-        raise TypeError(f"{where}: no tensor or module given; expected a torch or tensorplay one")
+        raise type_error(f"{where}: no tensor or module given; expected a torch or tensorplay one")
     return torch if "torch" in seen else sys.modules["tensorplay"]
 
 
@@ -178,7 +180,7 @@ def norm(t: Tensor, p: Any, dims: list[int]) -> Tensor:
     ns = namespace(t)
     if p == "nuc":
         if t.dtype not in (ns.float32, ns.float64):
-            raise TypeError(
+            raise type_error(
                 f"n='nuc' takes a singular value decomposition, which cannot run on dtype "
                 f"{t.dtype}; expected float32 or float64 values (or another norm order)"
             )

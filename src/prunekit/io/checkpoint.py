@@ -14,8 +14,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.core.backend import framework, is_module
-from prunekit.core.checks import Snapshot, check_binary_mask, describe, is_attention_out_proj
-from prunekit.core.method import install, pruning_hooks, refresh_masked
+from prunekit.core.checks import check_binary_mask, is_attention_out_proj
+from prunekit.core.errors import describe
+from prunekit.core.install import install, pruning_hooks, refresh_masked
+from prunekit.core.transaction import transaction
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
 
@@ -77,18 +79,10 @@ def load_pruned_state_dict(model: nn.Module, state_dict: StateDict, strict: bool
         )
     installs = _installs(model, state_dict, strict)
     _check_keys(model, state_dict, installs, strict)
-    snapshots: dict[int, Snapshot] = {}
-    for target, _, _, owner in installs.values():
-        for module in (target, owner):
-            snapshots.setdefault(id(module), Snapshot(module))
-    try:
+    with transaction(m for target, _, _, owner in installs.values() for m in (target, owner)):
         for target, name, mask, _ in installs.values():
             install(target, name, CustomFromMask(mask))
         result = model.load_state_dict(state_dict, strict=strict)
-    except BaseException:
-        for snapshot in snapshots.values():
-            snapshot.restore()
-        raise
     refresh_pruned(model)
     return result
 

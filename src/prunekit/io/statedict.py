@@ -18,8 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import validate_pruning_amount_init
-from prunekit.core.checks import describe
-from prunekit.core.method import BasePruningMethod, find_pruning_hook
+from prunekit.core.errors import describe
+from prunekit.core.install import find_pruning_hook
+from prunekit.core.method import BasePruningMethod
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import L1Unstructured, LnStructured, RandomUnstructured

@@ -1,0 +1,98 @@
+"""How errors and warnings read: which tensor, what is wrong, what is allowed.
+
+Every error reads ``<where>: <what is wrong, with the bad value>; expected <what is allowed>``,
+where ``<where>`` names the module and the parameter (see describe()). Errors about the
+caller's input are made by the functions below: plain ValueError, TypeError, IndexError or
+AttributeError, as torch raises, marked as explained. ``with naming(where):`` puts
+``<where>`` in front of explained errors only: any other exception is a bug and travels
+as it is, with its own traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+__all__ = [
+    "attribute_error",
+    "describe",
+    "index_error",
+    "is_explained",
+    "naming",
+    "type_error",
+    "value_error",
+    "warn_caller",
+    "with_context",
+]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # prunekit/
+_MARK = "_prunekit_explained"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def _explained(error: E) -> E:
+    setattr(error, _MARK, True)
+    return error
+
+
+def value_error(message: str) -> ValueError:
+    """A ValueError about the caller's input (see the module's docstring)."""
+    return _explained(ValueError(message))
+
+
+def type_error(message: str) -> TypeError:
+    """A TypeError about the caller's input."""
+    return _explained(TypeError(message))
+
+
+def index_error(message: str) -> IndexError:
+    """An IndexError about the caller's input (a dim out of range)."""
+    return _explained(IndexError(message))
+
+
+def attribute_error(message: str) -> AttributeError:
+    """An AttributeError about the caller's input (a name that does not exist)."""
+    return _explained(AttributeError(message))
+
+
+def is_explained(error: BaseException) -> bool:
+    """Whether prunekit raised `error` on purpose, about the caller's input."""
+    return getattr(error, _MARK, False) is True
+
+
+def describe(module: Any, name: Any) -> str:
+    """How errors name a tensor: ``parameter 'weight' of Linear``."""
+    return f"parameter {name!r} of {type(module).__name__}"
+
+
+def with_context(error: E, where: str) -> E:
+    """`error` again, of the same type and still explained, with `where` in front."""
+    return _explained(type(error)(f"{where}: {error}"))
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """Put `where` in front of the explained errors raised in the block."""
+    try:
+        yield
+    except (ValueError, TypeError, IndexError, AttributeError) as error:
+        if not is_explained(error):
+            raise
+        raise with_context(error, where) from None
+
+
+def warn_caller(message: str) -> None:
+    """Warn, pointing at the first line outside prunekit: the user's call, however deep."""
+    frame = sys._getframe(1)
+    level = 2  # stacklevel 2 is this function's caller
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE
+    ):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, UserWarning, stacklevel=level)

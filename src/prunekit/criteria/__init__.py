@@ -1,0 +1,13 @@
+"""Criteria: what ranks a tensor's entries for pruning (the smallest scores go first).
+
+A pruning method is a criterion times a pattern (see prunekit.patterns): L1Unstructured is
+Magnitude x Unstructured, LnStructured is Magnitude x Channels, RandomUnstructured is
+Random x Unstructured. Write a Criterion to rank by anything else and keep the patterns'
+fast selection, global pruning included.
+"""
+
+from prunekit.criteria.base import Criterion
+from prunekit.criteria.magnitude import Magnitude
+from prunekit.criteria.random import Random
+
+__all__ = ["Criterion", "Magnitude", "Random"]

@@ -1,0 +1,21 @@
+"""Magnitude: entries rank by their absolute value (L1; channels by a norm)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from prunekit.core.method import Target
+from prunekit.criteria.base import Criterion
+
+__all__ = ["Magnitude"]
+
+
+class Magnitude(Criterion):
+    """The entries of smallest absolute value go first; channels by the norm of their
+    entries (the pattern's norm order)."""
+
+    by_magnitude = True
+    _values_are_scores = True
+
+    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+        return values  # ranked by |values|: the selection takes the magnitude itself

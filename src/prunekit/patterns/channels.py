@@ -1,0 +1,102 @@
+"""Channels: whole slices along one dim (output rows, filters), ranked by a norm of their
+entries' scores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from prunekit.core.amount import (
+    Amount,
+    validate_dim,
+    validate_dim_type,
+    validate_norm_order,
+    validate_structured_tensor,
+)
+from prunekit.core.backend import namespace, norm
+from prunekit.core.errors import value_error
+from prunekit.core.method import Target
+from prunekit.criteria.base import Criterion
+from prunekit.patterns.base import Pattern, all_ones
+from prunekit.patterns.unstructured import unrankable
+from prunekit.select import all_finite, smallest_k
+
+__all__ = ["Channels"]
+
+
+class Channels(Pattern):
+    """Prunes the `amount` channels along `dim` with the smallest scores.
+
+    A channel's score is the criterion's own (Random draws one per channel) or the
+    L`norm` norm of its entries' scores: `norm` is a positive number, ``inf``, ``-inf``,
+    ``'fro'`` (the 2-norm, any rank) or ``'nuc'`` (the nuclear norm: two axes besides
+    `dim`).
+    """
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, dim: int = -1, norm: Any = 2) -> None:
+        self.dim = validate_dim_type(dim, owner="Channels")
+        validate_norm_order(norm, owner="Channels")
+        self.norm = norm
+
+    def mask(
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        default_mask: Tensor,
+        amount: Amount,
+        target: Target = None,
+    ) -> Tensor:
+        kept = self._kept(criterion, t, default_mask.dtype, amount, target)
+        if kept is None:
+            return default_mask
+        if all_ones(default_mask):
+            return kept.expand(default_mask.shape).contiguous()  # a write, without a read
+        return default_mask * kept
+
+    def first_mask(
+        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: Target = None
+    ) -> Tensor | None:
+        kept = self._kept(criterion, t, dtype, amount, target)
+        if kept is None:
+            ones: Tensor = namespace(t).ones(t.shape, dtype=dtype, device=t.device)
+            return ones
+        return kept.expand(t.shape).contiguous()
+
+    def _kept(
+        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: Target
+    ) -> Tensor | None:
+        """1 (kept) or 0 per channel in `dtype`, shaped to broadcast; None if none is pruned."""
+        validate_structured_tensor(tuple(t.shape), amount.owner)
+        dim = validate_dim(self.dim, t.dim(), amount.owner)
+        k = amount.count(t.shape[dim])
+        if k == 0:
+            return None
+        pruned = smallest_k(self._channel_scores(criterion, t, dim, amount.owner, target), k)
+        shape = [1] * t.dim()
+        shape[dim] = t.shape[dim]
+        kept: Tensor = (~pruned).reshape(shape).to(dtype=dtype)
+        return kept
+
+    def _channel_scores(
+        self, criterion: Criterion, t: Tensor, dim: int, owner: str, target: Target
+    ) -> Tensor:
+        own = criterion.channel_scores(t, dim, target)
+        if own is not None:
+            return own
+        others = [d for d in range(t.dim()) if d != dim]
+        if self.norm == "nuc" and len(others) != 2:
+            raise value_error(
+                f"{owner}: n='nuc' needs a 3-D tensor (two axes besides dim), "
+                f"got shape {tuple(t.shape)}"
+            )
+        scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
+        norms = norm(scores, self.norm, others)
+        if not all_finite(norms):
+            raise unrankable(norms, owner, "channel norms")
+        return norms
+
+    def __repr__(self) -> str:
+        return f"Channels(dim={self.dim}, norm={self.norm!r})"
