@@ -38,6 +38,12 @@ from prunekit.methods import (
 )
 from prunekit.report import Report, report
 
+# torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
+# them through `import prunekit as prune`; not in __all__, as they are private there too.
+_validate_pruning_amount_init = validate_pruning_amount_init
+_validate_pruning_amount = validate_pruning_amount
+_compute_nparams_toprune = compute_nparams_to_prune
+
 __version__ = "0.1.0"
 
 __all__ = [
