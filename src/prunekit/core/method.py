@@ -18,12 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import validate_dim
+from prunekit.core.attention import watch_out_proj
 from prunekit.core.backend import common_namespace, framework_caveat, multiply_, namespace
 from prunekit.core.checks import (
     Snapshot,
     check_scores,
     describe,
-    is_attention_out_proj,
     prunable_parameter,
     refuse_ties,
     resolve,
@@ -263,6 +263,7 @@ class BasePruningMethod(ABC):
         self.__dict__.update(state)
         if module is not None:
             self._module = weakref.ref(module)
+            watch_out_proj(module)  # in a process that loads a pruned out_proj
 
     def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
         module = self._bound_module()
@@ -443,19 +444,15 @@ def install(
     """
     owner, leaf = resolve(module, name)
     where = describe(module, name)
-    if owner is module and is_attention_out_proj(owner):
-        warn_caller(
-            f"{where}: this Linear is a MultiheadAttention's out_proj, whose forward never "
-            "runs, so its pruned weight would go stale after the first training step; "
-            f"prune it through the attention module: (mha, 'out_proj.{leaf}')"
-        )
     caveat = framework_caveat(owner)
     if caveat is not None:
         warn_caller(f"{where}: {caveat}")
     if owner is not module and (param := owner._parameters.get(leaf)) is not None:
         refuse_ties(module.named_parameters(remove_duplicate=False), name, param, where)
     hook = _install(owner, leaf, method, importance_scores, where, masked)
-    if owner is not module:
+    if owner is module:
+        watch_out_proj(owner)  # MultiheadAttention.out_proj: refreshed when its parent runs
+    else:
         path = name.rpartition(".")[0]
         if not any(
             isinstance(h, RefreshSubmodule) and (h.path, h.name) == (path, leaf)
