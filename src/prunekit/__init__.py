@@ -36,6 +36,9 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+
+# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
+from prunekit.model import prune_model
 from prunekit.report import Report, report
 
 # torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
@@ -69,6 +72,7 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_model",
     "random_structured",
     "random_unstructured",
     "refresh_pruned",
