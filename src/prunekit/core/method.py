@@ -645,4 +645,8 @@ def _checked_mask(mask: Any, current: Tensor, where: str) -> Tensor:
     result: Tensor = mask.detach().to(dtype=current.dtype, device=current.device)
     if not result.is_contiguous():
         result = result.contiguous()
+    if isinstance(result, Tensor) and result.is_inference():
+        # Made under inference_mode: a plain copy, or autograd could never save it.
+        with torch.inference_mode(False):
+            result = result.clone()
     return result
