@@ -38,10 +38,23 @@ from prunekit.methods import (
 )
 from prunekit.report import Report, report
 
+# Structural pruning: channel groups, their masks, compaction.
+from prunekit.structure import (
+    ChannelGroup,
+    CompactReport,
+    PrunedGroup,
+    channel_groups,
+    compact,
+    prune_channels,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "ChannelGroup",
+    "CompactReport",
+    "PrunedGroup",
     "CustomFromMask",
     "Identity",
     "L1Unstructured",
@@ -53,6 +66,8 @@ __all__ = [
     "Report",
     "__version__",
     "compute_nparams_to_prune",
+    "channel_groups",
+    "compact",
     "custom_from_mask",
     "forward_reuse",
     "global_unstructured",
@@ -63,6 +78,7 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_channels",
     "random_structured",
     "random_unstructured",
     "refresh_pruned",
