@@ -172,31 +172,30 @@ def _element_slices(
 def _groups(
     records: list[Record], roots: Tensor, makers: set[int], reasons: dict[int, list[str]]
 ) -> list[ChannelGroup]:
-    # per unit: slice key -> positions (and input channels)
-    units: dict[int, dict[int, tuple[set[int], set[int]]]] = defaultdict(dict)
+    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)
+    is_maker[torch.tensor(sorted(makers), dtype=torch.long)] = True
+    # per record: (unit root, position, input channel) of the live entries
+    live: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+    owned: dict[int, list[int]] = defaultdict(list)  # root -> records it has slices in
     for k, r in enumerate(records):
         if r.dim < 0:
             continue
-        ids = r.ids.tolist()
-        positions = r.positions.tolist()
-        channels = r.channels.tolist() if r.channels is not None else positions
-        for i, p, c in zip(ids, positions, channels):
-            if i < 0:
-                continue
-            root = int(roots[i])
-            if root not in makers:
-                continue
-            entry = units[root].setdefault(k, (set(), set()))
-            entry[0].add(p)
-            entry[1].add(c)
+        unit = torch.where(r.ids >= 0, roots[r.ids.clamp_min(0)], torch.full_like(r.ids, -1))
+        keep = (unit >= 0) & is_maker[unit.clamp_min(0)] & (r.ids >= 0)
+        if not bool(keep.any()):
+            continue
+        channels = r.channels if r.channels is not None else r.positions
+        live[k] = (unit[keep], r.positions[keep], channels[keep])
+        for root in torch.unique(unit[keep]).tolist():
+            owned[root].append(k)
     keyed: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-    for root, owned in units.items():
-        signature = tuple(sorted(_key(records[k]) + (k,) for k in owned))
-        blocked = tuple(reasons.get(root, ()))
-        keyed[(tuple(s[:-1] for s in signature), bool(blocked))].append(root)
-    groups = []
-    for (_, blocked), members in keyed.items():
-        groups.append(_group(records, units, members, reasons, blocked))
+    for root, ks in owned.items():
+        signature = tuple(sorted(_key(records[k]) for k in ks))
+        keyed[(signature, bool(reasons.get(root)))].append(root)
+    groups = [
+        _group(records, live, owned[members[0]], members, reasons, blocked)
+        for (_, blocked), members in keyed.items()
+    ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
@@ -211,29 +210,34 @@ def _order(g: ChannelGroup) -> tuple[str, int]:
 
 def _group(
     records: list[Record],
-    units: dict[int, dict[int, tuple[set[int], set[int]]]],
+    live: dict[int, tuple[Tensor, Tensor, Tensor]],
+    keys: list[int],
     members: list[int],
     reasons: dict[int, list[str]],
     blocked: bool,
 ) -> ChannelGroup:
-    first = units[members[0]]
-    keys = sorted(first, key=lambda k: (records[k].role != "out", k))
+    keys = sorted(keys, key=lambda k: (records[k].role != "out", k))
     # records of the same tensor and dim (a cat of one tensor twice) join one slice
     by_slice: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for k in keys:
         by_slice[_key(records[k])].append(k)
-    lead = keys[0]
-    members = sorted(members, key=lambda u: (min(units[u][lead][0]), u))
+    lookup = {root: u for u, root in enumerate(members)}
+    lead_unit, lead_pos = live[keys[0]][0], live[keys[0]][1]
+    first: dict[int, int] = {}
+    for root, p in zip(lead_unit.tolist(), lead_pos.tolist()):
+        if root in lookup and root not in first:
+            first[root] = p
+    members = sorted(members, key=lambda u: (first.get(u, 0), u))
+    lookup = {root: u for u, root in enumerate(members)}
+    table = torch.full((int(max(members)) + 1,), -1, dtype=torch.long)
+    table[torch.tensor(members)] = torch.arange(len(members))
     slices = []
     for key, ks in by_slice.items():
         r = records[ks[0]]
-        per_unit = [set().union(*(units[u][k][0] for k in ks if k in units[u])) for u in members]
-        per_chan = [set().union(*(units[u][k][1] for k in ks if k in units[u])) for u in members]
-        slices.append(Slice(
-            r.module_name, r.module, r.name, r.dim, r.role,
-            tuple(tuple(sorted(p)) for p in per_unit),
-            tuple(tuple(sorted(c)) for c in per_chan) if r.role == "in" else None, r.op,
-        ))  # fmt: skip
+        per_unit = _per_unit(ks, live, table, len(members), 1)
+        per_chan = _per_unit(ks, live, table, len(members), 2) if r.role == "in" else None
+        slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, per_unit, per_chan,
+                            r.op))  # fmt: skip
     reason = None
     if blocked:
         found: list[str] = []
@@ -241,3 +245,24 @@ def _group(
             _add(found, reasons[u])
         reason = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
     return ChannelGroup(tuple(slices), len(members), reason)
+
+
+def _per_unit(
+    ks: list[int], live: dict[int, tuple[Tensor, Tensor, Tensor]], table: Tensor, size: int,
+    which: int,
+) -> tuple[tuple[int, ...], ...]:  # fmt: skip
+    """The sorted, distinct positions (or channels) of each unit in these records."""
+    units = torch.cat([table[live[k][0].clamp_max(len(table) - 1)] for k in ks])
+    values = torch.cat([live[k][which] for k in ks])
+    inside = units >= 0
+    units, values = units[inside], values[inside]
+    span = int(values.max()) + 1 if len(values) else 1
+    codes = torch.unique(units * span + values)
+    units, values = codes // span, codes % span
+    counts = torch.bincount(units, minlength=size).tolist()
+    flat = values.tolist()
+    out, at = [], 0
+    for n in counts:
+        out.append(tuple(flat[at : at + n]))
+        at += n
+    return tuple(out)

@@ -119,8 +119,9 @@ class Tracer:
         both = (a >= 0) & (b >= 0) & (a != b)
         if not bool(both.any()):
             return
-        pairs = torch.unique(torch.stack([a[both], b[both]], 1), dim=0)
-        for x, y in pairs.tolist():
+        n = len(self.parent)
+        codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
+        for x, y in zip((codes // n).tolist(), (codes % n).tolist()):
             rx, ry = self.find(x), self.find(y)
             if rx != ry:
                 self.parent[max(rx, ry)] = min(rx, ry)
