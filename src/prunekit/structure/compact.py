@@ -90,8 +90,7 @@ def compact(
             reference = model(*args, **kwargs)
         before = _measures(model, args, kwargs, latency_runs)
         apply(result, folds(result, capture))
-        with torch.no_grad():
-            output = model(*args, **kwargs)
+        output = _forward(model, args, kwargs)
         diff, scale = _compare(reference, output, tolerance)
         after = _measures(model, args, kwargs, latency_runs)
     except BaseException:
@@ -101,6 +100,18 @@ def compact(
         for m, mode in modes:
             m.training = mode
     return CompactReport(result.groups, result.units, *_pairs(before, after), diff, scale)
+
+
+def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        with torch.no_grad():
+            return model(*args, **kwargs)
+    except Exception as error:
+        raise RuntimeError(
+            f"compact: the compacted model's forward failed ({type(error).__name__}: {error}); "
+            "its code may fix a channel count (a hard-coded view or split); the model was "
+            "restored"
+        ) from error
 
 
 def _measures(

@@ -229,7 +229,8 @@ def _group(
             first[root] = p
     members = sorted(members, key=lambda u: (first.get(u, 0), u))
     lookup = {root: u for u, root in enumerate(members)}
-    table = torch.full((int(max(members)) + 1,), -1, dtype=torch.long)
+    span = max(int(max(members)), max(int(live[k][0].max()) for k in keys)) + 1
+    table = torch.full((span,), -1, dtype=torch.long)
     table[torch.tensor(members)] = torch.arange(len(members))
     slices = []
     for key, ks in by_slice.items():
@@ -252,7 +253,7 @@ def _per_unit(
     which: int,
 ) -> tuple[tuple[int, ...], ...]:  # fmt: skip
     """The sorted, distinct positions (or channels) of each unit in these records."""
-    units = torch.cat([table[live[k][0].clamp_max(len(table) - 1)] for k in ks])
+    units = torch.cat([table[live[k][0]] for k in ks])
     values = torch.cat([live[k][which] for k in ks])
     inside = units >= 0
     units, values = units[inside], values[inside]
