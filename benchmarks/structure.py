@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from vision import torchvision_models  # noqa: E402
 
 import prunekit  # noqa: E402
+import prunekit.structure  # noqa: E402
 
 FIXED = {"vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "maxvit_t"}
 
@@ -122,7 +123,7 @@ def _masked_like(dense: nn.Module, zeroed: list[tuple[str, str, list[int]]]) -> 
     return dense
 
 
-def one(name: str, amount: float, res: int, runs32: int) -> dict[str, Any]:
+def one(name: str, amount: float, res: int, runs32: int, max_gmacs: float) -> dict[str, Any]:
     models = torchvision_models()
     torch.manual_seed(0)
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -131,16 +132,18 @@ def one(name: str, amount: float, res: int, runs32: int) -> dict[str, Any]:
     x = torch.randn(1, 3, size, size)
     x32 = torch.randn(32, 3, size, size)
     row: dict[str, Any] = {"model": name, "res": size, "params": _params(dense)}
-    row["dense_ms1"] = _latency(dense, x, 5)
-    row["dense_ms32"] = _latency(dense, x32, runs32)
+    row["gmacs"] = prunekit.structure.count_macs(dense, (x,), {}) / 1e9
+    timed32 = 32 * row["gmacs"] <= max_gmacs  # the largest models: batch 1 only
+    row["dense_ms1"] = _latency(dense, x, 3)
+    row["dense_ms32"] = _latency(dense, x32, runs32) if timed32 else None
     for label, runner in (("pk", run_prunekit), ("tp", run_torch_pruning)):
         model = copy.deepcopy(dense)
         try:
             row[label] = runner(model, x, amount)
             row[label]["ok"] = True
             row[label]["params"] = _params(model)
-            row[label]["ms1"] = _latency(model, x, 5)
-            row[label]["ms32"] = _latency(model, x32, runs32)
+            row[label]["ms1"] = _latency(model, x, 3)
+            row[label]["ms32"] = _latency(model, x32, runs32) if timed32 else None
         except Exception as error:  # a failure is a result here
             text = " ".join(str(error).split())[:160]
             row[label] = {"ok": False, "error": f"{type(error).__name__}: {text}"}
@@ -165,10 +168,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 lines.append(f"{first}  {lib:<3} no  {d['error']}")
                 continue
             ok = "yes" if d["check"] < 1e-4 else "NO"
+            b32 = f"{d['ms32']:>8.0f} {r['dense_ms32'] / d['ms32']:>8.2f}x" if d["ms32"] else (
+                f"{'-':>8} {'-':>9}"
+            )  # fmt: skip
             lines.append(
                 f"{first}  {lib:<3} {ok:<3} {d['check']:>8.1e} {d['graph_s']:>7.2f} "
                 f"{d['params'] / 1e6:>6.1f}M {d['params'] / r['params']:>5.0%} {d['ms1']:>7.1f} "
-                f"{d['ms32']:>8.0f} {r['dense_ms32'] / d['ms32']:>8.2f}x"
+                f"{b32}"
             )
     return "\n".join(lines)
 
@@ -182,7 +188,7 @@ def _totals(rows: list[dict[str, Any]]) -> str:
         shrunk = [r for r in exact if r[lib]["params"] < r["params"]]
         graph = sum(r[lib]["graph_s"] for r in done)
         ratio = [r[lib]["params"] / r["params"] for r in exact]
-        speed = [r["dense_ms32"] / r[lib]["ms32"] for r in exact]
+        speed = [r["dense_ms32"] / r[lib]["ms32"] for r in exact if r[lib]["ms32"]]
         geo = math.exp(statistics.mean(math.log(s) for s in speed)) if speed else float("nan")
         lines.append(
             f"{label:<20} ran {len(done)}/{len(rows)}, output equal {len(exact)}, smaller "
@@ -215,15 +221,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated names (default: all)")
     parser.add_argument("--amount", type=float, default=0.3)
-    parser.add_argument("--res", type=int, default=160, help="input size (ViTs, MaxViT: 224)")
-    parser.add_argument("--runs32", type=int, default=2, help="timed batch-32 runs (median)")
+    parser.add_argument("--res", type=int, default=112, help="input size (ViTs, MaxViT: 224)")
+    parser.add_argument("--runs32", type=int, default=1, help="timed batch-32 runs (median)")
+    parser.add_argument(
+        "--max-gmacs", type=float, default=400.0, help="time batch 32 up to this many GMACs"
+    )
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--resnet50", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.amount, args.res, args.runs32)))
+        print(json.dumps(one(args.one, args.amount, args.res, args.runs32, args.max_gmacs)))
         return
     if args.resnet50:
         print(resnet50(0.5))
@@ -233,7 +242,8 @@ def main() -> None:
     rows = []
     for name in names:
         command = [sys.executable, __file__, "--one", name, "--amount", str(args.amount),
-                   "--res", str(args.res), "--runs32", str(args.runs32)]  # fmt: skip
+                   "--res", str(args.res), "--runs32", str(args.runs32),
+                   "--max-gmacs", str(args.max_gmacs)]  # fmt: skip
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
             lines = done.stdout.strip().splitlines()
@@ -246,8 +256,9 @@ def main() -> None:
         print(_table(rows[-1:]).split("\n", 2)[-1], flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
-    print(f"\ntorch {torch.__version__}, {args.amount:.0%} of the channels, input {args.res} "
-          f"(ViT, MaxViT: 224), {torch.get_num_threads()} threads\n")  # fmt: skip
+    print(f"\ntorch {torch.__version__}, {args.amount:.0%} of the channels by L2, random init, "
+          f"input {args.res} (ViT, MaxViT: 224), {os.environ.get('BENCH_THREADS', '2')} threads;"
+          f" batch 32 timed where it is at most {args.max_gmacs:g} GMACs\n")  # fmt: skip
     print(_table(rows))
     print()
     print(_totals(rows))

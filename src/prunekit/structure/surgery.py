@@ -95,6 +95,9 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
         if not seen or not channels:
             continue
         low, high, padding, groups = seen[0]
+        channels = [c for c in channels if _reads(s, weight, c, groups)]
+        if not channels:
+            continue  # read only through masked weights: what they carry does not matter
         index = torch.tensor(channels)
         values = low[index]
         unsteady = [c for c, lo, hi in zip(channels, values, high[index]) if lo != hi]
@@ -106,19 +109,30 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
                 "masking (it is not fully masked upstream), so it cannot be removed; mask "
                 "every slice of its group, as prune_channels does"
             )
-        if not bool((values != 0).any()):
-            continue
+        delta = _delta(s, weight, channels, values.to(weight.dtype), groups)
+        if not bool((delta != 0).any()):
+            continue  # zeros, or read through masked weights
         if s.op != "linear" and _padded(padding):
             raise ValueError(
                 f"compact: the removed input channels of {s.qualified} carry the constant "
                 f"{float(values[values != 0][0]):g}, but it pads with zeros (padding="
-                f"{padding}), so no bias can stand for them exactly"
+                f"{padding}), so no bias can stand for them exactly; mask its input "
+                "slices too (prune_channels does)"
             )
-        delta = _delta(s, weight, channels, values.to(weight.dtype), groups)
         key = (id(s.module), "bias")
         before = deltas.get(key, (s.module, torch.zeros_like(delta)))[1]
         deltas[key] = (s.module, before + delta)
     return deltas
+
+
+def _reads(s: Slice, weight: Tensor, channel: int, groups: int) -> bool:
+    """Whether the consumer's (masked) weight reads input `channel` at all."""
+    w = weight.detach()
+    if s.op == "linear":
+        return bool(w[:, channel].any())
+    per, opg = w.shape[1], w.shape[0] // groups
+    g = channel // per
+    return bool(w[g * opg : (g + 1) * opg, channel % per].any())
 
 
 def _padded(padding: Any) -> bool:
