@@ -29,10 +29,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from vision import torchvision_models  # noqa: E402
-
-import prunekit  # noqa: E402
-import prunekit.structure  # noqa: E402
+import prunekit
+import prunekit.structure
+from vision import torchvision_models
 
 FIXED = {"vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "maxvit_t"}
 
@@ -115,11 +114,9 @@ def _masked_like(dense: nn.Module, zeroed: list[tuple[str, str, list[int]]]) -> 
                 continue
             for pname in ("weight", "bias"):
                 p = getattr(module, pname, None)
-                if isinstance(p, torch.Tensor) and p.dim() >= 1 and max(idxs) < p.shape[0]:
-                    if isinstance(module, nn.modules.batchnorm._NormBase) or pname == "weight":
-                        p[idxs] = 0
-                    elif not isinstance(module, nn.LayerNorm):
-                        p[idxs] = 0
+                fits = isinstance(p, torch.Tensor) and p.dim() >= 1 and max(idxs) < p.shape[0]
+                if fits and not (pname == "bias" and isinstance(module, nn.LayerNorm)):
+                    p[idxs] = 0
     return dense
 
 
@@ -154,8 +151,10 @@ def one(name: str, amount: float, res: int, runs32: int, max_gmacs: float) -> di
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'model':<20} {'res':>3} {'params':>7}  {'lib':<3} {'ok':<3} {'check':>8} "
-            f"{'graph s':>7} {'params':>7} {'kept':>5} {'ms b1':>7} {'ms b32':>8} {'speedup32':>9}")  # fmt: skip
+    head = (
+        f"{'model':<20} {'res':>3} {'params':>7}  {'lib':<3} {'ok':<3} {'check':>8} {'graph s':>7}"
+        f" {'params':>7} {'kept':>5} {'ms b1':>7} {'ms b32':>8} {'speedup32':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -163,7 +162,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
             continue
         for lib in ("pk", "tp"):
             d = r[lib]
-            first = f"{r['model']:<20} {r['res']:>3} {r['params'] / 1e6:>6.1f}M" if lib == "pk" else " " * 32
+            first = (
+                f"{r['model']:<20} {r['res']:>3} {r['params'] / 1e6:>6.1f}M"
+                if lib == "pk"
+                else " " * 32
+            )
             if not d["ok"]:
                 lines.append(f"{first}  {lib:<3} no  {d['error']}")
                 continue
@@ -248,7 +251,9 @@ def main() -> None:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
             lines = done.stdout.strip().splitlines()
             if done.returncode or not lines:
-                rows.append({"model": name, "error": (done.stderr.strip().splitlines() or ["?"])[-1]})
+                rows.append(
+                    {"model": name, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+                )
             else:
                 rows.append(json.loads(lines[-1]))
         except subprocess.TimeoutExpired:

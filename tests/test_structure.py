@@ -179,7 +179,11 @@ def test_grouped_and_depthwise_convs() -> None:
     assert slice_of(grouped, "depthwise.weight", 0).indices[0] == (0, 1, 8, 9)
     model = _trained_bn(Grouped())
     roundtrip(model, torch.randn(2, 3, 5, 5), 0.5)
-    assert (model.grouped.in_channels, model.grouped.out_channels, model.grouped.groups) == (4, 4, 2)
+    assert (model.grouped.in_channels, model.grouped.out_channels, model.grouped.groups) == (
+        4,
+        4,
+        2,
+    )
     assert (model.depthwise.in_channels, model.depthwise.groups) == (4, 4)
     assert model.depthwise.out_channels == 8 and model.project.in_channels == 8
 
@@ -320,7 +324,7 @@ def test_a_failed_check_rolls_back() -> None:
     with torch.no_grad():
         model(x)
     before = fingerprint(model)
-    with pytest.raises(RuntimeError, match="forward failed.*restored"):
+    with pytest.raises(RuntimeError, match=r"forward failed.*restored"):
         prunekit.compact(model, x, latency_runs=0)
     assert fingerprint(model) == before and model.conv.out_channels == 4
     assert prunekit.is_pruned(model)
@@ -334,7 +338,8 @@ def test_moves_that_do_not_commute_are_blocked() -> None:
 
         def forward(self, x: Tensor) -> Tensor:
             shuffled = self.a(x).unflatten(1, (2, 4)).transpose(1, 2).flatten(1, 2)
-            return torch.cat([shuffled, self.b(x)[:, :4], self.c(x).permute(0, 2, 3, 1).sum(3, True).permute(0, 3, 1, 2)], 1)  # fmt: skip
+            summed = self.c(x).permute(0, 2, 3, 1).sum(3, True).permute(0, 3, 1, 2)
+            return torch.cat([shuffled, self.b(x)[:, :4], summed], 1)
 
     groups = prunekit.channel_groups(Moves(), torch.randn(1, 3, 2, 2))
     assert "splits the channels" in (by_name(groups, "a.weight").reason or "")

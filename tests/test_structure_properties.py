@@ -26,9 +26,7 @@ class Block(nn.Module):
         super().__init__()
         self.kind, self.act = kind, ACTIVATIONS[act]
         half = channels // 2
-        if kind == "conv":
-            self.a = nn.Conv2d(channels, channels, 3, padding=1)
-        elif kind == "residual":
+        if kind == "conv" or kind == "residual":
             self.a = nn.Conv2d(channels, channels, 3, padding=1)
         elif kind == "cat":
             self.a, self.b = nn.Conv2d(channels, half, 1), nn.Conv2d(channels, half, 3, padding=1)
@@ -127,7 +125,9 @@ def test_masks_are_prunekit_masks_that_report_and_remove_see() -> None:
     assert found["stem.weight"].masked and found["stem.weight"].method == "CustomFromMask"
     assert found["stem.weight"].sparsity == 0.5  # 4 of 8 whole filters
     mask = model.stem.weight_mask
-    assert bool((mask.flatten(1).sum(1) == 0).sum() == 4) and bool(mask.flatten(1).all(1).sum() == 4)
+    assert bool((mask.flatten(1).sum(1) == 0).sum() == 4) and bool(
+        mask.flatten(1).all(1).sum() == 4
+    )
     prunekit.remove(model.stem, "weight")
     assert "weight_mask" not in dict(model.stem.named_buffers())
 
@@ -152,7 +152,7 @@ def test_ignore_and_round_to() -> None:
 
 def test_taylor_needs_gradients_and_uses_them() -> None:
     model, x = _small()
-    with pytest.raises(ValueError, match="taylor.*no .grad.*backward"):
+    with pytest.raises(ValueError, match=r"taylor.*no \.grad.*backward"):
         prunekit.prune_channels(model, x, 0.5, criterion="taylor")
     assert not prunekit.is_pruned(model)
     model(x).square().sum().backward()
@@ -197,7 +197,7 @@ def test_bad_inputs_and_models() -> None:
     model, _ = _small()
     with pytest.raises(TypeError, match="example_inputs=str"):
         prunekit.channel_groups(model, "image")
-    with pytest.raises(TypeError, match="no torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"no torch\.nn\.Module"):
         prunekit.compact(object(), torch.randn(1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tolerance"):
         prunekit.compact(model, torch.randn(1, 3, 4, 4), tolerance=-1.0)
@@ -205,7 +205,7 @@ def test_bad_inputs_and_models() -> None:
 
 def test_a_tensorplay_model_is_refused_clearly() -> None:
     tp = pytest.importorskip("tensorplay")
-    with pytest.raises(TypeError, match="TensorPlay module.*torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"TensorPlay module.*torch\.nn\.Module"):
         prunekit.channel_groups(tp.nn.Linear(2, 2), torch.randn(1, 2))
 
 

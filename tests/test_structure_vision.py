@@ -27,7 +27,7 @@ def models():  # type: ignore[no-untyped-def]
 def test_prune_then_compact_equals_the_masked_model(models, name: str, kept: float) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = models.get_model(name).eval()
-    x = torch.randn(2, 3, 64, 64)
+    x = torch.randn(2, 3, 32, 32)
     before = sum(p.numel() for p in model.parameters())
     prunekit.prune_channels(model, x, 0.3)
     with torch.no_grad():

@@ -7,6 +7,7 @@ schemas that its import registers fake kernels for is enough.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from types import ModuleType
 
@@ -21,8 +22,7 @@ _SCHEMAS = {
 def torchvision_models() -> ModuleType:
     """``torchvision.models``, importable without torchvision's compiled ops."""
     for name, schema in _SCHEMAS.items():
-        try:
+        # an error: defined already (by an earlier call or torchvision's own ops)
+        with contextlib.suppress(RuntimeError):
             torch.library.define(f"torchvision::{name}", schema)
-        except RuntimeError:  # defined already (by an earlier call or torchvision's own ops)
-            pass
     return importlib.import_module("torchvision.models")

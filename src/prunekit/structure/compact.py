@@ -99,7 +99,10 @@ def compact(
     finally:
         for m, mode in modes:
             m.training = mode
-    return CompactReport(result.groups, result.units, *_pairs(before, after), diff, scale)
+    return CompactReport(
+        result.groups, result.units, before[0], after[0], before[1], after[1], before[2],
+        after[2], diff, scale,
+    )  # fmt: skip
 
 
 def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -121,17 +124,15 @@ def _measures(
     return count_params(model), count_macs(model, args, kwargs), latency
 
 
-def _pairs(before: tuple[Any, ...], after: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(x for pair in zip(before, after) for x in pair)
-
-
 def _compare(reference: Any, output: Any, tolerance: float) -> tuple[float, float]:
     """Largest |difference| and |reference| over all floating outputs; raise if too far."""
     ref, out = tree_flatten(reference)[0], tree_flatten(output)[0]
     if len(ref) != len(out):
-        raise RuntimeError(f"compact: the compacted model returns {len(out)} values, not {len(ref)}")
+        raise RuntimeError(
+            f"compact: the compacted model returns {len(out)} values, not {len(ref)}"
+        )
     diff = scale = 0.0
-    for k, (a, b) in enumerate(zip(ref, out)):
+    for k, (a, b) in enumerate(zip(ref, out, strict=False)):
         if not isinstance(a, Tensor) or not a.is_floating_point():
             continue
         if not isinstance(b, Tensor) or a.shape != b.shape:

@@ -9,6 +9,7 @@ gradients). A callable ``criterion(group) -> Tensor`` of one score per unit is u
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,17 +23,17 @@ CRITERIA = ("l1", "l2", "bn_scale", "taylor")
 def group_scores(group: ChannelGroup, criterion: str | Criterion) -> Tensor:
     """One float64 score per unit of `group` (higher: more important)."""
     if callable(criterion):
-        scores = criterion(group)
+        scores: Any = criterion(group)
         if not isinstance(scores, Tensor) or tuple(scores.shape) != (group.size,):
             found = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
             raise ValueError(
                 f"prune_channels: criterion {criterion!r} returned {found} for group "
                 f"{group.name}; expected a tensor of shape ({group.size},), one score per unit"
             )
-        scores = scores.detach().to(torch.float64).cpu()
-        if not bool(torch.isfinite(scores).all()):
+        found_scores: Tensor = scores.detach().to(torch.float64).cpu()
+        if not bool(torch.isfinite(found_scores).all()):
             raise ValueError(f"prune_channels: criterion {criterion!r} gave non-finite scores")
-        return scores
+        return found_scores
     params = [s for s in group.slices if not s.is_buffer]
     if criterion == "bn_scale":
         norms = [s for s in params if s.role == "norm" and s.name == "weight"]
@@ -52,7 +53,7 @@ def group_scores(group: ChannelGroup, criterion: str | Criterion) -> Tensor:
 
 
 def _values(s: Slice) -> Tensor:
-    value = getattr(s.module, s.name)
+    value: Tensor = getattr(s.module, s.name)
     return value.detach().to(torch.float64)
 
 

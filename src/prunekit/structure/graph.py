@@ -158,7 +158,9 @@ def _element_slices(
     for dim in range(tensor.dim()):
         first = unit.narrow(dim, 0, 1) if tensor.shape[dim] else unit
         per = unit.movedim(dim, 0).reshape(tensor.shape[dim], -1)
-        if bool((per == per[:, :1]).all()) and not (tensor.dim() > 1 and bool((unit == first).all())):
+        if bool((per == per[:, :1]).all()) and not (
+            tensor.dim() > 1 and bool((unit == first).all())
+        ):
             ids = per[:, 0]
             keep = ids >= 0
             pos = torch.arange(tensor.shape[dim])[keep]
@@ -224,7 +226,7 @@ def _group(
     lookup = {root: u for u, root in enumerate(members)}
     lead_unit, lead_pos = live[keys[0]][0], live[keys[0]][1]
     first: dict[int, int] = {}
-    for root, p in zip(lead_unit.tolist(), lead_pos.tolist()):
+    for root, p in zip(lead_unit.tolist(), lead_pos.tolist(), strict=False):
         if root in lookup and root not in first:
             first[root] = p
     members = sorted(members, key=lambda u: (first.get(u, 0), u))
@@ -233,7 +235,7 @@ def _group(
     table = torch.full((span,), -1, dtype=torch.long)
     table[torch.tensor(members)] = torch.arange(len(members))
     slices = []
-    for key, ks in by_slice.items():
+    for ks in by_slice.values():
         r = records[ks[0]]
         per_unit = _per_unit(ks, live, table, len(members), 1)
         per_chan = _per_unit(ks, live, table, len(members), 2) if r.role == "in" else None

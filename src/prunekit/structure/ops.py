@@ -12,16 +12,63 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.labels import along, positive, varying
+from prunekit.structure.labels import positive, varying
 from prunekit.structure.trace import Call, Tracer, describe_op, register
 
-_UNARY = (
-    "relu relu6 leaky_relu elu selu celu gelu silu mish hardswish hardsigmoid hardtanh sigmoid "
-    "tanh softplus softsign logsigmoid tanhshrink softshrink hardshrink threshold rrelu glu_ "
-    "dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout abs neg exp "
-    "clamp clip clamp_min clamp_max contiguous clone detach float double half bfloat16 to "
-    "type_as square sqrt erf __neg__ __abs__ sin cos"
-).split()
+_UNARY = [
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "celu",
+    "gelu",
+    "silu",
+    "mish",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "softsign",
+    "logsigmoid",
+    "tanhshrink",
+    "softshrink",
+    "hardshrink",
+    "threshold",
+    "rrelu",
+    "glu_",
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "abs",
+    "neg",
+    "exp",
+    "clamp",
+    "clip",
+    "clamp_min",
+    "clamp_max",
+    "contiguous",
+    "clone",
+    "detach",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "to",
+    "type_as",
+    "square",
+    "sqrt",
+    "erf",
+    "__neg__",
+    "__abs__",
+    "sin",
+    "cos",
+]
 
 
 @register(*_UNARY)
@@ -74,12 +121,12 @@ def _binary(tr: Tracer, call: Call) -> None:
             tr.block(mine, f"{where} combines them with a tensor of the model's code")
         elif kind == "add" and isinstance(other, Tensor) and other.numel() > 1:
             tr.block(mine, f"{where} adds values of no channel to them")
-    if full[0] is not None and full[1] is not None:
-        tr.merge(full[0], full[1])
-        merged = torch.where(full[0] >= 0, full[0], full[1])
+    first, second = full
+    if first is not None and second is not None:
+        tr.merge(first, second)
+        tr.set(out, torch.where(first >= 0, first, second))
     else:
-        merged = full[0] if full[0] is not None else full[1]
-    tr.set(out, merged)
+        tr.set(out, first if first is not None else second)
 
 
 def _sliced_against(labels: Tensor, other: Any, out: Tensor) -> bool:
@@ -90,12 +137,44 @@ def _sliced_against(labels: Tensor, other: Any, out: Tensor) -> bool:
     return any(shape[d] > 1 for d in varying(labels))
 
 
-_MOVES = (
-    "permute transpose swapaxes swapdims t movedim moveaxis unsqueeze squeeze expand expand_as "
-    "repeat flatten unflatten view reshape view_as reshape_as cat concat concatenate stack "
-    "__getitem__ chunk split unbind narrow select tensor_split flip roll pixel_shuffle "
-    "pixel_unshuffle index_select hstack vstack"
-).split()
+_MOVES = [
+    "permute",
+    "transpose",
+    "swapaxes",
+    "swapdims",
+    "t",
+    "movedim",
+    "moveaxis",
+    "unsqueeze",
+    "squeeze",
+    "expand",
+    "expand_as",
+    "repeat",
+    "flatten",
+    "unflatten",
+    "view",
+    "reshape",
+    "view_as",
+    "reshape_as",
+    "cat",
+    "concat",
+    "concatenate",
+    "stack",
+    "__getitem__",
+    "chunk",
+    "split",
+    "unbind",
+    "narrow",
+    "select",
+    "tensor_split",
+    "flip",
+    "roll",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+    "index_select",
+    "hstack",
+    "vstack",
+]
 
 
 @register(*_MOVES)
@@ -117,7 +196,7 @@ def _move(tr: Tracer, call: Call) -> None:
     if problem:
         for _, lab in found:
             tr.block(lab, f"{describe_op(call)} {problem}")
-    for t, lab in zip(outs, labs):
+    for t, lab in zip(outs, labs, strict=False):
         if isinstance(t, Tensor):
             tr.set(t, lab.clone() if lab.shape == t.shape else None)
 
@@ -202,7 +281,8 @@ def _chunk(tr: Tracer, call: Call, x: Tensor, labels: Tensor, dims: list[int]) -
     size = x.shape[dim]
     if size % pieces:
         return f"cuts {size} channels into {pieces} unequal chunks"
-    parts = labels.unflatten(dim, (pieces, size // pieces)).movedim(dim, 0)
+    parts = labels.reshape(*labels.shape[:dim], pieces, size // pieces, *labels.shape[dim + 1 :])
+    parts = parts.movedim(dim, 0)
     tr.merge(parts[:1].expand_as(parts), parts)  # the chunks must stay of one size
     return ""
 
@@ -210,7 +290,7 @@ def _chunk(tr: Tracer, call: Call, x: Tensor, labels: Tensor, dims: list[int]) -
 def _getitem(index: Any, x: Tensor, dims: list[int]) -> str:
     items = index if isinstance(index, tuple) else (index,)
     if any(i is Ellipsis for i in items):
-        at = [k for k, i in enumerate(items) if i is Ellipsis][0]
+        at = next(k for k, i in enumerate(items) if i is Ellipsis)
         used = sum(1 for i in items if i is not None and i is not Ellipsis)
         items = items[:at] + (slice(None),) * (x.dim() - used) + items[at + 1 :]
     dim = 0
@@ -259,13 +339,33 @@ def _reshape(before: torch.Size, after: torch.Size, dims: list[int], dims_after:
     return ""
 
 
-_POOLS = (
-    "max_pool1d max_pool2d max_pool3d avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d "
-    "adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d adaptive_max_pool2d "
-    "adaptive_max_pool3d lp_pool1d lp_pool2d max_pool1d_with_indices max_pool2d_with_indices "
-    "max_pool3d_with_indices _max_pool1d _max_pool2d _max_pool3d interpolate upsample "
-    "upsample_nearest upsample_bilinear pad"
-).split()
+_POOLS = [
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "lp_pool1d",
+    "lp_pool2d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "_max_pool1d",
+    "_max_pool2d",
+    "_max_pool3d",
+    "interpolate",
+    "upsample",
+    "upsample_nearest",
+    "upsample_bilinear",
+    "pad",
+]
 
 
 @register(*_POOLS)
@@ -291,7 +391,21 @@ def _pool(tr: Tracer, call: Call) -> None:
             tr.set(t, kept.reshape(kept.shape + (1,) * spatial).expand(t.shape))
 
 
-_REDUCE = "mean sum amax amin max min std var norm logsumexp prod nansum nanmean".split()
+_REDUCE = [
+    "mean",
+    "sum",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "std",
+    "var",
+    "norm",
+    "logsumexp",
+    "prod",
+    "nansum",
+    "nanmean",
+]
 
 
 @register(*_REDUCE)

@@ -57,7 +57,7 @@ def prune_channels(
     counts = _counts(groups, scores, amount, scope, round_to)
     chosen = [
         PrunedGroup(g, tuple(sorted(torch.argsort(s, stable=True)[:n].tolist())))
-        for g, s, n in zip(groups, scores, counts)
+        for g, s, n in zip(groups, scores, counts, strict=False)
         if n > 0
     ]  # fmt: skip
     snapshot = Snapshot(model)
@@ -115,7 +115,7 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
         counts = [round(amount * g.size) for g in groups]
     else:
         counts = [0] * len(groups)
-        ranked = []
+        ranked: list[tuple[float, int]] = []
         for k, s in enumerate(scores):
             mean = float(s.mean()) if len(s) else 0.0
             normal = s / mean if mean > 0 else s
@@ -123,7 +123,7 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
         ranked.sort()
         for _, k in ranked[: round(amount * len(ranked))]:
             counts[k] += 1
-    return [_rounded(g.size, n, round_to) for g, n in zip(groups, counts)]
+    return [_rounded(g.size, n, round_to) for g, n in zip(groups, counts, strict=False)]
 
 
 def _rounded(size: int, count: int, round_to: int) -> int:

@@ -33,7 +33,7 @@ class Snapshot:
     def __init__(self, model: nn.Module) -> None:
         self._saved: list[tuple[nn.Module, dict[str, Any], list[tuple[Any, Any]]]] = []
         for module in model.modules():
-            inner = []
+            inner: list[tuple[Any, Any]] = []
             for name in _DICTS:
                 value = module.__dict__.get(name)
                 if isinstance(value, dict):

@@ -100,7 +100,7 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
             continue  # read only through masked weights: what they carry does not matter
         index = torch.tensor(channels)
         values = low[index]
-        unsteady = [c for c, lo, hi in zip(channels, values, high[index]) if lo != hi]
+        unsteady = [c for c, lo, hi in zip(channels, values, high[index], strict=False) if lo != hi]
         for other in seen[1:]:
             unsteady += [c for c in channels if other[0][c] != low[c] or other[1][c] != low[c]]
         if unsteady:
@@ -150,7 +150,7 @@ def _delta(s: Slice, weight: Tensor, channels: list[int], values: Tensor, groups
     per, opg = w.shape[1], w.shape[0] // groups
     summed = w.reshape(w.shape[0], per, -1).sum(2)  # (out, in per group)
     out = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-    for c, v in zip(channels, values):
+    for c, v in zip(channels, values, strict=False):
         g = c // per
         out[g * opg : (g + 1) * opg] += v * summed[g * opg : (g + 1) * opg, c % per]
     return out
@@ -173,10 +173,12 @@ def _add_to_bias(module: nn.Module, delta: Tensor) -> None:
     orig = module._parameters.get("bias_orig")
     if orig is not None:
         mask = module._buffers["bias_mask"]
+        assert mask is not None
         value = mask * orig.detach() + delta
         module._parameters["bias_orig"] = nn.Parameter(value, orig.requires_grad)
-        module._buffers["bias_mask"] = torch.where(delta != 0, torch.ones_like(mask), mask)
-        module.__dict__["bias"] = module._buffers["bias_mask"] * value
+        kept = torch.where(delta != 0, torch.ones_like(mask), mask)
+        module._buffers["bias_mask"] = kept
+        module.__dict__["bias"] = kept * value
         return
     bias = module._parameters.get("bias")
     if bias is None:

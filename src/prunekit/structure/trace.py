@@ -121,7 +121,7 @@ class Tracer:
             return
         n = len(self.parent)
         codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
-        for x, y in zip((codes // n).tolist(), (codes % n).tolist()):
+        for x, y in zip((codes // n).tolist(), (codes % n).tolist(), strict=False):
             rx, ry = self.find(x), self.find(y)
             if rx != ry:
                 self.parent[max(rx, ry)] = min(rx, ry)
@@ -152,7 +152,12 @@ class Tracer:
             return
         if tuple(labels.shape) != tuple(t.shape):
             raise AssertionError(f"labels of shape {tuple(labels.shape)} for {tuple(t.shape)}")
-        self._labels[key] = (weakref.ref(t, lambda _, k=key: self._labels.pop(k, None)), labels)
+        labels_of = self._labels
+
+        def forget(_: object, key: int = key) -> None:
+            labels_of.pop(key, None)
+
+        self._labels[key] = (weakref.ref(t, forget), labels)
 
     def owner(self, t: Any) -> tuple[str, nn.Module, str, bool] | None:
         """(module name, module, tensor name, is buffer) of a model parameter or buffer."""
@@ -173,7 +178,7 @@ class Tracer:
         if entry is None:
             ids = self.new_ids(t.numel()).reshape(t.shape)
             self.elements[id(t)] = entry = (len(self.records), ids)
-            mname, module, name, is_buffer = found
+            mname, module, name, _ = found
             flat = torch.arange(t.numel())
             self.records.append(Record(mname, module, name, -1, "element", flat, ids.reshape(-1)))
         return entry[1]
@@ -244,7 +249,7 @@ class _Mode(TorchFunctionMode):
             return out
         tr = self.tracer
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
-        tr.claimed = claimed = set()
+        tr.claimed = claimed = set[int]()
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
         handler = HANDLERS.get(name)
         if handler is not None:
