@@ -351,15 +351,15 @@ class StructuredResult:
         table_mod = require("rich.table", "cli", "the demo's table")
         table = table_mod.Table(
             title=f"Structural pruning: {COMPACT_AMOUNT:.0%} of the channels, compacted",
-            caption="latency: median of one forward over the test images on this CPU, one "
+            caption="ms: latency, the median of one forward over the test images on this CPU, one "
             f"thread; compacted vs masked outputs: max |diff| {self.max_abs_diff:.1e}",
         )
         table.add_column("model", no_wrap=True)
-        for name in ("test acc.", "params", "size", "MACs", "latency"):
+        for name in ("test acc.", "params", "size", "MACs", "ms"):
             table.add_column(name, justify="right")
         for r in self.rows:
             table.add_row(r.model, f"{r.accuracy:.2%}", f"{r.params:,}", human_bytes(r.dense_bytes),
-                          f"{r.macs:,}", f"{r.latency_ms:.2f} ms")  # fmt: skip
+                          f"{r.macs:,}", f"{r.latency_ms:9.2f}")  # fmt: skip
         return table
 
 
