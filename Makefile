@@ -2,9 +2,9 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo
+EXTRAS := dev,tensorplay,cli,demo,vision
 
-.PHONY: setup test lint typecheck unit bench bench-quick demo clean
+.PHONY: setup test lint typecheck unit bench bench-quick bench-structure demo clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,12 @@ bench: setup
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
+
+# torchvision's classification models: prunekit and Torch-Pruning side by side (~2 h here)
+bench-structure: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/structure.py
+	$(PY) benchmarks/structure.py --resnet50
 
 demo: setup
 	$(VENV)/bin/prunekit demo
