@@ -72,19 +72,16 @@ def smallest_k_many(
     """
     if products is not None:
         check_products(sources, products, keep_dtype)
-    fast = plan.fast_plan(sources, magnitude)
-    if fast is None and total is None:
+    chosen = plan.make(sources, magnitude)
+    if not chosen.fast and total is None:
         total = competing(sources)
     count = None if total is None else resolve(k, total)  # a bad k is named before bad scores
     chunks = done = None
-    if fast is not None and (count is None or count not in (0, total)):  # a selection to make
-        chunks = Chunks(sources, fast)
+    if chosen.fast and (count is None or count not in (0, total)):  # a selection to make
+        chunks = Chunks(sources, chosen)
         bounds = sample.guess(chunks, k, total)
-        done = (
-            None
-            if bounds is None
-            else onepass.mark_between(chunks, k, bounds, keep_dtype, products)
-        )
+        if bounds is not None:
+            done = onepass.mark_between(chunks, k, bounds, keep_dtype, products)
         if total is None:
             total = competing(sources) if chunks.counted is None else chunks.counted
             count = resolve(k, total)
@@ -97,7 +94,7 @@ def smallest_k_many(
         trace.note("all or none")
         masks = all_or_none(sources, count > 0, keep_dtype)
     elif chunks is None:
-        masks = complement(iter(portable.portable(sources, count, magnitude)), keep_dtype)
+        masks = complement(portable.portable(sources, count, total, magnitude, chosen), keep_dtype)
     else:
         masks = radix.mark(chunks, radix.find_cut(chunks, count), keep_dtype)
     return masks if products is None else multiplied(masks, sources, products)

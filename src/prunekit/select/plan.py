@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from prunekit.core.backend import namespace
 from prunekit.select import tuning
 from prunekit.select.sources import Source, check_flags
 
-__all__ = ["BITS", "Plan", "budget", "fast_plan"]
+__all__ = ["BITS", "Plan", "budget", "make"]
 
 BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
 _KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
@@ -25,18 +27,25 @@ _KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 @dataclass(frozen=True)
 class Plan:
-    """How the fast path reads scores: their common float dtype and its bit width."""
+    """Which path a selection takes and how it reads the scores: their common dtype (of
+    torch or TensorPlay), how many entries there are in all and in the largest source."""
 
-    dtype: torch.dtype
-    bits: int  # 16, 32 or 64
+    fast: bool
+    dtype: Any
     size: int  # entries in all sources
     largest: int  # entries in the largest source
+
+    @property
+    def bits(self) -> int:
+        """The fast path's float width: 16, 32 or 64."""
+        return BITS[self.dtype]
 
     @property
     def work(self) -> torch.dtype:
         """The dtype magnitudes are compared in: 16-bit floats widen (exactly) to float32,
         whose arithmetic is several times faster here."""
-        return torch.float32 if self.bits == 16 else self.dtype
+        work: torch.dtype = torch.float32 if self.bits == 16 else self.dtype
+        return work
 
     @property
     def key(self) -> torch.dtype:
@@ -44,31 +53,30 @@ class Plan:
         return _KEYS[self.bits]
 
 
-def fast_plan(sources: Sequence[Source], magnitude: bool) -> Plan | None:
-    """How to read the scores, or None when the fast path does not apply (or does not pay).
-    Checks every source's flags on the way."""
-    dtype: torch.dtype | None = None
+def make(sources: Sequence[Source], magnitude: bool) -> Plan:
+    """The plan for these sources: the fast path where it applies (and pays), else the
+    portable one. Checks every source's flags on the way."""
+    dtype: Any = None
     fast = True
     size = largest = 0
     for index, source in enumerate(sources):
         scores, alive = source()
         check_flags(index, scores, alive)  # here, where every source is read anyway
-        if not fast or not isinstance(scores, Tensor) or scores.dtype not in BITS:
-            fast = False
-            continue
-        if scores.device.type != "cpu":
-            fast = False  # the chunk buffers live in CPU memory
-            continue
         size += scores.numel()
         largest = max(largest, scores.numel())
-        dtype = scores.dtype if dtype is None else torch.promote_types(dtype, scores.dtype)
-    if not fast or dtype is None or size <= tuning.get().small:
-        return None
-    for source in () if magnitude else sources:
+        ns = namespace(scores)
+        dtype = scores.dtype if dtype is None else ns.promote_types(dtype, scores.dtype)
+        if not isinstance(scores, Tensor) or scores.dtype not in BITS:
+            fast = False
+        elif scores.device.type != "cpu":
+            fast = False  # the chunk buffers live in CPU memory
+    fast = fast and dtype is not None and size > tuning.get().small
+    for source in sources if fast and not magnitude else ():
         scores, _ = source()
         if scores.numel() and bool(scores.min() < 0):
-            return None
-    return Plan(dtype, BITS[dtype], size, largest)
+            fast = False
+            break
+    return Plan(fast, dtype, size, largest)
 
 
 def budget(plan: Plan) -> int:
