@@ -42,6 +42,9 @@ from prunekit.methods import (
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.report import Report, report
 
+# Gradual pruning (imports the names above, so it comes last).
+from prunekit.schedule import Gradual, GradualPruner  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -49,6 +52,8 @@ __all__ = [
     "Channels",
     "Criterion",
     "CustomFromMask",
+    "Gradual",
+    "GradualPruner",
     "Identity",
     "L1Unstructured",
     "LnStructured",
