@@ -70,9 +70,10 @@ def layer_mask(
     )
     if kept is not None:
         return next(kept).reshape(values.shape) * current
-    # A pattern without that selection, or scores it cannot rank (it then says which):
-    # it masks the alive entries, gathered.
+    # Values that cannot be ranked, or a pattern without that selection: it then masks
+    # the alive entries, gathered.
     alive = current == 1
+    _check_finite(values[alive], owner)
     new = current.clone()
     chosen = pattern.mask(criterion, values[alive], current[alive], amount, target)
     new[alive] = chosen.to(dtype=new.dtype)
