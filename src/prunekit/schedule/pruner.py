@@ -124,6 +124,14 @@ class GradualPruner:
         """The schedule's sparsity at `step`, by its formula (0 before start_step)."""
         return self.timetable.amount_at(step, OWNER)
 
+    def prepare(self) -> None:
+        """Install the reparameterization now on every target (masks of ones where nothing
+        is pruned yet), as the first update would: the model's state_dict then has its
+        ``_orig``/``_mask`` keys from the start, and a checkpoint loads into a model
+        prepared the same way. The trainer callbacks call it; the values do not change."""
+        current = [self._current(t) for t in self.targets]
+        self._write([torch.ones_like(v) if m is None else m for v, m in current], self._amount)
+
     def step(self) -> None:
         """Count one training step; at an update step, prune to the scheduled sparsity."""
         self._steps += 1
@@ -237,7 +245,9 @@ class GradualPruner:
         checked = check_state(self, state, [_shape(t) for t in self.targets], OWNER)
         steps, amount, generator, masks = checked
         chosen = [
-            (t, masks[t.name].to(dtype=_dtype(t))) for t in self.targets if t.name in masks
+            (t, masks[t.name].to(dtype=orig.dtype, device=orig.device))
+            for t in self.targets
+            if t.name in masks and (orig := _parameter(t)) is not None
         ]
         if chosen:
             targets, self.targets = self.targets, [t for t, _ in chosen]
@@ -291,22 +301,18 @@ def _label(criterion: prunekit.Criterion, pattern: prunekit.Pattern, scope: str)
     return name + (" channels" if channels else "") + (" global" if scope == "global" else "")
 
 
+def _parameter(target: Target) -> nn.Parameter:
+    """The Parameter of `target`: ``<name>_orig`` when pruned."""
+    module, leaf = target.module, target.leaf
+    tensor = module._parameters.get(leaf + "_orig")
+    if tensor is None:
+        tensor = module._parameters[leaf]
+    assert tensor is not None
+    return tensor
+
+
 def _shape(target: Target) -> torch.Size:
-    module, leaf = target.module, target.leaf
-    tensor = module._parameters.get(leaf + "_orig")
-    if tensor is None:
-        tensor = module._parameters[leaf]
-    assert tensor is not None
-    return tensor.shape
-
-
-def _dtype(target: Target) -> torch.dtype:
-    module, leaf = target.module, target.leaf
-    tensor = module._parameters.get(leaf + "_orig")
-    if tensor is None:
-        tensor = module._parameters[leaf]
-    assert tensor is not None
-    return tensor.dtype
+    return _parameter(target).shape
 
 
 def _where(target: Target) -> str:
