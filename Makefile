@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo
+EXTRAS := dev,tensorplay,cli,demo,hf,lightning
 
 .PHONY: setup test lint typecheck unit bench bench-quick demo clean
 
