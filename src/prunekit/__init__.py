@@ -43,7 +43,7 @@ from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.report import Report, report
 
 # Gradual pruning (imports the names above, so it comes last).
-from prunekit.schedule import Gradual, GradualPruner  # noqa: E402
+from prunekit.schedule import Gradual, GradualPruner
 
 __version__ = "0.1.0"
 

@@ -54,16 +54,26 @@ def make() -> tuple[Any, prune.GradualPruner]:
 
 def trainer(root: Path, pruner: prune.GradualPruner, steps: int, *extra: Any, **kw: Any) -> Any:
     return pl.Trainer(
-        max_steps=steps, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
-        callbacks=[GradualPruningCallback(pruner), *extra], **kw,
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        callbacks=[GradualPruningCallback(pruner), *extra],
+        **kw,
     )
 
 
 def test_lightning_steps_the_pruner_and_a_resumed_run_ends_the_same(tmp_path: Path) -> None:
     model, pruner = make()
     every8 = pl.callbacks.ModelCheckpoint(
-        dirpath=tmp_path, every_n_train_steps=8, save_top_k=-1, filename="at{step}", auto_insert_metric_name=False
+        dirpath=tmp_path,
+        every_n_train_steps=8,
+        save_top_k=-1,
+        filename="at{step}",
+        auto_insert_metric_name=False,
     )
     trainer(tmp_path, pruner, 12, every8).fit(model, loader())  # 8 batches an epoch
     assert pruner.steps == 12 and pruner.amount == 0.8
@@ -85,7 +95,9 @@ def test_lightning_steps_the_pruner_and_a_resumed_run_ends_the_same(tmp_path: Pa
 
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
     model, pruner = make()
-    trainer(tmp_path, pruner, 6, accumulate_grad_batches=2, enable_checkpointing=False).fit(model, loader())
+    trainer(tmp_path, pruner, 6, accumulate_grad_batches=2, enable_checkpointing=False).fit(
+        model, loader()
+    )
     assert pruner.steps == 6
-    with pytest.raises(TypeError, match="expected a prunekit.GradualPruner"):
+    with pytest.raises(TypeError, match=r"expected a prunekit\.GradualPruner"):
         GradualPruningCallback(model)  # type: ignore[arg-type]

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from gradual_models import Small, batch
 from torch import nn
 
 import prunekit as prune
-from gradual_models import Small, batch
 
 Make = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
@@ -57,8 +57,11 @@ def test_pruned_entries_stay_exactly_zero(name: str) -> None:
     pruner = prune.GradualPruner(model, 0.8, start_step=3, end_step=9, every=2, scope="global")
     moved = False
     for i in range(1, 16):
-        before = {n: model.get_parameter(n + "_orig").detach().clone()
-                  for n in ("fc1.weight",) if prune.is_pruned(model)}
+        before = {
+            n: model.get_parameter(n + "_orig").detach().clone()
+            for n in ("fc1.weight",)
+            if prune.is_pruned(model)
+        }
         step(model, optimizer, i)
         for layer in (model.conv, model.fc1, model.fc2):
             if not prune.is_pruned(layer):

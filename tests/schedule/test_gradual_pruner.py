@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import pickle
 
 import pytest
 import torch
+from gradual_models import Small, masks, train_step
 from torch import nn
 
 import prunekit as prune
-from gradual_models import Small, masks, train_step
 
 WEIGHTS = ("conv.weight", "fc1.weight", "fc2.weight")
 
@@ -43,8 +44,9 @@ def test_one_hook_one_mask_per_tensor_however_many_updates() -> None:
         pruner.step()
     for name in WEIGHTS:
         module = model.get_submodule(name.split(".")[0])
-        hooks = [h for h in module._forward_pre_hooks.values()
-                 if isinstance(h, prune.BasePruningMethod)]
+        hooks = [
+            h for h in module._forward_pre_hooks.values() if isinstance(h, prune.BasePruningMethod)
+        ]
         assert len(hooks) == 1 and type(hooks[0]) is prune.Gradual
         assert model.get_buffer(name + "_mask") is buffers[name]  # rewritten in place
         assert hooks[0].mask is buffers[name]  # no second copy beside it
@@ -80,8 +82,10 @@ def test_each_update_prunes_the_smallest_alive_magnitudes() -> None:
     for step in range(1, 5):
         train_step(model, optimizer, step)
         old = {n: model.state_dict().get(n + "_mask") for n in WEIGHTS}
-        values = {n: model.state_dict()[n + ("_orig" if old[n] is not None else "")].clone()
-                  for n in WEIGHTS}
+        values = {
+            n: model.state_dict()[n + ("_orig" if old[n] is not None else "")].clone()
+            for n in WEIGHTS
+        }
         pruner.step()
         for name in WEIGHTS:
             alive = torch.ones_like(values[name]) if old[name] is None else old[name]
@@ -107,8 +111,10 @@ def test_global_scope_is_global_unstructured_of_the_extra_entries() -> None:
             pairs, prune.L1Unstructured, amount=round(pruner.amount_at(step) * total) - done
         )
         pruner.step()
-        assert all(torch.equal(a, b) for a, b in
-                   zip(masks(model).values(), masks(twin).values(), strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(masks(model).values(), masks(twin).values(), strict=True)
+        )
     assert sum(zeros(m) for m in masks(model).values()) == round(0.9 * total)
     assert prune.report(model)["fc1.weight"].method == "Gradual(L1 global, 0.9)"
     sparsities = sorted(prune.report(model)[n].sparsity for n in WEIGHTS)
@@ -119,7 +125,12 @@ def test_global_scope_is_global_unstructured_of_the_extra_entries() -> None:
 def test_channels_prune_whole_output_channels(method: str) -> None:
     model = Small()
     pruner = prune.GradualPruner(
-        model, 0.5, start_step=1, end_step=5, pattern="channels", method=method,
+        model,
+        0.5,
+        start_step=1,
+        end_step=5,
+        pattern="channels",
+        method=method,
         include=("conv.weight", "fc1.weight"),
     )
     history = run(pruner, model, 6)
@@ -129,9 +140,12 @@ def test_channels_prune_whole_output_channels(method: str) -> None:
             rows = mask.sum(1)
             assert bool(((rows == 0) | (rows == mask.shape[1])).all())
             assert int((rows == 0).sum()) == round(pruner.amount_at(step) * channels)
-    for early, late in zip(history, history[1:], strict=False):
+    for early, late in itertools.pairwise(history):
         assert all(bool((late[k] <= early[k]).all()) for k in early)
-    assert prune.report(model)["conv.weight"].method == f"Gradual({'L2' if method == 'l1' else 'Random'} channels, 0.5)"
+    assert (
+        prune.report(model)["conv.weight"].method
+        == f"Gradual({'L2' if method == 'l1' else 'Random'} channels, 0.5)"
+    )
 
 
 def test_a_tensor_pruned_before_keeps_its_zeros_and_gets_one_container() -> None:
@@ -206,8 +220,7 @@ def test_pruned_model_copies_and_pickles_with_one_mask() -> None:
     torch.save(model, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
-    hook = next(h for h in loaded.fc1._forward_pre_hooks.values()
-                if isinstance(h, prune.Gradual))
+    hook = next(h for h in loaded.fc1._forward_pre_hooks.values() if isinstance(h, prune.Gradual))
     assert hook.mask is loaded.fc1.weight_mask
     assert prune.report(loaded)["fc1.weight"].method == "Gradual(L1, 0.5)"
     assert pickle.loads(pickle.dumps(model)).fc1.weight_mask.sum() == model.fc1.weight_mask.sum()
@@ -223,8 +236,9 @@ def test_rewind_puts_weights_back_and_keeps_masks() -> None:
     assert all(torch.equal(model.state_dict()[k], v) for k, v in kept.items())
     for name in WEIGHTS:
         assert torch.equal(model.get_parameter(name + "_orig"), start[name])
-        assert torch.equal(model.get_submodule(name.split(".")[0]).weight,
-                           start[name] * kept[name + "_mask"])
+        assert torch.equal(
+            model.get_submodule(name.split(".")[0]).weight, start[name] * kept[name + "_mask"]
+        )
     assert torch.equal(model.fc1.bias, start["fc1.bias"])
     with pytest.raises(RuntimeError, match="Missing key"):
         pruner.rewind({k: v for k, v in start.items() if k != "fc2.bias"})
@@ -249,19 +263,20 @@ def test_bad_arguments(kw: dict, error: type[Exception], words: str) -> None:
     args = {"start_step": 0, "end_step": 4, **kw}
     model = Small()
     state = copy.deepcopy(model.state_dict())
-    with pytest.raises(error, match="^GradualPruner") as caught:
+    with pytest.raises(error, match=r"^GradualPruner") as caught:
         prune.GradualPruner(model, 0.5, **args)
     assert words in str(caught.value)
     assert not prune.is_pruned(model) and all(
-        torch.equal(v, state[k]) for k, v in model.state_dict().items())
+        torch.equal(v, state[k]) for k, v in model.state_dict().items()
+    )
 
 
 def test_bad_model_and_tied_weights() -> None:
-    with pytest.raises(TypeError, match="invalid model of type dict; expected a torch nn.Module"):
+    with pytest.raises(TypeError, match=r"invalid model of type dict; expected a torch nn\.Module"):
         prune.GradualPruner({}, 0.5, start_step=0, end_step=1)  # type: ignore[arg-type]
     tied = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     tied[1].weight = tied[0].weight
-    with pytest.raises(ValueError, match="'1.weight' is the same Parameter as '0.weight'"):
+    with pytest.raises(ValueError, match=r"'1\.weight' is the same Parameter as '0\.weight'"):
         prune.GradualPruner(tied, 0.5, start_step=0, end_step=1)
 
 
@@ -274,8 +289,14 @@ def test_a_failed_update_changes_nothing() -> None:
     state = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match=r"GradualPruner \(fc2.weight\): its values hold nan"):
         pruner.step()
-    assert all(torch.equal(v, state[k], ) or k == "fc2.weight_orig"
-               for k, v in model.state_dict().items())
+    assert all(
+        torch.equal(
+            v,
+            state[k],
+        )
+        or k == "fc2.weight_orig"
+        for k, v in model.state_dict().items()
+    )
     assert pruner.amount == pruner.amount_at(1)
     fresh = Small()
     fresh.fc1.weight.data[0, 0] = float("inf")

@@ -51,8 +51,9 @@ def test_cubicsl_through_its_scheduler() -> None:
     model = nn.Sequential(nn.Linear(4, 4))
     sparsifier = WeightNormSparsifier(sparsity_level=0.75)
     sparsifier.prepare(model, config=[{"tensor_fqn": "0.weight"}])
-    scheduler = CubicSL(sparsifier, init_sl=0.0, init_t=2, delta_t=3, total_t=4,
-                        initially_zero=True)
+    scheduler = CubicSL(
+        sparsifier, init_sl=0.0, init_t=2, delta_t=3, total_t=4, initially_zero=True
+    )
     ours = timetable(initial_amount=0.0, final_amount=0.75, start_step=2, end_step=14)
     for epoch in range(1, 20):
         sparsifier.step()
@@ -70,8 +71,14 @@ def test_linear_and_constant() -> None:
 
 
 def test_callable_schedule_gives_the_sparsity() -> None:
-    t = timetable(lambda step: 1 - 0.8**step, initial_amount=0.0, final_amount=0.5,
-                  start_step=1, end_step=3, every=1)
+    t = timetable(
+        lambda step: 1 - 0.8**step,
+        initial_amount=0.0,
+        final_amount=0.5,
+        start_step=1,
+        end_step=3,
+        every=1,
+    )
     assert [t.amount_at(s) for s in range(5)] == pytest.approx([0, 0.2, 0.36, 0.488, 0.488])
     bad = timetable(lambda step: 0.7, initial_amount=0.0, final_amount=0.5)
     with pytest.raises(ValueError, match=r"returned 0.7 at step 10; expected a float in \[0, "):
@@ -106,6 +113,6 @@ def test_update_steps() -> None:
 )
 def test_bad_arguments(kw: dict[str, object], error: type[Exception], words: str) -> None:
     schedule = kw.pop("schedule", "cubic")
-    with pytest.raises(error, match="^test: ") as caught:
+    with pytest.raises(error, match=r"^test: ") as caught:
         timetable(schedule, **kw)
     assert words in str(caught.value)

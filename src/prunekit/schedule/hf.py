@@ -23,7 +23,7 @@ __all__ = ["STATE_FILE", "GradualPruningCallback"]
 STATE_FILE = "gradual_pruner.pt"
 
 
-class GradualPruningCallback(TrainerCallback):  # type: ignore[misc]
+class GradualPruningCallback(TrainerCallback):
     """Steps `pruner` with the Trainer's optimizer steps and checkpoints its state."""
 
     def __init__(self, pruner: GradualPruner) -> None:
@@ -71,5 +71,5 @@ class GradualPruningCallback(TrainerCallback):  # type: ignore[misc]
 
 def checkpoint_file(args: TrainingArguments, step: int) -> str:
     """Where the pruner's state of `step` goes: beside the Trainer's checkpoint."""
-    folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    folder = os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{step}")
     return os.path.join(folder, STATE_FILE)

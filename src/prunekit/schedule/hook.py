@@ -36,12 +36,12 @@ class Gradual(CustomFromMask):
     ) -> BasePruningMethod:
         """Prune ``module.<name>`` where `mask` is 0, composing with an earlier pruning."""
         # BasePruningMethod.apply: CustomFromMask.apply takes no label nor amount.
-        hook = super(CustomFromMask, cls).apply(
-            module, name, mask=mask, label=label, amount=amount
-        )
+        hook = super(CustomFromMask, cls).apply(module, name, mask=mask, label=label, amount=amount)
         installed = find_gradual(module, name)
         assert installed is not None
-        installed.mask = module._buffers[name + "_mask"]  # one mask, not a copy beside it
+        buffer = module._buffers[name + "_mask"]
+        assert buffer is not None
+        installed.mask = buffer  # one mask, not a copy beside it
         return hook
 
     def __repr__(self) -> str:

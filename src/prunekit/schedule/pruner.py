@@ -198,8 +198,7 @@ class GradualPruner:
             for t, m in pairs:
                 hook = find_gradual(t.module, t.leaf)
                 assert hook is not None
-                buffer = t.module._buffers[t.leaf + "_mask"]
-                assert buffer is not None
+                buffer = _mask(t)
                 if hook.mask is not buffer:
                     hook.mask = buffer  # the buffer was replaced (a load, a pruning)
                 if id(t) not in installed:
@@ -228,11 +227,7 @@ class GradualPruner:
         """Everything a resumed run needs: step, amount, generator, masks, and the set-up
         (checked on load). Plain tensors and numbers: ``torch.load(weights_only=True)``
         reads it."""
-        masks = {
-            t.name: t.module._buffers[t.leaf + "_mask"]
-            for t in self.targets
-            if t.name in self._pruned
-        }
+        masks = {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
         return pruner_state(self, masks, self._generator.get_state())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -309,6 +304,12 @@ def _parameter(target: Target) -> nn.Parameter:
         tensor = module._parameters[leaf]
     assert tensor is not None
     return tensor
+
+
+def _mask(target: Target) -> Tensor:
+    mask = target.module._buffers[target.leaf + "_mask"]
+    assert mask is not None
+    return mask
 
 
 def _shape(target: Target) -> torch.Size:

@@ -64,8 +64,9 @@ def check_state(
             f"{where}: invalid state of type {type(state).__name__}; expected the dict "
             "that GradualPruner.state_dict() returns"
         )
-    missing = [k for k in ("version", "steps", "amount", "generator", "masks", "setup")
-               if k not in state]
+    missing = [
+        k for k in ("version", "steps", "amount", "generator", "masks", "setup") if k not in state
+    ]
     if missing or state["version"] != VERSION:
         raise value_error(
             f"{where}: the state lacks {missing} or has version {state.get('version')!r}; "
