@@ -55,7 +55,7 @@ def checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, pruner: Any) 
     ],
     ids=["l1", "l1-global", "random", "random-global", "channels"],
 )
-@pytest.mark.parametrize("stop", [1, 5, 8])
+@pytest.mark.parametrize("stop", [1, 6])
 def test_resumed_run_ends_bit_for_bit(kw: dict[str, Any], stop: int) -> None:
     model, optimizer, pruner = setup(**kw)
     train(model, optimizer, pruner, range(1, stop + 1))
@@ -69,7 +69,8 @@ def test_resumed_run_ends_bit_for_bit(kw: dict[str, Any], stop: int) -> None:
     again.load_state_dict(state["model"])
     again_optimizer.load_state_dict(state["optimizer"])
     assert again_pruner.steps == stop
-    assert again_pruner.amount == (pruner.amount_at(stop) if stop >= 2 else 0.0)
+    updates = [s for s in range(stop + 1) if pruner.timetable.is_update(s)]
+    assert again_pruner.amount == (pruner.amount_at(updates[-1]) if updates else 0.0)
     train(again, again_optimizer, again_pruner, range(stop + 1, STEPS + 1))
 
     ours, theirs = model.state_dict(), again.state_dict()
@@ -89,6 +90,15 @@ def test_state_dict_of_a_live_pruner_loads_into_itself() -> None:
     assert all(state["masks"][k].dtype == torch.bool for k in state["masks"])
 
 
+def _saved() -> dict[str, Any]:
+    model, optimizer, pruner = setup()
+    train(model, optimizer, pruner, range(1, 6))
+    return pruner.state_dict()
+
+
+SAVED = _saved()
+
+
 @pytest.mark.parametrize(
     "change, words",
     [
@@ -103,9 +113,7 @@ def test_state_dict_of_a_live_pruner_loads_into_itself() -> None:
     ],
 )
 def test_a_state_that_does_not_fit_changes_nothing(change: Any, words: str) -> None:
-    model, optimizer, pruner = setup()
-    train(model, optimizer, pruner, range(1, 6))
-    state = copy.deepcopy(pruner.state_dict())
+    state = copy.deepcopy(SAVED)
     change(state)
     fresh, _, fresh_pruner = setup()
     with pytest.raises(ValueError, match=r"^GradualPruner.load_state_dict: ") as caught:
