@@ -252,8 +252,8 @@ def test_rewind_puts_weights_back_and_keeps_masks() -> None:
         ({"scope": "model"}, ValueError, "scope='model'; expected 'layer'"),
         ({"scope": "global", "pattern": "channels"}, ValueError, "so scope must be 'layer'"),
         ({"pattern": "channels", "include": "conv.*"}, ValueError, "(conv.bias): pattern="),
-        ({"include": "enc*"}, ValueError, "include glob 'enc*' matches no floating-point"),
-        ({"exclude": ["*"]}, ValueError, "leave no parameter of Small to prune"),
+        ({"include": "enc*"}, ValueError, "the pattern 'enc*' matches no floating-point tensor"),
+        ({"exclude": ["*"]}, ValueError, "no tensor left to prune after include/exclude"),
         ({"include": 3}, TypeError, "include=3; expected globs"),
         ({"seed": 1.5}, TypeError, "seed=1.5; expected an int"),
         ({"start_step": 5, "end_step": 2}, ValueError, "end_step=2 is before start_step=5"),
@@ -271,13 +271,44 @@ def test_bad_arguments(kw: dict, error: type[Exception], words: str) -> None:
     )
 
 
-def test_bad_model_and_tied_weights() -> None:
+def test_bad_model() -> None:
     with pytest.raises(TypeError, match=r"invalid model of type dict; expected a torch nn\.Module"):
         prune.GradualPruner({}, 0.5, start_step=0, end_step=1)  # type: ignore[arg-type]
-    tied = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    tied[1].weight = tied[0].weight
-    with pytest.raises(ValueError, match=r"'1\.weight' is the same Parameter as '0\.weight'"):
-        prune.GradualPruner(tied, 0.5, start_step=0, end_step=1)
+
+
+def test_a_tied_parameter_is_ranked_once_and_masked_under_each_name() -> None:
+    tied = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+    tied[2].weight = tied[0].weight
+    pruner = prune.GradualPruner(tied, 0.5, start_step=1, end_step=2, scope="global")
+    assert [t.name for t in pruner.targets] == ["0.weight"]
+    for _ in range(2):
+        pruner.step()
+    assert torch.equal(tied[0].weight_mask, tied[2].weight_mask)
+    assert zeros(tied[0].weight_mask) == 18
+    assert tied[0].weight_orig is tied[2].weight_orig
+    x = torch.randn(3, 6)
+    assert torch.equal(tied(x), tied[2](torch.relu(tied[0](x))))
+    assert torch.equal(tied[2].weight, tied[0].weight_orig * tied[0].weight_mask)
+
+
+def test_attention_out_proj_is_pruned_through_the_attention() -> None:
+    mha = nn.MultiheadAttention(8, 2)
+    pruner = prune.GradualPruner(mha, 0.75, start_step=1, end_step=3)
+    assert [t.name for t in pruner.targets] == ["in_proj_weight", "out_proj.weight"]
+    optimizer = torch.optim.SGD(mha.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(5, 2, 8)
+    for _ in range(4):
+        optimizer.zero_grad()
+        mha(x, x, x)[0].sum().backward()
+        optimizer.step()
+        pruner.step()
+    out = mha.out_proj
+    assert zeros(out.weight_mask) == 48
+    assert bool((out.weight[out.weight_mask == 0] == 0).all())
+    plain = nn.MultiheadAttention(8, 2)
+    plain.load_state_dict(prune.permanent_state_dict(mha))
+    with torch.no_grad():
+        assert torch.equal(mha(x, x, x)[0], plain(x, x, x)[0])
 
 
 def test_a_failed_update_changes_nothing() -> None:

@@ -37,9 +37,10 @@ class Gradual(CustomFromMask):
         """Prune ``module.<name>`` where `mask` is 0, composing with an earlier pruning."""
         # BasePruningMethod.apply: CustomFromMask.apply takes no label nor amount.
         hook = super(CustomFromMask, cls).apply(module, name, mask=mask, label=label, amount=amount)
-        installed = find_gradual(module, name)
-        assert installed is not None
-        buffer = module._buffers[name + "_mask"]
+        installed = hook[-1] if isinstance(hook, PruningContainer) else hook
+        assert isinstance(installed, Gradual)
+        owner = module.get_submodule(name.rpartition(".")[0])  # out_proj for 'out_proj.weight'
+        buffer = owner._buffers[name.rpartition(".")[2] + "_mask"]
         assert buffer is not None
         installed.mask = buffer  # one mask, not a copy beside it
         return hook

@@ -150,7 +150,7 @@ class GradualPruner:
     def _masks(self, fraction: float) -> list[Tensor]:
         """The new mask of each target at `fraction`; nothing is changed yet."""
         current = [self._current(t) for t in self.targets]
-        pairs = [(t.module, t.leaf) for t in self.targets]
+        pairs = [(t.first.holder, t.first.own) for t in self.targets]
         if self.scope == "global":
             return global_masks(
                 self.criterion,
@@ -169,8 +169,8 @@ class GradualPruner:
 
     def _current(self, target: Target) -> tuple[Tensor, Tensor | None]:
         """What the criterion ranks for `target`, and its mask (None: not pruned yet)."""
-        module, leaf = target.module, target.leaf
-        mask = module._buffers.get(leaf + "_mask")
+        mask = target.first.mask()
+        orig = target.first.parameter()
         if mask is None:
             if target.name in self._pruned:
                 raise value_error(
@@ -178,36 +178,36 @@ class GradualPruner:
                     "(made permanent with prunekit.remove?); expected its mask kept until "
                     "the pruner is done"
                 )
-            return module._parameters[leaf].detach(), None  # type: ignore[union-attr]
-        orig = module._parameters[leaf + "_orig"]
-        assert orig is not None
+            return orig.detach(), None
         if self.pattern.PRUNING_TYPE == "structured":
             return (mask.to(dtype=orig.dtype) * orig).detach(), mask.detach()
         return orig.detach(), mask.detach()
 
     def _write(self, masks: Sequence[Tensor], fraction: float) -> None:
-        """Install Gradual where a target has none yet, else rewrite its mask in place."""
+        """Install Gradual where a place has none yet, else rewrite its mask in place."""
         label = self.label
-        pairs = list(zip(self.targets, masks, strict=True))
-        fresh = [(t, m) for t, m in pairs if find_gradual(t.module, t.leaf) is None]
-        with transaction([t.module for t, _ in fresh]):
-            for t, m in fresh:
-                Gradual.apply(t.module, t.leaf, m, label=label, amount=fraction)
-        installed = {id(t) for t, _ in fresh}
+        places = [
+            (place, m) for t, m in zip(self.targets, masks, strict=True) for place in t.places
+        ]
+        fresh = [(p, m) for p, m in places if find_gradual(p.holder, p.own) is None]
+        with transaction([x for p, _ in fresh for x in (p.module, p.holder)]):
+            for p, m in fresh:
+                Gradual.apply(p.module, p.leaf, m, label=label, amount=fraction)
+        installed = {id(p) for p, _ in fresh}
         with torch.no_grad():
-            for t, m in pairs:
-                hook = find_gradual(t.module, t.leaf)
-                assert hook is not None
-                buffer = _mask(t)
+            for p, m in places:
+                hook = find_gradual(p.holder, p.own)
+                buffer = p.mask()
+                assert hook is not None and buffer is not None
                 if hook.mask is not buffer:
                     hook.mask = buffer  # the buffer was replaced (a load, a pruning)
-                if id(t) not in installed:
+                if id(p) not in installed:
                     buffer.copy_(m)
                 hook.amount = fraction
                 hook.label = label
-        for t, _ in pairs:
-            prunekit.refresh_pruned(t.module)
-            self._pruned.add(t.name)
+        for p, _ in places:
+            prunekit.refresh_pruned(p.holder)
+        self._pruned.update(t.name for t in self.targets)
 
     def _check_shapes(self) -> None:
         if self.pattern.PRUNING_TYPE != "structured":
@@ -242,7 +242,7 @@ class GradualPruner:
         chosen = [
             (t, masks[t.name].to(dtype=orig.dtype, device=orig.device))
             for t in self.targets
-            if t.name in masks and (orig := _parameter(t)) is not None
+            if t.name in masks and (orig := t.first.parameter()) is not None
         ]
         if chosen:
             targets, self.targets = self.targets, [t for t, _ in chosen]
@@ -296,24 +296,14 @@ def _label(criterion: prunekit.Criterion, pattern: prunekit.Pattern, scope: str)
     return name + (" channels" if channels else "") + (" global" if scope == "global" else "")
 
 
-def _parameter(target: Target) -> nn.Parameter:
-    """The Parameter of `target`: ``<name>_orig`` when pruned."""
-    module, leaf = target.module, target.leaf
-    tensor = module._parameters.get(leaf + "_orig")
-    if tensor is None:
-        tensor = module._parameters[leaf]
-    assert tensor is not None
-    return tensor
-
-
 def _mask(target: Target) -> Tensor:
-    mask = target.module._buffers[target.leaf + "_mask"]
+    mask = target.first.mask()
     assert mask is not None
     return mask
 
 
 def _shape(target: Target) -> torch.Size:
-    return _parameter(target).shape
+    return target.first.parameter().shape
 
 
 def _where(target: Target) -> str:
