@@ -6,6 +6,8 @@ import copy
 import io
 import itertools
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -344,3 +346,13 @@ def test_a_mask_made_permanent_midway_is_an_error() -> None:
     prune.remove(model.fc1, "weight")
     with pytest.raises(ValueError, match=r"\(fc1.weight\) lost its mask"):
         pruner.step()
+
+
+def test_import_prunekit_imports_no_trainer_library() -> None:
+    code = (
+        "import sys, prunekit, prunekit.schedule; "
+        "print(sorted(m for m in ('transformers', 'pytorch_lightning', 'lightning') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
