@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,vision
+EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit bench bench-quick bench-structure demo clean
 

@@ -70,7 +70,8 @@ def _demo_parser(commands: Any) -> None:
         "demo",
         help="train a small CNN on 8x8 digits, prune it step by step, show what it costs",
         description="Train a small CNN on scikit-learn's bundled 8x8 digits, prune it with "
-        "global L1 (fine-tuning after each step) and with structured L2, print a table "
+        "global L1 (fine-tuning after each step), with structured L2 and gradually while "
+        "it trains (global L1 on the cubic schedule), print a table "
         "of sparsity, test accuracy, non-zero parameters and size, and write the pruned "
         "checkpoint, its report (JSON) and plots (PNG) to --out.",
     )
@@ -87,6 +88,19 @@ def _demo_parser(commands: Any) -> None:
         "--finetune-epochs", type=int, default=6, help="epochs after each step (default 6)"
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument(
+        "--gradual-epochs",
+        type=int,
+        default=20,
+        help="epochs of the gradual run, which prunes a copy of the dense model while it "
+        "trains (default 20; 0 skips it)",
+    )
+    demo.add_argument(
+        "--gradual-sparsity",
+        type=float,
+        default=0.95,
+        help="sparsity the gradual run reaches, on the cubic schedule (default 0.95)",
+    )
     demo.set_defaults(run=_run_demo)
 
 
@@ -181,6 +195,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             finetune_epochs=args.finetune_epochs,
             seed=args.seed,
             progress=tick,
+            gradual_epochs=args.gradual_epochs,
+            gradual_amount=args.gradual_sparsity,
         )
     console.print(result.rich_table())
     if result.structured is not None:
