@@ -1,0 +1,1 @@
+"""Pruning across processes (torch.distributed) and over tensors held in pieces."""
