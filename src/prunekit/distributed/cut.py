@@ -8,7 +8,9 @@ of one (a DTensor shard) made of `Run`\\ s, stretches contiguous both in the pie
 whole tensor.
 
 What travels between processes does not grow with the model: an evenly spaced sample (about
-2**17 magnitudes in all), counts, and 65536-bin histograms. The steps:
+2**17 magnitudes in all), counts, and histograms of at most 65536 bins. Scores all of one
+16-bit format (bfloat16, float16) need no sample: one pass of histograms of their bits,
+which are their values, finds the threshold. Otherwise:
 
 1. The sample is gathered; two of its order statistics enclose the k-th smallest magnitude
    with near certainty.
@@ -26,22 +28,20 @@ Choosing is then local: below the threshold, or among the ties a run takes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from prunekit.distributed import passes
 from prunekit.distributed.group import Group
+from prunekit.distributed.passes import Buffers
 from prunekit.select import Source, alive_count
 
 __all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
 
-CHUNK = 1 << 18  # entries read at a time
-SAMPLE = 1 << 17  # entries sampled in all, over every rank
-HOLD_ALL = 1 << 18  # up to this many entries in all, no sample: every competing one is kept
-SPREAD = 6.0  # standard deviations of the sampled share the bounds leave either side
-BINS = 1 << 16
+MARK = 1 << 20  # entries marked at a time
 
 
 class Unrankable(ValueError):
@@ -100,44 +100,47 @@ class Selection:
     ) -> None:
         self.pieces = pieces
         self.work = work
-        self.bound = torch.tensor(bound, dtype=work)
+        self.bound = bound
         self.ties = ties
 
-    def chunks(self, index: int) -> Iterator[tuple[int, Tensor]]:
-        """(start, bool chunk, True where chosen) over the piece `index`, in order."""
+    def kept(self, index: int) -> Iterator[tuple[int, Tensor]]:
+        """(start, chunk) over the piece `index` in order: 0/1 floats, 0 where chosen.
+        A chunk is valid until the next one."""
         piece, ties = self.pieces[index], self.ties[index]
-        left = dict(ties.per_run)
+        left = {r: n for r, n in ties.per_run.items() if n}
         scores, alive = piece.source()
-        for start, m, live in _magnitudes(scores, alive, self.work):
-            pick = m <= self.bound if ties.every else m < self.bound
+        buffers = Buffers(self.work, MARK)
+        for start, m, live in passes.magnitudes(scores, alive, buffers, MARK):
+            n = m.numel()
+            compare = torch.gt if ties.every else torch.ge
+            kept = compare(m, self.bound, out=buffers.a[:n])
             if live is not None:
-                pick &= live
-            for run_index in [r for r, n in left.items() if n]:
-                run = piece.runs[run_index]
+                kept.sub_(1).mul_(live).add_(1)  # only competing entries are chosen
+            for r in [r for r, count in left.items() if count]:
+                run = piece.runs[r]
                 lo = max(run.local, start) - start
-                hi = min(run.local + run.length, start + m.numel()) - start
-                if lo >= hi:
-                    continue
-                equal = m[lo:hi] == self.bound
-                if live is not None:
-                    equal &= live[lo:hi]
-                where = equal.nonzero().reshape(-1)[: left[run_index]]
-                pick[where + lo] = True
-                left[run_index] -= where.numel()
-            yield start, pick
+                hi = min(run.local + run.length, start + n) - start
+                if lo < hi:
+                    equal = torch.eq(m[lo:hi], self.bound, out=buffers.b[: hi - lo])
+                    if live is not None:
+                        equal.mul_(live[lo:hi])
+                    where = equal.nonzero().reshape(-1)[: left[r]]
+                    kept[where + lo] = 0
+                    left[r] -= where.numel()
+            yield start, kept
 
     def chosen(self, index: int) -> Tensor:
         """A flat bool tensor, True at the piece's entries chosen."""
         out = torch.empty(self.pieces[index].numel, dtype=torch.bool)
-        for start, pick in self.chunks(index):
-            out[start : start + pick.numel()] = pick
+        for start, kept in self.kept(index):
+            torch.eq(kept, 0, out=out[start : start + kept.numel()])
         return out
 
     def keep(self, index: int, dtype: torch.dtype) -> Tensor:
         """A flat mask of `dtype`: 0 at the entries chosen, 1 elsewhere."""
         out = torch.empty(self.pieces[index].numel, dtype=dtype)
-        for start, pick in self.chunks(index):
-            out[start : start + pick.numel()] = torch.logical_not(pick)
+        for start, kept in self.kept(index):
+            out[start : start + kept.numel()] = kept
         return out
 
 
@@ -148,37 +151,45 @@ def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
     score is NaN or infinite, after any error `count` raises.
     """
-    work = _work_dtype(pieces, group)
+    formats = _formats(pieces, group)
+    work = torch.float64 if torch.float64 in formats else torch.float32
+    buffers = Buffers(work)
     owned = [i for i, p in enumerate(pieces) if p.counts]
-    size, total = (
-        int(v)
-        for v in group.sum(
-            torch.tensor(
-                [sum(pieces[i].numel for i in owned), sum(_competing(pieces[i]) for i in owned)],
-                dtype=torch.int64,
-            )
-        )
-    )
+    mine = [sum(pieces[i].numel for i in owned), sum(_competing(pieces[i]) for i in owned)]
+    size, total = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
     k = count(total)
     if k in (0, total):
-        _refuse_non_finite(pieces, owned, work, group)
-        bound = math.inf if k else 0.0
-        return Selection(pieces, work, bound, [_Ties() for _ in pieces])
-    bounds = _bounds(pieces, owned, work, k, size, total, group)
-    held, below, kept, nonfinite = _held(pieces, owned, work, bounds, size, group)
-    if nonfinite:
-        raise Unrankable(_non_finite_pieces(pieces, owned, work))
-    if 0 < k - below <= kept:  # the k-th lies between the bounds: rank what was kept
-        key, take, _ = _radix(lambda: _held_keys(held, work), k - below, work, group)
-        bound = _float(key, work)
-        mine = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
-    else:  # the bounds missed (or too much fell between): histograms of the tensors
-        held.clear()
-        key, take, _ = _radix(lambda: _data_keys(pieces, owned, work), k, work, group)
-        bound = _float(key, work)
-        mine = {i: _equal_count(pieces[i], work, bound) for i in owned}
-    ties = _share_ties(pieces, mine, take, work, bound, group)
-    return Selection(pieces, work, bound, ties)
+        bad = passes.non_finite(pieces, owned, buffers)
+        if int(group.sum(torch.tensor([len(bad)]))[0]):
+            raise Unrankable(bad)
+        return Selection(pieces, work, math.inf if k else 0.0, [_Ties() for _ in pieces])
+    if len(formats) == 1 and formats[0] in passes.INFINITY:  # 16-bit: the bits are the values
+        hist, held, nonfinite = passes.histograms(pieces, owned, formats[0], group)
+        if nonfinite:
+            raise Unrankable(passes.non_finite(pieces, owned, buffers))
+        cum = hist.cumsum(0)
+        key = int((cum < k).sum())
+        take = k - (int(cum[key - 1]) if key else 0)
+        bound = passes.as_float(key, formats[0])
+        ties = {i: int(h[key]) for i, h in held.items()}
+    else:
+        limits = passes.bounds(pieces, owned, buffers, k, size, total, group)
+        found = passes.between(pieces, owned, buffers, limits, size, group)
+        if found.nonfinite:
+            raise Unrankable(passes.non_finite(pieces, owned, buffers))
+        held = found.held
+        if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
+            keys = lambda: passes.held_keys(held, work)  # noqa: E731
+            key, take = passes.radix(keys, k - found.below, work, group)
+            bound = passes.as_float(key, work)
+            ties = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
+        else:  # the limits missed (or too much fell between): histograms of the tensors
+            held.clear()
+            keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
+            key, take = passes.radix(keys, k, work, group)
+            bound = passes.as_float(key, work)
+            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
+    return Selection(pieces, work, bound, _share_ties(pieces, ties, take, buffers, bound, group))
 
 
 def _competing(piece: Piece) -> int:
@@ -187,174 +198,18 @@ def _competing(piece: Piece) -> int:
     return alive_count(*piece.source())
 
 
-def _work_dtype(pieces: Sequence[Piece], group: Group) -> torch.dtype:
-    """float64 if any rank's scores are float64, else float32 (16-bit floats widen to it
-    exactly): the dtype magnitudes are compared in."""
-    wide = any(p.dtype == torch.float64 for p in pieces)
-    return torch.float64 if int(group.sum(torch.tensor([int(wide)]))[0]) else torch.float32
-
-
-def _magnitudes(
-    scores: Tensor, alive: Tensor | None, work: torch.dtype, step: int = CHUNK
-) -> Iterator[tuple[int, Tensor, Tensor | None]]:
-    """(start, magnitudes in `work`, competing flags as bool or None) per chunk."""
-    flat = scores.detach().reshape(-1)
-    flags = None if alive is None else alive.reshape(-1)
-    for start in range(0, flat.numel(), step):
-        part = flat[start : start + step]
-        m = part.abs() if part.dtype == work else part.to(work).abs_()
-        live = None
-        if flags is not None:
-            live = flags[start : start + step]
-            live = live if live.dtype == torch.bool else live == 1
-        yield start, m, live
-
-
-def _bounds(
-    pieces: Sequence[Piece],
-    owned: list[int],
-    work: torch.dtype,
-    k: int,
-    size: int,
-    total: int,
-    group: Group,
-) -> tuple[float, float]:
-    """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced
-    sample gathered from every rank; (0, inf), keeping every competing entry, for few
-    entries or too small a sample."""
-    if size <= HOLD_ALL:
-        return 0.0, math.inf
-    stride = max(1, size // SAMPLE)
-    while math.gcd(stride, 210) != 1:  # prime to 2, 3, 5, 7: rows, columns, kernels
-        stride += 1
-    parts, offset = [], 0
-    for i in owned:
-        scores, alive = pieces[i].source()
-        first = (-offset) % stride
-        part = scores.detach().reshape(-1)[first::stride].to(work).abs()
-        if alive is not None:
-            part = part[alive.reshape(-1)[first::stride] == 1]
-        parts.append(part[part.isfinite()])
-        offset += pieces[i].numel
-    mine = torch.cat(parts) if parts else torch.empty(0, dtype=work)
-    sample = torch.cat(group.gather(mine))
-    n = sample.numel()
-    if n < SAMPLE // 8:
-        return 0.0, math.inf
-    share = k / total
-    margin = SPREAD * math.sqrt(share * (1 - share) / n) + 2 / n
-    low, high = math.floor((share - margin) * n), math.ceil((share + margin) * n)
-    lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
-    upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
-    return lower, upper
-
-
-def _held(
-    pieces: Sequence[Piece],
-    owned: list[int],
-    work: torch.dtype,
-    bounds: tuple[float, float],
-    size: int,
-    group: Group,
-) -> tuple[dict[int, Tensor], int, int, int]:
-    """One pass: the competing magnitudes between the bounds, kept per piece (16-bit ones
-    in their own dtype); summed over the ranks, how many compete below the lower bound,
-    how many were kept (-1 if a rank went over its budget: none are kept then) and how
-    many scores are not finite."""
-    lower, upper = bounds
-    budget = size if size <= HOLD_ALL else max(size // 16, HOLD_ALL)
-    held: dict[int, Tensor] = {}
-    kept = below = nonfinite = 0
-    for i in owned:
-        scores, alive = pieces[i].source()
-        keep_as = scores.dtype if scores.dtype.itemsize == 2 else work
-        parts = []
-        for _, m, live in _magnitudes(scores, alive, work):
-            if not math.isfinite(float(m.sum())):
-                nonfinite += int((~m.isfinite()).sum())
-            under = m < lower
-            between = (m <= upper) & ~under
-            if live is not None:
-                under &= live
-                between &= live
-            below += int(under.sum())
-            if kept > budget:
-                continue
-            values = m[between]
-            kept += values.numel()
-            parts.append(values.to(keep_as))
-        if parts and kept <= budget:
-            held[i] = torch.cat(parts)
-    over = kept > budget
-    if over:
-        held.clear()
-    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
-    kept_all = -1 if int(totals[2]) else int(totals[1])
-    return held, int(totals[0]), kept_all, int(totals[3])
-
-
-def _key_dtype(work: torch.dtype) -> torch.dtype:
-    return torch.int64 if work == torch.float64 else torch.int32
-
-
-def _float(key: int, work: torch.dtype) -> float:
-    return float(torch.tensor([key], dtype=_key_dtype(work)).view(work)[0])
-
-
-def _held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[Tensor]:
-    for values in held.values():
-        for start in range(0, values.numel(), CHUNK):
-            yield values[start : start + CHUNK].to(work).view(_key_dtype(work))
-
-
-def _data_keys(pieces: Sequence[Piece], owned: list[int], work: torch.dtype) -> Iterator[Tensor]:
-    for i in owned:
-        for _, m, live in _magnitudes(*pieces[i].source(), work):
-            keys = m.view(_key_dtype(work))
-            yield keys if live is None else keys[live]
-
-
-def _radix(
-    keys: Callable[[], Iterable[Tensor]], rank: int, work: torch.dtype, group: Group
-) -> tuple[int, int, int]:
-    """The `rank`-th smallest (1-based) of the non-negative float bits `keys()` yields on
-    all ranks, 16 bits at a time from the top, with histograms summed over the ranks;
-    also how many equal to it are taken and how many there are."""
-    bits = torch.finfo(work).bits
-    prefix = equal = 0
-    for level, shift in enumerate(range(bits - 16, -1, -16)):
-        hist = torch.zeros(BINS, dtype=torch.int64)
-        for part in keys():
-            if level:
-                part = part[(part >> (shift + 16)) == prefix]
-            hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
-        hist = group.sum(hist)
-        cum = hist.cumsum(0)
-        digit = int((cum < rank).sum())
-        rank -= int(cum[digit - 1]) if digit else 0
-        equal = int(hist[digit])
-        prefix = (prefix << 16) | digit
-    return prefix, rank, equal
-
-
-def _equal_count(piece: Piece, work: torch.dtype, bound: float, run: Run | None = None) -> int:
-    """How many competing entries of `piece` (of one `run` of it) equal `bound`."""
-    scores, alive = piece.source()
-    if run is not None:
-        scores = scores.detach().reshape(-1)[run.local : run.local + run.length]
-        alive = None if alive is None else alive.reshape(-1)[run.local : run.local + run.length]
-    count = 0
-    for _, m, live in _magnitudes(scores, alive, work):
-        equal = m == bound
-        count += int((equal & live if live is not None else equal).sum())
-    return count
+def _formats(pieces: Sequence[Piece], group: Group) -> list[torch.dtype]:
+    """The float formats of the scores on all ranks."""
+    known = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    here = torch.tensor([int(any(p.dtype == d for p in pieces)) for d in known])
+    return [d for d, n in zip(known, group.sum(here).tolist(), strict=True) if n]
 
 
 def _share_ties(
     pieces: Sequence[Piece],
     mine: dict[int, int],
     take: int,
-    work: torch.dtype,
+    buffers: Buffers,
     bound: float,
     group: Group,
 ) -> list[_Ties]:
@@ -377,7 +232,7 @@ def _share_ties(
         return ties
     # The one tensor the threshold splits: its ties per run, in the tensor's order.
     runs = [
-        (run.start, _equal_count(p, work, bound, run) if len(p.runs) > 1 else mine.get(i, 0))
+        (run.start, _run_ties(p, run, buffers, bound) if len(p.runs) > 1 else mine.get(i, 0))
         for i, p in enumerate(pieces)
         if p.key == split and p.counts
         for run in p.runs
@@ -392,19 +247,5 @@ def _share_ties(
     return ties
 
 
-def _refuse_non_finite(
-    pieces: Sequence[Piece], owned: list[int], work: torch.dtype, group: Group
-) -> None:
-    """Raise Unrankable on every rank if any rank's scores hold NaN or infinity."""
-    bad = _non_finite_pieces(pieces, owned, work)
-    if int(group.sum(torch.tensor([len(bad)], dtype=torch.int64))[0]):
-        raise Unrankable(bad)
-
-
-def _non_finite_pieces(pieces: Sequence[Piece], owned: list[int], work: torch.dtype) -> list[int]:
-    bad = []
-    for i in owned:
-        scores, _ = pieces[i].source()
-        if any(not bool(m.isfinite().all()) for _, m, _ in _magnitudes(scores, None, work)):
-            bad.append(i)
-    return bad
+def _run_ties(piece: Piece, run: Run, buffers: Buffers, bound: float) -> int:
+    return passes.equal_count(piece, buffers, bound, (run.local, run.local + run.length))

@@ -16,6 +16,7 @@ import mmap
 import os
 import struct
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,21 +76,28 @@ class Stored:
 
     def load(self) -> Tensor:
         """The tensor, backed by a private memory map of the file: pages are read when
-        touched and let go when the tensor (and every view of it) is dropped."""
+        touched and let go when the tensor (and every view of it) is dropped. While one
+        is held, loading again maps nothing new."""
         if not self.nbytes:
             return torch.empty(self.shape, dtype=self.dtype)
         start = self.begin - self.begin % mmap.ALLOCATIONGRANULARITY
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            mapped = mmap.mmap(
-                fd, self.begin - start + self.nbytes, offset=start, access=mmap.ACCESS_COPY
-            )
-        finally:
-            os.close(fd)
+        mapped = _MAPPED.get((self.path, self.begin))
+        if mapped is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                length = self.begin - start + self.nbytes
+                mapped = mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
+            _MAPPED[(self.path, self.begin)] = mapped
         flat = torch.frombuffer(
             mapped, dtype=self.dtype, count=self.numel, offset=self.begin - start
         )
         return flat.view(self.shape)
+
+
+# The maps in use (a tensor's storage keeps its map alive), by file and offset.
+_MAPPED: weakref.WeakValueDictionary[tuple[Path, int], mmap.mmap] = weakref.WeakValueDictionary()
 
 
 def read_header(path: Path) -> tuple[dict[str, Stored], dict[str, str]]:
