@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo
 
-.PHONY: setup test lint typecheck unit bench bench-quick demo clean
+.PHONY: setup test lint typecheck unit bench bench-quick bench-sharded bench-distributed demo clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ bench: setup
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
+
+# A sharded bf16 checkpoint of 26 GB (more than this machine's memory), written, pruned
+# globally by `prunekit prune`, and deleted; needs about 55 GB of free disk.
+bench-sharded: setup
+	$(PY) benchmarks/sharded.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo
