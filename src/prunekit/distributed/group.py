@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import value_error
+
 __all__ = ["Group", "TorchGroup", "group_of"]
 
 
@@ -81,10 +83,19 @@ class TorchGroup(Group):
         return out.cpu()
 
 
-def group_of(process_group: Any) -> Group:
-    """The Group for a torch.distributed process group; a Group is returned as it is."""
+def group_of(process_group: Any, owner: str = "prunekit") -> Group:
+    """The Group for a torch.distributed process group (None: the default group); a Group
+    is returned as it is. Raises ValueError, naming `owner`, if torch.distributed is not
+    initialized."""
     if isinstance(process_group, Group):
         return process_group
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise value_error(
+            f"{owner}: process_group={process_group!r} needs torch.distributed initialized; "
+            "expected torch.distributed.init_process_group() first"
+        )
     return TorchGroup(process_group)
 
 
