@@ -31,11 +31,12 @@ from torch import Tensor
 
 from prunekit import Random, validate_pruning_amount_init
 from prunekit.core.amount import Amount
+from prunekit.core.naming import Entry, entries
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import METHODS, Entry, entries, prune_state_dict, select_names
+from prunekit.io.statedict import METHODS, prune_state_dict, select_names
 
 __all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "prune_sharded"]
 
