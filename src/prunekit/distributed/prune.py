@@ -102,7 +102,10 @@ def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
             f"{_OWNER}: invalid pruning_method={pruning_method!r} for a process group; expected "
             "L1Unstructured, RandomUnstructured or another prunekit.Pruning class"
         )
-    method = pruning_method(**kwargs)
+    try:
+        method = pruning_method(**kwargs)
+    except TypeError as error:  # arguments the class does not take
+        raise type_error(f"{_OWNER}: {pruning_method.__name__}: {error}") from None
     fits = (
         type(method).compute_mask is Pruning.compute_mask
         and isinstance(method.pattern, Unstructured)
