@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo
 
-.PHONY: setup test lint typecheck unit bench bench-quick bench-sharded bench-distributed demo clean
+.PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-sharded bench-distributed demo clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,13 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# The multi-process tests (tests/test_distributed.py: 2 and 4 spawned gloo processes)
+# take a minute or two here, mostly in starting the processes: `make test-distributed`.
 unit: setup
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 -m "not distributed"
+
+test-distributed: setup
+	$(PY) -m pytest -q tests/test_distributed.py
 
 test: lint typecheck unit
 
@@ -35,6 +40,10 @@ bench-quick: setup
 # globally by `prunekit prune`, and deleted; needs about 55 GB of free disk.
 bench-sharded: setup
 	$(PY) benchmarks/sharded.py
+
+# Global L1 over 1, 2 and 4 gloo processes: time, per-rank peak memory, bytes exchanged.
+bench-distributed: setup
+	$(PY) benchmarks/distributed.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

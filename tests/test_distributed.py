@@ -14,10 +14,13 @@ import torch
 
 import distributed_cases as cases
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="needs torch.distributed with gloo",
-)
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(
+        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+        reason="needs torch.distributed with gloo",
+    ),
+]
 
 SHARDED = {
     "rows": [
