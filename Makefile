@@ -2,9 +2,10 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo
+EXTRAS := dev,tensorplay,cli,demo,vision
 
-.PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-sharded bench-distributed demo clean
+.PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
+	bench-sharded bench-distributed demo clean
 
 setup: $(STAMP)
 
@@ -44,6 +45,12 @@ bench-sharded: setup
 # Global L1 over 1, 2 and 4 gloo processes: time, per-rank peak memory, bytes exchanged.
 bench-distributed: setup
 	$(PY) benchmarks/distributed.py
+
+# torchvision's classification models: prunekit and Torch-Pruning side by side (~2 h here)
+bench-structure: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/structure.py
+	$(PY) benchmarks/structure.py --resnet50
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -274,7 +274,7 @@ def test_methods_that_cannot_rank_across_ranks() -> None:
     with pytest.raises(TypeError, match="global_unstructured"):
         across([(layer, "weight")], prunekit.LnStructured, process_group=Group(), amount=0.5, n=2)
     assert not prunekit.is_pruned(layer)
-    with pytest.raises(ValueError, match="needs torch.distributed initialized"):
+    with pytest.raises(ValueError, match=r"needs torch\.distributed initialized"):
         prunekit.global_unstructured(
             [(layer, "weight")], prunekit.L1Unstructured, amount=0.5, process_group=object()
         )

@@ -45,6 +45,16 @@ from prunekit.model import prune_model
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.report import Report, report
 
+# Structural pruning: channel groups, their masks, compaction.
+from prunekit.structure import (
+    ChannelGroup,
+    CompactReport,
+    PrunedGroup,
+    channel_groups,
+    compact,
+    prune_channels,
+)
+
 # torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
 # them through `import prunekit as prune`; not in __all__, as they are private there too.
 _validate_pruning_amount_init = validate_pruning_amount_init
@@ -55,7 +65,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "ChannelGroup",
     "Channels",
+    "CompactReport",
     "Criterion",
     "CustomFromMask",
     "Identity",
@@ -63,6 +75,7 @@ __all__ = [
     "LnStructured",
     "Magnitude",
     "Pattern",
+    "PrunedGroup",
     "Pruning",
     "PruningBase",
     "PruningContainer",
@@ -72,6 +85,8 @@ __all__ = [
     "Report",
     "Unstructured",
     "__version__",
+    "channel_groups",
+    "compact",
     "compute_nparams_to_prune",
     "custom_from_mask",
     "forward_reuse",
@@ -83,6 +98,7 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_channels",
     "prune_model",
     "random_structured",
     "random_unstructured",

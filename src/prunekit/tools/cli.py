@@ -184,6 +184,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             progress=tick,
         )
     console.print(result.rich_table())
+    if result.structured is not None:
+        console.print(result.structured.rich_table())
     print(f"Wrote to {args.out}:")
     for path in result.files:
         print(f"  {path.name}")
