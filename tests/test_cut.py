@@ -296,3 +296,19 @@ def test_statistics_over_thread_ranks() -> None:
         torch.testing.assert_close(weighted[1][name].double(), mean, atol=1e-3, rtol=1e-3)
     with pytest.raises(ValueError, match="other names"):
         on_threads(2, lambda group: all_reduce_statistics({f"x{group.rank}": torch.ones(2)}, group))
+
+
+def test_prune_model_global_scope_over_ranks() -> None:
+    whole = layers(10, True)
+    prunekit.prune_model(whole, 0.55, scope="global")
+
+    def rank(group: Group) -> list[torch.Tensor]:
+        made = layers(10, True)
+        mine = nn.ModuleList(made[i] for i in ([0, 1], [2, 3, 4])[group.rank])
+        prunekit.prune_model(mine, 0.55, scope="global", process_group=group)
+        return [layer.weight_mask for layer in mine]
+
+    got = [m for masks in on_threads(2, rank) for m in masks]
+    assert all(torch.equal(g, layer.weight_mask) for g, layer in zip(got, whole, strict=True))
+    with pytest.raises(ValueError, match="scope='global'"):
+        prunekit.prune_model(layers(1, False), 0.5, process_group=Group())

@@ -116,8 +116,15 @@ def _prune_parser(commands: Any) -> None:
         "(weights, not biases or norms). Tensors saved as <name>_orig + <name>_mask keep "
         "their mask and are pruned further.",
     )
-    prune.add_argument("path", metavar="PATH", help="checkpoint to read")
-    prune.add_argument("-o", "--out", required=True, metavar="OUT", help="file to write")
+    prune.add_argument(
+        "path",
+        metavar="PATH",
+        help="checkpoint to read, or a folder of safetensors shards with "
+        "model.safetensors.index.json (read shard by shard: it may exceed memory)",
+    )
+    prune.add_argument(
+        "-o", "--out", required=True, metavar="OUT", help="file to write (a folder for shards)"
+    )
     prune.add_argument(
         "--method",
         choices=("l1", "random", "ln"),
