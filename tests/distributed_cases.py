@@ -214,7 +214,7 @@ def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) ->
 
     import torch.distributed as dist
 
-    faulthandler.enable()
+    faulthandler.enable()  # a collective that aborts still shows where
 
     dist.init_process_group(
         "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world
@@ -222,8 +222,6 @@ def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) ->
     results: dict[str, Any] = {}
     try:
         for name, how in jobs:
-            if os.environ.get("CASES_TRACE"):
-                print("start", name, how, rank, flush=True)
             if name == "refused":
                 results["refused"] = refused(rank, world)
             elif name == "statistics":

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from prunekit.distributed.group import Group
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import METHODS, prune_state_dict, select_names
+from prunekit.select import Source
 
 __all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "prune_sharded"]
 
@@ -291,7 +292,7 @@ def _zeros(t: Tensor) -> int:
 
 def _global(
     stored: dict[str, Stored], found: list[Entry], targets: set[str], method: str, amount: float
-) -> Any:
+) -> Callable[[str], Iterator[tuple[int, Tensor]]]:
     """The global selection over the targets, streamed: a function of a target's name
     giving its chosen entries chunk by chunk."""
     chosen = [e for e in found if e.name in targets]
@@ -323,7 +324,7 @@ def _global(
     return lambda name: selection.kept(where[name])
 
 
-def _source(values: Stored, mask: Stored | None) -> Any:
+def _source(values: Stored, mask: Stored | None) -> Source:
     def read() -> tuple[Tensor, Tensor | None]:
         return values.load(), None if mask is None else mask.load()
 
@@ -337,7 +338,7 @@ def _count(piece: Piece) -> int:
     return int((alive if alive.dtype == torch.bool else alive == 1).sum())
 
 
-def _noisy(read: Any, noise: Any) -> Any:
+def _noisy(read: Source, noise: Source) -> Source:
     """A source of noise for the competing entries, in their places."""
 
     def draw() -> tuple[Tensor, Tensor | None]:
