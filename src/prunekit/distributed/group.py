@@ -65,6 +65,8 @@ class TorchGroup(Group):
     def gather(self, values: Tensor) -> list[Tensor]:
         sizes = self.sum(_one_hot(self.rank, self.size, values.numel())).tolist()
         width = max(sizes)
+        if width == 0:  # nothing anywhere: no collective (some backends refuse empty ones)
+            return [values.reshape(-1)[:0].cpu() for _ in range(self.size)]
         padded = torch.zeros(width, dtype=values.dtype, device=self.device)
         padded[: values.numel()] = values.reshape(-1)
         parts = [torch.empty_like(padded) for _ in range(self.size)]

@@ -79,7 +79,7 @@ def global_unstructured(
     competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
     k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
     if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
-        _noise(entries, pieces, group)  # drawn after the amount is checked, as in one process
+        _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
     try:
         selection = select(pieces, lambda total: k, group)
     except Unrankable as bad:
@@ -256,7 +256,7 @@ def _scores(e: _Entry, criterion: Any) -> Any:
     return read
 
 
-def _noise(entries: list[_Entry], pieces: list[Piece], group: Group) -> None:
+def _noise(entries: list[_Entry], pieces: list[Piece], criterion: Random, group: Group) -> None:
     """Give Random's pieces the noise one process would draw: per whole tensor, for its
     competing entries in order, from rank 0's generator; each piece takes its runs' part."""
     runs = []
@@ -274,11 +274,11 @@ def _noise(entries: list[_Entry], pieces: list[Piece], group: Group) -> None:
     stub = [torch.empty(0)] * len(keys)
     state = group.first(torch.get_rng_state())
     if group.rank == 0:
-        draws = Random()._compact_sources(stub, [totals[k] for k in keys])
+        draws = criterion._compact_sources(stub, [totals[k] for k in keys])
     else:
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(state)
-            draws = Random()._compact_sources(stub, [totals[k] for k in keys])
+            draws = criterion._compact_sources(stub, [totals[k] for k in keys])
     by_key = dict(zip(keys, draws, strict=True))
     for e, piece in zip(entries, pieces, strict=True):
         starts = [before[(piece.key, run.start)] for run in piece.runs]
