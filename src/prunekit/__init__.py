@@ -58,6 +58,13 @@ from prunekit.structure import (
     prune_channels,
 )
 
+# isort: split
+# Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
+# global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
+# sharded safetensors checkpoints larger than memory. Last: they import the names above.
+from prunekit.distributed import all_reduce_statistics
+from prunekit.io.sharded import prune_sharded
+
 # torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
 # them through `import prunekit as prune`; not in __all__, as they are private there too.
 _validate_pruning_amount_init = validate_pruning_amount_init
@@ -90,6 +97,7 @@ __all__ = [
     "Report",
     "Unstructured",
     "__version__",
+    "all_reduce_statistics",
     "channel_groups",
     "compact",
     "compute_nparams_to_prune",
@@ -105,6 +113,7 @@ __all__ = [
     "permanent_state_dict",
     "prune_channels",
     "prune_model",
+    "prune_sharded",
     "random_structured",
     "random_unstructured",
     "refresh_pruned",

@@ -12,6 +12,7 @@ from typing import Any
 from prunekit._extras import require
 from prunekit.io.atomic import atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict
+from prunekit.io.sharded import is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
 from prunekit.report import report
 from prunekit.tools.demo import run_demo
@@ -130,8 +131,15 @@ def _prune_parser(commands: Any) -> None:
         "(weights, not biases or norms). Tensors saved as <name>_orig + <name>_mask keep "
         "their mask and are pruned further.",
     )
-    prune.add_argument("path", metavar="PATH", help="checkpoint to read")
-    prune.add_argument("-o", "--out", required=True, metavar="OUT", help="file to write")
+    prune.add_argument(
+        "path",
+        metavar="PATH",
+        help="checkpoint to read, or a folder of safetensors shards with "
+        "model.safetensors.index.json (read shard by shard: it may exceed memory)",
+    )
+    prune.add_argument(
+        "-o", "--out", required=True, metavar="OUT", help="file to write (a folder for shards)"
+    )
     prune.add_argument(
         "--method",
         choices=("l1", "random", "ln"),
@@ -232,6 +240,8 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
+        return _run_prune_sharded(args)
     result = prune_file(
         args.path,
         args.out,
@@ -253,6 +263,25 @@ def _run_prune(args: argparse.Namespace) -> int:
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
         f"{' globally' if args.global_pruning else ''}: {zeros / max(numel, 1):.1%} "
         f"of them are zero. Wrote {args.out}"
+    )
+    return 0
+
+
+def _run_prune_sharded(args: argparse.Namespace) -> int:
+    options = {k: getattr(args, k) for k in ("n", "dim", "include", "exclude", "seed")}
+    done = prune_sharded(
+        args.path,
+        args.out,
+        args.method,
+        args.amount,
+        global_pruning=args.global_pruning,
+        keep_masks=args.keep_masks,
+        **options,
+    )
+    print(
+        f"Pruned {len(done.pruned)} tensors ({done.numel:,} entries) with {args.method}"
+        f"{' globally' if args.global_pruning else ''}: {done.zeros / max(done.numel, 1):.1%} "
+        f"of them are zero. Wrote {done.index.parent}"
     )
     return 0
 
