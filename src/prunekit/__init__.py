@@ -39,12 +39,13 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
-from prunekit.patterns import Channels, Pattern, Unstructured
+from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NM",
     "BasePruningMethod",
     "Channels",
     "Criterion",
@@ -54,6 +55,7 @@ __all__ = [
     "LnStructured",
     "Magnitude",
     "Pattern",
+    "PerRow",
     "Pruning",
     "PruningBase",
     "PruningContainer",
