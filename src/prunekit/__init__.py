@@ -10,7 +10,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.container import PruningContainer
 from prunekit.core.method import BasePruningMethod, PruningBase
-from prunekit.criteria import Criterion, Magnitude, Random
+from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, Wanda
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -63,7 +63,10 @@ __all__ = [
     "RandomStructured",
     "RandomUnstructured",
     "Report",
+    "SparseGPT",
+    "Taylor",
     "Unstructured",
+    "Wanda",
     "__version__",
     "compute_nparams_to_prune",
     "custom_from_mask",

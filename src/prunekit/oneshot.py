@@ -122,10 +122,8 @@ def oneshot(
         with transaction(touched):
             _run(model, plan, bar)
     except BaseException:
-        for param, old in plan.undo:
-            param.data = old
-        for module in touched:
-            prune.refresh_pruned(module)
+        for param, old in reversed(plan.undo):
+            param.data = old  # the transaction restored the masks, hooks and module.<name>
         raise
     finally:
         bar.close()
@@ -246,6 +244,15 @@ def _values(module: nn.Module, name: str) -> Tensor:
     return result
 
 
+def _parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter behind ``module.<name>``: ``<name>_orig`` where pruned."""
+    param = module._parameters.get(orig_name(name))
+    if param is None:
+        param = module._parameters[name]
+    assert param is not None
+    return param
+
+
 def _alive(module: nn.Module, name: str) -> Tensor | None:
     mask = module._buffers.get(mask_name(name))
     return None if mask is None else mask == 1
@@ -301,8 +308,7 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
     totals: list[Tensor | None] = [None] * len(plan.targets)
     params = []
     for module, name in plan.targets:
-        param = module._parameters.get(orig_name(name)) or module._parameters[name]
-        assert param is not None
+        param = _parameter(module, name)
         params.append((param, lambda m=module, n=name: getattr(m, n)))
 
     def step(i: int, values: Tensor, grad: Tensor) -> None:
@@ -350,7 +356,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
                 _prune_layers(plan, here, stats, bar)
                 del stats
             if i + 1 < len(blocks):
-                inputs = [cal.run_block(block, one) for one in inputs]
+                inputs = cal.next_inputs(block, inputs)
         del inputs
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
@@ -391,8 +397,7 @@ def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) 
             _alive(module, name),
             plan.sparsegpt,
         )
-    param = module._parameters.get(orig_name(name)) or module._parameters[name]
-    assert param is not None
+    param = _parameter(module, name)
     old = param.data
     plan.undo.append((param, old))
     param.data = torch.where(keep, updated, old)  # pruned entries keep their values

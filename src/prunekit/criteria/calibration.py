@@ -266,10 +266,24 @@ def block_statistics(
 ) -> InputStatistics:
     """Statistics for `modules` (inside `block`) from running `block` on `inputs`."""
     with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
-        for args, kwargs in inputs:
+        for index, (args, kwargs) in enumerate(inputs):
             stats.new_batch()
-            block(*args, **kwargs)
+            try:
+                block(*args, **kwargs)
+            except Exception as error:
+                raise _batch_error(index, error) from error
     return stats
+
+
+def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
+    """`block`'s outputs for each batch, as the next block's inputs."""
+    found = []
+    for index, one in enumerate(inputs):
+        try:
+            found.append(run_block(block, one))
+        except Exception as error:
+            raise _batch_error(index, error) from error
+    return found
 
 
 def gradients(
