@@ -2,9 +2,9 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo
+EXTRAS := dev,tensorplay,cli,demo,hf
 
-.PHONY: setup test lint typecheck unit bench bench-quick demo clean
+.PHONY: setup test lint typecheck unit bench bench-quick bench-calibrated demo clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,9 @@ bench: setup
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
+
+bench-calibrated: setup
+	$(PY) benchmarks/calibrated.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

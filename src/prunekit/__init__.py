@@ -39,8 +39,17 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
+
+# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
+from prunekit.model import prune_model
 from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
+
+# torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
+# them through `import prunekit as prune`; not in __all__, as they are private there too.
+_validate_pruning_amount_init = validate_pruning_amount_init
+_validate_pruning_amount = validate_pruning_amount
+_compute_nparams_toprune = compute_nparams_to_prune
 
 __version__ = "0.1.0"
 
@@ -79,6 +88,7 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_model",
     "random_structured",
     "random_unstructured",
     "refresh_pruned",

@@ -23,7 +23,7 @@ from prunekit.core.backend import dtype_name, is_module, is_tensor
 from prunekit.core.container import PruningContainer
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
-from prunekit.io.statedict import entries
+from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]
 
@@ -247,8 +247,8 @@ def _module_rows(model: nn.Module) -> list[TensorRow]:
             if param is None or id(param) in seen or not param.is_floating_point():
                 continue
             seen.add(id(param))
-            base = pname[:-5] if pname.endswith("_orig") else None
-            mask = module._buffers.get(base + "_mask") if base is not None else None
+            base = pruned_name(pname, ORIG)
+            mask = module._buffers.get(mask_name(base)) if base is not None else None
             if base is None or mask is None:
                 rows.append(_row(dot + pname, param.detach(), None, None))
                 continue

@@ -161,9 +161,9 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
             f"{where}: importance_scores are on device {scores.device}; "
             f"expected the parameter's device {current.device}"
         )
-    if scores.is_floating_point():
-        check_finite(scores, where, "importance_scores", allow_inf=True)
     result: Tensor = scores.detach()
+    if result.is_floating_point():
+        check_finite(result, where, "importance_scores", allow_inf=True)
     return result
 
 

@@ -56,10 +56,15 @@ class PruningContainer(BasePruningMethod):
         return self._pruning_methods[idx]
 
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        """Combine `default_mask` with the newest method's mask (see combine_masks)."""
+        """Combine `default_mask` with the newest method's mask (see combine_masks).
+
+        The result has the dtype of `t`, as torch's container gives it (installed masks
+        are made by combine_masks directly and keep the parameter's dtype).
+        """
         if not self._pruning_methods:
             raise value_error("PruningContainer is empty: add a pruning method first")
-        return combine_masks(self._pruning_methods[-1], t, default_mask)
+        mask = combine_masks(self._pruning_methods[-1], t, default_mask)
+        return mask if mask.dtype == t.dtype else mask.to(dtype=t.dtype)
 
 
 def combine_masks(

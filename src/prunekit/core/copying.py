@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit.core.attention import watch_out_proj
 from prunekit.core.naming import mask_name, orig_name
 
 __all__ = ["BoundToModule"]
@@ -49,6 +50,7 @@ class BoundToModule:
         self.__dict__.update(state)
         if module is not None:
             self._bind(module)
+            watch_out_proj(module)  # in a process that loads a pruned out_proj
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         module = self._bound_module()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
+from prunekit.core.attention import watch_out_proj
 from prunekit.core.backend import common_namespace, framework_caveat, namespace
 from prunekit.core.checks import (
     check_scores,
-    is_attention_out_proj,
     prunable_parameter,
     refuse_ties,
     resolve,
@@ -75,19 +76,15 @@ def install(
     """
     owner, leaf = resolve(module, name)
     where = describe(module, name)
-    if owner is module and is_attention_out_proj(owner):
-        warn_caller(
-            f"{where}: this Linear is a MultiheadAttention's out_proj, whose forward never "
-            "runs, so its pruned weight would go stale after the first training step; "
-            f"prune it through the attention module: (mha, 'out_proj.{leaf}')"
-        )
     caveat = framework_caveat(owner)
     if caveat is not None:
         warn_caller(f"{where}: {caveat}")
     if owner is not module and (param := owner._parameters.get(leaf)) is not None:
         refuse_ties(module.named_parameters(remove_duplicate=False), name, param, where)
     hook = _install(owner, leaf, method, importance_scores, where, masked)
-    if owner is not module:
+    if owner is module:
+        watch_out_proj(owner)  # MultiheadAttention.out_proj: refreshed when its parent runs
+    else:
         path = name.rpartition(".")[0]
         if not any(
             isinstance(h, RefreshSubmodule) and (h.path, h.name) == (path, leaf)
@@ -255,4 +252,8 @@ def _checked_mask(mask: Any, current: Tensor, where: str) -> Tensor:
     result: Tensor = mask.detach().to(dtype=current.dtype, device=current.device)
     if not result.is_contiguous():
         result = result.contiguous()
+    if isinstance(result, Tensor) and result.is_inference():
+        # Made under inference_mode: a plain copy, or autograd could never save it.
+        with torch.inference_mode(False):
+            result = result.clone()
     return result

@@ -6,7 +6,12 @@ written once.
 
 from __future__ import annotations
 
-__all__ = ["MASK", "ORIG", "mask_name", "orig_name", "pruned_name"]
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["MASK", "ORIG", "Entry", "entries", "mask_name", "orig_name", "pruned_name"]
 
 ORIG = "_orig"
 MASK = "_mask"
@@ -29,3 +34,25 @@ def pruned_name(key: str, suffix: str | None = None) -> str | None:
         if key.endswith(end) and len(key) > len(end):
             return key[: -len(end)]
     return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a state_dict by its name in the model; `mask` is None if not pruned."""
+
+    name: str
+    tensor: Tensor
+    mask: Tensor | None = None
+
+
+def entries(state: Mapping[str, Tensor]) -> list[Entry]:
+    """The tensors of `state` in order; a ``<n>_orig``/``<n>_mask`` pair is one entry ``<n>``."""
+    result = []
+    for key, value in state.items():
+        orig_of = pruned_name(key, ORIG)
+        mask_of = pruned_name(key, MASK)
+        if orig_of is not None and mask_name(orig_of) in state:
+            result.append(Entry(orig_of, value, state[mask_name(orig_of)]))
+        elif not (mask_of is not None and orig_name(mask_of) in state):
+            result.append(Entry(key, value))
+    return result

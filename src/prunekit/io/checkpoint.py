@@ -17,6 +17,7 @@ from prunekit.core.backend import framework, is_module
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
 from prunekit.core.errors import describe
 from prunekit.core.install import install, pruning_hooks, refresh_masked
+from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
@@ -57,8 +58,8 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
     state = dict(model.state_dict())
     for prefix, _, name in pruned_tensors(model):
         key = prefix + name
-        orig = state.pop(key + "_orig", None)
-        mask = state.pop(key + "_mask", None)
+        orig = state.pop(orig_name(key), None)
+        mask = state.pop(mask_name(key), None)
         if orig is not None and mask is not None:
             state[key] = mask.to(dtype=orig.dtype) * orig
     return state
@@ -100,10 +101,11 @@ def _installs(
     """
     found: dict[tuple[int, str], Install] = {}
     for key, mask in state_dict.items():
-        if not key.endswith("_mask") or key[:-5] + "_orig" not in state_dict:
+        pruned = pruned_name(key, MASK)
+        if pruned is None or orig_name(pruned) not in state_dict:
             continue
         check_binary_mask(mask, f"load_pruned_state_dict: entry {key!r}")
-        path, _, name = key[:-5].rpartition(".")
+        path, _, name = pruned.rpartition(".")
         try:
             module = model.get_submodule(path)
         except AttributeError:
@@ -137,7 +139,7 @@ def _check_keys(
         for (owner, name), _ in installs.items():
             if owner == id(module) and prefix + name in expected:
                 shape = expected.pop(prefix + name)
-                expected[prefix + name + "_orig"] = expected[prefix + name + "_mask"] = shape
+                expected[prefix + orig_name(name)] = expected[prefix + mask_name(name)] = shape
     where = f"load_pruned_state_dict into {type(model).__name__}"
     if strict:
         missing = sorted(set(expected) - set(state_dict))

@@ -21,9 +21,10 @@ from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.errors import describe
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
+from prunekit.core.naming import Entry, entries, mask_name, orig_name
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.files import load_state_dict, save_state_dict
-from prunekit.methods import L1Unstructured, LnStructured, RandomUnstructured
+from prunekit.methods import METHODS, LnStructured
 
 __all__ = [
     "METHODS",
@@ -35,22 +36,6 @@ __all__ = [
     "select_names",
 ]
 
-METHODS: dict[str, type[BasePruningMethod]] = {
-    "l1": L1Unstructured,
-    "random": RandomUnstructured,
-    "ln": LnStructured,
-}
-ORIG, MASK = "_orig", "_mask"
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One tensor of a state_dict by its name in the model; `mask` is None if not pruned."""
-
-    name: str
-    tensor: Tensor
-    mask: Tensor | None = None
-
 
 @dataclass(frozen=True)
 class PruneResult:
@@ -58,18 +43,6 @@ class PruneResult:
 
     state: dict[str, Tensor]
     pruned: list[str] = field(default_factory=list)
-
-
-def entries(state: Mapping[str, Tensor]) -> list[Entry]:
-    """The tensors of `state` in order; a ``<n>_orig``/``<n>_mask`` pair is one entry ``<n>``."""
-    result = []
-    for key, value in state.items():
-        base = key[: -len(ORIG)]
-        if key.endswith(ORIG) and base + MASK in state:
-            result.append(Entry(base, value, state[base + MASK]))
-        elif not (key.endswith(MASK) and key[: -len(MASK)] + ORIG in state):
-            result.append(Entry(key, value))
-    return result
 
 
 def select_names(
@@ -141,8 +114,8 @@ def prune_state_dict(
             out[e.name] = e.tensor
             continue
         if keep_masks:
-            out[e.name + ORIG] = e.tensor
-            out[e.name + MASK] = holder.get_buffer("tensor_mask")
+            out[orig_name(e.name)] = e.tensor
+            out[mask_name(e.name)] = holder.get_buffer("tensor_mask")
         else:
             _, hook = find_pruning_hook(holder, "tensor")
             assert hook is not None

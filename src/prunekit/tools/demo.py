@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.amount import validate_pruning_amount_init
+from prunekit.core.naming import mask_name
 from prunekit.functional import global_unstructured, ln_structured
 from prunekit.methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
@@ -232,7 +233,7 @@ def _prune_to(model: DigitsCNN, target: float) -> None:
     """Global L1 over the prunable weights until `target` of them are pruned in all."""
     pairs = model.prunable()
     total = sum(getattr(m, n).numel() for m, n in pairs)
-    masks = [m._buffers.get(n + "_mask") for m, n in pairs]
+    masks = [m._buffers.get(mask_name(n)) for m, n in pairs]
     masked = sum(int(mask.eq(0).sum()) for mask in masks if mask is not None)
     global_unstructured(pairs, L1Unstructured, amount=max(round(target * total) - masked, 0))
 

@@ -1,0 +1,198 @@
+"""prune_model: prune a whole model by parameter names, in one call that fails as a whole.
+
+It walks the model with names, selects parameters with the CLI's include/exclude globs,
+prunes each where it has to be pruned (a MultiheadAttention's out_proj through the
+attention module, which reads it without calling it), prunes a tied parameter (one
+Parameter under several names) once and masks it under every name, and returns the
+model's Report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from prunekit.core.backend import is_module
+from prunekit.core.transaction import Snapshot
+from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.io.statedict import METHODS, Entry, select_names
+from prunekit.methods import LnStructured
+from prunekit.report import Report, report
+
+__all__ = ["SCOPES", "prune_model"]
+
+SCOPES = ("layer", "global")
+ORIG, MASK = "_orig", "_mask"
+
+
+@dataclass
+class _Target:
+    """One parameter to prune: where it is installed and every other name it has."""
+
+    name: str  # its name in the model, as the report and the globs see it
+    module: nn.Module  # the module the pruning is installed on
+    leaf: str  # its name there (dotted for out_proj, installed through the attention)
+    holder: nn.Module  # the module that holds the parameter itself
+    param: Any
+    ties: list[tuple[nn.Module, str, str]] = field(default_factory=list)  # holder, leaf, name
+    aliases: list[str] = field(default_factory=list)  # names of the same holder elsewhere
+
+    def holders(self) -> list[tuple[nn.Module, str, str]]:
+        """(holder, leaf, name) of each module holding the parameter, this one first."""
+        return [(self.holder, self.leaf.rpartition(".")[2], self.name), *self.ties]
+
+
+def prune_model(
+    model: nn.Module,
+    amount: float,
+    *,
+    method: str = "l1",
+    scope: str = "layer",
+    include: Sequence[str] | str = ("*",),
+    exclude: Sequence[str] | str = (),
+) -> Report:
+    """Prune the parameters of `model` selected by name; return ``report(model)``.
+
+    `method`: ``'l1'`` (smallest magnitudes), ``'random'``, or ``'ln'`` (whole output
+    channels, dim 0, by their L2 norm; layer scope only). `scope`: ``'layer'`` prunes
+    `amount` of each tensor, ``'global'`` `amount` of all selected tensors ranked
+    together. `include`/`exclude` are globs of parameter names, as the CLI's: the default
+    ``('*',)`` takes every floating-point parameter of two or more dims (weights, not
+    biases or norms); any other `include` selects by name, any number of dims. Tensors
+    pruned before are pruned further (their entries already pruned stay so). A tied
+    parameter is ranked once and masked under each of its names: remove() each name to
+    make it permanent. If anything fails, the model is left exactly as it was.
+    """
+    cls, kwargs = _method(method, scope, amount)
+    targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
+    snapshots = [Snapshot(m) for m in model.modules()]
+    try:
+        if scope == "global":
+            global_unstructured([(t.module, t.leaf) for t in targets], cls, **kwargs)
+        else:
+            for target in targets:
+                cls.apply(target.module, target.leaf, **kwargs)
+        for target in targets:
+            mask = getattr(target.holder, target.leaf.rpartition(".")[2] + MASK)
+            for holder, leaf, _ in target.ties:
+                custom_from_mask(holder, leaf, mask)
+    except BaseException:
+        for snapshot in snapshots:
+            snapshot.restore()
+        raise
+    return report(model)
+
+
+def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
+    """The method class and its keyword arguments, after checking the three fit together."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(
+            f"prune_model: invalid method={method!r}; expected one of {', '.join(METHODS)}"
+        )
+    if not isinstance(scope, str) or scope not in SCOPES:
+        raise ValueError(
+            f"prune_model: invalid scope={scope!r}; expected 'layer' (each tensor) or "
+            "'global' (all selected tensors ranked together)"
+        )
+    cls = METHODS[method]
+    if cls is LnStructured and scope == "global":
+        raise ValueError(
+            "prune_model: method='ln' prunes whole channels of each tensor, so scope must be "
+            "'layer'; for scope='global' use method 'l1' or 'random'"
+        )
+    kwargs: dict[str, Any] = {"amount": amount}
+    if cls is LnStructured:
+        kwargs.update(n=2, dim=0)
+    try:
+        cls(**kwargs)  # checks the amount before anything is looked at
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"prune_model: {error}") from None
+    return cls, kwargs
+
+
+def _patterns(value: Any, what: str) -> tuple[str, ...]:
+    """Globs as a tuple; a single str is one glob."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, Iterable) or not all(isinstance(p, str) for p in value):
+        raise TypeError(
+            f"prune_model: invalid {what}={value!r}; expected globs of parameter names "
+            "(a str or a sequence of str), e.g. ('encoder.*',)"
+        )
+    return tuple(value)
+
+
+def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[_Target]:
+    """The selected parameters in the model's order, each once, with its other names.
+
+    The globs see every name; a tied parameter must be selected under all its names or none.
+    """
+    if not is_module(model):
+        raise TypeError(
+            f"prune_model: invalid model of type {type(model).__name__}; "
+            "expected an nn.Module of torch or tensorplay"
+        )
+    found: dict[int, _Target] = {}
+    listed: list[Entry] = []
+    for path, module in model.named_modules(remove_duplicate=False):
+        for pname, param in module._parameters.items():
+            if param is None:
+                continue
+            leaf = _unpruned_name(module, pname)
+            name = f"{path}.{leaf}" if path else leaf
+            first = found.get(id(param))
+            if first is None:
+                found[id(param)] = _locate(model, path, module, leaf, name, param)
+            elif any(h is module and n == leaf for h, n, _ in first.holders()):
+                first.aliases.append(name)  # a shared module, seen again under another path
+            else:
+                first.ties.append((module, leaf, name))
+            listed.append(Entry(name, param))
+    try:
+        chosen = set(select_names(listed, () if include == ("*",) else include, exclude))
+    except ValueError as error:
+        raise ValueError(f"prune_model: {error} (in {type(model).__name__})") from None
+    selected = []
+    for target in found.values():
+        # A shared module is one module under several paths: any of its names selects it.
+        own = any(name in chosen for name in [target.name, *target.aliases])
+        names = [target.name, *(name for _, _, name in target.ties)]
+        hits = [own, *(name in chosen for _, _, name in target.ties)]
+        if all(hits):
+            selected.append(target)
+        elif any(hits):
+            picked = [n for n, hit in zip(names, hits, strict=True) if hit]
+            raise ValueError(
+                f"prune_model: {', '.join(map(repr, names))} are one Parameter (tied), but "
+                f"include/exclude select only {picked}; "
+                "expected globs that select all of its names or none"
+            )
+    return selected
+
+
+def _unpruned_name(module: nn.Module, pname: str) -> str:
+    """A parameter's name as the model sees it: ``weight`` for a pruned ``weight_orig``."""
+    base = pname[: -len(ORIG)]
+    if pname.endswith(ORIG) and base + MASK in module._buffers:
+        return base
+    return pname
+
+
+def _locate(
+    model: nn.Module, path: str, module: nn.Module, leaf: str, name: str, param: Any
+) -> _Target:
+    """Where to install the pruning of ``module.<leaf>``: on the module itself, or, for a
+    MultiheadAttention's out_proj, on the attention module with a dotted name."""
+    parent_path, _, child = path.rpartition(".")
+    if child == "out_proj" and path:
+        parent = model.get_submodule(parent_path)
+        if _reads_out_proj(parent) and parent._modules.get("out_proj") is module:
+            return _Target(name, parent, f"out_proj.{leaf}", module, param)
+    return _Target(name, module, leaf, module, param)
+
+
+def _reads_out_proj(module: nn.Module) -> bool:
+    return any(cls.__name__ == "MultiheadAttention" for cls in type(module).__mro__)
