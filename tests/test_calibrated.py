@@ -253,3 +253,52 @@ def test_progress_bar_goes_to_the_stream() -> None:
     bar.advance()
     bar.close()
     assert "2/2" in stream.getvalue() and stream.getvalue().endswith("\n")
+
+
+class Head(nn.Module):
+    """A language model's shape: blocks, then a head (found as get_output_embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Tiny()
+        self.lm_head = nn.Linear(20, 12)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self.body(ids))
+        return out
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt", "taylor"])
+def test_prune_model_calibrated_skips_embeddings_and_head(method: str) -> None:
+    model = Head()
+    loss = (lambda out, batch: out.square().mean()) if method == "taylor" else None
+    found = prune.prune_model(
+        model, 0.5, method=method, pattern="2:4", calibration=batches(), loss=loss
+    )
+    masked = [r.name for r in found.rows if r.masked]
+    assert "lm_head.weight" not in masked and "body.embed.weight" not in masked
+    assert "body.head.weight" in masked  # Tiny's own last Linear is no output head here
+    assert sum(1 for name in masked if name.startswith("body.blocks.")) == 6
+    for name in masked:
+        assert found[name].sparsity == 0.5
+
+
+def test_prune_model_patterns_with_l1_and_its_errors() -> None:
+    model = Tiny()
+    found = prune.prune_model(model, 0.5, pattern="row", exclude="embed.*")
+    assert found["blocks.0.a.weight"].sparsity == 0.5
+    assert model.blocks[0].a.weight_mask.sum(1).tolist() == [4.0] * 16
+    with pytest.raises(ValueError, match="method='ln' takes no pattern"):
+        prune.prune_model(Tiny(), 0.5, method="ln", pattern="2:4")
+    with pytest.raises(ValueError, match="wanda, sparsegpt, taylor"):
+        prune.prune_model(Tiny(), 0.5, method="obs")
+    fresh = Tiny()
+    before = fingerprint(fresh)
+    with pytest.raises(ValueError, match="expected amount=0.5"):
+        prune.prune_model(fresh, 0.7, method="sparsegpt", pattern="2:4", calibration=batches())
+    with pytest.raises(ValueError, match="needs calibration data"):
+        prune.prune_model(fresh, 0.5, method="wanda")
+    assert fingerprint(fresh) == before

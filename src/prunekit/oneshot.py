@@ -93,6 +93,8 @@ def oneshot(
     damp: float = 0.01,
     blocksize: int = 128,
     progress: bool | None = None,
+    then: Callable[[], None] | None = None,
+    touched: Sequence[nn.Module] | None = None,
 ) -> None:
     """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
 
@@ -103,6 +105,8 @@ def oneshot(
     arguments or tuples). `sequential`: calibrate block by block, each on the outputs of
     the pruned blocks before it (Wanda and SparseGPT; Taylor always takes the whole
     model's gradient). `progress`: a bar on stderr (default: when stderr is a terminal).
+    `then` runs last, inside the transaction; `touched` are the modules it restores
+    (default: those of `targets`).
     """
     plan = _plan(
         model,
@@ -116,11 +120,14 @@ def oneshot(
         loss,
         SparseGPT(damp, blocksize),
     )
-    touched = [m for m, _ in plan.targets]
+    if touched is None:
+        touched = [m for m, _ in plan.targets]
     bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), progress)
     try:
         with transaction(touched):
             _run(model, plan, bar)
+            if then is not None:
+                then()
     except BaseException:
         for param, old in reversed(plan.undo):
             param.data = old  # the transaction restored the masks, hooks and module.<name>
@@ -230,7 +237,11 @@ def _check_target(
 
 
 def _values(module: nn.Module, name: str) -> Tensor:
-    """The current values of ``module.<name>`` (mask x orig where pruned)."""
+    """The current values of ``module.<name>`` (mask x orig where pruned); a dotted name
+    is a submodule's tensor."""
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
     if orig_name(name) in module._parameters:
         orig = module._parameters[orig_name(name)]
         mask = module._buffers[mask_name(name)]
@@ -254,6 +265,9 @@ def _parameter(module: nn.Module, name: str) -> nn.Parameter:
 
 
 def _alive(module: nn.Module, name: str) -> Tensor | None:
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
     mask = module._buffers.get(mask_name(name))
     return None if mask is None else mask == 1
 
