@@ -1,6 +1,6 @@
 """Calibrated one-shot pruning of a real sentence encoder, and N:M mask speed.
 
-    python benchmarks/calibrated.py           # the table below the README quotes (make bench-calibrated)
+    python benchmarks/calibrated.py           # the table the README quotes (make bench-calibrated)
     python benchmarks/calibrated.py --quick   # small sizes
     python benchmarks/calibrated.py --nm-only # only the N:M mask timing
 
@@ -150,7 +150,13 @@ def quality_table(quick: bool) -> None:
         pairs = targets(twin)
         calibration = None if method == "l1" else batches
 
-        def run(twin: nn.Module = twin, pairs: Any = pairs, calibration: Any = calibration) -> None:
+        def run(
+            twin: nn.Module = twin,
+            pairs: Any = pairs,
+            calibration: Any = calibration,
+            method: str = method,
+            pattern: str = pattern,
+        ) -> None:
             prunekit.prune_model(
                 twin,
                 0.5,
@@ -190,8 +196,8 @@ def nm_timing(quick: bool, repeats: int) -> None:
         masks: dict[str, torch.Tensor] = {}
         for _ in range(repeats):
             for side, make in (
-                ("topk", lambda: _topk(w, n, m)),
-                ("prunekit", lambda: method.compute_mask(w, ones)),
+                ("topk", lambda n=n, m=m: _topk(w, n, m)),
+                ("prunekit", lambda method=method, ones=ones: method.compute_mask(w, ones)),
             ):
                 start = time.perf_counter()
                 masks[side] = make()
