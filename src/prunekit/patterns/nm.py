@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator, Sequence
-from typing import Any
 
 from torch import Tensor
 
@@ -13,13 +11,12 @@ from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import Target
 from prunekit.criteria.base import Criterion
-from prunekit.patterns.base import Pattern, all_ones
-from prunekit.patterns.rowwise import competing_scores, smallest_per_row
+from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
 
 __all__ = ["NM"]
 
 
-class NM(Pattern):
+class NM(RowwisePattern):
     """In every group of `m` consecutive entries along `dim` (default 1: the input features
     of a Linear weight, the input channels of a convolution's), the `m - n` of smallest
     score are pruned and `n` are kept: the layout sparse tensor cores run (2:4).
@@ -47,43 +44,6 @@ class NM(Pattern):
     def fraction(self) -> float:
         """The share of entries a first pruning removes: (m - n) / m."""
         return (self.m - self.n) / self.m
-
-    def mask(
-        self,
-        criterion: Criterion,
-        t: Tensor,
-        default_mask: Tensor,
-        amount: Amount,
-        target: Target = None,
-    ) -> Tensor:
-        alive = None if all_ones(default_mask) else default_mask
-        keep = self._keep(criterion, t, alive, amount, target).to(dtype=default_mask.dtype)
-        return keep if alive is None else keep * default_mask
-
-    def select(
-        self,
-        criterion: Criterion,
-        values: Sequence[Tensor],
-        masks: Sequence[Tensor | None],
-        amount: Amount,
-        keep_dtype: Any = None,
-        products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
-    ) -> Iterator[Tensor] | None:
-        """One flat selection per tensor (each tensor's groups are its own): True where
-        pruned now, or with `keep_dtype` 1s (kept, or pruned before) and 0s (pruned now)."""
-        where = targets or [None] * len(values)
-        kept = [
-            self._keep(criterion, t, m, amount, tg)
-            for t, m, tg in zip(values, masks, where, strict=True)
-        ]
-        if keep_dtype is None:
-            chosen = [
-                ~k if m is None else (~k) & (m.reshape(k.shape) == 1)
-                for k, m in zip(kept, masks, strict=True)
-            ]
-            return (c.reshape(-1) for c in chosen)
-        return (k.reshape(-1).to(dtype=keep_dtype) for k in kept)
 
     def check(self, shape: tuple[int, ...], amount: Amount) -> int:
         """Check `amount` and a tensor's `shape` for this pattern; return the axis of the groups."""

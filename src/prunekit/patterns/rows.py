@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Sequence
-from typing import Any
 
 from torch import Tensor
 
@@ -13,13 +11,12 @@ from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
 from prunekit.criteria.base import Criterion
-from prunekit.patterns.base import Pattern, all_ones
-from prunekit.patterns.rowwise import competing_scores, smallest_per_row
+from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
 
 __all__ = ["PerRow"]
 
 
-class PerRow(Pattern):
+class PerRow(RowwisePattern):
     """Prunes `amount` of each row: the slices along `dim` (0: the output rows of a Linear
     weight, the filters of a convolution) each lose their entries of smallest score.
 
@@ -34,44 +31,6 @@ class PerRow(Pattern):
 
     def __init__(self, dim: int = 0) -> None:
         self.dim = validate_dim_type(dim, owner="PerRow")
-
-    def mask(
-        self,
-        criterion: Criterion,
-        t: Tensor,
-        default_mask: Tensor,
-        amount: Amount,
-        target: Target = None,
-    ) -> Tensor:
-        alive = None if all_ones(default_mask) else default_mask
-        keep = self._keep(criterion, t, alive, amount, target).to(dtype=default_mask.dtype)
-        return keep if alive is None else keep * default_mask
-
-    def select(
-        self,
-        criterion: Criterion,
-        values: Sequence[Tensor],
-        masks: Sequence[Tensor | None],
-        amount: Amount,
-        keep_dtype: Any = None,
-        products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
-    ) -> Iterator[Tensor] | None:
-        """One flat selection per tensor: True where pruned now, or with `keep_dtype` 1s
-        (kept, or pruned before) and 0s (pruned now)."""
-        where = targets or [None] * len(values)
-        # Every tensor is ranked (and checked) before the first selection is handed out.
-        kept = [
-            self._keep(criterion, t, m, amount, tg)
-            for t, m, tg in zip(values, masks, where, strict=True)
-        ]
-        if keep_dtype is None:
-            chosen = [
-                ~k if m is None else (~k) & (m.reshape(k.shape) == 1)
-                for k, m in zip(kept, masks, strict=True)
-            ]
-            return (c.reshape(-1) for c in chosen)
-        return (k.reshape(-1).to(dtype=keep_dtype) for k in kept)
 
     def _keep(
         self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target

@@ -10,18 +10,71 @@ a block at a time, so the work memory stays a few bytes per entry of one block.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import Tensor
 
+from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
 from prunekit.criteria.base import Criterion
+from prunekit.patterns.base import Pattern, all_ones
 
-__all__ = ["competing_scores", "smallest_per_row"]
+__all__ = ["RowwisePattern", "competing_scores", "smallest_per_row"]
 
 _BLOCK = 1 << 22  # entries ranked at a time
+
+
+class RowwisePattern(Pattern):
+    """A pattern whose masks are made tensor by tensor by ``_keep`` (PerRow, NM): the
+    mask and the joint selection around it are the same for every such pattern."""
+
+    def _keep(
+        self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target
+    ) -> Tensor:
+        """A bool tensor shaped like `t`: False where this pruning prunes (entries pruned
+        before read True: the old `mask` keeps them at 0)."""
+        raise NotImplementedError
+
+    def mask(
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        default_mask: Tensor,
+        amount: Amount,
+        target: Target = None,
+    ) -> Tensor:
+        alive = None if all_ones(default_mask) else default_mask
+        keep = self._keep(criterion, t, alive, amount, target).to(dtype=default_mask.dtype)
+        return keep if alive is None else keep * default_mask
+
+    def select(
+        self,
+        criterion: Criterion,
+        values: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        amount: Amount,
+        keep_dtype: Any = None,
+        products: Sequence[Tensor | None] | None = None,
+        targets: Sequence[Target] | None = None,
+    ) -> Iterator[Tensor] | None:
+        """One flat selection per tensor (each tensor's rows or groups are its own): True
+        where pruned now, or with `keep_dtype` 1s (kept, or pruned before) and 0s (pruned now)."""
+        where = targets or [None] * len(values)
+        # Every tensor is ranked (and checked) before the first selection is handed out.
+        kept = [
+            self._keep(criterion, t, m, amount, tg)
+            for t, m, tg in zip(values, masks, where, strict=True)
+        ]
+        if keep_dtype is None:
+            chosen = [
+                ~k if m is None else (~k) & (m.reshape(k.shape) == 1)
+                for k, m in zip(kept, masks, strict=True)
+            ]
+            return (c.reshape(-1) for c in chosen)
+        return (k.reshape(-1).to(dtype=keep_dtype) for k in kept)
 
 
 def competing_scores(
