@@ -64,8 +64,10 @@ def make(sources: Sequence[Source], magnitude: bool) -> Plan:
         check_flags(index, scores, alive)  # here, where every source is read anyway
         size += scores.numel()
         largest = max(largest, scores.numel())
-        ns = namespace(scores)
-        dtype = scores.dtype if dtype is None else ns.promote_types(dtype, scores.dtype)
+        if dtype is None:
+            dtype = scores.dtype
+        elif scores.dtype != dtype:
+            dtype = namespace(scores).promote_types(dtype, scores.dtype)
         if not isinstance(scores, Tensor) or scores.dtype not in BITS:
             fast = False
         elif scores.device.type != "cpu":

@@ -81,7 +81,9 @@ class _Reader:
     def values(self, scores: Tensor, start: int, stop: int, step: int = 1) -> Tensor:
         """Entries start:stop:step of `scores` (flat) as compared: |scores| with `magnitude`,
         in the sources' common dtype."""
-        flat = scores.detach().reshape(-1)[start:stop:step]
+        flat = scores.detach().reshape(-1)
+        if step != 1 or stop - start != flat.numel():
+            flat = flat[start:stop:step]
         if self.magnitude:
             flat = flat.abs()
         return flat if flat.dtype == self.dtype else flat.to(self.dtype)
@@ -208,7 +210,7 @@ def _find(reader: _Reader, k: int, total: int) -> _Cut:
     lo: float | None = None
     hi: float | None = None
     before, count = 0, total
-    pivots = _pivots(_spaced_sample(reader), k, count)
+    pivots = _pivots(_spaced_sample(reader), k, count, lo, hi)
     while True:
         tally = _tally(reader, lo, hi, pivots, count)
         if pivots is None:
@@ -217,7 +219,7 @@ def _find(reader: _Reader, k: int, total: int) -> _Cut:
             if tally.inner is not None:
                 return _cut_of(tally.inner, k - before)
             count = tally.real
-            pivots = _pivots(tally.sample(), k - before, count)
+            pivots = _pivots(tally.sample(), k - before, count, lo, hi)
             continue
         a, b = pivots.a, pivots.b
         if k <= tally.lt_a:
@@ -227,17 +229,22 @@ def _find(reader: _Reader, k: int, total: int) -> _Cut:
         elif k <= tally.lt_b:
             lo, hi, count, before = a, b, tally.lt_b - tally.le_a, tally.le_a
             if tally.inner is not None:
-                return _cut_of(tally.inner, k - before)
-            pivots = _pivots(tally.sample(), k - before, count)
+                return _cut_of(tally.inner, k - before, lo, hi)
+            pivots = _pivots(tally.sample(), k - before, count, lo, hi)
         elif k <= tally.le_b:
             return _Cut(b, k - tally.lt_b)
         else:
             lo, count, before, pivots = b, before + count - tally.le_b, tally.le_b, None
 
 
-def _cut_of(gathered: list[Tensor], rank: int) -> _Cut:
-    """The cut at the `rank`-th smallest of the gathered values (all real)."""
+def _cut_of(
+    gathered: list[Tensor], rank: int, lo: float | None = None, hi: float | None = None
+) -> _Cut:
+    """The cut at the `rank`-th smallest of the gathered values (all real) strictly
+    between lo and hi, if given."""
     values = gathered[0] if len(gathered) == 1 else namespace(gathered[0]).cat(gathered)
+    if lo is not None or hi is not None:
+        values = values[_in_question(values, lo, hi)]
     kth = values.kthvalue(rank)[0].item()
     return _Cut(kth, rank - int((values < kth).sum()))
 
@@ -263,9 +270,13 @@ def _spaced_sample(reader: _Reader) -> Tensor:
     return sample[sample == sample]
 
 
-def _pivots(sample: Tensor, rank: int, count: int) -> _Pivots | None:
-    """Sample values either side of the `rank`-th of `count` (a margin of `tuning.spread`
-    standard deviations), or None for an empty sample."""
+def _pivots(
+    sample: Tensor, rank: int, count: int, lo: float | None, hi: float | None
+) -> _Pivots | None:
+    """Sample values strictly between lo and hi, either side of the `rank`-th of `count`
+    there (a margin of `tuning.spread` standard deviations), or None for an empty sample.
+    """
+    sample = sample[_in_question(sample, lo, hi)]
     size = sample.numel()
     if not size:
         return None
@@ -301,16 +312,16 @@ def _competing(chunk: _Chunk) -> Tensor:
 
 @dataclass
 class _Tally:
-    """One round's pass: with pivots, how many competing entries lie below and up to each,
-    in all; without, how many real values are in question. Those in between the pivots (or
-    in question) are gathered while they fit, else sampled."""
+    """One round's pass: with pivots, how many competing entries lie below and at each,
+    in all; without, how many real values are in question. Those from one pivot to the
+    other (or in question) are gathered while they fit, else sampled."""
 
     stride: int
     real: int = 0
     lt_a: int = 0
-    le_a: int = 0
-    lt_b: int = 0
+    eq_a: int = 0
     le_b: int = 0
+    eq_b: int = 0
     inner: list[Tensor] | None = field(default_factory=list)
     held: int = 0
     sampled: list[Tensor] = field(default_factory=list)
@@ -336,6 +347,14 @@ class _Tally:
             self.sampled = [self.sample()[::2].clone()]
             self.stride *= 2
 
+    @property
+    def le_a(self) -> int:
+        return self.lt_a + self.eq_a
+
+    @property
+    def lt_b(self) -> int:
+        return self.le_b - self.eq_b
+
     def sample(self) -> Tensor:
         parts = self.sampled
         return parts[0] if len(parts) == 1 else namespace(parts[0]).cat(parts)
@@ -354,14 +373,15 @@ def _tally(
             inner = values[_in_question(values, lo, hi)]
             tally.real += inner.numel()
         else:
-            tally.lt_a += int((values < pivots.a).count_nonzero())
-            up_to_a = values <= pivots.a
-            tally.le_a += int(up_to_a.count_nonzero())
-            below_b = values < pivots.b
-            tally.lt_b += int(below_b.count_nonzero())
-            tally.le_b += int((values <= pivots.b).count_nonzero())
-            # Not up to a (NaN too) and below b (never NaN): strictly between.
-            inner = values[below_b & up_to_a.logical_not()]
+            below_a = values < pivots.a
+            tally.lt_a += int(below_a.count_nonzero())
+            up_to_b = values <= pivots.b
+            tally.le_b += int(up_to_b.count_nonzero())
+            # Up to b (never NaN) and not below a: from a to b. Few: their ties are
+            # counted among them.
+            inner = values[up_to_b & below_a.logical_not()]
+            tally.eq_a += int((inner == pivots.a).count_nonzero())
+            tally.eq_b += int((inner == pivots.b).count_nonzero())
         tally.add(inner, reader.chunk, most)
     return tally
 
