@@ -2,9 +2,10 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,hf,lightning
+EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
-.PHONY: setup test lint typecheck unit bench bench-quick demo clean
+.PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
+	bench-sharded bench-distributed demo clean
 
 setup: $(STAMP)
 
@@ -20,8 +21,13 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# The multi-process tests (tests/test_distributed.py: 2 and 4 spawned gloo processes)
+# take a minute or two here, mostly in starting the processes: `make test-distributed`.
 unit: setup
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 -m "not distributed"
+
+test-distributed: setup
+	$(PY) -m pytest -q tests/test_distributed.py
 
 test: lint typecheck unit
 
@@ -30,6 +36,21 @@ bench: setup
 
 bench-quick: setup
 	$(PY) benchmarks/run.py --quick
+
+# A sharded bf16 checkpoint of 26 GB (more than this machine's memory), written, pruned
+# globally by `prunekit prune`, and deleted; needs about 55 GB of free disk.
+bench-sharded: setup
+	$(PY) benchmarks/sharded.py
+
+# Global L1 over 1, 2 and 4 gloo processes: time, per-rank peak memory, bytes exchanged.
+bench-distributed: setup
+	$(PY) benchmarks/distributed.py
+
+# torchvision's classification models: prunekit and Torch-Pruning side by side (~2 h here)
+bench-structure: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/structure.py
+	$(PY) benchmarks/structure.py --resnet50
 
 demo: setup
 	$(VENV)/bin/prunekit demo

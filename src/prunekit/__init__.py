@@ -48,6 +48,23 @@ from prunekit.report import Report, report
 # Gradual pruning (imports the names above, so it comes last).
 from prunekit.schedule import Gradual, GradualPruner
 
+# Structural pruning: channel groups, their masks, compaction.
+from prunekit.structure import (
+    ChannelGroup,
+    CompactReport,
+    PrunedGroup,
+    channel_groups,
+    compact,
+    prune_channels,
+)
+
+# isort: split
+# Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
+# global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
+# sharded safetensors checkpoints larger than memory. Last: they import the names above.
+from prunekit.distributed import all_reduce_statistics
+from prunekit.io.sharded import prune_sharded
+
 # torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
 # them through `import prunekit as prune`; not in __all__, as they are private there too.
 _validate_pruning_amount_init = validate_pruning_amount_init
@@ -58,7 +75,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "ChannelGroup",
     "Channels",
+    "CompactReport",
     "Criterion",
     "CustomFromMask",
     "Gradual",
@@ -68,6 +87,7 @@ __all__ = [
     "LnStructured",
     "Magnitude",
     "Pattern",
+    "PrunedGroup",
     "Pruning",
     "PruningBase",
     "PruningContainer",
@@ -77,6 +97,9 @@ __all__ = [
     "Report",
     "Unstructured",
     "__version__",
+    "all_reduce_statistics",
+    "channel_groups",
+    "compact",
     "compute_nparams_to_prune",
     "custom_from_mask",
     "forward_reuse",
@@ -88,7 +111,9 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_channels",
     "prune_model",
+    "prune_sharded",
     "random_structured",
     "random_unstructured",
     "refresh_pruned",

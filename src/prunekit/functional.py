@@ -140,7 +140,17 @@ def global_unstructured(
     still unpruned across all tensors. Each tensor gets its share through
     CustomFromMask, composed with any earlier pruning. Every tensor is checked
     before any is pruned; if one fails, none is.
+
+    ``process_group=`` (a torch.distributed group, in kwargs so the signature stays
+    torch's) ranks the tensors every rank of the group lists as one model: see
+    prunekit.distributed.global_unstructured.
     """
+    if kwargs.get("process_group") is not None:
+        from prunekit.distributed import global_unstructured as across_ranks
+
+        across_ranks(parameters, pruning_method, importance_scores, **kwargs)
+        return
+    kwargs.pop("process_group", None)
     if not isinstance(parameters, Iterable):
         raise type_error(
             f"global_unstructured: invalid parameters of type {type(parameters).__name__}; "

@@ -53,6 +53,7 @@ def prune_model(
     scope: str = "layer",
     include: Sequence[str] | str = ("*",),
     exclude: Sequence[str] | str = (),
+    process_group: Any = None,
 ) -> Report:
     """Prune the parameters of `model` selected by name; return ``report(model)``.
 
@@ -65,8 +66,17 @@ def prune_model(
     pruned before are pruned further (their entries already pruned stay so). A tied
     parameter is ranked once and masked under each of its names: remove() each name to
     make it permanent. If anything fails, the model is left exactly as it was.
+    `process_group` (a torch.distributed group, scope 'global' only) ranks the parameters
+    every rank of the group selects as one model (see prunekit.distributed).
     """
     cls, kwargs = _method(method, scope, amount)
+    if process_group is not None:
+        if scope != "global":
+            raise ValueError(
+                f"prune_model: process_group applies to scope='global', not {scope!r}; each "
+                "rank prunes its own tensors in scope 'layer'"
+            )
+        kwargs["process_group"] = process_group
     targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
     snapshots = [Snapshot(m) for m in model.modules()]
     try:

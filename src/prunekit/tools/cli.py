@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from prunekit._extras import require
-from prunekit.io.files import load_state_dict
+from prunekit.io.atomic import atomic_path, same_file
+from prunekit.io.files import CheckpointError, load_state_dict
+from prunekit.io.sharded import is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
 from prunekit.report import report
 from prunekit.tools.demo import run_demo
@@ -48,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         kind = "" if isinstance(error, _EXPECTED) else f"{type(error).__name__}: "
         text = " ".join(str(error).split()) or type(error).__name__
-        print(f"prunekit {args.command}: error: {kind}{text}", file=sys.stderr)
+        print(f"prunekit {args.command}: error: {kind}{printable(text)}", file=sys.stderr)
         return 1
     return status
 
@@ -129,8 +131,15 @@ def _prune_parser(commands: Any) -> None:
         "(weights, not biases or norms). Tensors saved as <name>_orig + <name>_mask keep "
         "their mask and are pruned further.",
     )
-    prune.add_argument("path", metavar="PATH", help="checkpoint to read")
-    prune.add_argument("-o", "--out", required=True, metavar="OUT", help="file to write")
+    prune.add_argument(
+        "path",
+        metavar="PATH",
+        help="checkpoint to read, or a folder of safetensors shards with "
+        "model.safetensors.index.json (read shard by shard: it may exceed memory)",
+    )
+    prune.add_argument(
+        "-o", "--out", required=True, metavar="OUT", help="file to write (a folder for shards)"
+    )
     prune.add_argument(
         "--method",
         choices=("l1", "random", "ln"),
@@ -199,6 +208,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             gradual_amount=args.gradual_sparsity,
         )
     console.print(result.rich_table())
+    if result.structured is not None:
+        console.print(result.structured.rich_table())
     print(f"Wrote to {args.out}:")
     for path in result.files:
         print(f"  {path.name}")
@@ -206,18 +217,31 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    found = report(load_state_dict(args.path, trust_pickle=args.trust_pickle))
+    if args.plot and same_file(args.path, args.plot):
+        raise CheckpointError(
+            f"{args.plot}: is the input file itself; expected another file for the plot "
+            "(the input is never changed)"
+        )
+    state = load_state_dict(args.path, trust_pickle=args.trust_pickle)
     if args.plot:
-        found.plot(args.plot, title=f"Sparsity per tensor of {args.path}")
+        # Names as text, never as matplotlib's math ($...$), which a file could abuse.
+        shown = report({printable(k).replace("$", r"\$"): v for k, v in state.items()})
+        with atomic_path(args.plot) as temp:
+            shown.plot(temp, title=f"Sparsity per tensor of {printable(str(args.path))}")
     if args.json:
-        print(found.to_json())
-    else:
-        console, _ = _consoles()
-        console.print(found.rich_table(title=str(args.path)))
+        print(report(state).to_json())  # JSON escapes what a terminal must not see
+        return 0
+    # rich reads [...] in the cells as markup: names are escaped to show as they are.
+    escape = require("rich.markup", "cli", "the prunekit command").escape
+    found = report({escape(printable(k)): v for k, v in state.items()})
+    console, _ = _consoles()
+    console.print(found.rich_table(title=escape(printable(str(args.path)))))
     return 0
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
+        return _run_prune_sharded(args)
     result = prune_file(
         args.path,
         args.out,
@@ -239,6 +263,25 @@ def _run_prune(args: argparse.Namespace) -> int:
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
         f"{' globally' if args.global_pruning else ''}: {zeros / max(numel, 1):.1%} "
         f"of them are zero. Wrote {args.out}"
+    )
+    return 0
+
+
+def _run_prune_sharded(args: argparse.Namespace) -> int:
+    options = {k: getattr(args, k) for k in ("n", "dim", "include", "exclude", "seed")}
+    done = prune_sharded(
+        args.path,
+        args.out,
+        args.method,
+        args.amount,
+        global_pruning=args.global_pruning,
+        keep_masks=args.keep_masks,
+        **options,
+    )
+    print(
+        f"Pruned {len(done.pruned)} tensors ({done.numel:,} entries) with {args.method}"
+        f"{' globally' if args.global_pruning else ''}: {done.zeros / max(done.numel, 1):.1%} "
+        f"of them are zero. Wrote {done.index.parent}"
     )
     return 0
 
@@ -277,6 +320,13 @@ def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
     finally:
         if tasks:
             bars.stop()
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (terminal escapes, newlines) shown as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _amount(text: str) -> float:

@@ -31,7 +31,7 @@ from prunekit.methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
 from prunekit.schedule import GradualPruner
 
-__all__ = ["DemoResult", "DemoRow", "DigitsCNN", "run_demo"]
+__all__ = ["DemoResult", "DemoRow", "DigitsCNN", "StructuredResult", "run_demo", "run_structured"]
 
 DEFAULT_SPARSITIES = (0.5, 0.75, 0.9)
 STRUCTURED_AMOUNT = 0.5
@@ -86,6 +86,7 @@ class DemoResult:
     report: Report
     files: tuple[Path, ...]
     test_images: int
+    structured: StructuredResult | None = None
 
     def rich_table(self) -> Any:
         """The table of results as a ``rich.table.Table`` (needs the 'cli' extra)."""
@@ -144,6 +145,7 @@ def run_demo(
         _train(model, data, epochs, 2e-3, "training the dense model", tick)
         rows = [_measure("dense", model, data)]
         dense = copy.deepcopy(model)
+        trained = copy.deepcopy(model)
         gradual = copy.deepcopy(model)
         overall = "pruning steps (+ fine-tuning)"
         tick(overall, 0, len(steps) + 1)
@@ -161,9 +163,10 @@ def run_demo(
         tick(overall, len(steps) + 1, len(steps) + 1)
         if gradual_epochs:
             rows.append(_gradual_run(gradual, data, gradual_epochs, gradual_amount, seed, tick))
+        compacted = run_structured(trained, data, finetune_epochs, tick)
     final = report(model)
     files = _write(folder, model, final, rows, f"global L1 {steps[-1]:.0%}")
-    return DemoResult(tuple(rows), final, files, len(data.y_test))
+    return DemoResult(tuple(rows), final, files, len(data.y_test), compacted)
 
 
 def _checked(sparsities: Sequence[float], epochs: int, finetune_epochs: int) -> list[float]:
@@ -344,6 +347,72 @@ def _plot_accuracy(rows: list[DemoRow], path: Path) -> Path:
     ax.legend(loc="lower left", fontsize=8)
     fig.savefig(path, format="png")
     return path
+
+
+# --- Structural pruning: prune channels, fine-tune while masked, compact, measure ---------------
+
+COMPACT_AMOUNT = 0.5  # of the channels of every prunable group
+
+
+@dataclass(frozen=True)
+class StructuredRow:
+    """One stage of the structured run."""
+
+    model: str
+    accuracy: float
+    params: int
+    dense_bytes: int
+    macs: int
+    latency_ms: float  # median of one forward over all test images, this CPU
+
+
+@dataclass(frozen=True)
+class StructuredResult:
+    """The dense, masked and compacted models of the structured run, and what compact found."""
+
+    rows: tuple[StructuredRow, ...]
+    max_abs_diff: float
+
+    def rich_table(self) -> Any:
+        """The structured run as a ``rich.table.Table`` (needs the 'cli' extra)."""
+        table_mod = require("rich.table", "cli", "the demo's table")
+        table = table_mod.Table(
+            title=f"Structural pruning: {COMPACT_AMOUNT:.0%} of the channels, compacted",
+            caption="ms: latency, the median of one forward over the test images on this CPU, one "
+            f"thread; compacted vs masked outputs: max |diff| {self.max_abs_diff:.1e}",
+        )
+        table.add_column("model", no_wrap=True)
+        for name in ("test acc.", "params", "size", "MACs", "ms"):
+            table.add_column(name, justify="right")
+        for r in self.rows:
+            table.add_row(r.model, f"{r.accuracy:.2%}", f"{r.params:,}", human_bytes(r.dense_bytes),
+                          f"{r.macs:,}", f"{r.latency_ms:9.2f}")  # fmt: skip
+        return table
+
+
+def run_structured(model: DigitsCNN, data: _Data, epochs: int, tick: Progress) -> StructuredResult:
+    """Mask whole channels of the trained `model`, fine-tune it masked, then compact it."""
+    from prunekit.structure import compact, count_macs, latency_ms, prune_channels
+
+    rows = [_structured_row("dense", model, data, count_macs, latency_ms)]
+    prune_channels(model, data.x_train[:BATCH], COMPACT_AMOUNT)
+    _train(model, data, epochs, 1e-3, "channels masked, fine-tuning", tick)
+    rows.append(_structured_row("masked (fine-tuned)", model, data, count_macs, latency_ms))
+    result = compact(model, data.x_test, latency_runs=0)
+    rows.append(_structured_row("compacted", model, data, count_macs, latency_ms))
+    return StructuredResult(tuple(rows), result.max_abs_diff)
+
+
+def _structured_row(
+    label: str, model: DigitsCNN, data: _Data, macs: Any, latency: Any
+) -> StructuredRow:  # fmt: skip
+    model.eval()
+    with torch.no_grad():
+        accuracy = float((model(data.x_test).argmax(1) == data.y_test).float().mean())
+    found = report(model)
+    per_image = macs(model, (data.x_test[:1],), {})
+    return StructuredRow(label, accuracy, found.numel, found.dense_bytes, per_image,
+                         latency(model, (data.x_test,), {}, 20))  # fmt: skip
 
 
 # -- Gradual pruning: a copy of the dense model pruned while it trains -----------------------

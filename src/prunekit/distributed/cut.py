@@ -1,0 +1,251 @@
+"""The k smallest magnitudes of tensors held in pieces (by several processes, or streamed from
+disk): one threshold and the ties it takes, found in a few passes, never holding the model.
+
+The pieces rank as one list ordered by `Piece.key` (a tensor's place in the model), then by
+the global flat position inside the tensor: the same order as ``smallest_k_many`` over the
+whole tensors in one process, so the selections are the same. A piece is a tensor, or a part
+of one (a DTensor shard) made of `Run`\\ s, stretches contiguous both in the piece and in the
+whole tensor.
+
+What travels between processes does not grow with the model: an evenly spaced sample (about
+2**17 magnitudes in all), counts, and histograms of at most 65536 bins. Scores all of one
+16-bit format (bfloat16, float16) need no sample: one pass of histograms of their bits,
+which are their values, finds the threshold. Otherwise:
+
+1. The sample is gathered; two of its order statistics enclose the k-th smallest magnitude
+   with near certainty.
+2. One pass counts the entries below the lower bound and keeps, locally, the magnitudes in
+   between (a small share); the counts are summed.
+3. Histograms of those kept magnitudes' bits, 16 at a time, summed over the ranks, give the
+   k-th value exactly. Where the bounds missed, the same histograms run over the tensors
+   themselves (two passes for float32).
+4. Entries equal to the threshold are taken in order: per tensor the counts are gathered,
+   and within the one tensor the threshold splits, per run.
+
+Choosing is then local: below the threshold, or among the ties a run takes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from prunekit.distributed import passes
+from prunekit.distributed.group import Group
+from prunekit.distributed.passes import Buffers
+from prunekit.select import Source, alive_count
+
+__all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
+
+MARK = 1 << 20  # entries marked at a time
+
+
+class Unrankable(ValueError):
+    """Some scores are NaN or infinite; `pieces` are the local ones that hold them."""
+
+    def __init__(self, pieces: list[int]) -> None:
+        super().__init__("the scores hold NaN or infinity, which cannot be ranked")
+        self.pieces = pieces
+
+
+@dataclass(frozen=True)
+class Run:
+    """`length` entries contiguous at `local` in the piece and at `start` in the whole tensor."""
+
+    local: int
+    start: int
+    length: int
+
+
+@dataclass
+class Piece:
+    """A tensor, or this process's part of one, as the selection reads it.
+
+    `source` returns the piece's scores and which of them compete (see prunekit.select);
+    it is called once per pass. `key` orders the tensors. `counts` is False for a replica
+    whose entries another process counts (it is still marked). `competing` is how many
+    entries compete if known (None: counted from the flags).
+    """
+
+    source: Source
+    numel: int
+    dtype: torch.dtype
+    key: int
+    runs: tuple[Run, ...] = ()
+    counts: bool = True
+    competing: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            self.runs = (Run(0, 0, self.numel),)
+
+
+@dataclass
+class _Ties:
+    """Which entries equal to the threshold a piece takes: all, none, or per run."""
+
+    every: bool = False
+    per_run: dict[int, int] = field(default_factory=dict)  # run index -> how many
+
+
+class Selection:
+    """The threshold and the ties each piece takes; marks one piece at a time."""
+
+    def __init__(
+        self, pieces: Sequence[Piece], work: torch.dtype, bound: float, ties: list[_Ties]
+    ) -> None:
+        self.pieces = pieces
+        self.work = work
+        self.bound = bound
+        self.ties = ties
+
+    def kept(self, index: int) -> Iterator[tuple[int, Tensor]]:
+        """(start, chunk) over the piece `index` in order: 0/1 floats, 0 where chosen.
+        A chunk is valid until the next one."""
+        piece, ties = self.pieces[index], self.ties[index]
+        left = {r: n for r, n in ties.per_run.items() if n}
+        scores, alive = piece.source()
+        buffers = Buffers(self.work, MARK)
+        for start, m, live in passes.magnitudes(scores, alive, buffers, MARK):
+            n = m.numel()
+            compare = torch.gt if ties.every else torch.ge
+            kept = compare(m, self.bound, out=buffers.a[:n])
+            if live is not None:
+                kept.sub_(1).mul_(live).add_(1)  # only competing entries are chosen
+            for r in [r for r, count in left.items() if count]:
+                run = piece.runs[r]
+                lo = max(run.local, start) - start
+                hi = min(run.local + run.length, start + n) - start
+                if lo < hi:
+                    equal = torch.eq(m[lo:hi], self.bound, out=buffers.b[: hi - lo])
+                    if live is not None:
+                        equal.mul_(live[lo:hi])
+                    where = equal.nonzero().reshape(-1)[: left[r]]
+                    kept[where + lo] = 0
+                    left[r] -= where.numel()
+            yield start, kept
+
+    def chosen(self, index: int) -> Tensor:
+        """A flat bool tensor, True at the piece's entries chosen."""
+        out = torch.empty(self.pieces[index].numel, dtype=torch.bool)
+        for start, kept in self.kept(index):
+            torch.eq(kept, 0, out=out[start : start + kept.numel()])
+        return out
+
+    def keep(self, index: int, dtype: torch.dtype) -> Tensor:
+        """A flat mask of `dtype`: 0 at the entries chosen, 1 elsewhere."""
+        out = torch.empty(self.pieces[index].numel, dtype=dtype)
+        for start, kept in self.kept(index):
+            out[start : start + kept.numel()] = kept
+        return out
+
+
+def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -> Selection:
+    """Choose ``count(total)`` entries among the `total` competing in all pieces of all
+    ranks: those of smallest magnitude, ties by key, then position in the tensor.
+
+    Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
+    score is NaN or infinite, after any error `count` raises.
+    """
+    formats = _formats(pieces, group)
+    work = torch.float64 if torch.float64 in formats else torch.float32
+    buffers = Buffers(work)
+    owned = [i for i, p in enumerate(pieces) if p.counts]
+    mine = [sum(pieces[i].numel for i in owned), sum(_competing(pieces[i]) for i in owned)]
+    size, total = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
+    k = count(total)
+    if k in (0, total):
+        bad = passes.non_finite(pieces, owned, buffers)
+        if int(group.sum(torch.tensor([len(bad)]))[0]):
+            raise Unrankable(bad)
+        return Selection(pieces, work, math.inf if k else 0.0, [_Ties() for _ in pieces])
+    if len(formats) == 1 and formats[0] in passes.INFINITY:  # 16-bit: the bits are the values
+        hist, held, nonfinite = passes.histograms(pieces, owned, formats[0], group)
+        if nonfinite:
+            raise Unrankable(passes.non_finite(pieces, owned, buffers))
+        cum = hist.cumsum(0)
+        key = int((cum < k).sum())
+        take = k - (int(cum[key - 1]) if key else 0)
+        bound = passes.as_float(key, formats[0])
+        ties = {i: int(h[key]) for i, h in held.items()}
+    else:
+        limits = passes.bounds(pieces, owned, buffers, k, size, total, group)
+        found = passes.between(pieces, owned, buffers, limits, size, group)
+        if found.nonfinite:
+            raise Unrankable(passes.non_finite(pieces, owned, buffers))
+        held = found.held
+        if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
+            keys = lambda: passes.held_keys(held, work)  # noqa: E731
+            key, take = passes.radix(keys, k - found.below, work, group)
+            bound = passes.as_float(key, work)
+            ties = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
+        else:  # the limits missed (or too much fell between): histograms of the tensors
+            held.clear()
+            keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
+            key, take = passes.radix(keys, k, work, group)
+            bound = passes.as_float(key, work)
+            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
+    return Selection(pieces, work, bound, _share_ties(pieces, ties, take, buffers, bound, group))
+
+
+def _competing(piece: Piece) -> int:
+    if piece.competing is not None:
+        return piece.competing
+    return alive_count(*piece.source())
+
+
+def _formats(pieces: Sequence[Piece], group: Group) -> list[torch.dtype]:
+    """The float formats of the scores on all ranks."""
+    known = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    here = torch.tensor([int(any(p.dtype == d for p in pieces)) for d in known])
+    return [d for d, n in zip(known, group.sum(here).tolist(), strict=True) if n]
+
+
+def _share_ties(
+    pieces: Sequence[Piece],
+    mine: dict[int, int],
+    take: int,
+    buffers: Buffers,
+    bound: float,
+    group: Group,
+) -> list[_Ties]:
+    """Which of the entries equal to the threshold each piece takes: the first `take` of
+    them in key order, then by position in the tensor."""
+    per_key: dict[int, int] = {}
+    for found in group.objects([(pieces[i].key, n) for i, n in mine.items() if n]):
+        for key, n in found:
+            per_key[key] = per_key.get(key, 0) + n
+    every, split, left = set(), None, take
+    for key in sorted(per_key):
+        if left >= per_key[key]:
+            every.add(key)
+            left -= per_key[key]
+        elif left:
+            split = key
+            break
+    ties = [_Ties(every=p.key in every) for p in pieces]
+    if split is None:
+        return ties
+    # The one tensor the threshold splits: its ties per run, in the tensor's order.
+    runs = [
+        (run.start, _run_ties(p, run, buffers, bound) if len(p.runs) > 1 else mine.get(i, 0))
+        for i, p in enumerate(pieces)
+        if p.key == split and p.counts
+        for run in p.runs
+    ]
+    share: dict[int, int] = {}
+    for start, n in sorted(r for found in group.objects(runs) for r in found):
+        share[start] = min(n, left)
+        left -= share[start]
+    for i, p in enumerate(pieces):
+        if p.key == split:
+            ties[i].per_run = {r: share.get(run.start, 0) for r, run in enumerate(p.runs)}
+    return ties
+
+
+def _run_ties(piece: Piece, run: Run, buffers: Buffers, bound: float) -> int:
+    return passes.equal_count(piece, buffers, bound, (run.local, run.local + run.length))

@@ -1,0 +1,257 @@
+"""The passes of the selection in pieces (see cut.py): each reads every piece once, a chunk at
+a time, and sums what it counted over the ranks.
+
+Comparisons write 0/1 floats into buffers reused from chunk to chunk (several times faster
+here than bool tensors), and sums of them count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from prunekit.distributed.group import Group
+
+if TYPE_CHECKING:
+    from prunekit.distributed.cut import Piece
+
+CHUNK = 1 << 18  # entries read at a time
+SAMPLE = 1 << 17  # entries sampled in all, over every rank
+HOLD_ALL = 1 << 18  # up to this many entries in all, no sample: every competing one is kept
+SPREAD = 6.0  # standard deviations of the sampled share the bounds leave either side
+BINS = 1 << 16
+HALF = 1 << 15  # 16-bit magnitudes: the bits without the sign
+INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: above, NaN
+
+
+class Buffers:
+    """Work buffers of one chunk's size, reused from chunk to chunk."""
+
+    def __init__(self, work: torch.dtype, size: int = CHUNK) -> None:
+        self.work = work
+        self.m = torch.empty(size, dtype=work)
+        self.live = torch.empty(size, dtype=work)
+        self.a = torch.empty(size, dtype=work)
+        self.b = torch.empty(size, dtype=work)
+
+
+def magnitudes(
+    scores: Tensor, alive: Tensor | None, buffers: Buffers, step: int = CHUNK
+) -> Iterator[tuple[int, Tensor, Tensor | None]]:
+    """(start, magnitudes, 0/1 competing flags or None) per chunk, in `buffers`: valid
+    until the next chunk."""
+    flat = scores.detach().reshape(-1)
+    flags = None if alive is None else alive.reshape(-1)
+    for start in range(0, flat.numel(), step):
+        part = flat[start : start + step]
+        n = part.numel()
+        m = buffers.m[:n].copy_(part).abs_()
+        live = None
+        if flags is not None:
+            live = torch.eq(flags[start : start + step], 1, out=buffers.live[:n])
+        yield start, m, live
+
+
+def ones(flags: Tensor) -> int:
+    """How many 1s a chunk of 0/1 floats holds."""
+    return int(flags.sum(dtype=torch.float64))
+
+
+def non_finite(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> list[int]:
+    """The local pieces whose scores (any, competing or not) hold NaN or infinity."""
+    bad = []
+    for i in owned:
+        scores, _ = pieces[i].source()
+        for _, m, _ in magnitudes(scores, None, buffers):
+            if not math.isfinite(float(m.sum())) and not bool(m.isfinite().all()):
+                bad.append(i)
+                break
+    return bad
+
+
+@dataclass
+class Counted:
+    """What a pass counted, summed over the ranks, and what it kept locally."""
+
+    below: int  # competing entries below the lower bound (or the threshold)
+    kept: int  # entries kept in all; -1 if a rank went over its budget
+    nonfinite: int
+    held: dict[int, Tensor]  # per local piece: magnitudes kept, or a histogram
+
+
+def histograms(
+    pieces: Sequence[Piece], owned: list[int], fmt: torch.dtype, group: Group
+) -> tuple[Tensor, dict[int, Tensor], int]:
+    """For scores all of one 16-bit float format: the histogram of the competing
+    magnitudes' bits (summed over the ranks), each local piece's own, and how many
+    scores are not finite (summed). One pass, no sample: the bits are the values."""
+    infinity = INFINITY[fmt]
+    mine: dict[int, Tensor] = {}
+    nonfinite = 0
+    for i in owned:
+        scores, alive = pieces[i].source()
+        flat = scores.detach().reshape(-1).view(torch.int16)
+        flags = None if alive is None else alive.reshape(-1)
+        hist = torch.zeros(HALF, dtype=torch.int64)
+        dead = 0
+        for start in range(0, flat.numel(), CHUNK):
+            keys = flat[start : start + CHUNK] & (HALF - 1)
+            if flags is not None:
+                out = flags[start : start + CHUNK]
+                out = out.logical_not() if out.dtype == torch.bool else out != 1
+                dead += int(out.count_nonzero())
+                nonfinite += int((out & (keys >= infinity)).count_nonzero())
+                keys.masked_fill_(out, HALF - 1)  # a NaN's bits: never counted below
+            hist += torch.bincount(keys, minlength=HALF)
+        nonfinite += int(hist[infinity:].sum()) - dead
+        mine[i] = hist
+    local = sum(mine.values(), torch.zeros(HALF, dtype=torch.int64))
+    summed = group.sum(torch.cat([local, torch.tensor([nonfinite])]))
+    return summed[:HALF], mine, int(summed[HALF])
+
+
+def bounds(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    k: int,
+    size: int,
+    total: int,
+    group: Group,
+) -> tuple[float, float]:
+    """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced
+    sample gathered from every rank; (0, inf), keeping every competing entry, for few
+    entries or too small a sample."""
+    if size <= HOLD_ALL:
+        return 0.0, math.inf
+    stride = max(1, size // SAMPLE)
+    while math.gcd(stride, 210) != 1:  # prime to 2, 3, 5, 7: rows, columns, kernels
+        stride += 1
+    parts, offset = [], 0
+    for i in owned:
+        scores, alive = pieces[i].source()
+        first = (-offset) % stride
+        part = scores.detach().reshape(-1)[first::stride].to(buffers.work).abs()
+        if alive is not None:
+            part = part[alive.reshape(-1)[first::stride] == 1]
+        parts.append(part[part.isfinite()])
+        offset += pieces[i].numel
+    mine = torch.cat(parts) if parts else torch.empty(0, dtype=buffers.work)
+    sample = torch.cat(group.gather(mine))
+    n = sample.numel()
+    if n < SAMPLE // 8:
+        return 0.0, math.inf
+    share = k / total
+    margin = SPREAD * math.sqrt(share * (1 - share) / n) + 2 / n
+    low, high = math.floor((share - margin) * n), math.ceil((share + margin) * n)
+    lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
+    upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
+    return lower, upper
+
+
+def between(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    limits: tuple[float, float],
+    size: int,
+    group: Group,
+) -> Counted:
+    """One pass: counts the competing entries below the lower limit and keeps, per
+    piece, the competing magnitudes between the limits (16-bit ones in their own
+    dtype), up to a budget of 1/16 of all entries per rank."""
+    lower, upper = limits
+    budget = size if size <= HOLD_ALL else max(size // 16, HOLD_ALL)
+    held: dict[int, Tensor] = {}
+    kept = below = nonfinite = 0
+    for i in owned:
+        scores, alive = pieces[i].source()
+        keep_as = scores.dtype if scores.dtype.itemsize == 2 else buffers.work
+        parts = []
+        for _, m, live in magnitudes(scores, alive, buffers):
+            n = m.numel()
+            if not math.isfinite(float(m.sum())):
+                nonfinite += int((~m.isfinite()).sum())
+            under = torch.lt(m, lower, out=buffers.a[:n])
+            inside = torch.le(m, upper, out=buffers.b[:n]).sub_(under)
+            if live is not None:
+                under.mul_(live)
+                inside.mul_(live)
+            below += ones(under)
+            if kept > budget:
+                continue
+            values = m[inside.nonzero().reshape(-1)]
+            kept += values.numel()
+            parts.append(values.to(keep_as))
+        if parts and kept <= budget:
+            held[i] = torch.cat(parts)
+    over = kept > budget
+    if over:
+        held.clear()
+    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
+    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
+
+
+def key_dtype(work: torch.dtype) -> torch.dtype:
+    return torch.int64 if work == torch.float64 else torch.int32
+
+
+def as_float(key: int, dtype: torch.dtype) -> float:
+    """The float whose bits are `key` in `dtype`."""
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    return float(torch.tensor([key], dtype=bits).view(dtype)[0])
+
+
+def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[Tensor]:
+    for values in held.values():
+        for start in range(0, values.numel(), CHUNK):
+            yield values[start : start + CHUNK].to(work).view(key_dtype(work))
+
+
+def data_keys(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> Iterator[Tensor]:
+    for i in owned:
+        for _, m, live in magnitudes(*pieces[i].source(), buffers):
+            keys = m.view(key_dtype(buffers.work))
+            yield keys if live is None else keys[live == 1]
+
+
+def radix(
+    keys: Callable[[], Iterable[Tensor]], rank: int, work: torch.dtype, group: Group
+) -> tuple[int, int]:
+    """The `rank`-th smallest (1-based) of the non-negative float bits `keys()` yields on
+    all ranks, 16 bits at a time from the top, with histograms summed over the ranks;
+    and how many entries equal to it are among the `rank` smallest."""
+    bits = torch.finfo(work).bits
+    prefix = 0
+    for level, shift in enumerate(range(bits - 16, -1, -16)):
+        hist = torch.zeros(BINS, dtype=torch.int64)
+        for part in keys():
+            if level:
+                part = part[(part >> (shift + 16)) == prefix]
+            hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
+        hist = group.sum(hist)
+        cum = hist.cumsum(0)
+        digit = int((cum < rank).sum())
+        rank -= int(cum[digit - 1]) if digit else 0
+        prefix = (prefix << 16) | digit
+    return prefix, rank
+
+
+def equal_count(
+    piece: Piece, buffers: Buffers, bound: float, span: tuple[int, int] | None = None
+) -> int:
+    """How many competing entries of `piece` (in its flat `span`) equal `bound`."""
+    scores, alive = piece.source()
+    if span is not None:
+        scores = scores.detach().reshape(-1)[span[0] : span[1]]
+        alive = None if alive is None else alive.reshape(-1)[span[0] : span[1]]
+    count = 0
+    for _, m, live in magnitudes(scores, alive, buffers):
+        equal = torch.eq(m, bound, out=buffers.a[: m.numel()])
+        count += ones(equal if live is None else equal.mul_(live))
+    return count

@@ -1,0 +1,352 @@
+"""global_unstructured across the processes of a torch.distributed group.
+
+Every rank passes the tensors it holds: whole tensors (a model split by layers), DTensor
+shards (FSDP2's ``fully_shard``, ``distribute_tensor``), or both; each gets exactly the
+masks one process holding the whole model would get. That process's list of tensors is
+rank 0's list (a DTensor counts there, whole, once), then rank 1's whole tensors, and so
+on; ties break by that order, then by the flat position in the whole tensor. Every rank
+must list the same DTensors in the same order. Random methods draw from rank 0's
+generator (the others' are left as they were), so the noise is the same as in one
+process. What travels per call is a sample, counts and histograms (see cut.py), never the
+tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit import CustomFromMask, Pruning, Random, Unstructured
+from prunekit.core.amount import Amount
+from prunekit.core.errors import describe, type_error, value_error
+from prunekit.core.install import install
+from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.transaction import transaction
+from prunekit.distributed.cut import Piece, Unrankable, select
+from prunekit.distributed.group import Group, group_of
+from prunekit.distributed.tensors import Layout, layout, local
+
+__all__ = ["global_unstructured"]
+
+_OWNER = "global_unstructured"
+
+
+@dataclass
+class _Entry:
+    """One listed tensor on this rank: where it lives, its local values and mask."""
+
+    module: nn.Module  # the module the pair named
+    name: str
+    owner: nn.Module  # the module holding the tensor
+    leaf: str
+    param: Tensor  # the Parameter (a DTensor where sharded)
+    values: Tensor  # local
+    alive: Tensor | None  # local mask, None if not pruned yet
+    scores: Tensor | None  # local importance scores given
+    layout: Layout
+
+
+def global_unstructured(
+    parameters: Iterable[tuple[nn.Module, str]],
+    pruning_method: Any,
+    importance_scores: dict[tuple[nn.Module, str], Tensor] | None = None,
+    *,
+    process_group: Any = None,
+    **kwargs: Any,
+) -> None:
+    """Prune jointly the tensors every rank of `process_group` (None: the default group)
+    lists: `amount` counts over all of them, as if one process held them all.
+
+    `pruning_method` is an unstructured prunekit.Pruning class ranking by magnitude:
+    L1Unstructured, RandomUnstructured, or Pruning with such a criterion. Every rank must
+    call it (with the same method and amount). If a rank's input is wrong, every rank
+    raises and nothing is pruned anywhere.
+    """
+    group = group_of(process_group, _OWNER)
+    error, entries, method = None, [], None
+    try:
+        method = _method(pruning_method, kwargs)
+        entries = _entries(parameters, importance_scores or {})
+    except (TypeError, ValueError, AttributeError, IndexError) as caught:
+        error = caught
+    keys = _keys(entries, error, group)
+    assert method is not None
+    pieces = _pieces(entries, keys, method.criterion)
+    competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
+    k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
+    if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
+        _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
+    try:
+        selection = select(pieces, lambda total: k, group)
+    except Unrankable as bad:
+        named = ", ".join(describe(entries[i].module, entries[i].name) for i in bad.pieces)
+        raise value_error(
+            f"{_OWNER}: the scores of "
+            f"{named or 'a tensor of another rank'} hold NaN or infinity, which cannot be ranked"
+        ) from None
+    masks = []
+    for i, e in enumerate(entries):
+        keep = selection.keep(i, e.values.dtype).view(e.values.shape)
+        masks.append(_like(e.param, keep) if e.layout.sharded else keep)
+    _install(entries, masks, group)
+
+
+def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
+    """The method, checked to be one this selection runs: unstructured, by magnitude."""
+    if not (isinstance(pruning_method, type) and issubclass(pruning_method, Pruning)):
+        raise type_error(
+            f"{_OWNER}: invalid pruning_method={pruning_method!r} for a process group; expected "
+            "L1Unstructured, RandomUnstructured or another prunekit.Pruning class"
+        )
+    try:
+        method = pruning_method(**kwargs)
+    except TypeError as error:  # arguments the class does not take
+        raise type_error(f"{_OWNER}: {pruning_method.__name__}: {error}") from None
+    fits = (
+        type(method).compute_mask is Pruning.compute_mask
+        and isinstance(method.pattern, Unstructured)
+        and method.criterion.by_magnitude
+    )
+    if not fits:
+        raise type_error(
+            f"{_OWNER}: pruning_method={pruning_method.__name__} ({method!r}) cannot rank "
+            "across processes; expected the Unstructured pattern and a criterion ranking by "
+            "magnitude (by_magnitude = True), with compute_mask not overridden"
+        )
+    return method
+
+
+def _entries(
+    parameters: Iterable[tuple[nn.Module, str]], scores: dict[tuple[nn.Module, str], Tensor]
+) -> list[_Entry]:
+    if not isinstance(parameters, Iterable):
+        raise type_error(
+            f"{_OWNER}: invalid parameters of type {type(parameters).__name__}; "
+            "expected an iterable of (module, name) pairs"
+        )
+    found: list[_Entry] = []
+    seen: dict[int, str] = {}
+    for pair in parameters:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], nn.Module)):
+            raise type_error(f"{_OWNER}: invalid entry {pair!r}; expected (module, name) pairs")
+        module, name = pair
+        where = describe(module, name)
+        path, _, leaf = str(name).rpartition(".")
+        owner = module.get_submodule(path) if path else module
+        pruned = isinstance(getattr(owner, orig_name(leaf), None), nn.Parameter)
+        param = getattr(owner, orig_name(leaf) if pruned else leaf, None)
+        if not isinstance(param, nn.Parameter):
+            raise value_error(f"{where} is not a Parameter of the module; expected a parameter")
+        if id(param) in seen:
+            raise value_error(
+                f"{where} is the same Parameter as {seen[id(param)]}, listed before; "
+                "expected each parameter once"
+            )
+        seen[id(param)] = where
+        alive = local(getattr(owner, mask_name(leaf)).detach()) if pruned else None
+        given = scores.get((module, name))
+        values = local(param.detach())
+        if given is not None:
+            given = local(given.detach())
+            if tuple(given.shape) != tuple(values.shape):
+                raise value_error(
+                    f"{where}: importance_scores of shape {tuple(given.shape)}; expected the "
+                    f"shape of the tensor this rank holds, {tuple(values.shape)}"
+                )
+        if not values.is_floating_point():
+            raise type_error(f"{where} is of dtype {values.dtype}; expected floating point")
+        lay = layout(param, where)
+        if lay.sharded and pruned and values.numel() == 0:
+            raise value_error(
+                f"{where} is a pruned DTensor whose shard on this rank is empty; expected a "
+                "shard on every rank (composing with its earlier mask takes DTensor "
+                "reductions, which torch refuses on empty shards)"
+            )
+        found.append(_Entry(module, name, owner, leaf, param, values, alive, given, lay))
+    return found
+
+
+def _keys(entries: list[_Entry], error: BaseException | None, group: Group) -> list[int]:
+    """Each entry's place in the one list of the whole model (see the module's docstring);
+    first, every rank learns whether another failed its checks, and raises then."""
+    mine = [(e.layout.sharded, e.layout.shape) for e in entries]
+    everyone = group.objects(None if error is not None else mine)
+    if error is not None:
+        raise error
+    failed = [r for r, found in enumerate(everyone) if found is None]
+    if failed:
+        raise value_error(f"{_OWNER}: rank(s) {failed} refused their input; nothing was pruned")
+    sharded = [[shape for is_d, shape in found if is_d] for found in everyone]
+    if any(shapes != sharded[0] for shapes in sharded):
+        raise value_error(
+            f"{_OWNER}: the ranks list different DTensors (global shapes by rank: {sharded}); "
+            "expected the same DTensors in the same order on every rank"
+        )
+    first = [k for k, (is_d, _) in enumerate(everyone[0]) if is_d]
+    plain_before = len(everyone[0]) + sum(
+        sum(not is_d for is_d, _ in found) for found in everyone[1 : group.rank]
+    )
+    keys: list[int] = []
+    d = p = 0
+    for e in entries:
+        if group.rank == 0:
+            keys.append(len(keys))
+        elif e.layout.sharded:
+            keys.append(first[d])
+            d += 1
+        else:
+            keys.append(plain_before + p)
+            p += 1
+    owned = torch.zeros(len(first), dtype=torch.int64)
+    shards = [i for i, e in enumerate(entries) if e.layout.sharded]
+    for j, i in enumerate(shards):
+        owned[j] = entries[i].values.numel() if entries[i].layout.counts else 0
+    expected = [_numel(shape) for shape in sharded[0]]
+    if group.sum(owned).tolist() != expected:
+        raise value_error(
+            f"{_OWNER}: the ranks of the group do not hold every shard of their DTensors "
+            "exactly once; expected a group covering each DTensor's mesh"
+        )
+    return keys
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _pieces(entries: list[_Entry], keys: list[int], criterion: Any) -> list[Piece]:
+    pieces = []
+    for e, key in zip(entries, keys, strict=True):
+        lay, values, alive = e.layout, e.values, e.alive
+        count = values.numel() if alive is None else int((alive == 1).sum())
+        source = _scores(e, criterion)
+        competing = count if lay.counts else 0
+        pieces.append(
+            Piece(source, values.numel(), values.dtype, key, lay.runs, lay.counts, competing)
+        )
+    return pieces
+
+
+def _scores(e: _Entry, criterion: Any) -> Any:
+    """The piece's source: the criterion's scores of its values (or importance scores)."""
+    target = (e.owner, e.leaf)
+    ranked = e.values if e.scores is None else e.scores
+
+    def read() -> tuple[Tensor, Tensor | None]:
+        scores = criterion.scores(ranked, target)
+        if not (isinstance(scores, Tensor) and scores.is_floating_point()):
+            raise type_error(
+                f"{type(criterion).__name__}.scores returned {type(scores).__name__}; "
+                "expected a floating-point tensor"
+            )
+        if tuple(scores.shape) != tuple(ranked.shape):
+            raise value_error(
+                f"{type(criterion).__name__}.scores returned shape {tuple(scores.shape)}; "
+                f"expected {tuple(ranked.shape)}"
+            )
+        return scores.detach(), e.alive
+
+    return read
+
+
+def _noise(entries: list[_Entry], pieces: list[Piece], criterion: Random, group: Group) -> None:
+    """Give Random's pieces the noise one process would draw: per whole tensor, for its
+    competing entries in order, from rank 0's generator; each piece takes its runs' part."""
+    runs = []
+    for e, piece in zip(entries, pieces, strict=True):
+        per_run = _alive_per_run(e, piece)
+        if piece.counts:
+            runs += [(piece.key, run.start, n) for run, n in zip(piece.runs, per_run, strict=True)]
+    table = sorted(r for found in group.objects(runs) for r in found)
+    totals: dict[int, int] = {}
+    before: dict[tuple[int, int], int] = {}
+    for key, start, n in table:
+        before[(key, start)] = totals.get(key, 0)
+        totals[key] = before[(key, start)] + n
+    keys = sorted(totals)
+    stub = [torch.empty(0)] * len(keys)
+    state = group.first(torch.get_rng_state())
+    if group.rank == 0:
+        draws = criterion._compact_sources(stub, [totals[k] for k in keys])
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state)
+            draws = criterion._compact_sources(stub, [totals[k] for k in keys])
+    by_key = dict(zip(keys, draws, strict=True))
+    for e, piece in zip(entries, pieces, strict=True):
+        starts = [before[(piece.key, run.start)] for run in piece.runs]
+        piece.source = _noisy(by_key[piece.key], e.alive, _alive_per_run(e, piece), starts)
+        piece.dtype = torch.float32
+
+
+def _alive_per_run(e: _Entry, piece: Piece) -> list[int]:
+    if e.alive is None:
+        return [run.length for run in piece.runs]
+    flags = (e.alive.reshape(-1) == 1).to(torch.int64)
+    return [int(flags[r.local : r.local + r.length].sum()) for r in piece.runs]
+
+
+def _noisy(draw: Any, alive: Tensor | None, per_run: list[int], starts: list[int]) -> Any:
+    whole = len(starts) == 1 and starts[0] == 0
+
+    def read() -> tuple[Tensor, Tensor | None]:
+        noise = draw()[0]
+        if whole and per_run[0] == noise.numel():
+            mine = noise
+        else:
+            spans = [torch.arange(s, s + n) for s, n in zip(starts, per_run, strict=True)]
+            mine = noise[torch.cat(spans)]
+        if alive is None:
+            return mine, None
+        flags = alive.reshape(-1) == 1
+        full = torch.zeros(flags.numel(), dtype=mine.dtype)
+        return full.masked_scatter_(flags, mine), flags
+
+    return read
+
+
+def _like(param: Tensor, keep: Tensor) -> Tensor:
+    """`keep` (this rank's part) as a DTensor placed as `param`."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        keep,
+        param.device_mesh,  # type: ignore[attr-defined]
+        param.placements,  # type: ignore[attr-defined]
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
+
+
+def _install(entries: list[_Entry], masks: list[Tensor], group: Group) -> None:
+    """Install every mask, or none on any rank: a rank that fails rolls back, and so do
+    the others once they learn of it.
+
+    As in functional.global_unstructured, the masks go in as made here (binary, of the
+    tensor's dtype) without the checks custom_from_mask makes of a caller's mask: on a
+    DTensor each check is a collective.
+    """
+    touched = [m for e in entries for m in (e.module, e.owner)]
+    with transaction(touched):
+        error = None
+        try:
+            for e, mask in zip(entries, masks, strict=True):
+                install(e.module, e.name, CustomFromMask._trusted(mask))
+        except Exception as caught:
+            error = caught
+        failed = int(group.sum(torch.tensor([int(error is not None)]))[0])
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(
+                f"{_OWNER}: another rank failed to install its masks; nothing was pruned here "
+                "either"
+            )

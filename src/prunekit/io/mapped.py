@@ -1,0 +1,270 @@
+"""Safetensors files read one tensor at a time through memory maps, and written the same way.
+
+Nothing here loads a whole file: `Stored.load()` maps the bytes of one tensor (released
+when the tensor is dropped), and `Writer` lays out every output file's header first,
+then takes the tensors' bytes in any order, chunk by chunk, into temporary files that
+are renamed into place only once all are complete. The format is the one documented by
+safetensors: an 8-byte little-endian header size, a JSON header (names to dtype, shape
+and data offsets, plus an optional ``__metadata__`` of strings), then the raw bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import struct
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from prunekit.io.files import CheckpointError
+
+__all__ = ["DTYPES", "Stored", "Writer", "read_header"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "C64": torch.complex64,
+}
+CODES = {dtype: code for code, dtype in DTYPES.items()}
+_MAX_HEADER = 100 << 20  # as safetensors: a larger header is not a safetensors file
+_COPY = 64 << 20  # bytes copied between files at a time
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One tensor in a safetensors file: where its bytes are and what they hold."""
+
+    name: str
+    code: str  # the dtype as the file names it (BF16, F32, ...)
+    shape: tuple[int, ...]
+    path: Path
+    begin: int  # offset of its first byte in the file
+    nbytes: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.code]
+
+    @property
+    def numel(self) -> int:
+        return self.nbytes // max(self.dtype.itemsize, 1)
+
+    def meta(self) -> Tensor:
+        """A tensor of its shape and dtype holding no data (for selecting by name and shape)."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+    def load(self) -> Tensor:
+        """The tensor, backed by a private memory map of the file: pages are read when
+        touched and let go when the tensor (and every view of it) is dropped. While one
+        is held, loading again maps nothing new."""
+        if not self.nbytes:
+            return torch.empty(self.shape, dtype=self.dtype)
+        start = self.begin - self.begin % mmap.ALLOCATIONGRANULARITY
+        mapped = _MAPPED.get((self.path, self.begin))
+        if mapped is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                length = self.begin - start + self.nbytes
+                mapped = mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_COPY)
+            finally:
+                os.close(fd)
+            _MAPPED[(self.path, self.begin)] = mapped
+        flat = torch.frombuffer(
+            mapped, dtype=self.dtype, count=self.numel, offset=self.begin - start
+        )
+        return flat.view(self.shape)
+
+
+# The maps in use (a tensor's storage keeps its map alive), by file and offset.
+_MAPPED: weakref.WeakValueDictionary[tuple[Path, int], mmap.mmap] = weakref.WeakValueDictionary()
+
+
+def read_header(path: Path) -> tuple[dict[str, Stored], dict[str, str]]:
+    """The tensors of a safetensors file in header order, and its metadata; every entry's
+    bytes are checked to lie inside the file, without overlap."""
+    try:
+        with open(path, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            head = stream.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 2 <= length <= min(_MAX_HEADER, size - 8):
+                raise CheckpointError(f"{path}: not a .safetensors file (bad header size)")
+            header = json.loads(stream.read(length))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read: {error.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not a .safetensors file (bad header)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a .safetensors file (bad header)")
+    metadata = header.pop("__metadata__", None) or {}
+    data = 8 + length
+    found = {name: _entry(path, name, info, data, size) for name, info in header.items()}
+    spans = sorted((s.begin, s.begin + s.nbytes, s.name) for s in found.values() if s.nbytes)
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap")
+    return found, {str(k): str(v) for k, v in dict(metadata).items()}
+
+
+def _entry(path: Path, name: str, info: object, data: int, size: int) -> Stored:
+    bad = CheckpointError(f"{path}: entry {name!r} of its header is malformed")
+    if not isinstance(info, dict) or info.get("dtype") not in DTYPES:
+        raise bad
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise bad
+    if not (isinstance(offsets, list) and len(offsets) == 2):
+        raise bad
+    begin, end = offsets
+    numel = 1
+    for d in shape:
+        numel *= d
+    itemsize = DTYPES[info["dtype"]].itemsize
+    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+        raise bad
+    if end - begin != numel * itemsize or data + end > size:
+        raise CheckpointError(
+            f"{path}: entry {name!r} holds {end - begin} bytes in a file of {size}; "
+            f"expected {numel * itemsize} for shape {shape} of {info['dtype']}"
+        )
+    return Stored(name, info["dtype"], tuple(shape), path, data + begin, end - begin)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A tensor to write: its name, dtype code and shape."""
+
+    name: str
+    code: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return numel * DTYPES[self.code].itemsize
+
+
+class Writer:
+    """Safetensors files laid out in advance and filled tensor by tensor, in any order.
+
+    Each file is written to a temporary file beside its target; `commit()` renames them
+    all into place, `abort()` removes them: a target holds either its old content or the
+    complete new one.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        files: Mapping[str, Sequence[Planned]],
+        metadata: Mapping[str, Mapping[str, str]],
+    ) -> None:
+        self.folder = folder
+        self._temps: dict[str, str] = {}
+        self._fds: dict[str, int] = {}
+        self.where: dict[str, tuple[str, int, Planned]] = {}  # name -> file, offset, plan
+        self.sizes: dict[str, int] = {}
+        try:
+            for file, plans in files.items():
+                self._lay_out(file, plans, metadata.get(file, {}))
+        except BaseException:
+            self.abort()
+            raise
+
+    def _lay_out(self, file: str, plans: Sequence[Planned], metadata: Mapping[str, str]) -> None:
+        header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+        offset = 0
+        spans = []
+        for plan in plans:
+            header[plan.name] = {
+                "dtype": plan.code,
+                "shape": list(plan.shape),
+                "data_offsets": [offset, offset + plan.nbytes],
+            }
+            spans.append((plan, offset))
+            offset += plan.nbytes
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-aligned
+        fd, temp = tempfile.mkstemp(prefix=f".{file}.", dir=self.folder)
+        self._temps[file], self._fds[file] = temp, fd
+        os.truncate(fd, 8 + len(text) + offset)
+        os.pwrite(fd, struct.pack("<Q", len(text)) + text, 0)
+        for plan, at in spans:
+            self.where[plan.name] = (file, 8 + len(text) + at, plan)
+        self.sizes[file] = offset
+
+    def write(self, name: str, start: int, values: Tensor) -> None:
+        """Write `values` (flat, of the planned dtype) into tensor `name` from entry `start`."""
+        file, offset, plan = self.where[name]
+        assert values.dtype == DTYPES[plan.code], (values.dtype, plan.code)
+        raw = values.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        at = offset + start * values.element_size()
+        view: memoryview = raw.data
+        while view:
+            done = os.pwrite(self._fds[file], view, at)
+            view, at = view[done:], at + done
+        del raw
+
+    def copy(self, name: str, stored: Stored) -> None:
+        """Copy a stored tensor's bytes as they are into tensor `name`."""
+        file, offset, plan = self.where[name]
+        assert plan.nbytes == stored.nbytes
+        source = os.open(stored.path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < stored.nbytes:
+                step = os.copy_file_range(
+                    source,
+                    self._fds[file],
+                    min(_COPY, stored.nbytes - done),
+                    stored.begin + done,
+                    offset + done,
+                )
+                if step <= 0:
+                    raise OSError(f"{stored.path}: ended early while copying {stored.name!r}")
+                done += step
+        finally:
+            os.close(source)
+
+    def commit(self) -> None:
+        """Flush every file to disk and rename each into place."""
+        for fd in self._fds.values():
+            os.fsync(fd)
+            os.close(fd)
+        self._fds.clear()
+        for file, temp in list(self._temps.items()):
+            os.replace(temp, self.folder / file)
+            del self._temps[file]
+
+    def abort(self) -> None:
+        """Remove every temporary file."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        for temp in self._temps.values():
+            Path(temp).unlink(missing_ok=True)
+        self._temps.clear()

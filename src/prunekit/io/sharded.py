@@ -1,0 +1,382 @@
+"""Pruning a sharded safetensors checkpoint (a folder with ``model.safetensors.index.json``, as
+Hugging Face writes it) that may be larger than memory.
+
+Every tensor is read through a memory map when needed and dropped after; the output is
+written tensor by tensor, chunk by chunk, into temporary files renamed into place at the
+end. Memory holds about one tensor at a time (global pruning also keeps a small share of
+the magnitudes between two passes), never a shard, never the model.
+
+The result is the one ``prune_state_dict`` gives on all tensors loaded into one dict in
+the order of the index's ``weight_map``: the same methods, the same include/exclude
+rules, the same ``<name>_orig``/``<name>_mask`` handling, the same masks. Global pruning
+ranks all selected tensors exactly (ties by that order, then position), in two passes
+over the shards after a sparse sample.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prunekit import Random, validate_pruning_amount_init
+from prunekit.core.amount import Amount
+from prunekit.core.naming import Entry, entries
+from prunekit.distributed.cut import Piece, Unrankable, select
+from prunekit.distributed.group import Group
+from prunekit.io.files import CheckpointError
+from prunekit.io.mapped import Planned, Stored, Writer, read_header
+from prunekit.io.statedict import METHODS, prune_state_dict, select_names
+from prunekit.select import Source
+
+__all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "prune_sharded"]
+
+INDEX = "model.safetensors.index.json"
+ORIG, MASK = "_orig", "_mask"
+_STEP = 1 << 22  # entries of a large tensor handled at a time when writing
+
+
+@dataclass(frozen=True)
+class ShardedResult:
+    """What a pruning of a sharded checkpoint wrote: the index, the tensors pruned, how
+    many entries they hold and how many of those are zero now."""
+
+    index: Path
+    pruned: list[str]
+    numel: int
+    zeros: int
+
+
+def index_of(path: str | os.PathLike[str]) -> Path | None:
+    """The index file of a sharded checkpoint: `path` itself if it is a ``*.index.json``
+    file, the ``model.safetensors.index.json`` inside `path` if it is a folder, else None."""
+    where = Path(path)
+    if where.is_dir():
+        return where / INDEX if (where / INDEX).is_file() else None
+    return where if where.name.endswith(".index.json") and where.is_file() else None
+
+
+def is_sharded(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a sharded safetensors checkpoint (its folder or its index)."""
+    return index_of(path) is not None
+
+
+@dataclass
+class _Checkpoint:
+    index: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, Stored]  # in the weight_map's order
+    files: dict[str, dict[str, str]]  # shard file name -> its header's metadata
+
+
+def _open(path: str | os.PathLike[str]) -> _Checkpoint:
+    index = index_of(path)
+    if index is None:
+        raise CheckpointError(f"{path}: no {INDEX} here; expected a sharded checkpoint's folder")
+    try:
+        found = json.loads(index.read_text())
+        weight_map = found["weight_map"]
+        assert isinstance(weight_map, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise CheckpointError(f"{index}: not an index of shards (no weight_map)") from None
+    tensors: dict[str, Stored] = {}
+    files: dict[str, dict[str, str]] = {}
+    headers: dict[str, dict[str, Stored]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise CheckpointError(f"{index}: {name!r} is in {file!r}; expected a file name")
+        if file not in headers:
+            headers[file], files[file] = read_header(index.parent / file)
+        if name not in headers[file]:
+            raise CheckpointError(f"{index}: {name!r} is not in {file}, where the index says")
+        tensors[name] = headers[file][name]
+    for stored in headers.values():  # tensors the index leaves out still belong
+        for name, entry in stored.items():
+            tensors.setdefault(name, entry)
+    metadata = found.get("metadata")
+    return _Checkpoint(index, dict(metadata) if isinstance(metadata, dict) else {}, tensors, files)
+
+
+def prune_sharded(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    method: str,
+    amount: float,
+    *,
+    n: Any = None,
+    dim: int | None = None,
+    global_pruning: bool = False,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    keep_masks: bool = False,
+    seed: int | None = None,
+) -> ShardedResult:
+    """Prune the sharded checkpoint at `path` into the folder `out` (made if missing): the
+    same shard files and an index, with the options of prune_state_dict."""
+    _check(method, amount, n, dim, global_pruning)
+    checkpoint = _open(path)
+    found = entries({name: s.meta() for name, s in checkpoint.tensors.items()})
+    targets = set(select_names(found, include, exclude))
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"{folder}: is a file; expected a folder for the shards")
+    made = not folder.exists()
+    if made and not folder.parent.is_dir():
+        raise CheckpointError(f"{folder}: the folder {folder.parent} does not exist")
+    plans, weight_map = _plan(checkpoint, found, targets, keep_masks)
+    need = sum(p.nbytes for file in plans.values() for p in file)
+    free = shutil.disk_usage(folder if not made else folder.parent).free
+    if need > free:
+        raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
+    folder.mkdir(exist_ok=True)
+    try:
+        writer = Writer(folder, plans, {f: checkpoint.files.get(f, {}) for f in plans})
+        try:
+            with _seeded(seed):
+                options = {"n": n, "dim": dim, "keep_masks": keep_masks}
+                done = _write(
+                    checkpoint, found, targets, writer, method, amount, global_pruning, options
+                )
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        index = _write_index(folder, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
+    except BaseException:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    pruned = [e.name for e in found if e.name in targets]
+    return ShardedResult(index, pruned, done[0], done[1])
+
+
+def _check(method: str, amount: float, n: Any, dim: int | None, global_pruning: bool) -> None:
+    """The option checks of prune_state_dict, made before any shard is read."""
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(METHODS)}")
+    validate_pruning_amount_init(amount, owner="amount")
+    if method != "ln" and (n is not None or dim is not None):
+        raise ValueError(f"n and dim apply to method 'ln' only, not {method!r}")
+    if method == "ln" and global_pruning:
+        raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
+
+
+def _plan(
+    checkpoint: _Checkpoint, found: list[Entry], targets: set[str], keep_masks: bool
+) -> tuple[dict[str, list[Planned]], dict[str, str]]:
+    """The output tensors per shard file, and the new weight map. A pruned tensor (or
+    one saved with a mask) goes where its values were, a mask saved anew beside it."""
+    plans: dict[str, list[Planned]] = {}
+    weight_map: dict[str, str] = {}
+    stored = checkpoint.tensors
+
+    def put(name: str, like: Stored, file: str) -> None:
+        plans.setdefault(file, []).append(Planned(name, like.code, like.shape))
+        weight_map[name] = file
+
+    for e in found:
+        values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
+        if e.mask is None and e.name not in targets:
+            put(e.name, values, values.path.name)
+        elif keep_masks:
+            put(e.name + ORIG, values, values.path.name)
+            mask = stored[e.name + MASK] if e.mask is not None else values
+            put(e.name + MASK, values, mask.path.name)
+        else:
+            put(e.name, values, values.path.name)
+    return plans, weight_map
+
+
+def _write(
+    checkpoint: _Checkpoint,
+    found: list[Entry],
+    targets: set[str],
+    writer: Writer,
+    method: str,
+    amount: float,
+    global_pruning: bool,
+    options: dict[str, Any],
+) -> tuple[int, int]:
+    """Write every output tensor, in the order of `found`; returns how many entries the
+    pruned tensors hold and how many of them are zero."""
+    stored = checkpoint.tensors
+    chosen = _global(stored, found, targets, method, amount) if global_pruning else None
+    numel = zeros = 0
+    for e in found:
+        values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
+        mask = stored[e.name + MASK] if e.mask is not None else None
+        if e.mask is None and e.name not in targets:
+            writer.copy(e.name, values)
+            continue
+        if e.name in targets and chosen is None:
+            state = _loaded(e.name, values, mask)
+            result = prune_state_dict(
+                state, method, amount, include=[glob.escape(e.name)], **options
+            )
+            for key, tensor in result.state.items():
+                writer.write(key, 0, tensor.reshape(-1))
+            final = result.state.get(e.name)
+            if final is None:
+                final = result.state[e.name + ORIG] * result.state[e.name + MASK]
+            numel, zeros = numel + final.numel(), zeros + int((final == 0).sum())
+            continue
+        kept = chosen(e.name) if chosen is not None and e.name in targets else None
+        z = _apply(e.name, values, mask, kept, writer, options["keep_masks"])
+        if e.name in targets:
+            numel, zeros = numel + values.numel, zeros + z
+    return numel, zeros
+
+
+def _loaded(name: str, values: Stored, mask: Stored | None) -> dict[str, Tensor]:
+    """The state_dict of one entry, in memory (a copy: pruning must not touch the file)."""
+    if mask is None:
+        return {name: values.load().clone()}
+    return {name + ORIG: values.load().clone(), name + MASK: mask.load().clone()}
+
+
+def _apply(
+    name: str,
+    values: Stored,
+    mask: Stored | None,
+    kept: Iterator[tuple[int, Tensor]] | None,
+    writer: Writer,
+    keep_masks: bool,
+) -> int:
+    """Write a tensor with its mask (the stored one, times the 0/1 chunks `kept`), chunk
+    by chunk; returns how many of its entries are zero with the mask applied."""
+    if keep_masks:
+        writer.copy(name + ORIG, values)
+    flat = values.load().reshape(-1)
+    alive = None if mask is None else mask.load().reshape(-1)
+    if kept is None:
+        kept = (
+            (s, torch.ones(min(_STEP, flat.numel() - s))) for s in range(0, flat.numel(), _STEP)
+        )
+    zeros = 0
+    for start, chunk in kept:
+        end = start + chunk.numel()
+        share = chunk.to(flat.dtype)
+        if alive is not None:
+            part = alive[start:end]
+            if part.dtype != torch.bool and bool(((part != 0) & (part != 1)).any()):
+                raise CheckpointError(f"{name + MASK!r} holds values other than 0 and 1")
+            share.mul_(part == 1)
+        product = flat[start:end] * share
+        zeros += _zeros(product)
+        if keep_masks:
+            writer.write(name + MASK, start, share)
+        else:
+            writer.write(name, start, product)
+    return zeros
+
+
+def _zeros(t: Tensor) -> int:
+    """How many entries of a flat float tensor are zero (either sign), counted on its bits
+    (faster than on 16-bit floats)."""
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
+    if bits is None:
+        return t.numel() - int(t.count_nonzero())
+    magnitude = t.view(bits) & torch.iinfo(bits).max  # the sign bit cleared
+    return t.numel() - int(magnitude.count_nonzero())
+
+
+def _global(
+    stored: dict[str, Stored], found: list[Entry], targets: set[str], method: str, amount: float
+) -> Callable[[str], Iterator[tuple[int, Tensor]]]:
+    """The global selection over the targets, streamed: a function of a target's name
+    giving its chosen entries chunk by chunk."""
+    chosen = [e for e in found if e.name in targets]
+    owner = METHODS[method].__name__
+    pieces = []
+    for key, e in enumerate(chosen):
+        values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
+        mask = stored[e.name + MASK] if e.mask is not None else None
+        if not values.dtype.is_floating_point:
+            raise CheckpointError(f"tensor {e.name!r} is of {values.code}; expected floats")
+        pieces.append(Piece(_source(values, mask), values.numel, values.dtype, key))
+    if method == "random":
+        counts = [_count(p) for p in pieces]
+        k = Amount(amount, owner).count(sum(counts))  # before any draw, as in memory
+        noises = Random()._compact_sources([torch.empty(0)] * len(pieces), counts)
+        for piece, noise, count in zip(pieces, noises, counts, strict=True):
+            piece.source, piece.competing = _noisy(piece.source, noise), count
+            piece.dtype = torch.float32
+        selection = select(pieces, lambda total: k, Group())
+    else:
+        try:
+            selection = select(pieces, Amount(amount, owner).count, Group())
+        except Unrankable as error:
+            names = ", ".join(repr(chosen[i].name) for i in error.pieces)
+            raise CheckpointError(
+                f"tensors {names} hold NaN or infinity, which cannot be ranked"
+            ) from None
+    where = {e.name: i for i, e in enumerate(chosen)}
+    return lambda name: selection.kept(where[name])
+
+
+def _source(values: Stored, mask: Stored | None) -> Source:
+    def read() -> tuple[Tensor, Tensor | None]:
+        return values.load(), None if mask is None else mask.load()
+
+    return read
+
+
+def _count(piece: Piece) -> int:
+    _, alive = piece.source()
+    if alive is None:
+        return piece.numel
+    return int((alive if alive.dtype == torch.bool else alive == 1).sum())
+
+
+def _noisy(read: Source, noise: Source) -> Source:
+    """A source of noise for the competing entries, in their places."""
+
+    def draw() -> tuple[Tensor, Tensor | None]:
+        _, alive = read()
+        drawn = noise()[0]
+        if alive is None:
+            return drawn, None
+        flags = alive.reshape(-1)
+        flags = flags if flags.dtype == torch.bool else flags == 1
+        full = torch.zeros(flags.numel(), dtype=drawn.dtype)
+        return full.masked_scatter_(flags, drawn), flags
+
+    return draw
+
+
+def _write_index(
+    folder: Path, metadata: dict[str, Any], weight_map: dict[str, str], size: int
+) -> Path:
+    target = folder / INDEX
+    found = {"metadata": {**metadata, "total_size": size}, "weight_map": weight_map}
+    text = json.dumps(found, indent=2)
+    fd, temp = tempfile.mkstemp(prefix=f".{INDEX}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text + "\n")
+        os.replace(temp, target)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+@contextmanager
+def _seeded(seed: int | None) -> Iterator[None]:
+    """Seed torch's random generator inside the block, restoring its state after."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

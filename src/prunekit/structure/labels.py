@@ -1,0 +1,50 @@
+"""Helpers on label tensors: one id per channel, where labels vary, broadcasting ids back."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from prunekit.structure.trace import Tracer
+
+
+def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str) -> Tensor:
+    """One id per position along `dim` (-1: none), for an op that reads whole channels.
+
+    Ids sharing a channel are merged (they must go together); a channel partly made of
+    unlabeled values blocks its ids, since it cannot be removed.
+    """
+    if labels is None:
+        return torch.full((size,), -1, dtype=torch.long)
+    rows = labels.movedim(dim, 0).reshape(size, -1)
+    if rows.shape[1] == 0:
+        return torch.full((size,), -1, dtype=torch.long)
+    low, high = rows.amin(1), rows.amax(1)
+    mixed = (low != high).nonzero().flatten().tolist()
+    for r in mixed:
+        ids = torch.unique(rows[r])
+        if bool((ids < 0).any()):
+            tr.block(ids, f"{why}: a channel there mixes them with values of no channel")
+        ids = ids[ids >= 0]
+        tr.merge(ids[:1].expand(len(ids)), ids)
+    return high
+
+
+def varying(labels: Tensor) -> list[int]:
+    """The dims along which the labels change."""
+    dims = []
+    for d in range(labels.dim()):
+        if labels.shape[d] > 1 and not bool((labels == labels.narrow(d, 0, 1)).all()):
+            dims.append(d)
+    return dims
+
+
+def along(ids: Tensor, dim: int, shape: torch.Size | tuple[int, ...]) -> Tensor:
+    """Ids (one per position of `dim`) broadcast to `shape`."""
+    view = [1] * len(shape)
+    view[dim] = len(ids)
+    return ids.reshape(view).expand(shape)
+
+
+def positive(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim

@@ -1,0 +1,142 @@
+"""Handlers of the layers: convolutions, linear, norms, PReLU and embeddings.
+
+Each reads the module tensors it is given (weight, bias, running statistics), so it works the
+same whether the op ran in a module's forward or was called functionally with its parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from prunekit.structure.labels import along, channel_ids, varying
+from prunekit.structure.trace import Call, Tracer, describe_op, register
+
+
+@register("conv1d", "conv2d", "conv3d")
+def _conv(tr: Tracer, call: Call) -> None:
+    x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
+    groups = int(call.arg(6, "groups", 1))
+    spatial = int(call.name[-2])
+    cdim = x.dim() - spatial - 1
+    owner = tr.claim(weight)
+    if owner is None:  # a weight made in forward: nothing to slice
+        tr.block(tr.label(x), f"{describe_op(call)} has a weight that is no model parameter")
+        return
+    bias_owner = tr.claim(bias)
+    where = describe_op(call)
+    out = call.out
+    cout, per = weight.shape[0], weight.shape[1]
+    chan = channel_ids(tr, tr.label(x), cdim, x.shape[cdim], where)
+    if per == 1 and groups > 1:  # depthwise: output channel o reads input channel o // k
+        ids = chan.repeat_interleave(cout // groups)
+        tr.record(owner, 0, "depthwise", torch.arange(cout), ids, op=call.name)
+        tr.record(bias_owner, 0, "bias", torch.arange(cout), ids)
+        tr.set(out, along(ids, cdim, out.shape))
+        return
+    channels = torch.arange(x.shape[cdim])
+    if groups > 1:  # the j-th input channel of every group goes together
+        by_group = chan.reshape(groups, per)
+        partial = (by_group < 0).any(0) & (by_group >= 0).any(0)
+        tr.block(by_group[:, partial], f"{where}: grouped with channels of no layer")
+        tr.merge(by_group[:1].expand_as(by_group), by_group)
+    tr.record(owner, 1, "in", channels % per, chan, channels, op=call.name)
+    new = tr.new_ids(cout)
+    if groups > 1:  # and so does the j-th output channel of every group
+        by_group = new.reshape(groups, cout // groups)
+        tr.merge(by_group[:1].expand_as(by_group), by_group)
+    tr.record(owner, 0, "out", torch.arange(cout), new, op=call.name)
+    tr.record(bias_owner, 0, "bias", torch.arange(cout), new)
+    tr.set(out, along(new, cdim, out.shape))
+
+
+@register("linear")
+def _linear(tr: Tracer, call: Call) -> None:
+    x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
+    owner = tr.claim(weight)
+    if owner is None:
+        tr.block(tr.label(x), f"{describe_op(call)} has a weight that is no model parameter")
+        return
+    bias_owner = tr.claim(bias)
+    features = weight.shape[1]
+    chan = channel_ids(tr, tr.label(x), x.dim() - 1, features, describe_op(call))
+    positions = torch.arange(features)
+    tr.record(owner, 1, "in", positions, chan, positions, op="linear")
+    new = tr.new_ids(weight.shape[0])
+    tr.record(owner, 0, "out", torch.arange(weight.shape[0]), new, op="linear")
+    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[0]), new)
+    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
+
+
+def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> Tensor | None:
+    """A norm that treats channels (dim 1) apart: its tensors are sliced with the channel."""
+    x = call.arg(0, "input")
+    owners = [(tr.claim(t), role) for t, role in tensors]
+    labels = tr.label(x)
+    if labels is None:
+        return None
+    chan = channel_ids(tr, labels, 1, x.shape[1], describe_op(call))
+    for owner, role in owners:
+        tr.record(owner, 0, role, torch.arange(len(chan)), chan)
+    return chan
+
+
+@register("batch_norm", "instance_norm")
+def _batch_norm(tr: Tracer, call: Call) -> None:
+    tensors = [(call.arg(1, "running_mean"), "buffer"), (call.arg(2, "running_var"), "buffer"),
+               (call.arg(3, "weight"), "norm"), (call.arg(4, "bias"), "norm")]  # fmt: skip
+    chan = _per_channel(tr, call, tensors)
+    if chan is not None:
+        tr.set(call.out, along(chan, 1, call.out.shape))
+
+
+@register("group_norm")
+def _group_norm(tr: Tracer, call: Call) -> None:
+    x, groups = call.arg(0, "input"), int(call.arg(1, "num_groups"))
+    labels = tr.label(x)
+    chan = _per_channel(tr, call, [(call.arg(2, "weight"), "norm"), (call.arg(3, "bias"), "norm")])
+    if chan is None or labels is None:
+        return
+    by_group = chan.reshape(groups, -1)  # a norm group's statistics need all of its channels
+    partial = (by_group < 0).any(1) & (by_group >= 0).any(1)
+    tr.block(by_group[partial], f"{describe_op(call)} normalizes them with values of no channel")
+    tr.merge(by_group[:, :1].expand_as(by_group), by_group)
+    tr.set(call.out, along(chan, 1, call.out.shape))
+
+
+@register("layer_norm")
+def _layer_norm(tr: Tracer, call: Call) -> None:
+    x, shape = call.arg(0, "input"), call.arg(1, "normalized_shape")
+    tr.claim(call.arg(2, "weight"), call.arg(3, "bias"))
+    labels = tr.label(x)
+    if labels is None:
+        return
+    first = x.dim() - len(tuple(shape))
+    if any(d >= first for d in varying(labels)):
+        tr.block(labels, f"{describe_op(call)} normalizes over them (its statistics would change)")
+    tr.set(call.out, labels)
+
+
+@register("prelu")
+def _prelu(tr: Tracer, call: Call) -> None:
+    x, weight = call.arg(0, "input"), call.arg(1, "weight")
+    labels = tr.label(x)
+    owner = tr.claim(weight)
+    if labels is None:
+        return
+    if weight.numel() > 1:
+        chan = channel_ids(tr, labels, 1, x.shape[1], describe_op(call))
+        tr.record(owner, 0, "norm", torch.arange(len(chan)), chan)
+        labels = along(chan, 1, call.out.shape)
+    tr.set(call.out, labels)
+
+
+@register("embedding")
+def _embedding(tr: Tracer, call: Call) -> None:
+    weight = call.arg(1, "weight")
+    owner = tr.claim(weight)
+    if owner is None:
+        return
+    new = tr.new_ids(weight.shape[1])
+    tr.record(owner, 1, "out", torch.arange(weight.shape[1]), new, op="embedding")
+    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))

@@ -1,0 +1,320 @@
+"""Tracing one forward pass into channel labels: which channel of which layer each value carries.
+
+The forward runs for real under a ``TorchFunctionMode``, so every torch function and tensor method
+is seen with its exact arguments (cat dims, split sizes, view shapes) and Python control flow is
+simply executed. Each traced tensor carries a label tensor of its own shape: entry = the id of the
+output channel it belongs to (-1: none). Ops merge ids that must be pruned together (a residual
+add merges the channels it adds), block ids that cannot be removed exactly (and say why), and
+record slices: which positions of which parameter or buffer belong to which id.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+# A handler gets the tracer and the call (its output included); it sets the output's labels.
+Handler = Callable[["Tracer", "Call"], None]
+HANDLERS: dict[str, Handler] = {}
+
+# Ops whose output is no tensor or only metadata; never a use of the channels.
+_METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
+_PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
+
+
+def register(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for the ops of these (normalized) names."""
+
+    def add(handler: Handler) -> Handler:
+        for name in names:
+            HANDLERS[name] = handler
+        return handler
+
+    return add
+
+
+def op_name(func: Any) -> str:
+    """``torch.cat``, ``Tensor.cat`` and ``Tensor.cat_`` -> 'cat'; dunders are kept."""
+    name = getattr(func, "__name__", None) or type(func).__name__
+    if name.startswith("__") and name.endswith("__"):
+        return name
+    if name.endswith("_") and not name.startswith("_"):
+        name = name[:-1]
+    if name == "fn" and "max_pool" in repr(func):  # F.max_pool*d is a boolean dispatch
+        name = getattr(func, "__qualname__", name)
+    return name
+
+
+@dataclass
+class Record:
+    """Positions along `dim` of tensor `name` of `module` that belong to the channel ids."""
+
+    module_name: str
+    module: nn.Module
+    name: str
+    dim: int
+    role: str  # out (makes the channel), in (reads it), bias, norm, buffer, element
+    positions: Tensor
+    ids: Tensor
+    channels: Tensor | None = None  # role 'in': the input channel each position reads
+    op: str = ""
+
+
+@dataclass
+class Call:
+    """One traced op: its name, arguments, output and where it ran."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any
+    where: str
+
+    def arg(self, index: int, key: str, default: Any = None) -> Any:
+        if len(self.args) > index:
+            return self.args[index]
+        return self.kwargs.get(key, default)
+
+
+@dataclass
+class Tracer:
+    """The labels, the union-find over channel ids, blocked ids and recorded slices."""
+
+    owners: dict[int, tuple[str, nn.Module, str, bool]] = field(default_factory=dict)
+    parent: list[int] = field(default_factory=list)
+    reasons: dict[int, list[str]] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    unclaimed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    elements: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
+    where: list[str] = field(default_factory=list)
+    claimed: set[int] = field(default_factory=set)
+    _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
+
+    # ids and union-find
+    def new_ids(self, count: int) -> Tensor:
+        start = len(self.parent)
+        self.parent.extend(range(start, start + count))
+        return torch.arange(start, start + count)
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:
+            parent[i], i = root, parent[i]
+        return root
+
+    def merge(self, a: Tensor, b: Tensor) -> None:
+        """Merge ids a[k] with b[k] wherever both are >= 0."""
+        a, b = a.reshape(-1), b.reshape(-1)
+        both = (a >= 0) & (b >= 0) & (a != b)
+        if not bool(both.any()):
+            return
+        n = len(self.parent)
+        codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
+        for x, y in zip((codes // n).tolist(), (codes % n).tolist(), strict=False):
+            rx, ry = self.find(x), self.find(y)
+            if rx != ry:
+                self.parent[max(rx, ry)] = min(rx, ry)
+
+    def block(self, ids: Tensor | None, reason: str) -> None:
+        if ids is None:
+            return
+        for i in torch.unique(ids[ids >= 0]).tolist():
+            found = self.reasons.setdefault(i, [])
+            if reason not in found:
+                found.append(reason)
+
+    # labels of tensors
+    def label(self, t: Any) -> Tensor | None:
+        if not isinstance(t, Tensor):
+            return None
+        entry = self._labels.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        return entry[1]
+
+    def set(self, t: Any, labels: Tensor | None) -> None:
+        if not isinstance(t, Tensor):
+            return
+        key = id(t)
+        if labels is None or not bool((labels >= 0).any()):
+            self._labels.pop(key, None)
+            return
+        if tuple(labels.shape) != tuple(t.shape):
+            raise AssertionError(f"labels of shape {tuple(labels.shape)} for {tuple(t.shape)}")
+        labels_of = self._labels
+
+        def forget(_: object, key: int = key) -> None:
+            labels_of.pop(key, None)
+
+        self._labels[key] = (weakref.ref(t, forget), labels)
+
+    def owner(self, t: Any) -> tuple[str, nn.Module, str, bool] | None:
+        """(module name, module, tensor name, is buffer) of a model parameter or buffer."""
+        if not isinstance(t, Tensor):
+            return None
+        return self.owners.get(id(t))
+
+    def param_labels(self, t: Tensor) -> Tensor | None:
+        """Labels for a model tensor used outside a layer: one new id per element."""
+        found = self.owner(t)
+        if found is None or t.numel() > _PARAM_ELEMENTS_LIMIT:
+            return None
+        entry = self.elements.get(id(t))
+        if entry is None:
+            ids = self.new_ids(t.numel()).reshape(t.shape)
+            self.elements[id(t)] = entry = (len(self.records), ids)
+            mname, module, name, _ = found
+            flat = torch.arange(t.numel())
+            self.records.append(Record(mname, module, name, -1, "element", flat, ids.reshape(-1)))
+        return entry[1]
+
+    def labels_of(self, t: Any) -> Tensor | None:
+        """A tensor's labels; a model tensor gets element ids (and counts as claimed)."""
+        found = self.label(t)
+        if found is None and isinstance(t, Tensor) and self.owner(t) is not None:
+            found = self.param_labels(t)
+            if found is not None:
+                self.claimed.add(id(t))
+        return found
+
+    def claim(self, *tensors: Any) -> tuple[str, nn.Module, str, bool] | None:
+        """Mark model tensors as used by the handler; return the first one's owner."""
+        first = None
+        for t in tensors:
+            found = self.owner(t)
+            if found is not None:
+                self.claimed.add(id(t))
+                first = first or found
+        return first
+
+    def record(self, owner: tuple[str, nn.Module, str, bool] | None, dim: int, role: str,
+               positions: Tensor, ids: Tensor, channels: Tensor | None = None,
+               op: str = "") -> None:  # fmt: skip
+        if owner is None:
+            return
+        mname, module, name, is_buffer = owner
+        role = "buffer" if is_buffer else role
+        self.records.append(Record(mname, module, name, dim, role, positions, ids, channels, op))
+
+
+def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
+    """id of each parameter, buffer and masked tensor -> (module name, module, name, is buffer).
+
+    A pruned tensor is found as ``module.<name>`` (mask x orig), never as its ``_orig`` or
+    ``_mask``, which only the pruning hook reads.
+    """
+    owners: dict[int, tuple[str, nn.Module, str, bool]] = {}
+    for mname, module in model.named_modules():
+        masked = {k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")}
+        for pname, p in module._parameters.items():
+            if p is not None and not (pname.endswith("_orig") and pname[:-5] in masked):
+                owners.setdefault(id(p), (mname, module, pname, False))
+        for bname, b in module._buffers.items():
+            if b is not None and not (bname.endswith("_mask") and bname[:-5] in masked):
+                owners.setdefault(id(b), (mname, module, bname, True))
+        for name in masked:
+            value = module.__dict__.get(name)
+            if isinstance(value, Tensor):
+                owners.setdefault(id(value), (mname, module, name, False))
+    return owners
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:  # fmt: skip
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = op_name(func)
+        if name in _METADATA:
+            return out
+        tr = self.tracer
+        call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
+        tr.claimed = claimed = set[int]()
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        handler = HANDLERS.get(name)
+        if handler is not None:
+            handler(tr, call)
+        else:
+            for t in inputs:
+                tr.block(tr.label(t), f"{describe_op(call)} is not an op the graph knows")
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        if outputs:
+            for t in inputs:
+                found = tr.owners.get(id(t))
+                if found is not None and id(t) not in claimed:
+                    tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
+        return out
+
+
+def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
+    """A pre-hook after the pruning hooks: they make ``module.<name>`` anew at each forward."""
+    names = [k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")]
+    names = [n for n in names if n + "_orig" in module._parameters]
+    if not names:
+        return None
+
+    current = {name: id(module.__dict__.get(name)) for name in names}
+
+    def follow(_: nn.Module, __: Any) -> None:
+        for name in names:
+            value = module.__dict__.get(name)
+            if isinstance(value, Tensor) and id(value) != current[name]:
+                tracer.owners.pop(current[name], None)  # that id may now be anything else
+                current[name] = id(value)
+                tracer.owners[id(value)] = (mname, module, name, False)
+
+    return module.register_forward_pre_hook(follow)
+
+
+def describe_op(call: Call) -> str:
+    return f"{call.name} (in {call.where or 'the model'})"
+
+
+def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
+    Tracer, Any
+]:  # fmt: skip
+    """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
+    tracer = Tracer(owners=tensor_owners(model))
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def enter(module: nn.Module, _: Any) -> None:
+        tracer.where.append(names.get(id(module), type(module).__name__) or type(module).__name__)
+
+    def leave(module: nn.Module, _: Any, __: Any) -> None:
+        if tracer.where:
+            tracer.where.pop()
+
+    pre = nn.modules.module.register_module_forward_pre_hook(enter)
+    post = nn.modules.module.register_module_forward_hook(leave)
+    handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
+    training = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad(), _Mode(tracer):
+            out = model(*args, **kwargs)
+    finally:
+        pre.remove()
+        post.remove()
+        for handle in handles:
+            if handle is not None:
+                handle.remove()
+        for m, mode in training:
+            m.training = mode
+    for t in tree_flatten(out)[0]:
+        tracer.block(tracer.label(t), "they reach the model's output")
+    return tracer, out
