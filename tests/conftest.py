@@ -11,6 +11,11 @@ import torch
 
 from frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.select import trace
+from vision import define_torchvision_ops
+
+# transformers and Lightning (torchmetrics) import torchvision when present, whose CUDA wheel
+# cannot be imported with the CPU torch unless its op schemas exist (see vision.py).
+define_torchvision_ops()
 
 
 @pytest.fixture(autouse=True)
