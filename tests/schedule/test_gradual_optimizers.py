@@ -114,3 +114,21 @@ def test_muon_on_the_linear_weights() -> None:
             if prune.is_pruned(layer):
                 assert bool((layer.weight[layer.weight_mask == 0] == 0).all())
     assert pruner.amount == 0.8
+
+
+def test_sparse_adam_on_a_sparse_embedding() -> None:
+    """SparseAdam needs sparse gradients: they reach ``weight_orig`` through the mask."""
+    embedding = nn.Embedding(20, 6, sparse=True)
+    pruner = prune.GradualPruner(embedding, 0.7, start_step=1, end_step=4, every=1)
+    optimizer = torch.optim.SparseAdam(list(embedding.parameters()), lr=0.05)
+    for i in range(1, 7):
+        optimizer.zero_grad()
+        embedding(torch.arange(i, i + 10) % 20).pow(2).sum().backward()  # type: ignore[no-untyped-call]
+        if prune.is_pruned(embedding):
+            assert embedding.weight_orig.grad is not None
+            assert embedding.weight_orig.grad.layout == torch.sparse_coo
+        optimizer.step()
+        pruner.step()
+        embedding(torch.arange(20))
+        assert bool((embedding.weight[embedding.weight_mask == 0] == 0).all())
+    assert int((embedding.weight_mask == 0).sum()) == 84
