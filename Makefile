@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,vision
+EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed demo clean

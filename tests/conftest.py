@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from frameworks import FRAMEWORK_NAMES, Framework
-from prunekit import select
+from prunekit.select import trace
 
 
 @pytest.fixture(autouse=True)
@@ -28,15 +29,13 @@ def framework(request: pytest.FixtureRequest) -> Framework:
 
 
 @pytest.fixture
-def one_pass(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """True or False per call of select._mark_between: whether the one pass held."""
+def one_pass() -> Iterator[list[bool]]:
+    """True or False per try of the selection's one pass: whether it held."""
     held: list[bool] = []
-    real = select._mark_between
 
-    def spy(*args):  # type: ignore[no-untyped-def]
-        result = real(*args)
-        held.append(result is not None)
-        return result
+    def listen(event: str) -> None:
+        if event.startswith("one pass"):
+            held.append(event == "one pass")
 
-    monkeypatch.setattr(select, "_mark_between", spy)
-    return held
+    with trace.recorded(listen):
+        yield held

@@ -16,7 +16,10 @@ from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.report import report
 from prunekit.tools.cli import main
 
-TINY_DEMO = ["--epochs", "1", "--finetune-epochs", "1", "--sparsity", "0.5,0.9"]
+TINY_DEMO = [
+    *("--epochs", "1", "--finetune-epochs", "1", "--sparsity", "0.5,0.9"),
+    *("--gradual-epochs", "1"),
+]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -251,7 +254,7 @@ def test_demo_tiny_run_is_reproducible(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 0
     for label in ("training the dense model", "pruned to 90%, fine-tuning"):
         assert label in progress and label not in first  # bars on stderr, table on stdout
-    for label in ("dense", "global L1 50%", "global L1 90%", "structured L2 50%"):
+    for label in ("dense", "global L1 50%", "global L1 90%", "structured L2 50%", "gradual L1 95%"):
         assert label in first
     names = {p.name for p in out_dir.iterdir()}
     assert names == {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,13 +11,13 @@ import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 import prunekit as prune
-from prunekit import select
+from prunekit.select import tuning
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
 @pytest.fixture(autouse=True, params=["guess", "guess-tensors", "radix", "plain"])
-def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def selection_path(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every test runs through each selection path: one pass around a guess from a sample
     (as the C loop, in chunks and parts as small as these inputs allow, and as tensor
     operations), the histogram passes, and the plain one (small inputs normally take it).
@@ -24,15 +25,18 @@ def selection_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     The inputs here are small, so the guess from a sample of them is loose: the one pass
     may gather up to half of the entries in between (1/16 otherwise) to be taken at all.
     """
-    monkeypatch.setattr(select, "_SMALL", 1 << 16 if request.param == "plain" else 0)
-    monkeypatch.setattr(select, "_GUESS", 0)
-    monkeypatch.setattr(select, "_SAMPLE", 1024 if "guess" in request.param else 1 << 40)
-    monkeypatch.setattr(select, "_budget", lambda plan: plan.size // 2)
-    monkeypatch.setattr(select, "_STEP", 1000)
-    monkeypatch.setattr(select, "_PART", 100)
-    monkeypatch.setattr(select, "_threads", lambda: 2)
-    if request.param == "guess-tensors":
-        monkeypatch.setattr(select, "_native", None)
+    with tuning.overridden(
+        small=1 << 16 if request.param == "plain" else 0,
+        guess=0,
+        sample=1024 if "guess" in request.param else 1 << 40,
+        gather_share=2,
+        gather_capped=False,
+        step=1000,
+        part=100,
+        threads=lambda: 2,
+        native=request.param != "guess-tensors",
+    ):
+        yield
 
 
 class Distinct:

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from prunekit import select
+from prunekit.select import native as binding
+from prunekit.select import onepass, tuning
 
 native = select._native
 needs_native = pytest.mark.skipif(native is None, reason="the C loop is not built")
@@ -43,12 +45,10 @@ def run(
 ) -> tuple[int, int, torch.Tensor, torch.Tensor, bool]:
     """The C loop over one chunk: competing and below counts, the positions and values
     gathered, and whether all scores are finite."""
-    gather = select._Gather(scores.numel() + 5, scores.dtype)
+    gather = onepass.Gather(scores.numel() + 5, scores.dtype)
     gather.size = 5  # after entries gathered before
     bounds = (lower, lower if mid is None else mid, upper)
-    competing, below, finite = select._native_split(
-        scores, alive, out, chosen, other, bounds, gather, 0
-    )
+    competing, below, finite = binding.split(scores, alive, out, chosen, other, bounds, gather, 0)
     found = slice(5, gather.size)
     return competing, below, gather.positions[found], gather.values[found], finite
 
@@ -72,7 +72,7 @@ def test_matches_tensor_operations(
             alive[1::7] = 0.5
     lower, upper = 0.5, 0.9
     out = torch.full((size,), 7, dtype=out_dtype)  # every entry must be written
-    one = int(torch.ones((), dtype=out_dtype).view(select._UNSIGNED[out.element_size()]))
+    one = int(torch.ones((), dtype=out_dtype).view(binding.UNSIGNED[out.element_size()]))
     hit = out_dtype == torch.bool
     chosen, other = (one, 0) if hit else (0, one)
     competing, below, positions, values, finite = run(
@@ -100,16 +100,15 @@ def test_any_non_finite_score_is_seen_competing_or_not(bad: float) -> None:
 
 
 @needs_native
-def test_parts_on_threads_give_what_one_part_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parts_on_threads_give_what_one_part_gives() -> None:
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(100_001, generator=g)
     alive = torch.rand(100_001, generator=g) < 0.5
     out = torch.empty(100_001, dtype=torch.float32)
     whole = run(scores, alive, out, 0, 0x3F800000, 0.3, 0.35)
     whole_out = out.clone()
-    monkeypatch.setattr(select, "_PART", 1000)
-    monkeypatch.setattr(select, "_threads", lambda: 4)
-    parted = run(scores, alive, out, 0, 0x3F800000, 0.3, 0.35)
+    with tuning.overridden(part=1000, threads=lambda: 4):
+        parted = run(scores, alive, out, 0, 0x3F800000, 0.3, 0.35)
     assert torch.equal(out, whole_out)
     assert parted[:2] == whole[:2] and parted[4] == whole[4]
     assert torch.equal(parted[2], whole[2]) and torch.equal(parted[3], whole[3])
@@ -152,17 +151,16 @@ def _prune_in_child(queue: multiprocessing.Queue) -> None:
 
 
 @needs_native
-def test_a_forked_child_gets_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(select, "_PART", 1000)
-    monkeypatch.setattr(select, "_threads", lambda: 2)
+def test_a_forked_child_gets_threads_of_its_own() -> None:
     scores = torch.randn(300_000, generator=torch.Generator().manual_seed(0))
-    want = select.smallest_k(scores, 1000, magnitude=True).nonzero().reshape(-1).tolist()
-    assert select._POOL  # the parent made its pool, whose thread the child will not have
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_prune_in_child, args=(queue,))
-    child.start()
-    child.join(30)
+    with tuning.overridden(part=1000, threads=lambda: 2):
+        want = select.smallest_k(scores, 1000, magnitude=True).nonzero().reshape(-1).tolist()
+        assert binding.POOL  # the parent made its pool, whose thread the child will not have
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_prune_in_child, args=(queue,))
+        child.start()
+        child.join(30)
     if child.is_alive():
         child.kill()
         pytest.fail("the forked child hung on the parent's thread pool")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,27 +13,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prunekit import select
-from prunekit.select import smallest_k, smallest_k_many
+from prunekit.select import plan, sample, smallest_k, smallest_k_many, trace, tuning
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-BUDGET = select._budget
-NATIVE, PART, THREADS = select._native, select._PART, select._threads
+# The one pass as tensor operations, as the C loop, or the C loop with each chunk in
+# parts of a few entries on three threads.
+ONE_PASS: dict[str, dict[str, Any]] = {
+    "tensors": {"native": False},
+    "C": {},
+    "C in parts": {"part": 2, "threads": lambda: 3},
+}
+# The one pass taken even around a loose guess (from a small sample of small inputs).
+LOOSE = {"gather_share": 2, "gather_capped": False}
 
 
 @pytest.fixture(autouse=True)
-def radix_even_for_small_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+def radix_even_for_small_inputs() -> Iterator[None]:
     """Small inputs normally take the plain path; here they take the radix one, or the one
-    pass around a guess from a sample.
-
-    Tests may change select._CHUNK, _STEP, _PART, _threads, _native, _SAMPLE or _budget;
-    the fixture puts them back afterwards.
-    """
-    monkeypatch.setattr(select, "_SMALL", 0)
-    monkeypatch.setattr(select, "_GUESS", 0)
-    for name in ("_CHUNK", "_STEP", "_PART", "_threads", "_native"):
-        monkeypatch.setattr(select, name, getattr(select, name))
-    monkeypatch.setattr(select, "_SAMPLE", select._SAMPLE)
-    monkeypatch.setattr(select, "_budget", select._budget)
+    pass around a guess from a sample."""
+    with tuning.overridden(small=0, guess=0):
+        yield
 
 
 def reference(
@@ -124,22 +124,19 @@ def test_matches_stable_sort(
     one_pass: str,
 ) -> None:
     scores, alive, k, magnitude = problem
-    select._SMALL = small  # both the radix path and the plain one
-    select._CHUNK = select._STEP = (
-        chunk  # passes that cross chunk borders, and one chunk per tensor
-    )
-    # The one pass as tensor operations, as the C loop, or the C loop with each chunk in
-    # parts of a few entries on three threads.
-    select._native = None if one_pass == "tensors" else NATIVE
-    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
-    select._SAMPLE = sample  # a guess from a sample (right or wrong), or no guess at all
-    # With `loose`, the one pass is taken even around a loose guess (these inputs are small).
-    select._budget = (lambda plan: plan.size // 2) if loose else BUDGET
     # Alive flags as bool, or as a 0/1 mask of the scores' dtype (1 competes).
     flags = [
         a if a is None or not as_mask else a.to(s.dtype) for s, a in zip(scores, alive, strict=True)
     ]
-    got = run(scores, flags, k, magnitude, as_count)
+    with tuning.overridden(
+        small=small,  # both the radix path and the plain one
+        chunk=chunk,  # passes that cross chunk borders, and one chunk per tensor
+        step=chunk,
+        sample=sample,  # a guess from a sample (right or wrong), or no guess at all
+        **ONE_PASS[one_pass],
+        **(LOOSE if loose else {}),
+    ):
+        got = run(scores, flags, k, magnitude, as_count)
     want = reference(scores, alive, k, magnitude)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
@@ -162,11 +159,6 @@ def test_products_are_the_scores_times_the_masks(
     problem: tuple, chunk: int, sample: int, loose: bool, one_pass: str
 ) -> None:
     scores, alive, k, magnitude = problem
-    select._CHUNK = select._STEP = chunk
-    select._SAMPLE = sample
-    select._budget = (lambda plan: plan.size // 2) if loose else BUDGET
-    select._native = None if one_pass == "tensors" else NATIVE
-    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
     dtype = scores[0].dtype
     # A product for each tensor without flags whose scores are finite (as callers ensure).
     products = [
@@ -174,9 +166,11 @@ def test_products_are_the_scores_times_the_masks(
         for s, a in zip(scores, alive, strict=True)
     ]
     sources = [(lambda s=s, a=a: (s, a)) for s, a in zip(scores, alive, strict=True)]
-    got = list(
-        smallest_k_many(sources, k, magnitude=magnitude, keep_dtype=dtype, products=products)
-    )
+    tuned = {"chunk": chunk, "step": chunk, "sample": sample, **ONE_PASS[one_pass]}
+    with tuning.overridden(**tuned, **(LOOSE if loose else {})):
+        got = list(
+            smallest_k_many(sources, k, magnitude=magnitude, keep_dtype=dtype, products=products)
+        )
     want = reference(scores, alive, k, magnitude)
     for mask, chosen, s, product in zip(got, want, scores, products, strict=True):
         assert torch.equal(mask, (~chosen).to(dtype))
@@ -204,16 +198,16 @@ def test_flags_must_be_one_per_score(size: int) -> None:
 
 def test_products_of_scores_that_require_grad() -> None:
     scores = torch.randn(300_000, requires_grad=True)
-    for native in (NATIVE, None):
-        select._native = native
+    for native in (True, False):
         product = torch.empty(300_000, dtype=torch.float64)  # not the scores' dtype
-        (mask,) = smallest_k_many(
-            [lambda: (scores, None)],
-            1000,
-            magnitude=True,
-            keep_dtype=torch.float64,
-            products=[product],
-        )
+        with tuning.overridden(native=native):
+            (mask,) = smallest_k_many(
+                [lambda: (scores, None)],
+                1000,
+                magnitude=True,
+                keep_dtype=torch.float64,
+                products=[product],
+            )
         assert torch.equal(product, scores.detach().double() * mask)
 
 
@@ -227,10 +221,9 @@ def test_products_must_be_where_their_scores_are() -> None:
 
 
 @pytest.mark.parametrize("one_pass", ["tensors", "C"])
-def test_scores_made_anew_are_not_all_held(one_pass: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scores_made_anew_are_not_all_held(one_pass: str) -> None:
     # Sources may make their scores on each call (global random pruning draws its noise
     # so): the one pass must not keep them all alive until the end.
-    select._native = None if one_pass == "tensors" else NATIVE
     made: list[weakref.ref[torch.Tensor]] = []
 
     def source(seed: int) -> tuple[torch.Tensor, None]:
@@ -239,16 +232,14 @@ def test_scores_made_anew_are_not_all_held(one_pass: str, monkeypatch: pytest.Mo
         return scores, None
 
     alive_at_settle = []
-    for name in ("_settle_native", "_settle_tensors"):
-        real = getattr(select, name)
 
-        def spy(*args: object, real: Any = real) -> None:
+    def listen(event: str) -> None:
+        if event == "settle":
             alive_at_settle.append(sum(ref() is not None for ref in made))
-            real(*args)
 
-        monkeypatch.setattr(select, name, spy)
     sources = [lambda i=i: source(i) for i in range(8)]
-    list(smallest_k_many(sources, 80_000, magnitude=True))
+    with tuning.overridden(**ONE_PASS[one_pass]), trace.recorded(listen):
+        list(smallest_k_many(sources, 80_000, magnitude=True))
     assert alive_at_settle and alive_at_settle[0] <= 1
 
 
@@ -262,11 +253,9 @@ def test_a_product_cannot_be_its_scores() -> None:
 def test_products_under_inference_mode(one_pass: str) -> None:
     # Products of another dtype than the scores are multiplied after the pass, where the
     # caller's inference mode holds (it is per thread).
-    select._native = None if one_pass == "tensors" else NATIVE
-    select._PART, select._threads = (2, lambda: 3) if one_pass == "C in parts" else (PART, THREADS)
     g = torch.Generator().manual_seed(0)
     scores = [torch.randn(300_000, generator=g) for _ in range(3)]
-    with torch.inference_mode():
+    with tuning.overridden(**ONE_PASS[one_pass]), torch.inference_mode():
         products = [torch.empty(300_000, dtype=torch.float64) for _ in scores]
         masks = list(
             smallest_k_many(
@@ -302,9 +291,9 @@ def test_heavy_ties_across_chunks_keep_lowest_indices(dtype: torch.dtype) -> Non
     # 200k entries with 3 values: the cut falls inside a run of ties far past one chunk.
     g = torch.Generator().manual_seed(1)
     scores = torch.randint(0, 3, (200_000,), generator=g).to(dtype)
-    select._CHUNK = 4096
     for k in (1, 66_000, 100_001, 199_999):
-        got = smallest_k(scores, k)
+        with tuning.overridden(chunk=4096):
+            got = smallest_k(scores, k)
         (want,) = reference([scores], [None], k, magnitude=False)
         assert torch.equal(got, want)
         assert int(got.sum()) == k
@@ -347,7 +336,7 @@ def test_one_pass_around_a_guess_and_the_fallback_give_the_same(
     kth = torch.cat([p.abs() for p in parts]).to(torch.float64).sort().values[k].item()
     for lower, upper in ((0.0, kth / 4), (kth * 4, kth * 8), (0.0, math.inf)):
         bounds = tuple(torch.tensor(b, dtype=dtype) for b in (lower, lower, upper))
-        monkeypatch.setattr(select, "_guess", lambda *args, b=bounds: b)
+        monkeypatch.setattr(sample, "guess", lambda *args, b=bounds: b)
         one_pass.clear()
         for kept, w in zip(
             smallest_k_many(sources, k, magnitude=True, keep_dtype=dtype), want, strict=True
@@ -383,15 +372,15 @@ def test_a_mask_of_another_dtype_lets_only_its_ones_compete(mask_dtype: torch.dt
         assert torch.equal(got, want[0])
 
 
-@pytest.mark.parametrize("sample", [64, 1024, 1 << 17])
-def test_scores_holding_nan_still_give_exactly_k(sample: int) -> None:
+@pytest.mark.parametrize("size", [64, 1024, 1 << 17])
+def test_scores_holding_nan_still_give_exactly_k(size: int) -> None:
     # NaN is outside the contract (callers check first), but no path may then choose
     # more or fewer than k: a NaN in the sample means no guess.
-    select._SAMPLE = sample
     scores = torch.rand(50_000)
     scores[::10] = float("nan")  # the top 10 % of a sort: the guess's upper bound falls there
     for k in (1, 20_000, 44_500, 45_000):
-        assert int(smallest_k(scores, k).sum()) == k
+        with tuning.overridden(sample=size):
+            assert int(smallest_k(scores, k).sum()) == k
 
 
 @pytest.mark.parametrize("size", [1000, 100_000, 300_000])
@@ -411,7 +400,7 @@ def test_finite_check_refuses_nan_and_inf_but_not_huge_sums(size: int) -> None:
 
 def test_tensors_off_the_cpu_take_the_plain_path() -> None:
     scores = torch.empty(1 << 20, device="meta")
-    assert select._fast_plan([lambda: (scores, None)], magnitude=True) is None
+    assert not plan.make([lambda: (scores, None)], magnitude=True).fast
 
 
 def test_negative_and_signed_zero_scores() -> None:

@@ -393,3 +393,10 @@ def test_attention_is_left_alone() -> None:
 
     groups = prunekit.channel_groups(Attend(), torch.randn(2, 3, 4))
     assert "multi_head_attention_forward" in (by_name(groups, "proj.weight").reason or "")
+
+
+def test_a_pruned_model_traces_to_the_same_groups() -> None:
+    model, x = _trained_bn(Grouped()), torch.randn(1, 3, 5, 5)
+    before = [(g.name, g.size, g.prunable) for g in prunekit.channel_groups(model, x)]
+    prunekit.prune_channels(model, x, 0.5)
+    assert [(g.name, g.size, g.prunable) for g in prunekit.channel_groups(model, x)] == before

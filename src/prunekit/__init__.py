@@ -45,6 +45,9 @@ from prunekit.model import prune_model
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.report import Report, report
 
+# Gradual pruning (imports the names above, so it comes last).
+from prunekit.schedule import Gradual, GradualPruner
+
 # Structural pruning: channel groups, their masks, compaction.
 from prunekit.structure import (
     ChannelGroup,
@@ -77,6 +80,8 @@ __all__ = [
     "CompactReport",
     "Criterion",
     "CustomFromMask",
+    "Gradual",
+    "GradualPruner",
     "Identity",
     "L1Unstructured",
     "LnStructured",

@@ -283,9 +283,13 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
 
 
 def _method_name(hook: BasePruningMethod | None) -> str | None:
-    """``L1Unstructured(0.5)``; a container's methods joined by ``+``, repeats as ``x3``."""
+    """``L1Unstructured(0.5)``; a container's methods joined by ``+``, repeats as ``x3``.
+    A method with a ``report_name`` string (prunekit.Gradual) is named by it."""
     if hook is None:
         return None
+    own = getattr(hook, "report_name", None)
+    if isinstance(own, str):
+        return own
     if isinstance(hook, PruningContainer):
         names = [_method_name(m) or "" for m in hook]
         runs = [(name, len(list(group))) for name, group in itertools.groupby(names)]

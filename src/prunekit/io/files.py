@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
+import stat
+import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,20 @@ import torch
 from torch import Tensor, nn
 
 from prunekit._extras import require
+from prunekit.io.atomic import atomic_path
 
-__all__ = ["CheckpointError", "detect_format", "load_state_dict", "save_state_dict"]
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
+__all__ = [
+    "CheckpointError",
+    "available_memory",
+    "detect_format",
+    "load_state_dict",
+    "save_state_dict",
+]
 
 FORMATS = ("torch", "safetensors")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -31,34 +45,121 @@ class CheckpointError(ValueError):
 
 def detect_format(path: str | os.PathLike[str]) -> str:
     """Return 'torch' or 'safetensors' from the file's first bytes, whatever its suffix."""
+    return _probe(path)[0]
+
+
+def _probe(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """The file's format and how many bytes its tensors take once loaded (as declared)."""
     where = str(path)
     try:
-        with open(path, "rb") as stream:
-            head = stream.read(9)
-            size = os.fstat(stream.fileno()).st_size
+        # Non-blocking, so that a FIFO does not wait for a writer before it is refused.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise CheckpointError(f"{where}: no such file") from None
     except IsADirectoryError:
         raise CheckpointError(f"{where}: is a directory, expected a checkpoint file") from None
     except OSError as error:
         raise CheckpointError(f"{where}: cannot read: {error.strerror}") from None
-    if head.startswith(_ZIP_MAGIC) or (head and head[0] == _PICKLE_PROTO):
-        return "torch"
-    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
-        return "safetensors"
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise CheckpointError(f"{where}: is a directory, expected a checkpoint file")
+        raise CheckpointError(
+            f"{where}: is not a regular file (a FIFO, device or socket); expected a checkpoint file"
+        )
+    with os.fdopen(fd, "rb") as stream:
+        head = stream.read(9)
+    size = info.st_size
+    if head.startswith(_ZIP_MAGIC):
+        return "torch", _zip_bytes(path, size)
+    if head and head[0] == _PICKLE_PROTO:
+        return "torch", size
+    header = int.from_bytes(head[:8], "little")
+    if len(head) == 9 and head[8:9] == b"{" and header <= size - 8:
+        return "safetensors", size - 8 - header
     raise CheckpointError(
         f"{where}: not a PyTorch state_dict file (torch.save) nor a .safetensors file"
     )
 
 
-def load_state_dict(path: str | os.PathLike[str], trust_pickle: bool = False) -> dict[str, Tensor]:
+def _zip_bytes(path: str | os.PathLike[str], size: int) -> int:
+    """What the records of a torch.save zip take unpacked, as its directory declares them
+    (a small file can declare far more: compressed records); the file's size if unreadable."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return max(size, sum(info.file_size for info in archive.infolist()))
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return size  # torch.load explains what is wrong with it
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the least of the memory the system has
+    available, the address-space limit (ulimit -v) and the cgroup's limit; None if unknown."""
+    limits = []
+    meminfo = _read("/proc/meminfo")
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            limits.append(int(line.split()[1]) * 1024)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS) if resource else (-1, -1)
+    if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+        used = next(
+            (
+                int(x.split()[1]) * 1024
+                for x in _read("/proc/self/status").splitlines()
+                if x.startswith("VmSize:")
+            ),
+            0,
+        )
+        limits.append(max(soft - used, 0))
+    for cap, current in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        cap_text, current_text = _read(cap).strip(), _read(current).strip()
+        if cap_text.isdigit() and current_text.isdigit() and int(cap_text) < 2**60:
+            limits.append(max(int(cap_text) - int(current_text), 0))
+    return min(limits) if limits else None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as stream:
+            return stream.read()
+    except OSError:
+        return ""
+
+
+def _check_memory(where: str, needed: int, headroom: float) -> None:
+    """Refuse a file whose tensors (times `headroom`) would not fit in memory."""
+    budget = available_memory()
+    if budget is not None and needed * headroom > budget:
+        raise CheckpointError(
+            f"{where}: its tensors take {_gib(needed)} once loaded; this needs about "
+            f"{_gib(needed * headroom)} of memory and {_gib(budget)} are available"
+        )
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def load_state_dict(
+    path: str | os.PathLike[str], trust_pickle: bool = False, headroom: float = 1.0
+) -> dict[str, Tensor]:
     """Return the tensors saved in `path` by name, on the CPU.
 
     A PyTorch file holding a whole pickled module is refused unless
     `trust_pickle` is True (unpickling runs code from the file); with it, the
-    module's state_dict() is returned.
+    module's state_dict() is returned. A file whose tensors, times `headroom` (what the
+    caller needs beside them), would not fit in the memory available is refused before
+    anything is allocated, and so is any tensor but a dense one.
     """
-    kind = detect_format(path)
+    kind, needed = _probe(path)
+    _check_memory(str(path), needed, headroom)
     if kind == "safetensors":
         st = require("safetensors.torch", "cli", "reading .safetensors files")
         try:
@@ -69,7 +170,9 @@ def load_state_dict(path: str | os.PathLike[str], trust_pickle: bool = False) ->
             ) from None
         return loaded
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        with warnings.catch_warnings():  # torch's notes on old formats: the error says it all
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"{path}: holds pickled Python objects besides tensors (a whole model?); "
@@ -84,33 +187,29 @@ def load_state_dict(path: str | os.PathLike[str], trust_pickle: bool = False) ->
 def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -> Path:
     """Write `state` to `path`, as safetensors if it ends in .safetensors, else torch.save.
 
-    The file is written beside its target and renamed into place, so `path`
-    holds either its old content or the complete new one.
+    `path` holds either its old content or the complete new one, even if the process is
+    killed mid-write (see atomic_path). A .safetensors file is made in memory first.
     """
     target = Path(path)
     if target.is_dir():
         raise CheckpointError(f"{target}: is a directory, expected a file name")
     if not target.parent.is_dir():
         raise CheckpointError(f"{target}: the directory {target.parent} does not exist")
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        if target.suffix == ".safetensors":
-            st = require("safetensors.torch", "cli", "writing .safetensors files")
-            st.save_file(_unshared(state), temp)
-        else:
+    if target.suffix == ".safetensors":
+        st = require("safetensors.torch", "cli", "writing .safetensors files")
+        data: bytes = st.save(_unshared(state))
+        with atomic_path(target) as temp, open(temp, "wb") as stream:
+            stream.write(data)
+    else:
+        with atomic_path(target) as temp:
             torch.save(dict(state), temp)
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
     return target
 
 
 def _as_state_dict(obj: Any, where: str) -> dict[str, Tensor]:
-    """Check that a loaded object is a flat mapping of names to tensors (or a module)."""
+    """Check that a loaded object is a flat mapping of names to dense tensors (or a module)."""
     if isinstance(obj, nn.Module):
-        return dict(obj.state_dict())
+        obj = obj.state_dict()
     if not isinstance(obj, Mapping):
         raise CheckpointError(
             f"{where}: holds a {type(obj).__name__}, expected a state_dict (names to tensors)"
@@ -121,7 +220,26 @@ def _as_state_dict(obj: Any, where: str) -> dict[str, Tensor]:
                 f"{where}: entry {key!r} has type {type(value).__name__}, not a tensor; expected a "
                 "flat state_dict (names to tensors), such as model.state_dict()"
             )
+        kind = _unusual(value)
+        if kind is not None:
+            raise CheckpointError(
+                f"{where}: entry {key!r} is a {kind} tensor; expected dense tensors, "
+                "as model.state_dict() holds them"
+            )
     return {str(key): value for key, value in obj.items()}
+
+
+def _unusual(t: Tensor) -> str | None:
+    """What sets `t` apart from a dense CPU tensor of values (sparse, quantized...), or None."""
+    if t.layout != torch.strided:
+        return str(t.layout).removeprefix("torch.")
+    if t.is_quantized:
+        return "quantized"
+    if t.is_nested:
+        return "nested"
+    if t.device.type != "cpu":
+        return f"{t.device.type} device"
+    return None
 
 
 def _unshared(state: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -23,7 +23,8 @@ from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import Entry, entries, mask_name, orig_name
 from prunekit.functional import custom_from_mask, global_unstructured
-from prunekit.io.files import load_state_dict, save_state_dict
+from prunekit.io.atomic import same_file
+from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
 from prunekit.methods import METHODS, LnStructured
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "prune_state_dict",
     "select_names",
 ]
+
+RANKABLE = ("float16", "bfloat16", "float32", "float64")  # dtypes the methods rank
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,15 @@ def select_names(
         chosen = [e for e in floats if any(fnmatch.fnmatchcase(e.name, p) for p in include)]
     else:
         chosen = [e for e in floats if e.tensor.dim() >= 2]
-    names = [e.name for e in chosen if not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
+    chosen = [e for e in chosen if not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
+    for e in chosen:
+        dtype = str(e.tensor.dtype).rpartition(".")[2]
+        if dtype not in RANKABLE:
+            raise ValueError(
+                f"tensor {e.name!r} has dtype {dtype}, which cannot be ranked; expected "
+                f"{', '.join(RANKABLE)} (leave it out with exclude {e.name!r})"
+            )
+    names = [e.name for e in chosen]
     if not names:
         raise ValueError(
             "no tensor left to prune after include/exclude; "
@@ -132,11 +143,20 @@ def prune_file(
     trust_pickle: bool = False,
     **options: Any,
 ) -> PruneResult:
-    """Load the state_dict in `path`, prune it (see prune_state_dict), write it to `out`."""
+    """Load the state_dict in `path`, prune it (see prune_state_dict), write it to `out`.
+
+    `path` is only read: `out` may not be the same file. `out` gets the whole result or,
+    on any failure, stays as it was.
+    """
     _method(method, amount, options.get("n"), options.get("dim"), options.get("global_pruning"))
-    result = prune_state_dict(
-        load_state_dict(path, trust_pickle=trust_pickle), method, amount, **options
-    )
+    if same_file(path, out):
+        raise CheckpointError(
+            f"{out}: is the input file itself; expected another output file (the input is "
+            "never changed)"
+        )
+    # Beside the tensors: their masks, and the pruned tensors to write.
+    loaded = load_state_dict(path, trust_pickle=trust_pickle, headroom=3.0)
+    result = prune_state_dict(loaded, method, amount, **options)
     save_state_dict(result.state, out)
     return result
 

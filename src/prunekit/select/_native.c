@@ -11,7 +11,11 @@ work as tensor operations reads them about ten times.
 
 No Python object is touched while a loop runs, so it releases the GIL: threads
 can work on parts of a chunk at once. Addresses come in as integers from
-Tensor.data_ptr(); the caller owns and checks every buffer (select.py). */
+Tensor.data_ptr(); the caller owns and checks every buffer (native.py).
+
+Plain C99 and Python's C API: any C99 compiler builds it. Where the compiler has
+them, it uses __builtin_ctzll and, on x86-64 with glibc, target_clones (GCC 6 and
+later, Clang 14 and later); elsewhere portable code takes their place. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,14 +29,40 @@ Tensor.data_ptr(); the caller owns and checks every buffer (select.py). */
 /* Entries handled per inner loop: their in-between flags fit in L1. */
 #define BLOCK 2048
 
-/* On x86-64 Linux with GCC, build the loops for AVX-512, AVX2 and the baseline, and
-   pick one when the module loads (measured here: about 0.7 and 0.8 of the baseline's
-   time). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+/* On x86-64 with glibc, where the compiler has target_clones (GCC 6+, Clang 14+), build
+   the loops for AVX-512, AVX2 and the baseline, and pick one when the module loads
+   (measured here: about 0.7 and 0.8 of the baseline's time). The clones need glibc's
+   ifunc; other compilers and C libraries build the baseline only. */
+#if defined(__has_attribute)
+#if __has_attribute(target_clones) && defined(__x86_64__) && defined(__GLIBC__)
 #define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
+#endif
+#endif
+#ifndef CLONES
 #define CLONES
 #endif
+
+/* Writes the indices of the non-zero bytes of flags[0, len) into `at`, in order; returns
+   how many. Few are set: the flags are skipped eight at a time, and where the compiler
+   counts trailing zeros and bytes are little-endian, a word's set bytes are found from
+   its bits. */
+static Py_ssize_t set_bytes(const uint8_t *flags, Py_ssize_t len, Py_ssize_t *at) {
+    Py_ssize_t m = 0;
+    for (Py_ssize_t w = 0; w < len; w += 8) {
+        const Py_ssize_t width = len - w < 8 ? len - w : 8;
+        uint64_t word = 0;
+        memcpy(&word, flags + w, (size_t)width);
+        if (!word) continue;
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        for (; word; word &= word - 1) at[m++] = w + (__builtin_ctzll(word) >> 3);
+#else
+        for (Py_ssize_t i = w; i < w + width; i++)
+            if (flags[i]) at[m++] = i;
+#endif
+    }
+    return m;
+}
 
 typedef struct {
     Py_ssize_t below;     /* competing entries below `lower` */
@@ -87,6 +117,7 @@ typedef struct {
         const O flip = chosen ^ other;                                                     \
         const O magnitude = (O)(((O)-1) >> 1); /* every bit but the sign */               \
         uint8_t between[BLOCK];                                                            \
+        Py_ssize_t at[BLOCK];                                                              \
         for (Py_ssize_t start = 0; start < n; start += BLOCK) {                            \
             const Py_ssize_t len = n - start < BLOCK ? n - start : BLOCK;                  \
             const S *x = scores + start;                                                   \
@@ -110,18 +141,12 @@ typedef struct {
             tally->competing += live;                                                      \
             tally->finite &= !bad;                                                         \
             if (!band) continue;                                                           \
-            /* Few entries lie in between: skip the flags eight at a time. */             \
-            for (Py_ssize_t w = 0; w < len; w += 8) {                                      \
-                uint64_t word = 0;                                                         \
-                memcpy(&word, between + w, len - w < 8 ? (size_t)(len - w) : 8);           \
-                while (word) {                                                             \
-                    const Py_ssize_t i = w + (__builtin_ctzll(word) >> 3);                 \
-                    positions[tally->found] = base + start + i;                            \
-                    values[tally->found] = ABS(x[i]);                                      \
-                    tally->found++;                                                        \
-                    word &= word - 1;                                                      \
-                }                                                                          \
+            const Py_ssize_t found = set_bytes(between, len, at);                          \
+            for (Py_ssize_t j = 0; j < found; j++) {                                       \
+                positions[tally->found + j] = base + start + at[j];                        \
+                values[tally->found + j] = ABS(x[at[j]]);                                  \
             }                                                                              \
+            tally->found += found;                                                         \
         }                                                                                  \
     }
 
@@ -394,8 +419,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "prunekit._native",
-                                    "The selection's one pass as a single loop (see select.py).",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "prunekit.select._native",
+                                    "The selection's one pass as a single loop (see native.py).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -84,8 +84,7 @@ def compact(
     snapshot = Snapshot(model)
     try:
         model.eval()
-        weights = {id(getattr(s.module, s.name)): s.name for s, _ in result.consumers}
-        capture = Capture(weights)
+        capture = Capture(result)
         with torch.no_grad(), capture:
             reference = model(*args, **kwargs)
         before = _measures(model, args, kwargs, latency_runs)

@@ -156,11 +156,10 @@ def _element_slices(
         return []
     unit = torch.where(live, unit, torch.full_like(unit, -1)).reshape(tensor.shape)
     for dim in range(tensor.dim()):
-        first = unit.narrow(dim, 0, 1) if tensor.shape[dim] else unit
+        if tensor.shape[dim] < 2 and tensor.dim() > 1:
+            continue  # a broadcast dim: the unit cannot be decided there
         per = unit.movedim(dim, 0).reshape(tensor.shape[dim], -1)
-        if bool((per == per[:, :1]).all()) and not (
-            tensor.dim() > 1 and bool((unit == first).all())
-        ):
+        if bool((per == per[:, :1]).all()):  # the index along `dim` decides the unit
             ids = per[:, 0]
             keep = ids >= 0
             pos = torch.arange(tensor.shape[dim])[keep]

@@ -63,10 +63,12 @@ def _masked(s: Slice, unit: int) -> bool:
 class Capture(TorchFunctionMode):
     """Per input channel min and max of what each consumer weight reads, and its padding."""
 
-    def __init__(self, weights: dict[int, str]) -> None:
+    def __init__(self, result: Plan) -> None:
         super().__init__()
-        self.weights = weights
-        self.seen: dict[int, list[tuple[Tensor, Tensor, Any, int]]] = defaultdict(list)
+        found = {(id(s.module), s.name): (s.module, s.name) for s, _ in result.consumers}
+        self.keys = list(found)
+        self.consumers = list(found.values())
+        self.seen: dict[tuple[int, str], list[tuple[Tensor, Tensor, Any, int]]] = defaultdict(list)
 
     def __torch_function__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -75,14 +77,21 @@ class Capture(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in ("conv1d", "conv2d", "conv3d", "linear") and len(args) > 1:
             weight = args[1]
-            if id(weight) in self.weights:
+            at = next((k for k, (m, n) in enumerate(self.consumers) if _is(m, n, weight)), None)
+            if at is not None:
+                key = self.keys[at]
                 x = args[0]
                 dim = x.dim() - 1 if name == "linear" else x.dim() - int(name[-2]) - 1
                 rows = x.movedim(dim, 0).reshape(x.shape[dim], -1)
                 padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
                 groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
-                self.seen[id(weight)].append((rows.amin(1), rows.amax(1), padding, int(groups)))
+                self.seen[key].append((rows.amin(1), rows.amax(1), padding, int(groups)))
         return func(*args, **kwargs)
+
+
+def _is(module: nn.Module, name: str, t: Tensor) -> bool:
+    value = module.__dict__.get(name)
+    return (value if isinstance(value, Tensor) else module._parameters.get(name)) is t
 
 
 def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Module, Tensor]]:
@@ -90,7 +99,7 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
     deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]] = {}
     for s, gone in result.consumers:
         weight = getattr(s.module, s.name)
-        seen = capture.seen.get(id(weight), [])
+        seen = capture.seen.get((id(s.module), s.name), [])
         channels = sorted({c for u in gone for c in s.channels[u]}) if s.channels else []
         if not seen or not channels:
             continue

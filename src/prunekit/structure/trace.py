@@ -96,7 +96,6 @@ class Tracer:
     where: list[str] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
-    _model: nn.Module | None = None
 
     # ids and union-find
     def new_ids(self, count: int) -> Tensor:
@@ -163,11 +162,7 @@ class Tracer:
         """(module name, module, tensor name, is buffer) of a model parameter or buffer."""
         if not isinstance(t, Tensor):
             return None
-        found = self.owners.get(id(t))
-        if found is None and self._model is not None:
-            self.owners = tensor_owners(self._model)  # a pruning hook made a new tensor
-            found = self.owners.get(id(t))
-        return found
+        return self.owners.get(id(t))
 
     def param_labels(self, t: Tensor) -> Tensor | None:
         """Labels for a model tensor used outside a layer: one new id per element."""
@@ -266,6 +261,26 @@ class _Mode(TorchFunctionMode):
         return out
 
 
+def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
+    """A pre-hook after the pruning hooks: they make ``module.<name>`` anew at each forward."""
+    names = [k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")]
+    names = [n for n in names if n + "_orig" in module._parameters]
+    if not names:
+        return None
+
+    current = {name: id(module.__dict__.get(name)) for name in names}
+
+    def follow(_: nn.Module, __: Any) -> None:
+        for name in names:
+            value = module.__dict__.get(name)
+            if isinstance(value, Tensor) and id(value) != current[name]:
+                tracer.owners.pop(current[name], None)  # that id may now be anything else
+                current[name] = id(value)
+                tracer.owners[id(value)] = (mname, module, name, False)
+
+    return module.register_forward_pre_hook(follow)
+
+
 def describe_op(call: Call) -> str:
     return f"{call.name} (in {call.where or 'the model'})"
 
@@ -274,7 +289,7 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     Tracer, Any
 ]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
-    tracer = Tracer(owners=tensor_owners(model), _model=model)
+    tracer = Tracer(owners=tensor_owners(model))
     names = {id(m): n for n, m in model.named_modules()}
 
     def enter(module: nn.Module, _: Any) -> None:
@@ -286,6 +301,7 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
+    handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
     training = [(m, m.training) for m in model.modules()]
     try:
         model.eval()
@@ -294,6 +310,9 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     finally:
         pre.remove()
         post.remove()
+        for handle in handles:
+            if handle is not None:
+                handle.remove()
         for m, mode in training:
             m.training = mode
     for t in tree_flatten(out)[0]:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from prunekit._extras import require
-from prunekit.io.files import load_state_dict
+from prunekit.io.atomic import atomic_path, same_file
+from prunekit.io.files import CheckpointError, load_state_dict
 from prunekit.io.sharded import is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
 from prunekit.report import report
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:
         kind = "" if isinstance(error, _EXPECTED) else f"{type(error).__name__}: "
         text = " ".join(str(error).split()) or type(error).__name__
-        print(f"prunekit {args.command}: error: {kind}{text}", file=sys.stderr)
+        print(f"prunekit {args.command}: error: {kind}{printable(text)}", file=sys.stderr)
         return 1
     return status
 
@@ -71,7 +72,8 @@ def _demo_parser(commands: Any) -> None:
         "demo",
         help="train a small CNN on 8x8 digits, prune it step by step, show what it costs",
         description="Train a small CNN on scikit-learn's bundled 8x8 digits, prune it with "
-        "global L1 (fine-tuning after each step) and with structured L2, print a table "
+        "global L1 (fine-tuning after each step), with structured L2 and gradually while "
+        "it trains (global L1 on the cubic schedule), print a table "
         "of sparsity, test accuracy, non-zero parameters and size, and write the pruned "
         "checkpoint, its report (JSON) and plots (PNG) to --out.",
     )
@@ -88,6 +90,19 @@ def _demo_parser(commands: Any) -> None:
         "--finetune-epochs", type=int, default=6, help="epochs after each step (default 6)"
     )
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument(
+        "--gradual-epochs",
+        type=int,
+        default=20,
+        help="epochs of the gradual run, which prunes a copy of the dense model while it "
+        "trains (default 20; 0 skips it)",
+    )
+    demo.add_argument(
+        "--gradual-sparsity",
+        type=float,
+        default=0.95,
+        help="sparsity the gradual run reaches, on the cubic schedule (default 0.95)",
+    )
     demo.set_defaults(run=_run_demo)
 
 
@@ -189,6 +204,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             finetune_epochs=args.finetune_epochs,
             seed=args.seed,
             progress=tick,
+            gradual_epochs=args.gradual_epochs,
+            gradual_amount=args.gradual_sparsity,
         )
     console.print(result.rich_table())
     if result.structured is not None:
@@ -200,14 +217,25 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    found = report(load_state_dict(args.path, trust_pickle=args.trust_pickle))
+    if args.plot and same_file(args.path, args.plot):
+        raise CheckpointError(
+            f"{args.plot}: is the input file itself; expected another file for the plot "
+            "(the input is never changed)"
+        )
+    state = load_state_dict(args.path, trust_pickle=args.trust_pickle)
     if args.plot:
-        found.plot(args.plot, title=f"Sparsity per tensor of {args.path}")
+        # Names as text, never as matplotlib's math ($...$), which a file could abuse.
+        shown = report({printable(k).replace("$", r"\$"): v for k, v in state.items()})
+        with atomic_path(args.plot) as temp:
+            shown.plot(temp, title=f"Sparsity per tensor of {printable(str(args.path))}")
     if args.json:
-        print(found.to_json())
-    else:
-        console, _ = _consoles()
-        console.print(found.rich_table(title=str(args.path)))
+        print(report(state).to_json())  # JSON escapes what a terminal must not see
+        return 0
+    # rich reads [...] in the cells as markup: names are escaped to show as they are.
+    escape = require("rich.markup", "cli", "the prunekit command").escape
+    found = report({escape(printable(k)): v for k, v in state.items()})
+    console, _ = _consoles()
+    console.print(found.rich_table(title=escape(printable(str(args.path)))))
     return 0
 
 
@@ -292,6 +320,13 @@ def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
     finally:
         if tasks:
             bars.stop()
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (terminal escapes, newlines) shown as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _amount(text: str) -> float:

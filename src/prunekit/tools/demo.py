@@ -3,8 +3,9 @@
 Data are scikit-learn's bundled digits (1,797 images, no download). The
 dense model is pruned step by step with global L1 over its conv and linear
 weights, fine-tuned after each step; a structured variant drops half the
-channels of each layer but the last. Seeded and single-threaded, so two runs
-give the same numbers.
+channels of each layer but the last. A third run prunes a copy of the dense
+model gradually while it trains (GradualPruner: global L1 to 95 % on the cubic
+schedule). Seeded and single-threaded, so two runs give the same numbers.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from prunekit.core.naming import mask_name
 from prunekit.functional import global_unstructured, ln_structured
 from prunekit.methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
+from prunekit.schedule import GradualPruner
 
 __all__ = ["DemoResult", "DemoRow", "DigitsCNN", "StructuredResult", "run_demo", "run_structured"]
 
 DEFAULT_SPARSITIES = (0.5, 0.75, 0.9)
 STRUCTURED_AMOUNT = 0.5
+GRADUAL_AMOUNT = 0.95
+GRADUAL_EPOCHS = 20
 BATCH = 32
 
 # advance(stage label, steps done in it, steps in it): how progress is shown
@@ -93,7 +97,7 @@ class DemoResult:
             caption=f"sparsity: zeros among conv + linear weights; non-zero: of {params:,} "
             "parameters; dense, sparse: sizes (sparse = non-zero values + 1-bit map); "
             f"structured: {STRUCTURED_AMOUNT:.0%} of the output channels of every layer but "
-            "the last",
+            "the last; gradual: pruned while training, cubic schedule",
         )
         table.add_column("model", no_wrap=True)
         for name in ("sparsity", "test acc.", "non-zero", "dense", "sparse"):
@@ -117,15 +121,19 @@ def run_demo(
     finetune_epochs: int = 6,
     seed: int = 0,
     progress: Progress | None = None,
+    gradual_epochs: int = GRADUAL_EPOCHS,
+    gradual_amount: float = GRADUAL_AMOUNT,
 ) -> DemoResult:
     """Train, prune to each of `sparsities` in turn, fine-tune, and write results to `out`.
 
     `out` receives the sparsest model's state_dict with its masks
     (``pruned.pt``), its report (``report.json``), the table
     (``results.json``) and two plots (``accuracy_vs_sparsity.png``,
-    ``sparsity_per_layer.png``).
+    ``sparsity_per_layer.png``). `gradual_epochs` of training prune a copy of the dense
+    model gradually to `gradual_amount` (0 epochs: no gradual run).
     """
     steps = _checked(sparsities, epochs, finetune_epochs)
+    _checked_gradual(gradual_epochs, gradual_amount)
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"run_demo: out={str(folder)!r} is a file; expected a folder")
@@ -138,6 +146,7 @@ def run_demo(
         rows = [_measure("dense", model, data)]
         dense = copy.deepcopy(model)
         trained = copy.deepcopy(model)
+        gradual = copy.deepcopy(model)
         overall = "pruning steps (+ fine-tuning)"
         tick(overall, 0, len(steps) + 1)
         for done, target in enumerate(steps, 1):
@@ -152,9 +161,11 @@ def run_demo(
         _train(dense, data, finetune_epochs, 1e-3, "structured, fine-tuning", tick)
         rows.append(_measure(label, dense, data))
         tick(overall, len(steps) + 1, len(steps) + 1)
+        if gradual_epochs:
+            rows.append(_gradual_run(gradual, data, gradual_epochs, gradual_amount, seed, tick))
         compacted = run_structured(trained, data, finetune_epochs, tick)
     final = report(model)
-    files = _write(folder, model, final, rows)
+    files = _write(folder, model, final, rows, f"global L1 {steps[-1]:.0%}")
     return DemoResult(tuple(rows), final, files, len(data.y_test), compacted)
 
 
@@ -212,9 +223,16 @@ def _digits(seed: int) -> _Data:
 
 
 def _train(
-    model: nn.Module, data: _Data, epochs: int, lr: float, label: str, tick: Progress
+    model: nn.Module,
+    data: _Data,
+    epochs: int,
+    lr: float,
+    label: str,
+    tick: Progress,
+    after_step: Callable[[], None] | None = None,
 ) -> None:
-    """Adam on shuffled mini-batches; a pruned model trains its ``_orig`` tensors."""
+    """Adam on shuffled mini-batches; a pruned model trains its ``_orig`` tensors.
+    `after_step` runs after each optimizer step (a GradualPruner's step)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     count = len(data.y_train)
     batches = -(-count // BATCH)
@@ -229,6 +247,8 @@ def _train(
             loss = F.cross_entropy(model(data.x_train[index]), data.y_train[index])
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
+            if after_step is not None:
+                after_step()
             tick(label, epoch * batches + i + 1, total)
 
 
@@ -259,7 +279,9 @@ def _measure(label: str, model: DigitsCNN, data: _Data) -> DemoRow:
     )
 
 
-def _write(folder: Path, model: nn.Module, final: Report, rows: list[DemoRow]) -> tuple[Path, ...]:
+def _write(
+    folder: Path, model: nn.Module, final: Report, rows: list[DemoRow], sparsest: str
+) -> tuple[Path, ...]:
     checkpoint = folder / "pruned.pt"
     torch.save(model.state_dict(), checkpoint)
     report_json = folder / "report.json"
@@ -269,7 +291,7 @@ def _write(folder: Path, model: nn.Module, final: Report, rows: list[DemoRow]) -
     accuracy_png = _plot_accuracy(rows, folder / "accuracy_vs_sparsity.png")
     layers_png = final.plot(
         folder / "sparsity_per_layer.png",
-        title=f"Sparsity per tensor after {rows[-2].model} (overall {final.sparsity:.1%})",
+        title=f"Sparsity per tensor after {sparsest} (overall {final.sparsity:.1%})",
     )
     return (checkpoint, report_json, results, accuracy_png, layers_png)
 
@@ -279,7 +301,8 @@ def _plot_accuracy(rows: list[DemoRow], path: Path) -> Path:
     figure_mod = require("matplotlib.figure", "cli", "the demo's plots")
     fig = figure_mod.Figure(figsize=(6, 4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    steps, structured = rows[:-1], rows[-1]
+    steps = [r for r in rows if not r.model.startswith(("structured", "gradual"))]
+    structured = next(r for r in rows if r.model.startswith("structured"))
     ax.plot(
         [100 * r.sparsity for r in steps],
         [100 * r.accuracy for r in steps],
@@ -311,6 +334,9 @@ def _plot_accuracy(rows: list[DemoRow], path: Path) -> Path:
         fontsize=8,
         color="C1",
     )
+    for r in rows:
+        if r.model.startswith("gradual"):
+            _plot_gradual(ax, r)
     low = min(100 * r.accuracy for r in rows)
     ax.set_ylim(max(0.0, low - 5), 100.5)
     ax.set_xlim(-3, 103)
@@ -387,3 +413,56 @@ def _structured_row(
     per_image = macs(model, (data.x_test[:1],), {})
     return StructuredRow(label, accuracy, found.numel, found.dense_bytes, per_image,
                          latency(model, (data.x_test,), {}, 20))  # fmt: skip
+
+
+# -- Gradual pruning: a copy of the dense model pruned while it trains -----------------------
+
+
+def _checked_gradual(epochs: int, amount: float) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"run_demo: invalid gradual_epochs={epochs!r}; expected an int >= 0")
+    if isinstance(amount, bool) or not isinstance(amount, float) or not 0 <= amount <= 1:
+        raise ValueError(f"run_demo: invalid gradual_amount={amount!r}; expected a float in [0, 1]")
+
+
+def _gradual_run(
+    model: DigitsCNN, data: _Data, epochs: int, amount: float, seed: int, tick: Progress
+) -> DemoRow:
+    """Train `epochs` more epochs while global L1 prunes to `amount` on the cubic schedule:
+    from the first step to half-way, updated every 10 steps, then held. Seeded anew, so
+    its numbers do not depend on the runs before it."""
+    torch.manual_seed(seed)
+    total = epochs * -(-len(data.y_train) // BATCH)
+    pruner = GradualPruner(
+        model,
+        amount,
+        start_step=0,
+        end_step=total // 2,
+        every=10,
+        schedule="cubic",
+        scope="global",
+        include=[f"{m}.weight" for m in ("conv1", "conv2", "fc1", "fc2")],
+    )
+    label = f"gradual to {amount:.0%} (cubic), training"
+    _train(model, data, epochs, 2e-3, label, tick, after_step=pruner.step)
+    return _measure(f"gradual L1 {amount:.0%}", model, data)
+
+
+def _plot_gradual(ax: Any, row: DemoRow) -> None:
+    ax.plot(
+        [100 * row.sparsity],
+        [100 * row.accuracy],
+        marker="D",
+        linestyle="none",
+        color="C2",
+        label=row.model + " (cubic schedule, while training)",
+    )
+    ax.annotate(
+        f"{100 * row.accuracy:.1f}%",
+        (100 * row.sparsity, 100 * row.accuracy),
+        textcoords="offset points",
+        xytext=(0, -14),
+        ha="center",
+        fontsize=8,
+        color="C2",
+    )

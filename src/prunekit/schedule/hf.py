@@ -1,0 +1,75 @@
+"""A Hugging Face Trainer callback that drives a GradualPruner (needs prunekit[hf]).
+
+``Trainer(..., callbacks=[GradualPruningCallback(pruner)])``: the pruner installs its
+masks when the Trainer is made (so checkpoints hold ``_orig``/``_mask`` keys from the
+start), steps after each optimizer step, and saves its state beside every checkpoint as
+``gradual_pruner.pt``; ``trainer.train(resume_from_checkpoint=...)`` finds it there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.schedule.pruner import GradualPruner
+
+__all__ = ["STATE_FILE", "GradualPruningCallback"]
+
+STATE_FILE = "gradual_pruner.pt"
+
+
+class GradualPruningCallback(TrainerCallback):
+    """Steps `pruner` with the Trainer's optimizer steps and checkpoints its state."""
+
+    def __init__(self, pruner: GradualPruner) -> None:
+        if not isinstance(pruner, GradualPruner):
+            raise type_error(
+                f"GradualPruningCallback: invalid pruner of type {type(pruner).__name__}; "
+                "expected a prunekit.GradualPruner"
+            )
+        self.pruner = pruner
+
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.pruner.prepare()
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.global_step == self.pruner.steps:
+            return
+        path = checkpoint_file(args, state.global_step)
+        if not os.path.isfile(path):
+            raise value_error(
+                f"GradualPruningCallback: the Trainer resumes at step {state.global_step} "
+                f"but the pruner is at step {self.pruner.steps} and {path} does not exist; "
+                "expected the pruner's state loaded first: "
+                "pruner.load_state_dict(torch.load('<checkpoint>/gradual_pruner.pt'))"
+            )
+        self.pruner.load_state_dict(torch.load(path, weights_only=True))
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        while self.pruner.steps < state.global_step:
+            self.pruner.step()
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        if state.is_world_process_zero:
+            path = checkpoint_file(args, state.global_step)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.save(self.pruner.state_dict(), path)
+
+
+def checkpoint_file(args: TrainingArguments, step: int) -> str:
+    """Where the pruner's state of `step` goes: beside the Trainer's checkpoint."""
+    folder = os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    return os.path.join(folder, STATE_FILE)

@@ -1,0 +1,145 @@
+"""The masks of one update: a criterion x pattern ranks only what is still alive.
+
+Each update asks for the units (entries, or channels) that bring a tensor, or all the
+tensors together, to the scheduled sparsity, counting the units pruned already: the
+pattern ranks the alive ones only (the current mask as alive flags) and is told, through
+an Amount, how many more to prune. So a pruned entry never comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import prunekit
+from prunekit.core.amount import Amount, validate_dim
+from prunekit.core.errors import value_error
+
+__all__ = ["global_masks", "layer_mask", "pruned_units", "units"]
+
+Pair = tuple[torch.nn.Module, str]
+
+
+def units(pattern: prunekit.Pattern, shape: Sequence[int], owner: str) -> int:
+    """How many units `pattern` counts in a tensor of `shape`: entries or channels."""
+    if pattern.PRUNING_TYPE == "structured":
+        return int(shape[_dim(pattern, len(shape), owner)])
+    return int(torch.Size(shape).numel())
+
+
+def pruned_units(pattern: prunekit.Pattern, mask: Tensor | None, owner: str) -> int:
+    """Units of `mask` pruned already: zero entries, or channels all zero."""
+    if mask is None:
+        return 0
+    if pattern.PRUNING_TYPE == "structured":
+        return int((~_alive_channels(mask, _dim(pattern, mask.dim(), owner))).sum())
+    return int(mask.numel() - int(mask.count_nonzero()))
+
+
+def layer_mask(
+    criterion: prunekit.Criterion,
+    pattern: prunekit.Pattern,
+    values: Tensor,
+    mask: Tensor | None,
+    fraction: float,
+    target: Pair,
+    owner: str,
+) -> Tensor:
+    """The new mask of one tensor at sparsity `fraction` of its units (in values' dtype).
+
+    `values` are what the criterion ranks: for entries, values right wherever `mask` is
+    1; for channels, the tensor's current values (mask x orig).
+    """
+    total = units(pattern, values.shape, owner)
+    extra = max(round(fraction * total) - pruned_units(pattern, mask, owner), 0)
+    current = torch.ones_like(values) if mask is None else mask.to(dtype=values.dtype)
+    if extra == 0:
+        return current
+    amount = Amount(extra, owner)
+    if pattern.PRUNING_TYPE == "structured":
+        dim = _dim(pattern, values.dim(), owner)
+        index = (slice(None),) * dim + (_alive_channels(current, dim),)
+        new = current.clone()
+        new[index] = pattern.mask(criterion, values[index], current[index], amount, target)
+        return new
+    kept = pattern.select(
+        criterion, [values], [mask], amount, keep_dtype=values.dtype, targets=[target]
+    )
+    if kept is not None:
+        return next(kept).reshape(values.shape) * current
+    # Values that cannot be ranked, or a pattern without that selection: it then masks
+    # the alive entries, gathered.
+    alive = current == 1
+    _check_finite(values[alive], owner)
+    new = current.clone()
+    chosen = pattern.mask(criterion, values[alive], current[alive], amount, target)
+    new[alive] = chosen.to(dtype=new.dtype)
+    return new
+
+
+def global_masks(
+    criterion: prunekit.Criterion,
+    pattern: prunekit.Pattern,
+    values: Sequence[Tensor],
+    masks: Sequence[Tensor | None],
+    fraction: float,
+    targets: Sequence[Pair],
+    wheres: Sequence[str],
+    owner: str,
+) -> list[Tensor]:
+    """New masks of all tensors at sparsity `fraction` of their entries, ranked together."""
+    total = sum(t.numel() for t in values)
+    pruned = sum(pruned_units(pattern, m, owner) for m in masks)
+    currents = [
+        torch.ones_like(t) if m is None else m.to(dtype=t.dtype)
+        for t, m in zip(values, masks, strict=True)
+    ]
+    extra = max(round(fraction * total) - pruned, 0)
+    if extra == 0:
+        return currents
+    dtypes = {t.dtype for t in values}
+    keep_dtype: Any = next(iter(dtypes)) if len(dtypes) == 1 else None
+    kept = pattern.select(
+        criterion, values, masks, Amount(extra, owner), keep_dtype=keep_dtype, targets=targets
+    )
+    if kept is None:
+        for t, current, where in zip(values, currents, wheres, strict=True):
+            _check_finite(t[current == 1], where)
+        raise value_error(
+            f"{owner}: pattern={pattern!r} cannot rank several tensors together "
+            "(its select() gave None); expected scope='layer' for it"
+        )
+    new = []
+    for k, t, current in zip(kept, values, currents, strict=True):
+        flags = k if keep_dtype is not None else (~k).to(dtype=t.dtype)
+        new.append(flags.reshape(t.shape) * current)
+    return new
+
+
+def _check_finite(values: Tensor, where: str) -> None:
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        first = values[bad][0].item()
+        raise value_error(
+            f"{where}: its values hold {first} ({int(bad.sum())} entries not finite), "
+            "which cannot be ranked; expected finite values"
+        )
+
+
+def _alive_channels(mask: Tensor, dim: int) -> Tensor:
+    others = [d for d in range(mask.dim()) if d != dim]
+    flags: Tensor = mask.ne(0).any(dim=others) if others else mask.ne(0)
+    return flags
+
+
+def _dim(pattern: prunekit.Pattern, ndim: int, owner: str) -> int:
+    dim = getattr(pattern, "dim", None)
+    if dim is None:
+        raise value_error(
+            f"{owner}: pattern={pattern!r} is 'structured' but has no attribute 'dim' "
+            "saying which axis holds the channels; expected one, as prunekit.Channels has"
+        )
+    return validate_dim(dim, ndim, owner)

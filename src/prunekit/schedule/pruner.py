@@ -1,0 +1,310 @@
+"""GradualPruner: prunes a model a little more at scheduled steps of its training.
+
+Call ``pruner.step()`` after each optimizer step. At each update step the masks are
+recomputed at the scheduled sparsity (see schedules.py) with a criterion x pattern, among
+the entries still alive, and written into each tensor's one ``<name>_mask`` in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.transaction import transaction
+from prunekit.schedule.hook import Gradual, find_gradual
+from prunekit.schedule.masks import global_masks, layer_mask
+from prunekit.schedule.schedules import Timetable
+from prunekit.schedule.state import check_state, pruner_state, rewound_state
+from prunekit.schedule.targets import Target, select_targets
+
+__all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
+
+OWNER = "GradualPruner"
+SCOPES = ("layer", "global")
+
+CRITERIA: dict[str, Callable[[], prunekit.Criterion]] = {
+    "l1": prunekit.Magnitude,
+    "magnitude": prunekit.Magnitude,
+    "random": prunekit.Random,
+}
+"""Criteria by the names `method` takes."""
+
+PATTERNS: dict[str, Callable[[], prunekit.Pattern]] = {
+    "unstructured": prunekit.Unstructured,
+    "channels": lambda: prunekit.Channels(dim=0, norm=2),
+}
+"""Patterns by the names `pattern` takes: entries, or output channels (dim 0) by L2 norm."""
+
+
+class GradualPruner:
+    """Prunes `model` from `initial_amount` to `final_amount` between two training steps.
+
+    The schedule (``'cubic'``, ``'linear'``, ``'constant'`` or a callable step ->
+    sparsity) gives the sparsity at each update step: `start_step`, every `every` steps
+    after it, and `end_step`. Call ``step()`` once after each optimizer step; the t-th
+    call is step t (a `start_step` of 0 updates when the pruner is made).
+
+    `method` ranks (``'l1'``/``'magnitude'``, ``'random'`` or a prunekit.Criterion),
+    `pattern` says what is pruned (``'unstructured'``: entries; ``'channels'``: output
+    channels by L2 norm; or a prunekit.Pattern); amounts count the pattern's units.
+    `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
+    (entries ranked across tensors). `include`/`exclude` select parameters by name as
+    prune_model does. Random choices come from the pruner's own generator, seeded with
+    `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        final_amount: float,
+        *,
+        start_step: int,
+        end_step: int,
+        every: int = 1,
+        schedule: str | Callable[[int], float] = "cubic",
+        initial_amount: float = 0.0,
+        method: str | prunekit.Criterion = "l1",
+        pattern: str | prunekit.Pattern = "unstructured",
+        scope: str = "layer",
+        include: Sequence[str] | str = ("*",),
+        exclude: Sequence[str] | str = (),
+        seed: int | None = None,
+    ) -> None:
+        self.timetable = Timetable.checked(
+            final_amount, initial_amount, start_step, end_step, every, schedule, OWNER
+        )
+        self.criterion = _criterion(method)
+        self.pattern = _pattern(pattern)
+        if not isinstance(scope, str) or scope not in SCOPES:
+            raise value_error(
+                f"{OWNER}: invalid scope={scope!r}; expected 'layer' (each tensor) or "
+                "'global' (all selected tensors ranked together)"
+            )
+        if scope == "global" and self.pattern.PRUNING_TYPE != "unstructured":
+            raise value_error(
+                f"{OWNER}: pattern={self.pattern!r} prunes channels of each tensor, so "
+                "scope must be 'layer'; scope='global' ranks entries across tensors"
+            )
+        self.scope = scope
+        self.model = model
+        self.targets: list[Target] = select_targets(model, include, exclude, OWNER)
+        self._check_shapes()
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise type_error(f"{OWNER}: invalid seed={seed!r}; expected an int or None")
+        self._generator = torch.Generator().manual_seed(
+            torch.initial_seed() if seed is None else seed
+        )
+        self._steps = 0
+        self._amount = 0.0
+        self._pruned: set[str] = set()  # targets this pruner has masked
+        if self.timetable.is_update(0):
+            self._update(0)
+
+    @property
+    def steps(self) -> int:
+        """How many times step() was called (the training steps done)."""
+        return self._steps
+
+    @property
+    def amount(self) -> float:
+        """The sparsity the masks hold now, as scheduled at the last update (0 before)."""
+        return self._amount
+
+    @property
+    def label(self) -> str:
+        """What prunes, as a report shows it: ``L1``, ``L2 channels``, ``L1 global``."""
+        return _label(self.criterion, self.pattern, self.scope)
+
+    def amount_at(self, step: int) -> float:
+        """The schedule's sparsity at `step`, by its formula (0 before start_step)."""
+        return self.timetable.amount_at(step, OWNER)
+
+    def prepare(self) -> None:
+        """Install the reparameterization now on every target (masks of ones where nothing
+        is pruned yet), as the first update would: the model's state_dict then has its
+        ``_orig``/``_mask`` keys from the start, and a checkpoint loads into a model
+        prepared the same way. The trainer callbacks call it; the values do not change."""
+        current = [self._current(t) for t in self.targets]
+        self._write([torch.ones_like(v) if m is None else m for v, m in current], self._amount)
+
+    def step(self) -> None:
+        """Count one training step; at an update step, prune to the scheduled sparsity."""
+        self._steps += 1
+        if self.timetable.is_update(self._steps):
+            self._update(self._steps)
+
+    def _update(self, step: int) -> None:
+        fraction = max(self.amount_at(step), self._amount)
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            masks = self._masks(fraction)
+        self._write(masks, fraction)
+        self._amount = fraction
+
+    def _masks(self, fraction: float) -> list[Tensor]:
+        """The new mask of each target at `fraction`; nothing is changed yet."""
+        current = [self._current(t) for t in self.targets]
+        pairs = [(t.first.holder, t.first.own) for t in self.targets]
+        if self.scope == "global":
+            return global_masks(
+                self.criterion,
+                self.pattern,
+                [values for values, _ in current],
+                [mask for _, mask in current],
+                fraction,
+                pairs,
+                [_where(t) for t in self.targets],
+                OWNER,
+            )
+        return [
+            layer_mask(self.criterion, self.pattern, values, mask, fraction, pair, _where(t))
+            for t, (values, mask), pair in zip(self.targets, current, pairs, strict=True)
+        ]
+
+    def _current(self, target: Target) -> tuple[Tensor, Tensor | None]:
+        """What the criterion ranks for `target`, and its mask (None: not pruned yet)."""
+        mask = target.first.mask()
+        orig = target.first.parameter()
+        if mask is None:
+            if target.name in self._pruned:
+                raise value_error(
+                    f"{_where(target)} lost its mask since the pruner's last update "
+                    "(made permanent with prunekit.remove?); expected its mask kept until "
+                    "the pruner is done"
+                )
+            return orig.detach(), None
+        if self.pattern.PRUNING_TYPE == "structured":
+            return (mask.to(dtype=orig.dtype) * orig).detach(), mask.detach()
+        return orig.detach(), mask.detach()
+
+    def _write(self, masks: Sequence[Tensor], fraction: float) -> None:
+        """Install Gradual where a place has none yet, else rewrite its mask in place."""
+        label = self.label
+        places = [
+            (place, m) for t, m in zip(self.targets, masks, strict=True) for place in t.places
+        ]
+        fresh = [(p, m) for p, m in places if find_gradual(p.holder, p.own) is None]
+        with transaction([x for p, _ in fresh for x in (p.module, p.holder)]):
+            for p, m in fresh:
+                Gradual.apply(p.module, p.leaf, m, label=label, amount=fraction)
+        installed = {id(p) for p, _ in fresh}
+        with torch.no_grad():
+            for p, m in places:
+                hook = find_gradual(p.holder, p.own)
+                buffer = p.mask()
+                assert hook is not None and buffer is not None
+                if hook.mask is not buffer:
+                    hook.mask = buffer  # the buffer was replaced (a load, a pruning)
+                if id(p) not in installed:
+                    buffer.copy_(m)
+                hook.amount = fraction
+                hook.label = label
+        for p, _ in places:
+            prunekit.refresh_pruned(p.holder)
+        self._pruned.update(t.name for t in self.targets)
+
+    def _check_shapes(self) -> None:
+        if self.pattern.PRUNING_TYPE != "structured":
+            return
+        for t in self.targets:
+            shape = _shape(t)
+            if len(shape) < 2:
+                raise value_error(
+                    f"{_where(t)}: pattern={self.pattern!r} prunes channels, which a "
+                    f"tensor of shape {tuple(shape)} has not; expected tensors of 2 or more "
+                    "dims (exclude it, or prune it with pattern='unstructured')"
+                )
+
+    # -- Saving, resuming, rewinding ----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: step, amount, generator, masks, and the set-up
+        (checked on load). Plain tensors and numbers: ``torch.load(weights_only=True)``
+        reads it."""
+        masks = {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
+        return pruner_state(self, masks, self._generator.get_state())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from `state`: masks installed (or rewritten), step, amount, generator.
+
+        Load it before the model's state_dict, which then finds its ``_orig``/``_mask``
+        keys. The state must come from a pruner set up the same way on the same model;
+        if it does not fit, nothing changes.
+        """
+        checked = check_state(self, state, [_shape(t) for t in self.targets], OWNER)
+        steps, amount, generator, masks = checked
+        chosen = [
+            (t, masks[t.name].to(dtype=orig.dtype, device=orig.device))
+            for t in self.targets
+            if t.name in masks and (orig := t.first.parameter()) is not None
+        ]
+        if chosen:
+            targets, self.targets = self.targets, [t for t, _ in chosen]
+            try:
+                self._write([m for _, m in chosen], amount)
+            finally:
+                self.targets = targets
+        self._generator.set_state(generator)
+        self._steps, self._amount = steps, amount
+        self._pruned = {t.name for t, _ in chosen}
+
+    def rewind(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Put the model's weights back to `state_dict` (taken earlier, pruned or not),
+        keeping the masks: the weight rewinding of the lottery-ticket procedure.
+
+        An unpruned tensor ``fc.weight`` of `state_dict` is loaded into ``fc.weight_orig``;
+        every other entry (biases, buffers) is loaded as it is, strictly.
+        """
+        self.model.load_state_dict(rewound_state(self.model, state_dict, OWNER))
+
+
+def _criterion(method: Any) -> prunekit.Criterion:
+    if isinstance(method, prunekit.Criterion):
+        return method
+    if isinstance(method, str) and method in CRITERIA:
+        return CRITERIA[method]()
+    raise value_error(
+        f"{OWNER}: invalid method={method!r}; expected one of "
+        f"{', '.join(map(repr, CRITERIA))} or a prunekit.Criterion instance"
+    )
+
+
+def _pattern(pattern: Any) -> prunekit.Pattern:
+    if isinstance(pattern, prunekit.Pattern):
+        return pattern
+    if isinstance(pattern, str) and pattern in PATTERNS:
+        return PATTERNS[pattern]()
+    raise value_error(
+        f"{OWNER}: invalid pattern={pattern!r}; expected one of "
+        f"{', '.join(map(repr, PATTERNS))} or a prunekit.Pattern instance"
+    )
+
+
+def _label(criterion: prunekit.Criterion, pattern: prunekit.Pattern, scope: str) -> str:
+    channels = pattern.PRUNING_TYPE == "structured"
+    if isinstance(criterion, prunekit.Magnitude):
+        norm = getattr(pattern, "norm", 2) if channels else 1
+        name = f"L{norm:g}" if isinstance(norm, int | float) else f"L{norm}"
+    else:
+        name = type(criterion).__name__
+    return name + (" channels" if channels else "") + (" global" if scope == "global" else "")
+
+
+def _mask(target: Target) -> Tensor:
+    mask = target.first.mask()
+    assert mask is not None
+    return mask
+
+
+def _shape(target: Target) -> torch.Size:
+    return target.first.parameter().shape
+
+
+def _where(target: Target) -> str:
+    return f"{OWNER} ({target.name})"

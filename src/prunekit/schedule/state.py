@@ -1,0 +1,133 @@
+"""A GradualPruner's state_dict: what it holds, the checks on loading it, and rewinding.
+
+The state is plain numbers, strings and tensors (masks as bool), so
+``torch.load(path, weights_only=True)`` reads it. Loading checks everything before
+anything changes: the same set-up (schedule, method, scope, targets) and masks of the
+targets' shapes.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+
+if TYPE_CHECKING:
+    from prunekit.schedule.pruner import GradualPruner
+
+__all__ = ["check_state", "pruner_state", "rewound_state"]
+
+VERSION = 1
+
+
+def setup(pruner: GradualPruner) -> dict[str, Any]:
+    """What must agree between the pruner that saved a state and the one loading it."""
+    t = pruner.timetable
+    shape = "callable" if t.shape is None else t.shape.__name__
+    return {
+        "final_amount": t.final_amount,
+        "initial_amount": t.initial_amount,
+        "start_step": t.start_step,
+        "end_step": t.end_step,
+        "every": t.every,
+        "schedule": shape,
+        "method": pruner.label,
+        "targets": [target.name for target in pruner.targets],
+    }
+
+
+def pruner_state(
+    pruner: GradualPruner, masks: Mapping[str, Tensor], generator: Tensor
+) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "steps": pruner.steps,
+        "amount": pruner.amount,
+        "generator": generator.clone(),
+        "masks": {name: mask.detach().ne(0) for name, mask in masks.items()},
+        "setup": setup(pruner),
+    }
+
+
+def check_state(
+    pruner: GradualPruner, state: Any, shapes: list[torch.Size], owner: str
+) -> tuple[int, float, Tensor, dict[str, Tensor]]:
+    """(steps, amount, generator state, masks by name) of `state`, every part checked."""
+    where = f"{owner}.load_state_dict"
+    if not isinstance(state, Mapping):
+        raise type_error(
+            f"{where}: invalid state of type {type(state).__name__}; expected the dict "
+            "that GradualPruner.state_dict() returns"
+        )
+    missing = [
+        k for k in ("version", "steps", "amount", "generator", "masks", "setup") if k not in state
+    ]
+    if missing or state["version"] != VERSION:
+        raise value_error(
+            f"{where}: the state lacks {missing} or has version {state.get('version')!r}; "
+            f"expected a GradualPruner state_dict of version {VERSION}"
+        )
+    mine = setup(pruner)
+    for key, value in mine.items():
+        saved = state["setup"].get(key) if isinstance(state["setup"], Mapping) else None
+        if saved != value:
+            raise value_error(
+                f"{where}: the state was saved with {key}={saved!r}; this pruner has "
+                f"{key}={value!r}; expected a pruner set up as the one that saved it"
+            )
+    steps, amount, generator = state["steps"], state["amount"], state["generator"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise value_error(f"{where}: invalid steps={steps!r}; expected an int >= 0")
+    if not isinstance(amount, numbers.Real) or not 0 <= float(amount) <= 1:
+        raise value_error(f"{where}: invalid amount={amount!r}; expected a float in [0, 1]")
+    if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
+        raise value_error(f"{where}: invalid generator state; expected a uint8 tensor")
+    masks = _masks(state["masks"], pruner, shapes, where)
+    return steps, float(amount), generator, masks
+
+
+def _masks(
+    masks: Any, pruner: GradualPruner, shapes: list[torch.Size], where: str
+) -> dict[str, Tensor]:
+    if not isinstance(masks, Mapping):
+        raise value_error(f"{where}: invalid masks; expected a dict of name -> mask")
+    known = {t.name: shape for t, shape in zip(pruner.targets, shapes, strict=True)}
+    for name, mask in masks.items():
+        if name not in known:
+            raise value_error(
+                f"{where}: the state holds a mask for {name!r}, which this pruner does not "
+                f"prune; expected masks of {list(known)}"
+            )
+        if not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(known[name]):
+            raise value_error(
+                f"{where}: the mask of {name!r} has shape "
+                f"{tuple(getattr(mask, 'shape', ()))}; expected {tuple(known[name])}"
+            )
+    return {name: mask.ne(0) for name, mask in masks.items()}
+
+
+def rewound_state(
+    model: nn.Module, state_dict: Mapping[str, Tensor], owner: str
+) -> dict[str, Tensor]:
+    """`state_dict` with keys as the pruned `model` has them and its masks as they are now."""
+    where = f"{owner}.rewind"
+    if not isinstance(state_dict, Mapping):
+        raise type_error(
+            f"{where}: invalid state_dict of type {type(state_dict).__name__}; expected a "
+            "mapping of names to tensors, e.g. model.state_dict() taken before training"
+        )
+    current = model.state_dict()
+    result = dict(state_dict)
+    for key in current:
+        if not key.endswith("_mask"):
+            continue
+        base = key[: -len("_mask")]
+        if base in result and base + "_orig" not in result:
+            result[base + "_orig"] = result.pop(base)
+        result[key] = current[key]  # the masks are never rewound
+    return result

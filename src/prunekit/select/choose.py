@@ -1,0 +1,100 @@
+"""smallest_k and smallest_k_many: check what is asked, pick a path, hand the selections out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from prunekit.select import onepass, plan, portable, radix, sample, trace
+from prunekit.select.chunks import Chunks
+from prunekit.select.sources import (
+    Count,
+    Source,
+    all_or_none,
+    check_products,
+    competing,
+    complement,
+    multiplied,
+    refuse_non_finite,
+    resolve,
+)
+
+__all__ = ["smallest_k", "smallest_k_many"]
+
+
+def smallest_k(
+    scores: Tensor, k: int, alive: Tensor | None = None, *, magnitude: bool = False
+) -> Tensor:
+    """Return a bool tensor shaped like `scores`, True at its `k` smallest entries.
+
+    Only entries where `alive` is True or 1 compete (all of them when it is None).
+    With `magnitude`, entries rank by absolute value. Ties go to the lower
+    flat index. `scores` must hold no NaN among the competing entries.
+    """
+    flat = scores.reshape(-1)
+    live = None if alive is None else alive.reshape(-1)
+    chosen = next(smallest_k_many([lambda: (flat, live)], k, magnitude=magnitude))
+    return chosen.reshape(scores.shape)
+
+
+def smallest_k_many(
+    sources: Sequence[Source],
+    k: Count,
+    *,
+    magnitude: bool = False,
+    keep_dtype: torch.dtype | None = None,
+    total: int | None = None,
+    finite: bool = False,
+    products: Sequence[Tensor | None] | None = None,
+) -> Iterator[Tensor]:
+    """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
+
+    The scores of all sources rank together as if concatenated in order, but
+    are never concatenated: each source is called once per pass and dropped.
+    When the sampled guess holds, all selections are made in one pass and held
+    until yielded; otherwise each is made when asked for. With `keep_dtype`, each yields
+    the complement instead, as 1s (kept, or not competing) and 0s (chosen) of
+    that dtype: a mask, made without an intermediate bool tensor. `total`, if
+    the caller knows it, is how many entries compete in all. `k` may be a
+    function of that count: the one pass then counts the competing entries
+    itself instead of reading them beforehand. The function may be called with
+    estimates of the count too, and raise ValueError to refuse one: a refused
+    estimate costs speed only, a refused count is raised. With `finite`, raises
+    NotFinite if a score is NaN or infinite, after any error about `k` and before
+    yielding anything (all scores count here, competing or not).
+
+    `products` (with `keep_dtype`) may hold, per source, a flat tensor of that dtype
+    into which the source's scores times its mask are written by the time the mask
+    is yielded: in the one pass, as the mask is written, while the scores are read
+    anyway. A source given a product must have no flags and finite scores.
+    """
+    if products is not None:
+        check_products(sources, products, keep_dtype)
+    chosen = plan.make(sources, magnitude)
+    if not chosen.fast and total is None:
+        total = competing(sources)
+    count = None if total is None else resolve(k, total)  # a bad k is named before bad scores
+    chunks = done = None
+    if chosen.fast and (count is None or count not in (0, total)):  # a selection to make
+        chunks = Chunks(sources, chosen)
+        bounds = sample.guess(chunks, k, total)
+        if bounds is not None:
+            done = onepass.mark_between(chunks, k, bounds, keep_dtype, products)
+        if total is None:
+            total = competing(sources) if chunks.counted is None else chunks.counted
+            count = resolve(k, total)
+    assert total is not None and count is not None
+    if finite and not (chunks is not None and chunks.finite):
+        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
+    if done is not None:
+        return iter(done)
+    if count in (0, total):
+        trace.note("all or none")
+        masks = all_or_none(sources, count > 0, keep_dtype)
+    elif chunks is None:
+        masks = complement(portable.portable(sources, count, total, magnitude, chosen), keep_dtype)
+    else:
+        masks = radix.mark(chunks, radix.find_cut(chunks, count), keep_dtype)
+    return masks if products is None else multiplied(masks, sources, products)

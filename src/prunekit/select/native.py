@@ -1,0 +1,193 @@
+"""The binding to the C loop (_native.c): its thread pool, and the split and settle calls.
+
+The extension is optional: `_native` is None where it was not built, and
+`loaded()` is None there or while `tuning.native` is off; the one pass then runs
+as tensor operations. Each call hands the C code raw addresses of tensors the
+caller owns and has checked; the C code runs with the GIL released, so a chunk
+is split among threads that work on its parts at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from prunekit.select import tuning
+
+if TYPE_CHECKING:
+    from prunekit.select.onepass import Gather, Gathered
+
+_native: ModuleType | None
+try:  # the one pass as a C loop (_native.c); without it, tensor operations do the same
+    from prunekit.select import _native
+except ImportError:  # pragma: no cover - not built here
+    _native = None
+
+__all__ = ["UNSIGNED", "bits_of", "loaded", "makes", "one_bits", "settle", "split"]
+
+UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def loaded() -> ModuleType | None:
+    """The C loop, if it is built and `tuning.native` lets it run."""
+    return _native if tuning.get().native else None
+
+
+def makes(out_dtype: torch.dtype) -> bool:
+    """Whether the C loop makes selections of `out_dtype` (1, 2, 4 or 8 bytes, real)."""
+    return loaded() is not None and out_dtype.itemsize in UNSIGNED and not out_dtype.is_complex
+
+
+def bits_of(scores: Tensor, out: Tensor) -> bool:
+    """Whether the C loop can write a product from the bits of `scores` (flat) into a
+    tensor like `out`: the same dtype, contiguous."""
+    return scores.dtype == out.dtype and scores.is_contiguous()
+
+
+def one_bits(dtype: torch.dtype) -> int:
+    """The bits of 1 (True for bool) in `dtype`, read as an unsigned integer."""
+    one = torch.ones((), dtype=dtype)
+    return int(one.view(UNSIGNED[one.element_size()]).item()) & ((1 << 8 * one.element_size()) - 1)
+
+
+POOL: list[tuple[int, ThreadPoolExecutor]] = []  # the C loop's threads (how many), once made
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of at least `workers` threads, kept for later calls."""
+    if not POOL or POOL[0][0] < workers:
+        POOL[:] = [(workers, ThreadPoolExecutor(workers, thread_name_prefix="prunekit"))]
+    return POOL[0][1]
+
+
+os.register_at_fork(after_in_child=POOL.clear)  # the pool's threads do not survive a fork
+
+
+def split(
+    scores: Tensor,
+    flags: Tensor | None,
+    out: Tensor,
+    chosen: int,
+    other: int,
+    bounds: tuple[float, float, float],
+    gather: Gather,
+    base: int,
+    product: tuple[Tensor, Tensor] | None = None,
+) -> tuple[int, int, bool]:
+    """One chunk through the C loop, in as many parts as `tuning.threads()` allows (each
+    at least `tuning.part` entries): the parts run at once, the GIL released. `bounds`:
+    (lower, mid, upper), see onepass.split. The entries in between are appended to
+    `gather`, their positions counted from `base` (which must have room for the chunk).
+    With `product`, (orig, into): writes orig x out into `into`, both of out's dtype.
+
+    Returns how many entries compete, how many are below, and whether all scores are
+    finite.
+    """
+    c = loaded()
+    assert c is not None
+    now = tuning.get()
+    n = scores.numel()
+    count = max(1, min(now.threads(), n // now.part))
+    parts = list(itertools.pairwise(n * i // count for i in range(count + 1)))
+    at = gather.size  # each part gathers from at + its start, then they close ranks
+    alive_one = 0 if flags is None else one_bits(flags.dtype)
+    positions, values = gather.positions, gather.values
+
+    def run(start: int, end: int) -> tuple[int, int, int, bool]:
+        tally: tuple[int, int, int, bool] = c.split(
+            scores.data_ptr() + start * scores.element_size(),
+            scores.element_size(),
+            0 if flags is None else flags.data_ptr() + start * flags.element_size(),
+            0 if flags is None else flags.element_size(),
+            alive_one,
+            out.data_ptr() + start * out.element_size(),
+            out.element_size(),
+            chosen,
+            other,
+            0 if product is None else product[0].data_ptr() + start * out.element_size(),
+            0 if product is None else product[1].data_ptr() + start * out.element_size(),
+            end - start,
+            *bounds,
+            positions.data_ptr() + (at + start) * positions.element_size(),
+            values.data_ptr() + (at + start) * values.element_size(),
+            base + start,
+        )
+        return tally
+
+    pending = [_pool(count - 1).submit(run, *part) for part in parts[1:]]
+    tallies = [run(*parts[0]), *(future.result() for future in pending)]
+    end = at
+    for (start, _), tally in zip(parts, tallies, strict=True):
+        found = tally[1]
+        if found and at + start != end:  # move down next to the part before
+            source = slice(at + start, at + start + found)
+            overlap = end + found > at + start
+            positions[end : end + found] = (
+                positions[source].clone() if overlap else positions[source]
+            )
+            values[end : end + found] = values[source].clone() if overlap else values[source]
+        end += found
+    gather.size = end
+    return (
+        sum(tally[2] for tally in tallies),
+        sum(tally[0] for tally in tallies),
+        all(tally[3] for tally in tallies),
+    )
+
+
+def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float) -> None:
+    """Choose the `rank` smallest of the entries in between (all sources in order) through
+    the C loop: from the k-th smallest value and how many of its ties each source takes
+    (the earlier sources first), each source's entries in between are settled in one go,
+    sources side by side on the pool's threads (the one pass marked those below `mid` as
+    chosen)."""
+    c = loaded()
+    assert c is not None
+    kth = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
+    left = rank - int((values < kth).sum())
+    jobs = []
+    offset = 0
+    for entry in gathered:
+        count = entry.where.numel()
+        ties = int((values[offset : offset + count] == kth).sum()) if left else 0
+        jobs.append((entry, values[offset : offset + count], min(ties, left)))
+        left -= min(ties, left)
+        offset += count
+
+    def run(entry: Gathered, mine: Tensor, take: int) -> None:
+        out, product, scores = entry.out, entry.product, entry.scores
+        one = one_bits(out.dtype)
+        fused = scores is not None and bits_of(scores, out)
+        c.settle(
+            out.data_ptr(),
+            out.element_size(),
+            one if hit else 0,
+            0 if hit else one,
+            scores.data_ptr() if fused and scores is not None else 0,
+            product.data_ptr() if fused and product is not None else 0,
+            entry.where.data_ptr(),
+            mine.data_ptr(),
+            mine.element_size(),
+            mine.numel(),
+            kth,
+            mid,
+            take,
+        )
+
+    threads = max(1, min(tuning.get().threads(), len(jobs)))
+    others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
+    pending = [_pool(threads - 1).submit(run, *job) for job in others]
+    for job in jobs[::threads]:
+        run(*job)
+    for future in pending:
+        future.result()
+    for entry in gathered:  # here: the caller's modes (inference mode) are per thread
+        scores, product = entry.scores, entry.product
+        if product is not None and scores is not None and not bits_of(scores, entry.out):
+            torch.mul(scores, entry.out, out=product)

@@ -1,0 +1,119 @@
+"""The exact fallback of the fast path: the k-th smallest magnitude from histograms of bits.
+
+A float's bits, read as 16-bit digits from the top, order non-negative floats
+the same way as their values, so a ``bincount`` of the top digit finds the
+bucket that holds the k-th value, the next digits are counted only inside that
+bucket, and a last pass compares every magnitude with the k-th one. Ties are
+resolved only where they straddle the k-th value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from prunekit.select import trace
+from prunekit.select.chunks import Chunks, write
+
+__all__ = ["find_cut", "mark"]
+
+_TOP_BINS = 1 << 15  # the top digit without its sign bit
+_LOW_BINS = 1 << 16
+_DEAD = 0x7FFF  # top digit, sign cleared, of entries that do not compete: NaN in every format
+
+
+@dataclass
+class Cut:
+    """The k-th smallest key, how many entries hold it, and how many of those are chosen."""
+
+    key: int
+    equal: int
+    take: int
+
+
+def find_cut(chunks: Chunks, k: int) -> Cut:
+    """Locate the k-th smallest key, 16 bits at a time, with histograms only."""
+    trace.note("radix")
+    count = len(chunks.sources)
+    hist = torch.zeros(_TOP_BINS, dtype=torch.int64)
+    for i in range(count):
+        for _, _, top in _tops(chunks, i):
+            hist += torch.bincount(top, minlength=_TOP_BINS)
+    digit, rank, equal = _pick(hist, k)
+    prefix = digit
+    sign_off = (1 << (chunks.plan.bits - 1)) - 1
+    for shift in range(chunks.plan.bits - 32, -1, -16):
+        hist = torch.zeros(_LOW_BINS, dtype=torch.int64)
+        for i in range(count):
+            for _, part, top in _tops(chunks, i):
+                bucket = torch.eq(top, digit, out=chunks.flags[: top.numel()])
+                keys = part.view(chunks.plan.key)[bucket] & sign_off
+                keys = keys[(keys >> (shift + 16)) == prefix]
+                hist += torch.bincount((keys >> shift) & 0xFFFF, minlength=_LOW_BINS)
+        low, rank, equal = _pick(hist, rank)
+        prefix = (prefix << 16) | low
+    return Cut(prefix, equal, rank)
+
+
+def _tops(chunks: Chunks, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """(start, scores, top digits) per chunk of source `index`: the top 16 bits without
+    the sign, _DEAD where the entry does not compete."""
+    step = chunks.plan.bits // 16
+    for start, part, flags in chunks.read(*chunks.sources[index]()):
+        n = part.numel()
+        digits = part.view(torch.int16)[step - 1 :: step]  # little-endian: top digit last
+        top = chunks.top[:n]
+        if flags is not None:
+            dead = chunks.dead[:n]
+            if flags.dtype == torch.bool:
+                torch.logical_not(flags, out=dead)
+            else:
+                torch.ne(flags, 1, out=dead)
+            # All bits set where dead (-1 as int8 widens to 0xFFFF), then the sign
+            # cleared: _DEAD. Branch-free, unlike masked_fill_ on scattered flags.
+            ones = torch.neg(dead.view(torch.int8), out=chunks.all_bits[:n])
+            torch.bitwise_or(digits, ones, out=top)
+            digits = top
+        torch.bitwise_and(digits, _DEAD, out=top)  # the sign cleared: all ones is _DEAD
+        yield start, part, top
+
+
+def _pick(hist: Tensor, rank: int) -> tuple[int, int, int]:
+    """The bin holding the `rank`-th entry (1-based), that entry's rank within the bin,
+    and the bin's count."""
+    cum = hist.cumsum(0)
+    index = int((cum < rank).count_nonzero())
+    below = int(cum[index - 1]) if index else 0
+    return index, rank - below, int(hist[index])
+
+
+def mark(chunks: Chunks, cut: Cut, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+    """Yield each source's selection: keys below the cut, then the first `cut.take` equal ones.
+
+    Compares magnitudes as floats against the float whose bits are the cut: for
+    non-negative floats that is the same order as their bits.
+    """
+    plan = chunks.plan
+    bound = torch.tensor([cut.key], dtype=plan.key).view(plan.dtype)[0]
+    hit = keep_dtype is None
+    out_dtype = torch.bool if keep_dtype is None else keep_dtype
+    # With no ties at the cut the chosen are exactly the keys up to it.
+    take = 0 if cut.take == cut.equal else cut.take
+    below = torch.le if take == 0 else torch.lt
+    for scores, alive in (source() for source in chunks.sources):
+        out = torch.empty(scores.numel(), dtype=out_dtype)
+        for start, piece, magnitudes, _ in chunks.magnitudes(scores, alive, out):
+            n = piece.numel()
+            equal = None
+            if take:
+                flags = chunks.flags[:n].copy_(torch.eq(magnitudes, bound, out=chunks.low[:n]))
+                equal = flags.nonzero().reshape(-1)[:take] + start
+                take -= equal.numel()
+            chosen = below(magnitudes, bound, out=chunks.low[:n])  # never where NaN
+            write(piece, chosen, hit)
+            if equal is not None:
+                out[equal] = hit
+        yield out

@@ -1,0 +1,175 @@
+"""What the selection kernels take and give: sources of scores, counts, masks; their checks.
+
+Shared by every path: counting the entries that compete, checking k, scores
+and products, and turning selections into masks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from prunekit.core.backend import namespace
+from prunekit.select import tuning
+
+__all__ = [
+    "Count",
+    "NotFinite",
+    "Source",
+    "alive_count",
+    "all_finite",
+    "all_or_none",
+    "check_flags",
+    "check_products",
+    "competing",
+    "complement",
+    "multiplied",
+    "refuse_non_finite",
+    "resolve",
+]
+
+Count = int | Callable[[int], int]
+"""How many entries to choose: a number, or a function of how many compete."""
+
+Source = Callable[[], tuple[Tensor, Tensor | None]]
+"""Returns one tensor's scores and which of them compete: True or 1 there (None: all do).
+
+The flags may be a bool tensor or a mask of any dtype (entries equal to 1 compete).
+
+Called about once per pass, so a source may recompute its scores instead of holding them.
+"""
+
+
+class NotFinite(ValueError):
+    """Raised, when asked, if a score is NaN or infinite."""
+
+
+def resolve(k: Count, total: int) -> int:
+    """The number of entries to choose among `total`, checked."""
+    count = k(total) if callable(k) else k
+    if not 0 <= count <= total:
+        raise ValueError(f"smallest_k: k={count} is outside [0, {total}], the entries that compete")
+    return count
+
+
+def alive_count(scores: Tensor, alive: Tensor | None) -> int:
+    """How many entries of `scores` compete: those where `alive` is 1/True (all for None)."""
+    if alive is None:
+        return scores.numel()
+    if alive.dtype == namespace(alive).bool:
+        return int(alive.count_nonzero())
+    if not isinstance(alive, Tensor):
+        return int((alive == 1).count_nonzero())
+    chunk = tuning.get().chunk
+    flat = alive.reshape(-1)
+    flags = torch.empty(min(chunk, flat.numel()), dtype=torch.bool)
+    count = 0
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start : start + chunk]
+        count += int(torch.eq(part, 1, out=flags[: part.numel()]).count_nonzero())
+    return count
+
+
+def competing(sources: Sequence[Source]) -> int:
+    """How many entries of all sources compete."""
+    return sum(alive_count(*source()) for source in sources)
+
+
+def all_finite(t: Tensor) -> bool:
+    """True if `t` holds no NaN or infinity. Read a chunk at a time: a finite sum clears
+    a chunk quickly, isfinite() settles the rest; no temporary as large as `t`."""
+    chunk = tuning.get().chunk
+    flat = t.reshape(-1)
+    ns = namespace(flat)
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start : start + chunk]
+        if not math.isfinite(float(part.sum())) and not bool(ns.isfinite(part).all()):
+            return False
+    return True
+
+
+def refuse_non_finite(sources: Sequence[Source]) -> None:
+    """Raise NotFinite if any score is NaN or infinite."""
+    if not all(all_finite(source()[0]) for source in sources):
+        raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
+
+
+def check_flags(index: int, scores: Tensor, alive: Tensor | None) -> None:
+    """Raise ValueError unless a source's flags (if any) are as many as its scores."""
+    if alive is not None and alive.numel() != scores.numel():
+        raise ValueError(
+            f"smallest_k_many: source {index} has {scores.numel()} scores and "
+            f"{alive.numel()} flags; expected one flag per score"
+        )
+
+
+def check_products(
+    sources: Sequence[Source], products: Sequence[Tensor | None], keep_dtype: torch.dtype | None
+) -> None:
+    """Raise ValueError unless each product is a contiguous tensor of `keep_dtype` with
+    as many entries as its source's scores, on their device, not sharing their memory."""
+    if keep_dtype is None:
+        raise ValueError("smallest_k_many: products need keep_dtype, the masks' dtype")
+    for index, (source, product) in enumerate(zip(sources, products, strict=True)):
+        if product is None:
+            continue
+        scores = source()[0]
+        n = scores.numel()
+        if not (
+            product.numel() == n
+            and product.dtype == keep_dtype
+            and product.is_contiguous()
+            and product.device == scores.device
+            and not (n and _same_memory(product, scores))
+        ):
+            raise ValueError(
+                f"smallest_k_many: products[{index}] is {product.numel()} "
+                f"{'contiguous' if product.is_contiguous() else 'strided'} {product.dtype} "
+                f"entries on {product.device}; expected {n} contiguous {keep_dtype} entries "
+                f"on {scores.device}, as its scores, and in memory of its own"
+            )
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors live in the same storage."""
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def multiplied(
+    masks: Iterator[Tensor], sources: Sequence[Source], products: Sequence[Tensor | None]
+) -> Iterator[Tensor]:
+    """The masks as they are, each product written as its mask is yielded."""
+    for mask, source, product in zip(masks, sources, products, strict=True):
+        if product is not None:
+            torch.mul(source()[0].detach().reshape(-1), mask, out=product)
+        yield mask
+
+
+def complement(chosen: Iterator[Tensor], keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+    """The selections as they are, or with `keep_dtype` as masks (1 = not chosen)."""
+    if keep_dtype is None:
+        return chosen
+    return ((~pick).to(keep_dtype) for pick in chosen)
+
+
+def all_or_none(
+    sources: Sequence[Source], everything: bool, keep_dtype: torch.dtype | None
+) -> Iterator[Tensor]:
+    """Every competing entry of each source chosen (`everything`), or none."""
+    chosen = (_filled(*source(), everything=everything) for source in sources)
+    return complement(chosen, keep_dtype)
+
+
+def _filled(scores: Tensor, alive: Tensor | None, everything: bool) -> Tensor:
+    flat = scores.reshape(-1)
+    ns = namespace(scores)
+    if alive is not None:
+        live = alive.reshape(-1)
+        live = live.clone() if live.dtype == ns.bool else live == 1
+        return live if everything else live & False
+    fill = ns.ones if everything else ns.zeros
+    filled: Tensor = fill(flat.shape, dtype=ns.bool, device=flat.device)
+    return filled

@@ -1,0 +1,86 @@
+"""Every number the selection kernels are tuned by, in one place, and the way to change them.
+
+The kernels read the values at call time through :func:`get`, so a change made
+with :func:`overridden` applies from the next call on::
+
+    from prunekit.select import tuning
+
+    with tuning.overridden(small=0, chunk=64, threads=lambda: 3):
+        ...  # small inputs take the fast path, in chunks of 64, on three threads
+
+An override holds for the code running in the current context (thread or task)
+until its ``with`` block ends; overrides nest. Tests use it to run every path on
+small inputs; nothing else needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Tuning", "get", "overridden"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The tuning of the selection kernels (the defaults were measured on a 2-core x86 CPU)."""
+
+    chunk: int = 1 << 18
+    """Entries read at a time by the tensor operations: their work buffers stay in cache (L2)."""
+    step: int = 1 << 20
+    """Entries per call of the C loop, which blocks them itself (fewer calls: faster)."""
+    part: int = 1 << 16
+    """The C loop splits a step among threads in parts at least this large."""
+    threads: Callable[[], int] = torch.get_num_threads
+    """How many threads the C loop may use: as many as torch, by default."""
+    native: bool = True
+    """Whether the one pass runs as the C loop where it is built (else: tensor operations)."""
+    small: int = 1 << 16
+    """Up to this many entries in all, the portable path's few plain calls beat the passes."""
+    tiny: int = 1 << 10
+    """Up to this many entries compete, one stable sort beats kthvalue and its compares."""
+    sample: int = 1 << 17
+    """Entries sampled to guess where the k-th value lies."""
+    guess: int = 1 << 18
+    """From this many entries on, a sample is a fraction of them: worth taking."""
+    spread: float = 6.0
+    """How many standard deviations of the guess the bounds leave either side."""
+    gather_share: int = 16
+    """The one pass gathers at most 1/gather_share of all entries between its bounds..."""
+    gather_capped: bool = True
+    """...and, if capped, no more memory (a position and a value each) than the largest tensor."""
+    portable_chunk: int = 1 << 20
+    """Entries the portable path reads at a time (small tensors share one), and the most it
+    gathers to rank apart: its work memory beyond the selections."""
+
+
+# A frozen dataclass: the default is never changed, only replaced.
+_CURRENT: ContextVar[Tuning] = ContextVar("prunekit_select_tuning", default=Tuning())  # noqa: B039
+_NAMES = frozenset(field.name for field in dataclasses.fields(Tuning))
+
+
+def get() -> Tuning:
+    """The tuning in force here and now."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def overridden(**changes: Any) -> Iterator[Tuning]:
+    """Run the ``with`` block under the current tuning with `changes` made (field=value)."""
+    unknown = sorted(set(changes) - _NAMES)
+    if unknown:
+        raise TypeError(
+            f"tuning.overridden: unknown names {unknown}; expected some of {sorted(_NAMES)}"
+        )
+    tuning = dataclasses.replace(_CURRENT.get(), **changes)
+    token = _CURRENT.set(tuning)
+    try:
+        yield tuning
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,108 @@
+"""The Hugging Face Trainer callback, in tiny runs: the schedule follows global_step, and a
+run resumed from a checkpoint ends with the same masks and weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import prunekit as prune
+
+transformers = pytest.importorskip("transformers")
+from prunekit.schedule.hf import GradualPruningCallback  # noqa: E402
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 3)
+
+    def forward(self, x: Tensor, labels: Tensor | None = None) -> dict[str, Tensor]:
+        logits = self.fc2(F.relu(self.fc1(x)))
+        out = {"logits": logits}
+        if labels is not None:
+            out["loss"] = F.cross_entropy(logits, labels)
+        return out
+
+
+def data() -> list[dict[str, Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return [{"x": x[i], "labels": y[i]} for i in range(64)]
+
+
+def trainer(out: Path, model: nn.Module, pruner: Any, **kw: Any) -> Any:
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=12,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        save_steps=5,
+        save_strategy="steps",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        **kw,
+    )
+    callback = GradualPruningCallback(pruner)
+    return transformers.Trainer(model=model, args=args, train_dataset=data(), callbacks=[callback])
+
+
+def make() -> tuple[nn.Module, prune.GradualPruner]:
+    torch.manual_seed(0)
+    model = Tiny()
+    return model, prune.GradualPruner(model, 0.8, start_step=2, end_step=10, every=2)
+
+
+def test_trainer_steps_the_pruner_and_resumes(tmp_path: Path) -> None:
+    model, pruner = make()
+    run = trainer(tmp_path / "a", model, pruner)
+    assert list(model.state_dict()) == [
+        "fc1.bias",
+        "fc1.weight_orig",
+        "fc1.weight_mask",
+        "fc2.bias",
+        "fc2.weight_orig",
+        "fc2.weight_mask",
+    ]
+    run.train()
+    assert pruner.steps == 12 and pruner.amount == 0.8
+    assert prune.report(model)["fc1.weight"].method == "Gradual(L1, 0.8)"
+    assert prune.report(model)["fc1.weight"].zeros == round(0.8 * 256)
+    assert (tmp_path / "a" / "checkpoint-5" / "gradual_pruner.pt").is_file()
+
+    again, again_pruner = make()
+    resumed = trainer(tmp_path / "a", again, again_pruner)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5"))
+    assert again_pruner.steps == 12
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, again.state_dict()[key]), key
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
+    model, pruner = make()
+    trainer(tmp_path, model, pruner, gradient_accumulation_steps=2).train()
+    assert pruner.steps == 12  # 24 batches, 12 optimizer steps
+
+
+def test_resuming_without_the_pruner_state_is_an_error(tmp_path: Path) -> None:
+    model, pruner = make()
+    trainer(tmp_path / "a", model, pruner).train()
+    (tmp_path / "a" / "checkpoint-5" / "gradual_pruner.pt").unlink()
+    again, again_pruner = make()
+    with pytest.raises(ValueError, match="resumes at step 5 but the pruner is at step 0"):
+        trainer(tmp_path / "a", again, again_pruner).train(
+            resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5")
+        )
+    with pytest.raises(TypeError, match=r"expected a prunekit\.GradualPruner"):
+        GradualPruningCallback(model)  # type: ignore[arg-type]
