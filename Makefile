@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed demo clean
+	bench-sharded bench-distributed bench-calibrated demo clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,8 @@ bench-structure: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/structure.py
 	$(PY) benchmarks/structure.py --resnet50
+bench-calibrated: setup
+	$(PY) benchmarks/calibrated.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -35,3 +35,17 @@ def test_quick_benchmark_prints_every_case() -> None:
     ):
         assert case in out, out
     assert "failed" not in out and " NO" not in out, out
+
+
+def test_calibrated_benchmark_nm_part_runs_and_masks_are_exact() -> None:
+    script = RUN.parent / "calibrated.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--nm-only", "--quick", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line[:3] in ("2:4", "4:8")]
+    assert len(rows) == 2 and all(row.endswith("yes") for row in rows), proc.stdout

@@ -19,10 +19,16 @@ _SCHEMAS = {
 }
 
 
-def torchvision_models() -> ModuleType:
-    """``torchvision.models``, importable without torchvision's compiled ops."""
+def define_torchvision_ops() -> None:
+    """Define the op schemas torchvision's import needs. Anything that imports it after
+    (transformers does, from its model classes) then works on the CPU torch."""
     for name, schema in _SCHEMAS.items():
         # an error: defined already (by an earlier call or torchvision's own ops)
         with contextlib.suppress(RuntimeError):
             torch.library.define(f"torchvision::{name}", schema)
+
+
+def torchvision_models() -> ModuleType:
+    """``torchvision.models``, importable without torchvision's compiled ops."""
+    define_torchvision_ops()
     return importlib.import_module("torchvision.models")

@@ -10,7 +10,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.container import PruningContainer
 from prunekit.core.method import BasePruningMethod, PruningBase
-from prunekit.criteria import Criterion, Magnitude, Random
+from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, Wanda
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -42,7 +42,7 @@ from prunekit.methods import (
 
 # A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
 from prunekit.model import prune_model
-from prunekit.patterns import Channels, Pattern, Unstructured
+from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
 # Gradual pruning (imports the names above, so it comes last).
@@ -74,6 +74,7 @@ _compute_nparams_toprune = compute_nparams_to_prune
 __version__ = "0.1.0"
 
 __all__ = [
+    "NM",
     "BasePruningMethod",
     "ChannelGroup",
     "Channels",
@@ -87,6 +88,7 @@ __all__ = [
     "LnStructured",
     "Magnitude",
     "Pattern",
+    "PerRow",
     "PrunedGroup",
     "Pruning",
     "PruningBase",
@@ -95,7 +97,10 @@ __all__ = [
     "RandomStructured",
     "RandomUnstructured",
     "Report",
+    "SparseGPT",
+    "Taylor",
     "Unstructured",
+    "Wanda",
     "__version__",
     "all_reduce_statistics",
     "channel_groups",

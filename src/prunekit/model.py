@@ -9,7 +9,7 @@ model's Report.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
+from prunekit.oneshot import CALIBRATED, oneshot
 from prunekit.report import Report, report
 
 __all__ = ["SCOPES", "prune_model"]
@@ -50,25 +51,62 @@ def prune_model(
     amount: float,
     *,
     method: str = "l1",
+    pattern: Any = "unstructured",
     scope: str = "layer",
+    calibration: Iterable[Any] | None = None,
     include: Sequence[str] | str = ("*",),
     exclude: Sequence[str] | str = (),
     process_group: Any = None,
+    sequential: bool = True,
+    loss: Callable[[Any, Any], Any] | None = None,
+    progress: bool | None = None,
 ) -> Report:
     """Prune the parameters of `model` selected by name; return ``report(model)``.
 
-    `method`: ``'l1'`` (smallest magnitudes), ``'random'``, or ``'ln'`` (whole output
-    channels, dim 0, by their L2 norm; layer scope only). `scope`: ``'layer'`` prunes
-    `amount` of each tensor, ``'global'`` `amount` of all selected tensors ranked
-    together. `include`/`exclude` are globs of parameter names, as the CLI's: the default
+    `method`: ``'l1'`` (smallest magnitudes), ``'random'``, ``'ln'`` (whole output
+    channels, dim 0, by their L2 norm; layer scope only), or, from `calibration` batches
+    (tensors, mappings of keyword arguments or tuples for the model's forward):
+    ``'wanda'`` (|W| x the L2 norm of each input feature), ``'sparsegpt'`` (OBS with
+    updates of the weights left, written into ``<name>_orig``), ``'taylor'`` (|W x grad|
+    summed over the batches of ``loss(output, batch)``, default ``output.loss``).
+    `pattern`: ``'unstructured'``, ``'row'`` (the same share of each output row),
+    ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim; `amount`
+    must be (M-N)/M) or a Pattern. `scope`: ``'layer'`` prunes `amount` of each tensor,
+    ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
+    `sequential`: calibrate block by block, each on the outputs of the pruned blocks
+    before it (only one block's statistics in memory). `progress`: a bar on stderr for
+    calibrated runs (default: when stderr is a terminal).
+    `include`/`exclude` are globs of parameter names, as the CLI's: the default
     ``('*',)`` takes every floating-point parameter of two or more dims (weights, not
-    biases or norms); any other `include` selects by name, any number of dims. Tensors
-    pruned before are pruned further (their entries already pruned stay so). A tied
-    parameter is ranked once and masked under each of its names: remove() each name to
-    make it permanent. If anything fails, the model is left exactly as it was.
     `process_group` (a torch.distributed group, scope 'global' only) ranks the parameters
     every rank of the group selects as one model (see prunekit.distributed).
+    biases or norms), and for the calibrated methods every Linear weight but the output
+    head (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
+    other `include` selects by name, any number of dims. Tensors pruned before are
+    pruned further (their entries already pruned stay so). A tied parameter is ranked
+    once and masked under each of its names: remove() each name to make it permanent.
+    Every argument, tensor and batch is checked first; if anything fails, the model is
+    left exactly as it was.
     """
+    if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
+        return _oneshot(
+            model,
+            amount,
+            method,
+            pattern,
+            scope,
+            calibration,
+            include,
+            exclude,
+            sequential,
+            loss,
+            progress,
+        )
+    if not _plain(pattern) or calibration is not None:
+        raise ValueError(
+            f"prune_model: method={method!r} takes no pattern and no calibration; expected "
+            f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
+        )
     cls, kwargs = _method(method, scope, amount)
     if process_group is not None:
         if scope != "global":
@@ -96,11 +134,84 @@ def prune_model(
     return report(model)
 
 
+def _plain(pattern: Any) -> bool:
+    return isinstance(pattern, str) and pattern == "unstructured"
+
+
+def _oneshot(
+    model: nn.Module,
+    amount: Any,
+    method: str,
+    pattern: Any,
+    scope: Any,
+    calibration: Any,
+    include: Any,
+    exclude: Any,
+    sequential: Any,
+    loss: Any,
+    progress: Any,
+) -> Report:
+    """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
+    includes = _patterns(include, "include")
+    targets = _targets(model, includes, _patterns(exclude, "exclude"))
+    if method in CALIBRATED and includes == ("*",):
+        heads = _output_heads(model)
+        targets = [
+            t
+            for t in targets
+            if isinstance(t.module, nn.Linear) and t.leaf == "weight" and t.module not in heads
+        ]
+        if not targets:
+            raise ValueError(
+                f"prune_model: {type(model).__name__} has no Linear weight to calibrate "
+                "besides its output head; expected a model with Linear layers"
+            )
+
+    def ties() -> None:
+        for target in targets:
+            mask = getattr(target.holder, target.leaf.rpartition(".")[2] + MASK)
+            for holder, leaf, _ in target.ties:
+                custom_from_mask(holder, leaf, mask)
+
+    oneshot(
+        model,
+        [(t.module, t.leaf) for t in targets],
+        amount,
+        method=method,
+        pattern=pattern,
+        scope=scope,
+        calibration=calibration,
+        sequential=sequential,
+        loss=loss,
+        progress=progress,
+        then=ties,
+        touched=list(model.modules()),
+    )
+    return report(model)
+
+
+def _output_heads(model: nn.Module) -> list[nn.Module]:
+    """The output layer(s) users keep dense: the model's ``get_output_embeddings()`` (as
+    Hugging Face models name their head), and Linears sharing an embedding's weight."""
+    heads: list[nn.Module] = []
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        found = getter()
+        if isinstance(found, nn.Module):
+            heads.append(found)
+    embedded = {
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)
+    }
+    heads += [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) in embedded]
+    return heads
+
+
 def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     """The method class and its keyword arguments, after checking the three fit together."""
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(
-            f"prune_model: invalid method={method!r}; expected one of {', '.join(METHODS)}"
+            f"prune_model: invalid method={method!r}; expected one of "
+            f"{', '.join([*METHODS, *CALIBRATED])}"
         )
     if not isinstance(scope, str) or scope not in SCOPES:
         raise ValueError(

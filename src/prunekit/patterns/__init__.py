@@ -2,10 +2,13 @@
 
 Unstructured: the k smallest entries of a tensor, or of several ranked jointly.
 Channels: whole slices along a dim, ranked by a norm of their entries' scores.
+PerRow: the same share of every row. NM: n of every m consecutive entries (2:4).
 """
 
 from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.nm import NM
+from prunekit.patterns.rows import PerRow
 from prunekit.patterns.unstructured import Unstructured
 
-__all__ = ["Channels", "Pattern", "Unstructured"]
+__all__ = ["NM", "Channels", "Pattern", "PerRow", "Unstructured"]

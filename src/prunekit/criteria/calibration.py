@@ -1,0 +1,320 @@
+"""Calibration: streaming statistics of Linear inputs gathered by forward hooks, gradients
+for Taylor, and the sequential driver that calibrates a model one block at a time.
+
+Statistics are running sums, updated batch by batch: never a list of activations. Linears
+that read the same input tensor (query, key and value; gate and up) share one accumulator,
+found by identity in the first batch. In sequential mode the model runs once up to its
+first block, whose inputs are kept; then each block is calibrated on them, pruned, and run
+again to give the next block's inputs: only one block's statistics exist at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+
+__all__ = [
+    "InputStatistics",
+    "block_list",
+    "capture_block_inputs",
+    "evaluating",
+    "run_batch",
+    "run_block",
+]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+"""The positional and keyword arguments one block was called with, for one batch."""
+
+_CACHES = ("past_key_value", "past_key_values", "layer_past")
+
+
+def run_batch(model: nn.Module, batch: Any) -> Any:
+    """``model(batch)`` for a tensor, ``model(**batch)`` for a mapping (a tokenizer's output),
+    ``model(*batch)`` for a tuple or list."""
+    if isinstance(batch, Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    raise type_error(
+        f"calibration: invalid batch of type {type(batch).__name__}; expected a tensor, a "
+        "mapping of keyword arguments or a tuple of positional arguments for the model"
+    )
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Run the block with every submodule in eval mode (no dropout); modes restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+class _Accumulator:
+    """Running statistics of one input: sum of squares per feature, mean of X^T X."""
+
+    def __init__(self, features: int, norms: bool, hessian: bool) -> None:
+        self.rows = 0
+        self.squares = torch.zeros(features, dtype=torch.float64) if norms else None
+        self.hessian = torch.zeros(features, features) if hessian else None
+        self.last: Tensor | None = None  # the input seen in this batch, if any
+
+    def add(self, x: Tensor) -> None:
+        flat = x.detach().reshape(-1, x.shape[-1]).to(dtype=torch.float32)
+        new = self.rows + flat.shape[0]
+        if self.squares is not None:
+            self.squares += flat.pow(2).sum(dim=0, dtype=torch.float64)
+        if self.hessian is not None and new:
+            self.hessian = torch.addmm(
+                self.hessian, flat.T, flat, beta=self.rows / new, alpha=1.0 / new
+            )
+        self.rows = new
+
+
+class InputStatistics:
+    """Forward hooks on `modules` (Linears) that accumulate their inputs' statistics:
+    `norms` (the L2 norm of each input feature, for Wanda) and/or `hessian` (the mean of
+    X^T X over the rows of the input, for SparseGPT). Use as a context manager; call
+    ``new_batch()`` before each batch."""
+
+    def __init__(self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool) -> None:
+        self.modules = list(modules)
+        self._want = (norms, hessian)
+        self._of: dict[nn.Module, _Accumulator] = {}
+        self._handles: list[Any] = []
+        self._batch = 0
+
+    def __enter__(self) -> InputStatistics:
+        for module in self.modules:
+            self._handles.append(module.register_forward_hook(self._hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for acc in self._of.values():
+            acc.last = None
+
+    def new_batch(self) -> None:
+        self._batch += 1
+        for acc in self._of.values():
+            acc.last = None
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        x = args[0]
+        acc = self._of.get(module)
+        if acc is None:
+            acc = next((a for a in self._of.values() if a.last is x), None)
+            if acc is None:
+                acc = _Accumulator(int(x.shape[-1]), *self._want)
+            self._of[module] = acc
+        elif acc.last is x:
+            return  # another Linear of the group saw this input already
+        elif acc.last is not None:
+            raise value_error(
+                f"calibration: {type(module).__name__} shared its input with another layer "
+                "in the first batch but not in this one; expected each batch to run the "
+                "model the same way"
+            )
+        acc.add(x)
+        acc.last = x
+
+    def seen(self, module: nn.Module) -> bool:
+        return module in self._of and self._of[module].rows > 0
+
+    def norms(self, module: nn.Module) -> Tensor:
+        """The L2 norm of each input feature of `module` over all calibration rows."""
+        squares = self._of[module].squares
+        assert squares is not None
+        return squares.sqrt().to(dtype=torch.float32)
+
+    def hessian(self, module: nn.Module) -> Tensor:
+        """The mean of X^T X over the calibration rows of `module`'s input."""
+        hessian = self._of[module].hessian
+        assert hessian is not None
+        return hessian
+
+    def accumulators(self) -> int:
+        """How many distinct inputs are held (shared ones once)."""
+        return len({id(a) for a in self._of.values()})
+
+
+def block_list(model: nn.Module, owners: Sequence[nn.Module]) -> tuple[str, nn.ModuleList] | None:
+    """The model's sequence of blocks: the ModuleList of two or more modules of one class
+    that holds the most of `owners` (the modules to prune); None if none holds any."""
+    wanted = {id(m) for m in owners}
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        held = sum(1 for child in module for sub in child.modules() if id(sub) in wanted)
+        if held and (best is None or held > best[0]):
+            best = (held, name, module)
+    return None if best is None else (best[1], best[2])
+
+
+class _Reached(Exception):
+    """Raised by the capture hook to stop the forward at the first block."""
+
+
+def capture_block_inputs(
+    model: nn.Module, block: nn.Module, batches: Sequence[Any]
+) -> list[Inputs]:
+    """Run the model on each batch up to `block` and keep what `block` was called with
+    (caches dropped); nothing after the block runs."""
+    captured: list[Inputs] = []
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        kwargs = dict(kwargs)
+        for key in _CACHES:
+            if key in kwargs:
+                kwargs[key] = None
+        if "use_cache" in kwargs:
+            kwargs["use_cache"] = False
+        captured.append((tuple(args), kwargs))
+        raise _Reached
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for index, batch in enumerate(batches):
+            try:
+                run_batch(model, batch)
+            except _Reached:
+                continue
+            except Exception as error:
+                raise _batch_error(index, error) from error
+            raise value_error(
+                f"calibration: batch {index} ran the model's forward without reaching its "
+                f"blocks ({type(block).__name__}); expected a model that calls them"
+            )
+    finally:
+        handle.remove()
+    return captured
+
+
+def _batch_error(index: int, error: Exception) -> Exception:
+    """The error for a batch the model cannot take (the model is unchanged)."""
+    if getattr(error, "_prunekit_explained", False):
+        return error
+    return value_error(
+        f"calibration: the model cannot take batch {index}: {type(error).__name__}: {error}; "
+        "expected batches the model's forward accepts"
+    )
+
+
+def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
+    """Call `block` and return the inputs of the next one: the same arguments with the
+    hidden states (the first positional one, or ``hidden_states=``) replaced."""
+    args, kwargs = inputs
+    out = block(*args, **kwargs)
+    hidden = out[0] if isinstance(out, tuple | list) else out
+    if args:
+        return (hidden, *args[1:]), kwargs
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": hidden}
+    raise value_error(
+        f"calibration: cannot tell which argument of {type(block).__name__} carries the "
+        "hidden states; expected a first positional argument or hidden_states= (or pass "
+        "sequential=False)"
+    )
+
+
+def calibrate(
+    model: nn.Module,
+    batches: Sequence[Any],
+    modules: Sequence[nn.Module],
+    *,
+    norms: bool,
+    hessian: bool,
+) -> InputStatistics:
+    """One pass of the whole model over `batches`, statistics for `modules`."""
+    with (
+        evaluating(model),
+        torch.no_grad(),
+        InputStatistics(modules, norms=norms, hessian=hessian) as stats,
+    ):
+        for index, batch in enumerate(batches):
+            stats.new_batch()
+            try:
+                run_batch(model, batch)
+            except Exception as error:
+                raise _batch_error(index, error) from error
+    return stats
+
+
+def block_statistics(
+    block: nn.Module,
+    inputs: Sequence[Inputs],
+    modules: Sequence[nn.Module],
+    *,
+    norms: bool,
+    hessian: bool,
+) -> InputStatistics:
+    """Statistics for `modules` (inside `block`) from running `block` on `inputs`."""
+    with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
+        for index, (args, kwargs) in enumerate(inputs):
+            stats.new_batch()
+            try:
+                block(*args, **kwargs)
+            except Exception as error:
+                raise _batch_error(index, error) from error
+    return stats
+
+
+def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
+    """`block`'s outputs for each batch, as the next block's inputs."""
+    found = []
+    for index, one in enumerate(inputs):
+        try:
+            found.append(run_block(block, one))
+        except Exception as error:
+            raise _batch_error(index, error) from error
+    return found
+
+
+def gradients(
+    model: nn.Module,
+    batches: Sequence[Any],
+    params: Sequence[tuple[nn.Parameter, Callable[[], Tensor]]],
+    loss: Callable[[Any, Any], Tensor],
+    step: Callable[[int, Tensor, Tensor], None],
+) -> None:
+    """Backward of `loss` for each batch; for each of `params` (a Parameter and a function
+    giving the tensor it stands for), ``step(i, values, grad)``. Only `params` get
+    gradients; every requires_grad flag and .grad is as before afterwards."""
+    flags = [(p, p.requires_grad, p.grad) for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p, _ in params:
+        p.requires_grad_(True)
+        p.grad = None
+    try:
+        with evaluating(model), torch.enable_grad():
+            for index, batch in enumerate(batches):
+                try:
+                    value = loss(run_batch(model, batch), batch)
+                except Exception as error:
+                    raise _batch_error(index, error) from error
+                value.backward()  # type: ignore[no-untyped-call]
+                for i, (p, current) in enumerate(params):
+                    if p.grad is not None:
+                        step(i, current().detach(), p.grad)
+                    p.grad = None
+    finally:
+        for p, flag, grad in flags:
+            p.requires_grad_(flag)
+            p.grad = grad

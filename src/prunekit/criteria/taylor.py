@@ -1,0 +1,51 @@
+"""Taylor: an entry's score is |W_ij * dL/dW_ij| summed over calibration batches, the
+first-order estimate of how much the loss moves when the weight goes to zero."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.method import Target
+from prunekit.criteria.base import Criterion
+
+__all__ = ["Taylor", "taylor_step"]
+
+
+class Taylor(Criterion):
+    """Scores given as accumulated ``|W * grad|``: one tensor, or a mapping from
+    ``(module, name)`` to each tensor's, as ``prunekit.calibrate`` collects them."""
+
+    by_magnitude = True
+
+    def __init__(self, saliency: Tensor | Mapping[tuple[nn.Module, str], Tensor]) -> None:
+        self.saliency = saliency
+
+    def release(self) -> None:
+        """Drop the scores (a mask made is never recomputed; the hook keeps the criterion)."""
+        self.saliency = {}
+
+    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+        if isinstance(self.saliency, Mapping):
+            if target is None or target not in self.saliency:
+                raise type_error(
+                    "Taylor: no gradients were accumulated for this tensor; expected one "
+                    "of the (module, name) pairs calibrated"
+                )
+            found = self.saliency[target]
+        else:
+            found = self.saliency
+        if tuple(found.shape) != tuple(values.shape):
+            raise value_error(
+                f"Taylor: saliency of shape {tuple(found.shape)}; expected the tensor's "
+                f"shape {tuple(values.shape)}"
+            )
+        return found.to(dtype=values.dtype)
+
+
+def taylor_step(weight: Tensor, grad: Tensor, total: Tensor | None) -> Tensor:
+    """Add one batch's |W * grad| to `total` (a new tensor when None); returns it."""
+    step = (weight.detach() * grad.detach()).abs_()
+    return step if total is None else total.add_(step)

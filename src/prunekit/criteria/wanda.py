@@ -1,0 +1,52 @@
+"""Wanda: an entry's score is |W_ij| times the L2 norm of input feature j over the
+calibration data (the size of what the weight multiplies, not only of the weight)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.method import Target
+from prunekit.criteria.base import Criterion
+
+__all__ = ["Wanda"]
+
+
+class Wanda(Criterion):
+    """Scores ``|W| * norms`` with one norm per input feature (dim 1 of the weight).
+
+    `norms` is one tensor (for whatever tensor is ranked) or a mapping from modules to
+    theirs, as ``prunekit.calibrate`` collects them. Pair it with PerRow for Wanda as
+    published (every output row loses the same share), or with NM for 2:4.
+    """
+
+    by_magnitude = True  # |W| * norm is never negative
+
+    def __init__(self, norms: Tensor | Mapping[nn.Module, Tensor]) -> None:
+        self.norms = norms
+
+    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+        norms = self._norms_for(target)
+        if values.dim() < 2 or norms.dim() != 1 or norms.shape[0] != values.shape[1]:
+            raise value_error(
+                f"Wanda: {norms.shape[0] if norms.dim() == 1 else tuple(norms.shape)} input "
+                f"norms do not fit a tensor of shape {tuple(values.shape)}; expected one norm "
+                "per entry of dim 1 (the input features)"
+            )
+        shape = [1] * values.dim()
+        shape[1] = values.shape[1]
+        scores: Tensor = values.abs() * norms.to(dtype=values.dtype).reshape(shape)
+        return scores
+
+    def _norms_for(self, target: Target) -> Tensor:
+        if not isinstance(self.norms, Mapping):
+            return self.norms
+        if target is None or target[0] not in self.norms:
+            where = "no module" if target is None else type(target[0]).__name__
+            raise type_error(
+                f"Wanda: no input norms for {where}; expected a module the norms were "
+                "collected for (calibrate it first)"
+            )
+        return self.norms[target[0]]

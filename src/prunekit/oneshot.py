@@ -1,0 +1,418 @@
+"""One-shot pruning of chosen tensors of a model: magnitude, random, or calibrated (Wanda,
+SparseGPT, Taylor), with any pattern, layer by layer or block by block.
+
+``oneshot(model, targets, amount, method=..., pattern=..., calibration=...)`` checks every
+argument, target and batch first, then prunes inside one transaction: if anything fails
+(a batch the model cannot take, an interrupt), the model is put back as it was, SparseGPT's
+weight updates included. prunekit.prune_model is the front door; this is its engine.
+
+Memory, sequential mode: the inputs of one block for all calibration batches (as the model
+computes them: batches x tokens x hidden), the statistics of that block's Linears only
+(Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
+input, shared by Linears reading the same tensor) and one layer's SparseGPT work (its
+weight and inverse Hessian factor in float32). SparseGPT keeps the previous values of the
+weights it changed until the call returns, to restore them if it fails. Taylor needs the
+whole model's backward: activations of one batch, plus a gradient and a running sum per
+pruned weight.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import prunekit as prune
+from prunekit.core.amount import Amount
+from prunekit.core.errors import describe, naming, type_error, value_error
+from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.transaction import transaction
+from prunekit.criteria import calibration as cal
+from prunekit.criteria.base import Criterion
+from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
+from prunekit.criteria.taylor import Taylor, taylor_step
+from prunekit.criteria.wanda import Wanda
+from prunekit.progress import Progress
+
+__all__ = ["CALIBRATED", "METHODS", "PATTERNS", "oneshot", "parse_pattern"]
+
+METHODS = ("l1", "random", "wanda", "sparsegpt", "taylor")
+CALIBRATED = ("wanda", "sparsegpt", "taylor")
+PATTERNS = "'unstructured', 'row', or 'N:M' such as '2:4' and '4:8'"
+
+Target = tuple[nn.Module, str]
+Loss = Callable[[Any, Any], Tensor]
+
+
+def parse_pattern(pattern: Any) -> prune.Pattern:
+    """A Pattern from its name ('unstructured', 'row', '2:4', ...) or as given."""
+    if isinstance(pattern, prune.Pattern):
+        return pattern
+    if pattern == "unstructured":
+        return prune.Unstructured()
+    if pattern == "row":
+        return prune.PerRow()
+    found = re.fullmatch(r"(\d+):(\d+)", pattern) if isinstance(pattern, str) else None
+    if found is None:
+        raise value_error(f"prune_model: invalid pattern={pattern!r}; expected {PATTERNS}")
+    return prune.NM(int(found[1]), int(found[2]))
+
+
+@dataclass
+class Plan:
+    """Everything oneshot() checked before changing anything."""
+
+    targets: list[Target]
+    amount: float
+    method: str
+    pattern: prune.Pattern
+    scope: str
+    batches: list[Any]
+    sequential: bool
+    loss: Loss | None
+    sparsegpt: SparseGPT
+    undo: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
+
+
+def oneshot(
+    model: nn.Module,
+    targets: Iterable[Target],
+    amount: float,
+    *,
+    method: str = "l1",
+    pattern: Any = "unstructured",
+    scope: str = "layer",
+    calibration: Iterable[Any] | None = None,
+    sequential: bool = True,
+    loss: Loss | None = None,
+    damp: float = 0.01,
+    blocksize: int = 128,
+    progress: bool | None = None,
+    then: Callable[[], None] | None = None,
+    touched: Sequence[nn.Module] | None = None,
+) -> None:
+    """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
+
+    `method`: 'l1' (magnitude), 'random', 'wanda' (|W| x input norm), 'sparsegpt'
+    (OBS with weight updates, written into ``<name>_orig``), 'taylor' (|W x grad|
+    summed over the batches of `loss(output, batch)`, default ``output.loss``).
+    `calibration`: the batches the calibrated methods run (tensors, mappings of keyword
+    arguments or tuples). `sequential`: calibrate block by block, each on the outputs of
+    the pruned blocks before it (Wanda and SparseGPT; Taylor always takes the whole
+    model's gradient). `progress`: a bar on stderr (default: when stderr is a terminal).
+    `then` runs last, inside the transaction; `touched` are the modules it restores
+    (default: those of `targets`).
+    """
+    plan = _plan(
+        model,
+        list(targets),
+        amount,
+        method,
+        pattern,
+        scope,
+        calibration,
+        sequential,
+        loss,
+        SparseGPT(damp, blocksize),
+    )
+    if touched is None:
+        touched = [m for m, _ in plan.targets]
+    bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), progress)
+    try:
+        with transaction(touched):
+            _run(model, plan, bar)
+            if then is not None:
+                then()
+    except BaseException:
+        for param, old in reversed(plan.undo):
+            param.data = old  # the transaction restored the masks, hooks and module.<name>
+        raise
+    finally:
+        bar.close()
+
+
+def _plan(
+    model: nn.Module,
+    targets: list[Target],
+    amount: Any,
+    method: Any,
+    pattern: Any,
+    scope: Any,
+    calibration: Iterable[Any] | None,
+    sequential: Any,
+    loss: Loss | None,
+    settings: SparseGPT,
+) -> Plan:
+    """Check every argument against the others and against each target."""
+    prune.validate_pruning_amount_init(amount, owner="prune_model")
+    if method not in METHODS:
+        raise value_error(f"prune_model: invalid method={method!r}; expected one of {METHODS}")
+    chosen = parse_pattern(pattern)
+    if scope not in ("layer", "global"):
+        raise value_error(f"prune_model: invalid scope={scope!r}; expected 'layer' or 'global'")
+    if not isinstance(sequential, bool):
+        raise type_error(f"prune_model: invalid sequential={sequential!r}; expected a bool")
+    if scope == "global" and (type(chosen) is not prune.Unstructured or method == "sparsegpt"):
+        raise value_error(
+            f"prune_model: scope='global' ranks entries of all layers together, which only "
+            f"the unstructured pattern with l1, random, wanda or taylor does; got "
+            f"method={method!r}, pattern={pattern!r} (expected scope='layer')"
+        )
+    if scope == "global" and method == "wanda" and sequential:
+        raise value_error(
+            "prune_model: scope='global' needs every layer's statistics before any is "
+            "pruned, which sequential calibration does not give; expected sequential=False"
+        )
+    if isinstance(chosen, prune.NM):
+        chosen.check((chosen.m,) * 2, Amount(amount, "prune_model"))
+    batches = _batches(method, calibration, loss)
+    for module, name in targets:
+        _check_target(model, module, name, method, chosen, amount)
+    return Plan(targets, amount, method, chosen, scope, batches, sequential, loss, settings)
+
+
+def _batches(method: str, calibration: Iterable[Any] | None, loss: Loss | None) -> list[Any]:
+    if method not in CALIBRATED:
+        if calibration is not None or loss is not None:
+            raise value_error(
+                f"prune_model: method={method!r} uses no calibration data; expected "
+                f"calibration=None and loss=None (calibrated methods: {CALIBRATED})"
+            )
+        return []
+    if calibration is None:
+        raise value_error(
+            f"prune_model: method={method!r} needs calibration data; expected calibration= "
+            "an iterable of batches the model's forward takes"
+        )
+    if isinstance(calibration, Tensor | dict) or not isinstance(calibration, Iterable):
+        raise type_error(
+            f"prune_model: invalid calibration of type {type(calibration).__name__}; "
+            "expected an iterable of batches (a list of tensors, say)"
+        )
+    batches = list(calibration)
+    if not batches:
+        raise value_error("prune_model: calibration holds no batch; expected at least one")
+    for index, batch in enumerate(batches):
+        if not isinstance(batch, Tensor | dict | tuple | list) and not hasattr(batch, "keys"):
+            raise type_error(
+                f"prune_model: calibration batch {index} is a {type(batch).__name__}; expected "
+                "a tensor, a mapping of keyword arguments or a tuple of positional ones"
+            )
+    if method != "taylor" and loss is not None:
+        raise value_error(f"prune_model: loss is for method='taylor'; got method={method!r}")
+    return batches
+
+
+def _check_target(
+    model: nn.Module, module: nn.Module, name: str, method: str, pattern: prune.Pattern, amount: Any
+) -> None:
+    where = describe(module, name)
+    values = _values(module, name)
+    if method in CALIBRATED:
+        if not isinstance(module, nn.Linear) or name != "weight":
+            raise value_error(
+                f"prune_model: method={method!r} calibrates Linear weights; {where} is not "
+                "one (exclude it, or prune it with method='l1')"
+            )
+        if not isinstance(values, Tensor):
+            raise type_error(f"prune_model: method={method!r} needs a torch model")
+    if isinstance(pattern, prune.NM | prune.PerRow):
+        with naming(where):
+            if isinstance(pattern, prune.NM):
+                pattern.check(tuple(values.shape), Amount(amount, "prune_model"))
+            elif values.dim() < 2:
+                raise value_error(
+                    f"prune_model: pattern 'row' needs rows, got shape {tuple(values.shape)}"
+                )
+    if isinstance(amount, numbers.Integral) and int(amount) > values.numel():
+        raise value_error(
+            f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
+            "fraction or a smaller count"
+        )
+
+
+def _values(module: nn.Module, name: str) -> Tensor:
+    """The current values of ``module.<name>`` (mask x orig where pruned); a dotted name
+    is a submodule's tensor."""
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
+    if orig_name(name) in module._parameters:
+        orig = module._parameters[orig_name(name)]
+        mask = module._buffers[mask_name(name)]
+        assert orig is not None and mask is not None
+        values: Tensor = (orig * mask).detach()
+        return values
+    found = getattr(module, name, None)
+    if found is None:
+        raise value_error(f"{describe(module, name)} does not exist; expected a parameter name")
+    result: Tensor = found.detach()
+    return result
+
+
+def _parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter behind ``module.<name>``: ``<name>_orig`` where pruned."""
+    param = module._parameters.get(orig_name(name))
+    if param is None:
+        param = module._parameters[name]
+    assert param is not None
+    return param
+
+
+def _alive(module: nn.Module, name: str) -> Tensor | None:
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
+    mask = module._buffers.get(mask_name(name))
+    return None if mask is None else mask == 1
+
+
+def _run(model: nn.Module, plan: Plan, bar: Progress) -> None:
+    if plan.method in ("l1", "random"):
+        criterion = prune.Magnitude() if plan.method == "l1" else prune.Random()
+        _install_ranked(plan, lambda _: criterion, bar)
+    elif plan.method == "taylor":
+        saliency = _taylor(model, plan)
+        _install_ranked(plan, lambda target: Taylor(saliency.pop(_key(target))), bar)
+    else:
+        _calibrated(model, plan, bar)
+
+
+def _key(target: Target) -> tuple[int, str]:
+    return id(target[0]), target[1]
+
+
+def _install_ranked(plan: Plan, criterion: Callable[[Target], Criterion], bar: Progress) -> None:
+    """Prune with a criterion that ranks: per layer, or jointly for scope='global'."""
+    if plan.scope == "global":
+        made = {_key(t): criterion(t) for t in plan.targets}
+        joint = _Joint(made)
+        prune.global_unstructured(plan.targets, prune.Pruning, amount=plan.amount, criterion=joint)
+        bar.advance(len(plan.targets))
+        return
+    for target in plan.targets:
+        module, name = target
+        ranks = criterion(target)
+        prune.Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=plan.pattern)
+        if isinstance(ranks, Taylor):
+            ranks.release()  # the hook keeps the criterion: not its weight-sized scores
+        bar.advance()
+
+
+class _Joint(Criterion):
+    """Per-tensor criteria behind one, for a global ranking."""
+
+    by_magnitude = True
+
+    def __init__(self, made: dict[tuple[int, str], Criterion]) -> None:
+        self.made = made
+
+    def scores(self, values: Tensor, target: Any = None) -> Tensor:
+        assert target is not None
+        return self.made[_key(target)]._checked_scores(values, target)
+
+
+def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
+    loss = plan.loss or _output_loss
+    totals: list[Tensor | None] = [None] * len(plan.targets)
+    params = []
+    for module, name in plan.targets:
+        param = _parameter(module, name)
+        params.append((param, lambda m=module, n=name: getattr(m, n)))
+
+    def step(i: int, values: Tensor, grad: Tensor) -> None:
+        totals[i] = taylor_step(values, grad, totals[i])
+
+    cal.gradients(model, plan.batches, params, loss, step)
+    found = {}
+    for target, total in zip(plan.targets, totals, strict=True):
+        found[_key(target)] = total if total is not None else torch.zeros_like(_values(*target))
+    return found
+
+
+def _output_loss(output: Any, batch: Any) -> Tensor:
+    value = getattr(output, "loss", None)
+    if not isinstance(value, Tensor):
+        raise value_error(
+            "prune_model: method='taylor' needs a loss and the model's output has no .loss; "
+            "expected loss=lambda output, batch: <a scalar tensor>"
+        )
+    return value
+
+
+def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
+    """Wanda or SparseGPT: statistics of each layer's input, block by block or in one pass."""
+    owners = [m for m, _ in plan.targets]
+    found = cal.block_list(model, owners) if plan.sequential else None
+    want = {"norms": plan.method == "wanda", "hessian": plan.method == "sparsegpt"}
+    if plan.scope == "global":
+        stats = cal.calibrate(model, plan.batches, owners, **want)
+        norms = {_key(t): stats.norms(t[0]) for t in plan.targets}
+        _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
+        return
+    if found is None:
+        stats = cal.calibrate(model, plan.batches, owners, **want)
+        _prune_layers(plan, plan.targets, stats, bar)
+        return
+    _, blocks = found
+    inside = {id(sub): i for i, block in enumerate(blocks) for sub in block.modules()}
+    with cal.evaluating(model), torch.no_grad():
+        inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+        for i, block in enumerate(blocks):
+            here = [t for t in plan.targets if inside.get(id(t[0])) == i]
+            if here:
+                stats = cal.block_statistics(block, inputs, [m for m, _ in here], **want)
+                _prune_layers(plan, here, stats, bar)
+                del stats
+            if i + 1 < len(blocks):
+                inputs = cal.next_inputs(block, inputs)
+        del inputs
+    rest = [t for t in plan.targets if id(t[0]) not in inside]
+    if rest:  # layers outside the blocks (a head): one pass of the pruned model
+        stats = cal.calibrate(model, plan.batches, [m for m, _ in rest], **want)
+        _prune_layers(plan, rest, stats, bar)
+
+
+def _prune_layers(
+    plan: Plan, targets: Sequence[Target], stats: cal.InputStatistics, bar: Progress
+) -> None:
+    for module, name in targets:
+        if not stats.seen(module):
+            raise value_error(
+                f"prune_model: {describe(module, name)} never ran on the calibration data; "
+                "expected every pruned layer to be used by the model's forward"
+            )
+        if plan.method == "wanda":
+            prune.Pruning.apply(
+                module,
+                name,
+                plan.amount,
+                criterion=Wanda(stats.norms(module)),
+                pattern=plan.pattern,
+            )
+        else:
+            _sparsegpt_layer(plan, module, name, stats.hessian(module))
+        bar.advance()
+
+
+def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
+    where = describe(module, name)
+    with naming(where):
+        keep, updated = sparsegpt_prune(
+            _values(module, name),
+            hessian,
+            Amount(plan.amount, "SparseGPT"),
+            plan.pattern,
+            _alive(module, name),
+            plan.sparsegpt,
+        )
+    param = _parameter(module, name)
+    old = param.data
+    plan.undo.append((param, old))
+    param.data = torch.where(keep, updated, old)  # pruned entries keep their values
+    prune.custom_from_mask(module, name, keep.to(dtype=old.dtype))

@@ -1,0 +1,135 @@
+"""NM: keep `n` of every `m` consecutive entries along the input dimension (2:4, 4:8)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from prunekit.core.amount import Amount, validate_dim, validate_dim_type
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.method import Target
+from prunekit.criteria.base import Criterion
+from prunekit.patterns.base import Pattern, all_ones
+from prunekit.patterns.rowwise import competing_scores, smallest_per_row
+
+__all__ = ["NM"]
+
+
+class NM(Pattern):
+    """In every group of `m` consecutive entries along `dim` (default 1: the input features
+    of a Linear weight, the input channels of a convolution's), the `m - n` of smallest
+    score are pruned and `n` are kept: the layout sparse tensor cores run (2:4).
+
+    The amount is fixed by the pattern: it must be the fraction ``(m - n) / m`` (0.5 for
+    2:4 and 4:8). The size along `dim` must be a multiple of `m`. Entries pruned before stay
+    pruned: a group keeps at most `n` of the entries it still has, so a group with `n` or
+    fewer left loses nothing more. Ties go to the lower index within the group. Every group
+    of the result holds at most `n` non-zero entries.
+    """
+
+    PRUNING_TYPE = "unstructured"  # a later pruning ranks the entries still unpruned
+
+    def __init__(self, n: int, m: int, dim: int = 1) -> None:
+        for label, value in (("n", n), ("m", m)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise type_error(f"NM: invalid {label}={value!r}; expected an int")
+        if not 1 <= n < m:
+            raise value_error(f"NM: invalid n={n}, m={m}; expected ints with 1 <= n < m")
+        self.n = int(n)
+        self.m = int(m)
+        self.dim = validate_dim_type(dim, owner="NM")
+
+    @property
+    def fraction(self) -> float:
+        """The share of entries a first pruning removes: (m - n) / m."""
+        return (self.m - self.n) / self.m
+
+    def mask(
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        default_mask: Tensor,
+        amount: Amount,
+        target: Target = None,
+    ) -> Tensor:
+        alive = None if all_ones(default_mask) else default_mask
+        keep = self._keep(criterion, t, alive, amount, target).to(dtype=default_mask.dtype)
+        return keep if alive is None else keep * default_mask
+
+    def select(
+        self,
+        criterion: Criterion,
+        values: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        amount: Amount,
+        keep_dtype: Any = None,
+        products: Sequence[Tensor | None] | None = None,
+        targets: Sequence[Target] | None = None,
+    ) -> Iterator[Tensor] | None:
+        """One flat selection per tensor (each tensor's groups are its own): True where
+        pruned now, or with `keep_dtype` 1s (kept, or pruned before) and 0s (pruned now)."""
+        where = targets or [None] * len(values)
+        kept = [
+            self._keep(criterion, t, m, amount, tg)
+            for t, m, tg in zip(values, masks, where, strict=True)
+        ]
+        if keep_dtype is None:
+            chosen = [
+                ~k if m is None else (~k) & (m.reshape(k.shape) == 1)
+                for k, m in zip(kept, masks, strict=True)
+            ]
+            return (c.reshape(-1) for c in chosen)
+        return (k.reshape(-1).to(dtype=keep_dtype) for k in kept)
+
+    def check(self, shape: tuple[int, ...], amount: Amount) -> int:
+        """Check `amount` and a tensor's `shape` for this pattern; return the axis of the groups."""
+        owner = amount.owner
+        value = amount.value
+        if isinstance(value, numbers.Integral) or not math.isclose(
+            float(value), self.fraction, rel_tol=0, abs_tol=1e-9
+        ):
+            raise value_error(
+                f"{owner}: invalid amount={value!r} for {self!r}, which prunes {self.m - self.n}"
+                f" of every {self.m} entries; expected amount={self.fraction}"
+            )
+        if len(shape) == 0:
+            raise value_error(f"{owner}: {self!r} needs a tensor with dims, got a scalar")
+        dim = validate_dim(self.dim, len(shape), owner)
+        if shape[dim] % self.m:
+            raise value_error(
+                f"{owner}: {self!r} groups {self.m} consecutive entries along dim {dim}, whose "
+                f"size {shape[dim]} (shape {tuple(shape)}) is not a multiple of {self.m}; "
+                f"expected a size divisible by {self.m}"
+            )
+        return dim
+
+    def _keep(
+        self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target
+    ) -> Tensor:
+        """A bool tensor shaped like `t`: False where this pruning prunes."""
+        dim = self.check(tuple(t.shape), amount)
+        scores = competing_scores(criterion, t, target, amount.owner, "scores")
+        moved = scores.movedim(dim, -1)
+        groups = moved.reshape(-1, self.m)
+        alive = None
+        if mask is not None:
+            alive = (mask.reshape(t.shape) == 1).movedim(dim, -1).reshape(groups.shape)
+        pruned = self.pruned_groups(groups, alive)
+        keep: Tensor = (~pruned).reshape(moved.shape).movedim(-1, dim)
+        return keep
+
+    def pruned_groups(self, groups: Tensor, alive: Tensor | None) -> Tensor:
+        """True where groups x m finite `groups` of scores lose an entry: the smallest
+        competing ones beyond the `n` largest of each group."""
+        if alive is None:
+            return smallest_per_row(groups, self.m - self.n, None)
+        extra = (alive.sum(dim=1) - self.n).clamp(min=0)
+        return smallest_per_row(groups, extra, alive)
+
+    def __repr__(self) -> str:
+        dim = "" if self.dim == 1 else f", dim={self.dim}"
+        return f"NM({self.n}, {self.m}{dim})"

@@ -1,0 +1,304 @@
+"""Calibrated criteria by hand (Wanda, Taylor), the streaming statistics, the sequential
+block driver, and the one-shot driver's checks and rollback, on small models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit as prune
+from model_state import fingerprint
+from prunekit.criteria import calibration as cal
+from prunekit.oneshot import oneshot
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a = nn.Linear(width, 2 * width)
+        self.b = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x))) * scale
+
+
+class Tiny(nn.Module):
+    """Embedding, blocks in a ModuleList, a head: the shape of a transformer."""
+
+    def __init__(self, width: int = 8, depth: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 20)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, scale=0.5)
+        return self.head(x)
+
+
+def linears(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    return [(m, "weight") for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def batches(count: int = 3) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 20, (2, 5), generator=generator) for _ in range(count)]
+
+
+def test_wanda_scores_by_hand() -> None:
+    w = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    scores = prune.Wanda(torch.tensor([2.0, 0.1])).scores(w)
+    assert torch.allclose(scores, torch.tensor([[2.0, 0.2], [6.0, 0.05]]))
+    # Per row, Wanda keeps the large input even where the weight is small.
+    got = prune.Pruning(0.5, prune.Wanda(torch.tensor([2.0, 0.1])), prune.PerRow()).prune(w)
+    assert got.tolist() == [[1.0, 0.0], [3.0, 0.0]]
+
+
+def test_wanda_norms_from_calibration_by_hand() -> None:
+    layer = nn.Linear(2, 1)
+    x1 = torch.tensor([[3.0, 0.0], [4.0, 1.0]])
+    x2 = torch.tensor([[0.0, 2.0]])
+    with cal.InputStatistics([layer], norms=True, hessian=True) as stats:
+        for x in (x1, x2):
+            stats.new_batch()
+            layer(x)
+    assert stats.norms(layer).tolist() == pytest.approx([5.0, 5**0.5])
+    x = torch.cat([x1, x2])
+    assert torch.allclose(stats.hessian(layer), x.T @ x / 3)
+
+
+def test_linears_reading_one_input_share_statistics() -> None:
+    q, k, v = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+    with cal.InputStatistics([q, k, v], norms=False, hessian=True) as stats:
+        for _ in range(2):
+            stats.new_batch()
+            x = torch.randn(3, 4)
+            q(x), k(x), v(x + 1)
+    assert stats.accumulators() == 2
+    assert stats.hessian(q) is stats.hessian(k)
+
+
+def test_taylor_scores_by_hand() -> None:
+    layer = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[2.0, -1.0]]))
+    data = [torch.tensor([[1.0, 3.0]]), torch.tensor([[-2.0, 1.0]])]
+    # loss = w.x per batch, so grad = x and |w * grad| summed: |2*1|+|2*-2|, |-1*3|+|-1*1|.
+    oneshot(
+        layer,
+        [(layer, "weight")],
+        1,
+        method="taylor",
+        calibration=data,
+        loss=lambda out, batch: out.sum(),
+    )
+    assert layer.weight_mask.tolist() == [[1.0, 0.0]]  # 6 against 4: the second goes
+    assert layer.weight.requires_grad and layer.weight_orig.grad is None
+
+
+def test_taylor_accumulates_over_batches() -> None:
+    w = torch.tensor([[2.0, -1.0]])
+    sal = prune.criteria.taylor.taylor_step(w, torch.tensor([[1.0, 3.0]]), None)
+    sal = prune.criteria.taylor.taylor_step(w, torch.tensor([[-2.0, 1.0]]), sal)
+    assert sal.tolist() == [[6.0, 4.0]]
+
+
+def test_block_list_and_capture() -> None:
+    model = Tiny()
+    found = cal.block_list(model, [m for m, _ in linears(model)])
+    assert found is not None and found[0] == "blocks"
+    inputs = cal.capture_block_inputs(model, model.blocks[0], batches(2))
+    assert len(inputs) == 2 and inputs[0][1] == {"scale": 0.5}
+    expected = model.blocks[0](*inputs[0][0], **inputs[0][1])
+    assert torch.equal(cal.run_block(model.blocks[0], inputs[0])[0][0], expected)
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_sequential_calibrates_each_block_on_the_pruned_ones_before(method: str) -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    twin = Tiny()
+    twin.load_state_dict(model.state_dict())
+    seen: list[torch.Tensor] = []
+    real = cal.block_statistics
+
+    def spy(block: nn.Module, inputs: Any, modules: Any, **want: Any) -> Any:
+        seen.append(inputs[0][0][0].clone())
+        return real(block, inputs, modules, **want)
+
+    targets = [(b.a, "weight") for b in model.blocks] + [(b.b, "weight") for b in model.blocks]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cal, "block_statistics", spy)
+        oneshot(model, targets, 0.5, method=method, pattern="row", calibration=batches())
+    # Block 2's inputs are block 1's outputs after block 1 was pruned (not the dense ones).
+    x = model.embed(batches()[0])
+    with torch.no_grad():
+        after_two = model.blocks[1](model.blocks[0](x, scale=0.5), scale=0.5)
+        dense_two = twin.blocks[1](twin.blocks[0](twin.embed(batches()[0]), scale=0.5), scale=0.5)
+    assert torch.allclose(seen[2], after_two)
+    assert not torch.allclose(seen[2], dense_two)
+    for module, _ in targets:
+        assert module.weight_mask.sum(1).tolist() == [module.in_features / 2] * module.out_features
+
+
+def test_sequential_and_one_pass_agree_on_the_first_block() -> None:
+    one, two = Tiny(), Tiny()
+    two.load_state_dict(one.state_dict())
+    oneshot(one, linears(one), 0.5, method="wanda", calibration=batches(), sequential=True)
+    oneshot(two, linears(two), 0.5, method="wanda", calibration=batches(), sequential=False)
+    assert torch.equal(one.blocks[0].a.weight_mask, two.blocks[0].a.weight_mask)
+    assert torch.equal(one.blocks[0].b.weight_mask, two.blocks[0].b.weight_mask)
+
+
+def test_sparsegpt_changes_orig_and_keeps_the_parameter() -> None:
+    model = Tiny()
+    param = model.blocks[0].a.weight
+    before = param.detach().clone()
+    oneshot(model, linears(model), 0.5, method="sparsegpt", pattern="2:4", calibration=batches())
+    layer = model.blocks[0].a
+    assert layer.weight_orig is param
+    keep = layer.weight_mask.bool()
+    assert not torch.equal(param.detach()[keep], before[keep])  # updated
+    assert torch.equal(param.detach()[~keep], before[~keep])  # pruned entries untouched
+    assert int(layer.weight_mask.reshape(-1, 4).sum(1).max()) == 2
+
+
+def test_global_wanda_ranks_all_layers_together() -> None:
+    model = Tiny()
+    oneshot(
+        model,
+        linears(model),
+        0.5,
+        method="wanda",
+        scope="global",
+        calibration=batches(),
+        sequential=False,
+    )
+    total = sum(m.weight_mask.numel() for m, _ in linears(model))
+    assert sum(int(m.weight_mask.sum()) for m, _ in linears(model)) == total - total // 2
+
+
+def test_l1_with_patterns_needs_no_calibration() -> None:
+    model = Tiny()
+    oneshot(model, linears(model)[:-1], 0.5, pattern="4:8")
+    assert int(model.blocks[0].a.weight_mask.reshape(-1, 8).sum(1).max()) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"method": "sparsegpt"}, ValueError, "needs calibration data"),
+        ({"method": "obs"}, ValueError, "invalid method='obs'"),
+        ({"pattern": "2:4", "amount": 0.6}, ValueError, "expected amount=0.5"),
+        ({"pattern": "diagonal"}, ValueError, "invalid pattern='diagonal'"),
+        ({"pattern": "row", "scope": "global"}, ValueError, "scope='global'"),
+        ({"method": "wanda", "scope": "global", "calibration": "B"}, ValueError, "sequential"),
+        ({"method": "wanda", "calibration": []}, ValueError, "holds no batch"),
+        ({"method": "wanda", "calibration": [3]}, TypeError, "batch 0 is a int"),
+        ({"method": "l1", "calibration": "B"}, ValueError, "uses no calibration"),
+        ({"method": "taylor", "calibration": "B"}, ValueError, "needs a loss"),
+        ({"method": "wanda", "calibration": "bad"}, ValueError, "cannot take batch 1"),
+        ({"method": "sparsegpt", "calibration": "late"}, ValueError, "cannot take batch 1"),
+    ],
+)
+def test_bad_calls_leave_the_model_as_it_was(
+    kwargs: dict[str, Any], error: type, words: str
+) -> None:
+    model = Tiny()
+    prune.l1_unstructured(model.blocks[1].a, "weight", 0.25)
+    model.blocks[2].register_forward_pre_hook(_fail_on_width(4))
+    before = fingerprint(model)
+    data = batches()
+    if kwargs.get("calibration") == "B":
+        kwargs["calibration"] = data
+    elif kwargs.get("calibration") == "bad":
+        kwargs["calibration"] = [data[0], torch.randint(0, 20, (2, 5, 3)).float()]
+    elif kwargs.get("calibration") == "late":
+        # Fails in the last block only: after earlier blocks were pruned and updated.
+        kwargs["calibration"] = [data[0], data[1][:, :4]]
+    amount = kwargs.pop("amount", 0.5)
+    with pytest.raises(error, match=words):
+        oneshot(model, linears(model)[:-1], amount, **kwargs)
+    assert fingerprint(model) == before
+
+
+def _fail_on_width(width: int) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if args[0].shape[1] == width:
+            raise RuntimeError("boom")
+
+    return hook
+
+
+def test_non_linear_targets_are_refused_for_calibrated_methods() -> None:
+    model = Tiny()
+    with pytest.raises(ValueError, match="calibrates Linear weights"):
+        oneshot(model, [(model.embed, "weight")], 0.5, method="wanda", calibration=batches())
+    assert not prune.is_pruned(model)
+
+
+def test_progress_bar_goes_to_the_stream() -> None:
+    import io
+
+    from prunekit.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress("wanda", 2, True, stream)
+    bar.advance()
+    bar.advance()
+    bar.close()
+    assert "2/2" in stream.getvalue() and stream.getvalue().endswith("\n")
+
+
+class Head(nn.Module):
+    """A language model's shape: blocks, then a head (found as get_output_embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Tiny()
+        self.lm_head = nn.Linear(20, 12)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.lm_head(self.body(ids))
+        return out
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt", "taylor"])
+def test_prune_model_calibrated_skips_embeddings_and_head(method: str) -> None:
+    model = Head()
+    loss = (lambda out, batch: out.square().mean()) if method == "taylor" else None
+    found = prune.prune_model(
+        model, 0.5, method=method, pattern="2:4", calibration=batches(), loss=loss
+    )
+    masked = [r.name for r in found.rows if r.masked]
+    assert "lm_head.weight" not in masked and "body.embed.weight" not in masked
+    assert "body.head.weight" in masked  # Tiny's own last Linear is no output head here
+    assert sum(1 for name in masked if name.startswith("body.blocks.")) == 6
+    for name in masked:
+        assert found[name].sparsity == 0.5
+
+
+def test_prune_model_patterns_with_l1_and_its_errors() -> None:
+    model = Tiny()
+    found = prune.prune_model(model, 0.5, pattern="row", exclude="embed.*")
+    assert found["blocks.0.a.weight"].sparsity == 0.5
+    assert model.blocks[0].a.weight_mask.sum(1).tolist() == [4.0] * 16
+    with pytest.raises(ValueError, match="method='ln' takes no pattern"):
+        prune.prune_model(Tiny(), 0.5, method="ln", pattern="2:4")
+    with pytest.raises(ValueError, match="wanda, sparsegpt, taylor"):
+        prune.prune_model(Tiny(), 0.5, method="obs")
+    fresh = Tiny()
+    before = fingerprint(fresh)
+    with pytest.raises(ValueError, match=r"expected amount=0\.5"):
+        prune.prune_model(fresh, 0.7, method="sparsegpt", pattern="2:4", calibration=batches())
+    with pytest.raises(ValueError, match="needs calibration data"):
+        prune.prune_model(fresh, 0.5, method="wanda")
+    assert fingerprint(fresh) == before

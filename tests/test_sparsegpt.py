@@ -1,0 +1,155 @@
+"""SparseGPT against a plain reference (explicit inverses, one column at a time, no blocks,
+no Cholesky), exact OBS on a single weight, and its errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import prunekit as prune
+from prunekit.core.amount import Amount
+from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
+
+
+def plain_sparsegpt(
+    w: torch.Tensor, h: torch.Tensor, amount: float, kind: str, blocksize: int, damp: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The algorithm as written in the paper, slowly: at each column j, every row whose
+    entry is pruned moves its error onto the columns after j with the inverse of the
+    Hessian restricted to columns j, j+1, ... (the OBS update); masks are chosen at each
+    block's start (NM: at each group's start) from w^2 / [H_{j:,j:}^-1]_00."""
+    w, h = w.clone().double(), h.clone().double()
+    rows, cols = w.shape
+    dead = h.diagonal() == 0
+    h[dead, dead] = 1
+    h += damp * h.diagonal().mean() * torch.eye(cols, dtype=torch.float64)
+    inverses = [torch.linalg.inv(h[j:, j:]) for j in range(cols)]
+    pruned = torch.zeros(rows, cols, dtype=torch.bool)
+
+    def saliency(r: int, j: int) -> float:
+        return 0.0 if dead[j] else float(w[r, j] ** 2 / inverses[j][0, 0])
+
+    total = round(amount * rows * cols)
+    row_total = round(amount * cols)
+    for b0 in range(0, cols, blocksize):
+        b1 = min(cols, b0 + blocksize)
+        width = b1 - b0
+        if kind == "unstructured":
+            n = rows * cols
+            k = (2 * total * rows * b1 + n) // (2 * n) - (2 * total * rows * b0 + n) // (2 * n)
+            ranked = sorted(
+                (saliency(r, j), r * width + j - b0, r, j)
+                for r in range(rows)
+                for j in range(b0, b1)
+            )
+            for *_, r, j in ranked[:k]:
+                pruned[r, j] = True
+        if kind == "row":
+            k = (2 * row_total * b1 + cols) // (2 * cols) - (2 * row_total * b0 + cols) // (
+                2 * cols
+            )
+            for r in range(rows):
+                for _, j in sorted((saliency(r, j), j) for j in range(b0, b1))[:k]:
+                    pruned[r, j] = True
+        for j in range(b0, b1):
+            if kind == "2:4" and (j - b0) % 4 == 0:
+                for r in range(rows):
+                    for _, c in sorted((saliency(r, c), c) for c in range(j, j + 4))[:2]:
+                        pruned[r, c] = True
+            for r in range(rows):
+                if pruned[r, j]:
+                    hinv = inverses[j]
+                    w[r, j:] -= w[r, j] / hinv[0, 0] * hinv[0, :]
+    return ~pruned, w.masked_fill(pruned, 0)
+
+
+def hessian(cols: int, samples: int = 64, seed: int = 0) -> torch.Tensor:
+    x = torch.randn(
+        samples, cols, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
+    return x.T @ x
+
+
+PATTERNS: dict[str, Any] = {
+    "unstructured": prune.Unstructured(),
+    "row": prune.PerRow(),
+    "2:4": prune.NM(2, 4),
+}
+
+
+@pytest.mark.parametrize("kind", ["unstructured", "row", "2:4"])
+@pytest.mark.parametrize("blocksize", [4, 8, 128])
+@pytest.mark.parametrize("damp", [0.0, 0.01])
+def test_matches_the_plain_reference(kind: str, blocksize: int, damp: float) -> None:
+    w = torch.randn(6, 16, dtype=torch.float64)
+    h = hessian(16)
+    h[5, :] = h[:, 5] = 0  # an input that never fires
+    keep, updated = sparsegpt_prune(
+        w, h, Amount(0.5, "t"), PATTERNS[kind], settings=SparseGPT(damp, blocksize)
+    )
+    ref_keep, ref_w = plain_sparsegpt(w, h, 0.5, kind, blocksize, damp if damp else 0.0)
+    assert torch.equal(keep, ref_keep)
+    assert torch.allclose(updated, ref_w, atol=1e-10, rtol=1e-10)
+    assert int((~keep).sum()) == 48
+    assert bool((updated[~keep] == 0).all())
+
+
+def test_one_pruned_weight_is_exact_obs() -> None:
+    """Pruning only column 0's entry: the OBS optimum, loss w0^2 / [H^-1]_00, equal to the
+    least-squares best of the weights left."""
+    x = torch.randn(40, 5, dtype=torch.float64)
+    w = torch.tensor([[0.01, 1.0, -2.0, 0.5, 3.0]], dtype=torch.float64)
+    h = x.T @ x
+    keep, updated = sparsegpt_prune(
+        w, h, Amount(1, "t"), prune.Unstructured(), settings=SparseGPT(damp=0.0)
+    )
+    assert keep.tolist() == [[False, True, True, True, True]]
+    loss = float(((x @ w.T - x @ updated.T) ** 2).sum())
+    assert loss == pytest.approx(float(w[0, 0] ** 2 / torch.linalg.inv(h)[0, 0]), rel=1e-9)
+    best = torch.linalg.lstsq(x[:, 1:], x @ w.T).solution
+    assert torch.allclose(updated[0, 1:], best[:, 0], atol=1e-9)
+
+
+def test_earlier_mask_stays_and_counts() -> None:
+    w = torch.randn(4, 8, dtype=torch.float64)
+    alive = torch.rand(4, 8) > 0.25
+    keep, _ = sparsegpt_prune(w, hessian(8), Amount(0.5, "t"), prune.Unstructured(), alive=alive)
+    assert not bool((keep & ~alive).any())
+    assert int(keep.sum()) == int(alive.sum()) - round(0.5 * int(alive.sum()))
+    keep, _ = sparsegpt_prune(w, hessian(8), Amount(0.5, "t"), prune.NM(2, 4), alive=alive)
+    assert int(keep.reshape(-1, 4).sum(1).max()) <= 2
+
+
+def test_float32_agrees_with_float64() -> None:
+    w = torch.randn(32, 64)
+    h = hessian(64, samples=256)
+    keep, updated = sparsegpt_prune(w, h.float(), Amount(0.5, "t"), prune.NM(2, 4))
+    keep64, updated64 = sparsegpt_prune(w.double(), h, Amount(0.5, "t"), prune.NM(2, 4))
+    assert (keep == keep64).float().mean() > 0.99
+    assert updated.dtype == torch.float32
+    assert torch.allclose(updated.double(), updated64, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "amount", "settings", "words"),
+    [
+        (prune.NM(2, 4), 0.5, SparseGPT(blocksize=6), "not a multiple of m=4"),
+        (prune.NM(2, 4), 0.3, SparseGPT(), "expected amount=0.5"),
+        (prune.Channels(0), 0.5, SparseGPT(), "SparseGPT prunes with the patterns"),
+        (prune.Unstructured(), 0.5, SparseGPT(damp=0.0), "not positive definite"),
+    ],
+)
+def test_errors(pattern: Any, amount: float, settings: SparseGPT, words: str) -> None:
+    h = torch.zeros(8, 8, dtype=torch.float64)
+    h[0, 1] = h[1, 0] = 1.0  # indefinite without dampening
+    h[0, 0] = h[1, 1] = 0.5
+    with pytest.raises(ValueError, match=words):
+        sparsegpt_prune(torch.randn(3, 8), h, Amount(amount, "t"), pattern, settings=settings)
+
+
+@pytest.mark.parametrize("bad", [{"damp": -1.0}, {"blocksize": 0}, {"damp": "x"}])
+def test_settings_are_checked(bad: dict[str, Any]) -> None:
+    with pytest.raises((ValueError, TypeError), match="SparseGPT: invalid"):
+        SparseGPT(**bad)
