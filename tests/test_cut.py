@@ -312,3 +312,25 @@ def test_prune_model_global_scope_over_ranks() -> None:
     assert all(torch.equal(g, layer.weight_mask) for g, layer in zip(got, whole, strict=True))
     with pytest.raises(ValueError, match="scope='global'"):
         prunekit.prune_model(layers(1, False), 0.5, process_group=Group())
+
+
+def test_calibration_statistics_of_ranks_equal_those_of_all_batches() -> None:
+    """Each rank's Hessian is the mean of X^T X over its rows, the squared norms a sum:
+    reduced with the rows as the Hessian's weight, they are those of all rows at once."""
+    data = [torch.randn(rows, 5, generator=torch.Generator().manual_seed(rows)) for rows in (7, 20)]
+
+    def rank(group: Group) -> dict[str, torch.Tensor]:
+        x = data[group.rank]
+        mine = {"fc.hessian": x.T @ x / x.shape[0], "fc.squares": x.pow(2).sum(0).double()}
+        return all_reduce_statistics(mine, group, weight={"fc.hessian": x.shape[0]})
+
+    everything = torch.cat(data)
+    for found in on_threads(2, rank):
+        torch.testing.assert_close(found["fc.hessian"], everything.T @ everything / 27)
+        torch.testing.assert_close(found["fc.squares"], everything.pow(2).sum(0).double())
+    with pytest.raises(ValueError, match="not a statistic"):
+        all_reduce_statistics({"a": torch.ones(1)}, Group(), weight={"b": 1.0})
+    with pytest.raises(ValueError, match="invalid weight"):
+        all_reduce_statistics({"a": torch.ones(1)}, Group(), weight=-1)
+    with pytest.raises(TypeError, match="floating-point"):
+        all_reduce_statistics({"a": torch.ones(1, dtype=torch.int64)}, Group())
