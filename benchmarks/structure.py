@@ -8,6 +8,7 @@ masked: max |diff| / max |output|, eval mode), graph-build time, parameters, lat
     python benchmarks/structure.py                 # every model
     python benchmarks/structure.py --models resnet18,vit_b_16
     python benchmarks/structure.py --resnet50      # 50% of the channels, batch-32 speed-up
+    python benchmarks/structure.py --json rows.json --resume   # go on where a run stopped
 """
 
 from __future__ import annotations
@@ -238,6 +239,9 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--resnet50", action="store_true")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the rows already in --json; run the rest"
+    )
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.amount, args.res, args.runs32, args.max_gmacs)))
@@ -247,8 +251,13 @@ def main() -> None:
         return
     models = torchvision_models()
     names = args.models.split(",") if args.models else models.list_models(module=models)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if args.resume and args.json and Path(args.json).exists():
+        rows = [r for r in json.loads(Path(args.json).read_text()) if r["model"] in names]
+    done_names = {r["model"] for r in rows}
     for name in names:
+        if name in done_names:
+            continue
         command = [sys.executable, __file__, "--one", name, "--amount", str(args.amount),
                    "--res", str(args.res), "--runs32", str(args.runs32),
                    "--max-gmacs", str(args.max_gmacs)]  # fmt: skip
