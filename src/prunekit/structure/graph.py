@@ -220,15 +220,17 @@ def _signatures(
     # one row per root: its sorted keys (a multiset), padded, and whether it is blocked
     table = torch.full((len(distinct), int(counts.max()) + 1), -1, dtype=torch.long)
     table[where, torch.arange(len(roots)) - starts[where]] = keys
-    table[:, -1] = torch.tensor([bool(reasons.get(r)) for r in distinct.tolist()])
+    blocked = [r for r in reasons if reasons[r]]
+    table[:, -1] = torch.isin(distinct, torch.tensor(blocked, dtype=torch.long)).long()
     _, group_of = torch.unique(table, dim=0, return_inverse=True)
     first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
     first_k.scatter_reduce_(0, where, ks, "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
     members: dict[int, list[int]] = defaultdict(list)
+    group_list = group_of.tolist()
     for i in appear.tolist():
-        members[int(group_of[i])].append(i)
+        members[group_list[i]].append(i)
     owned: dict[int, list[int]] = {}
     keyed: dict[tuple[Any, ...], list[int]] = {}
     for rows in members.values():
