@@ -114,7 +114,7 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     """Resolve the tracer's ids into units and the units into groups."""
     roots = torch.tensor([tr.find(i) for i in range(len(tr.parent))], dtype=torch.long)
     reasons: dict[int, list[str]] = defaultdict(list)
-    for ids, why in tr.blocks:
+    for ids, why in tr.blocked:
         for root in torch.unique(roots[ids]).tolist():
             _add(reasons[root], [why])
     records = [r for r in tr.records if r.role != "element"]

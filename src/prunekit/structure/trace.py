@@ -90,7 +90,7 @@ class Tracer:
 
     owners: dict[int, tuple[str, nn.Module, str, bool]] = field(default_factory=dict)
     parent: list[int] = field(default_factory=list)
-    blocks: list[tuple[Tensor, str]] = field(default_factory=list)  # (ids, why), in order
+    blocked: list[tuple[Tensor, str]] = field(default_factory=list)  # (ids, why), in order
     records: list[Record] = field(default_factory=list)
     unclaimed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     elements: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
@@ -148,7 +148,7 @@ class Tracer:
             return
         ids = ids[ids >= 0]
         if len(ids):
-            self.blocks.append((torch.unique(ids), reason))
+            self.blocked.append((torch.unique(ids), reason))
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
