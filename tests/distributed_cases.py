@@ -207,6 +207,14 @@ def rank_statistics(rank: int) -> dict[str, torch.Tensor]:
     }
 
 
+PRELOAD = [
+    "torch",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "prunekit",
+    "distributed_cases",
+    "distributed_calibration",
+]
 TIMEOUT = 300.0  # seconds a collective may wait for the others, and a group may run in all
 
 
@@ -263,17 +271,31 @@ def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) ->
         dist.destroy_process_group()
 
 
-def spawn(world: int, folder: Path, jobs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Run `jobs` on `world` spawned processes, one thread each; each one's results, by
-    rank. Fails (and ends the processes) if they take more than TIMEOUT seconds in all."""
+def spawn(
+    world: int, folder: Path, jobs: list[tuple[str, str]], meanwhile: Any = None
+) -> list[dict[str, Any]]:
+    """Run `jobs` on `world` new processes (forked by a server process where the system
+    has one, else spawned), one thread each; each one's results, by rank. Fails (and ends
+    the processes) if they take more than TIMEOUT seconds in all. `meanwhile()`, if given,
+    runs here while they work."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        # The server imports these once (torch.distributed.tensor alone takes seconds: it
+        # imports torch._dynamo) and forks each process from itself; it runs no torch op,
+        # so no thread is forked. It starts with the first group and serves the others.
+        multiprocessing.get_context(method).set_forkserver_preload(PRELOAD)
     context = mp.start_processes(
-        run_rank, args=(world, str(folder), jobs), nprocs=world, start_method="spawn", join=False
+        run_rank, args=(world, str(folder), jobs), nprocs=world, start_method=method, join=False
     )
     deadline = time.monotonic() + TIMEOUT
     try:
+        if meanwhile is not None:
+            meanwhile()
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{world} spawned processes ran over {TIMEOUT} s")

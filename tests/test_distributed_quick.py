@@ -1,6 +1,7 @@
-"""The multi-process tests that `make test` runs: one spawned group of 2 gloo processes and
-one of 4, each running many cases in one process group (spawning costs about 5 and 9 s
-here; the cases, under a second each). tests/test_distributed.py runs every case
+"""The multi-process tests that `make test` runs: one group of 2 gloo processes and one of 4,
+each running many cases in one process group. The processes are forked from a server that
+imported torch once (spawned, each would import torch and DTensor's torch._dynamo itself:
+20-40 s here under load instead of 5-10 s). tests/test_distributed.py runs every case
 (`make test-distributed`).
 
 Each group checks, against one process: l1, random and importance scores, split by layer
@@ -11,6 +12,7 @@ rank raising on every rank; statistics reduced over the ranks.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,11 @@ JOBS = {
 }
 
 
+@functools.cache
+def reference(name: str) -> list[torch.Tensor]:
+    return cases.reference(name)
+
+
 def differences(got: list[torch.Tensor], want: list[torch.Tensor]) -> str | None:
     """What differs between two lists of masks (None: they are equal)."""
     if len(got) != len(want):
@@ -70,6 +77,20 @@ def calibrated_differences(got: dict[str, torch.Tensor], want: dict[str, torch.T
         if name.endswith("_orig") and not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
             return f"{name}: weights differ by up to {float((g - w).abs().max())}"
     return None
+
+
+@functools.cache
+def calibrated_reference(name: str, world: int) -> dict[str, torch.Tensor]:
+    return calibrated.reference(name, world)
+
+
+def references(world: int) -> None:
+    """Every reference the group's results are checked against (cached)."""
+    for name, how in JOBS[world]:
+        if how == "calibrated" and name != "refused_calibration":
+            calibrated_reference(name, world)
+        elif how not in ("", "calibrated"):
+            reference(name)
 
 
 def check(world: int, results: list[dict[str, Any]]) -> list[str]:
@@ -99,7 +120,7 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
             if "another rank" not in results[0][key]:
                 failures.append(f"{key}, rank 0: {results[0][key]}")
         elif how == "calibrated":
-            want = calibrated.reference(name, world)
+            want = calibrated_reference(name, world)
             for r in range(world):
                 found = calibrated_differences(results[r][key], want)
                 if found:
@@ -109,7 +130,7 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
                 got = [m for r in range(world) for m in results[r][key]]
             else:
                 got = results[0][key]
-            found = differences(got, cases.reference(name))
+            found = differences(got, reference(name))
             if found:
                 failures.append(f"{key}: {found}")
     return failures
@@ -117,6 +138,7 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
 
 @pytest.mark.parametrize("world", [2, 4], ids=["2 ranks", "4 ranks"])
 def test_a_group_gets_the_masks_of_one_process(world: int, tmp_path: Path) -> None:
-    results = cases.spawn(world, tmp_path, JOBS[world])
+    # The references are made while the group runs.
+    results = cases.spawn(world, tmp_path, JOBS[world], lambda: references(world))
     failures = check(world, results)
     assert not failures, "\n".join(failures)
