@@ -6,8 +6,6 @@ selection runs in milliseconds; test_distributed.py runs the same over real proc
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,56 +19,7 @@ from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import _runs
 from prunekit.select import smallest_k_many, tuning
-
-
-class ThreadGroup(Group):
-    """One of `size` threads; each collective waits for all of them."""
-
-    def __init__(self, rank: int, size: int, shared: dict[str, Any]) -> None:
-        self.rank, self.size, self.shared = rank, size, shared
-
-    def _all(self, value: Any) -> list[Any]:
-        slots, barrier = self.shared["slots"], self.shared["barrier"]
-        slots[self.rank] = value
-        barrier.wait()
-        found = list(slots)
-        barrier.wait()
-        return found
-
-    def sum(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.stack(self._all(values.clone())).sum(0)
-
-    def gather(self, values: torch.Tensor) -> list[torch.Tensor]:
-        return self._all(values.clone())
-
-    def objects(self, value: Any) -> list[Any]:
-        return self._all(value)
-
-    def first(self, values: torch.Tensor) -> torch.Tensor:
-        return self._all(values.clone())[0].clone()
-
-
-def on_threads(size: int, run: Callable[[Group], Any]) -> list[Any]:
-    """`run(group)` on `size` threads, one rank each; their results by rank."""
-    shared = {"slots": [None] * size, "barrier": threading.Barrier(size, timeout=60)}
-    results: list[Any] = [None] * size
-    errors: list[BaseException] = []
-
-    def work(rank: int) -> None:
-        try:
-            results[rank] = run(ThreadGroup(rank, size, shared))
-        except BaseException as error:
-            errors.append(error)
-            shared["barrier"].abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+from thread_group import on_threads
 
 
 def whole(tensors: list[torch.Tensor], masks: list[torch.Tensor | None], k: int) -> list[Any]:
