@@ -113,3 +113,17 @@ def test_statistics_are_those_of_all_batches() -> None:
 
 def linears(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_process_group_is_refused_where_it_cannot_apply() -> None:
+    model = calibrated.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="process_group with method='l1' and a pattern"):
+        prunekit.prune_model(model, 0.5, method="l1", pattern="row", process_group=object())
+    if not torch.distributed.is_initialized():
+        with pytest.raises(ValueError, match=r"needs torch\.distributed initialized"):
+            prunekit.prune_model(
+                model, 0.5, method="wanda", calibration=data(0), process_group=object()
+            )
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert not prunekit.is_pruned(model)
