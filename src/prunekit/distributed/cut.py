@@ -23,6 +23,10 @@ which are their values, finds the threshold. Otherwise:
    and within the one tensor the threshold splits, per run.
 
 Choosing is then local: below the threshold, or among the ties a run takes.
+
+From prunekit.select it takes its tuning, the sample's spacing and margins, the radix
+digit pick and the finiteness check; its passes are its own (tensor operations, the marks
+made lazily, one piece at a time, as io/sharded.py needs for models larger than memory).
 """
 
 from __future__ import annotations
