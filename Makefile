@@ -21,8 +21,9 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-# The multi-process tests (tests/test_distributed.py: 2 and 4 spawned gloo processes)
-# take a minute or two here, mostly in starting the processes: `make test-distributed`.
+# `unit` runs one group of 2 and one of 4 gloo processes, many cases each
+# (tests/test_distributed_quick.py); every case (tests/test_distributed.py, marked
+# `distributed`, about a minute here): `make test-distributed`.
 unit: setup
 	$(PY) -m pytest -q -n 2 -m "not distributed"
 

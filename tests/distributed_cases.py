@@ -8,6 +8,7 @@ its layers or a DTensor shard of every weight, and returns what rank 0 must comp
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,9 +207,40 @@ def rank_statistics(rank: int) -> dict[str, torch.Tensor]:
     }
 
 
+PRELOAD = [
+    "torch",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "prunekit",
+    "distributed_cases",
+    "distributed_calibration",
+]
+TIMEOUT = 300.0  # seconds a collective may wait for the others, and a group may run in all
+
+
+def run_job(name: str, how: str, rank: int, world: int) -> Any:
+    """One job of a spawned process: (case, how) as the tests name them."""
+    if name == "refused":
+        return refused(rank, world)
+    if name == "statistics":
+        return statistics(rank, world)
+    if how == "calibrated":
+        import distributed_calibration as calibrated
+
+        if name == "refused_calibration":
+            return calibrated.refused(rank, world)
+        return calibrated.on_rank(name, rank, world)
+    if how == "layers":
+        return by_layers(name, rank, world)
+    return by_shards(name, rank, world, how)
+
+
 def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) -> None:
     """One spawned process: join the gloo group, run every (case, how) job, save the
     results (or the error) for the test to read."""
+    from datetime import timedelta
+
+    start = time.monotonic()
     torch.set_num_threads(1)
     import faulthandler
 
@@ -216,20 +248,22 @@ def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) ->
 
     faulthandler.enable()  # a collective that aborts still shows where
 
+    # A file rendezvous: no port to choose (gloo's own connections take ports the system
+    # gives); a peer that died makes a collective fail after TIMEOUT instead of hanging.
     dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world
+        "gloo",
+        init_method=f"file://{folder}/rendezvous",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=TIMEOUT),
     )
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"started": time.monotonic() - start}
     try:
         for name, how in jobs:
-            if name == "refused":
-                results["refused"] = refused(rank, world)
-            elif name == "statistics":
-                results["statistics"] = statistics(rank, world)
-            elif how == "layers":
-                results[f"{name}/{how}"] = by_layers(name, rank, world)
-            else:
-                results[f"{name}/{how}"] = by_shards(name, rank, world, how)
+            key = name if name in ("refused", "statistics") else f"{name}/{how}"
+            began = time.monotonic()
+            results[key] = run_job(name, how, rank, world)
+            results.setdefault("seconds", {})[key] = time.monotonic() - began
     except BaseException:
         results["error"] = traceback.format_exc()
     finally:
@@ -237,14 +271,39 @@ def run_rank(rank: int, world: int, folder: str, jobs: list[tuple[str, str]]) ->
         dist.destroy_process_group()
 
 
-def spawn(world: int, folder: Path, jobs: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Run `jobs` on `world` spawned processes; each one's results, by rank."""
+def spawn(
+    world: int, folder: Path, jobs: list[tuple[str, str]], meanwhile: Any = None
+) -> list[dict[str, Any]]:
+    """Run `jobs` on `world` new processes (forked by a server process where the system
+    has one, else spawned), one thread each; each one's results, by rank. Fails (and ends
+    the processes) if they take more than TIMEOUT seconds in all. `meanwhile()`, if given,
+    runs here while they work."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(
-        run_rank, args=(world, str(folder), jobs), nprocs=world, start_method="spawn"
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        # The server imports these once (torch.distributed.tensor alone takes seconds: it
+        # imports torch._dynamo) and forks each process from itself; it runs no torch op,
+        # so no thread is forked. It starts with the first group and serves the others.
+        multiprocessing.get_context(method).set_forkserver_preload(PRELOAD)
+    context = mp.start_processes(
+        run_rank, args=(world, str(folder), jobs), nprocs=world, start_method=method, join=False
     )
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} spawned processes ran over {TIMEOUT} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
     found = [torch.load(folder / f"rank{r}.pt") for r in range(world)]
     for r, results in enumerate(found):
         assert "error" not in results, f"rank {r}:\n{results['error']}"

@@ -83,6 +83,18 @@ def test_linears_reading_one_input_share_statistics() -> None:
     assert stats.hessian(q) is stats.hessian(k)
 
 
+def test_a_shared_input_counts_once_in_the_first_batch_too() -> None:
+    q, k, alone = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)
+    x1, x2 = torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])
+    with cal.InputStatistics([q, k, alone], norms=True, hessian=True) as stats:
+        for x in (x1, x2):
+            stats.new_batch()
+            q(x), k(x), alone(x)
+    for layer in (q, k):  # as for the layer reading the input alone
+        assert stats.norms(layer).tolist() == stats.norms(alone).tolist() == [3.0, 4.0]
+        assert torch.equal(stats.hessian(layer), stats.hessian(alone))
+
+
 def test_taylor_scores_by_hand() -> None:
     layer = nn.Linear(2, 1, bias=False)
     with torch.no_grad():

@@ -6,8 +6,6 @@ selection runs in milliseconds; test_distributed.py runs the same over real proc
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,57 +18,8 @@ from prunekit.distributed import global_unstructured as across
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import _runs
-from prunekit.select import smallest_k_many
-
-
-class ThreadGroup(Group):
-    """One of `size` threads; each collective waits for all of them."""
-
-    def __init__(self, rank: int, size: int, shared: dict[str, Any]) -> None:
-        self.rank, self.size, self.shared = rank, size, shared
-
-    def _all(self, value: Any) -> list[Any]:
-        slots, barrier = self.shared["slots"], self.shared["barrier"]
-        slots[self.rank] = value
-        barrier.wait()
-        found = list(slots)
-        barrier.wait()
-        return found
-
-    def sum(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.stack(self._all(values.clone())).sum(0)
-
-    def gather(self, values: torch.Tensor) -> list[torch.Tensor]:
-        return self._all(values.clone())
-
-    def objects(self, value: Any) -> list[Any]:
-        return self._all(value)
-
-    def first(self, values: torch.Tensor) -> torch.Tensor:
-        return self._all(values.clone())[0].clone()
-
-
-def on_threads(size: int, run: Callable[[Group], Any]) -> list[Any]:
-    """`run(group)` on `size` threads, one rank each; their results by rank."""
-    shared = {"slots": [None] * size, "barrier": threading.Barrier(size, timeout=60)}
-    results: list[Any] = [None] * size
-    errors: list[BaseException] = []
-
-    def work(rank: int) -> None:
-        try:
-            results[rank] = run(ThreadGroup(rank, size, shared))
-        except BaseException as error:
-            errors.append(error)
-            shared["barrier"].abort()
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+from prunekit.select import smallest_k_many, tuning
+from thread_group import on_threads
 
 
 def whole(tensors: list[torch.Tensor], masks: list[torch.Tensor | None], k: int) -> list[Any]:
@@ -129,13 +78,33 @@ def test_mixed_dtypes_and_a_missed_guess(monkeypatch: pytest.MonkeyPatch) -> Non
             assert torch.equal(selection.chosen(i), w)
 
 
-def test_too_many_between_falls_back_to_histograms(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_too_many_between_falls_back_to_histograms() -> None:
     tensors = [torch.zeros(600, 600), torch.randn(300, 300)]  # the k-th is among 360,000 zeros
-    monkeypatch.setattr(passes, "HOLD_ALL", 1000)
     k = 200_000
-    selection = select(pieces_of(tensors, [None, None]), lambda n: k, Group())
-    for i, w in enumerate(whole(tensors, [None, None], k)):
-        assert torch.equal(selection.chosen(i), w)
+    with tuning.overridden(guess=1000):  # the bounds from a sample, the gathering capped
+        selection = select(pieces_of(tensors, [None, None]), lambda n: k, Group())
+        for i, w in enumerate(whole(tensors, [None, None], k)):
+            assert torch.equal(selection.chosen(i), w)
+
+
+def test_the_selection_in_pieces_follows_select_tuning() -> None:
+    tensors = tensors_of("normal", torch.float32, 1000)
+    total = sum(t.numel() for t in tensors)
+    seen: list[int] = []
+    real = passes.between
+
+    def between(*args: Any) -> Any:
+        found = real(*args)
+        seen.append(sum(v.numel() for v in found.held.values()))
+        return found
+
+    for chunk in (1 << 18, 1000):  # small chunks: many per tensor, the same selection
+        with pytest.MonkeyPatch.context() as patch, tuning.overridden(chunk=chunk, guess=10**9):
+            patch.setattr(passes, "between", between)
+            selection = select(pieces_of(tensors, [None] * 4), lambda n: total // 3, Group())
+            for i, w in enumerate(whole(tensors, [None] * 4, total // 3)):
+                assert torch.equal(selection.chosen(i), w)
+    assert seen == [total, total]  # below `guess` entries, no sample: every entry is held
 
 
 def test_non_finite_scores_are_refused_after_the_amount() -> None:

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+import distributed_calibration as calibrated
 import distributed_cases as cases
+from test_distributed_quick import calibrated_differences
 
 pytestmark = [
     pytest.mark.distributed,
@@ -35,12 +37,13 @@ JOBS = [(name, "layers") for name in cases.CASES] + [
     (name, how) for how, names in SHARDED.items() for name in names
 ]
 OTHER = [("refused", ""), ("statistics", "")]
+CALIBRATED = [(name, "calibrated") for name in [*calibrated.CALIBRATED, "refused_calibration"]]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder: Path = tmp_path_factory.mktemp(f"group{request.param}")
-    return request.param, cases.spawn(request.param, folder, JOBS + OTHER)
+    return request.param, cases.spawn(request.param, folder, JOBS + OTHER + CALIBRATED)
 
 
 def assert_masks(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -82,3 +85,21 @@ def test_statistics_are_the_weighted_mean_over_ranks(ranks: Any) -> None:
             got = results[r]["statistics"][name]
             assert got.dtype == tensor.dtype
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name", list(calibrated.CALIBRATED))
+def test_calibrated_on_each_ranks_batches(ranks: Any, name: str) -> None:
+    world, results = ranks
+    want = calibrated.reference(name, world)
+    for r in range(world):
+        found = calibrated_differences(results[r][f"{name}/calibrated"], want)
+        assert found is None, f"rank {r}: {found}"
+
+
+def test_a_calibration_failing_on_one_rank_raises_on_every_rank(ranks: Any) -> None:
+    world, results = ranks
+    for r in range(world):
+        found = results[r]["refused_calibration/calibrated"]
+        assert found.endswith("unchanged: True"), found
+        assert ("cannot take batch 1" in found) == (r == 1), found
+        assert ("another rank" in found) == (r != 1), found

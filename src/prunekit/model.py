@@ -78,17 +78,23 @@ def prune_model(
     calibrated runs (default: when stderr is a terminal).
     `include`/`exclude` are globs of parameter names, as the CLI's: the default
     ``('*',)`` takes every floating-point parameter of two or more dims (weights, not
-    `process_group` (a torch.distributed group, scope 'global' only) ranks the parameters
-    every rank of the group selects as one model (see prunekit.distributed).
     biases or norms), and for the calibrated methods every Linear weight but the output
     head (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
     other `include` selects by name, any number of dims. Tensors pruned before are
     pruned further (their entries already pruned stay so). A tied parameter is ranked
     once and masked under each of its names: remove() each name to make it permanent.
-    Every argument, tensor and batch is checked first; if anything fails, the model is
-    left exactly as it was.
+    `process_group` (a torch.distributed group): for 'l1' and 'random' (scope 'global'
+    only) the ranks hold parts of the model, ranked as one (see prunekit.distributed);
+    for the calibrated methods every rank holds the whole model and calibrates on its
+    own batches, and the statistics (Taylor: saliencies) are reduced over the ranks, so
+    every rank gets the masks (and SparseGPT's updates) of one process calibrating on
+    all the batches. Every argument, tensor and batch is checked first; if anything
+    fails, the model is left exactly as it was.
     """
     if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
+        reduce = None
+        if process_group is not None:
+            reduce = _reducer(method, process_group)
         return _oneshot(
             model,
             amount,
@@ -101,6 +107,7 @@ def prune_model(
             sequential,
             loss,
             progress,
+            reduce,
         )
     if not _plain(pattern) or calibration is not None:
         raise ValueError(
@@ -150,6 +157,7 @@ def _oneshot(
     sequential: Any,
     loss: Any,
     progress: Any,
+    reduce: Any,
 ) -> Report:
     """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
     includes = _patterns(include, "include")
@@ -186,8 +194,28 @@ def _oneshot(
         progress=progress,
         then=ties,
         touched=list(model.modules()),
+        reduce=reduce,
     )
     return report(model)
+
+
+def _reducer(method: str, process_group: Any) -> Any:
+    """The calibrated methods' reduction of statistics over `process_group`'s ranks."""
+    if method not in CALIBRATED:
+        raise ValueError(
+            f"prune_model: process_group with method={method!r} and a pattern applies to "
+            "scope='global' (pattern 'unstructured') only; each rank prunes its own "
+            "tensors per layer"
+        )
+    from prunekit.distributed.group import group_of
+    from prunekit.distributed.stats import all_reduce_statistics
+
+    group = group_of(process_group, "prune_model")
+
+    def reduce(statistics: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
+        return all_reduce_statistics(statistics, group, weight=weights)
+
+    return reduce
 
 
 def _output_heads(model: nn.Module) -> list[nn.Module]:

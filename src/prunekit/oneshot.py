@@ -76,6 +76,7 @@ class Plan:
     sequential: bool
     loss: Loss | None
     sparsegpt: SparseGPT
+    reduce: cal.Reduce | None = None  # sums statistics over data-parallel ranks
     undo: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
 
 
@@ -95,6 +96,7 @@ def oneshot(
     progress: bool | None = None,
     then: Callable[[], None] | None = None,
     touched: Sequence[nn.Module] | None = None,
+    reduce: cal.Reduce | None = None,
 ) -> None:
     """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
 
@@ -106,7 +108,9 @@ def oneshot(
     the pruned blocks before it (Wanda and SparseGPT; Taylor always takes the whole
     model's gradient). `progress`: a bar on stderr (default: when stderr is a terminal).
     `then` runs last, inside the transaction; `touched` are the modules it restores
-    (default: those of `targets`).
+    (default: those of `targets`). `reduce` (see criteria.calibration.Reduce) makes the
+    calibrated methods use the statistics (Taylor: the saliencies) of every
+    data-parallel rank's batches, each rank holding the whole model.
     """
     plan = _plan(
         model,
@@ -120,6 +124,7 @@ def oneshot(
         loss,
         SparseGPT(damp, blocksize),
     )
+    plan.reduce = reduce
     if touched is None:
         touched = [m for m, _ in plan.targets]
     bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), progress)
@@ -328,10 +333,21 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
     def step(i: int, values: Tensor, grad: Tensor) -> None:
         totals[i] = taylor_step(values, grad, totals[i])
 
-    cal.gradients(model, plan.batches, params, loss, step)
+    failed = None
+    try:
+        cal.gradients(model, plan.batches, params, loss, step)
+    except Exception as error:
+        if plan.reduce is None:
+            raise
+        failed = error
     found = {}
     for target, total in zip(plan.targets, totals, strict=True):
         found[_key(target)] = total if total is not None else torch.zeros_like(_values(*target))
+    if plan.reduce is not None:  # sums over the batches of every rank
+        cal.agree(plan.reduce, failed)
+        named = {str(i): found[_key(t)] for i, t in enumerate(plan.targets)}
+        summed = plan.reduce(named, {})
+        found = {_key(t): summed[str(i)] for i, t in enumerate(plan.targets)}
     return found
 
 
@@ -346,47 +362,73 @@ def _output_loss(output: Any, batch: Any) -> Tensor:
 
 
 def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
-    """Wanda or SparseGPT: statistics of each layer's input, block by block or in one pass."""
+    """Wanda or SparseGPT: statistics of each layer's input, block by block or in one pass
+    (with `plan.reduce`, of every rank's batches)."""
     owners = [m for m, _ in plan.targets]
     found = cal.block_list(model, owners) if plan.sequential else None
     want = {"norms": plan.method == "wanda", "hessian": plan.method == "sparsegpt"}
+    reduce = plan.reduce
     if plan.scope == "global":
-        stats = cal.calibrate(model, plan.batches, owners, **want)
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce)
+        for module, name in plan.targets:
+            _check_seen(stats, module, name)
         norms = {_key(t): stats.norms(t[0]) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, owners, **want)
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce)
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
     inside = {id(sub): i for i, block in enumerate(blocks) for sub in block.modules()}
+    # Over ranks, an error here is held until the next reduction, where every rank raises.
+    pending: BaseException | None = None
+    inputs: list[cal.Inputs] = []
     with cal.evaluating(model), torch.no_grad():
-        inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+        try:
+            inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+        except Exception as error:
+            if reduce is None:
+                raise
+            pending = error
         for i, block in enumerate(blocks):
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             if here:
-                stats = cal.block_statistics(block, inputs, [m for m, _ in here], **want)
+                mods = [m for m, _ in here]
+                stats = cal.block_statistics(
+                    block, inputs, mods, **want, reduce=reduce, failed=pending
+                )
                 _prune_layers(plan, here, stats, bar)
                 del stats
-            if i + 1 < len(blocks):
-                inputs = cal.next_inputs(block, inputs)
+            if i + 1 < len(blocks) and pending is None:
+                try:
+                    inputs = cal.next_inputs(block, inputs)
+                except Exception as error:
+                    if reduce is None:
+                        raise
+                    pending = error
         del inputs
+    if reduce is not None:
+        cal.agree(reduce, pending)
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
-        stats = cal.calibrate(model, plan.batches, [m for m, _ in rest], **want)
+        stats = cal.calibrate(model, plan.batches, [m for m, _ in rest], **want, reduce=reduce)
         _prune_layers(plan, rest, stats, bar)
+
+
+def _check_seen(stats: cal.InputStatistics, module: nn.Module, name: str) -> None:
+    if not stats.seen(module):
+        raise value_error(
+            f"prune_model: {describe(module, name)} never ran on the calibration data; "
+            "expected every pruned layer to be used by the model's forward"
+        )
 
 
 def _prune_layers(
     plan: Plan, targets: Sequence[Target], stats: cal.InputStatistics, bar: Progress
 ) -> None:
     for module, name in targets:
-        if not stats.seen(module):
-            raise value_error(
-                f"prune_model: {describe(module, name)} never ran on the calibration data; "
-                "expected every pruned layer to be used by the model's forward"
-            )
+        _check_seen(stats, module, name)
         if plan.method == "wanda":
             prune.Pruning.apply(
                 module,

@@ -6,6 +6,11 @@ that read the same input tensor (query, key and value; gate and up) share one ac
 found by identity in the first batch. In sequential mode the model runs once up to its
 first block, whose inputs are kept; then each block is calibrated on them, pruned, and run
 again to give the next block's inputs: only one block's statistics exist at a time.
+
+Across data-parallel ranks, each calibrating on its own batches, a `Reduce` (a callable
+given from above, such as prunekit.all_reduce_statistics over a process group) sums the
+statistics where they are made, at the end of `calibrate` and `block_statistics`: every
+rank then holds those of all the batches. This module imports nothing of torch.distributed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from prunekit.core.errors import type_error, value_error
 
 __all__ = [
     "InputStatistics",
+    "Reduce",
+    "agree",
     "block_list",
     "capture_block_inputs",
     "evaluating",
@@ -32,6 +39,27 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 """The positional and keyword arguments one block was called with, for one batch."""
 
 _CACHES = ("past_key_value", "past_key_values", "layer_past")
+
+Reduce = Callable[[dict[str, Tensor], dict[str, float]], dict[str, Tensor]]
+"""(statistics, weights) -> the statistics summed over the ranks, as new tensors; a name
+given a weight is averaged instead, ``sum(w_r * s_r) / sum(w_r)``. Every rank calls it
+with the same names, shapes and dtypes."""
+
+
+def agree(reduce: Reduce, error: BaseException | None, more: Tensor | None = None) -> Tensor:
+    """Every rank learns whether any failed: raises `error` where it was raised, a
+    RuntimeError on the others; else returns `more` (float64) summed over the ranks."""
+    extra = torch.zeros(0, dtype=torch.float64) if more is None else more
+    flags = torch.cat([torch.tensor([float(error is not None)], dtype=torch.float64), extra])
+    summed = reduce({"calibration.flags": flags}, {})["calibration.flags"]
+    if error is not None:
+        raise error
+    if float(summed[0]):
+        raise RuntimeError(
+            "calibration: another rank of the group failed to calibrate; nothing was pruned "
+            "here either"
+        )
+    return summed[1:]
 
 
 def run_batch(model: nn.Module, batch: Any) -> Any:
@@ -117,8 +145,10 @@ class InputStatistics:
         acc = self._of.get(module)
         if acc is None:
             acc = next((a for a in self._of.values() if a.last is x), None)
-            if acc is None:
-                acc = _Accumulator(int(x.shape[-1]), *self._want)
+            if acc is not None:  # another Linear of the group saw this input already
+                self._of[module] = acc
+                return
+            acc = _Accumulator(int(x.shape[-1]), *self._want)
             self._of[module] = acc
         elif acc.last is x:
             return  # another Linear of the group saw this input already
@@ -146,9 +176,62 @@ class InputStatistics:
         assert hessian is not None
         return hessian
 
+    def reduce(self, reduce: Reduce, error: BaseException | None = None) -> None:
+        """Replace every statistic by its sum (norms) or row-weighted mean (Hessians) over
+        the ranks; raise on every rank if any rank's calibration failed (`error` here).
+
+        A module seen on every rank keeps the inputs it shares here (the same on all);
+        one seen only on some (an expert no token of a rank reached) is reduced on its
+        own, with no rows where unseen.
+        """
+        seen = torch.tensor([1.0] + [float(self.seen(m)) for m in self.modules])
+        counts = agree(reduce, error, seen.double()).tolist()
+        ranks, counts = counts[0], counts[1:]
+        groups: dict[str, list[nn.Module]] = {}
+        local: dict[str, _Accumulator] = {}
+        first: dict[int, str] = {}  # accumulator id -> its key
+        for index, module in enumerate(self.modules):
+            if not counts[index]:
+                continue  # seen by no rank: left unseen (the caller names it)
+            acc = self._of.get(module) if self.seen(module) else None
+            if counts[index] == ranks and acc is not None:
+                key = first.setdefault(id(acc), str(index))
+            else:
+                key = str(index)
+            if key not in local:
+                local[key] = acc or _Accumulator(_features(module), *self._want)
+            groups.setdefault(key, []).append(module)
+        statistics: dict[str, Tensor] = {}
+        weights: dict[str, float] = {}
+        for key, acc in local.items():
+            statistics[f"{key}.rows"] = torch.tensor([float(acc.rows)], dtype=torch.float64)
+            if acc.squares is not None:
+                statistics[f"{key}.squares"] = acc.squares
+            if acc.hessian is not None:
+                statistics[f"{key}.hessian"] = acc.hessian
+                weights[f"{key}.hessian"] = float(acc.rows)
+        summed = reduce(statistics, weights) if statistics else {}
+        for key, modules in groups.items():
+            acc = _Accumulator(0, False, False)
+            acc.rows = int(summed[f"{key}.rows"][0])
+            acc.squares = summed.get(f"{key}.squares")
+            acc.hessian = summed.get(f"{key}.hessian")
+            for module in modules:
+                self._of[module] = acc
+
     def accumulators(self) -> int:
         """How many distinct inputs are held (shared ones once)."""
         return len({id(a) for a in self._of.values()})
+
+
+def _features(module: nn.Module) -> int:
+    """The input width of a Linear (of anything with ``in_features``)."""
+    features = getattr(module, "in_features", None)
+    if not isinstance(features, int):
+        raise type_error(
+            f"calibration: {type(module).__name__} has no in_features; expected Linear layers"
+        )
+    return features
 
 
 def block_list(model: nn.Module, owners: Sequence[nn.Module]) -> tuple[str, nn.ModuleList] | None:
@@ -240,19 +323,29 @@ def calibrate(
     *,
     norms: bool,
     hessian: bool,
+    reduce: Reduce | None = None,
 ) -> InputStatistics:
-    """One pass of the whole model over `batches`, statistics for `modules`."""
+    """One pass of the whole model over `batches`, statistics for `modules` (with
+    `reduce`: of every rank's batches)."""
+    failed = None
     with (
         evaluating(model),
         torch.no_grad(),
         InputStatistics(modules, norms=norms, hessian=hessian) as stats,
     ):
-        for index, batch in enumerate(batches):
-            stats.new_batch()
-            try:
-                run_batch(model, batch)
-            except Exception as error:
-                raise _batch_error(index, error) from error
+        try:
+            for index, batch in enumerate(batches):
+                stats.new_batch()
+                try:
+                    run_batch(model, batch)
+                except Exception as error:
+                    raise _batch_error(index, error) from error
+        except Exception as error:
+            if reduce is None:
+                raise
+            failed = error
+    if reduce is not None:
+        stats.reduce(reduce, failed)
     return stats
 
 
@@ -263,15 +356,28 @@ def block_statistics(
     *,
     norms: bool,
     hessian: bool,
+    reduce: Reduce | None = None,
+    failed: BaseException | None = None,
 ) -> InputStatistics:
-    """Statistics for `modules` (inside `block`) from running `block` on `inputs`."""
+    """Statistics for `modules` (inside `block`) from running `block` on `inputs` (with
+    `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
+    is not run then), is raised here once every rank has learnt of it."""
     with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
-        for index, (args, kwargs) in enumerate(inputs):
-            stats.new_batch()
-            try:
-                block(*args, **kwargs)
-            except Exception as error:
-                raise _batch_error(index, error) from error
+        try:
+            for index, (args, kwargs) in enumerate(inputs if failed is None else ()):
+                stats.new_batch()
+                try:
+                    block(*args, **kwargs)
+                except Exception as error:
+                    raise _batch_error(index, error) from error
+        except Exception as error:
+            if reduce is None:
+                raise
+            failed = error
+    if reduce is not None:
+        stats.reduce(reduce, failed)
+    elif failed is not None:
+        raise failed
     return stats
 
 

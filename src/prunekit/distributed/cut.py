@@ -23,6 +23,10 @@ which are their values, finds the threshold. Otherwise:
    and within the one tensor the threshold splits, per run.
 
 Choosing is then local: below the threshold, or among the ties a run takes.
+
+From prunekit.select it takes its tuning, the sample's spacing and margins, the radix
+digit pick and the finiteness check; its passes are its own (tensor operations, the marks
+made lazily, one piece at a time, as io/sharded.py needs for models larger than memory).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from prunekit.distributed import passes
 from prunekit.distributed.group import Group
 from prunekit.distributed.passes import Buffers
 from prunekit.select import Source, alive_count
+from prunekit.select.radix import pick
 
 __all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
 
@@ -159,24 +164,22 @@ def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -
     size, total = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
     k = count(total)
     if k in (0, total):
-        bad = passes.non_finite(pieces, owned, buffers)
+        bad = passes.non_finite(pieces, owned)
         if int(group.sum(torch.tensor([len(bad)]))[0]):
             raise Unrankable(bad)
         return Selection(pieces, work, math.inf if k else 0.0, [_Ties() for _ in pieces])
     if len(formats) == 1 and formats[0] in passes.INFINITY:  # 16-bit: the bits are the values
         hist, held, nonfinite = passes.histograms(pieces, owned, formats[0], group)
         if nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned, buffers))
-        cum = hist.cumsum(0)
-        key = int((cum < k).sum())
-        take = k - (int(cum[key - 1]) if key else 0)
+            raise Unrankable(passes.non_finite(pieces, owned))
+        key, take, _ = pick(hist, k)
         bound = passes.as_float(key, formats[0])
         ties = {i: int(h[key]) for i, h in held.items()}
     else:
         limits = passes.bounds(pieces, owned, buffers, k, size, total, group)
         found = passes.between(pieces, owned, buffers, limits, size, group)
         if found.nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned, buffers))
+            raise Unrankable(passes.non_finite(pieces, owned))
         held = found.held
         if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
             keys = lambda: passes.held_keys(held, work)  # noqa: E731

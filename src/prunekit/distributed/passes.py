@@ -16,14 +16,17 @@ import torch
 from torch import Tensor
 
 from prunekit.distributed.group import Group
+from prunekit.select import all_finite, tuning
+from prunekit.select.chunks import ones
+from prunekit.select.radix import pick
+from prunekit.select.sample import margin, stride
 
 if TYPE_CHECKING:
     from prunekit.distributed.cut import Piece
 
-CHUNK = 1 << 18  # entries read at a time
-SAMPLE = 1 << 17  # entries sampled in all, over every rank
-HOLD_ALL = 1 << 18  # up to this many entries in all, no sample: every competing one is kept
-SPREAD = 6.0  # standard deviations of the sampled share the bounds leave either side
+# Read a chunk (tuning.chunk) at a time; sample tuning.sample entries in all, over every
+# rank, from tuning.guess entries on (fewer: every competing one is kept); gather between
+# the bounds at most 1/tuning.gather_share of the entries. The same tuning as select's.
 BINS = 1 << 16
 HALF = 1 << 15  # 16-bit magnitudes: the bits without the sign
 INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: above, NaN
@@ -32,7 +35,8 @@ INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: abov
 class Buffers:
     """Work buffers of one chunk's size, reused from chunk to chunk."""
 
-    def __init__(self, work: torch.dtype, size: int = CHUNK) -> None:
+    def __init__(self, work: torch.dtype, size: int | None = None) -> None:
+        size = tuning.get().chunk if size is None else size
         self.work = work
         self.m = torch.empty(size, dtype=work)
         self.live = torch.empty(size, dtype=work)
@@ -41,10 +45,11 @@ class Buffers:
 
 
 def magnitudes(
-    scores: Tensor, alive: Tensor | None, buffers: Buffers, step: int = CHUNK
+    scores: Tensor, alive: Tensor | None, buffers: Buffers, step: int | None = None
 ) -> Iterator[tuple[int, Tensor, Tensor | None]]:
-    """(start, magnitudes, 0/1 competing flags or None) per chunk, in `buffers`: valid
-    until the next chunk."""
+    """(start, magnitudes, 0/1 competing flags or None) per chunk (of `step` entries, by
+    default the buffers' size), in `buffers`: valid until the next chunk."""
+    step = buffers.m.numel() if step is None else step
     flat = scores.detach().reshape(-1)
     flags = None if alive is None else alive.reshape(-1)
     for start in range(0, flat.numel(), step):
@@ -57,21 +62,9 @@ def magnitudes(
         yield start, m, live
 
 
-def ones(flags: Tensor) -> int:
-    """How many 1s a chunk of 0/1 floats holds."""
-    return int(flags.sum(dtype=torch.float64))
-
-
-def non_finite(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> list[int]:
+def non_finite(pieces: Sequence[Piece], owned: list[int]) -> list[int]:
     """The local pieces whose scores (any, competing or not) hold NaN or infinity."""
-    bad = []
-    for i in owned:
-        scores, _ = pieces[i].source()
-        for _, m, _ in magnitudes(scores, None, buffers):
-            if not math.isfinite(float(m.sum())) and not bool(m.isfinite().all()):
-                bad.append(i)
-                break
-    return bad
+    return [i for i in owned if not all_finite(pieces[i].source()[0])]
 
 
 @dataclass
@@ -99,10 +92,11 @@ def histograms(
         flags = None if alive is None else alive.reshape(-1)
         hist = torch.zeros(HALF, dtype=torch.int64)
         dead = 0
-        for start in range(0, flat.numel(), CHUNK):
-            keys = flat[start : start + CHUNK] & (HALF - 1)
+        step = tuning.get().chunk
+        for start in range(0, flat.numel(), step):
+            keys = flat[start : start + step] & (HALF - 1)
             if flags is not None:
-                out = flags[start : start + CHUNK]
+                out = flags[start : start + step]
                 out = out.logical_not() if out.dtype == torch.bool else out != 1
                 dead += int(out.count_nonzero())
                 nonfinite += int((out & (keys >= infinity)).count_nonzero())
@@ -127,28 +121,27 @@ def bounds(
     """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced
     sample gathered from every rank; (0, inf), keeping every competing entry, for few
     entries or too small a sample."""
-    if size <= HOLD_ALL:
+    now = tuning.get()
+    if size <= now.guess:
         return 0.0, math.inf
-    stride = max(1, size // SAMPLE)
-    while math.gcd(stride, 210) != 1:  # prime to 2, 3, 5, 7: rows, columns, kernels
-        stride += 1
+    step = stride(size, now.sample)
     parts, offset = [], 0
     for i in owned:
         scores, alive = pieces[i].source()
-        first = (-offset) % stride
-        part = scores.detach().reshape(-1)[first::stride].to(buffers.work).abs()
+        first = (-offset) % step
+        part = scores.detach().reshape(-1)[first::step].to(buffers.work).abs()
         if alive is not None:
-            part = part[alive.reshape(-1)[first::stride] == 1]
+            part = part[alive.reshape(-1)[first::step] == 1]
         parts.append(part[part.isfinite()])
         offset += pieces[i].numel
     mine = torch.cat(parts) if parts else torch.empty(0, dtype=buffers.work)
     sample = torch.cat(group.gather(mine))
     n = sample.numel()
-    if n < SAMPLE // 8:
+    if n < now.sample // 8:
         return 0.0, math.inf
     share = k / total
-    margin = SPREAD * math.sqrt(share * (1 - share) / n) + 2 / n
-    low, high = math.floor((share - margin) * n), math.ceil((share + margin) * n)
+    wide = margin(share, n)
+    low, high = math.floor((share - wide) * n), math.ceil((share + wide) * n)
     lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
     upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
     return lower, upper
@@ -166,7 +159,8 @@ def between(
     piece, the competing magnitudes between the limits (16-bit ones in their own
     dtype), up to a budget of 1/16 of all entries per rank."""
     lower, upper = limits
-    budget = size if size <= HOLD_ALL else max(size // 16, HOLD_ALL)
+    now = tuning.get()
+    budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
     held: dict[int, Tensor] = {}
     kept = below = nonfinite = 0
     for i in owned:
@@ -208,9 +202,10 @@ def as_float(key: int, dtype: torch.dtype) -> float:
 
 
 def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[Tensor]:
+    step = tuning.get().chunk
     for values in held.values():
-        for start in range(0, values.numel(), CHUNK):
-            yield values[start : start + CHUNK].to(work).view(key_dtype(work))
+        for start in range(0, values.numel(), step):
+            yield values[start : start + step].to(work).view(key_dtype(work))
 
 
 def data_keys(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> Iterator[Tensor]:
@@ -234,10 +229,7 @@ def radix(
             if level:
                 part = part[(part >> (shift + 16)) == prefix]
             hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
-        hist = group.sum(hist)
-        cum = hist.cumsum(0)
-        digit = int((cum < rank).sum())
-        rank -= int(cum[digit - 1]) if digit else 0
+        digit, rank, _ = pick(group.sum(hist), rank)
         prefix = (prefix << 16) | digit
     return prefix, rank
 

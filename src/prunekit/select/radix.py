@@ -18,7 +18,7 @@ from torch import Tensor
 from prunekit.select import trace
 from prunekit.select.chunks import Chunks, write
 
-__all__ = ["find_cut", "mark"]
+__all__ = ["find_cut", "mark", "pick"]
 
 _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
@@ -42,7 +42,7 @@ def find_cut(chunks: Chunks, k: int) -> Cut:
     for i in range(count):
         for _, _, top in _tops(chunks, i):
             hist += torch.bincount(top, minlength=_TOP_BINS)
-    digit, rank, equal = _pick(hist, k)
+    digit, rank, equal = pick(hist, k)
     prefix = digit
     sign_off = (1 << (chunks.plan.bits - 1)) - 1
     for shift in range(chunks.plan.bits - 32, -1, -16):
@@ -53,7 +53,7 @@ def find_cut(chunks: Chunks, k: int) -> Cut:
                 keys = part.view(chunks.plan.key)[bucket] & sign_off
                 keys = keys[(keys >> (shift + 16)) == prefix]
                 hist += torch.bincount((keys >> shift) & 0xFFFF, minlength=_LOW_BINS)
-        low, rank, equal = _pick(hist, rank)
+        low, rank, equal = pick(hist, rank)
         prefix = (prefix << 16) | low
     return Cut(prefix, equal, rank)
 
@@ -81,7 +81,7 @@ def _tops(chunks: Chunks, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
         yield start, part, top
 
 
-def _pick(hist: Tensor, rank: int) -> tuple[int, int, int]:
+def pick(hist: Tensor, rank: int) -> tuple[int, int, int]:
     """The bin holding the `rank`-th entry (1-based), that entry's rank within the bin,
     and the bin's count."""
     cum = hist.cumsum(0)

@@ -17,7 +17,7 @@ from prunekit.select import tuning
 from prunekit.select.chunks import Chunks
 from prunekit.select.sources import Count, resolve
 
-__all__ = ["guess"]
+__all__ = ["guess", "margin", "stride"]
 
 
 def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -33,18 +33,16 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
     now = tuning.get()
     if plan.size < now.guess:
         return None
-    stride = max(1, plan.size // now.sample)
-    while math.gcd(stride, 210) != 1:
-        stride += 1
+    step = stride(plan.size, now.sample)
     parts = []
     flagged = False
     seen = 0  # entries sampled, competing or not
     for source in chunks.sources:
         scores, alive = source()
-        part = scores.detach().reshape(-1)[::stride].to(plan.dtype).abs()
+        part = scores.detach().reshape(-1)[::step].to(plan.dtype).abs()
         seen += part.numel()
         if alive is not None:
-            part = part[alive.reshape(-1)[::stride] == 1]
+            part = part[alive.reshape(-1)[::step] == 1]
             flagged = True
         parts.append(part)
     sample = torch.cat(parts)  # a sample: at most 1/stride of the entries
@@ -63,10 +61,9 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
         shares = [resolve(k, t) / t for t in totals]
     except ValueError:
         return None  # refused for an estimate: the exact count will say
-    spread = max(p * (1 - p) for p in shares)
-    margin = now.spread * math.sqrt(spread / size) + 2 / size
-    low = math.floor((min(shares) - margin) * size)
-    high = math.ceil((max(shares) + margin) * size)
+    wide = max(margin(p, size) for p in shares)
+    low = math.floor((min(shares) - wide) * size)
+    high = math.ceil((max(shares) + wide) * size)
     middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
     zero = torch.zeros((), dtype=plan.dtype)
     lower = sample.kthvalue(low)[0] if low >= 1 else zero
@@ -75,3 +72,18 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
     if not bool(lower <= upper):
         return None  # NaN in the sample: no guess (scores must be checked, not ranked)
     return lower, mid, upper
+
+
+def stride(size: int, count: int) -> int:
+    """The spacing of an evenly spaced sample of about `count` of `size` entries: prime to
+    2, 3, 5 and 7, so that rows, columns and kernel positions all show up."""
+    step = max(1, size // count)
+    while math.gcd(step, 210) != 1:
+        step += 1
+    return step
+
+
+def margin(share: float, size: int) -> float:
+    """How far either side of `share` (the k-th entry's expected place, as a share) a
+    sample of `size` puts the bounds: `tuning.spread` standard deviations, and 2 entries."""
+    return tuning.get().spread * math.sqrt(share * (1 - share) / size) + 2 / size
