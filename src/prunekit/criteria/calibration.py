@@ -83,10 +83,10 @@ class _Accumulator:
 
 
 class InputStatistics:
-    """Forward hooks on `modules` (Linears) that accumulate their inputs' statistics:
-    `norms` (the L2 norm of each input feature, for Wanda) and/or `hessian` (the mean of
-    X^T X over the rows of the input, for SparseGPT). Use as a context manager; call
-    ``new_batch()`` before each batch."""
+    """Forward hooks on `modules` (Linears; convolutions per input channel) that accumulate
+    their inputs' statistics: `norms` (the L2 norm of each input feature, for Wanda) and/or
+    `hessian` (the mean of X^T X over the rows of the input, for SparseGPT). Use as a
+    context manager; call ``new_batch()`` before each batch."""
 
     def __init__(self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool) -> None:
         self.modules = list(modules)
@@ -118,7 +118,7 @@ class InputStatistics:
         if acc is None:
             acc = next((a for a in self._of.values() if a.last is x), None)
             if acc is None:
-                acc = _Accumulator(int(x.shape[-1]), *self._want)
+                acc = _Accumulator(int(_features(module, x).shape[-1]), *self._want)
             self._of[module] = acc
         elif acc.last is x:
             return  # another Linear of the group saw this input already
@@ -128,7 +128,7 @@ class InputStatistics:
                 "in the first batch but not in this one; expected each batch to run the "
                 "model the same way"
             )
-        acc.add(x)
+        acc.add(_features(module, x))
         acc.last = x
 
     def seen(self, module: nn.Module) -> bool:
@@ -149,6 +149,13 @@ class InputStatistics:
     def accumulators(self) -> int:
         """How many distinct inputs are held (shared ones once)."""
         return len({id(a) for a in self._of.values()})
+
+
+def _features(module: nn.Module, x: Tensor) -> Tensor:
+    """The input with its features last: a convolution's channels are moved there."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return x.movedim(x.dim() - len(module.kernel_size) - 1, -1)
+    return x
 
 
 def block_list(model: nn.Module, owners: Sequence[nn.Module]) -> tuple[str, nn.ModuleList] | None:

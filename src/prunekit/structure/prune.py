@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.criteria import Criterion, group_scores
+from prunekit.structure.criteria import GroupCriterion, score_groups
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_model
 from prunekit.structure.snapshot import Snapshot
 
@@ -34,10 +34,12 @@ def prune_channels(
     example_inputs: Any,
     amount: float,
     *,
-    criterion: str | Criterion = "l2",
+    criterion: str | GroupCriterion | Callable[[ChannelGroup], Tensor] = "l2",
     scope: str = "layer",
     ignore: Iterable[nn.Module | str] = (),
     round_to: int = 1,
+    calibration: Iterable[Any] | None = None,
+    loss: Callable[[Any, Any], Tensor] | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -46,14 +48,16 @@ def prune_channels(
     units go. Units already masked score 0, so pruning again to the same amount changes
     nothing. A group keeps at least one unit, and a number of units that is a multiple of
     `round_to`. `ignore`: modules (or their names, globs allowed) whose output channels stay;
-    their input channels still follow their producers. Returns the groups pruned.
+    their input channels still follow their producers. `calibration`: batches for the
+    criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`, default
+    ``output.loss``), as prune_model takes them. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     _check(amount, scope, round_to)
     groups = [g for g in channel_groups(model, example_inputs) if g.prunable]
     skipped = _ignored(model, ignore)
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
-    scores = [group_scores(g, criterion) for g in groups]
+    scores = score_groups(model, groups, criterion, calibration, loss)
     counts = _counts(groups, scores, amount, scope, round_to)
     chosen = [
         PrunedGroup(g, tuple(sorted(torch.argsort(s, stable=True)[:n].tolist())))
