@@ -120,9 +120,11 @@ def test_a_linear_mlp_without_safetensors_uses_torch_files(
     fresh = mlp()
     prunekit.load_compacted(fresh, tmp_path)
     assert_same(model, fresh, x)
-    assert [m.out_features for m in fresh if isinstance(m, nn.Linear)][:2] == [
-        m.out_features for m in model if isinstance(m, nn.Linear)
-    ][:2] != [20, 16]
+    assert (
+        [m.out_features for m in fresh if isinstance(m, nn.Linear)][:2]
+        == [m.out_features for m in model if isinstance(m, nn.Linear)][:2]
+        != [20, 16]
+    )
 
 
 def test_tied_parameters_stay_tied(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ record slices: which positions of which parameter or buffer belong to which id.
 
 from __future__ import annotations
 
+import contextvars
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,24 @@ HANDLERS: dict[str, Handler] = {}
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 _METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
+# True while a forward runs under the tracer (hooks that only fix values stand aside then)
+TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
+
+
+@dataclass(frozen=True)
+class ModuleHandler:
+    """Traces a whole module at once (its inner ops run untraced): attention, RMSNorm.
+
+    `match(module, tracer)` says whether it applies; `trace(tracer, module, args, kwargs,
+    out)` then records the module's slices and sets the labels of its outputs.
+    """
+
+    name: str
+    match: Callable[[nn.Module], bool]
+    trace: Callable[[Tracer, nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+
+
+MODULE_HANDLERS: list[ModuleHandler] = []
 
 
 def register(*names: str) -> Callable[[Handler], Handler]:
@@ -95,6 +114,12 @@ class Tracer:
     elements: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
     where: list[str] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
+    options: dict[str, Any] = field(default_factory=dict)
+    suspended: int = 0  # > 0: inside a module a ModuleHandler traces as a whole
+    heads: set[int] = field(default_factory=set)  # ids of attention heads (kind 'heads')
+    normed: set[int] = field(default_factory=set)  # ids normalized together (kind 'hidden')
+    blocks: list[list[int]] = field(default_factory=list)  # ids that lose equal counts
+    outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
 
     # ids and union-find
@@ -132,6 +157,12 @@ class Tracer:
             found = self.reasons.setdefault(i, [])
             if reason not in found:
                 found.append(reason)
+
+    def canonical(self, labels: Tensor) -> Tensor:
+        """Labels with every id replaced by its root (ids merged so far look the same)."""
+        values, inverse = torch.unique(labels, return_inverse=True)
+        roots = torch.tensor([self.find(int(v)) if v >= 0 else -1 for v in values.tolist()])
+        return roots[inverse].reshape(labels.shape)
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
@@ -239,10 +270,10 @@ class _Mode(TorchFunctionMode):
     ) -> Any:  # fmt: skip
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = op_name(func)
-        if name in _METADATA:
-            return out
         tr = self.tracer
+        name = op_name(func)
+        if name in _METADATA or tr.suspended:
+            return out
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
         tr.claimed = claimed = set[int]()
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
@@ -285,11 +316,12 @@ def describe_op(call: Call) -> str:
     return f"{call.name} (in {call.where or 'the model'})"
 
 
-def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
-    Tracer, Any
-]:  # fmt: skip
+def run_traced(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    options: dict[str, Any] | None = None,
+) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
-    tracer = Tracer(owners=tensor_owners(model))
+    tracer = Tracer(owners=tensor_owners(model), options=dict(options or {}))
     names = {id(m): n for n, m in model.named_modules()}
 
     def enter(module: nn.Module, _: Any) -> None:
@@ -302,12 +334,15 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
     handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
+    handles += _attach_module_handlers(tracer, model)
     training = [(m, m.training) for m in model.modules()]
+    token = TRACING.set(True)
     try:
         model.eval()
         with torch.no_grad(), _Mode(tracer):
             out = model(*args, **kwargs)
     finally:
+        TRACING.reset(token)
         pre.remove()
         post.remove()
         for handle in handles:
@@ -315,6 +350,45 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 handle.remove()
         for m, mode in training:
             m.training = mode
-    for t in tree_flatten(out)[0]:
-        tracer.block(tracer.label(t), "they reach the model's output")
+    _outputs(tracer, out)
     return tracer, out
+
+
+def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
+    """Hooks that suspend op tracing inside each module a ModuleHandler matches, and hand the
+    whole call to it when the module returns."""
+    handles: list[Any] = []
+    for module in model.modules():
+        handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
+        if handler is None:
+            continue
+
+        def before(_: nn.Module, args: Any, kwargs: Any) -> None:
+            tracer.suspended += 1
+
+        def after(m: nn.Module, args: Any, kwargs: Any, out: Any,
+                  handler: ModuleHandler = handler) -> None:  # fmt: skip
+            tracer.suspended -= 1
+            if not tracer.suspended:
+                handler.trace(tracer, m, tuple(args), dict(kwargs), out)
+
+        handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(module.register_forward_hook(after, with_kwargs=True))
+    return handles
+
+
+def _outputs(tracer: Tracer, out: Any) -> None:
+    """Channels that reach the model's output: one dim of channels per output is recorded
+    (only a group of the hidden width may be pruned there); anything else is blocked."""
+    from prunekit.structure.labels import channel_ids, varying
+
+    for k, t in enumerate(tree_flatten(out)[0]):
+        labels = tracer.label(t)
+        if labels is None:
+            continue
+        dims = varying(tracer.canonical(labels))
+        if len(dims) != 1:
+            tracer.block(labels, "they reach the model's output")
+            continue
+        ids = channel_ids(tracer, labels, dims[0], t.shape[dims[0]], "the model's output")
+        tracer.outputs.append((k, dims[0], ids))
