@@ -73,6 +73,7 @@ def _sum(group: ChannelGroup, slices: list[Slice], entry: Callable[[Slice], Tens
     for s in slices:
         values = entry(s).movedim(s.dim, 0)
         per_position = values.reshape(values.shape[0], -1).sum(1)
-        for u, positions in enumerate(s.indices):
-            total[u] += per_position[list(positions)].sum()
+        units = [u for u, positions in enumerate(s.indices) for _ in positions]
+        flat = [p for positions in s.indices for p in positions]
+        total.index_add_(0, torch.tensor(units, dtype=torch.long), per_position[flat])
     return total
