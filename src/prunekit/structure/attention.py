@@ -254,7 +254,10 @@ def _head_ids(tr: Tracer, found: Heads) -> Tensor:
     unit of each query row."""
     heads, kv, d = found.heads, found.kv_heads, found.head_dim
     per = heads // kv
-    if per == 1 or tr.options.get("gqa", "query") == "group":
+    gqa = tr.options.get("gqa", "query")
+    if gqa == "auto":
+        gqa = "group" if any(_masked_rows(found.k, g * d, d) for g in range(kv)) else "query"
+    if per == 1 or gqa == "group":
         units = tr.new_ids(kv)
         q_unit = units.repeat_interleave(per)
         _rows(tr, found.k, units.repeat_interleave(d))
@@ -266,6 +269,14 @@ def _head_ids(tr: Tracer, found: Heads) -> Tensor:
     q_ids = q_unit.repeat_interleave(d)
     _rows(tr, found.q, q_ids)
     return q_ids
+
+
+def _masked_rows(proj: Proj, start: int, count: int) -> bool:
+    """Whether rows start..start+count of the projection are masked whole."""
+    mask = proj.module._buffers.get(proj.weight + "_mask")
+    if mask is None:
+        return False
+    return not bool(mask.narrow(proj.out_dim, proj.offset + start, count).any())
 
 
 def _rows(tr: Tracer, proj: Proj, ids: Tensor) -> None:
