@@ -159,8 +159,8 @@ def test_llama_whole_key_value_groups() -> None:
 def test_per_layer_widths_leave_the_config_stale_and_the_modules_right() -> None:
     model = _llama().eval()
     before = model.config.num_attention_heads
-    prunekit.prune_channels(model, {"input_ids": IDS}, 0.3, heads=0.25,
-                            ignore=["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.*"])  # fmt: skip
+    ignore = ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.*"]
+    prunekit.prune_channels(model, {"input_ids": IDS}, 0.3, heads=0.25, ignore=ignore)
     masked = _generate(model)
     report = prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
     assert set(report.stale) == {"num_attention_heads", "intermediate_size"}
@@ -229,6 +229,9 @@ def test_a_failing_criterion_leaves_the_model_as_it_was() -> None:
 
 
 def test_import_prunekit_does_not_import_transformers() -> None:
-    code = "import sys, prunekit; print([m for m in ('transformers', 'torchvision') if m in sys.modules])"
+    code = (
+        "import sys, prunekit; "
+        "print([m for m in ('transformers', 'torchvision') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
