@@ -135,12 +135,6 @@ def test_vit_round_trips(tmp_path: Path, scope: str) -> None:
     assert_same(model, loaded, VIT_INPUTS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="compact's config update looks for num_heads / num_attention_heads, which "
-    "transformers 5's LlamaAttention does not have (structure/hfconfig.py)",
-)
 @pytest.mark.parametrize("scope", ["layer", "global"])
 def test_llama_with_grouped_query_heads_round_trips_and_generates(
     tmp_path: Path, scope: str

@@ -61,10 +61,11 @@ class Heads:
 @dataclass(frozen=True)
 class Adapter:
     """`read(module, args, kwargs, out)` -> Heads, or why the module is not understood;
-    `update(module)` sets its head counts and widths from its tensors after compaction."""
+    `sync(module)` sets its head counts and widths from its tensors (after compaction) and
+    returns them: (heads, key/value heads, head_dim, hidden width it reads)."""
 
     read: Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Heads | str]
-    update: Callable[[nn.Module], None]
+    sync: Callable[[nn.Module], tuple[int, int, int, int]]
 
 
 ADAPTERS: dict[str, Adapter] = {}
@@ -115,12 +116,13 @@ def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  first(out))  # fmt: skip
 
 
-def _update_qkvo(module: Any) -> None:
+def _update_qkvo(module: Any) -> tuple[int, int, int, int]:
     d = int(module.head_dim)
     heads = module.q_proj.out_features // d
     kv = module.k_proj.out_features // d
     _set(module, num_key_value_groups=heads // kv, num_heads=heads, num_attention_heads=heads,
          num_key_value_heads=kv)  # fmt: skip
+    return heads, kv, d, module.q_proj.in_features
 
 
 def _set(module: nn.Module, **values: int) -> None:
@@ -149,9 +151,10 @@ def _read_bert(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  module.attention_head_size, (x, x, x), first(out))  # fmt: skip
 
 
-def _update_bert(module: Any) -> None:
-    rows = module.query.out_features
-    _set(module, num_attention_heads=rows // module.attention_head_size, all_head_size=rows)
+def _update_bert(module: Any) -> tuple[int, int, int, int]:
+    rows, d = module.query.out_features, module.attention_head_size
+    _set(module, num_attention_heads=rows // d, all_head_size=rows)
+    return rows // d, rows // d, d, module.query.in_features
 
 
 def _read_gpt2(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -180,11 +183,12 @@ def _read_gpt2(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return Heads(parts[0], parts[1], parts[2], o, heads, heads, int(d), (x, x, x), first(out))
 
 
-def _update_gpt2(module: Any) -> None:
+def _update_gpt2(module: Any) -> tuple[int, int, int, int]:
     heads = module.c_proj.weight.shape[0] // module.head_dim
     module.num_heads = heads
     module.split_size = heads * module.head_dim
     module.embed_dim = module.c_attn.weight.shape[0]
+    return heads, heads, module.head_dim, module.embed_dim
 
 
 ADAPTERS.update({
@@ -220,7 +224,11 @@ def _trace(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
         if id(t) not in read:
             tr.block(tr.label(t), f"they reach {where} as an input it does not project")
     q_ids = _head_ids(tr, found)
-    chans = [_channels(tr, x, where) for x in found.inputs]
+    seen: dict[int, Tensor | None] = {}
+    for x in found.inputs:
+        if id(x) not in seen:
+            seen[id(x)] = _channels(tr, x, where)
+    chans = [seen[id(x)] for x in found.inputs]
     _columns(tr, (found.q, found.k, found.v), chans, where)
     if found.o is None:
         if isinstance(found.out, Tensor) and found.out.shape[-1] == len(q_ids):
@@ -246,7 +254,10 @@ def _head_ids(tr: Tracer, found: Heads) -> Tensor:
     unit of each query row."""
     heads, kv, d = found.heads, found.kv_heads, found.head_dim
     per = heads // kv
-    if per == 1 or tr.options.get("gqa", "query") == "group":
+    gqa = tr.options.get("gqa", "query")
+    if gqa == "auto":
+        gqa = "group" if any(_masked_rows(found.k, g * d, d) for g in range(kv)) else "query"
+    if per == 1 or gqa == "group":
         units = tr.new_ids(kv)
         q_unit = units.repeat_interleave(per)
         _rows(tr, found.k, units.repeat_interleave(d))
@@ -258,6 +269,14 @@ def _head_ids(tr: Tracer, found: Heads) -> Tensor:
     q_ids = q_unit.repeat_interleave(d)
     _rows(tr, found.q, q_ids)
     return q_ids
+
+
+def _masked_rows(proj: Proj, start: int, count: int) -> bool:
+    """Whether rows start..start+count of the projection are masked whole."""
+    mask = proj.module._buffers.get(proj.weight + "_mask")
+    if mask is None:
+        return False
+    return not bool(mask.narrow(proj.out_dim, proj.offset + start, count).any())
 
 
 def _rows(tr: Tracer, proj: Proj, ids: Tensor) -> None:
@@ -303,10 +322,16 @@ def update_modules(model: nn.Module) -> None:
     for module in model.modules():
         adapter = adapter_of(module)
         if adapter is not None:
-            adapter.update(module)
+            adapter.sync(module)
         gate, down = getattr(module, "gate_proj", None), getattr(module, "down_proj", None)
         if isinstance(gate, nn.Linear) and isinstance(down, nn.Linear):  # a LLaMA-style MLP
             _set(module, intermediate_size=gate.out_features, hidden_size=gate.in_features)
+        stem = getattr(module, "conv_proj", None)
+        if type(module).__name__ == "VisionTransformer" and isinstance(stem, nn.Conv2d):
+            _set(module, hidden_dim=stem.out_channels)  # torchvision's ViT reshapes by it
+        attention = getattr(module, "self_attention", None)
+        if isinstance(attention, nn.MultiheadAttention):  # torchvision's EncoderBlock
+            _set(module, num_heads=attention.num_heads)
 
 
 MODULE_HANDLERS.append(ModuleHandler("attention", lambda m: adapter_of(m) is not None, _trace))

@@ -67,8 +67,9 @@ class Activation(GroupCriterion):
             if per_channel is None or s.channels is None:
                 continue
             used = True
-            for u, channels in enumerate(s.channels):
-                total[u] += per_channel[list(channels)].sum()
+            units = [u for u, channels in enumerate(s.channels) for _ in channels]
+            flat = [c for channels in s.channels for c in channels]
+            total.index_add_(0, torch.tensor(units, dtype=torch.long), per_channel[flat])
         return total if used else WeightNorm(2).scores(group)
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.graph import channel_groups, check_model, split_inputs
+from prunekit.structure.graph import check_model, split_inputs, traced_groups
 from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import count_macs, count_params, latency_ms
 from prunekit.structure.snapshot import Snapshot
@@ -90,7 +90,7 @@ def compact(
     if not isinstance(tolerance, float) or not tolerance >= 0:
         raise ValueError(f"compact: invalid tolerance={tolerance!r}; expected a float >= 0")
     args, kwargs = split_inputs(example_inputs, "compact")
-    result = plan(channel_groups(model, example_inputs))
+    result = plan(traced_groups(model, example_inputs, "auto", "compact"))
     modes = [(m, m.training) for m in model.modules()]
     snapshot = Snapshot(model)
     try:

@@ -169,10 +169,10 @@ def per_unit(s: Slice, entries: Tensor, size: int) -> Tensor:
     """`entries` (shaped like the slice's tensor) summed over the positions of each unit."""
     moved = entries.movedim(s.dim, 0)
     per_position = moved.reshape(moved.shape[0], -1).sum(1)
+    units = [u for u, positions in enumerate(s.indices) for _ in positions]
+    flat = [p for positions in s.indices for p in positions]
     total = torch.zeros(size, dtype=torch.float64)
-    for u, positions in enumerate(s.indices):
-        total[u] = per_position[list(positions)].sum()
-    return total
+    return total.index_add_(0, torch.tensor(units, dtype=torch.long), per_position[flat])
 
 
 def score_groups(

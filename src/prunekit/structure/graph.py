@@ -103,7 +103,15 @@ def channel_groups(model: nn.Module, example_inputs: Any, *, gqa: str = "query")
     """
     check_model(model, "channel_groups")
     check_gqa(gqa, "channel_groups")
-    args, kwargs = split_inputs(example_inputs, "channel_groups")
+    return traced_groups(model, example_inputs, gqa, "channel_groups")
+
+
+def traced_groups(model: nn.Module, example_inputs: Any, gqa: str, owner: str) -> list[
+    ChannelGroup
+]:  # fmt: skip
+    """The groups, `gqa` unchecked: 'auto' (compact) takes whole key/value groups in the
+    attention modules where some are masked whole, query heads elsewhere."""
+    args, kwargs = split_inputs(example_inputs, owner)
     tracer, _ = run_traced(model, args, kwargs, {"gqa": gqa})
     return build_groups(tracer)
 

@@ -24,38 +24,15 @@ def _widths(model: nn.Module) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {"heads": [], "kv": [], "head_dim": [], "hidden": [],
                                    "inner": []}  # fmt: skip
     for module in model.modules():
-        if adapter_of(module) is not None:
-            heads = _first(module, "num_heads", "num_attention_heads")
-            found["heads"].append(heads)
-            groups = _first(module, "num_key_value_groups", default=1)
-            found["kv"].append(_first(module, "num_key_value_heads", default=0) or heads // groups)
-            found["head_dim"].append(_first(module, "head_dim", "attention_head_size"))
-            found["hidden"].append(_input_width(module))
+        adapter = adapter_of(module)
+        if adapter is not None:
+            for key, value in zip(("heads", "kv", "head_dim", "hidden"), adapter.sync(module),
+                                  strict=True):  # fmt: skip
+                found[key].append(value)
         inner = _inner(module)
         if inner:
             found["inner"].append(inner)
     return found
-
-
-def _first(module: nn.Module, *names: str, default: int | None = None) -> int:
-    for name in names:
-        value = getattr(module, name, None)
-        if isinstance(value, int):
-            return value
-    if default is None:
-        raise AssertionError(f"{type(module).__name__} has none of {names}")
-    return default
-
-
-def _input_width(module: Any) -> int:
-    for name in ("q_proj", "query"):
-        proj = getattr(module, name, None)
-        if isinstance(proj, nn.Linear):
-            return proj.in_features
-    attn: Any = getattr(module, "c_attn", None)
-    if isinstance(attn, nn.Module):
-        return int(getattr(attn, "weight").shape[0])  # noqa: B009
-    return int(getattr(module, "embed_dim", 0))
 
 
 def _inner(module: Any) -> int:

@@ -20,13 +20,13 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
     low, high = rows.amin(1), rows.amax(1)
-    mixed = (low != high).nonzero().flatten().tolist()
-    for r in mixed:
-        ids = torch.unique(rows[r])
-        if bool((ids < 0).any()):
-            tr.block(ids, f"{why}: a channel there mixes them with values of no channel")
-        ids = ids[ids >= 0]
-        tr.merge(ids[:1].expand(len(ids)), ids)
+    mixed = low != high
+    if bool(mixed.any()):
+        sub = rows[mixed]
+        partial = (sub < 0).any(1)
+        if bool(partial.any()):
+            tr.block(sub[partial], f"{why}: a channel there mixes them with values of no channel")
+        tr.merge(sub, high[mixed].unsqueeze(1).expand_as(sub))
     return high
 
 

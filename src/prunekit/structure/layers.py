@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.labels import along, channel_ids, varying
+from prunekit.structure.labels import along, channel_ids
 from prunekit.structure.trace import Call, Tracer, describe_op, register
 
 
@@ -114,7 +114,7 @@ def _layer_norm(tr: Tracer, call: Call) -> None:
     if labels is None:
         return
     first = x.dim() - len(tuple(shape))
-    dims = varying(tr.canonical(labels))
+    dims = tr.varying(labels)
     if any(d >= first for d in dims):
         why = normalized_width(tr, call, labels, owner, first)
         if why:

@@ -44,7 +44,7 @@ def _read(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     return Heads(parts[0], parts[1], parts[2], o, heads, heads, d, x, first(out))
 
 
-def _update(module: Any) -> None:
+def _update(module: Any) -> tuple[int, int, int, int]:
     assert isinstance(module, nn.MultiheadAttention)
     fused = module.in_proj_weight
     q = fused if fused is not None else module.q_proj_weight
@@ -58,6 +58,7 @@ def _update(module: Any) -> None:
     width = module.out_proj.out_features
     if not rows == module.embed_dim == width:
         module.__class__ = CompactMultiheadAttention
+    return module.num_heads, module.num_heads, module.head_dim, module.embed_dim
 
 
 ADAPTERS["MultiheadAttention"] = Adapter(_read, _update)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.labels import channel_ids, varying
+from prunekit.structure.labels import channel_ids
 from prunekit.structure.layers import RMS_NORMS, is_norm_module
 from prunekit.structure.trace import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
 
@@ -38,7 +38,7 @@ def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dic
     if labels is None or not isinstance(x, Tensor) or not isinstance(out, Tensor):
         return
     where = f"{type(module).__name__} (in {tr.where[-1] if tr.where else 'the model'})"
-    dims = varying(tr.canonical(labels))
+    dims = tr.varying(labels)
     if owner is None or any(d != x.dim() - 1 for d in dims):
         tr.block(labels, f"{where} normalizes over them and more")
         return

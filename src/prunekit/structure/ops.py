@@ -68,6 +68,13 @@ _UNARY = [
     "__abs__",
     "sin",
     "cos",
+    "pow",
+    "__pow__",
+    "rsqrt",
+    "reciprocal",
+    "log",
+    "log1p",
+    "expm1",
 ]
 
 
@@ -247,7 +254,7 @@ def _does_not_commute(
     x, labels = found[0]
     if labels is None:
         return ""
-    dims = varying(tr.canonical(labels))
+    dims = tr.varying(labels)
     name = call.name
     if name in ("narrow", "select", "unbind", "index_select", "tensor_split", "roll"):
         dim = positive(_dim_arg(call, 1), x.dim())

@@ -158,6 +158,14 @@ class Tracer:
             if reason not in found:
                 found.append(reason)
 
+    def varying(self, labels: Tensor) -> list[int]:
+        """The dims along which the labels' channels change (ids merged so far counted as
+        one: a class token concatenated to the patches is their channel)."""
+        from prunekit.structure.labels import varying
+
+        dims = varying(labels)
+        return dims if len(dims) <= 1 else varying(self.canonical(labels))
+
     def canonical(self, labels: Tensor) -> Tensor:
         """Labels with every id replaced by its root (ids merged so far look the same)."""
         values, inverse = torch.unique(labels, return_inverse=True)
@@ -380,13 +388,13 @@ def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
 def _outputs(tracer: Tracer, out: Any) -> None:
     """Channels that reach the model's output: one dim of channels per output is recorded
     (only a group of the hidden width may be pruned there); anything else is blocked."""
-    from prunekit.structure.labels import channel_ids, varying
+    from prunekit.structure.labels import channel_ids
 
     for k, t in enumerate(tree_flatten(out)[0]):
         labels = tracer.label(t)
         if labels is None:
             continue
-        dims = varying(tracer.canonical(labels))
+        dims = tracer.varying(labels)
         if len(dims) != 1:
             tracer.block(labels, "they reach the model's output")
             continue
