@@ -216,6 +216,14 @@ def test_bad_arguments_are_refused_and_change_nothing(kwargs: dict[str, Any], wo
     assert fingerprint(model) == before
 
 
+def test_heads_on_a_model_without_attention_is_refused() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"heads=0.5, but Sequential has no attention module"):
+        prunekit.prune_channels(model, torch.randn(3, 4), 0.5, heads=0.5)
+    assert fingerprint(model) == before
+
+
 def test_a_failing_criterion_leaves_the_model_as_it_was() -> None:
     model = _llama()
     before = fingerprint(model)

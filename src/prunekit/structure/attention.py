@@ -211,7 +211,7 @@ def _trace(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
            out: Any) -> None:  # fmt: skip
     adapter = adapter_of(module)
     assert adapter is not None
-    where = f"{type(module).__name__} (in {tr.where[-1] if tr.where else 'the model'})"
+    where = f"{type(module).__name__} (in {tr.names.get(id(module)) or 'the model'})"
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
     found = adapter.read(module, args, kwargs, out)
     if isinstance(found, str) or not _owned(tr, found):

@@ -278,8 +278,11 @@ def _groups(
         for root in torch.unique(unit[keep]).tolist():
             owned[root].append(k)
     keyed: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    signatures: dict[tuple[int, ...], tuple[Any, ...]] = {}  # the units of a group share one
     for root, ks in owned.items():
-        signature = tuple(sorted(_key(records[k]) for k in ks))
+        signature = signatures.get(tuple(ks))
+        if signature is None:
+            signature = signatures[tuple(ks)] = tuple(sorted(_key(records[k]) for k in ks))
         keyed[(signature, bool(reasons.get(root)))].append(root)
     groups = [
         _group(records, live, owned[members[0]], members, reasons, extra)

@@ -37,7 +37,7 @@ def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dic
     owner = tr.claim(getattr(module, "weight", None))
     if labels is None or not isinstance(x, Tensor) or not isinstance(out, Tensor):
         return
-    where = f"{type(module).__name__} (in {tr.where[-1] if tr.where else 'the model'})"
+    where = f"{type(module).__name__} (in {tr.names.get(id(module)) or 'the model'})"
     dims = tr.varying(labels)
     if owner is None or any(d != x.dim() - 1 for d in dims):
         tr.block(labels, f"{where} normalizes over them and more")

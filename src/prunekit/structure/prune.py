@@ -71,7 +71,9 @@ def prune_channels(
     _check(amounts, scope, round_to)
     check_gqa(gqa, "prune_channels")
     skipped = _ignored(model, ignore)
-    groups = [g for g in channel_groups(model, example_inputs, gqa=gqa) if g.prunable]
+    found = channel_groups(model, example_inputs, gqa=gqa)
+    _check_found(model, found, amounts)
+    groups = [g for g in found if g.prunable]
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
     groups = [g for g in groups if amounts.get(g.kind)]
     found = score_groups(model, groups, criterion, calibration, loss)
@@ -138,6 +140,19 @@ def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
         raise ValueError(f"prune_channels: invalid scope={scope!r}; expected 'layer' or 'global'")
     if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
         raise ValueError(f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1")
+
+
+def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str, Any]) -> None:
+    """heads= or hidden= on a model where the graph found no such width at all."""
+    for kind in ("heads", "hidden"):
+        if amounts[kind] and not any(g.kind == kind for g in found):
+            what = {"heads": "attention module it knows (nn.MultiheadAttention, BERT, GPT-2, "
+                    "LLaMA/Mistral/Qwen2, ViT)", "hidden": "width that a LayerNorm/RMSNorm "
+                    "normalizes"}[kind]  # fmt: skip
+            raise ValueError(
+                f"prune_channels: {kind}={amounts[kind]!r}, but {type(model).__name__} has no "
+                f"{what}; expected {kind}=0.0 for this model"
+            )
 
 
 def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str]) -> set[int]:

@@ -40,7 +40,10 @@ def plan(groups: list[ChannelGroup]) -> Plan:
         if not g.prunable:
             continue
         makers = [s for s in g.slices if s.role == "out"]
-        gone = [u for u in range(g.size) if makers and all(_masked(s, u) for s in makers)]
+        alive = torch.zeros(g.size, dtype=torch.bool)
+        for s in makers:
+            alive |= _alive(s, g.size)
+        gone = torch.nonzero(~alive).flatten().tolist() if makers else []
         if not gone or len(gone) == g.size:
             continue
         result.units += len(gone)
@@ -58,12 +61,17 @@ def plan(groups: list[ChannelGroup]) -> Plan:
     return result
 
 
-def _masked(s: Slice, unit: int) -> bool:
+def _alive(s: Slice, size: int) -> Tensor:
+    """Per unit: whether the slice has an entry of it that its mask keeps (True unmasked)."""
     mask = s.module._buffers.get(s.name + "_mask")
     if mask is None:
-        return False
-    index = torch.tensor(s.indices[unit], device=mask.device)
-    return not bool(mask.index_select(s.dim, index).any())
+        return torch.ones(size, dtype=torch.bool)
+    per = mask.movedim(s.dim, 0).reshape(mask.shape[s.dim], -1).ne(0).any(1).cpu()
+    units = torch.tensor([u for u, ps in enumerate(s.indices) for _ in ps], dtype=torch.long)
+    flat = torch.tensor([p for ps in s.indices for p in ps], dtype=torch.long)
+    alive = torch.zeros(size, dtype=torch.bool)
+    alive[units[per[flat]]] = True
+    return alive
 
 
 class Capture(TorchFunctionMode):
@@ -113,7 +121,11 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
         if not seen or not channels:
             continue
         low, high, padding, groups = seen[0]
-        channels = [c for c in channels if _reads(s, weight, c, groups)]
+        if s.op in ("linear", "addmm"):
+            read = weight.detach().ne(0).any(0 if s.op == "linear" else 1).tolist()
+            channels = [c for c in channels if read[c]]
+        else:
+            channels = [c for c in channels if _reads(s, weight, c, groups)]
         if not channels:
             continue  # read only through masked weights: what they carry does not matter
         index = torch.tensor(channels)

@@ -115,6 +115,7 @@ class Tracer:
     where: list[str] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
     options: dict[str, Any] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # id of each module -> its name
     suspended: int = 0  # > 0: inside a module a ModuleHandler traces as a whole
     heads: set[int] = field(default_factory=set)  # ids of attention heads (kind 'heads')
     normed: set[int] = field(default_factory=set)  # ids normalized together (kind 'hidden')
@@ -139,6 +140,10 @@ class Tracer:
 
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0."""
+        if a.shape == b.shape:  # dims along which neither changes need one slice only
+            for d in range(a.dim()):
+                if a.shape[d] > 1 and _constant(a, d) and _constant(b, d):
+                    a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
         a, b = a.reshape(-1), b.reshape(-1)
         both = (a >= 0) & (b >= 0) & (a != b)
         if not bool(both.any()):
@@ -246,6 +251,10 @@ class Tracer:
         self.records.append(Record(mname, module, name, dim, role, positions, ids, channels, op))
 
 
+def _constant(t: Tensor, dim: int) -> bool:
+    return bool((t == t.narrow(dim, 0, 1)).all())
+
+
 def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
     """id of each parameter, buffer and masked tensor -> (module name, module, name, is buffer).
 
@@ -330,7 +339,7 @@ def run_traced(
 ) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
     tracer = Tracer(owners=tensor_owners(model), options=dict(options or {}))
-    names = {id(m): n for n, m in model.named_modules()}
+    names = tracer.names = {id(m): n for n, m in model.named_modules()}
 
     def enter(module: nn.Module, _: Any) -> None:
         tracer.where.append(names.get(id(module), type(module).__name__) or type(module).__name__)
