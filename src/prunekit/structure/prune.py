@@ -76,8 +76,8 @@ def prune_channels(
     groups = [g for g in found if g.prunable]
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
     groups = [g for g in groups if amounts.get(g.kind)]
-    found = score_groups(model, groups, criterion, calibration, loss)
-    scored = {id(g): s for g, s in zip(groups, found, strict=True)}
+    ranked = score_groups(model, groups, criterion, calibration, loss)
+    scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
     chosen: list[PrunedGroup] = []
     for kind, share in amounts.items():
         mine = [g for g in groups if g.kind == kind]
