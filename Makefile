@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm demo clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ bench-structure: setup
 	$(PY) benchmarks/structure.py --resnet50
 bench-calibrated: setup
 	$(PY) benchmarks/calibrated.py
+
+# all-MiniLM-L6-v2: heads and MLP widths removed by l2, activation and taylor (~15 min here)
+bench-minilm: setup
+	$(PY) benchmarks/minilm_structure.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -235,7 +235,7 @@ def test_group_norm_units_instance_norm_prelu_and_layer_norm() -> None:
     assert slice_of(c1, "prelu.weight", 0).indices[3] == (6, 7)
     assert slice_of(by_name(groups, "c2.weight"), "inorm.weight", 0).indices[1] == (1,)
     c3 = by_name(groups, "c3.weight")
-    assert not c3.prunable and "layer_norm" in (c3.reason or "")
+    assert c3.prunable and c3.kind == "hidden"  # a LayerNorm over them: pruned by hidden=
     model = Norms()
     roundtrip(model, torch.randn(2, 3, 3, 3), 0.5)
     assert (model.gn.num_groups, model.gn.num_channels, model.prelu.num_parameters) == (2, 4, 4)
@@ -380,7 +380,7 @@ def test_parameters_combined_in_forward_are_sliced() -> None:
     assert model.scale.shape == (3, 1, 1) and model.shift.shape == (1, 3, 1, 1)
 
 
-def test_attention_is_left_alone() -> None:
+def test_attention_is_traced_by_module_and_an_unknown_one_is_left_alone() -> None:
     class Attend(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -391,8 +391,21 @@ def test_attention_is_left_alone() -> None:
             y = self.proj(x)
             return self.attn(y, y, y)[0]
 
+    class Handmade(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 8)
+
+        def forward(self, x: Tensor) -> Tensor:
+            y = self.proj(x)
+            return torch.softmax(y @ y.transpose(1, 2), -1) @ y
+
     groups = prunekit.channel_groups(Attend(), torch.randn(2, 3, 4))
-    assert "multi_head_attention_forward" in (by_name(groups, "proj.weight").reason or "")
+    assert by_name(groups, "proj.weight").prunable  # read by in_proj_weight's columns
+    heads = [g for g in groups if g.kind == "heads"]
+    assert len(heads) == 1 and heads[0].size == 2 and heads[0].prunable
+    groups = prunekit.channel_groups(Handmade(), torch.randn(2, 3, 4))
+    assert "matmul" in (by_name(groups, "proj.weight").reason or "")
 
 
 def test_a_pruned_model_traces_to_the_same_groups() -> None:

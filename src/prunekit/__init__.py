@@ -59,6 +59,11 @@ from prunekit.structure import (
 )
 
 # isort: split
+# Structural pruning II: group criteria (calibrated ones too), compacted models saved and
+# rebuilt with their per-layer shapes.
+from prunekit.structure import GroupCriterion, load_compacted, save_compacted
+
+# isort: split
 # Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
 # global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
 # sharded safetensors checkpoints larger than memory. Last: they import the names above.
@@ -83,6 +88,7 @@ __all__ = [
     "CustomFromMask",
     "Gradual",
     "GradualPruner",
+    "GroupCriterion",
     "Identity",
     "L1Unstructured",
     "LnStructured",
@@ -113,6 +119,7 @@ __all__ = [
     "is_pruned",
     "l1_unstructured",
     "ln_structured",
+    "load_compacted",
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
@@ -124,6 +131,7 @@ __all__ = [
     "refresh_pruned",
     "remove",
     "report",
+    "save_compacted",
     "save_pruned",
     "validate_pruning_amount",
     "validate_pruning_amount_init",

@@ -111,10 +111,10 @@ class _Accumulator:
 
 
 class InputStatistics:
-    """Forward hooks on `modules` (Linears) that accumulate their inputs' statistics:
-    `norms` (the L2 norm of each input feature, for Wanda) and/or `hessian` (the mean of
-    X^T X over the rows of the input, for SparseGPT). Use as a context manager; call
-    ``new_batch()`` before each batch."""
+    """Forward hooks on `modules` (Linears; convolutions per input channel) that accumulate
+    their inputs' statistics: `norms` (the L2 norm of each input feature, for Wanda) and/or
+    `hessian` (the mean of X^T X over the rows of the input, for SparseGPT). Use as a
+    context manager; call ``new_batch()`` before each batch."""
 
     def __init__(self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool) -> None:
         self.modules = list(modules)
@@ -148,7 +148,7 @@ class InputStatistics:
             if acc is not None:  # another Linear of the group saw this input already
                 self._of[module] = acc
                 return
-            acc = _Accumulator(int(x.shape[-1]), *self._want)
+            acc = _Accumulator(int(_features(module, x).shape[-1]), *self._want)
             self._of[module] = acc
         elif acc.last is x:
             return  # another Linear of the group saw this input already
@@ -158,7 +158,7 @@ class InputStatistics:
                 "in the first batch but not in this one; expected each batch to run the "
                 "model the same way"
             )
-        acc.add(x)
+        acc.add(_features(module, x))
         acc.last = x
 
     def seen(self, module: nn.Module) -> bool:
@@ -199,7 +199,7 @@ class InputStatistics:
             else:
                 key = str(index)
             if key not in local:
-                local[key] = acc or _Accumulator(_features(module), *self._want)
+                local[key] = acc or _Accumulator(_width(module), *self._want)
             groups.setdefault(key, []).append(module)
         statistics: dict[str, Tensor] = {}
         weights: dict[str, float] = {}
@@ -224,14 +224,21 @@ class InputStatistics:
         return len({id(a) for a in self._of.values()})
 
 
-def _features(module: nn.Module) -> int:
-    """The input width of a Linear (of anything with ``in_features``)."""
-    features = getattr(module, "in_features", None)
+def _width(module: nn.Module) -> int:
+    """The input width of a Linear or convolution (in_features or in_channels)."""
+    features = getattr(module, "in_features", getattr(module, "in_channels", None))
     if not isinstance(features, int):
         raise type_error(
             f"calibration: {type(module).__name__} has no in_features; expected Linear layers"
         )
     return features
+
+
+def _features(module: nn.Module, x: Tensor) -> Tensor:
+    """The input with its features last: a convolution's channels are moved there."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return x.movedim(x.dim() - len(module.kernel_size) - 1, -1)
+    return x
 
 
 def block_list(model: nn.Module, owners: Sequence[nn.Module]) -> tuple[str, nn.ModuleList] | None:

@@ -1,26 +1,39 @@
 """Structural pruning: the channel dependency graph, group masks and exact compaction.
 
 ``channel_groups`` traces the coupled channels, ``prune_channels`` masks whole units of them,
-``compact`` removes the masked units for real and checks the result.
+``compact`` removes the masked units for real and checks the result, ``save_compacted`` and
+``load_compacted`` save it with its shapes and rebuild it from a freshly built model.
 """
 
 from prunekit.structure.compact import CompactReport, compact
-from prunekit.structure.criteria import CRITERIA, group_scores
+from prunekit.structure.criteria import CRITERIA, BNScale, GroupCriterion, WeightNorm, group_scores
 from prunekit.structure.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
 from prunekit.structure.prune import PrunedGroup, prune_channels
 
+# isort: split
+# Criteria that learn from calibration data; compacted models saved with their shapes.
+from prunekit.structure.calibrated import Activation, GroupTaylor
+from prunekit.structure.saving import load_compacted, save_compacted
+
 __all__ = [
     "CRITERIA",
+    "Activation",
+    "BNScale",
     "ChannelGroup",
     "CompactReport",
+    "GroupCriterion",
+    "GroupTaylor",
     "PrunedGroup",
     "Slice",
+    "WeightNorm",
     "channel_groups",
     "compact",
     "count_macs",
     "count_params",
     "group_scores",
     "latency_ms",
+    "load_compacted",
     "prune_channels",
+    "save_compacted",
 ]

@@ -7,17 +7,18 @@ error says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.graph import channel_groups, check_model, split_inputs
+from prunekit.structure.graph import check_model, split_inputs, traced_groups
+from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import count_macs, count_params, latency_ms
 from prunekit.structure.snapshot import Snapshot
-from prunekit.structure.surgery import Capture, apply, folds, plan
+from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class CompactReport:
     latency_after_ms: float | None
     max_abs_diff: float
     max_abs_output: float
+    config: dict[str, int] = field(default_factory=dict)
+    stale: tuple[str, ...] = ()
 
     @property
     def relative_error(self) -> float:
@@ -52,6 +55,11 @@ class CompactReport:
                 f"({self.latency_before_ms / max(self.latency_after_ms, 1e-9):.2f}x faster)"
             )
         lines.append(f"output check: max |diff| / max |output| = {self.relative_error:.2e}")
+        if self.config:
+            lines.append("config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()))
+        if self.stale:
+            lines.append("config fields left stale (widths differ per layer): " +
+                         ", ".join(self.stale))  # fmt: skip
         return "\n".join(lines)
 
 
@@ -71,15 +79,18 @@ def compact(
 
     Tensors are sliced (a masked tensor keeps its mask on what remains, and is made plain
     where nothing remains masked); module attributes follow (channels, features, groups,
-    num_features). Constants that removed channels still carry are folded into the consumers'
+    num_features, head counts, hidden sizes) and so does a Hugging Face model's config where
+    the widths are one across layers (``CompactReport.config``; what it cannot express is in
+    ``stale``). Constants that removed channels still carry are folded into the consumers'
     biases. Checked on `example_inputs` in eval mode: the largest difference of the outputs
-    must stay within `tolerance` x the largest output. `latency_runs=0` skips timing.
+    (on the kept channels of an output a pruned hidden width made narrower) must stay within
+    `tolerance` x the largest output. `latency_runs=0` skips timing.
     """
     check_model(model, "compact")
     if not isinstance(tolerance, float) or not tolerance >= 0:
         raise ValueError(f"compact: invalid tolerance={tolerance!r}; expected a float >= 0")
     args, kwargs = split_inputs(example_inputs, "compact")
-    result = plan(channel_groups(model, example_inputs))
+    result = plan(traced_groups(model, example_inputs, "auto", "compact"))
     modes = [(m, m.training) for m in model.modules()]
     snapshot = Snapshot(model)
     try:
@@ -88,9 +99,10 @@ def compact(
         with torch.no_grad(), capture:
             reference = model(*args, **kwargs)
         before = _measures(model, args, kwargs, latency_runs)
-        apply(result, folds(result, capture))
+        apply(result, folds(result, capture), model)
+        config, stale = update_config(model)
         output = _forward(model, args, kwargs)
-        diff, scale = _compare(reference, output, tolerance)
+        diff, scale = _compare(reference, output, tolerance, result.outputs)
         after = _measures(model, args, kwargs, latency_runs)
     except BaseException:
         snapshot.restore()
@@ -100,7 +112,7 @@ def compact(
             m.training = mode
     return CompactReport(
         result.groups, result.units, before[0], after[0], before[1], after[1], before[2],
-        after[2], diff, scale,
+        after[2], diff, scale, config, stale,
     )  # fmt: skip
 
 
@@ -123,9 +135,14 @@ def _measures(
     return count_params(model), count_macs(model, args, kwargs), latency
 
 
-def _compare(reference: Any, output: Any, tolerance: float) -> tuple[float, float]:
-    """Largest |difference| and |reference| over all floating outputs; raise if too far."""
+def _compare(reference: Any, output: Any, tolerance: float,
+             narrowed: dict[int, dict[int, set[int]]]) -> tuple[float, float]:  # fmt: skip
+    """Largest |difference| and |reference| over all floating outputs (the reference on the
+    kept channels where compaction made an output narrower); raise if too far."""
     ref, out = tree_flatten(reference)[0], tree_flatten(output)[0]
+    for leaf, dims in narrowed.items():
+        if leaf < len(ref) and isinstance(ref[leaf], Tensor):
+            ref[leaf] = narrow(ref[leaf], dims)
     if len(ref) != len(out):
         raise RuntimeError(
             f"compact: the compacted model returns {len(out)} values, not {len(ref)}"

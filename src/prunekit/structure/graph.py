@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure import layers, ops  # noqa: F401  (registers the handlers)
+from prunekit.structure import attention, layers, mha, norms, ops  # noqa: F401  (registers)
 from prunekit.structure.trace import Record, Tracer, run_traced
 
 
@@ -50,11 +50,24 @@ class Slice:
 
 @dataclass(frozen=True)
 class ChannelGroup:
-    """Coupled channels: `size` units, each owning its positions in every slice."""
+    """Coupled channels: `size` units, each owning its positions in every slice.
+
+    `kind`: 'channels' (a layer's output channels), 'heads' (the heads of one attention
+    module: a unit is a head's query/key/value rows and its output projection's columns) or
+    'hidden' (a width that LayerNorm/RMSNorm normalize over, coupled through the residuals).
+    `blocks`: units that must each lose the same count (the query heads of each key/value
+    group). `outputs`: (output index, dim, positions per unit) of the model's outputs that
+    carry these channels (a pruned hidden width makes those outputs narrower).
+    """
 
     slices: tuple[Slice, ...]
     size: int
     reason: str | None = None
+    kind: str = "channels"
+    blocks: tuple[tuple[int, ...], ...] = ()
+    outputs: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...] = field(
+        default=(), repr=False
+    )
 
     @property
     def prunable(self) -> bool:
@@ -69,20 +82,46 @@ class ChannelGroup:
     def __str__(self) -> str:
         state = "prunable" if self.reason is None else f"left alone: {self.reason}"
         parts = ", ".join(f"{s.qualified}[dim {s.dim}]" for s in self.slices)
-        return f"{self.size} channels of {self.name} ({state}): {parts}"
+        unit = {"heads": "heads", "hidden": "hidden channels"}.get(self.kind, "channels")
+        return f"{self.size} {unit} of {self.name} ({state}): {parts}"
 
 
-def channel_groups(model: nn.Module, example_inputs: Any) -> list[ChannelGroup]:
+GQA_UNITS = ("query", "group")
+
+
+def channel_groups(model: nn.Module, example_inputs: Any, *, gqa: str = "query") -> list[
+    ChannelGroup
+]:  # fmt: skip
     """The groups of coupled channels of `model`, traced from one forward on `example_inputs`.
 
     `example_inputs`: a tensor, a tuple of positional arguments or a dict of keyword
     arguments. The forward runs once in eval mode without gradients (the model's mode is
     restored). Prunable groups come first; the others carry the reason they are left alone.
+    `gqa`: the unit of an attention with grouped-query heads: 'query' (query heads, the same
+    count from every key/value group) or 'group' (whole key/value groups with their query
+    heads).
     """
     check_model(model, "channel_groups")
-    args, kwargs = split_inputs(example_inputs, "channel_groups")
-    tracer, _ = run_traced(model, args, kwargs)
+    check_gqa(gqa, "channel_groups")
+    return traced_groups(model, example_inputs, gqa, "channel_groups")
+
+
+def traced_groups(model: nn.Module, example_inputs: Any, gqa: str, owner: str) -> list[
+    ChannelGroup
+]:  # fmt: skip
+    """The groups, `gqa` unchecked: 'auto' (compact) takes whole key/value groups in the
+    attention modules where some are masked whole, query heads elsewhere."""
+    args, kwargs = split_inputs(example_inputs, owner)
+    tracer, _ = run_traced(model, args, kwargs, {"gqa": gqa})
     return build_groups(tracer)
+
+
+def check_gqa(gqa: Any, owner: str) -> None:
+    if not isinstance(gqa, str) or gqa not in GQA_UNITS:
+        raise ValueError(
+            f"{owner}: invalid gqa={gqa!r}; expected 'query' (query heads, the same count "
+            "from every key/value group) or 'group' (whole key/value groups)"
+        )
 
 
 def check_model(model: Any, owner: str) -> None:
@@ -128,7 +167,55 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
                 why = f"{_qualified(mname, name)} is also used by {uses[0]}"
                 for x in _roots(r, roots):
                     _add(reasons[x], [why])
-    return _groups(records, roots, makers, reasons)
+    extra = _Extra(
+        heads={int(roots[i]) for i in tr.heads},
+        normed={int(roots[i]) for i in tr.normed},
+        block_of={int(roots[i]): b for b, ids in enumerate(tr.blocks) for i in ids},
+        outputs=tr.outputs,
+        roots=roots,
+    )
+    for _, _, ids in tr.outputs:
+        for x in {int(roots[i]) for i in ids.tolist() if i >= 0}:
+            if x not in extra.normed:
+                _add(reasons[x], ["they reach the model's output"])
+    return _groups(records, roots, makers, reasons, extra)
+
+
+@dataclass
+class _Extra:
+    """What the tracer knows of ids beyond slices: heads, normalized widths, outputs."""
+
+    heads: set[int]
+    normed: set[int]
+    block_of: dict[int, int]
+    outputs: list[tuple[int, int, Tensor]]
+    roots: Tensor
+
+    def kind(self, members: list[int]) -> str:
+        if any(m in self.heads for m in members):
+            return "heads"
+        return "hidden" if any(m in self.normed for m in members) else "channels"
+
+    def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
+        found: dict[int, list[int]] = defaultdict(list)
+        for u, root in enumerate(members):
+            if root in self.block_of:
+                found[self.block_of[root]].append(u)
+        return tuple(tuple(units) for units in found.values())
+
+    def reached(
+        self, members: list[int]
+    ) -> tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]:
+        unit = {root: u for u, root in enumerate(members)}
+        found = []
+        for leaf, dim, ids in self.outputs:
+            per: list[list[int]] = [[] for _ in members]
+            for p, i in enumerate(ids.tolist()):
+                if i >= 0 and int(self.roots[i]) in unit:
+                    per[unit[int(self.roots[i])]].append(p)
+            if any(per):
+                found.append((leaf, dim, tuple(tuple(x) for x in per)))
+        return tuple(found)
 
 
 def _add(found: list[str], new: list[str]) -> None:
@@ -172,8 +259,9 @@ def _element_slices(
 
 
 def _groups(
-    records: list[Record], roots: Tensor, makers: set[int], reasons: dict[int, list[str]]
-) -> list[ChannelGroup]:
+    records: list[Record], roots: Tensor, makers: set[int], reasons: dict[int, list[str]],
+    extra: _Extra,
+) -> list[ChannelGroup]:  # fmt: skip
     is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)
     is_maker[torch.tensor(sorted(makers), dtype=torch.long)] = True
     # per record: (unit root, position, input channel) of the live entries
@@ -195,8 +283,8 @@ def _groups(
         return []
     owned, keyed = _signatures(records, torch.cat(pair_roots), torch.cat(pair_records), reasons)
     groups = [
-        _group(records, live, owned[members[0]], members, reasons, blocked)
-        for (_, blocked), members in keyed.items()
+        _group(records, live, owned[members[0]], members, reasons, extra)
+        for members in keyed.values()
     ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
@@ -257,7 +345,7 @@ def _group(
     keys: list[int],
     members: list[int],
     reasons: dict[int, list[str]],
-    blocked: bool,
+    extra: _Extra,
 ) -> ChannelGroup:
     keys = sorted(keys, key=lambda k: (records[k].role != "out", k))
     # records of the same tensor and dim (a cat of one tensor twice) join one slice
@@ -283,12 +371,15 @@ def _group(
         slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, per_unit, per_chan,
                             r.op))  # fmt: skip
     reason = None
-    if blocked:
-        found: list[str] = []
-        for u in members:
-            _add(found, reasons[u])
+    kind, blocks = extra.kind(members), extra.blocks(members)
+    found: list[str] = []
+    for u in members:
+        _add(found, reasons[u])
+    if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
+        found.append("its key/value groups are not of one size")
+    if found:
         reason = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
-    return ChannelGroup(tuple(slices), len(members), reason)
+    return ChannelGroup(tuple(slices), len(members), reason, kind, blocks, extra.reached(members))
 
 
 def _per_unit(

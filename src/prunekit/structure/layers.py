@@ -7,9 +7,9 @@ same whether the op ran in a module's forward or was called functionally with it
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from prunekit.structure.labels import along, channel_ids, varying
+from prunekit.structure.labels import along, channel_ids
 from prunekit.structure.trace import Call, Tracer, describe_op, register
 
 
@@ -104,17 +104,77 @@ def _group_norm(tr: Tracer, call: Call) -> None:
     tr.set(call.out, along(chan, 1, call.out.shape))
 
 
-@register("layer_norm")
+@register("layer_norm", "rms_norm")
 def _layer_norm(tr: Tracer, call: Call) -> None:
     x, shape = call.arg(0, "input"), call.arg(1, "normalized_shape")
-    tr.claim(call.arg(2, "weight"), call.arg(3, "bias"))
+    weight = call.arg(2, "weight")
+    bias = call.arg(3, "bias") if call.name == "layer_norm" else None
+    owner, bias_owner = tr.claim(weight), tr.claim(bias)
     labels = tr.label(x)
     if labels is None:
         return
     first = x.dim() - len(tuple(shape))
-    if any(d >= first for d in varying(labels)):
-        tr.block(labels, f"{describe_op(call)} normalizes over them (its statistics would change)")
+    dims = tr.varying(labels)
+    if any(d >= first for d in dims):
+        why = normalized_width(tr, call, labels, owner, first)
+        if why:
+            tr.block(labels, f"{describe_op(call)} normalizes over them ({why})")
+        else:
+            chan = channel_ids(tr, labels, first, x.shape[first], describe_op(call))
+            positions = torch.arange(len(chan))
+            tr.record(owner, 0, "norm", positions, chan, op="normalize")
+            tr.record(bias_owner, 0, "norm", positions, chan, op="normalize")
+            tr.normed.update(int(i) for i in chan[chan >= 0])
     tr.set(call.out, labels)
+
+
+def normalized_width(tr: Tracer, call: Call, labels: Tensor, owner: object, first: int) -> str:
+    """Why a norm over the channels cannot be pruned with them ('' if it can: one dim of
+    channels, normalized by a norm module of its own weight, which ``prune_channels`` makes
+    normalize over the kept channels only)."""
+    if first != labels.dim() - 1:
+        return "its statistics span several dims"
+    if owner is None:
+        return "it has no weight to mask, so its statistics would change"
+    mname, module = owner[0], owner[1]  # type: ignore[index]
+    if call.where != mname or not is_norm_module(module):
+        return "it runs outside a LayerNorm/RMSNorm module, so its statistics would change"
+    return ""
+
+
+def is_norm_module(module: object) -> bool:
+    """nn.LayerNorm, nn.RMSNorm or a Hugging Face RMSNorm (normalizing the last dim)."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return len(module.normalized_shape) == 1
+    return type(module).__name__ in RMS_NORMS
+
+
+# Hugging Face norms whose forward is weight * x / rms(x) over the last dim (Gemma's (1 + w)
+# scales would not vanish where masked, so it is not among them)
+RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "T5LayerNorm"}
+
+
+@register("addmm")
+def _addmm(tr: Tracer, call: Call) -> None:
+    """``addmm(bias, x, weight)`` with a model weight of shape (in, out): Hugging Face's
+    Conv1D (GPT-2), a linear layer with its weight transposed."""
+    bias, x, weight = call.arg(0, "input"), call.arg(1, "mat1"), call.arg(2, "mat2")
+    owner = tr.claim(weight)
+    if owner is None or tr.label(weight) is not None:
+        for t in (bias, x, weight):
+            tr.block(tr.label(t), f"{describe_op(call)} contracts over them")
+        return
+    bias_owner = tr.claim(bias)
+    if bias_owner is None and tr.label(bias) is not None:
+        tr.block(tr.label(bias), f"{describe_op(call)} adds them to its output")
+    features = weight.shape[0]
+    chan = channel_ids(tr, tr.label(x), x.dim() - 1, features, describe_op(call))
+    positions = torch.arange(features)
+    tr.record(owner, 0, "in", positions, chan, positions, op="addmm")
+    new = tr.new_ids(weight.shape[1])
+    tr.record(owner, 1, "out", torch.arange(weight.shape[1]), new, op="addmm")
+    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[1]), new)
+    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
 
 
 @register("prelu")

@@ -41,6 +41,8 @@ class _Macs(TorchFunctionMode):
             self.total += out.numel() * math.prod(weight.shape[1:])
         elif name == "linear" and len(args) > 1:
             self.total += out.numel() * args[1].shape[1]
+        elif name == "addmm" and len(args) > 2:  # Hugging Face's Conv1D
+            self.total += out.numel() * args[1].shape[-1]
         elif name in ("matmul", "bmm", "mm", "__matmul__") and len(args) > 1:
             self.total += out.numel() * args[0].shape[-1]
         return out

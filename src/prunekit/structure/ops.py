@@ -68,6 +68,13 @@ _UNARY = [
     "__abs__",
     "sin",
     "cos",
+    "pow",
+    "__pow__",
+    "rsqrt",
+    "reciprocal",
+    "log",
+    "log1p",
+    "expm1",
 ]
 
 
@@ -247,7 +254,7 @@ def _does_not_commute(
     x, labels = found[0]
     if labels is None:
         return ""
-    dims = varying(labels)
+    dims = tr.varying(labels)
     name = call.name
     if name in ("narrow", "select", "unbind", "index_select", "tensor_split", "roll"):
         dim = positive(_dim_arg(call, 1), x.dim())
@@ -449,8 +456,12 @@ def _along_dim(tr: Tracer, call: Call) -> None:
     tr.set(call.out, labels)
 
 
-@register("matmul", "mm", "bmm", "einsum", "baddbmm", "addmm", "scaled_dot_product_attention",
+@register("matmul", "mm", "bmm", "einsum", "baddbmm", "scaled_dot_product_attention",
           "multi_head_attention_forward", "__matmul__", "bilinear")  # fmt: skip
 def _contracts(tr: Tracer, call: Call) -> None:
     for t in _tensors(call):
-        tr.block(tr.label(t), f"{describe_op(call)} contracts over them (heads are not handled)")
+        tr.block(
+            tr.label(t),
+            f"{describe_op(call)} contracts over them (outside an attention module the graph "
+            "knows: see prunekit.structure.attention)",
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.criteria import Criterion, group_scores
-from prunekit.structure.graph import ChannelGroup, channel_groups, check_model
+from prunekit.structure.criteria import GroupCriterion, score_groups
+from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
+from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.snapshot import Snapshot
 
 
@@ -32,40 +33,86 @@ class PrunedGroup:
 def prune_channels(
     model: nn.Module,
     example_inputs: Any,
-    amount: float,
+    amount: float = 0.0,
     *,
-    criterion: str | Criterion = "l2",
+    criterion: str | GroupCriterion | Callable[[ChannelGroup], Tensor] = "l2",
     scope: str = "layer",
     ignore: Iterable[nn.Module | str] = (),
     round_to: int = 1,
+    heads: float = 0.0,
+    hidden: float = 0.0,
+    gqa: str = "query",
+    calibration: Iterable[Any] | None = None,
+    loss: Callable[[Any, Any], Tensor] | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
+    `amount` applies to the groups of kind 'channels' (conv and linear outputs, MLP widths),
+    `heads` to the heads of each attention module (kind 'heads'), `hidden` to the widths
+    that LayerNorm/RMSNorm normalize over (kind 'hidden': the embedding width through every
+    residual). The norms of a masked hidden width then normalize over its kept channels, so
+    the masked model computes what ``compact`` makes of it; a hidden width that reaches the
+    model's output makes that output narrower once compacted. `gqa`: the head unit of an
+    attention with grouped-query heads, as in ``channel_groups``.
+
     `scope='layer'`: each group loses round(amount x its units); 'global': the units of all
-    groups are ranked together (scores divided by their group's mean), and `amount` of all
-    units go. Units already masked score 0, so pruning again to the same amount changes
-    nothing. A group keeps at least one unit, and a number of units that is a multiple of
-    `round_to`. `ignore`: modules (or their names, globs allowed) whose output channels stay;
-    their input channels still follow their producers. Returns the groups pruned.
+    groups of a kind are ranked together (scores divided by their group's mean), and that
+    share of all of them goes (heads with key/value groups are always counted per module).
+    Units already masked score 0, so pruning again to the same amount changes nothing. A
+    group keeps at least one unit (one query head per key/value group), and channel and
+    hidden groups a number of units that is a multiple of `round_to`. `ignore`: modules (or
+    their names, globs allowed) whose output channels stay; their input channels still
+    follow their producers. `calibration`: batches for the criteria that learn from data
+    ('activation'; 'taylor' with `loss(output, batch)`, default ``output.loss``), as
+    prune_model takes them. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
-    _check(amount, scope, round_to)
-    groups = [g for g in channel_groups(model, example_inputs) if g.prunable]
+    amounts = {"channels": amount, "heads": heads, "hidden": hidden}
+    _check(amounts, scope, round_to)
+    check_gqa(gqa, "prune_channels")
     skipped = _ignored(model, ignore)
+    found = channel_groups(model, example_inputs, gqa=gqa)
+    _check_found(model, found, amounts)
+    groups = [g for g in found if g.prunable]
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
-    scores = [group_scores(g, criterion) for g in groups]
-    counts = _counts(groups, scores, amount, scope, round_to)
-    chosen = [
-        PrunedGroup(g, tuple(sorted(torch.argsort(s, stable=True)[:n].tolist())))
-        for g, s, n in zip(groups, scores, counts, strict=False)
-        if n > 0
-    ]  # fmt: skip
+    groups = [g for g in groups if amounts.get(g.kind)]
+    ranked = score_groups(model, groups, criterion, calibration, loss)
+    scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
+    chosen: list[PrunedGroup] = []
+    for kind, share in amounts.items():
+        mine = [g for g in groups if g.kind == kind]
+        if not share or not mine:
+            continue
+        scores = [scored[id(g)] for g in mine]
+        step = round_to if kind != "heads" else 1
+        chosen += _choose(mine, scores, float(share), scope, step)
     snapshot = Snapshot(model)
     try:
-        _install(chosen)
+        _install(model, chosen)
     except BaseException:
         snapshot.restore()
         raise
+    return chosen
+
+
+def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
+            round_to: int) -> list[PrunedGroup]:  # fmt: skip
+    """The units to mask in each group: the lowest scores (per block where it has blocks)."""
+    plain = [k for k, g in enumerate(groups) if not g.blocks]
+    counts = dict(zip(plain, _counts([groups[k] for k in plain], [scores[k] for k in plain],
+                                     amount, scope, round_to), strict=False))  # fmt: skip
+    chosen = []
+    for k, (g, s) in enumerate(zip(groups, scores, strict=False)):
+        if g.blocks:
+            units: list[int] = []
+            for block in g.blocks:
+                n = _rounded(len(block), round(amount * len(block)), 1)
+                order = torch.argsort(s[list(block)], stable=True)[:n].tolist()
+                units += [block[i] for i in order]
+        else:
+            units = torch.argsort(s, stable=True)[: counts[k]].tolist()
+        if units:
+            chosen.append(PrunedGroup(g, tuple(sorted(units))))
     return chosen
 
 
@@ -73,16 +120,39 @@ def _makers(g: ChannelGroup) -> list[Any]:
     return [s for s in g.slices if s.role == "out"]
 
 
-def _check(amount: Any, scope: Any, round_to: Any) -> None:
-    if isinstance(amount, bool) or not isinstance(amount, float) or not 0.0 <= amount < 1.0:
-        raise ValueError(
-            f"prune_channels: invalid amount={amount!r}; expected a float in [0, 1): the "
-            "fraction of each group's channels to mask"
-        )
+_WHAT = {
+    "channels": ("amount", "channels of each group"),
+    "heads": ("heads", "heads of each attention module"),
+    "hidden": ("hidden", "channels of the hidden width"),
+}
+
+
+def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
+    for kind, value in amounts.items():
+        name, what = _WHAT[kind]
+        number = isinstance(value, float) or (name != "amount" and isinstance(value, int))
+        if isinstance(value, bool) or not number or not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"prune_channels: invalid {name}={value!r}; expected a float in [0, 1): the "
+                f"fraction of the {what} to mask"
+            )
     if scope not in ("layer", "global"):
         raise ValueError(f"prune_channels: invalid scope={scope!r}; expected 'layer' or 'global'")
     if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
         raise ValueError(f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1")
+
+
+def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str, Any]) -> None:
+    """heads= or hidden= on a model where the graph found no such width at all."""
+    for kind in ("heads", "hidden"):
+        if amounts[kind] and not any(g.kind == kind for g in found):
+            what = {"heads": "attention module it knows (nn.MultiheadAttention, BERT, GPT-2, "
+                    "LLaMA/Mistral/Qwen2, ViT)", "hidden": "width that a LayerNorm/RMSNorm "
+                    "normalizes"}[kind]  # fmt: skip
+            raise ValueError(
+                f"prune_channels: {kind}={amounts[kind]!r}, but {type(model).__name__} has no "
+                f"{what}; expected {kind}=0.0 for this model"
+            )
 
 
 def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str]) -> set[int]:
@@ -133,10 +203,13 @@ def _rounded(size: int, count: int, round_to: int) -> int:
     return size - keep
 
 
-def _install(chosen: list[PrunedGroup]) -> None:
+def _install(model: nn.Module, chosen: list[PrunedGroup]) -> None:
     masks: dict[tuple[int, str], tuple[nn.Module, str, Tensor]] = {}
+    norms: dict[int, nn.Module] = {}
     for pruned in chosen:
         for s in pruned.group.slices:
+            if s.op == "normalize":
+                norms[id(s.module)] = s.module
             if s.is_buffer:
                 continue
             key = (id(s.module), s.name)
@@ -146,5 +219,21 @@ def _install(chosen: list[PrunedGroup]) -> None:
             positions = [p for u in pruned.units for p in s.indices[u]]
             mask = masks[key][2]
             mask.index_fill_(s.dim, torch.tensor(positions, device=mask.device), 0)
+    for module in norms.values():
+        install_kept_norm(module)
+    for module, name, mask in list(masks.values()):
+        for holder, held in _tied(model, module, name):
+            if (id(holder), held) not in masks:
+                masks[(id(holder), held)] = (holder, held, mask)
     for module, name, mask in masks.values():
         prunekit.custom_from_mask(module, name, mask)
+
+
+def _tied(model: nn.Module, module: nn.Module, name: str) -> list[tuple[nn.Module, str]]:
+    """Other modules holding the same Parameter (a language model head tied to the
+    embedding): they get the same mask, so the tie stays one Parameter."""
+    param = module._parameters.get(name)
+    if param is None:
+        return []
+    return [(m, k) for m in model.modules() for k, p in m._parameters.items()
+            if p is param and m is not module]  # fmt: skip

@@ -16,7 +16,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 import prunekit
+from prunekit.structure.attention import update_modules
 from prunekit.structure.graph import ChannelGroup, Slice
+from prunekit.structure.norms import remove_kept_norm
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Plan:
     removed: dict[tuple[int, str], dict[int, set[int]]] = field(default_factory=dict)
     modules: dict[tuple[int, str], tuple[nn.Module, str, str]] = field(default_factory=dict)
     consumers: list[tuple[Slice, list[int]]] = field(default_factory=list)
+    outputs: dict[int, dict[int, set[int]]] = field(default_factory=dict)  # leaf -> dim -> gone
     units: int = 0
     groups: int = 0
 
@@ -37,7 +40,10 @@ def plan(groups: list[ChannelGroup]) -> Plan:
         if not g.prunable:
             continue
         makers = [s for s in g.slices if s.role == "out"]
-        gone = [u for u in range(g.size) if makers and all(_masked(s, u) for s in makers)]
+        alive = torch.zeros(g.size, dtype=torch.bool)
+        for s in makers:
+            alive |= _alive(s, g.size)
+        gone = torch.nonzero(~alive).flatten().tolist() if makers else []
         if not gone or len(gone) == g.size:
             continue
         result.units += len(gone)
@@ -49,15 +55,23 @@ def plan(groups: list[ChannelGroup]) -> Plan:
             positions.update(p for u in gone for p in s.indices[u])
             if s.role == "in":
                 result.consumers.append((s, gone))
+        for leaf, dim, per_unit in g.outputs:
+            at = result.outputs.setdefault(leaf, {}).setdefault(dim, set())
+            at.update(p for u in gone for p in per_unit[u])
     return result
 
 
-def _masked(s: Slice, unit: int) -> bool:
+def _alive(s: Slice, size: int) -> Tensor:
+    """Per unit: whether the slice has an entry of it that its mask keeps (True unmasked)."""
     mask = s.module._buffers.get(s.name + "_mask")
     if mask is None:
-        return False
-    index = torch.tensor(s.indices[unit], device=mask.device)
-    return not bool(mask.index_select(s.dim, index).any())
+        return torch.ones(size, dtype=torch.bool)
+    per = mask.movedim(s.dim, 0).reshape(mask.shape[s.dim], -1).ne(0).any(1).cpu()
+    units = torch.tensor([u for u, ps in enumerate(s.indices) for _ in ps], dtype=torch.long)
+    flat = torch.tensor([p for ps in s.indices for p in ps], dtype=torch.long)
+    alive = torch.zeros(size, dtype=torch.bool)
+    alive[units[per[flat]]] = True
+    return alive
 
 
 class Capture(TorchFunctionMode):
@@ -75,13 +89,16 @@ class Capture(TorchFunctionMode):
     ) -> Any:  # fmt: skip
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in ("conv1d", "conv2d", "conv3d", "linear") and len(args) > 1:
-            weight = args[1]
+        conv1d = name == "addmm" and len(args) > 2  # Conv1D: addmm(bias, x, weight (in, out))
+        args_read = (args[1], args[2]) if conv1d else tuple(args[:2])
+        if name in ("conv1d", "conv2d", "conv3d", "linear", "addmm") and len(args_read) > 1:
+            weight = args_read[1]
             at = next((k for k, (m, n) in enumerate(self.consumers) if _is(m, n, weight)), None)
             if at is not None:
                 key = self.keys[at]
-                x = args[0]
-                dim = x.dim() - 1 if name == "linear" else x.dim() - int(name[-2]) - 1
+                x = args_read[0]
+                flat = name in ("linear", "addmm")
+                dim = x.dim() - 1 if flat else x.dim() - int(name[-2]) - 1
                 rows = x.movedim(dim, 0).reshape(x.shape[dim], -1)
                 padding = args[4] if len(args) > 4 else kwargs.get("padding", 0)
                 groups = args[6] if len(args) > 6 else kwargs.get("groups", 1)
@@ -104,7 +121,11 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
         if not seen or not channels:
             continue
         low, high, padding, groups = seen[0]
-        channels = [c for c in channels if _reads(s, weight, c, groups)]
+        if s.op in ("linear", "addmm"):
+            read = weight.detach().ne(0).any(0 if s.op == "linear" else 1).tolist()
+            channels = [c for c in channels if read[c]]
+        else:
+            channels = [c for c in channels if _reads(s, weight, c, groups)]
         if not channels:
             continue  # read only through masked weights: what they carry does not matter
         index = torch.tensor(channels)
@@ -121,7 +142,7 @@ def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Modu
         delta = _delta(s, weight, channels, values.to(weight.dtype), groups)
         if not bool((delta != 0).any()):
             continue  # zeros, or read through masked weights
-        if s.op != "linear" and _padded(padding):
+        if s.op not in ("linear", "addmm") and _padded(padding):
             raise ValueError(
                 f"compact: the removed input channels of {s.qualified} carry the constant "
                 f"{float(values[values != 0][0]):g}, but it pads with zeros (padding="
@@ -139,6 +160,8 @@ def _reads(s: Slice, weight: Tensor, channel: int, groups: int) -> bool:
     w = weight.detach()
     if s.op == "linear":
         return bool(w[:, channel].any())
+    if s.op == "addmm":
+        return bool(w[channel].any())
     per, opg = w.shape[1], w.shape[0] // groups
     g = channel // per
     return bool(w[g * opg : (g + 1) * opg, channel % per].any())
@@ -156,6 +179,8 @@ def _delta(s: Slice, weight: Tensor, channels: list[int], values: Tensor, groups
     w = weight.detach()
     if s.op == "linear":
         return w[:, channels] @ values
+    if s.op == "addmm":
+        return values @ w[channels]
     per, opg = w.shape[1], w.shape[0] // groups
     summed = w.reshape(w.shape[0], per, -1).sum(2)  # (out, in per group)
     out = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
@@ -165,17 +190,28 @@ def _delta(s: Slice, weight: Tensor, channels: list[int], values: Tensor, groups
     return out
 
 
-def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]]) -> None:
-    """Fold the constants, then slice every tensor of the plan and update module attributes."""
+def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
+          model: nn.Module | None = None) -> None:  # fmt: skip
+    """Fold the constants, then slice every tensor of the plan and update module attributes
+    (of every module of `model`, given: attention heads, hidden sizes)."""
     for module, delta in deltas.values():
         _add_to_bias(module, delta)
     touched: dict[int, nn.Module] = {}
+    tied: dict[int, tuple[dict[int, set[int]], nn.Parameter, nn.Parameter]] = {}
     for key, dims in result.removed.items():
-        module, name, _ = result.modules[key]
-        _slice(module, name, dims)
+        module, name, qualified = result.modules[key]
+        _slice(module, name, dims, tied, qualified)
         touched[id(module)] = module
     for module in touched.values():
         _update_attributes(module)
+        remove_kept_norm(module)
+    if model is not None:
+        for m in model.modules():  # other holders of a sliced tied Parameter
+            for k, p in list(m._parameters.items()):
+                found = tied.get(id(p)) if p is not None else None
+                if found is not None and found[2] is p:
+                    m._parameters[k] = found[1]
+        update_modules(model)
 
 
 def _add_to_bias(module: nn.Module, delta: Tensor) -> None:
@@ -196,30 +232,50 @@ def _add_to_bias(module: nn.Module, delta: Tensor) -> None:
     module._parameters["bias"] = nn.Parameter(bias.detach() + delta, bias.requires_grad)
 
 
-def _kept(t: Tensor, dims: dict[int, set[int]]) -> Tensor:
+def narrow(t: Tensor, dims: dict[int, set[int]]) -> Tensor:
     for dim, gone in sorted(dims.items()):
         keep = [i for i in range(t.shape[dim]) if i not in gone]
         t = t.index_select(dim, torch.tensor(keep, device=t.device, dtype=torch.long))
     return t
 
 
-def _slice(module: nn.Module, name: str, dims: dict[int, set[int]]) -> None:
+def _slice(module: nn.Module, name: str, dims: dict[int, set[int]],
+           tied: dict[int, tuple[dict[int, set[int]], nn.Parameter, nn.Parameter]],
+           qualified: str) -> None:  # fmt: skip
     if name in module._buffers and not name.endswith("_mask"):
-        module._buffers[name] = _kept(module._buffers[name], dims)  # type: ignore[arg-type]
+        module._buffers[name] = narrow(module._buffers[name], dims)  # type: ignore[arg-type]
         return
     orig = module._parameters.get(name + "_orig")
+    key = name if orig is None else name + "_orig"
+    old = module._parameters[key]
+    assert old is not None
+    new = _shared(old, dims, tied, f"{qualified}.{name}")
+    module._parameters[key] = new
     if orig is None:
-        p = module._parameters[name]
-        assert p is not None
-        module._parameters[name] = nn.Parameter(_kept(p.detach(), dims), p.requires_grad)
         return
-    mask = _kept(module._buffers[name + "_mask"], dims)  # type: ignore[arg-type]
-    new = nn.Parameter(_kept(orig.detach(), dims), orig.requires_grad)
-    module._parameters[name + "_orig"] = new
+    mask = narrow(module._buffers[name + "_mask"], dims)  # type: ignore[arg-type]
     module._buffers[name + "_mask"] = mask
     module.__dict__[name] = mask * new
     if bool(mask.all()):
         prunekit.remove(module, name)
+
+
+def _shared(old: nn.Parameter, dims: dict[int, set[int]],
+            tied: dict[int, tuple[dict[int, set[int]], nn.Parameter, nn.Parameter]],
+            where: str) -> nn.Parameter:  # fmt: skip
+    """The sliced Parameter; a Parameter held by several modules (tied) is sliced once and
+    stays one Parameter."""
+    found = tied.get(id(old))
+    if found is None:
+        new = nn.Parameter(narrow(old.detach(), dims), old.requires_grad)
+        tied[id(old)] = (dims, new, old)
+        return new
+    if found[0] != dims:
+        raise ValueError(
+            f"compact: {where} is tied to another module's parameter, but the channels "
+            "removed from the two differ; prune the tied tensors together (prune_channels does)"
+        )
+    return found[1]
 
 
 def _update_attributes(module: nn.Module) -> None:
@@ -243,3 +299,8 @@ def _update_attributes(module: nn.Module) -> None:
         module.num_parameters = weight.numel()
     elif isinstance(module, nn.Embedding) and isinstance(weight, Tensor):
         module.embedding_dim = weight.shape[1]
+    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and isinstance(weight, Tensor):
+        module.normalized_shape = (weight.shape[0],)
+    elif type(module).__name__ == "Conv1D" and isinstance(weight, Tensor):
+        setattr(module, "nx", weight.shape[0])  # noqa: B010  (Hugging Face's transposed linear)
+        setattr(module, "nf", weight.shape[1])  # noqa: B010

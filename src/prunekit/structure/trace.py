@@ -10,6 +10,7 @@ record slices: which positions of which parameter or buffer belong to which id.
 
 from __future__ import annotations
 
+import contextvars
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,24 @@ HANDLERS: dict[str, Handler] = {}
 _METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
 _MERGE_AT_ONCE = 256  # above this many pairs, merge with tensor operations
+# True while a forward runs under the tracer (hooks that only fix values stand aside then)
+TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
+
+
+@dataclass(frozen=True)
+class ModuleHandler:
+    """Traces a whole module at once (its inner ops run untraced): attention, RMSNorm.
+
+    `match(module, tracer)` says whether it applies; `trace(tracer, module, args, kwargs,
+    out)` then records the module's slices and sets the labels of its outputs.
+    """
+
+    name: str
+    match: Callable[[nn.Module], bool]
+    trace: Callable[[Tracer, nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+
+
+MODULE_HANDLERS: list[ModuleHandler] = []
 
 
 def register(*names: str) -> Callable[[Handler], Handler]:
@@ -96,6 +115,13 @@ class Tracer:
     elements: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
     where: list[str] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
+    options: dict[str, Any] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # id of each module -> its name
+    suspended: int = 0  # > 0: inside a module a ModuleHandler traces as a whole
+    heads: set[int] = field(default_factory=set)  # ids of attention heads (kind 'heads')
+    normed: set[int] = field(default_factory=set)  # ids normalized together (kind 'hidden')
+    blocks: list[list[int]] = field(default_factory=list)  # ids that lose equal counts
+    outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
 
     # ids and union-find
@@ -115,6 +141,10 @@ class Tracer:
 
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
+        if a.shape == b.shape:  # dims along which neither changes need one slice only
+            for d in range(a.dim()):
+                if a.shape[d] > 1 and _constant(a, d) and _constant(b, d):
+                    a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
         a, b = a.reshape(-1), b.reshape(-1)
         both = (a >= 0) & (b >= 0) & (a != b)
         if not bool(both.any()):
@@ -149,6 +179,20 @@ class Tracer:
         ids = ids[ids >= 0]
         if len(ids):
             self.blocked.append((torch.unique(ids), reason))
+
+    def varying(self, labels: Tensor) -> list[int]:
+        """The dims along which the labels' channels change (ids merged so far counted as
+        one: a class token concatenated to the patches is their channel)."""
+        from prunekit.structure.labels import varying
+
+        dims = varying(labels)
+        return dims if len(dims) <= 1 else varying(self.canonical(labels))
+
+    def canonical(self, labels: Tensor) -> Tensor:
+        """Labels with every id replaced by its root (ids merged so far look the same)."""
+        values, inverse = torch.unique(labels, return_inverse=True)
+        roots = torch.tensor([self.find(int(v)) if v >= 0 else -1 for v in values.tolist()])
+        return roots[inverse].reshape(labels.shape)
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
@@ -233,6 +277,10 @@ def _compressed(parent: Tensor) -> Tensor:
         parent = up
 
 
+def _constant(t: Tensor, dim: int) -> bool:
+    return bool((t == t.narrow(dim, 0, 1)).all())
+
+
 def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
     """id of each parameter, buffer and masked tensor -> (module name, module, name, is buffer).
 
@@ -265,10 +313,10 @@ class _Mode(TorchFunctionMode):
     ) -> Any:  # fmt: skip
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        name = op_name(func)
-        if name in _METADATA:
-            return out
         tr = self.tracer
+        name = op_name(func)
+        if name in _METADATA or tr.suspended:
+            return out
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
         tr.claimed = claimed = set[int]()
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
@@ -311,12 +359,13 @@ def describe_op(call: Call) -> str:
     return f"{call.name} (in {call.where or 'the model'})"
 
 
-def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[
-    Tracer, Any
-]:  # fmt: skip
+def run_traced(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    options: dict[str, Any] | None = None,
+) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
-    tracer = Tracer(owners=tensor_owners(model))
-    names = {id(m): n for n, m in model.named_modules()}
+    tracer = Tracer(owners=tensor_owners(model), options=dict(options or {}))
+    names = tracer.names = {id(m): n for n, m in model.named_modules()}
 
     def enter(module: nn.Module, _: Any) -> None:
         tracer.where.append(names.get(id(module), type(module).__name__) or type(module).__name__)
@@ -328,12 +377,15 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
     handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
+    handles += _attach_module_handlers(tracer, model)
     training = [(m, m.training) for m in model.modules()]
+    token = TRACING.set(True)
     try:
         model.eval()
         with torch.no_grad(), _Mode(tracer):
             out = model(*args, **kwargs)
     finally:
+        TRACING.reset(token)
         pre.remove()
         post.remove()
         for handle in handles:
@@ -341,6 +393,45 @@ def run_traced(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
                 handle.remove()
         for m, mode in training:
             m.training = mode
-    for t in tree_flatten(out)[0]:
-        tracer.block(tracer.label(t), "they reach the model's output")
+    _outputs(tracer, out)
     return tracer, out
+
+
+def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
+    """Hooks that suspend op tracing inside each module a ModuleHandler matches, and hand the
+    whole call to it when the module returns."""
+    handles: list[Any] = []
+    for module in model.modules():
+        handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
+        if handler is None:
+            continue
+
+        def before(_: nn.Module, args: Any, kwargs: Any) -> None:
+            tracer.suspended += 1
+
+        def after(m: nn.Module, args: Any, kwargs: Any, out: Any,
+                  handler: ModuleHandler = handler) -> None:  # fmt: skip
+            tracer.suspended -= 1
+            if not tracer.suspended:
+                handler.trace(tracer, m, tuple(args), dict(kwargs), out)
+
+        handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(module.register_forward_hook(after, with_kwargs=True))
+    return handles
+
+
+def _outputs(tracer: Tracer, out: Any) -> None:
+    """Channels that reach the model's output: one dim of channels per output is recorded
+    (only a group of the hidden width may be pruned there); anything else is blocked."""
+    from prunekit.structure.labels import channel_ids
+
+    for k, t in enumerate(tree_flatten(out)[0]):
+        labels = tracer.label(t)
+        if labels is None:
+            continue
+        dims = tracer.varying(labels)
+        if len(dims) != 1:
+            tracer.block(labels, "they reach the model's output")
+            continue
+        ids = channel_ids(tracer, labels, dims[0], t.shape[dims[0]], "the model's output")
+        tracer.outputs.append((k, dims[0], ids))

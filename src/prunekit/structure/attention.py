@@ -1,0 +1,337 @@
+"""Attention heads, found by module: one small adapter per family, keyed by class name.
+
+The tracer cannot follow channels through the attention product (heads split the width
+into several dims; rotary embeddings slice each head), but every attention family computes
+the same thing: query/key/value projections whose rows come in heads of ``head_dim``, and an
+output projection whose columns read them. So a module an adapter knows is traced as a
+whole (its inner ops run untraced): the adapter reads the projections off the module, and
+one shared routine records a group per module whose unit is a head: its query, key and
+value rows (and biases) and its output projection's columns. Masking those is exact with
+respect to removing the head (the head's output is read through masked columns only). The
+hidden width the projections read and the output projection writes joins the residual
+stream as any layer's channels do. A module whose structure does not fit (cross attention,
+a weight made in forward) blocks its channels and says why; an attention no adapter knows
+blocks at its matmul/softmax as before. Matching by class name keeps ``import prunekit``
+free of transformers; a family with the same structure is added to ``ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
+
+from prunekit.structure.labels import along, channel_ids
+from prunekit.structure.trace import MODULE_HANDLERS, ModuleHandler, Tracer
+
+
+@dataclass(frozen=True)
+class Proj:
+    """A projection: ``module.<weight>`` (rows along `out_dim`), from row `offset` of a
+    fused weight; `op` says how the weight is applied ('linear' or Conv1D's 'addmm')."""
+
+    module: nn.Module
+    weight: str = "weight"
+    bias: str | None = "bias"
+    out_dim: int = 0
+    offset: int = 0
+    op: str = "linear"
+    bias_offset: int | None = None  # where the bias rows start, if not at `offset`
+
+
+@dataclass(frozen=True)
+class Heads:
+    """What an adapter reads off one call of an attention module."""
+
+    q: Proj
+    k: Proj
+    v: Proj
+    o: Proj | None  # None: the module returns the heads, a consumer projects them
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inputs: tuple[Any, Any, Any]  # the tensors the query, key and value projections read
+    out: Any  # the tensor carrying o's output (or the heads when o is None)
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """`read(module, args, kwargs, out)` -> Heads, or why the module is not understood;
+    `sync(module)` sets its head counts and widths from its tensors (after compaction) and
+    returns them: (heads, key/value heads, head_dim, hidden width it reads)."""
+
+    read: Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Heads | str]
+    sync: Callable[[nn.Module], tuple[int, int, int, int]]
+
+
+ADAPTERS: dict[str, Adapter] = {}
+
+
+def first(out: Any) -> Any:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _input(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "hidden_states") -> Any:
+    return kwargs.get(name, args[0] if args else None)
+
+
+def _linears(module: nn.Module, names: tuple[str, ...]) -> list[nn.Linear] | str:
+    found = [getattr(module, n, None) for n in names]
+    if not all(isinstance(m, nn.Linear) for m in found):
+        return f"its projections {'/'.join(names)} are not all Linear layers"
+    return found  # type: ignore[return-value]
+
+
+def _counts(q_rows: int, kv_rows: int, head_dim: Any) -> tuple[int, int] | str:
+    if not isinstance(head_dim, int) or head_dim < 1 or q_rows % head_dim or kv_rows % head_dim:
+        return f"its projections ({q_rows}, {kv_rows} rows) are not heads of {head_dim}"
+    heads, kv = q_rows // head_dim, kv_rows // head_dim
+    if heads % kv:
+        return f"its {heads} query heads do not split into {kv} key/value groups"
+    return heads, kv
+
+
+def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               out: Any) -> Heads | str:  # fmt: skip
+    """LLaMA, Mistral, Qwen2 and (Hugging Face 5) ViT: q_proj, k_proj, v_proj, o_proj."""
+    found = _linears(module, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    if isinstance(found, str):
+        return found
+    q, k, v, o = found
+    counts = _counts(q.out_features, k.out_features, getattr(module, "head_dim", None))
+    if isinstance(counts, str):
+        return counts
+    heads, kv = counts
+    groups = getattr(module, "num_key_value_groups", heads // kv)
+    if v.out_features != k.out_features or o.in_features != q.out_features:
+        return "its value or output projection does not match its heads"
+    if groups != heads // kv:
+        return f"num_key_value_groups={groups} does not match {heads} heads over {kv} groups"
+    x = _input(args, kwargs)
+    return Heads(Proj(q), Proj(k), Proj(v), Proj(o), heads, kv, module.head_dim, (x, x, x),
+                 first(out))  # fmt: skip
+
+
+def _update_qkvo(module: Any) -> tuple[int, int, int, int]:
+    d = int(module.head_dim)
+    heads = module.q_proj.out_features // d
+    kv = module.k_proj.out_features // d
+    _set(module, num_key_value_groups=heads // kv, num_heads=heads, num_attention_heads=heads,
+         num_key_value_heads=kv)  # fmt: skip
+    return heads, kv, d, module.q_proj.in_features
+
+
+def _set(module: nn.Module, **values: int) -> None:
+    """Set those of the attributes the module has."""
+    for name, value in values.items():
+        if isinstance(getattr(module, name, None), int):
+            setattr(module, name, value)
+
+
+def _read_bert(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               out: Any) -> Heads | str:  # fmt: skip
+    """BERT-style self-attention: query, key, value; a sibling (output.dense) projects."""
+    found = _linears(module, ("query", "key", "value"))
+    if isinstance(found, str):
+        return found
+    if kwargs.get("encoder_hidden_states") is not None:
+        return "cross attention is not handled"
+    q, k, v = found
+    counts = _counts(q.out_features, k.out_features, getattr(module, "attention_head_size", None))
+    if isinstance(counts, str):
+        return counts
+    if counts[0] != counts[1] or v.out_features != k.out_features:
+        return "its key and value projections do not match its query heads"
+    x = _input(args, kwargs)
+    return Heads(Proj(q), Proj(k), Proj(v), None, counts[0], counts[0],
+                 module.attention_head_size, (x, x, x), first(out))  # fmt: skip
+
+
+def _update_bert(module: Any) -> tuple[int, int, int, int]:
+    rows, d = module.query.out_features, module.attention_head_size
+    _set(module, num_attention_heads=rows // d, all_head_size=rows)
+    return rows // d, rows // d, d, module.query.in_features
+
+
+def _read_gpt2(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               out: Any) -> Heads | str:  # fmt: skip
+    """GPT-2: one fused Conv1D c_attn (weight (hidden, 3 x split_size)), Conv1D c_proj."""
+    attn: Any = getattr(module, "c_attn", None)
+    proj: Any = getattr(module, "c_proj", None)
+    if (
+        getattr(module, "is_cross_attention", False)
+        or kwargs.get("encoder_hidden_states") is not None
+    ):
+        return "cross attention is not handled"
+    if type(attn).__name__ != "Conv1D" or type(proj).__name__ != "Conv1D":
+        return "its c_attn/c_proj are not Conv1D layers"
+    shape = tuple(getattr(attn, "weight").shape)  # noqa: B009  (typed as Any)
+    split, d = getattr(module, "split_size", None), getattr(module, "head_dim", 0)
+    if not isinstance(split, int) or shape[1] != 3 * split:
+        return f"its c_attn ({shape}) is not 3 x split_size={split}"
+    counts = _counts(split, split, d)
+    if isinstance(counts, str):
+        return counts
+    x = _input(args, kwargs)
+    parts = [Proj(attn, out_dim=1, offset=k * split, op="addmm") for k in range(3)]
+    o = Proj(proj, out_dim=1, op="addmm")
+    heads = counts[0]
+    return Heads(parts[0], parts[1], parts[2], o, heads, heads, int(d), (x, x, x), first(out))
+
+
+def _update_gpt2(module: Any) -> tuple[int, int, int, int]:
+    heads = module.c_proj.weight.shape[0] // module.head_dim
+    module.num_heads = heads
+    module.split_size = heads * module.head_dim
+    module.embed_dim = module.c_attn.weight.shape[0]
+    return heads, heads, module.head_dim, module.embed_dim
+
+
+ADAPTERS.update({
+    name: Adapter(_read_qkvo, _update_qkvo)
+    for name in ("LlamaAttention", "MistralAttention", "Qwen2Attention", "ViTAttention")
+})  # fmt: skip
+ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
+ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)
+
+
+def adapter_of(module: nn.Module) -> Adapter | None:
+    """The adapter of a module: by class name for Hugging Face's, by type for torch's MHA."""
+    found = ADAPTERS.get(type(module).__name__)
+    if found is not None and type(module).__module__.startswith("transformers."):
+        return found
+    return ADAPTERS.get("MultiheadAttention") if isinstance(module, nn.MultiheadAttention) else None
+
+
+def _trace(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+           out: Any) -> None:  # fmt: skip
+    adapter = adapter_of(module)
+    assert adapter is not None
+    where = f"{type(module).__name__} (in {tr.names.get(id(module)) or 'the model'})"
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+    found = adapter.read(module, args, kwargs, out)
+    if isinstance(found, str) or not _owned(tr, found):
+        why = found if isinstance(found, str) else "a projection weight is no model parameter"
+        for t in tensors:
+            tr.block(tr.label(t), f"{where}: {why}")
+        return
+    read = {id(t) for t in found.inputs}
+    for t in tensors:
+        if id(t) not in read:
+            tr.block(tr.label(t), f"they reach {where} as an input it does not project")
+    q_ids = _head_ids(tr, found)
+    seen: dict[int, Tensor | None] = {}
+    for x in found.inputs:
+        if id(x) not in seen:
+            seen[id(x)] = _channels(tr, x, where)
+    chans = [seen[id(x)] for x in found.inputs]
+    _columns(tr, (found.q, found.k, found.v), chans, where)
+    if found.o is None:
+        if isinstance(found.out, Tensor) and found.out.shape[-1] == len(q_ids):
+            tr.set(found.out, along(q_ids, found.out.dim() - 1, found.out.shape))
+        return
+    o = found.o
+    weight = getattr(o.module, o.weight)
+    positions = torch.arange(len(q_ids))
+    tr.record(tr.owner(weight), 1 - o.out_dim, "in", positions, q_ids, positions, op=o.op)
+    new = tr.new_ids(weight.shape[o.out_dim])
+    _rows(tr, o, new)
+    if isinstance(found.out, Tensor) and found.out.shape[-1] == len(new):
+        tr.set(found.out, along(new, found.out.dim() - 1, found.out.shape))
+
+
+def _owned(tr: Tracer, found: Heads) -> bool:
+    projs = [found.q, found.k, found.v] + ([found.o] if found.o is not None else [])
+    return all(tr.owner(getattr(p.module, p.weight)) is not None for p in projs)
+
+
+def _head_ids(tr: Tracer, found: Heads) -> Tensor:
+    """New ids for the units (heads, or key/value groups); their rows recorded. Returns the
+    unit of each query row."""
+    heads, kv, d = found.heads, found.kv_heads, found.head_dim
+    per = heads // kv
+    gqa = tr.options.get("gqa", "query")
+    if gqa == "auto":
+        gqa = "group" if any(_masked_rows(found.k, g * d, d) for g in range(kv)) else "query"
+    if per == 1 or gqa == "group":
+        units = tr.new_ids(kv)
+        q_unit = units.repeat_interleave(per)
+        _rows(tr, found.k, units.repeat_interleave(d))
+        _rows(tr, found.v, units.repeat_interleave(d))
+    else:  # query heads, the same count from every key/value group
+        units = q_unit = tr.new_ids(heads)
+        tr.blocks.extend(units[g * per : (g + 1) * per].tolist() for g in range(kv))
+    tr.heads.update(units.tolist())
+    q_ids = q_unit.repeat_interleave(d)
+    _rows(tr, found.q, q_ids)
+    return q_ids
+
+
+def _masked_rows(proj: Proj, start: int, count: int) -> bool:
+    """Whether rows start..start+count of the projection are masked whole."""
+    mask = proj.module._buffers.get(proj.weight + "_mask")
+    if mask is None:
+        return False
+    return not bool(mask.narrow(proj.out_dim, proj.offset + start, count).any())
+
+
+def _rows(tr: Tracer, proj: Proj, ids: Tensor) -> None:
+    """Rows of a projection (and its bias) owned by `ids`."""
+    positions = proj.offset + torch.arange(len(ids))
+    tr.record(tr.owner(getattr(proj.module, proj.weight)), proj.out_dim, "out", positions, ids,
+              op=proj.op)  # fmt: skip
+    bias = getattr(proj.module, proj.bias, None) if proj.bias else None
+    start = proj.offset if proj.bias_offset is None else proj.bias_offset
+    tr.record(tr.owner(bias), 0, "bias", start + torch.arange(len(ids)), ids)
+
+
+def _channels(tr: Tracer, x: Any, where: str) -> Tensor | None:
+    if not isinstance(x, Tensor):
+        return None
+    return channel_ids(tr, tr.label(x), x.dim() - 1, x.shape[-1], where)
+
+
+def _columns(tr: Tracer, projs: tuple[Proj, ...], chans: list[Tensor | None], where: str) -> None:
+    """The input columns of the projections; a fused weight read by several inputs (MHA's
+    in_proj_weight) ties their channels."""
+    done: dict[tuple[int, str], Tensor] = {}
+    for proj, chan in zip(projs, chans, strict=False):
+        if chan is None:
+            continue
+        key = (id(proj.module), proj.weight)
+        if key in done:
+            before = done[key]
+            if bool(((before >= 0) != (chan >= 0)).any()):
+                tr.block(torch.cat([before, chan]), f"{where}: its fused projection reads "
+                         "them beside values of no channel")  # fmt: skip
+            tr.merge(before, chan)
+            continue
+        done[key] = chan
+        weight = getattr(proj.module, proj.weight)
+        positions = torch.arange(len(chan))
+        tr.record(tr.owner(weight), 1 - proj.out_dim, "in", positions, chan, positions,
+                  op=proj.op)  # fmt: skip
+
+
+def update_modules(model: nn.Module) -> None:
+    """After compaction: head counts and widths of every attention module and MLP it knows."""
+    for module in model.modules():
+        adapter = adapter_of(module)
+        if adapter is not None:
+            adapter.sync(module)
+        gate, down = getattr(module, "gate_proj", None), getattr(module, "down_proj", None)
+        if isinstance(gate, nn.Linear) and isinstance(down, nn.Linear):  # a LLaMA-style MLP
+            _set(module, intermediate_size=gate.out_features, hidden_size=gate.in_features)
+        stem = getattr(module, "conv_proj", None)
+        if type(module).__name__ == "VisionTransformer" and isinstance(stem, nn.Conv2d):
+            _set(module, hidden_dim=stem.out_channels)  # torchvision's ViT reshapes by it
+        attention = getattr(module, "self_attention", None)
+        if isinstance(attention, nn.MultiheadAttention):  # torchvision's EncoderBlock
+            _set(module, num_heads=attention.num_heads)
+
+
+MODULE_HANDLERS.append(ModuleHandler("attention", lambda m: adapter_of(m) is not None, _trace))

@@ -1,0 +1,88 @@
+"""A compacted Hugging Face model's config: the widths its modules now have, where they are
+one across layers.
+
+Read off the modules, never from transformers (not imported): the head counts of every
+attention module an adapter knows, the width feeding them (the hidden size) and the MLP
+widths. A field whose width differs from layer to layer keeps its old value and is reported
+stale: the modules carry their own widths, so the model runs, but a model built anew from
+that config would not have them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from prunekit.structure.attention import adapter_of
+
+# config.model_type of the families whose attention reads config.head_dim when it is set
+_READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
+
+
+def _widths(model: nn.Module) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {"heads": [], "kv": [], "head_dim": [], "hidden": [],
+                                   "inner": []}  # fmt: skip
+    for module in model.modules():
+        adapter = adapter_of(module)
+        if adapter is not None:
+            for key, value in zip(("heads", "kv", "head_dim", "hidden"), adapter.sync(module),
+                                  strict=True):  # fmt: skip
+                found[key].append(value)
+        inner = _inner(module)
+        if inner:
+            found["inner"].append(inner)
+    return found
+
+
+def _inner(module: Any) -> int:
+    """The intermediate width of an MLP block of a known family (0: not one)."""
+    name = type(module).__name__
+    if name.endswith("MLP"):
+        for proj in ("gate_proj", "fc1", "c_fc"):
+            layer: Any = getattr(module, proj, None)
+            if isinstance(layer, nn.Linear):
+                return layer.out_features
+            if isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D":
+                return int(getattr(layer, "weight").shape[1])  # noqa: B009
+    if name.endswith("Intermediate") and isinstance(getattr(module, "dense", None), nn.Linear):
+        return int(module.dense.out_features)
+    return 0
+
+
+def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Set the config fields the compacted widths give; return them and the stale fields."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return {}, ()
+    widths = _widths(model)
+    kind = getattr(config, "model_type", "")
+    fields = [("num_attention_heads", "heads"), ("hidden_size", "hidden")]
+    if hasattr(config, "num_key_value_heads"):
+        fields.append(("num_key_value_heads", "kv"))
+    if hasattr(config, "head_dim") or kind in _READS_HEAD_DIM:
+        fields.append(("head_dim", "head_dim"))
+    fields.append(("n_inner" if kind == "gpt2" else "intermediate_size", "inner"))
+    updated: dict[str, int] = {}
+    stale: list[str] = []
+    for name, key in fields:
+        values = set(widths[key])
+        if len(values) == 1:
+            value = values.pop()
+            if getattr(config, name, None) != value:
+                setattr(config, name, value)
+                updated[name] = value
+        elif len(values) > 1:
+            stale.append(name)
+    _head_size(config, widths, kind, stale)
+    return updated, tuple(stale)
+
+
+def _head_size(config: Any, widths: dict[str, list[int]], kind: str, stale: list[str]) -> None:
+    """A family that derives the head size as hidden_size / num_attention_heads."""
+    if kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or not widths["head_dim"]:
+        return
+    heads, hidden = config.num_attention_heads, config.hidden_size
+    if any(d * heads != hidden for d in widths["head_dim"]):
+        stale.append("num_attention_heads (hidden_size / num_attention_heads is no longer the "
+                     "head size)")  # fmt: skip

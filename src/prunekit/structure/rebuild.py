@@ -1,0 +1,346 @@
+"""The shapes of a compacted model: described module by module, planned onto a freshly built
+model, applied, and checked (the engine of ``save_compacted`` / ``load_compacted``).
+
+Everything is checked in ``Layout.plan`` before the model changes; ``apply_layout`` only
+replaces tensors by new ones (it never writes into the fresh model's own), so restoring the
+modules' dicts undoes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.naming import MASK, ORIG
+
+__all__ = ["Layout", "apply_layout", "describe_module", "verify"]
+
+_MISSING: Any = object()
+_OWNER = "load_compacted"
+
+
+def width_value(value: Any) -> Any:
+    """`value` as JSON if it is an int or a tuple or list of ints (not bools), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, tuple | list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        items = [int(v) for v in value]
+        return {"tuple": items} if isinstance(value, tuple) else items
+    return None
+
+
+def decoded(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"tuple"}:
+        return tuple(value["tuple"])
+    return value
+
+
+def describe_module(module: nn.Module) -> dict[str, Any]:
+    """Class, tensors (shape, dtype, parameter or buffer, persistent) and width attributes."""
+    tensors: dict[str, Any] = {}
+    kinds = (("parameter", module._parameters), ("buffer", module._buffers))
+    for kind, found in kinds:
+        for name, value in found.items():
+            if value is None:
+                continue
+            tensors[name] = {
+                "shape": [int(n) for n in value.shape],
+                "dtype": str(value.dtype).removeprefix("torch."),
+                "kind": kind,
+                "persistent": name not in module._non_persistent_buffers_set,
+            }
+    attributes = {}
+    for name, value in vars(module).items():
+        encoded = None if name.startswith("_") else width_value(value)
+        if encoded is not None:
+            attributes[name] = encoded
+    return {"type": _class_name(module), "tensors": tensors, "attributes": attributes}
+
+
+def _class_name(module: nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+@dataclass
+class Target:
+    """One tensor the fresh module must have: its saved name(s) and layout."""
+
+    path: str
+    module: nn.Module
+    name: str  # the name the fresh module gets (``weight`` for a saved ``weight_orig``)
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    persistent: bool
+
+
+@dataclass
+class Layout:
+    """What load_compacted changes, all checked: tensors, attributes, config fields."""
+
+    targets: list[Target] = field(default_factory=list)
+    attributes: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
+    config: list[tuple[Any, str, Any]] = field(default_factory=list)
+    expected: dict[str, Any] = field(default_factory=dict)  # path -> manifest entry
+
+    @classmethod
+    def plan(
+        cls,
+        model: nn.Module,
+        modules: Mapping[str, Any],
+        state: Mapping[str, Tensor],
+        config: Any,
+    ) -> Layout:
+        fresh = dict(model.named_modules())
+        _same_modules(model, fresh, modules)
+        layout = cls(expected=dict(modules))
+        for path, entry in modules.items():
+            module = fresh[path]
+            layout.targets.extend(_targets(path, module, entry, state))
+            for name, saved in entry.get("attributes", {}).items():
+                value = decoded(saved)
+                if getattr(module, name, _MISSING) != value:
+                    layout.attributes.append((module, name, value))
+        _ties(layout.targets)
+        if isinstance(config, dict):
+            found = getattr(model, "config", None)
+            if found is not None:
+                _config_changes(found, config, layout.config)
+        return layout
+
+    def config_state(self) -> list[tuple[Any, dict[str, Any]]]:
+        objects = {id(obj): obj for obj, _, _ in self.config}
+        return [(obj, dict(vars(obj))) for obj in objects.values()]
+
+    def restore_config(self, saved: list[tuple[Any, dict[str, Any]]]) -> None:
+        for obj, attributes in saved:
+            vars(obj).clear()
+            vars(obj).update(attributes)
+
+
+def _same_modules(
+    model: nn.Module, fresh: Mapping[str, nn.Module], saved: Mapping[str, Any]
+) -> None:
+    where = f"{_OWNER} into {type(model).__name__}"
+    missing = [p for p in saved if p not in fresh]
+    extra = [p for p in fresh if p not in saved]
+    if missing or extra:
+        raise ValueError(
+            f"{where}: the file's modules {missing[:5]} are not in the model, and the model's "
+            f"{extra[:5]} are not in the file; expected a model built by the same code"
+        )
+    for path, entry in saved.items():
+        if entry.get("type") != _class_name(fresh[path]):
+            raise ValueError(
+                f"{where}: module {path or '(the model)'!r} is a {_class_name(fresh[path])} "
+                f"but was saved as a {entry.get('type')}; expected the same classes"
+            )
+
+
+def _targets(path: str, module: nn.Module, entry: Any, state: Mapping[str, Tensor]) -> list[Target]:
+    """The tensors `module` must have, checked against the file and the module."""
+    saved: dict[str, Any] = entry.get("tensors", {})
+    prefix = f"{path}." if path else ""
+    where = f"{_OWNER}: module {path or '(the model)'!r} ({type(module).__name__})"
+    for name, info in saved.items():
+        key = prefix + name
+        if not info.get("persistent", True):
+            continue
+        found = state.get(key)
+        if found is None:
+            raise ValueError(f"{where}: tensor {name!r} is missing from the weights file")
+        if list(found.shape) != list(info["shape"]):
+            raise ValueError(
+                f"{where}: tensor {name!r} is {tuple(found.shape)} in the weights file but "
+                f"{tuple(info['shape'])} in the shapes file; expected the files of one save"
+            )
+    pruned = {
+        n[: -len(ORIG)] for n in saved if n.endswith(ORIG) and n[: -len(ORIG)] + MASK in saved
+    }
+    targets = []
+    for name, info in saved.items():
+        if name.endswith(MASK) and name[: -len(MASK)] in pruned:
+            continue
+        base = name[: -len(ORIG)] if name.endswith(ORIG) and name[: -len(ORIG)] in pruned else name
+        shape, dtype = tuple(info["shape"]), tensor_dtype(info["dtype"])
+        target = Target(
+            path, module, base, info["kind"], shape, dtype, info.get("persistent", True)
+        )
+        _check_target(where, target)
+        targets.append(target)
+    wanted = {t.name for t in targets}
+    for name, value in [*module._parameters.items(), *module._buffers.items()]:
+        if value is not None and name not in wanted:
+            raise ValueError(
+                f"{where}: has tensor {name!r} {tuple(value.shape)} that the file does not "
+                "hold; expected a model built by the same code, unpruned"
+            )
+    return targets
+
+
+def tensor_dtype(name: Any) -> torch.dtype:
+    """The torch dtype named 'float32', 'bfloat16', ..."""
+    found = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{_OWNER}: unknown dtype {name!r} in the shapes file")
+    return found
+
+
+def _check_target(where: str, t: Target) -> None:
+    module, name = t.module, t.name
+    if module._parameters.get(name + ORIG) is not None:
+        raise ValueError(
+            f"{where}: tensor {name!r} is pruned; expected a freshly built, unpruned model "
+            f"(prunekit.remove(module, {name!r}) first)"
+        )
+    current = _current(t)
+    is_param = name in module._parameters and module._parameters[name] is not None
+    is_buffer = name in module._buffers and module._buffers[name] is not None
+    if (is_param and t.kind != "parameter") or (is_buffer and t.kind != "buffer"):
+        kind = "a parameter" if is_param else "a buffer"
+        raise ValueError(
+            f"{where}: tensor {name!r} is {kind} in the model but a {t.kind} in the file"
+        )
+    if current is None and name in vars(module) and vars(module)[name] is not None:
+        raise ValueError(
+            f"{where}: {name!r} is a plain attribute of the model's module, not a tensor; "
+            f"the file holds a {t.kind} {t.shape}"
+        )
+    if not t.persistent and (current is None or tuple(current.shape) != t.shape):
+        built = "missing" if current is None else tuple(current.shape)
+        raise ValueError(
+            f"{where}: buffer {name!r} is {built} in the model but was "
+            f"{t.shape} when saved, and it is not saved (not persistent), so it cannot be "
+            "rebuilt; expected a model whose non-persistent buffers keep their shapes"
+        )
+
+
+def _ties(targets: list[Target]) -> None:
+    """A tensor shared by several modules of the fresh model must get one shape."""
+    seen: dict[int, Target] = {}
+    for t in targets:
+        current = _current(t)
+        if current is None:
+            continue
+        other = seen.setdefault(id(current), t)
+        if other.shape != t.shape:
+            raise ValueError(
+                f"{_OWNER}: {_label(other)} and {_label(t)} share one tensor in the model but "
+                f"were saved with shapes {other.shape} and {t.shape}; expected them tied"
+            )
+
+
+def _label(t: Target) -> str:
+    return f"{t.path}.{t.name}" if t.path else t.name
+
+
+def _current(t: Target) -> Tensor | None:
+    found = t.module._parameters.get(t.name)
+    return found if found is not None else t.module._buffers.get(t.name)
+
+
+def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, str, Any]]) -> None:
+    """The width fields (ints, lists of ints) of the saved config that differ, nested
+    configs included."""
+    for key, value in saved.items():
+        if key.startswith("_"):
+            continue
+        current = getattr(config, key, _MISSING)
+        if isinstance(value, dict) and callable(getattr(current, "to_dict", None)):
+            _config_changes(current, value, out)
+            continue
+        wanted = width_value(value)
+        if wanted is None:
+            continue
+        if current is _MISSING or current is None or width_value(current) is not None:
+            normal = list(current) if isinstance(current, tuple) else current
+            if normal != value:
+                out.append((config, key, value))
+
+
+def apply_layout(model: nn.Module, layout: Layout) -> None:
+    """New tensors of the planned shapes (dtype, device and requires_grad of the ones they
+    replace), then the attributes and config fields."""
+    made: dict[int, Tensor] = {}
+    for t in layout.targets:
+        current = _current(t)
+        if current is not None and tuple(current.shape) == t.shape and not t.persistent:
+            continue  # kept as built: its values are not in the file
+        if current is not None and id(current) in made:
+            new = made[id(current)]
+        else:
+            new = _new_tensor(t, current)
+            if current is not None:
+                made[id(current)] = new
+        _put(t, new)
+    for module, name, value in layout.attributes:
+        setattr(module, name, value)
+    for config, key, value in layout.config:
+        setattr(config, key, value)
+
+
+def _new_tensor(t: Target, current: Tensor | None) -> Tensor:
+    if current is not None:
+        dtype, device = current.dtype, current.device
+    else:
+        dtype, device = t.dtype, _device(t.module)
+    value = torch.empty(t.shape, dtype=dtype, device=device)
+    if t.kind == "parameter":
+        grad = current.requires_grad if current is not None else dtype.is_floating_point
+        return nn.Parameter(value, requires_grad=grad)
+    return value
+
+
+def _device(module: nn.Module) -> torch.device:
+    for value in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+        return value.device
+    return torch.device("cpu")
+
+
+def _put(t: Target, new: Tensor) -> None:
+    module, name = t.module, t.name
+    if t.kind == "parameter":
+        if name not in module._parameters:
+            vars(module).pop(name, None)  # an attribute such as `self.bias = None`
+        module._parameters[name] = new  # type: ignore[assignment]
+    else:
+        if name not in module._buffers:
+            vars(module).pop(name, None)
+            if not t.persistent:
+                module._non_persistent_buffers_set.add(name)
+        module._buffers[name] = new
+
+
+def verify(model: nn.Module, layout: Layout, state: Mapping[str, Tensor]) -> None:
+    """Raise unless the loaded model has the file's tensors (names, shapes, values) and the
+    manifest's attributes."""
+    found = model.state_dict()
+    if set(found) != set(state):
+        raise RuntimeError(
+            f"{_OWNER}: after loading, the model's keys differ from the file's (missing "
+            f"{sorted(set(state) - set(found))[:5]}, extra {sorted(set(found) - set(state))[:5]})"
+        )
+    for key, value in state.items():
+        mine = found[key]
+        if tuple(mine.shape) != tuple(value.shape) or not torch.equal(mine, value.to(mine.dtype)):
+            raise RuntimeError(
+                f"{_OWNER}: tensor {key!r} is {tuple(mine.shape)} after loading but "
+                f"{tuple(value.shape)} in the file, or its values differ"
+            )
+    modules = dict(model.named_modules())
+    for path, entry in layout.expected.items():
+        for name, saved in entry.get("attributes", {}).items():
+            value = getattr(modules[path], name, _MISSING)
+            if value != decoded(saved):
+                raise RuntimeError(
+                    f"{_OWNER}: attribute {name!r} of module {path!r} is {value!r} after "
+                    f"loading, not {decoded(saved)!r} as saved"
+                )

@@ -1,0 +1,153 @@
+"""Compacted Hugging Face models saved and reloaded: uniform widths through save_pretrained /
+from_pretrained (compact updates the config), per-layer widths through save_compacted /
+load_compacted into a model built from the original config. Small configs, random init."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+def bert(**options: Any) -> Callable[[], nn.Module]:
+    config = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        vocab_size=100, max_position_embeddings=32,
+    )  # fmt: skip
+    return lambda: transformers.BertModel(copy.deepcopy(config), **options)
+
+
+def gpt2() -> nn.Module:
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=32)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def llama() -> nn.Module:
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, vocab_size=100, head_dim=8, tie_word_embeddings=True,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config)
+
+
+def vit() -> nn.Module:
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        image_size=16, patch_size=8,
+    )  # fmt: skip
+    return transformers.ViTModel(config)
+
+
+BERT_INPUTS = {"input_ids": IDS, "attention_mask": torch.ones_like(IDS)}
+VIT_INPUTS = {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))}
+
+
+def compacted(make: Callable[[], nn.Module], x: Any, scope: str, **amounts: float) -> nn.Module:
+    torch.manual_seed(0)
+    model = make().eval()
+    prunekit.prune_channels(model, x, 0.3, scope=scope, **amounts)
+    prunekit.compact(model, x, latency_runs=0)
+    return model
+
+
+def assert_same(model: nn.Module, loaded: nn.Module, x: Any) -> None:
+    a, b = model.state_dict(), loaded.state_dict()
+    assert set(a) == set(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    with torch.no_grad():
+        assert torch.equal(model(**x)[0], loaded.eval()(**x)[0])
+
+
+def test_bert_with_uniform_mlp_widths_saves_with_save_pretrained(tmp_path: Path) -> None:
+    model = compacted(bert(), BERT_INPUTS, "layer")
+    widths = {layer.intermediate.dense.out_features for layer in model.encoder.layer}
+    assert widths == {34} and model.config.intermediate_size == 34
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModel.from_pretrained(tmp_path)
+    assert_same(model, loaded, BERT_INPUTS)
+
+
+def test_bert_heads_mlp_and_hidden_per_layer_rebuild_with_load_compacted(tmp_path: Path) -> None:
+    make = bert(add_pooling_layer=False)
+    model = compacted(make, BERT_INPUTS, "global", heads=0.25, hidden=0.25)
+    layers = model.encoder.layer
+    assert len({layer.intermediate.dense.out_features for layer in layers}) == 2  # per layer
+    assert layers[0].attention.self.num_attention_heads == 3
+    prunekit.save_compacted(model, tmp_path)
+    fresh = make()
+    assert fresh.config.hidden_size == 32
+    prunekit.load_compacted(fresh, tmp_path)
+    assert_same(model, fresh, BERT_INPUTS)
+    assert fresh.config.hidden_size == model.config.hidden_size == 24
+    assert fresh.config.num_attention_heads == 3
+    self_attention = fresh.encoder.layer[0].attention.self
+    assert (self_attention.num_attention_heads, self_attention.all_head_size) == (3, 24)
+
+
+def test_bert_with_uniform_heads_and_hidden_loads_with_from_pretrained(tmp_path: Path) -> None:
+    """25 % of the heads and of the hidden width: head_dim stays 32 / 4 = 24 / 3."""
+    model = compacted(bert(add_pooling_layer=False), BERT_INPUTS, "layer", heads=0.25, hidden=0.25)
+    model.save_pretrained(tmp_path)
+    loaded = transformers.BertModel.from_pretrained(tmp_path, add_pooling_layer=False)
+    assert_same(model, loaded, BERT_INPUTS)
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_gpt2_round_trips_and_generates(tmp_path: Path, scope: str) -> None:
+    x = {"input_ids": IDS}
+    model = compacted(gpt2, x, scope, heads=0.25, hidden=0.25)
+    assert model.transformer.h[0].attn.num_heads == 3 and model.config.n_embd == 24
+    if scope == "layer":
+        model.save_pretrained(tmp_path)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    else:
+        prunekit.save_compacted(model, tmp_path)
+        loaded = prunekit.load_compacted(gpt2(), tmp_path)
+    assert_same(model, loaded, x)
+    options = {"max_new_tokens": 4, "do_sample": False}
+    assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_vit_round_trips(tmp_path: Path, scope: str) -> None:
+    model = compacted(vit, VIT_INPUTS, scope, heads=0.25, hidden=0.25)
+    if scope == "layer":
+        model.save_pretrained(tmp_path)
+        loaded = transformers.ViTModel.from_pretrained(tmp_path)
+    else:
+        inner = {layer.mlp.fc1.out_features for layer in model.layers}
+        assert len(inner) == 2
+        prunekit.save_compacted(model, tmp_path)
+        loaded = prunekit.load_compacted(vit(), tmp_path)
+    assert_same(model, loaded, VIT_INPUTS)
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_llama_with_grouped_query_heads_round_trips_and_generates(
+    tmp_path: Path, scope: str
+) -> None:
+    x = {"input_ids": IDS}
+    model = compacted(llama, x, scope, heads=0.25, hidden=0.25)
+    if scope == "layer":
+        model.save_pretrained(tmp_path)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    else:
+        prunekit.save_compacted(model, tmp_path)
+        loaded = prunekit.load_compacted(llama(), tmp_path)
+    assert_same(model, loaded, x)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    options = {"max_new_tokens": 4, "do_sample": False}
+    assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
