@@ -8,6 +8,8 @@ masked: max |diff| / max |output|, eval mode), graph-build time, parameters, lat
     python benchmarks/structure.py                 # every model
     python benchmarks/structure.py --models resnet18,vit_b_16
     python benchmarks/structure.py --resnet50      # 50% of the channels, batch-32 speed-up
+    python benchmarks/structure.py --json rows.json --resume   # go on where a run stopped
+    python benchmarks/structure.py --graphs        # graph-build time alone, best of 3 each
 """
 
 from __future__ import annotations
@@ -151,6 +153,36 @@ def one(name: str, amount: float, res: int, runs32: int, max_gmacs: float) -> di
     return row
 
 
+def graphs(names: list[str], res: int, repeats: int = 3) -> str:
+    """Graph-build time alone, both libraries in one process, best of `repeats` each."""
+    import torch_pruning as tp
+
+    models = torchvision_models()
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    head = f"{'model':<20} {'prunekit s':>10} {'Torch-Pruning s':>15} {'ratio':>6}"
+    lines, totals = [head, "-" * len(head)], [0.0, 0.0]
+    for name in names:
+        model = models.get_model(name).eval()
+        size = 224 if name in FIXED else res
+        x = torch.randn(1, 3, size, size)
+        best = [math.inf, math.inf]
+        for _ in range(repeats):  # alternating, so both see the same machine
+            start = time.perf_counter()
+            prunekit.channel_groups(model, x)
+            middle = time.perf_counter()
+            tp.DependencyGraph().build_dependency(model, example_inputs=x)
+            end = time.perf_counter()
+            best = [min(best[0], middle - start), min(best[1], end - middle)]
+        totals = [totals[0] + best[0], totals[1] + best[1]]
+        lines.append(f"{name:<20} {best[0]:>10.2f} {best[1]:>15.2f} {best[0] / best[1]:>5.1f}x")
+        print(lines[-1], flush=True)
+        del model
+    lines.append(
+        f"{'all':<20} {totals[0]:>10.1f} {totals[1]:>15.1f} {totals[0] / totals[1]:>5.1f}x"
+    )
+    return "\n".join(lines)
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'model':<20} {'res':>3} {'params':>7}  {'lib':<3} {'ok':<3} {'check':>8} {'graph s':>7}"
@@ -237,7 +269,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--resnet50", action="store_true")
+    parser.add_argument("--graphs", action="store_true", help="graph-build time only, both libs")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the rows already in --json; run the rest"
+    )
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.amount, args.res, args.runs32, args.max_gmacs)))
@@ -247,8 +283,16 @@ def main() -> None:
         return
     models = torchvision_models()
     names = args.models.split(",") if args.models else models.list_models(module=models)
-    rows = []
+    if args.graphs:
+        print("\n" + graphs(names, args.res))
+        return
+    rows: list[dict[str, Any]] = []
+    if args.resume and args.json and Path(args.json).exists():
+        rows = [r for r in json.loads(Path(args.json).read_text()) if r["model"] in names]
+    done_names = {r["model"] for r in rows}
     for name in names:
+        if name in done_names:
+            continue
         command = [sys.executable, __file__, "--one", name, "--amount", str(args.amount),
                    "--res", str(args.res), "--runs32", str(args.runs32),
                    "--max-gmacs", str(args.max_gmacs)]  # fmt: skip

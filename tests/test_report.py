@@ -154,6 +154,16 @@ def test_rich_table_renders_the_rows() -> None:
     assert "3.weight" in text and "total" in text
 
 
+def test_rich_table_prints_names_that_look_like_markup_as_they_are() -> None:
+    from rich.console import Console
+
+    state = {"blocks.[/].weight": torch.zeros(2, 2), "[bold]x[/bold].bias": torch.ones(3)}
+    console = Console(record=True, width=120)
+    console.print(report(state).rich_table(title="[model]"))
+    text = console.export_text()
+    assert "blocks.[/].weight" in text and "[bold]x[/bold].bias" in text and "[model]" in text
+
+
 def test_plot_writes_a_png(tmp_path) -> None:  # type: ignore[no-untyped-def]
     model = _model()
     prunekit.l1_unstructured(model[0], "weight", amount=0.5)

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.backend import is_module
+from prunekit.core.naming import ORIG, mask_name, pruned_name
 from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
@@ -26,7 +27,6 @@ from prunekit.report import Report, report
 __all__ = ["SCOPES", "prune_model"]
 
 SCOPES = ("layer", "global")
-ORIG, MASK = "_orig", "_mask"
 
 
 @dataclass
@@ -124,7 +124,7 @@ def prune_model(
             for target in targets:
                 cls.apply(target.module, target.leaf, **kwargs)
         for target in targets:
-            mask = getattr(target.holder, target.leaf.rpartition(".")[2] + MASK)
+            mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:
                 custom_from_mask(holder, leaf, mask)
     except BaseException:
@@ -169,7 +169,7 @@ def _oneshot(
 
     def ties() -> None:
         for target in targets:
-            mask = getattr(target.holder, target.leaf.rpartition(".")[2] + MASK)
+            mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:
                 custom_from_mask(holder, leaf, mask)
 
@@ -296,8 +296,8 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
 
 def _unpruned_name(module: nn.Module, pname: str) -> str:
     """A parameter's name as the model sees it: ``weight`` for a pruned ``weight_orig``."""
-    base = pname[: -len(ORIG)]
-    if pname.endswith(ORIG) and base + MASK in module._buffers:
+    base = pruned_name(pname, ORIG)
+    if base is not None and mask_name(base) in module._buffers:
         return base
     return pname
 

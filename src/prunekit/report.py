@@ -159,7 +159,12 @@ class Report:
     def rich_table(self, title: str | None = None) -> Any:
         """The report as a ``rich.table.Table`` (needs the 'cli' extra)."""
         table_mod = require("rich.table", "cli", "Report.rich_table")
-        table = table_mod.Table(title=title, show_footer=True, caption=self._size_line())
+        text = require("rich.text", "cli", "Report.rich_table").Text  # names are no markup
+        table = table_mod.Table(
+            title=None if title is None else text(title),
+            show_footer=True,
+            caption=self._size_line(),
+        )
         footer = ("total", "", f"{self.numel:,}", f"{self.zeros:,}", f"{self.sparsity:.1%}")
         columns = self._columns()
         for i, name in enumerate(HEADER[:columns]):
@@ -170,7 +175,7 @@ class Report:
                 justify="right" if right else "left",
             )
         for row in self.rows:
-            table.add_row(*_cells(row)[:columns])
+            table.add_row(*(text(cell) for cell in _cells(row)[:columns]))
         return table
 
     def plot(self, path: str | os.PathLike[str], title: str | None = None) -> Path:

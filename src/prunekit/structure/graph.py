@@ -153,8 +153,9 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     """Resolve the tracer's ids into units and the units into groups."""
     roots = torch.tensor([tr.find(i) for i in range(len(tr.parent))], dtype=torch.long)
     reasons: dict[int, list[str]] = defaultdict(list)
-    for i, found in tr.reasons.items():
-        _add(reasons[int(roots[i])], found)
+    for ids, why in tr.blocked:
+        for root in torch.unique(roots[ids]).tolist():
+            _add(reasons[root], [why])
     records = [r for r in tr.records if r.role != "element"]
     makers = {int(x) for r in records if r.role == "out" for x in roots[r.ids[r.ids >= 0]]}
     for r in tr.records:
@@ -265,7 +266,7 @@ def _groups(
     is_maker[torch.tensor(sorted(makers), dtype=torch.long)] = True
     # per record: (unit root, position, input channel) of the live entries
     live: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-    owned: dict[int, list[int]] = defaultdict(list)  # root -> records it has slices in
+    pair_roots, pair_records = [], []  # (root, record) for each record a root has slices in
     for k, r in enumerate(records):
         if r.dim < 0:
             continue
@@ -275,21 +276,59 @@ def _groups(
             continue
         channels = r.channels if r.channels is not None else r.positions
         live[k] = (unit[keep], r.positions[keep], channels[keep])
-        for root in torch.unique(unit[keep]).tolist():
-            owned[root].append(k)
-    keyed: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-    signatures: dict[tuple[int, ...], tuple[Any, ...]] = {}  # the units of a group share one
-    for root, ks in owned.items():
-        signature = signatures.get(tuple(ks))
-        if signature is None:
-            signature = signatures[tuple(ks)] = tuple(sorted(_key(records[k]) for k in ks))
-        keyed[(signature, bool(reasons.get(root)))].append(root)
+        found = torch.unique(unit[keep])
+        pair_roots.append(found)
+        pair_records.append(torch.full_like(found, k))
+    if not pair_roots:
+        return []
+    owned, keyed = _signatures(records, torch.cat(pair_roots), torch.cat(pair_records), reasons)
     groups = [
         _group(records, live, owned[members[0]], members, reasons, extra)
         for members in keyed.values()
     ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
+
+
+def _signatures(
+    records: list[Record], roots: Tensor, ks: Tensor, reasons: dict[int, list[str]]
+) -> tuple[dict[int, list[int]], dict[tuple[Any, ...], list[int]]]:
+    """Roots with slices in the same tensors and dims (and both blocked or not) form a group.
+
+    Returns the records of each group's first root and the roots keyed by that signature.
+    """
+    key_of: dict[tuple[Any, ...], int] = {}
+    key_ids = torch.tensor([key_of.setdefault(_key(r), len(key_of)) for r in records])
+    keys = key_ids[ks]
+    order = torch.argsort(roots * len(key_of) + keys, stable=True)  # by root, then key
+    roots, ks, keys = roots[order], ks[order], keys[order]
+    distinct, where = torch.unique_consecutive(roots, return_inverse=True)
+    counts = torch.bincount(where)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    # one row per root: its sorted keys (a multiset), padded, and whether it is blocked
+    table = torch.full((len(distinct), int(counts.max()) + 1), -1, dtype=torch.long)
+    table[where, torch.arange(len(roots)) - starts[where]] = keys
+    blocked = [r for r in reasons if reasons[r]]
+    table[:, -1] = torch.isin(distinct, torch.tensor(blocked, dtype=torch.long)).long()
+    _, group_of = torch.unique(table, dim=0, return_inverse=True)
+    first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
+    first_k.scatter_reduce_(0, where, ks, "amin")
+    # in the order the roots first appear in the records
+    appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
+    members: dict[int, list[int]] = defaultdict(list)
+    group_list = group_of.tolist()
+    for i in appear.tolist():
+        members[group_list[i]].append(i)
+    owned: dict[int, list[int]] = {}
+    keyed: dict[tuple[Any, ...], list[int]] = {}
+    for rows in members.values():
+        roots_of = distinct[rows].tolist()
+        i = rows[0]
+        first = sorted(ks[starts[i] : starts[i + 1]].tolist())
+        owned[roots_of[0]] = first
+        signature = tuple(sorted(_key(records[k]) for k in first))
+        keyed[(signature, bool(reasons.get(roots_of[0])))] = roots_of
+    return owned, keyed
 
 
 def _key(r: Record) -> tuple[Any, ...]:
@@ -355,10 +394,14 @@ def _per_unit(
     span = int(values.max()) + 1 if len(values) else 1
     codes = torch.unique(units * span + values)
     units, values = codes // span, codes % span
-    counts = torch.bincount(units, minlength=size).tolist()
+    counts = torch.bincount(units, minlength=size)
+    if (
+        size and int(counts[0]) and bool((counts == counts[0]).all())
+    ):  # as many positions for each unit
+        return tuple(map(tuple, values.reshape(size, -1).tolist()))
     flat = values.tolist()
     out, at = [], 0
-    for n in counts:
+    for n in counts.tolist():
         out.append(tuple(flat[at : at + n]))
         at += n
     return tuple(out)

@@ -28,6 +28,7 @@ HANDLERS: dict[str, Handler] = {}
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 _METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
+_MERGE_AT_ONCE = 256  # above this many pairs, merge with tensor operations
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
 
@@ -108,7 +109,7 @@ class Tracer:
 
     owners: dict[int, tuple[str, nn.Module, str, bool]] = field(default_factory=dict)
     parent: list[int] = field(default_factory=list)
-    reasons: dict[int, list[str]] = field(default_factory=dict)
+    blocked: list[tuple[Tensor, str]] = field(default_factory=list)  # (ids, why), in order
     records: list[Record] = field(default_factory=list)
     unclaimed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     elements: dict[int, tuple[int, Tensor]] = field(default_factory=dict)
@@ -139,7 +140,7 @@ class Tracer:
         return root
 
     def merge(self, a: Tensor, b: Tensor) -> None:
-        """Merge ids a[k] with b[k] wherever both are >= 0."""
+        """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
         if a.shape == b.shape:  # dims along which neither changes need one slice only
             for d in range(a.dim()):
                 if a.shape[d] > 1 and _constant(a, d) and _constant(b, d):
@@ -150,18 +151,34 @@ class Tracer:
             return
         n = len(self.parent)
         codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
+        if len(codes) > _MERGE_AT_ONCE:
+            self._merge_many(codes // n, codes % n)
+            return
         for x, y in zip((codes // n).tolist(), (codes % n).tolist(), strict=False):
             rx, ry = self.find(x), self.find(y)
             if rx != ry:
                 self.parent[max(rx, ry)] = min(rx, ry)
 
+    def _merge_many(self, xs: Tensor, ys: Tensor) -> None:
+        """`merge` for many pairs at once, with tensor operations."""
+        root = _compressed(torch.tensor(self.parent, dtype=torch.long))
+        while True:
+            rx, ry = root[xs], root[ys]
+            if torch.equal(rx, ry):
+                break
+            low = torch.minimum(rx, ry)  # each root of a pair points at the smaller one
+            root.scatter_reduce_(0, rx, low, "amin")
+            root.scatter_reduce_(0, ry, low, "amin")
+            root = _compressed(root)
+        self.parent = root.tolist()
+
     def block(self, ids: Tensor | None, reason: str) -> None:
+        """Leave these ids (and all merged with them) alone, for `reason`."""
         if ids is None:
             return
-        for i in torch.unique(ids[ids >= 0]).tolist():
-            found = self.reasons.setdefault(i, [])
-            if reason not in found:
-                found.append(reason)
+        ids = ids[ids >= 0]
+        if len(ids):
+            self.blocked.append((torch.unique(ids), reason))
 
     def varying(self, labels: Tensor) -> list[int]:
         """The dims along which the labels' channels change (ids merged so far counted as
@@ -253,6 +270,15 @@ class Tracer:
 
 def _constant(t: Tensor, dim: int) -> bool:
     return bool((t == t.narrow(dim, 0, 1)).all())
+
+
+def _compressed(parent: Tensor) -> Tensor:
+    """Every id pointing straight at its root (pointers only ever go to smaller ids)."""
+    while True:
+        up = parent[parent]
+        if torch.equal(up, parent):
+            return parent
+        parent = up
 
 
 def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:

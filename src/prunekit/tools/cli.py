@@ -231,11 +231,9 @@ def _run_report(args: argparse.Namespace) -> int:
     if args.json:
         print(report(state).to_json())  # JSON escapes what a terminal must not see
         return 0
-    # rich reads [...] in the cells as markup: names are escaped to show as they are.
-    escape = require("rich.markup", "cli", "the prunekit command").escape
-    found = report({escape(printable(k)): v for k, v in state.items()})
+    found = report({printable(k): v for k, v in state.items()})  # the table reads no markup
     console, _ = _consoles()
-    console.print(found.rich_table(title=escape(printable(str(args.path)))))
+    console.print(found.rich_table(title=printable(str(args.path))))
     return 0
 
 
