@@ -20,13 +20,12 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
     low, high = rows.amin(1), rows.amax(1)
-    mixed = low != high
-    if bool(mixed.any()):
-        sub = rows[mixed]
-        partial = (sub < 0).any(1)
-        if bool(partial.any()):
-            tr.block(sub[partial], f"{why}: a channel there mixes them with values of no channel")
-        tr.merge(sub, high[mixed].unsqueeze(1).expand_as(sub))
+    mixed = (low != high).nonzero().flatten()
+    if len(mixed):
+        parts = rows[mixed]
+        partial = (parts < 0).any(1)
+        tr.block(parts[partial], f"{why}: a channel there mixes them with values of no channel")
+        tr.merge(high[mixed].unsqueeze(1).expand_as(parts), parts)
     return high
 
 

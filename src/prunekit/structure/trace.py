@@ -268,6 +268,10 @@ class Tracer:
         self.records.append(Record(mname, module, name, dim, role, positions, ids, channels, op))
 
 
+def _constant(t: Tensor, dim: int) -> bool:
+    return bool((t == t.narrow(dim, 0, 1)).all())
+
+
 def _compressed(parent: Tensor) -> Tensor:
     """Every id pointing straight at its root (pointers only ever go to smaller ids)."""
     while True:
@@ -275,10 +279,6 @@ def _compressed(parent: Tensor) -> Tensor:
         if torch.equal(up, parent):
             return parent
         parent = up
-
-
-def _constant(t: Tensor, dim: int) -> bool:
-    return bool((t == t.narrow(dim, 0, 1)).all())
 
 
 def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
