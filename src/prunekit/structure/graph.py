@@ -151,13 +151,15 @@ def split_inputs(example_inputs: Any, owner: str) -> tuple[tuple[Any, ...], dict
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:
     """Resolve the tracer's ids into units and the units into groups."""
-    roots = torch.tensor([tr.find(i) for i in range(len(tr.parent))], dtype=torch.long)
+    root_of = [tr.find(i) for i in range(len(tr.parent))]  # for lookups one id at a time
+    roots = torch.tensor(root_of, dtype=torch.long)
     reasons: dict[int, list[str]] = defaultdict(list)
     for ids, why in tr.blocked:
         for root in torch.unique(roots[ids]).tolist():
             _add(reasons[root], [why])
     records = [r for r in tr.records if r.role != "element"]
-    makers = {int(x) for r in records if r.role == "out" for x in roots[r.ids[r.ids >= 0]]}
+    made = [roots[r.ids[r.ids >= 0]] for r in records if r.role == "out"]
+    makers = set(torch.unique(torch.cat(made)).tolist()) if made else set()
     for r in tr.records:
         if r.role == "element":
             records.extend(_element_slices(r, roots, makers, reasons))
@@ -168,14 +170,14 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
                 for x in _roots(r, roots):
                     _add(reasons[x], [why])
     extra = _Extra(
-        heads={int(roots[i]) for i in tr.heads},
-        normed={int(roots[i]) for i in tr.normed},
-        block_of={int(roots[i]): b for b, ids in enumerate(tr.blocks) for i in ids},
+        heads={root_of[i] for i in tr.heads},
+        normed={root_of[i] for i in tr.normed},
+        block_of={root_of[i]: b for b, ids in enumerate(tr.blocks) for i in ids},
         outputs=tr.outputs,
-        roots=roots,
+        roots=root_of,
     )
     for _, _, ids in tr.outputs:
-        for x in {int(roots[i]) for i in ids.tolist() if i >= 0}:
+        for x in {root_of[i] for i in ids.tolist() if i >= 0}:
             if x not in extra.normed:
                 _add(reasons[x], ["they reach the model's output"])
     return _groups(records, roots, makers, reasons, extra)
@@ -189,7 +191,7 @@ class _Extra:
     normed: set[int]
     block_of: dict[int, int]
     outputs: list[tuple[int, int, Tensor]]
-    roots: Tensor
+    roots: list[int]
 
     def kind(self, members: list[int]) -> str:
         if any(m in self.heads for m in members):
@@ -211,8 +213,8 @@ class _Extra:
         for leaf, dim, ids in self.outputs:
             per: list[list[int]] = [[] for _ in members]
             for p, i in enumerate(ids.tolist()):
-                if i >= 0 and int(self.roots[i]) in unit:
-                    per[unit[int(self.roots[i])]].append(p)
+                if i >= 0 and self.roots[i] in unit:
+                    per[unit[self.roots[i]]].append(p)
             if any(per):
                 found.append((leaf, dim, tuple(tuple(x) for x in per)))
         return tuple(found)
