@@ -77,6 +77,25 @@ def test_bert_heads_mlp_and_hidden() -> None:
     assert report.params_after == embeddings + 2 * layer + pooler
 
 
+def test_bert_masked_lm_head_tied_to_the_embeddings_shares_the_hidden_width() -> None:
+    # the head's own width (transform.dense -> LayerNorm -> decoder) reaches the decoder,
+    # whose weight is the word embeddings': one hidden group, compacted as one
+    config = T.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=40,
+                          max_position_embeddings=16)  # fmt: skip
+    model = T.BertForMaskedLM(config)
+    inputs = {"input_ids": IDS}
+    hidden = [g for g in prunekit.channel_groups(model, inputs) if g.kind == "hidden"]
+    assert len(hidden) == 1 and hidden[0].prunable
+    assert "cls.predictions.transform.dense" in {s.module_name for s in hidden[0].slices}
+    masked, out, report = prune_and_compact(model, inputs)
+    _close(out.logits, masked.logits)
+    head = model.cls.predictions
+    assert head.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert head.transform.dense.out_features == head.decoder.in_features == 24
+    assert report.config["hidden_size"] == 24
+
+
 def test_gpt2_fused_conv1d_attention_and_tied_head() -> None:
     config = T.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16,
                           bos_token_id=0, eos_token_id=0)  # fmt: skip

@@ -123,6 +123,7 @@ class Tracer:
     blocks: list[list[int]] = field(default_factory=list)  # ids that lose equal counts
     outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
+    _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
 
     # ids and union-find
     def new_ids(self, count: int) -> Tensor:
@@ -266,6 +267,22 @@ class Tracer:
         mname, module, name, is_buffer = owner
         role = "buffer" if is_buffer else role
         self.records.append(Record(mname, module, name, dim, role, positions, ids, channels, op))
+        if dim >= 0 and len(positions):
+            self._same_positions((id(module), name, dim), positions, ids)
+
+    def _same_positions(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
+        """Ids that own the same positions of one tensor go together: a weight tied to
+        another layer's (an LM head and its embedding), a layer called on two inputs."""
+        size = int(positions.max()) + 1
+        seen = self._positions.get(key)
+        if seen is None or len(seen) < size:
+            grown = torch.full((size,), -1, dtype=torch.long)
+            if seen is not None:
+                grown[: len(seen)] = seen
+            seen = self._positions[key] = grown
+        self.merge(seen[positions], ids)
+        fresh = seen[positions] < 0
+        seen[positions[fresh]] = ids[fresh]
 
 
 def _constant(t: Tensor, dim: int) -> bool:
