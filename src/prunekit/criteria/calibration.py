@@ -15,7 +15,7 @@ rank then holds those of all the batches. This module imports nothing of torch.d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -334,26 +334,13 @@ def calibrate(
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, statistics for `modules` (with
     `reduce`: of every rank's batches)."""
-    failed = None
     with (
         evaluating(model),
         torch.no_grad(),
         InputStatistics(modules, norms=norms, hessian=hessian) as stats,
     ):
-        try:
-            for index, batch in enumerate(batches):
-                stats.new_batch()
-                try:
-                    run_batch(model, batch)
-                except Exception as error:
-                    raise _batch_error(index, error) from error
-        except Exception as error:
-            if reduce is None:
-                raise
-            failed = error
-    if reduce is not None:
-        stats.reduce(reduce, failed)
-    return stats
+        failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
+    return _finish(stats, reduce, failed)
 
 
 def block_statistics(
@@ -370,17 +357,36 @@ def block_statistics(
     `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
     is not run then), is raised here once every rank has learnt of it."""
     with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
-        try:
-            for index, (args, kwargs) in enumerate(inputs if failed is None else ()):
-                stats.new_batch()
-                try:
-                    block(*args, **kwargs)
-                except Exception as error:
-                    raise _batch_error(index, error) from error
-        except Exception as error:
-            if reduce is None:
-                raise
-            failed = error
+        if failed is None:
+            failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
+    return _finish(stats, reduce, failed)
+
+
+def _run_each(
+    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
+    reduce: Reduce | None,
+) -> BaseException | None:  # fmt: skip
+    """Run each item as a batch of `stats`. An error names its batch; with `reduce` it is
+    returned (every rank must learn of it in the reduction) instead of raised."""
+    try:
+        for index, item in enumerate(items):
+            stats.new_batch()
+            try:
+                run(item)
+            except Exception as error:
+                raise _batch_error(index, error) from error
+    except Exception as error:
+        if reduce is None:
+            raise
+        return error
+    return None
+
+
+def _finish(
+    stats: InputStatistics, reduce: Reduce | None, failed: BaseException | None
+) -> InputStatistics:
+    """Reduce the statistics over the ranks (raising an error any rank met), or raise this
+    rank's own error."""
     if reduce is not None:
         stats.reduce(reduce, failed)
     elif failed is not None:
