@@ -194,14 +194,7 @@ def _batches(method: str, calibration: Iterable[Any] | None, loss: Loss | None) 
             f"prune_model: method={method!r} needs calibration data; expected calibration= "
             "an iterable of batches the model's forward takes"
         )
-    if isinstance(calibration, Tensor | dict) or not isinstance(calibration, Iterable):
-        raise type_error(
-            f"prune_model: invalid calibration of type {type(calibration).__name__}; "
-            "expected an iterable of batches (a list of tensors, say)"
-        )
-    batches = list(calibration)
-    if not batches:
-        raise value_error("prune_model: calibration holds no batch; expected at least one")
+    batches = cal.batch_list(calibration, "prune_model")
     for index, batch in enumerate(batches):
         if not isinstance(batch, Tensor | dict | tuple | list) and not hasattr(batch, "keys"):
             raise type_error(

@@ -11,12 +11,13 @@ plain callable ``criterion(group) -> Tensor`` of one score per unit is used as g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph import ChannelGroup, Slice
 
 CRITERIA = ("l1", "l2", "bn_scale", "taylor", "activation")
@@ -213,12 +214,4 @@ def _batches(criterion: Any, wants: bool | None, calibration: Any, loss: Any) ->
             f"prune_channels: criterion {criterion!r} uses no calibration data; expected "
             "calibration=None (criteria that use it: 'activation', 'taylor')"
         )
-    if isinstance(calibration, Tensor | dict) or not isinstance(calibration, Iterable):
-        raise TypeError(
-            f"prune_channels: invalid calibration of type {type(calibration).__name__}; "
-            "expected an iterable of batches (a list of tensors, say)"
-        )
-    batches = list(calibration)
-    if not batches:
-        raise ValueError("prune_channels: calibration holds no batch; expected at least one")
-    return batches
+    return batch_list(calibration, "prune_channels")
