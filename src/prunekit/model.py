@@ -88,13 +88,48 @@ def prune_model(
     for the calibrated methods every rank holds the whole model and calibrates on its
     own batches, and the statistics (Taylor: saliencies) are reduced over the ranks, so
     every rank gets the masks (and SparseGPT's updates) of one process calibrating on
-    all the batches. Every argument, tensor and batch is checked first; if anything
-    fails, the model is left exactly as it was.
+    all the batches. The ranks compare their arguments once each has checked its own,
+    and an error on any rank makes every rank raise the same error, each model left as
+    it was (see prunekit/distributed/agree.py); no rank waits for the others longer than
+    the group's timeout (prunekit.distributed.TorchGroup). Every argument, tensor and
+    batch is checked first; if anything fails, the model is left exactly as it was.
     """
+    arguments = {
+        "method": method,
+        "amount": amount,
+        "pattern": pattern,
+        "scope": scope,
+        "include": include,
+        "exclude": exclude,
+        "sequential": sequential,
+        "calibration given": calibration is not None,
+        "loss given": loss is not None,
+    }
+    if process_group is None:
+        return _prune(model, calibration, loss, progress, None, arguments)
+    from prunekit.distributed.agree import collective
+
+    group = collective(process_group, "prune_model")
+    with group.telling():  # an error on this rank reaches the others at their next step
+        return _prune(model, calibration, loss, progress, group, arguments)
+
+
+def _prune(
+    model: nn.Module,
+    calibration: Any,
+    loss: Any,
+    progress: Any,
+    group: Any,
+    arguments: dict[str, Any],
+) -> Report:
+    """prune_model's work; with `group` (an agree.Collective), the steps of its protocol."""
+    method, amount, pattern = arguments["method"], arguments["amount"], arguments["pattern"]
+    scope, include, exclude = arguments["scope"], arguments["include"], arguments["exclude"]
+    sequential = arguments["sequential"]
     if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
         reduce = None
-        if process_group is not None:
-            reduce = _reducer(method, process_group)
+        if group is not None:
+            reduce = _reducer(method, group, arguments)
         return _oneshot(
             model,
             amount,
@@ -115,14 +150,16 @@ def prune_model(
             f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
         )
     cls, kwargs = _method(method, scope, amount)
-    if process_group is not None:
+    if group is not None:
         if scope != "global":
             raise ValueError(
                 f"prune_model: process_group applies to scope='global', not {scope!r}; each "
                 "rank prunes its own tensors in scope 'layer'"
             )
-        kwargs["process_group"] = process_group
+        kwargs["process_group"] = group
     targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
+    if group is not None:
+        group.start("prune_model", arguments)
     snapshots = [Snapshot(m) for m in model.modules()]
     try:
         if scope == "global":
@@ -134,6 +171,8 @@ def prune_model(
             mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:
                 custom_from_mask(holder, leaf, mask)
+        if group is not None:
+            group.finish()  # a rank failing since the last step: every rank undoes
     except BaseException:
         for snapshot in snapshots:
             snapshot.restore()
@@ -199,23 +238,18 @@ def _oneshot(
     return report(model)
 
 
-def _reducer(method: str, process_group: Any) -> Any:
-    """The calibrated methods' reduction of statistics over `process_group`'s ranks."""
+def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
+    """The calibrated methods' reduction of statistics over `group`'s ranks; `arguments`
+    are compared once oneshot has checked them."""
     if method not in CALIBRATED:
         raise ValueError(
             f"prune_model: process_group with method={method!r} and a pattern applies to "
             "scope='global' (pattern 'unstructured') only; each rank prunes its own "
             "tensors per layer"
         )
-    from prunekit.distributed.group import group_of
-    from prunekit.distributed.stats import all_reduce_statistics
+    from prunekit.distributed.stats import Reducer
 
-    group = group_of(process_group, "prune_model")
-
-    def reduce(statistics: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
-        return all_reduce_statistics(statistics, group, weight=weights)
-
-    return reduce
+    return Reducer(group, "prune_model", arguments)
 
 
 def _output_heads(model: nn.Module) -> list[nn.Module]:
