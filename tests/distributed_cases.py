@@ -214,6 +214,7 @@ PRELOAD = [
     "prunekit",
     "distributed_cases",
     "distributed_calibration",
+    "distributed_hostile",
 ]
 TIMEOUT = 300.0  # seconds a collective may wait for the others, and a group may run in all
 
@@ -224,6 +225,10 @@ def run_job(name: str, how: str, rank: int, world: int) -> Any:
         return refused(rank, world)
     if name == "statistics":
         return statistics(rank, world)
+    if how == "hostile":
+        import distributed_hostile as hostile
+
+        return hostile.run(name, rank, world)
     if how == "calibrated":
         import distributed_calibration as calibrated
 

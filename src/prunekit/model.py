@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.backend import is_module
+from prunekit.core.errors import type_error, value_error, with_context
 from prunekit.core.naming import ORIG, mask_name, pruned_name
 from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
@@ -145,14 +146,14 @@ def _prune(
             reduce,
         )
     if not _plain(pattern) or calibration is not None:
-        raise ValueError(
+        raise value_error(
             f"prune_model: method={method!r} takes no pattern and no calibration; expected "
             f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
         )
     cls, kwargs = _method(method, scope, amount)
     if group is not None:
         if scope != "global":
-            raise ValueError(
+            raise value_error(
                 f"prune_model: process_group applies to scope='global', not {scope!r}; each "
                 "rank prunes its own tensors in scope 'layer'"
             )
@@ -209,7 +210,7 @@ def _oneshot(
             if isinstance(t.module, nn.Linear) and t.leaf == "weight" and t.module not in heads
         ]
         if not targets:
-            raise ValueError(
+            raise value_error(
                 f"prune_model: {type(model).__name__} has no Linear weight to calibrate "
                 "besides its output head; expected a model with Linear layers"
             )
@@ -242,7 +243,7 @@ def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
     """The calibrated methods' reduction of statistics over `group`'s ranks; `arguments`
     are compared once oneshot has checked them."""
     if method not in CALIBRATED:
-        raise ValueError(
+        raise value_error(
             f"prune_model: process_group with method={method!r} and a pattern applies to "
             "scope='global' (pattern 'unstructured') only; each rank prunes its own "
             "tensors per layer"
@@ -271,18 +272,18 @@ def _output_heads(model: nn.Module) -> list[nn.Module]:
 def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     """The method class and its keyword arguments, after checking the three fit together."""
     if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(
+        raise value_error(
             f"prune_model: invalid method={method!r}; expected one of "
             f"{', '.join([*METHODS, *CALIBRATED])}"
         )
     if not isinstance(scope, str) or scope not in SCOPES:
-        raise ValueError(
+        raise value_error(
             f"prune_model: invalid scope={scope!r}; expected 'layer' (each tensor) or "
             "'global' (all selected tensors ranked together)"
         )
     cls = METHODS[method]
     if cls is LnStructured and scope == "global":
-        raise ValueError(
+        raise value_error(
             "prune_model: method='ln' prunes whole channels of each tensor, so scope must be "
             "'layer'; for scope='global' use method 'l1' or 'random'"
         )
@@ -292,7 +293,7 @@ def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     try:
         cls(**kwargs)  # checks the amount before anything is looked at
     except (TypeError, ValueError) as error:
-        raise type(error)(f"prune_model: {error}") from None
+        raise with_context(error, "prune_model") from None
     return cls, kwargs
 
 
@@ -301,7 +302,7 @@ def _patterns(value: Any, what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if not isinstance(value, Iterable) or not all(isinstance(p, str) for p in value):
-        raise TypeError(
+        raise type_error(
             f"prune_model: invalid {what}={value!r}; expected globs of parameter names "
             "(a str or a sequence of str), e.g. ('encoder.*',)"
         )
@@ -314,7 +315,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
     The globs see every name; a tied parameter must be selected under all its names or none.
     """
     if not is_module(model):
-        raise TypeError(
+        raise type_error(
             f"prune_model: invalid model of type {type(model).__name__}; "
             "expected an nn.Module of torch or tensorplay"
         )
@@ -337,7 +338,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
     try:
         chosen = set(select_names(listed, () if include == ("*",) else include, exclude))
     except ValueError as error:
-        raise ValueError(f"prune_model: {error} (in {type(model).__name__})") from None
+        raise value_error(f"prune_model: {error} (in {type(model).__name__})") from None
     selected = []
     for target in found.values():
         # A shared module is one module under several paths: any of its names selects it.
@@ -348,7 +349,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
             selected.append(target)
         elif any(hits):
             picked = [n for n, hit in zip(names, hits, strict=True) if hit]
-            raise ValueError(
+            raise value_error(
                 f"prune_model: {', '.join(map(repr, names))} are one Parameter (tied), but "
                 f"include/exclude select only {picked}; "
                 "expected globs that select all of its names or none"

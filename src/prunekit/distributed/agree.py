@@ -49,7 +49,7 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
-from prunekit.distributed.group import Group, group_of
+from prunekit.distributed.group import Group, RanksTimeout, group_of
 
 __all__ = ["Collective", "canonical", "collective", "is_told"]
 
@@ -131,6 +131,8 @@ class Collective(Group):
     def _collective(self, run: Any, value: Any) -> Any:
         try:
             return run(value)
+        except RanksTimeout as error:
+            raise _told(RanksTimeout(f"{self.owner}: {error}")) from error
         except Exception as error:
             raise _told(error)  # the collective failed here: no exchange can follow
 
@@ -195,6 +197,8 @@ def _compare(owner: str, digests: list[dict[str, str] | None]) -> None:
     """Raise (the same error on every rank) if the ranks' digests differ."""
     found = [d or {} for d in digests]
     keys = list(dict.fromkeys(k for d in found for k in d))
+    if len({d.get("call") for d in found}) > 1:  # different calls: their arguments differ too
+        owner, keys = "prunekit", ["call"]
     differ = []
     for key in keys:
         values = [d.get(key, "(not given)") for d in found]

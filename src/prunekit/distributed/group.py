@@ -101,11 +101,11 @@ class TorchGroup(Group):
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as error:
             raise RanksTimeout(
-                f"prunekit: rank {self.rank} of {self.size} waited for the other ranks at a "
-                f"collective ({what}) and it did not complete within {self.timeout:g} s "
-                f"({type(error).__name__}: {error}); a rank died, never made this call, "
-                "or is busy longer than the timeout (TorchGroup(group, timeout=...) sets "
-                "it). The group is out of step now: destroy it and make a new one"
+                f"rank {self.rank} of {self.size} waited for the other ranks at a collective "
+                f"({what}) and it did not complete ({type(error).__name__}: {error}): a rank "
+                f"died, never made this call, or took longer than the timeout of "
+                f"{self.timeout:g} s (TorchGroup(group, timeout=...) sets it). The group is "
+                "out of step now: destroy it and make a new one"
             ) from error
 
     def sum(self, values: Tensor) -> Tensor:
