@@ -98,7 +98,10 @@ def _cases(rank: int) -> dict[str, Callable[[nn.Module, Any], Any]]:
 EXPECTED = {
     "amount": ("ValueError", "amount: 0.5 on rank(s) [0, 2, 3], 0.9 on rank(s) [1]"),
     "wanda_amount": ("ValueError", "amount: 0.5 on rank(s) [0, 2, 3], 0.25 on rank(s) [1]"),
-    "sparsegpt_pattern": ("ValueError", "pattern: '2:4' on rank(s) [0, 2, 3], 'row' on rank(s) [1]"),
+    "sparsegpt_pattern": (
+        "ValueError",
+        "pattern: '2:4' on rank(s) [0, 2, 3], 'row' on rank(s) [1]",
+    ),
     "method": ("ValueError", "method: 'wanda' on rank(s) [0, 2, 3], 'sparsegpt' on rank(s) [1]"),
     "bad_amount": ("ValueError", "rank(s) [1] of the"),
     "glob": ("ValueError", "nowhere.*"),

@@ -42,11 +42,14 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 _CACHES = ("past_key_value", "past_key_values", "layer_past")
 
+
 class Reduce(Protocol):
     """Statistics reduced over data-parallel ranks, and the ranks told of each other's
     failures (prunekit.distributed.stats.Reducer over a process group)."""
 
-    def __call__(self, statistics: dict[str, Tensor], weights: dict[str, float]) -> dict[str, Tensor]:
+    def __call__(
+        self, statistics: dict[str, Tensor], weights: dict[str, float]
+    ) -> dict[str, Tensor]:
         """The statistics summed over the ranks, as new tensors; a name given a weight is
         averaged instead, ``sum(w_r * s_r) / sum(w_r)``. Every rank calls it with the same
         names, shapes and dtypes."""

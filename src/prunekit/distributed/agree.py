@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numbers
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -63,6 +63,8 @@ _MADE = {
 }
 
 E = TypeVar("E", bound=BaseException)
+V = TypeVar("V")
+R = TypeVar("R")
 
 
 def _told(error: E) -> E:
@@ -128,13 +130,14 @@ class Collective(Group):
         except Exception as error:
             self.fail(error)
 
-    def _collective(self, run: Any, value: Any) -> Any:
+    def _collective(self, run: Callable[[V], R], value: V) -> R:
         try:
             return run(value)
         except RanksTimeout as error:
             raise _told(RanksTimeout(f"{self.owner}: {error}")) from error
         except Exception as error:
-            raise _told(error)  # the collective failed here: no exchange can follow
+            _told(error)  # the collective failed here: no exchange can follow
+            raise
 
     def _step(
         self,
@@ -238,7 +241,7 @@ def canonical(value: Any) -> str:
     if isinstance(value, Mapping):
         pairs = sorted(f"{canonical(k)}: {canonical(v)}" for k, v in value.items())
         return "{" + ", ".join(pairs) + "}"
-    if type(value).__repr__ is not object.__repr__:
+    if getattr(type(value), "__repr__", None) is not object.__repr__:
         text = repr(value)
         if " at 0x" not in text:
             return text[:200]

@@ -26,8 +26,8 @@ from prunekit.core.errors import attribute_error, describe, type_error, value_er
 from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
-from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.agree import Collective, collective
+from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import Layout, layout, local
 

@@ -115,7 +115,9 @@ class Reducer:
         self.call = call
         self.digest: Mapping[str, Any] | None = digest
 
-    def __call__(self, statistics: dict[str, Tensor], weights: dict[str, float]) -> dict[str, Tensor]:
+    def __call__(
+        self, statistics: dict[str, Tensor], weights: dict[str, float]
+    ) -> dict[str, Tensor]:
         return all_reduce_statistics(statistics, self.group, weight=weights)
 
     def settle(self, error: BaseException | None) -> None:
