@@ -179,7 +179,8 @@ def by_shards(name: str, rank: int, world: int, how: str) -> list[torch.Tensor] 
 
 
 def refused(rank: int, world: int) -> str:
-    """Rank 1 lists a tensor that is no Parameter; every rank must raise, none hang."""
+    """Rank 1 lists a tensor that is no Parameter; every rank must raise the same error,
+    none hang."""
     layers = build(CASES["l1"])
     pairs = [(layers[rank], "weight" if rank != 1 else "bias")]
     try:

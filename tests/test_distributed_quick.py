@@ -7,7 +7,10 @@ imported torch once (spawned, each would import torch and DTensor's torch._dynam
 Each group checks, against one process: l1, random and importance scores, split by layer
 and by DTensor shard (rows, columns, replicas, FSDP2), ties, tensors pruned before;
 Wanda, SparseGPT and Taylor calibrated on each rank's own batches; a refused input on one
-rank raising on every rank; statistics reduced over the ranks.
+rank raising on every rank; statistics reduced over the ranks; and the hostile cases of
+tests/distributed_hostile.py (other arguments on one rank, one rank failing before or
+between collectives, a rank that never comes): the same error on every rank, within the
+group's bound, every model unchanged bit for bit.
 """
 
 from __future__ import annotations

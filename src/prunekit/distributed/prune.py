@@ -9,6 +9,12 @@ must list the same DTensors in the same order. Random methods draw from rank 0's
 generator (the others' are left as they were), so the noise is the same as in one
 process. What travels per call is a sample, counts and histograms (see cut.py), never the
 tensors.
+
+The call runs agree.py's protocol: every rank checks its method and tensors, the ranks
+compare the method and its arguments, each collective of the selection is preceded by a
+status (a criterion failing on one rank reaches the others there), and the masks are
+installed inside a transaction that ends with a last status, so that they are installed
+on every rank or on none.
 """
 
 from __future__ import annotations
