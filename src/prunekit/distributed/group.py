@@ -70,8 +70,9 @@ class TorchGroup(Group):
         timeout: seconds a rank waits at one collective for the others (> 0, finite).
 
     Raises:
-        ValueError: torch.distributed is not initialized, or `timeout` is not a positive
-            finite number of seconds.
+        TypeError: `timeout` is not a number.
+        ValueError: `timeout` is not finite and > 0, or torch.distributed is not
+            initialized.
     """
 
     def __init__(self, process_group: Any = None, *, timeout: float = TIMEOUT) -> None:
