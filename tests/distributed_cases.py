@@ -179,7 +179,8 @@ def by_shards(name: str, rank: int, world: int, how: str) -> list[torch.Tensor] 
 
 
 def refused(rank: int, world: int) -> str:
-    """Rank 1 lists a tensor that is no Parameter; every rank must raise, none hang."""
+    """Rank 1 lists a tensor that is no Parameter; every rank must raise the same error,
+    none hang."""
     layers = build(CASES["l1"])
     pairs = [(layers[rank], "weight" if rank != 1 else "bias")]
     try:
@@ -214,6 +215,7 @@ PRELOAD = [
     "prunekit",
     "distributed_cases",
     "distributed_calibration",
+    "distributed_hostile",
 ]
 TIMEOUT = 300.0  # seconds a collective may wait for the others, and a group may run in all
 
@@ -224,6 +226,10 @@ def run_job(name: str, how: str, rank: int, world: int) -> Any:
         return refused(rank, world)
     if name == "statistics":
         return statistics(rank, world)
+    if how == "hostile":
+        import distributed_hostile as hostile
+
+        return hostile.run(name, rank, world)
     if how == "calibrated":
         import distributed_calibration as calibrated
 

@@ -72,7 +72,8 @@ def test_a_refused_input_raises_on_every_rank(ranks: Any) -> None:
         found = results[r]["refused"]
         assert found.startswith("ValueError") and found.endswith("pruned: False"), found
     assert "parameter 'bias'" in results[1]["refused"]
-    assert "rank(s) [1] refused" in results[0]["refused"]
+    assert "rank(s) [1] of the" in results[0]["refused"]
+    assert len({results[r]["refused"] for r in range(world)}) == 1  # the same error on all
 
 
 def test_statistics_are_the_weighted_mean_over_ranks(ranks: Any) -> None:

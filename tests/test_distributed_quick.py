@@ -7,7 +7,10 @@ imported torch once (spawned, each would import torch and DTensor's torch._dynam
 Each group checks, against one process: l1, random and importance scores, split by layer
 and by DTensor shard (rows, columns, replicas, FSDP2), ties, tensors pruned before;
 Wanda, SparseGPT and Taylor calibrated on each rank's own batches; a refused input on one
-rank raising on every rank; statistics reduced over the ranks.
+rank raising on every rank; statistics reduced over the ranks; and the hostile cases of
+tests/distributed_hostile.py (other arguments on one rank, one rank failing before or
+between collectives, a rank that never comes): the same error on every rank, within the
+group's bound, every model unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 import distributed_calibration as calibrated
 import distributed_cases as cases
+import distributed_hostile as hostile
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 CALIBRATED = [(name, "calibrated") for name in [*calibrated.CALIBRATED, "refused_calibration"]]
+HOSTILE = [(name, "hostile") for name in hostile.NAMES]
 JOBS = {
     2: [
         *[("l1", "layers"), ("l1_ties", "layers"), ("random", "layers")],
@@ -37,6 +42,7 @@ JOBS = {
         *CALIBRATED,
         ("refused", ""),
         ("statistics", ""),
+        *HOSTILE,
     ],
     4: [
         *[("l1_count", "layers"), ("l1_ties", "layers"), ("random_pruned", "layers")],
@@ -46,6 +52,7 @@ JOBS = {
         *CALIBRATED,
         ("refused", ""),
         ("statistics", ""),
+        *HOSTILE,
     ],
 }
 
@@ -89,7 +96,7 @@ def references(world: int) -> None:
     for name, how in JOBS[world]:
         if how == "calibrated" and name != "refused_calibration":
             calibrated_reference(name, world)
-        elif how not in ("", "calibrated"):
+        elif how not in ("", "calibrated", "hostile"):
             reference(name)
 
 
@@ -102,7 +109,7 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
             for r in range(world):
                 found = results[r]["refused"]
                 ok = found.startswith("ValueError") and found.endswith("pruned: False")
-                if not ok or ("rank(s) [1] refused" not in results[0]["refused"]):
+                if not ok or found != results[0]["refused"] or "rank(s) [1] of the" not in found:
                     failures.append(f"refused, rank {r}: {found}")
         elif name == "statistics":
             weights = [r + 1 for r in range(world)]
@@ -117,8 +124,12 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
                 found = results[r][key]
                 if not found.endswith("unchanged: True") or "Error" not in found:
                     failures.append(f"{key}, rank {r}: {found}")
-            if "another rank" not in results[0][key]:
+            if "rank(s) [1] of the" not in results[0][key]:
                 failures.append(f"{key}, rank 0: {results[0][key]}")
+            if len({results[r][key] for r in range(world)}) != 1:
+                failures.append(f"{key}: the ranks raised different errors")
+        elif how == "hostile":
+            failures += hostile.check(name, [results[r][key] for r in range(world)])
         elif how == "calibrated":
             want = calibrated_reference(name, world)
             for r in range(world):

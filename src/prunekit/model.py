@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.backend import is_module
+from prunekit.core.errors import type_error, value_error, with_context
 from prunekit.core.naming import ORIG, mask_name, pruned_name
 from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
@@ -88,13 +89,48 @@ def prune_model(
     for the calibrated methods every rank holds the whole model and calibrates on its
     own batches, and the statistics (Taylor: saliencies) are reduced over the ranks, so
     every rank gets the masks (and SparseGPT's updates) of one process calibrating on
-    all the batches. Every argument, tensor and batch is checked first; if anything
-    fails, the model is left exactly as it was.
+    all the batches. The ranks compare their arguments once each has checked its own,
+    and an error on any rank makes every rank raise the same error, each model left as
+    it was (see prunekit/distributed/agree.py); no rank waits for the others longer than
+    the group's timeout (prunekit.distributed.TorchGroup). Every argument, tensor and
+    batch is checked first; if anything fails, the model is left exactly as it was.
     """
+    arguments = {
+        "method": method,
+        "amount": amount,
+        "pattern": pattern,
+        "scope": scope,
+        "include": include,
+        "exclude": exclude,
+        "sequential": sequential,
+        "calibration given": calibration is not None,
+        "loss given": loss is not None,
+    }
+    if process_group is None:
+        return _prune(model, calibration, loss, progress, None, arguments)
+    from prunekit.distributed.agree import collective
+
+    group = collective(process_group, "prune_model")
+    with group.telling():  # an error on this rank reaches the others at their next step
+        return _prune(model, calibration, loss, progress, group, arguments)
+
+
+def _prune(
+    model: nn.Module,
+    calibration: Any,
+    loss: Any,
+    progress: Any,
+    group: Any,
+    arguments: dict[str, Any],
+) -> Report:
+    """prune_model's work; with `group` (an agree.Collective), the steps of its protocol."""
+    method, amount, pattern = arguments["method"], arguments["amount"], arguments["pattern"]
+    scope, include, exclude = arguments["scope"], arguments["include"], arguments["exclude"]
+    sequential = arguments["sequential"]
     if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
         reduce = None
-        if process_group is not None:
-            reduce = _reducer(method, process_group)
+        if group is not None:
+            reduce = _reducer(method, group, arguments)
         return _oneshot(
             model,
             amount,
@@ -110,19 +146,21 @@ def prune_model(
             reduce,
         )
     if not _plain(pattern) or calibration is not None:
-        raise ValueError(
+        raise value_error(
             f"prune_model: method={method!r} takes no pattern and no calibration; expected "
             f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
         )
     cls, kwargs = _method(method, scope, amount)
-    if process_group is not None:
+    if group is not None:
         if scope != "global":
-            raise ValueError(
+            raise value_error(
                 f"prune_model: process_group applies to scope='global', not {scope!r}; each "
                 "rank prunes its own tensors in scope 'layer'"
             )
-        kwargs["process_group"] = process_group
+        kwargs["process_group"] = group
     targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
+    if group is not None:
+        group.start("prune_model", arguments)
     snapshots = [Snapshot(m) for m in model.modules()]
     try:
         if scope == "global":
@@ -134,6 +172,8 @@ def prune_model(
             mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:
                 custom_from_mask(holder, leaf, mask)
+        if group is not None:
+            group.finish()  # a rank failing since the last step: every rank undoes
     except BaseException:
         for snapshot in snapshots:
             snapshot.restore()
@@ -170,7 +210,7 @@ def _oneshot(
             if isinstance(t.module, nn.Linear) and t.leaf == "weight" and t.module not in heads
         ]
         if not targets:
-            raise ValueError(
+            raise value_error(
                 f"prune_model: {type(model).__name__} has no Linear weight to calibrate "
                 "besides its output head; expected a model with Linear layers"
             )
@@ -199,23 +239,18 @@ def _oneshot(
     return report(model)
 
 
-def _reducer(method: str, process_group: Any) -> Any:
-    """The calibrated methods' reduction of statistics over `process_group`'s ranks."""
+def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
+    """The calibrated methods' reduction of statistics over `group`'s ranks; `arguments`
+    are compared once oneshot has checked them."""
     if method not in CALIBRATED:
-        raise ValueError(
+        raise value_error(
             f"prune_model: process_group with method={method!r} and a pattern applies to "
             "scope='global' (pattern 'unstructured') only; each rank prunes its own "
             "tensors per layer"
         )
-    from prunekit.distributed.group import group_of
-    from prunekit.distributed.stats import all_reduce_statistics
+    from prunekit.distributed.stats import Reducer
 
-    group = group_of(process_group, "prune_model")
-
-    def reduce(statistics: dict[str, Any], weights: dict[str, float]) -> dict[str, Any]:
-        return all_reduce_statistics(statistics, group, weight=weights)
-
-    return reduce
+    return Reducer(group, "prune_model", arguments)
 
 
 def _output_heads(model: nn.Module) -> list[nn.Module]:
@@ -237,18 +272,18 @@ def _output_heads(model: nn.Module) -> list[nn.Module]:
 def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     """The method class and its keyword arguments, after checking the three fit together."""
     if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(
+        raise value_error(
             f"prune_model: invalid method={method!r}; expected one of "
             f"{', '.join([*METHODS, *CALIBRATED])}"
         )
     if not isinstance(scope, str) or scope not in SCOPES:
-        raise ValueError(
+        raise value_error(
             f"prune_model: invalid scope={scope!r}; expected 'layer' (each tensor) or "
             "'global' (all selected tensors ranked together)"
         )
     cls = METHODS[method]
     if cls is LnStructured and scope == "global":
-        raise ValueError(
+        raise value_error(
             "prune_model: method='ln' prunes whole channels of each tensor, so scope must be "
             "'layer'; for scope='global' use method 'l1' or 'random'"
         )
@@ -258,7 +293,7 @@ def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     try:
         cls(**kwargs)  # checks the amount before anything is looked at
     except (TypeError, ValueError) as error:
-        raise type(error)(f"prune_model: {error}") from None
+        raise with_context(error, "prune_model") from None
     return cls, kwargs
 
 
@@ -267,7 +302,7 @@ def _patterns(value: Any, what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if not isinstance(value, Iterable) or not all(isinstance(p, str) for p in value):
-        raise TypeError(
+        raise type_error(
             f"prune_model: invalid {what}={value!r}; expected globs of parameter names "
             "(a str or a sequence of str), e.g. ('encoder.*',)"
         )
@@ -280,7 +315,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
     The globs see every name; a tied parameter must be selected under all its names or none.
     """
     if not is_module(model):
-        raise TypeError(
+        raise type_error(
             f"prune_model: invalid model of type {type(model).__name__}; "
             "expected an nn.Module of torch or tensorplay"
         )
@@ -303,7 +338,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
     try:
         chosen = set(select_names(listed, () if include == ("*",) else include, exclude))
     except ValueError as error:
-        raise ValueError(f"prune_model: {error} (in {type(model).__name__})") from None
+        raise value_error(f"prune_model: {error} (in {type(model).__name__})") from None
     selected = []
     for target in found.values():
         # A shared module is one module under several paths: any of its names selects it.
@@ -314,7 +349,7 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
             selected.append(target)
         elif any(hits):
             picked = [n for n, hit in zip(names, hits, strict=True) if hit]
-            raise ValueError(
+            raise value_error(
                 f"prune_model: {', '.join(map(repr, names))} are one Parameter (tied), but "
                 f"include/exclude select only {picked}; "
                 "expected globs that select all of its names or none"

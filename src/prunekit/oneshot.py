@@ -110,20 +110,30 @@ def oneshot(
     `then` runs last, inside the transaction; `touched` are the modules it restores
     (default: those of `targets`). `reduce` (see criteria.calibration.Reduce) makes the
     calibrated methods use the statistics (Taylor: the saliencies) of every
-    data-parallel rank's batches, each rank holding the whole model.
+    data-parallel rank's batches, each rank holding the whole model; the ranks settle
+    once the arguments are checked and once more inside the transaction, at the end,
+    so that a failure on any rank undoes the call on every rank.
     """
-    plan = _plan(
-        model,
-        list(targets),
-        amount,
-        method,
-        pattern,
-        scope,
-        calibration,
-        sequential,
-        loss,
-        SparseGPT(damp, blocksize),
-    )
+    try:
+        plan = _plan(
+            model,
+            list(targets),
+            amount,
+            method,
+            pattern,
+            scope,
+            calibration,
+            sequential,
+            loss,
+            SparseGPT(damp, blocksize),
+        )
+    except Exception as error:
+        if reduce is None:
+            raise
+        reduce.settle(error)  # every rank raises
+        raise
+    if reduce is not None:
+        reduce.settle(None)  # every rank's checks passed, and the arguments agree
     plan.reduce = reduce
     if touched is None:
         touched = [m for m, _ in plan.targets]
@@ -133,6 +143,8 @@ def oneshot(
             _run(model, plan, bar)
             if then is not None:
                 then()
+            if reduce is not None:
+                reduce.settle(None)  # a rank failing since the last step: every rank undoes
     except BaseException:
         for param, old in reversed(plan.undo):
             param.data = old  # the transaction restored the masks, hooks and module.<name>

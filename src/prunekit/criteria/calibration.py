@@ -7,17 +7,19 @@ found by identity in the first batch. In sequential mode the model runs once up 
 first block, whose inputs are kept; then each block is calibrated on them, pruned, and run
 again to give the next block's inputs: only one block's statistics exist at a time.
 
-Across data-parallel ranks, each calibrating on its own batches, a `Reduce` (a callable
-given from above, such as prunekit.all_reduce_statistics over a process group) sums the
-statistics where they are made, at the end of `calibrate` and `block_statistics`: every
-rank then holds those of all the batches. This module imports nothing of torch.distributed.
+Across data-parallel ranks, each calibrating on its own batches, a `Reduce` (given from
+above: prunekit.distributed.stats.Reducer over a process group) sums the statistics where
+they are made, at the end of `calibrate` and `block_statistics`: every rank then holds
+those of all the batches. An error a rank meets in calibration is held until that
+reduction, where `Reduce.settle` makes every rank raise it (the protocol of
+prunekit/distributed/agree.py). This module imports nothing of torch.distributed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -40,26 +42,30 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 _CACHES = ("past_key_value", "past_key_values", "layer_past")
 
-Reduce = Callable[[dict[str, Tensor], dict[str, float]], dict[str, Tensor]]
-"""(statistics, weights) -> the statistics summed over the ranks, as new tensors; a name
-given a weight is averaged instead, ``sum(w_r * s_r) / sum(w_r)``. Every rank calls it
-with the same names, shapes and dtypes."""
+
+class Reduce(Protocol):
+    """Statistics reduced over data-parallel ranks, and the ranks told of each other's
+    failures (prunekit.distributed.stats.Reducer over a process group)."""
+
+    def __call__(
+        self, statistics: dict[str, Tensor], weights: dict[str, float]
+    ) -> dict[str, Tensor]:
+        """The statistics summed over the ranks, as new tensors; a name given a weight is
+        averaged instead, ``sum(w_r * s_r) / sum(w_r)``. Every rank calls it with the same
+        names, shapes and dtypes."""
+
+    def settle(self, error: BaseException | None) -> None:
+        """Every rank learns whether any failed (`error` on this one): if one did, every
+        rank raises the same error."""
 
 
 def agree(reduce: Reduce, error: BaseException | None, more: Tensor | None = None) -> Tensor:
-    """Every rank learns whether any failed: raises `error` where it was raised, a
-    RuntimeError on the others; else returns `more` (float64) summed over the ranks."""
-    extra = torch.zeros(0, dtype=torch.float64) if more is None else more
-    flags = torch.cat([torch.tensor([float(error is not None)], dtype=torch.float64), extra])
-    summed = reduce({"calibration.flags": flags}, {})["calibration.flags"]
-    if error is not None:
-        raise error
-    if float(summed[0]):
-        raise RuntimeError(
-            "calibration: another rank of the group failed to calibrate; nothing was pruned "
-            "here either"
-        )
-    return summed[1:]
+    """Every rank learns whether any failed, and raises then (the same error on every
+    rank); else returns `more` (float64) summed over the ranks."""
+    reduce.settle(error)
+    if more is None:
+        return torch.zeros(0, dtype=torch.float64)
+    return reduce({"calibration.counts": more.to(torch.float64)}, {})["calibration.counts"]
 
 
 def run_batch(model: nn.Module, batch: Any) -> Any:

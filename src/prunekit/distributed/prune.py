@@ -9,6 +9,12 @@ must list the same DTensors in the same order. Random methods draw from rank 0's
 generator (the others' are left as they were), so the noise is the same as in one
 process. What travels per call is a sample, counts and histograms (see cut.py), never the
 tensors.
+
+The call runs agree.py's protocol: every rank checks its method and tensors, the ranks
+compare the method and its arguments, each collective of the selection is preceded by a
+status (a criterion failing on one rank reaches the others there), and the masks are
+installed inside a transaction that ends with a last status, so that they are installed
+on every rank or on none.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ from torch import Tensor, nn
 
 from prunekit import CustomFromMask, Pruning, Random, Unstructured
 from prunekit.core.amount import Amount
-from prunekit.core.errors import describe, type_error, value_error
+from prunekit.core.errors import attribute_error, describe, type_error, value_error
 from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
+from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.cut import Piece, Unrankable, select
-from prunekit.distributed.group import Group, group_of
+from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import Layout, layout, local
 
 __all__ = ["global_unstructured"]
@@ -63,36 +70,60 @@ def global_unstructured(
 
     `pruning_method` is an unstructured prunekit.Pruning class ranking by magnitude:
     L1Unstructured, RandomUnstructured, or Pruning with such a criterion. Every rank must
-    call it (with the same method and amount). If a rank's input is wrong, every rank
-    raises and nothing is pruned anywhere.
+    call it with the same method and arguments (compared first: see agree.py).
+
+    Args:
+        parameters: this rank's (module, name) pairs.
+        pruning_method: the Pruning class.
+        importance_scores: scores per pair (this rank's part of a DTensor's), instead of
+            the tensors' values.
+        process_group: a torch.distributed group (None: the default one), or a
+            prunekit.distributed.TorchGroup to choose how long a rank waits for the others.
+        **kwargs: the method's arguments (`amount`, ...).
+
+    Raises:
+        ValueError, TypeError: on every rank, if any rank's input is wrong, the ranks'
+            arguments differ, or a criterion fails on a rank (see agree.py for the
+            error's type); nothing is pruned on any rank.
+        RanksTimeout: a rank waited for the others longer than the group's timeout.
     """
-    group = group_of(process_group, _OWNER)
-    error, entries, method = None, [], None
-    try:
+    group = collective(process_group, _OWNER)
+    with group.telling():
         method = _method(pruning_method, kwargs)
-        entries = _entries(parameters, importance_scores or {})
-    except (TypeError, ValueError, AttributeError, IndexError) as caught:
-        error = caught
-    keys = _keys(entries, error, group)
-    assert method is not None
-    pieces = _pieces(entries, keys, method.criterion)
-    competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
-    k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
-    if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
-        _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
-    try:
-        selection = select(pieces, lambda total: k, group)
-    except Unrankable as bad:
-        named = ", ".join(describe(entries[i].module, entries[i].name) for i in bad.pieces)
-        raise value_error(
-            f"{_OWNER}: the scores of "
-            f"{named or 'a tensor of another rank'} hold NaN or infinity, which cannot be ranked"
-        ) from None
-    masks = []
-    for i, e in enumerate(entries):
-        keep = selection.keep(i, e.values.dtype).view(e.values.shape)
-        masks.append(_like(e.param, keep) if e.layout.sharded else keep)
-    _install(entries, masks, group)
+        entries = _entries(parameters, {} if importance_scores is None else importance_scores)
+        group.start(_OWNER, _digest(pruning_method, method, kwargs))
+        keys = _keys(entries, group)
+        pieces = _pieces(entries, keys, method.criterion)
+        competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
+        k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
+        if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
+            _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
+        try:
+            selection = select(pieces, lambda total: k, group)
+        except Unrankable as bad:
+            named = ", ".join(describe(entries[i].module, entries[i].name) for i in bad.pieces)
+            raise value_error(
+                f"{_OWNER}: the scores of "
+                f"{named or 'a tensor of another rank'} hold NaN or infinity, which cannot be "
+                "ranked"
+            ) from None
+        masks = []
+        for i, e in enumerate(entries):
+            keep = selection.keep(i, e.values.dtype).view(e.values.shape)
+            masks.append(_like(e.param, keep) if e.layout.sharded else keep)
+        _install(entries, masks, group)
+
+
+def _digest(pruning_method: Any, method: Pruning, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments every rank must give alike."""
+    digest: dict[str, Any] = {
+        "pruning_method": pruning_method,
+        "amount": method.amount,
+        "criterion": method.criterion,
+        "pattern": method.pattern,
+    }
+    digest.update({k: v for k, v in kwargs.items() if k not in digest})
+    return digest
 
 
 def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
@@ -128,6 +159,11 @@ def _entries(
             f"{_OWNER}: invalid parameters of type {type(parameters).__name__}; "
             "expected an iterable of (module, name) pairs"
         )
+    if not isinstance(scores, dict):
+        raise type_error(
+            f"{_OWNER}: invalid importance_scores of type {type(scores).__name__}; expected "
+            "a dict keyed by (module, name)"
+        )
     found: list[_Entry] = []
     seen: dict[int, str] = {}
     for pair in parameters:
@@ -136,7 +172,13 @@ def _entries(
         module, name = pair
         where = describe(module, name)
         path, _, leaf = str(name).rpartition(".")
-        owner = module.get_submodule(path) if path else module
+        try:
+            owner = module.get_submodule(path) if path else module
+        except AttributeError:
+            raise attribute_error(
+                f"{where}: {type(module).__name__} has no submodule {path!r}; expected the "
+                "name of a parameter of the module or of one of its submodules"
+            ) from None
         pruned = isinstance(getattr(owner, orig_name(leaf), None), nn.Parameter)
         param = getattr(owner, orig_name(leaf) if pruned else leaf, None)
         if not isinstance(param, nn.Parameter):
@@ -170,16 +212,10 @@ def _entries(
     return found
 
 
-def _keys(entries: list[_Entry], error: BaseException | None, group: Group) -> list[int]:
-    """Each entry's place in the one list of the whole model (see the module's docstring);
-    first, every rank learns whether another failed its checks, and raises then."""
+def _keys(entries: list[_Entry], group: Group) -> list[int]:
+    """Each entry's place in the one list of the whole model (see the module's docstring)."""
     mine = [(e.layout.sharded, e.layout.shape) for e in entries]
-    everyone = group.objects(None if error is not None else mine)
-    if error is not None:
-        raise error
-    failed = [r for r, found in enumerate(everyone) if found is None]
-    if failed:
-        raise value_error(f"{_OWNER}: rank(s) {failed} refused their input; nothing was pruned")
+    everyone = group.objects(mine)
     sharded = [[shape for is_d, shape in found if is_d] for found in everyone]
     if any(shapes != sharded[0] for shapes in sharded):
         raise value_error(
@@ -326,9 +362,9 @@ def _like(param: Tensor, keep: Tensor) -> Tensor:
     )
 
 
-def _install(entries: list[_Entry], masks: list[Tensor], group: Group) -> None:
-    """Install every mask, or none on any rank: a rank that fails rolls back, and so do
-    the others once they learn of it.
+def _install(entries: list[_Entry], masks: list[Tensor], group: Collective) -> None:
+    """Install every mask, or none on any rank: a rank that fails rolls back and tells
+    the others at their last step, where they roll back too.
 
     As in functional.global_unstructured, the masks go in as made here (binary, of the
     tensor's dtype) without the checks custom_from_mask makes of a caller's mask: on a
@@ -336,17 +372,6 @@ def _install(entries: list[_Entry], masks: list[Tensor], group: Group) -> None:
     """
     touched = [m for e in entries for m in (e.module, e.owner)]
     with transaction(touched):
-        error = None
-        try:
-            for e, mask in zip(entries, masks, strict=True):
-                install(e.module, e.name, CustomFromMask._trusted(mask))
-        except Exception as caught:
-            error = caught
-        failed = int(group.sum(torch.tensor([int(error is not None)]))[0])
-        if error is not None:
-            raise error
-        if failed:
-            raise RuntimeError(
-                f"{_OWNER}: another rank failed to install its masks; nothing was pruned here "
-                "either"
-            )
+        for e, mask in zip(entries, masks, strict=True):
+            install(e.module, e.name, CustomFromMask._trusted(mask))
+        group.finish()

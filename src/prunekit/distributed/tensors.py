@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import value_error
 from prunekit.distributed.cut import Run
 
 __all__ = ["Layout", "is_dtensor", "layout", "local"]
@@ -60,7 +61,7 @@ def layout(t: Tensor, where: str) -> Layout:
     mesh, placements = t.device_mesh, t.placements  # type: ignore[attr-defined]
     for placement in placements:
         if type(placement) not in (Shard, Replicate):
-            raise ValueError(
+            raise value_error(
                 f"{where} is a DTensor placed {placement}; expected Shard(dim) or "
                 "Replicate() placements"
             )
