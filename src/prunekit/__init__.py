@@ -64,6 +64,10 @@ from prunekit.structure import (
 from prunekit.structure import GroupCriterion, load_compacted, save_compacted
 
 # isort: split
+# Structural pruning III: one budget for the whole model.
+from prunekit.structure import Budget, BudgetReport
+
+# isort: split
 # Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
 # global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
 # sharded safetensors checkpoints larger than memory. Last: they import the names above.
@@ -81,6 +85,8 @@ __version__ = "0.1.0"
 __all__ = [
     "NM",
     "BasePruningMethod",
+    "Budget",
+    "BudgetReport",
     "ChannelGroup",
     "Channels",
     "CompactReport",

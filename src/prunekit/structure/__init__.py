@@ -16,10 +16,17 @@ from prunekit.structure.prune import PrunedGroup, prune_channels
 from prunekit.structure.calibrated import Activation, GroupTaylor
 from prunekit.structure.saving import load_compacted, save_compacted
 
+# isort: split
+# One target for the whole model: a share of its parameters or MACs.
+from prunekit.structure.budget import Budget, BudgetReport, BudgetRow
+
 __all__ = [
     "CRITERIA",
     "Activation",
     "BNScale",
+    "Budget",
+    "BudgetReport",
+    "BudgetRow",
     "ChannelGroup",
     "CompactReport",
     "GroupCriterion",
