@@ -9,7 +9,8 @@ from prunekit.structure.compact import CompactReport, compact
 from prunekit.structure.criteria import CRITERIA, BNScale, GroupCriterion, WeightNorm, group_scores
 from prunekit.structure.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
-from prunekit.structure.prune import PrunedGroup, prune_channels
+from prunekit.structure.prune import prune_channels
+from prunekit.structure.pruned import PrunedGroup
 
 # isort: split
 # Criteria that learn from calibration data; compacted models saved with their shapes.

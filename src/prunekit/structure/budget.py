@@ -159,8 +159,7 @@ class BudgetReport(list[PrunedGroup]):
 
     def __repr__(self) -> str:
         return (
-            f"BudgetReport({self.budget!r}, achieved={self.achieved:.4f}, "
-            f"groups={len(self.rows)})"
+            f"BudgetReport({self.budget!r}, achieved={self.achieved:.4f}, groups={len(self.rows)})"
         )
 
 
@@ -319,7 +318,7 @@ def _weights(model: nn.Module, example_inputs: Any, budget: Budget) -> dict[int,
     if budget.measure == "macs":
         args, kwargs = split_inputs(example_inputs, "prune_channels")
         return {k: float(v) for k, v in macs_per_entry(model, args, kwargs).items()}
-    embedded = set()
+    embedded: set[int] = set()
     if not budget.embeddings:
         for m in model.modules():
             if isinstance(m, nn.Embedding | nn.EmbeddingBag):
