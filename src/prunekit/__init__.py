@@ -46,7 +46,7 @@ from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
 # Gradual pruning (imports the names above, so it comes last).
-from prunekit.schedule import Gradual, GradualPruner
+from prunekit.schedule import Distiller, Gradual, GradualPruner, distillation_loss
 
 # Structural pruning: channel groups, their masks, compaction.
 from prunekit.structure import (
@@ -92,6 +92,7 @@ __all__ = [
     "CompactReport",
     "Criterion",
     "CustomFromMask",
+    "Distiller",
     "Gradual",
     "GradualPruner",
     "GroupCriterion",
@@ -119,6 +120,7 @@ __all__ = [
     "compact",
     "compute_nparams_to_prune",
     "custom_from_mask",
+    "distillation_loss",
     "forward_reuse",
     "global_unstructured",
     "identity",
