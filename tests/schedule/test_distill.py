@@ -162,7 +162,9 @@ def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> Non
     ids = torch.randint(0, 64, (16, 12), generator=g)
     mask = torch.ones_like(ids)
     mask[:, 10:] = 0
-    rows = [{"input_ids": i, "attention_mask": m, "labels": i} for i, m in zip(ids, mask)]
+    rows = [
+        {"input_ids": i, "attention_mask": m, "labels": i} for i, m in zip(ids, mask, strict=True)
+    ]
     prune.prune_channels(student, {"input_ids": ids[:2]}, 0.5)
     inputs = {"input_ids": ids, "attention_mask": mask}
 
