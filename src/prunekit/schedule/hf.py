@@ -84,7 +84,7 @@ def checkpoint_file(args: TrainingArguments, step: int) -> str:
     return os.path.join(folder, STATE_FILE)
 
 
-class DistillationTrainer(Trainer):  # type: ignore[misc]
+class DistillationTrainer(Trainer):
     """A Trainer whose loss is `distiller`'s: the dense teacher's logits distilled into the
     model being trained (the teacher moves to the model's device; evaluation too uses it).
 
