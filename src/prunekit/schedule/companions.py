@@ -72,9 +72,8 @@ class Companions:
         for place in self.places:
             current = place.mask()
             value = place.parameter()
-            ones = torch.ones_like(value)
-            out[(id(place.holder), place.own)] = (place, ones if current is None else
-                                                  current.to(dtype=value.dtype).clone())  # fmt: skip
+            mask = torch.ones_like(value) if current is None else current.to(value.dtype).clone()
+            out[(id(place.holder), place.own)] = (place, mask)
         for g in self.groups:
             dead = torch.ones(g.size, dtype=torch.bool)
             for place, dim, indices in g.makers:
