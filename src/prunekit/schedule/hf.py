@@ -100,6 +100,9 @@ class DistillationTrainer(Trainer):
             )
         super().__init__(*args, **kwargs)
         self.distiller = distiller
+        # The distiller's loss is a mean over each batch, not a sum over its tokens: the
+        # Trainer then divides it by the gradient accumulation steps itself.
+        self.model_accepts_loss_kwargs = False
 
     def compute_loss(
         self,
