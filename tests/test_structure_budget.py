@@ -204,3 +204,24 @@ def _state(model: nn.Module) -> dict[str, Any]:
         if path != "<state_dict>":
             entry["attrs"] = [(k, value) for k, _, value in entry["attrs"]]
     return found
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.attn(x, x, x, need_weights=False)[0]
+        return out
+
+
+def test_a_mac_budget_on_a_model_whose_macs_it_cannot_see_is_refused() -> None:
+    """nn.MultiheadAttention runs its projections inside one function: no MAC is counted."""
+    model, x = Attention(), torch.randn(2, 5, 8)
+    before = _state(model)
+    with pytest.raises(ValueError, match="Attention has no multiply-accumulates to count"):
+        prunekit.prune_channels(model, x, budget=prunekit.Budget(macs=0.2))
+    assert _state(model) == before
+    report = prunekit.prune_channels(model, x, budget=prunekit.Budget(params=0.2))
+    assert [(r.kind, r.after) for r in report.rows] == [("heads", 1)]

@@ -39,7 +39,8 @@ class Budget:
             what goes and of the total, unless `embeddings` is True.
         macs: the share of the multiply-accumulates of one forward on the example inputs to
             remove, in (0, 1): those of the convolutions and linear layers (Hugging Face's
-            Conv1D too); attention's own matrix products are not counted.
+            Conv1D too); attention's own matrix products are not counted, nor the
+            projections of nn.MultiheadAttention (they run inside its one function).
         kinds: the kinds of groups that may lose units: 'channels' (conv and linear outputs,
             MLP widths), 'heads', 'hidden' (the residual width; it narrows a base model's
             output, so it is only pruned when listed).
@@ -227,6 +228,11 @@ def allocate(
     """
     weights = _weights(model, example_inputs, budget)
     total = sum(p.numel() * weights.get(id(p), 0.0) for p in _unique_parameters(model))
+    if total <= 0:
+        raise value_error(
+            f"prune_channels: budget={budget!r}, but {type(model).__name__} has no "
+            f"{_WHAT[budget.measure]} to count (see Budget); expected a model that has some"
+        )
     tensors = {
         _key(s): _Tensor(tuple(_parameter(s).shape), weights.get(_key(s), 0.0))
         for g in groups for s in _costed(g)
