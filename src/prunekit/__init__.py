@@ -46,7 +46,7 @@ from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
 # Gradual pruning (imports the names above, so it comes last).
-from prunekit.schedule import Gradual, GradualPruner
+from prunekit.schedule import Distiller, Gradual, GradualPruner, distillation_loss
 
 # Structural pruning: channel groups, their masks, compaction.
 from prunekit.structure import (
@@ -62,6 +62,10 @@ from prunekit.structure import (
 # Structural pruning II: group criteria (calibrated ones too), compacted models saved and
 # rebuilt with their per-layer shapes.
 from prunekit.structure import GroupCriterion, load_compacted, save_compacted
+
+# isort: split
+# Structural pruning III: one budget for the whole model.
+from prunekit.structure import Budget, BudgetReport
 
 # isort: split
 # Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
@@ -81,11 +85,14 @@ __version__ = "0.1.0"
 __all__ = [
     "NM",
     "BasePruningMethod",
+    "Budget",
+    "BudgetReport",
     "ChannelGroup",
     "Channels",
     "CompactReport",
     "Criterion",
     "CustomFromMask",
+    "Distiller",
     "Gradual",
     "GradualPruner",
     "GroupCriterion",
@@ -113,6 +120,7 @@ __all__ = [
     "compact",
     "compute_nparams_to_prune",
     "custom_from_mask",
+    "distillation_loss",
     "forward_reuse",
     "global_unstructured",
     "identity",

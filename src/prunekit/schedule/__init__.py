@@ -1,11 +1,23 @@
-"""Gradual pruning: the schedules, the pruner that follows them, and its trainer callbacks.
+"""Gradual pruning: the schedules, the pruner that follows them, its trainer callbacks, and
+recovery by distillation from the dense model.
 
 The callbacks (``prunekit.schedule.hf``, ``prunekit.schedule.lightning``) import their
 trainer library; this package does not.
 """
 
+from prunekit.schedule.distill import Distiller, distillation_loss, hidden_state_loss
 from prunekit.schedule.hook import Gradual
 from prunekit.schedule.pruner import GradualPruner
 from prunekit.schedule.schedules import SCHEDULES, constant, cubic, linear
 
-__all__ = ["SCHEDULES", "Gradual", "GradualPruner", "constant", "cubic", "linear"]
+__all__ = [
+    "SCHEDULES",
+    "Distiller",
+    "Gradual",
+    "GradualPruner",
+    "constant",
+    "cubic",
+    "distillation_loss",
+    "hidden_state_loss",
+    "linear",
+]

@@ -4,6 +4,7 @@
 masks when the Trainer is made (so checkpoints hold ``_orig``/``_mask`` keys from the
 start), steps after each optimizer step, and saves its state beside every checkpoint as
 ``gradual_pruner.pt``; ``trainer.train(resume_from_checkpoint=...)`` finds it there.
+``DistillationTrainer(..., distiller=Distiller(teacher))`` trains with the distiller's loss.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ import os
 from typing import Any
 
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from torch import Tensor, nn
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.schedule.distill import Distiller
 from prunekit.schedule.pruner import GradualPruner
 
-__all__ = ["STATE_FILE", "GradualPruningCallback"]
+__all__ = ["STATE_FILE", "DistillationTrainer", "GradualPruningCallback"]
 
 STATE_FILE = "gradual_pruner.pt"
 
@@ -73,3 +82,37 @@ def checkpoint_file(args: TrainingArguments, step: int) -> str:
     """Where the pruner's state of `step` goes: beside the Trainer's checkpoint."""
     folder = os.path.join(str(args.output_dir), f"{PREFIX_CHECKPOINT_DIR}-{step}")
     return os.path.join(folder, STATE_FILE)
+
+
+class DistillationTrainer(Trainer):
+    """A Trainer whose loss is `distiller`'s: the dense teacher's logits distilled into the
+    model being trained (the teacher moves to the model's device; evaluation too uses it).
+
+    ``DistillationTrainer(model=pruned, args=..., train_dataset=..., distiller=Distiller(
+    dense), callbacks=[GradualPruningCallback(pruner)])`` prunes gradually while distilling.
+    """
+
+    def __init__(self, *args: Any, distiller: Distiller, **kwargs: Any) -> None:
+        if not isinstance(distiller, Distiller):
+            raise type_error(
+                f"DistillationTrainer: invalid distiller of type {type(distiller).__name__}; "
+                "expected a prunekit.schedule.Distiller"
+            )
+        super().__init__(*args, **kwargs)
+        self.distiller = distiller
+        # The distiller's loss is a mean over each batch, not a sum over its tokens: the
+        # Trainer then divides it by the gradient accumulation steps itself.
+        self.model_accepts_loss_kwargs = False
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Tensor | int | None = None,
+    ) -> Tensor | tuple[Tensor, Any]:
+        if self.distiller.hidden_weight:
+            inputs = {**inputs, "output_hidden_states": True}
+        outputs = model(**inputs)
+        loss = self.distiller.loss(outputs, inputs)
+        return (loss, outputs) if return_outputs else loss

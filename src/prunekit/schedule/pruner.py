@@ -16,11 +16,12 @@ from torch import Tensor, nn
 import prunekit
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
+from prunekit.schedule.companions import Companions
 from prunekit.schedule.hook import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
-from prunekit.schedule.targets import Target, select_targets
+from prunekit.schedule.targets import Place, Target, select_targets
 
 __all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
 
@@ -56,6 +57,9 @@ class GradualPruner:
     (entries ranked across tensors). `include`/`exclude` select parameters by name as
     prune_model does. Random choices come from the pruner's own generator, seeded with
     `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
+    `example_inputs` (with ``pattern='channels'``): inputs of the model's forward, traced
+    once into channel groups; a channel whose weight rows are all masked then has its bias
+    and norm parameters masked too, so it carries exactly 0 and ``compact`` removes it.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class GradualPruner:
         include: Sequence[str] | str = ("*",),
         exclude: Sequence[str] | str = (),
         seed: int | None = None,
+        example_inputs: Any = None,
     ) -> None:
         self.timetable = Timetable.checked(
             final_amount, initial_amount, start_step, end_step, every, schedule, OWNER
@@ -94,6 +99,7 @@ class GradualPruner:
         self.model = model
         self.targets: list[Target] = select_targets(model, include, exclude, OWNER)
         self._check_shapes()
+        self._companions = self._traced(example_inputs)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise type_error(f"{OWNER}: invalid seed={seed!r}; expected an int or None")
         self._generator = torch.Generator().manual_seed(
@@ -131,6 +137,7 @@ class GradualPruner:
         prepared the same way. The trainer callbacks call it; the values do not change."""
         current = [self._current(t) for t in self.targets]
         self._write([torch.ones_like(v) if m is None else m for v, m in current], self._amount)
+        self._follow()
 
     def step(self) -> None:
         """Count one training step; at an update step, prune to the scheduled sparsity."""
@@ -146,6 +153,7 @@ class GradualPruner:
             masks = self._masks(fraction)
         self._write(masks, fraction)
         self._amount = fraction
+        self._follow()
 
     def _masks(self, fraction: float) -> list[Tensor]:
         """The new mask of each target at `fraction`; nothing is changed yet."""
@@ -184,11 +192,34 @@ class GradualPruner:
         return orig.detach(), mask.detach()
 
     def _write(self, masks: Sequence[Tensor], fraction: float) -> None:
-        """Install Gradual where a place has none yet, else rewrite its mask in place."""
-        label = self.label
+        """Install Gradual where a target has none yet, else rewrite its mask in place."""
         places = [
             (place, m) for t, m in zip(self.targets, masks, strict=True) for place in t.places
         ]
+        self._write_places(places, fraction)
+        self._pruned.update(t.name for t in self.targets)
+
+    def _follow(self) -> None:
+        """Mask the biases and norm parameters of the channels the targets' masks emptied."""
+        if self._companions is not None:
+            self._write_places(self._companions.masks(), self._amount)
+
+    def _traced(self, example_inputs: Any) -> Companions | None:
+        if example_inputs is None:
+            return None
+        if self.pattern.PRUNING_TYPE != "structured" or getattr(self.pattern, "dim", 0) != 0:
+            raise value_error(
+                f"{OWNER}: example_inputs is for pattern='channels' (output channels, dim 0), "
+                f"whose emptied channels it masks whole; got pattern={self.pattern!r}"
+            )
+        from prunekit.structure.graph import split_inputs
+
+        split_inputs(example_inputs, OWNER)
+        return Companions(self.model, example_inputs, self.targets)
+
+    def _write_places(self, places: Sequence[tuple[Place, Tensor]], fraction: float) -> None:
+        """Install Gradual where a place has none yet, else rewrite its mask in place."""
+        label = self.label
         fresh = [(p, m) for p, m in places if find_gradual(p.holder, p.own) is None]
         with transaction([x for p, _ in fresh for x in (p.module, p.holder)]):
             for p, m in fresh:
@@ -207,7 +238,6 @@ class GradualPruner:
                 hook.label = label
         for p, _ in places:
             prunekit.refresh_pruned(p.holder)
-        self._pruned.update(t.name for t in self.targets)
 
     def _check_shapes(self) -> None:
         if self.pattern.PRUNING_TYPE != "structured":
@@ -250,6 +280,8 @@ class GradualPruner:
                 self._write([m for _, m in chosen], amount)
             finally:
                 self.targets = targets
+            self._amount = amount
+            self._follow()
         self._generator.set_state(generator)
         self._steps, self._amount = steps, amount
         self._pruned = {t.name for t, _ in chosen}

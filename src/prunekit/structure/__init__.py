@@ -9,17 +9,25 @@ from prunekit.structure.compact import CompactReport, compact
 from prunekit.structure.criteria import CRITERIA, BNScale, GroupCriterion, WeightNorm, group_scores
 from prunekit.structure.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
-from prunekit.structure.prune import PrunedGroup, prune_channels
+from prunekit.structure.prune import prune_channels
+from prunekit.structure.pruned import PrunedGroup
 
 # isort: split
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.calibrated import Activation, GroupTaylor
 from prunekit.structure.saving import load_compacted, save_compacted
 
+# isort: split
+# One target for the whole model: a share of its parameters or MACs.
+from prunekit.structure.budget import Budget, BudgetReport, BudgetRow
+
 __all__ = [
     "CRITERIA",
     "Activation",
     "BNScale",
+    "Budget",
+    "BudgetReport",
+    "BudgetRow",
     "ChannelGroup",
     "CompactReport",
     "GroupCriterion",

@@ -27,6 +27,7 @@ class _Macs(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
+        self.weights: list[tuple[Tensor, int]] = []  # (weight, output positions it made)
 
     def __torch_function__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -39,10 +40,13 @@ class _Macs(TorchFunctionMode):
         if name in ("conv1d", "conv2d", "conv3d") and len(args) > 1:
             weight = args[1]
             self.total += out.numel() * math.prod(weight.shape[1:])
+            self.weights.append((weight, out.numel() // max(weight.shape[0], 1)))
         elif name == "linear" and len(args) > 1:
             self.total += out.numel() * args[1].shape[1]
+            self.weights.append((args[1], out.numel() // max(args[1].shape[0], 1)))
         elif name == "addmm" and len(args) > 2:  # Hugging Face's Conv1D
             self.total += out.numel() * args[1].shape[-1]
+            self.weights.append((args[2], out.numel() // max(args[2].shape[-1], 1)))
         elif name in ("matmul", "bmm", "mm", "__matmul__") and len(args) > 1:
             self.total += out.numel() * args[0].shape[-1]
         return out
@@ -54,6 +58,33 @@ def count_macs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     with torch.no_grad(), counter:
         model(*args, **kwargs)
     return counter.total
+
+
+def macs_per_entry(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
+    int, int
+]:  # fmt: skip
+    """How many multiply-accumulates each weight entry makes in one forward, by the id of the
+    Parameter (its ``_orig`` when pruned): the output positions of the convolutions and
+    linear layers (Hugging Face's Conv1D too) that ran with it as their weight. A weight
+    that such an op did not take as it is (one sliced first, as nn.MultiheadAttention does
+    with its in_proj_weight) is not found."""
+    counter = _Macs()
+    with torch.no_grad(), counter:
+        model(*args, **kwargs)
+    uses: dict[int, int] = {}
+    for weight, count in counter.weights:
+        uses[id(weight)] = uses.get(id(weight), 0) + count
+    found: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()  # a tied Parameter is held by several modules
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            shown = getattr(module, name.removesuffix("_orig"), None) if param is not None else None
+            if not isinstance(shown, Tensor) or (id(param), id(shown)) in seen:
+                continue
+            seen.add((id(param), id(shown)))
+            if uses.get(id(shown)):
+                found[id(param)] = found.get(id(param), 0) + uses[id(shown)]
+    return found
 
 
 def latency_ms(

@@ -9,25 +9,18 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 import prunekit
+from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.criteria import GroupCriterion, score_groups
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
+from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.snapshot import Snapshot
-
-
-@dataclass(frozen=True)
-class PrunedGroup:
-    """A group and the units of it that are now masked (indices into its units)."""
-
-    group: ChannelGroup
-    units: tuple[int, ...]
 
 
 def prune_channels(
@@ -44,6 +37,7 @@ def prune_channels(
     gqa: str = "query",
     calibration: Iterable[Any] | None = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
+    budget: Budget | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -64,22 +58,30 @@ def prune_channels(
     their names, globs allowed) whose output channels stay; their input channels still
     follow their producers. `calibration`: batches for the criteria that learn from data
     ('activation'; 'taylor' with `loss(output, batch)`, default ``output.loss``), as
-    prune_model takes them. Returns the groups pruned.
+    prune_model takes them. `budget`: one target for the whole model instead of `amount`,
+    `heads` and `hidden` (a ``Budget``: a share of the parameters or MACs), met by removing
+    the units of lowest score for their cost across all groups of its kinds (see
+    ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list with
+    what each group kept. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden}
     _check(amounts, scope, round_to)
+    if budget is not None:
+        check_budget(budget, amounts, scope)
     check_gqa(gqa, "prune_channels")
     skipped = _ignored(model, ignore)
     found = channel_groups(model, example_inputs, gqa=gqa)
     _check_found(model, found, amounts)
     groups = [g for g in found if g.prunable]
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
-    groups = [g for g in groups if amounts.get(g.kind)]
+    groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
     ranked = score_groups(model, groups, criterion, calibration, loss)
     scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
     chosen: list[PrunedGroup] = []
-    for kind, share in amounts.items():
+    if budget is not None:
+        chosen = allocate(model, example_inputs, groups, ranked, budget, round_to)
+    for kind, share in amounts.items():  # all 0 with a budget
         mine = [g for g in groups if g.kind == kind]
         if not share or not mine:
             continue

@@ -1,0 +1,277 @@
+"""Recovery by knowledge distillation: a pruned student learns the dense teacher's outputs.
+
+``distillation_loss`` is the KL divergence from the teacher's softened distribution to the
+student's, scaled by temperature² so its gradients keep their size across temperatures
+(Hinton et al., 2015); over token sequences it averages the positions an attention mask
+keeps. ``hidden_state_loss`` is the mean squared error of pairs of hidden states.
+``Distiller`` holds the teacher and turns a student's output and its inputs into the loss,
+for a plain loop, Lightning's ``training_step`` or ``prunekit.schedule.hf``'s
+``DistillationTrainer``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+
+__all__ = ["Distiller", "distillation_loss", "hidden_state_loss"]
+
+
+def distillation_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    temperature: float = 2.0,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """temperature² x KL(softmax(teacher / T) || softmax(student / T)), averaged.
+
+    Args:
+        student_logits: (..., classes); gradients flow into it.
+        teacher_logits: the same shape; detached (no gradient reaches the teacher).
+        temperature: T > 0; higher softens both distributions.
+        attention_mask: (...) without the class dim, such as (batch, tokens): the positions
+            whose 0 entries are left out of the average (padding).
+
+    Returns:
+        A scalar (float32 at least): 0 when the logits are equal.
+
+    Raises:
+        ValueError: shapes that differ, a bad temperature, a mask of another shape or one
+            that keeps no position.
+        TypeError: logits or a mask that are no tensors.
+    """
+    _check_temperature(temperature, "distillation_loss")
+    for name, value in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
+        if not isinstance(value, Tensor) or value.dim() < 1:
+            raise type_error(
+                f"distillation_loss: invalid {name} of type {type(value).__name__}; expected a "
+                "tensor of logits (..., classes)"
+            )
+    if student_logits.shape != teacher_logits.shape:
+        raise value_error(
+            f"distillation_loss: student_logits of shape {tuple(student_logits.shape)} and "
+            f"teacher_logits of shape {tuple(teacher_logits.shape)}; expected one shape"
+        )
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    log_student = F.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    log_teacher = F.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
+    per_position = (log_teacher.exp() * (log_teacher - log_student)).sum(-1)
+    return _mean(per_position, attention_mask, "distillation_loss") * temperature**2
+
+
+def hidden_state_loss(
+    student_states: Sequence[Tensor],
+    teacher_states: Sequence[Tensor],
+    *,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """Mean over pairs of the mean squared error of a student's hidden state to the teacher's.
+
+    Args:
+        student_states: hidden states (batch, tokens, width) or any shape, one per pair.
+        teacher_states: as many, each of its pair's shape; detached. A pruned hidden width
+            makes the student's narrower: pair it through your own projection first.
+        attention_mask: (batch, tokens): positions to leave out where 0.
+
+    Raises:
+        ValueError: pair counts or shapes that differ, or no pair.
+    """
+    student_states, teacher_states = list(student_states), list(teacher_states)
+    if not student_states or len(student_states) != len(teacher_states):
+        raise value_error(
+            f"hidden_state_loss: {len(student_states)} student and {len(teacher_states)} "
+            "teacher states; expected as many of each, at least one"
+        )
+    total: Tensor | None = None
+    for k, (s, t) in enumerate(zip(student_states, teacher_states, strict=True)):
+        if not isinstance(s, Tensor) or not isinstance(t, Tensor) or s.shape != t.shape:
+            shapes = [tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__ for x in (s, t)]
+            raise value_error(
+                f"hidden_state_loss: pair {k} has student {shapes[0]} and teacher "
+                f"{shapes[1]}; expected tensors of one shape"
+            )
+        dtype = torch.promote_types(s.dtype, torch.float32)
+        squared = (s.to(dtype) - t.detach().to(dtype)).square()
+        per_position = squared.mean(-1) if attention_mask is not None else squared
+        term = _mean(per_position, attention_mask, "hidden_state_loss")
+        total = term if total is None else total + term
+    assert total is not None
+    return total / len(student_states)
+
+
+class Distiller:
+    """The dense teacher, and how its outputs make a pruned student's loss.
+
+    ``distiller.loss(student_output, inputs)`` runs the teacher on `inputs` (without
+    gradients, in eval mode, its mode restored) and returns
+    ``alpha x distillation_loss + (1 - alpha) x student_output.loss`` (+ `hidden_weight` x
+    ``hidden_state_loss`` over the hidden states of both). `inputs` are what the student's
+    forward took: a tensor, a tuple of positional arguments or a dict of keyword arguments
+    (its ``labels`` are not passed to the teacher; its ``attention_mask`` masks the
+    average over tokens). Logits are the output itself when it is a tensor, else its
+    ``logits`` (an attribute, or a key of a dict output; so are ``loss`` and
+    ``hidden_states``). The teacher is moved to the device of the student's logits when they differ.
+
+    Args:
+        teacher: the model before pruning (a copy: ``copy.deepcopy(model)`` before
+            ``prune_channels``).
+        temperature: softens both distributions; the loss is scaled by its square.
+        alpha: weight of the distillation term in [0, 1]; below 1 the student's output
+            must carry its own ``loss`` (a Hugging Face model given ``labels``).
+        hidden_weight: weight >= 0 of the hidden-state term; above 0 both forwards return
+            ``hidden_states`` (the teacher is called with ``output_hidden_states=True``;
+            call the student so too) of the same shapes.
+
+    Raises:
+        TypeError: a teacher that is no nn.Module.
+        ValueError: a bad temperature, alpha or hidden_weight.
+    """
+
+    def __init__(
+        self,
+        teacher: nn.Module,
+        *,
+        temperature: float = 2.0,
+        alpha: float = 1.0,
+        hidden_weight: float = 0.0,
+    ) -> None:
+        if not isinstance(teacher, nn.Module):
+            raise type_error(
+                f"Distiller: invalid teacher of type {type(teacher).__name__}; expected the "
+                "dense torch.nn.Module"
+            )
+        _check_temperature(temperature, "Distiller")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+            raise value_error(f"Distiller: invalid alpha={alpha!r}; expected a float in [0, 1]")
+        if (
+            isinstance(hidden_weight, bool)
+            or not isinstance(hidden_weight, int | float)
+            or not 0 <= hidden_weight < math.inf
+        ):
+            raise value_error(
+                f"Distiller: invalid hidden_weight={hidden_weight!r}; expected a float >= 0"
+            )
+        self.teacher = teacher
+        self.temperature = float(temperature)
+        self.alpha = float(alpha)
+        self.hidden_weight = float(hidden_weight)
+
+    def teacher_output(self, inputs: Any, device: torch.device | None = None) -> Any:
+        """The teacher's output on `inputs` (no gradients, eval mode)."""
+        args, kwargs = _split(inputs)
+        kwargs.pop("labels", None)
+        if self.hidden_weight:
+            kwargs["output_hidden_states"] = True
+        first = next(self.teacher.parameters(), None)
+        if device is not None and first is not None and first.device != device:
+            self.teacher.to(device)
+        was = self.teacher.training
+        self.teacher.eval()
+        try:
+            with torch.no_grad():
+                return self.teacher(*args, **kwargs)
+        finally:
+            self.teacher.train(was)
+
+    def loss(self, student_output: Any, inputs: Any) -> Tensor:
+        """The student's loss for `student_output`, its output on `inputs`."""
+        student = _logits(student_output, "student")
+        teacher_output = self.teacher_output(inputs, student.device)
+        mask = _split(inputs)[1].get("attention_mask")
+        mask = mask if isinstance(mask, Tensor) and student.dim() == 3 else None
+        total = self.alpha * distillation_loss(
+            student, _logits(teacher_output, "teacher"), temperature=self.temperature,
+            attention_mask=mask,
+        )  # fmt: skip
+        if self.alpha < 1:
+            own = _field(student_output, "loss")
+            if not isinstance(own, Tensor):
+                raise value_error(
+                    f"Distiller: alpha={self.alpha} mixes in the student's own loss, but its "
+                    "output has no `loss`; expected a model given labels, or alpha=1.0"
+                )
+            total = total + (1 - self.alpha) * own
+        if self.hidden_weight:
+            states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
+            if states[0] is None or states[1] is None:
+                raise value_error(
+                    f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
+                    "but the student's output has none; expected the student called with "
+                    "output_hidden_states=True"
+                )
+            total = total + self.hidden_weight * hidden_state_loss(
+                states[0], states[1], attention_mask=mask
+            )
+        return total
+
+    def __repr__(self) -> str:
+        return (
+            f"Distiller({type(self.teacher).__name__}, temperature={self.temperature:g}, "
+            f"alpha={self.alpha:g}, hidden_weight={self.hidden_weight:g})"
+        )
+
+
+def _check_temperature(temperature: Any, owner: str) -> None:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, int | float)
+        or not 0 < temperature < math.inf
+    ):
+        raise value_error(
+            f"{owner}: invalid temperature={temperature!r}; expected a finite float > 0"
+        )
+
+
+def _mean(values: Tensor, mask: Tensor | None, owner: str) -> Tensor:
+    """The mean of `values`, over the positions `mask` keeps."""
+    if mask is None:
+        return values.mean()
+    if not isinstance(mask, Tensor) or mask.shape != values.shape:
+        found = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise value_error(
+            f"{owner}: attention_mask of shape {found}; expected {tuple(values.shape)}, the "
+            "logits' shape without the class dim"
+        )
+    weights = mask.to(device=values.device, dtype=values.dtype)
+    kept = weights.sum()
+    if float(kept) <= 0:
+        raise value_error(f"{owner}: attention_mask keeps no position; expected some 1s")
+    return (values * weights).sum() / kept
+
+
+def _field(output: Any, name: str) -> Any:
+    """``output.<name>``, or ``output[name]`` of a dict output (None when absent)."""
+    if isinstance(output, Mapping):
+        return output.get(name)
+    return getattr(output, name, None)
+
+
+def _logits(output: Any, whose: str) -> Tensor:
+    found = output if isinstance(output, Tensor) else _field(output, "logits")
+    if not isinstance(found, Tensor):
+        raise type_error(
+            f"Distiller: the {whose}'s output is {type(output).__name__}, with no logits; "
+            "expected a tensor of logits or an output with `.logits`"
+        )
+    return found
+
+
+def _split(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple | list):
+        return tuple(inputs), {}
+    raise type_error(
+        f"Distiller: inputs of type {type(inputs).__name__}; expected a tensor, a tuple of "
+        "positional arguments or a dict of keyword arguments"
+    )

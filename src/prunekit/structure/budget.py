@@ -1,0 +1,350 @@
+"""Budgets: one target for the whole model, met by a non-uniform choice of units to remove.
+
+A ``Budget`` asks for a share of the model's parameters (non-embedding ones by default) or of
+its multiply-accumulates to go. ``allocate`` meets it from the units of every candidate group
+at once: each unit's score is divided by its group's mean (so scores compare across layers
+and criteria scales; every group's units average 1), then by its cost relative to the
+average unit of its kind (the parameters or MACs that removing it alone saves), and the
+units of lowest value for their cost go first, until the target is met. Removals are
+counted exactly as ``compact`` will make them (a weight that loses rows and columns to two
+groups loses their product once). Constraints hold throughout: a group keeps at least one
+unit, channel and hidden widths a multiple of `round_to`, and grouped-query heads leave the
+same count in every key/value group.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.structure.graph import ChannelGroup, Slice, split_inputs
+from prunekit.structure.measure import macs_per_entry
+from prunekit.structure.pruned import PrunedGroup
+
+KINDS = ("channels", "heads", "hidden")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One target for ``prune_channels(..., budget=...)``: exactly one of `params` or `macs`.
+
+    Args:
+        params: the share of the model's parameters to remove, in (0, 1). Parameters held by
+            an ``nn.Embedding`` (and a head tied to one) are left out of the count, both of
+            what goes and of the total, unless `embeddings` is True.
+        macs: the share of the multiply-accumulates of one forward on the example inputs to
+            remove, in (0, 1): those of the convolutions and linear layers (Hugging Face's
+            Conv1D too); attention's own matrix products are not counted, nor the
+            projections of nn.MultiheadAttention (they run inside its one function).
+        kinds: the kinds of groups that may lose units: 'channels' (conv and linear outputs,
+            MLP widths), 'heads', 'hidden' (the residual width; it narrows a base model's
+            output, so it is only pruned when listed).
+        embeddings: count the embedding parameters too (`params` only).
+
+    Raises:
+        ValueError: a share outside (0, 1), both or neither of `params` and `macs`, an
+            unknown or repeated kind, `embeddings=True` with `macs`.
+        TypeError: a share or `embeddings` of the wrong type.
+    """
+
+    params: float | None = None
+    macs: float | None = None
+    kinds: tuple[str, ...] = ("channels", "heads")
+    embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("params", "macs"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise type_error(f"Budget: invalid {name}={value!r}; expected a float in (0, 1)")
+            if not 0.0 < value < 1.0:
+                raise value_error(
+                    f"Budget: invalid {name}={value!r}; expected a float in (0, 1): the share "
+                    f"of the model's {_WHAT[name]} to remove"
+                )
+        if (self.params is None) == (self.macs is None):
+            raise value_error(
+                f"Budget: params={self.params!r}, macs={self.macs!r}; expected exactly one of "
+                "them, such as Budget(params=0.2)"
+            )
+        if not isinstance(self.embeddings, bool):
+            raise type_error(f"Budget: invalid embeddings={self.embeddings!r}; expected a bool")
+        if self.embeddings and self.macs is not None:
+            raise value_error(
+                "Budget: embeddings=True counts embedding parameters, so it goes with params=; "
+                f"got macs={self.macs!r}"
+            )
+        kinds = self.kinds
+        if isinstance(kinds, str) or not isinstance(kinds, tuple | list):
+            raise type_error(
+                f"Budget: invalid kinds={kinds!r}; expected a tuple of kinds among {list(KINDS)}"
+            )
+        if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+            raise value_error(
+                f"Budget: invalid kinds={kinds!r}; expected distinct kinds among {list(KINDS)}, "
+                "at least one"
+            )
+        object.__setattr__(self, "kinds", tuple(kinds))
+
+    @property
+    def measure(self) -> str:
+        """What the target counts: 'params' or 'macs'."""
+        return "params" if self.params is not None else "macs"
+
+    @property
+    def share(self) -> float:
+        """The share of it to remove."""
+        return float(self.params if self.params is not None else self.macs)  # type: ignore[arg-type]
+
+
+_WHAT = {"params": "parameters", "macs": "multiply-accumulates"}
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """What one group kept: its name, kind and units before and after."""
+
+    name: str
+    kind: str
+    before: int
+    after: int
+
+
+class BudgetReport(list[PrunedGroup]):
+    """The groups pruned to meet a budget (a list of PrunedGroup, as ``prune_channels``
+    returns without one), with what each kept and the share achieved; ``str()`` is a table.
+
+    `total`: the parameters (or MACs) counted; `removed`: how many of them the masked units
+    make (once compacted); `achieved` = removed / total, at least `target`.
+    """
+
+    def __init__(
+        self, pruned: list[PrunedGroup], budget: Budget, total: float, removed: float,
+        rows: list[BudgetRow],
+    ) -> None:  # fmt: skip
+        super().__init__(pruned)
+        self.budget = budget
+        self.total = total
+        self.removed = removed
+        self.rows = tuple(rows)
+
+    @property
+    def target(self) -> float:
+        return self.budget.share
+
+    @property
+    def achieved(self) -> float:
+        return self.removed / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        what = _WHAT[self.budget.measure]
+        if self.budget.measure == "params" and not self.budget.embeddings:
+            what = "non-embedding " + what
+        names = [r.name if len(r.name) <= 60 else r.name[:57] + "..." for r in self.rows]
+        width = max([len("group")] + [len(n) for n in names])
+        lines = [
+            f"budget {self.target:.1%} of {self.total:,.0f} {what}: removed "
+            f"{self.removed:,.0f} ({self.achieved:.2%})",
+            f"{'group':<{width}}  {'kind':<8}  {'units':>6}  {'kept':>6}",
+        ]
+        lines += [f"{n:<{width}}  {r.kind:<8}  {r.before:>6}  {r.after:>6}"
+                  for n, r in zip(names, self.rows, strict=True)]  # fmt: skip
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"BudgetReport({self.budget!r}, achieved={self.achieved:.4f}, groups={len(self.rows)})"
+        )
+
+
+@dataclass
+class _Tensor:
+    """A parameter's shape, what one of its entries costs, and the positions removed."""
+
+    shape: tuple[int, ...]
+    weight: float
+    removed: dict[int, set[int]] = field(default_factory=dict)
+
+    def cost(self) -> float:
+        kept = math.prod(n - len(self.removed.get(d, ())) for d, n in enumerate(self.shape))
+        return self.weight * (math.prod(self.shape) - kept)
+
+
+class _Ledger:
+    """What the units chosen so far remove, counted per tensor as compact slices them."""
+
+    def __init__(self, tensors: dict[int, _Tensor]) -> None:
+        self.tensors = tensors
+        self.removed = 0.0
+
+    def remove(self, group: ChannelGroup, units: tuple[int, ...]) -> None:
+        for s in _costed(group):
+            t = self.tensors.get(_key(s))
+            if t is None:
+                continue
+            before = t.cost()
+            t.removed.setdefault(s.dim, set()).update(p for u in units for p in s.indices[u])
+            self.removed += t.cost() - before
+
+
+def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
+    """`budget` is a Budget and replaces `amount`/`heads`/`hidden` and `scope`."""
+    if not isinstance(budget, Budget):
+        raise type_error(
+            f"prune_channels: invalid budget={budget!r}; expected a prunekit.Budget such as "
+            "Budget(params=0.2), or None"
+        )
+    given = {k: v for k, v in amounts.items() if v}
+    if given:
+        names = {"channels": "amount", "heads": "heads", "hidden": "hidden"}
+        shown = ", ".join(f"{names[k]}={v!r}" for k, v in given.items())
+        raise value_error(
+            f"prune_channels: budget={budget!r} chooses the share of every kind itself; got "
+            f"{shown} too; expected amount, heads and hidden left at 0 (the kinds go in "
+            "Budget(kinds=...))"
+        )
+    if scope != "layer":
+        raise value_error(
+            f"prune_channels: budget={budget!r} ranks all groups together already; expected "
+            f"scope='layer' (the default), got scope={scope!r}"
+        )
+
+
+def allocate(
+    model: nn.Module, example_inputs: Any, groups: list[ChannelGroup], scores: list[Tensor],
+    budget: Budget, round_to: int,
+) -> BudgetReport:  # fmt: skip
+    """The units of `groups` to mask so that `budget` is met (nothing is changed).
+
+    Raises:
+        ValueError: the budget cannot be met within the groups' constraints.
+    """
+    weights = _weights(model, example_inputs, budget)
+    total = sum(p.numel() * weights.get(id(p), 0.0) for p in _unique_parameters(model))
+    if total <= 0:
+        raise value_error(
+            f"prune_channels: budget={budget!r}, but {type(model).__name__} has no "
+            f"{_WHAT[budget.measure]} to count (see Budget); expected a model that has some"
+        )
+    tensors = {
+        _key(s): _Tensor(tuple(_parameter(s).shape), weights.get(_key(s), 0.0))
+        for g in groups for s in _costed(g)
+    }  # fmt: skip
+    unit_cost = [_unit_costs(g, tensors) for g in groups]
+    chains = _chains(groups, scores, unit_cost, round_to)
+    heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
+    heapq.heapify(heap)
+    ledger = _Ledger(tensors)
+    taken: list[list[int]] = [[] for _ in groups]
+    goal = budget.share * total
+    while ledger.removed < goal * (1 - 1e-12):
+        if not heap:
+            _unreachable(budget, total, ledger.removed, round_to)
+        _, k, step = heapq.heappop(heap)
+        units = chains[k][step][1]
+        ledger.remove(groups[k], units)
+        taken[k] += units
+        if step + 1 < len(chains[k]):
+            heapq.heappush(heap, (chains[k][step + 1][0], k, step + 1))
+    pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
+    rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
+            for g, u in zip(groups, taken, strict=True)]  # fmt: skip
+    return BudgetReport(pruned, budget, total, ledger.removed, rows)
+
+
+def _unreachable(budget: Budget, total: float, most: float, round_to: int) -> None:
+    share = most / total if total else 0.0
+    rounding = f", a multiple of round_to={round_to} channels" if round_to > 1 else ""
+    raise value_error(
+        f"prune_channels: budget={budget!r} cannot be met: the groups of kinds "
+        f"{list(budget.kinds)} can remove at most {share:.2%} of the {_WHAT[budget.measure]} "
+        f"counted (each group keeps at least one unit{rounding}); expected a smaller share, "
+        "or more kinds in Budget(kinds=...)"
+    )
+
+
+def _chains(
+    groups: list[ChannelGroup], scores: list[Tensor], costs: list[list[float]], round_to: int
+) -> list[list[tuple[float, tuple[int, ...]]]]:
+    """Per group, the removals it allows in order, each (priority, units): lowest relative
+    score per relative cost first, in steps that keep its constraints."""
+    mean_cost: dict[str, float] = {}
+    for kind in KINDS:
+        mine = [c for g, cs in zip(groups, costs, strict=True) if g.kind == kind for c in cs]
+        mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
+    chains = []
+    for g, s, cs in zip(groups, scores, costs, strict=True):
+        mean = float(s.mean()) if len(s) else 0.0
+        relative = (s / mean if mean > 0 else s).tolist()
+        value = [
+            r / (c / mean_cost[g.kind]) if c > 0 else math.inf
+            for r, c in zip(relative, cs, strict=True)
+        ]
+        steps = _steps(g, value, round_to if g.kind != "heads" else 1)
+        chain = [(sum(value[u] for u in units) / len(units), units) for units in steps]
+        chains.append([(p, units) for p, units in chain if p < math.inf])
+    return chains
+
+
+def _steps(group: ChannelGroup, value: list[float], round_to: int) -> list[tuple[int, ...]]:
+    """The successive sets of units a group may lose, lowest value first."""
+    if group.blocks:  # the same count from every key/value group, one left in each
+        ordered = [sorted(b, key=lambda u: (value[u], u)) for b in group.blocks]
+        depth = min(len(b) for b in ordered) - 1
+        return [tuple(b[i] for b in ordered) for i in range(depth)]
+    order = sorted(range(group.size), key=lambda u: (value[u], u))
+    keeps = [m * round_to for m in range((group.size - 1) // round_to, 0, -1)]
+    steps, gone = [], 0
+    for keep in keeps:
+        steps.append(tuple(order[gone : group.size - keep]))
+        gone = group.size - keep
+    return steps
+
+
+def _unit_costs(group: ChannelGroup, tensors: dict[int, _Tensor]) -> list[float]:
+    """What removing each unit alone would save."""
+    costs = [0.0] * group.size
+    for s in _costed(group):
+        t = tensors[_key(s)]
+        per_position = t.weight * math.prod(t.shape) / t.shape[s.dim]
+        for u, positions in enumerate(s.indices):
+            costs[u] += per_position * len(positions)
+    return costs
+
+
+def _weights(model: nn.Module, example_inputs: Any, budget: Budget) -> dict[int, float]:
+    """What one entry of each parameter counts for, by the Parameter's id."""
+    if budget.measure == "macs":
+        args, kwargs = split_inputs(example_inputs, "prune_channels")
+        return {k: float(v) for k, v in macs_per_entry(model, args, kwargs).items()}
+    embedded: set[int] = set()
+    if not budget.embeddings:
+        for m in model.modules():
+            if isinstance(m, nn.Embedding | nn.EmbeddingBag):
+                embedded.update(id(p) for p in m._parameters.values() if p is not None)
+    return {id(p): 0.0 if id(p) in embedded else 1.0 for p in _unique_parameters(model)}
+
+
+def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return list({id(p): p for p in model.parameters()}.values())
+
+
+def _costed(group: ChannelGroup) -> list[Slice]:
+    return [s for s in group.slices if not s.is_buffer and _parameter(s) is not None]
+
+
+def _parameter(s: Slice) -> Any:
+    """The Parameter of a slice (its ``_orig`` when pruned), or None for another tensor."""
+    found = s.module._parameters.get(s.name)
+    return found if found is not None else s.module._parameters.get(s.name + "_orig")
+
+
+def _key(s: Slice) -> int:
+    return id(_parameter(s))

@@ -1,0 +1,15 @@
+"""``PrunedGroup``: what ``prune_channels`` masked in one channel group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prunekit.structure.graph import ChannelGroup
+
+
+@dataclass(frozen=True)
+class PrunedGroup:
+    """A group and the units of it that are now masked (indices into its units)."""
+
+    group: ChannelGroup
+    units: tuple[int, ...]

@@ -1,0 +1,187 @@
+"""Recovery by distillation: the loss, its gradients, and a pruned student catching up."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import prunekit as prune
+from prunekit.schedule import hidden_state_loss
+
+
+def test_the_loss_is_zero_for_equal_logits_and_is_t2_times_kl() -> None:
+    logits = torch.randn(5, 7)
+    assert float(prune.distillation_loss(logits, logits.clone())) == 0.0
+    student, teacher = torch.randn(5, 7), torch.randn(5, 7)
+    for t in (1.0, 2.0, 4.0):
+        expected = t * t * F.kl_div(
+            F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1),
+            log_target=True, reduction="batchmean",
+        )  # fmt: skip
+        got = prune.distillation_loss(student, teacher, temperature=t)
+        assert float(got) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_gradients_reach_the_student_only() -> None:
+    student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
+    x = torch.randn(6, 4)
+    prune.distillation_loss(student(x), teacher(x)).backward()
+    assert teacher.weight.grad is None and teacher.bias.grad is None
+    assert student.weight.grad is not None and float(student.weight.grad.abs().sum()) > 0
+    distiller = prune.Distiller(teacher)
+    student.zero_grad()
+    distiller.loss(student(x), x).backward()
+    assert teacher.weight.grad is None and float(student.weight.grad.abs().sum()) > 0
+
+
+def test_padding_positions_do_not_count() -> None:
+    student, teacher = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    loss = prune.distillation_loss(student, teacher, attention_mask=mask)
+    changed = student.clone()
+    changed[0, 3:] = 100.0  # padding
+    assert float(prune.distillation_loss(changed, teacher, attention_mask=mask)) == float(loss)
+    kept = mask.bool()
+    assert float(loss) == pytest.approx(
+        float(prune.distillation_loss(student[kept], teacher[kept])), rel=1e-6
+    )
+
+
+def test_hidden_states_loss_is_the_mean_squared_error_over_pairs() -> None:
+    a, b = [torch.randn(2, 3, 4) for _ in range(2)], [torch.randn(2, 3, 4) for _ in range(2)]
+    expected = (F.mse_loss(a[0], b[0]) + F.mse_loss(a[1], b[1])) / 2
+    assert float(hidden_state_loss(a, b)) == pytest.approx(float(expected), rel=1e-6)
+    assert float(hidden_state_loss(a, a)) == 0.0
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 64)
+        self.fc2 = nn.Linear(64, 64)
+        self.fc3 = nn.Linear(64, 5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+        return out
+
+
+def gap(student: nn.Module, teacher: nn.Module, x: Tensor) -> float:
+    with torch.no_grad():
+        return float(prune.distillation_loss(student(x), teacher(x), temperature=1.0))
+
+
+def test_a_few_steps_of_distillation_close_most_of_the_gap_of_a_pruned_model() -> None:
+    teacher = Mlp()
+    x, held_out = torch.randn(2, 256, 8)
+    student = copy.deepcopy(teacher)
+    prune.prune_channels(student, x, 0.6)
+    before = gap(student, teacher, held_out)
+    distiller = prune.Distiller(teacher, temperature=2.0)
+    optimizer = torch.optim.Adam(student.parameters(), lr=1e-2)
+    for step in range(25):
+        batch = x[(step % 4) * 64 : (step % 4 + 1) * 64]
+        optimizer.zero_grad()
+        distiller.loss(student(batch), batch).backward()
+        optimizer.step()
+    after = gap(student, teacher, held_out)
+    assert after < 0.5 * before
+    prune.compact(student, x, latency_runs=0)  # the masks held: it compacts as before
+    assert student.fc1.out_features == 26 and gap(student, teacher, held_out) == pytest.approx(
+        after, rel=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 4)), ValueError,
+         "student_logits of shape (2, 3) and teacher_logits of shape (2, 4)"),
+        (lambda: prune.distillation_loss([1.0], torch.ones(1)), TypeError,
+         "invalid student_logits of type list"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3), temperature=0.0),
+         ValueError, "invalid temperature=0.0; expected a finite float > 0"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3),
+                                         temperature=math.nan), ValueError, "temperature=nan"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3),
+                                         attention_mask=torch.ones(3)), ValueError,
+         "attention_mask of shape (3,); expected (2,)"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3),
+                                         attention_mask=torch.zeros(2)), ValueError,
+         "keeps no position"),
+        (lambda: prune.Distiller("model"), TypeError, "invalid teacher of type str"),  # type: ignore[arg-type]
+        (lambda: prune.Distiller(nn.Linear(2, 2), alpha=1.5), ValueError, "invalid alpha=1.5"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), hidden_weight=-1.0), ValueError,
+         "invalid hidden_weight=-1.0"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), alpha=0.5).loss(
+            torch.ones(1, 2), torch.ones(1, 2)), ValueError, "its output has no `loss`"),
+        (lambda: prune.Distiller(nn.Linear(2, 2)).loss("out", torch.ones(1, 2)), TypeError,
+         "the student's output is str, with no logits"),
+        (lambda: hidden_state_loss([torch.ones(2, 3)], [torch.ones(2, 4)]), ValueError,
+         "pair 0 has student (2, 3) and teacher (2, 4)"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused(call: Any, error: type, words: str) -> None:
+    with pytest.raises(error, match=re.escape(words)):
+        call()
+
+
+def test_the_teacher_keeps_its_mode_and_weights() -> None:
+    teacher = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    teacher.train()
+    state = {k: v.clone() for k, v in teacher.state_dict().items()}
+    distiller = prune.Distiller(teacher)
+    x = torch.randn(3, 4)
+    out = distiller.teacher_output(x)
+    assert torch.equal(out, teacher[0](x))  # eval mode: no dropout
+    assert teacher.training and all(
+        torch.equal(v, teacher.state_dict()[k]) for k, v in state.items()
+    )
+
+
+def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from prunekit.schedule.hf import DistillationTrainer
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=32,
+        initializer_range=0.3,  # logits far from uniform: a gap worth closing
+    )  # fmt: skip
+    teacher = transformers.LlamaForCausalLM(config).eval()
+    student = copy.deepcopy(teacher)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (16, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[:, 10:] = 0
+    rows = [
+        {"input_ids": i, "attention_mask": m, "labels": i} for i, m in zip(ids, mask, strict=True)
+    ]
+    prune.prune_channels(student, {"input_ids": ids[:2]}, 0.5)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+
+    def distance() -> float:
+        with torch.no_grad():
+            s, t = student(**inputs).logits, teacher(**inputs).logits
+        return float(prune.distillation_loss(s, t, temperature=1.0, attention_mask=mask))
+
+    before = distance()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=8,
+        learning_rate=5e-3, logging_strategy="no", save_strategy="no", report_to=[],
+        disable_tqdm=True, use_cpu=True, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    distiller = prune.Distiller(teacher, alpha=0.9, hidden_weight=0.1)
+    DistillationTrainer(model=student, args=args, train_dataset=rows, distiller=distiller).train()
+    assert distance() < 0.7 * before
+    assert all(p.grad is None for p in teacher.parameters())
+    with pytest.raises(TypeError, match="invalid distiller of type str"):
+        DistillationTrainer(model=student, args=args, distiller="teacher")

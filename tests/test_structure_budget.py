@@ -1,0 +1,227 @@
+"""Budgets: one share of the parameters or MACs for the whole model, met across groups."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import prunekit
+from model_state import fingerprint
+
+T = pytest.importorskip("transformers")
+IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
+class Convs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.c2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.c3 = nn.Conv2d(32, 24, 3, padding=1, bias=False)
+        self.fc = nn.Linear(24, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.bn1(self.c1(x)))
+        x = F.relu(self.c3(F.relu(self.c2(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+
+
+def _llama(**overrides: Any) -> Any:
+    settings: dict[str, Any] = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                                    intermediate_size=40, tie_word_embeddings=True,
+                                    max_position_embeddings=32)  # fmt: skip
+    return T.LlamaForCausalLM(T.LlamaConfig(**{**settings, **overrides})).eval()
+
+
+def _largest_step(report: prunekit.BudgetReport, round_to: int) -> float:
+    """The most one step of one group can remove: one unit (round_to of them, or one query
+    head per key/value group), alone, as a share of the total."""
+    worst = 0.0
+    for pruned in report:
+        g = pruned.group
+        per_unit = 0.0
+        for s in g.slices:
+            p = s.module._parameters.get(s.name)
+            if p is None:
+                p = s.module._parameters.get(s.name + "_orig")
+            if p is None or s.is_buffer:
+                continue
+            per_unit += max(len(i) for i in s.indices) * p.numel() / p.shape[s.dim]
+        step = len(g.blocks) if g.blocks else (round_to if g.kind != "heads" else 1)
+        worst = max(worst, per_unit * (step + round_to))  # a first step may be < 2 x round_to
+    return worst / report.total
+
+
+@pytest.mark.parametrize("share", [0.1, 0.3, 0.6])
+@pytest.mark.parametrize("round_to", [1, 4])
+def test_a_parameter_budget_is_met_within_one_step_and_compact_agrees(
+    share: float, round_to: int
+) -> None:
+    model = Convs()
+    report = prunekit.prune_channels(model, X, budget=prunekit.Budget(params=share),
+                                     round_to=round_to)  # fmt: skip
+    assert isinstance(report, prunekit.BudgetReport)
+    assert report.total == sum(p.numel() for p in Convs().parameters())
+    assert share <= report.achieved <= share + _largest_step(report, round_to)
+    for row in report.rows:
+        assert row.after >= 1 and (row.after == row.before or row.after % round_to == 0)
+    compacted = prunekit.compact(model, X, latency_runs=0)
+    assert report.achieved == pytest.approx(
+        1 - compacted.params_after / compacted.params_before, abs=1e-12
+    )
+
+
+def test_a_mac_budget_counts_what_compact_counts() -> None:
+    model = Convs()
+    report = prunekit.prune_channels(model, X, budget=prunekit.Budget(macs=0.4))
+    assert report.total == prunekit.structure.count_macs(Convs(), (X,), {})
+    compacted = prunekit.compact(model, X, latency_runs=0)
+    share = 1 - compacted.macs_after / compacted.macs_before
+    assert report.achieved >= 0.4
+    assert report.achieved == pytest.approx(share, abs=1e-12)
+
+
+def test_the_allocation_follows_the_scores_across_layers() -> None:
+    """Half of c2's channels are nearly zero: a budget of about that size takes them, and
+    nothing from the other layers (a uniform share would take from every layer)."""
+    model = Convs()
+    with torch.no_grad():
+        model.c2.weight[::2] *= 1e-3
+        model.c2.bias[::2] *= 1e-3
+    per_unit = 16 * 9 + 1 + 24 * 9
+    share = 16 * per_unit / sum(p.numel() for p in model.parameters())
+    report = prunekit.prune_channels(model, X, budget=prunekit.Budget(params=share * 0.99))
+    assert [(r.name, r.after) for r in report.rows] == [
+        ("c1.weight", 16), ("c2.weight", 16), ("c3.weight", 24)
+    ]  # fmt: skip
+    assert report[0].units == tuple(range(0, 32, 2))
+
+
+def test_the_report_reads_as_a_table() -> None:
+    report = prunekit.prune_channels(Convs(), X, budget=prunekit.Budget(params=0.2))
+    lines = str(report).splitlines()
+    total = sum(p.numel() for p in Convs().parameters())
+    assert lines[0].startswith(f"budget 20.0% of {total:,} non-embedding parameters: removed ")
+    assert lines[1].split() == ["group", "kind", "units", "kept"]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        [r.name, "channels", str(r.before)] for r in report.rows
+    ]
+
+
+@pytest.mark.parametrize("gqa", ["query", "group"])
+def test_llama_budget_keeps_gqa_and_embeddings_out_of_the_count(gqa: str) -> None:
+    model = _llama(num_key_value_heads=2 if gqa == "query" else 4)
+    budget = prunekit.Budget(params=0.4, kinds=("channels", "heads", "hidden"))
+    report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget, gqa=gqa)
+    embedding = model.model.embed_tokens.weight
+    everything = sum(p.numel() for p in model.parameters())
+    assert report.total == everything - embedding.numel()
+    for pruned in report:
+        if pruned.group.blocks:  # the same count of query heads from every key/value group
+            lost = [len(set(pruned.units) & set(b)) for b in pruned.group.blocks]
+            assert len(set(lost)) == 1 and lost[0] < len(pruned.group.blocks[0])
+    heads = [r for r in report.rows if r.kind == "heads"]
+    assert heads and all(r.after >= 1 for r in heads)
+    compacted = prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    removed = compacted.params_before - compacted.params_after
+    embedding_share = 100 * (32 - model.model.embed_tokens.weight.shape[1])
+    assert report.removed == removed - embedding_share
+    assert report.achieved >= 0.4
+
+
+def test_embeddings_counted_when_asked() -> None:
+    model = _llama()
+    budget = prunekit.Budget(params=0.3, embeddings=True)
+    report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget)
+    assert report.total == sum(p.numel() for p in model.parameters())
+    assert not any(r.kind == "hidden" for r in report.rows)  # not among the default kinds
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"params": 1.5}, ValueError, "Budget: invalid params=1.5; expected a float in (0, 1)"),
+        ({"params": 0.0}, ValueError, "invalid params=0.0"),
+        ({"params": math.nan}, ValueError, "invalid params=nan"),
+        ({"macs": -0.1}, ValueError, "invalid macs=-0.1"),
+        ({"params": "0.2"}, TypeError, "invalid params='0.2'"),
+        ({"params": True}, TypeError, "invalid params=True"),
+        ({}, ValueError, "expected exactly one of them"),
+        ({"params": 0.2, "macs": 0.2}, ValueError, "expected exactly one of them"),
+        ({"params": 0.2, "kinds": ("mlp",)}, ValueError, "invalid kinds=('mlp',)"),
+        ({"params": 0.2, "kinds": ()}, ValueError, "invalid kinds=()"),
+        ({"params": 0.2, "kinds": ("heads", "heads")}, ValueError, "distinct kinds"),
+        ({"params": 0.2, "kinds": "heads"}, TypeError, "invalid kinds='heads'"),
+        ({"params": 0.2, "embeddings": 1}, TypeError, "invalid embeddings=1"),
+        ({"macs": 0.2, "embeddings": True}, ValueError, "goes with params="),
+    ],
+)
+def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=re.escape(words)):
+        prunekit.Budget(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"budget": 0.2}, TypeError, "invalid budget=0.2; expected a prunekit.Budget"),
+        ({"budget": prunekit.Budget(params=0.2), "amount": 0.3}, ValueError, "got amount=0.3"),
+        ({"budget": prunekit.Budget(params=0.2), "heads": 0.25}, ValueError, "got heads=0.25"),
+        ({"budget": prunekit.Budget(params=0.2), "scope": "global"}, ValueError,
+         "expected scope='layer'"),
+        ({"budget": prunekit.Budget(params=0.999)}, ValueError, "cannot be met"),
+        ({"budget": prunekit.Budget(params=0.9), "round_to": 16}, ValueError,
+         "round_to=16"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_leave_the_model_as_it_was(
+    kwargs: dict[str, Any], error: type, words: str
+) -> None:
+    model = Convs()
+    prunekit.prune_channels(model, X, 0.25)  # masked already: the masks must stay as they are
+    before = _state(model)
+    with pytest.raises(error, match=re.escape(words)):
+        prunekit.prune_channels(model, X, **kwargs)
+    assert _state(model) == before
+
+
+def _state(model: nn.Module) -> dict[str, Any]:
+    """The fingerprint, where a pruned tensor's computed attribute (remade by every forward,
+    the graph's trace included) counts by its value, not its identity."""
+    found = fingerprint(model)
+    for path, entry in found.items():
+        if path != "<state_dict>":
+            entry["attrs"] = [(k, value) for k, _, value in entry["attrs"]]
+    return found
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.attn(x, x, x, need_weights=False)[0]
+        return out
+
+
+def test_a_mac_budget_on_a_model_whose_macs_it_cannot_see_is_refused() -> None:
+    """nn.MultiheadAttention runs its projections inside one function: no MAC is counted."""
+    model, x = Attention(), torch.randn(2, 5, 8)
+    before = _state(model)
+    with pytest.raises(ValueError, match="Attention has no multiply-accumulates to count"):
+        prunekit.prune_channels(model, x, budget=prunekit.Budget(macs=0.2))
+    assert _state(model) == before
+    report = prunekit.prune_channels(model, x, budget=prunekit.Budget(params=0.2))
+    assert [(r.kind, r.after) for r in report.rows] == [("heads", 1)]
