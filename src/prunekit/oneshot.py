@@ -39,7 +39,7 @@ from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.progress import Progress
 
-__all__ = ["CALIBRATED", "METHODS", "PATTERNS", "oneshot", "parse_pattern"]
+__all__ = ["CALIBRATED", "METHODS", "PATTERNS", "calibrates", "oneshot", "parse_pattern"]
 
 METHODS = ("l1", "random", "wanda", "sparsegpt", "taylor")
 CALIBRATED = ("wanda", "sparsegpt", "taylor")
@@ -212,10 +212,12 @@ def _check_target(
     where = describe(module, name)
     values = _values(module, name)
     if method in CALIBRATED:
-        if not isinstance(module, nn.Linear) or name != "weight":
+        if not calibrates(module, name):
+            path = next((p for p, m in model.named_modules() if m is module), "?")
             raise value_error(
-                f"prune_model: method={method!r} calibrates Linear weights; {where} is not "
-                "one (exclude it, or prune it with method='l1')"
+                f"prune_model: method={method!r} calibrates the weight matrices of Linear "
+                f"layers; {where} ({path!r}) is not one (exclude it, or prune it with "
+                "method='l1')"
             )
         if not isinstance(values, Tensor):
             raise type_error(f"prune_model: method={method!r} needs a torch model")
@@ -232,6 +234,11 @@ def _check_target(
             f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
             "fraction or a smaller count"
         )
+
+
+def calibrates(module: nn.Module, name: str) -> bool:
+    """Whether the calibrated methods prune ``module.<name>``: a layer's weight matrix."""
+    return isinstance(module, nn.Linear) and name == "weight"
 
 
 def _values(module: nn.Module, name: str) -> Tensor:
