@@ -327,9 +327,7 @@ def _targets(
             for name in [t.name, *t.aliases, *(n for _, _, n in t.ties)]
         ]
     try:
-        chosen = set(
-            select_names(listed, () if include == ("*",) else include, exclude, named)
-        )
+        chosen = set(select_names(listed, () if include == ("*",) else include, exclude, named))
     except ValueError as error:
         raise ValueError(f"prune_model: {error} (in {type(model).__name__})") from None
     selected = []
