@@ -91,29 +91,34 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 
 class _Accumulator:
-    """Running statistics of one input, per group of its features: sum of squares per
-    feature, mean of X^T X."""
+    """Running statistics of one input: sum of squares per feature, mean of X^T X; with
+    `groups` > 1, one of each per group of features (a leading dim)."""
 
     def __init__(self, features: int, norms: bool, hessian: bool, groups: int = 1) -> None:
         self.rows = 0
         self.groups = groups
-        shape = (groups, features)
-        self.squares = torch.zeros(shape, dtype=torch.float64) if norms else None
-        self.hessian = torch.zeros((groups, features, features)) if hessian else None
+        lead = (groups,) if groups > 1 else ()
+        self.squares = torch.zeros((*lead, features), dtype=torch.float64) if norms else None
+        self.hessian = torch.zeros((*lead, features, features)) if hessian else None
         self.last: Tensor | None = None  # the input seen in this batch, if any
 
     def add(self, x: Tensor) -> None:
         """Add the rows of `x`, (rows, groups, features)."""
         flat = x.detach().to(dtype=torch.float32)
+        if self.groups == 1:
+            flat = flat[:, 0]
         new = self.rows + flat.shape[0]
         if self.squares is not None:
             self.squares += flat.pow(2).sum(dim=0, dtype=torch.float64)
         if self.hessian is not None and new:
-            grouped = flat.transpose(0, 1)  # (groups, rows, features)
-            self.hessian = torch.baddbmm(
-                self.hessian, grouped.transpose(1, 2), grouped, beta=self.rows / new,
-                alpha=1.0 / new,
-            )  # fmt: skip
+            beta, alpha = self.rows / new, 1.0 / new
+            if self.groups == 1:
+                self.hessian = torch.addmm(self.hessian, flat.T, flat, beta=beta, alpha=alpha)
+            else:
+                grouped = flat.transpose(0, 1)  # (groups, rows, features)
+                self.hessian = torch.baddbmm(
+                    self.hessian, grouped.transpose(1, 2), grouped, beta=beta, alpha=alpha
+                )
         self.rows = new
 
 
@@ -191,15 +196,14 @@ class InputStatistics:
         per feature, or (groups, features) for a grouped convolution's patches."""
         squares = self._of[module].squares
         assert squares is not None
-        norms = squares.sqrt().to(dtype=torch.float32)
-        return norms[0] if norms.shape[0] == 1 else norms
+        return squares.sqrt().to(dtype=torch.float32)
 
     def hessian(self, module: nn.Module) -> Tensor:
         """The mean of X^T X over the calibration rows of `module`'s input: (features,
         features), or (groups, features, features) for a grouped convolution's patches."""
         hessian = self._of[module].hessian
         assert hessian is not None
-        return hessian[0] if hessian.shape[0] == 1 else hessian
+        return hessian
 
     def reduce(self, reduce: Reduce, error: BaseException | None = None) -> None:
         """Replace every statistic by its sum (norms) or row-weighted mean (Hessians) over
