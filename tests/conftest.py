@@ -11,11 +11,6 @@ import torch
 
 from frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.select import trace
-from vision import define_torchvision_ops
-
-# torchvision (the 'vision' extra) is a CUDA build here: without these schemas, importing it,
-# or transformers' model classes, which import it, fails on the CPU torch.
-define_torchvision_ops()
 
 
 @pytest.fixture(autouse=True)

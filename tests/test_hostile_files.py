@@ -257,7 +257,7 @@ def test_input_that_is_not_a_regular_file(tmp_path: Path) -> None:
 
 
 def test_directory_and_device_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    refused(capsys, tmp_path, ["report", str(tmp_path)], "is a directory")
+    refused(capsys, tmp_path, ["report", str(tmp_path)], "a folder without model.safetensors")
     refused(capsys, tmp_path, ["report", "/dev/null"], "not a regular file")
 
 

@@ -74,10 +74,10 @@ def test_other_methods(method: str) -> None:
         assert sorted(set(mask.sum(dim=1).tolist())) == [0.0, 16.0]
 
 
-def test_include_selects_by_name_any_dims_and_exclude_leaves_out() -> None:
+def test_include_globs_narrow_exact_names_add_and_exclude_leaves_out() -> None:
     model = mlp()
-    found = prune.prune_model(model, 0.5, include=("0.*", "1.*"), exclude="1.bias")
-    assert [r.name for r in found.rows if r.masked] == ["0.weight", "0.bias", "1.weight"]
+    found = prune.prune_model(model, 0.5, include=("0.*", "1.weight", "1.bias"), exclude="1.bias")
+    assert [r.name for r in found.rows if r.masked] == ["0.weight", "1.weight"]
     other = mlp()
     found = prune.prune_model(other, 0.5, exclude=["3.*"])
     assert [r.name for r in found.rows if r.masked] == ["0.weight"]

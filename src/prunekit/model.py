@@ -22,7 +22,7 @@ from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
-from prunekit.oneshot import CALIBRATED, oneshot
+from prunekit.oneshot import CALIBRATED, calibrates, oneshot
 from prunekit.report import Report, report
 
 __all__ = ["SCOPES", "prune_model"]
@@ -201,19 +201,20 @@ def _oneshot(
 ) -> Report:
     """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
     includes = _patterns(include, "include")
-    targets = _targets(model, includes, _patterns(exclude, "exclude"))
-    if method in CALIBRATED and includes == ("*",):
+    natural = None
+    if method in CALIBRATED:
         heads = _output_heads(model)
-        targets = [
-            t
-            for t in targets
-            if isinstance(t.module, nn.Linear) and t.leaf == "weight" and t.module not in heads
-        ]
-        if not targets:
+        if includes == ("*",) and not any(
+            calibrates(m, n.rpartition(".")[2]) and m not in heads
+            for m in model.modules()
+            for n, _ in m.named_parameters(recurse=False)
+        ):
             raise value_error(
-                f"prune_model: {type(model).__name__} has no Linear weight to calibrate "
+                f"prune_model: {type(model).__name__} has no weight matrix to calibrate "
                 "besides its output head; expected a model with Linear layers"
             )
+        natural = _calibrated(heads)
+    targets = _targets(model, includes, _patterns(exclude, "exclude"), natural)
 
     def ties() -> None:
         for target in targets:
@@ -237,6 +238,16 @@ def _oneshot(
         reduce=reduce,
     )
     return report(model)
+
+
+def _calibrated(heads: list[nn.Module]) -> Callable[[_Target], bool]:
+    """The calibrated methods' own targets: weight matrices of the layers they handle,
+    the output head aside."""
+
+    def natural(target: _Target) -> bool:
+        return calibrates(target.module, target.leaf) and target.holder not in heads
+
+    return natural
 
 
 def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
@@ -309,10 +320,17 @@ def _patterns(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[_Target]:
+def _targets(
+    model: Any,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    natural: Callable[[_Target], bool] | None = None,
+) -> list[_Target]:
     """The selected parameters in the model's order, each once, with its other names.
 
-    The globs see every name; a tied parameter must be selected under all its names or none.
+    `natural` tells the method's own targets, those `include` globs narrow (default: the
+    floating-point tensors of two or more dims); see io.statedict.select_names. The globs
+    see every name; a tied parameter must be selected under all its names or none.
     """
     if not is_module(model):
         raise type_error(
@@ -335,8 +353,16 @@ def _targets(model: Any, include: tuple[str, ...], exclude: tuple[str, ...]) -> 
             else:
                 first.ties.append((module, leaf, name))
             listed.append(Entry(name, param))
+    named = None
+    if natural is not None:
+        named = [
+            name
+            for t in found.values()
+            if natural(t)
+            for name in [t.name, *t.aliases, *(n for _, _, n in t.ties)]
+        ]
     try:
-        chosen = set(select_names(listed, () if include == ("*",) else include, exclude))
+        chosen = set(select_names(listed, () if include == ("*",) else include, exclude, named))
     except ValueError as error:
         raise value_error(f"prune_model: {error} (in {type(model).__name__})") from None
     selected = []

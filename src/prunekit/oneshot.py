@@ -33,13 +33,15 @@ from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
 from prunekit.criteria import calibration as cal
+from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
+from prunekit.criteria.layers import calibrates
 from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.progress import Progress
 
-__all__ = ["CALIBRATED", "METHODS", "PATTERNS", "oneshot", "parse_pattern"]
+__all__ = ["CALIBRATED", "METHODS", "PATTERNS", "calibrates", "oneshot", "parse_pattern"]
 
 METHODS = ("l1", "random", "wanda", "sparsegpt", "taylor")
 CALIBRATED = ("wanda", "sparsegpt", "taylor")
@@ -224,13 +226,23 @@ def _check_target(
     where = describe(module, name)
     values = _values(module, name)
     if method in CALIBRATED:
-        if not isinstance(module, nn.Linear) or name != "weight":
+        if not calibrates(module, name):
+            path = next((p for p, m in model.named_modules() if m is module), "?")
             raise value_error(
-                f"prune_model: method={method!r} calibrates Linear weights; {where} is not "
-                "one (exclude it, or prune it with method='l1')"
+                f"prune_model: method={method!r} calibrates the weight matrices of Linear "
+                f"layers, Hugging Face's Conv1D, convolutions and MultiheadAttention's "
+                f"in_proj_weight; {where} ({path!r}) is not one (exclude it, or prune it "
+                "with method='l1')"
             )
         if not isinstance(values, Tensor):
             raise type_error(f"prune_model: method={method!r} needs a torch model")
+        groups, _ = layers.width(module)
+        if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
+            raise value_error(
+                f"prune_model: {where} ({groups} groups) is pruned by SparseGPT group by "
+                f"group; expected amount= a fraction, not the count {amount}"
+            )
+    pattern = _oriented(module, name, pattern)
     if isinstance(pattern, prune.NM | prune.PerRow):
         with naming(where):
             if isinstance(pattern, prune.NM):
@@ -244,6 +256,11 @@ def _check_target(
             f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
             "fraction or a smaller count"
         )
+
+
+def _oriented(module: nn.Module, name: str, pattern: prune.Pattern) -> prune.Pattern:
+    """`pattern`, named for a Linear's weight, as it reads on ``module.<name>``."""
+    return layers.oriented(module, pattern) if calibrates(module, name) else pattern
 
 
 def _values(module: nn.Module, name: str) -> Tensor:
@@ -308,7 +325,8 @@ def _install_ranked(plan: Plan, criterion: Callable[[Target], Criterion], bar: P
     for target in plan.targets:
         module, name = target
         ranks = criterion(target)
-        prune.Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=plan.pattern)
+        pattern = _oriented(module, name, plan.pattern)
+        prune.Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
         if isinstance(ranks, Taylor):
             ranks.release()  # the hook keeps the criterion: not its weight-sized scores
         bar.advance()
@@ -374,14 +392,14 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
     want = {"norms": plan.method == "wanda", "hessian": plan.method == "sparsegpt"}
     reduce = plan.reduce
     if plan.scope == "global":
-        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
         for module, name in plan.targets:
             _check_seen(stats, module, name)
-        norms = {_key(t): stats.norms(t[0]) for t in plan.targets}
+        norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
@@ -401,7 +419,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
             if here:
                 mods = [m for m, _ in here]
                 stats = cal.block_statistics(
-                    block, inputs, mods, **want, reduce=reduce, failed=pending
+                    block, inputs, mods, **want, reduce=reduce, failed=pending, patches=True
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
@@ -417,7 +435,8 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
         cal.agree(reduce, pending)
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
-        stats = cal.calibrate(model, plan.batches, [m for m, _ in rest], **want, reduce=reduce)
+        mods = [m for m, _ in rest]
+        stats = cal.calibrate(model, plan.batches, mods, **want, reduce=reduce, patches=True)
         _prune_layers(plan, rest, stats, bar)
 
 
@@ -439,25 +458,47 @@ def _prune_layers(
                 module,
                 name,
                 plan.amount,
-                criterion=Wanda(stats.norms(module)),
-                pattern=plan.pattern,
+                criterion=Wanda(_entry_norms(stats, module, name)),
+                pattern=_oriented(module, name, plan.pattern),
             )
         else:
             _sparsegpt_layer(plan, module, name, stats.hessian(module))
         bar.advance()
 
 
+def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Tensor:
+    """Wanda's norms for ``module.<name>``: one per input feature of a Linear, else the
+    norm of what each entry multiplies (criteria.layers)."""
+    norms = stats.norms(module)
+    if isinstance(module, nn.Linear):
+        return norms
+    shape = _values(module, name).shape
+    return layers.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
+
+
 def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
+    """SparseGPT on the layer's matrices (criteria.layers), one per group."""
     where = describe(module, name)
+    values = _values(module, name)
+    weights = layers.matrices(module, values)
+    hessians = hessian.reshape(-1, *hessian.shape[-2:])
+    alive = _alive(module, name)
+    lives = None if alive is None else layers.matrices(module, alive)
+    kept, updates = [], []
     with naming(where):
-        keep, updated = sparsegpt_prune(
-            _values(module, name),
-            hessian,
-            Amount(plan.amount, "SparseGPT"),
-            plan.pattern,
-            _alive(module, name),
-            plan.sparsegpt,
-        )
+        for group in range(weights.shape[0]):
+            keep, updated = sparsegpt_prune(
+                weights[group],
+                hessians[group],
+                Amount(plan.amount, "SparseGPT"),
+                plan.pattern,
+                None if lives is None else lives[group],
+                plan.sparsegpt,
+            )
+            kept.append(keep)
+            updates.append(updated)
+    keep = layers.from_matrices(module, torch.stack(kept), values.shape)
+    updated = layers.from_matrices(module, torch.stack(updates), values.shape)
     param = _parameter(module, name)
     old = param.data
     plan.undo.append((param, old))

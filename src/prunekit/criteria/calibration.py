@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.criteria import layers
 
 __all__ = [
     "InputStatistics",
@@ -96,42 +97,58 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 
 class _Accumulator:
-    """Running statistics of one input: sum of squares per feature, mean of X^T X."""
+    """Running statistics of one input: sum of squares per feature, mean of X^T X; with
+    `groups` > 1, one of each per group of features (a leading dim)."""
 
-    def __init__(self, features: int, norms: bool, hessian: bool) -> None:
+    def __init__(self, features: int, norms: bool, hessian: bool, groups: int = 1) -> None:
         self.rows = 0
-        self.squares = torch.zeros(features, dtype=torch.float64) if norms else None
-        self.hessian = torch.zeros(features, features) if hessian else None
+        self.groups = groups
+        lead = (groups,) if groups > 1 else ()
+        self.squares = torch.zeros((*lead, features), dtype=torch.float64) if norms else None
+        self.hessian = torch.zeros((*lead, features, features)) if hessian else None
         self.last: Tensor | None = None  # the input seen in this batch, if any
 
     def add(self, x: Tensor) -> None:
-        flat = x.detach().reshape(-1, x.shape[-1]).to(dtype=torch.float32)
+        """Add the rows of `x`, (rows, groups, features)."""
+        flat = x.detach().to(dtype=torch.float32)
+        if self.groups == 1:
+            flat = flat[:, 0]
         new = self.rows + flat.shape[0]
         if self.squares is not None:
             self.squares += flat.pow(2).sum(dim=0, dtype=torch.float64)
         if self.hessian is not None and new:
-            self.hessian = torch.addmm(
-                self.hessian, flat.T, flat, beta=self.rows / new, alpha=1.0 / new
-            )
+            beta, alpha = self.rows / new, 1.0 / new
+            if self.groups == 1:
+                self.hessian = torch.addmm(self.hessian, flat.T, flat, beta=beta, alpha=alpha)
+            else:
+                grouped = flat.transpose(0, 1)  # (groups, rows, features)
+                self.hessian = torch.baddbmm(
+                    self.hessian, grouped.transpose(1, 2), grouped, beta=beta, alpha=alpha
+                )
         self.rows = new
 
 
 class InputStatistics:
-    """Forward hooks on `modules` (Linears; convolutions per input channel) that accumulate
-    their inputs' statistics: `norms` (the L2 norm of each input feature, for Wanda) and/or
-    `hessian` (the mean of X^T X over the rows of the input, for SparseGPT). Use as a
-    context manager; call ``new_batch()`` before each batch."""
+    """Forward hooks on `modules` that accumulate their inputs' statistics: `norms` (the L2
+    norm of each input feature, for Wanda) and/or `hessian` (the mean of X^T X over the
+    rows of the input, for SparseGPT). The features of a Linear are its input's last dim;
+    of a convolution, its input channels, or with `patches` the columns of its weight as
+    criteria.layers sees them (patches of the input, per group). Use as a context
+    manager; call ``new_batch()`` before each batch."""
 
-    def __init__(self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool) -> None:
+    def __init__(
+        self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool, patches: bool = False
+    ) -> None:
         self.modules = list(modules)
         self._want = (norms, hessian)
+        self._patches = patches
         self._of: dict[nn.Module, _Accumulator] = {}
         self._handles: list[Any] = []
         self._batch = 0
 
     def __enter__(self) -> InputStatistics:
         for module in self.modules:
-            self._handles.append(module.register_forward_hook(self._hook))
+            self._handles.append(module.register_forward_hook(self._hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -146,15 +163,19 @@ class InputStatistics:
         for acc in self._of.values():
             acc.last = None
 
-    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        x = args[0]
+    def _hook(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        x = layers.layer_input(module, args, kwargs) if self._patches else args[0]
         acc = self._of.get(module)
+        shares = not (self._patches and isinstance(module, nn.modules.conv._ConvNd))
         if acc is None:
-            acc = next((a for a in self._of.values() if a.last is x), None)
-            if acc is not None:  # another Linear of the group saw this input already
-                self._of[module] = acc
+            found = next((a for a in self._of.values() if a.last is x), None) if shares else None
+            if found is not None and found.groups == 1:  # another layer saw this input already
+                self._of[module] = found
                 return
-            acc = _Accumulator(int(_features(module, x).shape[-1]), *self._want)
+            features = self._features(module, x)
+            acc = _Accumulator(features.shape[-1], *self._want, groups=features.shape[1])
             self._of[module] = acc
         elif acc.last is x:
             return  # another Linear of the group saw this input already
@@ -164,20 +185,28 @@ class InputStatistics:
                 "in the first batch but not in this one; expected each batch to run the "
                 "model the same way"
             )
-        acc.add(_features(module, x))
+        acc.add(self._features(module, x))
         acc.last = x
+
+    def _features(self, module: nn.Module, x: Tensor) -> Tensor:
+        if self._patches:
+            return layers.features(module, x)
+        moved = _features(module, x)
+        return moved.reshape(-1, 1, moved.shape[-1])
 
     def seen(self, module: nn.Module) -> bool:
         return module in self._of and self._of[module].rows > 0
 
     def norms(self, module: nn.Module) -> Tensor:
-        """The L2 norm of each input feature of `module` over all calibration rows."""
+        """The L2 norm of each input feature of `module` over all calibration rows: one
+        per feature, or (groups, features) for a grouped convolution's patches."""
         squares = self._of[module].squares
         assert squares is not None
         return squares.sqrt().to(dtype=torch.float32)
 
     def hessian(self, module: nn.Module) -> Tensor:
-        """The mean of X^T X over the calibration rows of `module`'s input."""
+        """The mean of X^T X over the calibration rows of `module`'s input: (features,
+        features), or (groups, features, features) for a grouped convolution's patches."""
         hessian = self._of[module].hessian
         assert hessian is not None
         return hessian
@@ -205,7 +234,7 @@ class InputStatistics:
             else:
                 key = str(index)
             if key not in local:
-                local[key] = acc or _Accumulator(_width(module), *self._want)
+                local[key] = acc or self._empty(module)
             groups.setdefault(key, []).append(module)
         statistics: dict[str, Tensor] = {}
         weights: dict[str, float] = {}
@@ -218,12 +247,19 @@ class InputStatistics:
                 weights[f"{key}.hessian"] = float(acc.rows)
         summed = reduce(statistics, weights) if statistics else {}
         for key, modules in groups.items():
-            acc = _Accumulator(0, False, False)
+            acc = _Accumulator(0, False, False, groups=local[key].groups)
             acc.rows = int(summed[f"{key}.rows"][0])
             acc.squares = summed.get(f"{key}.squares")
             acc.hessian = summed.get(f"{key}.hessian")
             for module in modules:
                 self._of[module] = acc
+
+    def _empty(self, module: nn.Module) -> _Accumulator:
+        """The statistics of no rows, for a module this rank never ran."""
+        if self._patches:
+            groups, columns = layers.width(module)
+            return _Accumulator(columns, *self._want, groups=groups)
+        return _Accumulator(_width(module), *self._want)
 
     def accumulators(self) -> int:
         """How many distinct inputs are held (shared ones once)."""
@@ -351,13 +387,14 @@ def calibrate(
     norms: bool,
     hessian: bool,
     reduce: Reduce | None = None,
+    patches: bool = False,
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, statistics for `modules` (with
-    `reduce`: of every rank's batches)."""
+    `reduce`: of every rank's batches; `patches`: see InputStatistics)."""
     with (
         evaluating(model),
         torch.no_grad(),
-        InputStatistics(modules, norms=norms, hessian=hessian) as stats,
+        InputStatistics(modules, norms=norms, hessian=hessian, patches=patches) as stats,
     ):
         failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
     return _finish(stats, reduce, failed)
@@ -372,11 +409,12 @@ def block_statistics(
     hessian: bool,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
+    patches: bool = False,
 ) -> InputStatistics:
     """Statistics for `modules` (inside `block`) from running `block` on `inputs` (with
     `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
     is not run then), is raised here once every rank has learnt of it."""
-    with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
+    with InputStatistics(modules, norms=norms, hessian=hessian, patches=patches) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)

@@ -15,7 +15,9 @@ __all__ = ["Wanda"]
 
 
 class Wanda(Criterion):
-    """Scores ``|W| * norms`` with one norm per input feature (dim 1 of the weight).
+    """Scores ``|W| * norms`` with one norm per input feature (dim 1 of the weight), or
+    norms of the weight's own shape (the norm of the input each entry multiplies, as for
+    a convolution's or a transposed weight: see criteria.layers.entry_norms).
 
     `norms` is one tensor (for whatever tensor is ranked) or a mapping from modules to
     theirs, as ``prunekit.calibrate`` collects them. Pair it with PerRow for Wanda as
@@ -29,6 +31,9 @@ class Wanda(Criterion):
 
     def scores(self, values: Tensor, target: Target = None) -> Tensor:
         norms = self._norms_for(target)
+        if norms.shape == values.shape:  # the norm of what each entry multiplies
+            entries: Tensor = values.abs() * norms.to(dtype=values.dtype)
+            return entries
         if values.dim() < 2 or norms.dim() != 1 or norms.shape[0] != values.shape[1]:
             raise value_error(
                 f"Wanda: {norms.shape[0] if norms.dim() == 1 else tuple(norms.shape)} input "

@@ -39,7 +39,7 @@ from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import METHODS, prune_state_dict, select_names
 from prunekit.select import Source
 
-__all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "prune_sharded"]
+__all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "open_tensors", "prune_sharded"]
 
 INDEX = "model.safetensors.index.json"
 ORIG, MASK = "_orig", "_mask"
@@ -380,3 +380,19 @@ def _seeded(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def open_tensors(path: str | os.PathLike[str]) -> Iterator[dict[str, Tensor]]:
+    """The sharded checkpoint at `path`, one entry at a time in the index's order: a tensor
+    by its name, or a pruned one as its ``<name>_orig`` and ``<name>_mask`` (loaded from
+    the memory-mapped shards when reached, dropped by the caller)."""
+    checkpoint = _open(path)
+    stored = checkpoint.tensors
+    for e in entries({name: s.meta() for name, s in stored.items()}):
+        if e.mask is None:
+            yield {e.name: stored[e.name].load()}
+        else:
+            yield {
+                e.name + ORIG: stored[e.name + ORIG].load(),
+                e.name + MASK: stored[e.name + MASK].load(),
+            }

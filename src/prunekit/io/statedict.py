@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "Entry",
     "PruneResult",
     "entries",
+    "matches",
     "prune_file",
     "prune_state_dict",
     "select_names",
@@ -49,26 +51,40 @@ class PruneResult:
 
 
 def select_names(
-    found: Sequence[Entry], include: Sequence[str] = (), exclude: Sequence[str] = ()
+    found: Sequence[Entry],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    targets: Collection[str] | None = None,
 ) -> list[str]:
     """Names of the floating-point tensors to prune, in order.
 
-    Without `include`, the tensors of 2 or more dims (weights, not biases or
-    norms); with it, those matching any of its globs. Tensors matching an
-    `exclude` glob are left out. A glob that matches nothing is an error.
+    `targets` are the names the method prunes when nothing is named (default: the
+    tensors of 2 or more dims: weights, not biases or norms). An `include` or `exclude`
+    pattern is a glob of tensor names or of module names (a module holds the tensors
+    under its name; a name also matches as the last part of a longer one, as PEFT's
+    ``target_modules``: ``'q_proj'`` matches ``'layers.0.attn.q_proj'``). `include`
+    narrows `targets` to those it matches; a tensor outside them (a norm, a bias) is
+    selected when `include` gives its exact name. A glob that matches none of `targets`
+    but other tensors by name selects those, as before, with a FutureWarning. Tensors
+    matching an `exclude` pattern are left out. A pattern that matches nothing is an
+    error.
     """
     floats = [e for e in found if e.tensor.is_floating_point()]
+    named = {e.name for e in floats if e.tensor.dim() >= 2} if targets is None else set(targets)
     for pattern in [*include, *exclude]:
-        if not any(fnmatch.fnmatchcase(e.name, pattern) for e in floats):
+        if not any(matches(e.name, pattern) for e in floats):
             raise ValueError(
                 f"the pattern {pattern!r} matches no floating-point tensor; "
                 f"tensors: {_listing([e.name for e in floats])}"
             )
     if include:
-        chosen = [e for e in floats if any(fnmatch.fnmatchcase(e.name, p) for p in include)]
+        picked = {e.name for e in floats if e.name in include}
+        for pattern in include:
+            picked |= _included(floats, named, pattern)
+        chosen = [e for e in floats if e.name in picked]
     else:
-        chosen = [e for e in floats if e.tensor.dim() >= 2]
-    chosen = [e for e in chosen if not any(fnmatch.fnmatchcase(e.name, p) for p in exclude)]
+        chosen = [e for e in floats if e.name in named]
+    chosen = [e for e in chosen if not any(matches(e.name, p) for p in exclude)]
     for e in chosen:
         dtype = str(e.tensor.dtype).rpartition(".")[2]
         if dtype not in RANKABLE:
@@ -83,6 +99,44 @@ def select_names(
             f"tensors: {_listing([e.name for e in floats])}"
         )
     return names
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Whether `pattern` names the tensor `name`: a glob of its whole name, or of a module
+    holding it (a dotted prefix of the name), whole or as its last part(s)."""
+    if fnmatch.fnmatchcase(name, pattern):
+        return True
+    parts = name.split(".")[:-1]
+    tail = "*." + pattern
+    for end in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:end])
+        if fnmatch.fnmatchcase(prefix, pattern) or fnmatch.fnmatchcase(prefix, tail):
+            return True
+    return False
+
+
+def _included(floats: Sequence[Entry], targets: set[str], pattern: str) -> set[str]:
+    """The names one `include` pattern selects (its exact name aside)."""
+    found = {e.name for e in floats if e.name in targets and matches(e.name, pattern)}
+    if found or any(e.name == pattern for e in floats):
+        return found
+    # Before, a glob selected any tensor by name: kept for one that names no target.
+    before = [e.name for e in floats if fnmatch.fnmatchcase(e.name, pattern)]
+    if not before:
+        others = [e.name for e in floats if matches(e.name, pattern)]
+        raise ValueError(
+            f"the pattern {pattern!r} selects no weight the method prunes, only "
+            f"{_listing(others)}; a tensor outside its weights (a norm, a bias) is pruned "
+            f"when named exactly, e.g. {others[0]!r}"
+        )
+    warnings.warn(
+        f"include {pattern!r} matches none of the weights the method prunes and selects "
+        f"{_listing(before)} by name, as before; in a future version a glob will only narrow "
+        "the method's weights: give these tensors' exact names to keep pruning them",
+        FutureWarning,
+        stacklevel=4,
+    )
+    return set(before)
 
 
 def prune_state_dict(

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prunekit._extras import require
 from prunekit.io.atomic import atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict
-from prunekit.io.sharded import is_sharded, prune_sharded
+from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
+from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
-from prunekit.report import report
+from prunekit.report import Report, report
 from prunekit.tools.demo import run_demo
 
 __all__ = ["build_parser", "main"]
@@ -114,7 +118,12 @@ def _report_parser(commands: Any) -> None:
         "file or .safetensors): shape, zeros, sparsity, whether a mask is saved with it; "
         "then totals and sizes.",
     )
-    report.add_argument("path", metavar="PATH", help="checkpoint file")
+    report.add_argument(
+        "path",
+        metavar="PATH",
+        help="checkpoint file, or a model folder (model.safetensors, or shards with "
+        "model.safetensors.index.json, read a tensor at a time)",
+    )
     report.add_argument("--json", action="store_true", help="print the report as JSON")
     report.add_argument("--plot", metavar="PNG", help="also draw sparsity per tensor to PNG")
     _trust_argument(report)
@@ -134,11 +143,17 @@ def _prune_parser(commands: Any) -> None:
     prune.add_argument(
         "path",
         metavar="PATH",
-        help="checkpoint to read, or a folder of safetensors shards with "
-        "model.safetensors.index.json (read shard by shard: it may exceed memory)",
+        help="checkpoint to read, or a model folder as save_pretrained writes it: one "
+        "model.safetensors, or shards with model.safetensors.index.json (read shard by "
+        "shard: it may exceed memory)",
     )
     prune.add_argument(
-        "-o", "--out", required=True, metavar="OUT", help="file to write (a folder for shards)"
+        "-o",
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="file to write; for a model folder, a folder: the pruned weights and a copy "
+        "of every other file of the input (config, tokenizer, ...)",
     )
     prune.add_argument(
         "--method",
@@ -166,14 +181,15 @@ def _prune_parser(commands: Any) -> None:
         action="append",
         default=[],
         metavar="GLOB",
-        help="prune only tensors whose name matches GLOB (repeatable), any number of dims",
+        help="prune only the weights (2 or more dims) whose name, or a module name above "
+        "it, matches GLOB (repeatable); a tensor of 1 dim is pruned when named exactly",
     )
     prune.add_argument(
         "--exclude",
         action="append",
         default=[],
         metavar="GLOB",
-        help="leave out tensors whose name matches GLOB (repeatable)",
+        help="leave out tensors whose name, or a module name above it, matches GLOB (repeatable)",
     )
     prune.add_argument(
         "--keep-masks",
@@ -222,27 +238,62 @@ def _run_report(args: argparse.Namespace) -> int:
             f"{args.plot}: is the input file itself; expected another file for the plot "
             "(the input is never changed)"
         )
-    state = load_state_dict(args.path, trust_pickle=args.trust_pickle)
+    if Path(args.path).is_dir():  # a model folder, sharded or not
+        found = folder_report(args.path)
+    else:
+        found = report(load_state_dict(args.path, trust_pickle=args.trust_pickle))
     if args.plot:
         # Names as text, never as matplotlib's math ($...$), which a file could abuse.
-        shown = report({printable(k).replace("$", r"\$"): v for k, v in state.items()})
+        shown = _renamed(found, lambda name: printable(name).replace("$", r"\$"))
         with atomic_path(args.plot) as temp:
             shown.plot(temp, title=f"Sparsity per tensor of {printable(str(args.path))}")
     if args.json:
-        print(report(state).to_json())  # JSON escapes what a terminal must not see
+        print(found.to_json())  # JSON escapes what a terminal must not see
         return 0
-    found = report({printable(k): v for k, v in state.items()})  # the table reads no markup
     console, _ = _consoles()
-    console.print(found.rich_table(title=printable(str(args.path))))
+    table = _renamed(found, printable).rich_table(title=printable(str(args.path)))
+    console.print(table)  # the table reads no markup
     return 0
+
+
+def _renamed(found: Report, name: Callable[[str], str]) -> Report:
+    return Report(tuple(dataclasses.replace(row, name=name(row.name)) for row in found.rows))
 
 
 def _run_prune(args: argparse.Namespace) -> int:
     if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
-        return _run_prune_sharded(args)
+        status = _run_prune_sharded(args)
+        index = index_of(args.path)
+        assert index is not None
+        copy_companions(index.parent, args.out)
+        return status
+    if Path(args.path).is_dir():  # a model folder with one weights file
+        return _run_prune_folder(args)
+    return _run_prune_file(args, args.path, args.out)
+
+
+def _run_prune_folder(args: argparse.Namespace) -> int:
+    """A single-file model folder into the folder OUT: its weights pruned, the rest copied."""
+    weights = weights_file(args.path)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: is a file; expected a folder for a model folder's copy")
+    made = not out.exists()
+    out.mkdir(exist_ok=True)
+    try:
+        status = _run_prune_file(args, weights, out / WEIGHTS)
+        copy_companions(args.path, out)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return status
+
+
+def _run_prune_file(args: argparse.Namespace, path: Any, out: Any) -> int:
     result = prune_file(
-        args.path,
-        args.out,
+        path,
+        out,
         args.method,
         args.amount,
         trust_pickle=args.trust_pickle,
@@ -260,7 +311,7 @@ def _run_prune(args: argparse.Namespace) -> int:
     print(
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
         f"{' globally' if args.global_pruning else ''}: {zeros / max(numel, 1):.1%} "
-        f"of them are zero. Wrote {args.out}"
+        f"of them are zero. Wrote {out}"
     )
     return 0
 
