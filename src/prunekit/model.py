@@ -17,7 +17,7 @@ from torch import nn
 
 from prunekit.core.backend import is_module
 from prunekit.core.naming import ORIG, mask_name, pruned_name
-from prunekit.core.transaction import Snapshot
+from prunekit.core.transaction import transaction
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
@@ -123,8 +123,7 @@ def prune_model(
             )
         kwargs["process_group"] = process_group
     targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
-    snapshots = [Snapshot(m) for m in model.modules()]
-    try:
+    with transaction(model):
         if scope == "global":
             global_unstructured([(t.module, t.leaf) for t in targets], cls, **kwargs)
         else:
@@ -134,10 +133,6 @@ def prune_model(
             mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:
                 custom_from_mask(holder, leaf, mask)
-    except BaseException:
-        for snapshot in snapshots:
-            snapshot.restore()
-        raise
     return report(model)
 
 
@@ -193,7 +188,6 @@ def _oneshot(
         loss=loss,
         progress=progress,
         then=ties,
-        touched=list(model.modules()),
         reduce=reduce,
     )
     return report(model)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numbers
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,7 +77,6 @@ class Plan:
     loss: Loss | None
     sparsegpt: SparseGPT
     reduce: cal.Reduce | None = None  # sums statistics over data-parallel ranks
-    undo: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
 
 
 def oneshot(
@@ -95,7 +94,6 @@ def oneshot(
     blocksize: int = 128,
     progress: bool | None = None,
     then: Callable[[], None] | None = None,
-    touched: Sequence[nn.Module] | None = None,
     reduce: cal.Reduce | None = None,
 ) -> None:
     """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
@@ -107,10 +105,11 @@ def oneshot(
     arguments or tuples). `sequential`: calibrate block by block, each on the outputs of
     the pruned blocks before it (Wanda and SparseGPT; Taylor always takes the whole
     model's gradient). `progress`: a bar on stderr (default: when stderr is a terminal).
-    `then` runs last, inside the transaction; `touched` are the modules it restores
-    (default: those of `targets`). `reduce` (see criteria.calibration.Reduce) makes the
-    calibrated methods use the statistics (Taylor: the saliencies) of every
-    data-parallel rank's batches, each rank holding the whole model.
+    `then` runs last, inside the transaction (which covers all of `model`: a failure
+    anywhere, in a forward, a criterion or `then`, leaves it as it was). `reduce` (see
+    criteria.calibration.Reduce) makes the calibrated methods use the statistics (Taylor:
+    the saliencies) of every data-parallel rank's batches, each rank holding the whole
+    model.
     """
     plan = _plan(
         model,
@@ -125,18 +124,12 @@ def oneshot(
         SparseGPT(damp, blocksize),
     )
     plan.reduce = reduce
-    if touched is None:
-        touched = [m for m, _ in plan.targets]
     bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), progress)
     try:
-        with transaction(touched):
+        with transaction(model):
             _run(model, plan, bar)
             if then is not None:
                 then()
-    except BaseException:
-        for param, old in reversed(plan.undo):
-            param.data = old  # the transaction restored the masks, hooks and module.<name>
-        raise
     finally:
         bar.close()
 
@@ -448,6 +441,5 @@ def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) 
         )
     param = _parameter(module, name)
     old = param.data
-    plan.undo.append((param, old))
     param.data = torch.where(keep, updated, old)  # pruned entries keep their values
     prune.custom_from_mask(module, name, keep.to(dtype=old.dtype))

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from prunekit.core.transaction import transaction
 from prunekit.structure.graph import check_model, split_inputs, traced_groups
 from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import count_macs, count_params, latency_ms
-from prunekit.structure.snapshot import Snapshot
 from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
 
 
@@ -92,21 +92,18 @@ def compact(
     args, kwargs = split_inputs(example_inputs, "compact")
     result = plan(traced_groups(model, example_inputs, "auto", "compact"))
     modes = [(m, m.training) for m in model.modules()]
-    snapshot = Snapshot(model)
     try:
-        model.eval()
-        capture = Capture(result)
-        with torch.no_grad(), capture:
-            reference = model(*args, **kwargs)
-        before = _measures(model, args, kwargs, latency_runs)
-        apply(result, folds(result, capture), model)
-        config, stale = update_config(model)
-        output = _forward(model, args, kwargs)
-        diff, scale = _compare(reference, output, tolerance, result.outputs)
-        after = _measures(model, args, kwargs, latency_runs)
-    except BaseException:
-        snapshot.restore()
-        raise
+        with transaction(model):
+            model.eval()
+            capture = Capture(result)
+            with torch.no_grad(), capture:
+                reference = model(*args, **kwargs)
+            before = _measures(model, args, kwargs, latency_runs)
+            apply(result, folds(result, capture), model)
+            config, stale = update_config(model)
+            output = _forward(model, args, kwargs)
+            diff, scale = _compare(reference, output, tolerance, result.outputs)
+            after = _measures(model, args, kwargs, latency_runs)
     finally:
         for m, mode in modes:
             m.training = mode

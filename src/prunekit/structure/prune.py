@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
+from prunekit.core.transaction import transaction
 from prunekit.structure.criteria import GroupCriterion, score_groups
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
-from prunekit.structure.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,8 @@ def prune_channels(
         scores = [scored[id(g)] for g in mine]
         step = round_to if kind != "heads" else 1
         chosen += _choose(mine, scores, float(share), scope, step)
-    snapshot = Snapshot(model)
-    try:
+    with transaction(model):
         _install(model, chosen)
-    except BaseException:
-        snapshot.restore()
-        raise
     return chosen
 
 

@@ -20,12 +20,12 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.core.transaction import transaction
 from prunekit.io.atomic import atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.structure.graph import check_model
 from prunekit.structure.rebuild import Layout, apply_layout, describe_module, verify
-from prunekit.structure.snapshot import Snapshot
 
 __all__ = ["MANIFEST", "load_compacted", "save_compacted"]
 
@@ -76,16 +76,10 @@ def load_compacted(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
     manifest = _read_manifest(folder)
     state = load_state_dict(folder / _weights_name(folder, manifest))
     layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"))
-    snapshot = Snapshot(model)
-    config_before = layout.config_state()
-    try:
+    with transaction(model, state=layout.configs()):
         apply_layout(model, layout)
         load_pruned_state_dict(model, state, strict=True)
         verify(model, layout, state)
-    except BaseException:
-        snapshot.restore()
-        layout.restore_config(config_before)
-        raise
     return model
 
 
