@@ -23,6 +23,7 @@ __all__ = [
     "index_error",
     "is_explained",
     "naming",
+    "runtime_error",
     "type_error",
     "value_error",
     "warn_caller",
@@ -53,6 +54,12 @@ def type_error(message: str) -> TypeError:
 def index_error(message: str) -> IndexError:
     """An IndexError about the caller's input (a dim out of range)."""
     return _explained(IndexError(message))
+
+
+def runtime_error(message: str) -> RuntimeError:
+    """A RuntimeError about the caller's input, where torch raises one for the same fault
+    (a state_dict whose keys or shapes do not fit)."""
+    return _explained(RuntimeError(message))
 
 
 def attribute_error(message: str) -> AttributeError:

@@ -71,22 +71,22 @@ def prune_channels(
     _check(amounts, scope, round_to)
     check_gqa(gqa, "prune_channels")
     skipped = _ignored(model, ignore)
-    found = channel_groups(model, example_inputs, gqa=gqa)
-    _check_found(model, found, amounts)
-    groups = [g for g in found if g.prunable]
-    groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
-    groups = [g for g in groups if amounts.get(g.kind)]
-    ranked = score_groups(model, groups, criterion, calibration, loss)
-    scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
-    chosen: list[PrunedGroup] = []
-    for kind, share in amounts.items():
-        mine = [g for g in groups if g.kind == kind]
-        if not share or not mine:
-            continue
-        scores = [scored[id(g)] for g in mine]
-        step = round_to if kind != "heads" else 1
-        chosen += _choose(mine, scores, float(share), scope, step)
-    with transaction(model):
+    with transaction(model):  # the traced and calibrating forwards may write buffers too
+        found = channel_groups(model, example_inputs, gqa=gqa)
+        _check_found(model, found, amounts)
+        groups = [g for g in found if g.prunable]
+        groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
+        groups = [g for g in groups if amounts.get(g.kind)]
+        ranked = score_groups(model, groups, criterion, calibration, loss)
+        scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
+        chosen: list[PrunedGroup] = []
+        for kind, share in amounts.items():
+            mine = [g for g in groups if g.kind == kind]
+            if not share or not mine:
+                continue
+            scores = [scored[id(g)] for g in mine]
+            step = round_to if kind != "heads" else 1
+            chosen += _choose(mine, scores, float(share), scope, step)
         _install(model, chosen)
     return chosen
 
