@@ -366,3 +366,37 @@ def test_a_fifo_shard_is_refused_without_blocking(tmp_path: Path) -> None:
         prune_sharded(source, tmp_path / "out", "l1", 0.5)
     assert main(["prune", str(source), "-o", str(tmp_path / "o2"), "--amount", "0.5"]) != 0
     assert not (tmp_path / "out").exists() and not (tmp_path / "o2").exists()
+
+
+# -- errors attributed to whom raised them --------------------------------------------------
+
+
+def test_a_loss_that_raises_is_named_as_the_loss() -> None:
+    model = Counted()
+
+    def loss(output: Any, batch: Any) -> torch.Tensor:
+        raise KeyError("no labels")
+
+    with pytest.raises(ValueError, match=r"the loss raised on batch 0: KeyError: 'no labels'"):
+        prunekit.prune_model(model, 0.5, method="taylor", calibration=[X], loss=loss)
+
+
+def test_prunekit_s_own_hook_error_is_not_blamed_on_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import prunekit.criteria.calibration as calibration
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise ZeroDivisionError("a bug in a statistics hook")
+
+    monkeypatch.setattr(calibration, "_features", broken)
+    model = Counted()
+    before = state(model)
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        prunekit.prune_model(model, 0.5, method="wanda", calibration=[X], sequential=False)
+    assert_same(model, before)
+
+
+def test_the_user_s_model_error_is_named_as_the_batch_s() -> None:
+    with pytest.raises(ValueError, match="the model cannot take batch 1"):
+        prunekit.prune_model(Counted(), 0.5, method="wanda", calibration=[X, torch.ones(2, 3)])
