@@ -89,6 +89,10 @@ def compact(
     check_model(model, "compact")
     if not isinstance(tolerance, float) or not tolerance >= 0:
         raise ValueError(f"compact: invalid tolerance={tolerance!r}; expected a float >= 0")
+    if isinstance(latency_runs, bool) or not isinstance(latency_runs, int) or latency_runs < 0:
+        raise ValueError(
+            f"compact: invalid latency_runs={latency_runs!r}; expected an int >= 0 (0: no timing)"
+        )
     args, kwargs = split_inputs(example_inputs, "compact")
     modes = [(m, m.training) for m in model.modules()]
     try:
