@@ -400,3 +400,20 @@ def test_prunekit_s_own_hook_error_is_not_blamed_on_the_batch(
 def test_the_user_s_model_error_is_named_as_the_batch_s() -> None:
     with pytest.raises(ValueError, match="the model cannot take batch 1"):
         prunekit.prune_model(Counted(), 0.5, method="wanda", calibration=[X, torch.ones(2, 3)])
+
+
+class Unused(Counted):
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = nn.Linear(4, 4)  # never called by forward
+
+
+def test_calibrated_errors_name_the_module_path() -> None:
+    model = Unused()
+    with pytest.raises(
+        ValueError, match=r"'spare\.weight', parameter 'weight' of Linear never ran"
+    ):
+        prunekit.prune_model(model, 0.5, method="wanda", calibration=[X], include="*.weight")
+    with pytest.raises(ValueError, match=r"'a\.weight', parameter 'weight' of Linear"):
+        prunekit.prune_model(model, 0.5, method="sparsegpt", calibration=[X], pattern="2:4",
+                             include="a.weight")  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +148,7 @@ def _plan(
     settings: SparseGPT,
 ) -> Plan:
     """Check every argument against the others and against each target."""
+    _PATHS.update((m, p) for p, m in model.named_modules())
     prune.validate_pruning_amount_init(amount, owner="prune_model")
     if method not in METHODS:
         raise value_error(f"prune_model: invalid method={method!r}; expected one of {METHODS}")
@@ -199,10 +201,18 @@ def _batches(method: str, calibration: Iterable[Any] | None, loss: Loss | None) 
     return batches
 
 
+_PATHS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def _describe(module: nn.Module, name: str) -> str:
+    """`describe` with the module's path in the model last planned (errors name ``a.weight``)."""
+    return describe(module, name, _PATHS.get(module))
+
+
 def _check_target(
     model: nn.Module, module: nn.Module, name: str, method: str, pattern: prune.Pattern, amount: Any
 ) -> None:
-    where = describe(module, name)
+    where = _describe(module, name)
     values = _values(module, name)
     if method in CALIBRATED:
         if not isinstance(module, nn.Linear) or name != "weight":
@@ -405,7 +415,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
 def _check_seen(stats: cal.InputStatistics, module: nn.Module, name: str) -> None:
     if not stats.seen(module):
         raise value_error(
-            f"prune_model: {describe(module, name)} never ran on the calibration data; "
+            f"prune_model: {_describe(module, name)} never ran on the calibration data; "
             "expected every pruned layer to be used by the model's forward"
         )
 
@@ -429,7 +439,7 @@ def _prune_layers(
 
 
 def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
-    where = describe(module, name)
+    where = _describe(module, name)
     with naming(where):
         keep, updated = sparsegpt_prune(
             _values(module, name),

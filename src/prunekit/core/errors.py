@@ -72,9 +72,13 @@ def is_explained(error: BaseException) -> bool:
     return getattr(error, _MARK, False) is True
 
 
-def describe(module: Any, name: Any) -> str:
-    """How errors name a tensor: ``parameter 'weight' of Linear``."""
-    return f"parameter {name!r} of {type(module).__name__}"
+def describe(module: Any, name: Any, path: str | None = None) -> str:
+    """How errors name a tensor: ``parameter 'weight' of Linear``; with the module's `path`
+    in its model (whole-model calls know it), ``'a.weight', parameter 'weight' of Linear``."""
+    found = f"parameter {name!r} of {type(module).__name__}"
+    if path is None:
+        return found
+    return f"{(path + '.' if path else '') + str(name)!r}, {found}"
 
 
 def with_context(error: E, where: str) -> E:
