@@ -417,3 +417,23 @@ def test_calibrated_errors_name_the_module_path() -> None:
     with pytest.raises(ValueError, match=r"'a\.weight', parameter 'weight' of Linear"):
         prunekit.prune_model(model, 0.5, method="sparsegpt", calibration=[X], pattern="2:4",
                              include="a.weight")  # fmt: skip
+
+
+def test_complex_masks_meta_and_sparse_weights_and_a_bad_progress_are_refused() -> None:
+    layer = nn.Linear(4, 4)
+    with pytest.raises(TypeError, match="complex"):
+        prunekit.custom_from_mask(layer, "weight", torch.ones(4, 4, dtype=torch.complex64))
+    assert not prunekit.is_pruned(layer)
+    meta = nn.Linear(4, 4, device="meta")
+    with pytest.raises(ValueError, match="meta"):
+        prunekit.random_unstructured(meta, "weight", 0.5)
+    sparse = nn.Linear(4, 4)
+    sparse.weight = nn.Parameter(torch.ones(4, 4).to_sparse())
+    with pytest.raises(ValueError, match="sparse"):
+        prunekit.random_unstructured(sparse, "weight", 0.5)
+    assert not prunekit.is_pruned(meta) and not prunekit.is_pruned(sparse)
+    model = Counted()
+    before = state(model)
+    with pytest.raises(TypeError, match="progress='x'"):
+        prunekit.prune_model(model, 0.5, method="wanda", calibration=[X], progress="x")
+    assert_same(model, before)

@@ -112,6 +112,11 @@ def oneshot(
     the saliencies) of every data-parallel rank's batches, each rank holding the whole
     model.
     """
+    if progress is not None and not isinstance(progress, bool):
+        raise type_error(
+            f"prune_model: invalid progress={progress!r}; expected True, False or None (a bar "
+            "when stderr is a terminal)"
+        )
     plan = _plan(
         model,
         list(targets),
