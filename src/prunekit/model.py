@@ -18,7 +18,7 @@ from torch import nn
 from prunekit.core.backend import is_module
 from prunekit.core.errors import type_error, value_error, with_context
 from prunekit.core.naming import ORIG, mask_name, pruned_name
-from prunekit.core.transaction import Snapshot
+from prunekit.core.transaction import transaction
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
@@ -161,8 +161,7 @@ def _prune(
     targets = _targets(model, _patterns(include, "include"), _patterns(exclude, "exclude"))
     if group is not None:
         group.start("prune_model", arguments)
-    snapshots = [Snapshot(m) for m in model.modules()]
-    try:
+    with transaction(model):
         if scope == "global":
             global_unstructured([(t.module, t.leaf) for t in targets], cls, **kwargs)
         else:
@@ -174,10 +173,6 @@ def _prune(
                 custom_from_mask(holder, leaf, mask)
         if group is not None:
             group.finish()  # a rank failing since the last step: every rank undoes
-    except BaseException:
-        for snapshot in snapshots:
-            snapshot.restore()
-        raise
     return report(model)
 
 
@@ -234,7 +229,6 @@ def _oneshot(
         loss=loss,
         progress=progress,
         then=ties,
-        touched=list(model.modules()),
         reduce=reduce,
     )
     return report(model)

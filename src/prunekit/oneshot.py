@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numbers
 import re
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -79,7 +80,6 @@ class Plan:
     loss: Loss | None
     sparsegpt: SparseGPT
     reduce: cal.Reduce | None = None  # sums statistics over data-parallel ranks
-    undo: list[tuple[nn.Parameter, Tensor]] = field(default_factory=list)
 
 
 def oneshot(
@@ -97,7 +97,6 @@ def oneshot(
     blocksize: int = 128,
     progress: bool | None = None,
     then: Callable[[], None] | None = None,
-    touched: Sequence[nn.Module] | None = None,
     reduce: cal.Reduce | None = None,
 ) -> None:
     """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
@@ -109,14 +108,19 @@ def oneshot(
     arguments or tuples). `sequential`: calibrate block by block, each on the outputs of
     the pruned blocks before it (Wanda and SparseGPT; Taylor always takes the whole
     model's gradient). `progress`: a bar on stderr (default: when stderr is a terminal).
-    `then` runs last, inside the transaction; `touched` are the modules it restores
-    (default: those of `targets`). `reduce` (see criteria.calibration.Reduce) makes the
-    calibrated methods use the statistics (Taylor: the saliencies) of every
-    data-parallel rank's batches, each rank holding the whole model; the ranks settle
-    once the arguments are checked and once more inside the transaction, at the end,
-    so that a failure on any rank undoes the call on every rank.
+    `then` runs last, inside the transaction (which covers all of `model`: a failure
+    anywhere, in a forward, a criterion or `then`, leaves it as it was). `reduce` (see
+    criteria.calibration.Reduce) makes the calibrated methods use the statistics (Taylor:
+    the saliencies) of every data-parallel rank's batches, each rank holding the whole
+    model; the ranks settle once the arguments are checked and once more inside the
+    transaction, at the end, so that a failure on any rank undoes the call on every rank.
     """
     try:
+        if progress is not None and not isinstance(progress, bool):
+            raise type_error(
+                f"prune_model: invalid progress={progress!r}; expected True, False or None (a bar "
+                "when stderr is a terminal)"
+            )
         plan = _plan(
             model,
             list(targets),
@@ -137,20 +141,14 @@ def oneshot(
     if reduce is not None:
         reduce.settle(None)  # every rank's checks passed, and the arguments agree
     plan.reduce = reduce
-    if touched is None:
-        touched = [m for m, _ in plan.targets]
     bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), progress)
     try:
-        with transaction(touched):
+        with transaction(model):
             _run(model, plan, bar)
             if then is not None:
                 then()
             if reduce is not None:
                 reduce.settle(None)  # a rank failing since the last step: every rank undoes
-    except BaseException:
-        for param, old in reversed(plan.undo):
-            param.data = old  # the transaction restored the masks, hooks and module.<name>
-        raise
     finally:
         bar.close()
 
@@ -168,6 +166,7 @@ def _plan(
     settings: SparseGPT,
 ) -> Plan:
     """Check every argument against the others and against each target."""
+    _PATHS.update((m, p) for p, m in model.named_modules())
     prune.validate_pruning_amount_init(amount, owner="prune_model")
     if method not in METHODS:
         raise value_error(f"prune_model: invalid method={method!r}; expected one of {METHODS}")
@@ -220,10 +219,18 @@ def _batches(method: str, calibration: Iterable[Any] | None, loss: Loss | None) 
     return batches
 
 
+_PATHS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+
+
+def _describe(module: nn.Module, name: str) -> str:
+    """`describe` with the module's path in the model last planned (errors name ``a.weight``)."""
+    return describe(module, name, _PATHS.get(module))
+
+
 def _check_target(
     model: nn.Module, module: nn.Module, name: str, method: str, pattern: prune.Pattern, amount: Any
 ) -> None:
-    where = describe(module, name)
+    where = _describe(module, name)
     values = _values(module, name)
     if method in CALIBRATED:
         if not calibrates(module, name):
@@ -443,7 +450,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
 def _check_seen(stats: cal.InputStatistics, module: nn.Module, name: str) -> None:
     if not stats.seen(module):
         raise value_error(
-            f"prune_model: {describe(module, name)} never ran on the calibration data; "
+            f"prune_model: {_describe(module, name)} never ran on the calibration data; "
             "expected every pruned layer to be used by the model's forward"
         )
 
@@ -478,7 +485,7 @@ def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Te
 
 def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
     """SparseGPT on the layer's matrices (criteria.layers), one per group."""
-    where = describe(module, name)
+    where = _describe(module, name)
     values = _values(module, name)
     weights = layers.matrices(module, values)
     hessians = hessian.reshape(-1, *hessian.shape[-2:])
@@ -501,6 +508,5 @@ def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) 
     updated = layers.from_matrices(module, torch.stack(updates), values.shape)
     param = _parameter(module, name)
     old = param.data
-    plan.undo.append((param, old))
     param.data = torch.where(keep, updated, old)  # pruned entries keep their values
     prune.custom_from_mask(module, name, keep.to(dtype=old.dtype))

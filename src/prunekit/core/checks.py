@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from prunekit.core.backend import common_namespace, is_module, is_tensor, namespace
@@ -112,6 +113,12 @@ def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -
             f"{where} has dtype {param.dtype}; expected a floating-point parameter "
             "(integer, bool and complex parameters cannot be pruned)"
         )
+    if isinstance(param, Tensor) and (param.is_meta or param.layout != torch.strided):
+        kind = "meta" if param.is_meta else f"sparse ({param.layout})"
+        raise value_error(
+            f"{where} is a {kind} tensor; expected a dense tensor with data (pruning ranks "
+            "its values and multiplies a dense mask into it)"
+        )
     refuse_ties(module._parameters.items(), name, param, where)
     check_free_names(module, name, where)
     return param
@@ -191,6 +198,11 @@ def check_binary_mask(mask: Any, where: str) -> None:
         raise type_error(
             f"{where}: invalid mask of type {type(mask).__name__}; "
             "expected a tensor of 0s and 1s shaped like the parameter"
+        )
+    if getattr(mask, "is_complex", lambda: False)():
+        raise type_error(
+            f"{where}: invalid mask of dtype {mask.dtype}; expected a real (bool, integer or "
+            "floating-point) tensor of 0s and 1s (a complex one would lose its imaginary part)"
         )
     bad = (mask != 0) & (mask != 1)
     if bool(bad.any()):

@@ -23,6 +23,7 @@ __all__ = [
     "index_error",
     "is_explained",
     "naming",
+    "runtime_error",
     "type_error",
     "value_error",
     "warn_caller",
@@ -55,6 +56,12 @@ def index_error(message: str) -> IndexError:
     return _explained(IndexError(message))
 
 
+def runtime_error(message: str) -> RuntimeError:
+    """A RuntimeError about the caller's input, where torch raises one for the same fault
+    (a state_dict whose keys or shapes do not fit)."""
+    return _explained(RuntimeError(message))
+
+
 def attribute_error(message: str) -> AttributeError:
     """An AttributeError about the caller's input (a name that does not exist)."""
     return _explained(AttributeError(message))
@@ -65,9 +72,13 @@ def is_explained(error: BaseException) -> bool:
     return getattr(error, _MARK, False) is True
 
 
-def describe(module: Any, name: Any) -> str:
-    """How errors name a tensor: ``parameter 'weight' of Linear``."""
-    return f"parameter {name!r} of {type(module).__name__}"
+def describe(module: Any, name: Any, path: str | None = None) -> str:
+    """How errors name a tensor: ``parameter 'weight' of Linear``; with the module's `path`
+    in its model (whole-model calls know it), ``'a.weight', parameter 'weight' of Linear``."""
+    found = f"parameter {name!r} of {type(module).__name__}"
+    if path is None:
+        return found
+    return f"{(path + '.' if path else '') + str(name)!r}, {found}"
 
 
 def with_context(error: E, where: str) -> E:

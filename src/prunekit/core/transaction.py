@@ -1,73 +1,209 @@
-"""One transaction for "a failed call leaves the model exactly as it was".
+"""The one transaction: a call that changes a model is undone whole when it fails.
 
-A call that changes modules (a pruning, a global pruning, loading a checkpoint) runs inside
-``with transaction(modules):``; if anything raises, every module gets back its parameters,
-buffers, hooks and tensor attributes, in the same dict objects and the same order.
+``with transaction(model):`` (every module of `model`) or ``with transaction([a, b]):``
+(those modules alone) records, before the block runs, everything a prunekit call may change:
+
+- each module's class (compaction swaps classes) and attribute dict, and the contents of every
+  dict, list and set in it (parameters, buffers, submodules, all hook dicts, the set of
+  non-persistent buffers, an RNN's ``_flat_weights``), kept in the same objects so that hook
+  handles and references stay valid;
+- the attributes of every hook object (a PruningContainer's method list, a schedule's mask
+  and amount);
+- every tensor's data: a parameter or buffer whose ``.data`` was replaced gets its old data
+  back, and one written in place gets its old values back (below);
+- the Hugging Face config of any module (``module.config``, nested sub-configs too);
+- any other object named in `state` (a pruner's step count, masks, random generator).
+
+If the block raises anything (KeyboardInterrupt too), all of it is put back and the error
+propagates unchanged.
+
+Cost. Attribute dicts and containers are copied shallowly; tensors by reference, except:
+
+- buffers are cloned (they are small: running statistics, masks, counters that a forward
+  may increment in place);
+- parameters are cloned only when named in `writes` (the ones a call knows it writes in
+  place). Every other parameter is watched through its version counter (``_version``): a
+  parameter changed in place that was not cloned cannot be restored, and the error raised
+  says so in a note. prunekit's own calls never write an undeclared parameter in place, so
+  a large model costs no copy of its weights.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-from prunekit.core.backend import is_tensor
+__all__ = ["Transaction", "transaction"]
 
-__all__ = ["Snapshot", "transaction"]
+_Containers = list[tuple[Any, Any]]
+_Saved = dict[int, tuple[Any, dict[str, Any], _Containers]]
 
 
-class Snapshot:
-    """What a pruning call may change on a module, to put back exactly if the call fails."""
+class _Tensor:
+    """One parameter or buffer: its data (an alias: no copy), version and, where kept, a
+    clone of its values."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.parameters = dict(module._parameters)
-        self.buffers = dict(module._buffers)
-        self.hooks = dict(module._forward_pre_hooks)
-        self.load_hooks = dict(module._load_state_dict_post_hooks)
-        self.tensors = {k: v for k, v in module.__dict__.items() if is_tensor(v)}
-        self.methods = {
-            key: hook._pruning_methods
-            for key, hook in self.hooks.items()
-            if hasattr(hook, "_pruning_methods")
-        }
-        flat = module.__dict__.get("_flat_weights")
-        self.flat_weights = list(flat) if isinstance(flat, list) else None
+    __slots__ = ("alias", "copy", "name", "tensor", "version")
 
-    def restore(self) -> None:
-        """Put back the dicts' contents (same dict objects, same order) and attributes."""
-        m = self.module
-        m._parameters.clear()
-        m._parameters.update(self.parameters)
-        m._buffers.clear()
-        m._buffers.update(self.buffers)
-        m._forward_pre_hooks.clear()
-        m._forward_pre_hooks.update(self.hooks)
-        m._load_state_dict_post_hooks.clear()
-        m._load_state_dict_post_hooks.update(self.load_hooks)
-        for name in [k for k, v in m.__dict__.items() if is_tensor(v)]:
-            if name not in self.tensors:
-                del m.__dict__[name]
-        m.__dict__.update(self.tensors)
-        for key, methods in self.methods.items():
-            hook: Any = self.hooks[key]
-            hook._pruning_methods = methods
-        if self.flat_weights is not None:
-            m.__dict__["_flat_weights"][:] = self.flat_weights
+    def __init__(self, tensor: Tensor, name: str, copy: bool) -> None:
+        self.tensor = tensor
+        self.name = name
+        self.alias = tensor.detach()
+        self.version = -1 if tensor.is_inference() else tensor._version  # -1: not counted
+        self.copy = tensor.detach().clone() if copy else None
+
+    def restore(self) -> str | None:
+        """Put the data back; the name of a tensor whose values could not be, else None."""
+        self.tensor.data = self.alias  # undoes a replaced .data; no copy, no version bump
+        if self.version >= 0 and self.alias._version == self.version:
+            return None
+        if self.copy is None:
+            return self.name if self.version >= 0 else None
+        with torch.no_grad():
+            self.alias.copy_(self.copy)
+        return None
+
+
+def _is_config(value: Any) -> bool:
+    return callable(getattr(value, "to_dict", None)) and isinstance(
+        getattr(value, "__dict__", None), dict
+    )
+
+
+def _keep_object(obj: Any, saved: _Saved) -> None:
+    """Record `obj`'s attributes and the contents of its dicts, lists, sets and generators."""
+    attributes = getattr(obj, "__dict__", None)
+    if not isinstance(attributes, dict) or id(obj) in saved:
+        return
+    inner: _Containers = []
+    for value in attributes.values():
+        if isinstance(value, dict):
+            inner.append((value, dict(value)))
+        elif isinstance(value, list):
+            inner.append((value, list(value)))
+        elif isinstance(value, set):
+            inner.append((value, set(value)))
+        elif isinstance(value, torch.Generator):
+            inner.append((value, value.get_state()))
+    saved[id(obj)] = (obj, dict(attributes), inner)
+    for value in attributes.values():
+        if _is_config(value):
+            _keep_object(value, saved)
+
+
+def _put_back(saved: _Saved) -> None:
+    for obj, attributes, inner in saved.values():
+        for container, contents in inner:
+            if isinstance(container, torch.Generator):
+                container.set_state(contents)
+            elif isinstance(container, list):
+                container[:] = contents
+            else:
+                container.clear()
+                container.update(contents)
+        own: dict[str, Any] = obj.__dict__
+        own.clear()
+        own.update(attributes)
+
+
+class Transaction:
+    """What a call may change on `modules` and `state`, recorded now; rollback() puts it back.
+
+    Args:
+        modules: a model (every module in it) or an iterable of modules (each alone).
+        writes: tensors the call may write in place; their values are cloned.
+        state: other objects whose attributes the call changes (a pruner).
+    """
+
+    def __init__(
+        self,
+        modules: nn.Module | Iterable[nn.Module],
+        *,
+        writes: Iterable[Tensor] = (),
+        state: Iterable[object] = (),
+    ) -> None:
+        found = modules.modules() if isinstance(modules, nn.Module) else modules
+        self._modules: dict[int, tuple[nn.Module, type]] = {}
+        for module in found:
+            self._modules.setdefault(id(module), (module, type(module)))
+        written = {id(t) for t in writes}
+        self._objects: _Saved = {}
+        self._tensors: dict[int, _Tensor] = {}
+        for module, _ in self._modules.values():
+            _keep_object(module, self._objects)
+            for hooks in _hook_dicts(module):
+                for hook in hooks.values():
+                    _keep_object(hook, self._objects)
+            self._keep_tensors(module, "_parameters", written)
+            self._keep_tensors(module, "_buffers", None)
+        for obj in state:
+            _keep_object(obj, self._objects)
+
+    def _keep_tensors(self, module: nn.Module, kind: str, written: set[int] | None) -> None:
+        for name, tensor in module.__dict__.get(kind, {}).items():
+            if isinstance(tensor, Tensor) and id(tensor) not in self._tensors:
+                copy = written is None or id(tensor) in written
+                label = f"{type(module).__name__}.{name}"
+                self._tensors[id(tensor)] = _Tensor(tensor, label, copy)
+
+    def rollback(self) -> list[str]:
+        """Put everything back; returns the tensors written in place that were not cloned."""
+        _put_back(self._objects)
+        for module, cls in self._modules.values():
+            if type(module) is not cls:
+                module.__class__ = cls
+        lost = []
+        for kept in self._tensors.values():
+            name = kept.restore()
+            if name is not None:
+                lost.append(name)
+        return lost
+
+
+def _hook_dicts(module: nn.Module) -> list[dict[Any, Any]]:
+    return [
+        value
+        for key, value in module.__dict__.items()
+        if key.endswith("_hooks") and isinstance(value, dict)
+    ]
 
 
 @contextmanager
-def transaction(modules: Iterable[nn.Module]) -> Iterator[None]:
-    """Run the block; if it raises (anything, KeyboardInterrupt included), restore every
-    module in `modules` (each once) as it was when the block began, then re-raise."""
-    snapshots: dict[int, Snapshot] = {}
-    for module in modules:
-        snapshots.setdefault(id(module), Snapshot(module))
+def transaction(
+    modules: nn.Module | Iterable[nn.Module],
+    *,
+    writes: Iterable[Tensor] = (),
+    state: Iterable[object] = (),
+) -> Iterator[Transaction]:
+    """Run the block; if it raises anything, roll back every change to `modules` and
+    `state` (see Transaction), then re-raise the same error.
+
+    Args:
+        modules: a model (all its modules) or an iterable of modules (each alone).
+        writes: tensors the block may write in place (cloned; buffers always are).
+        state: other objects whose attributes the block changes.
+
+    Yields:
+        The Transaction.
+    """
+    recorded = Transaction(modules, writes=writes, state=state)
     try:
-        yield
-    except BaseException:
-        for snapshot in snapshots.values():
-            snapshot.restore()
+        yield recorded
+    except BaseException as error:
+        lost = recorded.rollback()
+        if lost:
+            note = (
+                "prunekit could not undo in-place writes to " + ", ".join(lost) + " (not "
+                "copied: only buffers and declared tensors are)"
+            )
+            add_note = getattr(error, "add_note", None)  # Python 3.11+
+            if callable(add_note):
+                add_note(note)
+            else:
+                warnings.warn(note, RuntimeWarning, stacklevel=3)
         raise

@@ -17,6 +17,7 @@ prunekit/distributed/agree.py). This module imports nothing of torch.distributed
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -328,7 +329,7 @@ def capture_block_inputs(
             except _Reached:
                 continue
             except Exception as error:
-                raise _batch_error(index, error) from error
+                raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
             raise value_error(
                 f"calibration: batch {index} ran the model's forward without reaching its "
                 f"blocks ({type(block).__name__}); expected a model that calls them"
@@ -338,14 +339,41 @@ def capture_block_inputs(
     return captured
 
 
-def _batch_error(index: int, error: Exception) -> Exception:
-    """The error for a batch the model cannot take (the model is unchanged)."""
-    if getattr(error, "_prunekit_explained", False):
+def _batch_error(index: int, error: Exception, what: str = "model") -> Exception:
+    """The error to raise for `error`, met on batch `index`: an error prunekit explained
+    already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
+    else the caller's `what` ('model' or 'loss') is named as the one that failed."""
+    if getattr(error, "_prunekit_explained", False) or _raised_by_prunekit(error):
         return error
-    return value_error(
-        f"calibration: the model cannot take batch {index}: {type(error).__name__}: {error}; "
-        "expected batches the model's forward accepts"
-    )
+    if what == "loss":
+        found = value_error(
+            f"calibration: the loss raised on batch {index}: {type(error).__name__}: "
+            f"{error}; expected loss(output, batch) to return a scalar tensor"
+        )
+    else:
+        found = value_error(
+            f"calibration: the model cannot take batch {index}: {type(error).__name__}: "
+            f"{error}; expected batches the model's forward accepts"
+        )
+    found.__cause__ = error
+    return found
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _raised_by_prunekit(error: BaseException) -> bool:
+    """Whether `error` came from prunekit's own code run inside the model's call (a hook of
+    prunekit's, torch calling back into it) rather than from the caller's model or loss."""
+    left = False  # the traceback went from prunekit into other code (torch, the model)
+    trace = error.__traceback__
+    while trace is not None:
+        ours = os.path.abspath(trace.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+        if ours and left:
+            return True
+        left = left or not ours
+        trace = trace.tb_next
+    return False
 
 
 def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
@@ -432,7 +460,7 @@ def _run_each(
             try:
                 run(item)
             except Exception as error:
-                raise _batch_error(index, error) from error
+                raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
     except Exception as error:
         if reduce is None:
             raise
@@ -459,7 +487,7 @@ def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
         try:
             found.append(run_block(block, one))
         except Exception as error:
-            raise _batch_error(index, error) from error
+            raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
     return found
 
 
@@ -483,9 +511,13 @@ def gradients(
         with evaluating(model), torch.enable_grad():
             for index, batch in enumerate(batches):
                 try:
-                    value = loss(run_batch(model, batch), batch)
+                    output = run_batch(model, batch)
                 except Exception as error:
-                    raise _batch_error(index, error) from error
+                    raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+                try:
+                    value = loss(output, batch)
+                except Exception as error:
+                    raise _batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
                 value.backward()  # type: ignore[no-untyped-call]
                 for i, (p, current) in enumerate(params):
                     if p.grad is not None:

@@ -11,12 +11,15 @@ start, which a kill can leave behind (never at `target`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "same_file"]
+__all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file"]
 
 
 @contextlib.contextmanager
@@ -46,6 +49,80 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[str]:
     finally:
         os.close(fd)
     _sync_folder(final.parent)
+
+
+@contextlib.contextmanager
+def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a staged folder beside `target` to write the whole new folder into; when the
+    block ends without error it takes `target`'s place, else it is removed.
+
+    The stage starts with `target`'s present files hard-linked in (copied where links
+    fail), so files the block does not write stay; writers must replace files (as
+    atomic_path and the shard writer do), never write into them. Where Linux offers
+    renameat2(RENAME_EXCHANGE) the swap is one atomic exchange, so a kill leaves the old
+    folder or the new one at `target`; elsewhere two renames, between which a kill leaves
+    the old folder under a hidden name beside it. The parent folder must exist.
+    """
+    final = Path(os.path.realpath(target)) if Path(target).is_symlink() else Path(target)
+    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        if final.is_dir():
+            shutil.copytree(final, stage, symlinks=True, copy_function=_link_or_copy,
+                            dirs_exist_ok=True)  # fmt: skip
+        yield stage
+        for path in stage.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as stream:
+                    os.fsync(stream.fileno())
+        _swap(stage, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # the stage, or the old folder once swapped
+    _sync_folder(final.parent)
+
+
+def overlaps(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether the folders (or files) `a` and `b` are one, or one holds the other, with
+    links resolved (`b` need not exist yet)."""
+    x, y = Path(os.path.realpath(a)), Path(os.path.realpath(b))
+    return x == y or x in y.parents or y in x.parents
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _swap(stage: Path, final: Path) -> None:
+    """Put `stage` at `final`; the old `final` (if any) ends at `stage` (to be removed)."""
+    if not final.exists():
+        os.rename(stage, final)
+        stage.mkdir()  # the caller removes it
+        return
+    if _exchange(stage, final):
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
+    os.rename(final, old / "x")
+    os.rename(stage, final)
+    os.rename(old / "x", stage)
+    old.rmdir()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange two paths atomically (Linux renameat2); False where that is not offered."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        call = libc.renameat2
+    except (OSError, AttributeError, TypeError):
+        return False
+    done = call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return bool(done == 0)
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -31,6 +31,7 @@ __all__ = [
     "available_memory",
     "detect_format",
     "load_state_dict",
+    "open_regular",
     "save_state_dict",
 ]
 
@@ -51,8 +52,28 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 def _probe(path: str | os.PathLike[str]) -> tuple[str, int]:
     """The file's format and how many bytes its tensors take once loaded (as declared)."""
     where = str(path)
+    fd, info = open_regular(path)
+    with os.fdopen(fd, "rb") as stream:
+        head = stream.read(9)
+    size = info.st_size
+    if head.startswith(_ZIP_MAGIC):
+        return "torch", _zip_bytes(path, size)
+    if head and head[0] == _PICKLE_PROTO:
+        return "torch", size
+    header = int.from_bytes(head[:8], "little")
+    if len(head) == 9 and head[8:9] == b"{" and header <= size - 8:
+        return "safetensors", size - 8 - header
+    raise CheckpointError(
+        f"{where}: not a PyTorch state_dict file (torch.save) nor a .safetensors file"
+    )
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file `path` (the caller closes it) and its
+    status. Opened non-blocking, so that a FIFO does not wait for a writer before it is
+    refused; directories, FIFOs, devices and sockets raise CheckpointError."""
+    where = str(path)
     try:
-        # Non-blocking, so that a FIFO does not wait for a writer before it is refused.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise CheckpointError(f"{where}: no such file") from None
@@ -68,19 +89,7 @@ def _probe(path: str | os.PathLike[str]) -> tuple[str, int]:
         raise CheckpointError(
             f"{where}: is not a regular file (a FIFO, device or socket); expected a checkpoint file"
         )
-    with os.fdopen(fd, "rb") as stream:
-        head = stream.read(9)
-    size = info.st_size
-    if head.startswith(_ZIP_MAGIC):
-        return "torch", _zip_bytes(path, size)
-    if head and head[0] == _PICKLE_PROTO:
-        return "torch", size
-    header = int.from_bytes(head[:8], "little")
-    if len(head) == 9 and head[8:9] == b"{" and header <= size - 8:
-        return "safetensors", size - 8 - header
-    raise CheckpointError(
-        f"{where}: not a PyTorch state_dict file (torch.save) nor a .safetensors file"
-    )
+    return fd, info
 
 
 def _zip_bytes(path: str | os.PathLike[str], size: int) -> int:

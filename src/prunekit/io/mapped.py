@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from prunekit.io.files import CheckpointError
+from prunekit.io.files import CheckpointError, open_regular
 
 __all__ = ["DTYPES", "Stored", "Writer", "read_header"]
 
@@ -83,7 +83,7 @@ class Stored:
         start = self.begin - self.begin % mmap.ALLOCATIONGRANULARITY
         mapped = _MAPPED.get((self.path, self.begin))
         if mapped is None:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd, _ = open_regular(self.path)
             try:
                 length = self.begin - start + self.nbytes
                 mapped = mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_COPY)
@@ -103,9 +103,10 @@ _MAPPED: weakref.WeakValueDictionary[tuple[Path, int], mmap.mmap] = weakref.Weak
 def read_header(path: Path) -> tuple[dict[str, Stored], dict[str, str]]:
     """The tensors of a safetensors file in header order, and its metadata; every entry's
     bytes are checked to lie inside the file, without overlap."""
+    fd, info = open_regular(path)  # non-blocking: a FIFO is refused, never waited on
     try:
-        with open(path, "rb") as stream:
-            size = os.fstat(stream.fileno()).st_size
+        with os.fdopen(fd, "rb") as stream:
+            size = info.st_size
             head = stream.read(8)
             length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
             if not 2 <= length <= min(_MAX_HEADER, size - 8):
@@ -233,7 +234,7 @@ class Writer:
         """Copy a stored tensor's bytes as they are into tensor `name`."""
         file, offset, plan = self.where[name]
         assert plan.nbytes == stored.nbytes
-        source = os.open(stored.path, os.O_RDONLY)
+        source, _ = open_regular(stored.path)
         try:
             done = 0
             while done < stored.nbytes:

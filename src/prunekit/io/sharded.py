@@ -4,7 +4,9 @@ Hugging Face writes it) that may be larger than memory.
 Every tensor is read through a memory map when needed and dropped after; the output is
 written tensor by tensor, chunk by chunk, into temporary files renamed into place at the
 end. Memory holds about one tensor at a time (global pruning also keeps a small share of
-the magnitudes between two passes), never a shard, never the model.
+the magnitudes between two passes), never a shard, never the model. The output folder is
+staged beside its target and swapped in whole (io.atomic.atomic_folder): a failure or a kill
+leaves the old output or none, and no temporary file in it.
 
 The result is the one ``prune_state_dict`` gives on all tensors loaded into one dict in
 the order of the index's ``weight_map``: the same methods, the same include/exclude
@@ -34,6 +36,7 @@ from prunekit.core.amount import Amount
 from prunekit.core.naming import Entry, entries
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
+from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import METHODS, prune_state_dict, select_names
@@ -130,17 +133,21 @@ def prune_sharded(
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise CheckpointError(f"{folder}: is a file; expected a folder for the shards")
-    made = not folder.exists()
-    if made and not folder.parent.is_dir():
+    source = checkpoint.index.parent
+    if overlaps(source, folder):
+        raise CheckpointError(
+            f"{folder}: is, holds or lies inside the input folder {source} (links "
+            "resolved); expected an output folder apart from the input"
+        )
+    if not folder.parent.is_dir():
         raise CheckpointError(f"{folder}: the folder {folder.parent} does not exist")
     plans, weight_map = _plan(checkpoint, found, targets, keep_masks)
     need = sum(p.nbytes for file in plans.values() for p in file)
-    free = shutil.disk_usage(folder if not made else folder.parent).free
+    free = shutil.disk_usage(folder.parent).free
     if need > free:
         raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
-    folder.mkdir(exist_ok=True)
-    try:
-        writer = Writer(folder, plans, {f: checkpoint.files.get(f, {}) for f in plans})
+    with atomic_folder(folder) as stage:  # the shards and index swapped in whole
+        writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
         try:
             with _seeded(seed):
                 options = {"n": n, "dim": dim, "keep_masks": keep_masks}
@@ -151,13 +158,9 @@ def prune_sharded(
         except BaseException:
             writer.abort()
             raise
-        index = _write_index(folder, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
-    except BaseException:
-        if made:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
+        _write_index(stage, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
     pruned = [e.name for e in found if e.name in targets]
-    return ShardedResult(index, pruned, done[0], done[1])
+    return ShardedResult(folder / INDEX, pruned, done[0], done[1])
 
 
 def _check(method: str, amount: float, n: Any, dim: int | None, global_pruning: bool) -> None:

@@ -140,10 +140,23 @@ class GradualPruner:
         self._follow()
 
     def step(self) -> None:
-        """Count one training step; at an update step, prune to the scheduled sparsity."""
-        self._steps += 1
-        if self.timetable.is_update(self._steps):
-            self._update(self._steps)
+        """Count one training step; at an update step, prune to the scheduled sparsity.
+
+        A step that raises (a schedule's error, a weight that cannot be ranked, a target
+        gone) is not counted, and the masks and the pruner stay as they were: call it again
+        once fixed.
+        """
+        steps = self._steps + 1
+        if self.timetable.is_update(steps):
+            with self._transaction():
+                self._update(steps)
+        self._steps = steps
+
+    def _transaction(self) -> Any:
+        """The transaction of an update: the targets' modules (their masks are cloned, the
+        weights only referenced: an update never writes them) and the pruner itself."""
+        modules = [m for t in self.targets for p in t.places for m in (p.module, p.holder)]
+        return transaction(modules, state=[self])
 
     def _update(self, step: int) -> None:
         fraction = max(self.amount_at(step), self._amount)
@@ -269,6 +282,11 @@ class GradualPruner:
         """
         checked = check_state(self, state, [_shape(t) for t in self.targets], OWNER)
         steps, amount, generator, masks = checked
+        with self._transaction():
+            self._install(steps, amount, generator, masks)
+
+    def _install(self, steps: int, amount: float, generator: Tensor,
+                 masks: Mapping[str, Tensor]) -> None:  # fmt: skip
         chosen = [
             (t, masks[t.name].to(dtype=orig.dtype, device=orig.device))
             for t in self.targets
@@ -293,7 +311,9 @@ class GradualPruner:
         An unpruned tensor ``fc.weight`` of `state_dict` is loaded into ``fc.weight_orig``;
         every other entry (biases, buffers) is loaded as it is, strictly.
         """
-        self.model.load_state_dict(rewound_state(self.model, state_dict, OWNER))
+        state = rewound_state(self.model, state_dict, OWNER)  # keys and shapes checked
+        with transaction(self.model, writes=list(self.model.parameters())):
+            self.model.load_state_dict(state)
 
 
 def _criterion(method: Any) -> prunekit.Criterion:

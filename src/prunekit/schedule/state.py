@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import runtime_error, type_error, value_error
 
 if TYPE_CHECKING:
     from prunekit.schedule.pruner import GradualPruner
@@ -87,6 +87,13 @@ def check_state(
         raise value_error(f"{where}: invalid amount={amount!r}; expected a float in [0, 1]")
     if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
         raise value_error(f"{where}: invalid generator state; expected a uint8 tensor")
+    try:  # on a scratch generator: the pruner's own is set only once all is checked
+        torch.Generator().set_state(generator)
+    except RuntimeError as error:
+        raise value_error(
+            f"{where}: invalid generator state of {generator.numel()} bytes ({error}); "
+            "expected the state torch.Generator().get_state() returns"
+        ) from None
     masks = _masks(state["masks"], pruner, shapes, where)
     return steps, float(amount), generator, masks
 
@@ -130,4 +137,18 @@ def rewound_state(
         if base in result and base + "_orig" not in result:
             result[base + "_orig"] = result.pop(base)
         result[key] = current[key]  # the masks are never rewound
+    missing = [k for k in current if k not in result]
+    extra = [k for k in result if k not in current]
+    if missing or extra:
+        raise runtime_error(
+            f"{where}: Missing key(s) {missing[:5]}, unexpected key(s) {extra[:5]} in the "
+            "state_dict; expected the keys of the model's state_dict (nothing was rewound)"
+        )
+    for key, value in result.items():
+        if not isinstance(value, Tensor) or value.shape != current[key].shape:
+            found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            raise runtime_error(
+                f"{where}: size mismatch for {key!r}: {found} in the state_dict, "
+                f"{tuple(current[key].shape)} in the model (nothing was rewound)"
+            )
     return result

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from prunekit.core.transaction import transaction
 from prunekit.structure.graph import check_model, split_inputs, traced_groups
 from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import count_macs, count_params, latency_ms
-from prunekit.structure.snapshot import Snapshot
 from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
 
 
@@ -89,24 +89,25 @@ def compact(
     check_model(model, "compact")
     if not isinstance(tolerance, float) or not tolerance >= 0:
         raise ValueError(f"compact: invalid tolerance={tolerance!r}; expected a float >= 0")
+    if isinstance(latency_runs, bool) or not isinstance(latency_runs, int) or latency_runs < 0:
+        raise ValueError(
+            f"compact: invalid latency_runs={latency_runs!r}; expected an int >= 0 (0: no timing)"
+        )
     args, kwargs = split_inputs(example_inputs, "compact")
-    result = plan(traced_groups(model, example_inputs, "auto", "compact"))
     modes = [(m, m.training) for m in model.modules()]
-    snapshot = Snapshot(model)
     try:
-        model.eval()
-        capture = Capture(result)
-        with torch.no_grad(), capture:
-            reference = model(*args, **kwargs)
-        before = _measures(model, args, kwargs, latency_runs)
-        apply(result, folds(result, capture), model)
-        config, stale = update_config(model)
-        output = _forward(model, args, kwargs)
-        diff, scale = _compare(reference, output, tolerance, result.outputs)
-        after = _measures(model, args, kwargs, latency_runs)
-    except BaseException:
-        snapshot.restore()
-        raise
+        with transaction(model):  # the traced forward too: it may write buffers
+            result = plan(traced_groups(model, example_inputs, "auto", "compact"))
+            model.eval()
+            capture = Capture(result)
+            with torch.no_grad(), capture:
+                reference = model(*args, **kwargs)
+            before = _measures(model, args, kwargs, latency_runs)
+            apply(result, folds(result, capture), model)
+            config, stale = update_config(model)
+            output = _forward(model, args, kwargs)
+            diff, scale = _compare(reference, output, tolerance, result.outputs)
+            after = _measures(model, args, kwargs, latency_runs)
     finally:
         for m, mode in modes:
             m.training = mode
@@ -157,11 +158,20 @@ def _compare(reference: Any, output: Any, tolerance: float,
                 f"compact: output {k} of the compacted model has shape {found}, not "
                 f"{tuple(a.shape)}; the model was restored"
             )
-        diff = max(diff, float((a.double() - b.double()).abs().max()) if a.numel() else 0.0)
-        scale = max(scale, float(a.double().abs().max()) if a.numel() else 0.0)
-    if diff > tolerance * scale or diff != diff:
+        diff = _largest(diff, (a.double() - b.double()).abs())
+        scale = _largest(scale, a.double().abs())
+    if not diff <= tolerance * scale:  # NaN (on either side) is a difference, never a pass
         raise RuntimeError(
             f"compact: the compacted model differs from the masked one by {diff:.3g} (largest "
             f"output {scale:.3g}; tolerance {tolerance:g} x that); the model was restored"
         )
     return diff, scale
+
+
+def _largest(so_far: float, values: Tensor) -> float:
+    """The larger of `so_far` and the largest of `values`; NaN if either holds one (Python's
+    max drops a NaN in its second argument)."""
+    if not values.numel():
+        return so_far
+    found = float(values.max()) if not bool(values.isnan().any()) else float("nan")
+    return found if found != found or so_far != so_far else max(so_far, found)

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
+from prunekit.core.transaction import transaction
 from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.criteria import GroupCriterion, score_groups
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
-from prunekit.structure.snapshot import Snapshot
 
 
 def prune_channels(
@@ -71,29 +71,25 @@ def prune_channels(
         check_budget(budget, amounts, scope)
     check_gqa(gqa, "prune_channels")
     skipped = _ignored(model, ignore)
-    found = channel_groups(model, example_inputs, gqa=gqa)
-    _check_found(model, found, amounts)
-    groups = [g for g in found if g.prunable]
-    groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
-    groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
-    ranked = score_groups(model, groups, criterion, calibration, loss)
-    scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
-    chosen: list[PrunedGroup] = []
-    if budget is not None:
-        chosen = allocate(model, example_inputs, groups, ranked, budget, round_to)
-    for kind, share in amounts.items():  # all 0 with a budget
-        mine = [g for g in groups if g.kind == kind]
-        if not share or not mine:
-            continue
-        scores = [scored[id(g)] for g in mine]
-        step = round_to if kind != "heads" else 1
-        chosen += _choose(mine, scores, float(share), scope, step)
-    snapshot = Snapshot(model)
-    try:
+    with transaction(model):  # the traced and calibrating forwards may write buffers too
+        found = channel_groups(model, example_inputs, gqa=gqa)
+        _check_found(model, found, amounts)
+        groups = [g for g in found if g.prunable]
+        groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
+        groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
+        ranked = score_groups(model, groups, criterion, calibration, loss)
+        scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
+        chosen: list[PrunedGroup] = []
+        if budget is not None:
+            chosen = allocate(model, example_inputs, groups, ranked, budget, round_to)
+        for kind, share in amounts.items():  # all 0 with a budget
+            mine = [g for g in groups if g.kind == kind]
+            if not share or not mine:
+                continue
+            scores = [scored[id(g)] for g in mine]
+            step = round_to if kind != "heads" else 1
+            chosen += _choose(mine, scores, float(share), scope, step)
         _install(model, chosen)
-    except BaseException:
-        snapshot.restore()
-        raise
     return chosen
 
 

@@ -116,14 +116,9 @@ class Layout:
                 _config_changes(found, config, layout.config)
         return layout
 
-    def config_state(self) -> list[tuple[Any, dict[str, Any]]]:
-        objects = {id(obj): obj for obj, _, _ in self.config}
-        return [(obj, dict(vars(obj))) for obj in objects.values()]
-
-    def restore_config(self, saved: list[tuple[Any, dict[str, Any]]]) -> None:
-        for obj, attributes in saved:
-            vars(obj).clear()
-            vars(obj).update(attributes)
+    def configs(self) -> list[Any]:
+        """The config objects the layout changes (for the transaction to keep)."""
+        return list({id(obj): obj for obj, _, _ in self.config}.values())
 
 
 def _same_modules(

@@ -20,12 +20,18 @@ from typing import Any
 
 from torch import nn
 
-from prunekit.io.atomic import atomic_path
+from prunekit.core.transaction import transaction
+from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.structure.graph import check_model
-from prunekit.structure.rebuild import Layout, apply_layout, describe_module, verify
-from prunekit.structure.snapshot import Snapshot
+from prunekit.structure.rebuild import (
+    Layout,
+    apply_layout,
+    describe_module,
+    verify,
+    width_value,
+)
 
 __all__ = ["MANIFEST", "load_compacted", "save_compacted"]
 
@@ -39,14 +45,15 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
 
     The weights go to ``compacted.safetensors`` (or ``compacted.pt`` without safetensors)
     as ``model.state_dict()`` holds them (``<name>_orig`` and ``<name>_mask`` for tensors
-    still masked); the shapes, attributes and config to ``compacted.json``. Both files are
-    written atomically. Returns the folder.
+    still masked); the shapes, attributes and config to ``compacted.json``. The folder is
+    written as a whole (staged beside it and swapped in; its other files kept), so a
+    failure or a kill leaves the old save, loadable, or the new one. Returns the folder.
     """
     check_model(model, "save_compacted")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_compacted: path={str(path)!r} is a file; expected a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     weights = "compacted.safetensors" if _has_safetensors() else "compacted.pt"
     manifest = {
         "format": FORMAT,
@@ -56,9 +63,10 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         "modules": {name: describe_module(m) for name, m in model.named_modules()},
         "config": _config_dict(model),
     }
-    save_state_dict(model.state_dict(), folder / weights)
-    with atomic_path(folder / MANIFEST) as temp, open(temp, "w", encoding="utf-8") as stream:
-        json.dump(manifest, stream, indent=1)
+    with atomic_folder(folder) as stage:  # weights and manifest replace the old pair whole
+        save_state_dict(model.state_dict(), stage / weights)
+        with atomic_path(stage / MANIFEST) as temp, open(temp, "w", encoding="utf-8") as out:
+            json.dump(manifest, out, indent=1)  # replaces the linked old file, never into it
     return folder
 
 
@@ -74,18 +82,13 @@ def load_compacted(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
     check_model(model, "load_compacted")
     folder = Path(path)
     manifest = _read_manifest(folder)
+    _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(folder / _weights_name(folder, manifest))
     layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"))
-    snapshot = Snapshot(model)
-    config_before = layout.config_state()
-    try:
+    with transaction(model, state=layout.configs()):
         apply_layout(model, layout)
         load_pruned_state_dict(model, state, strict=True)
         verify(model, layout, state)
-    except BaseException:
-        snapshot.restore()
-        layout.restore_config(config_before)
-        raise
     return model
 
 
@@ -124,7 +127,75 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
             f"load_compacted: {where} has version {manifest.get('version')!r}; this prunekit "
             f"reads version {VERSION}"
         )
+    for path, entry in manifest["modules"].items():
+        _check_entry(path, entry, where)
+    if manifest.get("config") is not None and not isinstance(manifest.get("config"), dict):
+        raise ValueError(f"load_compacted: {where}: 'config' is not a mapping or null")
     return manifest
+
+
+_ENTRY = {"type": str, "tensors": dict, "attributes": dict}
+_TENSOR = {"shape": list, "dtype": str, "kind": str, "persistent": bool}
+
+
+def _check_entry(path: str, entry: Any, where: Path) -> None:
+    """Raise unless `entry` has the form describe_module writes (keys, types of values)."""
+    problem = None
+    if not isinstance(entry, dict) or set(entry) != set(_ENTRY):
+        problem = f"is not a mapping of exactly {sorted(_ENTRY)}"
+    else:
+        wrong = [k for k, kind in _ENTRY.items() if not isinstance(entry[k], kind)]
+        problem = f"has {wrong[0]!r} of the wrong type" if wrong else None
+        for name, tensor in entry["tensors"].items() if not wrong else ():
+            if not isinstance(tensor, dict) or set(tensor) != set(_TENSOR) or not all(
+                isinstance(tensor[k], kind) for k, kind in _TENSOR.items()
+            ) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                         for n in tensor["shape"]) or tensor["kind"] not in (
+                "parameter", "buffer"):  # fmt: skip
+                problem = f"describes tensor {name!r} as {tensor!r}"
+                break
+    if problem is not None:
+        raise ValueError(
+            f"load_compacted: {where}: module {path!r} {problem}; expected what "
+            "save_compacted writes: {'type': str, 'tensors': {name: {'shape': [ints >= 0], "
+            "'dtype': str, 'kind': 'parameter'|'buffer', 'persistent': bool}}, "
+            "'attributes': {name: int or list of ints or {'tuple': list of ints}}}"
+        )
+
+
+def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) -> None:
+    """Only width attributes save_compacted writes: ones the fresh module has, holding an
+    int or ints of the same form as the saved value (never a method, flag or private)."""
+    fresh = dict(model.named_modules())
+    for path, entry in modules.items():
+        module = fresh.get(path)
+        cls = type(module)
+        if module is None or f"{cls.__module__}.{cls.__qualname__}" != entry["type"]:
+            continue  # Layout.plan names the modules and classes that differ
+        for name, saved in entry["attributes"].items():
+            now = width_value(vars(module).get(name)) if not name.startswith("_") else None
+            if now is None or not _same_form(now, saved):
+                kind = type(vars(module).get(name, getattr(module, name, None))).__name__
+                raise ValueError(
+                    f"load_compacted: {where}: module {path!r} sets {name}={saved!r}, but "
+                    f"{type(module).__name__}.{name} is a {kind}; expected only width "
+                    "attributes (ints, or lists or tuples of ints) the module has"
+                )
+
+
+def _same_form(now: Any, saved: Any) -> bool:
+    """Whether two encoded width values are both ints, both lists or both tuples of ints."""
+    if isinstance(now, int):
+        return isinstance(saved, int) and not isinstance(saved, bool)
+    if isinstance(now, dict):
+        return isinstance(saved, dict) and set(saved) == {"tuple"} and _ints(saved["tuple"])
+    return _ints(saved)
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
 
 
 def _weights_name(folder: Path, manifest: dict[str, Any]) -> str:
