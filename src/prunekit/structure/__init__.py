@@ -16,10 +16,24 @@ from prunekit.structure.prune import PrunedGroup, prune_channels
 from prunekit.structure.calibrated import Activation, GroupTaylor
 from prunekit.structure.saving import load_compacted, save_compacted
 
+# isort: split
+# Depth: whole blocks ranked, skipped and removed.
+from prunekit.structure.depth import (
+    BlockPruning,
+    BlockRemoval,
+    prune_blocks,
+    remove_blocks,
+    skip_blocks,
+    skipped_blocks,
+    unskip_blocks,
+)
+
 __all__ = [
     "CRITERIA",
     "Activation",
     "BNScale",
+    "BlockPruning",
+    "BlockRemoval",
     "ChannelGroup",
     "CompactReport",
     "GroupCriterion",
@@ -34,6 +48,11 @@ __all__ = [
     "group_scores",
     "latency_ms",
     "load_compacted",
+    "prune_blocks",
     "prune_channels",
+    "remove_blocks",
     "save_compacted",
+    "skip_blocks",
+    "skipped_blocks",
+    "unskip_blocks",
 ]
