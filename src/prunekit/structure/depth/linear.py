@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from prunekit.core.errors import value_error
-from prunekit.criteria.calibration import cacheless, evaluating, run_batch
+from prunekit.criteria.calibration import cacheless, evaluating
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
-from prunekit.structure.depth.states import rows, token_mask
+from prunekit.structure.depth.states import rows, run_one, token_mask
 
 __all__ = ["Replacement", "drop", "fit_map", "fold", "install", "replacement_of", "solve"]
 
@@ -146,7 +146,7 @@ def fit_map(
         with evaluating(model), torch.no_grad():
             for index, batch in enumerate(batches):
                 seen.clear()
-                run_batch(model, batch)
+                run_one(model, batch, index, owner)
                 out, target = caught["before"], caught["target"]
                 linear, m = _last_projection(before, out, seen, where, owner)
                 if index == 0:

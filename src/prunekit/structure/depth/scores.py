@@ -25,9 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria.calibration import evaluating, run_batch
+from prunekit.criteria.calibration import evaluating
 from prunekit.structure.depth.blocks import BlockList, skip, unskip
-from prunekit.structure.depth.states import rows, run_boundaries, token_mask
+from prunekit.structure.depth.states import rows, run_boundaries, run_one, token_mask
 
 __all__ = ["CRITERIA", "BlockCriterion", "Loss", "block_scores"]
 
@@ -67,8 +67,8 @@ def block_scores(
         count = len(blocks) - width + 1
         sums = torch.zeros(count, dtype=torch.float64)
         tokens = 0
-        for batch in batches:
-            found = run_boundaries(model, blocks, batch, owner)
+        for index, batch in enumerate(batches):
+            found = run_boundaries(model, blocks, batch, index, owner)
             for start in range(count):
                 before, after = found.inputs[start], found.outputs[start + width - 1]
                 assert before is not None and after is not None
@@ -100,8 +100,8 @@ def _loss_scores(model: nn.Module, blocks: BlockList, batches: Sequence[Any], lo
                  owner: str) -> list[float]:  # fmt: skip
     def mean_loss() -> float:
         total = 0.0
-        for batch in batches:
-            output = run_batch(model, batch)
+        for index, batch in enumerate(batches):
+            output = run_one(model, batch, index, owner)
             value = loss(output, batch) if loss is not None else getattr(output, "loss", None)
             if not isinstance(value, Tensor) or value.numel() != 1:
                 raise value_error(

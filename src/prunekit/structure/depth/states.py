@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import value_error
+from prunekit.core.errors import is_explained, value_error
 from prunekit.criteria.calibration import run_batch
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
 
-__all__ = ["Boundaries", "boundaries", "rows", "run_boundaries", "token_mask"]
+__all__ = ["Boundaries", "boundaries", "rows", "run_boundaries", "run_one", "token_mask"]
 
 
 class Boundaries:
@@ -58,10 +58,24 @@ def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
             handle.remove()
 
 
-def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, owner: str) -> Boundaries:
-    """Run `batch` through `model` (no grad) and return every block's hidden states."""
+def run_one(model: nn.Module, batch: Any, index: int, owner: str) -> Any:
+    """``run_batch``; an error of the model's forward names the batch it could not take."""
+    try:
+        return run_batch(model, batch)
+    except Exception as error:
+        if is_explained(error):
+            raise
+        raise value_error(
+            f"{owner}: the model cannot take calibration batch {index}: "
+            f"{type(error).__name__}: {error}; expected batches its forward accepts"
+        ) from error
+
+
+def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int,
+                   owner: str) -> Boundaries:  # fmt: skip
+    """Run `batch` (number `index`) through `model` (no grad); every block's hidden states."""
     with boundaries(blocks, owner) as found, torch.no_grad():
-        run_batch(model, batch)
+        run_one(model, batch, index, owner)
     for index, seen in enumerate(found.inputs):
         if seen is None:
             raise value_error(
