@@ -147,7 +147,10 @@ def main() -> None:
         rows.append((f"-{n} blocks + linear", depth(dense, calibration, n, replace=True)))
         rows.append((f"MLP width, same params as -{n}",
                      width(dense, calibration, count_params(plain))))  # fmt: skip
-    ppl = [perplexity(model, evaluation) for _, model in rows]
+    ppl = []
+    for label, model in rows:
+        ppl.append(perplexity(model, evaluation))
+        print(f"  perplexity {label}: {ppl[-1]:.2f}", flush=True)
     ms = latencies([model for _, model in rows], evaluation[0], options.runs)
     print(f"{'model':<28} {'params':>12} {'blocks':>6} {'ppl':>9} {'x dense':>8} "
           f"{'ms':>8} {'speed-up':>8}")  # fmt: skip
