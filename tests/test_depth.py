@@ -342,3 +342,19 @@ def test_a_failed_removal_restores_model_and_config(monkeypatch: pytest.MonkeyPa
         prunekit.remove_blocks(model)
     assert fingerprint(model) == before and model.config.to_dict() == saved
     assert torch.equal(logits(model), masked)
+
+
+def test_gpt2_conv1d_projection_takes_the_map_too(tmp_path: Any) -> None:
+    config = T.GPT2Config(vocab_size=100, n_embd=32, n_layer=4, n_head=4, n_positions=64)
+    model = T.GPT2LMHeadModel(config).eval()
+    result = prunekit.prune_blocks(model, calibration(), 2, criterion="influence",
+                                   replace="linear")  # fmt: skip
+    assert result.blocks == "transformer.h"
+    assert all(name.endswith("mlp.c_proj") for _, _, name in result.replaced)
+    masked, masked_ids = logits(model), generate(model)
+    prunekit.remove_blocks(model)
+    assert config.n_layer == 2 and [b.attn.layer_idx for b in model.transformer.h] == [0, 1]
+    assert close(logits(model), masked) and torch.equal(generate(model), masked_ids)
+    model.save_pretrained(tmp_path)
+    loaded = T.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert torch.equal(logits(loaded), logits(model))

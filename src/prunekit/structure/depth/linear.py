@@ -32,7 +32,16 @@ from prunekit.criteria.calibration import cacheless, evaluating
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
 from prunekit.structure.depth.states import rows, run_one, token_mask
 
-__all__ = ["Replacement", "drop", "fit_map", "fold", "install", "replacement_of", "solve"]
+__all__ = [
+    "Replacement",
+    "drop",
+    "fit_map",
+    "fold",
+    "install",
+    "is_projection",
+    "replacement_of",
+    "solve",
+]
 
 _REPLACE = "_prunekit_replace"
 
@@ -50,7 +59,7 @@ def replacement_of(linear: nn.Module) -> Replacement | None:
     return found if isinstance(found, Replacement) else None
 
 
-def install(linear: nn.Linear, map: Tensor) -> None:
+def install(linear: nn.Module, map: Tensor) -> None:
     """Make `linear`'s output go through `map` (until ``fold``)."""
 
     def hook(module: nn.Module, args: Any, output: Tensor) -> Tensor:
@@ -67,17 +76,23 @@ def drop(module: nn.Module) -> None:
         delattr(module, _REPLACE)
 
 
-def fold(linear: nn.Linear) -> None:
+def is_projection(module: nn.Module) -> bool:
+    """An nn.Linear, or Hugging Face's Conv1D (GPT-2: a Linear with its weight in x out)."""
+    return isinstance(module, nn.Linear) or (
+        type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None
+    )
+
+
+def fold(linear: nn.Module) -> None:
     """Make `linear`'s map part of its weight and bias (new Parameters) and drop the hook."""
     found = replacement_of(linear)
     assert found is not None
-    weight = linear.weight
-    linear.weight = nn.Parameter(
-        (found.map.T.to(weight.device) @ weight.double()).to(weight.dtype),
-        requires_grad=weight.requires_grad,
-    )
-    if linear.bias is not None:
-        bias = linear.bias
+    weight: Tensor = linear.weight  # type: ignore[assignment]
+    mapped = weight.double() @ found.map if not isinstance(linear, nn.Linear) else (
+        found.map.T @ weight.double())  # fmt: skip
+    linear.weight = nn.Parameter(mapped.to(weight.dtype), requires_grad=weight.requires_grad)
+    bias = getattr(linear, "bias", None)
+    if isinstance(bias, Tensor):
         linear.bias = nn.Parameter(
             (bias.double() @ found.map.to(bias.device)).to(bias.dtype),
             requires_grad=bias.requires_grad,
@@ -95,15 +110,16 @@ def solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
     return solution
 
 
-def _last_projection(block: nn.Module, hidden: Tensor, seen: list[tuple[nn.Linear, Tensor]],
-                     where: str, owner: str) -> tuple[nn.Linear, Tensor]:  # fmt: skip
-    """The Linear of `block` that finished last with an output of the hidden state's shape."""
+def _last_projection(block: nn.Module, hidden: Tensor, seen: list[tuple[nn.Module, Tensor]],
+                     where: str, owner: str) -> tuple[nn.Module, Tensor]:  # fmt: skip
+    """The projection of `block` that finished last with an output of the hidden state's
+    shape."""
     for linear, output in reversed(seen):
         if output.shape == hidden.shape:
             return linear, output
     raise value_error(
         f"{owner}: replace='linear' folds the map into the last projection of {where} "
-        f"({type(block).__name__}), which has no nn.Linear giving the hidden width "
+        f"({type(block).__name__}), which has no nn.Linear (or Conv1D) giving the hidden width "
         f"{hidden.shape[-1]}; expected replace=False for this model"
     )
 
@@ -116,18 +132,18 @@ def fit_map(
     batches: Sequence[Any],
     ridge: float,
     owner: str,
-) -> tuple[nn.Linear, Tensor]:
+) -> tuple[nn.Module, Tensor]:
     """Fit the map replacing blocks ``[start, end)`` (start >= 1) on `batches`; return the
     Linear of block ``start - 1`` it folds into, and the map. The model is unchanged."""
     before = blocks.modules[start - 1]
     where = blocks.path(start - 1)
     last = blocks.modules[end - 1]
-    linears = [m for m in before.modules() if isinstance(m, nn.Linear)]
-    seen: list[tuple[nn.Linear, Tensor]] = []
+    linears = [m for m in before.modules() if is_projection(m)]
+    seen: list[tuple[nn.Module, Tensor]] = []
     caught: dict[str, Any] = {}
 
     def on_linear(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(module, nn.Linear) and isinstance(output, Tensor):
+        if isinstance(output, Tensor):
             seen.append((module, output.detach()))
 
     def on_before(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
@@ -141,7 +157,7 @@ def fit_map(
     handles.append(before.register_forward_hook(on_before, with_kwargs=True))
     handles.append(last.register_forward_hook(on_last, with_kwargs=True))
     gram = cross = None
-    chosen: nn.Linear | None = None
+    chosen: nn.Module | None = None
     try:
         with evaluating(model), torch.no_grad():
             for index, batch in enumerate(batches):
@@ -164,7 +180,7 @@ def fit_map(
     return chosen, solve(gram, cross, ridge)
 
 
-def _check_additive(block: nn.Module, linear: nn.Linear, call: Any, m: Tensor, out: Tensor,
+def _check_additive(block: nn.Module, linear: nn.Module, call: Any, m: Tensor, out: Tensor,
                     where: str, owner: str) -> None:  # fmt: skip
     """Doubling `linear`'s output must add `m` once more to `block`'s output."""
     args, kwargs = call

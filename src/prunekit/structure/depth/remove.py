@@ -18,7 +18,7 @@ from torch import nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, unskip
-from prunekit.structure.depth.linear import fold, replacement_of
+from prunekit.structure.depth.linear import fold, is_projection, replacement_of
 from prunekit.structure.measure import count_params
 from prunekit.structure.snapshot import Snapshot
 
@@ -101,7 +101,7 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None) -> BlockRemova
 def _fold(model: nn.Module) -> tuple[str, ...]:
     names = []
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and replacement_of(module) is not None:
+        if is_projection(module) and replacement_of(module) is not None:
             fold(module)
             names.append(name)
     return tuple(names)
