@@ -75,9 +75,12 @@ def block_scores(
                 if isinstance(criterion, str):
                     cos = _cosines(before, after, token_mask(batch, before))
                     sums[start] += _distance(criterion, cos).sum()
-                    tokens = tokens + len(cos) if start == 0 else tokens
                 else:
                     sums[start] += _own_score(criterion, before, after, blocks.path(start), owner)
+            first = found.inputs[0]
+            assert first is not None
+            mask = token_mask(batch, first)
+            tokens += first.shape[:-1].numel() if mask is None else int(mask.sum())
         if isinstance(criterion, str):
             sums /= max(tokens, 1)
     return _checked(sums.tolist(), blocks, owner)
