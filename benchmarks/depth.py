@@ -13,6 +13,7 @@ one forward of batch 1 x --length tokens, every model in turn (alternating), one
 medians of --runs.
 
     python benchmarks/depth.py [--calibration 8] [--evaluation 16] [--length 512] [--runs 5]
+                               [--timed 512]
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ def load() -> tuple[nn.Module, Any]:
     return model.eval(), tokenizer
 
 
-def windows(tokenizer: Any, count: int, length: int) -> tuple[list[Tensor], list[Tensor]]:
-    """`count` windows of `length` tokens of the first half of pydoc's topics, and all the
-    windows of the second half (as many as there are, cut to `count` by the caller)."""
+def windows(tokenizer: Any, length: int) -> tuple[list[Tensor], list[Tensor]]:
+    """The windows of `length` tokens of the first and of the second half of pydoc's topics
+    (the topics sorted by name)."""
     from pydoc_data.topics import topics
 
     names = sorted(topics)
@@ -125,11 +126,12 @@ def main() -> None:
     parser.add_argument("--evaluation", type=int, default=16, help="perplexity windows")
     parser.add_argument("--length", type=int, default=512, help="tokens per window")
     parser.add_argument("--runs", type=int, default=5, help="timed forwards per model")
+    parser.add_argument("--timed", type=int, default=512, help="tokens of the timed forward")
     options = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dense, tokenizer = load()
-    first, second = windows(tokenizer, options.calibration, options.length)
+    first, second = windows(tokenizer, options.length)
     calibration = [{"input_ids": ids} for ids in first[: options.calibration]]
     step = max(len(second) // options.evaluation, 1)
     evaluation = second[::step][: options.evaluation]
@@ -138,7 +140,8 @@ def main() -> None:
           f"{torch.__version__}, {next(dense.parameters()).dtype}, {torch.get_num_threads()} "
           f"thread; calibration "
           f"{len(calibration)} x {options.length} tokens (first half of pydoc topics), "
-          f"perplexity {len(evaluation)} x {options.length} tokens (second half)",
+          f"perplexity {len(evaluation)} x {options.length} tokens (second half); latency 1 x "
+          f"{options.timed} tokens, medians of {options.runs}",
           flush=True)  # fmt: skip
     rows: list[tuple[str, nn.Module]] = [("dense", dense)]
     for n in (3, 6):
@@ -151,7 +154,8 @@ def main() -> None:
     for label, model in rows:
         ppl.append(perplexity(model, evaluation))
         print(f"  perplexity {label}: {ppl[-1]:.2f}", flush=True)
-    ms = latencies([model for _, model in rows], evaluation[0], options.runs)
+    timed = torch.cat(second, dim=1)[:, : options.timed]
+    ms = latencies([model for _, model in rows], timed, options.runs)
     print(f"{'model':<28} {'params':>12} {'blocks':>6} {'ppl':>9} {'x dense':>8} "
           f"{'ms':>8} {'speed-up':>8}")  # fmt: skip
     print("-" * 86)
