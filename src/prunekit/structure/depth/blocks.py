@@ -127,7 +127,14 @@ def unskip(block: nn.Module) -> None:
 
 
 def skipped_blocks(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Every ModuleList of `model` that holds skipped blocks, by name, with their indices."""
+    """The skipped blocks of `model`.
+
+    Args:
+        model: any module.
+
+    Returns:
+        Each ModuleList that holds skipped blocks, by name, with their indices.
+    """
     found: dict[str, tuple[int, ...]] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList):

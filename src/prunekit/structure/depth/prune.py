@@ -122,7 +122,13 @@ def prune_blocks(
 def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None) -> None:
     """Skip the given blocks by hand (each gives back its input), as ``prune_blocks`` would.
 
+    Args:
+        model: the model.
+        indices: positions in the ModuleList of blocks; ones skipped already stay so.
+        blocks: the name of the ModuleList; None finds it.
+
     Raises:
+        TypeError: `model` is no ``nn.Module``.
         ValueError: an index out of range or repeated, or every block skipped (the model is
             then unchanged).
     """
@@ -149,8 +155,12 @@ def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None 
 
 
 def unskip_blocks(model: nn.Module) -> None:
-    """Bring back every skipped block of `model` (and drop the maps fitted to replace
-    them, unless removed already)."""
+    """Bring back every skipped block of `model` and drop the maps fitted to replace them
+    (blocks removed already stay removed).
+
+    Args:
+        model: the model whose blocks ``prune_blocks`` or ``skip_blocks`` skipped.
+    """
     for module in model.modules():
         unskip(module)
         drop(module)
