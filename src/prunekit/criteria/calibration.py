@@ -33,6 +33,7 @@ __all__ = [
     "Reduce",
     "agree",
     "block_list",
+    "cacheless",
     "capture_block_inputs",
     "evaluating",
     "run_batch",
@@ -300,6 +301,17 @@ def block_list(model: nn.Module, owners: Sequence[nn.Module]) -> tuple[str, nn.M
     return None if best is None else (best[1], best[2])
 
 
+def cacheless(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A block's keyword arguments without its key/value cache, so it can run again."""
+    kwargs = dict(kwargs)
+    for key in _CACHES:
+        if key in kwargs:
+            kwargs[key] = None
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    return kwargs
+
+
 class _Reached(Exception):
     """Raised by the capture hook to stop the forward at the first block."""
 
@@ -312,13 +324,7 @@ def capture_block_inputs(
     captured: list[Inputs] = []
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        kwargs = dict(kwargs)
-        for key in _CACHES:
-            if key in kwargs:
-                kwargs[key] = None
-        if "use_cache" in kwargs:
-            kwargs["use_cache"] = False
-        captured.append((tuple(args), kwargs))
+        captured.append((tuple(args), cacheless(kwargs)))
         raise _Reached
 
     handle = block.register_forward_pre_hook(hook, with_kwargs=True)

@@ -21,10 +21,24 @@ from prunekit.structure.saving import load_compacted, save_compacted
 # One target for the whole model: a share of its parameters or MACs.
 from prunekit.structure.budget import Budget, BudgetReport, BudgetRow
 
+# isort: split
+# Depth: whole blocks ranked, skipped and removed.
+from prunekit.structure.depth import (
+    BlockPruning,
+    BlockRemoval,
+    prune_blocks,
+    remove_blocks,
+    skip_blocks,
+    skipped_blocks,
+    unskip_blocks,
+)
+
 __all__ = [
     "CRITERIA",
     "Activation",
     "BNScale",
+    "BlockPruning",
+    "BlockRemoval",
     "Budget",
     "BudgetReport",
     "BudgetRow",
@@ -42,6 +56,11 @@ __all__ = [
     "group_scores",
     "latency_ms",
     "load_compacted",
+    "prune_blocks",
     "prune_channels",
+    "remove_blocks",
     "save_compacted",
+    "skip_blocks",
+    "skipped_blocks",
+    "unskip_blocks",
 ]

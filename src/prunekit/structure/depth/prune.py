@@ -1,0 +1,260 @@
+"""``prune_blocks``: rank whole blocks on calibration data and skip the least important.
+
+Skipped blocks are the masks of depth pruning: the model computes what it will once they are
+gone (``skipped_blocks`` lists them, ``unskip_blocks`` brings them back), and
+``remove_blocks`` deletes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.criteria.calibration import batch_list
+from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skip, unskip
+from prunekit.structure.depth.linear import drop, fit_map, install
+from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
+from prunekit.structure.snapshot import Snapshot
+
+__all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
+
+_OWNER = "prune_blocks"
+
+
+@dataclass(frozen=True)
+class BlockPruning:
+    """What ``prune_blocks`` skipped: the ModuleList's name, the blocks (indices), the
+    scores (one per block, or per span start for 'angular'; lower goes first), and each
+    span replaced by a linear map with the projection it folds into."""
+
+    blocks: str
+    skipped: tuple[int, ...]
+    criterion: str
+    scores: tuple[float, ...]
+    replaced: tuple[tuple[int, int, str], ...] = ()
+
+    def __str__(self) -> str:
+        lines = [f"skipped {len(self.skipped)} blocks of {self.blocks}: {list(self.skipped)} "
+                 f"(by {self.criterion})"]  # fmt: skip
+        for start, end, linear in self.replaced:
+            lines.append(f"blocks {start}..{end - 1} replaced by a linear map on {linear}")
+        return "\n".join(lines)
+
+
+def prune_blocks(
+    model: nn.Module,
+    calibration: Iterable[Any] | None,
+    n: int | None = None,
+    *,
+    amount: float | None = None,
+    criterion: str | BlockCriterion = "angular",
+    replace: bool | str = False,
+    blocks: str | None = None,
+    loss: Loss | None = None,
+    ridge: float = 1e-4,
+) -> BlockPruning:
+    """Skip the `n` least important blocks of `model` (masks first; ``remove_blocks`` then
+    deletes them).
+
+    Args:
+        model: a model with a ModuleList of blocks (a Hugging Face decoder's
+            ``model.layers``, BERT's ``encoder.layer``, any list named by `blocks`).
+        calibration: batches the criteria run (tensors, mappings of keyword arguments or
+            tuples, as ``prune_model`` takes them).
+        n: how many blocks to skip, an int in [1, number of blocks).
+        amount: instead of `n`, the share of the blocks, a float in (0, 1); rounded.
+        criterion: 'angular' (the span of `n` consecutive blocks whose input and output
+            hidden states are closest in angle), 'influence' (the `n` blocks of lowest
+            ``1 - cos``, ShortGPT), 'loss' (the `n` blocks whose skipping alone raises the
+            loss least; `loss(output, batch)`, default ``output.loss``), or a callable
+            ``(h_in, h_out) -> scalar`` per block and batch, summed (lowest skipped).
+        replace: False, or 'linear': each run of consecutive skipped blocks is replaced by a
+            least-squares linear map folded into the last projection of the block before it
+            (``prunekit.structure.depth.linear``; pre-norm blocks only, and the first block
+            is then never skipped).
+        blocks: the name of the ModuleList; None finds it.
+        loss: for criterion='loss'.
+        ridge: the damping of the linear fit, relative to the mean of ``diag(M^T M)``.
+
+    Returns:
+        A ``BlockPruning``.
+
+    Raises:
+        TypeError, ValueError: a bad argument, a batch the model cannot take, a block whose
+            hidden state cannot be told, a model the linear map cannot be folded into. The
+            model is then exactly as it was.
+    """
+    if not isinstance(model, nn.Module):
+        raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
+    found = find_blocks(model, blocks, _OWNER)
+    count = _count(found, n, amount)
+    name = _criterion(criterion)
+    linear = _replace(replace)
+    if not isinstance(ridge, float | int) or isinstance(ridge, bool) or not ridge >= 0:
+        raise value_error(f"{_OWNER}: invalid ridge={ridge!r}; expected a float >= 0")
+    if calibration is None:
+        raise value_error(
+            f"{_OWNER}: calibration=None, but criterion={name!r} ranks the blocks of "
+            f"{found.name} on data; expected an iterable of batches"
+        )
+    batches = batch_list(calibration, _OWNER)
+    already = [i for i, block in enumerate(found.modules) if is_skipped(block)]
+    if already:
+        raise value_error(
+            f"{_OWNER}: blocks {already} of {found.name} are skipped already; expected "
+            "remove_blocks(model) (or unskip_blocks) before pruning again"
+        )
+    scores = block_scores(model, found, batches, criterion, count, loss, _OWNER)
+    chosen = _choose(scores, count, name, first=1 if linear else 0)
+    snapshot = Snapshot(model)
+    try:
+        replaced = _apply(model, found, chosen, batches, float(ridge) if linear else None)
+    except BaseException:
+        snapshot.restore()
+        raise
+    return BlockPruning(found.name, chosen, name, tuple(scores), replaced)
+
+
+def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None) -> None:
+    """Skip the given blocks by hand (each gives back its input), as ``prune_blocks`` would.
+
+    Args:
+        model: the model.
+        indices: positions in the ModuleList of blocks; ones skipped already stay so.
+        blocks: the name of the ModuleList; None finds it.
+
+    Raises:
+        TypeError: `model` is no ``nn.Module``.
+        ValueError: an index out of range or repeated, or every block skipped (the model is
+            then unchanged).
+    """
+    if not isinstance(model, nn.Module):
+        raise type_error(f"skip_blocks: model={model!r} is no torch.nn.Module")
+    found = find_blocks(model, blocks, "skip_blocks")
+    wanted = list(indices)
+    bad = [i for i in wanted if isinstance(i, bool) or not isinstance(i, int)
+           or not 0 <= i < len(found)]  # fmt: skip
+    if bad or len(set(wanted)) != len(wanted) or not wanted:
+        raise value_error(
+            f"skip_blocks: invalid indices={wanted!r} for {found.name}; expected distinct "
+            f"ints in [0, {len(found)})"
+        )
+    skipped = {i for i, b in enumerate(found.modules) if is_skipped(b)} | set(wanted)
+    if len(skipped) == len(found):
+        raise value_error(
+            f"skip_blocks: indices={wanted!r} would skip every block of {found.name}; "
+            "expected at least one kept"
+        )
+    for i in wanted:
+        if not is_skipped(found.modules[i]):
+            skip(found.modules[i])
+
+
+def unskip_blocks(model: nn.Module) -> None:
+    """Bring back every skipped block of `model` and drop the maps fitted to replace them
+    (blocks removed already stay removed).
+
+    Args:
+        model: the model whose blocks ``prune_blocks`` or ``skip_blocks`` skipped.
+    """
+    for module in model.modules():
+        unskip(module)
+        drop(module)
+
+
+def _count(found: BlockList, n: Any, amount: Any) -> int:
+    total = len(found)
+    if (n is None) == (amount is None):
+        raise value_error(
+            f"{_OWNER}: n={n!r}, amount={amount!r}; expected exactly one of them: n blocks of "
+            f"{found.name} ({total}) or their share"
+        )
+    if amount is not None:
+        if isinstance(amount, bool) or not isinstance(amount, float) or not 0 < amount < 1:
+            raise value_error(
+                f"{_OWNER}: invalid amount={amount!r}; expected a float in (0, 1): the share "
+                f"of the {total} blocks of {found.name} to skip"
+            )
+        n = round(amount * total)
+        if not 1 <= n < total:
+            raise value_error(
+                f"{_OWNER}: amount={amount!r} of the {total} blocks of {found.name} rounds to "
+                f"{n}; expected a share that leaves between 1 and {total - 1} blocks skipped"
+            )
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < total:
+        raise value_error(
+            f"{_OWNER}: invalid n={n!r}; expected an int in [1, {total}): {found.name} has "
+            f"{total} blocks and keeps at least one"
+        )
+    return n
+
+
+def _criterion(criterion: Any) -> str:
+    if isinstance(criterion, str):
+        if criterion not in CRITERIA:
+            raise value_error(
+                f"{_OWNER}: unknown criterion={criterion!r}; expected one of {list(CRITERIA)} "
+                "or a callable (h_in, h_out) -> scalar"
+            )
+        return criterion
+    if callable(criterion):
+        return getattr(criterion, "__name__", type(criterion).__name__)
+    raise type_error(
+        f"{_OWNER}: invalid criterion={criterion!r}; expected one of {list(CRITERIA)} or a "
+        "callable (h_in, h_out) -> scalar"
+    )
+
+
+def _replace(replace: Any) -> bool:
+    if replace is False or replace is None:
+        return False
+    if replace == "linear":
+        return True
+    raise value_error(f"{_OWNER}: invalid replace={replace!r}; expected False or 'linear'")
+
+
+def _choose(scores: list[float], n: int, criterion: str, first: int) -> tuple[int, ...]:
+    """The blocks to skip: the lowest-scored span for 'angular', else the n lowest."""
+    candidates = range(first, len(scores))
+    if criterion == "angular":
+        start = min(candidates, key=lambda i: (scores[i], i))
+        return tuple(range(start, start + n))
+    ranked = sorted(candidates, key=lambda i: (scores[i], i))
+    return tuple(sorted(ranked[:n]))
+
+
+def _spans(chosen: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Runs of consecutive indices as [start, end) pairs."""
+    spans: list[tuple[int, int]] = []
+    for i in chosen:
+        if spans and spans[-1][1] == i:
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            spans.append((i, i + 1))
+    return spans
+
+
+def _apply(model: nn.Module, found: BlockList, chosen: tuple[int, ...], batches: list[Any],
+           ridge: float | None) -> tuple[tuple[int, int, str], ...]:  # fmt: skip
+    """Skip the chosen blocks; with a ridge, fit and install each span's map first, span
+    by span, each on the model with the spans before it replaced."""
+    replaced = []
+    names = {id(m): n for n, m in model.named_modules()}
+    for start, end in _spans(chosen):
+        if ridge is not None:
+            linear, fitted = fit_map(model, found, start, end, batches, ridge, _OWNER)
+            if hasattr(linear, "weight_orig"):
+                raise value_error(
+                    f"{_OWNER}: replace='linear' would fold a map into {names[id(linear)]}, "
+                    "whose weight is pruned (masked); expected prunekit.remove on it first, "
+                    "or replace=False"
+                )
+            install(linear, fitted)
+            replaced.append((start, end, names[id(linear)]))
+        for i in range(start, end):
+            skip(found.modules[i])
+    return tuple(replaced)

@@ -1,0 +1,101 @@
+"""Hidden states at the blocks' boundaries over calibration batches, and the tokens to count.
+
+One batch at a time: each block's input and output hidden state are caught by forward hooks
+during one forward of the whole model, used, and dropped before the next batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.errors import is_explained, value_error
+from prunekit.criteria.calibration import run_batch
+from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
+
+__all__ = ["Boundaries", "boundaries", "rows", "run_boundaries", "run_one", "token_mask"]
+
+
+class Boundaries:
+    """Each block's input and output hidden state for one batch (None: the block did not run)."""
+
+    def __init__(self, count: int) -> None:
+        self.inputs: list[Tensor | None] = [None] * count
+        self.outputs: list[Tensor | None] = [None] * count
+
+
+@contextmanager
+def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
+    """Hooks that fill a ``Boundaries`` with what each block takes and gives (detached)."""
+    found = Boundaries(len(blocks))
+    handles = []
+
+    def catch(index: int) -> Any:
+        def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            before, after = hidden_in(args, kwargs), hidden_out(output)
+            if before is None or after is None or before.shape != after.shape:
+                raise value_error(
+                    f"{owner}: cannot tell the hidden state of {blocks.path(index)} "
+                    f"({type(module).__name__}); expected a tensor as its first argument (or "
+                    "hidden_states=) and as its output (or the output's first element), of "
+                    "one shape"
+                )
+            found.inputs[index] = before.detach()
+            found.outputs[index] = after.detach()
+
+        return hook
+
+    for index, block in enumerate(blocks.modules):
+        handles.append(block.register_forward_hook(catch(index), with_kwargs=True))
+    try:
+        yield found
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def run_one(model: nn.Module, batch: Any, index: int, owner: str) -> Any:
+    """``run_batch``; an error of the model's forward names the batch it could not take."""
+    try:
+        return run_batch(model, batch)
+    except Exception as error:
+        if is_explained(error):
+            raise
+        raise value_error(
+            f"{owner}: the model cannot take calibration batch {index}: "
+            f"{type(error).__name__}: {error}; expected batches its forward accepts"
+        ) from error
+
+
+def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int,
+                   owner: str) -> Boundaries:  # fmt: skip
+    """Run `batch` (number `index`) through `model` (no grad); every block's hidden states."""
+    with boundaries(blocks, owner) as found, torch.no_grad():
+        run_one(model, batch, index, owner)
+    for index, seen in enumerate(found.inputs):
+        if seen is None:
+            raise value_error(
+                f"{owner}: {blocks.path(index)} did not run on a calibration batch; expected "
+                "a model whose forward calls every block"
+            )
+    return found
+
+
+def token_mask(batch: Any, hidden: Tensor) -> Tensor | None:
+    """Which tokens count: a batch's ``attention_mask`` (batch x tokens) when it has one of
+    the hidden state's leading shape; None: all of them."""
+    if isinstance(batch, Mapping):
+        mask = batch.get("attention_mask")
+        if isinstance(mask, Tensor) and tuple(mask.shape) == tuple(hidden.shape[:-1]):
+            return mask.to(device=hidden.device) != 0
+    return None
+
+
+def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
+    """The hidden state as one row per counted token, in float64."""
+    flat = hidden.reshape(-1, hidden.shape[-1]).to(dtype=torch.float64)
+    return flat if mask is None else flat[mask.reshape(-1)]
