@@ -14,11 +14,11 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skip, unskip
 from prunekit.structure.depth.linear import drop, fit_map, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
-from prunekit.structure.snapshot import Snapshot
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
 
@@ -110,12 +110,8 @@ def prune_blocks(
         )
     scores = block_scores(model, found, batches, criterion, count, loss, _OWNER)
     chosen = _choose(scores, count, name, first=1 if linear else 0)
-    snapshot = Snapshot(model)
-    try:
+    with transaction(model):
         replaced = _apply(model, found, chosen, batches, float(ridge) if linear else None)
-    except BaseException:
-        snapshot.restore()
-        raise
     return BlockPruning(found.name, chosen, name, tuple(scores), replaced)
 
 

@@ -17,10 +17,10 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.transaction import transaction
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, unskip
 from prunekit.structure.depth.linear import fold, is_projection, replacement_of
 from prunekit.structure.measure import count_params
-from prunekit.structure.snapshot import Snapshot
 
 __all__ = ["BlockRemoval", "remove_blocks"]
 
@@ -83,18 +83,10 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None) -> BlockRemova
         )
     before = count_params(model)
     config = getattr(model, "config", None)
-    saved = dict(vars(config)) if config is not None else None
-    snapshot = Snapshot(model)
-    try:
+    with transaction(model):  # the modules, the block list and the config
         folded = _fold(model)
         _delete(found, removed)
         changed = _update_config(config, len(found) + len(removed), removed)
-    except BaseException:
-        snapshot.restore()
-        if config is not None and saved is not None:
-            vars(config).clear()
-            vars(config).update(saved)
-        raise
     return BlockRemoval(found.name, removed, folded, before, count_params(model), changed)
 
 
