@@ -21,7 +21,7 @@ from prunekit.core.transaction import Snapshot
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
-from prunekit.oneshot import CALIBRATED, oneshot
+from prunekit.oneshot import CALIBRATED, default_pattern, oneshot
 from prunekit.report import Report, report
 
 __all__ = ["SCOPES", "prune_model"]
@@ -51,7 +51,7 @@ def prune_model(
     amount: float,
     *,
     method: str = "l1",
-    pattern: Any = "unstructured",
+    pattern: Any = None,
     scope: str = "layer",
     calibration: Iterable[Any] | None = None,
     include: Sequence[str] | str = ("*",),
@@ -71,7 +71,9 @@ def prune_model(
     summed over the batches of ``loss(output, batch)``, default ``output.loss``).
     `pattern`: ``'unstructured'``, ``'row'`` (the same share of each output row),
     ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim; `amount`
-    must be (M-N)/M) or a Pattern. `scope`: ``'layer'`` prunes `amount` of each tensor,
+    must be (M-N)/M) or a Pattern; None (the default): ``'row'`` for ``'wanda'`` in scope
+    ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
+    ``'unstructured'`` otherwise. `scope`: ``'layer'`` prunes `amount` of each tensor,
     ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
     `sequential`: calibrate block by block, each on the outputs of the pruned blocks
     before it (only one block's statistics in memory). `progress`: a bar on stderr for
@@ -91,6 +93,8 @@ def prune_model(
     all the batches. Every argument, tensor and batch is checked first; if anything
     fails, the model is left exactly as it was.
     """
+    if pattern is None:
+        pattern = default_pattern(method, scope)
     if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
         reduce = None
         if process_group is not None:
