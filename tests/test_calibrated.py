@@ -314,3 +314,57 @@ def test_prune_model_patterns_with_l1_and_its_errors() -> None:
     with pytest.raises(ValueError, match="needs calibration data"):
         prune.prune_model(fresh, 0.5, method="wanda")
     assert fingerprint(fresh) == before
+
+
+def masks_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if k.endswith("_mask")}
+
+
+def test_wanda_prunes_per_row_unless_told_otherwise() -> None:
+    """Wanda's paper ranks within each output row: that is its default pattern; an explicit
+    'unstructured' ranks the whole layer, and scope='global' ranks across layers."""
+    models = {}
+    for pattern in (None, "row", "unstructured"):
+        torch.manual_seed(0)
+        models[pattern] = Tiny()
+        kwargs = {} if pattern is None else {"pattern": pattern}
+        prune.prune_model(models[pattern], 0.5, method="wanda", calibration=batches(), **kwargs)
+    default, row, whole = (masks_of(models[p]) for p in (None, "row", "unstructured"))
+    assert default.keys() == row.keys() and len(default) == 7
+    for key, mask in default.items():
+        assert torch.equal(mask, row[key]), key
+        assert mask.sum(1).unique().numel() == 1, key  # every row keeps the same count
+    # Ranked over the whole layer, rows keep different counts somewhere.
+    assert any(mask.sum(1).unique().numel() > 1 for mask in whole.values())
+    masks = []
+    for pattern in (None, "unstructured"):
+        torch.manual_seed(0)
+        model = Tiny()
+        kwargs = {} if pattern is None else {"pattern": pattern}
+        prune.prune_model(
+            model,
+            0.5,
+            method="wanda",
+            scope="global",
+            sequential=False,
+            calibration=batches(),
+            **kwargs,
+        )
+        masks.append(masks_of(model))
+    assert masks[0].keys() == masks[1].keys()
+    assert all(torch.equal(masks[0][k], masks[1][k]) for k in masks[0])
+
+
+def test_other_methods_stay_unstructured_by_default() -> None:
+    for method in ("l1", "sparsegpt"):
+        found = []
+        for pattern in (None, "unstructured"):
+            torch.manual_seed(0)
+            model = Tiny()
+            kwargs: dict[str, Any] = {} if pattern is None else {"pattern": pattern}
+            if method != "l1":
+                kwargs["calibration"] = batches()
+            prune.prune_model(model, 0.5, method=method, **kwargs)
+            found.append(masks_of(model))
+        assert found[0].keys() == found[1].keys() and found[0]
+        assert all(torch.equal(found[0][k], found[1][k]) for k in found[0]), method

@@ -22,7 +22,7 @@ from prunekit.core.transaction import transaction
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.statedict import METHODS, Entry, select_names
 from prunekit.methods import LnStructured
-from prunekit.oneshot import CALIBRATED, calibrates, oneshot
+from prunekit.oneshot import CALIBRATED, calibrates, default_pattern, oneshot
 from prunekit.report import Report, report
 
 __all__ = ["SCOPES", "prune_model"]
@@ -52,7 +52,7 @@ def prune_model(
     amount: float,
     *,
     method: str = "l1",
-    pattern: Any = "unstructured",
+    pattern: Any = None,
     scope: str = "layer",
     calibration: Iterable[Any] | None = None,
     include: Sequence[str] | str = ("*",),
@@ -72,7 +72,9 @@ def prune_model(
     summed over the batches of ``loss(output, batch)``, default ``output.loss``).
     `pattern`: ``'unstructured'``, ``'row'`` (the same share of each output row),
     ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim; `amount`
-    must be (M-N)/M) or a Pattern. `scope`: ``'layer'`` prunes `amount` of each tensor,
+    must be (M-N)/M) or a Pattern; None (the default): ``'row'`` for ``'wanda'`` in scope
+    ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
+    ``'unstructured'`` otherwise. `scope`: ``'layer'`` prunes `amount` of each tensor,
     ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
     `sequential`: calibrate block by block, each on the outputs of the pruned blocks
     before it (only one block's statistics in memory). `progress`: a bar on stderr for
@@ -127,6 +129,8 @@ def _prune(
     method, amount, pattern = arguments["method"], arguments["amount"], arguments["pattern"]
     scope, include, exclude = arguments["scope"], arguments["include"], arguments["exclude"]
     sequential = arguments["sequential"]
+    if pattern is None:
+        pattern = default_pattern(method, scope)
     if method in CALIBRATED or (method in ("l1", "random") and not _plain(pattern)):
         reduce = None
         if group is not None:

@@ -14,17 +14,18 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from prunekit.core.transaction import transaction
+from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.graph import check_model, split_inputs, traced_groups
 from prunekit.structure.hfconfig import update_config
-from prunekit.structure.measure import count_macs, count_params, latency_ms
+from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
 from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
 
 
 @dataclass(frozen=True)
 class CompactReport:
     """What compaction removed and what it changed (latencies: median ms of one forward on
-    the example inputs, on this CPU; None when not measured)."""
+    the example inputs, on this CPU, the masked and the compacted model run alternately;
+    `latency` holds their paired ratio and its spread; all None when not measured)."""
 
     groups: int
     channels: int
@@ -38,6 +39,7 @@ class CompactReport:
     max_abs_output: float
     config: dict[str, int] = field(default_factory=dict)
     stale: tuple[str, ...] = ()
+    latency: Paired | None = None
 
     @property
     def relative_error(self) -> float:
@@ -49,11 +51,8 @@ class CompactReport:
             _row("parameters", self.params_before, self.params_after),
             _row("MACs", self.macs_before, self.macs_after),
         ]
-        if self.latency_before_ms is not None and self.latency_after_ms is not None:
-            lines.append(
-                f"latency     {self.latency_before_ms:12.2f} ms -> {self.latency_after_ms:.2f} ms "
-                f"({self.latency_before_ms / max(self.latency_after_ms, 1e-9):.2f}x faster)"
-            )
+        if self.latency is not None:
+            lines.append(f"latency     {self.latency}")
         lines.append(f"output check: max |diff| / max |output| = {self.relative_error:.2e}")
         if self.config:
             lines.append("config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()))
@@ -84,7 +83,9 @@ def compact(
     ``stale``). Constants that removed channels still carry are folded into the consumers'
     biases. Checked on `example_inputs` in eval mode: the largest difference of the outputs
     (on the kept channels of an output a pruned hidden width made narrower) must stay within
-    `tolerance` x the largest output. `latency_runs=0` skips timing.
+    `tolerance` x the largest output. `latency_runs`: forwards of the masked and of the
+    compacted model, alternated (both states stay in memory until the call returns
+    anyway); 0 skips timing.
     """
     check_model(model, "compact")
     if not isinstance(tolerance, float) or not tolerance >= 0:
@@ -96,25 +97,55 @@ def compact(
     args, kwargs = split_inputs(example_inputs, "compact")
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with transaction(model):  # the traced forward too: it may write buffers
+        with transaction(model) as masked:  # the traced forward too: it may write buffers
             result = plan(traced_groups(model, example_inputs, "auto", "compact"))
-            model.eval()
+            model.eval()  # the modes come back in `finally`; the masked model is timed in eval
             capture = Capture(result)
             with torch.no_grad(), capture:
                 reference = model(*args, **kwargs)
-            before = _measures(model, args, kwargs, latency_runs)
+            before = _measures(model, args, kwargs)
             apply(result, folds(result, capture), model)
             config, stale = update_config(model)
             output = _forward(model, args, kwargs)
             diff, scale = _compare(reference, output, tolerance, result.outputs)
-            after = _measures(model, args, kwargs, latency_runs)
+            after = _measures(model, args, kwargs)
+            timed = _latency(model, args, kwargs, masked, latency_runs)
     finally:
         for m, mode in modes:
             m.training = mode
     return CompactReport(
-        result.groups, result.units, before[0], after[0], before[1], after[1], before[2],
-        after[2], diff, scale, config, stale,
+        result.groups, result.units, before[0], after[0], before[1], after[1],
+        timed.before_ms if timed else None, timed.after_ms if timed else None, diff, scale,
+        config, stale, timed,
     )  # fmt: skip
+
+
+def _latency(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], masked: Transaction,
+    runs: int,
+) -> Paired | None:  # fmt: skip
+    """The masked and the compacted model's forwards alternated (`masked` rolls the model
+    back to its masked state; both states stay in memory until compact returns anyway);
+    the compacted one is left."""
+    if runs <= 0:
+        return None
+    compacted = Transaction(model)
+
+    def to_masked() -> None:
+        masked.rollback()
+        model.eval()
+
+    def to_compacted() -> None:
+        compacted.rollback()
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(*args, **kwargs)
+
+    try:
+        return paired_latency(to_masked, to_compacted, forward, runs)
+    finally:
+        compacted.rollback()
 
 
 def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -129,11 +160,8 @@ def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         ) from error
 
 
-def _measures(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], runs: int
-) -> tuple[int, int, float | None]:  # fmt: skip
-    latency = latency_ms(model, args, kwargs, runs) if runs > 0 else None
-    return count_params(model), count_macs(model, args, kwargs), latency
+def _measures(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    return count_params(model), count_macs(model, args, kwargs)
 
 
 def _compare(reference: Any, output: Any, tolerance: float,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -99,3 +101,62 @@ def latency_ms(
             model(*args, **kwargs)
             times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Two states of one model timed alternately (before, after, before, after, ...), so a
+    load that comes and goes on the machine weighs on both alike.
+
+    `before_ms`/`after_ms`: the median time of one forward of each; `ratio`: the median of
+    the per-pair ratios before / after (above 1: after is faster); `low`/`high`: the
+    quartiles of those ratios (both `ratio` with one pair)."""
+
+    before_ms: float
+    after_ms: float
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+    def verdict(self) -> str:
+        """'N.NNx faster', 'N.NNx slower', or 'no clear difference' when the middle half of
+        the pairs' ratios holds 1 (both ways happened often)."""
+        if self.low > 1.0:
+            return f"{self.ratio:.2f}x faster"
+        if self.high < 1.0:
+            return f"{1.0 / self.ratio:.2f}x slower"
+        return f"no clear difference ({self.ratio:.2f}x)"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.before_ms:.2f} ms -> {self.after_ms:.2f} ms, {self.verdict()} (median of "
+            f"{self.pairs} alternated pairs; middle half {self.low:.2f}x-{self.high:.2f}x)"
+        )
+
+
+def paired_latency(
+    before: Callable[[], None],
+    after: Callable[[], None],
+    forward: Callable[[], Any],
+    runs: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Paired:
+    """Time `forward()` `runs` times after `before()` and as often after `after()`,
+    alternately, after one warm-up of each; the switches are not timed. `clock` gives
+    seconds."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for index in range(runs + 1):
+        for switch, found in zip((before, after), times, strict=True):
+            switch()
+            start = clock()
+            forward()
+            if index:  # the first round warms up
+                found.append(clock() - start)
+    ratios = [a / max(b, 1e-12) for a, b in zip(*times, strict=True)]
+    ratio = statistics.median(ratios)
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if runs > 1 else [ratio] * 3
+    return Paired(
+        1000 * statistics.median(times[0]), 1000 * statistics.median(times[1]), ratio,
+        min(quartiles[0], ratio), max(quartiles[2], ratio), runs,
+    )  # fmt: skip
