@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 import prunekit
 from prunekit.structure.attention import update_modules
+from prunekit.structure.experts import sync_experts
 from prunekit.structure.graph import ChannelGroup, Slice
 from prunekit.structure.norms import remove_kept_norm
 
@@ -212,6 +213,7 @@ def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
                 if found is not None and found[2] is p:
                     m._parameters[k] = found[1]
         update_modules(model)
+        sync_experts(model)
 
 
 def _add_to_bias(module: nn.Module, delta: Tensor) -> None:
