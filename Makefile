@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-families demo clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,10 @@ bench-calibrated: setup
 # all-MiniLM-L6-v2: heads and MLP widths removed by l2, activation and taylor (~15 min here)
 bench-minilm: setup
 	$(PY) benchmarks/minilm_structure.py
+
+# every causal-LM family of transformers from a tiny config: found, pruned, compacted, generate()
+bench-families: setup
+	$(PY) benchmarks/families.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

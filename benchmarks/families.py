@@ -5,11 +5,13 @@ channel graph finds, pruned, compacted, and checked against the masked model.
     python benchmarks/families.py --only llama,qwen3  # some of them
 
 For each entry of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: the family's config with
-small widths (hidden 64, 2 layers, 4 heads of 16 over 2 key/value heads, MLP 96, vocabulary
+small widths (hidden 64, 2 layers, 8 heads of 8 over 2 key/value heads, MLP 96, vocabulary
 128, 4 experts of 32 choosing 2, where the config has those fields), random init, eval mode.
 Per family: built or not (the reason), the prunable groups by kind (heads, channels, hidden,
 experts) and those left alone, then `prune_channels` with heads 25 %, MLP and other channels
-30 %, hidden 25 % and experts 25 % (each only where such groups exist), `compact` (its output
+30 %, hidden 25 % and experts 25 % (each only where such groups exist; widths kept multiples
+of 4, as grouped_mm experts need 16-byte strides; `pruned` counts the units masked of each
+kind, out of all of that kind), `compact` (its output
 check: max |diff| / max |output|, compacted against masked, on the example ids) and whether
 greedy `generate()` of 6 tokens (KV cache) is the same before and after compaction. One
 process, one thread; a family that takes longer than --timeout seconds is reported so.
@@ -35,12 +37,12 @@ import prunekit
 from vision import define_torchvision_ops
 
 SMALL: dict[str, Any] = {
-    "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 96,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "num_experts": 4,
     "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "max_position_embeddings": 64, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 96,
-    "d_model": 64, "ffn_dim": 96, "n_positions": 64, "num_layers": 2, "num_heads": 4,
+    "max_position_embeddings": 64, "n_embd": 64, "n_layer": 2, "n_head": 8, "n_inner": 96,
+    "d_model": 64, "ffn_dim": 96, "n_positions": 64, "num_layers": 2, "num_heads": 8,
     "ffn_hidden_size": 96, "sliding_window": 16, "first_k_dense_replace": 1,
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
 }  # fmt: skip
@@ -106,7 +108,7 @@ def measure(model_type: str, class_name: str) -> Row:
     row = Row(model_type)
     try:
         model = build(model_type, class_name)
-    except BaseException as error:  # noqa: BLE001  (any failure is this family's row)
+    except BaseException as error:
         row.built = "no"
         row.note = _why(error)
         return row
@@ -115,7 +117,7 @@ def measure(model_type: str, class_name: str) -> Row:
     inputs = {"input_ids": ids}
     try:
         groups = prunekit.channel_groups(model, inputs)
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         row.note = "channel_groups: " + _why(error)
         return row
     for g in groups:
@@ -127,9 +129,9 @@ def measure(model_type: str, class_name: str) -> Row:
     if not shares:
         row.note = next((g.reason or "" for g in groups if not g.prunable), "no groups")[:110]
         return row
-    row.pruned = " ".join(sorted("mlp" if k == "amount" else k for k in shares))
     try:
-        prunekit.prune_channels(model, inputs, **shares, round_to=4)
+        chosen = prunekit.prune_channels(model, inputs, **shares, round_to=4)
+        row.pruned = _pruned(groups, chosen, shares)
         with torch.no_grad():
             masked = _generate(model, ids)
         report = prunekit.compact(model, inputs, latency_runs=0)
@@ -138,9 +140,21 @@ def measure(model_type: str, class_name: str) -> Row:
             after = _generate(model, ids)
         if masked is not None and after is not None:
             row.generate = "equal" if torch.equal(masked, after) else "DIFFERS"
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         row.note = _why(error)
     return row
+
+
+def _pruned(groups: list[Any], chosen: list[Any], shares: dict[str, float]) -> str:
+    parts = []
+    for key in ("heads", "amount", "hidden", "experts"):
+        if key not in shares:
+            continue
+        kind = "channels" if key == "amount" else key
+        total = sum(g.size for g in groups if g.prunable and g.kind == kind)
+        masked = sum(len(p.units) for p in chosen if p.group.kind == kind)
+        parts.append(f"{'mlp' if key == 'amount' else key} {masked}/{total}")
+    return " ".join(parts)
 
 
 @contextlib.contextmanager
@@ -158,15 +172,17 @@ def time_limit(seconds: int) -> Any:
 
 
 def render(rows: list[Row]) -> str:
-    head = (f"{'family':<26} {'built':<5} {'heads':>5} {'chan':>5} {'hidden':>6} "
-            f"{'experts':>7} {'left':>5}  {'pruned':<29} {'check':>8}  {'generate':<8} note")  # fmt: skip
+    head = (
+        f"{'family':<26} {'built':<5} {'heads':>5} {'chan':>5} {'hidden':>6} {'experts':>7} "
+        f"{'left':>5}  {'pruned':<44} {'check':>8}  {'generate':<8} note"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         f = r.found
         check = "" if r.check is None else f"{r.check:.1e}"
         lines.append(
             f"{r.family:<26} {r.built:<5} {f.get('heads', 0):>5} {f.get('channels', 0):>5} "
-            f"{f.get('hidden', 0):>6} {f.get('experts', 0):>7} {r.left:>5}  {r.pruned:<29} "
+            f"{f.get('hidden', 0):>6} {f.get('experts', 0):>7} {r.left:>5}  {r.pruned:<44} "
             f"{check:>8}  {r.generate:<8} {r.note}"
         )
     return "\n".join(lines)
@@ -206,7 +222,7 @@ def main() -> None:
                 row = measure(model_type, class_name)
         except TimeoutError as error:
             row = Row(model_type, built="?", note=_why(error))
-        except Exception:  # noqa: BLE001  (a bug of the harness itself: shown, not fatal)
+        except Exception:
             row = Row(model_type, built="?", note=traceback.format_exc(limit=1)[-110:])
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)

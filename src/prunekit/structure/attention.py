@@ -113,7 +113,7 @@ def _counts(q_rows: int, kv_rows: int, head_dim: Any) -> tuple[int, int] | str:
 
 def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                out: Any) -> Heads | str:  # fmt: skip
-    """LLaMA, Mistral, Qwen2 and (Hugging Face 5) ViT: q_proj, k_proj, v_proj, o_proj."""
+    """q_proj, k_proj, v_proj, o_proj: LLaMA and the families in QKVO, (Hugging Face 5) ViT."""
     found = _linears(module, ("q_proj", "k_proj", "v_proj", "o_proj"))
     if isinstance(found, str):
         return found
@@ -262,10 +262,22 @@ def _update_gpt2(module: Any) -> tuple[int, int, int, int]:
     return heads, heads, module.head_dim, module.embed_dim
 
 
-ADAPTERS.update({
-    name: Adapter(_read_qkvo, _update_qkvo)
-    for name in ("LlamaAttention", "MistralAttention", "Qwen2Attention", "ViTAttention")
-})  # fmt: skip
+# q_proj/k_proj/v_proj/o_proj families, each checked by benchmarks/families.py (heads
+# pruned and compacted exactly, generate() equal); q/k norms handled by _qk_norms
+QKVO = (
+    "LlamaAttention", "MistralAttention", "Qwen2Attention", "ViTAttention", "Qwen3Attention",
+    "Qwen2MoeAttention", "Qwen3MoeAttention", "MixtralAttention", "OlmoeAttention",
+    "GemmaAttention", "Gemma2Attention", "Gemma3Attention", "VaultGemmaAttention",
+    "OlmoAttention", "Olmo2Attention", "Olmo3Attention", "FlexOlmoAttention",
+    "GraniteAttention", "CohereAttention", "Cohere2Attention", "Cohere2MoeAttention",
+    "ApertusAttention", "ArceeAttention", "CwmAttention", "DogeAttention", "Ernie4_5Attention",
+    "Exaone4Attention", "GlmAttention", "Glm4Attention", "HeliumAttention",
+    "HunYuanDenseV1Attention", "HunYuanMoEV1Attention", "HyperCLOVAXAttention",
+    "Jais2Attention", "MellumAttention", "MinistralAttention", "Ministral3Attention",
+    "SeedOssAttention", "SmolLM3Attention", "Starcoder2Attention",
+)  # fmt: skip
+ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO})
+ADAPTERS["Phi3Attention"] = Adapter(_read_fused, _update_fused)
 ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
 ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)
 

@@ -31,13 +31,12 @@ from torch.overrides import TorchFunctionMode
 from prunekit.structure.labels import along, channel_ids
 from prunekit.structure.trace import MODULE_HANDLERS, ModuleHandler, Tracer
 
-# routers whose logits are linear(x, weight), then softmax and top-k (renormalized or not)
+# routers whose logits are linear(x, weight), then softmax and top-k (renormalized or not),
+# or top-k of the logits, then softmax or sigmoid over the chosen (Cohere2-MoE)
 ROUTERS = {
-    "MixtralTopKRouter",
-    "OlmoeTopKRouter",
-    "Qwen2MoeTopKRouter",
-    "Qwen3MoeTopKRouter",
-}
+    "MixtralTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter",
+    "FlexOlmoTopKRouter", "MellumTopKRouter", "Cohere2MoeTopKRouter",
+}  # fmt: skip
 
 
 def _hf(module: nn.Module) -> bool:
@@ -168,13 +167,13 @@ class RouterMask:
             gone = ~mask.ne(0).any(1)
             if bool(gone.any()):
                 mode = _MaskedLogits(module, gone)
-                mode.__enter__()
+                mode.__enter__()  # type: ignore[no-untyped-call]
         self.active.append(mode)
 
     def leave(self, module: nn.Module, args: Any, output: Any) -> None:
         mode = self.active.pop() if self.active else None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
 
 def _mask_of(hook: Any) -> RouterMask | None:
