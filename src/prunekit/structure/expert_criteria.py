@@ -50,7 +50,8 @@ class _Tally:
         gate_up = getattr(self.module, "gate_up_proj")[e]  # noqa: B009
         down = getattr(self.module, "down_proj")[e]  # noqa: B009
         gate, up = (x @ gate_up.t()).chunk(2, dim=-1)
-        out: Tensor = (self.module.act_fn(gate) * up) @ down.t()
+        act: Any = getattr(self.module, "act_fn")  # noqa: B009  (the experts' activation)
+        out: Tensor = (act(gate) * up) @ down.t()
         return out
 
 
