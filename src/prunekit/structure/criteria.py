@@ -5,7 +5,8 @@ Built in, by name: 'l1' and 'l2' (norm of every parameter entry the unit owns), 
 (|sum of w x grad| over the unit's entries: the first-order change of the loss when the unit
 is removed; from the gradients already in ``.grad``, or from calibration batches), and
 'activation' (Wanda-style: |W| x the input norm of every consumer column that reads the unit,
-from calibration batches; see ``prunekit.structure.calibrated``). A ``GroupCriterion`` or a
+from calibration batches; see ``prunekit.structure.calibrated``); for routed experts,
+'frequency' and 'reap' (``prunekit.structure.expert_criteria``). A ``GroupCriterion`` or a
 plain callable ``criterion(group) -> Tensor`` of one score per unit is used as given.
 """
 
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph import ChannelGroup, Slice
 
-CRITERIA = ("l1", "l2", "bn_scale", "taylor", "activation")
+CRITERIA = ("l1", "l2", "bn_scale", "taylor", "activation", "frequency", "reap")
 Loss = Callable[[Any, Any], Tensor]
 
 
@@ -96,6 +97,10 @@ def builtin(name: str) -> GroupCriterion:
         from prunekit.structure.calibrated import Activation, GroupTaylor
 
         return GroupTaylor() if name == "taylor" else Activation()
+    if name in ("frequency", "reap"):
+        from prunekit.structure.expert_criteria import ExpertSaliency, RoutingFrequency
+
+        return RoutingFrequency() if name == "frequency" else ExpertSaliency()
     raise ValueError(
         f"prune_channels: unknown criterion={name!r}; expected one of {list(CRITERIA)}, a "
         "GroupCriterion or a callable(group) -> Tensor of one score per unit"
@@ -212,6 +217,6 @@ def _batches(criterion: Any, wants: bool | None, calibration: Any, loss: Any) ->
     if wants is False:
         raise ValueError(
             f"prune_channels: criterion {criterion!r} uses no calibration data; expected "
-            "calibration=None (criteria that use it: 'activation', 'taylor')"
+            "calibration=None (criteria that use it: 'activation', 'taylor', 'frequency', 'reap')"
         )
     return batch_list(calibration, "prune_channels")

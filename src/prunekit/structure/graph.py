@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure import attention, layers, mha, norms, ops  # noqa: F401  (registers)
+from prunekit.structure import attention, experts, layers, mha, norms, ops  # noqa: F401
 from prunekit.structure.trace import Record, Tracer, run_traced
 
 
@@ -53,8 +53,10 @@ class ChannelGroup:
     """Coupled channels: `size` units, each owning its positions in every slice.
 
     `kind`: 'channels' (a layer's output channels), 'heads' (the heads of one attention
-    module: a unit is a head's query/key/value rows and its output projection's columns) or
-    'hidden' (a width that LayerNorm/RMSNorm normalize over, coupled through the residuals).
+    module: a unit is a head's query/key/value rows and its output projection's columns),
+    'hidden' (a width that LayerNorm/RMSNorm normalize over, coupled through the residuals)
+    or 'experts' (the routed experts of one mixture-of-experts block: a unit is an expert's
+    weights along the expert dim and its router row).
     `blocks`: units that must each lose the same count (the query heads of each key/value
     group). `outputs`: (output index, dim, positions per unit) of the model's outputs that
     carry these channels (a pruned hidden width makes those outputs narrower).
@@ -82,7 +84,9 @@ class ChannelGroup:
     def __str__(self) -> str:
         state = "prunable" if self.reason is None else f"left alone: {self.reason}"
         parts = ", ".join(f"{s.qualified}[dim {s.dim}]" for s in self.slices)
-        unit = {"heads": "heads", "hidden": "hidden channels"}.get(self.kind, "channels")
+        unit = {"heads": "heads", "hidden": "hidden channels", "experts": "experts"}.get(
+            self.kind, "channels"
+        )
         return f"{self.size} {unit} of {self.name} ({state}): {parts}"
 
 
@@ -171,6 +175,7 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
                     _add(reasons[x], [why])
     extra = _Extra(
         heads={root_of[i] for i in tr.heads},
+        experts={root_of[i] for i in tr.experts},
         normed={root_of[i] for i in tr.normed},
         block_of={root_of[i]: b for b, ids in enumerate(tr.blocks) for i in ids},
         outputs=tr.outputs,
@@ -188,6 +193,7 @@ class _Extra:
     """What the tracer knows of ids beyond slices: heads, normalized widths, outputs."""
 
     heads: set[int]
+    experts: set[int]
     normed: set[int]
     block_of: dict[int, int]
     outputs: list[tuple[int, int, Tensor]]
@@ -196,6 +202,8 @@ class _Extra:
     def kind(self, members: list[int]) -> str:
         if any(m in self.heads for m in members):
             return "heads"
+        if any(m in self.experts for m in members):
+            return "experts"
         return "hidden" if any(m in self.normed for m in members) else "channels"
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:

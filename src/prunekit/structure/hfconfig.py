@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.structure.attention import adapter_of
+from prunekit.structure.experts import expert_widths
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
@@ -22,16 +23,18 @@ _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
 
 def _widths(model: nn.Module) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {"heads": [], "kv": [], "head_dim": [], "hidden": [],
-                                   "inner": []}  # fmt: skip
-    for module in model.modules():
+                                   "inner": [], "shared": []}  # fmt: skip
+    found.update(expert_widths(model))
+    for name, module in model.named_modules():
         adapter = adapter_of(module)
         if adapter is not None:
             for key, value in zip(("heads", "kv", "head_dim", "hidden"), adapter.sync(module),
                                   strict=True):  # fmt: skip
                 found[key].append(value)
         inner = _inner(module)
-        if inner:
-            found["inner"].append(inner)
+        if inner:  # a mixture-of-experts block's shared expert has a width of its own
+            shared = name.rsplit(".", 1)[-1] in ("shared_expert", "shared_experts")
+            found["shared" if shared else "inner"].append(inner)
     return found
 
 
@@ -39,6 +42,9 @@ def _inner(module: Any) -> int:
     """The intermediate width of an MLP block of a known family (0: not one)."""
     name = type(module).__name__
     if name.endswith("MLP"):
+        fused: Any = getattr(module, "gate_up_proj", None)
+        if isinstance(fused, nn.Linear):  # Phi-3: gate and up rows in one Linear
+            return fused.out_features // 2
         for proj in ("gate_proj", "fc1", "c_fc"):
             layer: Any = getattr(module, proj, None)
             if isinstance(layer, nn.Linear):
@@ -63,6 +69,7 @@ def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
     if hasattr(config, "head_dim") or kind in _READS_HEAD_DIM:
         fields.append(("head_dim", "head_dim"))
     fields.append(("n_inner" if kind == "gpt2" else "intermediate_size", "inner"))
+    fields += _expert_fields(config, widths)
     updated: dict[str, int] = {}
     stale: list[str] = []
     for name, key in fields:
@@ -76,6 +83,23 @@ def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
             stale.append(name)
     _head_size(config, widths, kind, stale)
     return updated, tuple(stale)
+
+
+def _expert_fields(config: Any, widths: dict[str, list[int]]) -> list[tuple[str, str]]:
+    """The expert count (under each name the config has) and the experts' inner width:
+    moe_intermediate_size where the config has one, else intermediate_size (Mixtral, OLMoE:
+    their experts are the only MLPs, so the widths join)."""
+    if not widths["experts"] and not widths["expert_inner"]:
+        return []
+    fields = [(name, "experts") for name in ("num_experts", "num_local_experts", "n_routed_experts")
+              if isinstance(getattr(config, name, None), int)]  # fmt: skip
+    if hasattr(config, "moe_intermediate_size"):
+        fields.append(("moe_intermediate_size", "expert_inner"))
+    else:
+        widths["inner"] = widths["inner"] + widths["expert_inner"]
+    if hasattr(config, "shared_expert_intermediate_size"):
+        fields.append(("shared_expert_intermediate_size", "shared"))
+    return fields
 
 
 def _head_size(config: Any, widths: dict[str, list[int]], kind: str, stale: list[str]) -> None:

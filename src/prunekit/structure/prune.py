@@ -18,6 +18,7 @@ import prunekit
 from prunekit.core.transaction import transaction
 from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.criteria import GroupCriterion, score_groups
+from prunekit.structure.experts import check_expert_counts, install_router_mask
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
@@ -34,6 +35,7 @@ def prune_channels(
     round_to: int = 1,
     heads: float = 0.0,
     hidden: float = 0.0,
+    experts: float = 0.0,
     gqa: str = "query",
     calibration: Iterable[Any] | None = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
@@ -46,8 +48,11 @@ def prune_channels(
     that LayerNorm/RMSNorm normalize over (kind 'hidden': the embedding width through every
     residual). The norms of a masked hidden width then normalize over its kept channels, so
     the masked model computes what ``compact`` makes of it; a hidden width that reaches the
-    model's output makes that output narrower once compacted. `gqa`: the head unit of an
-    attention with grouped-query heads, as in ``channel_groups``.
+    model's output makes that output narrower once compacted. `experts`: the routed experts
+    of each mixture-of-experts block (kind 'experts'; shared experts are no such unit): a
+    masked expert's router logit is -inf while masked, so the masked model routes as the
+    compacted one will. `gqa`: the head unit of an attention with grouped-query heads, as in
+    ``channel_groups``.
 
     `scope='layer'`: each group loses round(amount x its units); 'global': the units of all
     groups of a kind are ranked together (scores divided by their group's mean), and that
@@ -65,7 +70,7 @@ def prune_channels(
     what each group kept. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
-    amounts = {"channels": amount, "heads": heads, "hidden": hidden}
+    amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
     _check(amounts, scope, round_to)
     if budget is not None:
         check_budget(budget, amounts, scope)
@@ -87,8 +92,11 @@ def prune_channels(
             if not share or not mine:
                 continue
             scores = [scored[id(g)] for g in mine]
-            step = round_to if kind != "heads" else 1
-            chosen += _choose(mine, scores, float(share), scope, step)
+            step = round_to if kind in ("channels", "hidden") else 1
+            found_now = _choose(mine, scores, float(share), scope, step)
+            if kind == "experts":
+                check_expert_counts([(g, _masked(g, found_now)) for g in mine], share)
+            chosen += found_now
         _install(model, chosen)
     return chosen
 
@@ -114,6 +122,10 @@ def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
     return chosen
 
 
+def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
+    return next((len(p.units) for p in chosen if p.group is group), 0)
+
+
 def _makers(g: ChannelGroup) -> list[Any]:
     return [s for s in g.slices if s.role == "out"]
 
@@ -122,6 +134,7 @@ _WHAT = {
     "channels": ("amount", "channels of each group"),
     "heads": ("heads", "heads of each attention module"),
     "hidden": ("hidden", "channels of the hidden width"),
+    "experts": ("experts", "routed experts of each mixture-of-experts block"),
 }
 
 
@@ -142,11 +155,12 @@ def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
 
 def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str, Any]) -> None:
     """heads= or hidden= on a model where the graph found no such width at all."""
-    for kind in ("heads", "hidden"):
+    for kind in ("heads", "hidden", "experts"):
         if amounts[kind] and not any(g.kind == kind for g in found):
             what = {"heads": "attention module it knows (nn.MultiheadAttention, BERT, GPT-2, "
-                    "LLaMA/Mistral/Qwen2, ViT)", "hidden": "width that a LayerNorm/RMSNorm "
-                    "normalizes"}[kind]  # fmt: skip
+                    "Hugging Face decoders, ViT)", "hidden": "width that a LayerNorm/RMSNorm "
+                    "normalizes", "experts": "mixture-of-experts block with a router it "
+                    "knows (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE)"}[kind]  # fmt: skip
             raise ValueError(
                 f"prune_channels: {kind}={amounts[kind]!r}, but {type(model).__name__} has no "
                 f"{what}; expected {kind}=0.0 for this model"
@@ -204,10 +218,13 @@ def _rounded(size: int, count: int, round_to: int) -> int:
 def _install(model: nn.Module, chosen: list[PrunedGroup]) -> None:
     masks: dict[tuple[int, str], tuple[nn.Module, str, Tensor]] = {}
     norms: dict[int, nn.Module] = {}
+    routers: dict[int, nn.Module] = {}
     for pruned in chosen:
         for s in pruned.group.slices:
             if s.op == "normalize":
                 norms[id(s.module)] = s.module
+            if s.op == "route":
+                routers[id(s.module)] = s.module
             if s.is_buffer:
                 continue
             key = (id(s.module), s.name)
@@ -219,6 +236,8 @@ def _install(model: nn.Module, chosen: list[PrunedGroup]) -> None:
             mask.index_fill_(s.dim, torch.tensor(positions, device=mask.device), 0)
     for module in norms.values():
         install_kept_norm(module)
+    for module in routers.values():
+        install_router_mask(module)
     for module, name, mask in list(masks.values()):
         for holder, held in _tied(model, module, name):
             if (id(holder), held) not in masks:

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 import prunekit
 from prunekit.structure.attention import update_modules
+from prunekit.structure.experts import check_kept, sync_experts
 from prunekit.structure.graph import ChannelGroup, Slice
 from prunekit.structure.norms import remove_kept_norm
 
@@ -194,6 +195,7 @@ def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
           model: nn.Module | None = None) -> None:  # fmt: skip
     """Fold the constants, then slice every tensor of the plan and update module attributes
     (of every module of `model`, given: attention heads, hidden sizes)."""
+    check_kept(result.removed, result.modules)
     for module, delta in deltas.values():
         _add_to_bias(module, delta)
     touched: dict[int, nn.Module] = {}
@@ -212,6 +214,7 @@ def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
                 if found is not None and found[2] is p:
                     m._parameters[k] = found[1]
         update_modules(model)
+        sync_experts(model)
 
 
 def _add_to_bias(module: nn.Module, delta: Tensor) -> None:

@@ -120,6 +120,9 @@ class Tracer:
     suspended: int = 0  # > 0: inside a module a ModuleHandler traces as a whole
     heads: set[int] = field(default_factory=set)  # ids of attention heads (kind 'heads')
     normed: set[int] = field(default_factory=set)  # ids normalized together (kind 'hidden')
+    experts: set[int] = field(default_factory=set)  # ids of routed experts (kind 'experts')
+    routes: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)  # id of a router's
+    # expert indices -> (those indices, the ids of its experts)
     blocks: list[list[int]] = field(default_factory=list)  # ids that lose equal counts
     outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)

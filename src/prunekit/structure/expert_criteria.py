@@ -1,0 +1,134 @@
+"""Criteria for routed experts, from calibration batches: how often the router picks each
+expert ('frequency'), and REAP's router-weighted expert activation ('reap').
+
+Both hook the experts modules of the groups (``prunekit.structure.experts``): each call
+hands them the hidden states, the top-k expert indices and the top-k routing weights. For
+'reap', an expert's score is the mean, over the calibration tokens routed to it, of its
+routing weight x the L2 norm of its output on that token (computed from its own weights,
+as masked); an expert no token reached scores 0. Neither changes the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.criteria.calibration import evaluating, run_batch
+from prunekit.structure.criteria import GroupCriterion, Loss
+from prunekit.structure.graph import ChannelGroup, Slice
+
+__all__ = ["ExpertSaliency", "RoutingFrequency"]
+
+
+class _Tally:
+    """Per expert: tokens routed to it, and the sum of routing weight x output norm."""
+
+    def __init__(self, module: nn.Module, count: int, saliency: bool) -> None:
+        self.module, self.saliency = module, saliency
+        self.routed = torch.zeros(count, dtype=torch.float64)
+        self.weighted = torch.zeros(count, dtype=torch.float64)
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs["hidden_states"]
+        index = args[1] if len(args) > 1 else kwargs["top_k_index"]
+        weights = args[2] if len(args) > 2 else kwargs["top_k_weights"]
+        flat = index.reshape(-1).cpu()
+        self.routed += torch.bincount(flat, minlength=len(self.routed)).double()
+        if not self.saliency:
+            return
+        x = x.reshape(-1, x.shape[-1])
+        for e in torch.unique(flat).tolist():
+            token, slot = torch.nonzero(index.reshape(index.shape[0], -1) == e, as_tuple=True)
+            out = self._expert(e, x[token])
+            gate = weights.reshape(index.shape[0], -1)[token, slot]
+            self.weighted[e] += float((gate.double() * out.double().norm(dim=-1)).sum())
+
+    def _expert(self, e: int, x: Tensor) -> Tensor:
+        gate_up = getattr(self.module, "gate_up_proj")[e]  # noqa: B009
+        down = getattr(self.module, "down_proj")[e]  # noqa: B009
+        gate, up = (x @ gate_up.t()).chunk(2, dim=-1)
+        act: Any = getattr(self.module, "act_fn")  # noqa: B009  (the experts' activation)
+        out: Tensor = (act(gate) * up) @ down.t()
+        return out
+
+
+class _ExpertCriterion(GroupCriterion):
+    calibrated = True
+    saliency = False
+    name = ""
+
+    def __init__(self) -> None:
+        self.tallies: dict[int, _Tally] = {}
+
+    def prepare(
+        self,
+        model: nn.Module,
+        groups: Sequence[ChannelGroup],
+        batches: list[Any] | None,
+        loss: Loss | None,
+    ) -> None:
+        assert batches is not None
+        self.tallies = {}
+        for g in groups:
+            s = self._experts_slice(g)
+            if id(s.module) not in self.tallies:
+                count = int(getattr(s.module, s.name).shape[0])
+                self.tallies[id(s.module)] = _Tally(s.module, count, self.saliency)
+        handles = [t.module.register_forward_pre_hook(t, with_kwargs=True)
+                   for t in self.tallies.values()]  # fmt: skip
+        try:
+            with torch.no_grad(), evaluating(model):
+                for batch in batches:
+                    run_batch(model, batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _experts_slice(self, group: ChannelGroup) -> Slice:
+        for s in group.slices:
+            if s.name == "gate_up_proj" and s.dim == 0 and s.role == "out":
+                return s
+        raise ValueError(
+            f"prune_channels: criterion {self.name!r} ranks routed experts only, but group "
+            f"{group.name} is of kind {group.kind!r}; expected a call that prunes experts "
+            f"alone (experts=..., amount=heads=hidden=0.0), or another criterion"
+        )
+
+    def scores(self, group: ChannelGroup) -> Tensor:
+        s = self._experts_slice(group)
+        tally = self.tallies.get(id(s.module))
+        if tally is None:
+            raise ValueError(f"prune_channels: criterion {self.name!r} was not prepared")
+        per = self._per_expert(tally)
+        return torch.stack([per[list(positions)].sum() for positions in s.indices])
+
+    def _per_expert(self, tally: _Tally) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+
+class RoutingFrequency(_ExpertCriterion):
+    """'frequency': the share of the calibration tokens' top-k choices that went to each
+    expert (an expert the router never picks goes first)."""
+
+    name = "frequency"
+
+    def _per_expert(self, tally: _Tally) -> Tensor:
+        total = float(tally.routed.sum())
+        return tally.routed / total if total else tally.routed
+
+
+class ExpertSaliency(_ExpertCriterion):
+    """'reap': per expert, the mean over the calibration tokens routed to it of routing
+    weight x ||expert output|| (router-weighted expert activation pruning)."""
+
+    name = "reap"
+    saliency = True
+
+    def _per_expert(self, tally: _Tally) -> Tensor:
+        return tally.weighted / tally.routed.clamp_min(1.0)

@@ -1,0 +1,241 @@
+"""Routed experts of Hugging Face mixture-of-experts models (small configs, random init):
+masked by each criterion, compacted, compared with the masked model, saved and reloaded."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from model_state import fingerprint
+
+T = pytest.importorskip("transformers")
+
+IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+INPUTS = {"input_ids": IDS}
+CALIBRATION = [torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(k))
+               for k in range(3)]  # fmt: skip
+H, INNER, EXPERTS, TOP_K, LAYERS = 32, 16, 8, 2, 2
+# family -> (config class, name of its expert count, its experts' inner width field)
+FAMILIES = {
+    "mixtral": ("MixtralConfig", "num_local_experts", "intermediate_size"),
+    "qwen2_moe": ("Qwen2MoeConfig", "num_experts", "moe_intermediate_size"),
+    "qwen3_moe": ("Qwen3MoeConfig", "num_experts", "moe_intermediate_size"),
+    "olmoe": ("OlmoeConfig", "num_experts", "intermediate_size"),
+}
+
+
+def make(family: str, seed: int = 0) -> Any:
+    name, count, inner = FAMILIES[family]
+    settings: dict[str, Any] = dict(vocab_size=100, hidden_size=H, num_hidden_layers=LAYERS,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    num_experts_per_tok=TOP_K, max_position_embeddings=32,
+                                    pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    settings.update({count: EXPERTS, inner: INNER})
+    if family == "qwen2_moe":
+        settings.update(shared_expert_intermediate_size=24, intermediate_size=40)
+    torch.manual_seed(seed)
+    config = getattr(T, name)(**settings)
+    return T.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _logits(model: nn.Module) -> Tensor:
+    with torch.no_grad():
+        out: Tensor = model(**INPUTS).logits
+    return out
+
+
+def _generate(model: Any) -> Tensor:
+    out: Tensor = model.generate(IDS, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    return out
+
+
+def _close(a: Tensor, b: Tensor) -> None:
+    assert a.shape == b.shape
+    assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def mine(group: prunekit.ChannelGroup) -> Tensor:
+    """A user's own criterion: the experts' down projections' L1 norms."""
+    s = next(s for s in group.slices if s.name == "down_proj" and s.dim == 0)
+    weight = getattr(s.module, s.name).detach()
+    return torch.stack([weight[list(p)].abs().sum() for p in s.indices])
+
+
+CRITERIA: dict[str, Any] = {"frequency": "frequency", "reap": "reap", "own": mine}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_experts_group_holds_the_router_rows_and_the_expert_weights(family: str) -> None:
+    model = make(family)
+    groups = [g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "experts"]
+    assert len(groups) == LAYERS and all(g.prunable and g.size == EXPERTS for g in groups)
+    names = {(s.name, s.dim, s.role) for s in groups[0].slices}
+    assert names == {("weight", 0, "out"), ("gate_up_proj", 0, "out"), ("down_proj", 0, "out")}
+    assert "experts" in str(groups[0])
+
+
+@pytest.mark.parametrize("criterion", CRITERIA)
+@pytest.mark.parametrize("share", [0.25, 0.5])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_experts_pruned_compacted_equal_to_the_masked_model(family: str, share: float,
+                                                            criterion: str) -> None:  # fmt: skip
+    model = make(family)
+    before, dense = _params(model), _logits(model)
+    shared = [p.detach().clone() for n, p in model.named_parameters() if "shared_expert" in n]
+    batches = None if criterion == "own" else CALIBRATION
+    chosen = prunekit.prune_channels(
+        model, INPUTS, experts=share, criterion=CRITERIA[criterion], calibration=batches
+    )
+    gone = round(share * EXPERTS)
+    assert [len(p.units) for p in chosen] == [gone] * LAYERS
+    masked = _logits(model)
+    assert not torch.allclose(masked, dense)
+    masked_ids = _generate(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    _close(_logits(model), masked)
+    assert torch.equal(_generate(model), masked_ids)
+    kept = EXPERTS - gone
+    _, count, _ = FAMILIES[family]
+    assert getattr(model.config, count) == kept and model.config.num_experts_per_tok == TOP_K
+    block = model.model.layers[0].mlp
+    assert block.experts.num_experts == block.gate.num_experts == kept
+    assert tuple(block.experts.gate_up_proj.shape) == (kept, 2 * INNER, H)
+    assert tuple(block.gate.weight.shape) == (kept, H)
+    assert before - report.params_after == LAYERS * gone * (3 * INNER * H + H)
+    after = [p for n, p in model.named_parameters() if "shared_expert" in n]
+    assert len(after) == len(shared) and all(map(torch.equal, after, shared))
+    if share == 0.5:
+        _reloads_equal(model, masked)
+
+
+def _reloads_equal(model: Any, masked: Tensor) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert torch.equal(_logits(again), _logits(model))
+    _close(_logits(again), masked)
+
+
+def test_a_masked_expert_is_never_routed_and_the_rest_renormalize() -> None:
+    model = make("qwen3_moe")
+    model.config.norm_topk_prob = True
+    for layer in model.model.layers:
+        layer.mlp.gate.norm_topk_prob = True
+    prunekit.prune_channels(model, INPUTS, experts=0.5, criterion="l2")
+    router = model.model.layers[0].mlp.gate
+    gone = (~router.weight_mask.bool().any(1)).nonzero().flatten()
+    seen: list[tuple[Tensor, Tensor]] = []
+    router.register_forward_hook(lambda m, a, out: seen.append((out[1], out[2])))
+    _logits(model)
+    scores, index = seen[0]
+    assert not torch.isin(index, gone).any()
+    torch.testing.assert_close(scores.sum(-1), torch.ones(scores.shape[0]))
+
+
+def test_frequency_counts_the_routers_choices() -> None:
+    model = make("mixtral")
+    groups = [g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "experts"]
+    picked: list[Tensor] = []
+    router = model.model.layers[0].mlp.gate
+    handle = router.register_forward_hook(lambda m, a, out: picked.append(out[2]))
+    with torch.no_grad():
+        for batch in CALIBRATION:
+            model(batch)
+    handle.remove()
+    counts = torch.bincount(torch.cat([p.reshape(-1) for p in picked]), minlength=EXPERTS)
+    criterion = prunekit.structure.criteria.builtin("frequency")
+    criterion.prepare(model, groups, CALIBRATION, None)
+    torch.testing.assert_close(criterion.scores(groups[0]), counts.double() / counts.sum())
+
+
+def test_reap_is_the_mean_router_weighted_expert_output_norm() -> None:
+    model = make("olmoe")
+    groups = [g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "experts"]
+    experts = model.model.layers[1].mlp.experts
+    calls: list[tuple[Tensor, Tensor, Tensor]] = []
+    experts.register_forward_pre_hook(lambda m, a: calls.append(tuple(a)))  # type: ignore[arg-type]
+    with torch.no_grad():
+        for batch in CALIBRATION:
+            model(batch)
+    total, routed = torch.zeros(EXPERTS, dtype=torch.float64), torch.zeros(EXPERTS)
+    for x, index, weights in calls:  # token by token, slot by slot
+        for t in range(index.shape[0]):
+            for k in range(index.shape[1]):
+                e = int(index[t, k])
+                w = experts.gate_up_proj[e].detach()
+                gate, up = (w @ x[t]).chunk(2)
+                out = experts.down_proj[e].detach() @ (torch.nn.functional.silu(gate) * up)
+                total[e] += float(weights[t, k]) * float(out.norm())
+                routed[e] += 1
+    criterion = prunekit.structure.criteria.builtin("reap")
+    criterion.prepare(model, groups, CALIBRATION, None)
+    expected = total / routed.clamp_min(1).double()
+    torch.testing.assert_close(criterion.scores(groups[1]), expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [({"experts": 0.9}, r"invalid experts=0.9: the router model.layers.0.mlp.gate would keep 1 "
+      r"of its 8 experts, fewer than the 2 it picks per token \(top_k\); expected experts <= "
+      r"0.75"),
+     ({"experts": 1.0}, r"invalid experts=1.0; expected a float in \[0, 1\)"),
+     ({"experts": 0.5, "amount": 0.3, "criterion": "reap", "calibration": CALIBRATION},
+      r"criterion 'reap' ranks routed experts only, but group .* is of kind 'channels'"),
+     ({"experts": 0.5, "criterion": "frequency"}, r"needs calibration data")],
+)  # fmt: skip
+def test_bad_expert_arguments_are_refused_and_change_nothing(kwargs: dict[str, Any],
+                                                             words: str) -> None:  # fmt: skip
+    model = make("mixtral")
+    before, config = fingerprint(model), model.config.to_dict()
+    with pytest.raises(ValueError, match="prune_channels: .*" + words):
+        prunekit.prune_channels(model, INPUTS, **kwargs)
+    assert fingerprint(model) == before and model.config.to_dict() == config
+
+
+def test_experts_on_a_model_without_experts_is_refused() -> None:
+    config = T.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                           num_attention_heads=4, intermediate_size=40)  # fmt: skip
+    model = T.LlamaForCausalLM(config).eval()
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"experts=0.5, but LlamaForCausalLM has no mixture-of"):
+        prunekit.prune_channels(model, INPUTS, experts=0.5)
+    assert fingerprint(model) == before
+
+
+def test_compact_refuses_a_router_left_with_fewer_experts_than_its_top_k() -> None:
+    model = make("qwen3_moe")
+    group = next(g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "experts")
+    for s in group.slices:  # every expert but one masked by hand
+        mask = torch.ones_like(getattr(s.module, s.name))
+        mask[1:] = 0
+        prunekit.custom_from_mask(s.module, s.name, mask)
+    # a forward recomputes each masked weight attribute: compare the state and the config
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    config = model.config.to_dict()
+    with pytest.raises(ValueError, match=r"compact: the router model.layers.0.mlp.gate would "
+                       r"keep 1 experts, fewer than the 2 it picks per token"):  # fmt: skip
+        prunekit.compact(model, INPUTS, latency_runs=0)
+    after = model.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())
+    assert model.config.to_dict() == config
+    assert model.model.layers[0].mlp.gate.num_experts == EXPERTS
+
+
+def test_experts_mlp_and_hidden_together() -> None:
+    model = make("qwen3_moe")
+    prunekit.prune_channels(model, INPUTS, 0.25, heads=0.25, hidden=0.25, experts=0.25,
+                            round_to=4)  # fmt: skip
+    masked = _logits(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    _close(_logits(model), masked)
+    assert report.config["num_experts"] == 6 and report.config["hidden_size"] == 24
+    assert report.config["moe_intermediate_size"] == 12
