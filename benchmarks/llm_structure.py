@@ -183,7 +183,8 @@ def main() -> None:
     kept: nn.Module | None = None
     for target in targets:
         mlp, heads, share = shares(model, target)
-        print(f"target {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (1 of 3 per kv group)")
+        print(f"target {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (1 of 3 per kv group), "
+              f"{share:.1%} of the non-embedding parameters")  # fmt: skip
         print(f"{'criterion':<12} {'removed':>8} {'ppl':>10} {'x dense':>9} "
               f"{'ppl comp.':>10} {'x dense':>9}")  # fmt: skip
         for name in CRITERIA:

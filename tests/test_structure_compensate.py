@@ -5,6 +5,7 @@ compact (property), and the checks of the new argument."""
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import pytest
@@ -114,7 +115,7 @@ def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(bi
 class Stack(nn.Module):
     def __init__(self, widths: list[int], bias: list[bool], acts: list[str]) -> None:
         super().__init__()
-        pairs = zip(widths[:-1], widths[1:], strict=True)
+        pairs = itertools.pairwise(widths)
         self.layers = nn.ModuleList(
             nn.Linear(a, b, bias=c) for (a, b), c in zip(pairs, bias, strict=False)
         )

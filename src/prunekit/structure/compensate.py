@@ -274,7 +274,7 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings, undo
         target[:, kept] += delta.reshape(target.shape[0], len(kept)).to(target.dtype)
         if bias is not None and shift is not None:
             undo.append((bias, bias.detach().clone()))
-            bias += shift.to(bias.dtype)
+            bias.add_(shift.to(bias.dtype))
     return True
 
 
