@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--criteria", default=",".join(CRITERIA), help="comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)  # on a shared machine, more threads only wait longer
     torch.manual_seed(0)
@@ -179,7 +180,10 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, {non_embedding(model):,} non-embedding parameters")
     print(f"calibration {count} x {args.length} tokens, perplexity over {len(tests)} x 512")
     print(f"dense perplexity {dense:.2f}\n")
-    cached = {name: Cached(name) for name in CRITERIA}
+    names = [n for n in args.criteria.split(",") if n]
+    if "obs" not in names or any(n not in CRITERIA for n in names):
+        sys.exit(f"--criteria: some of {', '.join(CRITERIA)}, 'obs' among them")
+    cached = {name: Cached(name) for name in names}
     kept: nn.Module | None = None
     for target in targets:
         mlp, heads, share = shares(model, target)
@@ -187,7 +191,7 @@ def main() -> None:
               f"{share:.1%} of the non-embedding parameters")  # fmt: skip
         print(f"{'criterion':<12} {'removed':>8} {'ppl':>10} {'x dense':>9} "
               f"{'ppl comp.':>10} {'x dense':>9}")  # fmt: skip
-        for name in CRITERIA:
+        for name in names:
             cells = []
             removed = 0.0
             for compensate in (False, True):
