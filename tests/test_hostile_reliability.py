@@ -109,6 +109,12 @@ E = (ValueError, TypeError, RuntimeError, KeyError, ArithmeticError, IndexError)
 MODEL_CASES: list[ModelCase] = []
 
 
+def _shown(value: Any) -> str:
+    """A value as a test id: a function by its name (its repr holds an address, which
+    differs between pytest-xdist's workers)."""
+    return str(value.__name__) if callable(value) else repr(value)
+
+
 def case(label: str, make: Callable[[], nn.Module], call: Callable[[Any], Any],
          errors: Any = E) -> None:  # fmt: skip
     MODEL_CASES.append((label, make, call, errors))
@@ -121,7 +127,7 @@ for key, bad in (("scope", "x"), ("round_to", 0), ("round_to", 1.5), ("heads", 2
                  ("hidden", -1.0), ("criterion", "nope"), ("gqa", "x"),
                  ("criterion", _wrong_shape), ("criterion", _raise),
                  ("criterion", "activation"), ("calibration", [torch.ones(2, 7)])):  # fmt: skip
-    case(f"prune_channels {key}={bad!r}", Net,
+    case(f"prune_channels {key}={_shown(bad)}", Net,
          lambda m, k=key, b=bad: prunekit.prune_channels(m, X, 0.5, **{k: b}))  # fmt: skip
 case("prune_channels taylor loss raises", Net,
      lambda m: prunekit.prune_channels(m, X, 0.5, criterion="taylor", calibration=[X],
