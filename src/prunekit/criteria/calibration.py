@@ -90,11 +90,13 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 
 class _Accumulator:
-    """Running statistics of one input: sum of squares per feature, mean of X^T X."""
+    """Running statistics of one input: sum of squares per feature, mean of X^T X, sum per
+    feature."""
 
-    def __init__(self, features: int, norms: bool, hessian: bool) -> None:
+    def __init__(self, features: int, norms: bool, hessian: bool, sums: bool = False) -> None:
         self.rows = 0
         self.squares = torch.zeros(features, dtype=torch.float64) if norms else None
+        self.sums = torch.zeros(features, dtype=torch.float64) if sums else None
         self.hessian = torch.zeros(features, features) if hessian else None
         self.last: Tensor | None = None  # the input seen in this batch, if any
 
@@ -103,6 +105,8 @@ class _Accumulator:
         new = self.rows + flat.shape[0]
         if self.squares is not None:
             self.squares += flat.pow(2).sum(dim=0, dtype=torch.float64)
+        if self.sums is not None:
+            self.sums += flat.sum(dim=0, dtype=torch.float64)
         if self.hessian is not None and new:
             self.hessian = torch.addmm(
                 self.hessian, flat.T, flat, beta=self.rows / new, alpha=1.0 / new
@@ -113,12 +117,15 @@ class _Accumulator:
 class InputStatistics:
     """Forward hooks on `modules` (Linears; convolutions per input channel) that accumulate
     their inputs' statistics: `norms` (the L2 norm of each input feature, for Wanda) and/or
-    `hessian` (the mean of X^T X over the rows of the input, for SparseGPT). Use as a
-    context manager; call ``new_batch()`` before each batch."""
+    `hessian` (the mean of X^T X over the rows of the input, for SparseGPT) and/or `means`
+    (the mean of each input feature). Use as a context manager; call ``new_batch()`` before
+    each batch."""
 
-    def __init__(self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool) -> None:
+    def __init__(
+        self, modules: Sequence[nn.Module], *, norms: bool, hessian: bool, means: bool = False
+    ) -> None:
         self.modules = list(modules)
-        self._want = (norms, hessian)
+        self._want = (norms, hessian, means)
         self._of: dict[nn.Module, _Accumulator] = {}
         self._handles: list[Any] = []
         self._batch = 0
@@ -176,6 +183,16 @@ class InputStatistics:
         assert hessian is not None
         return hessian
 
+    def means(self, module: nn.Module) -> Tensor:
+        """The mean of each input feature of `module` over the calibration rows (float64)."""
+        acc = self._of[module]
+        assert acc.sums is not None
+        return acc.sums / max(acc.rows, 1)
+
+    def rows(self, module: nn.Module) -> int:
+        """How many rows (tokens, pixels) of `module`'s input the statistics hold."""
+        return self._of[module].rows
+
     def reduce(self, reduce: Reduce, error: BaseException | None = None) -> None:
         """Replace every statistic by its sum (norms) or row-weighted mean (Hessians) over
         the ranks; raise on every rank if any rank's calibration failed (`error` here).
@@ -210,12 +227,15 @@ class InputStatistics:
             if acc.hessian is not None:
                 statistics[f"{key}.hessian"] = acc.hessian
                 weights[f"{key}.hessian"] = float(acc.rows)
+            if acc.sums is not None:
+                statistics[f"{key}.sums"] = acc.sums
         summed = reduce(statistics, weights) if statistics else {}
         for key, modules in groups.items():
-            acc = _Accumulator(0, False, False)
+            acc = _Accumulator(0, False, False, False)
             acc.rows = int(summed[f"{key}.rows"][0])
             acc.squares = summed.get(f"{key}.squares")
             acc.hessian = summed.get(f"{key}.hessian")
+            acc.sums = summed.get(f"{key}.sums")
             for module in modules:
                 self._of[module] = acc
 
@@ -345,13 +365,14 @@ def calibrate(
     norms: bool,
     hessian: bool,
     reduce: Reduce | None = None,
+    means: bool = False,
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, statistics for `modules` (with
     `reduce`: of every rank's batches)."""
     with (
         evaluating(model),
         torch.no_grad(),
-        InputStatistics(modules, norms=norms, hessian=hessian) as stats,
+        InputStatistics(modules, norms=norms, hessian=hessian, means=means) as stats,
     ):
         failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
     return _finish(stats, reduce, failed)
@@ -366,11 +387,12 @@ def block_statistics(
     hessian: bool,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
+    means: bool = False,
 ) -> InputStatistics:
     """Statistics for `modules` (inside `block`) from running `block` on `inputs` (with
     `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
     is not run then), is raised here once every rank has learnt of it."""
-    with InputStatistics(modules, norms=norms, hessian=hessian) as stats:
+    with InputStatistics(modules, norms=norms, hessian=hessian, means=means) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)

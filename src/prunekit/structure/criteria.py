@@ -3,9 +3,12 @@
 Built in, by name: 'l1' and 'l2' (norm of every parameter entry the unit owns), 'bn_scale'
 (|gamma| of the group's norm layers; a group without one falls back to 'l2'), 'taylor'
 (|sum of w x grad| over the unit's entries: the first-order change of the loss when the unit
-is removed; from the gradients already in ``.grad``, or from calibration batches), and
+is removed; from the gradients already in ``.grad``, or from calibration batches),
 'activation' (Wanda-style: |W| x the input norm of every consumer column that reads the unit,
-from calibration batches; see ``prunekit.structure.calibrated``). A ``GroupCriterion`` or a
+from calibration batches; see ``prunekit.structure.calibrated``), 'obs' (the structured
+optimal-brain-surgeon error that removing the unit leaves in its consumers, from their
+input Hessians) and 'fluctuation' (FLAP: input-channel variance x squared weight-column
+norm; both in ``prunekit.structure.consequence``). A ``GroupCriterion`` or a
 plain callable ``criterion(group) -> Tensor`` of one score per unit is used as given.
 """
 
@@ -20,7 +23,7 @@ from torch import Tensor, nn
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph import ChannelGroup, Slice
 
-CRITERIA = ("l1", "l2", "bn_scale", "taylor", "activation")
+CRITERIA = ("l1", "l2", "bn_scale", "taylor", "activation", "obs", "fluctuation")
 Loss = Callable[[Any, Any], Tensor]
 
 
@@ -96,6 +99,10 @@ def builtin(name: str) -> GroupCriterion:
         from prunekit.structure.calibrated import Activation, GroupTaylor
 
         return GroupTaylor() if name == "taylor" else Activation()
+    if name in ("obs", "fluctuation"):
+        from prunekit.structure.consequence import OBS, Fluctuation
+
+        return OBS() if name == "obs" else Fluctuation()
     raise ValueError(
         f"prune_channels: unknown criterion={name!r}; expected one of {list(CRITERIA)}, a "
         "GroupCriterion or a callable(group) -> Tensor of one score per unit"
@@ -212,6 +219,7 @@ def _batches(criterion: Any, wants: bool | None, calibration: Any, loss: Any) ->
     if wants is False:
         raise ValueError(
             f"prune_channels: criterion {criterion!r} uses no calibration data; expected "
-            "calibration=None (criteria that use it: 'activation', 'taylor')"
+            "calibration=None (criteria that use it: 'activation', 'taylor', 'obs', "
+            "'fluctuation'; or compensate=True)"
         )
     return batch_list(calibration, "prune_channels")

@@ -15,8 +15,10 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
+from prunekit.criteria.calibration import batch_list
 from prunekit.structure.budget import Budget, allocate, check_budget
-from prunekit.structure.criteria import GroupCriterion, score_groups
+from prunekit.structure.compensate import Openings, compensate_groups
+from prunekit.structure.criteria import GroupCriterion, resolve, score_groups
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
@@ -38,6 +40,7 @@ def prune_channels(
     calibration: Iterable[Any] | None = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
     budget: Budget | None = None,
+    compensate: bool = False,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -62,7 +65,11 @@ def prune_channels(
     `heads` and `hidden` (a ``Budget``: a share of the parameters or MACs), met by removing
     the units of lowest score for their cost across all groups of its kinds (see
     ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list with
-    what each group kept. Returns the groups pruned.
+    what each group kept. `compensate=True`: the layers that read removed channels or
+    heads get the least-squares update of their kept input columns (and bias) that keeps
+    their output on the `calibration` batches (needed then), taken in forward order on the
+    model as masked so far (``prunekit.structure.compensate``); 'obs' and 'fluctuation'
+    rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden}
@@ -70,12 +77,15 @@ def prune_channels(
     if budget is not None:
         check_budget(budget, amounts, scope)
     check_gqa(gqa, "prune_channels")
+    batches = _compensation_batches(compensate, calibration)
     skipped = _ignored(model, ignore)
     found = channel_groups(model, example_inputs, gqa=gqa)
     _check_found(model, found, amounts)
     groups = [g for g in found if g.prunable]
     groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
     groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
+    if batches is not None:  # for the criterion too where it takes them
+        calibration = batches if _wants_batches(criterion) else None
     ranked = score_groups(model, groups, criterion, calibration, loss)
     scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
     chosen: list[PrunedGroup] = []
@@ -89,12 +99,43 @@ def prune_channels(
         step = round_to if kind != "heads" else 1
         chosen += _choose(mine, scores, float(share), scope, step)
     snapshot = Snapshot(model)
+    pairs = [(p.group, p.units) for p in chosen]
+    openings = Openings(model, pairs) if batches is not None else None
+    undo: list[tuple[Tensor, Tensor]] = []
     try:
         _install(model, chosen)
+        if openings is not None and batches is not None:
+            compensate_groups(model, pairs, openings, batches, undo)
     except BaseException:
+        with torch.no_grad():
+            for tensor, values in reversed(undo):
+                tensor.copy_(values)
         snapshot.restore()
         raise
     return chosen
+
+
+def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None:
+    """The calibration batches as a list when `compensate` (which needs them), else None."""
+    if not isinstance(compensate, bool):
+        raise TypeError(
+            f"prune_channels: invalid compensate={compensate!r}; expected True (update the "
+            "layers that read removed units from calibration data) or False"
+        )
+    if not compensate:
+        return None
+    if calibration is None:
+        raise ValueError(
+            "prune_channels: compensate=True needs calibration data; expected calibration= "
+            "an iterable of batches the model's forward takes"
+        )
+    return batch_list(calibration, "prune_channels")
+
+
+def _wants_batches(criterion: Any) -> bool:
+    """Whether the criterion takes calibration batches (required or optional)."""
+    found = resolve(criterion)
+    return isinstance(found, GroupCriterion) and found.calibrated is not False
 
 
 def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,

@@ -1,0 +1,321 @@
+"""Compensation: when units of channel groups are removed, update the layers that read them
+so that each one's output on calibration data stays what it was.
+
+For a consumer ``y = W x (+ b)`` whose input columns R go and K stay, the least-squares
+update of the kept columns from the input's second moment H = mean of x x^T is
+
+    W_K <- W_K + W_R H[R, K] H[K, K]^-1
+
+which is also the structured optimal-brain-surgeon update for removing whole columns (the
+Hessian of the layer's squared error is H). A consumer with a bias solves the same problem
+with a constant input column added (the mean of x beside H): the bias then absorbs the mean
+contribution of what went, and the columns fit what varies. A consumer without a bias keeps
+having none (adding one would change the model's structure and its saved form). The solve
+is in float64, damped by ``DAMP`` x the mean of the diagonal, through a Cholesky factor.
+
+Statistics come from the calibration machinery of ``prunekit.criteria.calibration`` and are
+taken in forward order on the model as pruned so far: each consumer sees the outputs of the
+already masked and compensated layers before it, with only its own groups' producers
+opened (their masks lifted) so that the removed inputs are still there to be measured. Where
+the consumers and their groups lie in one sequence of blocks (a transformer's layers), the
+model runs once up to the first block and then block by block; else the whole model runs
+once per consumer. Peak memory beyond the model: one consumer's H (float32, and a float64
+copy during the solve), the blocks' inputs for every batch, and a copy of each compensated
+weight (to undo a failed call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.naming import mask_name, orig_name
+from prunekit.criteria import calibration as cal
+from prunekit.structure.graph import ChannelGroup, Slice
+
+__all__ = ["DAMP", "compensate_groups", "least_squares_update"]
+
+DAMP = 0.01
+"""Damping of the solve, relative to the mean of the Hessian's diagonal."""
+
+Undo = list[tuple[Tensor, Tensor]]
+"""(tensor, its values before) for every tensor changed in place, to restore on failure."""
+
+
+def least_squares_update(
+    weight: Tensor,
+    hessian: Tensor,
+    removed: Sequence[int],
+    kept: Sequence[int],
+    mean: Tensor | None = None,
+    damp: float = DAMP,
+) -> tuple[Tensor, Tensor | None]:
+    """The change of the kept columns (and of the bias) that best replaces removed columns.
+
+    Args:
+        weight: (rows, n), the consumer's weight with input features as columns.
+        hessian: (n, n), the mean of x x^T over the calibration inputs.
+        removed: the columns that go.
+        kept: the columns that stay (the others are neither used nor changed).
+        mean: (n,), the mean input; given, a constant input column is fitted too and the
+            second value returned is the change of the bias.
+        damp: added to the diagonal of the kept block, relative to its mean.
+
+    Returns:
+        (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
+        without `mean`), float64.
+    """
+    w = weight.detach().to(torch.float64)
+    h = hessian.detach().to(torch.float64)
+    if mean is not None:
+        m = mean.detach().to(torch.float64).reshape(-1, 1)
+        corner = torch.ones(1, 1, dtype=torch.float64)
+        h = torch.cat([torch.cat([h, m], 1), torch.cat([m.T, corner], 1)], 0)
+        kept = [*kept, h.shape[0] - 1]
+    k = torch.tensor(list(kept), dtype=torch.long)
+    r = torch.tensor(list(removed), dtype=torch.long)
+    rows = w.shape[0]
+    if len(r) == 0 or len(k) == 0:
+        delta = torch.zeros(rows, len(k), dtype=torch.float64)
+    else:
+        right = h[k][:, r] @ w[:, r].T  # (|K|, rows)
+        delta = _damped_solve(h[k][:, k], right, damp).T
+    if mean is None:
+        return delta, None
+    return delta[:, :-1], delta[:, -1]
+
+
+def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
+    """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve,
+    the damping raised tenfold (up to 1e6 times) where the factorization fails."""
+    scale = float(a.diagonal().mean()) if a.numel() else 0.0
+    eye = torch.eye(a.shape[0], dtype=a.dtype)
+    level = damp * scale if scale > 0 else damp
+    for _ in range(7):
+        factor, info = torch.linalg.cholesky_ex(a + level * eye)
+        if int(info) == 0:
+            return torch.cholesky_solve(b, factor)
+        level = max(level, 1e-12) * 10
+    raise RuntimeError("compensation: the input Hessian is not positive definite even damped")
+
+
+@dataclass
+class _Consumer:
+    """A layer reading removed units: its weight slices and the groups they belong to."""
+
+    module: nn.Module
+    name: str
+    dim: int
+    removed: set[int] = field(default_factory=set)
+    groups: list[ChannelGroup] = field(default_factory=list)
+
+
+def _compensable(s: Slice) -> bool:
+    """A 2-D weight whose input features are positions along `dim` (Linear, HF Conv1D)."""
+    weight = getattr(s.module, s.name, None)
+    return (
+        s.role == "in"
+        and s.name == "weight"
+        and isinstance(weight, Tensor)
+        and weight.dim() == 2
+        and (isinstance(s.module, nn.Linear) or type(s.module).__name__ == "Conv1D")
+    )
+
+
+def consumers(chosen: Sequence[tuple[ChannelGroup, Sequence[int]]]) -> list[_Consumer]:
+    """The compensable consumers of the removed units of each (group, units), hidden widths
+    left out (their norms change what every consumer sees)."""
+    found: dict[int, _Consumer] = {}
+    for group, units in chosen:
+        if group.kind == "hidden":
+            continue
+        for s in group.slices:
+            if not _compensable(s):
+                continue
+            one = found.setdefault(id(s.module), _Consumer(s.module, s.name, s.dim))
+            one.removed.update(p for u in units for p in s.indices[u])
+            if all(g is not group for g in one.groups):
+                one.groups.append(group)
+    return list(found.values())
+
+
+class Openings:
+    """The masks of the producers of chosen units as they were before masking, so that a
+    consumer's statistics can be taken with the removed units still computed."""
+
+    def __init__(self, model: nn.Module, chosen: Sequence[tuple[ChannelGroup, Sequence[int]]]):
+        self.units = {id(g): tuple(u) for g, u in chosen}
+        self.before: dict[tuple[int, str], Tensor | None] = {}
+        for group, _ in chosen:
+            for s in group.slices:
+                if not s.is_buffer:
+                    found = getattr(s.module, mask_name(s.name), None)
+                    self.before[(id(s.module), s.name)] = (
+                        found.detach().clone() if isinstance(found, Tensor) else None
+                    )
+
+    def weight(self, module: nn.Module, name: str) -> Tensor:
+        """The weight the model computed with before the masks of this call (float64)."""
+        orig = _stored(module, name)
+        mask = self.before.get((id(module), name))
+        values = orig.detach().to(torch.float64)
+        return values if mask is None else values * mask.to(torch.float64)
+
+    def open(self, groups: Sequence[ChannelGroup]) -> list[tuple[Tensor, Tensor]]:
+        """Lift the new masks of the groups' producing slices; returns what `close` needs."""
+        saved: list[tuple[Tensor, Tensor]] = []
+        for group in groups:
+            units = self.units[id(group)]
+            for s in group.slices:
+                if s.role == "in" or s.is_buffer:
+                    continue
+                mask = getattr(s.module, mask_name(s.name), None)
+                if not isinstance(mask, Tensor):
+                    continue
+                saved.append((mask, mask.clone()))
+                positions = torch.tensor([p for u in units for p in s.indices[u]])
+                before = self.before.get((id(s.module), s.name))
+                source = torch.ones_like(mask) if before is None else before
+                mask.index_copy_(s.dim, positions, source.index_select(s.dim, positions))
+        return saved
+
+    @staticmethod
+    def close(saved: list[tuple[Tensor, Tensor]]) -> None:
+        for mask, values in reversed(saved):
+            mask.copy_(values)
+
+
+def _stored(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter holding `name`'s values (``<name>_orig`` where it is masked)."""
+    found = module._parameters.get(orig_name(name), module._parameters.get(name))
+    assert found is not None
+    return found
+
+
+def compensate_groups(
+    model: nn.Module,
+    chosen: Sequence[tuple[ChannelGroup, Sequence[int]]],
+    openings: Openings,
+    batches: Sequence[Any],
+    undo: Undo,
+) -> list[str]:
+    """Update every compensable consumer of the `chosen` units, the masks being installed
+    (see the module's docstring). Every tensor changed in place is recorded in `undo`
+    first. Returns the names of the consumers updated, in the order they were."""
+    found = consumers(chosen)
+    if not found:
+        return []
+    names = {id(m): n for n, m in model.named_modules()}
+    order = _forward_order(model, [c.module for c in found], batches[0])
+    found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
+    blocks = _blocks(model, found, chosen)
+    done: list[str] = []
+    with cal.evaluating(model), torch.no_grad():
+        if blocks is None:
+            for one in found:
+                opened = openings.open(one.groups)
+                try:
+                    stats = cal.calibrate(
+                        model, batches, [one.module], norms=False, hessian=True, means=True
+                    )
+                finally:
+                    openings.close(opened)
+                if _update(one, stats, openings, undo):
+                    done.append(names[id(one.module)])
+            return done
+        sequence, where = blocks
+        inputs = cal.capture_block_inputs(model, sequence[0], batches)
+        last = max(where[id(c.module)] for c in found)
+        for index, block in enumerate(sequence):
+            for one in (c for c in found if where[id(c.module)] == index):
+                opened = openings.open(one.groups)
+                try:
+                    stats = cal.block_statistics(
+                        block, inputs, [one.module], norms=False, hessian=True, means=True
+                    )
+                finally:
+                    openings.close(opened)
+                if _update(one, stats, openings, undo):
+                    done.append(names[id(one.module)])
+            if index == last:
+                break
+            inputs = cal.next_inputs(block, inputs)
+    return done
+
+
+def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings, undo: Undo) -> bool:
+    """Apply the least-squares update to one consumer; False where its input did not fit."""
+    if not stats.seen(one.module):
+        return False
+    weight = openings.weight(one.module, one.name).movedim(one.dim, -1)
+    n = weight.shape[-1]
+    hessian = stats.hessian(one.module)
+    if hessian.shape[0] != n:
+        return False
+    mask = getattr(one.module, mask_name(one.name), None)
+    alive = (
+        torch.ones(n, dtype=torch.bool)
+        if not isinstance(mask, Tensor)
+        else mask.movedim(one.dim, -1).reshape(-1, n).ne(0).any(0)
+    )
+    kept = [c for c in range(n) if bool(alive[c]) and c not in one.removed]
+    bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+    mean = stats.means(one.module) if bias is not None else None
+    rows = weight.reshape(-1, n)
+    delta, shift = least_squares_update(rows, hessian, sorted(one.removed), kept, mean)
+    stored = _stored(one.module, one.name)
+    undo.append((stored, stored.detach().clone()))
+    with torch.no_grad():  # in place on the Parameter: its version moves, so cached
+        target = stored.movedim(one.dim, -1)  # masked products are recomputed
+        target[:, kept] += delta.reshape(target.shape[0], len(kept)).to(target.dtype)
+        if bias is not None and shift is not None:
+            undo.append((bias, bias.detach().clone()))
+            bias.add_(shift.to(bias.dtype))
+    return True
+
+
+def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -> dict[int, int]:
+    """The order in which `modules` first run in the model's forward on `batch`."""
+    order: dict[int, int] = {}
+
+    def hook(module: nn.Module, args: Any) -> None:
+        order.setdefault(id(module), len(order))
+
+    handles = [m.register_forward_pre_hook(hook) for m in modules]
+    try:
+        with cal.evaluating(model), torch.no_grad():
+            cal.run_batch(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order
+
+
+def _blocks(
+    model: nn.Module,
+    found: Sequence[_Consumer],
+    chosen: Sequence[tuple[ChannelGroup, Sequence[int]]],
+) -> tuple[nn.ModuleList, dict[int, int]] | None:
+    """The model's block sequence and the block of every module of the chosen groups, when
+    each group lies within one block (else None: the whole model runs per consumer)."""
+    listed = cal.block_list(model, [c.module for c in found])
+    if listed is None:
+        return None
+    sequence = listed[1]
+    where: dict[int, int] = {}
+    for index, block in enumerate(sequence):
+        for module in block.modules():
+            where[id(module)] = index
+    for group, _ in chosen:
+        if group.kind == "hidden":
+            continue
+        places = {where.get(id(s.module)) for s in group.slices}
+        if len(places) != 1 or None in places:
+            return None
+    if any(id(c.module) not in where for c in found):
+        return None
+    return sequence, where

@@ -1,0 +1,171 @@
+"""Group criteria that rank a unit by the error its removal leaves in the layers reading it.
+
+'obs': the structured optimal-brain-surgeon error. For a consumer with input Hessian H (the
+mean of x x^T over calibration inputs, damped as in ``prunekit.structure.compensate``) and a
+unit reading its columns R, removing the unit and compensating the kept columns leaves the
+squared output error sum over rows of w_R^T ((H^-1)[R, R])^-1 w_R, summed over the unit's
+consumers. 'fluctuation' (FLAP): the variance of each input channel over the calibration
+rows times the squared norm of the consumer's weight column reading it, summed over the
+unit's channels and consumers: what a constant (the bias correction) cannot stand for.
+
+Both score only consumers whose weight is 2-D with the input features along the slice's dim
+(Linear, HF Conv1D; 'fluctuation' also convolutions of one group, per input channel); a
+group with none such is ranked by 'l2'. Hessians are gathered in one pass over the batches
+for all consumers at once (one n x n float32 matrix each) and dropped after scoring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.criteria import calibration as cal
+from prunekit.structure.compensate import DAMP
+from prunekit.structure.criteria import GroupCriterion, Loss, WeightNorm, values
+from prunekit.structure.graph import ChannelGroup, Slice
+
+__all__ = ["OBS", "Fluctuation"]
+
+
+def _consumer_slices(groups: Sequence[ChannelGroup]) -> dict[int, nn.Module]:
+    return {id(s.module): s.module for g in groups for s in g.slices if s.role == "in"}
+
+
+class _PerConsumer(GroupCriterion):
+    """Scores summed over a group's consumers, each computed from that consumer's statistics
+    in ``prepare``; 'l2' for a group none of whose consumers could be measured."""
+
+    calibrated = True
+
+    def __init__(self) -> None:
+        self.totals: dict[int, Tensor] = {}
+
+    def scores(self, group: ChannelGroup) -> Tensor:
+        found = self.totals.get(id(group))
+        return found if found is not None else WeightNorm(2).scores(group)
+
+    def _add(self, group: ChannelGroup, per_unit: Tensor) -> None:
+        if id(group) in self.totals:
+            self.totals[id(group)] += per_unit
+        else:
+            self.totals[id(group)] = per_unit
+
+
+class OBS(_PerConsumer):
+    """The structured OBS error of removing each unit, from each consumer's input Hessian."""
+
+    def prepare(
+        self,
+        model: nn.Module,
+        groups: Sequence[ChannelGroup],
+        batches: list[Any] | None,
+        loss: Loss | None,
+    ) -> None:
+        assert batches is not None
+        self.totals = {}
+        consumers = _consumer_slices(groups)
+        modules = [m for m in consumers.values() if _two_dimensional(m)]
+        stats = cal.calibrate(model, batches, modules, norms=False, hessian=True)
+        for module in modules:
+            if not stats.seen(module):
+                continue
+            inverse = _damped_inverse(stats.hessian(module))
+            for g in groups:
+                for s in g.slices:
+                    if s.module is module and s.role == "in" and _fits(s, inverse.shape[0]):
+                        self._add(g, obs_errors(_columns(s), inverse, s.indices))
+
+
+def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) -> Tensor:
+    """Per unit of columns R: sum over rows of w_R^T (inverse[R, R])^-1 w_R (float64).
+
+    Args:
+        weight: (rows, n), the consumer's weight with input features as columns.
+        inverse: (n, n), the inverse of the (damped) input Hessian.
+        units: the columns of each unit.
+    """
+    w = weight.to(torch.float64)
+    result = torch.zeros(len(units), dtype=torch.float64)
+    sizes = {len(u) for u in units}
+    for size in sizes:
+        which = [k for k, u in enumerate(units) if len(u) == size]
+        if size == 0:
+            continue
+        index = torch.tensor([list(units[k]) for k in which], dtype=torch.long)  # (U, r)
+        blocks = inverse[index[:, :, None], index[:, None, :]]  # (U, r, r)
+        taken = w[:, index].permute(1, 2, 0)  # (U, r, rows)
+        factor = torch.linalg.cholesky(blocks)
+        solved = torch.cholesky_solve(taken, factor)
+        result[which] = (taken * solved).sum(dim=(1, 2))
+    return result
+
+
+def _damped_inverse(hessian: Tensor) -> Tensor:
+    h = hessian.to(torch.float64)
+    scale = float(h.diagonal().mean())
+    level = DAMP * scale if scale > 0 else DAMP
+    eye = torch.eye(h.shape[0], dtype=torch.float64)
+    for _ in range(7):
+        factor, info = torch.linalg.cholesky_ex(h + level * eye)
+        if int(info) == 0:
+            return torch.cholesky_inverse(factor)
+        level *= 10
+    raise RuntimeError("'obs': the input Hessian is not positive definite even damped")
+
+
+class Fluctuation(_PerConsumer):
+    """FLAP's fluctuation: input-channel variance x squared weight-column norm."""
+
+    def prepare(
+        self,
+        model: nn.Module,
+        groups: Sequence[ChannelGroup],
+        batches: list[Any] | None,
+        loss: Loss | None,
+    ) -> None:
+        assert batches is not None
+        self.totals = {}
+        modules = list(_consumer_slices(groups).values())
+        stats = cal.calibrate(model, batches, modules, norms=True, hessian=False, means=True)
+        for module in modules:
+            if not stats.seen(module) or not _ungrouped(module):
+                continue
+            rows = max(stats.rows(module), 1)
+            mean = stats.means(module)
+            variance = (stats.norms(module).double().square() / rows - mean.square()).clamp_min(0)
+            for g in groups:
+                for s in g.slices:
+                    if s.module is module and s.role == "in" and _fits(s, len(variance)):
+                        moved = values(s).movedim(s.dim, 0)
+                        norms = moved.reshape(moved.shape[0], -1).square().sum(1)
+                        per = [float((variance[list(u)] * norms[list(u)]).sum()) for u in s.indices]
+                        self._add(g, torch.tensor(per, dtype=torch.float64))
+
+
+def _two_dimensional(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, Tensor) and weight.dim() == 2
+
+
+def _ungrouped(module: nn.Module) -> bool:
+    return getattr(module, "groups", 1) == 1
+
+
+def _fits(s: Slice, features: int) -> bool:
+    """The slice's positions are the consumer's input features (one per position)."""
+    value = getattr(s.module, s.name, None)
+    return (
+        s.name == "weight"
+        and isinstance(value, Tensor)
+        and value.shape[s.dim] == features
+        and s.channels is not None
+        and all(tuple(c) == tuple(p) for c, p in zip(s.channels, s.indices, strict=True))
+    )
+
+
+def _columns(s: Slice) -> Tensor:
+    """The slice's 2-D weight with the input features as columns."""
+    return values(s).movedim(s.dim, -1)

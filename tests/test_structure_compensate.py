@@ -1,0 +1,236 @@
+"""Compensation of the layers that read removed units, and the criteria 'obs' and
+'fluctuation': against plain least squares, on hand cases, through prune_channels and
+compact (property), and the checks of the new argument."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+import prunekit
+from model_state import fingerprint
+from prunekit.structure.compensate import least_squares_update
+from prunekit.structure.consequence import Fluctuation, obs_errors
+
+
+def data(rows: int, features: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(features, features, generator=g, dtype=torch.float64)
+    return torch.randn(rows, features, generator=g, dtype=torch.float64) @ mixing + 0.5
+
+
+def test_the_update_is_the_exact_least_squares_fit_of_the_kept_columns() -> None:
+    x, w = data(200, 10, 0), torch.randn(4, 10, dtype=torch.float64)
+    removed, kept = [2, 5, 7], [0, 1, 3, 4, 6, 8, 9]
+    delta, shift = least_squares_update(w, x.T @ x / len(x), removed, kept, damp=0.0)
+    reference = torch.linalg.lstsq(x[:, kept], x @ w.T).solution.T  # best W_K given all of x
+    assert shift is None
+    torch.testing.assert_close(w[:, kept] + delta, reference, rtol=1e-7, atol=1e-8)
+
+
+def test_with_a_mean_the_bias_is_fitted_as_a_constant_column() -> None:
+    x, w = data(300, 6, 1), torch.randn(3, 6, dtype=torch.float64)
+    removed, kept = [0, 4], [1, 2, 3, 5]
+    delta, shift = least_squares_update(w, x.T @ x / len(x), removed, kept, x.mean(0), damp=0.0)
+    design = torch.cat([x[:, kept], torch.ones(len(x), 1, dtype=torch.float64)], 1)
+    reference = torch.linalg.lstsq(design, x @ w.T).solution.T
+    assert shift is not None
+    torch.testing.assert_close(w[:, kept] + delta, reference[:, :-1], rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(shift, reference[:, -1], rtol=1e-7, atol=1e-8)
+
+
+def test_bias_correction_by_hand_a_constant_input_moves_into_the_bias() -> None:
+    # feature 1 is always 3: removing it, y = x0 + 2 * 3 + 1 is kept by bias 1 + 6 = 7
+    x = torch.tensor([[1.0, 3.0], [2.0, 3.0], [-1.0, 3.0], [0.5, 3.0]], dtype=torch.float64)
+    w = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    delta, shift = least_squares_update(w, x.T @ x / 4, [1], [0], x.mean(0), damp=0.0)
+    assert shift is not None
+    torch.testing.assert_close(delta, torch.zeros(1, 1, dtype=torch.float64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(shift, torch.tensor([6.0], dtype=torch.float64))
+
+
+def test_obs_errors_are_the_residual_of_the_best_refit() -> None:
+    x, w = data(100, 8, 2), torch.randn(5, 8, dtype=torch.float64)
+    hessian = x.T @ x / len(x)
+    units = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    found = obs_errors(w, torch.linalg.inv(hessian), units)
+    for k, unit in enumerate(units):
+        kept = [c for c in range(8) if c not in unit]
+        fit = torch.linalg.lstsq(x[:, kept], x @ w.T).solution
+        residual = ((x @ w.T - x[:, kept] @ fit) ** 2).sum() / len(x)
+        torch.testing.assert_close(found[k], residual, rtol=1e-6, atol=1e-9)
+
+
+def mlp(bias: bool = True) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16, bias=bias), nn.ReLU(), nn.Linear(16, 3, bias=bias))
+
+
+def batches(count: int = 4) -> list[Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(32, 6, generator=g) + 0.3 for _ in range(count)]
+
+
+def test_fluctuation_is_input_variance_times_squared_column_norm() -> None:
+    model, calibration = mlp(), batches()
+    groups = [g for g in prunekit.channel_groups(model, calibration[0]) if g.prunable]
+    criterion = Fluctuation()
+    criterion.prepare(model, groups, calibration, None)
+    with torch.no_grad():
+        hidden = torch.cat([model[1](model[0](b)) for b in calibration]).double()
+    expected = hidden.var(0, unbiased=False) * model[2].weight.double().square().sum(0)
+    torch.testing.assert_close(criterion.scores(groups[0]), expected, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(bias: bool) -> None:
+    calibration = batches()
+    dense = mlp(bias)
+    plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
+    prunekit.prune_channels(plain, calibration[0], 0.5, criterion="activation",
+                            calibration=calibration)  # fmt: skip
+    prunekit.prune_channels(fixed, calibration[0], 0.5, criterion="activation",
+                            calibration=calibration, compensate=True)  # fmt: skip
+    x = torch.cat(calibration)
+    with torch.no_grad():
+        target, hidden = dense(x), dense[1](dense[0](x))
+        errors = [float((m(x) - target).square().mean()) for m in (plain, fixed)]
+    kept = plain[2].weight_mask[0].nonzero().flatten()
+    columns = [hidden[:, kept]] + ([torch.ones(len(x), 1)] if bias else [])
+    design = torch.cat(columns, 1).double()
+    fit = torch.linalg.lstsq(design, target.double()).solution
+    best = float((design @ fit - target.double()).square().mean())
+    assert errors[1] < 0.8 * errors[0]
+    assert errors[1] == pytest.approx(best, rel=0.05, abs=1e-6)
+    torch.testing.assert_close(plain[2].weight_mask, fixed[2].weight_mask)  # same units chosen
+
+
+class Stack(nn.Module):
+    def __init__(self, widths: list[int], bias: list[bool], acts: list[str]) -> None:
+        super().__init__()
+        pairs = itertools.pairwise(widths)
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b, bias=c) for (a, b), c in zip(pairs, bias, strict=False)
+        )
+        self.acts = acts
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer, act in zip(self.layers, self.acts, strict=False):
+            x = layer(x)
+            x = torch.relu(x) if act == "relu" else torch.tanh(x) if act == "tanh" else x
+        return x
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    widths=st.lists(st.integers(2, 12), min_size=3, max_size=5),
+    bias=st.lists(st.booleans(), min_size=4, max_size=4),
+    acts=st.lists(st.sampled_from(["relu", "tanh", "none"]), min_size=4, max_size=4),
+    amount=st.floats(0.1, 0.8),
+    criterion=st.sampled_from(["l2", "obs", "fluctuation", "activation"]),
+    seed=st.integers(0, 1000),
+)
+def test_compaction_stays_exact_after_compensation(
+    widths: list[int], bias: list[bool], acts: list[str], amount: float, criterion: str,
+    seed: int,
+) -> None:  # fmt: skip
+    torch.manual_seed(seed)
+    model = Stack(widths, bias, acts).eval()
+    calibration = [torch.randn(8, widths[0]) for _ in range(3)]
+    prunekit.prune_channels(model, calibration[0], amount, criterion=criterion,
+                            calibration=calibration, compensate=True)  # fmt: skip
+    with torch.no_grad():
+        masked = model(calibration[1])
+    report = prunekit.compact(model, calibration[0], latency_runs=0)  # raises if not exact
+    with torch.no_grad():
+        torch.testing.assert_close(model(calibration[1]), masked, rtol=1e-4, atol=1e-5)
+    assert report.relative_error <= 1e-4
+
+
+def test_a_llama_with_grouped_heads_compensated_block_by_block_then_compacted() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(1)
+    calibration = [torch.randint(0, 64, (2, 16), generator=g) for _ in range(4)]
+    test = torch.randint(0, 64, (2, 16), generator=g)
+    with torch.no_grad():
+        dense = model(test).logits
+    errors = []
+    for compensate in (False, True):
+        pruned = copy.deepcopy(model)
+        prunekit.prune_channels(pruned, calibration[0], 0.5, heads=0.5, criterion="obs",
+                                calibration=calibration, compensate=compensate)  # fmt: skip
+        with torch.no_grad():
+            errors.append(float((pruned(test).logits - dense).square().mean()))
+    report = prunekit.compact(pruned, calibration[0], latency_runs=0)
+    assert report.config == {"num_attention_heads": 2, "intermediate_size": 32}
+    assert errors[1] < 0.5 * errors[0]
+
+
+class Own(prunekit.GroupCriterion):
+    def scores(self, group: prunekit.ChannelGroup) -> Tensor:
+        return torch.arange(group.size, dtype=torch.float64)
+
+
+def test_a_criterion_of_ones_own_with_compensation() -> None:
+    model, calibration = mlp(), batches()
+    prunekit.prune_channels(model, calibration[0], 0.25, criterion=Own(),
+                            calibration=calibration, compensate=True)  # fmt: skip
+    assert model[0].weight_mask[:4].abs().sum() == 0 and model[0].weight_mask[4:].all()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"compensate": "yes", "calibration": batches()}, TypeError, r"invalid compensate='yes'"),
+        ({"compensate": 1, "calibration": batches()}, TypeError, r"invalid compensate=1"),
+        ({"compensate": True}, ValueError, r"compensate=True needs calibration data"),
+        ({"compensate": True, "calibration": []}, ValueError, "holds no batch"),
+        ({"compensate": True, "calibration": torch.randn(2, 6)}, TypeError,
+         "invalid calibration of type Tensor"),
+        ({"compensate": True, "calibration": [torch.randn(2, 6), torch.randn(2, 5)]},
+         ValueError, "cannot take batch 1"),
+        ({"criterion": "obs"}, ValueError, r"needs calibration data"),
+        ({"criterion": "fluctuation", "calibration": [torch.randn(2, 5)]}, ValueError,
+         "cannot take batch 0"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused_and_nothing_changes(
+    options: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    model = mlp()
+    before = fingerprint(model)
+    with pytest.raises(error, match=match):
+        prunekit.prune_channels(model, torch.randn(2, 6), 0.5, **options)
+    assert fingerprint(model) == before
+
+
+def test_a_failure_after_a_consumer_was_updated_leaves_the_model_as_it_was() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    calibration = batches(2)
+    calls = [0]
+
+    def fail_late(module: nn.Module, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] > 4:  # the order pass, the first consumer's pass, then this one's
+            raise RuntimeError("stop")
+
+    model[4].register_forward_pre_hook(fail_late)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="cannot take batch"):
+        prunekit.prune_channels(model, batches()[0], 0.5, calibration=calibration,
+                                compensate=True)  # fmt: skip
+    assert fingerprint(model) == before
