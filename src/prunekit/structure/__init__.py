@@ -21,6 +21,10 @@ from prunekit.structure.saving import load_compacted, save_compacted
 # One target for the whole model: a share of its parameters or MACs.
 from prunekit.structure.budget import Budget, BudgetReport, BudgetRow
 
+# isort: split
+# BatchNorm statistics re-estimated on calibration data after pruning.
+from prunekit.structure.recalibrate import recalibrate_norms
+
 __all__ = [
     "CRITERIA",
     "Activation",
@@ -43,5 +47,6 @@ __all__ = [
     "latency_ms",
     "load_compacted",
     "prune_channels",
+    "recalibrate_norms",
     "save_compacted",
 ]
