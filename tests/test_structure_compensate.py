@@ -234,3 +234,42 @@ def test_a_failure_after_a_consumer_was_updated_leaves_the_model_as_it_was() -> 
         prunekit.prune_channels(model, batches()[0], 0.5, calibration=calibration,
                                 compensate=True)  # fmt: skip
     assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_pointwise_convolution_is_compensated_as_a_linear_over_positions(bias: bool) -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.ReLU(), nn.Conv2d(12, 5, 1, bias=bias))
+    mixing = torch.randn(3, 3)
+    calibration = [torch.einsum("bchw,cd->bdhw", torch.randn(4, 3, 6, 6), mixing) + 0.3
+                   for _ in range(4)]  # fmt: skip
+    plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
+    for model, compensate in ((plain, False), (fixed, True)):
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=compensate)  # fmt: skip
+    x = torch.cat(calibration)
+    with torch.no_grad():
+        target, hidden = dense(x), dense[1](dense[0](x))
+        errors = [float((m(x) - target).square().mean()) for m in (plain, fixed)]
+    kept = plain[2].weight_mask[0, :, 0, 0].nonzero().flatten()
+    rows = hidden[:, kept].movedim(1, -1).reshape(-1, len(kept))
+    columns = [rows] + ([torch.ones(len(rows), 1)] if bias else [])
+    design = torch.cat(columns, 1).double()
+    wanted = target.movedim(1, -1).reshape(-1, 5).double()
+    fit = torch.linalg.lstsq(design, wanted).solution
+    best = float((design @ fit - wanted).square().mean())
+    assert errors[1] < 0.8 * errors[0]
+    assert errors[1] == pytest.approx(best, rel=0.05, abs=1e-6)
+    compacted = copy.deepcopy(fixed)
+    prunekit.compact(compacted, calibration[0])
+    with torch.no_grad():
+        torch.testing.assert_close(compacted(x), fixed(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_convolution_with_a_spatial_kernel_is_left_as_it_was() -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    calibration = [torch.randn(2, 3, 5, 5) for _ in range(2)]
+    model = copy.deepcopy(dense)
+    prunekit.prune_channels(model, calibration[0], 0.5, calibration=calibration, compensate=True)
+    torch.testing.assert_close(model[2].weight_orig, dense[2].weight)

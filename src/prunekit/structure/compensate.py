@@ -115,14 +115,24 @@ class _Consumer:
 
 
 def _compensable(s: Slice) -> bool:
-    """A 2-D weight whose input features are positions along `dim` (Linear, HF Conv1D)."""
+    """A weight that maps each input position's features linearly: a Linear or HF Conv1D
+    (2-D), or a pointwise convolution (kernel 1, stride 1, no padding, one group), which is
+    a Linear over the channels at every position."""
     weight = getattr(s.module, s.name, None)
-    return (
-        s.role == "in"
-        and s.name == "weight"
-        and isinstance(weight, Tensor)
-        and weight.dim() == 2
-        and (isinstance(s.module, nn.Linear) or type(s.module).__name__ == "Conv1D")
+    if s.role != "in" or s.name != "weight" or not isinstance(weight, Tensor):
+        return False
+    if isinstance(s.module, nn.modules.conv._ConvNd):
+        conv = s.module
+        return (
+            not conv.transposed
+            and s.dim == 1
+            and conv.groups == 1
+            and all(k == 1 for k in conv.kernel_size)
+            and all(k == 1 for k in conv.stride)
+            and (isinstance(conv.padding, str) or not any(conv.padding))
+        )
+    return weight.dim() == 2 and (
+        isinstance(s.module, nn.Linear) or type(s.module).__name__ == "Conv1D"
     )
 
 
@@ -270,8 +280,8 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings, undo
     stored = _stored(one.module, one.name)
     undo.append((stored, stored.detach().clone()))
     with torch.no_grad():  # in place on the Parameter: its version moves, so cached
-        target = stored.movedim(one.dim, -1)  # masked products are recomputed
-        target[:, kept] += delta.reshape(target.shape[0], len(kept)).to(target.dtype)
+        target = stored.movedim(one.dim, -1).view(-1, n)  # masked products are recomputed
+        target[:, kept] += delta.to(target.dtype)
         if bias is not None and shift is not None:
             undo.append((bias, bias.detach().clone()))
             bias.add_(shift.to(bias.dtype))
