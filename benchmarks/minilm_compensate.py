@@ -4,7 +4,7 @@ the parameters. Calibration: 8 windows of 128 tokens from the first half of
 pydoc_data.topics; metric: mean sentence-embedding cosine to the dense model over paragraphs
 of the second half. No fine-tuning, one thread.
 
-    python benchmarks/minilm_compensate.py [paragraphs] [criteria]
+    python benchmarks/minilm_compensate.py [paragraphs] [criteria] [calibration windows]
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ def main() -> None:
                                                                   "fluctuation"]  # fmt: skip
     dense, tokenizer = load()
     first, second = halves()
-    calibration = windows(tokenizer, first, 8, 128)
+    count_windows = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    calibration = windows(tokenizer, first, count_windows, 128)
     test = encoded(tokenizer, second[:count], 16, 128)
     example = calibration[0]
     share = 0.25
-    print(f"all-MiniLM-L6-v2, heads -25 % and MLP -25 %, cosine to dense over {count} paragraphs")
+    print(f"all-MiniLM-L6-v2, heads -25 % and MLP -25 %, {count_windows} calibration windows, "
+          f"cosine to dense over {count} paragraphs")  # fmt: skip
     print(f"{'criterion':<12} {'uniform':>8} {'+comp.':>8} {'budget':>8} {'+comp.':>8}")
     probe = prunekit.Budget(params=0.01)
     probe = prunekit.prune_channels(copy.deepcopy(dense), example, budget=probe)
