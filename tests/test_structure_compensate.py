@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 import prunekit
 from model_state import fingerprint
+from prunekit.structure import compensate as compensation
 from prunekit.structure.compensate import least_squares_update
 from prunekit.structure.consequence import Fluctuation, obs_errors
 
@@ -44,6 +45,28 @@ def test_with_a_mean_the_bias_is_fitted_as_a_constant_column() -> None:
     assert shift is not None
     torch.testing.assert_close(w[:, kept] + delta, reference[:, :-1], rtol=1e-7, atol=1e-8)
     torch.testing.assert_close(shift, reference[:, -1], rtol=1e-7, atol=1e-8)
+
+
+def test_the_default_damping_does_not_overfit_few_calibration_rows() -> None:
+    # 48 rows for 64 features: undamped, the kept columns fit the calibration rows exactly
+    # and miss on fresh rows of the same distribution; the default damping does not
+    g = torch.Generator().manual_seed(5)
+    mixing = torch.randn(8, 64, generator=g, dtype=torch.float64)  # 8 factors + noise
+
+    def rows(count: int) -> Tensor:
+        factors = torch.randn(count, 8, generator=g, dtype=torch.float64)
+        return factors @ mixing + 0.3 * torch.randn(count, 64, generator=g, dtype=torch.float64)
+
+    x, fresh, w = rows(48), rows(2000), torch.randn(6, 64, generator=g, dtype=torch.float64)
+    removed, kept = list(range(0, 64, 5)), [c for c in range(64) if c % 5]
+
+    def held_out(damp: float) -> float:
+        delta, _ = least_squares_update(w, x.T @ x / len(x), removed, kept, damp=damp)
+        return float((fresh @ w.T - fresh[:, kept] @ (w[:, kept] + delta).T).norm())
+
+    untouched = float((fresh @ w.T - fresh[:, kept] @ w[:, kept].T).norm())
+    assert held_out(compensation.DAMP) < 0.8 * held_out(1e-6)
+    assert held_out(compensation.DAMP) < untouched
 
 
 def test_bias_correction_by_hand_a_constant_input_moves_into_the_bias() -> None:
@@ -90,7 +113,10 @@ def test_fluctuation_is_input_variance_times_squared_column_norm() -> None:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(bias: bool) -> None:
+def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compensation, "DAMP", 1e-6)  # the exact fit, up to rounding
     calibration = batches()
     dense = mlp(bias)
     plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
