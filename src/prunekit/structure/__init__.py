@@ -33,6 +33,10 @@ from prunekit.structure.depth import (
     unskip_blocks,
 )
 
+# isort: split
+# BatchNorm statistics re-estimated on calibration data after pruning.
+from prunekit.structure.recalibrate import recalibrate_norms
+
 __all__ = [
     "CRITERIA",
     "Activation",
@@ -58,6 +62,7 @@ __all__ = [
     "load_compacted",
     "prune_blocks",
     "prune_channels",
+    "recalibrate_norms",
     "remove_blocks",
     "save_compacted",
     "skip_blocks",

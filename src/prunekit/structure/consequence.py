@@ -1,7 +1,7 @@
 """Group criteria that rank a unit by the error its removal leaves in the layers reading it.
 
 'obs': the structured optimal-brain-surgeon error. For a consumer with input Hessian H (the
-mean of x x^T over calibration inputs, damped as in ``prunekit.structure.compensate``) and a
+mean of x x^T over calibration inputs, damped by ``OBS_DAMP`` x its mean diagonal) and a
 unit reading its columns R, removing the unit and compensating the kept columns leaves the
 squared output error sum over rows of w_R^T ((H^-1)[R, R])^-1 w_R, summed over the unit's
 consumers. 'fluctuation' (FLAP): the variance of each input channel over the calibration
@@ -23,11 +23,14 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
-from prunekit.structure.compensate import DAMP
 from prunekit.structure.criteria import GroupCriterion, Loss, WeightNorm, values
 from prunekit.structure.graph import ChannelGroup, Slice
 
-__all__ = ["OBS", "Fluctuation"]
+__all__ = ["OBS", "OBS_DAMP", "Fluctuation"]
+
+OBS_DAMP = 0.01
+"""Damping of the Hessian inverted by 'obs', relative to the mean of its diagonal: light,
+as only the ranking depends on it (compensation's own ``DAMP`` is stronger)."""
 
 
 def _consumer_slices(groups: Sequence[ChannelGroup]) -> dict[int, nn.Module]:
@@ -106,7 +109,7 @@ def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) 
 def _damped_inverse(hessian: Tensor) -> Tensor:
     h = hessian.to(torch.float64)
     scale = float(h.diagonal().mean())
-    level = DAMP * scale if scale > 0 else DAMP
+    level = OBS_DAMP * scale if scale > 0 else OBS_DAMP
     eye = torch.eye(h.shape[0], dtype=torch.float64)
     for _ in range(7):
         factor, info = torch.linalg.cholesky_ex(h + level * eye)

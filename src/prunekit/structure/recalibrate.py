@@ -1,0 +1,78 @@
+"""``recalibrate_norms``: BatchNorm running statistics re-estimated on calibration data.
+
+Masking or compensating channels changes what every later BatchNorm sees, while its running
+mean and variance still describe the dense model. Re-estimating them is a forward pass over
+the calibration batches with only the BatchNorms in training mode and their momentum set to
+None, so that each running statistic ends as the cumulative average over the batches (the
+mean of the batch means, and of the unbiased batch variances) rather than an exponential one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from prunekit.criteria.calibration import batch_list, run_batch
+from prunekit.structure.graph import check_model
+
+__all__ = ["recalibrate_norms"]
+
+
+def recalibrate_norms(model: nn.Module, calibration: Iterable[Any]) -> int:
+    """Reset the running statistics of every BatchNorm of `model` and recompute them.
+
+    Each batch of `calibration` goes through the model once, without gradients, with the
+    BatchNorms that track running statistics in training mode (momentum None: a cumulative
+    average over the batches) and every other module in evaluation mode (dropout off). The
+    training flags and momenta are put back afterwards; parameters and the buffers of other
+    modules are not touched. Masked BatchNorm parameters are fine: a masked channel's
+    statistics are recomputed too but its output stays zero.
+
+    Args:
+        model: the model, pruned or not.
+        calibration: an iterable of batches the model's forward takes (a tensor, a mapping
+            of keyword arguments or a tuple of positional arguments each).
+
+    Returns:
+        The number of BatchNorm modules re-estimated (0 when the model has none: it is then
+        not run).
+
+    Raises:
+        TypeError: `model` is not an nn.Module, or a batch is not of a kind listed above.
+        ValueError: `calibration` holds no batch.
+        Any error of the model's forward, after every BatchNorm's statistics, momentum and
+        every module's training flag have been restored.
+    """
+    check_model(model, "recalibrate_norms")
+    batches = batch_list(calibration, "recalibrate_norms")
+    norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    if not norms:
+        return 0
+    flags = [(m, m.training) for m in model.modules()]
+    saved = [(m, m.momentum, {k: v.clone() for k, v in m.named_buffers(recurse=False)})
+             for m in norms]  # fmt: skip
+    try:
+        model.eval()
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None
+            norm.train()
+        with torch.no_grad():
+            for batch in batches:
+                run_batch(model, batch)
+    except BaseException:
+        with torch.no_grad():
+            for norm, _, buffers in saved:
+                for name, value in norm.named_buffers(recurse=False):
+                    value.copy_(buffers[name])
+        raise
+    finally:
+        for norm, momentum, _ in saved:
+            norm.momentum = momentum
+        for module, training in flags:
+            module.training = training
+    return len(norms)
