@@ -389,7 +389,7 @@ def test_prunekit_s_own_hook_error_is_not_blamed_on_the_batch(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise ZeroDivisionError("a bug in a statistics hook")
 
-    monkeypatch.setattr(calibration, "_features", broken)
+    monkeypatch.setattr(calibration.InputStatistics, "_features", broken)
     model = Counted()
     before = state(model)
     with pytest.raises(ZeroDivisionError, match="a bug"):
