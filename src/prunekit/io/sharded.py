@@ -39,7 +39,7 @@ from prunekit.distributed.group import Group
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import METHODS, prune_state_dict, select_names
+from prunekit.io.statedict import METHODS, check_seed, prune_state_dict, select_names
 from prunekit.select import Source
 
 __all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "open_tensors", "prune_sharded"]
@@ -377,6 +377,7 @@ def _write_index(
 @contextmanager
 def _seeded(seed: int | None) -> Iterator[None]:
     """Seed torch's random generator inside the block, restoring its state after."""
+    check_seed(seed, "prune_sharded")
     if seed is None:
         yield
         return

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import validate_pruning_amount_init
-from prunekit.core.errors import describe
+from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import Entry, entries, mask_name, orig_name
@@ -256,9 +256,31 @@ def _method(
     return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
+
+def check_seed(seed: Any, where: str, what: str = "seed") -> None:
+    """Raise unless `seed` is None or an int torch.manual_seed takes; the error begins with
+    `where` (if any) and calls the seed `what`.
+
+    Raises:
+        TypeError: not an int; ValueError: out of SEED_RANGE (both name `where` and `what`).
+    """
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    allowed = f"expected an int in [-2**63, 2**64 - 1] = [{low}, {high}]"
+    head = f"{where}: invalid {what}" if where else f"invalid {what}"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise type_error(f"{head}={seed!r} of type {type(seed).__name__}; {allowed}")
+    if not low <= seed <= high:
+        raise value_error(f"{head}={seed}, out of range; {allowed}")
+
+
 @contextmanager
 def _seeded(seed: int | None) -> Iterator[None]:
     """Seed torch's random generator inside the block, restoring its state after."""
+    check_seed(seed, "prune_state_dict")
     if seed is None:
         yield
         return
