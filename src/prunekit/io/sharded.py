@@ -65,8 +65,18 @@ def index_of(path: str | os.PathLike[str]) -> Path | None:
     file, the ``model.safetensors.index.json`` inside `path` if it is a folder, else None."""
     where = Path(path)
     if where.is_dir():
-        return where / INDEX if (where / INDEX).is_file() else None
-    return where if where.name.endswith(".index.json") and where.is_file() else None
+        found = where / INDEX
+    elif where.name.endswith(".index.json"):
+        found = where
+    else:
+        return None
+    if not found.exists():
+        return None
+    if not found.is_file():  # a directory, FIFO, device or socket
+        raise CheckpointError(
+            f"{found}: is not a regular file; expected the JSON index of a sharded checkpoint"
+        )
+    return found
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:

@@ -22,7 +22,7 @@ from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
-from prunekit.core.naming import Entry, entries, mask_name, orig_name
+from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
@@ -163,6 +163,7 @@ def prune_state_dict(
     cls, kwargs = _method(method, amount, n, dim, global_pruning)
     found = entries(state)
     targets = set(select_names(found, include, exclude))
+    _refuse_stray_masks(found, targets)
     holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
     with _seeded(seed):
         if global_pruning:
@@ -254,6 +255,20 @@ def _method(
     if global_pruning:
         raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
     return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
+
+
+def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> None:
+    """Raise if a tensor to prune is named as a pruning mask (``<n>_mask``) with no
+    ``<n>_orig`` beside it: a mask, not a weight, that pruning would corrupt."""
+    for e in found:
+        base = pruned_name(e.name, MASK)
+        if e.name in targets and e.mask is None and base is not None:
+            raise value_error(
+                f"{e.name!r} is named as the mask of a pruned {base!r}, but "
+                f"{orig_name(base)!r} is not beside it, so it is a mask without its "
+                f"weights, not a weight to prune; expected the pair {orig_name(base)!r} "
+                f"and {e.name!r}, or leave it out (exclude={e.name!r})"
+            )
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
