@@ -368,3 +368,40 @@ def test_other_methods_stay_unstructured_by_default() -> None:
             found.append(masks_of(model))
         assert found[0].keys() == found[1].keys() and found[0]
         assert all(torch.equal(found[0][k], found[1][k]) for k in found[0]), method
+
+
+class CalledTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(self.a(x)))
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_layer_called_twice_per_batch_is_named_so(method: str) -> None:
+    model = CalledTwice()
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"Linear was called more than once per batch"):
+        prune.prune_model(model, 0.5, method=method, calibration=[torch.randn(3, 4)])
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize(
+    ("loss", "found"),
+    [
+        (lambda out, _: out, r"a tensor of shape \(3, 2\)"),
+        (lambda out, _: out.sum().long(), "a tensor of dtype torch.int64"),
+        (lambda out, _: out.sum().detach(), r"a tensor that does not require grad \(detached.*\)"),
+        (lambda out, _: None, r"a NoneType \(None\)"),
+    ],
+)
+def test_a_taylor_loss_no_gradient_can_flow_from_is_named(loss: Any, found: str) -> None:
+    model = CalledTwice()
+    before = fingerprint(model)
+    expected = rf"loss\(output, batch\) returned {found} on batch 0.*scalar floating tensor"
+    with pytest.raises(ValueError, match=expected + ".*requires grad"):
+        prune.prune_model(model, 0.5, method="taylor", calibration=[torch.randn(3, 4)], loss=loss)
+    assert fingerprint(model) == before

@@ -204,3 +204,14 @@ def test_a_failed_save_keeps_the_old_file_and_leaves_no_temp(
 def test_bits_helper_tells_nan_payloads_apart() -> None:
     assert bits(torch.tensor([float("nan")])) == bits(torch.tensor([float("nan")]))
     assert bits(torch.tensor([0.0])) != bits(torch.tensor([-0.0]))
+
+
+def test_an_integer_parameter_to_reinstall_is_named_by_its_path() -> None:
+    model = nn.Sequential(nn.Linear(2, 2))
+    model[0].weight = nn.Parameter(torch.ones(2, 2, dtype=torch.int64), requires_grad=False)
+    before = fingerprint(model)
+    saved = {"0.weight_orig": torch.ones(2, 2), "0.weight_mask": torch.ones(2, 2)}
+    saved["0.bias"] = torch.ones(2)
+    with pytest.raises(TypeError, match=r"^'0\.weight', parameter 'weight' of Linear has dtype"):
+        prune.load_pruned_state_dict(model, saved)
+    assert fingerprint(model) == before

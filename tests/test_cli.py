@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from prunekit.io.files import load_state_dict, save_state_dict
+from prunekit.io.statedict import prune_state_dict
 from prunekit.report import report
 from prunekit.tools.cli import main
 
@@ -338,3 +339,27 @@ def test_unexpected_errors_are_one_line_with_their_type(
     code, _, err = run(capsys, "report", str(checkpoint))
     assert code == 1
     one_line_error(err, "prunekit report: error: RuntimeError: first line second line")
+
+
+@pytest.mark.parametrize("command", ["prune", "demo"])
+def test_a_seed_torch_cannot_take_is_one_line(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path, tmp_path: Path, command: str
+) -> None:
+    out = tmp_path / "out.pt"
+    if command == "prune":
+        argv = ["prune", str(checkpoint), "-o", str(out), "--method", "random", "--amount", "0.5"]
+    else:
+        argv = ["demo", "--out", str(out)]
+    code, _, err = run(capsys, *argv, "--seed", str(2**70))
+    assert code == 1
+    one_line_error(err, f"prunekit {command}: error: invalid --seed={2**70}", "[-2**63, 2**64 - 1]")
+    assert not out.exists()
+
+
+def test_prune_state_dict_names_a_seed_out_of_range() -> None:
+    state = {"w": torch.ones(4)}
+    with pytest.raises(ValueError, match=r"prune_state_dict: invalid seed=-9223372036854775809"):
+        prune_state_dict(state, "random", 0.5, include=["w"], seed=-(2**63) - 1)
+    with pytest.raises(TypeError, match=r"invalid seed='3' of type str; expected an int in"):
+        prune_state_dict(state, "random", 0.5, include=["w"], seed="3")  # type: ignore[arg-type]
+    assert torch.equal(state["w"], torch.ones(4))

@@ -207,3 +207,12 @@ def test_a_tied_model_pruned_loads_into_a_fresh_one() -> None:
     assert fresh.embed.weight_orig is fresh.head.weight_orig
     ids = torch.randint(0, 20, (3, 4))
     assert torch.equal(fresh(ids), model(ids))
+
+
+def test_an_error_on_one_weight_names_its_path() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    with torch.no_grad():
+        model[1].weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^'1\.weight': parameter 'weight' of Linear: .*nan"):
+        prune.prune_model(model, 0.5)
+    assert not prune.is_pruned(model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,49 @@ def test_command_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert "Pruned 6 tensors" in printed and "globally" in printed and str(out) in printed
     want = prune_state_dict(read_sharded(checkpoint), "l1", 0.75, global_pruning=True)
     assert_same(read_sharded(out), want.state)
+
+
+def raw_safetensors(path: Path, metadata: object) -> None:
+    """One float32 tensor 'w' of 4 values, with `metadata` as the header's __metadata__."""
+    header = {
+        "__metadata__": metadata,
+        "w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+    }
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(16))
+
+
+@pytest.mark.parametrize(
+    "metadata, words",
+    [
+        (["format", "pt"], r"__metadata__ is a list; expected a mapping of strings to strings"),
+        ("pt", r"__metadata__ is a str; expected a mapping of strings to strings"),
+        (
+            {"nested": {"a": 1}},
+            r"__metadata__\['nested'\] is a dict \(\{\"a\": 1\}\); expected a str",
+        ),
+        ({"n": 3}, r"__metadata__\['n'\] is a int \(3\); expected a string"),
+    ],
+)
+def test_shard_metadata_that_is_not_strings_is_refused(
+    tmp_path: Path, metadata: object, words: str
+) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / INDEX).write_text(json.dumps({"weight_map": {"w": "x.safetensors"}}))
+    raw_safetensors(bad / "x.safetensors", metadata)
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: the header's " + words):
+        prune_sharded(bad, tmp_path / "out", "l1", 0.5, include=["w"])
+    assert not (tmp_path / "out").exists()
+    raw_safetensors(bad / "x.safetensors", {"format": "pt"})
+    assert read_header(bad / "x.safetensors")[1] == {"format": "pt"}
+
+
+def test_an_index_that_is_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    os.mkfifo(folder / INDEX)
+    for where in (folder, folder / INDEX):
+        with pytest.raises(CheckpointError, match=r"index\.json: is not a regular file; expected"):
+            prune_sharded(where, tmp_path / "out", "l1", 0.5)
+    assert not (tmp_path / "out").exists()

@@ -153,3 +153,13 @@ def test_errors(pattern: Any, amount: float, settings: SparseGPT, words: str) ->
 def test_settings_are_checked(bad: dict[str, Any]) -> None:
     with pytest.raises((ValueError, TypeError), match="SparseGPT: invalid"):
         SparseGPT(**bad)
+
+
+def test_inputs_whose_squares_overflow_float32_are_named_so() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    before = model[0].weight.detach().clone()
+    batches = [torch.full((2, 4), 1e20)]  # finite, but 1e40 overflows float32
+    with pytest.raises(ValueError, match=r"Hessian .* holds inf entries: the squares of its inp"):
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=batches)
+    assert torch.equal(model[0].weight, before)
+    assert not prune.is_pruned(model)

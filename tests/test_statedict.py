@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
+from prunekit.io.files import save_state_dict
 from prunekit.io.statedict import entries, prune_state_dict, select_names
+from prunekit.tools.cli import main
 
 
 def _model() -> nn.Sequential:
@@ -148,3 +152,23 @@ def test_a_bad_saved_mask_is_named() -> None:
         match=r"tensor 'w': CustomFromMask: the mask holds 4 value\(s\) other than 0 and 1",
     ):
         prune_state_dict(state, "l1", 0.5)
+
+
+@pytest.mark.parametrize("extra", [{}, {"fc.weight": torch.ones(3, 3)}])
+def test_a_mask_without_its_orig_is_not_pruned_as_a_weight(extra: dict[str, torch.Tensor]) -> None:
+    state = {**extra, "fc.weight_mask": torch.ones(3, 3), "fc.bias": torch.ones(3)}
+    copies = {k: v.clone() for k, v in state.items()}
+    with pytest.raises(ValueError, match=r"'fc.weight_mask' is named as the mask of a pruned "):
+        prune_state_dict(state, "l1", 0.5)
+    assert all(torch.equal(state[k], copies[k]) for k in copies)
+    if extra:
+        done = prune_state_dict(state, "l1", 0.5, exclude=["fc.weight_mask"])
+        assert done.pruned == ["fc.weight"]
+        assert torch.equal(done.state["fc.weight_mask"], copies["fc.weight_mask"])
+
+
+def test_a_mask_without_its_orig_is_refused_by_the_cli(tmp_path: Path) -> None:
+    path = save_state_dict({"fc.weight_mask": torch.ones(3, 3)}, tmp_path / "m.safetensors")
+    out = tmp_path / "out.safetensors"
+    assert main(["prune", str(path), "-o", str(out), "--amount", "0.5"]) == 1
+    assert not out.exists()

@@ -155,3 +155,23 @@ def test_bad_arguments_are_refused_and_nothing_changes(
     with pytest.raises(error, match=match):
         prunekit.prune_channels(model, x, 0.5, **options)
     assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize(
+    ("loss", "found"),
+    [
+        (lambda out, _: out, r"a tensor of shape \(4, 3\)"),
+        (lambda out, _: out.sum().long(), "a tensor of dtype torch.int64"),
+        (lambda out, _: out.sum().detach(), r"a tensor that does not require grad \(detached.*\)"),
+        (lambda out, _: 3.0, r"a float \(3\.0\)"),
+    ],
+)
+def test_a_loss_no_gradient_can_flow_from_is_named(loss: Any, found: str) -> None:
+    model, x = mlp(), torch.randn(2, 4)
+    before = fingerprint(model)
+    expected = rf"loss\(output, batch\) returned {found} on batch 0.*scalar floating tensor"
+    with pytest.raises(ValueError, match=expected + ".*requires grad"):
+        prunekit.prune_channels(
+            model, x, 0.5, criterion="taylor", calibration=[torch.randn(4, 4)], loss=loss
+        )
+    assert fingerprint(model) == before

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.backend import is_module
-from prunekit.core.errors import type_error, value_error, with_context
+from prunekit.core.errors import naming, type_error, value_error, with_context
 from prunekit.core.naming import ORIG, mask_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.functional import custom_from_mask, global_unstructured
@@ -170,7 +170,8 @@ def _prune(
             global_unstructured([(t.module, t.leaf) for t in targets], cls, **kwargs)
         else:
             for target in targets:
-                cls.apply(target.module, target.leaf, **kwargs)
+                with naming(repr(target.name)):  # errors name the path: '1.weight'
+                    cls.apply(target.module, target.leaf, **kwargs)
         for target in targets:
             mask = getattr(target.holder, mask_name(target.leaf.rpartition(".")[2]))
             for holder, leaf, _ in target.ties:

@@ -116,3 +116,22 @@ def test_bad_arguments(kw: dict[str, object], error: type[Exception], words: str
     with pytest.raises(error, match=r"^test: ") as caught:
         timetable(schedule, **kw)
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "step, error, words",
+    [
+        ("x", TypeError, "step='x' of type str; expected an int >= 0"),
+        (2.5, TypeError, "step=2.5 of type float; expected an int >= 0"),
+        (None, TypeError, "step=None of type NoneType"),
+        (-1, ValueError, "step=-1; expected an int >= 0"),
+    ],
+)
+def test_amount_at_a_step_that_is_not_a_count(
+    step: object, error: type[Exception], words: str
+) -> None:
+    pruner = prune.GradualPruner(nn.Linear(4, 4), final_amount=0.5, start_step=0, end_step=10)
+    with pytest.raises(error, match=r"^GradualPruner: invalid ") as caught:
+        pruner.amount_at(step)  # type: ignore[arg-type]
+    assert words in str(caught.value)
+    assert pruner.amount_at(10) == 0.5

@@ -193,6 +193,13 @@ class InputStatistics:
         elif acc.last is x:
             return  # another Linear of the group saw this input already
         elif acc.last is not None:
+            if not any(a is acc for m, a in self._of.items() if m is not module):
+                raise value_error(
+                    f"calibration: {type(module).__name__} was called more than once per "
+                    "batch (the same module run on two inputs in one forward); expected "
+                    "each calibrated layer to run once per forward: "
+                    "exclude it, or give each use its own module"
+                )
             raise value_error(
                 f"calibration: {type(module).__name__} shared its input with another layer "
                 "in the first batch but not in this one; expected each batch to run the "
@@ -367,6 +374,26 @@ def capture_block_inputs(
     finally:
         handle.remove()
     return captured
+
+
+def _check_loss(value: Any, index: int) -> None:
+    """Raise unless `value`, what the caller's loss returned on batch `index`, is a tensor
+    a gradient can flow back from: one floating element, computed from the model."""
+    if not isinstance(value, Tensor):
+        found = f"a {type(value).__name__} ({value!r:.60})"
+    elif value.numel() != 1:
+        found = f"a tensor of shape {tuple(value.shape)}"
+    elif not value.is_floating_point():
+        found = f"a tensor of dtype {value.dtype}"
+    elif not value.requires_grad:
+        found = "a tensor that does not require grad (detached, or not computed from the output)"
+    else:
+        return
+    raise value_error(
+        f"calibration: loss(output, batch) returned {found} on batch {index}; expected "
+        "loss to return a scalar floating tensor that requires grad (computed from the "
+        "model's output)"
+    )
 
 
 def _batch_error(index: int, error: Exception, what: str = "model") -> Exception:
@@ -554,6 +581,7 @@ def gradients(
                     value = loss(output, batch)
                 except Exception as error:
                     raise _batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
+                _check_loss(value, index)
                 value.backward()  # type: ignore[no-untyped-call]
                 for i, (p, current) in enumerate(params):
                     if p.grad is not None:

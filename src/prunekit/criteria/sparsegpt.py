@@ -94,6 +94,14 @@ def _inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, T
     """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, and which inputs
     never fired (a zero diagonal: their weights cost nothing to prune)."""
     h = hessian.detach().clone()
+    if not bool(torch.isfinite(h).all()):
+        kind = "inf" if bool(torch.isinf(h).any()) else "NaN"
+        raise value_error(
+            f"{owner}: the layer's Hessian (mean of X^T X over its inputs) holds {kind} "
+            f"entries: the squares of its inputs overflow {h.dtype} (or the inputs were not "
+            "finite), which no damp can fix; expected calibration inputs whose squares fit "
+            f"{h.dtype} (largest finite {torch.finfo(h.dtype).max:.3g})"
+        )
     diagonal = h.diagonal()
     dead = diagonal == 0
     h[dead, dead] = 1

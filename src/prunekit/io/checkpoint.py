@@ -156,12 +156,13 @@ def _check_keys(
     ]
     if wrong:
         raise RuntimeError(f"{where}: shapes differ ({'; '.join(wrong)}); expected equal shapes")
+    paths = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
     for module_id, name in installs:
         module = installs[(module_id, name)][3]
         param = module._parameters[name]
         if param is not None and not param.is_floating_point():
             raise TypeError(
-                f"{describe(module, name)} has dtype {param.dtype}; "
+                f"{describe(module, name, paths.get(module_id))} has dtype {param.dtype}; "
                 "expected a floating-point parameter"
             )
 

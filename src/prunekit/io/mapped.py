@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -120,14 +121,34 @@ def read_header(path: Path) -> tuple[dict[str, Stored], dict[str, str]]:
         raise CheckpointError(f"{path}: not a .safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a .safetensors file (bad header)")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = _metadata(path, header.pop("__metadata__", None))
     data = 8 + length
     found = {name: _entry(path, name, info, data, size) for name, info in header.items()}
     spans = sorted((s.begin, s.begin + s.nbytes, s.name) for s in found.values() if s.nbytes)
     for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
         if begin < end:
             raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap")
-    return found, {str(k): str(v) for k, v in dict(metadata).items()}
+    return found, metadata
+
+
+def _metadata(path: Path, value: Any) -> dict[str, str]:
+    """A header's ``__metadata__``, which the format makes a mapping of strings to strings;
+    anything else is refused, never rewritten."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"{path}: the header's __metadata__ is a {type(value).__name__}; expected a "
+            "mapping of strings to strings"
+        )
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise CheckpointError(
+                f"{path}: the header's __metadata__[{key!r}] is a {type(item).__name__} "
+                f"({json.dumps(item)[:60]}); expected a string (safetensors metadata maps "
+                "strings to strings)"
+            )
+    return dict(value)
 
 
 def _entry(path: Path, name: str, info: object, data: int, size: int) -> Stored:

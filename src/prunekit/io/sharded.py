@@ -39,7 +39,7 @@ from prunekit.distributed.group import Group
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import METHODS, prune_state_dict, select_names
+from prunekit.io.statedict import METHODS, check_seed, prune_state_dict, select_names
 from prunekit.select import Source
 
 __all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "open_tensors", "prune_sharded"]
@@ -65,8 +65,18 @@ def index_of(path: str | os.PathLike[str]) -> Path | None:
     file, the ``model.safetensors.index.json`` inside `path` if it is a folder, else None."""
     where = Path(path)
     if where.is_dir():
-        return where / INDEX if (where / INDEX).is_file() else None
-    return where if where.name.endswith(".index.json") and where.is_file() else None
+        found = where / INDEX
+    elif where.name.endswith(".index.json"):
+        found = where
+    else:
+        return None
+    if not found.exists():
+        return None
+    if not found.is_file():  # a directory, FIFO, device or socket
+        raise CheckpointError(
+            f"{found}: is not a regular file; expected the JSON index of a sharded checkpoint"
+        )
+    return found
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
@@ -377,6 +387,7 @@ def _write_index(
 @contextmanager
 def _seeded(seed: int | None) -> Iterator[None]:
     """Seed torch's random generator inside the block, restoring its state after."""
+    check_seed(seed, "prune_sharded")
     if seed is None:
         yield
         return

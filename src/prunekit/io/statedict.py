@@ -19,10 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import validate_pruning_amount_init
-from prunekit.core.errors import describe
+from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
-from prunekit.core.naming import Entry, entries, mask_name, orig_name
+from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
@@ -163,6 +163,7 @@ def prune_state_dict(
     cls, kwargs = _method(method, amount, n, dim, global_pruning)
     found = entries(state)
     targets = set(select_names(found, include, exclude))
+    _refuse_stray_masks(found, targets)
     holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
     with _seeded(seed):
         if global_pruning:
@@ -256,9 +257,45 @@ def _method(
     return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
 
 
+def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> None:
+    """Raise if a tensor to prune is named as a pruning mask (``<n>_mask``) with no
+    ``<n>_orig`` beside it: a mask, not a weight, that pruning would corrupt."""
+    for e in found:
+        base = pruned_name(e.name, MASK)
+        if e.name in targets and e.mask is None and base is not None:
+            raise value_error(
+                f"{e.name!r} is named as the mask of a pruned {base!r}, but "
+                f"{orig_name(base)!r} is not beside it, so it is a mask without its "
+                f"weights, not a weight to prune; expected the pair {orig_name(base)!r} "
+                f"and {e.name!r}, or leave it out (exclude={e.name!r})"
+            )
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
+
+def check_seed(seed: Any, where: str, what: str = "seed") -> None:
+    """Raise unless `seed` is None or an int torch.manual_seed takes; the error begins with
+    `where` (if any) and calls the seed `what`.
+
+    Raises:
+        TypeError: not an int; ValueError: out of SEED_RANGE (both name `where` and `what`).
+    """
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    allowed = f"expected an int in [-2**63, 2**64 - 1] = [{low}, {high}]"
+    head = f"{where}: invalid {what}" if where else f"invalid {what}"
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise type_error(f"{head}={seed!r} of type {type(seed).__name__}; {allowed}")
+    if not low <= seed <= high:
+        raise value_error(f"{head}={seed}, out of range; {allowed}")
+
+
 @contextmanager
 def _seeded(seed: int | None) -> Iterator[None]:
     """Seed torch's random generator inside the block, restoring its state after."""
+    check_seed(seed, "prune_state_dict")
     if seed is None:
         yield
         return

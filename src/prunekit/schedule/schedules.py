@@ -126,6 +126,7 @@ class Timetable:
 
     def amount_at(self, step: int, owner: str = "schedule") -> float:
         """The scheduled sparsity at `step` (0 before start_step), by the formula."""
+        step = _step(step, "step", owner, 0)
         if step < self.start_step:
             return 0.0
         step = min(step, self.end_step)

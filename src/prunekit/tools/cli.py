@@ -17,7 +17,7 @@ from prunekit.io.atomic import atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
-from prunekit.io.statedict import prune_file
+from prunekit.io.statedict import check_seed, prune_file
 from prunekit.report import Report, report
 from prunekit.tools.demo import run_demo
 
@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
     try:
+        check_seed(getattr(args, "seed", None), "", "--seed")
         status: int = args.run(args)
     except KeyboardInterrupt:
         print(f"prunekit {args.command}: interrupted", file=sys.stderr)
