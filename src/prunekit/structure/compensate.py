@@ -95,17 +95,27 @@ def least_squares_update(
 
 
 def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
-    """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve,
-    the damping raised tenfold (up to 1e6 times) where the factorization fails."""
+    """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve."""
+    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation"))
+
+
+def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
+    """The Cholesky factor of `a` + damp x its mean diagonal x I (`a` symmetric positive
+    semi-definite), the damping raised tenfold (up to 1e6 times) where factorization fails.
+
+    Raises:
+        RuntimeError: `a` is not positive definite even then (a NaN or inf in it).
+    """
     scale = float(a.diagonal().mean()) if a.numel() else 0.0
     eye = torch.eye(a.shape[0], dtype=a.dtype)
     level = damp * scale if scale > 0 else damp
     for _ in range(7):
-        factor, info = torch.linalg.cholesky_ex(a + level * eye)
-        if int(info) == 0:
-            return torch.cholesky_solve(b, factor)
+        found = torch.linalg.cholesky_ex(a + level * eye)
+        if int(found.info) == 0:
+            factor: Tensor = found.L
+            return factor
         level = max(level, 1e-12) * 10
-    raise RuntimeError("compensation: the input Hessian is not positive definite even damped")
+    raise RuntimeError(f"{owner}: the input Hessian is not positive definite even damped")
 
 
 @dataclass

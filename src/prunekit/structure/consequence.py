@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
+from prunekit.structure.compensate import damped_cholesky
 from prunekit.structure.criteria import GroupCriterion, Loss, WeightNorm, values
 from prunekit.structure.graph import ChannelGroup, Slice
 
@@ -107,16 +108,8 @@ def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) 
 
 
 def _damped_inverse(hessian: Tensor) -> Tensor:
-    h = hessian.to(torch.float64)
-    scale = float(h.diagonal().mean())
-    level = OBS_DAMP * scale if scale > 0 else OBS_DAMP
-    eye = torch.eye(h.shape[0], dtype=torch.float64)
-    for _ in range(7):
-        factor, info = torch.linalg.cholesky_ex(h + level * eye)
-        if int(info) == 0:
-            return torch.cholesky_inverse(factor)
-        level *= 10
-    raise RuntimeError("'obs': the input Hessian is not positive definite even damped")
+    factor = damped_cholesky(hessian.to(torch.float64), OBS_DAMP, "'obs'")
+    return torch.cholesky_inverse(factor)
 
 
 class Fluctuation(_PerConsumer):
