@@ -21,7 +21,7 @@ the consumers and their groups lie in one sequence of blocks (a transformer's la
 model runs once up to the first block and then block by block; else the whole model runs
 once per consumer. Peak memory beyond the model: one consumer's H (float32, and a float64
 copy during the solve), the blocks' inputs for every batch, and a copy of each compensated
-weight (to undo a failed call).
+weight (taken by the caller's transaction, ``written`` says which, to undo a failed call).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ on SmolLM2-135M's down projections: see ``benchmarks/llm_structure.py``); a thir
 mean diagonal lowered the held-out error at every calibration size tried (512 to 4096
 tokens), 1 % raised it below 4096."""
 
-Undo = list[tuple[Tensor, Tensor]]
 """(tensor, its values before) for every tensor changed in place, to restore on failure."""
 
 
@@ -226,11 +225,11 @@ def compensate_groups(
     chosen: Sequence[tuple[ChannelGroup, Sequence[int]]],
     openings: Openings,
     batches: Sequence[Any],
-    undo: Undo,
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
-    (see the module's docstring). Every tensor changed in place is recorded in `undo`
-    first. Returns the names of the consumers updated, in the order they were."""
+    (see the module's docstring), in place: the tensors ``written`` lists, which the caller
+    keeps to undo a failure. Returns the names of the consumers updated, in the order they
+    were."""
     found = consumers(chosen)
     if not found:
         return []
@@ -249,7 +248,7 @@ def compensate_groups(
                     )
                 finally:
                     openings.close(opened)
-                if _update(one, stats, openings, undo):
+                if _update(one, stats, openings):
                     done.append(names[id(one.module)])
             return done
         sequence, where = blocks
@@ -264,7 +263,7 @@ def compensate_groups(
                     )
                 finally:
                     openings.close(opened)
-                if _update(one, stats, openings, undo):
+                if _update(one, stats, openings):
                     done.append(names[id(one.module)])
             if index == last:
                 break
@@ -272,7 +271,7 @@ def compensate_groups(
     return done
 
 
-def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings, undo: Undo) -> bool:
+def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
     """Apply the least-squares update to one consumer; False where its input did not fit."""
     if not stats.seen(one.module):
         return False
@@ -293,12 +292,10 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings, undo
     rows = weight.reshape(-1, n)
     delta, shift = least_squares_update(rows, hessian, sorted(one.removed), kept, mean, DAMP)
     stored = _stored(one.module, one.name)
-    undo.append((stored, stored.detach().clone()))
     with torch.no_grad():  # in place on the Parameter: its version moves, so cached
         target = stored.movedim(one.dim, -1).view(-1, n)  # masked products are recomputed
         target[:, kept] += delta.to(target.dtype)
         if bias is not None and shift is not None:
-            undo.append((bias, bias.detach().clone()))
             bias.add_(shift.to(bias.dtype))
     return True
 

@@ -114,7 +114,7 @@ def prune_channels(
             openings = Openings(model, pairs)
         _install(model, chosen)
         if openings is not None and batches is not None:
-            compensate_groups(model, pairs, openings, batches, [])
+            compensate_groups(model, pairs, openings, batches)
     return chosen
 
 
