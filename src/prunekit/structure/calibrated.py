@@ -19,6 +19,7 @@ from prunekit.structure.criteria import (
     GroupCriterion,
     Loss,
     WeightNorm,
+    consumer_modules,
     parameter_slices,
     per_unit,
     unit_sums,
@@ -53,8 +54,7 @@ class Activation(GroupCriterion):
         loss: Loss | None,
     ) -> None:
         assert batches is not None
-        consumers = {id(s.module): s.module for g in groups for s in g.slices if s.role == "in"}
-        modules = list(consumers.values())
+        modules = consumer_modules(groups)
         stats = cal.calibrate(model, batches, modules, norms=True, hessian=False)
         self.norms = {id(m): stats.norms(m).double() for m in modules if stats.seen(m)}
 

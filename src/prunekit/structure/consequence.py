@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
 from prunekit.structure.compensate import damped_cholesky
-from prunekit.structure.criteria import GroupCriterion, Loss, WeightNorm, values
+from prunekit.structure.criteria import (
+    GroupCriterion,
+    Loss,
+    WeightNorm,
+    consumer_modules,
+    values,
+)
 from prunekit.structure.graph import ChannelGroup, Slice
 
 __all__ = ["OBS", "OBS_DAMP", "Fluctuation"]
@@ -32,10 +38,6 @@ __all__ = ["OBS", "OBS_DAMP", "Fluctuation"]
 OBS_DAMP = 0.01
 """Damping of the Hessian inverted by 'obs', relative to the mean of its diagonal: light,
 as only the ranking depends on it (compensation's own ``DAMP`` is stronger)."""
-
-
-def _consumer_slices(groups: Sequence[ChannelGroup]) -> dict[int, nn.Module]:
-    return {id(s.module): s.module for g in groups for s in g.slices if s.role == "in"}
 
 
 class _PerConsumer(GroupCriterion):
@@ -70,8 +72,7 @@ class OBS(_PerConsumer):
     ) -> None:
         assert batches is not None
         self.totals = {}
-        consumers = _consumer_slices(groups)
-        modules = [m for m in consumers.values() if _two_dimensional(m)]
+        modules = [m for m in consumer_modules(groups) if _two_dimensional(m)]
         stats = cal.calibrate(model, batches, modules, norms=False, hessian=True)
         for module in modules:
             if not stats.seen(module):
@@ -124,7 +125,7 @@ class Fluctuation(_PerConsumer):
     ) -> None:
         assert batches is not None
         self.totals = {}
-        modules = list(_consumer_slices(groups).values())
+        modules = consumer_modules(groups)
         stats = cal.calibrate(model, batches, modules, norms=True, hessian=False, means=True)
         for module in modules:
             if not stats.seen(module) or not _ungrouped(module):

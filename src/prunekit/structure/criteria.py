@@ -174,6 +174,14 @@ def parameter_slices(group: ChannelGroup) -> list[Slice]:
     return [s for s in group.slices if not s.is_buffer]
 
 
+def consumer_modules(groups: Sequence[ChannelGroup]) -> list[nn.Module]:
+    """The modules that read the groups' units (their slices of role 'in'), each once, in
+    the order the groups name them."""
+    return list(
+        {id(s.module): s.module for g in groups for s in g.slices if s.role == "in"}.values()
+    )
+
+
 def values(s: Slice) -> Tensor:
     """The slice's tensor as the model computes with it (masked where pruned), float64."""
     value: Tensor = getattr(s.module, s.name)
