@@ -26,7 +26,8 @@ weight (taken by the caller's transaction, ``written`` says which, to undo a fai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,14 +242,8 @@ def compensate_groups(
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
-                opened = openings.open(one.groups)
-                try:
-                    stats = cal.calibrate(
-                        model, batches, [one.module], norms=False, hessian=True, means=True
-                    )
-                finally:
-                    openings.close(opened)
-                if _update(one, stats, openings):
+                measure = functools.partial(cal.calibrate, model, batches)
+                if _measured_update(one, openings, measure):
                     done.append(names[id(one.module)])
             return done
         sequence, where = blocks
@@ -256,19 +251,26 @@ def compensate_groups(
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             for one in (c for c in found if where[id(c.module)] == index):
-                opened = openings.open(one.groups)
-                try:
-                    stats = cal.block_statistics(
-                        block, inputs, [one.module], norms=False, hessian=True, means=True
-                    )
-                finally:
-                    openings.close(opened)
-                if _update(one, stats, openings):
+                measure = functools.partial(cal.block_statistics, block, inputs)
+                if _measured_update(one, openings, measure):
                     done.append(names[id(one.module)])
             if index == last:
                 break
             inputs = cal.next_inputs(block, inputs)
     return done
+
+
+def _measured_update(
+    one: _Consumer, openings: Openings, measure: Callable[..., cal.InputStatistics]
+) -> bool:
+    """Take `one`'s input statistics through `measure(modules, **wanted)` with its groups'
+    producers opened, then update it (see ``_update``)."""
+    opened = openings.open(one.groups)
+    try:
+        stats = measure([one.module], norms=False, hessian=True, means=True)
+    finally:
+        openings.close(opened)
+    return _update(one, stats, openings)
 
 
 def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
