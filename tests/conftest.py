@@ -1,9 +1,13 @@
 """Shared fixtures: seeded RNGs for every test; `framework` runs a test on both frameworks;
-`one_pass` records whether each call of the selection's one pass held."""
+`one_pass` records whether each call of the selection's one pass held; `imported_by` tells which
+modules a fresh interpreter holds after importing prunekit."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -39,3 +43,22 @@ def one_pass() -> Iterator[list[bool]]:
 
     with trace.recorded(listen):
         yield held
+
+
+_IMPORTS = """
+import json, sys
+import prunekit
+after_prunekit = sorted(sys.modules)
+import prunekit.schedule
+print(json.dumps({"prunekit": after_prunekit, "prunekit.schedule": sorted(sys.modules)}))
+"""
+
+
+@pytest.fixture(scope="session")
+def imported_by() -> dict[str, frozenset[str]]:
+    """The modules a fresh interpreter holds after `import prunekit` and then after
+    `import prunekit.schedule`: one subprocess for every test that checks the import stays light."""
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORTS], capture_output=True, text=True, check=True
+    )
+    return {name: frozenset(mods) for name, mods in json.loads(out.stdout).items()}
