@@ -46,7 +46,7 @@ test-distributed: setup
 # page missing from the navigation or a docstring griffe cannot read stops the build. The code
 # blocks of the pages run in the tests (tests/test_docs.py).
 docs: setup
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 test: lint typecheck docs unit
 
