@@ -29,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 # How many blocks carry a `<!-- not run: ... -->` marker, over all pages.
 NOT_RUN = 0
 
-_PYTHON = {"python", "py", "python3", "pycon"}
+_PYTHON = {"python", "py", "python3"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _MARKER = re.compile(r"^\s*<!--\s*not run:\s*(?P<why>.+?)\s*-->\s*$")
 
@@ -73,7 +73,10 @@ def blocks_of(page: Path) -> list[Block]:
                 break
             end += 1
         if _language(opening["info"]) in _PYTHON:
-            body = [line[len(indent) :] if line.startswith(indent) else line for line in lines[index + 1 : end]]
+            body = [
+                line[len(indent) :] if line.startswith(indent) else line
+                for line in lines[index + 1 : end]
+            ]
             marker = _MARKER.match(lines[index - 1]) if index > 0 else None
             found.append(
                 Block(page, index + 1, "\n".join(body) + "\n", marker["why"] if marker else None)
@@ -85,7 +88,9 @@ def blocks_of(page: Path) -> list[Block]:
 def _python_fences(page: Path) -> int:
     """Fence openings whose language looks like Python, counted by a plain search."""
     text = page.read_text(encoding="utf-8")
-    return len(re.findall(r"^[ \t]*(?:`{3,}|~{3,})[ \t]*\{?\.?(?:python3?|py|pycon)\b", text, re.M | re.I))
+    return len(
+        re.findall(r"^[ \t]*(?:`{3,}|~{3,})[ \t]*\{?\.?(?:python3?|py)\b", text, re.M | re.I)
+    )
 
 
 def expected_output(code: str) -> list[str]:
@@ -148,7 +153,9 @@ def test_page_runs(
         position = 0
         for want in expected_output(block.code):
             matches = [i for i in range(position, len(printed)) if printed[i].strip() == want]
-            assert matches, f"{where}: expected {want!r} in the output after line {position}: {printed}"
+            assert matches, (
+                f"{where}: expected {want!r} in the output after line {position}: {printed}"
+            )
             position = matches[0] + 1
     assert ran == len(blocks) - sum(1 for block in blocks if block.not_run)
     assert ran > 0
