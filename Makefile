@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,hf,lightning
+EXTRAS := dev,tensorplay,cli,demo,hf,lightning,docs
 # torchvision goes to a folder of its own, not to the venv's site-packages. The only wheel the
 # index serves is a CUDA build that cannot load under the CPU torch, and transformers and
 # Lightning import torchvision whenever it is installed: in site-packages it would break
@@ -11,7 +11,7 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning
 # folder on sys.path; nothing else ever sees it.
 VISION := $(VENV)/vision
 
-.PHONY: setup test lint typecheck unit test-distributed bench bench-quick bench-structure \
+.PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
 	bench-llm bench-cnn bench-minilm-compensate demo clean
 
@@ -42,7 +42,13 @@ unit: setup
 test-distributed: setup
 	$(PY) -m pytest -q tests/test_distributed.py
 
-test: lint typecheck unit
+# The documentation site (mkdocs.yml, docs/) into site/, warnings as errors: a broken link, a
+# page missing from the navigation or a docstring griffe cannot read stops the build. The code
+# blocks of the pages run in the tests (tests/test_docs.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+test: lint typecheck docs unit
 
 bench: setup
 	$(PY) benchmarks/run.py
@@ -103,4 +109,4 @@ demo: setup
 	$(VENV)/bin/prunekit demo
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

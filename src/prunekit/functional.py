@@ -57,13 +57,47 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def identity(module: M, name: str) -> M:
-    """Install the reparameterization on ``module.<name>`` without pruning anything."""
+    """Install the reparameterization on ``module.<name>`` without pruning anything.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name (``"weight"``, or dotted: ``"attn.out_proj.weight"``).
+
+    Returns:
+        `module`, with ``<name>_orig``, ``<name>_mask`` (all ones) and the hook.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value; the message names the module, the parameter, the value and what
+            is allowed. The module is then left exactly as it was.
+    """
     Identity.apply(module, name)
     return module
 
 
 def random_unstructured(module: M, name: str, amount: float) -> M:
-    """Prune `amount` entries of ``module.<name>`` chosen at random."""
+    """Prune `amount` entries of ``module.<name>`` chosen at random.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name.
+        amount: a fraction in [0, 1] of the entries still unpruned, or a count.
+
+    Returns:
+        `module`, pruned.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value (an amount out of range, a count above the entries left); the
+            message names the module, the parameter, the value and what is allowed. The module is
+            then left exactly as it was.
+    """
     RandomUnstructured.apply(module, name, amount)
     return module
 
@@ -71,13 +105,53 @@ def random_unstructured(module: M, name: str, amount: float) -> M:
 def l1_unstructured(
     module: M, name: str, amount: float, importance_scores: Tensor | None = None
 ) -> M:
-    """Prune the `amount` entries of ``module.<name>`` with the smallest absolute score."""
+    """Prune the `amount` entries of ``module.<name>`` with the smallest absolute score.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name.
+        amount: a fraction in [0, 1] of the entries still unpruned, or a count.
+        importance_scores: scores shaped like the parameter that rank its entries instead
+            of its values.
+
+    Returns:
+        `module`, pruned.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value (an amount out of range, a count above the entries left, scores
+            of another shape or not finite); the message names the module, the parameter, the value
+            and what is allowed. The module is then left exactly as it was.
+    """
     L1Unstructured.apply(module, name, amount, importance_scores=importance_scores)
     return module
 
 
 def random_structured(module: M, name: str, amount: float, dim: int) -> M:
-    """Prune `amount` random channels of ``module.<name>`` along `dim`."""
+    """Prune `amount` random channels of ``module.<name>`` along `dim`.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name.
+        amount: a fraction in [0, 1] of the channels not yet fully pruned, or a count.
+        dim: the axis whose slices are the channels (0: output channels).
+
+    Returns:
+        `module`, pruned.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value (an amount out of range, a count above the channels left); the
+            message names the module, the parameter, the value and what is allowed. The module is
+            then left exactly as it was.
+        IndexError: `dim` is not an axis of the tensor.
+    """
     RandomStructured.apply(module, name, amount, dim)
     return module
 
@@ -90,13 +164,53 @@ def ln_structured(
     dim: int,
     importance_scores: Tensor | None = None,
 ) -> M:
-    """Prune the `amount` channels of ``module.<name>`` along `dim` with the smallest L`n` norm."""
+    """Prune the `amount` channels of ``module.<name>`` along `dim` with the smallest L`n` norm.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name.
+        amount: a fraction in [0, 1] of the channels not yet fully pruned, or a count.
+        n: the norm's order: a positive number, ``inf``, ``-inf``, ``'fro'`` or ``'nuc'``.
+        dim: the axis whose slices are the channels (0: output channels).
+        importance_scores: scores shaped like the parameter whose norms rank the channels.
+
+    Returns:
+        `module`, pruned.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value (an amount out of range, a count above the channels left, a norm
+            order not listed above); the message names the module, the parameter, the value and what
+            is allowed. The module is then left exactly as it was.
+        IndexError: `dim` is not an axis of the tensor.
+    """
     LnStructured.apply(module, name, amount, n, dim, importance_scores=importance_scores)
     return module
 
 
 def custom_from_mask(module: M, name: str, mask: Tensor) -> M:
-    """Prune ``module.<name>`` where `mask` is 0."""
+    """Prune ``module.<name>`` where `mask` is 0.
+
+    Args:
+        module: the module holding the parameter.
+        name: the parameter's name.
+        mask: 0s and 1s shaped like the parameter; composed with any earlier mask.
+
+    Returns:
+        `module`, pruned.
+
+    Raises:
+        TypeError: `module` is not a module, ``module.<name>`` is not a floating-point
+            Parameter (a buffer, say), or an argument has the wrong type.
+        AttributeError: `module` has no parameter `name` (a dotted name reaches a
+            submodule's).
+        ValueError: a bad value (a mask of another shape, or holding other values than 0 and 1);
+            the message names the module, the parameter, the value and what is allowed. The module
+            is then left exactly as it was.
+    """
     CustomFromMask.apply(module, name, mask)
     return module
 
@@ -104,7 +218,19 @@ def custom_from_mask(module: M, name: str, mask: Tensor) -> M:
 def remove(module: M, name: str) -> M:
     """Make the pruning of ``module.<name>`` permanent and drop its hook.
 
-    Raises ValueError if the tensor is not pruned.
+    The Parameter gets mask * orig (zeros included); ``<name>_orig``, ``<name>_mask`` and
+    the hook go.
+
+    Args:
+        module: the module holding the pruned parameter.
+        name: the parameter's name (dotted names reach a submodule's).
+
+    Returns:
+        `module`.
+
+    Raises:
+        ValueError: ``module.<name>`` is not pruned (the message lists the tensors that are).
+        AttributeError: `name` does not lead to a submodule of `module`.
     """
     owner, leaf = resolve(module, name)
     key, hook = find_pruning_hook(owner, leaf)
@@ -123,7 +249,14 @@ def remove(module: M, name: str) -> M:
 
 
 def is_pruned(module: nn.Module) -> bool:
-    """True if `module` or any submodule carries a pruning hook."""
+    """Whether `module` or any submodule carries a pruning hook.
+
+    Args:
+        module: any module.
+
+    Returns:
+        True if a pruning hook is installed anywhere in `module`.
+    """
     return any(pruning_hooks(sub) for sub in module.modules())
 
 
@@ -144,6 +277,21 @@ def global_unstructured(
     ``process_group=`` (a torch.distributed group, in kwargs so the signature stays
     torch's) ranks the tensors every rank of the group lists as one model: see
     prunekit.distributed.global_unstructured.
+
+    Args:
+        parameters: ``(module, name)`` pairs of the tensors to rank together.
+        pruning_method: an unstructured method class (``L1Unstructured``,
+            ``RandomUnstructured``, ``Pruning``, or your own).
+        importance_scores: scores per pair, shaped like its tensor, ranked instead of its
+            values.
+        **kwargs: the method's arguments (``amount=``, ``criterion=`` for ``Pruning``), and
+            ``process_group=``.
+
+    Raises:
+        TypeError: `pruning_method` is not an unstructured method class, or a pair does not
+            name a floating-point Parameter.
+        ValueError: a bad amount, a tensor listed twice or tied to another listed one,
+            scores of the wrong shape; nothing is pruned.
     """
     if kwargs.get("process_group") is not None:
         from prunekit.distributed import global_unstructured as across_ranks
@@ -345,6 +493,14 @@ def forward_reuse(module: M, enabled: bool) -> M:
 
     Applies to every pruning hook in `module` and its submodules (prunings added
     later start with reuse on). See BasePruningMethod.__call__ for what reuse sees.
+
+    Args:
+        module: a model, pruned or not.
+        enabled: True to let forwards under ``torch.no_grad()`` reuse mask * orig while
+            neither changed; False to recompute it at every forward.
+
+    Returns:
+        `module`.
     """
     for sub in module.modules():
         for hook in pruning_hooks(sub):

@@ -223,6 +223,16 @@ def report(source: nn.Module | Mapping[str, Tensor] | Any) -> Report:
     own name (``conv.weight``, not ``conv.weight_orig``), valued as mask * orig.
     A state_dict cannot tell parameters from buffers, so every floating-point
     tensor in it gets a row; ``<n>_orig`` + ``<n>_mask`` pairs are one row ``<n>``.
+
+    Args:
+        source: a torch or TensorPlay model, or a state_dict.
+
+    Returns:
+        The Report: its rows, totals and sizes; ``str()``, ``to_dict()``, ``to_json()``,
+        ``rich_table()`` and ``plot(path)`` render it.
+
+    Raises:
+        TypeError: `source` is neither a model nor a mapping.
     """
     if isinstance(source, Mapping):
         return Report(tuple(_state_rows(source)))

@@ -27,8 +27,13 @@ NORM_RULE = "a positive number, float('inf'), float('-inf'), 'fro' or 'nuc'"
 def validate_pruning_amount_init(amount: Any, owner: str = "amount") -> None:
     """Check an amount before the tensor it applies to is known.
 
-    Raises TypeError for a non-number (bools included) and ValueError for a
-    value outside the allowed range (NaN included).
+    Args:
+        amount: a float in [0, 1] (a fraction) or an int >= 0 (a count).
+        owner: what the error message names as the amount's owner.
+
+    Raises:
+        TypeError: `amount` is not a number (bools included).
+        ValueError: `amount` is outside the allowed range (NaN included).
     """
     if isinstance(amount, bool) or not isinstance(amount, numbers.Real):
         raise type_error(
@@ -49,6 +54,13 @@ def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
 
     An int is a count; a float is a fraction of `tensor_size`, rounded with
     Python's round() (ties to even), as torch.nn.utils.prune does.
+
+    Args:
+        amount: a checked amount (see validate_pruning_amount_init).
+        tensor_size: the number of units (entries or channels) available.
+
+    Returns:
+        The count to prune.
     """
     if isinstance(amount, numbers.Integral):
         return int(amount)
@@ -56,7 +68,16 @@ def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
 
 
 def validate_pruning_amount(amount: float, tensor_size: int, owner: str = "amount") -> None:
-    """Check that a count `amount` does not exceed the `tensor_size` units available."""
+    """Check that a count `amount` does not exceed the `tensor_size` units available.
+
+    Args:
+        amount: a checked amount; a fraction always fits.
+        tensor_size: the number of units available.
+        owner: what the error message names as the amount's owner.
+
+    Raises:
+        ValueError: `amount` is a count above `tensor_size`.
+    """
     if isinstance(amount, numbers.Integral) and amount > tensor_size:
         raise value_error(
             f"{owner}: amount={amount} is more than the {tensor_size} units available to prune; "

@@ -43,7 +43,15 @@ def pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
 
 
 def refresh_pruned(model: nn.Module) -> None:
-    """Recompute ``module.<name>`` = mask * orig for every pruned tensor of `model`."""
+    """Recompute ``module.<name>`` = mask * orig for every pruned tensor of `model`.
+
+    Needed only after ``<name>_orig`` or ``<name>_mask`` was changed in a way the hooks
+    cannot see (a write through ``.data``), or to have ``module.<name>`` follow a
+    dtype or device move before the next forward.
+
+    Args:
+        model: a model, pruned or not.
+    """
     for module in model.modules():
         refresh_masked(module)
 
@@ -54,6 +62,12 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
     Each ``<name>_orig`` / ``<name>_mask`` pair becomes ``<name>`` = mask * orig, so the
     result loads into an unpruned copy of the model. Other entries are the model's own
     (detached) tensors, as in state_dict().
+
+    Args:
+        model: a model, pruned or not.
+
+    Returns:
+        The state_dict, keyed as the unpruned model's.
     """
     state = dict(model.state_dict())
     for prefix, _, name in pruned_tensors(model):
@@ -70,8 +84,24 @@ def load_pruned_state_dict(model: nn.Module, state_dict: StateDict, strict: bool
 
     Tensors of `model` not yet pruned get the saved mask exactly (through CustomFromMask);
     pruned ones keep their hooks and take the saved mask and values. Keys and shapes are
-    checked before anything changes: on error `model` is left as it was. Returns what
-    ``nn.Module.load_state_dict`` returns (missing and unexpected keys when not strict).
+    checked before anything changes: on error `model` is left as it was.
+
+    Args:
+        model: the model to load into, pruned or not (a fresh, unpruned one is fine).
+        state_dict: the entries, ``<name>_orig`` and ``<name>_mask`` for pruned tensors (as
+            a pruned model's state_dict, or ``torch.nn.utils.prune``'s, holds them).
+        strict: require the keys to be exactly the model's, as ``load_state_dict`` does.
+
+    Returns:
+        What ``nn.Module.load_state_dict`` returns (missing and unexpected keys when not
+        strict).
+
+    Raises:
+        TypeError: `state_dict` is not a mapping, or a saved mask would prune a parameter
+            that is not floating-point.
+        ValueError: a mask holds values other than 0 and 1.
+        RuntimeError: missing or unexpected keys (when strict), an entry naming a submodule
+            the model does not have (when strict), or shapes that differ.
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(
@@ -172,6 +202,20 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
 
     With ``permanent=True`` the pruning is made permanent in the file (for deployment:
     loads into an unpruned model with load_state_dict); `model` itself is not changed.
+
+    Args:
+        model: a torch model, pruned or not.
+        path: the file to write; a ``.safetensors`` suffix writes safetensors (needs
+            ``prunekit[cli]``), anything else ``torch.save``'s format. Written to a
+            temporary file beside it and renamed into place.
+        permanent: write mask * orig under the plain names instead of the masks.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: `model` is a TensorPlay model (save its state_dict with
+            ``tensorplay.save`` instead).
     """
     _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
     state = permanent_state_dict(model) if permanent else model.state_dict()
@@ -183,6 +227,21 @@ def load_pruned(model: nn.Module, path: str | os.PathLike[str], strict: bool = T
 
     PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
     the rest.
+
+    Args:
+        model: the model to load into, pruned or not.
+        path: a PyTorch state_dict file or a ``.safetensors`` file.
+        strict: require the keys to be exactly the model's.
+
+    Returns:
+        What ``nn.Module.load_state_dict`` returns.
+
+    Raises:
+        TypeError: `model` is a TensorPlay model (use ``load_pruned_state_dict(model,
+            tensorplay.load(path))``).
+        prunekit.io.files.CheckpointError: a ValueError: the file is missing or cannot be
+            read as a state_dict (its message says why).
+        RuntimeError: keys or shapes do not match (see load_pruned_state_dict).
     """
     _refuse_tensorplay(model, "load_pruned", "load_pruned_state_dict(model, tensorplay.load(path))")
     return load_pruned_state_dict(model, load_state_dict(path), strict=strict)

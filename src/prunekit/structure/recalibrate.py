@@ -44,8 +44,9 @@ def recalibrate_norms(model: nn.Module, calibration: Iterable[Any]) -> int:
     Raises:
         TypeError: `model` is not an nn.Module, or a batch is not of a kind listed above.
         ValueError: `calibration` holds no batch.
-        Any error of the model's forward, after every BatchNorm's statistics, momentum and
-        every module's training flag have been restored.
+        Exception: any error of the model's forward, raised as it is, after every
+            BatchNorm's statistics, momentum and every module's training flag have been
+            restored.
     """
     check_model(model, "recalibrate_norms")
     batches = batch_list(calibration, "recalibrate_norms")
