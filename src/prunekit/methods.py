@@ -1,5 +1,5 @@
 """The pruning methods: Pruning (a criterion times a pattern), the torch-named methods
-built from it, Identity and CustomFromMask, and the registry of methods by short name."""
+built from it, Identity and CustomFromMask (their short names: prunekit.whole.registry)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.patterns.base import all_ones
 
 __all__ = [
-    "METHODS",
     "CustomFromMask",
     "Identity",
     "L1Unstructured",
@@ -259,11 +258,3 @@ class CustomFromMask(BasePruningMethod):
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``module.<name>`` where `mask` is 0."""
         return super().apply(module, name, mask=mask)
-
-
-METHODS: dict[str, type[Pruning]] = {
-    "l1": L1Unstructured,
-    "random": RandomUnstructured,
-    "ln": LnStructured,
-}
-"""Methods by the short names the command line and the offline pruner take."""

@@ -17,17 +17,16 @@ from torch import nn
 
 from prunekit.core.backend import is_module
 from prunekit.core.errors import naming, type_error, value_error, with_context
-from prunekit.core.naming import ORIG, mask_name, pruned_name
+from prunekit.core.naming import ORIG, Entry, mask_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.functional import custom_from_mask, global_unstructured
-from prunekit.io.statedict import METHODS, Entry, select_names
+from prunekit.io.statedict import select_names
 from prunekit.methods import LnStructured
-from prunekit.oneshot import CALIBRATED, calibrates, default_pattern, oneshot
+from prunekit.oneshot import calibrates, default_pattern, oneshot
 from prunekit.report import Report, report
+from prunekit.whole.registry import CALIBRATED, METHODS, OFFLINE, SCOPES, check_scope, find
 
 __all__ = ["SCOPES", "prune_model"]
-
-SCOPES = ("layer", "global")
 
 
 @dataclass
@@ -281,18 +280,14 @@ def _output_heads(model: nn.Module) -> list[nn.Module]:
 
 def _method(method: Any, scope: Any, amount: Any) -> tuple[Any, dict[str, Any]]:
     """The method class and its keyword arguments, after checking the three fit together."""
-    if not isinstance(method, str) or method not in METHODS:
+    found = find(method, OFFLINE)
+    if found is None or found.pruning is None:
         raise value_error(
-            f"prune_model: invalid method={method!r}; expected one of "
-            f"{', '.join([*METHODS, *CALIBRATED])}"
+            f"prune_model: invalid method={method!r}; expected one of {', '.join(METHODS)}"
         )
-    if not isinstance(scope, str) or scope not in SCOPES:
-        raise value_error(
-            f"prune_model: invalid scope={scope!r}; expected 'layer' (each tensor) or "
-            "'global' (all selected tensors ranked together)"
-        )
-    cls = METHODS[method]
-    if cls is LnStructured and scope == "global":
+    check_scope(scope, "prune_model")
+    cls = found.pruning
+    if scope not in found.scopes:
         raise value_error(
             "prune_model: method='ln' prunes whole channels of each tensor, so scope must be "
             "'layer'; for scope='global' use method 'l1' or 'random'"

@@ -41,10 +41,11 @@ from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.progress import Progress
+from prunekit.whole.registry import CALIBRATED, METHODS, SCOPES
 
 __all__ = [
     "CALIBRATED",
-    "METHODS",
+    "ENGINE",
     "PATTERNS",
     "calibrates",
     "default_pattern",
@@ -52,8 +53,7 @@ __all__ = [
     "parse_pattern",
 ]
 
-METHODS = ("l1", "random", "wanda", "sparsegpt", "taylor")
-CALIBRATED = ("wanda", "sparsegpt", "taylor")
+ENGINE = ("l1", "random", *CALIBRATED)  # the methods the one-shot engine runs
 PATTERNS = "'unstructured', 'row', or 'N:M' such as '2:4' and '4:8'"
 
 Target = tuple[nn.Module, str]
@@ -186,12 +186,12 @@ def _plan(
     """Check every argument against the others and against each target."""
     _PATHS.update((m, p) for p, m in model.named_modules())
     prune.validate_pruning_amount_init(amount, owner="prune_model")
-    if method not in METHODS:
-        raise value_error(f"prune_model: invalid method={method!r}; expected one of {METHODS}")
+    if method not in ENGINE:
+        raise value_error(f"prune_model: invalid method={method!r}; expected one of {ENGINE}")
     if pattern is None:
         pattern = default_pattern(method, scope)
     chosen = parse_pattern(pattern)
-    if scope not in ("layer", "global"):
+    if scope not in SCOPES:
         raise value_error(f"prune_model: invalid scope={scope!r}; expected 'layer' or 'global'")
     if not isinstance(sequential, bool):
         raise type_error(f"prune_model: invalid sequential={sequential!r}; expected a bool")
@@ -327,8 +327,9 @@ def _alive(module: nn.Module, name: str) -> Tensor | None:
 
 
 def _run(model: nn.Module, plan: Plan, bar: Progress) -> None:
-    if plan.method in ("l1", "random"):
-        criterion = prune.Magnitude() if plan.method == "l1" else prune.Random()
+    ranks = METHODS[plan.method].criterion
+    if ranks is not None:  # l1, random
+        criterion = ranks()
         _install_ranked(plan, lambda _: criterion, bar)
     elif plan.method == "taylor":
         saliency = _taylor(model, plan)

@@ -26,10 +26,10 @@ from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pru
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
-from prunekit.methods import METHODS, LnStructured
+from prunekit.methods import LnStructured
+from prunekit.whole.registry import OFFLINE, find
 
 __all__ = [
-    "METHODS",
     "Entry",
     "PruneResult",
     "entries",
@@ -160,7 +160,7 @@ def prune_state_dict(
     the pruning is made permanent (plain tensors); with it, each pruned tensor
     is saved as ``<name>_orig`` and ``<name>_mask`` as a pruned model saves it.
     """
-    cls, kwargs = _method(method, amount, n, dim, global_pruning)
+    cls, kwargs = check_method(method, amount, n, dim, global_pruning)
     found = entries(state)
     targets = set(select_names(found, include, exclude))
     _refuse_stray_masks(found, targets)
@@ -203,7 +203,8 @@ def prune_file(
     `path` is only read: `out` may not be the same file. `out` gets the whole result or,
     on any failure, stays as it was.
     """
-    _method(method, amount, options.get("n"), options.get("dim"), options.get("global_pruning"))
+    get = options.get
+    check_method(method, amount, get("n"), get("dim"), get("global_pruning"))
     if same_file(path, out):
         raise CheckpointError(
             f"{out}: is the input file itself; expected another output file (the input is "
@@ -240,13 +241,15 @@ def _reworded(name: str, holder: _Tensor, call: Any, **kwargs: Any) -> None:
         raise type(error)(text) from None
 
 
-def _method(
+def check_method(
     method: str, amount: float, n: Any, dim: int | None, global_pruning: bool | None
 ) -> tuple[type[BasePruningMethod], dict[str, Any]]:
-    """The method class and its keyword arguments, after checking they fit together."""
-    cls = METHODS.get(method)
-    if cls is None:
-        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(METHODS)}")
+    """The method class and its keyword arguments, after checking they fit together
+    (prune_state_dict's and prune_sharded's checks, made before anything is read)."""
+    found = find(method, OFFLINE)
+    if found is None or found.pruning is None:
+        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")
+    cls = found.pruning
     validate_pruning_amount_init(amount, owner="amount")
     if cls is not LnStructured:
         if n is not None or dim is not None:
