@@ -21,8 +21,8 @@ from prunekit.schedule.hook import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
-from prunekit.schedule.targets import Place, Target, select_targets
 from prunekit.whole.registry import check_scope, find, names
+from prunekit.whole.targets import Place, Target, select_targets
 
 __all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
 
@@ -94,6 +94,10 @@ class GradualPruner:
             )
         self.scope = scope
         self.model = model
+        if not isinstance(model, nn.Module):
+            raise type_error(
+                f"{OWNER}: invalid model of type {type(model).__name__}; expected a torch nn.Module"
+            )
         self.targets: list[Target] = select_targets(model, include, exclude, OWNER)
         self._check_shapes()
         self._companions = self._traced(example_inputs)
