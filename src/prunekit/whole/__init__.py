@@ -9,6 +9,11 @@ goes through it.
 - ``model``: ``prune_model``, the front door.
 - ``oneshot`` (with ``plan`` and ``calibrated``): the one-shot engine, calibrated or not,
   run inside the one transaction of ``prunekit.core.transaction``.
+- ``vocabulary``: the argument names every entry point shares (``scope=``, ``include=``,
+  ``exclude=``), and the old spellings that still work with a FutureWarning.
+
+It stands below the entry points that use it (io, schedule, structure, tools) and imports
+none of them.
 """
 
 from prunekit.whole.config import Config

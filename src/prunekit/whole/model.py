@@ -105,6 +105,7 @@ def prune_model(
 
     if process_group is None:
         return _prune(model, checked(), calibration, loss, None)
+    # Here, not at the top: prunekit.distributed imports the prunekit package itself.
     from prunekit.distributed.agree import collective
 
     group = collective(process_group, OWNER)
@@ -225,6 +226,6 @@ def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
             "scope='global' (pattern 'unstructured') only; each rank prunes its own "
             "tensors per layer"
         )
-    from prunekit.distributed.stats import Reducer
+    from prunekit.distributed.stats import Reducer  # see prune_model's import
 
     return Reducer(group, OWNER, arguments)
