@@ -16,7 +16,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.core.method import BasePruningMethod, Target
 from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.patterns import Channels, Pattern, Unstructured
@@ -258,3 +258,19 @@ class CustomFromMask(BasePruningMethod):
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``module.<name>`` where `mask` is 0."""
         return super().apply(module, name, mask=mask)
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS`` (the old registry of methods by short name) reads the one registry,
+    prunekit.whole.registry, with a FutureWarning."""
+    if name != "METHODS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_caller(
+        "prunekit.methods.METHODS moved to prunekit.whole.registry.METHODS (each entry's "
+        "`pruning` is the class); the old name will be removed in a future version",
+        FutureWarning,
+    )
+    # Imported here, not at the top: the registry stands above this module and imports it.
+    from prunekit.whole.registry import METHODS
+
+    return {short: m.pruning for short, m in METHODS.items() if m.pruning is not None}

@@ -127,3 +127,11 @@ def test_engine_errors_name_the_path_in_the_model_of_this_call() -> None:
         prunekit.prune_model(second, 0.5, method="wanda", calibration=[torch.randn(2, 4)],
                              include=[f"0.{n}" for n in include])  # fmt: skip
     assert not prunekit.is_pruned(first) and not prunekit.is_pruned(second)
+
+
+def test_the_old_methods_registry_warns_and_reads_the_one_registry() -> None:
+    with pytest.warns(FutureWarning, match=r"prunekit.whole.registry.METHODS"):
+        old = prunekit.methods.METHODS  # type: ignore[attr-defined]
+    assert old == {name: METHODS[name].pruning for name in OFFLINE}
+    with pytest.raises(AttributeError, match="no attribute 'NOPE'"):
+        prunekit.methods.NOPE  # type: ignore[attr-defined]  # noqa: B018

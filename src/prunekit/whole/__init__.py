@@ -18,7 +18,6 @@ none of them.
 
 from prunekit.whole.config import Config
 from prunekit.whole.model import prune_model
-from prunekit.whole.oneshot import oneshot
 from prunekit.whole.registry import CALIBRATED, METHODS, SCOPES, Method
 from prunekit.whole.targets import Place, Target, select_names, select_targets
 
@@ -30,7 +29,6 @@ __all__ = [
     "Method",
     "Place",
     "Target",
-    "oneshot",
     "prune_model",
     "select_names",
     "select_targets",
