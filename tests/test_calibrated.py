@@ -12,7 +12,7 @@ from torch import nn
 import prunekit as prune
 from model_state import fingerprint
 from prunekit.criteria import calibration as cal
-from prunekit.oneshot import oneshot
+from prunekit.whole.oneshot import oneshot
 
 
 class Block(nn.Module):

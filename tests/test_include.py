@@ -13,7 +13,8 @@ from torch import nn
 import prunekit as prune
 from model_state import fingerprint
 from prunekit.core.naming import entries
-from prunekit.io.statedict import prune_state_dict, select_names
+from prunekit.io.statedict import prune_state_dict
+from prunekit.whole.targets import select_names
 
 transformers = pytest.importorskip("transformers")
 

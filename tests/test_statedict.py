@@ -10,8 +10,9 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunekit.io.files import save_state_dict
-from prunekit.io.statedict import entries, prune_state_dict, select_names
+from prunekit.io.statedict import entries, prune_state_dict
 from prunekit.tools.cli import main
+from prunekit.whole.targets import select_names
 
 
 def _model() -> nn.Sequential:

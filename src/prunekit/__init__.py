@@ -39,9 +39,6 @@ from prunekit.methods import (
     RandomStructured,
     RandomUnstructured,
 )
-
-# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
-from prunekit.model import prune_model
 from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
@@ -57,6 +54,9 @@ from prunekit.structure import (
     compact,
     prune_channels,
 )
+
+# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
+from prunekit.whole import prune_model
 
 # isort: split
 # Structural pruning II: group criteria (calibrated ones too), compacted models saved and

@@ -1,5 +1,5 @@
 """The pruning methods: Pruning (a criterion times a pattern), the torch-named methods
-built from it, Identity and CustomFromMask, and the registry of methods by short name."""
+built from it, Identity and CustomFromMask (their short names: prunekit.whole.registry)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.core.method import BasePruningMethod, Target
 from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.patterns.base import all_ones
 
 __all__ = [
-    "METHODS",
     "CustomFromMask",
     "Identity",
     "L1Unstructured",
@@ -261,9 +260,17 @@ class CustomFromMask(BasePruningMethod):
         return super().apply(module, name, mask=mask)
 
 
-METHODS: dict[str, type[Pruning]] = {
-    "l1": L1Unstructured,
-    "random": RandomUnstructured,
-    "ln": LnStructured,
-}
-"""Methods by the short names the command line and the offline pruner take."""
+def __getattr__(name: str) -> Any:
+    """``METHODS`` (the old registry of methods by short name) reads the one registry,
+    prunekit.whole.registry, with a FutureWarning."""
+    if name != "METHODS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_caller(
+        "prunekit.methods.METHODS moved to prunekit.whole.registry.METHODS (each entry's "
+        "`pruning` is the class); the old name will be removed in a future version",
+        FutureWarning,
+    )
+    # Imported here, not at the top: the registry stands above this module and imports it.
+    from prunekit.whole.registry import METHODS
+
+    return {short: m.pruning for short, m in METHODS.items() if m.pruning is not None}

@@ -97,8 +97,9 @@ def naming(where: str) -> Iterator[None]:
         raise with_context(error, where) from None
 
 
-def warn_caller(message: str) -> None:
-    """Warn, pointing at the first line outside prunekit: the user's call, however deep."""
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn (a `category`), pointing at the first line outside prunekit: the user's call,
+    however deep."""
     frame = sys._getframe(1)
     level = 2  # stacklevel 2 is this function's caller
     while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
@@ -106,4 +107,4 @@ def warn_caller(message: str) -> None:
     ):
         frame = frame.f_back
         level += 1
-    warnings.warn(message, UserWarning, stacklevel=level)
+    warnings.warn(message, category, stacklevel=level)

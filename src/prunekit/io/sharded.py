@@ -31,16 +31,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit import Random, validate_pruning_amount_init
 from prunekit.core.amount import Amount
 from prunekit.core.naming import Entry, entries
+from prunekit.criteria import Random
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import METHODS, check_seed, prune_state_dict, select_names
+from prunekit.io.statedict import check_method, check_seed, prune_state_dict
 from prunekit.select import Source
+from prunekit.whole.registry import METHODS
+from prunekit.whole.targets import ALL, select_names
+from prunekit.whole.vocabulary import scope_from
 
 __all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "open_tensors", "prune_sharded"]
 
@@ -128,15 +131,26 @@ def prune_sharded(
     *,
     n: Any = None,
     dim: int | None = None,
-    global_pruning: bool = False,
-    include: Sequence[str] = (),
+    scope: str = "layer",
+    include: Sequence[str] = ALL,
     exclude: Sequence[str] = (),
     keep_masks: bool = False,
     seed: int | None = None,
+    global_pruning: bool | None = None,
 ) -> ShardedResult:
     """Prune the sharded checkpoint at `path` into the folder `out` (made if missing): the
-    same shard files and an index, with the options of prune_state_dict."""
-    _check(method, amount, n, dim, global_pruning)
+    same shard files and an index, with the options of prune_state_dict (`scope`,
+    `include`, `exclude`, ...; ``global_pruning=`` is the old name of ``scope='global'``).
+
+    Returns:
+        The index written, the names pruned, their entries and zeros.
+
+    Raises:
+        TypeError, ValueError: a bad argument or glob; CheckpointError: a checkpoint or
+            folder that cannot be read or written (the output left as it was).
+    """
+    scope = scope_from("prune_sharded", scope, global_pruning)
+    check_method(method, amount, n, dim, scope)  # before any shard is read
     checkpoint = _open(path)
     found = entries({name: s.meta() for name, s in checkpoint.tensors.items()})
     targets = set(select_names(found, include, exclude))
@@ -161,9 +175,7 @@ def prune_sharded(
         try:
             with _seeded(seed):
                 options = {"n": n, "dim": dim, "keep_masks": keep_masks}
-                done = _write(
-                    checkpoint, found, targets, writer, method, amount, global_pruning, options
-                )
+                done = _write(checkpoint, found, targets, writer, method, amount, scope, options)
             writer.commit()
         except BaseException:
             writer.abort()
@@ -171,17 +183,6 @@ def prune_sharded(
         _write_index(stage, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
     pruned = [e.name for e in found if e.name in targets]
     return ShardedResult(folder / INDEX, pruned, done[0], done[1])
-
-
-def _check(method: str, amount: float, n: Any, dim: int | None, global_pruning: bool) -> None:
-    """The option checks of prune_state_dict, made before any shard is read."""
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(METHODS)}")
-    validate_pruning_amount_init(amount, owner="amount")
-    if method != "ln" and (n is not None or dim is not None):
-        raise ValueError(f"n and dim apply to method 'ln' only, not {method!r}")
-    if method == "ln" and global_pruning:
-        raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
 
 
 def _plan(
@@ -217,13 +218,13 @@ def _write(
     writer: Writer,
     method: str,
     amount: float,
-    global_pruning: bool,
+    scope: str,
     options: dict[str, Any],
 ) -> tuple[int, int]:
     """Write every output tensor, in the order of `found`; returns how many entries the
     pruned tensors hold and how many of them are zero."""
     stored = checkpoint.tensors
-    chosen = _global(stored, found, targets, method, amount) if global_pruning else None
+    chosen = _global(stored, found, targets, method, amount) if scope == "global" else None
     numel = zeros = 0
     for e in found:
         values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
@@ -309,7 +310,9 @@ def _global(
     """The global selection over the targets, streamed: a function of a target's name
     giving its chosen entries chunk by chunk."""
     chosen = [e for e in found if e.name in targets]
-    owner = METHODS[method].__name__
+    pruning = METHODS[method].pruning
+    assert pruning is not None
+    owner = pruning.__name__
     pieces = []
     for key, e in enumerate(chosen):
         values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]

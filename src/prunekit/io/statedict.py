@@ -7,9 +7,7 @@ tensor saved as ``<name>_orig`` + ``<name>_mask`` resumes from its mask.
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,20 +24,18 @@ from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pru
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
-from prunekit.methods import METHODS, LnStructured
+from prunekit.methods import LnStructured
+from prunekit.whole.registry import OFFLINE, find
+from prunekit.whole.targets import ALL, select_names
+from prunekit.whole.vocabulary import scope_from
 
 __all__ = [
-    "METHODS",
     "Entry",
     "PruneResult",
     "entries",
-    "matches",
     "prune_file",
     "prune_state_dict",
-    "select_names",
 ]
-
-RANKABLE = ("float16", "bfloat16", "float32", "float64")  # dtypes the methods rank
 
 
 @dataclass(frozen=True)
@@ -50,95 +46,6 @@ class PruneResult:
     pruned: list[str] = field(default_factory=list)
 
 
-def select_names(
-    found: Sequence[Entry],
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    targets: Collection[str] | None = None,
-) -> list[str]:
-    """Names of the floating-point tensors to prune, in order.
-
-    `targets` are the names the method prunes when nothing is named (default: the
-    tensors of 2 or more dims: weights, not biases or norms). An `include` or `exclude`
-    pattern is a glob of tensor names or of module names (a module holds the tensors
-    under its name; a name also matches as the last part of a longer one, as PEFT's
-    ``target_modules``: ``'q_proj'`` matches ``'layers.0.attn.q_proj'``). `include`
-    narrows `targets` to those it matches; a tensor outside them (a norm, a bias) is
-    selected when `include` gives its exact name. A glob that matches none of `targets`
-    but other tensors by name selects those, as before, with a FutureWarning. Tensors
-    matching an `exclude` pattern are left out. A pattern that matches nothing is an
-    error.
-    """
-    floats = [e for e in found if e.tensor.is_floating_point()]
-    named = {e.name for e in floats if e.tensor.dim() >= 2} if targets is None else set(targets)
-    for pattern in [*include, *exclude]:
-        if not any(matches(e.name, pattern) for e in floats):
-            raise ValueError(
-                f"the pattern {pattern!r} matches no floating-point tensor; "
-                f"tensors: {_listing([e.name for e in floats])}"
-            )
-    if include:
-        picked = {e.name for e in floats if e.name in include}
-        for pattern in include:
-            picked |= _included(floats, named, pattern)
-        chosen = [e for e in floats if e.name in picked]
-    else:
-        chosen = [e for e in floats if e.name in named]
-    chosen = [e for e in chosen if not any(matches(e.name, p) for p in exclude)]
-    for e in chosen:
-        dtype = str(e.tensor.dtype).rpartition(".")[2]
-        if dtype not in RANKABLE:
-            raise ValueError(
-                f"tensor {e.name!r} has dtype {dtype}, which cannot be ranked; expected "
-                f"{', '.join(RANKABLE)} (leave it out with exclude {e.name!r})"
-            )
-    names = [e.name for e in chosen]
-    if not names:
-        raise ValueError(
-            "no tensor left to prune after include/exclude; "
-            f"tensors: {_listing([e.name for e in floats])}"
-        )
-    return names
-
-
-def matches(name: str, pattern: str) -> bool:
-    """Whether `pattern` names the tensor `name`: a glob of its whole name, or of a module
-    holding it (a dotted prefix of the name), whole or as its last part(s)."""
-    if fnmatch.fnmatchcase(name, pattern):
-        return True
-    parts = name.split(".")[:-1]
-    tail = "*." + pattern
-    for end in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:end])
-        if fnmatch.fnmatchcase(prefix, pattern) or fnmatch.fnmatchcase(prefix, tail):
-            return True
-    return False
-
-
-def _included(floats: Sequence[Entry], targets: set[str], pattern: str) -> set[str]:
-    """The names one `include` pattern selects (its exact name aside)."""
-    found = {e.name for e in floats if e.name in targets and matches(e.name, pattern)}
-    if found or any(e.name == pattern for e in floats):
-        return found
-    # Before, a glob selected any tensor by name: kept for one that names no target.
-    before = [e.name for e in floats if fnmatch.fnmatchcase(e.name, pattern)]
-    if not before:
-        others = [e.name for e in floats if matches(e.name, pattern)]
-        raise ValueError(
-            f"the pattern {pattern!r} selects no weight the method prunes, only "
-            f"{_listing(others)}; a tensor outside its weights (a norm, a bias) is pruned "
-            f"when named exactly, e.g. {others[0]!r}"
-        )
-    warnings.warn(
-        f"include {pattern!r} matches none of the weights the method prunes and selects "
-        f"{_listing(before)} by name, as before; in a future version a glob will only narrow "
-        "the method's weights: give these tensors' exact names to keep pruning them",
-        FutureWarning,
-        stacklevel=4,
-    )
-    return set(before)
-
-
 def prune_state_dict(
     state: Mapping[str, Tensor],
     method: str,
@@ -146,27 +53,46 @@ def prune_state_dict(
     *,
     n: Any = None,
     dim: int | None = None,
-    global_pruning: bool = False,
-    include: Sequence[str] = (),
+    scope: str = "layer",
+    include: Sequence[str] = ALL,
     exclude: Sequence[str] = (),
     keep_masks: bool = False,
     seed: int | None = None,
+    global_pruning: bool | None = None,
 ) -> PruneResult:
     """Return a copy of `state` with its selected tensors pruned; `state` is not changed.
 
-    `method` is 'l1', 'random' (unstructured) or 'ln' (channels along `dim`,
-    default 0, ranked by the L`n` norm, default 2). With `global_pruning`,
-    `amount` counts over all selected tensors together. Without `keep_masks`
-    the pruning is made permanent (plain tensors); with it, each pruned tensor
-    is saved as ``<name>_orig`` and ``<name>_mask`` as a pruned model saves it.
+    Args:
+        state: the state_dict; ``<name>_orig`` + ``<name>_mask`` pairs are pruned further.
+        method: 'l1', 'random' (unstructured) or 'ln' (channels along `dim`, default 0,
+            ranked by the L`n` norm, default 2).
+        amount: a fraction in [0, 1] or a count (entries; channels for 'ln').
+        n: 'ln' only: the norm order.
+        dim: 'ln' only: the axis of the channels.
+        scope: 'layer' (`amount` of each tensor) or 'global' (of all selected tensors
+            together; 'l1' and 'random').
+        include: globs of the tensors to prune (see prunekit.whole.targets.select_names;
+            ``('*',)``: every floating-point tensor of 2 or more dims).
+        exclude: globs of the tensors to leave out.
+        keep_masks: save each pruned tensor as ``<name>_orig`` and ``<name>_mask``, as a
+            pruned model saves it, instead of making the pruning permanent.
+        seed: seeds the 'random' method (torch's generator is left as it was).
+        global_pruning: the old name of ``scope='global'`` (a FutureWarning).
+
+    Returns:
+        The new state_dict and the names pruned in it.
+
+    Raises:
+        TypeError, ValueError: a bad argument, glob or tensor (nothing changed).
     """
-    cls, kwargs = _method(method, amount, n, dim, global_pruning)
+    scope = scope_from("prune_state_dict", scope, global_pruning)
+    cls, kwargs = check_method(method, amount, n, dim, scope)
     found = entries(state)
     targets = set(select_names(found, include, exclude))
     _refuse_stray_masks(found, targets)
     holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
     with _seeded(seed):
-        if global_pruning:
+        if scope == "global":
             pairs = [(holders[e.name], "tensor") for e in found if e.name in targets]
             global_unstructured(pairs, cls, **kwargs)
         else:
@@ -203,7 +129,9 @@ def prune_file(
     `path` is only read: `out` may not be the same file. `out` gets the whole result or,
     on any failure, stays as it was.
     """
-    _method(method, amount, options.get("n"), options.get("dim"), options.get("global_pruning"))
+    old = options.pop("global_pruning", None)
+    scope = scope_from("prune_file", options.pop("scope", "layer"), old)
+    check_method(method, amount, options.get("n"), options.get("dim"), scope)
     if same_file(path, out):
         raise CheckpointError(
             f"{out}: is the input file itself; expected another output file (the input is "
@@ -211,7 +139,7 @@ def prune_file(
         )
     # Beside the tensors: their masks, and the pruned tensors to write.
     loaded = load_state_dict(path, trust_pickle=trust_pickle, headroom=3.0)
-    result = prune_state_dict(loaded, method, amount, **options)
+    result = prune_state_dict(loaded, method, amount, scope=scope, **options)
     save_state_dict(result.state, out)
     return result
 
@@ -240,19 +168,21 @@ def _reworded(name: str, holder: _Tensor, call: Any, **kwargs: Any) -> None:
         raise type(error)(text) from None
 
 
-def _method(
-    method: str, amount: float, n: Any, dim: int | None, global_pruning: bool | None
+def check_method(
+    method: str, amount: float, n: Any, dim: int | None, scope: str
 ) -> tuple[type[BasePruningMethod], dict[str, Any]]:
-    """The method class and its keyword arguments, after checking they fit together."""
-    cls = METHODS.get(method)
-    if cls is None:
-        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(METHODS)}")
+    """The method class and its keyword arguments, after checking they fit together
+    (prune_state_dict's and prune_sharded's checks, made before anything is read)."""
+    found = find(method, OFFLINE)
+    if found is None or found.pruning is None:
+        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")
+    cls = found.pruning
     validate_pruning_amount_init(amount, owner="amount")
     if cls is not LnStructured:
         if n is not None or dim is not None:
             raise ValueError(f"n and dim apply to method 'ln' only, not {method!r}")
         return cls, {"amount": amount}
-    if global_pruning:
+    if scope not in found.scopes:
         raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
     return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
 
@@ -302,8 +232,3 @@ def _seeded(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
-
-
-def _listing(names: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "") or "(none)"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.schedule.targets import Place, Target
+from prunekit.whole.targets import Place, Target
 
 __all__ = ["Companions"]
 

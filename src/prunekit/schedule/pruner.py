@@ -21,19 +21,20 @@ from prunekit.schedule.hook import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
-from prunekit.schedule.targets import Place, Target, select_targets
+from prunekit.whole.registry import check_scope, find, names
+from prunekit.whole.targets import Place, Target, select_targets
 
 __all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
 
 OWNER = "GradualPruner"
-SCOPES = ("layer", "global")
 
 CRITERIA: dict[str, Callable[[], prunekit.Criterion]] = {
-    "l1": prunekit.Magnitude,
-    "magnitude": prunekit.Magnitude,
-    "random": prunekit.Random,
+    name: made
+    for name in names(("l1", "random"), aliases=True)
+    if (found := find(name)) is not None and (made := found.criterion) is not None
 }
-"""Criteria by the names `method` takes."""
+"""Criteria by the names `method` takes: the registry's methods that rank entries by a
+criterion of their values ('l1', alias 'magnitude'; 'random')."""
 
 PATTERNS: dict[str, Callable[[], prunekit.Pattern]] = {
     "unstructured": prunekit.Unstructured,
@@ -85,11 +86,7 @@ class GradualPruner:
         )
         self.criterion = _criterion(method)
         self.pattern = _pattern(pattern)
-        if not isinstance(scope, str) or scope not in SCOPES:
-            raise value_error(
-                f"{OWNER}: invalid scope={scope!r}; expected 'layer' (each tensor) or "
-                "'global' (all selected tensors ranked together)"
-            )
+        check_scope(scope, OWNER)
         if scope == "global" and self.pattern.PRUNING_TYPE != "unstructured":
             raise value_error(
                 f"{OWNER}: pattern={self.pattern!r} prunes channels of each tensor, so "
@@ -97,6 +94,10 @@ class GradualPruner:
             )
         self.scope = scope
         self.model = model
+        if not isinstance(model, nn.Module):
+            raise type_error(
+                f"{OWNER}: invalid model of type {type(model).__name__}; expected a torch nn.Module"
+            )
         self.targets: list[Target] = select_targets(model, include, exclude, OWNER)
         self._check_shapes()
         self._companions = self._traced(example_inputs)

@@ -24,6 +24,8 @@ from prunekit.structure.experts import check_expert_counts, install_router_mask
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
+from prunekit.whole.registry import check_scope
+from prunekit.whole.vocabulary import renamed
 
 
 def prune_channels(
@@ -33,7 +35,7 @@ def prune_channels(
     *,
     criterion: str | GroupCriterion | Callable[[ChannelGroup], Tensor] = "l2",
     scope: str = "layer",
-    ignore: Iterable[nn.Module | str] = (),
+    exclude: Iterable[nn.Module | str] = (),
     round_to: int = 1,
     heads: float = 0.0,
     hidden: float = 0.0,
@@ -43,6 +45,7 @@ def prune_channels(
     loss: Callable[[Any, Any], Tensor] | None = None,
     budget: Budget | None = None,
     compensate: bool = False,
+    ignore: Iterable[nn.Module | str] | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -62,15 +65,15 @@ def prune_channels(
     share of all of them goes (heads with key/value groups are always counted per module).
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
-    hidden groups a number of units that is a multiple of `round_to`. `ignore`: modules (or
-    their names, globs allowed) whose output channels stay; their input channels still
-    follow their producers. `calibration`: batches for the criteria that learn from data
-    ('activation'; 'taylor' with `loss(output, batch)`, default ``output.loss``), as
-    prune_model takes them. `budget`: one target for the whole model instead of `amount`,
-    `heads` and `hidden` (a ``Budget``: a share of the parameters or MACs), met by removing
-    the units of lowest score for their cost across all groups of its kinds (see
-    ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list with
-    what each group kept. `compensate=True`: the layers that read removed channels or
+    hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
+    (or their names, globs allowed) whose output channels stay; their input channels still
+    follow their producers (``ignore=``, its old name, warns). `calibration`: batches for
+    the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
+    default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
+    model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the parameters
+    or MACs), met by removing the units of lowest score for their cost across all groups of
+    its kinds (see ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the
+    same list with what each group kept. `compensate=True`: the layers that read removed channels or
     heads get the least-squares update of their kept input columns (and bias) that keeps
     their output on the `calibration` batches (needed then), taken in forward order on the
     model as masked so far (``prunekit.structure.compensate``); 'obs' and 'fluctuation'
@@ -83,7 +86,12 @@ def prune_channels(
         check_budget(budget, amounts, scope)
     check_gqa(gqa, "prune_channels")
     batches = _compensation_batches(compensate, calibration)
-    skipped = _ignored(model, ignore)
+    excluded, what = _listed(exclude), "exclude"
+    if ignore is not None:  # the old name
+        old = _listed(ignore)
+        excluded = renamed("prune_channels", "exclude", excluded, "ignore", old, bool(excluded))
+        what = "ignore"
+    skipped = _ignored(model, excluded, what)
     with transaction(model) as recorded:  # the traced and calibrating forwards write buffers
         found = channel_groups(model, example_inputs, gqa=gqa)
         _check_found(model, found, amounts)
@@ -187,8 +195,7 @@ def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
                 f"prune_channels: invalid {name}={value!r}; expected a float in [0, 1): the "
                 f"fraction of the {what} to mask"
             )
-    if scope not in ("layer", "global"):
-        raise ValueError(f"prune_channels: invalid scope={scope!r}; expected 'layer' or 'global'")
+    check_scope(scope, "prune_channels")
     if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
         raise ValueError(f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1")
 
@@ -207,25 +214,31 @@ def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str,
             )
 
 
-def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str]) -> set[int]:
+def _listed(names: Iterable[nn.Module | str] | str) -> list[nn.Module | str]:
+    """Modules or globs as a list; a str is one glob."""
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> set[int]:
+    """The ids of the modules `ignore` (the argument `what`) names."""
     names = dict(model.named_modules())
     found: set[int] = set()
     for item in ignore:
         if isinstance(item, nn.Module):
             if not any(m is item for m in names.values()):
-                raise ValueError(f"prune_channels: ignore holds {type(item).__name__} not in model")
+                raise ValueError(f"prune_channels: {what} holds {type(item).__name__} not in model")
             found.add(id(item))
         elif isinstance(item, str):
             matched = [m for n, m in names.items() if fnmatch.fnmatchcase(n, item)]
             if not matched:
                 raise ValueError(
-                    f"prune_channels: ignore={item!r} names no module of the model; expected "
+                    f"prune_channels: {what}={item!r} names no module of the model; expected "
                     f"names such as {list(names)[1:4]} (globs allowed)"
                 )
             found.update(id(m) for m in matched)
         else:
             raise TypeError(
-                f"prune_channels: ignore holds {item!r}; expected modules or module names"
+                f"prune_channels: {what} holds {item!r}; expected modules or module names"
             )
     return found
 

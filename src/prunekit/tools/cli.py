@@ -7,6 +7,7 @@ import dataclasses
 import math
 import shutil
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
 from prunekit.report import Report, report
 from prunekit.tools.demo import run_demo
+from prunekit.whole.registry import OFFLINE, SCOPES
 
 __all__ = ["build_parser", "main"]
 
@@ -158,7 +160,7 @@ def _prune_parser(commands: Any) -> None:
     )
     prune.add_argument(
         "--method",
-        choices=("l1", "random", "ln"),
+        choices=OFFLINE,
         default="l1",
         help="l1: smallest |value|; random; ln: whole channels by L-n norm (default l1)",
     )
@@ -170,10 +172,16 @@ def _prune_parser(commands: Any) -> None:
         "such as 1000",
     )
     prune.add_argument(
+        "--scope",
+        choices=SCOPES,
+        help="layer: prune AMOUNT of each tensor; global: of all selected tensors, their "
+        "entries ranked together (l1 and random) (default layer)",
+    )
+    prune.add_argument(
         "--global",
         dest="global_pruning",
         action="store_true",
-        help="rank the entries of all selected tensors together (l1 and random)",
+        help="the old spelling of --scope global (deprecated)",
     )
     prune.add_argument("--n", type=_norm, help="ln: norm order: 1, 2, inf, fro ... (default 2)")
     prune.add_argument("--dim", type=int, help="ln: axis of the channels (default 0)")
@@ -262,6 +270,20 @@ def _renamed(found: Report, name: Callable[[str], str]) -> Report:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    if args.global_pruning:
+        if args.scope is not None:
+            raise ValueError(
+                f"--global is the old spelling of --scope global, but --scope {args.scope} "
+                "is given too; expected one of them"
+            )
+        warnings.warn(
+            "prunekit prune: --global is renamed --scope global (the name every prunekit "
+            "entry point uses); it will be removed in a future version",
+            FutureWarning,
+            stacklevel=2,
+        )
+        args.scope = "global"
+    args.scope = args.scope or "layer"
     if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
         status = _run_prune_sharded(args)
         index = index_of(args.path)
@@ -300,7 +322,7 @@ def _run_prune_file(args: argparse.Namespace, path: Any, out: Any) -> int:
         trust_pickle=args.trust_pickle,
         n=args.n,
         dim=args.dim,
-        global_pruning=args.global_pruning,
+        scope=args.scope,
         include=args.include,
         exclude=args.exclude,
         keep_masks=args.keep_masks,
@@ -311,7 +333,7 @@ def _run_prune_file(args: argparse.Namespace, path: Any, out: Any) -> int:
     zeros, numel = sum(r.zeros for r in rows), sum(r.numel for r in rows)
     print(
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
-        f"{' globally' if args.global_pruning else ''}: {zeros / max(numel, 1):.1%} "
+        f"{' globally' if args.scope == 'global' else ''}: {zeros / max(numel, 1):.1%} "
         f"of them are zero. Wrote {out}"
     )
     return 0
@@ -324,13 +346,13 @@ def _run_prune_sharded(args: argparse.Namespace) -> int:
         args.out,
         args.method,
         args.amount,
-        global_pruning=args.global_pruning,
+        scope=args.scope,
         keep_masks=args.keep_masks,
         **options,
     )
     print(
         f"Pruned {len(done.pruned)} tensors ({done.numel:,} entries) with {args.method}"
-        f"{' globally' if args.global_pruning else ''}: {done.zeros / max(done.numel, 1):.1%} "
+        f"{' globally' if args.scope == 'global' else ''}: {done.zeros / max(done.numel, 1):.1%} "
         f"of them are zero. Wrote {done.index.parent}"
     )
     return 0

@@ -1,0 +1,254 @@
+"""The one-shot engine's work, once planned: rank and mask each target with magnitude,
+random or Taylor scores, or with Wanda's and SparseGPT's statistics of each layer's input,
+block by block or in one pass.
+
+Memory, sequential mode: the inputs of one block for all calibration batches (as the model
+computes them: batches x tokens x hidden), the statistics of that block's Linears only
+(Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
+input, shared by Linears reading the same tensor) and one layer's SparseGPT work (its
+weight and inverse Hessian factor in float32). Taylor needs the whole model's backward:
+activations of one batch, plus a gradient and a running sum per pruned weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.amount import Amount
+from prunekit.core.errors import naming, value_error
+from prunekit.criteria import calibration as cal
+from prunekit.criteria import layers
+from prunekit.criteria.base import Criterion
+from prunekit.criteria.sparsegpt import sparsegpt_prune
+from prunekit.criteria.taylor import Taylor, taylor_step
+from prunekit.criteria.wanda import Wanda
+from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.methods import Pruning
+from prunekit.progress import Progress
+from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented, parameter
+
+__all__ = ["execute"]
+
+
+def execute(model: nn.Module, plan: Plan, bar: Progress) -> None:
+    """Prune every target of `plan` (inside the caller's transaction)."""
+    ranks = plan.config.entry.criterion
+    if ranks is not None:  # l1, random
+        criterion = ranks()
+        _install_ranked(plan, lambda _: criterion, bar)
+    elif plan.method == "taylor":
+        saliency = _taylor(model, plan)
+        _install_ranked(plan, lambda target: Taylor(saliency.pop(_key(target))), bar)
+    else:
+        _calibrated(model, plan, bar)
+
+
+def _key(target: TensorRef) -> tuple[int, str]:
+    return id(target[0]), target[1]
+
+
+def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar: Progress) -> None:
+    """Prune with a criterion that ranks: per layer, or jointly for scope='global'."""
+    if plan.config.scope == "global":
+        made = {_key(t): criterion(t) for t in plan.targets}
+        joint = _Joint(made)
+        global_unstructured(plan.targets, Pruning, amount=plan.amount, criterion=joint)
+        bar.advance(len(plan.targets))
+        return
+    for target in plan.targets:
+        module, name = target
+        ranks = criterion(target)
+        pattern = oriented(module, name, plan.pattern)
+        Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
+        if isinstance(ranks, Taylor):
+            ranks.release()  # the hook keeps the criterion: not its weight-sized scores
+        bar.advance()
+
+
+class _Joint(Criterion):
+    """Per-tensor criteria behind one, for a global ranking."""
+
+    by_magnitude = True
+
+    def __init__(self, made: dict[tuple[int, str], Criterion]) -> None:
+        self.made = made
+
+    def scores(self, values: Tensor, target: Any = None) -> Tensor:
+        assert target is not None
+        return self.made[_key(target)]._checked_scores(values, target)
+
+
+def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
+    loss = plan.loss or _output_loss
+    totals: list[Tensor | None] = [None] * len(plan.targets)
+    params = []
+    for module, name in plan.targets:
+        param = parameter(module, name)
+        params.append((param, lambda m=module, n=name: getattr(m, n)))
+
+    def step(i: int, values: Tensor, grad: Tensor) -> None:
+        totals[i] = taylor_step(values, grad, totals[i])
+
+    failed = None
+    try:
+        cal.gradients(model, plan.batches, params, loss, step)
+    except Exception as error:
+        if plan.reduce is None:
+            raise
+        failed = error
+    found = {}
+    for target, total in zip(plan.targets, totals, strict=True):
+        found[_key(target)] = (
+            total if total is not None else torch.zeros_like(current_values(*target))
+        )
+    if plan.reduce is not None:  # sums over the batches of every rank
+        cal.agree(plan.reduce, failed)
+        named = {str(i): found[_key(t)] for i, t in enumerate(plan.targets)}
+        summed = plan.reduce(named, {})
+        found = {_key(t): summed[str(i)] for i, t in enumerate(plan.targets)}
+    return found
+
+
+def _output_loss(output: Any, batch: Any) -> Tensor:
+    value = getattr(output, "loss", None)
+    if not isinstance(value, Tensor):
+        raise value_error(
+            "prune_model: method='taylor' needs a loss and the model's output has no .loss; "
+            "expected loss=lambda output, batch: <a scalar tensor>"
+        )
+    return value
+
+
+def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
+    """Wanda or SparseGPT: statistics of each layer's input, block by block or in one pass
+    (with `plan.reduce`, of every rank's batches)."""
+    owners = [m for m, _ in plan.targets]
+    found = cal.block_list(model, owners) if plan.config.sequential else None
+    want = {"norms": plan.method == "wanda", "hessian": plan.method == "sparsegpt"}
+    reduce = plan.reduce
+    if plan.config.scope == "global":
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
+        for module, name in plan.targets:
+            _check_seen(plan, stats, module, name)
+        norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
+        _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
+        return
+    if found is None:
+        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
+        _prune_layers(plan, plan.targets, stats, bar)
+        return
+    _, blocks = found
+    _by_blocks(model, plan, blocks, bar, want)
+
+
+def _by_blocks(
+    model: nn.Module, plan: Plan, blocks: nn.ModuleList, bar: Progress, want: Any
+) -> None:
+    """Each block calibrated on the outputs of the pruned blocks before it, then the
+    layers outside the blocks (a head) on one pass of the pruned model."""
+    reduce = plan.reduce
+    inside = {id(sub): i for i, block in enumerate(blocks) for sub in block.modules()}
+    # Over ranks, an error here is held until the next reduction, where every rank raises.
+    pending: BaseException | None = None
+    inputs: list[cal.Inputs] = []
+    with cal.evaluating(model), torch.no_grad():
+        try:
+            inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+        except Exception as error:
+            if reduce is None:
+                raise
+            pending = error
+        for i, block in enumerate(blocks):
+            here = [t for t in plan.targets if inside.get(id(t[0])) == i]
+            if here:
+                mods = [m for m, _ in here]
+                stats = cal.block_statistics(
+                    block, inputs, mods, **want, reduce=reduce, failed=pending, patches=True
+                )
+                _prune_layers(plan, here, stats, bar)
+                del stats
+            if i + 1 < len(blocks) and pending is None:
+                try:
+                    inputs = cal.next_inputs(block, inputs)
+                except Exception as error:
+                    if reduce is None:
+                        raise
+                    pending = error
+        del inputs
+    if reduce is not None:
+        cal.agree(reduce, pending)
+    rest = [t for t in plan.targets if id(t[0]) not in inside]
+    if rest:  # layers outside the blocks (a head): one pass of the pruned model
+        mods = [m for m, _ in rest]
+        stats = cal.calibrate(model, plan.batches, mods, **want, reduce=reduce, patches=True)
+        _prune_layers(plan, rest, stats, bar)
+
+
+def _check_seen(plan: Plan, stats: cal.InputStatistics, module: nn.Module, name: str) -> None:
+    if not stats.seen(module):
+        raise value_error(
+            f"{plan.config.owner}: {plan.describe(module, name)} never ran on the calibration "
+            "data; expected every pruned layer to be used by the model's forward"
+        )
+
+
+def _prune_layers(
+    plan: Plan, targets: Sequence[TensorRef], stats: cal.InputStatistics, bar: Progress
+) -> None:
+    for module, name in targets:
+        _check_seen(plan, stats, module, name)
+        if plan.method == "wanda":
+            Pruning.apply(
+                module,
+                name,
+                plan.amount,
+                criterion=Wanda(_entry_norms(stats, module, name)),
+                pattern=oriented(module, name, plan.pattern),
+            )
+        else:
+            _sparsegpt_layer(plan, module, name, stats.hessian(module))
+        bar.advance()
+
+
+def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Tensor:
+    """Wanda's norms for ``module.<name>``: one per input feature of a Linear, else the
+    norm of what each entry multiplies (criteria.layers)."""
+    norms = stats.norms(module)
+    if isinstance(module, nn.Linear):
+        return norms
+    shape = current_values(module, name).shape
+    return layers.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
+
+
+def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
+    """SparseGPT on the layer's matrices (criteria.layers), one per group."""
+    where = plan.describe(module, name)
+    values = current_values(module, name)
+    weights = layers.matrices(module, values)
+    hessians = hessian.reshape(-1, *hessian.shape[-2:])
+    lives = alive(module, name)
+    if lives is not None:
+        lives = layers.matrices(module, lives)
+    kept, updates = [], []
+    with naming(where):
+        for group in range(weights.shape[0]):
+            keep, updated = sparsegpt_prune(
+                weights[group],
+                hessians[group],
+                Amount(plan.amount, "SparseGPT"),
+                plan.pattern,
+                None if lives is None else lives[group],
+                plan.sparsegpt,
+            )
+            kept.append(keep)
+            updates.append(updated)
+    keep = layers.from_matrices(module, torch.stack(kept), values.shape)
+    updated = layers.from_matrices(module, torch.stack(updates), values.shape)
+    param = parameter(module, name)
+    old = param.data
+    param.data = torch.where(keep, updated, old)  # pruned entries keep their values
+    custom_from_mask(module, name, keep.to(dtype=old.dtype))

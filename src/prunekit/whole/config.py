@@ -1,0 +1,98 @@
+"""Config: the checked arguments of one whole-model pruning, frozen.
+
+Every entry point that prunes a whole model builds one (prune_model, the one-shot engine);
+the functions below it take the Config instead of a long list of loose arguments, and may
+trust what it holds: a known method, a scope, an amount in range, globs as tuples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prunekit.core.amount import validate_pruning_amount_init
+from prunekit.core.errors import type_error, value_error
+from prunekit.patterns import Pattern
+from prunekit.whole.registry import METHODS, Method, check_scope, default_pattern
+from prunekit.whole.targets import ALL, globs
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    """What to prune in a whole model, and how; checked when made.
+
+    Attributes:
+        method: a method of the registry (prunekit.whole.registry.METHODS).
+        amount: a fraction in [0, 1], or a count of entries (or channels, for 'ln').
+        pattern: 'unstructured', 'row', 'N:M' or a Pattern; None (when made) becomes the
+            method's own (registry.default_pattern).
+        scope: 'layer' (each tensor) or 'global' (all selected tensors ranked together).
+        include: globs of the names to prune (``('*',)``: every tensor the method prunes).
+        exclude: globs of the names to leave out.
+        sequential: calibrate block by block (the calibrated methods).
+        progress: a bar on stderr (None: when stderr is a terminal).
+        damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
+        blocksize: SparseGPT's columns updated at a time.
+        owner: the entry point the errors name.
+
+    Raises:
+        TypeError, ValueError: when made, for an argument of the wrong type or value,
+            naming `owner`, the argument and the value.
+    """
+
+    method: str = "l1"
+    amount: float = 0.0
+    pattern: str | Pattern | None = None
+    scope: str = "layer"
+    include: tuple[str, ...] = ALL
+    exclude: tuple[str, ...] = ()
+    sequential: bool = True
+    progress: bool | None = None
+    damp: float = 0.01
+    blocksize: int = 128
+    owner: str = field(default="prune_model", compare=False)
+
+    def __post_init__(self) -> None:
+        owner = self.owner
+        validate_pruning_amount_init(self.amount, owner=owner)
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise value_error(
+                f"{owner}: invalid method={self.method!r}; expected one of {', '.join(METHODS)}"
+            )
+        check_scope(self.scope, owner)
+        # Globs given as one str are one glob: kept as tuples.
+        object.__setattr__(self, "include", globs(self.include, "include", owner))
+        object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
+        if self.pattern is None:
+            object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
+        if not isinstance(self.sequential, bool):
+            raise type_error(f"{owner}: invalid sequential={self.sequential!r}; expected a bool")
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise type_error(
+                f"{owner}: invalid progress={self.progress!r}; expected True, False or None "
+                "(a bar when stderr is a terminal)"
+            )
+
+    @property
+    def entry(self) -> Method:
+        """The registry's entry for `method`."""
+        return METHODS[self.method]
+
+    @property
+    def plain(self) -> bool:
+        """Whether the pattern is whole tensors' entries, named 'unstructured'."""
+        return isinstance(self.pattern, str) and self.pattern == "unstructured"
+
+    def compared(self) -> dict[str, Any]:
+        """The arguments every rank of a process group must give alike."""
+        return {
+            "method": self.method,
+            "amount": self.amount,
+            "pattern": self.pattern,
+            "scope": self.scope,
+            "include": self.include,
+            "exclude": self.exclude,
+            "sequential": self.sequential,
+        }

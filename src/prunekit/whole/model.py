@@ -1,0 +1,231 @@
+"""prune_model: prune a whole model by parameter names, in one call that fails as a whole.
+
+It selects parameters with the one selector (targets.py: include/exclude globs, an
+attention's out_proj, tied weights, the output head the calibrated methods leave dense),
+checks its arguments once into a Config, prunes each target in one transaction (the
+calibrated methods and patterns through the one-shot engine), masks a tied parameter
+under every name, and returns the model's Report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from torch import nn
+
+from prunekit.core.errors import naming, value_error
+from prunekit.core.transaction import transaction
+from prunekit.criteria.layers import calibrates
+from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.methods import LnStructured
+from prunekit.report import Report, report
+from prunekit.whole.config import Config
+from prunekit.whole.oneshot import run
+from prunekit.whole.plan import Loss
+from prunekit.whole.registry import CALIBRATED
+from prunekit.whole.targets import ALL, Place, Target, globs, output_heads, select_targets
+
+__all__ = ["prune_model"]
+
+OWNER = "prune_model"
+
+
+def prune_model(
+    model: nn.Module,
+    amount: float,
+    *,
+    method: str = "l1",
+    pattern: Any = None,
+    scope: str = "layer",
+    calibration: Iterable[Any] | None = None,
+    include: Sequence[str] | str = ALL,
+    exclude: Sequence[str] | str = (),
+    process_group: Any = None,
+    sequential: bool = True,
+    loss: Callable[[Any, Any], Any] | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Prune the parameters of `model` selected by name; return ``report(model)``.
+
+    `method`: ``'l1'`` (smallest magnitudes), ``'random'``, ``'ln'`` (whole output
+    channels, dim 0, by their L2 norm; layer scope only), or, from `calibration` batches
+    (tensors, mappings of keyword arguments or tuples for the model's forward):
+    ``'wanda'`` (|W| x the L2 norm of each input feature), ``'sparsegpt'`` (OBS with
+    updates of the weights left, written into ``<name>_orig``), ``'taylor'`` (|W x grad|
+    summed over the batches of ``loss(output, batch)``, default ``output.loss``); the
+    names are prunekit.whole.registry's.
+    `pattern`: ``'unstructured'``, ``'row'`` (the same share of each output row),
+    ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim; `amount`
+    must be (M-N)/M) or a Pattern; None (the default): ``'row'`` for ``'wanda'`` in scope
+    ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
+    ``'unstructured'`` otherwise. `scope`: ``'layer'`` prunes `amount` of each tensor,
+    ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
+    `sequential`: calibrate block by block, each on the outputs of the pruned blocks
+    before it (only one block's statistics in memory). `progress`: a bar on stderr for
+    calibrated runs (default: when stderr is a terminal).
+    `include`/`exclude` are globs of parameter names, as the CLI's: the default
+    ``('*',)`` takes every floating-point parameter of two or more dims (weights, not
+    biases or norms), and for the calibrated methods every Linear weight but the output
+    head (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
+    other `include` selects by name, any number of dims. Tensors pruned before are
+    pruned further (their entries already pruned stay so). A tied parameter is ranked
+    once and masked under each of its names: remove() each name to make it permanent.
+    `process_group` (a torch.distributed group): for 'l1' and 'random' (scope 'global'
+    only) the ranks hold parts of the model, ranked as one (see prunekit.distributed);
+    for the calibrated methods every rank holds the whole model and calibrates on its
+    own batches, and the statistics (Taylor: saliencies) are reduced over the ranks, so
+    every rank gets the masks (and SparseGPT's updates) of one process calibrating on
+    all the batches. The ranks compare their arguments once each has checked its own,
+    and an error on any rank makes every rank raise the same error, each model left as
+    it was (see prunekit/distributed/agree.py); no rank waits for the others longer than
+    the group's timeout (prunekit.distributed.TorchGroup). Every argument, tensor and
+    batch is checked first; if anything fails, the model is left exactly as it was.
+
+    Returns:
+        The Report of the whole model after pruning.
+
+    Raises:
+        TypeError, ValueError: a bad argument, glob, tensor or batch, naming it (the
+            model unchanged).
+    """
+
+    def checked() -> Config:
+        return Config(
+            method=method,
+            amount=amount,
+            pattern=pattern,
+            scope=scope,
+            include=globs(include, "include", OWNER),
+            exclude=globs(exclude, "exclude", OWNER),
+            sequential=sequential,
+            progress=progress,
+            owner=OWNER,
+        )
+
+    if process_group is None:
+        return _prune(model, checked(), calibration, loss, None)
+    # Here, not at the top: prunekit.distributed imports the prunekit package itself.
+    from prunekit.distributed.agree import collective
+
+    group = collective(process_group, OWNER)
+    with group.telling():  # an error on this rank reaches the others at their next step
+        return _prune(model, checked(), calibration, loss, group)
+
+
+def _prune(
+    model: nn.Module, config: Config, calibration: Any, loss: Loss | None, group: Any
+) -> Report:
+    """prune_model's work; with `group` (an agree.Collective), the steps of its protocol."""
+    method = config.method
+    arguments = {
+        **config.compared(),
+        "calibration given": calibration is not None,
+        "loss given": loss is not None,
+    }
+    if method in CALIBRATED or (method in ("l1", "random") and not config.plain):
+        reduce = None
+        if group is not None:
+            reduce = _reducer(method, group, arguments)
+        _oneshot(model, config, calibration, loss, reduce)
+        return report(model)
+    if not config.plain or calibration is not None:
+        raise value_error(
+            f"{OWNER}: method={method!r} takes no pattern and no calibration; expected "
+            f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
+        )
+    pruning = config.entry.pruning
+    assert pruning is not None  # l1, random, ln: the registry's methods without data
+    if config.scope not in config.entry.scopes:
+        raise value_error(
+            f"{OWNER}: method={method!r} prunes whole channels of each tensor, so scope must "
+            "be 'layer'; for scope='global' use method 'l1' or 'random'"
+        )
+    kwargs: dict[str, Any] = {"amount": config.amount}
+    if pruning is LnStructured:
+        kwargs.update(n=2, dim=0)
+    if group is not None:
+        if config.scope != "global":
+            raise value_error(
+                f"{OWNER}: process_group applies to scope='global', not {config.scope!r}; "
+                "each rank prunes its own tensors in scope 'layer'"
+            )
+        kwargs["process_group"] = group
+    targets = select_targets(model, config.include, config.exclude, OWNER)
+    if group is not None:
+        group.start(OWNER, arguments)
+    with transaction(model):
+        if config.scope == "global":
+            global_unstructured(
+                [(t.first.module, t.first.leaf) for t in targets], pruning, **kwargs
+            )
+        else:
+            for target in targets:
+                with naming(repr(target.name)):  # errors name the path: '1.weight'
+                    pruning.apply(target.first.module, target.first.leaf, **kwargs)
+        _mask_ties(targets)
+        if group is not None:
+            group.finish()  # a rank failing since the last step: every rank undoes
+    return report(model)
+
+
+def _mask_ties(targets: Sequence[Target]) -> None:
+    """Mask each tied name of a target as its first name is masked."""
+    for target in targets:
+        mask = target.first.mask()
+        assert mask is not None
+        for place in target.ties:
+            custom_from_mask(place.holder, place.own, mask)
+
+
+def _oneshot(
+    model: nn.Module, config: Config, calibration: Any, loss: Loss | None, reduce: Any
+) -> None:
+    """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
+    natural = None
+    if config.method in CALIBRATED:
+        heads = output_heads(model)
+        if config.include == ALL and not any(
+            calibrates(m, n.rpartition(".")[2]) and m not in heads
+            for m in model.modules()
+            for n, _ in m.named_parameters(recurse=False)
+        ):
+            raise value_error(
+                f"{OWNER}: {type(model).__name__} has no weight matrix to calibrate "
+                "besides its output head; expected a model with Linear layers"
+            )
+        natural = _calibrated(heads)
+    targets = select_targets(model, config.include, config.exclude, OWNER, natural)
+    run(
+        model,
+        [(t.first.module, t.first.leaf) for t in targets],
+        config,
+        calibration,
+        loss,
+        then=lambda: _mask_ties(targets),
+        reduce=reduce,
+    )
+
+
+def _calibrated(heads: list[nn.Module]) -> Callable[[Place], bool]:
+    """The calibrated methods' own targets: weight matrices of the layers they handle,
+    the output head aside."""
+
+    def natural(place: Place) -> bool:
+        return calibrates(place.module, place.leaf) and place.holder not in heads
+
+    return natural
+
+
+def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
+    """The calibrated methods' reduction of statistics over `group`'s ranks; `arguments`
+    are compared once the engine has checked them."""
+    if method not in CALIBRATED:
+        raise value_error(
+            f"{OWNER}: process_group with method={method!r} and a pattern applies to "
+            "scope='global' (pattern 'unstructured') only; each rank prunes its own "
+            "tensors per layer"
+        )
+    from prunekit.distributed.stats import Reducer  # see prune_model's import
+
+    return Reducer(group, OWNER, arguments)

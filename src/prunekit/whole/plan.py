@@ -1,0 +1,215 @@
+"""The one-shot engine's plan: every argument, target and batch checked against the others
+before anything changes, and the helpers that read a target's tensors."""
+
+from __future__ import annotations
+
+import numbers
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunekit.core.amount import Amount
+from prunekit.core.errors import describe, naming, type_error, value_error
+from prunekit.core.naming import mask_name, orig_name
+from prunekit.criteria import calibration as cal
+from prunekit.criteria import layers
+from prunekit.criteria.layers import calibrates
+from prunekit.criteria.sparsegpt import SparseGPT
+from prunekit.patterns import NM, Pattern, PerRow, Unstructured
+from prunekit.whole.config import Config
+from prunekit.whole.registry import CALIBRATED
+
+__all__ = ["ENGINE", "PATTERNS", "Loss", "Plan", "TensorRef", "make_plan", "parse_pattern"]
+
+ENGINE = ("l1", "random", *CALIBRATED)  # the methods the one-shot engine runs
+PATTERNS = "'unstructured', 'row', or 'N:M' such as '2:4' and '4:8'"
+
+TensorRef = tuple[nn.Module, str]  # (module, name): one tensor to prune
+Loss = Callable[[Any, Any], Tensor]
+
+
+def parse_pattern(pattern: Any, owner: str = "prune_model") -> Pattern:
+    """A Pattern from its name ('unstructured', 'row', '2:4', ...) or as given."""
+    if isinstance(pattern, Pattern):
+        return pattern
+    if pattern == "unstructured":
+        return Unstructured()
+    if pattern == "row":
+        return PerRow()
+    found = re.fullmatch(r"(\d+):(\d+)", pattern) if isinstance(pattern, str) else None
+    if found is None:
+        raise value_error(f"{owner}: invalid pattern={pattern!r}; expected {PATTERNS}")
+    return NM(int(found[1]), int(found[2]))
+
+
+@dataclass
+class Plan:
+    """Everything the one-shot engine checked before changing anything."""
+
+    targets: list[TensorRef]
+    config: Config
+    pattern: Pattern
+    batches: list[Any]
+    loss: Loss | None
+    sparsegpt: SparseGPT
+    paths: dict[nn.Module, str]  # each module's path in the model, for errors
+    reduce: cal.Reduce | None = None  # sums statistics over data-parallel ranks
+
+    @property
+    def method(self) -> str:
+        return self.config.method
+
+    @property
+    def amount(self) -> float:
+        return self.config.amount
+
+    def describe(self, module: nn.Module, name: str) -> str:
+        """`describe` with the module's path in the model (errors name ``a.weight``)."""
+        return describe(module, name, self.paths.get(module))
+
+
+def make_plan(
+    model: nn.Module,
+    targets: list[TensorRef],
+    config: Config,
+    calibration: Iterable[Any] | None,
+    loss: Loss | None,
+) -> Plan:
+    """Check every argument against the others and against each target.
+
+    Raises:
+        TypeError, ValueError: naming `config.owner`, the argument (or the target) and
+            the value.
+    """
+    owner, method, scope = config.owner, config.method, config.scope
+    if method not in ENGINE:
+        raise value_error(f"{owner}: invalid method={method!r}; expected one of {ENGINE}")
+    chosen = parse_pattern(config.pattern, owner)
+    if scope == "global" and (type(chosen) is not Unstructured or method == "sparsegpt"):
+        raise value_error(
+            f"{owner}: scope='global' ranks entries of all layers together, which only "
+            f"the unstructured pattern with l1, random, wanda or taylor does; got "
+            f"method={method!r}, pattern={config.pattern!r} (expected scope='layer')"
+        )
+    if scope == "global" and method == "wanda" and config.sequential:
+        raise value_error(
+            f"{owner}: scope='global' needs every layer's statistics before any is "
+            "pruned, which sequential calibration does not give; expected sequential=False"
+        )
+    if isinstance(chosen, NM):
+        chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
+    batches = _batches(config, calibration, loss)
+    settings = SparseGPT(config.damp, config.blocksize)
+    paths = {m: p for p, m in model.named_modules()}
+    plan = Plan(targets, config, chosen, batches, loss, settings, paths)
+    for module, name in targets:
+        _check_target(model, plan, module, name)
+    return plan
+
+
+def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | None) -> list[Any]:
+    owner, method = config.owner, config.method
+    if method not in CALIBRATED:
+        if calibration is not None or loss is not None:
+            raise value_error(
+                f"{owner}: method={method!r} uses no calibration data; expected "
+                f"calibration=None and loss=None (calibrated methods: {CALIBRATED})"
+            )
+        return []
+    if calibration is None:
+        raise value_error(
+            f"{owner}: method={method!r} needs calibration data; expected calibration= "
+            "an iterable of batches the model's forward takes"
+        )
+    batches = cal.batch_list(calibration, owner)
+    for index, batch in enumerate(batches):
+        if not isinstance(batch, Tensor | dict | tuple | list) and not hasattr(batch, "keys"):
+            raise type_error(
+                f"{owner}: calibration batch {index} is a {type(batch).__name__}; expected "
+                "a tensor, a mapping of keyword arguments or a tuple of positional ones"
+            )
+    if method != "taylor" and loss is not None:
+        raise value_error(f"{owner}: loss is for method='taylor'; got method={method!r}")
+    return batches
+
+
+def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) -> None:
+    owner, method, amount = plan.config.owner, plan.method, plan.amount
+    where = plan.describe(module, name)
+    values = current_values(module, name)
+    if method in CALIBRATED:
+        if not calibrates(module, name):
+            path = plan.paths.get(module, "?")
+            raise value_error(
+                f"{owner}: method={method!r} calibrates the weight matrices of Linear "
+                f"layers, Hugging Face's Conv1D, convolutions and MultiheadAttention's "
+                f"in_proj_weight; {where} ({path!r}) is not one (exclude it, or prune it "
+                "with method='l1')"
+            )
+        if not isinstance(values, Tensor):
+            raise type_error(f"{owner}: method={method!r} needs a torch model")
+        groups, _ = layers.width(module)
+        if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
+            raise value_error(
+                f"{owner}: {where} ({groups} groups) is pruned by SparseGPT group by "
+                f"group; expected amount= a fraction, not the count {amount}"
+            )
+    pattern = oriented(module, name, plan.pattern)
+    if isinstance(pattern, NM | PerRow):
+        with naming(where):
+            if isinstance(pattern, NM):
+                pattern.check(tuple(values.shape), Amount(amount, owner))
+            elif values.dim() < 2:
+                raise value_error(
+                    f"{owner}: pattern 'row' needs rows, got shape {tuple(values.shape)}"
+                )
+    if isinstance(amount, numbers.Integral) and int(amount) > values.numel():
+        raise value_error(
+            f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
+            "fraction or a smaller count"
+        )
+
+
+def oriented(module: nn.Module, name: str, pattern: Pattern) -> Pattern:
+    """`pattern`, named for a Linear's weight, as it reads on ``module.<name>``."""
+    return layers.oriented(module, pattern) if calibrates(module, name) else pattern
+
+
+def current_values(module: nn.Module, name: str) -> Tensor:
+    """The current values of ``module.<name>`` (mask x orig where pruned); a dotted name
+    is a submodule's tensor."""
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
+    if orig_name(name) in module._parameters:
+        orig = module._parameters[orig_name(name)]
+        mask = module._buffers[mask_name(name)]
+        assert orig is not None and mask is not None
+        values: Tensor = (orig * mask).detach()
+        return values
+    found = getattr(module, name, None)
+    if found is None:
+        raise value_error(f"{describe(module, name)} does not exist; expected a parameter name")
+    result: Tensor = found.detach()
+    return result
+
+
+def parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter behind ``module.<name>``: ``<name>_orig`` where pruned."""
+    param = module._parameters.get(orig_name(name))
+    if param is None:
+        param = module._parameters[name]
+    assert param is not None
+    return param
+
+
+def alive(module: nn.Module, name: str) -> Tensor | None:
+    """Where ``module.<name>`` is not pruned yet (None: no mask)."""
+    if "." in name:
+        path, _, name = name.rpartition(".")
+        module = module.get_submodule(path)
+    mask = module._buffers.get(mask_name(name))
+    return None if mask is None else mask == 1

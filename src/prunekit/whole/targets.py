@@ -1,0 +1,328 @@
+"""The one target selector: which tensors of a model (or of a state_dict) a whole-model call
+prunes, by name.
+
+``select_names`` picks names from listed tensors with include/exclude globs (a state_dict's
+entries, a model's parameters); ``select_targets`` walks a model with names and returns the
+parameters those globs select, each once, where it has to be pruned: a MultiheadAttention's
+out_proj through the attention module (which reads it without calling it), a tied parameter
+(one Parameter under several names) ranked under its first name and masked under the others.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunekit.core.backend import is_module
+from prunekit.core.errors import type_error, value_error, warn_caller
+from prunekit.core.naming import ORIG, Entry, mask_name, orig_name, pruned_name
+
+__all__ = [
+    "ALL",
+    "RANKABLE",
+    "Place",
+    "Target",
+    "globs",
+    "matches",
+    "output_heads",
+    "select_names",
+    "select_targets",
+]
+
+ALL = ("*",)
+"""The default `include`: every tensor the method prunes (the same as no include)."""
+
+RANKABLE = ("float16", "bfloat16", "float32", "float64")  # dtypes the methods rank
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one name of a parameter is masked: installed as ``module.<leaf>`` (a dotted
+    leaf for an attention's out_proj), held as ``holder.<own>``."""
+
+    module: nn.Module
+    leaf: str
+    holder: nn.Module
+    own: str
+
+    def mask(self) -> Tensor | None:
+        """The mask installed here (None: not pruned)."""
+        return self.holder._buffers.get(mask_name(self.own))
+
+    def parameter(self) -> nn.Parameter:
+        """The Parameter: ``<own>_orig`` when pruned."""
+        found = self.holder._parameters.get(orig_name(self.own))
+        if found is None:
+            found = self.holder._parameters[self.own]
+        assert found is not None
+        return found
+
+
+@dataclass(frozen=True)
+class Target:
+    """One parameter to prune: its name in the model and its places, the first one ranked,
+    the others (tied names) masked alike. `aliases`: its other names through a module
+    shared under several paths (one place, several names)."""
+
+    name: str
+    places: tuple[Place, ...]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def first(self) -> Place:
+        return self.places[0]
+
+    @property
+    def ties(self) -> tuple[Place, ...]:
+        """The places of its tied names, masked like the first."""
+        return self.places[1:]
+
+
+def globs(value: Any, what: str, owner: str) -> tuple[str, ...]:
+    """`value` (`include` or `exclude`, as `what`) as a tuple of globs; a str is one glob.
+
+    Raises:
+        TypeError: naming `owner`, `what` and the value, unless a str or str sequence.
+    """
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, Iterable) or not all(isinstance(p, str) for p in value):
+        raise type_error(
+            f"{owner}: invalid {what}={value!r}; expected globs of parameter names "
+            "(a str or a sequence of str), e.g. ('encoder.*',)"
+        )
+    return tuple(value)
+
+
+def select_names(
+    found: Sequence[Entry],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    targets: Collection[str] | None = None,
+    where: tuple[str, str] = ("", ""),
+) -> list[str]:
+    """Names of the floating-point tensors to prune, in order.
+
+    `targets` are the names the method prunes when nothing is named (default: the
+    tensors of 2 or more dims: weights, not biases or norms). An `include` or `exclude`
+    pattern is a glob of tensor names or of module names (a module holds the tensors
+    under its name; a name also matches as the last part of a longer one, as PEFT's
+    ``target_modules``: ``'q_proj'`` matches ``'layers.0.attn.q_proj'``). `include`
+    narrows `targets` to those it matches (``('*',)``, like ``()``, takes them all); a
+    tensor outside them (a norm, a bias) is selected when `include` gives its exact name. A
+    glob that matches none of `targets` but other tensors by name selects those, as
+    before, with a FutureWarning. Tensors matching an `exclude` pattern are left out.
+    `where`: what the errors begin and end with (the caller, the model).
+
+    Raises:
+        ValueError: a pattern that matches nothing, a selected tensor of a dtype that
+            cannot be ranked, or nothing left to prune.
+    """
+    head, tail = where
+    include = () if tuple(include) == ALL else include
+    floats = [e for e in found if e.tensor.is_floating_point()]
+    named = {e.name for e in floats if e.tensor.dim() >= 2} if targets is None else set(targets)
+    for pattern in [*include, *exclude]:
+        if not any(matches(e.name, pattern) for e in floats):
+            raise value_error(
+                f"{head}the pattern {pattern!r} matches no floating-point tensor; "
+                f"tensors: {_listing([e.name for e in floats])}{tail}"
+            )
+    if include:
+        picked = {e.name for e in floats if e.name in include}
+        for pattern in include:
+            picked |= _included(floats, named, pattern, where)
+        chosen = [e for e in floats if e.name in picked]
+    else:
+        chosen = [e for e in floats if e.name in named]
+    chosen = [e for e in chosen if not any(matches(e.name, p) for p in exclude)]
+    for e in chosen:
+        dtype = str(e.tensor.dtype).rpartition(".")[2]
+        if dtype not in RANKABLE:
+            raise value_error(
+                f"{head}tensor {e.name!r} has dtype {dtype}, which cannot be ranked; expected "
+                f"{', '.join(RANKABLE)} (leave it out with exclude {e.name!r}){tail}"
+            )
+    names = [e.name for e in chosen]
+    if not names:
+        raise value_error(
+            f"{head}no tensor left to prune after include/exclude; "
+            f"tensors: {_listing([e.name for e in floats])}{tail}"
+        )
+    return names
+
+
+def matches(name: str, pattern: str) -> bool:
+    """Whether `pattern` names the tensor `name`: a glob of its whole name, or of a module
+    holding it (a dotted prefix of the name), whole or as its last part(s)."""
+    if fnmatch.fnmatchcase(name, pattern):
+        return True
+    parts = name.split(".")[:-1]
+    tail = "*." + pattern
+    for end in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:end])
+        if fnmatch.fnmatchcase(prefix, pattern) or fnmatch.fnmatchcase(prefix, tail):
+            return True
+    return False
+
+
+def _included(
+    floats: Sequence[Entry], targets: set[str], pattern: str, where: tuple[str, str]
+) -> set[str]:
+    """The names one `include` pattern selects (its exact name aside)."""
+    found = {e.name for e in floats if e.name in targets and matches(e.name, pattern)}
+    if found or any(e.name == pattern for e in floats):
+        return found
+    # Before, a glob selected any tensor by name: kept for one that names no target.
+    before = [e.name for e in floats if fnmatch.fnmatchcase(e.name, pattern)]
+    if not before:
+        others = [e.name for e in floats if matches(e.name, pattern)]
+        raise value_error(
+            f"{where[0]}the pattern {pattern!r} selects no weight the method prunes, only "
+            f"{_listing(others)}; a tensor outside its weights (a norm, a bias) is pruned "
+            f"when named exactly, e.g. {others[0]!r}{where[1]}"
+        )
+    warn_caller(
+        f"include {pattern!r} matches none of the weights the method prunes and selects "
+        f"{_listing(before)} by name, as before; in a future version a glob will only narrow "
+        "the method's weights: give these tensors' exact names to keep pruning them",
+        FutureWarning,
+    )
+    return set(before)
+
+
+def _listing(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "") or "(none)"
+
+
+@dataclass
+class _Found:
+    """A parameter met while walking the model: where it is installed, its other names."""
+
+    name: str
+    place: Place
+    ties: list[tuple[Place, str]] = field(default_factory=list)  # (place, name)
+    aliases: list[str] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [self.name, *self.aliases, *(name for _, name in self.ties)]
+
+    def target(self) -> Target:
+        places = (self.place, *(p for p, _ in self.ties))
+        return Target(self.name, places, tuple(self.aliases))
+
+
+def select_targets(
+    model: Any,
+    include: Any,
+    exclude: Any,
+    owner: str,
+    natural: Callable[[Place], bool] | None = None,
+) -> list[Target]:
+    """The parameters of `model` that `include` and not `exclude` select (see
+    select_names), in the model's order, each once, with its other names.
+
+    `natural` tells the method's own targets by their place, those `include` globs narrow
+    (default: the floating-point tensors of two or more dims). The globs see every name;
+    a tied parameter must be selected under all its names or none. Errors begin with
+    `owner`.
+
+    Raises:
+        TypeError: `model` is not a module; `include`/`exclude` are not globs.
+        ValueError: as select_names, or globs that select a tied parameter by some of its
+            names only.
+    """
+    if not is_module(model):
+        raise type_error(
+            f"{owner}: invalid model of type {type(model).__name__}; "
+            "expected an nn.Module of torch or tensorplay"
+        )
+    includes, excludes = globs(include, "include", owner), globs(exclude, "exclude", owner)
+    found, listed = _walk(model)
+    named = None
+    if natural is not None:
+        named = [name for f in found if natural(f.place) for name in f.names()]
+    where = (f"{owner}: ", f" (in {type(model).__name__})")
+    chosen = set(select_names(listed, includes, excludes, named, where))
+    selected = []
+    for f in found:
+        # A shared module is one module under several paths: any of its names selects it.
+        own = any(name in chosen for name in [f.name, *f.aliases])
+        names = [f.name, *(name for _, name in f.ties)]
+        hits = [own, *(name in chosen for _, name in f.ties)]
+        if all(hits):
+            selected.append(f.target())
+        elif any(hits):
+            picked = [n for n, hit in zip(names, hits, strict=True) if hit]
+            raise value_error(
+                f"{owner}: {', '.join(map(repr, names))} are one Parameter (tied), but "
+                f"include/exclude select only {picked}; "
+                "expected globs that select all of its names or none"
+            )
+    return selected
+
+
+def _walk(model: Any) -> tuple[list[_Found], list[Entry]]:
+    """Every parameter of `model` once (with its tied names and aliases), and every name
+    with its tensor."""
+    found: dict[int, _Found] = {}
+    listed: list[Entry] = []
+    for path, module in model.named_modules(remove_duplicate=False):
+        for pname, param in module._parameters.items():
+            if param is None:
+                continue
+            leaf = _unpruned_name(module, pname)
+            name = f"{path}.{leaf}" if path else leaf
+            first = found.get(id(param))
+            if first is None:
+                found[id(param)] = _Found(name, _locate(model, path, module, leaf))
+            elif any(p.holder is module and p.own == leaf for p in first.target().places):
+                first.aliases.append(name)  # a shared module, seen again under another path
+            else:
+                first.ties.append((Place(module, leaf, module, leaf), name))
+            listed.append(Entry(name, param))
+    return list(found.values()), listed
+
+
+def _unpruned_name(module: nn.Module, pname: str) -> str:
+    """A parameter's name as the model sees it: ``weight`` for a pruned ``weight_orig``."""
+    base = pruned_name(pname, ORIG)
+    if base is not None and mask_name(base) in module._buffers:
+        return base
+    return pname
+
+
+def _locate(model: nn.Module, path: str, module: nn.Module, leaf: str) -> Place:
+    """Where to install the pruning of ``module.<leaf>``: on the module itself, or, for a
+    MultiheadAttention's out_proj, on the attention module with a dotted name."""
+    parent_path, _, child = path.rpartition(".")
+    if child == "out_proj" and path:
+        parent = model.get_submodule(parent_path)
+        if _reads_out_proj(parent) and parent._modules.get("out_proj") is module:
+            return Place(parent, f"out_proj.{leaf}", module, leaf)
+    return Place(module, leaf, module, leaf)
+
+
+def _reads_out_proj(module: nn.Module) -> bool:
+    return any(cls.__name__ == "MultiheadAttention" for cls in type(module).__mro__)
+
+
+def output_heads(model: nn.Module) -> list[nn.Module]:
+    """The output layer(s) users keep dense: the model's ``get_output_embeddings()`` (as
+    Hugging Face models name their head), and Linears sharing an embedding's weight."""
+    heads: list[nn.Module] = []
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        found = getter()
+        if isinstance(found, nn.Module):
+            heads.append(found)
+    embedded = {
+        id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)
+    }
+    heads += [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) in embedded]
+    return heads
