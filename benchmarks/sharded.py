@@ -1,4 +1,4 @@
-"""`prunekit prune --global` on a sharded bf16 safetensors checkpoint larger than memory.
+"""`prunekit prune --scope global` on a sharded bf16 safetensors checkpoint larger than memory.
 
     python benchmarks/sharded.py               # 26 GB, after a 0.3 GB side-by-side case
     python benchmarks/sharded.py --quick       # the 0.3 GB case only
@@ -175,9 +175,9 @@ def case(root: Path, size: float, amount: float, peer: bool, threads: int) -> No
             f"machine memory {MEMORY / GIB:.1f} GiB"
         )
         base = run("import prunekit.tools.cli", [], threads)[1]
-        command = ["prune", str(source), "-o", str(out), "--amount", str(amount), "--global"]
+        command = ["prune", str(source), "-o", str(out), "--amount", str(amount), "--scope", "global"]
         seconds, peak = run(CLI, command, threads)
-        rows = [("prunekit prune --global (streamed)", seconds, peak)]
+        rows = [("prunekit prune --scope global (streamed)", seconds, peak)]
         zeros, numel = zeros_count(out)
         if peer:
             shutil.rmtree(out)
