@@ -175,7 +175,16 @@ def case(root: Path, size: float, amount: float, peer: bool, threads: int) -> No
             f"machine memory {MEMORY / GIB:.1f} GiB"
         )
         base = run("import prunekit.tools.cli", [], threads)[1]
-        command = ["prune", str(source), "-o", str(out), "--amount", str(amount), "--scope", "global"]
+        command = [
+            "prune",
+            str(source),
+            "-o",
+            str(out),
+            "--amount",
+            str(amount),
+            "--scope",
+            "global",
+        ]
         seconds, peak = run(CLI, command, threads)
         rows = [("prunekit prune --scope global (streamed)", seconds, peak)]
         zeros, numel = zeros_count(out)
