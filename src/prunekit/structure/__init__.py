@@ -16,6 +16,7 @@ from prunekit.structure.pruned import PrunedGroup
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.calibrated import Activation, GroupTaylor
 from prunekit.structure.saving import load_compacted, save_compacted
+from prunekit.structure.skeleton import register_factory as register_compacted_factory
 
 # isort: split
 # One target for the whole model: a share of its parameters or MACs.
@@ -63,6 +64,7 @@ __all__ = [
     "prune_blocks",
     "prune_channels",
     "recalibrate_norms",
+    "register_compacted_factory",
     "remove_blocks",
     "save_compacted",
     "skip_blocks",
