@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 import prunekit
 from model_state import fingerprint
-from prunekit.structure import saving
+from prunekit.structure import saving, skeleton
 
 
 class Net(nn.Module):
@@ -237,3 +237,70 @@ def test_import_prunekit_imports_neither_transformers_nor_safetensors() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_folder_alone_reloads_with_a_factory_in_eval_mode(tmp_path: Path) -> None:
+    """load_compacted(folder, factory=...): built with its parameters on the meta device,
+    the file's tensors become the parameters; a tensor saved masked keeps its mask."""
+    model, x = _saved(tmp_path)
+    prunekit.l1_unstructured(model.head, "weight", 0.5)
+    prunekit.save_compacted(model, tmp_path)
+    built: list[nn.Module] = []
+
+    def factory(config: Any) -> nn.Module:
+        assert config is None  # no Hugging Face config saved
+        built.append(Net())
+        assert built[-1].fc1.weight.is_meta and not built[-1].bn.running_mean.is_meta
+        return built[-1].train()
+
+    loaded = prunekit.load_compacted(tmp_path, factory=factory)
+    assert loaded is built[0] and not loaded.training
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert_same(model, loaded, x)
+    assert torch.equal(loaded.head.weight_mask, model.head.weight_mask)
+
+
+def test_a_registered_factory_builds_the_saved_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x = _saved(tmp_path)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"compacted.json holds no Hugging Face config \(the "
+                       r"model is a test_structure_saving.Net\).*factory="):  # fmt: skip
+        prunekit.load_compacted(tmp_path)
+    monkeypatch.setattr(skeleton, "FACTORIES", {})
+    prunekit.register_compacted_factory(Net, lambda config: Net())
+    assert_same(model, prunekit.load_compacted(tmp_path), x)
+    assert fingerprint(model) == before
+    with pytest.raises(TypeError, match=r"invalid model_class of type Net; expected an nn.Module subclass"):
+        prunekit.register_compacted_factory(Net(), lambda config: Net())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got a model with path=None"):
+        prunekit.load_compacted(Net())  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"factory= with a model|got a model with path="):
+        prunekit.load_compacted(Net(), tmp_path, factory=lambda config: Net())
+    with pytest.raises(TypeError, match=r"the factory returned a int"):
+        prunekit.load_compacted(tmp_path, factory=lambda config: 3)  # type: ignore[arg-type,return-value]
+
+
+def test_a_folder_alone_whose_files_disagree_names_the_folder(tmp_path: Path) -> None:
+    _saved(tmp_path)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    manifest["modules"]["fc2"]["tensors"]["weight"]["shape"] = [24, 99]
+    where.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"load_compacted \({tmp_path}\): module 'fc2' \(Linear"
+                       r"\): tensor 'weight' .* but \(24, 99\) in the shapes file"):  # fmt: skip
+        prunekit.load_compacted(tmp_path, factory=lambda config: Net())
+
+
+def test_a_width_that_contradicts_the_saved_tensors_is_refused(tmp_path: Path) -> None:
+    model, _ = _saved(tmp_path)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    manifest["modules"]["fc2"]["attributes"]["out_features"] = 5
+    where.write_text(json.dumps(manifest))
+    message = (rf"\({tmp_path}\): module 'fc2' \(Linear\) was saved with out_features=5, but "
+               rf"its saved tensors .*'weight': \(24, {model.fc2.in_features}\).* make it 24")
+    _refused(Net(), tmp_path, ValueError, message)
+    with pytest.raises(ValueError, match=message):
+        prunekit.load_compacted(tmp_path, factory=lambda config: Net())

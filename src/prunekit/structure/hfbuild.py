@@ -12,7 +12,6 @@ config its saved fields.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,11 +117,12 @@ def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(type(model), "from_pretrained", None)):
         return ()
-    try:
+    try:  # read back as from_pretrained reads config.json: transformers' checks run
+        copied = type(config).from_dict(config.to_dict())
         with torch.device("meta"):
-            built = type(model)(copy.deepcopy(config))
-    except Exception as error:  # the model's own constructor refuses its config
-        return (f"{type(model).__name__}(config) raises {type(error).__name__}: {error}",)
+            built = type(model)(copied)
+    except Exception as error:  # the config or the model's own constructor refuses it
+        return (f"building it raises {type(error).__name__}: {error}".replace("\n", " "),)
     expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     found = []
     for key, value in model.state_dict().items():

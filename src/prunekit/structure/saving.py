@@ -166,6 +166,9 @@ def _load_built(folder: Path, factory: Factory | None) -> nn.Module:
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"load_compacted: {left[:5]} were left on the meta device")
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "_name_or_path", None), str):
+        config._name_or_path = str(folder)  # type: ignore[union-attr]  # as from_pretrained
     return model.eval()
 
 

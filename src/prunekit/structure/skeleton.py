@@ -47,9 +47,10 @@ def register_factory(model_class: type[nn.Module], factory: Factory) -> None:
         TypeError: `model_class` is not an nn.Module subclass or `factory` is not callable.
     """
     if not isinstance(model_class, type) or not issubclass(model_class, nn.Module):
+        shown = model_class if isinstance(model_class, type) else type(model_class).__name__
         raise TypeError(
-            f"register_compacted_factory: invalid model_class={model_class!r}; expected an "
-            "nn.Module subclass (the class of the saved model)"
+            f"register_compacted_factory: invalid model_class of type {shown}; expected an "
+            "nn.Module subclass (the class of the saved model, not an instance)"
         )
     if not callable(factory):
         raise TypeError(
