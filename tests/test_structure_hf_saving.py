@@ -172,8 +172,8 @@ HEADS_ALONE = [
     ("bert", bert(), BERT_INPUTS, "building it raises ValueError: The hidden size \\(32\\) is "
      "not a multiple of the number of attention heads \\(3\\)"),
     ("gpt2", gpt2, {"input_ids": IDS}, "building it raises ValueError"),
-    ("llama", lambda: llama(kv_heads=4), {"input_ids": IDS}, "building it raises .*hidden size \\(32\\) is not a "
-     "multiple of the number of attention heads \\(3\\)"),
+    ("llama", lambda: llama(kv_heads=4), {"input_ids": IDS}, "building it raises .*hidden "
+     "size \\(32\\) is not a multiple of the number of attention heads \\(3\\)"),
 ]  # fmt: skip
 
 

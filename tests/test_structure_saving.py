@@ -272,7 +272,7 @@ def test_a_registered_factory_builds_the_saved_class(
     prunekit.register_compacted_factory(Net, lambda config: Net())
     assert_same(model, prunekit.load_compacted(tmp_path), x)
     assert fingerprint(model) == before
-    with pytest.raises(TypeError, match=r"invalid model_class of type Net; expected an nn.Module subclass"):
+    with pytest.raises(TypeError, match=r"invalid model_class of type Net; expected an nn"):
         prunekit.register_compacted_factory(Net(), lambda config: Net())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"got a model with path=None"):
         prunekit.load_compacted(Net())  # type: ignore[call-overload]
@@ -299,8 +299,10 @@ def test_a_width_that_contradicts_the_saved_tensors_is_refused(tmp_path: Path) -
     manifest = json.loads(where.read_text())
     manifest["modules"]["fc2"]["attributes"]["out_features"] = 5
     where.write_text(json.dumps(manifest))
-    message = (rf"\({tmp_path}\): module 'fc2' \(Linear\) was saved with out_features=5, but "
-               rf"its saved tensors .*'weight': \(24, {model.fc2.in_features}\).* make it 24")
+    message = (
+        rf"\({tmp_path}\): module 'fc2' \(Linear\) was saved with out_features=5, but "
+        rf"its saved tensors .*'weight': \(24, {model.fc2.in_features}\).* make it 24"
+    )
     _refused(Net(), tmp_path, ValueError, message)
     with pytest.raises(ValueError, match=message):
         prunekit.load_compacted(tmp_path, factory=lambda config: Net())

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from prunekit.core.errors import warn_caller
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.graph import check_model, split_inputs, traced_groups
-from prunekit.core.errors import warn_caller
 from prunekit.structure.hfbuild import pretrained_mismatches
 from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency

@@ -84,8 +84,7 @@ def empty_parameters() -> Iterator[None]:
 def build_skeleton(manifest: Mapping[str, Any], where: Path, factory: Factory | None) -> nn.Module:
     """The saved model's skeleton: built by `factory`, a registered one or transformers.
 
-    Raises ValueError (naming `where`, the manifest) when none can build it; an error of the
-    model's own code propagates as it is, with a note naming the folder.
+    Raises ValueError (naming `where`, the manifest) when none can build it.
     """
     saved = manifest.get("config")
     root = manifest["modules"].get("", {}).get("type", "?")
@@ -107,12 +106,8 @@ def build_skeleton(manifest: Mapping[str, Any], where: Path, factory: Factory | 
         from prunekit.structure.hfbuild import building_config
 
         config = building_config(manifest, where)
-    try:
-        with empty_parameters():
-            model = factory(config)
-    except Exception as error:
-        error.add_note(f"(raised by the factory building the model saved in {where.parent})")
-        raise
+    with empty_parameters():  # an error of the model's own code propagates as it is
+        model = factory(config)
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"load_compacted: the factory returned a {type(model).__name__} for {where.parent}; "
