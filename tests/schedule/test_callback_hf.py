@@ -137,11 +137,22 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
 def test_resuming_without_the_pruner_state_is_an_error(tmp_path: Path) -> None:
     model, pruner = make()
     trainer(tmp_path / "a", model, pruner).train()
-    (tmp_path / "a" / "checkpoint-5" / "gradual_pruner.pt").unlink()
+    checkpoint = tmp_path / "a" / "checkpoint-5"
+    (checkpoint / "gradual_pruner.pt").unlink()
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    entry = saved["stateful_callbacks"].pop("prunekit.GradualPruner")
+    assert entry["steps"] == 5 and entry["masks"] == ["fc1.weight", "fc2.weight"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(saved))
     again, again_pruner = make()
-    with pytest.raises(ValueError, match="resumes at step 5 but the pruner is at step 0"):
-        trainer(tmp_path / "a", again, again_pruner).train(
-            resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5")
-        )
+    with pytest.raises(ValueError, match="resumes at step 5 but the pruner is at step 0, the "
+                       "checkpoint's trainer_state.json holds no 'prunekit.GradualPruner'"):  # fmt: skip
+        trainer(tmp_path / "a", again, again_pruner).train(resume_from_checkpoint=str(checkpoint))
+    saved["stateful_callbacks"]["prunekit.GradualPruner"] = {**entry, "generator": "not base64"}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(saved))
+    again, again_pruner = make()
+    with pytest.raises(ValueError, match=r"trainer_state.json \('prunekit.GradualPruner'\): "
+                       "invalid saved pruner state"):  # fmt: skip
+        trainer(tmp_path / "a", again, again_pruner).train(resume_from_checkpoint=str(checkpoint))
+    assert again_pruner.steps == 0
     with pytest.raises(TypeError, match=r"expected a prunekit\.GradualPruner"):
         GradualPruningCallback(model)  # type: ignore[arg-type]
