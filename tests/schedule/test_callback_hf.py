@@ -144,8 +144,11 @@ def test_resuming_without_the_pruner_state_is_an_error(tmp_path: Path) -> None:
     assert entry["steps"] == 5 and entry["masks"] == ["fc1.weight", "fc2.weight"]
     (checkpoint / "trainer_state.json").write_text(json.dumps(saved))
     again, again_pruner = make()
-    with pytest.raises(ValueError, match="resumes at step 5 but the pruner is at step 0, the "
-                       "checkpoint's trainer_state.json holds no 'prunekit.GradualPruner'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"resumes at step 5 but the pruner is at step 0, the "
+        r"checkpoint's trainer_state.json holds no 'prunekit.GradualPruner'",
+    ):
         trainer(tmp_path / "a", again, again_pruner).train(resume_from_checkpoint=str(checkpoint))
     saved["stateful_callbacks"]["prunekit.GradualPruner"] = {**entry, "generator": "not base64"}
     (checkpoint / "trainer_state.json").write_text(json.dumps(saved))

@@ -15,7 +15,7 @@ hand. One GradualPruningCallback per Trainer.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -61,7 +61,7 @@ class GradualPruningCallback(TrainerCallback):
     ) -> None:
         if state.global_step == self.pruner.steps:
             return
-        saved = state.stateful_callbacks.get(STATE_KEY)
+        saved = _entries(state).get(STATE_KEY)
         if isinstance(saved, dict) and saved.get("steps") == state.global_step:
             masks = self.pruner.state_dict()["masks"]  # the model's: the checkpoint's, loaded
             where = f"GradualPruningCallback: trainer_state.json ({STATE_KEY!r})"
@@ -86,7 +86,7 @@ class GradualPruningCallback(TrainerCallback):
             self.pruner.step()
         # into the Trainer's state, which every checkpoint saves with the model (and so the
         # masks): a run resumed from any checkpoint, wherever it was moved, finds it there
-        state.stateful_callbacks[STATE_KEY] = json_state(self.pruner.state_dict())
+        _entries(state)[STATE_KEY] = json_state(self.pruner.state_dict())
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -95,6 +95,14 @@ class GradualPruningCallback(TrainerCallback):
             path = checkpoint_file(args, state.global_step)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             torch.save(self.pruner.state_dict(), path)
+
+
+def _entries(state: TrainerState) -> dict[str, Any]:
+    """The callbacks' saved states (a dict once the TrainerState is made; typed as a list)."""
+    entries: Any = state.stateful_callbacks
+    if not isinstance(entries, dict):  # an older transformers: a dict of our own
+        entries = vars(state).setdefault("stateful_callbacks", {})
+    return cast(dict[str, Any], entries)
 
 
 def checkpoint_file(args: TrainingArguments, step: int) -> str:

@@ -76,9 +76,9 @@ def from_json_state(saved: Any, masks: Mapping[str, Tensor], where: str) -> dict
     names = saved.get("masks") if isinstance(saved, Mapping) else None
     encoded = saved.get("generator") if isinstance(saved, Mapping) else None
     try:
-        generator = torch.frombuffer(bytearray(base64.b64decode(encoded, validate=True)),
-                                     dtype=torch.uint8)  # fmt: skip
-    except (TypeError, ValueError, binascii.Error):
+        raw = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+        generator = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    except (ValueError, binascii.Error):
         generator = None
     if generator is None or not isinstance(names, list) or not all(n in masks for n in names):
         raise value_error(
