@@ -346,6 +346,10 @@ def test_load_compacted_refuses_a_spoiled_save(
         prunekit.load_compacted(fresh, folder)
     assert not isinstance(caught.value, AttributeError)
     assert fingerprint(fresh) == before and files(folder) == on_disk
+    with pytest.raises((ValueError, FileNotFoundError, RuntimeError, OSError)) as caught:
+        prunekit.load_compacted(folder, factory=lambda config: Net())  # the folder alone
+    assert not isinstance(caught.value, AttributeError)
+    assert files(folder) == on_disk
 
 
 def test_save_compacted_onto_a_file_and_into_a_read_only_folder(tmp_path: Path) -> None:

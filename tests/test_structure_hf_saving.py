@@ -120,6 +120,7 @@ def test_gpt2_round_trips_and_generates(tmp_path: Path, scope: str) -> None:
     else:
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(gpt2(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), x)  # the folder alone too
     assert_same(model, loaded, x)
     options = {"max_new_tokens": 4, "do_sample": False}
     assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
@@ -136,6 +137,7 @@ def test_vit_round_trips(tmp_path: Path, scope: str) -> None:
         assert len(inner) == 2
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(vit(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), VIT_INPUTS)
     assert_same(model, loaded, VIT_INPUTS)
 
 
@@ -151,6 +153,7 @@ def test_llama_with_grouped_query_heads_round_trips_and_generates(
     else:
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(llama(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), x)
     assert_same(model, loaded, x)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     options = {"max_new_tokens": 4, "do_sample": False}

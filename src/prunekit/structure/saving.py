@@ -1,13 +1,16 @@
-"""Saving a compacted model with its shapes, and rebuilding it from a freshly built one.
+"""Saving a compacted model with its shapes, and rebuilding it from its folder alone or into
+a freshly built model.
 
 ``save_compacted(model, folder)`` writes the weights (``compacted.safetensors`` where
 safetensors is installed, else ``compacted.pt``) and ``compacted.json``: for every module
 its class, the shape and dtype of each of its parameters and buffers, and its integer (and
 tuple of integers) attributes, which fix its widths (in/out features, channels, groups,
 num_features, normalized_shape, num_heads, head_dim, ...); and the model's Hugging Face
-config where it has one. ``load_compacted(fresh, folder)`` gives a freshly built model of
-the same code those shapes, attributes and config fields, loads the weights strictly and
-checks that everything matches. Per-layer widths need no config field that can hold them.
+config where it has one. ``load_compacted(folder)`` builds the model with its parameters
+on the meta device (skeleton.py) and gives it those shapes and the file's tensors;
+``load_compacted(fresh, folder)`` gives a freshly built model of the same code those
+shapes, attributes and config fields. Either way the weights load strictly and everything
+is checked. Per-layer widths need no config field that can hold them.
 """
 
 from __future__ import annotations
