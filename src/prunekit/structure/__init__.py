@@ -2,7 +2,8 @@
 
 ``channel_groups`` traces the coupled channels, ``prune_channels`` masks whole units of them,
 ``compact`` removes the masked units for real and checks the result, ``save_compacted`` and
-``load_compacted`` save it with its shapes and rebuild it from a freshly built model.
+``load_compacted`` save it with its shapes and rebuild it (from its folder alone, or into a
+freshly built model).
 """
 
 from prunekit.structure.compact import CompactReport, compact
