@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import sys
 from pathlib import Path
 from typing import Any
@@ -306,3 +307,22 @@ def test_a_width_that_contradicts_the_saved_tensors_is_refused(tmp_path: Path) -
     _refused(Net(), tmp_path, ValueError, message)
     with pytest.raises(ValueError, match=message):
         prunekit.load_compacted(tmp_path, factory=lambda config: Net())
+
+
+def test_empty_parameters_holds_only_in_its_thread_and_nests() -> None:
+    found: dict[str, torch.device] = {}
+
+    def elsewhere() -> None:
+        found["other thread"] = nn.Linear(2, 2).weight.device
+
+    with skeleton.empty_parameters():
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        with skeleton.empty_parameters():
+            found["nested"] = nn.Linear(3, 3).weight.device
+        layer = nn.BatchNorm1d(3)
+    found["after"] = nn.Linear(2, 2).weight.device
+    assert found == {"other thread": torch.device("cpu"), "nested": torch.device("meta"),
+                     "after": torch.device("cpu")}  # fmt: skip
+    assert layer.weight.is_meta and not layer.running_mean.is_meta  # buffers are made as usual

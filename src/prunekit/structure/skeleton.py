@@ -26,7 +26,7 @@ Factory = Callable[[Any], nn.Module]
 FACTORIES: dict[str, Factory] = {}
 """Registered factories, by the full name of the model class they build."""
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # a factory may load another model
 _META = torch.device("meta")
 
 
