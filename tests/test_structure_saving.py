@@ -326,3 +326,14 @@ def test_empty_parameters_holds_only_in_its_thread_and_nests() -> None:
     assert found == {"other thread": torch.device("cpu"), "nested": torch.device("meta"),
                      "after": torch.device("cpu")}  # fmt: skip
     assert layer.weight.is_meta and not layer.running_mean.is_meta  # buffers are made as usual
+
+
+def test_a_relative_folder_saves_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights file is written through an unnamed file linked in by its folder's
+    descriptor: a relative path must name it from the working directory, not twice over."""
+    monkeypatch.chdir(tmp_path)
+    model, x = compacted(Net(), torch.randn(4, 3, 4, 4)), torch.randn(4, 3, 4, 4)
+    prunekit.save_compacted(model, "saved")
+    prunekit.save_compacted(model, Path("nested") / "saved")
+    for folder in ("saved", "nested/saved"):
+        assert_same(model, prunekit.load_compacted(folder, factory=lambda config: Net()), x)

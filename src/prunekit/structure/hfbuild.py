@@ -1,5 +1,6 @@
 """Hugging Face models built from a config: the class and config of a compacted save, and
-what ``from_pretrained`` would build from a compacted model's config (imports transformers).
+what ``from_pretrained`` would build from a compacted model's config (transformers is imported
+only when a class or config is looked up).
 
 A compacted model's config holds the widths that are one across layers; the modules hold
 the rest. Built anew from that config, a model can differ (per-layer widths, heads cut
