@@ -323,10 +323,8 @@ LOAD_CASES: list[Any] = [
         f, lambda m: m["modules"]["a"]["attributes"].update(training=0) or m)),
     ("width a string", lambda f: _edit_manifest(
         f, lambda m: m["modules"]["a"]["attributes"].update(in_features="abc") or m)),
-    pytest.param("width wrong", lambda f: _edit_manifest(
-        f, lambda m: m["modules"]["a"]["attributes"].update(out_features=5) or m),
-        marks=pytest.mark.xfail(strict=True, reason="a width that contradicts the saved "
-                                "tensor shapes is loaded as saved (not checked yet)")),
+    ("width wrong", lambda f: _edit_manifest(
+        f, lambda m: m["modules"]["a"]["attributes"].update(out_features=5) or m)),
     ("tensor shape strings", lambda f: _edit_manifest(
         f, lambda m: m["modules"]["a"]["tensors"]["weight"].update(shape=["x"]) or m)),
     ("weights truncated", lambda f: (f / "compacted.safetensors").write_bytes(
@@ -348,6 +346,10 @@ def test_load_compacted_refuses_a_spoiled_save(
         prunekit.load_compacted(fresh, folder)
     assert not isinstance(caught.value, AttributeError)
     assert fingerprint(fresh) == before and files(folder) == on_disk
+    with pytest.raises((ValueError, FileNotFoundError, RuntimeError, OSError)) as caught:
+        prunekit.load_compacted(folder, factory=lambda config: Net())  # the folder alone
+    assert not isinstance(caught.value, AttributeError)
+    assert files(folder) == on_disk
 
 
 def test_save_compacted_onto_a_file_and_into_a_read_only_folder(tmp_path: Path) -> None:

@@ -5,6 +5,9 @@ load_compacted into a model built from the original config. Small configs, rando
 from __future__ import annotations
 
 import copy
+import json
+import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ import prunekit
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
+from huggingface_hub.errors import StrictDataclassError  # noqa: E402
 
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(0))
 
@@ -34,9 +38,9 @@ def gpt2() -> nn.Module:
     return transformers.GPT2LMHeadModel(config)
 
 
-def llama() -> nn.Module:
+def llama(kv_heads: int = 2) -> nn.Module:
     config = transformers.LlamaConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
         intermediate_size=48, vocab_size=100, head_dim=8, tie_word_embeddings=True,
     )  # fmt: skip
     return transformers.LlamaForCausalLM(config)
@@ -116,6 +120,7 @@ def test_gpt2_round_trips_and_generates(tmp_path: Path, scope: str) -> None:
     else:
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(gpt2(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), x)  # the folder alone too
     assert_same(model, loaded, x)
     options = {"max_new_tokens": 4, "do_sample": False}
     assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
@@ -132,6 +137,7 @@ def test_vit_round_trips(tmp_path: Path, scope: str) -> None:
         assert len(inner) == 2
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(vit(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), VIT_INPUTS)
     assert_same(model, loaded, VIT_INPUTS)
 
 
@@ -147,7 +153,113 @@ def test_llama_with_grouped_query_heads_round_trips_and_generates(
     else:
         prunekit.save_compacted(model, tmp_path)
         loaded = prunekit.load_compacted(llama(), tmp_path)
+        assert_same(model, prunekit.load_compacted(tmp_path), x)
     assert_same(model, loaded, x)
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     options = {"max_new_tokens": 4, "do_sample": False}
     assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
+
+
+def compact_warnings(model: nn.Module, x: Any, **amounts: float) -> list[str]:
+    """Prune with `amounts` per layer, compact; the warnings compact gave."""
+    prunekit.prune_channels(model, x, scope="layer", **amounts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = prunekit.compact(model, x, latency_runs=0)
+    found = [str(w.message) for w in caught if str(w.message).startswith("compact:")]
+    assert bool(found) == bool(report.not_rebuilt)
+    return found
+
+
+HEADS_ALONE = [
+    ("bert", bert(), BERT_INPUTS, "building it raises ValueError: The hidden size \\(32\\) is "
+     "not a multiple of the number of attention heads \\(3\\)"),
+    ("gpt2", gpt2, {"input_ids": IDS}, "building it raises ValueError"),
+    ("llama", lambda: llama(kv_heads=4), {"input_ids": IDS}, "building it raises .*hidden "
+     "size \\(32\\) is not a multiple of the number of attention heads \\(3\\)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "make", "x", "why"), HEADS_ALONE)
+def test_heads_cut_alone_warn_and_reload_with_load_compacted_folder_alone(
+    tmp_path: Path, name: str, make: Callable[[], nn.Module], x: Any, why: str
+) -> None:
+    """A quarter of the heads, the hidden width kept: from_pretrained cannot rebuild it
+    (transformers derives the head size from hidden_size / heads, or refuses that config);
+    compact says so, and load_compacted(folder) alone rebuilds it, outputs equal."""
+    torch.manual_seed(0)
+    model = make().eval()
+    found = compact_warnings(model, x, heads=0.25)
+    assert len(found) == 1 and "prunekit.load_compacted(folder)" in found[0]
+    assert re.search(why, found[0]), found[0]
+    assert model.config.num_attention_heads == 3
+    with pytest.raises((RuntimeError, ValueError, StrictDataclassError)):  # either refuses
+        model.save_pretrained(tmp_path / "hf")
+        type(model).from_pretrained(tmp_path / "hf")
+    prunekit.save_compacted(model, tmp_path / "compacted")
+    loaded = prunekit.load_compacted(tmp_path / "compacted")
+    assert type(loaded) is type(model) and not loaded.training
+    assert_same(model, loaded, x)
+    assert loaded.config.num_attention_heads == 3 and loaded.config.hidden_size == 32
+    if name != "bert":
+        assert loaded.lm_head.weight is loaded.get_input_embeddings().weight
+        options = {"max_new_tokens": 4, "do_sample": False}
+        assert torch.equal(model.generate(IDS, **options), loaded.generate(IDS, **options))
+
+
+def test_bert_pooler_left_wide_warns_and_reloads(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = bert()().eval()
+    found = compact_warnings(model, BERT_INPUTS, hidden=0.25, heads=0.25)
+    assert "pooler.dense.weight is (32, 24), built as (24, 24)" in found[0]
+    prunekit.save_compacted(model, tmp_path)
+    assert_same(model, prunekit.load_compacted(tmp_path), BERT_INPUTS)
+
+
+@pytest.mark.parametrize(
+    ("make", "x", "amounts"),
+    [
+        (bert(), BERT_INPUTS, {"amount": 0.3}),
+        (bert(add_pooling_layer=False), BERT_INPUTS, {"heads": 0.25, "hidden": 0.25}),
+        (llama, {"input_ids": IDS}, {"heads": 0.5, "amount": 0.3}),
+    ],
+)
+def test_rebuildable_compactions_do_not_warn(
+    make: Callable[[], nn.Module], x: Any, amounts: dict[str, float]
+) -> None:
+    torch.manual_seed(0)
+    assert compact_warnings(make().eval(), x, **amounts) == []
+
+
+def test_a_uniform_llama_reloads_from_its_folder_like_from_pretrained(tmp_path: Path) -> None:
+    model = compacted(llama, {"input_ids": IDS}, "layer", heads=0.25, hidden=0.25)
+    prunekit.save_compacted(model, tmp_path)
+    model.save_pretrained(tmp_path / "hf")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    loaded = prunekit.load_compacted(tmp_path)
+    assert_same(reference, loaded, {"input_ids": IDS})
+    mine, theirs = loaded.config.to_dict(), reference.config.to_dict()
+    assert mine.pop("_name_or_path") == str(tmp_path) and theirs.pop("_name_or_path")
+    assert {k: v for k, v in mine.items() if k not in ("architectures", "dtype")} == {
+        k: v for k, v in theirs.items() if k not in ("architectures", "dtype")
+    }
+
+
+def test_a_folder_transformers_cannot_build_is_refused(tmp_path: Path) -> None:
+    model = compacted(bert(add_pooling_layer=False), BERT_INPUTS, "layer", heads=0.25)
+    prunekit.save_compacted(model, tmp_path)
+    with pytest.raises(ValueError, match=r"the model's \['pooler', .*not in the file"):
+        prunekit.load_compacted(tmp_path)  # BertModel(config) builds a pooler it lacks
+    loaded = prunekit.load_compacted(
+        tmp_path, factory=lambda config: transformers.BertModel(config, add_pooling_layer=False)
+    )
+    assert_same(model, loaded, BERT_INPUTS)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    manifest["modules"][""]["type"] = "transformers.NoSuchModel"
+    manifest["config"]["architectures"] = ["NoSuchModel"]
+    where.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"{where}: transformers .* has no model class for the "
+                       r"saved model transformers.NoSuchModel \(config 'architectures': "
+                       r"\['NoSuchModel'\]\)"):  # fmt: skip
+        prunekit.load_compacted(tmp_path)

@@ -4,6 +4,7 @@ built ones, bit for bit; errors that name what differs and leave the fresh model
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 import prunekit
 from model_state import fingerprint
-from prunekit.structure import saving
+from prunekit.structure import saving, skeleton
 
 
 class Net(nn.Module):
@@ -232,3 +233,102 @@ def test_import_prunekit_imports_neither_transformers_nor_safetensors(
     imported_by: dict[str, frozenset[str]],
 ) -> None:
     assert sorted(imported_by["prunekit"] & {"transformers", "safetensors"}) == []
+
+
+def test_a_folder_alone_reloads_with_a_factory_in_eval_mode(tmp_path: Path) -> None:
+    """load_compacted(folder, factory=...): built with its parameters on the meta device,
+    the file's tensors become the parameters; a tensor saved masked keeps its mask."""
+    model, x = _saved(tmp_path)
+    prunekit.l1_unstructured(model.head, "weight", 0.5)
+    prunekit.save_compacted(model, tmp_path)
+    built: list[nn.Module] = []
+
+    def factory(config: Any) -> nn.Module:
+        assert config is None  # no Hugging Face config saved
+        built.append(Net())
+        assert built[-1].fc1.weight.is_meta and not built[-1].bn.running_mean.is_meta
+        return built[-1].train()
+
+    loaded = prunekit.load_compacted(tmp_path, factory=factory)
+    assert loaded is built[0] and not loaded.training
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
+    assert_same(model, loaded, x)
+    assert torch.equal(loaded.head.weight_mask, model.head.weight_mask)
+
+
+def test_a_registered_factory_builds_the_saved_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x = _saved(tmp_path)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"compacted.json holds no Hugging Face config \(the "
+                       r"model is a test_structure_saving.Net\).*factory="):  # fmt: skip
+        prunekit.load_compacted(tmp_path)
+    monkeypatch.setattr(skeleton, "FACTORIES", {})
+    prunekit.register_compacted_factory(Net, lambda config: Net())
+    assert_same(model, prunekit.load_compacted(tmp_path), x)
+    assert fingerprint(model) == before
+    with pytest.raises(TypeError, match=r"invalid model_class of type Net; expected an nn"):
+        prunekit.register_compacted_factory(Net(), lambda config: Net())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got a model with path=None"):
+        prunekit.load_compacted(Net())  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match=r"factory= with a model|got a model with path="):
+        prunekit.load_compacted(Net(), tmp_path, factory=lambda config: Net())
+    with pytest.raises(TypeError, match=r"the factory returned a int"):
+        prunekit.load_compacted(tmp_path, factory=lambda config: 3)  # type: ignore[arg-type,return-value]
+
+
+def test_a_folder_alone_whose_files_disagree_names_the_folder(tmp_path: Path) -> None:
+    _saved(tmp_path)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    manifest["modules"]["fc2"]["tensors"]["weight"]["shape"] = [24, 99]
+    where.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"load_compacted \({tmp_path}\): module 'fc2' \(Linear"
+                       r"\): tensor 'weight' .* but \(24, 99\) in the shapes file"):  # fmt: skip
+        prunekit.load_compacted(tmp_path, factory=lambda config: Net())
+
+
+def test_a_width_that_contradicts_the_saved_tensors_is_refused(tmp_path: Path) -> None:
+    model, _ = _saved(tmp_path)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    manifest["modules"]["fc2"]["attributes"]["out_features"] = 5
+    where.write_text(json.dumps(manifest))
+    message = (
+        rf"\({tmp_path}\): module 'fc2' \(Linear\) was saved with out_features=5, but "
+        rf"its saved tensors .*'weight': \(24, {model.fc2.in_features}\).* make it 24"
+    )
+    _refused(Net(), tmp_path, ValueError, message)
+    with pytest.raises(ValueError, match=message):
+        prunekit.load_compacted(tmp_path, factory=lambda config: Net())
+
+
+def test_empty_parameters_holds_only_in_its_thread_and_nests() -> None:
+    found: dict[str, torch.device] = {}
+
+    def elsewhere() -> None:
+        found["other thread"] = nn.Linear(2, 2).weight.device
+
+    with skeleton.empty_parameters():
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        with skeleton.empty_parameters():
+            found["nested"] = nn.Linear(3, 3).weight.device
+        layer = nn.BatchNorm1d(3)
+    found["after"] = nn.Linear(2, 2).weight.device
+    assert found == {"other thread": torch.device("cpu"), "nested": torch.device("meta"),
+                     "after": torch.device("cpu")}  # fmt: skip
+    assert layer.weight.is_meta and not layer.running_mean.is_meta  # buffers are made as usual
+
+
+def test_a_relative_folder_saves_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights file is written through an unnamed file linked in by its folder's
+    descriptor: a relative path must name it from the working directory, not twice over."""
+    monkeypatch.chdir(tmp_path)
+    model, x = compacted(Net(), torch.randn(4, 3, 4, 4)), torch.randn(4, 3, 4, 4)
+    prunekit.save_compacted(model, "saved")
+    prunekit.save_compacted(model, Path("nested") / "saved")
+    for folder in ("saved", "nested/saved"):
+        assert_same(model, prunekit.load_compacted(folder, factory=lambda config: Net()), x)

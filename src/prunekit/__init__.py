@@ -61,7 +61,12 @@ from prunekit.whole import prune_model
 # isort: split
 # Structural pruning II: group criteria (calibrated ones too), compacted models saved and
 # rebuilt with their per-layer shapes.
-from prunekit.structure import GroupCriterion, load_compacted, save_compacted
+from prunekit.structure import (
+    GroupCriterion,
+    load_compacted,
+    register_compacted_factory,
+    save_compacted,
+)
 
 # isort: split
 # Structural pruning III: one budget for the whole model.
@@ -157,6 +162,7 @@ __all__ = [
     "random_unstructured",
     "recalibrate_norms",
     "refresh_pruned",
+    "register_compacted_factory",
     "remove",
     "remove_blocks",
     "report",

@@ -3,6 +3,8 @@ run resumed from a checkpoint ends with the same masks and weights."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +60,23 @@ def trainer(out: Path, model: nn.Module, pruner: Any, **kw: Any) -> Any:
     return transformers.Trainer(model=model, args=args, train_dataset=data(), callbacks=[callback])
 
 
-def make() -> tuple[nn.Module, prune.GradualPruner]:
+def make(method: str = "l1") -> tuple[nn.Module, prune.GradualPruner]:
     torch.manual_seed(0)
     model = Tiny()
-    return model, prune.GradualPruner(model, 0.8, start_step=2, end_step=10, every=2)
+    pruner = prune.GradualPruner(model, 0.8, start_step=2, end_step=10, every=2, method=method)
+    return model, pruner
+
+
+def assert_same_run(a: tuple[nn.Module, Any], b: tuple[nn.Module, Any]) -> None:
+    """The same weights and masks, and the same pruner state (steps, amount, generator)."""
+    (model, pruner), (again, again_pruner) = a, b
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, again.state_dict()[key]), key
+    mine, theirs = pruner.state_dict(), again_pruner.state_dict()
+    assert (mine["steps"], mine["amount"]) == (theirs["steps"], theirs["amount"]) == (12, 0.8)
+    assert torch.equal(mine["generator"], theirs["generator"])
+    assert mine["masks"].keys() == theirs["masks"].keys()
+    assert all(torch.equal(mine["masks"][k], theirs["masks"][k]) for k in mine["masks"])
 
 
 def test_trainer_steps_the_pruner_and_resumes(tmp_path: Path) -> None:
@@ -89,6 +104,30 @@ def test_trainer_steps_the_pruner_and_resumes(tmp_path: Path) -> None:
         assert torch.equal(value, again.state_dict()[key]), key
 
 
+@pytest.mark.parametrize("method", ["l1", "random"])
+def test_resuming_from_a_checkpoint_in_another_folder(tmp_path: Path, method: str) -> None:
+    """The pruner's state travels in the checkpoint the Trainer resumes from, wherever it
+    was moved: the resumed run ends as the uninterrupted one did."""
+    run = make(method)
+    trainer(tmp_path / "a", *run).train()
+    moved = tmp_path / "elsewhere" / "kept"
+    shutil.copytree(tmp_path / "a" / "checkpoint-5", moved)
+    shutil.rmtree(tmp_path / "a")
+    again = make(method)
+    trainer(tmp_path / "b", *again).train(resume_from_checkpoint=str(moved))
+    assert_same_run(run, again)
+
+
+def test_resuming_from_the_last_checkpoint_with_true(tmp_path: Path) -> None:
+    run = make("random")
+    trainer(tmp_path / "a", *run).train()
+    shutil.copytree(tmp_path / "a" / "checkpoint-5", tmp_path / "b" / "checkpoint-5")
+    (tmp_path / "b" / "checkpoint-5" / "gradual_pruner.pt").unlink()  # trainer_state.json holds it
+    again = make("random")
+    trainer(tmp_path / "b", *again).train(resume_from_checkpoint=True)
+    assert_same_run(run, again)
+
+
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
     model, pruner = make()
     trainer(tmp_path, model, pruner, gradient_accumulation_steps=2).train()
@@ -98,11 +137,25 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path: Path) -> None:
 def test_resuming_without_the_pruner_state_is_an_error(tmp_path: Path) -> None:
     model, pruner = make()
     trainer(tmp_path / "a", model, pruner).train()
-    (tmp_path / "a" / "checkpoint-5" / "gradual_pruner.pt").unlink()
+    checkpoint = tmp_path / "a" / "checkpoint-5"
+    (checkpoint / "gradual_pruner.pt").unlink()
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())
+    entry = saved["stateful_callbacks"].pop("prunekit.GradualPruner")
+    assert entry["steps"] == 5 and entry["masks"] == ["fc1.weight", "fc2.weight"]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(saved))
     again, again_pruner = make()
-    with pytest.raises(ValueError, match="resumes at step 5 but the pruner is at step 0"):
-        trainer(tmp_path / "a", again, again_pruner).train(
-            resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5")
-        )
+    with pytest.raises(
+        ValueError,
+        match=r"resumes at step 5 but the pruner is at step 0, the "
+        r"checkpoint's trainer_state.json holds no 'prunekit.GradualPruner'",
+    ):
+        trainer(tmp_path / "a", again, again_pruner).train(resume_from_checkpoint=str(checkpoint))
+    saved["stateful_callbacks"]["prunekit.GradualPruner"] = {**entry, "generator": "not base64"}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(saved))
+    again, again_pruner = make()
+    with pytest.raises(ValueError, match=r"trainer_state.json \('prunekit.GradualPruner'\): "
+                       "invalid saved pruner state"):  # fmt: skip
+        trainer(tmp_path / "a", again, again_pruner).train(resume_from_checkpoint=str(checkpoint))
+    assert again_pruner.steps == 0
     with pytest.raises(TypeError, match=r"expected a prunekit\.GradualPruner"):
         GradualPruningCallback(model)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ __all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file"]
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a path to write to; on success its content replaces `target` atomically."""
-    final = Path(target)
+    final = Path(os.path.abspath(target))  # the link below is made by the folder's descriptor
     fd = _unnamed_file(final.parent)
     if fd is None:
         with _named_temp(final) as temp:

@@ -2,15 +2,20 @@
 
 ``Trainer(..., callbacks=[GradualPruningCallback(pruner)])``: the pruner installs its
 masks when the Trainer is made (so checkpoints hold ``_orig``/``_mask`` keys from the
-start), steps after each optimizer step, and saves its state beside every checkpoint as
-``gradual_pruner.pt``; ``trainer.train(resume_from_checkpoint=...)`` finds it there.
+start) and steps after each optimizer step. Its state travels in every checkpoint: the
+masks in the model's weights, the rest (step, amount, random generator, set-up) in
+``trainer_state.json``, so ``trainer.train(resume_from_checkpoint=PATH)`` resumes it from
+that checkpoint wherever it lies (``True``: the last one of ``output_dir``), as the Trainer
+resumes the model, optimizer and data order. The whole state is also written beside each
+checkpoint as ``gradual_pruner.pt``, for ``pruner.load_state_dict(torch.load(...))`` by
+hand. One GradualPruningCallback per Trainer.
 ``DistillationTrainer(..., distiller=Distiller(teacher))`` trains with the distiller's loss.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -26,10 +31,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from prunekit.core.errors import type_error, value_error
 from prunekit.schedule.distill import Distiller
 from prunekit.schedule.pruner import GradualPruner
+from prunekit.schedule.state import from_json_state, json_state
 
-__all__ = ["STATE_FILE", "DistillationTrainer", "GradualPruningCallback"]
+__all__ = ["STATE_FILE", "STATE_KEY", "DistillationTrainer", "GradualPruningCallback"]
 
 STATE_FILE = "gradual_pruner.pt"
+STATE_KEY = "prunekit.GradualPruner"
+"""The pruner's entry in ``TrainerState.stateful_callbacks`` (trainer_state.json)."""
 
 
 class GradualPruningCallback(TrainerCallback):
@@ -53,12 +61,20 @@ class GradualPruningCallback(TrainerCallback):
     ) -> None:
         if state.global_step == self.pruner.steps:
             return
-        path = checkpoint_file(args, state.global_step)
+        saved = _entries(state).get(STATE_KEY)
+        if isinstance(saved, dict) and saved.get("steps") == state.global_step:
+            masks = self.pruner.state_dict()["masks"]  # the model's: the checkpoint's, loaded
+            where = f"GradualPruningCallback: trainer_state.json ({STATE_KEY!r})"
+            self.pruner.load_state_dict(from_json_state(saved, masks, where))
+            return
+        path = checkpoint_file(args, state.global_step)  # written before the state travelled
         if not os.path.isfile(path):
             raise value_error(
                 f"GradualPruningCallback: the Trainer resumes at step {state.global_step} "
-                f"but the pruner is at step {self.pruner.steps} and {path} does not exist; "
-                "expected the pruner's state loaded first: "
+                f"but the pruner is at step {self.pruner.steps}, the checkpoint's "
+                f"trainer_state.json holds no {STATE_KEY!r} of that step and {path} does not "
+                "exist; expected a checkpoint written with this callback, or the pruner's "
+                "state loaded first: "
                 "pruner.load_state_dict(torch.load('<checkpoint>/gradual_pruner.pt'))"
             )
         self.pruner.load_state_dict(torch.load(path, weights_only=True))
@@ -68,6 +84,9 @@ class GradualPruningCallback(TrainerCallback):
     ) -> None:
         while self.pruner.steps < state.global_step:
             self.pruner.step()
+        # into the Trainer's state, which every checkpoint saves with the model (and so the
+        # masks): a run resumed from any checkpoint, wherever it was moved, finds it there
+        _entries(state)[STATE_KEY] = json_state(self.pruner.state_dict())
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -76,6 +95,14 @@ class GradualPruningCallback(TrainerCallback):
             path = checkpoint_file(args, state.global_step)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             torch.save(self.pruner.state_dict(), path)
+
+
+def _entries(state: TrainerState) -> dict[str, Any]:
+    """The callbacks' saved states (a dict once the TrainerState is made; typed as a list)."""
+    entries: Any = state.stateful_callbacks
+    if not isinstance(entries, dict):  # an older transformers: a dict of our own
+        entries = vars(state).setdefault("stateful_callbacks", {})
+    return cast(dict[str, Any], entries)
 
 
 def checkpoint_file(args: TrainingArguments, step: int) -> str:

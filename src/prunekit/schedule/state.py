@@ -8,6 +8,8 @@ targets' shapes.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,7 @@ from prunekit.core.errors import runtime_error, type_error, value_error
 if TYPE_CHECKING:
     from prunekit.schedule.pruner import GradualPruner
 
-__all__ = ["check_state", "pruner_state", "rewound_state"]
+__all__ = ["check_state", "from_json_state", "json_state", "pruner_state", "rewound_state"]
 
 VERSION = 1
 
@@ -52,6 +54,38 @@ def pruner_state(
         "masks": {name: mask.detach().ne(0) for name, mask in masks.items()},
         "setup": setup(pruner),
     }
+
+
+def json_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A pruner's `state` (its state_dict) as JSON, masks named but not held: what a
+    checkpoint that holds the model (whose buffers are the masks) needs beside it."""
+    generator = state["generator"].numpy().tobytes()
+    return {
+        "version": state["version"],
+        "steps": state["steps"],
+        "amount": state["amount"],
+        "generator": base64.b64encode(generator).decode("ascii"),
+        "masks": sorted(state["masks"]),
+        "setup": dict(state["setup"]),
+    }
+
+
+def from_json_state(saved: Any, masks: Mapping[str, Tensor], where: str) -> dict[str, Any]:
+    """The state_dict `saved` (from json_state) stands for, with `masks` (the model's, by
+    target name) for the ones it names; check_state checks the rest on loading."""
+    names = saved.get("masks") if isinstance(saved, Mapping) else None
+    encoded = saved.get("generator") if isinstance(saved, Mapping) else None
+    try:
+        raw = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+        generator = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    except (ValueError, binascii.Error):
+        generator = None
+    if generator is None or not isinstance(names, list) or not all(n in masks for n in names):
+        raise value_error(
+            f"{where}: invalid saved pruner state {str(saved)[:200]!r}; expected a mapping "
+            f"with 'generator' (base64) and 'masks' (names among {sorted(masks)[:5]})"
+        )
+    return {**saved, "generator": generator, "masks": {n: masks[n] for n in names}}
 
 
 def check_state(

@@ -2,7 +2,8 @@
 
 ``channel_groups`` traces the coupled channels, ``prune_channels`` masks whole units of them,
 ``compact`` removes the masked units for real and checks the result, ``save_compacted`` and
-``load_compacted`` save it with its shapes and rebuild it from a freshly built model.
+``load_compacted`` save it with its shapes and rebuild it (from its folder alone, or into a
+freshly built model).
 """
 
 from prunekit.structure.compact import CompactReport, compact
@@ -16,6 +17,7 @@ from prunekit.structure.pruned import PrunedGroup
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.calibrated import Activation, GroupTaylor
 from prunekit.structure.saving import load_compacted, save_compacted
+from prunekit.structure.skeleton import register_factory as register_compacted_factory
 
 # isort: split
 # One target for the whole model: a share of its parameters or MACs.
@@ -63,6 +65,7 @@ __all__ = [
     "prune_blocks",
     "prune_channels",
     "recalibrate_norms",
+    "register_compacted_factory",
     "remove_blocks",
     "save_compacted",
     "skip_blocks",

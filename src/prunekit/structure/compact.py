@@ -14,8 +14,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from prunekit.core.errors import warn_caller
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.graph import check_model, split_inputs, traced_groups
+from prunekit.structure.hfbuild import pretrained_mismatches
 from prunekit.structure.hfconfig import update_config
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
 from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
@@ -25,7 +27,10 @@ from prunekit.structure.surgery import Capture, apply, folds, narrow, plan
 class CompactReport:
     """What compaction removed and what it changed (latencies: median ms of one forward on
     the example inputs, on this CPU, the masked and the compacted model run alternately;
-    `latency` holds their paired ratio and its spread; all None when not measured)."""
+    `latency` holds their paired ratio and its spread; all None when not measured).
+    `not_rebuilt`: for a Hugging Face model, the tensors whose shapes ``from_pretrained``
+    would not rebuild from the updated config (compact then warns: save_compacted and
+    load_compacted(folder) rebuild it); empty when a save_pretrained round trip works."""
 
     groups: int
     channels: int
@@ -40,6 +45,7 @@ class CompactReport:
     config: dict[str, int] = field(default_factory=dict)
     stale: tuple[str, ...] = ()
     latency: Paired | None = None
+    not_rebuilt: tuple[str, ...] = ()
 
     @property
     def relative_error(self) -> float:
@@ -59,6 +65,8 @@ class CompactReport:
         if self.stale:
             lines.append("config fields left stale (widths differ per layer): " +
                          ", ".join(self.stale))  # fmt: skip
+        if self.not_rebuilt:
+            lines.append(_not_rebuilt(self.not_rebuilt))
         return "\n".join(lines)
 
 
@@ -113,11 +121,23 @@ def compact(
     finally:
         for m, mode in modes:
             m.training = mode
+    not_rebuilt = pretrained_mismatches(model)
+    if not_rebuilt:
+        warn_caller(f"compact: {type(model).__name__}: {_not_rebuilt(not_rebuilt)}")
     return CompactReport(
         result.groups, result.units, before[0], after[0], before[1], after[1],
         timed.before_ms if timed else None, timed.after_ms if timed else None, diff, scale,
-        config, stale, timed,
+        config, stale, timed, not_rebuilt,
     )  # fmt: skip
+
+
+def _not_rebuilt(found: tuple[str, ...]) -> str:
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return (
+        "save_pretrained / from_pretrained cannot rebuild the compacted model from its "
+        f"config: {'; '.join(found[:3])}{more}; save it with prunekit.save_compacted(model, "
+        "folder) and reload it with prunekit.load_compacted(folder)"
+    )
 
 
 def _latency(

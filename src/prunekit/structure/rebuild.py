@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import MASK, ORIG
+from prunekit.structure.widths import implied_widths
 
-__all__ = ["Layout", "apply_layout", "describe_module", "verify"]
+__all__ = ["Layout", "apply_layout", "check_widths", "describe_module", "verify"]
 
 _MISSING: Any = object()
 _OWNER = "load_compacted"
@@ -76,6 +77,7 @@ class Target:
     path: str
     module: nn.Module
     name: str  # the name the fresh module gets (``weight`` for a saved ``weight_orig``)
+    key: str  # the name it was saved under (``weight_orig``), within its module
     kind: str
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -98,13 +100,17 @@ class Layout:
         modules: Mapping[str, Any],
         state: Mapping[str, Tensor],
         config: Any,
+        source: str = "",
     ) -> Layout:
+        """Everything `model` must change to hold what was saved, checked first; `source`
+        (the folder) is named in the errors."""
+        owner = f"{_OWNER} ({source})" if source else _OWNER
         fresh = dict(model.named_modules())
-        _same_modules(model, fresh, modules)
+        _same_modules(model, fresh, modules, owner)
         layout = cls(expected=dict(modules))
         for path, entry in modules.items():
             module = fresh[path]
-            layout.targets.extend(_targets(path, module, entry, state))
+            layout.targets.extend(_targets(path, module, entry, state, owner))
             for name, saved in entry.get("attributes", {}).items():
                 value = decoded(saved)
                 if getattr(module, name, _MISSING) != value:
@@ -122,9 +128,9 @@ class Layout:
 
 
 def _same_modules(
-    model: nn.Module, fresh: Mapping[str, nn.Module], saved: Mapping[str, Any]
+    model: nn.Module, fresh: Mapping[str, nn.Module], saved: Mapping[str, Any], owner: str
 ) -> None:
-    where = f"{_OWNER} into {type(model).__name__}"
+    where = f"{owner} into {type(model).__name__}"
     missing = [p for p in saved if p not in fresh]
     extra = [p for p in fresh if p not in saved]
     if missing or extra:
@@ -140,11 +146,13 @@ def _same_modules(
             )
 
 
-def _targets(path: str, module: nn.Module, entry: Any, state: Mapping[str, Tensor]) -> list[Target]:
+def _targets(
+    path: str, module: nn.Module, entry: Any, state: Mapping[str, Tensor], owner: str
+) -> list[Target]:
     """The tensors `module` must have, checked against the file and the module."""
     saved: dict[str, Any] = entry.get("tensors", {})
     prefix = f"{path}." if path else ""
-    where = f"{_OWNER}: module {path or '(the model)'!r} ({type(module).__name__})"
+    where = f"{owner}: module {path or '(the model)'!r} ({type(module).__name__})"
     for name, info in saved.items():
         key = prefix + name
         if not info.get("persistent", True):
@@ -157,6 +165,12 @@ def _targets(path: str, module: nn.Module, entry: Any, state: Mapping[str, Tenso
                 f"{where}: tensor {name!r} is {tuple(found.shape)} in the weights file but "
                 f"{tuple(info['shape'])} in the shapes file; expected the files of one save"
             )
+        if str(found.dtype).removeprefix("torch.") != info["dtype"]:
+            raise ValueError(
+                f"{where}: tensor {name!r} is {str(found.dtype).removeprefix('torch.')} in "
+                f"the weights file but {info['dtype']} in the shapes file; expected the files "
+                "of one save"
+            )
     pruned = {
         n[: -len(ORIG)] for n in saved if n.endswith(ORIG) and n[: -len(ORIG)] + MASK in saved
     }
@@ -167,7 +181,7 @@ def _targets(path: str, module: nn.Module, entry: Any, state: Mapping[str, Tenso
         base = name[: -len(ORIG)] if name.endswith(ORIG) and name[: -len(ORIG)] in pruned else name
         shape, dtype = tuple(info["shape"]), tensor_dtype(info["dtype"])
         target = Target(
-            path, module, base, info["kind"], shape, dtype, info.get("persistent", True)
+            path, module, base, name, info["kind"], shape, dtype, info.get("persistent", True)
         )
         _check_target(where, target)
         targets.append(target)
@@ -261,9 +275,16 @@ def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, 
                 out.append((config, key, value))
 
 
-def apply_layout(model: nn.Module, layout: Layout) -> None:
+def apply_layout(
+    model: nn.Module, layout: Layout, source: Mapping[str, Tensor] | None = None
+) -> None:
     """New tensors of the planned shapes (dtype, device and requires_grad of the ones they
-    replace), then the attributes and config fields."""
+    replace), then the attributes and config fields.
+
+    With `source` (the weights file's tensors, by state_dict key), each new tensor is the
+    file's own, taken as it is (no copy): what a model built with its parameters on the
+    meta device needs, so that memory holds the weights once.
+    """
     made: dict[int, Tensor] = {}
     for t in layout.targets:
         current = _current(t)
@@ -272,7 +293,7 @@ def apply_layout(model: nn.Module, layout: Layout) -> None:
         if current is not None and id(current) in made:
             new = made[id(current)]
         else:
-            new = _new_tensor(t, current)
+            new = _new_tensor(t, current, source)
             if current is not None:
                 made[id(current)] = new
         _put(t, new)
@@ -282,14 +303,16 @@ def apply_layout(model: nn.Module, layout: Layout) -> None:
         setattr(config, key, value)
 
 
-def _new_tensor(t: Target, current: Tensor | None) -> Tensor:
-    if current is not None:
-        dtype, device = current.dtype, current.device
+def _new_tensor(t: Target, current: Tensor | None, source: Mapping[str, Tensor] | None) -> Tensor:
+    if source is not None:
+        value = source[f"{t.path}.{t.key}" if t.path else t.key].detach()
+    elif current is not None:
+        value = torch.empty(t.shape, dtype=current.dtype, device=current.device)
     else:
-        dtype, device = t.dtype, _device(t.module)
-    value = torch.empty(t.shape, dtype=dtype, device=device)
+        value = torch.empty(t.shape, dtype=t.dtype, device=_device(t.module))
+    dtype = value.dtype
     if t.kind == "parameter":
-        grad = current.requires_grad if current is not None else dtype.is_floating_point
+        grad = dtype.is_floating_point and (current is None or current.requires_grad)
         return nn.Parameter(value, requires_grad=grad)
     return value
 
@@ -312,6 +335,25 @@ def _put(t: Target, new: Tensor) -> None:
             if not t.persistent:
                 module._non_persistent_buffers_set.add(name)
         module._buffers[name] = new
+
+
+def check_widths(model: nn.Module, layout: Layout, source: str = "") -> None:
+    """Raise ValueError where a saved width attribute contradicts the saved tensors (a
+    Linear saved with out_features=5 and a weight of 8 rows): call it once the layout is
+    applied; `source` (the folder) is named in the error."""
+    owner = f"{_OWNER} ({source})" if source else _OWNER
+    modules = dict(model.named_modules())
+    for path in layout.expected:
+        module = modules[path]
+        for name, implied in implied_widths(module).items():
+            value = getattr(module, name, _MISSING)
+            if (tuple(value) if isinstance(value, list) else value) != implied:
+                shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+                raise ValueError(
+                    f"{owner}: module {path or '(the model)'!r} ({type(module).__name__}) was "
+                    f"saved with {name}={value!r}, but its saved tensors {shapes} make it "
+                    f"{implied!r}; expected the files of one save"
+                )
 
 
 def verify(model: nn.Module, layout: Layout, state: Mapping[str, Tensor]) -> None:

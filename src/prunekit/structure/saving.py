@@ -1,13 +1,16 @@
-"""Saving a compacted model with its shapes, and rebuilding it from a freshly built one.
+"""Saving a compacted model with its shapes, and rebuilding it from its folder alone or into
+a freshly built model.
 
 ``save_compacted(model, folder)`` writes the weights (``compacted.safetensors`` where
 safetensors is installed, else ``compacted.pt``) and ``compacted.json``: for every module
 its class, the shape and dtype of each of its parameters and buffers, and its integer (and
 tuple of integers) attributes, which fix its widths (in/out features, channels, groups,
 num_features, normalized_shape, num_heads, head_dim, ...); and the model's Hugging Face
-config where it has one. ``load_compacted(fresh, folder)`` gives a freshly built model of
-the same code those shapes, attributes and config fields, loads the weights strictly and
-checks that everything matches. Per-layer widths need no config field that can hold them.
+config where it has one. ``load_compacted(folder)`` builds the model with its parameters
+on the meta device (skeleton.py) and gives it those shapes and the file's tensors;
+``load_compacted(fresh, folder)`` gives a freshly built model of the same code those
+shapes, attributes and config fields. Either way the weights load strictly and everything
+is checked. Per-layer widths need no config field that can hold them.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from prunekit.structure.graph import check_model
 from prunekit.structure.rebuild import (
     Layout,
     apply_layout,
+    check_widths,
     describe_module,
     verify,
     width_value,
 )
+from prunekit.structure.skeleton import Factory, build_skeleton
 
 __all__ = ["MANIFEST", "load_compacted", "save_compacted"]
 
@@ -70,26 +75,104 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     return folder
 
 
-def load_compacted(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
-    """Rebuild into `model` (built fresh by the same code) what save_compacted wrote to `path`.
+def load_compacted(
+    model: nn.Module | str | os.PathLike[str],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    factory: Factory | None = None,
+) -> nn.Module:
+    """Rebuild what save_compacted wrote: ``load_compacted(folder)`` alone, or into a model
+    built fresh by the same code, ``load_compacted(model, folder)``.
 
-    Every module takes the saved shapes (its tensors replaced by new ones of those shapes,
-    dtypes and devices kept), attributes and Hugging Face config fields; the weights are
-    loaded strictly (tensors saved masked are pruned to the saved masks) and everything is
-    checked against the file. On any error, naming the module, the tensor and both shapes
-    where shapes differ, `model` is left exactly as it was. Returns `model`.
+    ``load_compacted(folder)`` builds the model itself, with its parameters on the meta
+    device (no memory): by `factory` if given, else by the factory registered for the saved
+    model's class (``register_compacted_factory``), else, for a Hugging Face model, by the
+    transformers class of the saved model (or of its config's ``architectures``) from the
+    saved config. Every module then takes its saved shapes, the file's tensors become the
+    parameters (read once: memory holds the compacted weights, never the dense ones), tied
+    parameters stay tied, and the model is returned in eval mode, as ``from_pretrained``
+    returns one. This rebuilds what ``from_pretrained`` cannot: heads cut while the hidden
+    width is kept, widths that differ per layer.
+
+    ``load_compacted(model, folder)``: every module of `model` takes the saved shapes (its
+    tensors replaced by new ones of those shapes, dtypes and devices kept), attributes and
+    config fields; `model` keeps its mode, and is left exactly as it was on any error.
+
+    Either way the weights are loaded strictly (tensors saved masked are pruned to the saved
+    masks) and everything is checked against the files.
+
+    Args:
+        model: the folder, or a model built fresh by the same code as the saved one.
+        path: the folder, when `model` is a model.
+        factory: for ``load_compacted(folder)``: a callable that gets the saved Hugging
+            Face config (a transformers config object; None for a model without one) and
+            returns the model, e.g. ``lambda config: BertModel(config,
+            add_pooling_layer=False)`` or ``lambda config: Net()``.
+
+    Returns:
+        The loaded model: `model`, or the one built.
+
+    Raises:
+        FileNotFoundError: the folder lacks compacted.json or the weights it names.
+        ValueError: the files disagree (a tensor's shape or dtype, a width attribute that
+            contradicts the tensors), the model differs from the saved one, or no factory
+            can build it (no config and none given, a class transformers lacks); each error
+            names the file, the module, the key and the values.
+        TypeError: bad arguments (both a folder and `path`, a `factory` with a model).
     """
+    if isinstance(model, nn.Module):
+        if path is None or factory is not None:
+            raise TypeError(
+                f"load_compacted: got a model with path={path!r} and factory={factory!r}; "
+                "expected load_compacted(model, folder) or load_compacted(folder, factory=...)"
+            )
+        return _load_into(model, Path(path))
+    if not isinstance(model, str | os.PathLike) or path is not None:
+        raise TypeError(
+            f"load_compacted: invalid arguments ({type(model).__name__}, path={path!r}); "
+            "expected load_compacted(folder) or load_compacted(model, folder)"
+        )
+    if factory is not None and not callable(factory):
+        raise TypeError(
+            f"load_compacted: invalid factory={factory!r}; expected a callable config -> model"
+        )
+    return _load_built(Path(model), factory)
+
+
+def _load_into(model: nn.Module, folder: Path) -> nn.Module:
     check_model(model, "load_compacted")
-    folder = Path(path)
     manifest = _read_manifest(folder)
     _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(folder / _weights_name(folder, manifest))
-    layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"))
+    layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
     with transaction(model, state=layout.configs()):
         apply_layout(model, layout)
+        check_widths(model, layout, str(folder))
         load_pruned_state_dict(model, state, strict=True)
         verify(model, layout, state)
     return model
+
+
+def _load_built(folder: Path, factory: Factory | None) -> nn.Module:
+    """Build the skeleton, give it the saved shapes and the file's tensors; nothing built
+    is returned unless all of it checked."""
+    manifest = _read_manifest(folder)
+    weights = folder / _weights_name(folder, manifest)
+    model = build_skeleton(manifest, folder / MANIFEST, factory)
+    _check_attributes(model, manifest["modules"], folder / MANIFEST)
+    state = load_state_dict(weights)
+    layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
+    apply_layout(model, layout, source=state)
+    check_widths(model, layout, str(folder))
+    load_pruned_state_dict(model, state, strict=True)
+    verify(model, layout, state)
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"load_compacted: {left[:5]} were left on the meta device")
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "_name_or_path", None), str):
+        config._name_or_path = str(folder)  # type: ignore[union-attr]  # as from_pretrained
+    return model.eval()
 
 
 def _has_safetensors() -> bool:

@@ -20,6 +20,7 @@ from prunekit.structure.attention import update_modules
 from prunekit.structure.experts import check_kept, sync_experts
 from prunekit.structure.graph import ChannelGroup, Slice
 from prunekit.structure.norms import remove_kept_norm
+from prunekit.structure.widths import implied_widths
 
 
 @dataclass
@@ -282,28 +283,14 @@ def _shared(old: nn.Parameter, dims: dict[int, set[int]],
 
 
 def _update_attributes(module: nn.Module) -> None:
+    """The width attributes the sliced tensors fix; first a depthwise convolution's groups
+    and a GroupNorm's group count, which keep their channels per group."""
     weight = getattr(module, "weight", None)
     if isinstance(module, nn.modules.conv._ConvNd) and isinstance(weight, Tensor):
         old_out, old_groups = module.out_channels, module.groups
         if weight.shape[1] == 1 and old_groups > 1 and module.in_channels == old_groups:
             module.groups = weight.shape[0] // (old_out // old_groups)
-        module.out_channels = weight.shape[0]
-        module.in_channels = weight.shape[1] * module.groups
-    elif isinstance(module, nn.Linear) and isinstance(weight, Tensor):
-        module.out_features, module.in_features = weight.shape
-    elif isinstance(module, (nn.modules.batchnorm._NormBase)):
-        ref = weight if isinstance(weight, Tensor) else module.running_mean
-        if isinstance(ref, Tensor):
-            module.num_features = ref.shape[0]
     elif isinstance(module, nn.GroupNorm) and isinstance(weight, Tensor):
         module.num_groups = weight.shape[0] // (module.num_channels // module.num_groups)
-        module.num_channels = weight.shape[0]
-    elif isinstance(module, nn.PReLU) and isinstance(weight, Tensor):
-        module.num_parameters = weight.numel()
-    elif isinstance(module, nn.Embedding) and isinstance(weight, Tensor):
-        module.embedding_dim = weight.shape[1]
-    elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and isinstance(weight, Tensor):
-        module.normalized_shape = (weight.shape[0],)
-    elif type(module).__name__ == "Conv1D" and isinstance(weight, Tensor):
-        setattr(module, "nx", weight.shape[0])  # noqa: B010  (Hugging Face's transposed linear)
-        setattr(module, "nf", weight.shape[1])  # noqa: B010
+    for name, value in implied_widths(module).items():
+        setattr(module, name, value)
