@@ -165,7 +165,7 @@ class Tracer:
 
     def _merge_many(self, xs: Tensor, ys: Tensor) -> None:
         """`merge` for many pairs at once, with tensor operations."""
-        root = _compressed(torch.tensor(self.parent, dtype=torch.long))
+        root = compressed(torch.tensor(self.parent, dtype=torch.long))
         while True:
             rx, ry = root[xs], root[ys]
             if torch.equal(rx, ry):
@@ -173,7 +173,7 @@ class Tracer:
             low = torch.minimum(rx, ry)  # each root of a pair points at the smaller one
             root.scatter_reduce_(0, rx, low, "amin")
             root.scatter_reduce_(0, ry, low, "amin")
-            root = _compressed(root)
+            root = compressed(root)
         self.parent = root.tolist()
 
     def block(self, ids: Tensor | None, reason: str) -> None:
@@ -292,7 +292,7 @@ def _constant(t: Tensor, dim: int) -> bool:
     return bool((t == t.narrow(dim, 0, 1)).all())
 
 
-def _compressed(parent: Tensor) -> Tensor:
+def compressed(parent: Tensor) -> Tensor:
     """Every id pointing straight at its root (pointers only ever go to smaller ids)."""
     while True:
         up = parent[parent]
@@ -433,7 +433,8 @@ def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
                   handler: ModuleHandler = handler) -> None:  # fmt: skip
             tracer.suspended -= 1
             if not tracer.suspended:
-                handler.trace(tracer, m, tuple(args), dict(kwargs), out)
+                with torch._C.DisableTorchFunction():  # its own ops are no part of the model
+                    handler.trace(tracer, m, tuple(args), dict(kwargs), out)
 
         handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
         handles.append(module.register_forward_hook(after, with_kwargs=True))
