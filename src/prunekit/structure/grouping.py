@@ -81,11 +81,11 @@ class _Extra:
     block_of: dict[int, int]
 
     def kind(self, members: list[int]) -> str:
-        if any(m in self.heads for m in members):
+        if not self.heads.isdisjoint(members):
             return "heads"
-        if any(m in self.experts for m in members):
+        if not self.experts.isdisjoint(members):
             return "experts"
-        return "hidden" if any(m in self.normed for m in members) else "channels"
+        return "channels" if self.normed.isdisjoint(members) else "hidden"
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
         found: dict[int, list[int]] = defaultdict(list)
@@ -333,19 +333,22 @@ def _signatures(
     distinct, where = torch.unique_consecutive(roots, return_inverse=True)
     counts = torch.bincount(where)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    # one row per root: its sorted keys (a multiset), padded, and whether it is blocked
-    table = torch.full((len(distinct), int(counts.max()) + 1), -1, dtype=torch.long)
-    table[where, torch.arange(len(roots)) - starts[where]] = keys
-    blocked = [r for r in reasons if reasons[r]]
-    table[:, -1] = torch.isin(distinct, torch.tensor(blocked, dtype=torch.long)).long()
-    _, group_of = torch.unique(table, dim=0, return_inverse=True)
     first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
     first_k.scatter_reduce_(0, where, ks, "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    members: dict[int, list[int]] = defaultdict(list)
-    group_list, distinct_list = group_of.tolist(), distinct.tolist()
+    distinct_list, keys_list = distinct.tolist(), keys.tolist()
     starts_list, ks_list = starts.tolist(), ks.tolist()
+    # a root's signature: its sorted keys (a multiset) and whether it is blocked
+    signatures: dict[tuple[tuple[int, ...], bool], int] = {}
+    group_list = [
+        signatures.setdefault(
+            (tuple(keys_list[starts_list[i] : starts_list[i + 1]]), bool(reasons.get(root))),
+            len(signatures),
+        )
+        for i, root in enumerate(distinct_list)
+    ]  # fmt: skip
+    members: dict[int, list[int]] = defaultdict(list)
     for i in appear.tolist():
         members[group_list[i]].append(i)
     found = []
