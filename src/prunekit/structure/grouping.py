@@ -154,12 +154,15 @@ def _entries(records: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries
         torch.tensor(ks, dtype=torch.long), torch.tensor([len(records[k].ids) for k in ks])
     )
     position = torch.cat([records[k].positions for k in ks])
-    channel = torch.cat([
-        records[k].positions if records[k].channels is None else records[k].channels for k in ks
-    ])  # fmt: skip
+    channel = torch.cat([_channels(records[k]) for k in ks])
     unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
     keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
     return _Entries(record, unit, position, channel).take(keep)
+
+
+def _channels(r: Record) -> Tensor:
+    """The input channel each position reads (role 'in'), else the positions."""
+    return r.positions if r.channels is None else r.channels
 
 
 def _groups(
