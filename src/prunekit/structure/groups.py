@@ -1,0 +1,77 @@
+"""The groups of coupled channels ``channel_groups`` returns: slices of tensors per unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Positions along `dim` of ``module.<name>`` owned by each unit of a group.
+
+    `role`: 'out' (the rows that make the channel), 'in' (a consumer's weight that reads it),
+    'bias', 'norm' (per-channel parameters), 'buffer' (running statistics), 'depthwise' (a
+    depthwise conv's rows), 'element' (a parameter combined with the channels in forward).
+    For role 'in', `channels[u]` are the input channels of the op that the positions read.
+    """
+
+    module_name: str
+    module: nn.Module = field(repr=False, compare=False)
+    name: str
+    dim: int
+    role: str
+    indices: tuple[tuple[int, ...], ...] = field(repr=False)
+    channels: tuple[tuple[int, ...], ...] | None = field(default=None, repr=False)
+    op: str = ""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.module_name}.{self.name}" if self.module_name else self.name
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.role == "buffer"
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """Coupled channels: `size` units, each owning its positions in every slice.
+
+    `kind`: 'channels' (a layer's output channels), 'heads' (the heads of one attention
+    module: a unit is a head's query/key/value rows and its output projection's columns),
+    'hidden' (a width that LayerNorm/RMSNorm normalize over, coupled through the residuals)
+    or 'experts' (the routed experts of one mixture-of-experts block: a unit is an expert's
+    weights along the expert dim and its router row).
+    `blocks`: units that must each lose the same count (the query heads of each key/value
+    group). `outputs`: (output index, dim, positions per unit) of the model's outputs that
+    carry these channels (a pruned hidden width makes those outputs narrower).
+    """
+
+    slices: tuple[Slice, ...]
+    size: int
+    reason: str | None = None
+    kind: str = "channels"
+    blocks: tuple[tuple[int, ...], ...] = ()
+    outputs: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...] = field(
+        default=(), repr=False
+    )
+
+    @property
+    def prunable(self) -> bool:
+        return self.reason is None
+
+    @property
+    def name(self) -> str:
+        """The slices that make the channels, such as 'layer1.0.conv1.weight'."""
+        makers = [s.qualified for s in self.slices if s.role == "out"]
+        return "+".join(makers[:3]) + ("+..." if len(makers) > 3 else "")
+
+    def __str__(self) -> str:
+        state = "prunable" if self.reason is None else f"left alone: {self.reason}"
+        parts = ", ".join(f"{s.qualified}[dim {s.dim}]" for s in self.slices)
+        unit = {"heads": "heads", "hidden": "hidden channels", "experts": "experts"}.get(
+            self.kind, "channels"
+        )
+        return f"{self.size} {unit} of {self.name} ({state}): {parts}"

@@ -1,0 +1,110 @@
+"""Differential: the vectorized group builder gives exactly the groups of a slow reference
+written from the rules (tests/graph_reference.py), over torchvision models and small Hugging
+Face configs (LLaMA with grouped-query heads, BERT, GPT-2, Mixtral's experts, ViT)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+from graph_reference import reference_groups
+from prunekit.structure.graph import split_inputs
+from prunekit.structure.grouping import build_groups
+from prunekit.structure.groups import ChannelGroup
+from prunekit.structure.trace import run_traced
+
+
+def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:
+    """Everything a group says: kind, size, reason, blocks, outputs and each slice whole (the
+    module by identity)."""
+    return [
+        (g.kind, g.size, g.reason, g.blocks, g.outputs,
+         [(s.module_name, id(s.module), s.name, s.dim, s.role, s.indices, s.channels, s.op)
+          for s in g.slices])
+        for g in groups
+    ]  # fmt: skip
+
+
+def _check(model: nn.Module, inputs: Any, gqa: str = "query") -> list[ChannelGroup]:
+    args, kwargs = split_inputs(inputs, "test")
+    tracer, _ = run_traced(model, args, kwargs, {"gqa": gqa})
+    fast = build_groups(tracer)
+    assert _form(fast) == _form(reference_groups(tracer))
+    assert _form(fast) == _form(prunekit.channel_groups(model, inputs, gqa=gqa))
+    return fast
+
+
+@pytest.fixture(scope="module")
+def vision() -> Any:
+    found = pytest.importorskip("vision")
+    try:
+        return found.torchvision_models()
+    except ImportError as error:  # torchvision not installed
+        pytest.skip(f"torchvision: {error}")
+
+
+@pytest.mark.torchvision
+@pytest.mark.parametrize(
+    "name",
+    ["resnet18", "mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1", "densenet121",
+     "regnet_x_400mf"],
+)  # fmt: skip
+def test_torchvision_groups_equal_the_reference(vision: Any, name: str) -> None:
+    torch.manual_seed(0)
+    model = vision.get_model(name).eval()
+    groups = _check(model, torch.randn(1, 3, 32, 32))
+    assert any(g.prunable for g in groups)
+
+
+@pytest.mark.torchvision
+def test_masked_model_and_vit_class_token_equal_the_reference(vision: Any) -> None:
+    torch.manual_seed(0)
+    model = vision.resnet18().eval()
+    prunekit.prune_channels(model, torch.randn(1, 3, 32, 32), 0.3)
+    _check(model, torch.randn(1, 3, 32, 32))
+    vit = vision.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                   hidden_dim=16, mlp_dim=24).eval()  # fmt: skip
+    groups = _check(vit, torch.randn(1, 3, 32, 32))  # class token and positions: elements
+    assert {g.kind for g in groups} >= {"heads", "hidden"}
+
+
+def _hf(name: str) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = {"input_ids": torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))}
+    small = dict(vocab_size=100, max_position_embeddings=32)
+    if name == "llama":
+        config = T.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=8, num_key_value_heads=2,
+                               tie_word_embeddings=True, **small)  # fmt: skip
+        return T.LlamaForCausalLM(config).eval(), ids
+    if name == "bert":
+        config = T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=48, **small)  # fmt: skip
+        return T.BertForMaskedLM(config).eval(), ids
+    if name == "gpt2":
+        config = T.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16)
+        return T.GPT2LMHeadModel(config).eval(), ids
+    config = T.MixtralConfig(hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                             num_experts_per_tok=2, **small)  # fmt: skip
+    return T.MixtralForCausalLM(config).eval(), ids
+
+
+@pytest.mark.parametrize("name", ["llama", "bert", "gpt2", "mixtral"])
+def test_transformers_groups_equal_the_reference(name: str) -> None:
+    model, ids = _hf(name)
+    groups = _check(model, ids)
+    kinds = {g.kind for g in groups}
+    assert "heads" in kinds and "hidden" in kinds
+    if name == "llama":  # grouped-query heads: blocks of query heads; whole groups too
+        assert any(g.blocks for g in groups)
+        _check(model, ids, gqa="group")
+        prunekit.prune_channels(model, ids, 0.25)
+        _check(model, ids)
+    if name == "mixtral":
+        assert "experts" in kinds
