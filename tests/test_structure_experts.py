@@ -239,3 +239,5 @@ def test_experts_mlp_and_hidden_together() -> None:
     _close(_logits(model), masked)
     assert report.config["num_experts"] == 6 and report.config["hidden_size"] == 24
     assert report.config["moe_intermediate_size"] == 12
+    assert report.config["head_dim"] == 8 and not report.stale  # no longer hidden / heads
+    _reloads_equal(model, masked)
