@@ -57,7 +57,7 @@ class CompactReport:
         if self.config:
             lines.append("config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()))
         if self.stale:
-            lines.append("config fields left stale (widths differ per layer): " +
+            lines.append("config left stale (save with save_compacted): " +
                          ", ".join(self.stale))  # fmt: skip
         return "\n".join(lines)
 

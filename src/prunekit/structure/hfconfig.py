@@ -7,23 +7,22 @@ widths. A field whose width differs from layer to layer keeps its old value and 
 stale: the modules carry their own widths, so the model runs, but a model built anew from
 that config would not have them.
 
-Then the config is checked the way ``from_pretrained`` will read it: the model's class is
-built from a copy of it on the meta device (no memory, no weights) and every parameter's
-shape compared with the compacted model's. A head size that is no longer hidden_size /
+Then the config is checked the way ``from_pretrained`` will read it
+(``prunekit.structure.fromconfig``). A head size that is no longer hidden_size /
 num_attention_heads is first written to ``head_dim`` (most families read it when the config
-has it); whatever still differs is reported stale, so save_compacted is the way to save.
+has it); whatever a rebuilt model still differs in is reported stale, so save_compacted is
+the way to save.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-import torch
 from torch import nn
 
 from prunekit.structure.attention import adapter_of
 from prunekit.structure.experts import expert_widths
+from prunekit.structure.fromconfig import build_fresh, difference, fold_embed_scales
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
@@ -114,45 +113,25 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
                updated: dict[str, int], stale: list[str]) -> None:  # fmt: skip
     """A family that may derive the head size as hidden_size / num_attention_heads: where
     that no longer holds, head_dim is set if a model built from the config then has the
-    compacted shapes; any shape that differs anyway is reported stale."""
+    compacted shapes; then whatever such a model would still differ in is reported stale."""
     sizes = set(widths["head_dim"])
-    if kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or len(sizes) != 1:
-        _check_rebuild(model, config, stale)
-        return
-    (size,) = sizes
-    if size * config.num_attention_heads != config.hidden_size:
-        config.head_dim = size
-        if _rebuild_differs(model, config) is None:
-            updated["head_dim"] = size
-            return
-        del config.head_dim
-    _check_rebuild(model, config, stale)
-
-
-def _check_rebuild(model: nn.Module, config: Any, stale: list[str]) -> None:
+    if not (kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or len(sizes) != 1):
+        (size,) = sizes
+        if size * config.num_attention_heads != config.hidden_size:
+            config.head_dim = size
+            fresh = build_fresh(model, config)
+            if isinstance(fresh, nn.Module) and difference(model, fresh, floats=False) is None:
+                updated["head_dim"] = size
+            else:
+                del config.head_dim
     if stale:  # the fields already named say why a rebuilt model differs
         return
-    found = _rebuild_differs(model, config)
+    fresh = build_fresh(model, config)
+    if isinstance(fresh, nn.Module):
+        fold_embed_scales(model, fresh)
+        found = difference(model, fresh)
+    else:
+        found = fresh
     if found is not None:
         stale.append(f"a model built from the config differs ({found})")
 
-
-def _rebuild_differs(model: nn.Module, config: Any) -> str | None:
-    """How a model of `model`'s class built from `config` (on the meta device) differs in
-    its parameters' names or shapes; None if it does not, or cannot be built this way (not
-    a class built from a config alone)."""
-    if not callable(getattr(type(model), "from_pretrained", None)):
-        return None
-    try:
-        with torch.device("meta"):
-            fresh = type(model)(copy.deepcopy(config))
-    except Exception as error:  # what from_pretrained would meet too
-        return f"building it fails: {type(error).__name__}: {error}"[:200]
-    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
-    for name, param in model.named_parameters():
-        name = name.removesuffix("_orig")  # a tensor still masked saves under its own name
-        if name not in built:
-            return f"it has no {name}"
-        if built[name] != tuple(param.shape):
-            return f"{name} would be {built[name]}, not {tuple(param.shape)}"
-    return None

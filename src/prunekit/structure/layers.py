@@ -149,10 +149,10 @@ def is_norm_module(module: object) -> bool:
     return type(module).__name__ in RMS_NORMS
 
 
-# Hugging Face norms whose forward is weight * x / rms(x) over the last dim (Gemma's (1 + w)
-# scales would not vanish where masked, so it is not among them). The other families' norms,
-# each checked by benchmarks/families.py with the hidden width pruned: while masked, their
-# output is recomputed over the kept channels (prunekit.structure.norms), zero elsewhere.
+# Hugging Face norms whose forward is weight * x / rms(x) (or (1 + weight) * x / rms(x): the
+# Gemma families) over the last dim, each checked by benchmarks/families.py with the hidden
+# width pruned: while masked, their output is recomputed over the kept channels
+# (prunekit.structure.norms), zero elsewhere, so a masked (1 + weight) scale does no harm.
 RMS_NORMS = {
     "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "T5LayerNorm",
     "Qwen2MoeRMSNorm", "Qwen3MoeRMSNorm", "MixtralRMSNorm", "OlmoeRMSNorm", "Olmo2RMSNorm",
@@ -161,6 +161,7 @@ RMS_NORMS = {
     "DogeRMSNorm", "Ernie4_5RMSNorm", "Exaone4RMSNorm", "GlmRMSNorm", "Glm4RMSNorm",
     "HeliumRMSNorm", "HunYuanDenseV1RMSNorm", "HyperCLOVAXRMSNorm", "MellumRMSNorm",
     "MinistralRMSNorm", "Ministral3RMSNorm", "SeedOssRMSNorm", "SmolLM3RMSNorm",
+    "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "VaultGemmaRMSNorm",
 }  # fmt: skip
 
 

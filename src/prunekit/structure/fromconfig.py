@@ -1,0 +1,84 @@
+"""What a model built anew from its compacted config would differ in, checked the way
+``from_pretrained`` reads a saved folder: the model's class built from a copy of the config
+on the meta device (no memory, no weights), its parameters' names and shapes and its
+modules' float attributes compared with the compacted model's.
+
+One difference is folded instead of reported: an embedding that multiplies its output by a
+scale fixed when it is built (Gemma's ``hidden_size ** 0.5``, a non-persistent buffer) keeps
+the old scale after the hidden width is pruned, while a rebuilt one takes the new. Where the
+embedding's weight is its own (not tied to the output projection), the weight takes the
+ratio and the module the new scale, which computes the same; a tied weight cannot, and the
+difference is reported.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def build_fresh(model: nn.Module, config: Any) -> nn.Module | str | None:
+    """`model`'s class built from a copy of `config` on the meta device; a string saying
+    why building fails; None for a class not built from a config alone."""
+    if not callable(getattr(type(model), "from_pretrained", None)):
+        return None
+    try:
+        with torch.device("meta"):
+            fresh: nn.Module = type(model)(copy.deepcopy(config))
+    except Exception as error:  # what from_pretrained would meet too: reported, not raised
+        return f"building it fails: {type(error).__name__}: {error}"[:200]
+    return fresh
+
+
+def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> str | None:
+    """The first way `fresh` differs from `model`: a parameter missing or of another shape,
+    or (with `floats`) a float attribute of a module of the same name; None if none."""
+    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
+    for name, param in model.named_parameters():
+        name = name.removesuffix("_orig")  # a tensor still masked saves under its own name
+        if name not in built:
+            return f"it has no {name}"
+        if built[name] != tuple(param.shape):
+            return f"{name} would be {built[name]}, not {tuple(param.shape)}"
+    if not floats:
+        return None
+    modules = dict(model.named_modules())
+    for name, module in fresh.named_modules():
+        mine = modules.get(name)
+        for key, value in _floats(module).items():
+            here = _floats(mine).get(key) if mine is not None else None
+            if here is not None and here != value and (here == here or value == value):
+                where = f"{name}.{key}" if name else key
+                return f"{where} would be {value:.6g}, not {here:.6g}"
+    return None
+
+
+def _floats(module: nn.Module) -> dict[str, float]:
+    return {k: v for k, v in vars(module).items() if type(v) is float}
+
+
+def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
+    """Give each scaled embedding of `model` the scale it has in `fresh`, its weight taking
+    the ratio, where that weight is used by no other module."""
+    fresh_modules = dict(fresh.named_modules())
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[id(param)] = uses.get(id(param), 0) + 1
+    for name, module in model.named_modules():
+        other = fresh_modules.get(name)
+        old = getattr(module, "scalar_embed_scale", None)
+        new = getattr(other, "scalar_embed_scale", None)
+        weight = module._parameters.get("weight_orig", module._parameters.get("weight"))
+        if (
+            not isinstance(module, nn.Embedding) or type(old) is not float
+            or type(new) is not float or old == new or new == 0.0 or weight is None
+            or uses.get(id(weight), 0) != 1 or "embed_scale" not in module._buffers
+        ):  # fmt: skip
+            continue
+        weight.data = weight.data * (old / new)  # replaced, not written: a rollback restores it
+        buffer = module._buffers["embed_scale"]
+        module._buffers["embed_scale"] = torch.full_like(buffer, new) if buffer is not None else None
+        module.scalar_embed_scale = new
