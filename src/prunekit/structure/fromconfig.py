@@ -75,10 +75,11 @@ def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
         if (
             not isinstance(module, nn.Embedding) or type(old) is not float
             or type(new) is not float or old == new or new == 0.0 or weight is None
-            or uses.get(id(weight), 0) != 1 or "embed_scale" not in module._buffers
+            or uses.get(id(weight), 0) != 1 or module._buffers.get("embed_scale") is None
         ):  # fmt: skip
             continue
         weight.data = weight.data * (old / new)  # replaced, not written: a rollback restores it
-        buffer = module._buffers["embed_scale"]
-        module._buffers["embed_scale"] = torch.full_like(buffer, new) if buffer is not None else None
-        module.scalar_embed_scale = new
+        scale = module._buffers["embed_scale"]
+        assert scale is not None
+        module._buffers["embed_scale"] = torch.full_like(scale, new)
+        module.__dict__["scalar_embed_scale"] = new

@@ -134,4 +134,3 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
         found = fresh
     if found is not None:
         stale.append(f"a model built from the config differs ({found})")
-
