@@ -148,15 +148,16 @@ def measure(model_type: str, class_name: str) -> Row:
             row.generate = "equal" if torch.equal(masked, after) else "DIFFERS"
         row.reload = "stale" if report.stale else _reload(model, class_name, inputs)
         if report.stale:
-            row.note = "stale: " + report.stale[0][:104]
+            row.note = "stale: " + report.stale[0].removeprefix("a model built from the config ")
     except BaseException as error:
         row.note = _why(error)
         return row
     missing = [k for k in ("heads", "channels", "hidden") if k not in row.found]
-    if missing and not row.note:
+    if missing:
         why = next((g.reason for g in groups if not g.prunable and g.reason
                     and g.reason != "they reach the model's output"), "none found")  # fmt: skip
-        row.note = f"no {'/'.join(missing)}: {why}"[:110]
+        row.note = (f"no {'/'.join(missing)}: {why[:80]}" + (f"; {row.note}" if row.note
+                    else ""))[:160]  # fmt: skip
     return row
 
 
@@ -246,6 +247,7 @@ def main() -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
     print(f"transformers {transformers.__version__}, torch {torch.__version__}", flush=True)

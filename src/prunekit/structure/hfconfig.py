@@ -10,8 +10,9 @@ that config would not have them.
 Then the config is checked the way ``from_pretrained`` will read it
 (``prunekit.structure.fromconfig``). A head size that is no longer hidden_size /
 num_attention_heads is first written to ``head_dim`` (most families read it when the config
-has it); whatever a rebuilt model still differs in is reported stale, so save_compacted is
-the way to save.
+has it); a width of a field named in the family's own way (ffn_dim, n_embd, ...) is found by
+``fromconfig.repair``; whatever a rebuilt model still differs in is reported stale, so
+save_compacted is the way to save.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import nn
 
 from prunekit.structure.attention import adapter_of
 from prunekit.structure.experts import expert_widths
-from prunekit.structure.fromconfig import build_fresh, difference, fold_embed_scales
+from prunekit.structure.fromconfig import build_fresh, difference, fold_embed_scales, repair
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
@@ -126,6 +127,7 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
                 del config.head_dim
     if stale:  # the fields already named say why a rebuilt model differs
         return
+    updated.update(repair(model, config))  # fields of a family's own names (ffn_dim, n_embd)
     fresh = build_fresh(model, config)
     if isinstance(fresh, nn.Module):
         fold_embed_scales(model, fresh)

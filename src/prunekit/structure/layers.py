@@ -162,6 +162,20 @@ RMS_NORMS = {
     "HeliumRMSNorm", "HunYuanDenseV1RMSNorm", "HyperCLOVAXRMSNorm", "MellumRMSNorm",
     "MinistralRMSNorm", "Ministral3RMSNorm", "SeedOssRMSNorm", "SmolLM3RMSNorm",
     "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "VaultGemmaRMSNorm",
+    "AXK1RMSNorm", "AXK2RMSNorm", "AfmoeRMSNorm", "AriaTextRMSNorm", "BailingHybridRMSNorm",
+    "BambaRMSNorm", "BeamRMSNorm", "BitNetRMSNorm", "BltRMSNorm", "DeepseekV2RMSNorm",
+    "DeepseekV32RMSNorm", "DeepseekV3RMSNorm", "DeepseekV4RMSNorm", "DiffLlamaRMSNorm",
+    "Ernie4_5_MoeRMSNorm", "ExaoneMoeRMSNorm", "FalconH1RMSNorm", "FalconMambaRMSNorm",
+    "FlintRMSNorm", "Glm4MoeLiteRMSNorm", "Glm4MoeRMSNorm", "GlmMoeDsaRMSNorm", "GptOssRMSNorm",
+    "GraniteMoeHybridRMSNorm", "GraniteMoeRMSNorm", "GraniteMoeSWARMSNorm",
+    "GraniteMoeSharedRMSNorm", "GraniteSWARMSNorm", "HYV3RMSNorm", "HYV4RMSNorm",
+    "HunYuanMoEV1RMSNorm", "Inkling2RMSNorm", "InklingRMSNorm", "JambaRMSNorm", "JetMoeRMSNorm",
+    "KimiLinearRMSNorm", "Kolibri1RMSNorm", "LagunaRMSNorm", "Lfm2RMSNorm", "Lfm3RMSNorm",
+    "Llama4TextRMSNorm", "LongcatFlashRMSNorm", "MambaRMSNorm", "MiMoV2FlashRMSNorm",
+    "MiniCPM3RMSNorm", "MiniMaxM2RMSNorm", "MiniMaxM3VLRMSNorm", "MiniMaxRMSNorm",
+    "MllamaTextRMSNorm", "MoshiRMSNorm", "NemotronHRMSNorm", "OlmoHybridRMSNorm",
+    "Phi4MultimodalRMSNorm", "Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3_5RMSNorm",
+    "Qwen4ExpTextRMSNorm", "RecurrentGemmaRMSNorm", "SolarOpenRMSNorm", "YoutuRMSNorm",
 }  # fmt: skip
 
 
