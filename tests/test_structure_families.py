@@ -90,3 +90,41 @@ def test_gemma_with_the_hidden_width_pruned_reloads_or_says_why(tied: bool) -> N
     else:  # the scale moved into the embedding weight: a rebuilt model takes sqrt(24)
         assert error <= 1e-5 and not report.stale
         assert model.model.embed_tokens.scalar_embed_scale == 24**0.5
+
+
+def test_bart_style_attention_and_a_config_of_its_own_names_reload() -> None:
+    """OPT: q/k/v/out_proj heads; its MLP width is config.ffn_dim, found by rebuilding."""
+    torch.manual_seed(0)
+    config = T.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=8, ffn_dim=40, max_position_embeddings=32,
+                         word_embed_proj_dim=32, pad_token_id=0)  # fmt: skip
+    model = T.OPTForCausalLM(config).eval()
+    heads = [g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "heads"]
+    assert len(heads) == 2 and all(g.prunable and g.size == 8 for g in heads)
+    prunekit.prune_channels(model, INPUTS, 0.3, heads=0.25, hidden=0.25)  # head size kept: 4
+    masked = _out(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    assert report.config["ffn_dim"] == 28 and report.config["hidden_size"] == 24
+    assert not report.stale
+    assert model.model.decoder.layers[0].self_attn.num_heads == 6
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert float((_out(again) - masked).abs().max()) <= 1e-5 * float(masked.abs().max())
+
+
+def test_gpt_oss_sinks_follow_their_heads() -> None:
+    torch.manual_seed(0)
+    config = T.GptOssConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=8, num_key_value_heads=2, head_dim=4,
+                            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                            max_position_embeddings=32, pad_token_id=0)  # fmt: skip
+    model = T.GptOssForCausalLM(config).eval()
+    prunekit.prune_channels(model, INPUTS, heads=0.25)
+    attention = model.model.layers[0].self_attn
+    kept = attention.sinks_mask.bool()
+    masked = _out(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    assert report.relative_error <= 1e-4 and int(kept.sum()) == 6
+    assert tuple(attention.sinks.shape) == (6,)
+    assert float((_out(model) - masked).abs().max()) <= 1e-4 * float(masked.abs().max())
