@@ -71,6 +71,13 @@ def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:
     return changed
 
 
+def mismatches(model: nn.Module, config: Any) -> int | None:
+    """How many parameters of a model built from `config` differ in shape from `model`'s
+    (None: it cannot be built)."""
+    fresh = build_fresh(model, config)
+    return len(_mismatches(model, fresh)) if isinstance(fresh, nn.Module) else None
+
+
 def _mismatches(model: nn.Module, fresh: nn.Module) -> list[tuple[str, tuple[int, ...],
                                                                   tuple[int, ...]]]:  # fmt: skip
     built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}

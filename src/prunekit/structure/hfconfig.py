@@ -23,7 +23,13 @@ from torch import nn
 
 from prunekit.structure.attention import adapter_of
 from prunekit.structure.experts import expert_widths
-from prunekit.structure.fromconfig import build_fresh, difference, fold_embed_scales, repair
+from prunekit.structure.fromconfig import (
+    build_fresh,
+    difference,
+    fold_embed_scales,
+    mismatches,
+    repair,
+)
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
@@ -119,9 +125,10 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
     if not (kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or len(sizes) != 1):
         (size,) = sizes
         if size * config.num_attention_heads != config.hidden_size:
+            without = mismatches(model, config)
             config.head_dim = size
-            fresh = build_fresh(model, config)
-            if isinstance(fresh, nn.Module) and difference(model, fresh, floats=False) is None:
+            found = mismatches(model, config)
+            if found is not None and (without is None or found < without):
                 updated["head_dim"] = size
             else:
                 del config.head_dim
