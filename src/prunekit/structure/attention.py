@@ -298,7 +298,7 @@ QKVO = (
     "Ernie4_5_MoeAttention", "ExaoneMoeAttention", "FalconH1Attention", "FlintAttention",
     "Glm4MoeAttention", "GptOssAttention", "GraniteSWAAttention", "GraniteMoeAttention",
     "GraniteMoeSWAAttention", "GraniteMoeSharedAttention", "HYV3Attention",
-    "Inkling2SlidingAttention", "Kolibri1Attention", "LagunaAttention",
+    "Inkling2SlidingAttention", "Kolibri1Attention",
     "Llama4TextAttention", "MiMoV2FlashAttention", "MiniMaxAttention", "MiniMaxM2Attention",
     "MiniMaxM3VLAttention", "MllamaTextSelfAttention", "NanoChatAttention", "NemotronAttention",
     "NemotronHAttention", "OlmoHybridAttention", "PhimoeAttention", "SolarOpenAttention",
