@@ -81,9 +81,10 @@ def compact(
     num_features, head counts, hidden sizes) and so does a Hugging Face model's config where
     the widths are one across layers (``CompactReport.config``; what it cannot express is in
     ``stale``: the fields whose widths differ per layer, or how a model built from the config,
-    as ``from_pretrained`` builds it, would differ; save with ``save_compacted`` then). Constants that removed channels still carry are folded into the consumers'
-    biases. Checked on `example_inputs` in eval mode: the largest difference of the outputs
-    (on the kept channels of an output a pruned hidden width made narrower) must stay within
+    as ``from_pretrained`` builds it, would differ; save with ``save_compacted`` then).
+    Constants that removed channels still carry are folded into the consumers' biases.
+    Checked on `example_inputs` in eval mode: the largest difference of the outputs (on the
+    kept channels of an output a pruned hidden width made narrower) must stay within
     `tolerance` x the largest output. `latency_runs`: forwards of the masked and of the
     compacted model, alternated (both states stay in memory until the call returns
     anyway); 0 skips timing.

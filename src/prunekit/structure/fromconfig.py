@@ -94,15 +94,15 @@ def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> st
     """The first way `fresh` differs from `model`: a parameter missing or of another shape,
     or (with `floats`) a float attribute of a module of the same name; None if none."""
     built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
-    mine = set()
+    names: set[str] = set()
     for name, param in model.named_parameters():
         name = name.removesuffix("_orig")  # a tensor still masked saves under its own name
-        mine.add(name)
+        names.add(name)
         if name not in built:
             return f"it has no {name}"
         if built[name] != tuple(param.shape):
             return f"{name} would be {built[name]}, not {tuple(param.shape)}"
-    extra = [name for name in built if name not in mine]
+    extra = [name for name in built if name not in names]
     if extra:
         return f"it would have {extra[0]}, which the model has not"
     if not floats:

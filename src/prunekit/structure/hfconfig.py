@@ -138,8 +138,8 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
     fresh = build_fresh(model, config)
     if isinstance(fresh, nn.Module):
         fold_embed_scales(model, fresh)
-        found = difference(model, fresh)
+        why = difference(model, fresh)
     else:
-        found = fresh
-    if found is not None:
-        stale.append(f"a model built from the config differs ({found})")
+        why = fresh
+    if why is not None:
+        stale.append(f"a model built from the config differs ({why})")
