@@ -12,9 +12,13 @@ experts) and those left alone, then `prune_channels` with heads 25 %, MLP and ot
 30 %, hidden 25 % and experts 25 % (each only where such groups exist; widths kept multiples
 of 4, as grouped_mm experts need 16-byte strides; `pruned` counts the units masked of each
 kind, out of all of that kind), `compact` (its output
-check: max |diff| / max |output|, compacted against masked, on the example ids) and whether
-greedy `generate()` of 6 tokens (KV cache) is the same before and after compaction. One
-process, one thread; a family that takes longer than --timeout seconds is reported so.
+check: max |diff| / max |output|, compacted against masked, on the example ids), whether
+greedy `generate()` of 6 tokens (KV cache) is the same before and after compaction, and
+whether `save_pretrained` / `from_pretrained` gives back the compacted model's logits
+(relative 1e-5; 'stale' where compaction said the config cannot express the model). The
+note says why a family was not built, not compacted, or not pruned in every kind (heads,
+MLP, hidden): the reason of its first group left alone. One process, one thread; a family
+that takes longer than --timeout seconds is reported so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import inspect
 import signal
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +64,7 @@ class Row:
     pruned: str = ""
     check: float | None = None
     generate: str = ""
+    reload: str = ""
     note: str = ""
 
 
@@ -140,9 +146,38 @@ def measure(model_type: str, class_name: str) -> Row:
             after = _generate(model, ids)
         if masked is not None and after is not None:
             row.generate = "equal" if torch.equal(masked, after) else "DIFFERS"
+        row.reload = "stale" if report.stale else _reload(model, class_name, inputs)
+        if report.stale:
+            row.note = "stale: " + report.stale[0].removeprefix("a model built from the config ")
     except BaseException as error:
         row.note = _why(error)
+        return row
+    missing = [k for k in ("heads", "channels", "hidden") if k not in row.found]
+    if missing:
+        why = next((g.reason for g in groups if not g.prunable and g.reason
+                    and g.reason != "they reach the model's output"), "none found")  # fmt: skip
+        row.note = (f"no {'/'.join(missing)}: {why[:80]}" + (f"; {row.note}" if row.note
+                    else ""))[:160]  # fmt: skip
     return row
+
+
+def _logits(model: Any, inputs: dict[str, Tensor]) -> Tensor:
+    with torch.no_grad():
+        out = model(**inputs)
+    found: Tensor = out.logits if hasattr(out, "logits") else out[0]
+    return found
+
+
+def _reload(model: Any, class_name: str, inputs: dict[str, Tensor]) -> str:
+    import transformers
+
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = getattr(transformers, class_name).from_pretrained(folder).eval()
+    a, b = _logits(model, inputs), _logits(again, inputs)
+    if a.shape != b.shape:
+        return "DIFFERS"
+    return "equal" if float((a - b).abs().max()) <= 1e-5 * float(a.abs().max()) else "DIFFERS"
 
 
 def _pruned(groups: list[Any], chosen: list[Any], shares: dict[str, float]) -> str:
@@ -174,7 +209,7 @@ def time_limit(seconds: int) -> Any:
 def render(rows: list[Row]) -> str:
     head = (
         f"{'family':<26} {'built':<5} {'heads':>5} {'chan':>5} {'hidden':>6} {'experts':>7} "
-        f"{'left':>5}  {'pruned':<44} {'check':>8}  {'generate':<8} note"
+        f"{'left':>5}  {'pruned':<44} {'check':>8}  {'generate':<8} {'reload':<7} note"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -183,20 +218,21 @@ def render(rows: list[Row]) -> str:
         lines.append(
             f"{r.family:<26} {r.built:<5} {f.get('heads', 0):>5} {f.get('channels', 0):>5} "
             f"{f.get('hidden', 0):>6} {f.get('experts', 0):>7} {r.left:>5}  {r.pruned:<44} "
-            f"{check:>8}  {r.generate:<8} {r.note}"
+            f"{check:>8}  {r.generate:<8} {r.reload:<7} {r.note}"
         )
     return "\n".join(lines)
 
 
 def summary(rows: list[Row]) -> str:
     built = [r for r in rows if r.built == "yes"]
-    exact = [r for r in built if r.check is not None and not r.note]
-    full = [r for r in exact if {"heads", "hidden"} <= set(r.found) and "channels" in r.found]
+    exact = [r for r in built if r.check is not None and r.check <= 1e-4]
+    full = [r for r in exact if {"heads", "hidden", "channels"} <= set(r.found)]
     gen = [r for r in exact if r.generate == "equal"]
+    back = [r for r in exact if r.reload == "equal"]
     return (
         f"{len(rows)} families: {len(built)} built from a small config; compacted exactly "
         f"{len(exact)} (heads, MLP and hidden all pruned in {len(full)}); generate() equal "
-        f"{len(gen)}"
+        f"{len(gen)}; save_pretrained/from_pretrained equal {len(back)}"
     )
 
 
@@ -211,6 +247,7 @@ def main() -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
     print(f"transformers {transformers.__version__}, torch {torch.__version__}", flush=True)

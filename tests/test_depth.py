@@ -354,3 +354,32 @@ def test_gpt2_conv1d_projection_takes_the_map_too(tmp_path: Any) -> None:
     model.save_pretrained(tmp_path)
     loaded = T.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert torch.equal(logits(loaded), logits(model))
+
+
+def _non_embedding(model: Any) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+
+
+def test_a_budget_mixes_skipped_blocks_and_width() -> None:
+    torch.manual_seed(0)
+    model = llama(4)
+    before = _non_embedding(model)
+    inputs = {"input_ids": IDS}
+    pruned = prunekit.prune_blocks(model, calibration(), 1, criterion="influence")
+    gone = block_params(model, pruned.skipped)
+    budget = prunekit.Budget(params=0.45, kinds=("channels", "heads", "hidden"))
+    report = prunekit.prune_channels(model, inputs, budget=budget, round_to=4)
+    assert report.depth == gone and report.total == before
+    assert report.achieved >= 0.45 and report.removed - gone > 0  # the width met the rest
+    skipped = f"model.layers.{pruned.skipped[0]}."
+    assert not any(p.group.name.startswith(skipped) for p in report)  # no width in the block
+    assert "in skipped blocks" in str(report)
+    masked, masked_ids = logits(model), generate(model)
+    prunekit.remove_blocks(model)
+    assert [b.self_attn.layer_idx for b in model.model.layers] == [0, 1, 2]
+    compacted = prunekit.compact(model, inputs, latency_runs=0)
+    assert compacted.relative_error <= 1e-4
+    assert close(logits(model), masked, 1e-4) and torch.equal(generate(model), masked_ids)
+    after = _non_embedding(model)
+    assert before - after == round(report.removed)  # counted as compact and removal made it
+    assert model.config.num_hidden_layers == 3

@@ -239,3 +239,23 @@ def test_experts_mlp_and_hidden_together() -> None:
     _close(_logits(model), masked)
     assert report.config["num_experts"] == 6 and report.config["hidden_size"] == 24
     assert report.config["moe_intermediate_size"] == 12
+    assert report.config["head_dim"] == 8 and not report.stale  # no longer hidden / heads
+    _reloads_equal(model, masked)
+
+
+def test_qwen2_moe_hidden_width_is_the_residual_with_the_shared_expert_gate_reading_it() -> None:
+    model = make("qwen2_moe")
+    groups = prunekit.channel_groups(model, INPUTS)
+    hidden = [g for g in groups if g.kind == "hidden"]
+    assert len(hidden) == 1 and hidden[0].prunable and hidden[0].size == H
+    gate = {(s.name, s.dim, s.role) for s in hidden[0].slices
+            if s.module_name == "model.layers.0.mlp.shared_expert_gate"}  # fmt: skip
+    assert gate == {("weight", 1, "in")}  # its one output row is no unit of the width
+    prunekit.prune_channels(model, INPUTS, 0.25, heads=0.25, hidden=0.25, experts=0.25,
+                            round_to=4)  # fmt: skip
+    masked = _logits(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    _close(_logits(model), masked)
+    assert report.config["hidden_size"] == 24
+    assert tuple(model.model.layers[0].mlp.shared_expert_gate.weight.shape) == (1, 24)
+    _reloads_equal(model, masked)

@@ -3,6 +3,7 @@ hidden widths pruned, compacted equal to the masked model, generate() unchanged.
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import pytest
@@ -23,10 +24,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "Qwen3": {},  # q_norm/k_norm over each head's head_dim
     "Olmo2": {},  # q_norm/k_norm over the whole projected width
     "Phi3": {},  # one qkv_proj, one gate_up_proj
-    "Gemma2": {"hidden": 0.0},  # its embeddings are scaled by sqrt(config.hidden_size)
+    "Gemma": {},  # embeddings scaled by sqrt(hidden_size), norms scale by (1 + weight)
+    "Gemma2": {},
+    "Gemma3Text": {},
     "Cohere": {"use_qk_norm": True},  # a norm weight per head
     "Granite": {},
 }
+
+
+def _make(family: str, **extra: Any) -> Any:
+    torch.manual_seed(0)
+    config = getattr(T, f"{family}Config")(**{**SMALL, **extra})
+    return getattr(T, f"{family.removesuffix('Text')}ForCausalLM")(config).eval()
 
 
 def _out(model: Any) -> Tensor:
@@ -42,15 +51,11 @@ def _generate(model: Any) -> Tensor:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heads_mlp_and_hidden_of_more_families(family: str) -> None:
-    extra = dict(FAMILIES[family])
-    hidden = extra.pop("hidden", 0.25)
-    torch.manual_seed(0)
-    config = getattr(T, f"{family}Config")(**{**SMALL, **extra})
-    model = getattr(T, f"{family}ForCausalLM")(config).eval()
+    model = _make(family, **FAMILIES[family])
     groups = prunekit.channel_groups(model, INPUTS)
     heads = [g for g in groups if g.kind == "heads"]
     assert len(heads) == 2 and all(g.prunable and g.size == 8 for g in heads)
-    prunekit.prune_channels(model, INPUTS, 0.3, heads=0.25, hidden=hidden)
+    prunekit.prune_channels(model, INPUTS, 0.3, heads=0.25, hidden=0.25)
     masked, masked_ids = _out(model), _generate(model)
     report = prunekit.compact(model, INPUTS, latency_runs=0)
     assert report.relative_error <= 1e-4
@@ -64,3 +69,62 @@ def test_heads_mlp_and_hidden_of_more_families(family: str) -> None:
         assert attention.q_norm.weight.shape == (6 * 4,)
     if family == "Cohere":
         assert attention.q_norm.weight.shape == (6, 4)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_gemma_with_the_hidden_width_pruned_reloads_or_says_why(tied: bool) -> None:
+    model = _make("Gemma", tie_word_embeddings=tied)
+    prunekit.prune_channels(model, INPUTS, heads=0.25, hidden=0.25)
+    masked = _out(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    assert report.config["hidden_size"] == 24
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
+    error = float((_out(again) - masked).abs().max()) / float(masked.abs().max())
+    if tied:  # the embedding's sqrt(32) cannot move into a weight the logits also read
+        assert error > 1e-3
+        assert report.stale == ("a model built from the config differs (model.embed_tokens."
+                                "scalar_embed_scale would be 4.89898, not 5.65685)",)  # fmt: skip
+        assert "save with save_compacted" in str(report)
+    else:  # the scale moved into the embedding weight: a rebuilt model takes sqrt(24)
+        assert error <= 1e-5 and not report.stale
+        assert model.model.embed_tokens.scalar_embed_scale == 24**0.5
+
+
+def test_bart_style_attention_and_a_config_of_its_own_names_reload() -> None:
+    """OPT: q/k/v/out_proj heads; its MLP width is config.ffn_dim, found by rebuilding."""
+    torch.manual_seed(0)
+    config = T.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=8, ffn_dim=40, max_position_embeddings=32,
+                         word_embed_proj_dim=32, pad_token_id=0)  # fmt: skip
+    model = T.OPTForCausalLM(config).eval()
+    heads = [g for g in prunekit.channel_groups(model, INPUTS) if g.kind == "heads"]
+    assert len(heads) == 2 and all(g.prunable and g.size == 8 for g in heads)
+    prunekit.prune_channels(model, INPUTS, 0.3, heads=0.25, hidden=0.25)  # head size kept: 4
+    masked = _out(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    assert report.config["ffn_dim"] == 28 and report.config["hidden_size"] == 24
+    assert not report.stale
+    assert model.model.decoder.layers[0].self_attn.num_heads == 6
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert float((_out(again) - masked).abs().max()) <= 1e-5 * float(masked.abs().max())
+
+
+def test_gpt_oss_sinks_follow_their_heads() -> None:
+    torch.manual_seed(0)
+    config = T.GptOssConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=8, num_key_value_heads=2, head_dim=4,
+                            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                            max_position_embeddings=32, pad_token_id=0)  # fmt: skip
+    model = T.GptOssForCausalLM(config).eval()
+    prunekit.prune_channels(model, INPUTS, heads=0.25)
+    attention = model.model.layers[0].self_attn
+    kept = attention.sinks_mask.bool()
+    masked = _out(model)
+    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    assert report.relative_error <= 1e-4 and int(kept.sum()) == 6
+    assert tuple(attention.sinks.shape) == (6,)
+    assert float((_out(model) - masked).abs().max()) <= 1e-4 * float(masked.abs().max())

@@ -113,10 +113,18 @@ def _counts(q_rows: int, kv_rows: int, head_dim: Any) -> tuple[int, int] | str:
 
 def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                out: Any) -> Heads | str:  # fmt: skip
-    """q_proj, k_proj, v_proj, o_proj: LLaMA and the families in QKVO, (Hugging Face 5) ViT."""
-    found = _linears(module, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    """q_proj, k_proj, v_proj, o_proj (or out_proj: the BART-style families in QKV_OUT):
+    LLaMA and the families in QKVO, (Hugging Face 5) ViT."""
+    if (
+        kwargs.get("key_value_states") is not None
+        or kwargs.get("encoder_hidden_states") is not None
+    ):
+        return "cross attention is not handled"
+    found = _linears(module, ("q_proj", "k_proj", "v_proj", _out_name(module)))
     if isinstance(found, str):
         return found
+    if isinstance(getattr(module, "gate_proj", None), nn.Module):
+        return "its output gate (gate_proj) is not handled"
     q, k, v, o = found
     counts = _counts(q.out_features, k.out_features, getattr(module, "head_dim", None))
     if isinstance(counts, str):
@@ -130,6 +138,11 @@ def _read_qkvo(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     follows = _qk_norms(module, heads, kv, module.head_dim)
     if isinstance(follows, str):
         return follows
+    sinks = getattr(module, "sinks", None)  # GPT-OSS: one attention-sink logit per head
+    if isinstance(sinks, Tensor):
+        if tuple(sinks.shape) != (heads,):
+            return f"its sinks ({tuple(sinks.shape)}) are not one per query head ({heads})"
+        follows += (Follow(module, "sinks", "q", per_head=True),)
     x = _input(args, kwargs)
     return Heads(Proj(q), Proj(k), Proj(v), Proj(o), heads, kv, module.head_dim, (x, x, x),
                  first(out), follows)  # fmt: skip
@@ -157,12 +170,18 @@ def _qk_norms(module: nn.Module, heads: int, kv: int, d: int) -> tuple[Follow, .
     return tuple(found)
 
 
+def _out_name(module: nn.Module) -> str:
+    return "out_proj" if type(module).__name__ in QKV_OUT else "o_proj"
+
+
 def _update_qkvo(module: Any) -> tuple[int, int, int, int]:
     d = int(module.head_dim)
     heads = module.q_proj.out_features // d
     kv = module.k_proj.out_features // d
     _set(module, num_key_value_groups=heads // kv, num_heads=heads, num_attention_heads=heads,
          num_key_value_heads=kv)  # fmt: skip
+    if _out_name(module) == "out_proj":  # BART-style: embed_dim is the hidden width
+        _set(module, embed_dim=module.q_proj.in_features)
     return heads, kv, d, module.q_proj.in_features
 
 
@@ -275,8 +294,23 @@ QKVO = (
     "HunYuanDenseV1Attention", "HunYuanMoEV1Attention", "HyperCLOVAXAttention",
     "Jais2Attention", "MellumAttention", "MinistralAttention", "Ministral3Attention",
     "SeedOssAttention", "SmolLM3Attention", "Starcoder2Attention",
+    "AfmoeAttention", "AriaTextAttention", "BeamAttention",
+    "Ernie4_5_MoeAttention", "ExaoneMoeAttention", "FalconH1Attention", "FlintAttention",
+    "Glm4MoeAttention", "GptOssAttention", "GraniteSWAAttention", "GraniteMoeAttention",
+    "GraniteMoeSWAAttention", "GraniteMoeSharedAttention", "HYV3Attention",
+    "Inkling2SlidingAttention", "Kolibri1Attention",
+    "Llama4TextAttention", "MiMoV2FlashAttention", "MiniMaxAttention", "MiniMaxM2Attention",
+    "MiniMaxM3VLAttention", "MllamaTextSelfAttention", "NanoChatAttention", "NemotronAttention",
+    "NemotronHAttention", "OlmoHybridAttention", "PhimoeAttention", "SolarOpenAttention",
+    "StableLmAttention",
 )  # fmt: skip
-ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO})
+# the same with out_proj (BART-style self-attention; cross attention is refused)
+QKV_OUT = (
+    "BioGptAttention", "OPTAttention", "BartAttention", "MBartAttention",
+    "PegasusAttention", "MarianAttention", "BlenderbotAttention", "BlenderbotSmallAttention",
+    "MvpAttention", "TrOCRAttention", "BigBirdPegasusDecoderAttention",
+)  # fmt: skip
+ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO + QKV_OUT})
 ADAPTERS["Phi3Attention"] = Adapter(_read_fused, _update_fused)
 ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
 ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)

@@ -10,6 +10,12 @@ counted exactly as ``compact`` will make them (a weight that loses rows and colu
 groups loses their product once). Constraints hold throughout: a group keeps at least one
 unit, channel and hidden widths a multiple of `round_to`, and grouped-query heads leave the
 same count in every key/value group.
+
+Depth and width in one budget: blocks that ``prune_blocks`` (or ``skip_blocks``) skipped
+count as removed, both in what goes and in the total, and their groups are no candidates
+(their tensors go whole with the block); the width meets the rest of the target. So one
+target is met by a two-stage call: ``prune_blocks``, then ``prune_channels(...,
+budget=...)``, then ``remove_blocks`` and ``compact``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.structure.depth.blocks import is_skipped
 from prunekit.structure.graph import ChannelGroup, Slice, split_inputs
 from prunekit.structure.measure import macs_per_entry
 from prunekit.structure.pruned import PrunedGroup
@@ -122,18 +129,20 @@ class BudgetReport(list[PrunedGroup]):
     returns without one), with what each kept and the share achieved; ``str()`` is a table.
 
     `total`: the parameters (or MACs) counted; `removed`: how many of them the masked units
-    make (once compacted); `achieved` = removed / total, at least `target`.
+    and the skipped blocks make (once compacted and removed), `depth` of them the blocks';
+    `achieved` = removed / total, at least `target`.
     """
 
     def __init__(
         self, pruned: list[PrunedGroup], budget: Budget, total: float, removed: float,
-        rows: list[BudgetRow],
+        rows: list[BudgetRow], depth: float = 0.0,
     ) -> None:  # fmt: skip
         super().__init__(pruned)
         self.budget = budget
         self.total = total
         self.removed = removed
         self.rows = tuple(rows)
+        self.depth = depth
 
     @property
     def target(self) -> float:
@@ -151,7 +160,8 @@ class BudgetReport(list[PrunedGroup]):
         width = max([len("group")] + [len(n) for n in names])
         lines = [
             f"budget {self.target:.1%} of {self.total:,.0f} {what}: removed "
-            f"{self.removed:,.0f} ({self.achieved:.2%})",
+            f"{self.removed:,.0f} ({self.achieved:.2%})"
+            + (f", of which {self.depth:,.0f} in skipped blocks" if self.depth else ""),
             f"{'group':<{width}}  {'kind':<8}  {'units':>6}  {'kept':>6}",
         ]
         lines += [f"{n:<{width}}  {r.kind:<8}  {r.before:>6}  {r.after:>6}"
@@ -228,6 +238,8 @@ def allocate(
     """
     weights = _weights(model, example_inputs, budget)
     total = sum(p.numel() * weights.get(id(p), 0.0) for p in _unique_parameters(model))
+    gone = _in_skipped_blocks(model)
+    depth = sum(p.numel() * weights.pop(id(p), 0.0) for p in gone)  # no unit saves them again
     if total <= 0:
         raise value_error(
             f"prune_channels: budget={budget!r}, but {type(model).__name__} has no "
@@ -242,6 +254,7 @@ def allocate(
     heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
     heapq.heapify(heap)
     ledger = _Ledger(tensors)
+    ledger.removed = depth
     taken: list[list[int]] = [[] for _ in groups]
     goal = budget.share * total
     while ledger.removed < goal * (1 - 1e-12):
@@ -256,7 +269,23 @@ def allocate(
     pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
     rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
             for g, u in zip(groups, taken, strict=True)]  # fmt: skip
-    return BudgetReport(pruned, budget, total, ledger.removed, rows)
+    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth)
+
+
+def _in_skipped_blocks(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that go with the skipped blocks: held by no module outside them."""
+    inside: set[int] = set()
+    found: dict[int, nn.Parameter] = {}
+    for block in model.modules():
+        if is_skipped(block):
+            for m in block.modules():
+                inside.add(id(m))
+                found.update((id(p), p) for p in m._parameters.values() if p is not None)
+    for m in model.modules():
+        if id(m) not in inside:
+            for p in m._parameters.values():
+                found.pop(id(p), None)
+    return list(found.values())
 
 
 def _unreachable(budget: Budget, total: float, most: float, round_to: int) -> None:

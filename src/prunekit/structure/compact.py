@@ -63,7 +63,7 @@ class CompactReport:
         if self.config:
             lines.append("config: " + ", ".join(f"{k}={v}" for k, v in self.config.items()))
         if self.stale:
-            lines.append("config fields left stale (widths differ per layer): " +
+            lines.append("config left stale (save with save_compacted): " +
                          ", ".join(self.stale))  # fmt: skip
         if self.not_rebuilt:
             lines.append(_not_rebuilt(self.not_rebuilt))
@@ -88,9 +88,11 @@ def compact(
     where nothing remains masked); module attributes follow (channels, features, groups,
     num_features, head counts, hidden sizes) and so does a Hugging Face model's config where
     the widths are one across layers (``CompactReport.config``; what it cannot express is in
-    ``stale``). Constants that removed channels still carry are folded into the consumers'
-    biases. Checked on `example_inputs` in eval mode: the largest difference of the outputs
-    (on the kept channels of an output a pruned hidden width made narrower) must stay within
+    ``stale``: the fields whose widths differ per layer, or how a model built from the config,
+    as ``from_pretrained`` builds it, would differ; save with ``save_compacted`` then).
+    Constants that removed channels still carry are folded into the consumers' biases.
+    Checked on `example_inputs` in eval mode: the largest difference of the outputs (on the
+    kept channels of an output a pruned hidden width made narrower) must stay within
     `tolerance` x the largest output. `latency_runs`: forwards of the masked and of the
     compacted model, alternated (both states stay in memory until the call returns
     anyway); 0 skips timing.

@@ -6,6 +6,13 @@ attention module an adapter knows, the width feeding them (the hidden size) and 
 widths. A field whose width differs from layer to layer keeps its old value and is reported
 stale: the modules carry their own widths, so the model runs, but a model built anew from
 that config would not have them.
+
+Then the config is checked the way ``from_pretrained`` will read it
+(``prunekit.structure.fromconfig``). A head size that is no longer hidden_size /
+num_attention_heads is first written to ``head_dim`` (most families read it when the config
+has it); a width of a field named in the family's own way (ffn_dim, n_embd, ...) is found by
+``fromconfig.repair``; whatever a rebuilt model still differs in is reported stale, so
+save_compacted is the way to save.
 """
 
 from __future__ import annotations
@@ -16,6 +23,13 @@ from torch import nn
 
 from prunekit.structure.attention import adapter_of
 from prunekit.structure.experts import expert_widths
+from prunekit.structure.fromconfig import (
+    build_fresh,
+    difference,
+    fold_embed_scales,
+    mismatches,
+    repair,
+)
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
@@ -81,7 +95,7 @@ def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
                 updated[name] = value
         elif len(values) > 1:
             stale.append(name)
-    _head_size(config, widths, kind, stale)
+    _head_size(model, config, widths, kind, updated, stale)
     return updated, tuple(stale)
 
 
@@ -102,11 +116,30 @@ def _expert_fields(config: Any, widths: dict[str, list[int]]) -> list[tuple[str,
     return fields
 
 
-def _head_size(config: Any, widths: dict[str, list[int]], kind: str, stale: list[str]) -> None:
-    """A family that derives the head size as hidden_size / num_attention_heads."""
-    if kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or not widths["head_dim"]:
+def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind: str,
+               updated: dict[str, int], stale: list[str]) -> None:  # fmt: skip
+    """A family that may derive the head size as hidden_size / num_attention_heads: where
+    that no longer holds, head_dim is set if a model built from the config then has the
+    compacted shapes; then whatever such a model would still differ in is reported stale."""
+    sizes = set(widths["head_dim"])
+    if not (kind in _READS_HEAD_DIM or hasattr(config, "head_dim") or len(sizes) != 1):
+        (size,) = sizes
+        if size * config.num_attention_heads != config.hidden_size:
+            without = mismatches(model, config)
+            config.head_dim = size
+            found = mismatches(model, config)
+            if found is not None and (without is None or found < without):
+                updated["head_dim"] = size
+            else:
+                del config.head_dim
+    if stale:  # the fields already named say why a rebuilt model differs
         return
-    heads, hidden = config.num_attention_heads, config.hidden_size
-    if any(d * heads != hidden for d in widths["head_dim"]):
-        stale.append("num_attention_heads (hidden_size / num_attention_heads is no longer the "
-                     "head size)")  # fmt: skip
+    updated.update(repair(model, config))  # fields of a family's own names (ffn_dim, n_embd)
+    fresh = build_fresh(model, config)
+    if isinstance(fresh, nn.Module):
+        fold_embed_scales(model, fresh)
+        why = difference(model, fresh)
+    else:
+        why = fresh
+    if why is not None:
+        stale.append(f"a model built from the config differs ({why})")

@@ -149,10 +149,10 @@ def is_norm_module(module: object) -> bool:
     return type(module).__name__ in RMS_NORMS
 
 
-# Hugging Face norms whose forward is weight * x / rms(x) over the last dim (Gemma's (1 + w)
-# scales would not vanish where masked, so it is not among them). The other families' norms,
-# each checked by benchmarks/families.py with the hidden width pruned: while masked, their
-# output is recomputed over the kept channels (prunekit.structure.norms), zero elsewhere.
+# Hugging Face norms whose forward is weight * x / rms(x) (or (1 + weight) * x / rms(x): the
+# Gemma families) over the last dim, each checked by benchmarks/families.py with the hidden
+# width pruned: while masked, their output is recomputed over the kept channels
+# (prunekit.structure.norms), zero elsewhere, so a masked (1 + weight) scale does no harm.
 RMS_NORMS = {
     "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "T5LayerNorm",
     "Qwen2MoeRMSNorm", "Qwen3MoeRMSNorm", "MixtralRMSNorm", "OlmoeRMSNorm", "Olmo2RMSNorm",
@@ -161,6 +161,21 @@ RMS_NORMS = {
     "DogeRMSNorm", "Ernie4_5RMSNorm", "Exaone4RMSNorm", "GlmRMSNorm", "Glm4RMSNorm",
     "HeliumRMSNorm", "HunYuanDenseV1RMSNorm", "HyperCLOVAXRMSNorm", "MellumRMSNorm",
     "MinistralRMSNorm", "Ministral3RMSNorm", "SeedOssRMSNorm", "SmolLM3RMSNorm",
+    "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "VaultGemmaRMSNorm",
+    "AXK1RMSNorm", "AXK2RMSNorm", "AfmoeRMSNorm", "AriaTextRMSNorm", "BailingHybridRMSNorm",
+    "BambaRMSNorm", "BeamRMSNorm", "BitNetRMSNorm", "BltRMSNorm", "DeepseekV2RMSNorm",
+    "DeepseekV32RMSNorm", "DeepseekV3RMSNorm", "DeepseekV4RMSNorm", "DiffLlamaRMSNorm",
+    "Ernie4_5_MoeRMSNorm", "ExaoneMoeRMSNorm", "FalconH1RMSNorm", "FalconMambaRMSNorm",
+    "FlintRMSNorm", "Glm4MoeLiteRMSNorm", "Glm4MoeRMSNorm", "GlmMoeDsaRMSNorm", "GptOssRMSNorm",
+    "GraniteMoeHybridRMSNorm", "GraniteMoeRMSNorm", "GraniteMoeSWARMSNorm",
+    "GraniteMoeSharedRMSNorm", "GraniteSWARMSNorm", "HYV3RMSNorm", "HYV4RMSNorm",
+    "HunYuanMoEV1RMSNorm", "Inkling2RMSNorm", "InklingRMSNorm", "JambaRMSNorm", "JetMoeRMSNorm",
+    "KimiLinearRMSNorm", "Kolibri1RMSNorm", "LagunaRMSNorm", "Lfm2RMSNorm", "Lfm3RMSNorm",
+    "Llama4TextRMSNorm", "LongcatFlashRMSNorm", "MambaRMSNorm", "MiMoV2FlashRMSNorm",
+    "MiniCPM3RMSNorm", "MiniMaxM2RMSNorm", "MiniMaxM3VLRMSNorm", "MiniMaxRMSNorm",
+    "MllamaTextRMSNorm", "MoshiRMSNorm", "NemotronHRMSNorm", "OlmoHybridRMSNorm",
+    "Phi4MultimodalRMSNorm", "Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3_5RMSNorm",
+    "Qwen4ExpTextRMSNorm", "RecurrentGemmaRMSNorm", "SolarOpenRMSNorm", "YoutuRMSNorm",
 }  # fmt: skip
 
 

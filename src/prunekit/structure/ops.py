@@ -118,6 +118,11 @@ def _binary(tr: Tracer, call: Call) -> None:
         return
     where = describe_op(call)
     full = [None if lab is None else lab.expand(out.shape) for lab in (la, lb)]
+    shapes = [tuple(lab.shape) if lab is not None else () for lab in (la, lb)]
+    for k in (0, 1):  # one value per position spread over the other's channels (a gate)
+        if full[k] is not None and full[1 - k] is not None and _spread(tr, shapes, full, k, out):
+            tr.block(full[k], f"{where} spreads one value of theirs over many channels")
+            full[k] = None
     if kind == "div" and full[1] is not None:
         tr.block(full[1], f"{where} divides by them")
         full[1] = None
@@ -134,6 +139,17 @@ def _binary(tr: Tracer, call: Call) -> None:
         tr.set(out, torch.where(first >= 0, first, second))
     else:
         tr.set(out, first if first is not None else second)
+
+
+def _spread(tr: Tracer, shapes: list[tuple[int, ...]], full: list[Tensor | None], k: int,
+            out: Tensor) -> bool:  # fmt: skip
+    """Whether operand k (of `shapes[k]`) is broadcast along a dim where the other's
+    channels vary: merging them would tie its one unit to all of those channels."""
+    theirs = full[1 - k]
+    assert theirs is not None
+    shape = (1,) * (out.dim() - len(shapes[k])) + shapes[k]
+    spread = {d for d in range(out.dim()) if shape[d] == 1 and out.shape[d] > 1}
+    return bool(spread & set(tr.varying(theirs)))
 
 
 def _sliced_against(labels: Tensor, other: Any, out: Tensor) -> bool:

@@ -1,0 +1,147 @@
+"""What a model built anew from its compacted config would differ in, checked the way
+``from_pretrained`` reads a saved folder: the model's class built from a copy of the config
+on the meta device (no memory, no weights), its parameters' names and shapes and its
+modules' float attributes compared with the compacted model's.
+
+One difference is folded instead of reported: an embedding that multiplies its output by a
+scale fixed when it is built (Gemma's ``hidden_size ** 0.5``, a non-persistent buffer) keeps
+the old scale after the hidden width is pruned, while a rebuilt one takes the new. Where the
+embedding's weight is its own (not tied to the output projection), the weight takes the
+ratio and the module the new scale, which computes the same; a tied weight cannot, and the
+difference is reported.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def build_fresh(model: nn.Module, config: Any) -> nn.Module | str | None:
+    """`model`'s class built from a copy of `config` on the meta device; a string saying
+    why building fails; None for a class not built from a config alone."""
+    if not callable(getattr(type(model), "from_pretrained", None)):
+        return None
+    try:
+        with torch.device("meta"):
+            fresh: nn.Module = type(model)(copy.deepcopy(config))
+    except Exception as error:  # what from_pretrained would meet too: reported, not raised
+        return f"building it fails: {type(error).__name__}: {error}"[:200]
+    return fresh
+
+
+def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:
+    """Set integer fields of `config` until a model built from it has `model`'s parameter
+    shapes, as far as one field at a time gets there: where a rebuilt parameter has width
+    `old` and `model`'s has `new`, each field holding `old` is tried at `new`, and the one
+    that leaves fewest parameters differing is kept (a field that happens to hold the same
+    number, such as a position count, leaves as many and is not). Returns the fields set."""
+    changed: dict[str, int] = {}
+    fresh = build_fresh(model, config)
+    if not isinstance(fresh, nn.Module):
+        return changed
+    found = _mismatches(model, fresh)
+    for _ in range(rounds):
+        if not found:
+            break
+        widths = Counter(
+            (b, a) for _, built, mine in found if len(built) == len(mine)
+            for b, a in zip(built, mine, strict=True) if b != a
+        )  # fmt: skip
+        best: tuple[int, str, int] | None = None
+        for (old, new), _ in widths.most_common(4):
+            for field in [k for k, v in vars(config).items() if type(v) is int and v == old]:
+                setattr(config, field, new)
+                trial = build_fresh(model, config)
+                setattr(config, field, old)
+                left = len(_mismatches(model, trial)) if isinstance(trial, nn.Module) else None
+                if left is not None and left < len(found) and (best is None or left < best[0]):
+                    best = (left, field, new)
+        if best is None:
+            break
+        _, field, new = best
+        setattr(config, field, new)
+        changed[field] = new
+        rebuilt = build_fresh(model, config)
+        found = _mismatches(model, rebuilt) if isinstance(rebuilt, nn.Module) else []
+    return changed
+
+
+def mismatches(model: nn.Module, config: Any) -> int | None:
+    """How many parameters of a model built from `config` differ in shape from `model`'s
+    (None: it cannot be built)."""
+    fresh = build_fresh(model, config)
+    return len(_mismatches(model, fresh)) if isinstance(fresh, nn.Module) else None
+
+
+def _mismatches(model: nn.Module, fresh: nn.Module) -> list[tuple[str, tuple[int, ...],
+                                                                  tuple[int, ...]]]:  # fmt: skip
+    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
+    found = []
+    for name, param in model.named_parameters():
+        name = name.removesuffix("_orig")
+        shape = tuple(param.shape)
+        if name in built and built[name] != shape:
+            found.append((name, built[name], shape))
+    return found
+
+
+def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> str | None:
+    """The first way `fresh` differs from `model`: a parameter missing or of another shape,
+    or (with `floats`) a float attribute of a module of the same name; None if none."""
+    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
+    names: set[str] = set()
+    for name, param in model.named_parameters():
+        name = name.removesuffix("_orig")  # a tensor still masked saves under its own name
+        names.add(name)
+        if name not in built:
+            return f"it has no {name}"
+        if built[name] != tuple(param.shape):
+            return f"{name} would be {built[name]}, not {tuple(param.shape)}"
+    extra = [name for name in built if name not in names]
+    if extra:
+        return f"it would have {extra[0]}, which the model has not"
+    if not floats:
+        return None
+    modules = dict(model.named_modules())
+    for name, module in fresh.named_modules():
+        mine = modules.get(name)
+        for key, value in _floats(module).items():
+            here = _floats(mine).get(key) if mine is not None else None
+            if here is not None and here != value and (here == here or value == value):
+                where = f"{name}.{key}" if name else key
+                return f"{where} would be {value:.6g}, not {here:.6g}"
+    return None
+
+
+def _floats(module: nn.Module) -> dict[str, float]:
+    return {k: v for k, v in vars(module).items() if type(v) is float}
+
+
+def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
+    """Give each scaled embedding of `model` the scale it has in `fresh` (a float attribute
+    ``scalar_embed_scale`` or ``embed_scale``, and an ``embed_scale`` buffer where it has
+    one), its weight taking the ratio, where that weight is used by no other module."""
+    fresh_modules = dict(fresh.named_modules())
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[id(param)] = uses.get(id(param), 0) + 1
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight_orig", module._parameters.get("weight"))
+        if not isinstance(module, nn.Embedding) or weight is None or uses.get(id(weight)) != 1:
+            continue
+        for key in ("scalar_embed_scale", "embed_scale"):
+            old = module.__dict__.get(key)
+            new = fresh_modules[name].__dict__.get(key) if name in fresh_modules else None
+            if type(old) is not float or type(new) is not float or old == new or new == 0.0:
+                continue
+            weight.data = weight.data * (old / new)  # replaced, not written: rollback restores
+            scale = module._buffers.get("embed_scale")
+            if scale is not None:
+                module._buffers["embed_scale"] = torch.full_like(scale, new)
+            module.__dict__[key] = new
+            break
