@@ -22,10 +22,15 @@ printed). Criteria: 'l2' (the magnitude baseline of Torch-Pruning's examples, al
 'activation', 'taylor' (the model's own loss), 'obs' and 'fluctuation'; each ranks once (its
 scores are reused for every target), then prunes without and with ``compensate=True``.
 
-Latency (--latency CRITERION): that criterion's compensated model of the first target,
+Latency (--latency CRITERION, timed first): that criterion's model of the first target,
 compacted, against the dense model: one forward of 1 x 512 tokens, the two models
 alternated (``prunekit.structure.measure.paired_latency``), median of the per-pair ratios.
-Distillation (--distill SECONDS): that model (compacted) of the last target learns the
+It is pruned without compensation, which changes values, never shapes: the compensated
+model compacts to the same widths. --compensated names the criteria that get the
+compensated column (all by default, none with 'none'; '-' elsewhere).
+
+Distillation (--distill SECONDS): --distill-criterion's model of the last target (the
+compensated one, or with --distill-from plain the other), compacted, learns the
 dense model's logits (``prunekit.Distiller``, KL at temperature --temperature) on random
 windows of the calibration half for at most SECONDS; the perplexity before and after, and
 the share of its gap to dense that closed.
@@ -219,6 +224,26 @@ def latency(dense: nn.Module, small: nn.Module, x: Tensor, runs: int) -> Paired:
     )  # fmt: skip
 
 
+def timed_latency(
+    model: nn.Module, args: argparse.Namespace, target: float, criterion: Cached,
+    batches: list[Any], example: Any, ids: Tensor,
+) -> None:  # fmt: skip
+    """Print the paired latency of --latency's model at `target`, compacted, against dense."""
+    small, _ = prune(model, args.latency, target, False, args, criterion, batches, example)
+    report = prunekit.compact(small, example, latency_runs=0)
+    timed = latency(model, small, ids[None, :512], 1 if args.quick else args.runs)
+    print(f"\ncompacted ({args.latency}, target {target:.0%}, {masked_share_of(report):.1%} "
+          f"of all parameters): {report.params_before:,} -> {report.params_after:,} "
+          f"parameters, MACs {report.macs_before:,} -> {report.macs_after:,} on 32 tokens "
+          f"({1 - report.macs_after / report.macs_before:.1%} fewer)")  # fmt: skip
+    print(f"CPU latency, 1 x 512 tokens, {args.threads} threads, dense vs compacted: {timed}",
+          flush=True)  # fmt: skip
+
+
+def masked_share_of(report: Any) -> float:
+    return float(1 - report.params_after / report.params_before)
+
+
 def distill(
     student: nn.Module, teacher: nn.Module, ids: Tensor, args: argparse.Namespace
 ) -> tuple[int, float]:
@@ -260,8 +285,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--round-to", type=int, default=1)
     parser.add_argument("--latency", default="", help="a criterion: time its compacted model")
     parser.add_argument("--runs", type=int, default=10, help="latency pairs")
+    parser.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--compensated", default="", help="criteria with compensation (all)")
     parser.add_argument("--distill", type=float, default=0.0, help="seconds of distillation")
     parser.add_argument("--distill-criterion", default="activation")
+    parser.add_argument("--distill-from", choices=("compensated", "plain"), default="compensated")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -270,9 +298,14 @@ def arguments() -> argparse.Namespace:
     if any(n not in CRITERIA for n in names):
         sys.exit(f"--criteria: some of {', '.join(CRITERIA)}")
     args.names = ["l2"] + [n for n in names if n != "l2"]  # the baseline in every table
+    listed = [n for n in args.compensated.split(",") if n and n != "none"]
+    args.with_compensation = listed if args.compensated else args.names
     for option in ("latency", "distill_criterion"):
         if getattr(args, option) and getattr(args, option) not in args.names:
             sys.exit(f"--{option.replace('_', '-')}: one of --criteria")
+    compensated = args.distill_from == "compensated"
+    if args.distill and compensated and args.distill_criterion not in args.with_compensation:
+        sys.exit("--distill-criterion: one of --compensated (its compensated model learns)")
     return args
 
 
@@ -297,8 +330,10 @@ def main() -> None:
           + (f" ({args.kinds})" if args.allocation == "budget" else "")
           + f", round_to {args.round_to}")  # fmt: skip
     cached = {name: Cached(name) for name in args.names}
+    if args.latency:
+        timed_latency(model, args, targets[0], cached[args.latency], batches, example, second)
     kept: dict[tuple[str, float], nn.Module] = {}
-    for target in targets:
+    for target in targets if args.tables else ():
         if args.allocation == "uniform":
             mlp, heads, share = shares(model, target)
             print(f"\ntarget {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (1 of 3 per kv "
@@ -312,42 +347,31 @@ def main() -> None:
         for name in args.names:
             cells, removed = [], 0.0
             for compensate in (False, True):
+                if compensate and name not in args.with_compensation:
+                    cells.append(f"{'-':>10} {'-':>9}")
+                    continue
                 pruned, found = prune(
                     model, name, target, compensate, args, cached[name], batches, example
                 )
                 removed = masked_share(pruned)
                 value = perplexity(pruned, tests)
                 cells.append(f"{value:>10.2f} {value / dense:>8.2f}x")
-                wanted = (name == args.latency and target == targets[0]) or (
-                    args.distill and name == args.distill_criterion and target == targets[-1]
-                )
-                if compensate and wanted:
+                wanted = args.distill and (name, target) == (args.distill_criterion, targets[-1])
+                if wanted and compensate == (args.distill_from == "compensated"):
                     kept[(name, target)] = pruned
                 if compensate and args.allocation == "budget":
                     notes += [f"{name} (compensated):", *kept_per_block(model, found)]
             print(f"{name:<12} {removed:>8.1%} {' '.join(cells)}", flush=True)
         if notes:
             print("what each block kept (blocks 0-29):\n" + "\n".join(notes), flush=True)
-    x = second[None, :512]
-    if args.latency:
-        small = kept[(args.latency, targets[0])]
-        if (args.distill_criterion, targets[-1]) != (args.latency, targets[0]):
-            small = copy.deepcopy(small)
-        report = prunekit.compact(small, example, latency_runs=0)
-        timed = latency(model, small, x, 1 if args.quick else args.runs)
-        print(f"\ncompacted ({args.latency} + compensation, target {targets[0]:.0%}): "
-              f"{report.params_before:,} -> {report.params_after:,} parameters, MACs "
-              f"{report.macs_before:,} -> {report.macs_after:,} (32 tokens)")  # fmt: skip
-        print(f"CPU latency, 1 x 512 tokens, {args.threads} threads, dense vs compacted: "
-              f"{timed}")  # fmt: skip
-    if args.distill:
+    if args.distill and args.tables:
         student = kept[(args.distill_criterion, targets[-1])]
         prunekit.compact(student, example, latency_runs=0)
         before = perplexity(student, tests)
         steps, seconds = distill(student, model, first, args)
         after = perplexity(student, tests)
         closed = (before - after) / (before - dense) if before > dense else float("nan")
-        print(f"\ndistillation of {args.distill_criterion} + compensation at "
+        print(f"\ndistillation of {args.distill_criterion} ({args.distill_from}) at "
               f"{targets[-1]:.0%} (compacted): {steps} steps of {args.batch} x {args.length} "
               f"tokens of the calibration half in {seconds:.0f} s, lr {args.lr:g}, "
               f"temperature {args.temperature:g}")  # fmt: skip
