@@ -132,15 +132,17 @@ class Cached(prunekit.GroupCriterion):
         return repr(self.name)
 
 
-def shares(model: nn.Module, target: float) -> tuple[float, float, float]:
-    """(MLP share, heads share, non-embedding share removed) for `target`: one query head
-    per key/value group, the MLP share making up the rest."""
+def shares(model: nn.Module, target: float, heads: float = 1 / 3) -> tuple[float, float, float]:
+    """(MLP share, heads share, non-embedding share removed) for `target`: `heads` of the
+    query heads of every key/value group (rounded to whole heads), the MLP share making up
+    the rest."""
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
     per_head = 2 * c.hidden_size * head_dim  # its q_proj rows and o_proj columns
     per_channel = 3 * c.hidden_size  # gate and up rows, down column
-    heads = 1 / 3
-    removed_heads = c.num_key_value_heads * per_head
+    per_group = c.num_attention_heads // c.num_key_value_heads
+    heads = round(heads * per_group) / per_group
+    removed_heads = c.num_key_value_heads * round(heads * per_group) * per_head
     total = non_embedding(model)
     want = target * total / c.num_hidden_layers - removed_heads
     channels = max(0, round(want / per_channel))
@@ -176,7 +178,7 @@ def prune(
         budget = prunekit.Budget(params=target, kinds=kinds)
         found = prunekit.prune_channels(pruned, example, budget=budget, **common)
     else:
-        mlp, heads, _ = shares(model, target)
+        mlp, heads, _ = shares(model, target, args.heads)
         found = prunekit.prune_channels(pruned, example, mlp, heads=heads, **common)
     return pruned, found
 
@@ -283,6 +285,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--allocation", choices=("uniform", "budget"), default="uniform")
     parser.add_argument("--kinds", default="channels,heads", help="Budget kinds (budget only)")
     parser.add_argument("--round-to", type=int, default=1)
+    parser.add_argument("--heads", type=float, default=1 / 3, help="uniform: query heads share")
     parser.add_argument("--latency", default="", help="a criterion: time its compacted model")
     parser.add_argument("--runs", type=int, default=10, help="latency pairs")
     parser.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True)
@@ -335,8 +338,8 @@ def main() -> None:
     kept: dict[tuple[str, float], nn.Module] = {}
     for target in targets if args.tables else ():
         if args.allocation == "uniform":
-            mlp, heads, share = shares(model, target)
-            print(f"\ntarget {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (1 of 3 per kv "
+            mlp, heads, share = shares(model, target, args.heads)
+            print(f"\ntarget {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (of each kv "
                   f"group), {share:.1%} of the non-embedding parameters")  # fmt: skip
         else:
             print(f"\ntarget {target:.0%}: Budget(params={target}, kinds={args.kinds})")
