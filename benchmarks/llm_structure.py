@@ -303,9 +303,10 @@ def arguments() -> argparse.Namespace:
     args.names = ["l2"] + [n for n in names if n != "l2"]  # the baseline in every table
     listed = [n for n in args.compensated.split(",") if n and n != "none"]
     args.with_compensation = listed if args.compensated else args.names
-    for option in ("latency", "distill_criterion"):
-        if getattr(args, option) and getattr(args, option) not in args.names:
-            sys.exit(f"--{option.replace('_', '-')}: one of --criteria")
+    if args.latency and args.latency not in args.names:
+        sys.exit("--latency: one of --criteria")
+    if args.distill and args.distill_criterion not in args.names:
+        sys.exit("--distill-criterion: one of --criteria")
     compensated = args.distill_from == "compensated"
     if args.distill and compensated and args.distill_criterion not in args.with_compensation:
         sys.exit("--distill-criterion: one of --compensated (its compensated model learns)")
