@@ -250,14 +250,15 @@ def distill(
     student: nn.Module, teacher: nn.Module, ids: Tensor, args: argparse.Namespace
 ) -> tuple[int, float]:
     """Train `student` on `teacher`'s logits over random windows of `ids` for at most
-    --distill seconds; returns (steps, seconds)."""
+    --distill seconds (and --distill-steps steps, where given); returns (steps, seconds)."""
     distiller = prunekit.Distiller(teacher, temperature=args.temperature)
     trained = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(1)
     student.train()
     started, steps = time.perf_counter(), 0
-    while time.perf_counter() - started < args.distill:
+    limit = getattr(args, "distill_steps", 0) or math.inf
+    while time.perf_counter() - started < args.distill and steps < limit:
         starts = torch.randint(0, len(ids) - args.length, (args.batch,), generator=generator)
         x = torch.stack([ids[int(s) : int(s) + args.length] for s in starts])
         warm = min(1.0, (steps + 1) / 10)  # a short warm-up of the learning rate
@@ -291,6 +292,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--tables", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compensated", default="", help="criteria with compensation (all)")
     parser.add_argument("--distill", type=float, default=0.0, help="seconds of distillation")
+    parser.add_argument("--distill-steps", type=int, default=0, help="at most (0: no limit)")
     parser.add_argument("--distill-criterion", default="activation")
     parser.add_argument("--distill-from", choices=("compensated", "plain"), default="compensated")
     parser.add_argument("--lr", type=float, default=5e-5)
