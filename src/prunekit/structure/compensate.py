@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.errors import warn_caller
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.structure.graph import ChannelGroup, Slice
@@ -239,25 +240,69 @@ def compensate_groups(
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
     done: list[str] = []
+    short = Shortfall()
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
-                measure = functools.partial(cal.calibrate, model, batches)
+                measure = short.watch(functools.partial(cal.calibrate, model, batches))
                 if _measured_update(one, openings, measure):
                     done.append(names[id(one.module)])
+            short.warn(names)
             return done
         sequence, where = blocks
         inputs = cal.capture_block_inputs(model, sequence[0], batches)
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             for one in (c for c in found if where[id(c.module)] == index):
-                measure = functools.partial(cal.block_statistics, block, inputs)
+                measure = short.watch(functools.partial(cal.block_statistics, block, inputs))
                 if _measured_update(one, openings, measure):
                     done.append(names[id(one.module)])
             if index == last:
                 break
             inputs = cal.next_inputs(block, inputs)
+    short.warn(names)
     return done
+
+
+class Shortfall:
+    """The consumers whose statistics hold fewer rows (calibration tokens, positions) than
+    their input has features: their least-squares problem is underdetermined, and what the
+    update does there rests on the damping. ``warn`` warns once about all of them."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[nn.Module, int, int]] = []  # (module, rows, features)
+
+    def watch(
+        self, measure: Callable[..., cal.InputStatistics]
+    ) -> Callable[..., cal.InputStatistics]:
+        """`measure`, noting every measured module with fewer rows than features."""
+
+        def measured(modules: Sequence[nn.Module], **wanted: bool) -> cal.InputStatistics:
+            stats = measure(modules, **wanted)
+            for module in modules:
+                if stats.seen(module):
+                    rows, features = stats.rows(module), stats.hessian(module).shape[-1]
+                    if rows < features:
+                        self.found.append((module, rows, features))
+            return stats
+
+        return measured
+
+    def warn(self, names: dict[int, str]) -> None:
+        """One warning naming the first consumer found short and how many more were."""
+        if not self.found:
+            return
+        module, rows, features = self.found[0]
+        more = len(self.found) - 1
+        others = f" and {more} other consumer{'s' if more > 1 else ''}" if more else ""
+        most = max(features for _, _, features in self.found)
+        warn_caller(
+            f"prune_channels: compensate=True measured {rows} calibration rows (tokens or "
+            f"positions) for {names.get(id(module), type(module).__name__)}, whose input has "
+            f"{features} features{others}: fewer rows than features leave the least-squares "
+            "update underdetermined, resting on its damping; expected at least "
+            f"{most} rows: more or longer calibration batches"
+        )
 
 
 def _measured_update(
