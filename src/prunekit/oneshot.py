@@ -37,7 +37,7 @@ from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
 from prunekit.criteria.layers import calibrates
-from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
+from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.progress import Progress
@@ -480,16 +480,19 @@ def _prune_layers(
 ) -> None:
     for module, name in targets:
         _check_seen(stats, module, name)
-        if plan.method == "wanda":
-            prune.Pruning.apply(
-                module,
-                name,
-                plan.amount,
-                criterion=Wanda(_entry_norms(stats, module, name)),
-                pattern=_oriented(module, name, plan.pattern),
-            )
-        else:
-            _sparsegpt_layer(plan, module, name, stats.hessian(module))
+    if plan.method == "sparsegpt":
+        for shared in stats.sharing(targets):  # layers reading one input: one Hessian
+            _sparsegpt_layers(plan, shared, stats.hessian(shared[0][0]))
+            bar.advance(len(shared))
+        return
+    for module, name in targets:
+        prune.Pruning.apply(
+            module,
+            name,
+            plan.amount,
+            criterion=Wanda(_entry_norms(stats, module, name)),
+            pattern=_oriented(module, name, plan.pattern),
+        )
         bar.advance()
 
 
@@ -503,30 +506,34 @@ def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Te
     return layers.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
 
 
-def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
-    """SparseGPT on the layer's matrices (criteria.layers), one per group."""
-    where = _describe(module, name)
-    values = _values(module, name)
-    weights = layers.matrices(module, values)
+def _sparsegpt_layers(plan: Plan, targets: Sequence[Target], hessian: Tensor) -> None:
+    """SparseGPT on the layers' matrices (criteria.layers), one per group; layers that
+    read one input (`hessian` theirs) are swept together."""
+    values = [_values(module, name) for module, name in targets]
+    weights = [layers.matrices(m, v) for (m, _), v in zip(targets, values, strict=True)]
+    alives = [_alive(module, name) for module, name in targets]
+    lives = [
+        None if a is None else layers.matrices(m, a)
+        for (m, _), a in zip(targets, alives, strict=True)
+    ]
     hessians = hessian.reshape(-1, *hessian.shape[-2:])
-    alive = _alive(module, name)
-    lives = None if alive is None else layers.matrices(module, alive)
-    kept, updates = [], []
-    with naming(where):
-        for group in range(weights.shape[0]):
-            keep, updated = sparsegpt_prune(
-                weights[group],
-                hessians[group],
-                Amount(plan.amount, "SparseGPT"),
-                plan.pattern,
-                None if lives is None else lives[group],
-                plan.sparsegpt,
-            )
-            kept.append(keep)
-            updates.append(updated)
-    keep = layers.from_matrices(module, torch.stack(kept), values.shape)
-    updated = layers.from_matrices(module, torch.stack(updates), values.shape)
-    param = _parameter(module, name)
-    old = param.data
-    param.data = torch.where(keep, updated, old)  # pruned entries keep their values
-    prune.custom_from_mask(module, name, keep.to(dtype=old.dtype))
+    found: list[list[tuple[Tensor, Tensor]]] = [[] for _ in targets]
+    for group in range(hessians.shape[0]):
+        results = sparsegpt_prune_shared(
+            [w[group] for w in weights],
+            hessians[group],
+            Amount(plan.amount, "SparseGPT"),
+            plan.pattern,
+            [None if live is None else live[group] for live in lives],
+            plan.sparsegpt,
+            names=[_describe(module, name) for module, name in targets],
+        )
+        for each, result in zip(found, results, strict=True):
+            each.append(result)
+    for (module, name), value, each in zip(targets, values, found, strict=True):
+        keep = layers.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
+        updated = layers.from_matrices(module, torch.stack([u for _, u in each]), value.shape)
+        param = _parameter(module, name)
+        old = param.data
+        param.data = torch.where(keep, updated, old)  # pruned entries keep their values
+        prune.custom_from_mask(module, name, keep.to(dtype=old.dtype))
