@@ -43,9 +43,9 @@ def modifier(method: str, pattern: str, ignore: list[str]) -> Any:
     mask structure ('0:0': Wanda per output row, SparseGPT per block of columns)."""
     structure = "0:0" if pattern == "unstructured" else pattern
     if method == "wanda":
-        from llmcompressor.modifiers.pruning import WandaModifier
+        from llmcompressor.modifiers.pruning import WandaPruningModifier
 
-        return WandaModifier(sparsity=0.5, mask_structure=structure, ignore=ignore)
+        return WandaPruningModifier(sparsity=0.5, mask_structure=structure, ignore=ignore)
     from llmcompressor.modifiers.pruning import SparseGPTModifier
 
     return SparseGPTModifier(
