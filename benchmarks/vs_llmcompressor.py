@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import calibrated  # re-executes this script with the allocator setting measure() needs
-import llm_structure
 import torch
 from torch import nn
 
+import calibrated  # re-executes this script with the allocator setting measure() needs
+import llm_structure
 import prunekit
 
 HERE = Path(__file__).resolve().parent

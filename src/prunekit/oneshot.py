@@ -9,11 +9,11 @@ weight updates included. prunekit.prune_model is the front door; this is its eng
 Memory, sequential mode: the inputs of one block for all calibration batches (as the model
 computes them: batches x tokens x hidden), the statistics of that block's Linears only
 (Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
-input, shared by Linears reading the same tensor) and one layer's SparseGPT work (its
-weight and inverse Hessian factor in float32). SparseGPT keeps the previous values of the
-weights it changed until the call returns, to restore them if it fails. Taylor needs the
-whole model's backward: activations of one batch, plus a gradient and a running sum per
-pruned weight.
+input, shared by Linears reading the same tensor) and one such input's SparseGPT work
+(the weights reading it, stacked, and one inverse Hessian factor, in float32). SparseGPT
+keeps the previous values of the weights it changed until the call returns, to restore
+them if it fails. Taylor needs the whole model's backward: activations of one batch, plus
+a gradient and a running sum per pruned weight.
 """
 
 from __future__ import annotations
