@@ -216,11 +216,8 @@ def _sweep_block(
                     end = min(i + group, width)
                     saliency = (current[i:end] ** 2 / scale[i:end]).T.masked_fill(quiet[i:end], 0)
                     part = None if competing is None else competing[:, i:end]
-                    dropped = choose(saliency, part, start + i)
-                    chosen[:, i:end] = dropped
-                    if part is not None:
-                        dropped = dropped | ~part
-                    torch.div(dropped.T, diagonal[i:end].unsqueeze(1), out=share[i:end])
+                    chosen[:, i:end] = choose(saliency, part, start + i)
+                    _shares(chosen[:, i:end], part, diagonal[i:end], share[i:end])
                 torch.mul(current[i], share[i], out=errors[i])
                 if i + 1 < b:
                     current[i + 1 : b].addr_(factor[i, i + 1 : b], errors[i], alpha=-1)
@@ -229,6 +226,13 @@ def _sweep_block(
     current.masked_fill_(share != 0, 0)
     w[:, start:stop] = current.T
     w[:, stop:].addmm_(errors.T, upper[start:stop, stop:], alpha=-1)
+
+
+def _shares(chosen: Tensor, alive: Tensor | None, diagonal: Tensor, out: Tensor) -> None:
+    """Into `out` (columns, rows): 1 / U_jj for the entries dropped at column j (chosen
+    now, or no longer alive), else 0."""
+    dropped = chosen if alive is None else chosen | ~alive
+    torch.div(dropped.T, diagonal.unsqueeze(1), out=out)
 
 
 @contextmanager
