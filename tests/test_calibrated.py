@@ -83,6 +83,48 @@ def test_linears_reading_one_input_share_statistics() -> None:
     assert stats.hessian(q) is stats.hessian(k)
 
 
+def test_targets_are_grouped_by_the_input_they_read() -> None:
+    q, k, v, o = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2), nn.Linear(4, 4)
+    with cal.InputStatistics([q, k, v, o], norms=False, hessian=True) as stats:
+        stats.new_batch()
+        x = torch.randn(3, 4)
+        q(x), o(x + 1), k(x), v(x)
+    targets = [(q, "weight"), (o, "weight"), (k, "weight"), (v, "weight")]
+    assert stats.sharing(targets) == [
+        [(q, "weight"), (k, "weight"), (v, "weight")],
+        [(o, "weight")],
+    ]
+
+
+class Attention(nn.Module):
+    """Query, key and value read one input (one Hessian for SparseGPT)."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q(x) * self.k(x) + self.v(x)
+
+
+def test_sparsegpt_on_layers_sharing_an_input_is_sparsegpt_on_each() -> None:
+    from prunekit.core.amount import Amount
+    from prunekit.criteria.sparsegpt import sparsegpt_prune
+
+    torch.manual_seed(0)
+    model = Attention()
+    dense = {name: m.weight.detach().clone() for name, m in model.named_children()}
+    batches = [torch.randn(5, 8) for _ in range(3)]
+    x = torch.cat(batches)
+    prune.prune_model(model, 0.5, method="sparsegpt", calibration=batches, pattern="2:4")
+    for name, layer in model.named_children():
+        keep, updated = sparsegpt_prune(
+            dense[name], x.T @ x / len(x), Amount(0.5, "t"), prune.NM(2, 4)
+        )
+        assert torch.equal(layer.weight_mask.bool(), keep)
+        assert torch.allclose(layer.weight, updated, atol=1e-5)
+
+
 def test_a_shared_input_counts_once_in_the_first_batch_too() -> None:
     q, k, alone = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)
     x1, x2 = torch.tensor([[3.0, 0.0]]), torch.tensor([[0.0, 4.0]])

@@ -10,7 +10,7 @@ import torch
 
 import prunekit as prune
 from prunekit.core.amount import Amount
-from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune
+from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune, sparsegpt_prune_shared
 
 
 def plain_sparsegpt(
@@ -163,3 +163,37 @@ def test_inputs_whose_squares_overflow_float32_are_named_so() -> None:
         prune.prune_model(model, 0.5, method="sparsegpt", calibration=batches)
     assert torch.equal(model[0].weight, before)
     assert not prune.is_pruned(model)
+
+
+@pytest.mark.parametrize("kind", ["unstructured", "row", "2:4"])
+def test_weights_sharing_a_hessian_are_pruned_as_each_alone(kind: str) -> None:
+    """Query, key and value (or gate and up) swept once with one factor: each keeps the
+    masks and updates it gets alone, its own counts included."""
+    generator = torch.Generator().manual_seed(1)
+    weights = [
+        torch.randn(rows, 24, generator=generator, dtype=torch.float64) for rows in (6, 3, 5)
+    ]
+    alives = [None, torch.rand(3, 24, generator=generator) > 0.3, None]
+    h = hessian(24, seed=2)
+    settings = SparseGPT(blocksize=8)
+    together = sparsegpt_prune_shared(
+        weights, h, Amount(0.5, "t"), PATTERNS[kind], alives, settings
+    )
+    for weight, alive, (keep, updated) in zip(weights, alives, together, strict=True):
+        alone_keep, alone = sparsegpt_prune(
+            weight, h, Amount(0.5, "t"), PATTERNS[kind], alive, settings
+        )
+        assert torch.equal(keep, alone_keep)
+        assert torch.allclose(updated, alone, atol=1e-12, rtol=1e-12)
+
+
+def test_a_shared_sweep_names_the_weight_an_amount_does_not_fit() -> None:
+    weights = [torch.randn(4, 8), torch.randn(2, 8)]
+    with pytest.raises(ValueError, match=r"layers.1.k_proj.*amount=20"):
+        sparsegpt_prune_shared(
+            weights,
+            hessian(8).float(),
+            Amount(20, "t"),  # 20 of q's 32 entries, but k has 16
+            prune.Unstructured(),
+            names=["layers.1.q_proj", "layers.1.k_proj"],
+        )

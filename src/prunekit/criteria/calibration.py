@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +42,8 @@ __all__ = [
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 """The positional and keyword arguments one block was called with, for one batch."""
+
+T = TypeVar("T", bound=tuple[Any, ...])
 
 _CACHES = ("past_key_value", "past_key_values", "layer_past")
 
@@ -236,6 +238,15 @@ class InputStatistics:
         acc = self._of[module]
         assert acc.sums is not None
         return acc.sums / max(acc.rows, 1)
+
+    def sharing(self, targets: Sequence[T]) -> list[list[T]]:
+        """`targets` ((module, name) pairs, or anything whose first item is a module seen
+        here) grouped by the input they read: one group per statistic, in the order of
+        their first member (query, key and value together; gate and up)."""
+        groups: dict[int, list[T]] = {}
+        for target in targets:
+            groups.setdefault(id(self._of[target[0]]), []).append(target)
+        return list(groups.values())
 
     def rows(self, module: nn.Module) -> int:
         """How many rows (tokens, pixels) of `module`'s input the statistics hold."""

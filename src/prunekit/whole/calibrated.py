@@ -5,9 +5,10 @@ block by block or in one pass.
 Memory, sequential mode: the inputs of one block for all calibration batches (as the model
 computes them: batches x tokens x hidden), the statistics of that block's Linears only
 (Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
-input, shared by Linears reading the same tensor) and one layer's SparseGPT work (its
-weight and inverse Hessian factor in float32). Taylor needs the whole model's backward:
-activations of one batch, plus a gradient and a running sum per pruned weight.
+input, shared by Linears reading the same tensor) and one such input's SparseGPT work
+(the weights reading it, stacked, and one inverse Hessian factor, in float32). Taylor needs
+the whole model's backward: activations of one batch, plus a gradient and a running sum per
+pruned weight.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
-from prunekit.core.errors import naming, value_error
+from prunekit.core.errors import value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
-from prunekit.criteria.sparsegpt import sparsegpt_prune
+from prunekit.criteria.sparsegpt import sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.functional import custom_from_mask, global_unstructured
@@ -201,16 +202,19 @@ def _prune_layers(
 ) -> None:
     for module, name in targets:
         _check_seen(plan, stats, module, name)
-        if plan.method == "wanda":
-            Pruning.apply(
-                module,
-                name,
-                plan.amount,
-                criterion=Wanda(_entry_norms(stats, module, name)),
-                pattern=oriented(module, name, plan.pattern),
-            )
-        else:
-            _sparsegpt_layer(plan, module, name, stats.hessian(module))
+    if plan.method == "sparsegpt":
+        for shared in stats.sharing(targets):  # layers reading one input: one Hessian
+            _sparsegpt_layers(plan, shared, stats.hessian(shared[0][0]))
+            bar.advance(len(shared))
+        return
+    for module, name in targets:
+        Pruning.apply(
+            module,
+            name,
+            plan.amount,
+            criterion=Wanda(_entry_norms(stats, module, name)),
+            pattern=oriented(module, name, plan.pattern),
+        )
         bar.advance()
 
 
@@ -224,31 +228,33 @@ def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Te
     return layers.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
 
 
-def _sparsegpt_layer(plan: Plan, module: nn.Module, name: str, hessian: Tensor) -> None:
-    """SparseGPT on the layer's matrices (criteria.layers), one per group."""
-    where = plan.describe(module, name)
-    values = current_values(module, name)
-    weights = layers.matrices(module, values)
+def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor) -> None:
+    """SparseGPT on the layers' matrices (criteria.layers), one per group; layers that
+    read one input (`hessian` theirs) are swept together."""
+    values = [current_values(module, name) for module, name in targets]
+    weights = [layers.matrices(m, v) for (m, _), v in zip(targets, values, strict=True)]
+    lives = [
+        None if a is None else layers.matrices(m, a)
+        for (m, _), a in zip(targets, (alive(m, n) for m, n in targets), strict=True)
+    ]
     hessians = hessian.reshape(-1, *hessian.shape[-2:])
-    lives = alive(module, name)
-    if lives is not None:
-        lives = layers.matrices(module, lives)
-    kept, updates = [], []
-    with naming(where):
-        for group in range(weights.shape[0]):
-            keep, updated = sparsegpt_prune(
-                weights[group],
-                hessians[group],
-                Amount(plan.amount, "SparseGPT"),
-                plan.pattern,
-                None if lives is None else lives[group],
-                plan.sparsegpt,
-            )
-            kept.append(keep)
-            updates.append(updated)
-    keep = layers.from_matrices(module, torch.stack(kept), values.shape)
-    updated = layers.from_matrices(module, torch.stack(updates), values.shape)
-    param = parameter(module, name)
-    old = param.data
-    param.data = torch.where(keep, updated, old)  # pruned entries keep their values
-    custom_from_mask(module, name, keep.to(dtype=old.dtype))
+    found: list[list[tuple[Tensor, Tensor]]] = [[] for _ in targets]
+    for group in range(hessians.shape[0]):
+        results = sparsegpt_prune_shared(
+            [w[group] for w in weights],
+            hessians[group],
+            Amount(plan.amount, "SparseGPT"),
+            plan.pattern,
+            [None if live is None else live[group] for live in lives],
+            plan.sparsegpt,
+            names=[plan.describe(module, name) for module, name in targets],
+        )
+        for each, result in zip(found, results, strict=True):
+            each.append(result)
+    for (module, name), value, each in zip(targets, values, found, strict=True):
+        keep = layers.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
+        updated = layers.from_matrices(module, torch.stack([u for _, u in each]), value.shape)
+        param = parameter(module, name)
+        old = param.data
+        param.data = torch.where(keep, updated, old)  # pruned entries keep their values
+        custom_from_mask(module, name, keep.to(dtype=old.dtype))
