@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
+from prunekit.criteria import layers
 from prunekit.structure.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
@@ -130,24 +131,31 @@ class _Consumer:
 
 
 def _compensable(s: Slice) -> bool:
-    """A weight that maps each input position's features linearly: a Linear or HF Conv1D
-    (2-D), or a pointwise convolution (kernel 1, stride 1, no padding, one group), which is
-    a Linear over the channels at every position."""
+    """A weight that maps its input linearly: a Linear or HF Conv1D (2-D), or a convolution
+    read along its input channels (any kernel, stride, padding or grouping; see
+    ``_by_patches``)."""
     weight = getattr(s.module, s.name, None)
     if s.role != "in" or s.name != "weight" or not isinstance(weight, Tensor):
         return False
     if isinstance(s.module, nn.modules.conv._ConvNd):
-        conv = s.module
-        return (
-            not conv.transposed
-            and s.dim == 1
-            and conv.groups == 1
-            and all(k == 1 for k in conv.kernel_size)
-            and all(k == 1 for k in conv.stride)
-            and (isinstance(conv.padding, str) or not any(conv.padding))
-        )
+        return not s.module.transposed and s.dim == 1
     return weight.dim() == 2 and (
         isinstance(s.module, nn.Linear) or type(s.module).__name__ == "Conv1D"
+    )
+
+
+def _by_patches(module: nn.Module) -> bool:
+    """Whether `module` is a convolution other than a pointwise one (kernel 1, stride 1, no
+    padding, one group: a Linear over the channels at every position), so that its input
+    is seen as patches (``prunekit.criteria.layers``): one matrix per group of channels,
+    whose columns are (kernel position, input channel) pairs."""
+    if not isinstance(module, nn.modules.conv._ConvNd):
+        return False
+    return not (
+        module.groups == 1
+        and all(k == 1 for k in module.kernel_size)
+        and all(k == 1 for k in module.stride)
+        and (isinstance(module.padding, str) or not any(module.padding))
     )
 
 
@@ -265,11 +273,14 @@ def _measured_update(
 ) -> bool:
     """Take `one`'s input statistics through `measure(modules, **wanted)` with its groups'
     producers opened, then update it (see ``_update``)."""
+    patches = _by_patches(one.module)
     opened = openings.open(one.groups)
     try:
-        stats = measure([one.module], norms=False, hessian=True, means=True)
+        stats = measure([one.module], norms=False, hessian=True, means=True, patches=patches)
     finally:
         openings.close(opened)
+    if patches:
+        return _update_patches(one, stats, openings)
     return _update(one, stats, openings)
 
 
@@ -299,6 +310,46 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
         target[:, kept] += delta.to(target.dtype)
         if bias is not None and shift is not None:
             bias.add_(shift.to(bias.dtype))
+    return True
+
+
+def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
+    """The least-squares update of a convolution read as patches (``_by_patches``): in each
+    group of channels, an input channel that goes removes its column at every kernel
+    position, and the kept columns (with the bias, shared by the group's outputs) are
+    refitted on that group's own input patches. The indices of a grouped convolution's
+    slice are its channels within a group; the same ones go in every group."""
+    conv = one.module
+    if not stats.seen(conv):
+        return False
+    groups, columns = layers.width(conv)
+    hessians = stats.hessian(conv).reshape(groups, columns, columns)
+    means = stats.means(conv).reshape(groups, columns)
+    weight = openings.weight(conv, one.name)
+    rows = layers.matrices(conv, weight)  # (groups, outputs per group, columns)
+    mask = getattr(conv, mask_name(one.name), None)
+    alive = (
+        torch.ones(groups, columns, dtype=torch.bool)
+        if not isinstance(mask, Tensor)
+        else layers.matrices(conv, mask).ne(0).any(1)
+    )
+    per = weight.shape[1]  # input channels per group: a column is position x per + channel
+    gone = {p * per + c for p in range(columns // per) for c in one.removed}
+    bias = conv._parameters.get(orig_name("bias"), conv._parameters.get("bias"))
+    change = torch.zeros_like(rows)
+    shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
+    for g in range(groups):
+        kept = [c for c in range(columns) if bool(alive[g, c]) and c not in gone]
+        mean = means[g] if bias is not None else None
+        delta, shift = least_squares_update(rows[g], hessians[g], sorted(gone), kept, mean, DAMP)
+        change[g][:, kept] = delta
+        if shift is not None:
+            shifts[g] = shift
+    stored = _stored(conv, one.name)
+    with torch.no_grad():
+        stored.add_(layers.from_matrices(conv, change, stored.shape).to(stored.dtype))
+        if bias is not None:
+            bias.add_(shifts.reshape(-1).to(bias.dtype))
     return True
 
 

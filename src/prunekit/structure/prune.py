@@ -6,6 +6,7 @@ the model trains, reports, saves and unprunes as any pruned model; ``compact`` r
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import math
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from prunekit.structure.experts import check_expert_counts, install_router_mask
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
+from prunekit.structure.refit import refit_groups
 
 
 def prune_channels(
@@ -42,7 +44,7 @@ def prune_channels(
     calibration: Iterable[Any] | None = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
     budget: Budget | None = None,
-    compensate: bool = False,
+    compensate: bool | str = False,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -73,8 +75,12 @@ def prune_channels(
     what each group kept. `compensate=True`: the layers that read removed channels or
     heads get the least-squares update of their kept input columns (and bias) that keeps
     their output on the `calibration` batches (needed then), taken in forward order on the
-    model as masked so far (``prunekit.structure.compensate``); 'obs' and 'fluctuation'
-    rank by the error that removal leaves. Returns the groups pruned.
+    model as masked so far (``prunekit.structure.compensate``); `compensate='reference'`:
+    the same layers are refitted towards the outputs they had in the model as it was before
+    the call, from their inputs in the model as pruned so far, which also corrects the error
+    the layers before them left (``prunekit.structure.refit``; it holds a copy of the model
+    while it runs, and suits deep CNNs). 'obs' and 'fluctuation' rank by the error that
+    removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
@@ -109,21 +115,28 @@ def prune_channels(
             chosen += found_now
         pairs = [(p.group, p.units) for p in chosen]
         openings = None
+        reference = None
         if batches is not None:
             recorded.keep(written(pairs))  # compensation updates them in place
             openings = Openings(model, pairs)
+            if compensate == "reference":
+                reference = copy.deepcopy(model)
         _install(model, chosen)
         if openings is not None and batches is not None:
-            compensate_groups(model, pairs, openings, batches)
+            if reference is not None:
+                refit_groups(model, reference, pairs, openings, batches)
+            else:
+                compensate_groups(model, pairs, openings, batches)
     return chosen
 
 
 def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None:
     """The calibration batches as a list when `compensate` (which needs them), else None."""
-    if not isinstance(compensate, bool):
-        raise TypeError(
+    if not (isinstance(compensate, bool) or compensate == "reference"):
+        raise (ValueError if isinstance(compensate, str) else TypeError)(
             f"prune_channels: invalid compensate={compensate!r}; expected True (update the "
-            "layers that read removed units from calibration data) or False"
+            "layers that read removed units from calibration data), 'reference' (the same, "
+            "towards the outputs of the model as it was before the call) or False"
         )
     if not compensate:
         return None
