@@ -222,10 +222,16 @@ def test_a_criterion_of_ones_own_with_compensation() -> None:
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"compensate": "yes", "calibration": batches()}, TypeError, r"invalid compensate='yes'"),
+        ({"compensate": "yes", "calibration": batches()}, ValueError,
+         r"invalid compensate='yes'; expected True .*'reference'"),
+        ({"compensate": "reference"}, ValueError, r"compensate='reference' needs calibration"),
+        ({"compensate": "reference", "calibration": [torch.randn(2, 5)]}, ValueError,
+         "cannot take batch 0"),
         ({"compensate": 1, "calibration": batches()}, TypeError, r"invalid compensate=1"),
         ({"compensate": True}, ValueError, r"compensate=True needs calibration data"),
         ({"compensate": True, "calibration": []}, ValueError, "holds no batch"),
+        ({"compensate": True, "calibration": [torch.randn(2, 5)]}, ValueError,
+         "cannot take batch 0"),
         ({"compensate": True, "calibration": torch.randn(2, 6)}, TypeError,
          "invalid calibration of type Tensor"),
         ({"compensate": True, "calibration": [torch.randn(2, 6), torch.randn(2, 5)]},
@@ -399,16 +405,17 @@ def small_cnn(seed: int) -> nn.Module:
 @given(
     amount=st.floats(0.1, 0.7),
     criterion=st.sampled_from(["l2", "activation", "obs", "fluctuation"]),
+    how=st.sampled_from([True, "reference"]),
     seed=st.integers(0, 1000),
 )
 def test_a_cnn_with_depthwise_blocks_compacts_exactly_after_compensation(
-    amount: float, criterion: str, seed: int
+    amount: float, criterion: str, how: bool | str, seed: int
 ) -> None:
     model = small_cnn(seed)
     g = torch.Generator().manual_seed(seed)
     calibration = [torch.randn(2, 3, 12, 12, generator=g) for _ in range(3)]
     prunekit.prune_channels(model, calibration[0], amount, criterion=criterion,
-                            calibration=calibration, compensate=True)  # fmt: skip
+                            calibration=calibration, compensate=how)  # fmt: skip
     with torch.no_grad():
         masked = model(calibration[1])
     report = prunekit.compact(model, calibration[0], latency_runs=0)  # raises if not exact
@@ -423,13 +430,32 @@ def test_compensation_through_depthwise_blocks_brings_the_output_closer() -> Non
     calibration = [torch.randn(4, 3, 12, 12, generator=g) for _ in range(3)]
     test = torch.randn(8, 3, 12, 12, generator=g)
     errors = []
-    for compensate in (False, True):
+    for compensate in (False, True, "reference"):
         model = copy.deepcopy(dense)
         prunekit.prune_channels(model, calibration[0], 0.3, criterion="activation",
                                 calibration=calibration, compensate=compensate)  # fmt: skip
         with torch.no_grad():
             errors.append(float((model(test) - dense(test)).square().mean()))
     assert errors[1] < 0.7 * errors[0]
+    assert errors[2] < 0.7 * errors[1]  # the refit corrects what earlier layers left too
+
+
+def test_a_failed_reference_refit_leaves_every_layer_as_it_was() -> None:
+    model = small_cnn(1)
+    calibration = [torch.randn(2, 3, 12, 12) for _ in range(3)]
+    calls = [0]
+
+    def fail_late(module: nn.Module, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] > 12:  # after several layers were refitted
+            raise RuntimeError("stop")
+
+    model[-1].register_forward_pre_hook(fail_late)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="cannot take batch"):
+        prunekit.prune_channels(model, calibration[0], 0.3, calibration=calibration,
+                                compensate="reference")  # fmt: skip
+    assert fingerprint(model) == before
 
 
 @pytest.mark.parametrize("bias", [True, False])

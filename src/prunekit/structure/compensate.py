@@ -363,7 +363,10 @@ def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -
     handles = [m.register_forward_pre_hook(hook) for m in modules]
     try:
         with cal.evaluating(model), torch.no_grad():
-            cal.run_batch(model, batch)
+            try:
+                cal.run_batch(model, batch)
+            except Exception as error:
+                raise cal._batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
     finally:
         for handle in handles:
             handle.remove()

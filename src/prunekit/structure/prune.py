@@ -26,6 +26,7 @@ from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, ch
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.refit import refit_groups
+from prunekit.structure.refit import written as refitted
 
 
 def prune_channels(
@@ -76,11 +77,12 @@ def prune_channels(
     heads get the least-squares update of their kept input columns (and bias) that keeps
     their output on the `calibration` batches (needed then), taken in forward order on the
     model as masked so far (``prunekit.structure.compensate``); `compensate='reference'`:
-    the same layers are refitted towards the outputs they had in the model as it was before
-    the call, from their inputs in the model as pruned so far, which also corrects the error
-    the layers before them left (``prunekit.structure.refit``; it holds a copy of the model
-    while it runs, and suits deep CNNs). 'obs' and 'fluctuation' rank by the error that
-    removal leaves. Returns the groups pruned.
+    those layers and every Linear or convolution that runs after the first of them are
+    refitted towards the outputs they had in the model as it was before the call, from their
+    inputs in the model as pruned so far, which also corrects the error that the layers
+    before them left (``prunekit.structure.refit``; it holds a copy of the model while it
+    runs, and runs the model up to each layer for each batch: meant for CNNs). 'obs' and
+    'fluctuation' rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
@@ -117,10 +119,12 @@ def prune_channels(
         openings = None
         reference = None
         if batches is not None:
-            recorded.keep(written(pairs))  # compensation updates them in place
-            openings = Openings(model, pairs)
             if compensate == "reference":
+                recorded.keep(refitted(model))  # the refit updates them in place
                 reference = copy.deepcopy(model)
+            else:
+                recorded.keep(written(pairs))  # compensation updates them in place
+            openings = Openings(model, pairs)
         _install(model, chosen)
         if openings is not None and batches is not None:
             if reference is not None:
@@ -142,8 +146,8 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
         return None
     if calibration is None:
         raise ValueError(
-            "prune_channels: compensate=True needs calibration data; expected calibration= "
-            "an iterable of batches the model's forward takes"
+            f"prune_channels: compensate={compensate!r} needs calibration data; expected "
+            "calibration= an iterable of batches the model's forward takes"
         )
     return batch_list(calibration, "prune_channels")
 
