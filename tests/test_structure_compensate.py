@@ -401,7 +401,7 @@ def small_cnn(seed: int) -> nn.Module:
     return model.eval()
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(
     amount=st.floats(0.1, 0.7),
     criterion=st.sampled_from(["l2", "activation", "obs", "fluctuation"]),
@@ -447,7 +447,7 @@ def test_a_failed_reference_refit_leaves_every_layer_as_it_was() -> None:
 
     def fail_late(module: nn.Module, args: Any) -> None:
         calls[0] += 1
-        if calls[0] > 12:  # after several layers were refitted
+        if calls[0] > 2:  # the traced and the ordering forwards pass; the last refit fails
             raise RuntimeError("stop")
 
     model[-1].register_forward_pre_hook(fail_late)

@@ -9,7 +9,12 @@ update of the kept columns from the input's second moment H = mean of x x^T is
 which is also the structured optimal-brain-surgeon update for removing whole columns (the
 Hessian of the layer's squared error is H). A consumer with a bias solves the same problem
 with a constant input column added (the mean of x beside H): the bias then absorbs the mean
-contribution of what went, and the columns fit what varies. A consumer without a bias keeps
+contribution of what went, and the columns fit what varies. A convolution other than a
+pointwise one is read as patches (``prunekit.criteria.layers``): per group of channels, x is
+what one output position reads, a removed channel takes its column at every kernel position
+with it, and H (kernel positions x channels per group, squared) is that group's. A
+depthwise convolution is never a consumer: its channels go with those it reads, and the
+pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped by ``DAMP`` x the mean of the diagonal, through a Cholesky factor.
 
@@ -20,7 +25,7 @@ opened (their masks lifted) so that the removed inputs are still there to be mea
 the consumers and their groups lie in one sequence of blocks (a transformer's layers), the
 model runs once up to the first block and then block by block; else the whole model runs
 once per consumer. Peak memory beyond the model: one consumer's H (float32, and a float64
-copy during the solve), the blocks' inputs for every batch, and a copy of each compensated
+copy during the solve; per group of a grouped convolution), the blocks' inputs for every batch, and a copy of each compensated
 weight (taken by the caller's transaction, ``written`` says which, to undo a failed call).
 """
 
