@@ -25,8 +25,9 @@ opened (their masks lifted) so that the removed inputs are still there to be mea
 the consumers and their groups lie in one sequence of blocks (a transformer's layers), the
 model runs once up to the first block and then block by block; else the whole model runs
 once per consumer. Peak memory beyond the model: one consumer's H (float32, and a float64
-copy during the solve; per group of a grouped convolution), the blocks' inputs for every batch, and a copy of each compensated
-weight (taken by the caller's transaction, ``written`` says which, to undo a failed call).
+copy during the solve; one per group of a grouped convolution), the blocks' inputs for every
+batch, and a copy of each compensated weight (taken by the caller's transaction,
+``written`` says which, to undo a failed call).
 """
 
 from __future__ import annotations
