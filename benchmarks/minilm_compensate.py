@@ -4,7 +4,11 @@ the parameters. Calibration: 8 windows of 128 tokens from the first half of
 pydoc_data.topics; metric: mean sentence-embedding cosine to the dense model over paragraphs
 of the second half. No fine-tuning, one thread.
 
-    python benchmarks/minilm_compensate.py [paragraphs] [criteria] [calibration windows]
+    python benchmarks/minilm_compensate.py [paragraphs] [criteria] [calibration windows] [damp]
+
+`damp`: the damping of the solve relative to the mean diagonal of the Hessian (default:
+``prunekit.structure.compensate.DAMP``); `criteria` may name 'reference' modes as
+``activation:reference`` (compensate='reference' in the '+comp.' columns).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 import prunekit
 from budget_minilm import _removed, cosine
 from minilm_structure import encoded, halves, load, windows
+from prunekit.structure import compensate as compensation
 
 
 def main() -> None:
@@ -27,24 +32,27 @@ def main() -> None:
     dense, tokenizer = load()
     first, second = halves()
     count_windows = int(sys.argv[3]) if len(sys.argv) > 3 else 8
+    if len(sys.argv) > 4:
+        compensation.DAMP = float(sys.argv[4])
     calibration = windows(tokenizer, first, count_windows, 128)
     test = encoded(tokenizer, second[:count], 16, 128)
     example = calibration[0]
     share = 0.25
     print(f"all-MiniLM-L6-v2, heads -25 % and MLP -25 %, {count_windows} calibration windows, "
-          f"cosine to dense over {count} paragraphs")  # fmt: skip
+          f"cosine to dense over {count} paragraphs, damping {compensation.DAMP}")  # fmt: skip
     print(f"{'criterion':<12} {'uniform':>8} {'+comp.':>8} {'budget':>8} {'+comp.':>8}")
     probe = prunekit.Budget(params=0.01)
     probe = prunekit.prune_channels(copy.deepcopy(dense), example, budget=probe)
     assert isinstance(probe, prunekit.BudgetReport)
-    for criterion in criteria:
+    for name in criteria:
+        criterion, _, mode = name.partition(":")
         row = []
         for budgeted in (False, True):
             for compensate in (False, True):
                 model = copy.deepcopy(dense)
                 data = calibration if compensate or criterion != "l2" else None
-                common: dict = {"criterion": criterion, "calibration": data,
-                                "compensate": compensate}  # fmt: skip
+                how = (mode or True) if compensate else False
+                common: dict = {"criterion": criterion, "calibration": data, "compensate": how}
                 if budgeted:
                     uniform = prunekit.prune_channels(copy.deepcopy(dense), example, share,
                                                       heads=share)  # fmt: skip
@@ -53,7 +61,7 @@ def main() -> None:
                 else:
                     prunekit.prune_channels(model, example, share, heads=share, **common)
                 row.append(cosine(dense, model, test))
-        print(f"{criterion:<12} " + " ".join(f"{c:>8.4f}" for c in row), flush=True)
+        print(f"{name:<12} " + " ".join(f"{c:>8.4f}" for c in row), flush=True)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 import prunekit
 from model_state import fingerprint
 from prunekit.structure import compensate as compensation
 from prunekit.structure.compensate import least_squares_update
 from prunekit.structure.consequence import Fluctuation, obs_errors
+from prunekit.structure.refit import refit_update
 
 
 def data(rows: int, features: int, seed: int) -> Tensor:
@@ -220,10 +222,16 @@ def test_a_criterion_of_ones_own_with_compensation() -> None:
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"compensate": "yes", "calibration": batches()}, TypeError, r"invalid compensate='yes'"),
+        ({"compensate": "yes", "calibration": batches()}, ValueError,
+         r"invalid compensate='yes'; expected True .*'reference'"),
+        ({"compensate": "reference"}, ValueError, r"compensate='reference' needs calibration"),
+        ({"compensate": "reference", "calibration": [torch.randn(2, 5)]}, ValueError,
+         "cannot take batch 0"),
         ({"compensate": 1, "calibration": batches()}, TypeError, r"invalid compensate=1"),
         ({"compensate": True}, ValueError, r"compensate=True needs calibration data"),
         ({"compensate": True, "calibration": []}, ValueError, "holds no batch"),
+        ({"compensate": True, "calibration": [torch.randn(2, 5)]}, ValueError,
+         "cannot take batch 0"),
         ({"compensate": True, "calibration": torch.randn(2, 6)}, TypeError,
          "invalid calibration of type Tensor"),
         ({"compensate": True, "calibration": [torch.randn(2, 6), torch.randn(2, 5)]},
@@ -292,10 +300,190 @@ def test_a_pointwise_convolution_is_compensated_as_a_linear_over_positions(bias:
         torch.testing.assert_close(compacted(x), fixed(x), rtol=1e-4, atol=1e-5)
 
 
-def test_a_convolution_with_a_spatial_kernel_is_left_as_it_was() -> None:
+def _fitted_by_patches(
+    hidden: Tensor, target: Tensor, conv: nn.Conv2d, kept: list[int], bias: bool
+) -> float:
+    """The smallest mean squared error with which the conv's output can be reproduced from
+    its input's kept channels: an exact least-squares fit per group of channels, on patches
+    cut by F.unfold (every kernel position of a kept channel, a constant column for the
+    bias)."""
+    per, out = conv.in_channels // conv.groups, conv.out_channels // conv.groups
+    patches = F.unfold(hidden, conv.kernel_size, padding=conv.padding, stride=conv.stride)
+    patches = patches.reshape(len(hidden), conv.in_channels, -1, patches.shape[-1])
+    wanted = target.flatten(2).double()  # (batch, outputs, positions)
+    total = 0.0
+    for g in range(conv.groups):
+        mine = patches[:, [g * per + c for c in kept]]  # (batch, kept, kernel, positions)
+        design = (
+            mine.reshape(len(hidden), -1, mine.shape[-1])
+            .transpose(1, 2)
+            .reshape(-1, len(kept) * mine.shape[2])
+        )
+        if bias:
+            design = torch.cat([design, torch.ones(len(design), 1)], 1)
+        rows = wanted[:, g * out : (g + 1) * out].transpose(1, 2).reshape(-1, out)
+        fit = torch.linalg.lstsq(design.double(), rows).solution
+        total += float((design.double() @ fit - rows).square().sum())
+    return total / wanted.numel()
+
+
+@pytest.mark.parametrize(
+    ("kernel", "stride", "groups", "bias"),
+    [(3, 1, 1, True), (3, 2, 1, False), (3, 1, 3, True), (1, 1, 3, False), (2, 2, 1, True)],
+)
+def test_a_convolution_read_as_patches_gets_the_exact_least_squares_fit(
+    kernel: int, stride: int, groups: int, bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compensation, "DAMP", 1e-7)  # the exact fit, up to rounding
     torch.manual_seed(0)
-    dense = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 3))
-    calibration = [torch.randn(2, 3, 5, 5) for _ in range(2)]
-    model = copy.deepcopy(dense)
-    prunekit.prune_channels(model, calibration[0], 0.5, calibration=calibration, compensate=True)
-    torch.testing.assert_close(model[2].weight_orig, dense[2].weight)
+    consumer = nn.Conv2d(12, 6, kernel, stride=stride, padding=kernel // 2, groups=groups,
+                         bias=bias)  # fmt: skip
+    dense = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.ReLU(), consumer)
+    mixing = torch.randn(3, 3)
+    calibration = [torch.einsum("bchw,cd->bdhw", torch.randn(4, 3, 7, 7), mixing) + 0.3
+                   for _ in range(4)]  # fmt: skip
+    plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
+    for model, compensate in ((plain, False), (fixed, True)):
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=compensate)  # fmt: skip
+    x = torch.cat(calibration)
+    with torch.no_grad():
+        target, hidden = dense(x), dense[1](dense[0](x))
+        errors = [float((m(x) - target).square().mean()) for m in (plain, fixed)]
+    alive = plain[2].weight_mask[0, :, 0, 0]  # the channels kept within each group
+    kept = alive.nonzero().flatten().tolist()
+    assert 0 < len(kept) < 12 // groups
+    torch.testing.assert_close(plain[2].weight_mask, fixed[2].weight_mask)  # same units
+    best = _fitted_by_patches(hidden, target, consumer, kept, bias)
+    assert errors[1] == pytest.approx(best, rel=0.02, abs=1e-7)
+    assert errors[1] < 0.9 * errors[0]
+    compacted = copy.deepcopy(fixed)
+    prunekit.compact(compacted, calibration[0], latency_runs=0)  # raises if not exact
+    with torch.no_grad():
+        torch.testing.assert_close(compacted(x), fixed(x), rtol=1e-4, atol=1e-5)
+
+
+class Inverted(nn.Module):
+    """A block as in MobileNetV2/EfficientNet: pointwise expansion, depthwise 3x3, pointwise
+    projection, each with a BatchNorm, and a skip when the width stays."""
+
+    def __init__(self, width: int, expand: int, stride: int, out: int) -> None:
+        super().__init__()
+        wide = width * expand
+        self.expand = nn.Sequential(nn.Conv2d(width, wide, 1, bias=False), nn.BatchNorm2d(wide),
+                                    nn.ReLU6())  # fmt: skip
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(wide, wide, 3, stride, 1, groups=wide, bias=False), nn.BatchNorm2d(wide),
+            nn.ReLU6(),
+        )  # fmt: skip
+        self.project = nn.Sequential(nn.Conv2d(wide, out, 1, bias=False), nn.BatchNorm2d(out))
+        self.skip = stride == 1 and width == out
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.project(self.depthwise(self.expand(x)))
+        return x + y if self.skip else y
+
+
+def small_cnn(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+        Inverted(8, 3, 1, 8), Inverted(8, 3, 2, 12), Inverted(12, 2, 1, 12),
+        nn.Conv2d(12, 16, 3, 1, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, 1, 1, groups=4),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5),
+    )  # fmt: skip
+    with torch.no_grad():  # running statistics that are not the identity
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+@settings(max_examples=3, deadline=None)
+@given(
+    amount=st.floats(0.1, 0.7),
+    criterion=st.sampled_from(["l2", "activation", "obs", "fluctuation"]),
+    how=st.sampled_from([True, "reference"]),
+    seed=st.integers(0, 1000),
+)
+def test_a_cnn_with_depthwise_blocks_compacts_exactly_after_compensation(
+    amount: float, criterion: str, how: bool | str, seed: int
+) -> None:
+    model = small_cnn(seed)
+    g = torch.Generator().manual_seed(seed)
+    calibration = [torch.randn(2, 3, 12, 12, generator=g) for _ in range(3)]
+    prunekit.prune_channels(model, calibration[0], amount, criterion=criterion,
+                            calibration=calibration, compensate=how)  # fmt: skip
+    with torch.no_grad():
+        masked = model(calibration[1])
+    report = prunekit.compact(model, calibration[0], latency_runs=0)  # raises if not exact
+    with torch.no_grad():
+        torch.testing.assert_close(model(calibration[1]), masked, rtol=1e-4, atol=1e-5)
+    assert report.relative_error <= 1e-4
+
+
+def test_compensation_through_depthwise_blocks_brings_the_output_closer() -> None:
+    dense = small_cnn(0)
+    g = torch.Generator().manual_seed(1)
+    calibration = [torch.randn(4, 3, 12, 12, generator=g) for _ in range(3)]
+    test = torch.randn(8, 3, 12, 12, generator=g)
+    errors = []
+    for compensate in (False, True, "reference"):
+        model = copy.deepcopy(dense)
+        prunekit.prune_channels(model, calibration[0], 0.3, criterion="activation",
+                                calibration=calibration, compensate=compensate)  # fmt: skip
+        with torch.no_grad():
+            errors.append(float((model(test) - dense(test)).square().mean()))
+    assert errors[1] < 0.7 * errors[0]
+    assert errors[2] < 0.7 * errors[1]  # the refit corrects what earlier layers left too
+
+
+def test_a_failed_reference_refit_leaves_every_layer_as_it_was() -> None:
+    model = small_cnn(1)
+    calibration = [torch.randn(2, 3, 12, 12) for _ in range(3)]
+    calls = [0]
+
+    def fail_late(module: nn.Module, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] > 2:  # the traced and the ordering forwards pass; the last refit fails
+            raise RuntimeError("stop")
+
+    model[-1].register_forward_pre_hook(fail_late)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match="cannot take batch"):
+        prunekit.prune_channels(model, calibration[0], 0.3, calibration=calibration,
+                                compensate="reference")  # fmt: skip
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_reference_refit_is_the_least_squares_fit_of_the_reference_output(bias: bool) -> None:
+    t = data(300, 8, 6)  # the reference's input
+    x = t + 0.3 * data(300, 8, 7)  # the pruned model's: drifted
+    w = torch.randn(3, 8, dtype=torch.float64)
+    kept = [0, 2, 3, 5, 6]
+    means = (x.mean(0), t.mean(0)) if bias else None
+    delta, shift = refit_update(w, x.T @ x / len(x), t.T @ x / len(x), kept, means, damp=0.0)
+    wanted = t @ w.T  # the output to keep; a bias, the same on both sides, cancels
+    design = torch.cat([x[:, kept]] + ([torch.ones(len(x), 1, dtype=torch.float64)] if bias
+                                       else []), 1)  # fmt: skip
+    fit = torch.linalg.lstsq(design, wanted).solution.T
+    torch.testing.assert_close(w[:, kept] + delta, fit[:, : len(kept)], rtol=1e-7, atol=1e-8)
+    if bias:
+        assert shift is not None
+        torch.testing.assert_close(shift, fit[:, -1], rtol=1e-7, atol=1e-8)
+    else:
+        assert shift is None
+
+
+def test_the_reference_refit_equals_the_plain_update_when_the_input_did_not_drift() -> None:
+    x, w = data(200, 7, 8), torch.randn(4, 7, dtype=torch.float64)
+    kept, removed = [0, 1, 4, 6], [2, 3, 5]
+    h = x.T @ x / len(x)
+    for damp in (0.0, 0.3):
+        plain, bias = least_squares_update(w, h, removed, kept, x.mean(0), damp=damp)
+        refit, shift = refit_update(w, h, h, kept, (x.mean(0), x.mean(0)), damp=damp)
+        torch.testing.assert_close(refit, plain)
+        torch.testing.assert_close(shift, bias)

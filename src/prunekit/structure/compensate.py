@@ -9,7 +9,12 @@ update of the kept columns from the input's second moment H = mean of x x^T is
 which is also the structured optimal-brain-surgeon update for removing whole columns (the
 Hessian of the layer's squared error is H). A consumer with a bias solves the same problem
 with a constant input column added (the mean of x beside H): the bias then absorbs the mean
-contribution of what went, and the columns fit what varies. A consumer without a bias keeps
+contribution of what went, and the columns fit what varies. A convolution other than a
+pointwise one is read as patches (``prunekit.criteria.layers``): per group of channels, x is
+what one output position reads, a removed channel takes its column at every kernel position
+with it, and H (kernel positions x channels per group, squared) is that group's. A
+depthwise convolution is never a consumer: its channels go with those it reads, and the
+pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped by ``DAMP`` x the mean of the diagonal, through a Cholesky factor.
 
@@ -20,8 +25,9 @@ opened (their masks lifted) so that the removed inputs are still there to be mea
 the consumers and their groups lie in one sequence of blocks (a transformer's layers), the
 model runs once up to the first block and then block by block; else the whole model runs
 once per consumer. Peak memory beyond the model: one consumer's H (float32, and a float64
-copy during the solve), the blocks' inputs for every batch, and a copy of each compensated
-weight (taken by the caller's transaction, ``written`` says which, to undo a failed call).
+copy during the solve; one per group of a grouped convolution), the blocks' inputs for every
+batch, and a copy of each compensated weight (taken by the caller's transaction,
+``written`` says which, to undo a failed call).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from torch import Tensor, nn
 from prunekit.core.errors import warn_caller
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
+from prunekit.criteria import layers
 from prunekit.structure.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
@@ -131,24 +138,31 @@ class _Consumer:
 
 
 def _compensable(s: Slice) -> bool:
-    """A weight that maps each input position's features linearly: a Linear or HF Conv1D
-    (2-D), or a pointwise convolution (kernel 1, stride 1, no padding, one group), which is
-    a Linear over the channels at every position."""
+    """A weight that maps its input linearly: a Linear or HF Conv1D (2-D), or a convolution
+    read along its input channels (any kernel, stride, padding or grouping; see
+    ``_by_patches``)."""
     weight = getattr(s.module, s.name, None)
     if s.role != "in" or s.name != "weight" or not isinstance(weight, Tensor):
         return False
     if isinstance(s.module, nn.modules.conv._ConvNd):
-        conv = s.module
-        return (
-            not conv.transposed
-            and s.dim == 1
-            and conv.groups == 1
-            and all(k == 1 for k in conv.kernel_size)
-            and all(k == 1 for k in conv.stride)
-            and (isinstance(conv.padding, str) or not any(conv.padding))
-        )
+        return not s.module.transposed and s.dim == 1
     return weight.dim() == 2 and (
         isinstance(s.module, nn.Linear) or type(s.module).__name__ == "Conv1D"
+    )
+
+
+def _by_patches(module: nn.Module) -> bool:
+    """Whether `module` is a convolution other than a pointwise one (kernel 1, stride 1, no
+    padding, one group: a Linear over the channels at every position), so that its input
+    is seen as patches (``prunekit.criteria.layers``): one matrix per group of channels,
+    whose columns are (kernel position, input channel) pairs."""
+    if not isinstance(module, nn.modules.conv._ConvNd):
+        return False
+    return not (
+        module.groups == 1
+        and all(k == 1 for k in module.kernel_size)
+        and all(k == 1 for k in module.stride)
+        and (isinstance(module.padding, str) or not any(module.padding))
     )
 
 
@@ -310,11 +324,14 @@ def _measured_update(
 ) -> bool:
     """Take `one`'s input statistics through `measure(modules, **wanted)` with its groups'
     producers opened, then update it (see ``_update``)."""
+    patches = _by_patches(one.module)
     opened = openings.open(one.groups)
     try:
-        stats = measure([one.module], norms=False, hessian=True, means=True)
+        stats = measure([one.module], norms=False, hessian=True, means=True, patches=patches)
     finally:
         openings.close(opened)
+    if patches:
+        return _update_patches(one, stats, openings)
     return _update(one, stats, openings)
 
 
@@ -347,6 +364,46 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
     return True
 
 
+def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
+    """The least-squares update of a convolution read as patches (``_by_patches``): in each
+    group of channels, an input channel that goes removes its column at every kernel
+    position, and the kept columns (with the bias, shared by the group's outputs) are
+    refitted on that group's own input patches. The indices of a grouped convolution's
+    slice are its channels within a group; the same ones go in every group."""
+    conv = one.module
+    if not stats.seen(conv):
+        return False
+    groups, columns = layers.width(conv)
+    hessians = stats.hessian(conv).reshape(groups, columns, columns)
+    means = stats.means(conv).reshape(groups, columns)
+    weight = openings.weight(conv, one.name)
+    rows = layers.matrices(conv, weight)  # (groups, outputs per group, columns)
+    mask = getattr(conv, mask_name(one.name), None)
+    alive = (
+        torch.ones(groups, columns, dtype=torch.bool)
+        if not isinstance(mask, Tensor)
+        else layers.matrices(conv, mask).ne(0).any(1)
+    )
+    per = weight.shape[1]  # input channels per group: a column is position x per + channel
+    gone = {p * per + c for p in range(columns // per) for c in one.removed}
+    bias = conv._parameters.get(orig_name("bias"), conv._parameters.get("bias"))
+    change = torch.zeros_like(rows)
+    shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
+    for g in range(groups):
+        kept = [c for c in range(columns) if bool(alive[g, c]) and c not in gone]
+        mean = means[g] if bias is not None else None
+        delta, shift = least_squares_update(rows[g], hessians[g], sorted(gone), kept, mean, DAMP)
+        change[g][:, kept] = delta
+        if shift is not None:
+            shifts[g] = shift
+    stored = _stored(conv, one.name)
+    with torch.no_grad():
+        stored.add_(layers.from_matrices(conv, change, stored.shape).to(stored.dtype))
+        if bias is not None:
+            bias.add_(shifts.reshape(-1).to(bias.dtype))
+    return True
+
+
 def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -> dict[int, int]:
     """The order in which `modules` first run in the model's forward on `batch`."""
     order: dict[int, int] = {}
@@ -357,7 +414,10 @@ def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -
     handles = [m.register_forward_pre_hook(hook) for m in modules]
     try:
         with cal.evaluating(model), torch.no_grad():
-            cal.run_batch(model, batch)
+            try:
+                cal.run_batch(model, batch)
+            except Exception as error:
+                raise cal._batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
     finally:
         for handle in handles:
             handle.remove()

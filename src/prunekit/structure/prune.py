@@ -6,6 +6,7 @@ the model trains, reports, saves and unprunes as any pruned model; ``compact`` r
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import math
 from collections.abc import Callable, Iterable
@@ -24,6 +25,8 @@ from prunekit.structure.experts import check_expert_counts, install_router_mask
 from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
+from prunekit.structure.refit import refit_groups
+from prunekit.structure.refit import written as refitted
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
 
@@ -44,7 +47,7 @@ def prune_channels(
     calibration: Iterable[Any] | None = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
     budget: Budget | None = None,
-    compensate: bool = False,
+    compensate: bool | str = False,
     ignore: Iterable[nn.Module | str] | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
@@ -73,11 +76,16 @@ def prune_channels(
     model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the parameters
     or MACs), met by removing the units of lowest score for their cost across all groups of
     its kinds (see ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the
-    same list with what each group kept. `compensate=True`: the layers that read removed channels or
-    heads get the least-squares update of their kept input columns (and bias) that keeps
+    same list with what each group kept. `compensate=True`: the layers that read removed
+    channels or heads get the least-squares update of their kept input columns (and bias) that keeps
     their output on the `calibration` batches (needed then), taken in forward order on the
-    model as masked so far (``prunekit.structure.compensate``); 'obs' and 'fluctuation'
-    rank by the error that removal leaves. Returns the groups pruned.
+    model as masked so far (``prunekit.structure.compensate``); `compensate='reference'`:
+    those layers and every Linear or convolution that runs after the first of them are
+    refitted towards the outputs they had in the model as it was before the call, from their
+    inputs in the model as pruned so far, which also corrects the error that the layers
+    before them left (``prunekit.structure.refit``; it holds a copy of the model while it
+    runs, and runs the model up to each layer for each batch: meant for CNNs). 'obs' and
+    'fluctuation' rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
@@ -117,28 +125,37 @@ def prune_channels(
             chosen += found_now
         pairs = [(p.group, p.units) for p in chosen]
         openings = None
+        reference = None
         if batches is not None:
-            recorded.keep(written(pairs))  # compensation updates them in place
+            if compensate == "reference":
+                recorded.keep(refitted(model))  # the refit updates them in place
+                reference = copy.deepcopy(model)
+            else:
+                recorded.keep(written(pairs))  # compensation updates them in place
             openings = Openings(model, pairs)
         _install(model, chosen)
         if openings is not None and batches is not None:
-            compensate_groups(model, pairs, openings, batches)
+            if reference is not None:
+                refit_groups(model, reference, pairs, openings, batches)
+            else:
+                compensate_groups(model, pairs, openings, batches)
     return chosen
 
 
 def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None:
     """The calibration batches as a list when `compensate` (which needs them), else None."""
-    if not isinstance(compensate, bool):
-        raise TypeError(
+    if not (isinstance(compensate, bool) or compensate == "reference"):
+        raise (ValueError if isinstance(compensate, str) else TypeError)(
             f"prune_channels: invalid compensate={compensate!r}; expected True (update the "
-            "layers that read removed units from calibration data) or False"
+            "layers that read removed units from calibration data), 'reference' (the same, "
+            "towards the outputs of the model as it was before the call) or False"
         )
     if not compensate:
         return None
     if calibration is None:
         raise ValueError(
-            "prune_channels: compensate=True needs calibration data; expected calibration= "
-            "an iterable of batches the model's forward takes"
+            f"prune_channels: compensate={compensate!r} needs calibration data; expected "
+            "calibration= an iterable of batches the model's forward takes"
         )
     return batch_list(calibration, "prune_channels")
 
