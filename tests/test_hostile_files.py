@@ -126,9 +126,9 @@ COMMANDS: dict[str, Callable[[Path, Path], list[str]]] = {
     "report --json": lambda p, out: ["report", str(p), "--json"],
     "report --plot": lambda p, out: ["report", str(p), "--plot", str(out.with_suffix(".png"))],
     "prune": lambda p, out: ["prune", str(p), "-o", str(out), "--amount", "0.5"],
-    "prune --global --keep-masks": lambda p, out: [
+    "prune --scope global --keep-masks": lambda p, out: [
         *["prune", str(p), "-o", str(out.with_suffix(".safetensors"))],
-        *["--amount", "0.5", "--global", "--keep-masks"],
+        *["--amount", "0.5", "--scope", "global", "--keep-masks"],
     ],
 }
 
