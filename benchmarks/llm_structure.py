@@ -52,8 +52,8 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.criteria import builtin
 from prunekit.structure.measure import Paired, paired_latency
+from prunekit.structure.scoring.criteria import builtin
 
 CRITERIA = ("l2", "activation", "taylor", "obs", "fluctuation")
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

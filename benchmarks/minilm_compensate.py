@@ -7,7 +7,7 @@ of the second half. No fine-tuning, one thread.
     python benchmarks/minilm_compensate.py [paragraphs] [criteria] [calibration windows] [damp]
 
 `damp`: the damping of the solve relative to the mean diagonal of the Hessian (default:
-``prunekit.structure.compensate.DAMP``); `criteria` may name 'reference' modes as
+``prunekit.structure.compensation.compensate.DAMP``); `criteria` may name 'reference' modes as
 ``activation:reference`` (compensate='reference' in the '+comp.' columns).
 """
 
@@ -21,7 +21,7 @@ import torch
 import prunekit
 from budget_minilm import _removed, cosine
 from minilm_structure import encoded, halves, load, windows
-from prunekit.structure import compensate as compensation
+from prunekit.structure.compensation import compensate as compensation
 
 
 def main() -> None:

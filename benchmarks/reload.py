@@ -30,7 +30,7 @@ MIB = 1 << 20
 CHILD = r"""
 import sys, torch, transformers, prunekit, safetensors.torch
 import transformers.models.llama.modeling_llama  # imported before the measure, not in it
-import prunekit.structure.hfbuild
+import prunekit.structure.saving.hfbuild
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 transformers.LlamaForCausalLM, transformers.AutoModelForCausalLM, transformers.AutoConfig

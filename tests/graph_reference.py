@@ -1,6 +1,6 @@
 """A slow reference of how a trace becomes groups, written plainly from the rules (dicts, sets
 and loops over ids, one at a time), for the differential test of prunekit's vectorized
-builder (structure/grouping.py).
+builder (structure/graph/grouping.py).
 
 The rules:
 - an id's unit is its union-find root; units are the roots of ids some 'out' record owns;
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from prunekit.structure.groups import ChannelGroup, Slice
-from prunekit.structure.trace import Record, Tracer
+from prunekit.structure.graph.groups import ChannelGroup, Slice
+from prunekit.structure.graph.trace import Record, Tracer
 
 
 def reference_groups(tr: Tracer) -> list[ChannelGroup]:

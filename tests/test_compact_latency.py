@@ -125,7 +125,7 @@ def test_a_failed_compaction_puts_the_config_back_too(monkeypatch: pytest.Monkey
     def refuse(*args: object) -> None:
         raise RuntimeError("compact: refused by the test")
 
-    monkeypatch.setattr(sys.modules["prunekit.structure.compact"], "_compare", refuse)
+    monkeypatch.setattr(sys.modules["prunekit.structure.compaction.compact"], "_compare", refuse)
     with pytest.raises(RuntimeError, match="refused by the test"):
         prunekit.compact(model, inputs, latency_runs=0)
     assert model.config.to_dict() == fields

@@ -283,7 +283,7 @@ def test_a_failed_save_compacted_leaves_the_old_save_loadable(
     old = Counted()
     prunekit.save_compacted(old, tmp_path / "s")
     files = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()}
-    import prunekit.structure.saving as saving
+    import prunekit.structure.saving.saving as saving
 
     def killed(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt  # as if killed between the weights and the manifest

@@ -17,10 +17,10 @@ from torch.nn import functional as F
 
 import prunekit
 from model_state import fingerprint
-from prunekit.structure import compensate as compensation
-from prunekit.structure.compensate import least_squares_update
-from prunekit.structure.consequence import Fluctuation, obs_errors
-from prunekit.structure.refit import refit_update
+from prunekit.structure.compensation import compensate as compensation
+from prunekit.structure.compensation.compensate import least_squares_update
+from prunekit.structure.compensation.refit import refit_update
+from prunekit.structure.scoring.consequence import Fluctuation, obs_errors
 
 
 def data(rows: int, features: int, seed: int) -> Tensor:

@@ -152,7 +152,7 @@ def test_frequency_counts_the_routers_choices() -> None:
             model(batch)
     handle.remove()
     counts = torch.bincount(torch.cat([p.reshape(-1) for p in picked]), minlength=EXPERTS)
-    criterion = prunekit.structure.criteria.builtin("frequency")
+    criterion = prunekit.structure.scoring.criteria.builtin("frequency")
     criterion.prepare(model, groups, CALIBRATION, None)
     torch.testing.assert_close(criterion.scores(groups[0]), counts.double() / counts.sum())
 
@@ -176,7 +176,7 @@ def test_reap_is_the_mean_router_weighted_expert_output_norm() -> None:
                 out = experts.down_proj[e].detach() @ (torch.nn.functional.silu(gate) * up)
                 total[e] += float(weights[t, k]) * float(out.norm())
                 routed[e] += 1
-    criterion = prunekit.structure.criteria.builtin("reap")
+    criterion = prunekit.structure.scoring.criteria.builtin("reap")
     criterion.prepare(model, groups, CALIBRATION, None)
     expected = total / routed.clamp_min(1).double()
     torch.testing.assert_close(criterion.scores(groups[1]), expected, rtol=1e-5, atol=1e-7)

@@ -12,10 +12,10 @@ from torch import nn
 
 import prunekit
 from graph_reference import reference_groups
-from prunekit.structure.graph import split_inputs
-from prunekit.structure.grouping import build_groups
-from prunekit.structure.groups import ChannelGroup
-from prunekit.structure.trace import run_traced
+from prunekit.structure.graph.graph import split_inputs
+from prunekit.structure.graph.grouping import build_groups
+from prunekit.structure.graph.groups import ChannelGroup
+from prunekit.structure.graph.trace import run_traced
 
 
 def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.mha import CompactMultiheadAttention
+from prunekit.structure.families.mha import CompactMultiheadAttention
 
 
 class Block(nn.Module):

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 import prunekit
 from model_state import fingerprint
-from prunekit.structure import saving, skeleton
+from prunekit.structure.saving import saving, skeleton
 
 
 class Net(nn.Module):

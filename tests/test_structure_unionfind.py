@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prunekit.structure import trace
-from prunekit.structure.trace import Tracer
+from prunekit.structure.graph import trace
+from prunekit.structure.graph.trace import Tracer
 
 
 def _roots(tracer: Tracer) -> list[int]:

@@ -34,7 +34,7 @@ class Companions:
     """The groups of `model`'s channels whose producing weights are all among `targets`."""
 
     def __init__(self, model: nn.Module, example_inputs: Any, targets: list[Target]) -> None:
-        from prunekit.structure.graph import channel_groups
+        from prunekit.structure.graph.graph import channel_groups
 
         ranked = {id(t.first.parameter()): t.first for t in targets}
         self.groups: list[_Group] = []

@@ -226,7 +226,7 @@ class GradualPruner:
                 f"{OWNER}: example_inputs is for pattern='channels' (output channels, dim 0), "
                 f"whose emptied channels it masks whole; got pattern={self.pattern!r}"
             )
-        from prunekit.structure.graph import split_inputs
+        from prunekit.structure.graph.graph import split_inputs
 
         split_inputs(example_inputs, OWNER)
         return Companions(self.model, example_inputs, self.targets)

@@ -6,18 +6,24 @@
 freshly built model).
 """
 
-from prunekit.structure.compact import CompactReport, compact
-from prunekit.structure.criteria import CRITERIA, BNScale, GroupCriterion, WeightNorm, group_scores
-from prunekit.structure.graph import ChannelGroup, Slice, channel_groups
+from prunekit.structure.compaction.compact import CompactReport, compact
+from prunekit.structure.graph.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
 from prunekit.structure.prune import prune_channels
 from prunekit.structure.pruned import PrunedGroup
+from prunekit.structure.scoring.criteria import (
+    CRITERIA,
+    BNScale,
+    GroupCriterion,
+    WeightNorm,
+    group_scores,
+)
 
 # isort: split
 # Criteria that learn from calibration data; compacted models saved with their shapes.
-from prunekit.structure.calibrated import Activation, GroupTaylor
-from prunekit.structure.saving import load_compacted, save_compacted
-from prunekit.structure.skeleton import register_factory as register_compacted_factory
+from prunekit.structure.saving.saving import load_compacted, save_compacted
+from prunekit.structure.saving.skeleton import register_factory as register_compacted_factory
+from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 
 # isort: split
 # One target for the whole model: a share of its parameters or MACs.
@@ -37,7 +43,7 @@ from prunekit.structure.depth import (
 
 # isort: split
 # BatchNorm statistics re-estimated on calibration data after pruning.
-from prunekit.structure.recalibrate import recalibrate_norms
+from prunekit.structure.compensation.recalibrate import recalibrate_norms
 
 __all__ = [
     "CRITERIA",

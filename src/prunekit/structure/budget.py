@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.structure.depth.blocks import is_skipped
-from prunekit.structure.graph import ChannelGroup, Slice, split_inputs
+from prunekit.structure.graph.graph import ChannelGroup, Slice, split_inputs
 from prunekit.structure.measure import macs_per_entry
 from prunekit.structure.pruned import PrunedGroup
 

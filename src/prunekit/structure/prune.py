@@ -19,14 +19,14 @@ import prunekit
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.budget import Budget, allocate, check_budget
-from prunekit.structure.compensate import Openings, compensate_groups, written
-from prunekit.structure.criteria import GroupCriterion, resolve, score_groups
-from prunekit.structure.experts import check_expert_counts, install_router_mask
-from prunekit.structure.graph import ChannelGroup, channel_groups, check_gqa, check_model
-from prunekit.structure.norms import install_kept_norm
+from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
+from prunekit.structure.compensation.refit import refit_groups
+from prunekit.structure.compensation.refit import written as refitted
+from prunekit.structure.families.experts import check_expert_counts, install_router_mask
+from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_gqa, check_model
+from prunekit.structure.handlers.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup
-from prunekit.structure.refit import refit_groups
-from prunekit.structure.refit import written as refitted
+from prunekit.structure.scoring.criteria import GroupCriterion, resolve, score_groups
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
 
@@ -76,16 +76,16 @@ def prune_channels(
     model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the parameters
     or MACs), met by removing the units of lowest score for their cost across all groups of
     its kinds (see ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the
-    same list with what each group kept. `compensate=True`: the layers that read removed
-    channels or heads get the least-squares update of their kept input columns (and bias) that keeps
-    their output on the `calibration` batches (needed then), taken in forward order on the
-    model as masked so far (``prunekit.structure.compensate``); `compensate='reference'`:
-    those layers and every Linear or convolution that runs after the first of them are
-    refitted towards the outputs they had in the model as it was before the call, from their
-    inputs in the model as pruned so far, which also corrects the error that the layers
-    before them left (``prunekit.structure.refit``; it holds a copy of the model while it
-    runs, and runs the model up to each layer for each batch: meant for CNNs). 'obs' and
-    'fluctuation' rank by the error that removal leaves. Returns the groups pruned.
+    same list with what each group kept. `compensate=True`: the layers that read removed channels or
+    heads get the least-squares update of their kept input columns (and bias) that keeps their
+    output on the `calibration` batches (needed then), taken in forward order on the model as masked
+    so far (``prunekit.structure.compensation.compensate``); `compensate='reference'`: those layers
+    and every Linear or convolution that runs after the first of them are refitted towards the
+    outputs they had in the model as it was before the call, from their inputs in the model as
+    pruned so far, which also corrects the error that the layers before them left
+    (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs, and runs
+    the model up to each layer for each batch: meant for CNNs). 'obs' and 'fluctuation' rank by the
+    error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prunekit.structure.graph import ChannelGroup
+from prunekit.structure.graph.graph import ChannelGroup
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Compensation towards a reference: ``prune_channels(..., compensate="reference")``.
 
-Plain compensation (``prunekit.structure.compensate``) keeps each consumer's output as it
-was *given its input in the model pruned so far*: the error that the layers before it left
-in that input stays, and in a deep network (a CNN of sixteen blocks) it grows block after
+Plain compensation (``prunekit.structure.compensation.compensate``) keeps each consumer's
+output as it was *given its input in the model pruned so far*: the error that the layers before
+it left in that input stays, and in a deep network (a CNN of sixteen blocks) it grows block after
 block. Here the target is the output the consumer computed in the reference, the model as
 it was before this call, on the same batch. With t the reference's input to the consumer
 and x its input in the pruned model (K the columns kept), the kept columns and the bias
@@ -37,15 +37,15 @@ from torch import Tensor, nn
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
-from prunekit.structure import compensate as plain
-from prunekit.structure.graph import ChannelGroup
+from prunekit.structure.compensation import compensate as plain
+from prunekit.structure.graph.graph import ChannelGroup
 
 __all__ = ["DAMP", "refit_groups", "refit_update", "written"]
 
 DAMP = 0.01
 """Damping of the refit's solve, relative to the mean of the diagonal of E[x x^T]. Lighter
-than plain compensation's (``prunekit.structure.compensate.DAMP``, chosen on an LLM's few
-thousand tokens for 1536 features): a convolution has a row per output position of every
+than plain compensation's (``prunekit.structure.compensation.compensate.DAMP``, chosen on an
+LLM's few thousand tokens for 1536 features): a convolution has a row per output position of every
 calibration image, many per feature. Measured on EfficientNet-Lite0, 30 % of every
 expansion width, 64 calibration crops, plain compensation: top-1 agreement 48.4 % at 0.3,
 59.4 % at 0.01, 57.8 % at 0.001 (``benchmarks/cnn_structure.py``)."""

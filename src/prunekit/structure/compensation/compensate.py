@@ -44,7 +44,7 @@ from prunekit.core.errors import warn_caller
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
-from prunekit.structure.graph import ChannelGroup, Slice
+from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
 

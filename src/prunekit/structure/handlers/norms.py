@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.labels import channel_ids
-from prunekit.structure.layers import RMS_NORMS, is_norm_module
-from prunekit.structure.trace import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
+from prunekit.structure.graph.labels import channel_ids
+from prunekit.structure.graph.trace import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
+from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
 
 
 def _match_rms(module: nn.Module) -> bool:

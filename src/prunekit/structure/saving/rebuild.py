@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import MASK, ORIG
-from prunekit.structure.widths import implied_widths
+from prunekit.structure.compaction.widths import implied_widths
 
 __all__ = ["Layout", "apply_layout", "check_widths", "describe_module", "verify"]
 

@@ -8,7 +8,7 @@ stale: the modules carry their own widths, so the model runs, but a model built 
 that config would not have them.
 
 Then the config is checked the way ``from_pretrained`` will read it
-(``prunekit.structure.fromconfig``). A head size that is no longer hidden_size /
+(``prunekit.structure.compaction.fromconfig``). A head size that is no longer hidden_size /
 num_attention_heads is first written to ``head_dim`` (most families read it when the config
 has it); a width of a field named in the family's own way (ffn_dim, n_embd, ...) is found by
 ``fromconfig.repair``; whatever a rebuilt model still differs in is reported stale, so
@@ -21,15 +21,15 @@ from typing import Any
 
 from torch import nn
 
-from prunekit.structure.attention import adapter_of
-from prunekit.structure.experts import expert_widths
-from prunekit.structure.fromconfig import (
+from prunekit.structure.compaction.fromconfig import (
     build_fresh,
     difference,
     fold_embed_scales,
     mismatches,
     repair,
 )
+from prunekit.structure.families.attention import adapter_of
+from prunekit.structure.families.experts import expert_widths
 
 # config.model_type of the families whose attention reads config.head_dim when it is set
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}

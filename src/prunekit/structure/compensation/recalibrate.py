@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from prunekit.criteria.calibration import batch_list, run_batch
-from prunekit.structure.graph import check_model
+from prunekit.structure.graph.graph import check_model
 
 __all__ = ["recalibrate_norms"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.labels import along, channel_ids
-from prunekit.structure.trace import Call, Tracer, describe_op, register
+from prunekit.structure.graph.labels import along, channel_ids
+from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
 
 
 @register("conv1d", "conv2d", "conv3d")
@@ -152,7 +152,7 @@ def is_norm_module(module: object) -> bool:
 # Hugging Face norms whose forward is weight * x / rms(x) (or (1 + weight) * x / rms(x): the
 # Gemma families) over the last dim, each checked by benchmarks/families.py with the hidden
 # width pruned: while masked, their output is recomputed over the kept channels
-# (prunekit.structure.norms), zero elsewhere, so a masked (1 + weight) scale does no harm.
+# (prunekit.structure.handlers.norms), zero elsewhere, so a masked (1 + weight) scale does no harm.
 RMS_NORMS = {
     "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "T5LayerNorm",
     "Qwen2MoeRMSNorm", "Qwen3MoeRMSNorm", "MixtralRMSNorm", "OlmoeRMSNorm", "Olmo2RMSNorm",

@@ -21,7 +21,7 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.naming import MASK, ORIG
-from prunekit.structure.skeleton import Factory, empty_parameters
+from prunekit.structure.saving.skeleton import Factory, empty_parameters
 
 __all__ = ["building_config", "pretrained_mismatches", "transformers_factory"]
 

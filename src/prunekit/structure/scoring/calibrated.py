@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from prunekit.core.naming import orig_name
 from prunekit.criteria import calibration as cal
-from prunekit.structure.criteria import (
+from prunekit.structure.graph.graph import ChannelGroup, Slice
+from prunekit.structure.scoring.criteria import (
     GroupCriterion,
     Loss,
     WeightNorm,
@@ -25,7 +26,6 @@ from prunekit.structure.criteria import (
     unit_sums,
     values,
 )
-from prunekit.structure.graph import ChannelGroup, Slice
 
 __all__ = ["Activation", "GroupTaylor"]
 

@@ -5,11 +5,11 @@ Built in, by name: 'l1' and 'l2' (norm of every parameter entry the unit owns), 
 (|sum of w x grad| over the unit's entries: the first-order change of the loss when the unit
 is removed; from the gradients already in ``.grad``, or from calibration batches),
 'activation' (Wanda-style: |W| x the input norm of every consumer column that reads the unit,
-from calibration batches; see ``prunekit.structure.calibrated``), 'obs' (the structured
+from calibration batches; see ``prunekit.structure.scoring.calibrated``), 'obs' (the structured
 optimal-brain-surgeon error that removing the unit leaves in its consumers, from their
 input Hessians) and 'fluctuation' (FLAP: input-channel variance x squared weight-column
-norm; both in ``prunekit.structure.consequence``); for routed experts, 'frequency' and
-'reap' (``prunekit.structure.expert_criteria``). A ``GroupCriterion`` or a
+norm; both in ``prunekit.structure.scoring.consequence``); for routed experts, 'frequency' and
+'reap' (``prunekit.structure.scoring.expert_criteria``). A ``GroupCriterion`` or a
 plain callable ``criterion(group) -> Tensor`` of one score per unit is used as given.
 """
 
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria.calibration import batch_list
-from prunekit.structure.graph import ChannelGroup, Slice
+from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 CRITERIA = (
     "l1",
@@ -107,15 +107,15 @@ def builtin(name: str) -> GroupCriterion:
     if name == "bn_scale":
         return BNScale()
     if name in ("taylor", "activation"):
-        from prunekit.structure.calibrated import Activation, GroupTaylor
+        from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 
         return GroupTaylor() if name == "taylor" else Activation()
     if name in ("frequency", "reap"):
-        from prunekit.structure.expert_criteria import ExpertSaliency, RoutingFrequency
+        from prunekit.structure.scoring.expert_criteria import ExpertSaliency, RoutingFrequency
 
         return RoutingFrequency() if name == "frequency" else ExpertSaliency()
     if name in ("obs", "fluctuation"):
-        from prunekit.structure.consequence import OBS, Fluctuation
+        from prunekit.structure.scoring.consequence import OBS, Fluctuation
 
         return OBS() if name == "obs" else Fluctuation()
     raise ValueError(

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prunekit.structure.attention import ADAPTERS, Adapter, Heads, Proj, first
+from prunekit.structure.families.attention import ADAPTERS, Adapter, Heads, Proj, first
 
 
 def _read(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> (

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.labels import positive, varying
-from prunekit.structure.trace import Call, Tracer, describe_op, register
+from prunekit.structure.graph.labels import positive, varying
+from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
 
 _UNARY = [
     "relu",
@@ -479,5 +479,5 @@ def _contracts(tr: Tracer, call: Call) -> None:
         tr.block(
             tr.label(t),
             f"{describe_op(call)} contracts over them (outside an attention module the graph "
-            "knows: see prunekit.structure.attention)",
+            "knows: see prunekit.structure.families.attention)",
         )

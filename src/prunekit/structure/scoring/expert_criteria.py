@@ -1,7 +1,7 @@
 """Criteria for routed experts, from calibration batches: how often the router picks each
 expert ('frequency'), and REAP's router-weighted expert activation ('reap').
 
-Both hook the experts modules of the groups (``prunekit.structure.experts``): each call
+Both hook the experts modules of the groups (``prunekit.structure.families.experts``): each call
 hands them the hidden states, the top-k expert indices and the top-k routing weights. For
 'reap', an expert's score is the mean, over the calibration tokens routed to it, of its
 routing weight x the L2 norm of its output on that token (computed from its own weights,
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria.calibration import evaluating, run_batch
-from prunekit.structure.criteria import GroupCriterion, Loss
-from prunekit.structure.graph import ChannelGroup, Slice
+from prunekit.structure.graph.graph import ChannelGroup, Slice
+from prunekit.structure.scoring.criteria import GroupCriterion, Loss
 
 __all__ = ["ExpertSaliency", "RoutingFrequency"]
 

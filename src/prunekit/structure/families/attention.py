@@ -25,9 +25,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.labels import along, channel_ids
-from prunekit.structure.layers import is_norm_module
-from prunekit.structure.trace import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.graph.labels import along, channel_ids
+from prunekit.structure.graph.trace import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.handlers.layers import is_norm_module
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,15 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
-from prunekit.structure.compensate import damped_cholesky
-from prunekit.structure.criteria import (
+from prunekit.structure.compensation.compensate import damped_cholesky
+from prunekit.structure.graph.graph import ChannelGroup, Slice
+from prunekit.structure.scoring.criteria import (
     GroupCriterion,
     Loss,
     WeightNorm,
     consumer_modules,
     values,
 )
-from prunekit.structure.graph import ChannelGroup, Slice
 
 __all__ = ["OBS", "OBS_DAMP", "Fluctuation"]
 

@@ -27,8 +27,8 @@ from prunekit.core.transaction import transaction
 from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
-from prunekit.structure.graph import check_model
-from prunekit.structure.rebuild import (
+from prunekit.structure.graph.graph import check_model
+from prunekit.structure.saving.rebuild import (
     Layout,
     apply_layout,
     check_widths,
@@ -36,7 +36,7 @@ from prunekit.structure.rebuild import (
     verify,
     width_value,
 )
-from prunekit.structure.skeleton import Factory, build_skeleton
+from prunekit.structure.saving.skeleton import Factory, build_skeleton
 
 __all__ = ["MANIFEST", "load_compacted", "save_compacted"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.groups import ChannelGroup, Slice
-from prunekit.structure.trace import Record, Tracer, compressed
+from prunekit.structure.graph.groups import ChannelGroup, Slice
+from prunekit.structure.graph.trace import Record, Tracer, compressed
 
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:

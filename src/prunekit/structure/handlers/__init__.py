@@ -1,0 +1,8 @@
+"""Handlers the tracer dispatches to: how each tensor op and each layer maps channel labels.
+
+Part of the trace stage (trace -> groups -> score -> mask -> compensate -> compact -> save):
+``ops`` for the tensor ops (element-wise, broadcasting, moves, pools, reductions), ``layers``
+for the modules (convolutions, linear, norms, PReLU, embeddings), ``norms`` for norms over a
+pruned hidden width (RMSNorm traced whole, and the masked norms kept after pruning). Each
+registers with ``structure.graph.trace`` when imported.
+"""
