@@ -26,16 +26,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit import CustomFromMask, Pruning, Random, Unstructured
 from prunekit.core.amount import Amount
 from prunekit.core.errors import attribute_error, describe, type_error, value_error
 from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
+from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import Layout, layout, local
+from prunekit.methods import CustomFromMask, Pruning
+from prunekit.patterns.unstructured import Unstructured
 
 __all__ = ["global_unstructured"]
 
