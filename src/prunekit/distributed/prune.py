@@ -352,7 +352,7 @@ def _noisy(draw: Any, alive: Tensor | None, per_run: list[int], starts: list[int
 
 def _like(param: Tensor, keep: Tensor) -> Tensor:
     """`keep` (this rank's part) as a DTensor placed as `param`."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 (heavy; only for a DTensor, as tensors.py)
 
     return DTensor.from_local(
         keep,

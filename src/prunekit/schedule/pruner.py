@@ -26,6 +26,7 @@ from prunekit.schedule.hook import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
+from prunekit.structure.graph import split_inputs
 from prunekit.whole.registry import check_scope, find, names
 from prunekit.whole.targets import Place, Target, select_targets
 
@@ -231,8 +232,6 @@ class GradualPruner:
                 f"{OWNER}: example_inputs is for pattern='channels' (output channels, dim 0), "
                 f"whose emptied channels it masks whole; got pattern={self.pattern!r}"
             )
-        from prunekit.structure.graph import split_inputs
-
         split_inputs(example_inputs, OWNER)
         return Companions(self.model, example_inputs, self.targets)
 
