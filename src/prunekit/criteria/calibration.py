@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -31,6 +32,7 @@ from prunekit.criteria import layers
 __all__ = [
     "InputStatistics",
     "Reduce",
+    "Wanted",
     "agree",
     "block_list",
     "cacheless",
@@ -499,23 +501,34 @@ def calibrate(
     return _finish(stats, reduce, failed)
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """Which statistics of their inputs the modules gather (see InputStatistics)."""
+
+    norms: bool
+    hessian: bool
+    means: bool = False
+    patches: bool = False
+
+
 def block_statistics(
     block: nn.Module,
     inputs: Sequence[Inputs],
     modules: Sequence[nn.Module],
+    wanted: Wanted,
     *,
-    norms: bool,
-    hessian: bool,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
-    patches: bool = False,
-    means: bool = False,
 ) -> InputStatistics:
-    """Statistics for `modules` (inside `block`) from running `block` on `inputs` (with
-    `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
-    is not run then), is raised here once every rank has learnt of it."""
+    """The `wanted` statistics for `modules` (inside `block`) from running `block` on
+    `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
+    before (the block is not run then), is raised here once every rank has learnt of it."""
     with InputStatistics(
-        modules, norms=norms, hessian=hessian, means=means, patches=patches
+        modules,
+        norms=wanted.norms,
+        hessian=wanted.hessian,
+        means=wanted.means,
+        patches=wanted.patches,
     ) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)

@@ -167,8 +167,9 @@ def _by_blocks(
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             if here:
                 mods = [m for m, _ in here]
+                wanted = cal.Wanted(**want, patches=True)
                 stats = cal.block_statistics(
-                    block, inputs, mods, **want, reduce=reduce, failed=pending, patches=True
+                    block, inputs, mods, wanted, reduce=reduce, failed=pending
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
