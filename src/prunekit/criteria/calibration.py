@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.naming import orig_name
 from prunekit.criteria import layers
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "cacheless",
     "capture_block_inputs",
     "evaluating",
+    "output_loss",
+    "parameter",
     "run_batch",
     "run_block",
 ]
@@ -615,3 +618,29 @@ def gradients(
         for p, flag, grad in flags:
             p.requires_grad_(flag)
             p.grad = grad
+
+
+def parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter behind ``module.<name>``, whose gradient `gradients` takes:
+    ``<name>_orig`` where pruned."""
+    param = module._parameters.get(orig_name(name))
+    if param is None:
+        param = module._parameters[name]
+    assert param is not None
+    return param
+
+
+def output_loss(owner: str, argument: str) -> Callable[[Any, Any], Tensor]:
+    """The loss `gradients` takes when the caller gives none: the model output's ``.loss``.
+    Its error names `owner` and its `argument` (such as ``method='taylor'``)."""
+
+    def loss(output: Any, batch: Any) -> Tensor:
+        value = getattr(output, "loss", None)
+        if not isinstance(value, Tensor):
+            raise value_error(
+                f"{owner}: {argument} needs a loss and the model's output has no .loss; "
+                "expected loss=lambda output, batch: <a scalar tensor>"
+            )
+        return value
+
+    return loss
