@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
@@ -62,7 +62,7 @@ class Unstructured(Pattern):
         """None when some scores cannot be ranked (NaN or infinity)."""
         if criterion._compact:  # Random's draws: made in the mask's shape at once
             assert products is None  # its scores are noise, not the tensor's values
-            return _random(criterion, values, masks, amount, keep_dtype)
+            return _random(cast("Random", criterion), values, masks, amount, keep_dtype)
         where = targets or [None] * len(values)
         sources = [
             criterion._source(t, m, tg) for t, m, tg in zip(values, masks, where, strict=True)
