@@ -29,6 +29,7 @@ $(STAMP): Makefile pyproject.toml constraints.txt src/prunekit/select/_native.c
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: setup
 	$(PY) -m mypy

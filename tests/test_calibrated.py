@@ -181,9 +181,9 @@ def test_sequential_calibrates_each_block_on_the_pruned_ones_before(method: str)
     seen: list[torch.Tensor] = []
     real = cal.block_statistics
 
-    def spy(block: nn.Module, inputs: Any, modules: Any, **want: Any) -> Any:
+    def spy(block: nn.Module, inputs: Any, modules: Any, *want: Any, **more: Any) -> Any:
         seen.append(inputs[0][0][0].clone())
-        return real(block, inputs, modules, **want)
+        return real(block, inputs, modules, *want, **more)
 
     targets = [(b.a, "weight") for b in model.blocks] + [(b.b, "weight") for b in model.blocks]
     with pytest.MonkeyPatch.context() as patch:

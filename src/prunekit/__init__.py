@@ -11,6 +11,10 @@ from prunekit.core.amount import (
 from prunekit.core.container import PruningContainer
 from prunekit.core.method import BasePruningMethod, PruningBase
 from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, Wanda
+
+# Scale: global pruning across torch.distributed ranks (also global_unstructured(...,
+# process_group=...)), statistics reduced over data-parallel ranks.
+from prunekit.distributed import all_reduce_statistics
 from prunekit.functional import (
     custom_from_mask,
     forward_reuse,
@@ -30,6 +34,9 @@ from prunekit.io.checkpoint import (
     refresh_pruned,
     save_pruned,
 )
+
+# Sharded safetensors checkpoints larger than memory.
+from prunekit.io.sharded import prune_sharded
 from prunekit.methods import (
     CustomFromMask,
     Identity,
@@ -42,58 +49,38 @@ from prunekit.methods import (
 from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
-# Gradual pruning (imports the names above, so it comes last).
+# Gradual pruning.
 from prunekit.schedule import Distiller, Gradual, GradualPruner, distillation_loss
 
-# Structural pruning: channel groups, their masks, compaction.
-from prunekit.structure import (
-    ChannelGroup,
-    CompactReport,
-    PrunedGroup,
-    channel_groups,
-    compact,
-    prune_channels,
-)
-
-# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
-from prunekit.whole import prune_model
-
-# isort: split
-# Structural pruning II: group criteria (calibrated ones too), compacted models saved and
-# rebuilt with their per-layer shapes.
-from prunekit.structure import (
-    GroupCriterion,
-    load_compacted,
-    register_compacted_factory,
-    save_compacted,
-)
-
-# isort: split
-# Structural pruning III: one budget for the whole model.
-from prunekit.structure import Budget, BudgetReport
-
-# isort: split
-# Depth pruning: whole blocks ranked on calibration data, skipped, removed.
+# Structural pruning: channel groups, their masks, group criteria (calibrated ones too),
+# compaction, compacted models saved and rebuilt with their per-layer shapes, one budget for
+# the whole model, BatchNorm statistics re-estimated after pruning; depth pruning: whole
+# blocks ranked on calibration data, skipped, removed.
 from prunekit.structure import (
     BlockPruning,
     BlockRemoval,
+    Budget,
+    BudgetReport,
+    ChannelGroup,
+    CompactReport,
+    GroupCriterion,
+    PrunedGroup,
+    channel_groups,
+    compact,
+    load_compacted,
     prune_blocks,
+    prune_channels,
+    recalibrate_norms,
+    register_compacted_factory,
     remove_blocks,
+    save_compacted,
     skip_blocks,
     skipped_blocks,
     unskip_blocks,
 )
 
-# isort: split
-# Structural pruning IV: BatchNorm statistics re-estimated after pruning.
-from prunekit.structure import recalibrate_norms
-
-# isort: split
-# Scale: global pruning across torch.distributed ranks (prunekit.distributed; also
-# global_unstructured(..., process_group=...)), statistics reduced over data-parallel ranks,
-# sharded safetensors checkpoints larger than memory. Last: they import the names above.
-from prunekit.distributed import all_reduce_statistics
-from prunekit.io.sharded import prune_sharded
+# A whole model by parameter names (MultiheadAttention, tied weights, the CLI's globs).
+from prunekit.whole import prune_model
 
 # torch.nn.utils.prune's private helpers under torch's names, for code (and tests) that call
 # them through `import prunekit as prune`; not in __all__, as they are private there too.

@@ -30,6 +30,7 @@ from prunekit.core.method import PRUNING_TYPES, BasePruningMethod, construct
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.transaction import transaction
+from prunekit.distributed.prune import global_unstructured as across_ranks
 from prunekit.methods import (
     CustomFromMask,
     Identity,
@@ -294,8 +295,6 @@ def global_unstructured(
             scores of the wrong shape; nothing is pruned.
     """
     if kwargs.get("process_group") is not None:
-        from prunekit.distributed import global_unstructured as across_ranks
-
         across_ranks(parameters, pruning_method, importance_scores, **kwargs)
         return
     kwargs.pop("process_group", None)

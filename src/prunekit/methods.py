@@ -270,7 +270,7 @@ def __getattr__(name: str) -> Any:
         "`pruning` is the class); the old name will be removed in a future version",
         FutureWarning,
     )
-    # Imported here, not at the top: the registry stands above this module and imports it.
-    from prunekit.whole.registry import METHODS
+    # The registry stands above this module and imports it (an ignore of the import contract).
+    from prunekit.whole.registry import METHODS  # noqa: PLC0415
 
     return {short: m.pruning for short, m in METHODS.items() if m.pruning is not None}

@@ -52,8 +52,9 @@ def refresh_out_proj(module: nn.Module, inputs: Any) -> None:
     child = module._modules.get("out_proj")
     if child is None or not child._forward_pre_hooks or not is_attention_out_proj(child):
         return
-    from prunekit.core.install import RefreshSubmodule
-    from prunekit.core.method import BasePruningMethod
+    # A cycle: install and method (through copying) watch out_proj with this module.
+    from prunekit.core.install import RefreshSubmodule  # noqa: PLC0415
+    from prunekit.core.method import BasePruningMethod  # noqa: PLC0415
 
     done = {
         h.name

@@ -206,7 +206,7 @@ def _nuclear_norm_numpy(ns: ModuleType, t: Tensor, dims: list[int]) -> Tensor:
     which lacks the 64-bit interface it needs, and every decomposition fails
     from then on. numpy (a tensorplay dependency) has no such trouble.
     """
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 (optional: tensorplay's dependency, not torch's)
 
     values = np.moveaxis(t.detach().numpy(), dims, (-2, -1))
     singular = np.linalg.svd(values, compute_uv=False)

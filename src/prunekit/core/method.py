@@ -109,7 +109,7 @@ class BasePruningMethod(BoundToModule, ABC):
         If the tensor is already pruned, the new method is composed with the
         old one in a PruningContainer, which is returned instead.
         """
-        from prunekit.core.install import install  # install builds on this module
+        from prunekit.core.install import install  # noqa: PLC0415 (a cycle: install builds on this module)
 
         method = construct(cls, args, kwargs, describe(module, name))
         return install(module, name, method, importance_scores)

@@ -20,22 +20,27 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.naming import orig_name
 from prunekit.criteria import layers
 
 __all__ = [
     "InputStatistics",
     "Reduce",
+    "Wanted",
     "agree",
     "block_list",
     "cacheless",
     "capture_block_inputs",
     "evaluating",
+    "output_loss",
+    "parameter",
     "run_batch",
     "run_block",
 ]
@@ -499,23 +504,34 @@ def calibrate(
     return _finish(stats, reduce, failed)
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """Which statistics of their inputs the modules gather (see InputStatistics)."""
+
+    norms: bool
+    hessian: bool
+    means: bool = False
+    patches: bool = False
+
+
 def block_statistics(
     block: nn.Module,
     inputs: Sequence[Inputs],
     modules: Sequence[nn.Module],
+    wanted: Wanted,
     *,
-    norms: bool,
-    hessian: bool,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
-    patches: bool = False,
-    means: bool = False,
 ) -> InputStatistics:
-    """Statistics for `modules` (inside `block`) from running `block` on `inputs` (with
-    `reduce`: of every rank's inputs). `failed`, an error this rank met before (the block
-    is not run then), is raised here once every rank has learnt of it."""
+    """The `wanted` statistics for `modules` (inside `block`) from running `block` on
+    `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
+    before (the block is not run then), is raised here once every rank has learnt of it."""
     with InputStatistics(
-        modules, norms=norms, hessian=hessian, means=means, patches=patches
+        modules,
+        norms=wanted.norms,
+        hessian=wanted.hessian,
+        means=wanted.means,
+        patches=wanted.patches,
     ) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
@@ -602,3 +618,29 @@ def gradients(
         for p, flag, grad in flags:
             p.requires_grad_(flag)
             p.grad = grad
+
+
+def parameter(module: nn.Module, name: str) -> nn.Parameter:
+    """The Parameter behind ``module.<name>``, whose gradient `gradients` takes:
+    ``<name>_orig`` where pruned."""
+    param = module._parameters.get(orig_name(name))
+    if param is None:
+        param = module._parameters[name]
+    assert param is not None
+    return param
+
+
+def output_loss(owner: str, argument: str) -> Callable[[Any, Any], Tensor]:
+    """The loss `gradients` takes when the caller gives none: the model output's ``.loss``.
+    Its error names `owner` and its `argument` (such as ``method='taylor'``)."""
+
+    def loss(output: Any, batch: Any) -> Tensor:
+        value = getattr(output, "loss", None)
+        if not isinstance(value, Tensor):
+            raise value_error(
+                f"{owner}: {argument} needs a loss and the model's output has no .loss; "
+                "expected loss=lambda output, batch: <a scalar tensor>"
+            )
+        return value
+
+    return loss

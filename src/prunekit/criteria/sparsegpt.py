@@ -119,10 +119,11 @@ def sparsegpt_prune_shared(
     with _named(" and ".join(label for label in labels if label)):
         upper, dead = _inverse_factor(hessian, settings.damp, amount.owner)
     pruned = torch.zeros(w.shape, dtype=torch.bool)
+    sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern)
     cols = hessian.shape[1]
     for start in range(0, cols, settings.blocksize):
         stop = min(cols, start + settings.blocksize)
-        _sweep_block(w, upper, live, dead, pruned, start, stop, choose, pattern)
+        _sweep_block(sweep, start, stop)
     keep = live & ~pruned
     w.masked_fill_(~keep, 0)
     sizes = [weight.shape[0] for weight in weights]
@@ -176,35 +177,41 @@ def _inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, T
     return upper, dead
 
 
-def _sweep_block(
-    w: Tensor,
-    upper: Tensor,
-    live: Tensor,
-    dead: Tensor,
-    pruned: Tensor,
-    start: int,
-    stop: int,
-    choose: Chooser,
-    pattern: Pattern,
-) -> None:
-    """Prune columns [start, stop) of `w` in place, spreading each column's error over the
-    columns after it; marks `pruned`.
+@dataclass(frozen=True)
+class _Sweep:
+    """What every block of one sweep reads: the weights `w` (rows stacked, float32, pruned
+    in place), the upper factor of the inverse Hessian, which entries are `live` and which
+    inputs are `dead`, the entries `pruned` so far (written), and how a block chooses."""
+
+    w: Tensor
+    upper: Tensor
+    live: Tensor
+    dead: Tensor
+    pruned: Tensor
+    choose: Chooser
+    pattern: Pattern
+
+
+def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
+    """Prune columns [start, stop) of `sweep.w` in place, spreading each column's error over
+    the columns after it; marks `sweep.pruned`.
 
     The block's columns are held as rows (contiguous), and swept `_STEP` at a time: inside
     a step each column's error updates only the step's later columns (one outer product),
     and each step's errors update the block's later columns in one matrix product, as
     the block's errors update the columns after the block.
     """
+    w, upper, choose, pattern = sweep.w, sweep.upper, sweep.choose, sweep.pattern
     factor = upper[start:stop, start:stop]
     diagonal = factor.diagonal()
     scale = (diagonal**2).unsqueeze(1)
     current = w[:, start:stop].T.contiguous()  # (columns, rows)
     errors = torch.empty_like(current)
     share = torch.empty_like(current)  # 1 / U_jj where an entry is dropped, else 0
-    alive = live[:, start:stop]
+    alive = sweep.live[:, start:stop]
     competing = None if bool(alive.all()) else alive
-    chosen = pruned[:, start:stop]
-    quiet = dead[start:stop]
+    chosen = sweep.pruned[:, start:stop]
+    quiet = sweep.dead[start:stop]
     width = stop - start
     group = pattern.m if isinstance(pattern, NM) else width
     step = group * max(1, _STEP // group) if isinstance(pattern, NM) else _STEP

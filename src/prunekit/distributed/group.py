@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from prunekit.core.errors import type_error, value_error
@@ -76,8 +77,6 @@ class TorchGroup(Group):
     """
 
     def __init__(self, process_group: Any = None, *, timeout: float = TIMEOUT) -> None:
-        import torch.distributed as dist
-
         _check_timeout(timeout)
         if not (dist.is_available() and dist.is_initialized()):
             raise value_error(
@@ -144,8 +143,6 @@ def group_of(process_group: Any, owner: str = "prunekit") -> Group:
     if torch.distributed is not initialized."""
     if isinstance(process_group, Group):
         return process_group
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         raise value_error(
             f"{owner}: process_group={process_group!r} needs torch.distributed initialized; "

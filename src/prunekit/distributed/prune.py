@@ -26,16 +26,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit import CustomFromMask, Pruning, Random, Unstructured
 from prunekit.core.amount import Amount
 from prunekit.core.errors import attribute_error, describe, type_error, value_error
 from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
+from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import Layout, layout, local
+from prunekit.methods import CustomFromMask, Pruning
+from prunekit.patterns.unstructured import Unstructured
 
 __all__ = ["global_unstructured"]
 
@@ -350,7 +352,7 @@ def _noisy(draw: Any, alive: Tensor | None, per_run: list[int], starts: list[int
 
 def _like(param: Tensor, keep: Tensor) -> Tensor:
     """`keep` (this rank's part) as a DTensor placed as `param`."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 (heavy; only for a DTensor, as tensors.py)
 
     return DTensor.from_local(
         keep,

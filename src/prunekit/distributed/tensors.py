@@ -37,7 +37,7 @@ def is_dtensor(t: Any) -> bool:
     module = type(t).__module__
     if not module.startswith("torch.distributed"):
         return False
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 (heavy; only for a torch.distributed type)
 
     return isinstance(t, DTensor)
 
@@ -55,8 +55,9 @@ def layout(t: Tensor, where: str) -> Layout:
     for placements it cannot follow (Partial, strided shards)."""
     if not is_dtensor(t):
         return Layout(tuple(t.shape), (Run(0, 0, t.numel()),), True, False)
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    # Only for a DTensor: `import torch` does not load torch.distributed.tensor, a heavy import.
+    from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
     mesh, placements = t.device_mesh, t.placements  # type: ignore[attr-defined]
     for placement in placements:

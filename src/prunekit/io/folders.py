@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from prunekit.io.atomic import atomic_path
-from prunekit.io.files import CheckpointError
+from prunekit.io.files import CheckpointError, load_state_dict
 from prunekit.io.sharded import INDEX, index_of, open_tensors
 from prunekit.report import Report, TensorRow, report
 
@@ -93,8 +93,6 @@ def folder_report(folder: str | os.PathLike[str]) -> Report:
         CheckpointError: not a model folder, or a file in it is not a valid one.
     """
     if index_of(folder) is None:
-        from prunekit.io.files import load_state_dict
-
         return report(load_state_dict(weights_file(folder)))
     rows: list[TensorRow] = []
     for state in open_tensors(folder):

@@ -23,7 +23,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from prunekit.distributed.group import Group
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import check_method, check_seed, prune_state_dict
+from prunekit.io.statedict import check_method, prune_state_dict, seeded
 from prunekit.select import Source
 from prunekit.whole.registry import METHODS
 from prunekit.whole.targets import ALL, select_names
@@ -173,7 +172,7 @@ def prune_sharded(
     with atomic_folder(folder) as stage:  # the shards and index swapped in whole
         writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
         try:
-            with _seeded(seed):
+            with seeded(seed, "prune_sharded"):
                 options = {"n": n, "dim": dim, "keep_masks": keep_masks}
                 done = _write(checkpoint, found, targets, writer, method, amount, scope, options)
             writer.commit()
@@ -385,18 +384,6 @@ def _write_index(
         Path(temp).unlink(missing_ok=True)
         raise
     return target
-
-
-@contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
-    """Seed torch's random generator inside the block, restoring its state after."""
-    check_seed(seed, "prune_sharded")
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def open_tensors(path: str | os.PathLike[str]) -> Iterator[dict[str, Tensor]]:

@@ -91,7 +91,7 @@ def prune_state_dict(
     targets = set(select_names(found, include, exclude))
     _refuse_stray_masks(found, targets)
     holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
-    with _seeded(seed):
+    with seeded(seed, "prune_state_dict"):
         if scope == "global":
             pairs = [(holders[e.name], "tensor") for e in found if e.name in targets]
             global_unstructured(pairs, cls, **kwargs)
@@ -223,9 +223,10 @@ def check_seed(seed: Any, where: str, what: str = "seed") -> None:
 
 
 @contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
-    """Seed torch's random generator inside the block, restoring its state after."""
-    check_seed(seed, "prune_state_dict")
+def seeded(seed: int | None, owner: str) -> Iterator[None]:
+    """Seed torch's random generator inside the block, restoring its state after; a bad
+    `seed` is a ValueError naming `owner`."""
+    check_seed(seed, owner)
     if seed is None:
         yield
         return

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
 
 __all__ = ["Pattern", "all_ones"]
 

@@ -3,7 +3,7 @@ entries' scores."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -17,10 +17,12 @@ from prunekit.core.amount import (
 from prunekit.core.backend import namespace, norm
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
 from prunekit.patterns.base import Pattern, all_ones
 from prunekit.patterns.unstructured import unrankable
 from prunekit.select import all_finite, smallest_k
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
 
 __all__ = ["Channels"]
 

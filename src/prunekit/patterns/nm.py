@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
 from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
 
 __all__ = ["NM"]
 

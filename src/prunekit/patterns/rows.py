@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -10,8 +11,10 @@ from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
 from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
 
 __all__ = ["PerRow"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -19,8 +19,10 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
 from prunekit.patterns.base import Pattern, all_ones
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
 
 __all__ = ["RowwisePattern", "competing_scores", "smallest_per_row"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import Tensor
 
@@ -12,10 +12,12 @@ from prunekit.core.backend import multiply_, namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
 from prunekit.core.method import Target
-from prunekit.criteria.base import Criterion
-from prunekit.criteria.random import Random
 from prunekit.patterns.base import Pattern, all_ones
 from prunekit.select import NotFinite, alive_count, smallest_k_many
+
+if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
+    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.random import Random
 
 __all__ = ["Unstructured"]
 
@@ -58,9 +60,9 @@ class Unstructured(Pattern):
         targets: Sequence[Target] | None = None,
     ) -> Iterator[Tensor] | None:
         """None when some scores cannot be ranked (NaN or infinity)."""
-        if isinstance(criterion, Random) and criterion._compact:
+        if criterion._compact:  # Random's draws: made in the mask's shape at once
             assert products is None  # its scores are noise, not the tensor's values
-            return _random(criterion, values, masks, amount, keep_dtype)
+            return _random(cast("Random", criterion), values, masks, amount, keep_dtype)
         where = targets or [None] * len(values)
         sources = [
             criterion._source(t, m, tg) for t, m, tg in zip(values, masks, where, strict=True)

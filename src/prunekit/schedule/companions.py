@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.structure.graph.graph import channel_groups
 from prunekit.whole.targets import Place, Target
 
 __all__ = ["Companions"]
@@ -34,8 +35,6 @@ class Companions:
     """The groups of `model`'s channels whose producing weights are all among `targets`."""
 
     def __init__(self, model: nn.Module, example_inputs: Any, targets: list[Target]) -> None:
-        from prunekit.structure.graph.graph import channel_groups
-
         ranked = {id(t.first.parameter()): t.first for t in targets}
         self.groups: list[_Group] = []
         for g in channel_groups(model, example_inputs):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from prunekit import BasePruningMethod, CustomFromMask, PruningContainer
+from prunekit.core.container import PruningContainer
+from prunekit.core.method import BasePruningMethod
+from prunekit.methods import CustomFromMask
 
 __all__ = ["Gradual", "find_gradual"]
 

@@ -14,23 +14,24 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import prunekit
 from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.errors import value_error
+from prunekit.criteria.base import Criterion
+from prunekit.patterns.base import Pattern
 
 __all__ = ["global_masks", "layer_mask", "pruned_units", "units"]
 
 Pair = tuple[torch.nn.Module, str]
 
 
-def units(pattern: prunekit.Pattern, shape: Sequence[int], owner: str) -> int:
+def units(pattern: Pattern, shape: Sequence[int], owner: str) -> int:
     """How many units `pattern` counts in a tensor of `shape`: entries or channels."""
     if pattern.PRUNING_TYPE == "structured":
         return int(shape[_dim(pattern, len(shape), owner)])
     return int(torch.Size(shape).numel())
 
 
-def pruned_units(pattern: prunekit.Pattern, mask: Tensor | None, owner: str) -> int:
+def pruned_units(pattern: Pattern, mask: Tensor | None, owner: str) -> int:
     """Units of `mask` pruned already: zero entries, or channels all zero."""
     if mask is None:
         return 0
@@ -40,8 +41,8 @@ def pruned_units(pattern: prunekit.Pattern, mask: Tensor | None, owner: str) -> 
 
 
 def layer_mask(
-    criterion: prunekit.Criterion,
-    pattern: prunekit.Pattern,
+    criterion: Criterion,
+    pattern: Pattern,
     values: Tensor,
     mask: Tensor | None,
     fraction: float,
@@ -81,8 +82,8 @@ def layer_mask(
 
 
 def global_masks(
-    criterion: prunekit.Criterion,
-    pattern: prunekit.Pattern,
+    criterion: Criterion,
+    pattern: Pattern,
     values: Sequence[Tensor],
     masks: Sequence[Tensor | None],
     fraction: float,
@@ -135,7 +136,7 @@ def _alive_channels(mask: Tensor, dim: int) -> Tensor:
     return flags
 
 
-def _dim(pattern: prunekit.Pattern, ndim: int, owner: str) -> int:
+def _dim(pattern: Pattern, ndim: int, owner: str) -> int:
     dim = getattr(pattern, "dim", None)
     if dim is None:
         raise value_error(

@@ -13,14 +13,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import prunekit
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
+from prunekit.criteria.base import Criterion
+from prunekit.criteria.magnitude import Magnitude
+from prunekit.io.checkpoint import refresh_pruned
+from prunekit.patterns.base import Pattern
+from prunekit.patterns.channels import Channels
+from prunekit.patterns.unstructured import Unstructured
 from prunekit.schedule.companions import Companions
 from prunekit.schedule.hook import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
+from prunekit.structure.graph.graph import split_inputs
 from prunekit.whole.registry import check_scope, find, names
 from prunekit.whole.targets import Place, Target, select_targets
 
@@ -28,7 +34,7 @@ __all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
 
 OWNER = "GradualPruner"
 
-CRITERIA: dict[str, Callable[[], prunekit.Criterion]] = {
+CRITERIA: dict[str, Callable[[], Criterion]] = {
     name: made
     for name in names(("l1", "random"), aliases=True)
     if (found := find(name)) is not None and (made := found.criterion) is not None
@@ -36,9 +42,9 @@ CRITERIA: dict[str, Callable[[], prunekit.Criterion]] = {
 """Criteria by the names `method` takes: the registry's methods that rank entries by a
 criterion of their values ('l1', alias 'magnitude'; 'random')."""
 
-PATTERNS: dict[str, Callable[[], prunekit.Pattern]] = {
-    "unstructured": prunekit.Unstructured,
-    "channels": lambda: prunekit.Channels(dim=0, norm=2),
+PATTERNS: dict[str, Callable[[], Pattern]] = {
+    "unstructured": Unstructured,
+    "channels": lambda: Channels(dim=0, norm=2),
 }
 """Patterns by the names `pattern` takes: entries, or output channels (dim 0) by L2 norm."""
 
@@ -73,8 +79,8 @@ class GradualPruner:
         every: int = 1,
         schedule: str | Callable[[int], float] = "cubic",
         initial_amount: float = 0.0,
-        method: str | prunekit.Criterion = "l1",
-        pattern: str | prunekit.Pattern = "unstructured",
+        method: str | Criterion = "l1",
+        pattern: str | Pattern = "unstructured",
         scope: str = "layer",
         include: Sequence[str] | str = ("*",),
         exclude: Sequence[str] | str = (),
@@ -226,8 +232,6 @@ class GradualPruner:
                 f"{OWNER}: example_inputs is for pattern='channels' (output channels, dim 0), "
                 f"whose emptied channels it masks whole; got pattern={self.pattern!r}"
             )
-        from prunekit.structure.graph.graph import split_inputs
-
         split_inputs(example_inputs, OWNER)
         return Companions(self.model, example_inputs, self.targets)
 
@@ -251,7 +255,7 @@ class GradualPruner:
                 hook.amount = fraction
                 hook.label = label
         for p, _ in places:
-            prunekit.refresh_pruned(p.holder)
+            refresh_pruned(p.holder)
 
     def _check_shapes(self) -> None:
         if self.pattern.PRUNING_TYPE != "structured":
@@ -317,8 +321,8 @@ class GradualPruner:
             self.model.load_state_dict(state)
 
 
-def _criterion(method: Any) -> prunekit.Criterion:
-    if isinstance(method, prunekit.Criterion):
+def _criterion(method: Any) -> Criterion:
+    if isinstance(method, Criterion):
         return method
     if isinstance(method, str) and method in CRITERIA:
         return CRITERIA[method]()
@@ -328,8 +332,8 @@ def _criterion(method: Any) -> prunekit.Criterion:
     )
 
 
-def _pattern(pattern: Any) -> prunekit.Pattern:
-    if isinstance(pattern, prunekit.Pattern):
+def _pattern(pattern: Any) -> Pattern:
+    if isinstance(pattern, Pattern):
         return pattern
     if isinstance(pattern, str) and pattern in PATTERNS:
         return PATTERNS[pattern]()
@@ -339,9 +343,9 @@ def _pattern(pattern: Any) -> prunekit.Pattern:
     )
 
 
-def _label(criterion: prunekit.Criterion, pattern: prunekit.Pattern, scope: str) -> str:
+def _label(criterion: Criterion, pattern: Pattern, scope: str) -> str:
     channels = pattern.PRUNING_TYPE == "structured"
-    if isinstance(criterion, prunekit.Magnitude):
+    if isinstance(criterion, Magnitude):
         norm = getattr(pattern, "norm", 2) if channels else 1
         name = f"L{norm:g}" if isinstance(norm, int | float) else f"L{norm}"
     else:

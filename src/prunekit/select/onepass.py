@@ -208,7 +208,8 @@ def _split_tensors(
 
 def _settle_tensors(gathered: list[Gathered], values: Tensor, rank: int, hit: bool) -> None:
     """Choose the `rank` smallest of the entries in between (all sources in order)."""
-    from prunekit.select.choose import smallest_k  # many in between: the fast path again
+    # many in between: the fast path again (a cycle: choose calls this module)
+    from prunekit.select.choose import smallest_k  # noqa: PLC0415
 
     small = values.numel() <= tuning.get().sample  # a sample would hold them all: no guess
     picked = select_sorted(values, rank) if small else smallest_k(values, rank)

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-import prunekit
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
+from prunekit.functional import custom_from_mask
 from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
 from prunekit.structure.compensation.refit import refit_groups
@@ -313,7 +313,7 @@ def _install(model: nn.Module, chosen: list[PrunedGroup]) -> None:
             if (id(holder), held) not in masks:
                 masks[(id(holder), held)] = (holder, held, mask)
     for module, name, mask in masks.values():
-        prunekit.custom_from_mask(module, name, mask)
+        custom_from_mask(module, name, mask)
 
 
 def _tied(model: nn.Module, module: nn.Module, name: str) -> list[tuple[nn.Module, str]]:

@@ -30,6 +30,7 @@ from prunekit.functional import global_unstructured, ln_structured
 from prunekit.methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
 from prunekit.schedule import GradualPruner
+from prunekit.structure import compact, count_macs, latency_ms, prune_channels
 
 __all__ = ["DemoResult", "DemoRow", "DigitsCNN", "StructuredResult", "run_demo", "run_structured"]
 
@@ -392,8 +393,6 @@ class StructuredResult:
 
 def run_structured(model: DigitsCNN, data: _Data, epochs: int, tick: Progress) -> StructuredResult:
     """Mask whole channels of the trained `model`, fine-tune it masked, then compact it."""
-    from prunekit.structure import compact, count_macs, latency_ms, prune_channels
-
     rows = [_structured_row("dense", model, data, count_macs, latency_ms)]
     prune_channels(model, data.x_train[:BATCH], COMPACT_AMOUNT)
     _train(model, data, epochs, 1e-3, "channels masked, fine-tuning", tick)

@@ -30,7 +30,7 @@ from prunekit.criteria.wanda import Wanda
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.methods import Pruning
 from prunekit.progress import Progress
-from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented, parameter
+from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented
 
 __all__ = ["execute"]
 
@@ -84,11 +84,11 @@ class _Joint(Criterion):
 
 
 def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
-    loss = plan.loss or _output_loss
+    loss = plan.loss or cal.output_loss(plan.config.owner, "method='taylor'")
     totals: list[Tensor | None] = [None] * len(plan.targets)
     params = []
     for module, name in plan.targets:
-        param = parameter(module, name)
+        param = cal.parameter(module, name)
         params.append((param, lambda m=module, n=name: getattr(m, n)))
 
     def step(i: int, values: Tensor, grad: Tensor) -> None:
@@ -112,16 +112,6 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
         summed = plan.reduce(named, {})
         found = {_key(t): summed[str(i)] for i, t in enumerate(plan.targets)}
     return found
-
-
-def _output_loss(output: Any, batch: Any) -> Tensor:
-    value = getattr(output, "loss", None)
-    if not isinstance(value, Tensor):
-        raise value_error(
-            "prune_model: method='taylor' needs a loss and the model's output has no .loss; "
-            "expected loss=lambda output, batch: <a scalar tensor>"
-        )
-    return value
 
 
 def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
@@ -167,8 +157,9 @@ def _by_blocks(
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             if here:
                 mods = [m for m, _ in here]
+                wanted = cal.Wanted(**want, patches=True)
                 stats = cal.block_statistics(
-                    block, inputs, mods, **want, reduce=reduce, failed=pending, patches=True
+                    block, inputs, mods, wanted, reduce=reduce, failed=pending
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
@@ -254,7 +245,7 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
     for (module, name), value, each in zip(targets, values, found, strict=True):
         keep = layers.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
         updated = layers.from_matrices(module, torch.stack([u for _, u in each]), value.shape)
-        param = parameter(module, name)
+        param = cal.parameter(module, name)
         old = param.data
         param.data = torch.where(keep, updated, old)  # pruned entries keep their values
         custom_from_mask(module, name, keep.to(dtype=old.dtype))

@@ -17,6 +17,8 @@ from torch import nn
 from prunekit.core.errors import naming, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.layers import calibrates
+from prunekit.distributed.agree import collective
+from prunekit.distributed.stats import Reducer
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.methods import LnStructured
 from prunekit.report import Report, report
@@ -105,9 +107,6 @@ def prune_model(
 
     if process_group is None:
         return _prune(model, checked(), calibration, loss, None)
-    # Here, not at the top: prunekit.distributed imports the prunekit package itself.
-    from prunekit.distributed.agree import collective
-
     group = collective(process_group, OWNER)
     with group.telling():  # an error on this rank reaches the others at their next step
         return _prune(model, checked(), calibration, loss, group)
@@ -226,6 +225,4 @@ def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
             "scope='global' (pattern 'unstructured') only; each rank prunes its own "
             "tensors per layer"
         )
-    from prunekit.distributed.stats import Reducer  # see prune_model's import
-
     return Reducer(group, OWNER, arguments)

@@ -197,15 +197,6 @@ def current_values(module: nn.Module, name: str) -> Tensor:
     return result
 
 
-def parameter(module: nn.Module, name: str) -> nn.Parameter:
-    """The Parameter behind ``module.<name>``: ``<name>_orig`` where pruned."""
-    param = module._parameters.get(orig_name(name))
-    if param is None:
-        param = module._parameters[name]
-    assert param is not None
-    return param
-
-
 def alive(module: nn.Module, name: str) -> Tensor | None:
     """Where ``module.<name>`` is not pruned yet (None: no mask)."""
     if "." in name:

@@ -22,16 +22,29 @@ from torch import nn
 
 
 def build_fresh(model: nn.Module, config: Any) -> nn.Module | str | None:
-    """`model`'s class built from a copy of `config` on the meta device; a string saying
-    why building fails; None for a class not built from a config alone."""
+    """`model`'s class built on the meta device from `config` read back as
+    ``from_pretrained`` reads a saved ``config.json`` (through its dict, so the config's own
+    checks run); a line saying why building fails; None for a class not built from a
+    config alone. ``compact`` checks both its config (``CompactReport.stale``) and a
+    save_pretrained / from_pretrained round trip (``not_rebuilt``) with it."""
     if not callable(getattr(type(model), "from_pretrained", None)):
         return None
     try:
         with torch.device("meta"):
-            fresh: nn.Module = type(model)(copy.deepcopy(config))
+            fresh: nn.Module = type(model)(_read_back(config))
     except Exception as error:  # what from_pretrained would meet too: reported, not raised
-        return f"building it fails: {type(error).__name__}: {error}"[:200]
+        return f"building it raises {type(error).__name__}: {error}".replace("\n", " ")
     return fresh
+
+
+def _read_back(config: Any) -> Any:
+    """A copy of `config` as from_pretrained would read it from its saved dict (a config
+    without to_dict / from_dict: a deep copy)."""
+    if callable(getattr(config, "to_dict", None)) and callable(
+        getattr(type(config), "from_dict", None)
+    ):
+        return type(config).from_dict(config.to_dict())
+    return copy.deepcopy(config)
 
 
 def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:

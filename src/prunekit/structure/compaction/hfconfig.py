@@ -140,6 +140,6 @@ def _head_size(model: nn.Module, config: Any, widths: dict[str, list[int]], kind
         fold_embed_scales(model, fresh)
         why = difference(model, fresh)
     else:
-        why = fresh
+        why = None if fresh is None else fresh[:200]
     if why is not None:
         stale.append(f"a model built from the config differs ({why})")

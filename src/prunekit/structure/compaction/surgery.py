@@ -15,12 +15,12 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-import prunekit
-from prunekit.structure.compaction.widths import implied_widths
+from prunekit.functional import remove
 from prunekit.structure.families.attention import update_modules
 from prunekit.structure.families.experts import check_kept, sync_experts
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.handlers.norms import remove_kept_norm
+from prunekit.structure.compaction.widths import implied_widths
 
 
 @dataclass
@@ -261,7 +261,7 @@ def _slice(module: nn.Module, name: str, dims: dict[int, set[int]],
     module._buffers[name + "_mask"] = mask
     module.__dict__[name] = mask * new
     if bool(mask.all()):
-        prunekit.remove(module, name)
+        remove(module, name)
 
 
 def _shared(old: nn.Parameter, dims: dict[int, set[int]],

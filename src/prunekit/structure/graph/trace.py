@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.graph.labels import core
+from prunekit.structure.graph.labels import channel_ids, core, varying
 
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
@@ -191,8 +191,6 @@ class Tracer:
     def varying(self, labels: Tensor) -> list[int]:
         """The dims along which the labels' channels change (ids merged so far counted as
         one: a class token concatenated to the patches is their channel)."""
-        from prunekit.structure.graph.labels import varying
-
         dims = varying(labels)
         return dims if len(dims) <= 1 else varying(self.canonical(labels))
 
@@ -457,8 +455,6 @@ def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
 def _outputs(tracer: Tracer, out: Any) -> None:
     """Channels that reach the model's output: one dim of channels per output is recorded
     (only a group of the hidden width may be pruned there); anything else is blocked."""
-    from prunekit.structure.graph.labels import channel_ids
-
     for k, t in enumerate(tree_flatten(out)[0]):
         labels = tracer.label(t)
         if labels is None:

@@ -21,7 +21,8 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.naming import MASK, ORIG
-from prunekit.structure.saving.skeleton import Factory, empty_parameters
+from prunekit.structure.compaction.fromconfig import build_fresh
+from prunekit.structure.saving.skeleton import Factory
 
 __all__ = ["building_config", "pretrained_mismatches", "transformers_factory"]
 
@@ -113,17 +114,14 @@ def transformers_factory(root: str, saved: Mapping[str, Any], where: Path) -> Fa
 def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
     """What ``type(model).from_pretrained`` would build differently from `model` out of its
     config: one line per tensor whose shape differs (or why it cannot build); empty when a
-    save_pretrained / from_pretrained round trip rebuilds it. Built with its parameters on
-    the meta device (no memory)."""
+    save_pretrained / from_pretrained round trip rebuilds it. Built on the meta device (no
+    memory) by the builder that checks the compacted config (fromconfig.build_fresh)."""
     config = getattr(model, "config", None)
-    if config is None or not callable(getattr(type(model), "from_pretrained", None)):
+    built = None if config is None else build_fresh(model, config)
+    if built is None:
         return ()
-    try:  # read back as from_pretrained reads config.json: transformers' checks run
-        copied = type(config).from_dict(config.to_dict())
-        with empty_parameters():
-            built = type(model)(copied)
-    except Exception as error:  # the config or the model's own constructor refuses it
-        return (f"building it raises {type(error).__name__}: {error}".replace("\n", " "),)
+    if isinstance(built, str):  # the config or the model's own constructor refuses it
+        return (built,)
     expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
     found = []
     for key, value in model.state_dict().items():

@@ -98,12 +98,13 @@ def build_skeleton(manifest: Mapping[str, Any], where: Path, factory: Factory | 
                 "prunekit.register_compacted_factory(Model, factory) first, or "
                 "load_compacted(model, folder) with a freshly built model"
             )
-        from prunekit.structure.saving.hfbuild import transformers_factory
+        # A cycle, as below: hfbuild builds on this module's Factory and empty_parameters.
+        from prunekit.structure.saving.hfbuild import transformers_factory  # noqa: PLC0415
 
         factory = transformers_factory(root, saved, where)
     config = None
     if saved is not None:
-        from prunekit.structure.saving.hfbuild import building_config
+        from prunekit.structure.saving.hfbuild import building_config  # noqa: PLC0415
 
         config = building_config(manifest, where)
     with empty_parameters():  # an error of the model's own code propagates as it is

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.naming import orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.criteria import (
@@ -116,7 +115,8 @@ class GroupTaylor(GroupCriterion):
         if batches is None:
             self.totals = None
             return
-        self.totals = _from_batches(model, groups, batches, loss or _output_loss)
+        default = cal.output_loss("prune_channels", "criterion='taylor'")
+        self.totals = _from_batches(model, groups, batches, loss or default)
 
     def scores(self, group: ChannelGroup) -> Tensor:
         if self.totals is not None:
@@ -135,7 +135,8 @@ def _from_batches(
             key = (id(s.module), s.name)
             if key not in where:
                 where[key] = []
-                params.append((_parameter(s), lambda m=s.module, n=s.name: getattr(m, n)))
+                param = cal.parameter(s.module, s.name)
+                params.append((param, lambda m=s.module, n=s.name: getattr(m, n)))
             where[key].append((g, s))
     keys = list(where)
     totals = {id(g): torch.zeros(g.size, dtype=torch.float64) for g in groups}
@@ -160,14 +161,8 @@ def _from_batches(
     return totals
 
 
-def _parameter(s: Slice) -> nn.Parameter:
-    found = s.module._parameters.get(orig_name(s.name), s.module._parameters.get(s.name))
-    assert found is not None
-    return found
-
-
 def _grad(s: Slice) -> Tensor:
-    param = _parameter(s)
+    param = cal.parameter(s.module, s.name)
     if param.grad is None:
         raise ValueError(
             f"prune_channels: criterion='taylor' needs gradients, but {s.qualified} has no "
@@ -175,13 +170,3 @@ def _grad(s: Slice) -> Tensor:
             "calibration= batches (and loss=)"
         )
     return param.grad.detach().to(torch.float64)
-
-
-def _output_loss(output: Any, batch: Any) -> Tensor:
-    found = getattr(output, "loss", None)
-    if not isinstance(found, Tensor):
-        raise ValueError(
-            "prune_channels: criterion='taylor' needs a loss and the model's output has no "
-            ".loss; expected loss=lambda output, batch: <a scalar tensor>"
-        )
-    return found
