@@ -18,7 +18,7 @@ from prunekit.structure.trace import Record, Tracer, compressed
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:
     """Resolve the tracer's ids into units and the units into groups."""
-    roots = compressed(torch.tensor(tr.parent, dtype=torch.long))
+    roots = compressed(tr.parents().clone())
     records = [r for r in tr.records if r.role != "element"]
     made = [r.ids for r in records if r.role == "out"]
     made_ids = torch.cat(made) if made else torch.zeros(0, dtype=torch.long)

@@ -30,7 +30,6 @@ HANDLERS: dict[str, Handler] = {}
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 _METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
-_MERGE_AT_ONCE = 256  # above this many pairs, merge with tensor operations
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
 
@@ -110,7 +109,6 @@ class Tracer:
     """The labels, the union-find over channel ids, blocked ids and recorded slices."""
 
     owners: dict[int, tuple[str, nn.Module, str, bool]] = field(default_factory=dict)
-    parent: list[int] = field(default_factory=list)
     blocked: list[tuple[Tensor, str]] = field(default_factory=list)  # (ids, why), in order
     records: list[Record] = field(default_factory=list)
     unclaimed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
@@ -131,21 +129,46 @@ class Tracer:
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
     # the first record of each tensor's positions, until a second one needs them
     _first: dict[tuple[int, str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # the union-find: _parent[:_count] are the parents of the ids made so far
+    _parent: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    _count: int = 0
 
     # ids and union-find
+    @property
+    def parent(self) -> list[int]:
+        """Each id's parent in the union-find (an id pointing at itself is a root)."""
+        return self.parents().tolist()
+
+    def parents(self) -> Tensor:
+        """The parents as a tensor (a view: valid until the next merge or new ids)."""
+        return self._parent[: self._count]
+
     def new_ids(self, count: int) -> Tensor:
-        start = len(self.parent)
-        self.parent.extend(range(start, start + count))
-        return torch.arange(start, start + count)
+        start = self._count
+        if start + count > len(self._parent):  # room for twice as many
+            grown = torch.empty(max(2 * (start + count), 1024), dtype=torch.long)
+            grown[:start] = self._parent[:start]
+            self._parent = grown
+        ids = torch.arange(start, start + count)
+        self._parent[start : start + count] = ids
+        self._count = start + count
+        return ids
 
     def find(self, i: int) -> int:
-        parent = self.parent
-        root = i
-        while parent[root] != root:
-            root = parent[root]
-        while parent[i] != root:
-            parent[i], i = root, parent[i]
-        return root
+        return int(self.roots(torch.tensor([i]))[0])
+
+    def roots(self, ids: Tensor) -> Tensor:
+        """The root of each id (all >= 0), with the paths on the way compressed."""
+        parent = self._parent
+        up = parent[ids]
+        while True:
+            upper = parent[up]
+            if torch.equal(upper, up):
+                break
+            up = upper
+        if len(ids):
+            parent[ids] = up
+        return up
 
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
@@ -157,28 +180,16 @@ class Tracer:
         both = (a >= 0) & (b >= 0) & (a != b)
         if not bool(both.any()):
             return
-        n = len(self.parent)
+        n = self._count
         codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
-        if len(codes) > _MERGE_AT_ONCE:
-            self._merge_many(codes // n, codes % n)
-            return
-        for x, y in zip((codes // n).tolist(), (codes % n).tolist(), strict=False):
-            rx, ry = self.find(x), self.find(y)
-            if rx != ry:
-                self.parent[max(rx, ry)] = min(rx, ry)
-
-    def _merge_many(self, xs: Tensor, ys: Tensor) -> None:
-        """`merge` for many pairs at once, with tensor operations."""
-        root = compressed(torch.tensor(self.parent, dtype=torch.long))
-        while True:
-            rx, ry = root[xs], root[ys]
-            if torch.equal(rx, ry):
-                break
+        xs, ys = codes // n, codes % n
+        parent = self._parent
+        rx, ry = self.roots(xs), self.roots(ys)
+        while not torch.equal(rx, ry):
             low = torch.minimum(rx, ry)  # each root of a pair points at the smaller one
-            root.scatter_reduce_(0, rx, low, "amin")
-            root.scatter_reduce_(0, ry, low, "amin")
-            root = compressed(root)
-        self.parent = root.tolist()
+            parent.scatter_reduce_(0, rx, low, "amin")
+            parent.scatter_reduce_(0, ry, low, "amin")
+            rx, ry = self.roots(rx), self.roots(ry)
 
     def block(self, ids: Tensor | None, reason: str) -> None:
         """Leave these ids (and all merged with them) alone, for `reason`."""
@@ -199,7 +210,7 @@ class Tracer:
     def canonical(self, labels: Tensor) -> Tensor:
         """Labels with every id replaced by its root (ids merged so far look the same)."""
         values, inverse = torch.unique(labels, return_inverse=True)
-        roots = torch.tensor([self.find(int(v)) if v >= 0 else -1 for v in values.tolist()])
+        roots = torch.where(values >= 0, self.roots(values.clamp_min(0)), -1)
         return roots[inverse].reshape(labels.shape)
 
     # labels of tensors
