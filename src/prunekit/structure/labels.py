@@ -51,6 +51,16 @@ def core(labels: Tensor, keep: int = -1) -> Tensor:
     return labels
 
 
+def either(first: Tensor, second: Tensor) -> Tensor:
+    """`first` where it has an id, else `second` (both of one shape), computed once along the
+    dims both are broadcast along and broadcast there again."""
+    a, b = first, second
+    for d in range(a.dim()):
+        if a.shape[d] > 1 and a.stride(d) == 0 and b.stride(d) == 0:
+            a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
+    return torch.where(a >= 0, a, b).expand(first.shape)
+
+
 def along(ids: Tensor, dim: int, shape: torch.Size | tuple[int, ...]) -> Tensor:
     """Ids (one per position of `dim`) broadcast to `shape`."""
     view = [1] * len(shape)

@@ -358,25 +358,46 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tr = self.tracer
-        name = op_name(func)
+        name = _NAMES.get(func)
+        if name is None:
+            name = _NAMES[func] = op_name(func)
         if name in _METADATA or tr.suspended:
             return out
+        inputs = _tensors_in(args, [])
+        if kwargs:
+            _tensors_in(tuple(kwargs.values()), inputs)
+        labels, owners = tr._labels, tr.owners
+        if not any(id(t) in labels or id(t) in owners for t in inputs):
+            return out  # no channels and no model tensor: nothing for a handler to see
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
         tr.claimed = claimed = set[int]()
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
         handler = HANDLERS.get(name)
         if handler is not None:
             handler(tr, call)
         else:
             for t in inputs:
                 tr.block(tr.label(t), f"{describe_op(call)} is not an op the graph knows")
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-        if outputs:
-            for t in inputs:
-                found = tr.owners.get(id(t))
-                if found is not None and id(t) not in claimed:
-                    tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
+        unclaimed = [owners[id(t)] for t in inputs if id(t) in owners and id(t) not in claimed]
+        if unclaimed and _tensors_in((out,), []):
+            for found in unclaimed:
+                tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
         return out
+
+
+# each torch function seen -> its op name
+_NAMES: dict[Any, str] = {}
+
+
+def _tensors_in(values: tuple[Any, ...] | list[Any], found: list[Tensor]) -> list[Tensor]:
+    """The tensors among `values` and inside their lists, tuples and dicts, in order."""
+    for v in values:
+        if isinstance(v, Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            _tensors_in(v, found)
+        elif isinstance(v, dict):
+            _tensors_in(tuple(v.values()), found)
+    return found
 
 
 def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
