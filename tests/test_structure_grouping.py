@@ -108,3 +108,21 @@ def test_transformers_groups_equal_the_reference(name: str) -> None:
         _check(model, ids)
     if name == "mixtral":
         assert "experts" in kinds
+
+
+@pytest.mark.parametrize("multiplier", [0, 0x9E3779B97F4A7C15])
+def test_equal_signatures_are_found_even_when_hashed_alike(
+    multiplier: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Units are grouped by their rows of keys; rows that differ but hash alike (a multiplier
+    of 0 hashes rows by their first column) still fall in different groups."""
+    from prunekit.structure import grouping
+
+    monkeypatch.setattr(grouping, "_HASH", multiplier)
+    rows = torch.randint(-1, 4, (500, 5), generator=torch.Generator().manual_seed(0))
+    rows = torch.cat([rows, rows[:50]])
+    found = grouping._same_rows(rows)
+    exact = torch.unique(rows, dim=0, return_inverse=True)[1]
+    same = found.unsqueeze(0) == found.unsqueeze(1)
+    assert torch.equal(same, exact.unsqueeze(0) == exact.unsqueeze(1))
+    assert len(torch.unique(exact)) < len(rows)  # some rows are equal

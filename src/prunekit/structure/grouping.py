@@ -340,26 +340,49 @@ def _signatures(
     first_k.scatter_reduce_(0, where, ks, "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    distinct_list, keys_list = distinct.tolist(), keys.tolist()
+    # a root's signature: its sorted keys (a multiset) and whether it is blocked, as one row
+    rows = torch.full((len(distinct), int(counts.max()) + 1), -1, dtype=torch.long)
+    rows[where, torch.arange(len(where)) - starts[where]] = keys
+    blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
+                           dtype=torch.long)  # fmt: skip
+    rows[:, -1] = torch.isin(distinct, blocked).long()
+    signature = _same_rows(rows)
+    # groups in the order their first root appears, each root after those before it
+    rank = torch.empty_like(appear)
+    rank[appear] = torch.arange(len(appear))
+    first = torch.full((int(signature.max()) + 1,), len(appear), dtype=torch.long)
+    first.scatter_reduce_(0, signature, rank, "amin")
+    group_rank = torch.empty_like(first)
+    group_rank[torch.argsort(first)] = torch.arange(len(first))
+    by_group = torch.argsort(group_rank[signature] * len(appear) + rank)
+    sizes = torch.bincount(group_rank[signature]).tolist()
+    members_all = distinct[by_group].tolist()
+    leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
     starts_list, ks_list = starts.tolist(), ks.tolist()
-    # a root's signature: its sorted keys (a multiset) and whether it is blocked
-    signatures: dict[tuple[tuple[int, ...], bool], int] = {}
-    group_list = [
-        signatures.setdefault(
-            (tuple(keys_list[starts_list[i] : starts_list[i + 1]]), bool(reasons.get(root))),
-            len(signatures),
-        )
-        for i, root in enumerate(distinct_list)
-    ]  # fmt: skip
-    members: dict[int, list[int]] = defaultdict(list)
-    for i in appear.tolist():
-        members[group_list[i]].append(i)
     found = []
-    for rows in members.values():
-        i = rows[0]
-        first = sorted(ks_list[starts_list[i] : starts_list[i + 1]])
-        found.append((first, [distinct_list[j] for j in rows]))
+    at = 0
+    for lead, size in zip(leads, sizes, strict=True):
+        first_ks = sorted(ks_list[starts_list[lead] : starts_list[lead + 1]])
+        found.append((first_ks, members_all[at : at + size]))
+        at += size
     return found
+
+
+def _same_rows(rows: Tensor) -> Tensor:
+    """A number per row, equal for equal rows only: rows hashed to one number each (checked
+    exact, else sorted whole)."""
+    weights = torch.tensor([pow(_HASH, j, 1 << 64) for j in range(rows.shape[1])],
+                           dtype=torch.uint64).view(torch.long)  # fmt: skip
+    codes = ((rows + 2) * weights).sum(1)  # wraps around: a hash modulo 2**64
+    _, inverse = torch.unique(codes, return_inverse=True)
+    first = torch.full((len(rows),), len(rows), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), "amin")
+    if torch.equal(rows, rows[first[inverse]]):
+        return inverse
+    return torch.unique(rows, dim=0, return_inverse=True)[1]  # two rows hashed alike
+
+
+_HASH = 0x9E3779B97F4A7C15  # an odd multiplier: any two rows that differ are unlikely alike
 
 
 def _key(r: Record) -> tuple[Any, ...]:
