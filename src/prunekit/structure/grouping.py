@@ -374,12 +374,13 @@ def _same_rows(rows: Tensor) -> Tensor:
     weights = torch.tensor([pow(_HASH, j, 1 << 64) for j in range(rows.shape[1])],
                            dtype=torch.uint64).view(torch.long)  # fmt: skip
     codes = ((rows + 2) * weights).sum(1)  # wraps around: a hash modulo 2**64
-    _, inverse = torch.unique(codes, return_inverse=True)
+    inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
     first = torch.full((len(rows),), len(rows), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(len(rows)), "amin")
     if torch.equal(rows, rows[first[inverse]]):
         return inverse
-    return torch.unique(rows, dim=0, return_inverse=True)[1]  # two rows hashed alike
+    exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]  # two rows hashed alike
+    return exact
 
 
 _HASH = 0x9E3779B97F4A7C15  # an odd multiplier: any two rows that differ are unlikely alike

@@ -22,6 +22,8 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     rows = core(labels, keep=dim).movedim(dim, 0).reshape(size, -1)
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
+    if rows.shape[1] == 1:  # one value per channel: nothing mixed
+        return rows[:, 0].clone()
     low, high = rows.amin(1), rows.amax(1)
     mixed = (low != high).nonzero().flatten()
     if len(mixed):

@@ -325,14 +325,17 @@ def compressed(parent: Tensor) -> Tensor:
         parent = up
 
 
-def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
+def tensor_owners(
+    model: nn.Module, named: list[tuple[str, nn.Module]] | None = None
+) -> dict[int, tuple[str, nn.Module, str, bool]]:
     """id of each parameter, buffer and masked tensor -> (module name, module, name, is buffer).
 
     A pruned tensor is found as ``module.<name>`` (mask x orig), never as its ``_orig`` or
-    ``_mask``, which only the pruning hook reads.
+    ``_mask``, which only the pruning hook reads. `named`: the model's named modules, when
+    listed already.
     """
     owners: dict[int, tuple[str, nn.Module, str, bool]] = {}
-    for mname, module in model.named_modules():
+    for mname, module in model.named_modules() if named is None else named:
         masked = {k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")}
         for pname, p in module._parameters.items():
             if p is not None and not (pname.endswith("_orig") and pname[:-5] in masked):
@@ -429,8 +432,9 @@ def run_traced(
     options: dict[str, Any] | None = None,
 ) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
-    tracer = Tracer(owners=tensor_owners(model), options=dict(options or {}))
-    names = tracer.names = {id(m): n for n, m in model.named_modules()}
+    named = list(model.named_modules())
+    tracer = Tracer(owners=tensor_owners(model, named), options=dict(options or {}))
+    names = tracer.names = {id(m): n for n, m in named}
 
     def enter(module: nn.Module, _: Any) -> None:
         tracer.where.append(names.get(id(module), type(module).__name__) or type(module).__name__)
@@ -441,12 +445,13 @@ def run_traced(
 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
-    handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
-    handles += _attach_module_handlers(tracer, model)
-    training = [(m, m.training) for m in model.modules()]
+    handles = [_follow_masks(tracer, name, m) for name, m in named]
+    handles += _attach_module_handlers(tracer, [m for _, m in named])
+    training = [m for _, m in named if m.training]
     token = TRACING.set(True)
     try:
-        model.eval()
+        if training:
+            model.eval()
         with torch.no_grad(), _Mode(tracer):
             out = model(*args, **kwargs)
     finally:
@@ -456,17 +461,17 @@ def run_traced(
         for handle in handles:
             if handle is not None:
                 handle.remove()
-        for m, mode in training:
-            m.training = mode
+        for m in training:
+            m.training = True
     _outputs(tracer, out)
     return tracer, out
 
 
-def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
+def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[Any]:
     """Hooks that suspend op tracing inside each module a ModuleHandler matches, and hand the
     whole call to it when the module returns."""
     handles: list[Any] = []
-    for module in model.modules():
+    for module in modules:
         handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
         if handler is None:
             continue
