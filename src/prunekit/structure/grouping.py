@@ -340,13 +340,10 @@ def _signatures(
     first_k.scatter_reduce_(0, where, ks, "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    # a root's signature: its sorted keys (a multiset) and whether it is blocked, as one row
-    rows = torch.full((len(distinct), int(counts.max()) + 1), -1, dtype=torch.long)
-    rows[where, torch.arange(len(where)) - starts[where]] = keys
+    # a root's signature: its sorted keys (a multiset) and whether it is blocked
     blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
                            dtype=torch.long)  # fmt: skip
-    rows[:, -1] = torch.isin(distinct, blocked).long()
-    signature = _same_rows(rows)
+    signature = _same_runs(keys, where, starts, torch.isin(distinct, blocked).long())
     # groups in the order their first root appears, each root after those before it
     rank = torch.empty_like(appear)
     rank[appear] = torch.arange(len(appear))
@@ -368,18 +365,27 @@ def _signatures(
     return found
 
 
-def _same_rows(rows: Tensor) -> Tensor:
-    """A number per row, equal for equal rows only: rows hashed to one number each (checked
-    exact, else sorted whole)."""
-    weights = torch.tensor([pow(_HASH, j, 1 << 64) for j in range(rows.shape[1])],
+def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
+    """A number per run (the values of run r are ``values[starts[r]:starts[r + 1]]``, with
+    its flag), equal for equal runs only: each run hashed to one number (checked exact, else
+    compared whole)."""
+    counts = starts[1:] - starts[:-1]
+    at = torch.arange(len(values)) - starts[run]  # each value's place in its run
+    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
                            dtype=torch.uint64).view(torch.long)  # fmt: skip
-    codes = ((rows + 2) * weights).sum(1)  # wraps around: a hash modulo 2**64
+    codes = (counts + 1) * weights[0] + flag  # wraps around: a hash modulo 2**64
+    codes.index_add_(0, run, (values + 2) * weights[at + 1])
     inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
-    first = torch.full((len(rows),), len(rows), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(rows)), "amin")
-    if torch.equal(rows, rows[first[inverse]]):
+    first = torch.full((len(counts),), len(counts), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(counts)), "amin")
+    lead = first[inverse]
+    same = torch.equal(counts, counts[lead]) and torch.equal(flag, flag[lead])
+    if same and torch.equal(values, values[starts[lead][run] + at]):
         return inverse
-    exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]  # two rows hashed alike
+    rows = torch.full((len(counts), int(counts.max()) + 1), -1, dtype=torch.long)
+    rows[run, at] = values  # two runs hashed alike: compared whole
+    rows[:, -1] = flag
+    exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]
     return exact
 
 
