@@ -30,8 +30,18 @@ from prunekit.structure.graph.groups import ChannelGroup, Slice
 from prunekit.structure.graph.trace import Record, Tracer
 
 
+def _roots(parent: list[int]) -> list[int]:
+    """Each id's root: its parents followed up to an id that is its own."""
+    found = []
+    for i in range(len(parent)):
+        while parent[i] != i:
+            i = parent[i]
+        found.append(i)
+    return found
+
+
 def reference_groups(tr: Tracer) -> list[ChannelGroup]:
-    root = [tr.find(i) for i in range(len(tr.parent))]
+    root = _roots(tr.parent)
     records = [r for r in tr.records if r.role != "element"]
     makers = {root[i] for r in records if r.role == "out" for i in r.ids.tolist() if i >= 0}
     reasons: dict[int, list[str]] = defaultdict(list)

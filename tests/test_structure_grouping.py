@@ -108,3 +108,33 @@ def test_transformers_groups_equal_the_reference(name: str) -> None:
         _check(model, ids)
     if name == "mixtral":
         assert "experts" in kinds
+
+
+@pytest.mark.parametrize("multiplier", [0, 0x9E3779B97F4A7C15])
+def test_equal_signatures_are_found_even_when_hashed_alike(
+    multiplier: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Units are grouped by their runs of keys and a flag; runs that differ but hash alike (a
+    multiplier of 0 hashes them by their length and flag only) still fall in different
+    groups."""
+    from prunekit.structure import grouping
+
+    monkeypatch.setattr(grouping, "_HASH", multiplier)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(1, 4, (500,), generator=gen)
+    runs = [torch.randint(0, 3, (int(n),), generator=gen) for n in counts]
+    runs += runs[:50]  # some runs twice
+    flag = torch.randint(0, 2, (len(runs),), generator=gen)
+    flag[500:] = flag[:50]
+    values = torch.cat(runs)
+    run = torch.repeat_interleave(torch.arange(len(runs)), torch.tensor([len(r) for r in runs]))
+    starts = torch.tensor([0, *torch.tensor([len(r) for r in runs]).cumsum(0).tolist()])
+    found = grouping._same_runs(values, run, starts, flag)
+    rows = torch.full((len(runs), 4), -1, dtype=torch.long)
+    for k, r in enumerate(runs):
+        rows[k, : len(r)] = r
+    rows[:, -1] = flag
+    exact = torch.unique(rows, dim=0, return_inverse=True)[1]
+    same = found.unsqueeze(0) == found.unsqueeze(1)
+    assert torch.equal(same, exact.unsqueeze(0) == exact.unsqueeze(1))
+    assert len(torch.unique(exact)) < len(runs)  # some runs are equal

@@ -1,12 +1,12 @@
-"""The channel tracer's union-find: merging many pairs at once gives the sets and roots that
-merging them one by one gives (a root is the smallest id of its set)."""
+"""The channel tracer's union-find: merging many pairs at once (with tensor operations) gives
+the sets and roots that merging them one by one with a plain union-find gives (a root is the
+smallest id of its set)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prunekit.structure.graph import trace
 from prunekit.structure.graph.trace import Tracer
 
 
@@ -14,10 +14,25 @@ def _roots(tracer: Tracer) -> list[int]:
     return [tracer.find(i) for i in range(len(tracer.parent))]
 
 
+def _one_by_one(n: int, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    """A plain union-find: each pair joins its two sets under the smaller root."""
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for a, b in batches:
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            if x >= 0 and y >= 0:
+                rx, ry = find(x), find(y)
+                parent[max(rx, ry)] = min(rx, ry)
+    return [find(i) for i in range(n)]
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_merging_many_pairs_at_once_equals_one_by_one(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_merging_many_pairs_at_once_equals_one_by_one(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     n = 3000
     batches = []
@@ -26,23 +41,29 @@ def test_merging_many_pairs_at_once_equals_one_by_one(
         a = torch.randint(-1, n, (count,), generator=gen)
         b = torch.randint(-1, n, (count,), generator=gen)
         batches.append((a, b))
-    one, many = Tracer(), Tracer()
-    one.new_ids(n)
+    many = Tracer()
     many.new_ids(n)
-    monkeypatch.setattr(trace, "_MERGE_AT_ONCE", 10**9)
-    for a, b in batches:
-        one.merge(a, b)
-    monkeypatch.setattr(trace, "_MERGE_AT_ONCE", 0)
     for a, b in batches:
         many.merge(a, b)
-    assert _roots(many) == _roots(one)
-    assert len(set(_roots(one))) < n  # the pairs did join sets
+    expected = _one_by_one(n, batches)
+    assert _roots(many) == expected
+    assert len(set(expected)) < n  # the pairs did join sets
 
 
-def test_a_chain_joins_into_its_smallest_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trace, "_MERGE_AT_ONCE", 0)
+def test_a_chain_joins_into_its_smallest_id() -> None:
     tracer = Tracer()
     tracer.new_ids(10)
     tracer.merge(torch.tensor([9, 8, 7, 2]), torch.tensor([8, 7, 6, 3]))  # 6-9 and 2-3
     tracer.merge(torch.tensor([6]), torch.tensor([3]))
     assert _roots(tracer) == [0, 1, 2, 2, 4, 5, 2, 2, 2, 2]
+
+
+def test_ids_made_after_merges_keep_the_sets() -> None:
+    """New ids grow the union-find without touching the sets made so far."""
+    tracer = Tracer()
+    tracer.new_ids(3)
+    tracer.merge(torch.tensor([2]), torch.tensor([0]))
+    assert tracer.new_ids(2000).tolist() == list(range(3, 2003))
+    tracer.merge(torch.tensor([2002]), torch.tensor([1]))
+    assert _roots(tracer)[:3] == [0, 1, 0] and tracer.find(2002) == 1
+    assert tracer.roots(torch.tensor([5, 2, 2002])).tolist() == [5, 0, 1]

@@ -16,11 +16,11 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from prunekit.functional import remove
+from prunekit.structure.compaction.widths import implied_widths
 from prunekit.structure.families.attention import update_modules
 from prunekit.structure.families.experts import check_kept, sync_experts
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.handlers.norms import remove_kept_norm
-from prunekit.structure.compaction.widths import implied_widths
 
 
 @dataclass

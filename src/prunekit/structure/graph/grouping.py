@@ -18,7 +18,7 @@ from prunekit.structure.graph.trace import Record, Tracer, compressed
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:
     """Resolve the tracer's ids into units and the units into groups."""
-    roots = compressed(torch.tensor(tr.parent, dtype=torch.long))
+    roots = compressed(tr.parents().clone())
     records = [r for r in tr.records if r.role != "element"]
     made = [r.ids for r in records if r.role == "out"]
     made_ids = torch.cat(made) if made else torch.zeros(0, dtype=torch.long)
@@ -340,26 +340,56 @@ def _signatures(
     first_k.scatter_reduce_(0, where, ks, "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    distinct_list, keys_list = distinct.tolist(), keys.tolist()
-    starts_list, ks_list = starts.tolist(), ks.tolist()
     # a root's signature: its sorted keys (a multiset) and whether it is blocked
-    signatures: dict[tuple[tuple[int, ...], bool], int] = {}
-    group_list = [
-        signatures.setdefault(
-            (tuple(keys_list[starts_list[i] : starts_list[i + 1]]), bool(reasons.get(root))),
-            len(signatures),
-        )
-        for i, root in enumerate(distinct_list)
-    ]  # fmt: skip
-    members: dict[int, list[int]] = defaultdict(list)
-    for i in appear.tolist():
-        members[group_list[i]].append(i)
+    blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
+                           dtype=torch.long)  # fmt: skip
+    signature = _same_runs(keys, where, starts, torch.isin(distinct, blocked).long())
+    # groups in the order their first root appears, each root after those before it
+    rank = torch.empty_like(appear)
+    rank[appear] = torch.arange(len(appear))
+    first = torch.full((int(signature.max()) + 1,), len(appear), dtype=torch.long)
+    first.scatter_reduce_(0, signature, rank, "amin")
+    group_rank = torch.empty_like(first)
+    group_rank[torch.argsort(first)] = torch.arange(len(first))
+    by_group = torch.argsort(group_rank[signature] * len(appear) + rank)
+    sizes = torch.bincount(group_rank[signature]).tolist()
+    members_all = distinct[by_group].tolist()
+    leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
+    starts_list, ks_list = starts.tolist(), ks.tolist()
     found = []
-    for rows in members.values():
-        i = rows[0]
-        first = sorted(ks_list[starts_list[i] : starts_list[i + 1]])
-        found.append((first, [distinct_list[j] for j in rows]))
+    at = 0
+    for lead, size in zip(leads, sizes, strict=True):
+        first_ks = sorted(ks_list[starts_list[lead] : starts_list[lead + 1]])
+        found.append((first_ks, members_all[at : at + size]))
+        at += size
     return found
+
+
+def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
+    """A number per run (the values of run r are ``values[starts[r]:starts[r + 1]]``, with
+    its flag), equal for equal runs only: each run hashed to one number (checked exact, else
+    compared whole)."""
+    counts = starts[1:] - starts[:-1]
+    at = torch.arange(len(values)) - starts[run]  # each value's place in its run
+    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
+                           dtype=torch.uint64).view(torch.long)  # fmt: skip
+    codes = (counts + 1) * weights[0] + flag  # wraps around: a hash modulo 2**64
+    codes.index_add_(0, run, (values + 2) * weights[at + 1])
+    inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
+    first = torch.full((len(counts),), len(counts), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(counts)), "amin")
+    lead = first[inverse]
+    same = torch.equal(counts, counts[lead]) and torch.equal(flag, flag[lead])
+    if same and torch.equal(values, values[starts[lead][run] + at]):
+        return inverse
+    rows = torch.full((len(counts), int(counts.max()) + 1), -1, dtype=torch.long)
+    rows[run, at] = values  # two runs hashed alike: compared whole
+    rows[:, -1] = flag
+    exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]
+    return exact
+
+
+_HASH = 0x9E3779B97F4A7C15  # an odd multiplier: any two rows that differ are unlikely alike
 
 
 def _key(r: Record) -> tuple[Any, ...]:

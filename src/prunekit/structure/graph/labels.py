@@ -22,6 +22,8 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     rows = core(labels, keep=dim).movedim(dim, 0).reshape(size, -1)
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
+    if rows.shape[1] == 1:  # one value per channel: nothing mixed
+        return rows[:, 0].clone()
     low, high = rows.amin(1), rows.amax(1)
     mixed = (low != high).nonzero().flatten()
     if len(mixed):
@@ -49,6 +51,16 @@ def core(labels: Tensor, keep: int = -1) -> Tensor:
         if stride == 0 and size > 1 and d != keep:
             labels = labels.narrow(d, 0, 1)
     return labels
+
+
+def either(first: Tensor, second: Tensor) -> Tensor:
+    """`first` where it has an id, else `second` (both of one shape), computed once along the
+    dims both are broadcast along and broadcast there again."""
+    a, b = first, second
+    for d in range(a.dim()):
+        if a.shape[d] > 1 and a.stride(d) == 0 and b.stride(d) == 0:
+            a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
+    return torch.where(a >= 0, a, b).expand(first.shape)
 
 
 def along(ids: Tensor, dim: int, shape: torch.Size | tuple[int, ...]) -> Tensor:

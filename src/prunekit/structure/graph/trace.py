@@ -30,7 +30,6 @@ HANDLERS: dict[str, Handler] = {}
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 _METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
-_MERGE_AT_ONCE = 256  # above this many pairs, merge with tensor operations
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
 
@@ -110,7 +109,6 @@ class Tracer:
     """The labels, the union-find over channel ids, blocked ids and recorded slices."""
 
     owners: dict[int, tuple[str, nn.Module, str, bool]] = field(default_factory=dict)
-    parent: list[int] = field(default_factory=list)
     blocked: list[tuple[Tensor, str]] = field(default_factory=list)  # (ids, why), in order
     records: list[Record] = field(default_factory=list)
     unclaimed: dict[tuple[str, str], list[str]] = field(default_factory=dict)
@@ -131,21 +129,46 @@ class Tracer:
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
     # the first record of each tensor's positions, until a second one needs them
     _first: dict[tuple[int, str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # the union-find: _parent[:_count] are the parents of the ids made so far
+    _parent: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    _count: int = 0
 
     # ids and union-find
+    @property
+    def parent(self) -> list[int]:
+        """Each id's parent in the union-find (an id pointing at itself is a root)."""
+        return self.parents().tolist()
+
+    def parents(self) -> Tensor:
+        """The parents as a tensor (a view: valid until the next merge or new ids)."""
+        return self._parent[: self._count]
+
     def new_ids(self, count: int) -> Tensor:
-        start = len(self.parent)
-        self.parent.extend(range(start, start + count))
-        return torch.arange(start, start + count)
+        start = self._count
+        if start + count > len(self._parent):  # room for twice as many
+            grown = torch.empty(max(2 * (start + count), 1024), dtype=torch.long)
+            grown[:start] = self._parent[:start]
+            self._parent = grown
+        ids = torch.arange(start, start + count)
+        self._parent[start : start + count] = ids
+        self._count = start + count
+        return ids
 
     def find(self, i: int) -> int:
-        parent = self.parent
-        root = i
-        while parent[root] != root:
-            root = parent[root]
-        while parent[i] != root:
-            parent[i], i = root, parent[i]
-        return root
+        return int(self.roots(torch.tensor([i]))[0])
+
+    def roots(self, ids: Tensor) -> Tensor:
+        """The root of each id (all >= 0), with the paths on the way compressed."""
+        parent = self._parent
+        up = parent[ids]
+        while True:
+            upper = parent[up]
+            if torch.equal(upper, up):
+                break
+            up = upper
+        if len(ids):
+            parent[ids] = up
+        return up
 
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
@@ -157,28 +180,16 @@ class Tracer:
         both = (a >= 0) & (b >= 0) & (a != b)
         if not bool(both.any()):
             return
-        n = len(self.parent)
+        n = self._count
         codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
-        if len(codes) > _MERGE_AT_ONCE:
-            self._merge_many(codes // n, codes % n)
-            return
-        for x, y in zip((codes // n).tolist(), (codes % n).tolist(), strict=False):
-            rx, ry = self.find(x), self.find(y)
-            if rx != ry:
-                self.parent[max(rx, ry)] = min(rx, ry)
-
-    def _merge_many(self, xs: Tensor, ys: Tensor) -> None:
-        """`merge` for many pairs at once, with tensor operations."""
-        root = compressed(torch.tensor(self.parent, dtype=torch.long))
-        while True:
-            rx, ry = root[xs], root[ys]
-            if torch.equal(rx, ry):
-                break
+        xs, ys = codes // n, codes % n
+        parent = self._parent
+        rx, ry = self.roots(xs), self.roots(ys)
+        while not torch.equal(rx, ry):
             low = torch.minimum(rx, ry)  # each root of a pair points at the smaller one
-            root.scatter_reduce_(0, rx, low, "amin")
-            root.scatter_reduce_(0, ry, low, "amin")
-            root = compressed(root)
-        self.parent = root.tolist()
+            parent.scatter_reduce_(0, rx, low, "amin")
+            parent.scatter_reduce_(0, ry, low, "amin")
+            rx, ry = self.roots(rx), self.roots(ry)
 
     def block(self, ids: Tensor | None, reason: str) -> None:
         """Leave these ids (and all merged with them) alone, for `reason`."""
@@ -197,7 +208,7 @@ class Tracer:
     def canonical(self, labels: Tensor) -> Tensor:
         """Labels with every id replaced by its root (ids merged so far look the same)."""
         values, inverse = torch.unique(labels, return_inverse=True)
-        roots = torch.tensor([self.find(int(v)) if v >= 0 else -1 for v in values.tolist()])
+        roots = torch.where(values >= 0, self.roots(values.clamp_min(0)), -1)
         return roots[inverse].reshape(labels.shape)
 
     # labels of tensors
@@ -312,14 +323,17 @@ def compressed(parent: Tensor) -> Tensor:
         parent = up
 
 
-def tensor_owners(model: nn.Module) -> dict[int, tuple[str, nn.Module, str, bool]]:
+def tensor_owners(
+    model: nn.Module, named: list[tuple[str, nn.Module]] | None = None
+) -> dict[int, tuple[str, nn.Module, str, bool]]:
     """id of each parameter, buffer and masked tensor -> (module name, module, name, is buffer).
 
     A pruned tensor is found as ``module.<name>`` (mask x orig), never as its ``_orig`` or
-    ``_mask``, which only the pruning hook reads.
+    ``_mask``, which only the pruning hook reads. `named`: the model's named modules, when
+    listed already.
     """
     owners: dict[int, tuple[str, nn.Module, str, bool]] = {}
-    for mname, module in model.named_modules():
+    for mname, module in model.named_modules() if named is None else named:
         masked = {k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")}
         for pname, p in module._parameters.items():
             if p is not None and not (pname.endswith("_orig") and pname[:-5] in masked):
@@ -345,25 +359,46 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tr = self.tracer
-        name = op_name(func)
+        name = _NAMES.get(func)
+        if name is None:
+            name = _NAMES[func] = op_name(func)
         if name in _METADATA or tr.suspended:
             return out
+        inputs = _tensors_in(args, [])
+        if kwargs:
+            _tensors_in(tuple(kwargs.values()), inputs)
+        labels, owners = tr._labels, tr.owners
+        if not any(id(t) in labels or id(t) in owners for t in inputs):
+            return out  # no channels and no model tensor: nothing for a handler to see
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
         tr.claimed = claimed = set[int]()
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
         handler = HANDLERS.get(name)
         if handler is not None:
             handler(tr, call)
         else:
             for t in inputs:
                 tr.block(tr.label(t), f"{describe_op(call)} is not an op the graph knows")
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-        if outputs:
-            for t in inputs:
-                found = tr.owners.get(id(t))
-                if found is not None and id(t) not in claimed:
-                    tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
+        unclaimed = [owners[id(t)] for t in inputs if id(t) in owners and id(t) not in claimed]
+        if unclaimed and _tensors_in((out,), []):
+            for found in unclaimed:
+                tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
         return out
+
+
+# each torch function seen -> its op name
+_NAMES: dict[Any, str] = {}
+
+
+def _tensors_in(values: tuple[Any, ...] | list[Any], found: list[Tensor]) -> list[Tensor]:
+    """The tensors among `values` and inside their lists, tuples and dicts, in order."""
+    for v in values:
+        if isinstance(v, Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            _tensors_in(v, found)
+        elif isinstance(v, dict):
+            _tensors_in(tuple(v.values()), found)
+    return found
 
 
 def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
@@ -395,8 +430,9 @@ def run_traced(
     options: dict[str, Any] | None = None,
 ) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
-    tracer = Tracer(owners=tensor_owners(model), options=dict(options or {}))
-    names = tracer.names = {id(m): n for n, m in model.named_modules()}
+    named = list(model.named_modules())
+    tracer = Tracer(owners=tensor_owners(model, named), options=dict(options or {}))
+    names = tracer.names = {id(m): n for n, m in named}
 
     def enter(module: nn.Module, _: Any) -> None:
         tracer.where.append(names.get(id(module), type(module).__name__) or type(module).__name__)
@@ -407,12 +443,13 @@ def run_traced(
 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
-    handles = [_follow_masks(tracer, name, m) for name, m in model.named_modules()]
-    handles += _attach_module_handlers(tracer, model)
-    training = [(m, m.training) for m in model.modules()]
+    handles = [_follow_masks(tracer, name, m) for name, m in named]
+    handles += _attach_module_handlers(tracer, [m for _, m in named])
+    training = [m for _, m in named if m.training]
     token = TRACING.set(True)
     try:
-        model.eval()
+        if training:
+            model.eval()
         with torch.no_grad(), _Mode(tracer):
             out = model(*args, **kwargs)
     finally:
@@ -422,17 +459,17 @@ def run_traced(
         for handle in handles:
             if handle is not None:
                 handle.remove()
-        for m, mode in training:
-            m.training = mode
+        for m in training:
+            m.training = True
     _outputs(tracer, out)
     return tracer, out
 
 
-def _attach_module_handlers(tracer: Tracer, model: nn.Module) -> list[Any]:
+def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[Any]:
     """Hooks that suspend op tracing inside each module a ModuleHandler matches, and hand the
     whole call to it when the module returns."""
     handles: list[Any] = []
-    for module in model.modules():
+    for module in modules:
         handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
         if handler is None:
             continue

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.graph.labels import positive, varying
+from prunekit.structure.graph.labels import either, positive, varying
 from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
 
 _UNARY = [
@@ -136,7 +136,7 @@ def _binary(tr: Tracer, call: Call) -> None:
     first, second = full
     if first is not None and second is not None:
         tr.merge(first, second)
-        tr.set(out, torch.where(first >= 0, first, second))
+        tr.set(out, either(first, second))
     else:
         tr.set(out, first if first is not None else second)
 
@@ -221,7 +221,7 @@ def _move(tr: Tracer, call: Call) -> None:
             tr.block(lab, f"{describe_op(call)} {problem}")
     for t, lab in zip(outs, labs, strict=False):
         if isinstance(t, Tensor):
-            tr.set(t, lab.clone() if lab.shape == t.shape else None)
+            tr.set(t, lab if lab.shape == t.shape else None)
 
 
 def _data(call: Call) -> list[Tensor]:
@@ -479,5 +479,5 @@ def _contracts(tr: Tracer, call: Call) -> None:
         tr.block(
             tr.label(t),
             f"{describe_op(call)} contracts over them (outside an attention module the graph "
-            "knows: see prunekit.structure.families.attention)",
+            "knows: see prunekit.structure.attention)",
         )
