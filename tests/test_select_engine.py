@@ -78,9 +78,7 @@ def scores(kind: str, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     return out
 
 
-def flags_of(
-    tensors: list[torch.Tensor], flagged: str, seed: int
-) -> list[torch.Tensor | None]:
+def flags_of(tensors: list[torch.Tensor], flagged: str, seed: int) -> list[torch.Tensor | None]:
     """No flags, bool flags on every other tensor, or masks of the scores' dtype."""
     generator = torch.Generator().manual_seed(seed + 1)
     out: list[torch.Tensor | None] = []
@@ -191,7 +189,7 @@ def pieces_select(
     k: int,
     group: Any,
 ) -> list[torch.Tensor]:
-    from prunekit.distributed.cut import Piece, select
+    from prunekit.select.pieces import Piece, select
 
     pieces = [
         Piece(lambda t=t, f=f: (t, f), t.numel(), t.dtype, key=key)
@@ -217,7 +215,7 @@ def in_key_order(
 @pytest.mark.parametrize("mixed", [False, True], ids=["one dtype", "mixed dtypes"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "zeros"])
 def test_pieces_in_one_process(path: str, mixed: bool, kind: str) -> None:
-    from prunekit.distributed.group import Group as Alone
+    from prunekit.select.group import Alone
 
     groups = [DTYPES] if mixed else [[d] for d in DTYPES]
     for dtypes in groups:
