@@ -1,4 +1,4 @@
-"""prunekit.distributed.cut: the selection in pieces, against smallest_k_many on whole tensors.
+"""prunekit.select.pieces: the selection in pieces, against smallest_k_many on whole tensors.
 
 Ranks are threads here (a Group whose collectives meet at a barrier), so every path of the
 selection runs in milliseconds; test_distributed.py runs the same over real processes.
@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 import prunekit
-from prunekit.distributed import all_reduce_statistics, passes
+from prunekit.distributed import all_reduce_statistics
 from prunekit.distributed import global_unstructured as across
-from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import _runs
-from prunekit.select import smallest_k_many, tuning
+from prunekit.select import passes, smallest_k_many, tuning
+from prunekit.select.pieces import Piece, Unrankable, select
 from thread_group import on_threads
 
 

@@ -1,8 +1,10 @@
-"""The few collectives a selection across processes needs, over torch.distributed or none.
+"""The collectives of prunekit's calls across processes, over torch.distributed or none.
 
-`Group` is one process: every collective returns what it is given. `TorchGroup` runs the
-same calls over a torch.distributed process group (gloo, NCCL, ...). Tensors travel on
-the group's device (CUDA for NCCL) and come back on the CPU.
+They implement prunekit.select's Group protocol (sum, gather, objects) and add a
+broadcast. `Group` is one process: every collective returns what it is given (select's
+`Alone`, with a timeout). `TorchGroup` runs the same calls over a torch.distributed process
+group (gloo, NCCL, ...). Tensors travel on the group's device (CUDA for NCCL) and come back
+on the CPU.
 
 No collective waits for the other ranks longer than the group's `timeout` (`TIMEOUT`
 seconds unless given): past it, or when the backend reports a peer gone, the call raises
@@ -24,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.select.group import Alone
 
 __all__ = ["TIMEOUT", "Group", "RanksTimeout", "TorchGroup", "group_of"]
 
@@ -35,24 +38,12 @@ class RanksTimeout(RuntimeError):
     """A collective did not complete within the group's timeout (or a peer is gone)."""
 
 
-class Group:
-    """A group of one process: sums and gathers are the identity."""
+class Group(Alone):
+    """A group of one process (sums and gathers are the identity), with the timeout and
+    the broadcast every prunekit call over ranks uses: the base of TorchGroup, and what
+    prunekit.select's selection calls run over (its Group protocol)."""
 
-    rank = 0
-    size = 1
     timeout = TIMEOUT
-
-    def sum(self, values: Tensor) -> Tensor:
-        """`values` (a 1-D int64 or float64 tensor) summed over the ranks."""
-        return values
-
-    def gather(self, values: Tensor) -> list[Tensor]:
-        """Every rank's 1-D `values` (any length per rank), in rank order."""
-        return [values]
-
-    def objects(self, value: Any) -> list[Any]:
-        """Every rank's picklable `value`, in rank order."""
-        return [value]
 
     def first(self, values: Tensor) -> Tensor:
         """Rank 0's `values` (same shape and dtype on every rank)."""

@@ -7,8 +7,8 @@ rank 0's list (a DTensor counts there, whole, once), then rank 1's whole tensors
 on; ties break by that order, then by the flat position in the whole tensor. Every rank
 must list the same DTensors in the same order. Random methods draw from rank 0's
 generator (the others' are left as they were), so the noise is the same as in one
-process. What travels per call is a sample, counts and histograms (see cut.py), never the
-tensors.
+process. What travels per call is a sample, counts and histograms (see
+prunekit.select.pieces), never the tensors.
 
 The call runs agree.py's protocol: every rank checks its method and tensors, the ranks
 compare the method and its arguments, each collective of the selection is preceded by a
@@ -33,11 +33,11 @@ from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
 from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
-from prunekit.distributed.cut import Piece, Unrankable, select
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import Layout, layout, local
 from prunekit.methods import CustomFromMask, Pruning
 from prunekit.patterns.unstructured import Unstructured
+from prunekit.select.pieces import Piece, Unrankable, select
 
 __all__ = ["global_unstructured"]
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from prunekit.core.errors import value_error
-from prunekit.distributed.cut import Run
+from prunekit.select.pieces import Run
 
 __all__ = ["Layout", "is_dtensor", "layout", "local"]
 

@@ -33,13 +33,13 @@ from torch import Tensor
 from prunekit.core.amount import Amount
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
-from prunekit.distributed.cut import Piece, Unrankable, select
-from prunekit.distributed.group import Group
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import check_method, prune_state_dict, seeded
 from prunekit.select import Source
+from prunekit.select.group import Alone
+from prunekit.select.pieces import Piece, Unrankable, select
 from prunekit.whole.registry import METHODS
 from prunekit.whole.targets import ALL, select_names
 from prunekit.whole.vocabulary import scope_from
@@ -326,10 +326,10 @@ def _global(
         for piece, noise, count in zip(pieces, noises, counts, strict=True):
             piece.source, piece.competing = _noisy(piece.source, noise), count
             piece.dtype = torch.float32
-        selection = select(pieces, lambda total: k, Group())
+        selection = select(pieces, lambda total: k, Alone())
     else:
         try:
-            selection = select(pieces, Amount(amount, owner).count, Group())
+            selection = select(pieces, Amount(amount, owner).count, Alone())
         except Unrankable as error:
             names = ", ".join(repr(chosen[i].name) for i in error.pieces)
             raise CheckpointError(

@@ -18,6 +18,10 @@ The modules, in the order a selection meets them:
 - native: the binding to the C loop (_native.c) that makes the one pass;
 - radix: the exact fallback when the guess misses, from histograms of bits;
 - portable: plain tensor methods a chunk at a time, for any framework and device;
+- pieces, passes: the selection in pieces (tensors or shards held by several processes, or
+  streamed from disk) over a group of processes (group: its collectives, and Alone, one
+  process); prunekit.distributed and io/sharded.py call it;
+- ties: the tie rule, the first ties in order chosen;
 - tuning: every constant the kernels are tuned by, and how tests override them;
 - trace: which paths a selection took, for tests.
 """

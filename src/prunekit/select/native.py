@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from prunekit.select import tuning
+from prunekit.select.ties import first
 
 if TYPE_CHECKING:
     from prunekit.select.onepass import Gather, Gathered
@@ -73,15 +74,15 @@ def split(
     scores: Tensor,
     flags: Tensor | None,
     out: Tensor,
-    chosen: int,
-    other: int,
+    marks: tuple[int, int],
     bounds: tuple[float, float, float],
     gather: Gather,
     base: int,
     product: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[int, int, bool]:
     """One chunk through the C loop, in as many parts as `tuning.threads()` allows (each
-    at least `tuning.part` entries): the parts run at once, the GIL released. `bounds`:
+    at least `tuning.part` entries): the parts run at once, the GIL released. `marks`:
+    the bits `out` gets where chosen and where not, read as unsigned integers. `bounds`:
     (lower, mid, upper), see onepass.split. The entries in between are appended to
     `gather`, their positions counted from `base` (which must have room for the chunk).
     With `product`, (orig, into): writes orig x out into `into`, both of out's dtype.
@@ -91,6 +92,7 @@ def split(
     """
     c = loaded()
     assert c is not None
+    chosen, other = marks
     now = tuning.get()
     n = scores.numel()
     count = max(1, min(now.threads(), n // now.part))
@@ -151,14 +153,10 @@ def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: 
     assert c is not None
     kth = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
     left = rank - int((values < kth).sum())
-    jobs = []
-    offset = 0
-    for entry in gathered:
-        count = entry.where.numel()
-        ties = int((values[offset : offset + count] == kth).sum()) if left else 0
-        jobs.append((entry, values[offset : offset + count], min(ties, left)))
-        left -= min(ties, left)
-        offset += count
+    ends = itertools.accumulate((entry.where.numel() for entry in gathered), initial=0)
+    mine = [values[start:end] for start, end in itertools.pairwise(ends)]
+    ties = first((int((part == kth).sum()) for part in mine), left)
+    jobs = list(zip(gathered, mine, ties, strict=True))
 
     def run(entry: Gathered, mine: Tensor, take: int) -> None:
         out, product, scores = entry.out, entry.product, entry.scores

@@ -150,7 +150,7 @@ def split(
     """
     lower, mid, upper = bounds
     if not native.makes(out.dtype):
-        yield from _split_tensors(chunks, scores, alive, out, lower, upper, hit, product, gather)
+        yield from _split_tensors(chunks, scores, alive, out, bounds, hit, product, gather)
         return
     flat = scores.reshape(-1)
     # The C loop writes the product from the scores' bits: scores of the mask's dtype,
@@ -168,7 +168,7 @@ def split(
         piece = out[start : start + n]
         into = None if fused is None else (flat[start : start + n], fused[start : start + n])
         competing, below, finite = native.split(
-            part, flags, piece, chosen, other, cuts, gather, start, into
+            part, flags, piece, (chosen, other), cuts, gather, start, into
         )
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
@@ -180,13 +180,13 @@ def _split_tensors(
     scores: Tensor,
     alive: Tensor | None,
     out: Tensor,
-    lower: Tensor,
-    upper: Tensor,
+    bounds: tuple[Tensor, Tensor, Tensor],
     hit: bool,
     product: Tensor | None,
     gather: Gather,
 ) -> Iterator[Part]:
-    """`split` as tensor operations, a few per chunk."""
+    """`split` as tensor operations, a few per chunk (choosing below the lower bound)."""
+    lower, _, upper = bounds
     flat = scores.reshape(-1)
     for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
         n = piece.numel()

@@ -32,6 +32,7 @@ from torch import Tensor
 from prunekit.core.backend import namespace
 from prunekit.select import trace, tuning
 from prunekit.select.plan import Plan
+from prunekit.select.sample import coprime, places, stride
 from prunekit.select.sources import Source
 
 __all__ = ["portable", "select_sorted"]
@@ -249,22 +250,14 @@ def _cut_of(
     return _Cut(kth, rank - int((values < kth).sum()))
 
 
-def _coprime(stride: int) -> int:
-    """The first stride from `stride` on prime to 2, 3, 5 and 7: rows, columns and kernel
-    positions all show up in the sample."""
-    while math.gcd(stride, 210) != 1:
-        stride += 1
-    return stride
-
-
 def _spaced_sample(reader: _Reader) -> Tensor:
     """An evenly spaced sample of about `tuning.sample` competing values, NaN left out."""
-    stride = _coprime(max(1, reader.size // tuning.get().sample))
+    spacing = stride(reader.size, tuning.get().sample)
     parts = []
     for source in reader.sources:
         scores, alive = source()
-        part = reader.values(scores, 0, scores.numel(), stride)
-        live = _live(alive, 0, scores.numel(), stride)
+        part = reader.values(scores, 0, scores.numel(), spacing)
+        live = _live(alive, 0, scores.numel(), spacing)
         parts.append(part if live is None else part[live])
     sample = parts[0] if len(parts) == 1 else namespace(parts[0]).cat(parts)
     return sample[sample == sample]
@@ -280,10 +273,8 @@ def _pivots(
     size = sample.numel()
     if not size:
         return None
-    share = min(rank / max(count, 1), 1.0)
-    margin = tuning.get().spread * math.sqrt(share * (1 - share) / size) + 2 / size
-    low = min(max(math.floor((share - margin) * size), 1), size)
-    high = min(max(math.ceil((share + margin) * size), 1), size)
+    low, high = places([min(rank / max(count, 1), 1.0)], size)
+    low, high = min(max(low, 1), size), min(max(high, 1), size)
     a = sample.kthvalue(low)[0].item()
     b = sample.kthvalue(high)[0].item()
     return _Pivots(a, b, max(high - low, 1) / size * count)
@@ -366,7 +357,7 @@ def _tally(
     """The pass of one round (see _Tally)."""
     most = max(1, tuning.get().sample)
     expected = count if pivots is None else pivots.expected
-    tally = _Tally(_coprime(max(1, math.ceil(expected / most))))
+    tally = _Tally(coprime(max(1, math.ceil(expected / most))))
     for chunk in reader.chunks():
         values = _competing(chunk)
         if pivots is None:

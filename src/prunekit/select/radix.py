@@ -9,7 +9,7 @@ resolved only where they straddle the k-th value.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +17,9 @@ from torch import Tensor
 
 from prunekit.select import trace
 from prunekit.select.chunks import Chunks, write
+from prunekit.select.group import Alone, Group
 
-__all__ = ["find_cut", "mark", "pick"]
+__all__ = ["descend", "find_cut", "mark", "pick"]
 
 _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
@@ -38,14 +39,17 @@ def find_cut(chunks: Chunks, k: int) -> Cut:
     """Locate the k-th smallest key, 16 bits at a time, with histograms only."""
     trace.note("radix")
     count = len(chunks.sources)
-    hist = torch.zeros(_TOP_BINS, dtype=torch.int64)
-    for i in range(count):
-        for _, _, top in _tops(chunks, i):
-            hist += torch.bincount(top, minlength=_TOP_BINS)
-    digit, rank, equal = pick(hist, k)
-    prefix = digit
-    sign_off = (1 << (chunks.plan.bits - 1)) - 1
-    for shift in range(chunks.plan.bits - 32, -1, -16):
+    bits = chunks.plan.bits
+    sign_off = (1 << (bits - 1)) - 1
+
+    def histogram(shift: int, prefix: int) -> Tensor:
+        if shift == bits - 16:  # the top digit, of every entry
+            hist = torch.zeros(_TOP_BINS, dtype=torch.int64)
+            for i in range(count):
+                for _, _, top in _tops(chunks, i):
+                    hist += torch.bincount(top, minlength=_TOP_BINS)
+            return hist
+        digit = prefix >> (bits - 32 - shift)  # the top digit found
         hist = torch.zeros(_LOW_BINS, dtype=torch.int64)
         for i in range(count):
             for _, part, top in _tops(chunks, i):
@@ -53,9 +57,27 @@ def find_cut(chunks: Chunks, k: int) -> Cut:
                 keys = part.view(chunks.plan.key)[bucket] & sign_off
                 keys = keys[(keys >> (shift + 16)) == prefix]
                 hist += torch.bincount((keys >> shift) & 0xFFFF, minlength=_LOW_BINS)
-        low, rank, equal = pick(hist, rank)
-        prefix = (prefix << 16) | low
-    return Cut(prefix, equal, rank)
+        return hist
+
+    key, take, equal = descend(bits, histogram, k, Alone())
+    return Cut(key, equal, take)
+
+
+def descend(
+    bits: int, histogram: Callable[[int, int], Tensor], rank: int, group: Group
+) -> tuple[int, int, int]:
+    """The `rank`-th smallest (1-based) of non-negative float keys of `bits` bits, 16 bits
+    at a time from the top, with histograms summed over the ranks of `group`.
+
+    `histogram(shift, prefix)` counts, on this rank, the 16-bit digit at `shift` of the
+    keys whose bits above it are `prefix` (at the top: of every key). Returns the key, how
+    many entries equal to it are among the `rank` smallest, and how many equal it in all.
+    """
+    prefix = equal = 0
+    for shift in range(bits - 16, -1, -16):
+        digit, rank, equal = pick(group.sum(histogram(shift, prefix)), rank)
+        prefix = (prefix << 16) | digit
+    return prefix, rank, equal
 
 
 def _tops(chunks: Chunks, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:

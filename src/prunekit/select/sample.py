@@ -9,6 +9,7 @@ side of the k-th one's expected place.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -17,7 +18,7 @@ from prunekit.select import tuning
 from prunekit.select.chunks import Chunks
 from prunekit.select.sources import Count, resolve
 
-__all__ = ["guess", "margin", "stride"]
+__all__ = ["coprime", "guess", "margin", "places", "stride"]
 
 
 def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -61,9 +62,7 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
         shares = [resolve(k, t) / t for t in totals]
     except ValueError:
         return None  # refused for an estimate: the exact count will say
-    wide = max(margin(p, size) for p in shares)
-    low = math.floor((min(shares) - wide) * size)
-    high = math.ceil((max(shares) + wide) * size)
+    low, high = places(shares, size)
     middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
     zero = torch.zeros((), dtype=plan.dtype)
     lower = sample.kthvalue(low)[0] if low >= 1 else zero
@@ -77,10 +76,22 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
 def stride(size: int, count: int) -> int:
     """The spacing of an evenly spaced sample of about `count` of `size` entries: prime to
     2, 3, 5 and 7, so that rows, columns and kernel positions all show up."""
-    step = max(1, size // count)
+    return coprime(max(1, size // count))
+
+
+def coprime(step: int) -> int:
+    """The first spacing from `step` on that is prime to 2, 3, 5 and 7."""
     while math.gcd(step, 210) != 1:
         step += 1
     return step
+
+
+def places(shares: Sequence[float], size: int) -> tuple[int, int]:
+    """The places (1-based, possibly outside 1..size) in a sorted sample of `size` of two
+    bounds that almost surely enclose the entries at `shares` (as shares of all): a
+    `margin` below the least, above the greatest."""
+    wide = max(margin(share, size) for share in shares)
+    return math.floor((min(shares) - wide) * size), math.ceil((max(shares) + wide) * size)
 
 
 def margin(share: float, size: int) -> float:

@@ -1,4 +1,4 @@
-"""The passes of the selection in pieces (see cut.py): each reads every piece once, a chunk at
+"""The passes of the selection in pieces (see pieces.py): each reads every piece once, a chunk at
 a time, and sums what it counted over the ranks.
 
 Comparisons write 0/1 floats into buffers reused from chunk to chunk (several times faster
@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from prunekit.distributed.group import Group
-from prunekit.select import all_finite, tuning
+from prunekit.select import tuning
 from prunekit.select.chunks import ones
-from prunekit.select.radix import pick
-from prunekit.select.sample import margin, stride
+from prunekit.select.group import Group
+from prunekit.select.radix import descend
+from prunekit.select.sample import places, stride
+from prunekit.select.sources import all_finite
 
 if TYPE_CHECKING:
-    from prunekit.distributed.cut import Piece
+    from prunekit.select.pieces import Piece
 
 # Read a chunk (tuning.chunk) at a time; sample tuning.sample entries in all, over every
 # rank, from tuning.guess entries on (fewer: every competing one is kept); gather between
@@ -139,9 +140,7 @@ def bounds(
     n = sample.numel()
     if n < now.sample // 8:
         return 0.0, math.inf
-    share = k / total
-    wide = margin(share, n)
-    low, high = math.floor((share - wide) * n), math.ceil((share + wide) * n)
+    low, high = places([k / total], n)
     lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
     upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
     return lower, upper
@@ -221,17 +220,18 @@ def radix(
     """The `rank`-th smallest (1-based) of the non-negative float bits `keys()` yields on
     all ranks, 16 bits at a time from the top, with histograms summed over the ranks;
     and how many entries equal to it are among the `rank` smallest."""
-    bits = torch.finfo(work).bits
-    prefix = 0
-    for level, shift in enumerate(range(bits - 16, -1, -16)):
+
+    def histogram(shift: int, prefix: int) -> Tensor:
         hist = torch.zeros(BINS, dtype=torch.int64)
         for part in keys():
-            if level:
+            if shift != bits - 16:  # below the top digit: the keys under the prefix
                 part = part[(part >> (shift + 16)) == prefix]
             hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
-        digit, rank, _ = pick(group.sum(hist), rank)
-        prefix = (prefix << 16) | digit
-    return prefix, rank
+        return hist
+
+    bits = torch.finfo(work).bits
+    key, take, _ = descend(bits, histogram, rank, group)
+    return key, take
 
 
 def equal_count(

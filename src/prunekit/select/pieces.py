@@ -24,9 +24,11 @@ which are their values, finds the threshold. Otherwise:
 
 Choosing is then local: below the threshold, or among the ties a run takes.
 
-From prunekit.select it takes its tuning, the sample's spacing and margins, the radix
-digit pick and the finiteness check; its passes are its own (tensor operations, the marks
-made lazily, one piece at a time, as io/sharded.py needs for models larger than memory).
+In one process the group is `Alone` (no collective at all). It shares with smallest_k_many
+its tuning, the sample's spacing and bounds (sample.py), the radix descent (radix.py), the
+tie rule (ties.py) and the finiteness check; its passes (passes.py) are tensor operations,
+the marks made lazily, one piece at a time, as io/sharded.py needs for models larger than
+memory. prunekit.distributed runs it over torch.distributed; io/sharded.py in one process.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunekit.distributed import passes
-from prunekit.distributed.group import Group
-from prunekit.distributed.passes import Buffers
-from prunekit.select import Source, alive_count
+from prunekit.select import passes
+from prunekit.select.group import Group
+from prunekit.select.passes import Buffers
 from prunekit.select.radix import pick
+from prunekit.select.sources import Source, alive_count
+from prunekit.select.ties import first
 
 __all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
 
@@ -222,14 +225,11 @@ def _share_ties(
     for found in group.objects([(pieces[i].key, n) for i, n in mine.items() if n]):
         for key, n in found:
             per_key[key] = per_key.get(key, 0) + n
-    every, split, left = set(), None, take
-    for key in sorted(per_key):
-        if left >= per_key[key]:
-            every.add(key)
-            left -= per_key[key]
-        elif left:
-            split = key
-            break
+    order = sorted(per_key)
+    taken = dict(zip(order, first((per_key[key] for key in order), take), strict=True))
+    every = {key for key in order if taken[key] == per_key[key]}
+    split = next((key for key in order if 0 < taken[key] < per_key[key]), None)
+    left = 0 if split is None else taken[split]
     ties = [_Ties(every=p.key in every) for p in pieces]
     if split is None:
         return ties
@@ -240,10 +240,10 @@ def _share_ties(
         if p.key == split and p.counts
         for run in p.runs
     ]
-    share: dict[int, int] = {}
-    for start, n in sorted(r for found in group.objects(runs) for r in found):
-        share[start] = min(n, left)
-        left -= share[start]
+    found = sorted(r for ranks in group.objects(runs) for r in ranks)
+    share = dict(
+        zip((start for start, _ in found), first((n for _, n in found), left), strict=True)
+    )
     for i, p in enumerate(pieces):
         if p.key == split:
             ties[i].per_run = {r: share.get(run.start, 0) for r, run in enumerate(p.runs)}
