@@ -230,16 +230,18 @@ def main() -> None:
           f"agreement with the dense model ({len(reference.unique())} classes among the eval "
           f"crops)", flush=True)  # fmt: skip
     if args.dense_bn:
-        for name, batches in (("calibration", calibration), ("eval", list(x.split(8)))):
+        sets = (("calibration crops", calibration), ("eval crops", list(x.split(8))),
+                ("eval crops, one batch of all", [x]))  # fmt: skip
+        for name, batches in sets:
             model = copy.deepcopy(dense)
             prune.recalibrate_norms(model, batches)
-            print(f"dense, BatchNorm statistics re-estimated on the {name} crops: "
+            print(f"dense, BatchNorm statistics re-estimated on the {name}: "
                   f"{agreement(model):.1%}", flush=True)  # fmt: skip
     print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in columns), flush=True)
     compacted: nn.Module | None = None
     removed: dict[str, int] = {}
     for criterion in args.criteria.split(","):
-        row = []
+        print(f"{criterion:<12}", end="", flush=True)
         for column in columns:
             model = copy.deepcopy(dense)
             how: bool | str = {"uniform": False, "expand": False, "comp": True}.get(
@@ -262,9 +264,9 @@ def main() -> None:
             removed[column] = sum(len(p.units) for p in pruned)
             if column == "bn":
                 prune.recalibrate_norms(model, calibration)
-            row.append(agreement(model))
+            print(f" {agreement(model):>10.1%}", end="", flush=True)
             compacted = model
-        print(f"{criterion:<12} " + " ".join(f"{a:>10.1%}" for a in row), flush=True)
+        print(flush=True)
     print("channels removed: " + ", ".join(f"{COLUMNS[c]} {n:,}" for c, n in removed.items()))
     assert compacted is not None
     prune.compact(compacted, example)
