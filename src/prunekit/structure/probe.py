@@ -51,7 +51,14 @@ def latency_probe(
                 # values are not compared: only the shapes and the time matter here
                 compact(model, example_inputs, tolerance=math.inf, latency_runs=0)
             compacted = Transaction(model)
-            return paired_latency(dense.rollback, compacted.rollback, forward, runs)
+
+            def to_dense() -> None:
+                dense.rollback()
+
+            def to_compacted() -> None:
+                compacted.rollback()
+
+            return paired_latency(to_dense, to_compacted, forward, runs)
         finally:
             dense.rollback()
             for m, mode in modes:
