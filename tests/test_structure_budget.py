@@ -190,9 +190,9 @@ def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str
         ({"budget": prunekit.Budget(params=0.2), "scope": "global"}, ValueError,
          "expected scope='layer'"),
         ({"budget": prunekit.Budget(params=0.999)}, ValueError, "cannot be met"),
+        ({"budget": prunekit.Budget(macs=0.999)}, ValueError, "cannot be met"),  # BatchNorm stats
         ({"budget": prunekit.Budget(params=0.9), "round_to": 16}, ValueError,
          "round_to=16"),
-        ({"budget": prunekit.Budget(latency=0.999, runs=1)}, ValueError, "cannot be met"),
     ],
 )  # fmt: skip
 def test_bad_arguments_leave_the_model_as_it_was(
@@ -306,3 +306,24 @@ def test_a_latency_probe_leaves_the_model_as_it_was() -> None:
     assert all(torch.equal(values[k], theirs[k]) for k in theirs)
     assert [type(m) for m in model.modules()] == [type(m) for m in reference.modules()]
     assert model.config.to_dict() == reference.config.to_dict()
+
+
+def test_a_latency_budget_no_kind_can_meet_is_refused_and_the_model_is_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Probes that time no gain (a model whose time is all fixed costs) leave nothing to
+    remove: the budget is refused, the probes' compactions undone."""
+
+    def no_gain(before: Callable[[], None], after: Callable[[], None], forward: Any,
+                runs: int) -> prunekit.structure.measure.Paired:  # fmt: skip
+        before()
+        after()
+        return prunekit.structure.measure.Paired(2.0, 2.0, 1.0, 1.0, 1.0, runs)
+
+    monkeypatch.setattr(prunekit.structure.probe, "paired_latency", no_gain)
+    model = Convs()
+    prunekit.prune_channels(model, X, 0.25)
+    before = _state(model)
+    with pytest.raises(ValueError, match=re.escape("can remove at most 0.00% of the millisec")):
+        prunekit.prune_channels(model, X, budget=prunekit.Budget(latency=0.2))
+    assert _state(model) == before

@@ -432,7 +432,14 @@ def _weights(model: nn.Module, example_inputs: Any, budget: Budget) -> dict[int,
     """What one entry of each parameter counts for, by the Parameter's id."""
     if budget.measure in ("macs", "latency"):  # a latency budget weighs MACs by its rates
         args, kwargs = split_inputs(example_inputs, "prune_channels")
-        return {k: float(v) for k, v in macs_per_entry(model, args, kwargs).items()}
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()  # counting must not move a BatchNorm's running statistics
+        try:
+            counted = macs_per_entry(model, args, kwargs)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        return {k: float(v) for k, v in counted.items()}
     embedded: set[int] = set()
     if not budget.embeddings:
         for m in model.modules():
