@@ -14,13 +14,16 @@ Text: Python's help topics (pydoc_data.topics), sorted by name and joined; the f
 the tokens calibrates (--calibration windows of --length tokens) and is all the distillation
 reads, the second half gives the perplexity (--windows windows of 512 tokens): disjoint.
 
-Each target removes a share of the non-embedding parameters. --allocation uniform: one
-query head of every key/value group (heads=1/3) and the MLP share that makes up the rest,
-every block alike. --allocation budget: ``Budget(params=target, kinds=--kinds)``, the units
-of lowest score for their cost across all blocks and kinds (what each block kept is
-printed). Criteria: 'l2' (the magnitude baseline of Torch-Pruning's examples, always run),
-'activation', 'taylor' (the model's own loss), 'obs' and 'fluctuation'; each ranks once (its
-scores are reused for every target), then prunes without and with ``compensate=True``.
+Each target removes a share of the non-embedding parameters. --allocation uniform: one query
+head of every key/value group (heads=1/3) and the MLP share that makes up the rest, every
+block alike. --allocation budget: ``Budget(params=target, kinds=--kinds)``, the units of
+lowest score for their cost across all blocks and kinds (what each block kept is printed);
+with --measure latency, ``Budget(latency=target, kinds=--kinds)`` instead: each kind probed
+on 1 x 512 tokens (--probe-runs pairs), the share of that forward's time (the table's
+'removed' column still says the non-embedding parameters masked). Criteria: 'l2' (the
+magnitude baseline of Torch-Pruning's examples, always run), 'activation', 'taylor' (the
+model's own loss), 'obs' and 'fluctuation'; each ranks once (its scores are reused for every
+target), then prunes without and with ``compensate=True``.
 
 Latency (--latency CRITERION, timed first): that criterion's model of the first target,
 compacted, against the dense model: one forward of 1 x 512 tokens, the two models
@@ -175,7 +178,11 @@ def prune(
     )  # fmt: skip
     if args.allocation == "budget":
         kinds = tuple(args.kinds.split(","))
-        budget = prunekit.Budget(params=target, kinds=kinds)
+        if args.measure == "latency":  # probed on 1 x 512 tokens, what the latency times
+            budget = prunekit.Budget(latency=target, kinds=kinds, runs=args.probe_runs)
+            example = args.timing_example
+        else:
+            budget = prunekit.Budget(params=target, kinds=kinds)
         found = prunekit.prune_channels(pruned, example, budget=budget, **common)
     else:
         mlp, heads, _ = shares(model, target, args.heads)
@@ -285,6 +292,14 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--criteria", default=",".join(CRITERIA), help="comma-separated")
     parser.add_argument("--allocation", choices=("uniform", "budget"), default="uniform")
     parser.add_argument("--kinds", default="channels,heads", help="Budget kinds (budget only)")
+    parser.add_argument(
+        "--measure",
+        choices=("params", "latency"),
+        default="params",
+        help="budget: a share of the non-embedding parameters or of the "
+        "latency of 1 x 512 tokens (each kind probed, --probe-runs pairs)",
+    )
+    parser.add_argument("--probe-runs", type=int, default=3)
     parser.add_argument("--round-to", type=int, default=1)
     parser.add_argument("--heads", type=float, default=1 / 3, help="uniform: query heads share")
     parser.add_argument("--latency", default="", help="a criterion: time its compacted model")
@@ -328,12 +343,13 @@ def main() -> None:
     ]
     tests = windows(second, 1 if args.quick else args.windows, 512)
     example = {"input_ids": first[None, :32]}
+    args.timing_example = {"input_ids": first[None, :512]}
     targets = (0.20,) if args.quick else tuple(float(t) for t in args.targets.split(","))
     dense = perplexity(model, tests)
     print(f"SmolLM2-135M-Instruct, {non_embedding(model):,} non-embedding parameters")
     print(f"calibration {count} x {args.length} tokens, perplexity over {len(tests)} x 512, "
           f"allocation {args.allocation}"
-          + (f" ({args.kinds})" if args.allocation == "budget" else "")
+          + (f" ({args.kinds}, {args.measure})" if args.allocation == "budget" else "")
           + f", round_to {args.round_to}")  # fmt: skip
     cached = {name: Cached(name) for name in args.names}
     if args.latency:
@@ -345,7 +361,7 @@ def main() -> None:
             print(f"\ntarget {target:.0%}: MLP {mlp:.1%} + heads {heads:.0%} (of each kv "
                   f"group), {share:.1%} of the non-embedding parameters")  # fmt: skip
         else:
-            print(f"\ntarget {target:.0%}: Budget(params={target}, kinds={args.kinds})")
+            print(f"\ntarget {target:.0%}: Budget({args.measure}={target}, kinds={args.kinds})")
         print(f"{'criterion':<12} {'removed':>8} {'ppl':>10} {'x dense':>9} "
               f"{'ppl comp.':>10} {'x dense':>9}")  # fmt: skip
         print(f"{'dense':<12} {0:>8.1%} {dense:>10.2f} {1:>8.2f}x {dense:>10.2f} {1:>8.2f}x")
@@ -367,6 +383,9 @@ def main() -> None:
                     kept[(name, target)] = pruned
                 if compensate and args.allocation == "budget":
                     notes += [f"{name} (compensated):", *kept_per_block(model, found)]
+                    if isinstance(found, prunekit.BudgetReport) and found.rates:
+                        notes.append(f"  estimated {found.achieved:.1%} of {found.total:.0f} "
+                                     f"ms; ms per MAC: {found.rates}")  # fmt: skip
             print(f"{name:<12} {removed:>8.1%} {' '.join(cells)}", flush=True)
         if notes:
             print("what each block kept (blocks 0-29):\n" + "\n".join(notes), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -165,6 +166,14 @@ def test_embeddings_counted_when_asked() -> None:
         ({"params": 0.2, "kinds": "heads"}, TypeError, "invalid kinds='heads'"),
         ({"params": 0.2, "embeddings": 1}, TypeError, "invalid embeddings=1"),
         ({"macs": 0.2, "embeddings": True}, ValueError, "goes with params="),
+        ({"latency": 1.0}, ValueError, "Budget: invalid latency=1.0; expected a float in (0, 1)"),
+        ({"latency": 0.0}, ValueError, "invalid latency=0.0"),
+        ({"latency": "fast"}, TypeError, "invalid latency='fast'"),
+        ({"latency": 0.2, "macs": 0.2}, ValueError, "expected exactly one of them"),
+        ({"latency": 0.2, "embeddings": True}, ValueError, "got latency=0.2"),
+        ({"latency": 0.2, "runs": 0}, ValueError, "Budget: invalid runs=0; expected an int >= 1"),
+        ({"latency": 0.2, "runs": 2.5}, TypeError, "invalid runs=2.5"),
+        ({"latency": 0.2, "runs": True}, TypeError, "invalid runs=True"),
     ],
 )
 def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
@@ -181,6 +190,7 @@ def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str
         ({"budget": prunekit.Budget(params=0.2), "scope": "global"}, ValueError,
          "expected scope='layer'"),
         ({"budget": prunekit.Budget(params=0.999)}, ValueError, "cannot be met"),
+        ({"budget": prunekit.Budget(macs=0.999)}, ValueError, "cannot be met"),  # BatchNorm stats
         ({"budget": prunekit.Budget(params=0.9), "round_to": 16}, ValueError,
          "round_to=16"),
     ],
@@ -225,3 +235,95 @@ def test_a_mac_budget_on_a_model_whose_macs_it_cannot_see_is_refused() -> None:
     assert _state(model) == before
     report = prunekit.prune_channels(model, x, budget=prunekit.Budget(params=0.2))
     assert [(r.kind, r.after) for r in report.rows] == [("heads", 1)]
+
+
+def _macs_as_time(model: nn.Module) -> Callable[..., prunekit.structure.measure.Paired]:
+    """A stand-in for the probe's clock: one forward of `model` 'takes' 0.5 ms, plus 1 ms per
+    million MACs of its linear layers, plus 0.01 ms per query-head feature (what attention's
+    own products cost, which no weight counts), so the test is exact."""
+
+    def timed(before: Callable[[], None], after: Callable[[], None], forward: Callable[[], Any],
+              runs: int) -> prunekit.structure.measure.Paired:  # fmt: skip
+        found = []
+        for switch in (before, after):
+            switch()
+            found.append(_fake_ms(model, forward))
+        ratio = found[0] / found[1]
+        return prunekit.structure.measure.Paired(found[0], found[1], ratio, ratio, ratio, runs)
+
+    return timed
+
+
+def _fake_ms(model: nn.Module, forward: Callable[[], Any]) -> float:
+    counter = prunekit.structure.measure._Macs()
+    with torch.no_grad(), counter:
+        forward()
+    heads = sum(m.q_proj.weight.shape[0] for m in model.modules() if hasattr(m, "q_proj"))
+    return 0.5 + counter.total / 1e6 + 0.01 * heads
+
+
+def test_a_latency_budget_is_met_within_one_step_from_what_each_kind_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each kind's probe gives its milliseconds per MAC: a channel saves what its weights
+    compute, a head also what attention's products with it cost (no weight counts them), so
+    its rate is higher; the units chosen meet the target within one step of one group."""
+    ids = torch.randint(0, 100, (1, 24), generator=torch.Generator().manual_seed(3))
+    model = _llama(num_hidden_layers=3)
+    monkeypatch.setattr(prunekit.structure.probe, "paired_latency", _macs_as_time(model))
+    dense = _fake_ms(model, lambda: model(input_ids=ids))
+    budget = prunekit.Budget(latency=0.3, kinds=("channels", "heads", "hidden"))
+    report = prunekit.prune_channels(model, {"input_ids": ids}, budget=budget)
+    assert report.total == pytest.approx(dense)
+    assert report.rates["channels"] == pytest.approx(1e-6)
+    assert report.rates["hidden"] == pytest.approx(1e-6)
+    assert report.rates["heads"] > 2e-6  # its MACs and its share of attention's products
+    one_step = _largest_step(report, 1) * 24 * max(report.rates.values())  # 24 tokens
+    assert 0.3 <= report.achieved <= 0.3 + one_step
+    assert model.config.intermediate_size == 40  # the probes left the model as it was
+    prunekit.compact(model, {"input_ids": ids}, latency_runs=0)
+    after = _fake_ms(model, lambda: model(input_ids=ids))
+    assert 1 - after / dense == pytest.approx(report.achieved, abs=1e-9)
+
+
+def test_a_latency_probe_leaves_the_model_as_it_was() -> None:
+    """Timed for real (nothing is asserted of the times): the probes compact the model and
+    put it back; only the masks of the chosen units stay."""
+    model = _llama()
+    reference = _llama()
+    reference.load_state_dict(model.state_dict())
+    budget = prunekit.Budget(latency=0.01, runs=1)
+    try:
+        report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget)
+    except ValueError as error:  # a loaded machine may time no gain at all
+        assert "cannot be met" in str(error)
+        return
+    assert model.config.intermediate_size == 40
+    assert report  # masks of the chosen units, on the values the model had
+    ours, theirs = model.state_dict(), reference.state_dict()
+    values = {k.removesuffix("_orig"): v for k, v in ours.items() if not k.endswith("_mask")}
+    assert values.keys() == theirs.keys()
+    assert all(torch.equal(values[k], theirs[k]) for k in theirs)
+    assert [type(m) for m in model.modules()] == [type(m) for m in reference.modules()]
+    assert model.config.to_dict() == reference.config.to_dict()
+
+
+def test_a_latency_budget_no_kind_can_meet_is_refused_and_the_model_is_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Probes that time no gain (a model whose time is all fixed costs) leave nothing to
+    remove: the budget is refused, the probes' compactions undone."""
+
+    def no_gain(before: Callable[[], None], after: Callable[[], None], forward: Any,
+                runs: int) -> prunekit.structure.measure.Paired:  # fmt: skip
+        before()
+        after()
+        return prunekit.structure.measure.Paired(2.0, 2.0, 1.0, 1.0, 1.0, runs)
+
+    monkeypatch.setattr(prunekit.structure.probe, "paired_latency", no_gain)
+    model = Convs()
+    prunekit.prune_channels(model, X, 0.25)
+    before = _state(model)
+    with pytest.raises(ValueError, match=re.escape("can remove at most 0.00% of the millisec")):
+        prunekit.prune_channels(model, X, budget=prunekit.Budget(latency=0.2))
+    assert _state(model) == before

@@ -257,3 +257,51 @@ def test_import_prunekit_does_not_import_transformers(
     imported_by: dict[str, frozenset[str]],
 ) -> None:
     assert sorted(imported_by["prunekit"] & {"transformers", "torchvision"}) == []
+
+
+def _sensitive(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+    """A final norm whose output turns float32 rounding into visible differences, as the
+    30 blocks of SmolLM2-135M pruned by l2 did (relative 1.9e-4 in float32, 0 in float64)."""
+    return torch.sin(3e3 * output)
+
+
+def test_compact_tells_float32_rounding_from_a_difference() -> None:
+    """Query heads 2 of 3 per key/value group and MLP widths of 64: the compacted model is
+    exact, but its float32 rounding differs from the masked model's by more than the
+    tolerance of the largest output; compared in float64 they agree, so compact keeps it
+    (it refused it before), and the model is left in float32."""
+    config = T.LlamaConfig(vocab_size=100, hidden_size=96, num_hidden_layers=2,
+                           num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                           intermediate_size=256, tie_word_embeddings=True,
+                           max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(config).eval()
+    model.model.norm.register_forward_hook(_sensitive)
+    ids = {"input_ids": torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(1))}
+    prunekit.prune_channels(model, ids, 0.25, heads=0.67, round_to=64)
+    masked = _out(model, ids).logits
+    report = prunekit.compact(model, ids, latency_runs=0)
+    compacted = _out(model, ids).logits
+    assert float((masked - compacted).abs().max()) > 1e-4 * float(masked.abs().max())
+    assert report.relative_error <= 1e-4  # measured in float64
+    assert model.model.layers[0].mlp.down_proj.weight.shape == (96, 192)
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (32, 96)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_compact_still_refuses_a_difference_that_float64_keeps() -> None:
+    """A compacted model that truly computes something else is refused in float64 too, and
+    the model is put back as it was, in float32."""
+    model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=100, hidden_size=32,
+                                             num_hidden_layers=1, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=8,
+                                             intermediate_size=40,
+                                             max_position_embeddings=32)).eval()  # fmt: skip
+    prunekit.prune_channels(model, {"input_ids": IDS}, 0.5)
+    mlp = model.model.layers[0].mlp
+    width = mlp.up_proj.weight.shape[0]
+    mlp.register_forward_hook(lambda m, a, out: out + 1e-2 * m.up_proj.weight.shape[0] / width)
+    before = fingerprint(model)
+    with pytest.raises(RuntimeError, match="differs from the masked one"):
+        prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    assert fingerprint(model) == before

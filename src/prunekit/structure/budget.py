@@ -1,21 +1,32 @@
 """Budgets: one target for the whole model, met by a non-uniform choice of units to remove.
 
-A ``Budget`` asks for a share of the model's parameters (non-embedding ones by default) or of
-its multiply-accumulates to go. ``allocate`` meets it from the units of every candidate group
-at once: each unit's score is divided by its group's mean (so scores compare across layers
-and criteria scales; every group's units average 1), then by its cost relative to the
-average unit of its kind (the parameters or MACs that removing it alone saves), and the
-units of lowest value for their cost go first, until the target is met. Removals are
-counted exactly as ``compact`` will make them (a weight that loses rows and columns to two
-groups loses their product once). Constraints hold throughout: a group keeps at least one
-unit, channel and hidden widths a multiple of `round_to`, and grouped-query heads leave the
-same count in every key/value group.
+A ``Budget`` asks for a share of the model's parameters (non-embedding ones by default), of
+its multiply-accumulates or of its measured CPU latency to go. ``allocate`` meets it from
+the units of every candidate group at once: each unit's score is divided by its group's mean
+(so scores compare across layers and criteria scales; every group's units average 1), then
+by its cost relative to the average unit of its kind (the parameters or MACs that removing
+it alone saves), and the units of lowest value for their cost go first, until the target is
+met. Removals are counted exactly as ``compact`` will make them (a weight that loses rows
+and columns to two groups loses their product once). Constraints hold throughout: a group
+keeps at least one unit, channel and hidden widths a multiple of `round_to`, and
+grouped-query heads leave the same count in every key/value group.
 
 Depth and width in one budget: blocks that ``prune_blocks`` (or ``skip_blocks``) skipped
 count as removed, both in what goes and in the total, and their groups are no candidates
 (their tensors go whole with the block); the width meets the rest of the target. So one
 target is met by a two-stage call: ``prune_blocks``, then ``prune_channels(...,
 budget=...)``, then ``remove_blocks`` and ``compact``.
+
+Latency. ``Budget(latency=...)`` counts milliseconds of one forward on the example inputs.
+Before allocating, each kind is probed once (``prunekit.structure.probe``): about half of the
+units of every group of that kind (in score order) are removed for real, the model is
+compacted and timed against itself as it was (`runs` alternated pairs), and put back. The
+time saved over the MACs removed gives that kind's milliseconds per MAC; a unit then costs
+its MACs times its kind's rate (so a head, whose attention products no weight counts, costs
+what its probe measured), units compete across kinds on score per millisecond, and the
+target is the share of the model's measured time. The model is assumed linear in each
+kind's MACs between none and the probe's cut; blocks already skipped are neither counted nor
+removed (they no longer run, so the time measured is without them).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.structure.depth.blocks import is_skipped
 from prunekit.structure.graph.graph import ChannelGroup, Slice, split_inputs
 from prunekit.structure.measure import macs_per_entry
+from prunekit.structure.probe import Probe
 from prunekit.structure.pruned import PrunedGroup
 
 KINDS = ("channels", "heads", "hidden")
@@ -38,7 +50,8 @@ KINDS = ("channels", "heads", "hidden")
 
 @dataclass(frozen=True)
 class Budget:
-    """One target for ``prune_channels(..., budget=...)``: exactly one of `params` or `macs`.
+    """One target for ``prune_channels(..., budget=...)``: exactly one of `params`, `macs` or
+    `latency`.
 
     Args:
         params: the share of the model's parameters to remove, in (0, 1). Parameters held by
@@ -48,24 +61,33 @@ class Budget:
             remove, in (0, 1): those of the convolutions and linear layers (Hugging Face's
             Conv1D too); attention's own matrix products are not counted, nor the
             projections of nn.MultiheadAttention (they run inside its one function).
+        latency: the share of the measured CPU time of one forward on the example inputs to
+            remove, in (0, 1): each kind is probed once, compacted and timed (see the
+            module's docstring), which takes a few compactions and 2 x `runs` forwards per
+            kind; a copy of the weights it cuts is in memory meanwhile.
         kinds: the kinds of groups that may lose units: 'channels' (conv and linear outputs,
             MLP widths), 'heads', 'hidden' (the residual width; it narrows a base model's
             output, so it is only pruned when listed).
         embeddings: count the embedding parameters too (`params` only).
+        runs: alternated pairs of forwards (the model as it is, then compacted) timed per
+            kind for `latency` (the median of their ratios counts); an int >= 1.
 
     Raises:
-        ValueError: a share outside (0, 1), both or neither of `params` and `macs`, an
-            unknown or repeated kind, `embeddings=True` with `macs`.
-        TypeError: a share or `embeddings` of the wrong type.
+        ValueError: a share outside (0, 1), not exactly one of `params`, `macs` and
+            `latency`, an unknown or repeated kind, `embeddings=True` without `params`,
+            `runs` below 1.
+        TypeError: a share, `embeddings` or `runs` of the wrong type.
     """
 
     params: float | None = None
     macs: float | None = None
     kinds: tuple[str, ...] = ("channels", "heads")
     embeddings: bool = False
+    latency: float | None = None
+    runs: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("params", "macs"):
+        for name in ("params", "macs", "latency"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -76,17 +98,25 @@ class Budget:
                     f"Budget: invalid {name}={value!r}; expected a float in (0, 1): the share "
                     f"of the model's {_WHAT[name]} to remove"
                 )
-        if (self.params is None) == (self.macs is None):
+        given = [n for n in ("params", "macs", "latency") if getattr(self, n) is not None]
+        if len(given) != 1:
             raise value_error(
-                f"Budget: params={self.params!r}, macs={self.macs!r}; expected exactly one of "
-                "them, such as Budget(params=0.2)"
+                f"Budget: params={self.params!r}, macs={self.macs!r}, latency={self.latency!r}; "
+                "expected exactly one of them, such as Budget(params=0.2)"
             )
         if not isinstance(self.embeddings, bool):
             raise type_error(f"Budget: invalid embeddings={self.embeddings!r}; expected a bool")
-        if self.embeddings and self.macs is not None:
+        if self.embeddings and self.params is None:
             raise value_error(
                 "Budget: embeddings=True counts embedding parameters, so it goes with params=; "
-                f"got macs={self.macs!r}"
+                f"got {given[0]}={getattr(self, given[0])!r}"
+            )
+        if isinstance(self.runs, bool) or not isinstance(self.runs, int):
+            raise type_error(f"Budget: invalid runs={self.runs!r}; expected an int >= 1")
+        if self.runs < 1:
+            raise value_error(
+                f"Budget: invalid runs={self.runs!r}; expected an int >= 1: the alternated "
+                "pairs of forwards timed per kind (latency= only)"
             )
         kinds = self.kinds
         if isinstance(kinds, str) or not isinstance(kinds, tuple | list):
@@ -102,16 +132,17 @@ class Budget:
 
     @property
     def measure(self) -> str:
-        """What the target counts: 'params' or 'macs'."""
-        return "params" if self.params is not None else "macs"
+        """What the target counts: 'params', 'macs' or 'latency'."""
+        return next(n for n in ("params", "macs", "latency") if getattr(self, n) is not None)
 
     @property
     def share(self) -> float:
         """The share of it to remove."""
-        return float(self.params if self.params is not None else self.macs)  # type: ignore[arg-type]
+        return float(getattr(self, self.measure))
 
 
-_WHAT = {"params": "parameters", "macs": "multiply-accumulates"}
+_WHAT = {"params": "parameters", "macs": "multiply-accumulates",
+         "latency": "milliseconds of one forward"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -130,12 +161,14 @@ class BudgetReport(list[PrunedGroup]):
 
     `total`: the parameters (or MACs) counted; `removed`: how many of them the masked units
     and the skipped blocks make (once compacted and removed), `depth` of them the blocks';
-    `achieved` = removed / total, at least `target`.
+    `achieved` = removed / total, at least `target`. For a latency budget, `total` is the
+    measured milliseconds, `removed` the estimate from the probes, and `rates` each kind's
+    milliseconds saved per MAC removed (empty otherwise).
     """
 
     def __init__(
         self, pruned: list[PrunedGroup], budget: Budget, total: float, removed: float,
-        rows: list[BudgetRow], depth: float = 0.0,
+        rows: list[BudgetRow], depth: float = 0.0, rates: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(pruned)
         self.budget = budget
@@ -143,6 +176,7 @@ class BudgetReport(list[PrunedGroup]):
         self.removed = removed
         self.rows = tuple(rows)
         self.depth = depth
+        self.rates = dict(rates or {})
 
     @property
     def target(self) -> float:
@@ -158,9 +192,10 @@ class BudgetReport(list[PrunedGroup]):
             what = "non-embedding " + what
         names = [r.name if len(r.name) <= 60 else r.name[:57] + "..." for r in self.rows]
         width = max([len("group")] + [len(n) for n in names])
+        digits = 2 if self.budget.measure == "latency" else 0
         lines = [
-            f"budget {self.target:.1%} of {self.total:,.0f} {what}: removed "
-            f"{self.removed:,.0f} ({self.achieved:.2%})"
+            f"budget {self.target:.1%} of {self.total:,.{digits}f} {what}: removed "
+            f"{self.removed:,.{digits}f} ({self.achieved:.2%})"
             + (f", of which {self.depth:,.0f} in skipped blocks" if self.depth else ""),
             f"{'group':<{width}}  {'kind':<8}  {'units':>6}  {'kept':>6}",
         ]
@@ -194,14 +229,15 @@ class _Ledger:
         self.tensors = tensors
         self.removed = 0.0
 
-    def remove(self, group: ChannelGroup, units: tuple[int, ...]) -> None:
+    def remove(self, group: ChannelGroup, units: tuple[int, ...], rate: float = 1.0) -> None:
+        """Count `units` of `group` as removed, what they save times `rate`."""
         for s in _costed(group):
             t = self.tensors.get(_key(s))
             if t is None:
                 continue
             before = t.cost()
             t.removed.setdefault(s.dim, set()).update(p for u in units for p in s.indices[u])
-            self.removed += t.cost() - before
+            self.removed += rate * (t.cost() - before)
 
 
 def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
@@ -229,9 +265,10 @@ def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
 
 def allocate(
     model: nn.Module, example_inputs: Any, groups: list[ChannelGroup], scores: list[Tensor],
-    budget: Budget, round_to: int,
+    budget: Budget, round_to: int, probe: Probe | None = None,
 ) -> BudgetReport:  # fmt: skip
-    """The units of `groups` to mask so that `budget` is met (nothing is changed).
+    """The units of `groups` to mask so that `budget` is met (nothing is changed; a latency
+    budget times the model through `probe`, which leaves it as it was).
 
     Raises:
         ValueError: the budget cannot be met within the groups' constraints.
@@ -250,7 +287,16 @@ def allocate(
         for g in groups for s in _costed(g)
     }  # fmt: skip
     unit_cost = [_unit_costs(g, tensors) for g in groups]
-    chains = _chains(groups, scores, unit_cost, round_to)
+    rates: dict[str, float] = {}
+    if budget.measure == "latency":
+        assert probe is not None, "a latency budget needs a probe"
+        chains = _chains(groups, scores, unit_cost, round_to)
+        total, rates = _rates(groups, chains, tensors, probe)
+        unit_cost = [
+            [c * rates[g.kind] for c in cs] for g, cs in zip(groups, unit_cost, strict=True)
+        ]
+        depth = 0.0  # skipped blocks no longer run: the time measured is without them
+    chains = _chains(groups, scores, unit_cost, round_to, pooled=budget.measure == "latency")
     heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
     heapq.heapify(heap)
     ledger = _Ledger(tensors)
@@ -262,14 +308,41 @@ def allocate(
             _unreachable(budget, total, ledger.removed, round_to)
         _, k, step = heapq.heappop(heap)
         units = chains[k][step][1]
-        ledger.remove(groups[k], units)
+        ledger.remove(groups[k], units, rates.get(groups[k].kind, 1.0))
         taken[k] += units
         if step + 1 < len(chains[k]):
             heapq.heappush(heap, (chains[k][step + 1][0], k, step + 1))
     pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
     rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
             for g, u in zip(groups, taken, strict=True)]  # fmt: skip
-    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth)
+    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates)
+
+
+def _rates(
+    groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
+    tensors: dict[int, _Tensor], probe: Probe,
+) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """The model's measured milliseconds and, per kind, the milliseconds saved per MAC: each
+    kind's probe removes the first half of every group's steps (at least one)."""
+    rates: dict[str, float] = {}
+    times: list[float] = []
+    for kind in dict.fromkeys(g.kind for g in groups):
+        cut = [
+            PrunedGroup(g, tuple(sorted(u for _, units in chain[: max(1, len(chain) // 2)]
+                                        for u in units)))
+            for g, chain in zip(groups, chains, strict=True) if g.kind == kind and chain
+        ]  # fmt: skip
+        if not cut:
+            rates[kind] = 0.0
+            continue
+        ledger = _Ledger({k: _Tensor(t.shape, t.weight) for k, t in tensors.items()})
+        for p in cut:
+            ledger.remove(p.group, p.units)
+        timed = probe(cut)
+        saved = timed.before_ms * (1 - 1 / timed.ratio) if timed.ratio > 0 else 0.0
+        times.append(timed.before_ms)
+        rates[kind] = max(saved, 0.0) / ledger.removed if ledger.removed > 0 else 0.0
+    return (sorted(times)[len(times) // 2] if times else 0.0), rates
 
 
 def _in_skipped_blocks(model: nn.Module) -> list[nn.Parameter]:
@@ -300,13 +373,20 @@ def _unreachable(budget: Budget, total: float, most: float, round_to: int) -> No
 
 
 def _chains(
-    groups: list[ChannelGroup], scores: list[Tensor], costs: list[list[float]], round_to: int
+    groups: list[ChannelGroup],
+    scores: list[Tensor],
+    costs: list[list[float]],
+    round_to: int,
+    pooled: bool = False,
 ) -> list[list[tuple[float, tuple[int, ...]]]]:
     """Per group, the removals it allows in order, each (priority, units): lowest relative
-    score per relative cost first, in steps that keep its constraints."""
+    score per relative cost first, in steps that keep its constraints. Costs are relative to
+    the mean unit of their kind, or with `pooled` of all kinds (milliseconds compare)."""
     mean_cost: dict[str, float] = {}
+    every = [c for cs in costs for c in cs if c > 0]
     for kind in KINDS:
         mine = [c for g, cs in zip(groups, costs, strict=True) if g.kind == kind for c in cs]
+        mine = every if pooled else mine
         mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
     chains = []
     for g, s, cs in zip(groups, scores, costs, strict=True):
@@ -350,9 +430,16 @@ def _unit_costs(group: ChannelGroup, tensors: dict[int, _Tensor]) -> list[float]
 
 def _weights(model: nn.Module, example_inputs: Any, budget: Budget) -> dict[int, float]:
     """What one entry of each parameter counts for, by the Parameter's id."""
-    if budget.measure == "macs":
+    if budget.measure in ("macs", "latency"):  # a latency budget weighs MACs by its rates
         args, kwargs = split_inputs(example_inputs, "prune_channels")
-        return {k: float(v) for k, v in macs_per_entry(model, args, kwargs).items()}
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()  # counting must not move a BatchNorm's running statistics
+        try:
+            counted = macs_per_entry(model, args, kwargs)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        return {k: float(v) for k, v in counted.items()}
     embedded: set[int] = set()
     if not budget.embeddings:
         for m in model.modules():

@@ -25,6 +25,7 @@ from prunekit.structure.compensation.refit import written as refitted
 from prunekit.structure.families.experts import check_expert_counts, install_router_mask
 from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.handlers.norms import install_kept_norm
+from prunekit.structure.probe import latency_probe
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.scoring.criteria import GroupCriterion, resolve, score_groups
 from prunekit.whole.registry import check_scope
@@ -73,19 +74,20 @@ def prune_channels(
     follow their producers (``ignore=``, its old name, warns). `calibration`: batches for
     the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
     default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
-    model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the parameters
-    or MACs), met by removing the units of lowest score for their cost across all groups of
-    its kinds (see ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the
-    same list with what each group kept. `compensate=True`: the layers that read removed channels or
-    heads get the least-squares update of their kept input columns (and bias) that keeps their
-    output on the `calibration` batches (needed then), taken in forward order on the model as masked
-    so far (``prunekit.structure.compensation.compensate``); `compensate='reference'`: those layers
-    and every Linear or convolution that runs after the first of them are refitted towards the
-    outputs they had in the model as it was before the call, from their inputs in the model as
-    pruned so far, which also corrects the error that the layers before them left
-    (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs, and runs
-    the model up to each layer for each batch: meant for CNNs). 'obs' and 'fluctuation' rank by the
-    error that removal leaves. Returns the groups pruned.
+    model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the
+    parameters, MACs or measured latency), met by removing the units of lowest score for
+    their cost across all groups of its kinds (see ``prunekit.structure.budget``); the
+    result is then a ``BudgetReport``, the same list with what each group kept.
+    `compensate=True`: the layers that read removed channels or heads get the least-squares
+    update of their kept input columns (and bias) that keeps their output on the
+    `calibration` batches (needed then), taken in forward order on the model as masked so
+    far (``prunekit.structure.compensation.compensate``); `compensate='reference'`: those layers and
+    every Linear or convolution that runs after the first of them are refitted towards the
+    outputs they had in the model as it was before the call, from their inputs in the model
+    as pruned so far, which also corrects the error that the layers before them left
+    (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs,
+    and runs the model up to each layer for each batch: meant for CNNs). 'obs' and 'fluctuation' rank by
+    the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
@@ -112,7 +114,10 @@ def prune_channels(
         scored = {id(g): s for g, s in zip(groups, ranked, strict=True)}
         chosen: list[PrunedGroup] = []
         if budget is not None:
-            chosen = allocate(model, example_inputs, groups, ranked, budget, round_to)
+            probe = None
+            if budget.measure == "latency":
+                probe = latency_probe(model, example_inputs, budget.runs, _install)
+            chosen = allocate(model, example_inputs, groups, ranked, budget, round_to, probe)
         for kind, share in amounts.items():  # all 0 with a budget
             mine = [g for g in groups if g.kind == kind]
             if not share or not mine:
