@@ -86,8 +86,8 @@ def prune_channels(
     outputs they had in the model as it was before the call, from their inputs in the model
     as pruned so far, which also corrects the error that the layers before them left
     (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs,
-    and runs the model up to each layer for each batch: meant for CNNs). 'obs' and 'fluctuation' rank by
-    the error that removal leaves. Returns the groups pruned.
+    and runs the model up to each layer for each batch: meant for CNNs). 'obs' and
+    'fluctuation' rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
