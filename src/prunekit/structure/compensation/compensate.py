@@ -258,7 +258,7 @@ def compensate_groups(
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
-                measure = short.watch(functools.partial(cal.calibrate, model, batches))
+                measure = short.watch(_whole_model(model, batches))
                 if _measured_update(one, openings, measure):
                     done.append(names[id(one.module)])
             short.warn(names)
@@ -278,6 +278,28 @@ def compensate_groups(
     return done
 
 
+# Input statistics of some modules, taken one way or another (the whole model over the
+# calibration batches, or one block over its inputs).
+Measure = Callable[[Sequence[nn.Module], cal.Wanted], cal.InputStatistics]
+
+
+def _whole_model(model: nn.Module, batches: Sequence[Any]) -> Measure:
+    """`Measure` by one pass of the whole `model` over `batches`."""
+
+    def measure(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
+        return cal.calibrate(
+            model,
+            batches,
+            modules,
+            norms=wanted.norms,
+            hessian=wanted.hessian,
+            means=wanted.means,
+            patches=wanted.patches,
+        )
+
+    return measure
+
+
 class Shortfall:
     """The consumers whose statistics hold fewer rows (calibration tokens, positions) than
     their input has features: their least-squares problem is underdetermined, and what the
@@ -286,13 +308,11 @@ class Shortfall:
     def __init__(self) -> None:
         self.found: list[tuple[nn.Module, int, int]] = []  # (module, rows, features)
 
-    def watch(
-        self, measure: Callable[..., cal.InputStatistics]
-    ) -> Callable[..., cal.InputStatistics]:
+    def watch(self, measure: Measure) -> Callable[..., cal.InputStatistics]:
         """`measure`, noting every measured module with fewer rows than features."""
 
-        def measured(modules: Sequence[nn.Module], **wanted: bool) -> cal.InputStatistics:
-            stats = measure(modules, **wanted)
+        def measured(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
+            stats = measure(modules, wanted)
             for module in modules:
                 if stats.seen(module):
                     rows, features = stats.rows(module), stats.hessian(module).shape[-1]
@@ -319,15 +339,15 @@ class Shortfall:
         )
 
 
-def _measured_update(
-    one: _Consumer, openings: Openings, measure: Callable[..., cal.InputStatistics]
-) -> bool:
-    """Take `one`'s input statistics through `measure(modules, **wanted)` with its groups'
+def _measured_update(one: _Consumer, openings: Openings, measure: Measure) -> bool:
+    """Take `one`'s input statistics through `measure(modules, wanted)` with its groups'
     producers opened, then update it (see ``_update``)."""
     patches = _by_patches(one.module)
     opened = openings.open(one.groups)
     try:
-        stats = measure([one.module], norms=False, hessian=True, means=True, patches=patches)
+        stats = measure(
+            [one.module], cal.Wanted(norms=False, hessian=True, means=True, patches=patches)
+        )
     finally:
         openings.close(opened)
     if patches:
