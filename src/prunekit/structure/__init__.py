@@ -23,6 +23,11 @@ from prunekit.structure.scoring.criteria import (
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.saving.saving import load_compacted, save_compacted
 from prunekit.structure.saving.skeleton import register_factory as register_compacted_factory
+from prunekit.structure.handlers.custom import (
+    HandlerRegistration,
+    register_module_handler,
+    register_op_handler,
+)
 from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 
 # isort: split
@@ -58,6 +63,7 @@ __all__ = [
     "CompactReport",
     "GroupCriterion",
     "GroupTaylor",
+    "HandlerRegistration",
     "PrunedGroup",
     "Slice",
     "WeightNorm",
@@ -72,6 +78,8 @@ __all__ = [
     "prune_channels",
     "recalibrate_norms",
     "register_compacted_factory",
+    "register_module_handler",
+    "register_op_handler",
     "remove_blocks",
     "save_compacted",
     "skip_blocks",
