@@ -1,4 +1,4 @@
-"""register_op_handler and register_module_handler: one's own ops and modules in the channel graph."""
+"""register_op_handler, register_module_handler: one's own ops and modules in the channel graph."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def registries_restored() -> Iterator[None]:
     """Every test leaves the process-wide registries exactly as it found them."""
     handlers, modules = dict(HANDLERS), list(MODULE_HANDLERS)
     yield
-    assert HANDLERS == handlers
-    assert MODULE_HANDLERS == modules
+    assert handlers == HANDLERS
+    assert modules == MODULE_HANDLERS
 
 
 class Swish(nn.Module):
@@ -173,9 +173,11 @@ def test_a_handler_that_raises_keeps_its_traceback_and_the_model() -> None:
     def broken(tracer: Any, call: Any) -> None:
         raise RuntimeError("a bug in the handler")
 
-    with prunekit.register_op_handler(torch.special.expit, broken):
-        with pytest.raises(RuntimeError, match="^a bug in the handler$") as caught:
-            prunekit.prune_channels(model, x, 0.5)
+    with (
+        prunekit.register_op_handler(torch.special.expit, broken),
+        pytest.raises(RuntimeError, match=r"^a bug in the handler$") as caught,
+    ):
+        prunekit.prune_channels(model, x, 0.5)
     frames = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
     assert frames[-1] == "broken"
     assert fingerprint(model) == state
@@ -235,4 +237,4 @@ def test_a_class_registered_twice_needs_replace() -> None:
         modules = list(MODULE_HANDLERS)
         with pytest.raises(ValueError, match=r"module_class=Swish has a handler already"):
             prunekit.register_module_handler(Swish, "blocked")
-        assert MODULE_HANDLERS == modules
+        assert modules == MODULE_HANDLERS

@@ -23,11 +23,6 @@ from prunekit.structure.scoring.criteria import (
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.saving.saving import load_compacted, save_compacted
 from prunekit.structure.saving.skeleton import register_factory as register_compacted_factory
-from prunekit.structure.handlers.custom import (
-    HandlerRegistration,
-    register_module_handler,
-    register_op_handler,
-)
 from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 
 # isort: split
@@ -49,6 +44,14 @@ from prunekit.structure.depth import (
 # isort: split
 # BatchNorm statistics re-estimated on calibration data after pruning.
 from prunekit.structure.compensation.recalibrate import recalibrate_norms
+
+# isort: split
+# One's own ops and modules in the channel graph, registered process-wide.
+from prunekit.structure.handlers.custom import (
+    HandlerRegistration,
+    register_module_handler,
+    register_op_handler,
+)
 
 __all__ = [
     "CRITERIA",

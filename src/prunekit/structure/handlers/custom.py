@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-import prunekit.structure.handlers.layers  # noqa: F401  (the linear handler, registered)
 import prunekit.structure.handlers.ops  # noqa: F401  (the built-in op handlers, registered)
 from prunekit.structure.graph.trace import (
     HANDLERS,
@@ -24,7 +23,7 @@ from prunekit.structure.graph.trace import (
     Tracer,
     describe_op,
 )
-from prunekit.structure.handlers.layers import RMS_NORMS
+from prunekit.structure.handlers.layers import RMS_NORMS  # the linear handler, registered
 
 __all__ = ["HandlerRegistration", "register_module_handler", "register_op_handler"]
 
@@ -55,7 +54,10 @@ class HandlerRegistration:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.remove()
 
