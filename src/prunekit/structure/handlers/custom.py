@@ -135,7 +135,8 @@ def register_op_handler(
             ``tracer.label(tensor)`` (one channel id per entry, -1 for none; None for a tensor
             with no channels), and sets ``tracer.set(call.out, labels)`` (labels of the
             output's shape), ``tracer.merge(a, b)`` (ids that must be pruned together) or
-            ``tracer.block(ids, reason)``. Set no labels and the channels stop there.
+            ``tracer.block(ids, reason)``. An output left without labels carries no
+            channels, as if it depended on none: block the inputs' ids when it does.
         replace: allow replacing a handler already registered for the op (one of the graph's
             own, or one registered before).
 
