@@ -186,7 +186,7 @@ def _handler(handler: object) -> Handler:
             f"{type(handler).__name__}; expected 'elementwise', 'blocked' or a callable "
             "(tracer, call) -> None"
         )
-    return handler  # type: ignore[return-value]
+    return handler
 
 
 def _check_replace(function: str, replace: object) -> None:
@@ -332,4 +332,4 @@ def _module_trace(handler: object) -> ModuleTrace:
             f"{type(handler).__name__}; expected 'elementwise', 'blocked', 'linear' or a "
             "callable (tracer, module, args, kwargs, out) -> None"
         )
-    return handler  # type: ignore[return-value]
+    return handler
