@@ -43,6 +43,16 @@ class Transposed(nn.Module):
         return torch.einsum("...i,oi->...o", x, self.weight) + self.bias
 
 
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad * 2
+
+
 class Net(nn.Module):
     def __init__(self, middle: nn.Module | None = None) -> None:
         super().__init__()
@@ -196,6 +206,9 @@ def test_a_handler_that_raises_keeps_its_traceback_and_the_model() -> None:
          r"module class goes to prunekit.register_module_handler"),
         ("", "elementwise", {}, ValueError, r"register_op_handler: invalid op=''"),
         ("x.y", "elementwise", {}, ValueError, r"register_op_handler: invalid op='x.y'"),
+        ("size", "elementwise", {}, ValueError, r"invalid op='size'; 'size' returns metadata"),
+        (Double.apply, "elementwise", {}, TypeError, r"register_op_handler: invalid op=.*; the "
+         r"graph sees the torch ops inside a custom autograd Function, never its apply"),
         (torch.add, "elementwise", {}, ValueError, r"op='add' has a handler already; pass "
          r"replace=True"),
         (torch.special.expit, "blocked", {"replace": 1}, TypeError, r"register_op_handler: "

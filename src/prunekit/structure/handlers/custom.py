@@ -11,11 +11,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 import prunekit.structure.handlers.ops  # noqa: F401  (the built-in op handlers, registered)
 from prunekit.structure.graph.trace import (
     HANDLERS,
+    METADATA,
     MODULE_HANDLERS,
     Call,
     Handler,
@@ -81,7 +83,19 @@ def _name_of(op: object) -> str:
             f"torch function or tensor method (such as torch.special.expit) or its name{extra}"
         )
     else:
+        owner = getattr(op, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+            raise TypeError(
+                f"register_op_handler: invalid op={op!r}; the graph sees the torch ops inside a "
+                "custom autograd Function, never its apply: call it in a module of its own and "
+                "register that with prunekit.register_module_handler"
+            )
         name = op.__name__
+    if name in METADATA:
+        raise ValueError(
+            f"register_op_handler: invalid op={op!r}; {name!r} returns metadata (no tensor), "
+            "which the graph never counts as a use of the channels"
+        )
     if name.startswith("__") and name.endswith("__"):
         return name
     return name[:-1] if name.endswith("_") and not name.startswith("_") else name
