@@ -45,6 +45,14 @@ from prunekit.structure.depth import (
 # BatchNorm statistics re-estimated on calibration data after pruning.
 from prunekit.structure.compensation.recalibrate import recalibrate_norms
 
+# isort: split
+# One's own ops and modules in the channel graph, registered process-wide.
+from prunekit.structure.handlers.custom import (
+    HandlerRegistration,
+    register_module_handler,
+    register_op_handler,
+)
+
 __all__ = [
     "CRITERIA",
     "Activation",
@@ -58,6 +66,7 @@ __all__ = [
     "CompactReport",
     "GroupCriterion",
     "GroupTaylor",
+    "HandlerRegistration",
     "PrunedGroup",
     "Slice",
     "WeightNorm",
@@ -72,6 +81,8 @@ __all__ = [
     "prune_channels",
     "recalibrate_norms",
     "register_compacted_factory",
+    "register_module_handler",
+    "register_op_handler",
     "remove_blocks",
     "save_compacted",
     "skip_blocks",

@@ -28,7 +28,7 @@ Handler = Callable[["Tracer", "Call"], None]
 HANDLERS: dict[str, Handler] = {}
 
 # Ops whose output is no tensor or only metadata; never a use of the channels.
-_METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
+METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
@@ -362,7 +362,7 @@ class _Mode(TorchFunctionMode):
         name = _NAMES.get(func)
         if name is None:
             name = _NAMES[func] = op_name(func)
-        if name in _METADATA or tr.suspended:
+        if name in METADATA or tr.suspended:
             return out
         inputs = _tensors_in(args, [])
         if kwargs:
