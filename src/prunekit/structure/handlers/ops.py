@@ -479,5 +479,5 @@ def _contracts(tr: Tracer, call: Call) -> None:
         tr.block(
             tr.label(t),
             f"{describe_op(call)} contracts over them (outside an attention module the graph "
-            "knows: see prunekit.structure.attention)",
+            "knows: see prunekit.structure.families.attention)",
         )
