@@ -208,7 +208,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if args.damp is not None:
-        from prunekit.structure import refit
+        from prunekit.structure.compensation import refit
 
         refit.DAMP = args.damp
     photos = _photos()

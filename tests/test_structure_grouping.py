@@ -117,7 +117,7 @@ def test_equal_signatures_are_found_even_when_hashed_alike(
     """Units are grouped by their runs of keys and a flag; runs that differ but hash alike (a
     multiplier of 0 hashes them by their length and flag only) still fall in different
     groups."""
-    from prunekit.structure import grouping
+    from prunekit.structure.graph import grouping
 
     monkeypatch.setattr(grouping, "_HASH", multiplier)
     gen = torch.Generator().manual_seed(0)
