@@ -7,8 +7,8 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning,docs
 # index serves is a CUDA build that cannot load under the CPU torch, and transformers and
 # Lightning import torchvision whenever it is installed: in site-packages it would break
 # `from transformers import ...` for everyone. Its models are pure Python, so the vision tests
-# and benchmarks (tests/vision.py) define its two compiled op schemas and only then put this
-# folder on sys.path; nothing else ever sees it.
+# and benchmarks (tests/helpers/vision.py) define its two compiled op schemas and only then put
+# this folder on sys.path; nothing else ever sees it.
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
@@ -35,13 +35,13 @@ typecheck: setup
 	$(PY) -m mypy
 
 # `unit` runs one group of 2 and one of 4 gloo processes, many cases each
-# (tests/test_distributed_quick.py); every case (tests/test_distributed.py, marked
-# `distributed`, about a minute here): `make test-distributed`.
+# (tests/distributed/test_processes_quick.py); every case (tests/distributed/test_processes.py,
+# marked `distributed`, about a minute here): `make test-distributed`.
 unit: setup
 	$(PY) -m pytest -q -n 2 -m "not distributed"
 
 test-distributed: setup
-	$(PY) -m pytest -q tests/test_distributed.py
+	$(PY) -m pytest -q tests/distributed/test_processes.py
 
 # The documentation site (mkdocs.yml, docs/) into site/, warnings as errors: a broken link, a
 # page missing from the navigation or a docstring griffe cannot read stops the build. The code

@@ -37,7 +37,7 @@ from prunekit.structure import count_params
 
 def load() -> tuple[nn.Module, Any]:
     # transformers' model classes import torchvision, whose CUDA wheel fails on the CPU
-    # torch unless its two op schemas exist first (tests/vision.py does the same).
+    # torch unless its two op schemas exist first (tests/helpers/vision.py does the same).
     for name in ("nms", "qnms"):
         with contextlib.suppress(RuntimeError):
             schema = "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import prunekit
-from vision import define_torchvision_ops
+from helpers.vision import define_torchvision_ops
 
 SMALL: dict[str, Any] = {
     "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,

@@ -34,7 +34,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import prunekit
 import prunekit.structure
-from vision import torchvision_models
+from helpers.vision import torchvision_models
 
 FIXED = {"vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "maxvit_t"}
 

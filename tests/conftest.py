@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from frameworks import FRAMEWORK_NAMES, Framework
+from helpers.frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.select import trace
 
 

@@ -18,7 +18,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit
-from frameworks import Framework
+from helpers.frameworks import Framework
 from prunekit.core.backend import framework as framework_of
 
 Step = Callable[[ModuleType, Any], Any]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 
 Pruner = Callable[[nn.Module, str], Any]
 L1: Pruner = lambda m, n: prune.l1_unstructured(m, n, 0.4)  # noqa: E731
@@ -125,7 +125,7 @@ def test_trains_while_pruned_then_remove_leaves_a_working_module(
     if framework.name == "tensorplay" and kind == "ConvTranspose2d":
         pytest.skip(
             "tensorplay 1.0's ConvTranspose2d caches its weight by memory address, so a "
-            "pruned one can return stale outputs; prunekit warns (see test_tensorplay.py)"
+            "pruned one can return stale outputs; prunekit warns (core/test_tensorplay.py)"
         )
     family = FAMILIES[kind]
     ns = framework.ns
@@ -203,7 +203,7 @@ def test_trains_while_pruned_then_remove_leaves_a_working_module(
 
 
 def test_pruning_out_proj_directly_does_not_warn() -> None:
-    """It trains as if pruned through the parent (see test_attention.py): nothing to warn of."""
+    """It trains as if pruned through the parent (core/test_attention.py): nothing to warn of."""
     mha = nn.MultiheadAttention(8, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 
 
 def zeros(t: torch.Tensor) -> int:

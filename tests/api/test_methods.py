@@ -10,7 +10,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 
 
 def test_identity_keeps_the_default_mask(framework: Framework) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prunekit as prune
-from frameworks import FRAMEWORK_NAMES, Framework
+from helpers.frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.core.amount import compute_nparams_to_prune
 from prunekit.core.container import combine_masks
 

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from torch import Tensor, nn
 
 import prunekit as prune
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 TARGETS = [("0", "weight"), ("0", "bias"), ("2", "weight")]
 MATRICES = [t for t in TARGETS if t[1] == "weight"]

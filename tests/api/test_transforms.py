@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from test_attention import Block, unpruned_twin
+from helpers.attention_block import Block, unpruned_twin
 
 X = torch.randn(3, 8)
 
@@ -24,7 +24,7 @@ def mlp() -> nn.Sequential:
 
 
 def tutorial_block() -> Block:
-    """A block pruned by torch's tutorial loop: out_proj on its own (see test_attention.py)."""
+    """A block pruned by torch's tutorial loop: out_proj on its own (core/test_attention.py)."""
     model = Block()
     for module in model.modules():
         if isinstance(module, nn.Linear):

@@ -14,7 +14,7 @@ from torch import nn
 
 import prunekit as prune
 import prunekit.functional
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 Case = tuple[nn.Module, Callable[[], Any], type[Exception], list[str]]
 

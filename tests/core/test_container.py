@@ -10,7 +10,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 from prunekit.core.container import combine_masks
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 from prunekit.core.backend import (
     common_namespace,
     dtype_name,

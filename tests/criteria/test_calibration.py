@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 from prunekit.criteria import calibration as cal
 from prunekit.whole.oneshot import oneshot
 

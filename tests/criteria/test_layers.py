@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 import prunekit as prune
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 PATTERNS = [("unstructured", 0.5), ("row", 0.5), ("2:4", 0.5)]
 

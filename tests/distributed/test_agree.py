@@ -1,7 +1,7 @@
 """The protocol of collective calls (prunekit/distributed/agree.py), with ranks as threads
-(tests/thread_group.py): failures told at the next step, the last step inside the
+(tests/helpers/thread_group.py): failures told at the next step, the last step inside the
 transaction, ranks out of step, arguments made comparable; and the checks of weights and
-timeouts that need no group. tests/test_distributed_quick.py runs the hostile cases over
+timeouts that need no group. tests/distributed/test_processes_quick.py runs the hostile cases over
 real processes."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 import prunekit
+from helpers.thread_group import on_threads
 from prunekit.core.errors import value_error
 from prunekit.distributed import TorchGroup, all_reduce_statistics
 from prunekit.distributed.agree import canonical, collective
 from prunekit.distributed.group import Group
-from thread_group import on_threads
 
 
 class Stubborn(nn.Linear):

@@ -1,6 +1,6 @@
-"""Calibration over data-parallel ranks, with ranks as threads (tests/thread_group.py): the
+"""Calibration over data-parallel ranks, with ranks as threads (tests/helpers/thread_group.py): the
 statistics reduced where they are made, and failures met on one rank raised on all.
-tests/test_distributed_quick.py runs the same over real processes."""
+tests/distributed/test_processes_quick.py runs the same over real processes."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-import distributed_calibration as calibrated
 import prunekit
+from helpers import distributed_calibration as calibrated
+from helpers.thread_group import on_threads
 from prunekit.criteria import calibration as cal
 from prunekit.distributed.agree import collective
 from prunekit.distributed.group import Group
 from prunekit.distributed.stats import Reducer
-from thread_group import on_threads
 
 
 class Picky(calibrated.Net):

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-import distributed_calibration as calibrated
-import distributed_cases as cases
-from test_distributed_quick import calibrated_differences
+from helpers import distributed_calibration as calibrated
+from helpers import distributed_cases as cases
 
 pytestmark = [
     pytest.mark.distributed,
@@ -93,7 +92,7 @@ def test_calibrated_on_each_ranks_batches(ranks: Any, name: str) -> None:
     world, results = ranks
     want = calibrated.reference(name, world)
     for r in range(world):
-        found = calibrated_differences(results[r][f"{name}/calibrated"], want)
+        found = calibrated.calibrated_differences(results[r][f"{name}/calibrated"], want)
         assert found is None, f"rank {r}: {found}"
 
 

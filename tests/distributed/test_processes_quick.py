@@ -1,14 +1,14 @@
 """The multi-process tests that `make test` runs: one group of 2 gloo processes and one of 4,
 each running many cases in one process group. The processes are forked from a server that
 imported torch once (spawned, each would import torch and DTensor's torch._dynamo itself:
-20-40 s here under load instead of 5-10 s). tests/test_distributed.py runs every case
+20-40 s here under load instead of 5-10 s). tests/distributed/test_processes.py runs every case
 (`make test-distributed`).
 
 Each group checks, against one process: l1, random and importance scores, split by layer
 and by DTensor shard (rows, columns, replicas, FSDP2), ties, tensors pruned before;
 Wanda, SparseGPT and Taylor calibrated on each rank's own batches; a refused input on one
 rank raising on every rank; statistics reduced over the ranks; and the hostile cases of
-tests/distributed_hostile.py (other arguments on one rank, one rank failing before or
+tests/helpers/distributed_hostile.py (other arguments on one rank, one rank failing before or
 between collectives, a rank that never comes): the same error on every rank, within the
 group's bound, every model unchanged bit for bit.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import torch
 
-import distributed_calibration as calibrated
-import distributed_cases as cases
-import distributed_hostile as hostile
+from helpers import distributed_calibration as calibrated
+from helpers import distributed_cases as cases
+from helpers import distributed_hostile as hostile
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -71,18 +71,6 @@ def differences(got: list[torch.Tensor], want: list[torch.Tensor]) -> str | None
             return f"mask {i}: {g.dtype} {tuple(g.shape)}, expected {w.dtype} {tuple(w.shape)}"
         if not torch.equal(g, w):
             return f"mask {i}: {int((g != w).sum())} entries differ"
-    return None
-
-
-def calibrated_differences(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> Any:
-    if got.keys() != want.keys():
-        return f"names {sorted(got)}, expected {sorted(want)}"
-    for name, w in want.items():
-        g = got[name]
-        if name.endswith("_mask") and not torch.equal(g, w):
-            return f"{name}: {int((g != w).sum())} entries differ"
-        if name.endswith("_orig") and not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
-            return f"{name}: weights differ by up to {float((g - w).abs().max())}"
     return None
 
 
@@ -133,7 +121,7 @@ def check(world: int, results: list[dict[str, Any]]) -> list[str]:
         elif how == "calibrated":
             want = calibrated_reference(name, world)
             for r in range(world):
-                found = calibrated_differences(results[r][key], want)
+                found = calibrated.calibrated_differences(results[r][key], want)
                 if found:
                     failures.append(f"{key}, rank {r}: {found}")
         else:

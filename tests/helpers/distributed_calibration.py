@@ -140,3 +140,15 @@ def refused(rank: int, world: int) -> str:
         )
         return f"{type(error).__name__}: {error}; unchanged: {same}"
     return "no error"
+
+
+def calibrated_differences(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> Any:
+    if got.keys() != want.keys():
+        return f"names {sorted(got)}, expected {sorted(want)}"
+    for name, w in want.items():
+        g = got[name]
+        if name.endswith("_mask") and not torch.equal(g, w):
+            return f"{name}: {int((g != w).sum())} entries differ"
+        if name.endswith("_orig") and not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
+            return f"{name}: weights differ by up to {float((g - w).abs().max())}"
+    return None

@@ -227,11 +227,11 @@ def run_job(name: str, how: str, rank: int, world: int) -> Any:
     if name == "statistics":
         return statistics(rank, world)
     if how == "hostile":
-        import distributed_hostile as hostile
+        from helpers import distributed_hostile as hostile
 
         return hostile.run(name, rank, world)
     if how == "calibrated":
-        import distributed_calibration as calibrated
+        from helpers import distributed_calibration as calibrated
 
         if name == "refused_calibration":
             return calibrated.refused(rank, world)

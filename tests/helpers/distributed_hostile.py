@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-import distributed_calibration as calibrated
 import prunekit
+from helpers import distributed_calibration as calibrated
 from prunekit.distributed.group import TorchGroup
 
 BOUND = 20.0  # seconds a rank may wait for the others in these cases

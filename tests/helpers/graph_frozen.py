@@ -1,8 +1,8 @@
 """Frozen groups: a digest of everything ``channel_groups`` says of a few models, written once
-by a known-good build and compared by tests/test_structure_frozen.py, so a faster tracer or
+by a known-good build and compared by tests/structure/graph/test_frozen.py, so a faster tracer or
 grouping must give the very same groups (slices, indices, reasons, order).
 
-    PYTHONPATH=src python tests/graph_frozen.py     # rewrite tests/graph_frozen.json
+    PYTHONPATH=src python tests/helpers/graph_frozen.py   # rewrites graph_frozen.json beside it
 
 Each model keeps one digest per group and the group's name, so a difference says which group
 changed first.
@@ -127,8 +127,8 @@ def dumps(found: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from vision import torchvision_models
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for helpers.vision
+    from helpers.vision import torchvision_models
 
     found = {name: compute(build) for name, build in cases(torchvision_models()).items()}
     FILE.write_text(dumps(found))

@@ -12,8 +12,8 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit as prune
-from model_state import bits, fingerprint
-from test_serialization import hooks, mlp, state, train_step
+from helpers.model_state import bits, fingerprint
+from helpers.pruned_models import hooks, mlp, state, train_step
 
 
 def plain_mlp(seed: int = 9) -> nn.Sequential:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from frameworks import Framework
+from helpers.frameworks import Framework
 
 
 def loop_rows(scores: torch.Tensor, alive: torch.Tensor, amount: float) -> torch.Tensor:

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from gradual_models import Small, batch
 from torch import nn
 
 import prunekit as prune
+from helpers.gradual_models import Small, batch
 
 Make = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 

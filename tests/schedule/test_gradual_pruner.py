@@ -9,10 +9,10 @@ import pickle
 
 import pytest
 import torch
-from gradual_models import Small, masks, train_step
 from torch import nn
 
 import prunekit as prune
+from helpers.gradual_models import Small, masks, train_step
 
 WEIGHTS = ("conv.weight", "fc1.weight", "fc2.weight")
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from gradual_models import Small, train_step
 from torch import nn
 
 import prunekit as prune
+from helpers.gradual_models import Small, train_step
 
 STEPS = 14
 

@@ -6,7 +6,7 @@ contract itself: exactly k chosen, ties to the earlier tensor, then the lower fl
 NaN after every number. The engine's ways in (smallest_k_many on each of its paths, the
 selection in pieces in one process and on ranks that are threads, a sharded folder pruned
 in one process) must give its selections bit for bit. Real processes (2 and 4 gloo ranks)
-are test_distributed_quick.py's.
+are tests/distributed/test_processes_quick.py's.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.thread_group import on_threads
 from prunekit.select import smallest_k_many, tuning
-from thread_group import on_threads
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 SHAPES = [(40, 300), (2000,), (20, 250), (17, 3), (0,), (1,)]

@@ -1,7 +1,8 @@
 """prunekit.select.pieces: the selection in pieces, against smallest_k_many on whole tensors.
 
 Ranks are threads here (a Group whose collectives meet at a barrier), so every path of the
-selection runs in milliseconds; test_distributed.py runs the same over real processes.
+selection runs in milliseconds; tests/distributed/test_processes.py runs the same over real
+processes.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import torch
 from torch import nn
 
 import prunekit
+from helpers.thread_group import on_threads
 from prunekit.distributed import all_reduce_statistics
 from prunekit.distributed import global_unstructured as across
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import _runs
 from prunekit.select import passes, smallest_k_many, tuning
 from prunekit.select.pieces import Piece, Unrankable, select
-from thread_group import on_threads
 
 
 def whole(tensors: list[torch.Tensor], masks: list[torch.Tensor | None], k: int) -> list[Any]:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 T = pytest.importorskip("transformers")
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 ACTIVATIONS = {
     "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 
 def roundtrip(model: nn.Module, x: Any, amount: float = 0.5, **kwargs: Any) -> Any:

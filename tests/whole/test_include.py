@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 from prunekit.core.naming import entries
 from prunekit.io.statedict import prune_state_dict
 from prunekit.whole.targets import select_names

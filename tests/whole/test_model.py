@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 import prunekit as prune
-from frameworks import Framework
-from model_state import fingerprint as state_of
-from test_attention import Block, train_and_compare
+from helpers.attention_block import Block, train_and_compare
+from helpers.frameworks import Framework
+from helpers.model_state import fingerprint as state_of
 
 
 def mlp() -> nn.Sequential:

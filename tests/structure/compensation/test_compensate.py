@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 from prunekit.structure.compensation import compensate as compensation
 from prunekit.structure.compensation.compensate import least_squares_update
 from prunekit.structure.compensation.refit import refit_update

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 
 T = pytest.importorskip("transformers")
 

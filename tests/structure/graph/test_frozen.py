@@ -1,7 +1,8 @@
 """Differential against frozen groups: ``channel_groups`` gives, group for group and field for
-field, the groups a known-good build gave (tests/graph_frozen.json, written by
-tests/graph_frozen.py) on torchvision models, a masked ResNet-18, a small ViT and small Hugging
-Face configs (LLaMA with grouped-query heads by query and by group, BERT, GPT-2, Mixtral)."""
+field, the groups a known-good build gave (tests/helpers/graph_frozen.json, written by
+tests/helpers/graph_frozen.py) on torchvision models, a masked ResNet-18, a small ViT and small
+Hugging Face configs (LLaMA with grouped-query heads by query and by group, BERT, GPT-2,
+Mixtral)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-import graph_frozen
 import prunekit
+from helpers import graph_frozen
 
 FROZEN: dict[str, Any] = json.loads(graph_frozen.FILE.read_text())
 

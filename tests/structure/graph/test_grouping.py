@@ -1,5 +1,5 @@
 """Differential: the vectorized group builder gives exactly the groups of a slow reference
-written from the rules (tests/graph_reference.py), over torchvision models and small Hugging
+written from the rules (tests/helpers/graph_reference.py), over torchvision models and small Hugging
 Face configs (LLaMA with grouped-query heads, BERT, GPT-2, Mixtral's experts, ViT)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import prunekit
-from graph_reference import reference_groups
+from helpers.graph_reference import reference_groups
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup

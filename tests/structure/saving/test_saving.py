@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 from prunekit.structure.saving import saving, skeleton
 
 

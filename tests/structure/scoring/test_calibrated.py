@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from model_state import fingerprint
+from helpers.model_state import fingerprint
 from prunekit.structure import Activation, GroupCriterion, GroupTaylor
 
 
