@@ -213,9 +213,9 @@ PRELOAD = [
     "torch.distributed.tensor",
     "torch.distributed.fsdp",
     "prunekit",
-    "distributed_cases",
-    "distributed_calibration",
-    "distributed_hostile",
+    "helpers.distributed_cases",
+    "helpers.distributed_calibration",
+    "helpers.distributed_hostile",
 ]
 TIMEOUT = 300.0  # seconds a collective may wait for the others, and a group may run in all
 

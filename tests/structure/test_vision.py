@@ -12,7 +12,7 @@ pytestmark = pytest.mark.torchvision
 
 @pytest.fixture(scope="module")
 def models():  # type: ignore[no-untyped-def]
-    vision = pytest.importorskip("vision")
+    vision = pytest.importorskip("helpers.vision")
     try:
         return vision.torchvision_models()
     except ImportError as error:  # torchvision not installed

@@ -124,7 +124,7 @@ def test_bias_kv_is_left_alone_with_a_reason() -> None:
 
 @pytest.mark.torchvision
 def test_torchvision_vit_b_16() -> None:
-    vision = pytest.importorskip("vision")
+    vision = pytest.importorskip("helpers.vision")
     try:
         models = vision.torchvision_models()
     except ImportError as error:  # torchvision not installed

@@ -22,7 +22,7 @@ FROZEN: dict[str, Any] = json.loads(graph_frozen.FILE.read_text())
 
 @pytest.fixture(scope="module")
 def vision() -> Any:
-    found = pytest.importorskip("vision")
+    found = pytest.importorskip("helpers.vision")
     try:
         return found.torchvision_models()
     except ImportError as error:  # torchvision not installed

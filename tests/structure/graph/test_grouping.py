@@ -40,7 +40,7 @@ def _check(model: nn.Module, inputs: Any, gqa: str = "query") -> list[ChannelGro
 
 @pytest.fixture(scope="module")
 def vision() -> Any:
-    found = pytest.importorskip("vision")
+    found = pytest.importorskip("helpers.vision")
     try:
         return found.torchvision_models()
     except ImportError as error:  # torchvision not installed
