@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.backend import common_namespace, namespace
-from prunekit.core.checks import check_finite, check_scores, prunable_parameter, resolve
+from prunekit.core.checks import check_finite, check_scores, owner_of, prunable_parameter
 from prunekit.core.container import PruningContainer
 from prunekit.core.errors import (
     attribute_error,
@@ -233,7 +233,7 @@ def remove(module: M, name: str) -> M:
         ValueError: ``module.<name>`` is not pruned (the message lists the tensors that are).
         AttributeError: `name` does not lead to a submodule of `module`.
     """
-    owner, leaf = resolve(module, name)
+    owner, leaf = owner_of(module, name)
     key, hook = find_pruning_hook(owner, leaf)
     if hook is None:
         pruned = sorted(h._tensor_name for h in pruning_hooks(owner) if h._tensor_name is not None)
@@ -315,7 +315,7 @@ def global_unstructured(
     if not params:
         return
     scores, masks, dtypes, wheres = _global_targets(params, importance_scores)
-    targets = [resolve(module, name) for module, name in params]
+    targets = [owner_of(module, name) for module, name in params]
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     products = _products(method, params, scores, masks, importance_scores, keep_dtype)
@@ -343,7 +343,7 @@ def global_unstructured(
                 for k, t in zip(kept, scores, strict=True)
             ]
     del scores, masks, kept
-    touched = [m for module, name in params for m in (module, resolve(module, name)[0])]
+    touched = [m for module, name in params for m in (module, owner_of(module, name)[0])]
     with transaction(touched):
         for (module, name), share, product in zip(params, methods, products, strict=True):
             install(module, name, share, masked=product)
@@ -477,7 +477,7 @@ def _current(
     For a pruned tensor the values are ``<name>_orig`` itself (no copy is made) unless
     its hook computes them another way; an unpruned tensor has no mask (None).
     """
-    owner, leaf = resolve(module, name)
+    owner, leaf = owner_of(module, name)
     _, hook = find_pruning_hook(owner, leaf)
     if hook is not None:
         orig: nn.Parameter = getattr(owner, orig_name(leaf))

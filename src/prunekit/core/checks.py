@@ -31,9 +31,9 @@ __all__ = [
     "check_module",
     "check_scores",
     "is_attention_out_proj",
+    "owner_of",
     "prunable_parameter",
     "refuse_ties",
-    "resolve",
 ]
 
 
@@ -56,7 +56,7 @@ def check_module(module: Any, name: Any) -> None:
         )
 
 
-def resolve(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+def owner_of(module: nn.Module, name: str) -> tuple[nn.Module, str]:
     """Split a dotted name: ``(mha, 'out_proj.weight')`` -> ``(mha.out_proj, 'weight')``."""
     check_module(module, name)
     if "." not in name:

@@ -16,9 +16,9 @@ from prunekit.core.attention import watch_out_proj
 from prunekit.core.backend import common_namespace, framework_caveat, namespace
 from prunekit.core.checks import (
     check_scores,
+    owner_of,
     prunable_parameter,
     refuse_ties,
-    resolve,
 )
 from prunekit.core.container import PruningContainer, combine_masks
 from prunekit.core.errors import describe, naming, value_error, warn_caller
@@ -74,7 +74,7 @@ def install(
     `module`'s forward: needed where the parent reads the child's weight without calling
     the child (MultiheadAttention.out_proj).
     """
-    owner, leaf = resolve(module, name)
+    owner, leaf = owner_of(module, name)
     where = describe(module, name)
     caveat = framework_caveat(owner)
     if caveat is not None:

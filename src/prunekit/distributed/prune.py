@@ -34,7 +34,7 @@ from prunekit.core.transaction import transaction
 from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.group import Group
-from prunekit.distributed.tensors import Layout, layout, local
+from prunekit.distributed.tensors import Placement, local, placement
 from prunekit.methods import CustomFromMask, Pruning
 from prunekit.patterns.unstructured import Unstructured
 from prunekit.select.pieces import Piece, Unrankable, select
@@ -56,7 +56,7 @@ class _Entry:
     values: Tensor  # local
     alive: Tensor | None  # local mask, None if not pruned yet
     scores: Tensor | None  # local importance scores given
-    layout: Layout
+    placement: Placement
 
 
 def global_unstructured(
@@ -112,7 +112,7 @@ def global_unstructured(
         masks = []
         for i, e in enumerate(entries):
             keep = selection.keep(i, e.values.dtype).view(e.values.shape)
-            masks.append(_like(e.param, keep) if e.layout.sharded else keep)
+            masks.append(_like(e.param, keep) if e.placement.sharded else keep)
         _install(entries, masks, group)
 
 
@@ -203,7 +203,7 @@ def _entries(
                 )
         if not values.is_floating_point():
             raise type_error(f"{where} is of dtype {values.dtype}; expected floating point")
-        lay = layout(param, where)
+        lay = placement(param, where)
         if lay.sharded and pruned and values.numel() == 0:
             raise value_error(
                 f"{where} is a pruned DTensor whose shard on this rank is empty; expected a "
@@ -216,7 +216,7 @@ def _entries(
 
 def _keys(entries: list[_Entry], group: Group) -> list[int]:
     """Each entry's place in the one list of the whole model (see the module's docstring)."""
-    mine = [(e.layout.sharded, e.layout.shape) for e in entries]
+    mine = [(e.placement.sharded, e.placement.shape) for e in entries]
     everyone = group.objects(mine)
     sharded = [[shape for is_d, shape in found if is_d] for found in everyone]
     if any(shapes != sharded[0] for shapes in sharded):
@@ -233,16 +233,16 @@ def _keys(entries: list[_Entry], group: Group) -> list[int]:
     for e in entries:
         if group.rank == 0:
             keys.append(len(keys))
-        elif e.layout.sharded:
+        elif e.placement.sharded:
             keys.append(first[d])
             d += 1
         else:
             keys.append(plain_before + p)
             p += 1
     owned = torch.zeros(len(first), dtype=torch.int64)
-    shards = [i for i, e in enumerate(entries) if e.layout.sharded]
+    shards = [i for i, e in enumerate(entries) if e.placement.sharded]
     for j, i in enumerate(shards):
-        owned[j] = entries[i].values.numel() if entries[i].layout.counts else 0
+        owned[j] = entries[i].values.numel() if entries[i].placement.counts else 0
     expected = [_numel(shape) for shape in sharded[0]]
     if group.sum(owned).tolist() != expected:
         raise value_error(
@@ -262,7 +262,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _pieces(entries: list[_Entry], keys: list[int], criterion: Any) -> list[Piece]:
     pieces = []
     for e, key in zip(entries, keys, strict=True):
-        lay, values, alive = e.layout, e.values, e.alive
+        lay, values, alive = e.placement, e.values, e.alive
         count = values.numel() if alive is None else int((alive == 1).sum())
         source = _scores(e, criterion)
         competing = count if lay.counts else 0

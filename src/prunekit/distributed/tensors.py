@@ -1,7 +1,7 @@
 """What part of a whole tensor a process holds: all of a plain tensor, or a DTensor's shard.
 
 A DTensor (torch.distributed.tensor, as FSDP2's ``fully_shard`` or ``distribute_tensor``
-make) holds a block of its global tensor: `Layout` says where it sits, as runs of entries
+make) holds a block of its global tensor: `Placement` says where it sits, as runs of entries
 contiguous both in the local tensor and in the global one (one run for a shard along
 dim 0, one per row for a shard along dim 1, ...), so that ties break by the global
 position. Along mesh dims where the DTensor is replicated, only the process at
@@ -19,11 +19,11 @@ from torch import Tensor
 from prunekit.core.errors import value_error
 from prunekit.select.pieces import Run
 
-__all__ = ["Layout", "is_dtensor", "layout", "local"]
+__all__ = ["Placement", "is_dtensor", "local", "placement"]
 
 
 @dataclass(frozen=True)
-class Layout:
+class Placement:
     """A local tensor's place in its global tensor: global shape, runs, whether it counts."""
 
     shape: tuple[int, ...]  # the global tensor's
@@ -50,11 +50,11 @@ def local(t: Tensor) -> Tensor:
     return t
 
 
-def layout(t: Tensor, where: str) -> Layout:
+def placement(t: Tensor, where: str) -> Placement:
     """Where the local part of `t` lies in the whole; raises ValueError naming `where`
     for placements it cannot follow (Partial, strided shards)."""
     if not is_dtensor(t):
-        return Layout(tuple(t.shape), (Run(0, 0, t.numel()),), True, False)
+        return Placement(tuple(t.shape), (Run(0, 0, t.numel()),), True, False)
     # Only for a DTensor: `import torch` does not load torch.distributed.tensor, a heavy import.
     from torch.distributed.tensor import Replicate, Shard  # noqa: PLC0415
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
@@ -72,7 +72,7 @@ def layout(t: Tensor, where: str) -> Layout:
     counts = coordinate is not None and all(
         c == 0 for c, p in zip(coordinate, placements, strict=True) if isinstance(p, Replicate)
     )
-    return Layout(shape, _runs(shape, tuple(sizes), tuple(offsets)), counts, True)
+    return Placement(shape, _runs(shape, tuple(sizes), tuple(offsets)), counts, True)
 
 
 def _runs(

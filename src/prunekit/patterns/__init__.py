@@ -8,7 +8,7 @@ PerRow: the same share of every row. NM: n of every m consecutive entries (2:4).
 from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
 from prunekit.patterns.nm import NM
-from prunekit.patterns.rows import PerRow
+from prunekit.patterns.per_row import PerRow
 from prunekit.patterns.unstructured import Unstructured
 
 __all__ = ["NM", "Channels", "Pattern", "PerRow", "Unstructured"]

@@ -22,7 +22,7 @@ from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
 from prunekit.patterns.unstructured import Unstructured
 from prunekit.schedule.companions import Companions
-from prunekit.schedule.hook import Gradual, find_gradual
+from prunekit.schedule.gradual import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state

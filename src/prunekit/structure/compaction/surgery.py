@@ -24,7 +24,7 @@ from prunekit.structure.handlers.norms import remove_kept_norm
 
 
 @dataclass
-class Plan:
+class Removal:
     """Positions to remove per (module, tensor name, dim), and the consumers to fold."""
 
     removed: dict[tuple[int, str], dict[int, set[int]]] = field(default_factory=dict)
@@ -35,9 +35,9 @@ class Plan:
     groups: int = 0
 
 
-def plan(groups: list[ChannelGroup]) -> Plan:
+def plan(groups: list[ChannelGroup]) -> Removal:
     """The fully masked units of the prunable groups."""
-    result = Plan()
+    result = Removal()
     for g in groups:
         if not g.prunable:
             continue
@@ -79,7 +79,7 @@ def _alive(s: Slice, size: int) -> Tensor:
 class Capture(TorchFunctionMode):
     """Per input channel min and max of what each consumer weight reads, and its padding."""
 
-    def __init__(self, result: Plan) -> None:
+    def __init__(self, result: Removal) -> None:
         super().__init__()
         found = {(id(s.module), s.name): (s.module, s.name) for s, _ in result.consumers}
         self.keys = list(found)
@@ -113,7 +113,7 @@ def _is(module: nn.Module, name: str, t: Tensor) -> bool:
     return (value if isinstance(value, Tensor) else module._parameters.get(name)) is t
 
 
-def folds(result: Plan, capture: Capture) -> dict[tuple[int, str], tuple[nn.Module, Tensor]]:
+def folds(result: Removal, capture: Capture) -> dict[tuple[int, str], tuple[nn.Module, Tensor]]:
     """Bias additions that carry the removed channels' constants (module id, bias) -> delta."""
     deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]] = {}
     for s, gone in result.consumers:
@@ -192,7 +192,7 @@ def _delta(s: Slice, weight: Tensor, channels: list[int], values: Tensor, groups
     return out
 
 
-def apply(result: Plan, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
+def apply(result: Removal, deltas: dict[tuple[int, str], tuple[nn.Module, Tensor]],
           model: nn.Module | None = None) -> None:  # fmt: skip
     """Fold the constants, then slice every tensor of the plan and update module attributes
     (of every module of `model`, given: attention heads, hidden sizes)."""

@@ -1,7 +1,7 @@
 """The shapes of a compacted model: described module by module, planned onto a freshly built
 model, applied, and checked (the engine of ``save_compacted`` / ``load_compacted``).
 
-Everything is checked in ``Layout.plan`` before the model changes; ``apply_layout`` only
+Everything is checked in ``Reload.plan`` before the model changes; ``apply_reload`` only
 replaces tensors by new ones (it never writes into the fresh model's own), so restoring the
 modules' dicts undoes it.
 """
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from prunekit.core.naming import MASK, ORIG
 from prunekit.structure.compaction.widths import implied_widths
 
-__all__ = ["Layout", "apply_layout", "check_widths", "describe_module", "verify"]
+__all__ = ["Reload", "apply_reload", "check_widths", "describe_module", "verify"]
 
 _MISSING: Any = object()
 _OWNER = "load_compacted"
@@ -71,7 +71,7 @@ def _class_name(module: nn.Module) -> str:
 
 
 @dataclass
-class Target:
+class SavedTensor:
     """One tensor the fresh module must have: its saved name(s) and layout."""
 
     path: str
@@ -85,10 +85,10 @@ class Target:
 
 
 @dataclass
-class Layout:
+class Reload:
     """What load_compacted changes, all checked: tensors, attributes, config fields."""
 
-    targets: list[Target] = field(default_factory=list)
+    targets: list[SavedTensor] = field(default_factory=list)
     attributes: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     config: list[tuple[Any, str, Any]] = field(default_factory=list)
     expected: dict[str, Any] = field(default_factory=dict)  # path -> manifest entry
@@ -101,26 +101,26 @@ class Layout:
         state: Mapping[str, Tensor],
         config: Any,
         source: str = "",
-    ) -> Layout:
+    ) -> Reload:
         """Everything `model` must change to hold what was saved, checked first; `source`
         (the folder) is named in the errors."""
         owner = f"{_OWNER} ({source})" if source else _OWNER
         fresh = dict(model.named_modules())
         _same_modules(model, fresh, modules, owner)
-        layout = cls(expected=dict(modules))
+        reload = cls(expected=dict(modules))
         for path, entry in modules.items():
             module = fresh[path]
-            layout.targets.extend(_targets(path, module, entry, state, owner))
+            reload.targets.extend(_targets(path, module, entry, state, owner))
             for name, saved in entry.get("attributes", {}).items():
                 value = decoded(saved)
                 if getattr(module, name, _MISSING) != value:
-                    layout.attributes.append((module, name, value))
-        _ties(layout.targets)
+                    reload.attributes.append((module, name, value))
+        _ties(reload.targets)
         if isinstance(config, dict):
             found = getattr(model, "config", None)
             if found is not None:
-                _config_changes(found, config, layout.config)
-        return layout
+                _config_changes(found, config, reload.config)
+        return reload
 
     def configs(self) -> list[Any]:
         """The config objects the layout changes (for the transaction to keep)."""
@@ -148,7 +148,7 @@ def _same_modules(
 
 def _targets(
     path: str, module: nn.Module, entry: Any, state: Mapping[str, Tensor], owner: str
-) -> list[Target]:
+) -> list[SavedTensor]:
     """The tensors `module` must have, checked against the file and the module."""
     saved: dict[str, Any] = entry.get("tensors", {})
     prefix = f"{path}." if path else ""
@@ -180,7 +180,7 @@ def _targets(
             continue
         base = name[: -len(ORIG)] if name.endswith(ORIG) and name[: -len(ORIG)] in pruned else name
         shape, dtype = tuple(info["shape"]), tensor_dtype(info["dtype"])
-        target = Target(
+        target = SavedTensor(
             path, module, base, name, info["kind"], shape, dtype, info.get("persistent", True)
         )
         _check_target(where, target)
@@ -203,7 +203,7 @@ def tensor_dtype(name: Any) -> torch.dtype:
     return found
 
 
-def _check_target(where: str, t: Target) -> None:
+def _check_target(where: str, t: SavedTensor) -> None:
     module, name = t.module, t.name
     if module._parameters.get(name + ORIG) is not None:
         raise ValueError(
@@ -232,9 +232,9 @@ def _check_target(where: str, t: Target) -> None:
         )
 
 
-def _ties(targets: list[Target]) -> None:
+def _ties(targets: list[SavedTensor]) -> None:
     """A tensor shared by several modules of the fresh model must get one shape."""
-    seen: dict[int, Target] = {}
+    seen: dict[int, SavedTensor] = {}
     for t in targets:
         current = _current(t)
         if current is None:
@@ -247,11 +247,11 @@ def _ties(targets: list[Target]) -> None:
             )
 
 
-def _label(t: Target) -> str:
+def _label(t: SavedTensor) -> str:
     return f"{t.path}.{t.name}" if t.path else t.name
 
 
-def _current(t: Target) -> Tensor | None:
+def _current(t: SavedTensor) -> Tensor | None:
     found = t.module._parameters.get(t.name)
     return found if found is not None else t.module._buffers.get(t.name)
 
@@ -275,8 +275,8 @@ def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, 
                 out.append((config, key, value))
 
 
-def apply_layout(
-    model: nn.Module, layout: Layout, source: Mapping[str, Tensor] | None = None
+def apply_reload(
+    model: nn.Module, reload: Reload, source: Mapping[str, Tensor] | None = None
 ) -> None:
     """New tensors of the planned shapes (dtype, device and requires_grad of the ones they
     replace), then the attributes and config fields.
@@ -286,7 +286,7 @@ def apply_layout(
     meta device needs, so that memory holds the weights once.
     """
     made: dict[int, Tensor] = {}
-    for t in layout.targets:
+    for t in reload.targets:
         current = _current(t)
         if current is not None and tuple(current.shape) == t.shape and not t.persistent:
             continue  # kept as built: its values are not in the file
@@ -297,13 +297,15 @@ def apply_layout(
             if current is not None:
                 made[id(current)] = new
         _put(t, new)
-    for module, name, value in layout.attributes:
+    for module, name, value in reload.attributes:
         setattr(module, name, value)
-    for config, key, value in layout.config:
+    for config, key, value in reload.config:
         setattr(config, key, value)
 
 
-def _new_tensor(t: Target, current: Tensor | None, source: Mapping[str, Tensor] | None) -> Tensor:
+def _new_tensor(
+    t: SavedTensor, current: Tensor | None, source: Mapping[str, Tensor] | None
+) -> Tensor:
     if source is not None:
         value = source[f"{t.path}.{t.key}" if t.path else t.key].detach()
     elif current is not None:
@@ -323,7 +325,7 @@ def _device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _put(t: Target, new: Tensor) -> None:
+def _put(t: SavedTensor, new: Tensor) -> None:
     module, name = t.module, t.name
     if t.kind == "parameter":
         if name not in module._parameters:
@@ -337,13 +339,13 @@ def _put(t: Target, new: Tensor) -> None:
         module._buffers[name] = new
 
 
-def check_widths(model: nn.Module, layout: Layout, source: str = "") -> None:
+def check_widths(model: nn.Module, reload: Reload, source: str = "") -> None:
     """Raise ValueError where a saved width attribute contradicts the saved tensors (a
     Linear saved with out_features=5 and a weight of 8 rows): call it once the layout is
     applied; `source` (the folder) is named in the error."""
     owner = f"{_OWNER} ({source})" if source else _OWNER
     modules = dict(model.named_modules())
-    for path in layout.expected:
+    for path in reload.expected:
         module = modules[path]
         for name, implied in implied_widths(module).items():
             value = getattr(module, name, _MISSING)
@@ -356,7 +358,7 @@ def check_widths(model: nn.Module, layout: Layout, source: str = "") -> None:
                 )
 
 
-def verify(model: nn.Module, layout: Layout, state: Mapping[str, Tensor]) -> None:
+def verify(model: nn.Module, reload: Reload, state: Mapping[str, Tensor]) -> None:
     """Raise unless the loaded model has the file's tensors (names, shapes, values) and the
     manifest's attributes."""
     found = model.state_dict()
@@ -373,7 +375,7 @@ def verify(model: nn.Module, layout: Layout, state: Mapping[str, Tensor]) -> Non
                 f"{tuple(value.shape)} in the file, or its values differ"
             )
     modules = dict(model.named_modules())
-    for path, entry in layout.expected.items():
+    for path, entry in reload.expected.items():
         for name, saved in entry.get("attributes", {}).items():
             value = getattr(modules[path], name, _MISSING)
             if value != decoded(saved):

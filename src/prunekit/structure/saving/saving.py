@@ -29,8 +29,8 @@ from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.saving.rebuild import (
-    Layout,
-    apply_layout,
+    Reload,
+    apply_reload,
     check_widths,
     describe_module,
     verify,
@@ -144,12 +144,12 @@ def _load_into(model: nn.Module, folder: Path) -> nn.Module:
     manifest = _read_manifest(folder)
     _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(folder / _weights_name(folder, manifest))
-    layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
-    with transaction(model, state=layout.configs()):
-        apply_layout(model, layout)
-        check_widths(model, layout, str(folder))
+    reload = Reload.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
+    with transaction(model, state=reload.configs()):
+        apply_reload(model, reload)
+        check_widths(model, reload, str(folder))
         load_pruned_state_dict(model, state, strict=True)
-        verify(model, layout, state)
+        verify(model, reload, state)
     return model
 
 
@@ -161,11 +161,11 @@ def _load_built(folder: Path, factory: Factory | None) -> nn.Module:
     model = build_skeleton(manifest, folder / MANIFEST, factory)
     _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(weights)
-    layout = Layout.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
-    apply_layout(model, layout, source=state)
-    check_widths(model, layout, str(folder))
+    reload = Reload.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
+    apply_reload(model, reload, source=state)
+    check_widths(model, reload, str(folder))
     load_pruned_state_dict(model, state, strict=True)
-    verify(model, layout, state)
+    verify(model, reload, state)
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"load_compacted: {left[:5]} were left on the meta device")
@@ -254,7 +254,7 @@ def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) ->
         module = fresh.get(path)
         cls = type(module)
         if module is None or f"{cls.__module__}.{cls.__qualname__}" != entry["type"]:
-            continue  # Layout.plan names the modules and classes that differ
+            continue  # Reload.plan names the modules and classes that differ
         for name, saved in entry["attributes"].items():
             now = width_value(vars(module).get(name)) if not name.startswith("_") else None
             if now is None or not _same_form(now, saved):
