@@ -44,6 +44,7 @@ from prunekit.core.errors import warn_caller
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
+from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
@@ -105,25 +106,6 @@ def least_squares_update(
 def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
     """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve."""
     return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation"))
-
-
-def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
-    """The Cholesky factor of `a` + damp x its mean diagonal x I (`a` symmetric positive
-    semi-definite), the damping raised tenfold (up to 1e6 times) where factorization fails.
-
-    Raises:
-        RuntimeError: `a` is not positive definite even then (a NaN or inf in it).
-    """
-    scale = float(a.diagonal().mean()) if a.numel() else 0.0
-    eye = torch.eye(a.shape[0], dtype=a.dtype)
-    level = damp * scale if scale > 0 else damp
-    for _ in range(7):
-        found = torch.linalg.cholesky_ex(a + level * eye)
-        if int(found.info) == 0:
-            factor: Tensor = found.L
-            return factor
-        level = max(level, 1e-12) * 10
-    raise RuntimeError(f"{owner}: the input Hessian is not positive definite even damped")
 
 
 @dataclass

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
+from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.compensation import compensate as plain
 from prunekit.structure.graph.graph import ChannelGroup
 
@@ -91,7 +92,7 @@ def refit_update(
         own = torch.tensor(list(kept), dtype=torch.long)
         right = c[:, k].T @ w.T - h[own][:, k].T @ w[:, own].T  # (|K'|, rows)
         level = DAMP if damp is None else damp
-        factor = plain.damped_cholesky(h[k][:, k], level, "compensation")
+        factor = damped_cholesky(h[k][:, k], level, "compensation")
         delta = torch.cholesky_solve(right, factor).T
     if means is None:
         return delta, None

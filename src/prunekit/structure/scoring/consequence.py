@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
-from prunekit.structure.compensation.compensate import damped_cholesky
+from prunekit.criteria.hessian import damped_inverse
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.criteria import (
     GroupCriterion,
@@ -77,7 +77,7 @@ class OBS(_PerConsumer):
         for module in modules:
             if not stats.seen(module):
                 continue
-            inverse = _damped_inverse(stats.hessian(module))
+            inverse = damped_inverse(stats.hessian(module), OBS_DAMP, "'obs'")
             for g in groups:
                 for s in g.slices:
                     if s.module is module and s.role == "in" and _fits(s, inverse.shape[0]):
@@ -108,11 +108,6 @@ def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) 
     return result
 
 
-def _damped_inverse(hessian: Tensor) -> Tensor:
-    factor = damped_cholesky(hessian.to(torch.float64), OBS_DAMP, "'obs'")
-    return torch.cholesky_inverse(factor)
-
-
 class Fluctuation(_PerConsumer):
     """FLAP's fluctuation: input-channel variance x squared weight-column norm."""
 
@@ -130,9 +125,7 @@ class Fluctuation(_PerConsumer):
         for module in modules:
             if not stats.seen(module) or not _ungrouped(module):
                 continue
-            rows = max(stats.rows(module), 1)
-            mean = stats.means(module)
-            variance = (stats.norms(module).double().square() / rows - mean.square()).clamp_min(0)
+            variance = stats.variances(module)
             for g in groups:
                 for s in g.slices:
                     if s.module is module and s.role == "in" and _fits(s, len(variance)):
