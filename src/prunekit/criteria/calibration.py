@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.naming import orig_name
+from prunekit.core.naming import stored_parameter
 from prunekit.criteria import layers
 
 __all__ = [
@@ -636,10 +636,8 @@ def gradients(
 def parameter(module: nn.Module, name: str) -> nn.Parameter:
     """The Parameter behind ``module.<name>``, whose gradient `gradients` takes:
     ``<name>_orig`` where pruned."""
-    param = module._parameters.get(orig_name(name))
-    if param is None:
-        param = module._parameters[name]
-    assert param is not None
+    param = stored_parameter(module, name)
+    assert param is not None, f"{type(module).__name__} has no parameter {name}"
     return param
 
 

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import warn_caller
-from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.hessian import damped_cholesky
@@ -213,7 +213,7 @@ class Openings:
 
 def _stored(module: nn.Module, name: str) -> nn.Parameter:
     """The Parameter holding `name`'s values (``<name>_orig`` where it is masked)."""
-    found = module._parameters.get(orig_name(name), module._parameters.get(name))
+    found = stored_parameter(module, name)
     assert found is not None
     return found
 
@@ -353,7 +353,7 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
         else mask.movedim(one.dim, -1).reshape(-1, n).ne(0).any(0)
     )
     kept = [c for c in range(n) if bool(alive[c]) and c not in one.removed]
-    bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+    bias = stored_parameter(one.module, "bias")
     mean = stats.means(one.module) if bias is not None else None
     rows = weight.reshape(-1, n)
     delta, shift = least_squares_update(rows, hessian, sorted(one.removed), kept, mean, DAMP)
@@ -388,7 +388,7 @@ def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openin
     )
     per = weight.shape[1]  # input channels per group: a column is position x per + channel
     gone = {p * per + c for p in range(columns // per) for c in one.removed}
-    bias = conv._parameters.get(orig_name("bias"), conv._parameters.get("bias"))
+    bias = stored_parameter(conv, "bias")
     change = torch.zeros_like(rows)
     shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
     for g in range(groups):
@@ -458,7 +458,7 @@ def written(chosen: Sequence[tuple[ChannelGroup, Sequence[int]]]) -> list[Tensor
     found: list[Tensor] = []
     for one in consumers(chosen):
         found.append(_stored(one.module, one.name))
-        bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+        bias = stored_parameter(one.module, "bias")
         if bias is not None:
             found.append(bias)
     return found
