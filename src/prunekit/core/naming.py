@@ -9,9 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["MASK", "ORIG", "Entry", "entries", "mask_name", "orig_name", "pruned_name"]
+__all__ = [
+    "MASK",
+    "ORIG",
+    "Entry",
+    "entries",
+    "mask_name",
+    "orig_name",
+    "pruned_name",
+    "stored_parameter",
+]
 
 ORIG = "_orig"
 MASK = "_mask"
@@ -25,6 +34,14 @@ def orig_name(name: str) -> str:
 def mask_name(name: str) -> str:
     """The buffer holding the mask of pruned tensor `name`."""
     return name + MASK
+
+
+def stored_parameter(module: nn.Module, name: str) -> nn.Parameter | None:
+    """The Parameter holding the values of ``module.<name>``: ``<name>_orig`` where it is
+    pruned, else ``<name>`` itself; None where `name` is a buffer, another attribute, or a
+    parameter set to None (a Linear's absent bias)."""
+    found = module._parameters.get(orig_name(name))
+    return found if found is not None else module._parameters.get(name)
 
 
 def pruned_name(key: str, suffix: str | None = None) -> str | None:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.naming import orig_name
+from prunekit.core.naming import stored_parameter
 from prunekit.criteria import layers
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "cacheless",
     "capture_block_inputs",
     "evaluating",
+    "gradient_targets",
     "output_loss",
     "parameter",
     "run_batch",
@@ -237,6 +238,13 @@ class InputStatistics:
         hessian = self._of[module].hessian
         assert hessian is not None
         return hessian
+
+    def variances(self, module: nn.Module) -> Tensor:
+        """The variance of each input feature of `module` over the calibration rows (float64;
+        from the norms and the means, both gathered)."""
+        rows = max(self.rows(module), 1)
+        squares = self.norms(module).double().square()
+        return (squares / rows - self.means(module).square()).clamp_min(0)
 
     def means(self, module: nn.Module) -> Tensor:
         """The mean of each input feature of `module` over the calibration rows (float64)."""
@@ -587,10 +595,13 @@ def gradients(
     params: Sequence[tuple[nn.Parameter, Callable[[], Tensor]]],
     loss: Callable[[Any, Any], Tensor],
     step: Callable[[int, Tensor, Tensor], None],
+    *,
+    end_batch: Callable[[], None] | None = None,
 ) -> None:
     """Backward of `loss` for each batch; for each of `params` (a Parameter and a function
-    giving the tensor it stands for), ``step(i, values, grad)``. Only `params` get
-    gradients; every requires_grad flag and .grad is as before afterwards."""
+    giving the tensor it stands for), ``step(i, values, grad)``, then ``end_batch()``.
+    Only `params` get gradients; every requires_grad flag and .grad is as before
+    afterwards."""
     flags = [(p, p.requires_grad, p.grad) for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
@@ -614,6 +625,8 @@ def gradients(
                     if p.grad is not None:
                         step(i, current().detach(), p.grad)
                     p.grad = None
+                if end_batch is not None:
+                    end_batch()
     finally:
         for p, flag, grad in flags:
             p.requires_grad_(flag)
@@ -623,11 +636,25 @@ def gradients(
 def parameter(module: nn.Module, name: str) -> nn.Parameter:
     """The Parameter behind ``module.<name>``, whose gradient `gradients` takes:
     ``<name>_orig`` where pruned."""
-    param = module._parameters.get(orig_name(name))
-    if param is None:
-        param = module._parameters[name]
-    assert param is not None
+    param = stored_parameter(module, name)
+    assert param is not None, f"{type(module).__name__} has no parameter {name}"
     return param
+
+
+def gradient_targets(
+    targets: Iterable[tuple[nn.Module, str]],
+) -> list[tuple[nn.Parameter, Callable[[], Tensor]]]:
+    """What `gradients` takes for the tensors ``module.<name>``: the Parameter behind each
+    and a function giving the tensor as the model computes with it (masked where pruned)."""
+    return [(parameter(module, name), _reader(module, name)) for module, name in targets]
+
+
+def _reader(module: nn.Module, name: str) -> Callable[[], Tensor]:
+    def read() -> Tensor:
+        value: Tensor = getattr(module, name)
+        return value
+
+    return read
 
 
 def output_loss(owner: str, argument: str) -> Callable[[Any, Any], Tensor]:

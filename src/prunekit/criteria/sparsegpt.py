@@ -33,6 +33,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.errors import naming, type_error, value_error
+from prunekit.criteria.hessian import inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.patterns.rowwise import smallest_per_row
 from prunekit.select import smallest_k
@@ -117,7 +118,7 @@ def sparsegpt_prune_shared(
     w = torch.cat([weight.detach().to(dtype=hessian.dtype) for weight in weights])
     w.masked_fill_(~live, 0)
     with _named(" and ".join(label for label in labels if label)):
-        upper, dead = _inverse_factor(hessian, settings.damp, amount.owner)
+        upper, dead = inverse_factor(hessian, settings.damp, amount.owner)
     pruned = torch.zeros(w.shape, dtype=torch.bool)
     sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern)
     cols = hessian.shape[1]
@@ -147,34 +148,6 @@ def _check_hessian_shape(weight: Tensor, hessian: Tensor, owner: str) -> None:
             f"{owner}: the Hessian has shape {tuple(hessian.shape)}; expected "
             f"({cols}, {cols}) for a weight of shape {tuple(weight.shape)}"
         )
-
-
-def _inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Tensor]:
-    """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, and which inputs
-    never fired (a zero diagonal: their weights cost nothing to prune)."""
-    h = hessian.detach().clone()
-    if not bool(torch.isfinite(h).all()):
-        kind = "inf" if bool(torch.isinf(h).any()) else "NaN"
-        raise value_error(
-            f"{owner}: the layer's Hessian (mean of X^T X over its inputs) holds {kind} "
-            f"entries: the squares of its inputs overflow {h.dtype} (or the inputs were not "
-            "finite), which no damp can fix; expected calibration inputs whose squares fit "
-            f"{h.dtype} (largest finite {torch.finfo(h.dtype).max:.3g})"
-        )
-    diagonal = h.diagonal()
-    dead = diagonal == 0
-    h[dead, dead] = 1
-    diagonal.add_(damp * float(diagonal.mean()))
-    try:
-        lower = torch.linalg.cholesky(h)
-        inverse = torch.cholesky_inverse(lower)
-        upper: Tensor = torch.linalg.cholesky(inverse, upper=True)
-    except RuntimeError:  # torch.linalg.LinAlgError
-        raise value_error(
-            f"{owner}: the layer's Hessian is not positive definite with damp={damp}; "
-            "expected a larger damp (or more calibration data)"
-        ) from None
-    return upper, dead
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import Target
 from prunekit.criteria.base import Criterion
 
-__all__ = ["Taylor", "taylor_step"]
+__all__ = ["Taylor", "taylor_product", "taylor_step"]
 
 
 class Taylor(Criterion):
@@ -45,7 +46,16 @@ class Taylor(Criterion):
         return found.to(dtype=values.dtype)
 
 
+def taylor_product(weight: Tensor, grad: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """W * dL/dW entry by entry, signed (computed in `dtype` where given): an entry's Taylor
+    score is its absolute value; a group criterion sums it over a unit's entries first."""
+    w, g = weight.detach(), grad.detach()
+    if dtype is not None:
+        w, g = w.to(dtype), g.to(dtype)
+    return w * g
+
+
 def taylor_step(weight: Tensor, grad: Tensor, total: Tensor | None) -> Tensor:
     """Add one batch's |W * grad| to `total` (a new tensor when None); returns it."""
-    step = (weight.detach() * grad.detach()).abs_()
+    step = taylor_product(weight, grad).abs_()
     return step if total is None else total.add_(step)

@@ -11,7 +11,7 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import Target
 from prunekit.criteria.base import Criterion
 
-__all__ = ["Wanda"]
+__all__ = ["Wanda", "wanda_scores"]
 
 
 class Wanda(Criterion):
@@ -32,8 +32,7 @@ class Wanda(Criterion):
     def scores(self, values: Tensor, target: Target = None) -> Tensor:
         norms = self._norms_for(target)
         if norms.shape == values.shape:  # the norm of what each entry multiplies
-            entries: Tensor = values.abs() * norms.to(dtype=values.dtype)
-            return entries
+            return wanda_scores(values, norms)
         if values.dim() < 2 or norms.dim() != 1 or norms.shape[0] != values.shape[1]:
             raise value_error(
                 f"Wanda: {norms.shape[0] if norms.dim() == 1 else tuple(norms.shape)} input "
@@ -42,8 +41,7 @@ class Wanda(Criterion):
             )
         shape = [1] * values.dim()
         shape[1] = values.shape[1]
-        scores: Tensor = values.abs() * norms.to(dtype=values.dtype).reshape(shape)
-        return scores
+        return wanda_scores(values, norms.reshape(shape))
 
     def _norms_for(self, target: Target) -> Tensor:
         if not isinstance(self.norms, Mapping):
@@ -55,3 +53,10 @@ class Wanda(Criterion):
                 "collected for (calibrate it first)"
             )
         return self.norms[target[0]]
+
+
+def wanda_scores(values: Tensor, norms: Tensor) -> Tensor:
+    """|values| x `norms` entry by entry (`norms` broadcast to `values`, in its dtype): the
+    size of what each weight contributes to its output."""
+    scores: Tensor = values.abs() * norms.to(dtype=values.dtype)
+    return scores

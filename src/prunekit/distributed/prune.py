@@ -31,6 +31,7 @@ from prunekit.core.errors import attribute_error, describe, type_error, value_er
 from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
+from prunekit.criteria.base import Criterion
 from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.group import Group
@@ -272,24 +273,13 @@ def _pieces(entries: list[_Entry], keys: list[int], criterion: Any) -> list[Piec
     return pieces
 
 
-def _scores(e: _Entry, criterion: Any) -> Any:
+def _scores(e: _Entry, criterion: Criterion) -> Any:
     """The piece's source: the criterion's scores of its values (or importance scores)."""
     target = (e.owner, e.leaf)
     ranked = e.values if e.scores is None else e.scores
 
     def read() -> tuple[Tensor, Tensor | None]:
-        scores = criterion.scores(ranked, target)
-        if not (isinstance(scores, Tensor) and scores.is_floating_point()):
-            raise type_error(
-                f"{type(criterion).__name__}.scores returned {type(scores).__name__}; "
-                "expected a floating-point tensor"
-            )
-        if tuple(scores.shape) != tuple(ranked.shape):
-            raise value_error(
-                f"{type(criterion).__name__}.scores returned shape {tuple(scores.shape)}; "
-                f"expected {tuple(ranked.shape)}"
-            )
-        return scores.detach(), e.alive
+        return criterion._checked_scores(ranked, target), e.alive
 
     return read
 

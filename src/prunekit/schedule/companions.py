@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.graph.graph import channel_groups
+from prunekit.core.naming import stored_parameter
+from prunekit.structure.graph.graph import Slice, channel_groups
 from prunekit.whole.targets import Place, Target
 
 __all__ = ["Companions"]
@@ -41,17 +42,17 @@ class Companions:
             if not g.prunable or g.kind != "channels":
                 continue
             makers = [s for s in g.slices if s.role == "out"]
-            if not makers or any(id(_parameter(s.module, s.name)) not in ranked for s in makers):
+            if not makers or any(_held_by(s) not in ranked for s in makers):
                 continue
             others = [
                 (Place(s.module, s.name, s.module, s.name), s.dim, s.indices)
                 for s in g.slices
                 if s.role in ROLES and not s.is_buffer
-                and _parameter(s.module, s.name) is not None
-                and id(_parameter(s.module, s.name)) not in ranked
+                and stored_parameter(s.module, s.name) is not None
+                and _held_by(s) not in ranked
             ]  # fmt: skip
             if others:
-                made = tuple((ranked[id(_parameter(s.module, s.name))], s.dim, s.indices)
+                made = tuple((ranked[_held_by(s)], s.dim, s.indices)
                              for s in makers)  # fmt: skip
                 self.groups.append(_Group(made, tuple(others), g.size))
 
@@ -87,9 +88,9 @@ class Companions:
         return list(out.values())
 
 
-def _parameter(module: nn.Module, name: str) -> nn.Parameter | None:
-    found = module._parameters.get(name)
-    return found if found is not None else module._parameters.get(name + "_orig")
+def _held_by(s: Slice) -> int:
+    """The identity of the Parameter holding the slice's tensor (of None for a buffer)."""
+    return id(stored_parameter(s.module, s.name))
 
 
 def _alive(

@@ -30,7 +30,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.schedule.distill import Distiller
-from prunekit.schedule.pruner import GradualPruner
+from prunekit.schedule.pruner import GradualPruner, checked_pruner
 from prunekit.schedule.state import from_json_state, json_state
 
 __all__ = ["STATE_FILE", "STATE_KEY", "DistillationTrainer", "GradualPruningCallback"]
@@ -44,12 +44,7 @@ class GradualPruningCallback(TrainerCallback):
     """Steps `pruner` with the Trainer's optimizer steps and checkpoints its state."""
 
     def __init__(self, pruner: GradualPruner) -> None:
-        if not isinstance(pruner, GradualPruner):
-            raise type_error(
-                f"GradualPruningCallback: invalid pruner of type {type(pruner).__name__}; "
-                "expected a prunekit.GradualPruner"
-            )
-        self.pruner = pruner
+        self.pruner = checked_pruner(pruner)
 
     def on_init_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prunekit.core.errors import type_error
-from prunekit.schedule.pruner import GradualPruner
+from prunekit.schedule.pruner import GradualPruner, checked_pruner
 
 __all__ = ["GradualPruningCallback"]
 
@@ -22,12 +21,7 @@ class GradualPruningCallback(pl.Callback):
     """Steps `pruner` with the Trainer's optimizer steps; saved and restored with it."""
 
     def __init__(self, pruner: GradualPruner) -> None:
-        if not isinstance(pruner, GradualPruner):
-            raise type_error(
-                f"GradualPruningCallback: invalid pruner of type {type(pruner).__name__}; "
-                "expected a prunekit.GradualPruner"
-            )
-        self.pruner = pruner
+        self.pruner = checked_pruner(pruner)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.pruner.prepare()

@@ -321,6 +321,16 @@ class GradualPruner:
             self.model.load_state_dict(state)
 
 
+def checked_pruner(pruner: Any) -> GradualPruner:
+    """`pruner`, refused unless it is a GradualPruner (the trainer callbacks' one argument)."""
+    if not isinstance(pruner, GradualPruner):
+        raise type_error(
+            f"GradualPruningCallback: invalid pruner of type {type(pruner).__name__}; "
+            "expected a prunekit.GradualPruner"
+        )
+    return pruner
+
+
 def _criterion(method: Any) -> Criterion:
     if isinstance(method, Criterion):
         return method

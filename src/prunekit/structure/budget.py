@@ -39,6 +39,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.naming import stored_parameter
 from prunekit.structure.depth.blocks import is_skipped
 from prunekit.structure.graph.graph import ChannelGroup, Slice, split_inputs
 from prunekit.structure.measure import macs_per_entry
@@ -453,14 +454,16 @@ def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 
 def _costed(group: ChannelGroup) -> list[Slice]:
-    return [s for s in group.slices if not s.is_buffer and _parameter(s) is not None]
+    held = [(s, stored_parameter(s.module, s.name)) for s in group.slices if not s.is_buffer]
+    return [s for s, param in held if param is not None]
 
 
-def _parameter(s: Slice) -> Any:
-    """The Parameter of a slice (its ``_orig`` when pruned), or None for another tensor."""
-    found = s.module._parameters.get(s.name)
-    return found if found is not None else s.module._parameters.get(s.name + "_orig")
+def _parameter(s: Slice) -> nn.Parameter:
+    """The Parameter of a costed slice (its ``_orig`` when pruned)."""
+    found = stored_parameter(s.module, s.name)
+    assert found is not None, s.qualified
+    return found
 
 
 def _key(s: Slice) -> int:
-    return id(_parameter(s))
+    return id(stored_parameter(s.module, s.name))

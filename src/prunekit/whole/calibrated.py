@@ -86,10 +86,7 @@ class _Joint(Criterion):
 def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
     loss = plan.loss or cal.output_loss(plan.config.owner, "method='taylor'")
     totals: list[Tensor | None] = [None] * len(plan.targets)
-    params = []
-    for module, name in plan.targets:
-        param = cal.parameter(module, name)
-        params.append((param, lambda m=module, n=name: getattr(m, n)))
+    params = cal.gradient_targets(plan.targets)
 
     def step(i: int, values: Tensor, grad: Tensor) -> None:
         totals[i] = taylor_step(values, grad, totals[i])

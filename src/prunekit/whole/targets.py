@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from prunekit.core.backend import is_module
 from prunekit.core.errors import type_error, value_error, warn_caller
-from prunekit.core.naming import ORIG, Entry, mask_name, orig_name, pruned_name
+from prunekit.core.naming import ORIG, Entry, mask_name, pruned_name, stored_parameter
 
 __all__ = [
     "ALL",
@@ -55,10 +55,8 @@ class Place:
 
     def parameter(self) -> nn.Parameter:
         """The Parameter: ``<own>_orig`` when pruned."""
-        found = self.holder._parameters.get(orig_name(self.own))
-        if found is None:
-            found = self.holder._parameters[self.own]
-        assert found is not None
+        found = stored_parameter(self.holder, self.own)
+        assert found is not None, f"{type(self.holder).__name__} has no parameter {self.own}"
         return found
 
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunekit.core.naming import MASK, ORIG, stored_parameter
+
 
 def build_fresh(model: nn.Module, config: Any) -> nn.Module | str | None:
     """`model`'s class built on the meta device from `config` read back as
@@ -57,7 +59,7 @@ def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:
     fresh = build_fresh(model, config)
     if not isinstance(fresh, nn.Module):
         return changed
-    found = _mismatches(model, fresh)
+    found = shape_mismatches(model, fresh)
     for _ in range(rounds):
         if not found:
             break
@@ -71,7 +73,7 @@ def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:
                 setattr(config, field, new)
                 trial = build_fresh(model, config)
                 setattr(config, field, old)
-                left = len(_mismatches(model, trial)) if isinstance(trial, nn.Module) else None
+                left = len(shape_mismatches(model, trial)) if isinstance(trial, nn.Module) else None
                 if left is not None and left < len(found) and (best is None or left < best[0]):
                     best = (left, field, new)
         if best is None:
@@ -80,7 +82,7 @@ def repair(model: nn.Module, config: Any, rounds: int = 8) -> dict[str, int]:
         setattr(config, field, new)
         changed[field] = new
         rebuilt = build_fresh(model, config)
-        found = _mismatches(model, rebuilt) if isinstance(rebuilt, nn.Module) else []
+        found = shape_mismatches(model, rebuilt) if isinstance(rebuilt, nn.Module) else []
     return changed
 
 
@@ -88,33 +90,44 @@ def mismatches(model: nn.Module, config: Any) -> int | None:
     """How many parameters of a model built from `config` differ in shape from `model`'s
     (None: it cannot be built)."""
     fresh = build_fresh(model, config)
-    return len(_mismatches(model, fresh)) if isinstance(fresh, nn.Module) else None
+    return len(shape_mismatches(model, fresh)) if isinstance(fresh, nn.Module) else None
 
 
-def _mismatches(model: nn.Module, fresh: nn.Module) -> list[tuple[str, tuple[int, ...],
-                                                                  tuple[int, ...]]]:  # fmt: skip
-    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
-    found = []
-    for name, param in model.named_parameters():
-        name = name.removesuffix("_orig")
-        shape = tuple(param.shape)
-        if name in built and built[name] != shape:
-            found.append((name, built[name], shape))
-    return found
+def saved_shapes(module: nn.Module, *, buffers: bool = False) -> dict[str, tuple[int, ...]]:
+    """The shape of each parameter of `module` (with `buffers`: of each tensor of its state
+    dict, masks left out) under the name it saves with: a masked tensor's ``<name>_orig``
+    as ``<name>``."""
+    tensors = module.state_dict().items() if buffers else module.named_parameters()
+    return {
+        key.removesuffix(ORIG): tuple(value.shape)
+        for key, value in tensors
+        if not (buffers and key.endswith(MASK))
+    }
+
+
+def shape_mismatches(
+    model: nn.Module, fresh: nn.Module, *, buffers: bool = False
+) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """(name, shape in `fresh`, shape in `model`) of each tensor (see `saved_shapes`) both
+    hold with different shapes, in `model`'s order."""
+    built = saved_shapes(fresh, buffers=buffers)
+    return [
+        (name, built[name], shape)
+        for name, shape in saved_shapes(model, buffers=buffers).items()
+        if name in built and built[name] != shape
+    ]
 
 
 def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> str | None:
     """The first way `fresh` differs from `model`: a parameter missing or of another shape,
     or (with `floats`) a float attribute of a module of the same name; None if none."""
-    built = {n: tuple(p.shape) for n, p in fresh.named_parameters()}
-    names: set[str] = set()
-    for name, param in model.named_parameters():
-        name = name.removesuffix("_orig")  # a tensor still masked saves under its own name
-        names.add(name)
+    built = saved_shapes(fresh)
+    names = saved_shapes(model)  # a tensor still masked saves under its own name
+    for name, shape in names.items():
         if name not in built:
             return f"it has no {name}"
-        if built[name] != tuple(param.shape):
-            return f"{name} would be {built[name]}, not {tuple(param.shape)}"
+        if built[name] != shape:
+            return f"{name} would be {built[name]}, not {shape}"
     extra = [name for name in built if name not in names]
     if extra:
         return f"it would have {extra[0]}, which the model has not"
@@ -144,7 +157,7 @@ def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
     for _, param in model.named_parameters(remove_duplicate=False):
         uses[id(param)] = uses.get(id(param), 0) + 1
     for name, module in model.named_modules():
-        weight = module._parameters.get("weight_orig", module._parameters.get("weight"))
+        weight = stored_parameter(module, "weight")
         if not isinstance(module, nn.Embedding) or weight is None or uses.get(id(weight)) != 1:
             continue
         for key in ("scalar_embed_scale", "embed_scale"):

@@ -41,9 +41,10 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import warn_caller
-from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
+from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
@@ -105,25 +106,6 @@ def least_squares_update(
 def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
     """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve."""
     return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation"))
-
-
-def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
-    """The Cholesky factor of `a` + damp x its mean diagonal x I (`a` symmetric positive
-    semi-definite), the damping raised tenfold (up to 1e6 times) where factorization fails.
-
-    Raises:
-        RuntimeError: `a` is not positive definite even then (a NaN or inf in it).
-    """
-    scale = float(a.diagonal().mean()) if a.numel() else 0.0
-    eye = torch.eye(a.shape[0], dtype=a.dtype)
-    level = damp * scale if scale > 0 else damp
-    for _ in range(7):
-        found = torch.linalg.cholesky_ex(a + level * eye)
-        if int(found.info) == 0:
-            factor: Tensor = found.L
-            return factor
-        level = max(level, 1e-12) * 10
-    raise RuntimeError(f"{owner}: the input Hessian is not positive definite even damped")
 
 
 @dataclass
@@ -231,7 +213,7 @@ class Openings:
 
 def _stored(module: nn.Module, name: str) -> nn.Parameter:
     """The Parameter holding `name`'s values (``<name>_orig`` where it is masked)."""
-    found = module._parameters.get(orig_name(name), module._parameters.get(name))
+    found = stored_parameter(module, name)
     assert found is not None
     return found
 
@@ -371,7 +353,7 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
         else mask.movedim(one.dim, -1).reshape(-1, n).ne(0).any(0)
     )
     kept = [c for c in range(n) if bool(alive[c]) and c not in one.removed]
-    bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+    bias = stored_parameter(one.module, "bias")
     mean = stats.means(one.module) if bias is not None else None
     rows = weight.reshape(-1, n)
     delta, shift = least_squares_update(rows, hessian, sorted(one.removed), kept, mean, DAMP)
@@ -406,7 +388,7 @@ def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openin
     )
     per = weight.shape[1]  # input channels per group: a column is position x per + channel
     gone = {p * per + c for p in range(columns // per) for c in one.removed}
-    bias = conv._parameters.get(orig_name("bias"), conv._parameters.get("bias"))
+    bias = stored_parameter(conv, "bias")
     change = torch.zeros_like(rows)
     shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
     for g in range(groups):
@@ -476,7 +458,7 @@ def written(chosen: Sequence[tuple[ChannelGroup, Sequence[int]]]) -> list[Tensor
     found: list[Tensor] = []
     for one in consumers(chosen):
         found.append(_stored(one.module, one.name))
-        bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+        bias = stored_parameter(one.module, "bias")
         if bias is not None:
             found.append(bias)
     return found

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
+from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.compensation import compensate as plain
 from prunekit.structure.graph.graph import ChannelGroup
 
@@ -91,7 +92,7 @@ def refit_update(
         own = torch.tensor(list(kept), dtype=torch.long)
         right = c[:, k].T @ w.T - h[own][:, k].T @ w[:, own].T  # (|K'|, rows)
         level = DAMP if damp is None else damp
-        factor = plain.damped_cholesky(h[k][:, k], level, "compensation")
+        factor = damped_cholesky(h[k][:, k], level, "compensation")
         delta = torch.cholesky_solve(right, factor).T
     if means is None:
         return delta, None
@@ -230,7 +231,7 @@ def layers_refitted(model: nn.Module) -> list[plain._Consumer]:
     drifted from the reference's."""
     found = []
     for module in model.modules():
-        weight = module._parameters.get(orig_name("weight"), module._parameters.get("weight"))
+        weight = stored_parameter(module, "weight")
         if weight is None:
             continue
         conv = isinstance(module, nn.modules.conv._ConvNd) and not module.transposed
@@ -247,7 +248,7 @@ def written(model: nn.Module) -> list[Tensor]:
     found: list[Tensor] = []
     for one in layers_refitted(model):
         found.append(plain._stored(one.module, one.name))
-        bias = one.module._parameters.get(orig_name("bias"), one.module._parameters.get("bias"))
+        bias = stored_parameter(one.module, "bias")
         if bias is not None:
             found.append(bias)
     return found
@@ -280,7 +281,7 @@ def _refit(one: Any, paired: _Paired, openings: plain.Openings) -> bool:
         alive = layers.matrices(module, mask).ne(0).any(1)
     else:
         alive = mask.movedim(one.dim, -1).reshape(-1, n).ne(0).any(0).reshape(1, n)
-    bias = module._parameters.get(orig_name("bias"), module._parameters.get("bias"))
+    bias = stored_parameter(module, "bias")
     change = torch.zeros_like(rows)
     shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
     count = float(paired.rows)

@@ -12,6 +12,9 @@ from torch import Tensor, nn
 from prunekit.structure.graph.labels import along, channel_ids
 from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
 
+Owner = tuple[str, nn.Module, str, bool] | None
+"""What ``Tracer.claim`` says of a tensor: the parameter of the model it is, or None."""
+
 
 @register("conv1d", "conv2d", "conv3d")
 def _conv(tr: Tracer, call: Call) -> None:
@@ -57,14 +60,24 @@ def _linear(tr: Tracer, call: Call) -> None:
     if owner is None:
         tr.block(tr.label(x), f"{describe_op(call)} has a weight that is no model parameter")
         return
-    bias_owner = tr.claim(bias)
-    features = weight.shape[1]
+    _matrix_product(tr, call, x, weight, (owner, tr.claim(bias)), 1)
+
+
+def _matrix_product(
+    tr: Tracer, call: Call, x: Tensor, weight: Tensor, owners: tuple[Owner, Owner], reads: int
+) -> None:
+    """Record a layer that multiplies the last dim of `x` by `weight` (its input features
+    along dim `reads`, its outputs along the other) and adds a bias (`owners`: those of the
+    weight and the bias); the output's last dim carries new channels."""
+    owner, bias_owner = owners
+    makes = 1 - reads
+    features = weight.shape[reads]
     chan = channel_ids(tr, tr.label(x), x.dim() - 1, features, describe_op(call))
     positions = torch.arange(features)
-    tr.record(owner, 1, "in", positions, chan, positions, op="linear")
-    new = tr.new_ids(weight.shape[0])
-    tr.record(owner, 0, "out", torch.arange(weight.shape[0]), new, op="linear")
-    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[0]), new)
+    tr.record(owner, reads, "in", positions, chan, positions, op=call.name)
+    new = tr.new_ids(weight.shape[makes])
+    tr.record(owner, makes, "out", torch.arange(weight.shape[makes]), new, op=call.name)
+    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[makes]), new)
     tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
 
 
@@ -192,14 +205,7 @@ def _addmm(tr: Tracer, call: Call) -> None:
     bias_owner = tr.claim(bias)
     if bias_owner is None and tr.label(bias) is not None:
         tr.block(tr.label(bias), f"{describe_op(call)} adds them to its output")
-    features = weight.shape[0]
-    chan = channel_ids(tr, tr.label(x), x.dim() - 1, features, describe_op(call))
-    positions = torch.arange(features)
-    tr.record(owner, 0, "in", positions, chan, positions, op="addmm")
-    new = tr.new_ids(weight.shape[1])
-    tr.record(owner, 1, "out", torch.arange(weight.shape[1]), new, op="addmm")
-    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[1]), new)
-    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
+    _matrix_product(tr, call, x, weight, (owner, bias_owner), 0)
 
 
 @register("prelu")

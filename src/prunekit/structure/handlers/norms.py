@@ -20,13 +20,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.naming import stored_parameter
 from prunekit.structure.graph.labels import channel_ids
 from prunekit.structure.graph.trace import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
 from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
 
 
 def _match_rms(module: nn.Module) -> bool:
-    weight = module._parameters.get("weight", module._parameters.get("weight_orig"))
+    weight = stored_parameter(module, "weight")
     return type(module).__name__ in RMS_NORMS and weight is not None and weight.dim() == 1
 
 

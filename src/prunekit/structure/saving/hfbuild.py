@@ -20,8 +20,7 @@ from typing import Any
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.core.naming import MASK, ORIG
-from prunekit.structure.compaction.fromconfig import build_fresh
+from prunekit.structure.compaction.fromconfig import build_fresh, shape_mismatches
 from prunekit.structure.saving.skeleton import Factory
 
 __all__ = ["building_config", "pretrained_mismatches", "transformers_factory"]
@@ -122,12 +121,5 @@ def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
         return ()
     if isinstance(built, str):  # the config or the model's own constructor refuses it
         return (built,)
-    expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
-    found = []
-    for key, value in model.state_dict().items():
-        if key.endswith(MASK):
-            continue
-        key = key.removesuffix(ORIG)
-        if key in expected and expected[key] != tuple(value.shape):
-            found.append(f"{key} is {tuple(value.shape)}, built as {expected[key]}")
-    return tuple(found)
+    found = shape_mismatches(model, built, buffers=True)
+    return tuple(f"{key} is {mine}, built as {expected}" for key, expected, mine in found)

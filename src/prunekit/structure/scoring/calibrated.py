@@ -1,8 +1,10 @@
 """Group criteria that learn from data: input activations (Wanda-style) and Taylor.
 
-Both run through prunekit's calibration machinery (``prunekit.criteria.calibration``): forward
-hooks with streaming input norms, and the gradient loop that restores every ``requires_grad``
-flag and ``.grad`` afterwards. Neither changes the model.
+The statistics and the per-entry scores are the criteria's (``prunekit.criteria``): the input
+norms of ``calibration.InputStatistics``, Wanda's |W| x norm (``wanda.wanda_scores``), the
+signed product W x dL/dW (``taylor.taylor_product``) from the gradient loop that restores
+every ``requires_grad`` flag and ``.grad`` afterwards. These classes only sum them over the
+entries (or input channels) of each unit. Neither changes the model.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
+from prunekit.criteria.taylor import taylor_product
+from prunekit.criteria.wanda import wanda_scores
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.criteria import (
     GroupCriterion,
@@ -73,8 +77,9 @@ class Activation(GroupCriterion):
 
 
 def _weighted_columns(s: Slice, norm: Tensor) -> Tensor | None:
-    """Per input channel of the consumer: the sum of |W| over what reads it, times its norm
-    (None when the recorded input does not fit the weight)."""
+    """Per input channel of the consumer: Wanda's score of the weight with its kernel
+    positions summed (the norm is per channel, the same at every position), summed over the
+    rows that read the channel (None when the recorded input does not fit the weight)."""
     w = values(s).abs().movedim(s.dim, 1)
     w = w.reshape(w.shape[0], w.shape[1], -1).sum(2)  # (rows, columns)
     rows, per = w.shape
@@ -85,7 +90,7 @@ def _weighted_columns(s: Slice, norm: Tensor) -> Tensor | None:
     channel = row_group[:, None] * per + torch.arange(per)[None, :]  # what (row, column) reads
     flat = channel.reshape(-1)
     return torch.zeros(len(norm), dtype=torch.float64).index_add_(
-        0, flat, (w * norm[channel]).reshape(-1)
+        0, flat, wanda_scores(w, norm[channel]).reshape(-1)
     )
 
 
@@ -121,7 +126,7 @@ class GroupTaylor(GroupCriterion):
     def scores(self, group: ChannelGroup) -> Tensor:
         if self.totals is not None:
             return self.totals[id(group)]
-        return unit_sums(group, parameter_slices(group), lambda s: values(s) * _grad(s)).abs()
+        return unit_sums(group, parameter_slices(group), _products).abs()
 
 
 def _from_batches(
@@ -129,19 +134,17 @@ def _from_batches(
 ) -> dict[int, Tensor]:
     """Per group: the sum over batches of |sum of w x grad| of each unit."""
     where: dict[tuple[int, str], list[tuple[ChannelGroup, Slice]]] = {}
-    params: list[tuple[nn.Parameter, Any]] = []
+    tensors: list[tuple[nn.Module, str]] = []
     for g in groups:
         for s in parameter_slices(g):
             key = (id(s.module), s.name)
             if key not in where:
                 where[key] = []
-                param = cal.parameter(s.module, s.name)
-                params.append((param, lambda m=s.module, n=s.name: getattr(m, n)))
+                tensors.append((s.module, s.name))
             where[key].append((g, s))
     keys = list(where)
     totals = {id(g): torch.zeros(g.size, dtype=torch.float64) for g in groups}
     batch = {id(g): torch.zeros(g.size, dtype=torch.float64) for g in groups}
-    last = [len(params)]
 
     def close_batch() -> None:
         for k, found in batch.items():
@@ -149,16 +152,18 @@ def _from_batches(
             found.zero_()
 
     def step(i: int, current: Tensor, grad: Tensor) -> None:
-        if i <= last[0]:
-            close_batch()  # the steps of a new batch begin
-        last[0] = i
-        product = current.to(torch.float64) * grad.to(torch.float64)
+        product = taylor_product(current, grad, torch.float64)
         for g, s in where[keys[i]]:
             batch[id(g)] += per_unit(s, product, g.size)
 
-    cal.gradients(model, batches, params, loss, step)
-    close_batch()
+    params = cal.gradient_targets(tensors)
+    cal.gradients(model, batches, params, loss, step, end_batch=close_batch)
     return totals
+
+
+def _products(s: Slice) -> Tensor:
+    """W x dL/dW of the slice's tensor, from the gradient in ``.grad`` (float64)."""
+    return taylor_product(values(s), _grad(s))
 
 
 def _grad(s: Slice) -> Tensor:

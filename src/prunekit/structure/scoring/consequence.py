@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
-from prunekit.structure.compensation.compensate import damped_cholesky
+from prunekit.criteria.hessian import damped_inverse
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.criteria import (
     GroupCriterion,
@@ -41,17 +41,58 @@ as only the ranking depends on it (compensation's own ``DAMP`` is stronger)."""
 
 
 class _PerConsumer(GroupCriterion):
-    """Scores summed over a group's consumers, each computed from that consumer's statistics
-    in ``prepare``; 'l2' for a group none of whose consumers could be measured."""
+    """Scores summed over a group's consumers, each computed in ``prepare`` from one
+    statistic of that consumer's input (`_statistic`) and the weight slice reading the
+    unit (`_unit_errors`); 'l2' for a group none of whose consumers could be measured."""
 
     calibrated = True
+    wanted = cal.Wanted(norms=False, hessian=False)
 
     def __init__(self) -> None:
         self.totals: dict[int, Tensor] = {}
 
+    def prepare(
+        self,
+        model: nn.Module,
+        groups: Sequence[ChannelGroup],
+        batches: list[Any] | None,
+        loss: Loss | None,
+    ) -> None:
+        assert batches is not None
+        self.totals = {}
+        modules = [m for m in consumer_modules(groups) if self._calibrates(m)]
+        want = self.wanted
+        stats = cal.calibrate(
+            model, batches, modules, norms=want.norms, hessian=want.hessian, means=want.means
+        )
+        for module in modules:
+            if not stats.seen(module) or not self._measures(module):
+                continue
+            statistic = self._statistic(stats, module)
+            for g in groups:
+                for s in g.slices:
+                    if s.module is module and s.role == "in" and _fits(s, statistic.shape[0]):
+                        self._add(g, self._unit_errors(s, statistic))
+
     def scores(self, group: ChannelGroup) -> Tensor:
         found = self.totals.get(id(group))
         return found if found is not None else WeightNorm(2).scores(group)
+
+    def _calibrates(self, module: nn.Module) -> bool:
+        """Whether `module`'s input is calibrated at all."""
+        return True
+
+    def _measures(self, module: nn.Module) -> bool:
+        """Whether `module`, calibrated and seen, adds to its units' scores."""
+        return True
+
+    def _statistic(self, stats: cal.InputStatistics, module: nn.Module) -> Tensor:
+        """What the scores need of `module`'s input, one row per input feature."""
+        raise NotImplementedError
+
+    def _unit_errors(self, s: Slice, statistic: Tensor) -> Tensor:
+        """One float64 score per unit of the consumer slice `s`."""
+        raise NotImplementedError
 
     def _add(self, group: ChannelGroup, per_unit: Tensor) -> None:
         if id(group) in self.totals:
@@ -63,25 +104,16 @@ class _PerConsumer(GroupCriterion):
 class OBS(_PerConsumer):
     """The structured OBS error of removing each unit, from each consumer's input Hessian."""
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        assert batches is not None
-        self.totals = {}
-        modules = [m for m in consumer_modules(groups) if _two_dimensional(m)]
-        stats = cal.calibrate(model, batches, modules, norms=False, hessian=True)
-        for module in modules:
-            if not stats.seen(module):
-                continue
-            inverse = _damped_inverse(stats.hessian(module))
-            for g in groups:
-                for s in g.slices:
-                    if s.module is module and s.role == "in" and _fits(s, inverse.shape[0]):
-                        self._add(g, obs_errors(_columns(s), inverse, s.indices))
+    wanted = cal.Wanted(norms=False, hessian=True)
+
+    def _calibrates(self, module: nn.Module) -> bool:
+        return _two_dimensional(module)
+
+    def _statistic(self, stats: cal.InputStatistics, module: nn.Module) -> Tensor:
+        return damped_inverse(stats.hessian(module), OBS_DAMP, "'obs'")
+
+    def _unit_errors(self, s: Slice, statistic: Tensor) -> Tensor:
+        return obs_errors(_columns(s), statistic, s.indices)
 
 
 def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) -> Tensor:
@@ -108,38 +140,22 @@ def obs_errors(weight: Tensor, inverse: Tensor, units: Sequence[Sequence[int]]) 
     return result
 
 
-def _damped_inverse(hessian: Tensor) -> Tensor:
-    factor = damped_cholesky(hessian.to(torch.float64), OBS_DAMP, "'obs'")
-    return torch.cholesky_inverse(factor)
-
-
 class Fluctuation(_PerConsumer):
     """FLAP's fluctuation: input-channel variance x squared weight-column norm."""
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        assert batches is not None
-        self.totals = {}
-        modules = consumer_modules(groups)
-        stats = cal.calibrate(model, batches, modules, norms=True, hessian=False, means=True)
-        for module in modules:
-            if not stats.seen(module) or not _ungrouped(module):
-                continue
-            rows = max(stats.rows(module), 1)
-            mean = stats.means(module)
-            variance = (stats.norms(module).double().square() / rows - mean.square()).clamp_min(0)
-            for g in groups:
-                for s in g.slices:
-                    if s.module is module and s.role == "in" and _fits(s, len(variance)):
-                        moved = values(s).movedim(s.dim, 0)
-                        norms = moved.reshape(moved.shape[0], -1).square().sum(1)
-                        per = [float((variance[list(u)] * norms[list(u)]).sum()) for u in s.indices]
-                        self._add(g, torch.tensor(per, dtype=torch.float64))
+    wanted = cal.Wanted(norms=True, hessian=False, means=True)
+
+    def _measures(self, module: nn.Module) -> bool:
+        return _ungrouped(module)
+
+    def _statistic(self, stats: cal.InputStatistics, module: nn.Module) -> Tensor:
+        return stats.variances(module)
+
+    def _unit_errors(self, s: Slice, statistic: Tensor) -> Tensor:
+        moved = values(s).movedim(s.dim, 0)
+        norms = moved.reshape(moved.shape[0], -1).square().sum(1)
+        per = [float((statistic[list(u)] * norms[list(u)]).sum()) for u in s.indices]
+        return torch.tensor(per, dtype=torch.float64)
 
 
 def _two_dimensional(module: nn.Module) -> bool:

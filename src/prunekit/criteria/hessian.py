@@ -1,0 +1,76 @@
+"""The layer Hessian's factors and inverses: the damped Cholesky factor that compensation
+solves with and the 'obs' group criterion inverts, and SparseGPT's upper factor of the
+inverse.
+
+The Hessian is the mean of X^T X over a layer's calibration inputs
+(``calibration.InputStatistics.hessian``). Two damping policies, as the callers need:
+``damped_cholesky`` adds damp x the mean diagonal and raises it tenfold where factoring
+fails (compensation and 'obs' only rank or solve, and must not stop on a borderline
+matrix); ``inverse_factor`` (SparseGPT) damps once, sets the inputs that never fired apart,
+and tells the caller to raise its damp when that is not enough.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from prunekit.core.errors import value_error
+
+__all__ = ["damped_cholesky", "damped_inverse", "inverse_factor"]
+
+
+def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
+    """The Cholesky factor of `a` + damp x its mean diagonal x I (`a` symmetric positive
+    semi-definite), the damping raised tenfold (up to 1e6 times) where factorization fails.
+
+    Raises:
+        RuntimeError: `a` is not positive definite even then (a NaN or inf in it).
+    """
+    scale = float(a.diagonal().mean()) if a.numel() else 0.0
+    eye = torch.eye(a.shape[0], dtype=a.dtype)
+    level = damp * scale if scale > 0 else damp
+    for _ in range(7):
+        found = torch.linalg.cholesky_ex(a + level * eye)
+        if int(found.info) == 0:
+            factor: Tensor = found.L
+            return factor
+        level = max(level, 1e-12) * 10
+    raise RuntimeError(f"{owner}: the input Hessian is not positive definite even damped")
+
+
+def damped_inverse(hessian: Tensor, damp: float, owner: str) -> Tensor:
+    """The inverse of `hessian` damped as ``damped_cholesky`` does, in float64."""
+    return torch.cholesky_inverse(damped_cholesky(hessian.to(torch.float64), damp, owner))
+
+
+def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Tensor]:
+    """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, and which inputs
+    never fired (a zero diagonal: their weights cost nothing to prune).
+
+    Raises:
+        ValueError: `hessian` holds a NaN or inf, or is not positive definite damped.
+    """
+    h = hessian.detach().clone()
+    if not bool(torch.isfinite(h).all()):
+        kind = "inf" if bool(torch.isinf(h).any()) else "NaN"
+        raise value_error(
+            f"{owner}: the layer's Hessian (mean of X^T X over its inputs) holds {kind} "
+            f"entries: the squares of its inputs overflow {h.dtype} (or the inputs were not "
+            "finite), which no damp can fix; expected calibration inputs whose squares fit "
+            f"{h.dtype} (largest finite {torch.finfo(h.dtype).max:.3g})"
+        )
+    diagonal = h.diagonal()
+    dead = diagonal == 0
+    h[dead, dead] = 1
+    diagonal.add_(damp * float(diagonal.mean()))
+    try:
+        lower = torch.linalg.cholesky(h)
+        inverse = torch.cholesky_inverse(lower)
+        upper: Tensor = torch.linalg.cholesky(inverse, upper=True)
+    except RuntimeError:  # torch.linalg.LinAlgError
+        raise value_error(
+            f"{owner}: the layer's Hessian is not positive definite with damp={damp}; "
+            "expected a larger damp (or more calibration data)"
+        ) from None
+    return upper, dead
