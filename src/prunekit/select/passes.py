@@ -18,8 +18,9 @@ from torch import Tensor
 from prunekit.select import tuning
 from prunekit.select.chunks import ones
 from prunekit.select.group import Group
-from prunekit.select.radix import descend
-from prunekit.select.sample import places, stride
+from prunekit.select.plan import KEYS
+from prunekit.select.radix import find, top_digits
+from prunekit.select.sample import enclose, spaced, stride
 from prunekit.select.sources import all_finite
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 # Read a chunk (tuning.chunk) at a time; sample tuning.sample entries in all, over every
 # rank, from tuning.guess entries on (fewer: every competing one is kept); gather between
 # the bounds at most 1/tuning.gather_share of the entries. The same tuning as select's.
-BINS = 1 << 16
 HALF = 1 << 15  # 16-bit magnitudes: the bits without the sign
 INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: above, NaN
 
@@ -126,24 +126,12 @@ def bounds(
     if size <= now.guess:
         return 0.0, math.inf
     step = stride(size, now.sample)
-    parts, offset = [], 0
-    for i in owned:
-        scores, alive = pieces[i].source()
-        first = (-offset) % step
-        part = scores.detach().reshape(-1)[first::step].to(buffers.work).abs()
-        if alive is not None:
-            part = part[alive.reshape(-1)[first::step] == 1]
-        parts.append(part[part.isfinite()])
-        offset += pieces[i].numel
-    mine = torch.cat(parts) if parts else torch.empty(0, dtype=buffers.work)
+    taken = spaced([pieces[i].source for i in owned], step, buffers.work).values
+    mine = torch.empty(0, dtype=buffers.work) if taken is None else taken[taken.isfinite()]
     sample = torch.cat(group.gather(mine))
-    n = sample.numel()
-    if n < now.sample // 8:
+    if sample.numel() < now.sample // 8:
         return 0.0, math.inf
-    low, high = places([k / total], n)
-    lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
-    upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
-    return lower, upper
+    return enclose(sample, [k / total])
 
 
 def between(
@@ -190,47 +178,38 @@ def between(
     return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
 
 
-def key_dtype(work: torch.dtype) -> torch.dtype:
-    return torch.int64 if work == torch.float64 else torch.int32
-
-
 def as_float(key: int, dtype: torch.dtype) -> float:
     """The float whose bits are `key` in `dtype`."""
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    bits = KEYS[8 * dtype.itemsize]
     return float(torch.tensor([key], dtype=bits).view(dtype)[0])
 
 
-def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[Tensor]:
+def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[tuple[Tensor, Tensor]]:
+    """The magnitudes kept, as radix.find reads them (in `work`, with their top digits)."""
     step = tuning.get().chunk
     for values in held.values():
         for start in range(0, values.numel(), step):
-            yield values[start : start + step].to(work).view(key_dtype(work))
+            part = values[start : start + step].to(work)
+            yield part, top_digits(part)
 
 
-def data_keys(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> Iterator[Tensor]:
+def data_keys(
+    pieces: Sequence[Piece], owned: list[int], buffers: Buffers
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """The competing magnitudes of the local pieces, as radix.find reads them."""
     for i in owned:
         for _, m, live in magnitudes(*pieces[i].source(), buffers):
-            keys = m.view(key_dtype(buffers.work))
-            yield keys if live is None else keys[live == 1]
+            part = m if live is None else m[live == 1]
+            yield part, top_digits(part)
 
 
 def radix(
-    keys: Callable[[], Iterable[Tensor]], rank: int, work: torch.dtype, group: Group
+    keys: Callable[[], Iterable[tuple[Tensor, Tensor]]], rank: int, work: torch.dtype, group: Group
 ) -> tuple[int, int]:
-    """The `rank`-th smallest (1-based) of the non-negative float bits `keys()` yields on
-    all ranks, 16 bits at a time from the top, with histograms summed over the ranks;
-    and how many entries equal to it are among the `rank` smallest."""
-
-    def histogram(shift: int, prefix: int) -> Tensor:
-        hist = torch.zeros(BINS, dtype=torch.int64)
-        for part in keys():
-            if shift != bits - 16:  # below the top digit: the keys under the prefix
-                part = part[(part >> (shift + 16)) == prefix]
-            hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
-        return hist
-
-    bits = torch.finfo(work).bits
-    key, take, _ = descend(bits, histogram, rank, group)
+    """The `rank`-th smallest (1-based) of the non-negative floats `keys()` yields on all
+    ranks, as its bits (radix.find), and how many entries equal to it are among the
+    `rank` smallest."""
+    key, take, _ = find(keys, rank, torch.finfo(work).bits, group)
     return key, take
 
 

@@ -45,7 +45,7 @@ from prunekit.select.group import Group
 from prunekit.select.passes import Buffers
 from prunekit.select.radix import pick
 from prunekit.select.sources import Source, alive_count
-from prunekit.select.ties import first
+from prunekit.select.ties import first, positions
 
 __all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
 
@@ -132,7 +132,7 @@ class Selection:
                     equal = torch.eq(m[lo:hi], self.bound, out=buffers.b[: hi - lo])
                     if live is not None:
                         equal.mul_(live[lo:hi])
-                    where = equal.nonzero().reshape(-1)[: left[r]]
+                    where = positions(equal, left[r])
                     kept[where + lo] = 0
                     left[r] -= where.numel()
             yield start, kept
