@@ -20,29 +20,11 @@ from torch import Tensor
 
 from prunekit.select import native, plan, trace, tuning
 from prunekit.select.chunks import Chunks, ones, write
+from prunekit.select.native import Gather
 from prunekit.select.portable import select_sorted
 from prunekit.select.sources import Count, resolve
 
 __all__ = ["Gather", "Gathered", "mark_between"]
-
-
-class Gather:
-    """The entries the one pass gathers between the bounds, all sources in order: their
-    positions (in their tensor) and magnitudes, written in place, never concatenated.
-
-    Room for `capacity` entries; only the pages written are ever mapped.
-    """
-
-    def __init__(self, capacity: int, dtype: torch.dtype) -> None:
-        self.positions = torch.empty(capacity, dtype=torch.int64)
-        self.values = torch.empty(capacity, dtype=dtype)
-        self.size = 0
-
-    def append(self, positions: Tensor, values: Tensor) -> None:
-        end = self.size + positions.numel()
-        self.positions[self.size : end] = positions
-        self.values[self.size : end] = values
-        self.size = end
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from prunekit.select import tuning
+from prunekit.select import native, tuning
 from prunekit.select.chunks import ones
 from prunekit.select.group import Group
 from prunekit.select.plan import KEYS
@@ -145,9 +145,30 @@ def between(
     """One pass: counts the competing entries below the lower limit and keeps, per
     piece, the competing magnitudes between the limits (16-bit ones in their own
     dtype), up to a budget of 1/16 of all entries per rank."""
-    lower, upper = limits
     now = tuning.get()
     budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
+    count = _between_native if native.loaded() is not None else _between_tensors
+    below, kept, nonfinite, held = count(pieces, owned, buffers, limits, budget)
+    over = kept > budget
+    if over:
+        held.clear()
+    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
+    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
+
+
+Tally = tuple[int, int, int, dict[int, Tensor]]  # below, kept, not finite (> 0: some), held
+
+
+def _between_tensors(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    limits: tuple[float, float],
+    budget: int,
+) -> Tally:
+    """`between`'s pass as tensor operations, a few per chunk (16-bit magnitudes kept in
+    their own dtype); past the budget, it only counts."""
+    lower, upper = limits
     held: dict[int, Tensor] = {}
     kept = below = nonfinite = 0
     for i in owned:
@@ -171,11 +192,49 @@ def between(
             parts.append(values.to(keep_as))
         if parts and kept <= budget:
             held[i] = torch.cat(parts)
-    over = kept > budget
-    if over:
-        held.clear()
-    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
-    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
+    return below, kept, nonfinite, held
+
+
+def _between_native(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    limits: tuple[float, float],
+    budget: int,
+) -> Tally:
+    """`between`'s pass through the C loop, the whole-tensor path's one pass (its marks
+    go to a scratch buffer: the threshold is not known yet): one read of each score.
+    The magnitudes kept are views of one buffer, in the work dtype; past the budget, it
+    only counts."""
+    lower, upper = limits
+    step = tuning.get().step
+    room = min(step, max((pieces[i].numel for i in owned), default=0))
+    gather = native.Gather(budget + room, buffers.work)  # a chunk is gathered, then checked
+    scratch = torch.empty(room, dtype=torch.bool)
+    live = torch.empty(room, dtype=torch.bool)
+    held: dict[int, Tensor] = {}
+    below = nonfinite = 0
+    over = False
+    for i in owned:
+        scores, alive = pieces[i].source()
+        flat = scores.detach().reshape(-1)
+        flags = None if alive is None else alive.reshape(-1)
+        first = gather.size
+        for start in range(0, flat.numel(), step):
+            part = flat[start : start + step].to(buffers.work).contiguous()  # 16-bit: exact
+            n = part.numel()
+            chunk = None if flags is None else flags[start : start + step]
+            if chunk is not None and not (native.makes(chunk.dtype) and chunk.is_contiguous()):
+                chunk = torch.eq(chunk, 1, out=live[:n])  # the C loop reads 1s as bits
+            marks, cuts = (1, 0), (lower, lower, upper)
+            _, under, finite = native.split(part, chunk, scratch[:n], marks, cuts, gather, start)
+            below += under
+            nonfinite += not finite
+            if gather.size > budget:
+                over, gather.size = True, 0  # the count goes on, nothing more is kept
+        if not over and gather.size > first:
+            held[i] = gather.values[first : gather.size]
+    return below, budget + 1 if over else gather.size, nonfinite, held
 
 
 def as_float(key: int, dtype: torch.dtype) -> float:
