@@ -183,6 +183,8 @@ PIECE_PATHS: dict[str, dict[str, Any]] = {
     "sample": {"sample": 2048, "guess": 4096},
     "missed bounds": {"sample": 2048, "guess": 4096, "gather_share": 1 << 40},
     "chunks": {"sample": 2048, "guess": 4096, "chunk": 3000},
+    "C loop in steps": {"sample": 2048, "guess": 4096, "step": 3000, "part": 1024},
+    "tensor operations": {"sample": 2048, "guess": 4096, "native": False},
 }
 
 

@@ -22,7 +22,7 @@ from prunekit.select import tuning
 from prunekit.select.ties import first
 
 if TYPE_CHECKING:
-    from prunekit.select.onepass import Gather, Gathered
+    from prunekit.select.onepass import Gathered
 
 _native: ModuleType | None
 try:  # the one pass as a C loop (_native.c); without it, tensor operations do the same
@@ -30,9 +30,29 @@ try:  # the one pass as a C loop (_native.c); without it, tensor operations do t
 except ImportError:  # pragma: no cover - not built here
     _native = None
 
-__all__ = ["UNSIGNED", "bits_of", "loaded", "makes", "one_bits", "settle", "split"]
+__all__ = ["UNSIGNED", "Gather", "bits_of", "loaded", "makes", "nth", "one_bits", "settle", "split"]
 
 UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Gather:
+    """The entries the C loop (or the tensor operations in its place) gathers between the
+    bounds, all sources in order: their positions (in their tensor) and magnitudes,
+    written in place, never concatenated.
+
+    Room for `capacity` entries; only the pages written are ever mapped.
+    """
+
+    def __init__(self, capacity: int, dtype: torch.dtype) -> None:
+        self.positions = torch.empty(capacity, dtype=torch.int64)
+        self.values = torch.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def append(self, positions: Tensor, values: Tensor) -> None:
+        end = self.size + positions.numel()
+        self.positions[self.size : end] = positions
+        self.values[self.size : end] = values
+        self.size = end
 
 
 def loaded() -> ModuleType | None:
@@ -143,6 +163,16 @@ def split(
     )
 
 
+def nth(values: Tensor, rank: int) -> tuple[float, int]:
+    """The `rank`-th smallest (1-based) of contiguous float32 or float64 `values`, through
+    the C loop (its histograms, the values left as they are), and how many entries equal
+    to it are among the `rank` smallest."""
+    c = loaded()
+    assert c is not None
+    kth: float = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
+    return kth, rank - int((values < kth).sum())
+
+
 def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float) -> None:
     """Choose the `rank` smallest of the entries in between (all sources in order) through
     the C loop: from the k-th smallest value and how many of its ties each source takes
@@ -151,8 +181,7 @@ def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: 
     chosen)."""
     c = loaded()
     assert c is not None
-    kth = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
-    left = rank - int((values < kth).sum())
+    kth, left = nth(values, rank)
     ends = itertools.accumulate((entry.where.numel() for entry in gathered), initial=0)
     mine = [values[start:end] for start, end in itertools.pairwise(ends)]
     ties = first((int((part == kth).sum()) for part in mine), left)

@@ -20,29 +20,11 @@ from torch import Tensor
 
 from prunekit.select import native, plan, trace, tuning
 from prunekit.select.chunks import Chunks, ones, write
+from prunekit.select.native import Gather
 from prunekit.select.portable import select_sorted
 from prunekit.select.sources import Count, resolve
 
 __all__ = ["Gather", "Gathered", "mark_between"]
-
-
-class Gather:
-    """The entries the one pass gathers between the bounds, all sources in order: their
-    positions (in their tensor) and magnitudes, written in place, never concatenated.
-
-    Room for `capacity` entries; only the pages written are ever mapped.
-    """
-
-    def __init__(self, capacity: int, dtype: torch.dtype) -> None:
-        self.positions = torch.empty(capacity, dtype=torch.int64)
-        self.values = torch.empty(capacity, dtype=dtype)
-        self.size = 0
-
-    def append(self, positions: Tensor, values: Tensor) -> None:
-        end = self.size + positions.numel()
-        self.positions[self.size : end] = positions
-        self.values[self.size : end] = values
-        self.size = end
 
 
 @dataclass
@@ -68,7 +50,7 @@ class Gathered:
 def mark_between(
     chunks: Chunks,
     k: Count,
-    bounds: tuple[Tensor, Tensor, Tensor],
+    bounds: tuple[float, float, float],
     keep_dtype: torch.dtype | None,
     products: Sequence[Tensor | None] | None = None,
 ) -> list[Tensor] | None:
@@ -85,7 +67,7 @@ def mark_between(
 def _mark_between(
     chunks: Chunks,
     k: Count,
-    bounds: tuple[Tensor, Tensor, Tensor],
+    bounds: tuple[float, float, float],
     keep_dtype: torch.dtype | None,
     products: Sequence[Tensor | None] | None,
 ) -> list[Tensor] | None:
@@ -124,7 +106,7 @@ def _mark_between(
         return None
     trace.note("settle")
     if native.makes(out_dtype):
-        native.settle(gathered, values_all, rank, hit, float(bounds[1]))
+        native.settle(gathered, values_all, rank, hit, bounds[1])
     else:
         _settle_tensors(gathered, values_all, rank, hit)
     return [entry.out for entry in gathered]
@@ -135,7 +117,7 @@ def split(
     scores: Tensor,
     alive: Tensor | None,
     out: Tensor,
-    bounds: tuple[Tensor, Tensor, Tensor],
+    bounds: tuple[float, float, float],
     hit: bool,
     product: Tensor | None,
     gather: Gather,
@@ -148,7 +130,6 @@ def split(
     Chosen are the entries below mid in the C loop, below lower in the tensor operations:
     native.settle and _settle_tensors finish each.
     """
-    lower, mid, upper = bounds
     if not native.makes(out.dtype):
         yield from _split_tensors(chunks, scores, alive, out, bounds, hit, product, gather)
         return
@@ -158,7 +139,6 @@ def split(
     fused = product if product is not None and native.bits_of(flat, out) else None
     one = native.one_bits(out.dtype)
     chosen, other = (one, 0) if hit else (0, one)
-    cuts = float(lower), float(mid), float(upper)
     for start, part, flags in chunks.read(scores, alive, chunks.step):
         n = part.numel()
         if part.dtype not in (torch.float32, torch.float64):
@@ -168,7 +148,7 @@ def split(
         piece = out[start : start + n]
         into = None if fused is None else (flat[start : start + n], fused[start : start + n])
         competing, below, finite = native.split(
-            part, flags, piece, (chosen, other), cuts, gather, start, into
+            part, flags, piece, (chosen, other), bounds, gather, start, into
         )
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
@@ -180,7 +160,7 @@ def _split_tensors(
     scores: Tensor,
     alive: Tensor | None,
     out: Tensor,
-    bounds: tuple[Tensor, Tensor, Tensor],
+    bounds: tuple[float, float, float],
     hit: bool,
     product: Tensor | None,
     gather: Gather,

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from prunekit.select import tuning
+from prunekit.select import native, tuning
 from prunekit.select.chunks import ones
 from prunekit.select.group import Group
-from prunekit.select.radix import descend
-from prunekit.select.sample import places, stride
+from prunekit.select.plan import KEYS
+from prunekit.select.radix import find, top_digits
+from prunekit.select.sample import enclose, spaced, stride
 from prunekit.select.sources import all_finite
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 # Read a chunk (tuning.chunk) at a time; sample tuning.sample entries in all, over every
 # rank, from tuning.guess entries on (fewer: every competing one is kept); gather between
 # the bounds at most 1/tuning.gather_share of the entries. The same tuning as select's.
-BINS = 1 << 16
 HALF = 1 << 15  # 16-bit magnitudes: the bits without the sign
 INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: above, NaN
 
@@ -126,24 +126,12 @@ def bounds(
     if size <= now.guess:
         return 0.0, math.inf
     step = stride(size, now.sample)
-    parts, offset = [], 0
-    for i in owned:
-        scores, alive = pieces[i].source()
-        first = (-offset) % step
-        part = scores.detach().reshape(-1)[first::step].to(buffers.work).abs()
-        if alive is not None:
-            part = part[alive.reshape(-1)[first::step] == 1]
-        parts.append(part[part.isfinite()])
-        offset += pieces[i].numel
-    mine = torch.cat(parts) if parts else torch.empty(0, dtype=buffers.work)
+    taken = spaced([pieces[i].source for i in owned], step, buffers.work).values
+    mine = torch.empty(0, dtype=buffers.work) if taken is None else taken[taken.isfinite()]
     sample = torch.cat(group.gather(mine))
-    n = sample.numel()
-    if n < now.sample // 8:
+    if sample.numel() < now.sample // 8:
         return 0.0, math.inf
-    low, high = places([k / total], n)
-    lower = float(sample.kthvalue(low)[0]) if low >= 1 else 0.0
-    upper = float(sample.kthvalue(high)[0]) if high <= n else math.inf
-    return lower, upper
+    return enclose(sample, [k / total])
 
 
 def between(
@@ -157,9 +145,30 @@ def between(
     """One pass: counts the competing entries below the lower limit and keeps, per
     piece, the competing magnitudes between the limits (16-bit ones in their own
     dtype), up to a budget of 1/16 of all entries per rank."""
-    lower, upper = limits
     now = tuning.get()
     budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
+    count = _between_native if native.loaded() is not None else _between_tensors
+    below, kept, nonfinite, held = count(pieces, owned, buffers, limits, budget)
+    over = kept > budget
+    if over:
+        held.clear()
+    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
+    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
+
+
+Tally = tuple[int, int, int, dict[int, Tensor]]  # below, kept, not finite (> 0: some), held
+
+
+def _between_tensors(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    limits: tuple[float, float],
+    budget: int,
+) -> Tally:
+    """`between`'s pass as tensor operations, a few per chunk (16-bit magnitudes kept in
+    their own dtype); past the budget, it only counts."""
+    lower, upper = limits
     held: dict[int, Tensor] = {}
     kept = below = nonfinite = 0
     for i in owned:
@@ -183,54 +192,83 @@ def between(
             parts.append(values.to(keep_as))
         if parts and kept <= budget:
             held[i] = torch.cat(parts)
-    over = kept > budget
-    if over:
-        held.clear()
-    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
-    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
+    return below, kept, nonfinite, held
 
 
-def key_dtype(work: torch.dtype) -> torch.dtype:
-    return torch.int64 if work == torch.float64 else torch.int32
+def _between_native(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    buffers: Buffers,
+    limits: tuple[float, float],
+    budget: int,
+) -> Tally:
+    """`between`'s pass through the C loop, the whole-tensor path's one pass (its marks
+    go to a scratch buffer: the threshold is not known yet): one read of each score.
+    The magnitudes kept are views of one buffer, in the work dtype; past the budget, it
+    only counts."""
+    lower, upper = limits
+    step = tuning.get().step
+    room = min(step, max((pieces[i].numel for i in owned), default=0))
+    gather = native.Gather(budget + room, buffers.work)  # a chunk is gathered, then checked
+    scratch = torch.empty(room, dtype=torch.bool)
+    live = torch.empty(room, dtype=torch.bool)
+    held: dict[int, Tensor] = {}
+    below = nonfinite = 0
+    over = False
+    for i in owned:
+        scores, alive = pieces[i].source()
+        flat = scores.detach().reshape(-1)
+        flags = None if alive is None else alive.reshape(-1)
+        first = gather.size
+        for start in range(0, flat.numel(), step):
+            part = flat[start : start + step].to(buffers.work).contiguous()  # 16-bit: exact
+            n = part.numel()
+            chunk = None if flags is None else flags[start : start + step]
+            if chunk is not None and not (native.makes(chunk.dtype) and chunk.is_contiguous()):
+                chunk = torch.eq(chunk, 1, out=live[:n])  # the C loop reads 1s as bits
+            marks, cuts = (1, 0), (lower, lower, upper)
+            _, under, finite = native.split(part, chunk, scratch[:n], marks, cuts, gather, start)
+            below += under
+            nonfinite += not finite
+            if gather.size > budget:
+                over, gather.size = True, 0  # the count goes on, nothing more is kept
+        if not over and gather.size > first:
+            held[i] = gather.values[first : gather.size]
+    return below, budget + 1 if over else gather.size, nonfinite, held
 
 
 def as_float(key: int, dtype: torch.dtype) -> float:
     """The float whose bits are `key` in `dtype`."""
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    bits = KEYS[8 * dtype.itemsize]
     return float(torch.tensor([key], dtype=bits).view(dtype)[0])
 
 
-def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[Tensor]:
+def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[tuple[Tensor, Tensor]]:
+    """The magnitudes kept, as radix.find reads them (in `work`, with their top digits)."""
     step = tuning.get().chunk
     for values in held.values():
         for start in range(0, values.numel(), step):
-            yield values[start : start + step].to(work).view(key_dtype(work))
+            part = values[start : start + step].to(work)
+            yield part, top_digits(part)
 
 
-def data_keys(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> Iterator[Tensor]:
+def data_keys(
+    pieces: Sequence[Piece], owned: list[int], buffers: Buffers
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """The competing magnitudes of the local pieces, as radix.find reads them."""
     for i in owned:
         for _, m, live in magnitudes(*pieces[i].source(), buffers):
-            keys = m.view(key_dtype(buffers.work))
-            yield keys if live is None else keys[live == 1]
+            part = m if live is None else m[live == 1]
+            yield part, top_digits(part)
 
 
 def radix(
-    keys: Callable[[], Iterable[Tensor]], rank: int, work: torch.dtype, group: Group
+    keys: Callable[[], Iterable[tuple[Tensor, Tensor]]], rank: int, work: torch.dtype, group: Group
 ) -> tuple[int, int]:
-    """The `rank`-th smallest (1-based) of the non-negative float bits `keys()` yields on
-    all ranks, 16 bits at a time from the top, with histograms summed over the ranks;
-    and how many entries equal to it are among the `rank` smallest."""
-
-    def histogram(shift: int, prefix: int) -> Tensor:
-        hist = torch.zeros(BINS, dtype=torch.int64)
-        for part in keys():
-            if shift != bits - 16:  # below the top digit: the keys under the prefix
-                part = part[(part >> (shift + 16)) == prefix]
-            hist += torch.bincount(((part >> shift) & 0xFFFF).to(torch.int64), minlength=BINS)
-        return hist
-
-    bits = torch.finfo(work).bits
-    key, take, _ = descend(bits, histogram, rank, group)
+    """The `rank`-th smallest (1-based) of the non-negative floats `keys()` yields on all
+    ranks, as its bits (radix.find), and how many entries equal to it are among the
+    `rank` smallest."""
+    key, take, _ = find(keys, rank, torch.finfo(work).bits, group)
     return key, take
 
 

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunekit.select import passes
+from prunekit.select import native, passes, tuning
 from prunekit.select.group import Group
 from prunekit.select.passes import Buffers
 from prunekit.select.radix import pick
 from prunekit.select.sources import Source, alive_count
-from prunekit.select.ties import first
+from prunekit.select.ties import first, positions
 
 __all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
 
@@ -132,13 +132,15 @@ class Selection:
                     equal = torch.eq(m[lo:hi], self.bound, out=buffers.b[: hi - lo])
                     if live is not None:
                         equal.mul_(live[lo:hi])
-                    where = equal.nonzero().reshape(-1)[: left[r]]
+                    where = positions(equal, left[r])
                     kept[where + lo] = 0
                     left[r] -= where.numel()
             yield start, kept
 
     def chosen(self, index: int) -> Tensor:
         """A flat bool tensor, True at the piece's entries chosen."""
+        if native.makes(torch.bool):
+            return self._marked(index, torch.bool, True)
         out = torch.empty(self.pieces[index].numel, dtype=torch.bool)
         for start, kept in self.kept(index):
             torch.eq(kept, 0, out=out[start : start + kept.numel()])
@@ -146,10 +148,57 @@ class Selection:
 
     def keep(self, index: int, dtype: torch.dtype) -> Tensor:
         """A flat mask of `dtype`: 0 at the entries chosen, 1 elsewhere."""
+        if native.makes(dtype):
+            return self._marked(index, dtype, False)
         out = torch.empty(self.pieces[index].numel, dtype=dtype)
         for start, kept in self.kept(index):
             out[start : start + kept.numel()] = kept
         return out
+
+    def _marked(self, index: int, dtype: torch.dtype, hit: bool) -> Tensor:
+        """The piece's selection (`hit` where chosen, else 1 - `hit`) through the C loop,
+        the whole-tensor path's one pass: those below the threshold (or up to it, when the
+        piece takes all its ties) marked as read, the ties it takes in part gathered with
+        their positions and marked after, in each run's order."""
+        piece, ties = self.pieces[index], self.ties[index]
+        left = {r: n for r, n in ties.per_run.items() if n}
+        bound = self.bound
+        # Chosen: below `mid`; gathered: in [lower, upper], the ties when some are taken.
+        mid = _next_up(bound, self.work) if ties.every else bound
+        lower, upper = (bound, bound) if left else (math.inf, -math.inf)
+        step = tuning.get().step
+        room = min(step, piece.numel)
+        gather = native.Gather(room, self.work)
+        live = torch.empty(room if room else 0, dtype=torch.bool)
+        out = torch.empty(piece.numel, dtype=dtype)
+        one = native.one_bits(dtype)
+        marks = (one, 0) if hit else (0, one)
+        scores, alive = piece.source()
+        flat = scores.detach().reshape(-1)
+        flags = None if alive is None else alive.reshape(-1)
+        for start in range(0, piece.numel, step):
+            part = flat[start : start + step].to(self.work).contiguous()  # 16-bit: exact
+            n = part.numel()
+            chunk = None if flags is None else flags[start : start + step]
+            if chunk is not None and not (native.makes(chunk.dtype) and chunk.is_contiguous()):
+                chunk = torch.eq(chunk, 1, out=live[:n])  # the C loop reads 1s as bits
+            gather.size = 0
+            cuts = (lower, mid, upper)
+            native.split(part, chunk, out[start : start + n], marks, cuts, gather, start)
+            found = gather.positions[: gather.size]
+            for r in [r for r, count in left.items() if count]:
+                run = piece.runs[r]
+                inside = found[(found >= run.local) & (found < run.local + run.length)]
+                where = inside[: left[r]]
+                out[where] = hit
+                left[r] -= where.numel()
+        return out
+
+
+def _next_up(value: float, dtype: torch.dtype) -> float:
+    """The least float of `dtype` above `value` (so that below it is up to `value`)."""
+    here = torch.tensor(value, dtype=dtype)
+    return float(torch.nextafter(here, torch.tensor(math.inf, dtype=dtype)))
 
 
 def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -> Selection:
@@ -185,9 +234,13 @@ def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -
             raise Unrankable(passes.non_finite(pieces, owned))
         held = found.held
         if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
-            keys = lambda: passes.held_keys(held, work)  # noqa: E731
-            key, take = passes.radix(keys, k - found.below, work, group)
-            bound = passes.as_float(key, work)
+            if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
+                values = torch.cat([v.to(work) for v in held.values()])
+                bound, take = native.nth(values, k - found.below)
+            else:
+                keys = lambda: passes.held_keys(held, work)  # noqa: E731
+                key, take = passes.radix(keys, k - found.below, work, group)
+                bound = passes.as_float(key, work)
             ties = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
         else:  # the limits missed (or too much fell between): histograms of the tensors
             held.clear()

@@ -19,10 +19,10 @@ from prunekit.core.backend import namespace
 from prunekit.select import tuning
 from prunekit.select.sources import Source, check_flags
 
-__all__ = ["BITS", "Plan", "budget", "make"]
+__all__ = ["BITS", "KEYS", "Plan", "budget", "make"]
 
 BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
-_KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}
+KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}  # float bits read as integers
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Plan:
     @property
     def key(self) -> torch.dtype:
         """The integer dtype of the same width, whose bits are viewed as keys."""
-        return _KEYS[self.bits]
+        return KEYS[self.bits]
 
 
 def make(sources: Sequence[Source], magnitude: bool) -> Plan:

@@ -32,8 +32,9 @@ from torch import Tensor
 from prunekit.core.backend import namespace
 from prunekit.select import trace, tuning
 from prunekit.select.plan import Plan
-from prunekit.select.sample import coprime, places, stride
+from prunekit.select.sample import coprime, enclose, places, spaced, stride
 from prunekit.select.sources import Source
+from prunekit.select.ties import only_first
 
 __all__ = ["portable", "select_sorted"]
 
@@ -176,8 +177,7 @@ def select_sorted(flat: Tensor, k: int) -> Tensor:
         chosen, at_threshold = flat < threshold, flat == threshold
     missing = k - int(chosen.sum())
     if int(at_threshold.sum()) > missing:
-        rank = at_threshold.cumsum(0)
-        at_threshold = at_threshold & (rank <= missing)
+        at_threshold = only_first(at_threshold, missing)
     result: Tensor = chosen | at_threshold
     return result
 
@@ -252,14 +252,9 @@ def _cut_of(
 
 def _spaced_sample(reader: _Reader) -> Tensor:
     """An evenly spaced sample of about `tuning.sample` competing values, NaN left out."""
-    spacing = stride(reader.size, tuning.get().sample)
-    parts = []
-    for source in reader.sources:
-        scores, alive = source()
-        part = reader.values(scores, 0, scores.numel(), spacing)
-        live = _live(alive, 0, scores.numel(), spacing)
-        parts.append(part if live is None else part[live])
-    sample = parts[0] if len(parts) == 1 else namespace(parts[0]).cat(parts)
+    step = stride(reader.size, tuning.get().sample)
+    sample = spaced(reader.sources, step, reader.dtype, reader.magnitude).values
+    assert sample is not None  # the portable path has sources
     return sample[sample == sample]
 
 
@@ -273,10 +268,9 @@ def _pivots(
     size = sample.numel()
     if not size:
         return None
+    a, b = enclose(sample, [min(rank / max(count, 1), 1.0)], inside=True)
     low, high = places([min(rank / max(count, 1), 1.0)], size)
     low, high = min(max(low, 1), size), min(max(high, 1), size)
-    a = sample.kthvalue(low)[0].item()
-    b = sample.kthvalue(high)[0].item()
     return _Pivots(a, b, max(high - low, 1) / size * count)
 
 
@@ -392,7 +386,7 @@ def _marked(reader: _Reader, cut: _Cut) -> Iterator[Tensor]:
                 ties = ties & live
             found = int(ties.sum())
             if found > take:
-                ties = ties & (ties.cumsum(0) <= take)
+                ties = only_first(ties, take)
             take -= min(found, take)
             chosen = chosen | ties
         offset = 0

@@ -9,7 +9,7 @@ resolved only where they straddle the k-th value.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -18,8 +18,10 @@ from torch import Tensor
 from prunekit.select import trace
 from prunekit.select.chunks import Chunks, write
 from prunekit.select.group import Alone, Group
+from prunekit.select.plan import KEYS
+from prunekit.select.ties import positions
 
-__all__ = ["descend", "find_cut", "mark", "pick"]
+__all__ = ["descend", "find", "find_cut", "mark", "pick", "top_digits"]
 
 _TOP_BINS = 1 << 15  # the top digit without its sign bit
 _LOW_BINS = 1 << 16
@@ -38,29 +40,44 @@ class Cut:
 def find_cut(chunks: Chunks, k: int) -> Cut:
     """Locate the k-th smallest key, 16 bits at a time, with histograms only."""
     trace.note("radix")
-    count = len(chunks.sources)
-    bits = chunks.plan.bits
+
+    def parts() -> Iterator[tuple[Tensor, Tensor]]:
+        for index in range(len(chunks.sources)):
+            for _, part, top in _tops(chunks, index):
+                yield part, top
+
+    key, take, equal = find(parts, k, chunks.plan.bits, Alone())
+    return Cut(key, equal, take)
+
+
+def find(
+    parts: Callable[[], Iterable[tuple[Tensor, Tensor]]], rank: int, bits: int, group: Group
+) -> tuple[int, int, int]:
+    """The `rank`-th smallest (1-based) magnitude of the floats `parts()` yields on all ranks
+    of `group`, as its bits (see `descend`), from histograms summed over the ranks.
+
+    `parts()` yields, a chunk at a time, (floats, top digits): contiguous floats of `bits`
+    bits (their sign ignored) and `top_digits` of them, _DEAD where an entry does not
+    compete (those may be left out instead).
+    """
     sign_off = (1 << (bits - 1)) - 1
+    key_dtype = KEYS[bits]
 
     def histogram(shift: int, prefix: int) -> Tensor:
         if shift == bits - 16:  # the top digit, of every entry
             hist = torch.zeros(_TOP_BINS, dtype=torch.int64)
-            for i in range(count):
-                for _, _, top in _tops(chunks, i):
-                    hist += torch.bincount(top, minlength=_TOP_BINS)
+            for _, top in parts():
+                hist += torch.bincount(top, minlength=_TOP_BINS)
             return hist
         digit = prefix >> (bits - 32 - shift)  # the top digit found
         hist = torch.zeros(_LOW_BINS, dtype=torch.int64)
-        for i in range(count):
-            for _, part, top in _tops(chunks, i):
-                bucket = torch.eq(top, digit, out=chunks.flags[: top.numel()])
-                keys = part.view(chunks.plan.key)[bucket] & sign_off
-                keys = keys[(keys >> (shift + 16)) == prefix]
-                hist += torch.bincount((keys >> shift) & 0xFFFF, minlength=_LOW_BINS)
+        for part, top in parts():
+            keys = part.view(key_dtype)[top == digit] & sign_off
+            keys = keys[(keys >> (shift + 16)) == prefix]
+            hist += torch.bincount((keys >> shift) & 0xFFFF, minlength=_LOW_BINS)
         return hist
 
-    key, take, equal = descend(bits, histogram, k, Alone())
-    return Cut(key, equal, take)
+    return descend(bits, histogram, rank, group)
 
 
 def descend(
@@ -80,27 +97,35 @@ def descend(
     return prefix, rank, equal
 
 
+def top_digits(part: Tensor, out: Tensor | None = None) -> Tensor:
+    """The top 16 bits of contiguous floats `part` (16, 32 or 64 bits each) without their
+    sign, as int16: the digit the histograms start from (into `out` if given)."""
+    step = part.element_size() // 2
+    digits = part.view(torch.int16)[step - 1 :: step]  # little-endian: top digit last
+    return torch.bitwise_and(digits, _DEAD, out=out) if out is not None else digits & _DEAD
+
+
 def _tops(chunks: Chunks, index: int) -> Iterator[tuple[int, Tensor, Tensor]]:
     """(start, scores, top digits) per chunk of source `index`: the top 16 bits without
     the sign, _DEAD where the entry does not compete."""
     step = chunks.plan.bits // 16
     for start, part, flags in chunks.read(*chunks.sources[index]()):
         n = part.numel()
-        digits = part.view(torch.int16)[step - 1 :: step]  # little-endian: top digit last
         top = chunks.top[:n]
-        if flags is not None:
-            dead = chunks.dead[:n]
-            if flags.dtype == torch.bool:
-                torch.logical_not(flags, out=dead)
-            else:
-                torch.ne(flags, 1, out=dead)
-            # All bits set where dead (-1 as int8 widens to 0xFFFF), then the sign
-            # cleared: _DEAD. Branch-free, unlike masked_fill_ on scattered flags.
-            ones = torch.neg(dead.view(torch.int8), out=chunks.all_bits[:n])
-            torch.bitwise_or(digits, ones, out=top)
-            digits = top
-        torch.bitwise_and(digits, _DEAD, out=top)  # the sign cleared: all ones is _DEAD
-        yield start, part, top
+        if flags is None:
+            yield start, part, top_digits(part, top)
+            continue
+        digits = part.view(torch.int16)[step - 1 :: step]  # little-endian: top digit last
+        dead = chunks.dead[:n]
+        if flags.dtype == torch.bool:
+            torch.logical_not(flags, out=dead)
+        else:
+            torch.ne(flags, 1, out=dead)
+        # All bits set where dead (-1 as int8 widens to 0xFFFF), then the sign cleared:
+        # _DEAD. Branch-free, unlike masked_fill_ on scattered flags.
+        ones = torch.neg(dead.view(torch.int8), out=chunks.all_bits[:n])
+        torch.bitwise_or(digits, ones, out=top)
+        yield start, part, torch.bitwise_and(top, _DEAD, out=top)  # the sign cleared
 
 
 def pick(hist: Tensor, rank: int) -> tuple[int, int, int]:
@@ -132,7 +157,7 @@ def mark(chunks: Chunks, cut: Cut, keep_dtype: torch.dtype | None) -> Iterator[T
             equal = None
             if take:
                 flags = chunks.flags[:n].copy_(torch.eq(magnitudes, bound, out=chunks.low[:n]))
-                equal = flags.nonzero().reshape(-1)[:take] + start
+                equal = positions(flags, take) + start
                 take -= equal.numel()
             chosen = below(magnitudes, bound, out=chunks.low[:n])  # never where NaN
             write(piece, chosen, hit)

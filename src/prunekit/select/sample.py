@@ -1,27 +1,83 @@
-"""The sampled guess: magnitudes that almost surely enclose the k-th smallest, and a best guess.
+"""The sampled guess, shared by every path: an evenly spaced sample and the bounds it gives.
 
-An evenly spaced sample of `tuning.sample` magnitudes, its spacing prime to 2,
-3, 5 and 7 so that rows, columns and kernel positions all show up, gives the
+An evenly spaced sample of about `tuning.sample` values, its spacing prime to 2,
+3, 5 and 7 so that rows, columns and kernel positions all show up, gives two
 bounds from its order statistics, `tuning.spread` standard deviations either
-side of the k-th one's expected place.
+side of the k-th value's expected place: the k-th smallest almost surely lies
+between them. The whole-tensor path (`guess`), the portable one and the
+selection in pieces all take their sample with `spaced` and their bounds with
+`enclose`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import torch
 from torch import Tensor
 
+from prunekit.core.backend import namespace
 from prunekit.select import tuning
 from prunekit.select.chunks import Chunks
-from prunekit.select.sources import Count, resolve
+from prunekit.select.sources import Count, Source, resolve
 
-__all__ = ["coprime", "guess", "margin", "places", "stride"]
+__all__ = ["Spaced", "coprime", "enclose", "guess", "margin", "places", "spaced", "stride"]
 
 
-def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, Tensor] | None:
+@dataclass
+class Spaced:
+    """An evenly spaced sample: the competing values taken (None: no source), how many
+    entries were taken (competing or not), and whether any source had flags."""
+
+    values: Tensor | None
+    seen: int
+    flagged: bool
+
+
+def spaced(sources: Sequence[Source], step: int, dtype: Any, magnitude: bool = True) -> Spaced:
+    """Every `step`-th entry of each source (from its first), in `dtype` (|score| with
+    `magnitude`), those that compete only, the sources in order. Plain tensor methods:
+    any framework."""
+    parts = []
+    seen = 0
+    flagged = False
+    for source in sources:
+        scores, alive = source()
+        part = scores.detach().reshape(-1)[::step]
+        if part.dtype != dtype:
+            part = part.to(dtype)
+        if magnitude:
+            part = part.abs()
+        seen += part.numel()
+        if alive is not None:
+            flags = alive.reshape(-1)[::step]
+            part = part[flags if flags.dtype == namespace(flags).bool else flags == 1]
+            flagged = True
+        parts.append(part)
+    if not parts:
+        return Spaced(None, seen, flagged)
+    values = parts[0] if len(parts) == 1 else namespace(parts[0]).cat(parts)
+    return Spaced(values, seen, flagged)
+
+
+def enclose(sample: Tensor, shares: Sequence[float], inside: bool = False) -> tuple[float, float]:
+    """Two values of the sample (of any framework) that almost surely enclose the entries
+    at `shares` (as shares of all) of what it samples (see `places`). Where a bound falls
+    outside the sample it is none: 0 below, infinity above, or with `inside` the
+    sample's least or greatest value."""
+    size = sample.numel()
+    low, high = places(shares, size)
+    if inside:
+        low, high = min(max(low, 1), size), min(max(high, 1), size)
+    # .item(): the sample's own type (integer scores stay exact)
+    lower: float = sample.kthvalue(low)[0].item() if low >= 1 else 0.0
+    upper: float = sample.kthvalue(high)[0].item() if high <= size else math.inf
+    return lower, upper
+
+
+def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[float, float, float] | None:
     """(lower, mid, upper): magnitudes that very likely enclose the k-th smallest, from an
     evenly spaced sample, and the sample's best guess of it in between.
 
@@ -34,23 +90,13 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
     now = tuning.get()
     if plan.size < now.guess:
         return None
-    step = stride(plan.size, now.sample)
-    parts = []
-    flagged = False
-    seen = 0  # entries sampled, competing or not
-    for source in chunks.sources:
-        scores, alive = source()
-        part = scores.detach().reshape(-1)[::step].to(plan.dtype).abs()
-        seen += part.numel()
-        if alive is not None:
-            part = part[alive.reshape(-1)[::step] == 1]
-            flagged = True
-        parts.append(part)
-    sample = torch.cat(parts)  # a sample: at most 1/stride of the entries
+    taken = spaced(chunks.sources, stride(plan.size, now.sample), plan.dtype)
+    sample, seen = taken.values, taken.seen
+    assert sample is not None  # the fast path has sources
     size = sample.numel()
     if size < now.sample // 8:
         return None
-    if total is None and not flagged:
+    if total is None and not taken.flagged:
         total = plan.size
     if total is not None:
         totals = [total]
@@ -62,14 +108,11 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[Tensor, Tensor, 
         shares = [resolve(k, t) / t for t in totals]
     except ValueError:
         return None  # refused for an estimate: the exact count will say
-    low, high = places(shares, size)
-    middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
-    zero = torch.zeros((), dtype=plan.dtype)
-    lower = sample.kthvalue(low)[0] if low >= 1 else zero
-    upper = sample.kthvalue(high)[0] if high <= size else zero + math.inf
-    mid = sample.kthvalue(middle)[0].clamp(lower, upper)
-    if not bool(lower <= upper):
+    lower, upper = enclose(sample, shares)
+    if not lower <= upper:
         return None  # NaN in the sample: no guess (scores must be checked, not ranked)
+    middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
+    mid = min(max(float(sample.kthvalue(middle)[0]), lower), upper)
     return lower, mid, upper
 
 

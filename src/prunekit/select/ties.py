@@ -2,14 +2,17 @@
 
 "First in order" is by tensor (their order, or their key in pieces), then by flat position
 in the tensor. The paths count the ties where they fall (per source, per key, per run of a
-shard, per chunk) and hand the ones to choose out in that order with `first`.
+shard, per chunk) and hand the ones to choose out in that order with `first`; within a
+chunk, `positions` (torch) or `only_first` (plain tensor methods, any framework) pick them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-__all__ = ["first"]
+from torch import Tensor
+
+__all__ = ["first", "only_first", "positions"]
 
 
 def first(counts: Iterable[int], take: int) -> Iterator[int]:
@@ -20,3 +23,15 @@ def first(counts: Iterable[int], take: int) -> Iterator[int]:
         mine = min(count, take)
         take -= mine
         yield mine
+
+
+def positions(equal: Tensor, take: int) -> Tensor:
+    """The flat positions of the first `take` ties of a chunk: where the 1-D `equal`
+    (bools or 0/1) is nonzero, in order, at most `take` of them."""
+    return equal.nonzero().reshape(-1)[:take]
+
+
+def only_first(equal: Tensor, take: int) -> Tensor:
+    """The 1-D bool tensor `equal` (of any framework) with only its first `take` True left."""
+    kept: Tensor = equal & (equal.cumsum(0) <= take)
+    return kept
