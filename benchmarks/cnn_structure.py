@@ -15,9 +15,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
 - `+ref.`: ``compensate="reference"`` (every layer from the first consumer on refitted towards
   the dense model's outputs, from its inputs in the pruned model);
 - `+ref.+BN`: then ``recalibrate_norms`` on the calibration crops;
-- `budget`: ``Budget(units=0.3, floor=--floor)``: the 3,307 channels chosen across all groups
-  by their score over their group's mean, every group keeping at least `floor` of its
-  channels, with ``compensate="reference"``;
+- `budget`: ``Budget(units=0.3, floor=...)``: the 3,307 channels chosen across all groups
+  by their score over their group's mean, the stem, residual widths and head keeping at
+  least ``--floor-narrow`` (0.8) of their channels and the expansion widths ``--floor``
+  (0.3), with ``compensate="reference"``;
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
@@ -42,7 +43,7 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
 
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
-        [--floor 0.5] [--dense-bn] [--split crops|photos] [--damp 0.01]
+        [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
         [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
 
 `+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
@@ -273,7 +274,13 @@ def main() -> None:
     parser.add_argument("--share", type=float, default=0.3)
     parser.add_argument("--criteria", default="l2,activation")
     parser.add_argument("--columns", default="uniform,expand,ref,budget,kd,tp")
-    parser.add_argument("--floor", type=float, default=0.5, help="the budget's floor")
+    parser.add_argument("--floor", type=float, default=0.3, help="the budget's floor")
+    parser.add_argument(
+        "--floor-narrow",
+        type=float,
+        default=0.8,
+        help="the budget's floor for the stem, the residual widths and the head",
+    )
     parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN lines")
     parser.add_argument(
         "--split",
@@ -374,7 +381,8 @@ def main() -> None:
             if column == "uniform":
                 pruned = prune.prune_channels(model, example, args.share, **common)
             elif column == "budget":
-                budget = prune.Budget(units=args.share, floor=args.floor)
+                floors = {k + "*": args.floor_narrow for k in KEEP} | {"*": args.floor}
+                budget = prune.Budget(units=args.share, floor=floors)
                 pruned = prune.prune_channels(model, example, budget=budget, **common)
             elif column == "global":
                 pruned = prune.prune_channels(model, example, args.share, scope="global",

@@ -178,7 +178,13 @@ def test_embeddings_counted_when_asked() -> None:
         ({"units": "0.3"}, TypeError, "invalid units='0.3'"),
         ({"units": 0.3, "params": 0.3}, ValueError, "units=0.3; expected exactly one of them"),
         ({"units": 0.3, "floor": 1.0}, ValueError,
-         "Budget: invalid floor=1.0; expected a float in [0, 1): the least share"),
+         "Budget: invalid floor=1.0; expected a float in [0, 1) (the least share"),
+        ({"units": 0.3, "floor": {}}, ValueError, "invalid floor={}; expected a float"),
+        ({"units": 0.3, "floor": {"c*": 1.5}}, ValueError,
+         "invalid floor={'c*': 1.5}: 'c*' -> 1.5"),
+        ({"units": 0.3, "floor": {"c*": "x"}}, TypeError, "'c*' -> 'x'; expected a float"),
+        ({"units": 0.3, "floor": {3: 0.5}}, TypeError, "glob 3 is no str"),
+        ({"units": 0.3, "floor": [0.5]}, TypeError, "invalid floor=[0.5]; expected a float"),
         ({"units": 0.3, "floor": -0.1}, ValueError, "invalid floor=-0.1"),
         ({"units": 0.3, "floor": math.nan}, ValueError, "invalid floor=nan"),
         ({"params": 0.3, "floor": "half"}, TypeError, "invalid floor='half'"),
@@ -419,3 +425,23 @@ def test_a_floor_holds_in_every_key_value_group() -> None:
     with pytest.raises(ValueError, match=re.escape("at most 50.00% of the units")):
         prunekit.prune_channels(_llama(), {"input_ids": IDS}, budget=prunekit.Budget(
             units=0.6, kinds=("heads",), floor=0.5))  # fmt: skip
+
+
+def test_a_floor_per_glob_keeps_each_matching_group_its_share() -> None:
+    """c2 matches the first glob (0.75), the others the catch-all (0.5); the budget stored
+    its floors as pairs and the unit scores make c2 the group that would lose most."""
+
+    def scores(group: Any) -> Tensor:
+        if group.name == "c2.weight":
+            return torch.tensor([1e-6] * 31 + [1.0])
+        return torch.arange(1.0, group.size + 1) + 100
+
+    budget = prunekit.Budget(units=0.3, floor={"c2*": 0.75, "*": 0.5})
+    assert budget.floor == (("c2*", 0.75), ("*", 0.5))
+    assert [budget.floor_of(n) for n in ("c2.weight", "c1.weight")] == [0.75, 0.5]
+    assert prunekit.Budget(units=0.3, floor={"c2*": 0.75}).floor_of("c1.weight") == 0.0
+    report = prunekit.prune_channels(Convs(), X, criterion=scores, budget=budget)
+    kept = {r.name: r.after for r in report.rows}
+    assert kept["c2.weight"] == 24
+    assert kept["c1.weight"] >= 8 and kept["c3.weight"] >= 12
+    assert sum(r.before - r.after for r in report.rows) == math.ceil(0.3 * 72)

@@ -17,7 +17,9 @@ Units. ``Budget(units=...)`` counts units, not what they hold: a unit of any gro
 one, so the units of lowest relative score go first, all groups ranked together (what
 ``scope='global'`` does, within the budget's constraints). Without a `floor` a group whose
 scores are spread widely (a narrow residual width of a CNN, say) can lose most of its units
-to the wide groups' average ones; ``floor=0.5`` keeps half of every group.
+to the wide groups' average ones; ``floor=0.5`` keeps half of every group, and
+``floor={"*proj*": 0.8, "*": 0.3}`` 80 % of the groups whose name matches ``*proj*`` and
+30 % of the others.
 
 Depth and width in one budget: blocks that ``prune_blocks`` (or ``skip_blocks``) skipped
 count as removed, both in what goes and in the total, and their groups are no candidates
@@ -41,7 +43,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from torch import Tensor, nn
@@ -86,13 +90,17 @@ class Budget:
             it holds.
         floor: the least share of its units that every group keeps, in [0, 1): a group of
             n units keeps at least ceil(floor x n) of them (rounded up to a multiple of
-            `round_to`; per key/value group for grouped-query heads); 0 keeps one.
+            `round_to`; per key/value group for grouped-query heads); 0 keeps one. Or a
+            mapping from globs over group names (as ``BudgetReport.rows`` names them) to
+            such shares: a group takes the share of the first glob that matches its name,
+            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs.
 
     Raises:
         ValueError: a share outside (0, 1), not exactly one of `params`, `macs`, `latency`
             and `units`, an unknown or repeated kind, `embeddings=True` without `params`,
-            `runs` below 1, a `floor` outside [0, 1).
-        TypeError: a share, `floor`, `embeddings` or `runs` of the wrong type.
+            `runs` below 1, a `floor` share outside [0, 1) or an empty mapping.
+        TypeError: a share, `floor` (or one of its globs), `embeddings` or `runs` of the
+            wrong type.
     """
 
     params: float | None = None
@@ -102,7 +110,7 @@ class Budget:
     latency: float | None = None
     runs: int = 5
     units: float | None = None
-    floor: float = 0.0
+    floor: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 0.0
 
     def __post_init__(self) -> None:
         for name in MEASURES:
@@ -123,14 +131,7 @@ class Budget:
                 f"units={self.units!r}; expected exactly one of them, such as "
                 "Budget(params=0.2)"
             )
-        floor = self.floor
-        if isinstance(floor, bool) or not isinstance(floor, int | float):
-            raise type_error(f"Budget: invalid floor={floor!r}; expected a float in [0, 1)")
-        if not 0.0 <= floor < 1.0:
-            raise value_error(
-                f"Budget: invalid floor={floor!r}; expected a float in [0, 1): the least "
-                "share of its units that every group keeps"
-            )
+        object.__setattr__(self, "floor", _checked_floor(self.floor))
         if not isinstance(self.embeddings, bool):
             raise type_error(f"Budget: invalid embeddings={self.embeddings!r}; expected a bool")
         if self.embeddings and self.params is None:
@@ -157,6 +158,12 @@ class Budget:
             )
         object.__setattr__(self, "kinds", tuple(kinds))
 
+    def floor_of(self, name: str) -> float:
+        """The least share of its units that the group called `name` keeps."""
+        if not isinstance(self.floor, tuple):
+            return float(self.floor)  # type: ignore[arg-type]  # checked: a number
+        return next((float(v) for k, v in self.floor if fnmatchcase(name, k)), 0.0)
+
     @property
     def measure(self) -> str:
         """What the target counts: 'params', 'macs', 'latency' or 'units'."""
@@ -166,6 +173,34 @@ class Budget:
     def share(self) -> float:
         """The share of it to remove."""
         return float(getattr(self, self.measure))
+
+
+def _checked_floor(floor: Any) -> float | tuple[tuple[str, float], ...]:
+    """`floor` as Budget keeps it: a share in [0, 1), or (glob, share) pairs."""
+    wanted = (
+        "expected a float in [0, 1) (the least share of its units that every group keeps) "
+        "or a mapping from globs over group names to such floats"
+    )
+    pairs = list(floor.items()) if isinstance(floor, Mapping) else None
+    if isinstance(floor, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in floor):
+        pairs = list(floor)
+    if pairs is None:
+        _check_share(floor, f"floor={floor!r}", wanted)
+        return float(floor)
+    if not pairs:
+        raise value_error(f"Budget: invalid floor={floor!r}; {wanted}, not an empty one")
+    for glob, share in pairs:
+        if not isinstance(glob, str):
+            raise type_error(f"Budget: invalid floor={floor!r}: glob {glob!r} is no str; {wanted}")
+        _check_share(share, f"floor={floor!r}: {glob!r} -> {share!r}", wanted)
+    return tuple((glob, float(share)) for glob, share in pairs)
+
+
+def _check_share(share: Any, what: str, wanted: str) -> None:
+    if isinstance(share, bool) or not isinstance(share, int | float):
+        raise type_error(f"Budget: invalid {what}; {wanted}")
+    if not 0.0 <= share < 1.0:
+        raise value_error(f"Budget: invalid {what}; {wanted}")
 
 
 _WHAT = {"params": "parameters", "macs": "multiply-accumulates",
@@ -324,18 +359,19 @@ def allocate(
         _key(s): _Tensor(tuple(_parameter(s).shape), weights.get(_key(s), 0.0))
         for g in groups for s in _costed(g)
     }  # fmt: skip
+    floors = [budget.floor_of(g.name) for g in groups]
     unit_cost = [[1.0] * g.size if by_units else _unit_costs(g, tensors) for g in groups]
     rates: dict[str, float] = {}
     if budget.measure == "latency":
         assert probe is not None, "a latency budget needs a probe"
-        chains = _chains(groups, scores, unit_cost, round_to, budget.floor)
+        chains = _chains(groups, scores, unit_cost, round_to, floors)
         total, rates = _rates(groups, chains, tensors, probe)
         unit_cost = [
             [c * rates[g.kind] for c in cs] for g, cs in zip(groups, unit_cost, strict=True)
         ]
         depth = 0.0  # skipped blocks no longer run: the time measured is without them
     pooled = budget.measure == "latency"
-    chains = _chains(groups, scores, unit_cost, round_to, budget.floor, pooled=pooled)
+    chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled)
     heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
     heapq.heapify(heap)
     ledger = _Ledger(tensors, units=by_units)
@@ -417,13 +453,13 @@ def _chains(
     scores: list[Tensor],
     costs: list[list[float]],
     round_to: int,
-    floor: float = 0.0,
+    floors: list[float] | None = None,
     pooled: bool = False,
 ) -> list[list[tuple[float, tuple[int, ...]]]]:
     """Per group, the removals it allows in order, each (priority, units): lowest relative
-    score per relative cost first, in steps that keep its constraints (at least `floor` of
-    its units kept). Costs are relative to the mean unit of their kind, or with `pooled` of
-    all kinds (milliseconds compare)."""
+    score per relative cost first, in steps that keep its constraints (at least its share
+    in `floors` of its units kept). Costs are relative to the mean unit of their kind, or
+    with `pooled` of all kinds (milliseconds compare)."""
     mean_cost: dict[str, float] = {}
     every = [c for cs in costs for c in cs if c > 0]
     for kind in KINDS:
@@ -431,7 +467,8 @@ def _chains(
         mine = every if pooled else mine
         mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
     chains = []
-    for g, s, cs in zip(groups, scores, costs, strict=True):
+    floors = floors if floors is not None else [0.0] * len(groups)
+    for g, s, cs, floor in zip(groups, scores, costs, floors, strict=True):
         mean = float(s.mean()) if len(s) else 0.0
         relative = (s / mean if mean > 0 else s).tolist()
         value = [
