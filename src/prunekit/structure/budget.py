@@ -1,15 +1,25 @@
 """Budgets: one target for the whole model, met by a non-uniform choice of units to remove.
 
 A ``Budget`` asks for a share of the model's parameters (non-embedding ones by default), of
-its multiply-accumulates or of its measured CPU latency to go. ``allocate`` meets it from
+its multiply-accumulates, of its measured CPU latency or of the units of its candidate
+groups (``units=``: every channel or head counts one) to go. ``allocate`` meets it from
 the units of every candidate group at once: each unit's score is divided by its group's mean
 (so scores compare across layers and criteria scales; every group's units average 1), then
 by its cost relative to the average unit of its kind (the parameters or MACs that removing
 it alone saves), and the units of lowest value for their cost go first, until the target is
 met. Removals are counted exactly as ``compact`` will make them (a weight that loses rows
 and columns to two groups loses their product once). Constraints hold throughout: a group
-keeps at least one unit, channel and hidden widths a multiple of `round_to`, and
-grouped-query heads leave the same count in every key/value group.
+keeps at least one unit (and at least `floor` of its units), channel and hidden widths a
+multiple of `round_to`, and grouped-query heads leave the same count in every key/value
+group.
+
+Units. ``Budget(units=...)`` counts units, not what they hold: a unit of any group costs
+one, so the units of lowest relative score go first, all groups ranked together (what
+``scope='global'`` does, within the budget's constraints). Without a `floor` a group whose
+scores are spread widely (a narrow residual width of a CNN, say) can lose most of its units
+to the wide groups' average ones; ``floor=0.5`` keeps half of every group, and
+``floor={"*proj*": 0.8, "*": 0.3}`` 80 % of the groups whose name matches ``*proj*`` and
+30 % of the others.
 
 Depth and width in one budget: blocks that ``prune_blocks`` (or ``skip_blocks``) skipped
 count as removed, both in what goes and in the total, and their groups are no candidates
@@ -33,7 +43,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from torch import Tensor, nn
@@ -47,12 +59,14 @@ from prunekit.structure.probe import Probe
 from prunekit.structure.pruned import PrunedGroup
 
 KINDS = ("channels", "heads", "hidden")
+MEASURES = ("params", "macs", "latency", "units")
+"""What a Budget can count, one of them per Budget."""
 
 
 @dataclass(frozen=True)
 class Budget:
-    """One target for ``prune_channels(..., budget=...)``: exactly one of `params`, `macs` or
-    `latency`.
+    """One target for ``prune_channels(..., budget=...)``: exactly one of `params`, `macs`,
+    `latency` or `units`.
 
     Args:
         params: the share of the model's parameters to remove, in (0, 1). Parameters held by
@@ -72,12 +86,22 @@ class Budget:
         embeddings: count the embedding parameters too (`params` only).
         runs: alternated pairs of forwards (the model as it is, then compacted) timed per
             kind for `latency` (the median of their ratios counts); an int >= 1.
+        units: the share of the units of the candidate groups (those of `kinds`, less the
+            excluded ones) to remove, in (0, 1); each channel or head counts one, whatever
+            it holds.
+        floor: the least share of its units that every group keeps, in [0, 1): a group of
+            n units keeps at least ceil(floor x n) of them (rounded up to a multiple of
+            `round_to`; per key/value group for grouped-query heads); 0 keeps one. Or a
+            mapping from globs over group names (as ``BudgetReport.rows`` names them) to
+            such shares: a group takes the share of the first glob that matches its name,
+            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs.
 
     Raises:
-        ValueError: a share outside (0, 1), not exactly one of `params`, `macs` and
-            `latency`, an unknown or repeated kind, `embeddings=True` without `params`,
-            `runs` below 1.
-        TypeError: a share, `embeddings` or `runs` of the wrong type.
+        ValueError: a share outside (0, 1), not exactly one of `params`, `macs`, `latency`
+            and `units`, an unknown or repeated kind, `embeddings=True` without `params`,
+            `runs` below 1, a `floor` share outside [0, 1) or an empty mapping.
+        TypeError: a share, `floor` (or one of its globs), `embeddings` or `runs` of the
+            wrong type.
     """
 
     params: float | None = None
@@ -86,9 +110,11 @@ class Budget:
     embeddings: bool = False
     latency: float | None = None
     runs: int = 5
+    units: float | None = None
+    floor: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("params", "macs", "latency"):
+        for name in MEASURES:
             value = getattr(self, name)
             if value is None:
                 continue
@@ -99,12 +125,14 @@ class Budget:
                     f"Budget: invalid {name}={value!r}; expected a float in (0, 1): the share "
                     f"of the model's {_WHAT[name]} to remove"
                 )
-        given = [n for n in ("params", "macs", "latency") if getattr(self, n) is not None]
+        given = [n for n in MEASURES if getattr(self, n) is not None]
         if len(given) != 1:
             raise value_error(
-                f"Budget: params={self.params!r}, macs={self.macs!r}, latency={self.latency!r}; "
-                "expected exactly one of them, such as Budget(params=0.2)"
+                f"Budget: params={self.params!r}, macs={self.macs!r}, latency={self.latency!r}, "
+                f"units={self.units!r}; expected exactly one of them, such as "
+                "Budget(params=0.2)"
             )
+        object.__setattr__(self, "floor", _checked_floor(self.floor))
         if not isinstance(self.embeddings, bool):
             raise type_error(f"Budget: invalid embeddings={self.embeddings!r}; expected a bool")
         if self.embeddings and self.params is None:
@@ -131,10 +159,16 @@ class Budget:
             )
         object.__setattr__(self, "kinds", tuple(kinds))
 
+    def floor_of(self, name: str) -> float:
+        """The least share of its units that the group called `name` keeps."""
+        if not isinstance(self.floor, tuple):
+            return float(self.floor)  # type: ignore[arg-type]  # checked: a number
+        return next((float(v) for k, v in self.floor if fnmatchcase(name, k)), 0.0)
+
     @property
     def measure(self) -> str:
-        """What the target counts: 'params', 'macs' or 'latency'."""
-        return next(n for n in ("params", "macs", "latency") if getattr(self, n) is not None)
+        """What the target counts: 'params', 'macs', 'latency' or 'units'."""
+        return next(n for n in MEASURES if getattr(self, n) is not None)
 
     @property
     def share(self) -> float:
@@ -142,8 +176,37 @@ class Budget:
         return float(getattr(self, self.measure))
 
 
+def _checked_floor(floor: Any) -> float | tuple[tuple[str, float], ...]:
+    """`floor` as Budget keeps it: a share in [0, 1), or (glob, share) pairs."""
+    wanted = (
+        "expected a float in [0, 1) (the least share of its units that every group keeps) "
+        "or a mapping from globs over group names to such floats"
+    )
+    pairs = list(floor.items()) if isinstance(floor, Mapping) else None
+    if isinstance(floor, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in floor):
+        pairs = list(floor)
+    if pairs is None:
+        _check_share(floor, f"floor={floor!r}", wanted)
+        return float(floor)
+    if not pairs:
+        raise value_error(f"Budget: invalid floor={floor!r}; {wanted}, not an empty one")
+    for glob, share in pairs:
+        if not isinstance(glob, str):
+            raise type_error(f"Budget: invalid floor={floor!r}: glob {glob!r} is no str; {wanted}")
+        _check_share(share, f"floor={floor!r}: {glob!r} -> {share!r}", wanted)
+    return tuple((glob, float(share)) for glob, share in pairs)
+
+
+def _check_share(share: Any, what: str, wanted: str) -> None:
+    if isinstance(share, bool) or not isinstance(share, int | float):
+        raise type_error(f"Budget: invalid {what}; {wanted}")
+    if not 0.0 <= share < 1.0:
+        raise value_error(f"Budget: invalid {what}; {wanted}")
+
+
 _WHAT = {"params": "parameters", "macs": "multiply-accumulates",
-         "latency": "milliseconds of one forward"}  # fmt: skip
+         "latency": "milliseconds of one forward",
+         "units": "units of the candidate groups"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -226,12 +289,17 @@ class _Tensor:
 class _Ledger:
     """What the units chosen so far remove, counted per tensor as compact slices them."""
 
-    def __init__(self, tensors: dict[int, _Tensor]) -> None:
+    def __init__(self, tensors: dict[int, _Tensor], units: bool = False) -> None:
         self.tensors = tensors
+        self.units = units
         self.removed = 0.0
 
     def remove(self, group: ChannelGroup, units: tuple[int, ...], rate: float = 1.0) -> None:
-        """Count `units` of `group` as removed, what they save times `rate`."""
+        """Count `units` of `group` as removed, what they save times `rate` (with `units`
+        set at construction, the units themselves)."""
+        if self.units:
+            self.removed += rate * len(units)
+            return
         for s in _costed(group):
             t = self.tensors.get(_key(s))
             if t is None:
@@ -274,10 +342,15 @@ def allocate(
     Raises:
         ValueError: the budget cannot be met within the groups' constraints.
     """
-    weights = _weights(model, example_inputs, budget)
-    total = sum(p.numel() * weights.get(id(p), 0.0) for p in _unique_parameters(model))
-    gone = _in_skipped_blocks(model)
-    depth = sum(p.numel() * weights.pop(id(p), 0.0) for p in gone)  # no unit saves them again
+    by_units = budget.measure == "units"
+    if by_units:  # every candidate unit counts one; skipped blocks hold no candidate group
+        weights: dict[int, float] = {}
+        total, depth = float(sum(g.size for g in groups)), 0.0
+    else:
+        weights = _weights(model, example_inputs, budget)
+        total = sum(p.numel() * weights.get(id(p), 0.0) for p in _unique_parameters(model))
+        gone = _in_skipped_blocks(model)
+        depth = sum(p.numel() * weights.pop(id(p), 0.0) for p in gone)  # not saved again
     if total <= 0:
         raise value_error(
             f"prune_channels: budget={budget!r}, but {type(model).__name__} has no "
@@ -287,20 +360,22 @@ def allocate(
         _key(s): _Tensor(tuple(_parameter(s).shape), weights.get(_key(s), 0.0))
         for g in groups for s in _costed(g)
     }  # fmt: skip
-    unit_cost = [_unit_costs(g, tensors) for g in groups]
+    floors = [budget.floor_of(g.name) for g in groups]
+    unit_cost = [[1.0] * g.size if by_units else _unit_costs(g, tensors) for g in groups]
     rates: dict[str, float] = {}
     if budget.measure == "latency":
         assert probe is not None, "a latency budget needs a probe"
-        chains = _chains(groups, scores, unit_cost, round_to)
+        chains = _chains(groups, scores, unit_cost, round_to, floors)
         total, rates = _rates(groups, chains, tensors, probe)
         unit_cost = [
             [c * rates[g.kind] for c in cs] for g, cs in zip(groups, unit_cost, strict=True)
         ]
         depth = 0.0  # skipped blocks no longer run: the time measured is without them
-    chains = _chains(groups, scores, unit_cost, round_to, pooled=budget.measure == "latency")
+    pooled = budget.measure == "latency"
+    chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled)
     heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
     heapq.heapify(heap)
-    ledger = _Ledger(tensors)
+    ledger = _Ledger(tensors, units=by_units)
     ledger.removed = depth
     taken: list[list[int]] = [[] for _ in groups]
     goal = budget.share * total
@@ -365,11 +440,12 @@ def _in_skipped_blocks(model: nn.Module) -> list[nn.Parameter]:
 def _unreachable(budget: Budget, total: float, most: float, round_to: int) -> None:
     share = most / total if total else 0.0
     rounding = f", a multiple of round_to={round_to} channels" if round_to > 1 else ""
+    least = f" and floor={budget.floor!r} of its units" if budget.floor else ""
     raise value_error(
         f"prune_channels: budget={budget!r} cannot be met: the groups of kinds "
         f"{list(budget.kinds)} can remove at most {share:.2%} of the {_WHAT[budget.measure]} "
-        f"counted (each group keeps at least one unit{rounding}); expected a smaller share, "
-        "or more kinds in Budget(kinds=...)"
+        f"counted (each group keeps at least one unit{least}{rounding}); expected a smaller "
+        "share, a lower floor, or more kinds in Budget(kinds=...)"
     )
 
 
@@ -378,11 +454,13 @@ def _chains(
     scores: list[Tensor],
     costs: list[list[float]],
     round_to: int,
+    floors: list[float] | None = None,
     pooled: bool = False,
 ) -> list[list[tuple[float, tuple[int, ...]]]]:
     """Per group, the removals it allows in order, each (priority, units): lowest relative
-    score per relative cost first, in steps that keep its constraints. Costs are relative to
-    the mean unit of their kind, or with `pooled` of all kinds (milliseconds compare)."""
+    score per relative cost first, in steps that keep its constraints (at least its share
+    in `floors` of its units kept). Costs are relative to the mean unit of their kind, or
+    with `pooled` of all kinds (milliseconds compare)."""
     mean_cost: dict[str, float] = {}
     every = [c for cs in costs for c in cs if c > 0]
     for kind in KINDS:
@@ -390,32 +468,44 @@ def _chains(
         mine = every if pooled else mine
         mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
     chains = []
-    for g, s, cs in zip(groups, scores, costs, strict=True):
+    floors = floors if floors is not None else [0.0] * len(groups)
+    for g, s, cs, floor in zip(groups, scores, costs, floors, strict=True):
         mean = float(s.mean()) if len(s) else 0.0
         relative = (s / mean if mean > 0 else s).tolist()
         value = [
             r / (c / mean_cost[g.kind]) if c > 0 else math.inf
             for r, c in zip(relative, cs, strict=True)
         ]
-        steps = _steps(g, value, round_to if g.kind != "heads" else 1)
+        steps = _steps(g, value, round_to if g.kind != "heads" else 1, floor)
         chain = [(sum(value[u] for u in units) / len(units), units) for units in steps]
         chains.append([(p, units) for p, units in chain if p < math.inf])
     return chains
 
 
-def _steps(group: ChannelGroup, value: list[float], round_to: int) -> list[tuple[int, ...]]:
-    """The successive sets of units a group may lose, lowest value first."""
-    if group.blocks:  # the same count from every key/value group, one left in each
+def _steps(
+    group: ChannelGroup, value: list[float], round_to: int, floor: float = 0.0
+) -> list[tuple[int, ...]]:
+    """The successive sets of units a group may lose, lowest value first, down to what
+    `floor` keeps."""
+    if group.blocks:  # the same count from every key/value group, the floor left in each
         ordered = [sorted(b, key=lambda u: (value[u], u)) for b in group.blocks]
-        depth = min(len(b) for b in ordered) - 1
+        depth = min(len(b) - _least(len(b), floor) for b in ordered)
         return [tuple(b[i] for b in ordered) for i in range(depth)]
     order = sorted(range(group.size), key=lambda u: (value[u], u))
+    least = _least(group.size, floor)
     keeps = [m * round_to for m in range((group.size - 1) // round_to, 0, -1)]
+    keeps = [k for k in keeps if k >= least]
     steps, gone = [], 0
     for keep in keeps:
         steps.append(tuple(order[gone : group.size - keep]))
         gone = group.size - keep
     return steps
+
+
+def _least(size: int, floor: float) -> int:
+    """The fewest units a group of `size` keeps: ceil(floor x size), at least one (a product
+    that lands a hair above a whole number is taken as that number)."""
+    return max(1, math.ceil(floor * size - 1e-9))
 
 
 def _unit_costs(group: ChannelGroup, tensors: dict[int, _Tensor]) -> list[float]:

@@ -75,8 +75,8 @@ def prune_channels(
     the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
     default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
     model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the
-    parameters, MACs or measured latency), met by removing the units of lowest score for
-    their cost across all groups of its kinds (see ``prunekit.structure.budget``); the
+    parameters, MACs, measured latency or units), met by removing the units of lowest score
+    for their cost across all groups of its kinds (see ``prunekit.structure.budget``); the
     result is then a ``BudgetReport``, the same list with what each group kept.
     `compensate=True`: the layers that read removed channels or heads get the least-squares
     update of their kept input columns (and bias) that keeps their output on the
