@@ -16,9 +16,9 @@ from prunekit.select.sources import (
     check_products,
     competing,
     complement,
+    count_of,
     multiplied,
     refuse_non_finite,
-    resolve,
 )
 
 __all__ = ["smallest_k", "smallest_k_many"]
@@ -75,7 +75,7 @@ def smallest_k_many(
     chosen = plan.make(sources, magnitude)
     if not chosen.fast and total is None:
         total = competing(sources)
-    count = None if total is None else resolve(k, total)  # a bad k is named before bad scores
+    count = None if total is None else count_of(k, total)  # a bad k is named before bad scores
     chunks = done = None
     if chosen.fast and (count is None or count not in (0, total)):  # a selection to make
         chunks = Chunks(sources, chosen)
@@ -84,7 +84,7 @@ def smallest_k_many(
             done = onepass.mark_between(chunks, k, bounds, keep_dtype, products)
         if total is None:
             total = competing(sources) if chunks.counted is None else chunks.counted
-            count = resolve(k, total)
+            count = count_of(k, total)
     assert total is not None and count is not None
     if finite and not (chunks is not None and chunks.finite):
         refuse_non_finite(sources)  # not read in full, or not finite: the exact check says

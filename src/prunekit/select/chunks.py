@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from prunekit.select import native, tuning
-from prunekit.select.plan import Plan
+from prunekit.select.plan import Route
 from prunekit.select.sources import Source
 
 __all__ = ["Chunks", "ones", "write"]
@@ -26,7 +26,7 @@ _ONE = torch.ones(())  # 1 - chosen = kept
 class Chunks:
     """Reads the sources a chunk at a time into work buffers reused from chunk to chunk."""
 
-    def __init__(self, sources: Sequence[Source], plan: Plan) -> None:
+    def __init__(self, sources: Sequence[Source], plan: Route) -> None:
         self.sources = sources
         self.plan = plan
         self.counted: int | None = None  # entries competing, once a pass has read them all

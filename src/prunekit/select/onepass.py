@@ -22,7 +22,7 @@ from prunekit.select import native, plan, trace, tuning
 from prunekit.select.chunks import Chunks, ones, write
 from prunekit.select.native import Gather
 from prunekit.select.portable import select_sorted
-from prunekit.select.sources import Count, resolve
+from prunekit.select.sources import Count, count_of
 
 __all__ = ["Gather", "Gathered", "mark_between"]
 
@@ -100,7 +100,7 @@ def _mark_between(
     chunks.counted = counted
     if peaks:
         chunks.finite = all(bool(peak) for peak in peaks)
-    rank = resolve(k, counted) - below
+    rank = count_of(k, counted) - below
     values_all = gather.values[: gather.size]
     if not 0 < rank <= values_all.numel():
         return None

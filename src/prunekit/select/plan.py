@@ -19,14 +19,14 @@ from prunekit.core.backend import namespace
 from prunekit.select import tuning
 from prunekit.select.sources import Source, check_flags
 
-__all__ = ["BITS", "KEYS", "Plan", "budget", "make"]
+__all__ = ["BITS", "KEYS", "Route", "budget", "make"]
 
 BITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
 KEYS = {16: torch.int16, 32: torch.int32, 64: torch.int64}  # float bits read as integers
 
 
 @dataclass(frozen=True)
-class Plan:
+class Route:
     """Which path a selection takes and how it reads the scores: their common dtype (of
     torch or TensorPlay), how many entries there are in all and in the largest source."""
 
@@ -53,7 +53,7 @@ class Plan:
         return KEYS[self.bits]
 
 
-def make(sources: Sequence[Source], magnitude: bool) -> Plan:
+def make(sources: Sequence[Source], magnitude: bool) -> Route:
     """The plan for these sources: the fast path where it applies (and pays), else the
     portable one. Checks every source's flags on the way."""
     dtype: Any = None
@@ -78,10 +78,10 @@ def make(sources: Sequence[Source], magnitude: bool) -> Plan:
         if scores.numel() and bool(scores.min() < 0):
             fast = False
             break
-    return Plan(fast, dtype, size, largest)
+    return Route(fast, dtype, size, largest)
 
 
-def budget(plan: Plan) -> int:
+def budget(plan: Route) -> int:
     """How many entries in between the one pass may gather: at most 1/16 of all (ranking
     them is then a much smaller problem), taking no more memory (a position and a value
     each) than the largest tensor (see `tuning.gather_share`, `tuning.gather_capped`)."""

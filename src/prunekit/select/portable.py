@@ -31,7 +31,7 @@ from torch import Tensor
 
 from prunekit.core.backend import namespace
 from prunekit.select import trace, tuning
-from prunekit.select.plan import Plan
+from prunekit.select.plan import Route
 from prunekit.select.sample import coprime, enclose, places, spaced, stride
 from prunekit.select.sources import Source
 from prunekit.select.ties import only_first
@@ -40,7 +40,7 @@ __all__ = ["portable", "select_sorted"]
 
 
 def portable(
-    sources: Sequence[Source], k: int, total: int, magnitude: bool, plan: Plan
+    sources: Sequence[Source], k: int, total: int, magnitude: bool, plan: Route
 ) -> Iterator[Tensor]:
     """Each source's share of the `k` smallest (0 < k < `total`, the entries competing)."""
     trace.note("portable")
@@ -73,7 +73,7 @@ class _Reader:
     """Reads the sources in chunks of at most `tuning.portable_chunk` entries: a larger
     tensor in slices, smaller ones several to a chunk."""
 
-    def __init__(self, sources: Sequence[Source], magnitude: bool, plan: Plan) -> None:
+    def __init__(self, sources: Sequence[Source], magnitude: bool, plan: Route) -> None:
         self.sources = sources
         self.magnitude = magnitude
         self.dtype = plan.dtype

@@ -21,7 +21,7 @@ from torch import Tensor
 from prunekit.core.backend import namespace
 from prunekit.select import tuning
 from prunekit.select.chunks import Chunks
-from prunekit.select.sources import Count, Source, resolve
+from prunekit.select.sources import Count, Source, count_of
 
 __all__ = ["Spaced", "coprime", "enclose", "guess", "margin", "places", "spaced", "stride"]
 
@@ -105,7 +105,7 @@ def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[float, float, fl
         error = now.spread * math.sqrt(share * (1 - share) / seen) + 1 / seen
         totals = [max(1, round(plan.size * (share + side * error))) for side in (-1, 1)]
     try:
-        shares = [resolve(k, t) / t for t in totals]
+        shares = [count_of(k, t) / t for t in totals]
     except ValueError:
         return None  # refused for an estimate: the exact count will say
     lower, upper = enclose(sample, shares)

@@ -26,9 +26,9 @@ __all__ = [
     "check_products",
     "competing",
     "complement",
+    "count_of",
     "multiplied",
     "refuse_non_finite",
-    "resolve",
 ]
 
 Count = int | Callable[[int], int]
@@ -47,7 +47,7 @@ class NotFinite(ValueError):
     """Raised, when asked, if a score is NaN or infinite."""
 
 
-def resolve(k: Count, total: int) -> int:
+def count_of(k: Count, total: int) -> int:
     """The number of entries to choose among `total`, checked."""
     count = k(total) if callable(k) else k
     if not 0 <= count <= total:

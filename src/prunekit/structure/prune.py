@@ -27,7 +27,7 @@ from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_g
 from prunekit.structure.handlers.norms import install_kept_norm
 from prunekit.structure.probe import latency_probe
 from prunekit.structure.pruned import PrunedGroup
-from prunekit.structure.scoring.criteria import GroupCriterion, resolve, score_groups
+from prunekit.structure.scoring.criteria import GroupCriterion, group_criterion, score_groups
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
 
@@ -167,7 +167,7 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
 
 def _wants_batches(criterion: Any) -> bool:
     """Whether the criterion takes calibration batches (required or optional)."""
-    found = resolve(criterion)
+    found = group_criterion(criterion)
     return isinstance(found, GroupCriterion) and found.calibrated is not False
 
 

@@ -15,7 +15,7 @@ from helpers.graph_reference import reference_groups
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup
-from prunekit.structure.graph.trace import run_traced
+from prunekit.structure.graph.tracer import run_traced
 
 
 def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:

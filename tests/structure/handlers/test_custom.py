@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers.model_state import fingerprint
-from prunekit.structure.graph.trace import HANDLERS, MODULE_HANDLERS
+from prunekit.structure.graph.tracer import HANDLERS, MODULE_HANDLERS
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
 from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.trace import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer
 from prunekit.structure.handlers.layers import is_norm_module
 
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.trace import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer
 
 # routers whose logits are linear(x, weight), then softmax and top-k (renormalized or not),
 # or top-k of the logits, then softmax or sigmoid over the chosen (Cohere2-MoE)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from prunekit.structure.families import attention, experts, mha  # noqa: F401
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.trace import run_traced
+from prunekit.structure.graph.tracer import run_traced
 from prunekit.structure.handlers import layers, norms, ops  # noqa: F401
 
 __all__ = ["GQA_UNITS", "ChannelGroup", "Slice", "channel_groups", "traced_groups"]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.trace import Record, Tracer, compressed
+from prunekit.structure.graph.tracer import Record, Tracer, compressed
 
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:

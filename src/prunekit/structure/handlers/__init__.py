@@ -4,5 +4,5 @@ Part of the trace stage (trace -> groups -> score -> mask -> compensate -> compa
 ``ops`` for the tensor ops (element-wise, broadcasting, moves, pools, reductions), ``layers``
 for the modules (convolutions, linear, norms, PReLU, embeddings), ``norms`` for norms over a
 pruned hidden width (RMSNorm traced whole, and the masked norms kept after pruning). Each
-registers with ``structure.graph.trace`` when imported.
+registers with ``structure.graph.tracer`` when imported.
 """

@@ -1,7 +1,7 @@
 """Handlers registered by users: how their own ops and modules map channels through the graph.
 
 ``register_op_handler`` and ``register_module_handler`` add to the tracer's registries
-(``structure.graph.trace``), process-wide; each returns a ``HandlerRegistration`` whose
+(``structure.graph.tracer``), process-wide; each returns a ``HandlerRegistration`` whose
 ``remove()`` (or the end of its ``with`` block) puts back what was there before.
 """
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.structure.handlers.ops  # noqa: F401  (the built-in op handlers, registered)
-from prunekit.structure.graph.trace import (
+from prunekit.structure.graph.tracer import (
     HANDLERS,
     METADATA,
     MODULE_HANDLERS,

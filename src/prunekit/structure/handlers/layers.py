@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
+from prunekit.structure.graph.tracer import Call, Tracer, describe_op, register
 
 Owner = tuple[str, nn.Module, str, bool] | None
 """What ``Tracer.claim`` says of a tensor: the parameter of the model it is, or None."""

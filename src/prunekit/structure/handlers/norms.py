@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from prunekit.core.naming import stored_parameter
 from prunekit.structure.graph.labels import channel_ids
-from prunekit.structure.graph.trace import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
+from prunekit.structure.graph.tracer import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
 from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from prunekit.structure.graph.labels import either, positive, varying
-from prunekit.structure.graph.trace import Call, Tracer, describe_op, register
+from prunekit.structure.graph.tracer import Call, Tracer, describe_op, register
 
 _UNARY = [
     "relu",

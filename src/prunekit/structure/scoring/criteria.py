@@ -125,7 +125,7 @@ def builtin(name: str) -> GroupCriterion:
     )
 
 
-def resolve(criterion: Any) -> GroupCriterion | Callable[[ChannelGroup], Tensor]:
+def group_criterion(criterion: Any) -> GroupCriterion | Callable[[ChannelGroup], Tensor]:
     """The criterion object for a name, or the object given."""
     if isinstance(criterion, str):
         return builtin(criterion)
@@ -145,7 +145,7 @@ def group_scores(
     A criterion that needs calibration data ('activation', or 'taylor' from batches) must
     be prepared first: ``prune_channels(..., calibration=...)`` does it.
     """
-    found = resolve(criterion)
+    found = group_criterion(criterion)
     if isinstance(found, GroupCriterion) and found.calibrated is True:
         raise ValueError(
             f"prune_channels: criterion {found!r} needs calibration data; expected "
@@ -215,7 +215,7 @@ def score_groups(
     loss: Loss | None = None,
 ) -> list[Tensor]:
     """The scores of each of `groups`, the criterion prepared on `calibration` first."""
-    found = resolve(criterion)
+    found = group_criterion(criterion)
     wants = found.calibrated if isinstance(found, GroupCriterion) else False
     if loss is not None and not getattr(found, "uses_loss", False):
         raise ValueError(
