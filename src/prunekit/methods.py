@@ -17,7 +17,7 @@ from prunekit.core.amount import (
 from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
 from prunekit.core.errors import type_error, value_error, warn_caller
-from prunekit.core.method import BasePruningMethod, Target
+from prunekit.core.method import BasePruningMethod, TensorRef
 from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.patterns.base import all_ones
@@ -94,7 +94,7 @@ class Pruning(BasePruningMethod):
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         return self.pattern.mask(self.criterion, t, default_mask, self._amount())
 
-    def _compute_mask(self, t: Tensor, default_mask: Tensor, target: Target) -> Tensor:
+    def _compute_mask(self, t: Tensor, default_mask: Tensor, target: TensorRef) -> Tensor:
         if not self._own_mask():
             return self.compute_mask(t, default_mask)
         return self.pattern.mask(self.criterion, t, default_mask, self._amount(), target)
@@ -108,7 +108,7 @@ class Pruning(BasePruningMethod):
         masks: Sequence[Tensor | None],
         keep_dtype: Any = None,
         products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
+        targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
         if not self._own_mask():
             return None
@@ -116,7 +116,7 @@ class Pruning(BasePruningMethod):
             self.criterion, scores, masks, self._amount(), keep_dtype, products, targets
         )
 
-    def _first_mask(self, scores: Tensor, dtype: Any, target: Target = None) -> Tensor | None:
+    def _first_mask(self, scores: Tensor, dtype: Any, target: TensorRef = None) -> Tensor | None:
         if not self._own_mask():
             return None
         return self.pattern.first_mask(self.criterion, scores, dtype, self._amount(), target)
@@ -247,7 +247,7 @@ class CustomFromMask(BasePruningMethod):
             return default_mask * kept
         return kept.clone() if kept is self.mask and not self._owned else kept
 
-    def _first_mask(self, scores: Tensor, dtype: Any, target: Target = None) -> Tensor | None:
+    def _first_mask(self, scores: Tensor, dtype: Any, target: TensorRef = None) -> Tensor | None:
         if not self._owned or self.mask.dtype != dtype:
             return None
         if tuple(self.mask.shape) != tuple(scores.shape):

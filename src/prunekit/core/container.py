@@ -10,7 +10,7 @@ from torch import Tensor
 from prunekit.core.amount import validate_dim
 from prunekit.core.backend import multiply_
 from prunekit.core.errors import attribute_error, type_error, value_error
-from prunekit.core.method import BasePruningMethod, Target, pruning_type
+from prunekit.core.method import BasePruningMethod, TensorRef, pruning_type
 
 __all__ = ["PruningContainer", "combine_masks"]
 
@@ -68,7 +68,7 @@ class PruningContainer(BasePruningMethod):
 
 
 def combine_masks(
-    method: BasePruningMethod, t: Tensor, mask: Tensor, target: Target = None
+    method: BasePruningMethod, t: Tensor, mask: Tensor, target: TensorRef = None
 ) -> Tensor:
     """Return a new mask: `mask` further pruned by `method` on scores `t`.
 

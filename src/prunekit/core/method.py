@@ -30,11 +30,11 @@ from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.reuse import Reuse
 
-__all__ = ["PRUNING_TYPES", "BasePruningMethod", "PruningBase", "Target", "pruning_type"]
+__all__ = ["PRUNING_TYPES", "BasePruningMethod", "PruningBase", "TensorRef", "pruning_type"]
 
 PRUNING_TYPES = ("unstructured", "structured", "global")
 
-Target = tuple[nn.Module, str] | None
+TensorRef = tuple[nn.Module, str] | None
 """The (module, name) a tensor being ranked belongs to, where known (None in prune())."""
 
 
@@ -139,7 +139,7 @@ class BasePruningMethod(BoundToModule, ABC):
 
     # -- Shortcuts the built-in methods take (a user's method need not know them) ------
 
-    def _compute_mask(self, t: Tensor, default_mask: Tensor, target: Target) -> Tensor:
+    def _compute_mask(self, t: Tensor, default_mask: Tensor, target: TensorRef) -> Tensor:
         """compute_mask, told which (module, name) the scores belong to where known."""
         return self.compute_mask(t, default_mask)
 
@@ -153,7 +153,7 @@ class BasePruningMethod(BoundToModule, ABC):
         masks: Sequence[Tensor | None],
         keep_dtype: Any = None,
         products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
+        targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
         """The entries an 'unstructured' method prunes, without gathering them.
 
@@ -172,7 +172,7 @@ class BasePruningMethod(BoundToModule, ABC):
         """
         return None
 
-    def _first_mask(self, scores: Tensor, dtype: Any, target: Target = None) -> Tensor | None:
+    def _first_mask(self, scores: Tensor, dtype: Any, target: TensorRef = None) -> Tensor | None:
         """``compute_mask(scores, ones)`` in `dtype`, made without building the ones.
 
         None when the method has no such shortcut (install then builds the ones).
@@ -181,7 +181,7 @@ class BasePruningMethod(BoundToModule, ABC):
         return None if kept is None else next(kept).reshape(scores.shape)
 
     def _first_masked(
-        self, scores: Tensor, dtype: Any, target: Target = None
+        self, scores: Tensor, dtype: Any, target: TensorRef = None
     ) -> tuple[Tensor | None, Tensor | None]:
         """``_first_mask`` and, when the method writes it in the same pass, mask * scores
         (contiguous; else None). For scores that are the tensor's own values."""

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.select import Source
 
 __all__ = ["Criterion"]
@@ -40,21 +40,21 @@ class Criterion(ABC):
     """True for criteria that draw scores for the competing entries only (Random)."""
 
     @abstractmethod
-    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         """One score per entry of `values`, shaped like it."""
 
-    def channel_scores(self, values: Tensor, dim: int, target: Target = None) -> Tensor | None:
+    def channel_scores(self, values: Tensor, dim: int, target: TensorRef = None) -> Tensor | None:
         """One score per channel along `dim`, for patterns that prune whole channels; None
         (the default) lets the pattern reduce the entries' scores with its norm."""
         return None
 
-    def _source(self, values: Tensor, alive: Tensor | None, target: Target) -> Source:
+    def _source(self, values: Tensor, alive: Tensor | None, target: TensorRef) -> Source:
         """What the selection reads for one tensor: its scores, and which entries compete."""
         if self._values_are_scores:
             return lambda: (values, alive)
         return lambda: (self._checked_scores(values, target), alive)
 
-    def _checked_scores(self, values: Tensor, target: Target) -> Tensor:
+    def _checked_scores(self, values: Tensor, target: TensorRef) -> Tensor:
         scores = self.scores(values, target)
         owner = type(self).__name__
         if not is_tensor(scores) or not scores.is_floating_point():

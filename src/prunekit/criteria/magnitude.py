@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
 
 __all__ = ["Magnitude"]
@@ -17,5 +17,5 @@ class Magnitude(Criterion):
     by_magnitude = True
     _values_are_scores = True
 
-    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         return values  # ranked by |values|: the selection takes the magnitude itself

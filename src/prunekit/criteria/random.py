@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from prunekit.core.backend import namespace, seeded_rand
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
 from prunekit.select import Source
 
@@ -23,11 +23,11 @@ class Random(Criterion):
     by_magnitude = True  # noise is never negative
     _compact = True
 
-    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         noise: Tensor = namespace(values).rand(values.shape, device=values.device)
         return noise
 
-    def channel_scores(self, values: Tensor, dim: int, target: Target = None) -> Tensor:
+    def channel_scores(self, values: Tensor, dim: int, target: TensorRef = None) -> Tensor:
         noise: Tensor = namespace(values).rand(values.shape[dim], device=values.device)
         return noise
 

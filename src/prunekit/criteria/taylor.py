@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
 
 __all__ = ["Taylor", "taylor_product", "taylor_step"]
@@ -28,7 +28,7 @@ class Taylor(Criterion):
         """Drop the scores (a mask made is never recomputed; the hook keeps the criterion)."""
         self.saliency = {}
 
-    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         if isinstance(self.saliency, Mapping):
             if target is None or target not in self.saliency:
                 raise type_error(

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
 
 __all__ = ["Wanda", "wanda_scores"]
@@ -29,7 +29,7 @@ class Wanda(Criterion):
     def __init__(self, norms: Tensor | Mapping[nn.Module, Tensor]) -> None:
         self.norms = norms
 
-    def scores(self, values: Tensor, target: Target = None) -> Tensor:
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         norms = self._norms_for(target)
         if norms.shape == values.shape:  # the norm of what each entry multiplies
             return wanda_scores(values, norms)
@@ -43,7 +43,7 @@ class Wanda(Criterion):
         shape[1] = values.shape[1]
         return wanda_scores(values, norms.reshape(shape))
 
-    def _norms_for(self, target: Target) -> Tensor:
+    def _norms_for(self, target: TensorRef) -> Tensor:
         if not isinstance(self.norms, Mapping):
             return self.norms
         if target is None or target[0] not in self.norms:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
     from prunekit.criteria.base import Criterion
@@ -37,7 +37,7 @@ class Pattern(ABC):
         t: Tensor,
         default_mask: Tensor,
         amount: Amount,
-        target: Target = None,
+        target: TensorRef = None,
     ) -> Tensor:
         """The mask for `t` (the tensor or its importance scores), in the dtype of
         `default_mask`; entries zero there stay zero."""
@@ -50,14 +50,14 @@ class Pattern(ABC):
         amount: Amount,
         keep_dtype: Any = None,
         products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
+        targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
         """Masks for several tensors ranked jointly (see BasePruningMethod._choose), or
         None where the pattern has no joint selection."""
         return None
 
     def first_mask(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: Target = None
+        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef = None
     ) -> Tensor | None:
         """``mask(criterion, t, ones)`` in `dtype` without building the ones; None where
         the pattern has no such shortcut."""

@@ -16,7 +16,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import namespace, norm
 from prunekit.core.errors import value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.patterns.base import Pattern, all_ones
 from prunekit.patterns.unstructured import unrankable
 from prunekit.select import all_finite, smallest_k
@@ -49,7 +49,7 @@ class Channels(Pattern):
         t: Tensor,
         default_mask: Tensor,
         amount: Amount,
-        target: Target = None,
+        target: TensorRef = None,
     ) -> Tensor:
         kept = self._kept(criterion, t, default_mask.dtype, amount, target)
         if kept is None:
@@ -59,7 +59,7 @@ class Channels(Pattern):
         return default_mask * kept
 
     def first_mask(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: Target = None
+        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef = None
     ) -> Tensor | None:
         kept = self._kept(criterion, t, dtype, amount, target)
         if kept is None:
@@ -68,7 +68,7 @@ class Channels(Pattern):
         return kept.expand(t.shape).contiguous()
 
     def _kept(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: Target
+        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef
     ) -> Tensor | None:
         """1 (kept) or 0 per channel in `dtype`, shaped to broadcast; None if none is pruned."""
         validate_structured_tensor(tuple(t.shape), amount.owner)
@@ -83,7 +83,7 @@ class Channels(Pattern):
         return kept
 
     def _channel_scores(
-        self, criterion: Criterion, t: Tensor, dim: int, owner: str, target: Target
+        self, criterion: Criterion, t: Tensor, dim: int, owner: str, target: TensorRef
     ) -> Tensor:
         own = criterion.channel_scores(t, dim, target)
         if own is not None:

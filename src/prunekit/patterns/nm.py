@@ -12,7 +12,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import framework
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
@@ -76,7 +76,12 @@ class NM(RowwisePattern):
         return dim
 
     def _keep(
-        self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        mask: Tensor | None,
+        amount: Amount,
+        target: TensorRef,
     ) -> Tensor:
         """A bool tensor shaped like `t`: False where this pruning prunes."""
         dim = self.check(tuple(t.shape), amount)

@@ -10,7 +10,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
@@ -36,7 +36,12 @@ class PerRow(RowwisePattern):
         self.dim = validate_dim_type(dim, owner="PerRow")
 
     def _keep(
-        self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        mask: Tensor | None,
+        amount: Amount,
+        target: TensorRef,
     ) -> Tensor:
         """A bool tensor shaped like `t`: False where this pruning prunes (pruned-before
         entries read True: the old mask keeps them at 0)."""

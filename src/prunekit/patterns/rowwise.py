@@ -18,7 +18,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.errors import value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.patterns.base import Pattern, all_ones
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
@@ -34,7 +34,12 @@ class RowwisePattern(Pattern):
     mask and the joint selection around it are the same for every such pattern."""
 
     def _keep(
-        self, criterion: Criterion, t: Tensor, mask: Tensor | None, amount: Amount, target: Target
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        mask: Tensor | None,
+        amount: Amount,
+        target: TensorRef,
     ) -> Tensor:
         """A bool tensor shaped like `t`: False where this pruning prunes (entries pruned
         before read True: the old `mask` keeps them at 0)."""
@@ -46,7 +51,7 @@ class RowwisePattern(Pattern):
         t: Tensor,
         default_mask: Tensor,
         amount: Amount,
-        target: Target = None,
+        target: TensorRef = None,
     ) -> Tensor:
         alive = None if all_ones(default_mask) else default_mask
         keep = self._keep(criterion, t, alive, amount, target).to(dtype=default_mask.dtype)
@@ -60,7 +65,7 @@ class RowwisePattern(Pattern):
         amount: Amount,
         keep_dtype: Any = None,
         products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
+        targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
         """One flat selection per tensor (each tensor's rows or groups are its own): True
         where pruned now, or with `keep_dtype` 1s (kept, or pruned before) and 0s (pruned now)."""
@@ -80,7 +85,7 @@ class RowwisePattern(Pattern):
 
 
 def competing_scores(
-    criterion: Criterion, t: Tensor, target: Target, owner: str, what: str
+    criterion: Criterion, t: Tensor, target: TensorRef, owner: str, what: str
 ) -> Tensor:
     """The criterion's scores for `t`, as ranked (magnitudes where it ranks by them)."""
     scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)

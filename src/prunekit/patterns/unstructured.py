@@ -11,7 +11,7 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import multiply_, namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
-from prunekit.core.method import Target
+from prunekit.core.method import TensorRef
 from prunekit.patterns.base import Pattern, all_ones
 from prunekit.select import NotFinite, alive_count, smallest_k_many
 
@@ -39,7 +39,7 @@ class Unstructured(Pattern):
         t: Tensor,
         default_mask: Tensor,
         amount: Amount,
-        target: Target = None,
+        target: TensorRef = None,
     ) -> Tensor:
         kept = self.select(criterion, [t], [None], amount, default_mask.dtype, targets=[target])
         if kept is None:
@@ -57,7 +57,7 @@ class Unstructured(Pattern):
         amount: Amount,
         keep_dtype: Any = None,
         products: Sequence[Tensor | None] | None = None,
-        targets: Sequence[Target] | None = None,
+        targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
         """None when some scores cannot be ranked (NaN or infinity)."""
         if criterion._compact:  # Random's draws: made in the mask's shape at once
