@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -39,6 +39,7 @@ __all__ = [
     "cacheless",
     "capture_block_inputs",
     "evaluating",
+    "first_group_statistics",
     "output_loss",
     "parameter",
     "run_batch",
@@ -539,6 +540,108 @@ def block_statistics(
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)
+
+
+def first_group_statistics(
+    block: nn.Module,
+    inputs: Sequence[Inputs],
+    modules: Sequence[nn.Module],
+    wanted: Wanted,
+    *,
+    reduce: Reduce | None = None,
+    failed: BaseException | None = None,
+) -> tuple[InputStatistics, list[nn.Module]]:
+    """The `wanted` statistics of the first of `modules` that `block` calls and of those
+    reading the same input tensor (query, key and value; gate and up), from running
+    `block` on `inputs`; with them, those modules in the order called (none: no module of
+    `modules` ran on the first input). Each run stops once they have all run: the rest of
+    the block is not computed. Calling it again once they are pruned gives the next
+    group, calibrated on the outputs of the pruned ones (the layers of a block one group
+    at a time, as each block on the pruned blocks before it). `reduce` and `failed` as
+    block_statistics; every rank finds the same groups (the block's own order)."""
+    group: list[nn.Module] = []
+    if failed is None:
+        try:
+            group = _first_group(block, inputs[0], modules, wanted.patches) if inputs else []
+        except Exception as error:
+            if reduce is None:
+                raise
+            failed = error
+    chosen = group if failed is None else list(modules)
+    with InputStatistics(
+        chosen,
+        norms=wanted.norms,
+        hessian=wanted.hessian,
+        means=wanted.means,
+        patches=wanted.patches,
+    ) as stats:
+        if failed is None and group:
+            with _stopping(group) as run:
+                failed = _run_each(stats, inputs, lambda call: run(block, call), reduce)
+    return _finish(stats, reduce, failed), group
+
+
+def _shares(module: nn.Module, patches: bool) -> bool:
+    """Whether `module` may share one accumulator with others reading its input (as
+    InputStatistics does: not a convolution's patches)."""
+    return not (patches and isinstance(module, nn.modules.conv._ConvNd))
+
+
+def _first_group(
+    block: nn.Module, first: Inputs, modules: Sequence[nn.Module], patches: bool
+) -> list[nn.Module]:
+    """The first of `modules` that `block` calls on `first` and the ones after it reading
+    the same input tensor; the block stops at the first other one."""
+    group: list[nn.Module] = []
+    read: list[Any] = []
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = layers.layer_input(module, args, kwargs) if patches else args[0]
+        if not group:
+            group.append(module)
+            read.append(x)
+            return
+        alike = _shares(module, patches) and _shares(group[0], patches)
+        if alike and x is read[0] and all(m is not module for m in group):
+            group.append(module)
+            return
+        raise _Reached
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        block(*first[0], **first[1])
+    except _Reached:
+        pass
+    except Exception as error:
+        raise _batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return group
+
+
+@contextmanager
+def _stopping(group: Sequence[nn.Module]) -> Iterator[Callable[[nn.Module, Inputs], None]]:
+    """A way to run a block that stops it once every module of `group` has run (hooks
+    after the statistics' own, so those are taken first)."""
+    ran: set[int] = set()
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        ran.add(id(module))
+        if len(ran) == len(group):
+            raise _Reached
+
+    def run(block: nn.Module, call: Inputs) -> None:
+        ran.clear()
+        with suppress(_Reached):
+            block(*call[0], **call[1])
+
+    handles = [m.register_forward_hook(hook) for m in group]
+    try:
+        yield run
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _run_each(

@@ -35,7 +35,7 @@ def oneshot(
     pattern: Any = None,
     scope: str = "layer",
     calibration: Iterable[Any] | None = None,
-    sequential: bool = True,
+    sequential: bool | str = True,
     loss: Loss | None = None,
     damp: float = 0.01,
     blocksize: int = 128,
@@ -57,7 +57,9 @@ def oneshot(
         calibration: the batches the calibrated methods run (tensors, mappings of
             keyword arguments or tuples).
         sequential: calibrate block by block, each on the outputs of the pruned blocks
-            before it (Wanda and SparseGPT; Taylor always takes the whole model's gradient).
+            before it (Wanda and SparseGPT; Taylor always takes the whole model's
+            gradient); 'layers': in each block, its layers too, group by group (see
+            prunekit.prune_model).
         loss: Taylor's loss of the model's output and the batch.
         damp: SparseGPT's dampening, a share of the Hessian diagonal's mean.
         blocksize: SparseGPT's columns updated at a time.
