@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import distributed_calibration
 import prunekit as prune
 from model_state import fingerprint
 from prunekit.criteria import calibration as cal
@@ -551,3 +552,13 @@ def test_layers_failing_in_a_later_block_leaves_the_model_as_it_was() -> None:
     with pytest.raises(ValueError, match="cannot take batch 1"):
         prune.prune_model(model, 0.5, method="sparsegpt", calibration=late, sequential="layers")
     assert fingerprint(model) == before
+
+
+def test_layers_calibrates_a_layer_the_first_batches_do_not_run() -> None:
+    model = distributed_calibration.build()
+    generator = torch.Generator().manual_seed(3)
+    width = distributed_calibration.WIDTH
+    data = [torch.randn(n, 3, width, generator=generator) for n in (4, 2, 5)]  # expert: last
+    prune.prune_model(model, 0.5, method="sparsegpt", calibration=data, sequential="layers")
+    for block in model.blocks:
+        assert float(block.expert.weight_mask.mean()) == 0.5

@@ -543,42 +543,32 @@ def block_statistics(
 
 
 def first_group_statistics(
-    block: nn.Module,
-    inputs: Sequence[Inputs],
-    modules: Sequence[nn.Module],
-    wanted: Wanted,
-    *,
-    reduce: Reduce | None = None,
-    failed: BaseException | None = None,
+    block: nn.Module, inputs: Sequence[Inputs], modules: Sequence[nn.Module], wanted: Wanted
 ) -> tuple[InputStatistics, list[nn.Module]]:
     """The `wanted` statistics of the first of `modules` that `block` calls and of those
     reading the same input tensor (query, key and value; gate and up), from running
     `block` on `inputs`; with them, those modules in the order called (none: no module of
-    `modules` ran on the first input). Each run stops once they have all run: the rest of
-    the block is not computed. Calling it again once they are pruned gives the next
-    group, calibrated on the outputs of the pruned ones (the layers of a block one group
-    at a time, as each block on the pruned blocks before it). `reduce` and `failed` as
-    block_statistics; every rank finds the same groups (the block's own order)."""
+    `modules` ran on any input). The group is found on the first input that runs one of
+    them; each run then stops once all of them have run (the rest of the block is not
+    computed). Called again once they are pruned, it gives the next group, calibrated on
+    the outputs of the pruned ones (a block's layers one group at a time, as each block
+    on the pruned blocks before it)."""
     group: list[nn.Module] = []
-    if failed is None:
-        try:
-            group = _first_group(block, inputs[0], modules, wanted.patches) if inputs else []
-        except Exception as error:
-            if reduce is None:
-                raise
-            failed = error
-    chosen = group if failed is None else list(modules)
+    for index, call in enumerate(inputs):
+        group = _first_group(block, call, index, modules, wanted.patches)
+        if group:
+            break
     with InputStatistics(
-        chosen,
+        group,
         norms=wanted.norms,
         hessian=wanted.hessian,
         means=wanted.means,
         patches=wanted.patches,
     ) as stats:
-        if failed is None and group:
+        if group:
             with _stopping(group) as run:
-                failed = _run_each(stats, inputs, lambda call: run(block, call), reduce)
-    return _finish(stats, reduce, failed), group
+                _run_each(stats, inputs, lambda call: run(block, call), None)
+    return stats, group
 
 
 def _shares(module: nn.Module, patches: bool) -> bool:
@@ -588,10 +578,10 @@ def _shares(module: nn.Module, patches: bool) -> bool:
 
 
 def _first_group(
-    block: nn.Module, first: Inputs, modules: Sequence[nn.Module], patches: bool
+    block: nn.Module, call: Inputs, index: int, modules: Sequence[nn.Module], patches: bool
 ) -> list[nn.Module]:
-    """The first of `modules` that `block` calls on `first` and the ones after it reading
-    the same input tensor; the block stops at the first other one."""
+    """The first of `modules` that `block` calls on `call` (input `index`) and the ones
+    after it reading the same input tensor; the block stops at the first other one."""
     group: list[nn.Module] = []
     read: list[Any] = []
 
@@ -609,11 +599,11 @@ def _first_group(
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
-        block(*first[0], **first[1])
+        block(*call[0], **call[1])
     except _Reached:
         pass
     except Exception as error:
-        raise _batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
+        raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
     finally:
         for handle in handles:
             handle.remove()

@@ -156,8 +156,8 @@ def _by_blocks(
         for i, block in enumerate(blocks):
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             wanted = cal.Wanted(**want, patches=True)
-            if here and plan.config.sequential == "layers":
-                _by_groups(plan, block, inputs, here, wanted, pending, bar)
+            if here and plan.config.sequential == "layers":  # refused with `reduce`
+                _by_groups(plan, block, inputs, here, wanted, bar)
             elif here:
                 mods = [m for m, _ in here]
                 stats = cal.block_statistics(
@@ -188,7 +188,6 @@ def _by_groups(
     inputs: list[cal.Inputs],
     targets: list[TensorRef],
     wanted: cal.Wanted,
-    pending: BaseException | None,
     bar: Progress,
 ) -> None:
     """The targets of one block, one group of layers at a time in the order the block
@@ -198,9 +197,7 @@ def _by_groups(
     left = list(targets)
     while left:
         mods = [m for m, _ in left]
-        stats, group = cal.first_group_statistics(
-            block, inputs, mods, wanted, reduce=plan.reduce, failed=pending
-        )
+        stats, group = cal.first_group_statistics(block, inputs, mods, wanted)
         if not group:
             _check_seen(plan, stats, *left[0])  # raises: it never ran
         members = {id(m) for m in group}

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria import calibration as cal
 from prunekit.progress import Progress
@@ -102,6 +103,12 @@ def run(
     transaction, at the end, so that a failure on any rank undoes the call on every rank.
     """
     try:
+        if reduce is not None and config.sequential == "layers":
+            raise value_error(
+                f"{config.owner}: sequential='layers' finds each block's groups of layers "
+                "from the order its batches call them, which may differ from rank to rank; "
+                "expected sequential=True with process_group"
+            )
         plan = make_plan(model, targets, config, calibration, loss)
     except Exception as error:
         if reduce is None:
