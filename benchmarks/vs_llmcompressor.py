@@ -2,6 +2,7 @@
 
     python benchmarks/vs_llmcompressor.py                       # make bench-llmcompressor
     python benchmarks/vs_llmcompressor.py --models minilm --rounds 3
+    python benchmarks/vs_llmcompressor.py --layers              # sequential='layers'
     python benchmarks/vs_llmcompressor.py --peer /path/to/venv/bin/python
 
 llm-compressor 0.14 pins an older transformers than prunekit's venv, so it lives in a venv
@@ -161,7 +162,7 @@ class Run:
     mib: float
 
 
-def run_prunekit(subject: Subject, method: str, pattern: str) -> Run:
+def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool | str) -> Run:
     twin = copy.deepcopy(subject.model)
     ours = "row" if method == "wanda" and pattern == "unstructured" else pattern
 
@@ -174,6 +175,7 @@ def run_prunekit(subject: Subject, method: str, pattern: str) -> Run:
             calibration=subject.batches,
             include=subject.include,
             progress=False,
+            sequential=sequential,
         )
 
     seconds, mib = calibrated.measure(prune)
@@ -229,6 +231,7 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
         f"\n{subject.name}: {len(subject.include)} Linear weights at 50 %, calibration "
         f"{len(subject.batches)} x 128 tokens, {subject.about} (dense {dense:.4g}); "
         f"{args.rounds} round(s), {args.threads} thread(s)"
+        + (", prunekit with sequential='layers'" if args.layers else "")
     )
     m = subject.measure
     header = (
@@ -249,7 +252,8 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
                 sides.reverse()
             for side in sides:
                 if side == "prunekit":
-                    ours.append(run_prunekit(subject, method, pattern))
+                    sequential = "layers" if args.layers else True
+                    ours.append(run_prunekit(subject, method, pattern, sequential))
                 elif not failed:
                     found = run_peer(peer, subject, method, pattern, tmp, args.threads)
                     if isinstance(found, str):
@@ -282,6 +286,11 @@ def main() -> None:
     parser.add_argument("--methods", default="wanda,sparsegpt")
     parser.add_argument("--patterns", default="unstructured,2:4")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--layers",
+        action="store_true",
+        help="prunekit with sequential='layers' (each block's layers group by group)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--windows", type=int, default=8, help="SmolLM2: scored windows")
     parser.add_argument("--paragraphs", type=int, default=128, help="MiniLM: scored")

@@ -290,7 +290,7 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
         shape=tuple(int(s) for s in tensor.shape),
         dtype=dtype_name(tensor.dtype),
         numel=int(tensor.numel()),
-        zeros=int((values == 0).sum()),
+        zeros=int(values.numel()) - int(values.count_nonzero()),  # one pass, no bool copy
         masked=mask is not None,
         method=method,
         itemsize=int(tensor.element_size()),

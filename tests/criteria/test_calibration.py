@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
+from helpers import distributed_calibration
 from helpers.model_state import fingerprint
 from prunekit.criteria import calibration as cal
 from prunekit.whole.oneshot import oneshot
@@ -447,3 +448,117 @@ def test_a_taylor_loss_no_gradient_can_flow_from_is_named(loss: Any, found: str)
     with pytest.raises(ValueError, match=expected + ".*requires grad"):
         prune.prune_model(model, 0.5, method="taylor", calibration=[torch.randn(3, 4)], loss=loss)
     assert fingerprint(model) == before
+
+
+class AttentionBlock(nn.Module):
+    """Query, key and value read one input; the output projection reads what they make."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+        self.o = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.o(self.q(x) * self.k(x) + self.v(x))
+
+
+class Attentive(nn.Module):
+    def __init__(self, depth: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.blocks = nn.ModuleList(AttentionBlock() for _ in range(depth))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _wanda_row_mask(layer: nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
+    """The mask Wanda per row gives `layer` from the rows of `inputs`, by hand."""
+    norms = inputs.reshape(-1, inputs.shape[-1]).double().square().sum(0).sqrt().float()
+    scores = layer.weight.detach().abs() * norms
+    keep = torch.ones_like(scores)
+    order = torch.sort(scores, dim=1, stable=True).indices[:, : scores.shape[1] // 2]
+    return keep.scatter_(1, order, 0.0)
+
+
+def test_layers_calibrates_each_layer_on_the_pruned_one_before() -> None:
+    torch.manual_seed(0)
+    model, twin = Tiny(), Tiny()
+    twin.load_state_dict(model.state_dict())
+    data = batches()
+    prune.prune_model(model, 0.5, method="wanda", calibration=data, sequential="layers")
+    prune.prune_model(twin, 0.5, method="wanda", calibration=data, sequential=True)
+    block = model.blocks[0]
+    with torch.no_grad():
+        x = torch.cat([model.embed(b) for b in data])
+        pruned = torch.relu(block.a(x))  # what b reads once a is pruned
+    assert torch.equal(block.a.weight_mask, twin.blocks[0].a.weight_mask)  # the first group
+    assert torch.equal(block.a.weight_mask, _wanda_row_mask(block.a, x))
+    assert torch.equal(block.b.weight_mask, _wanda_row_mask(block.b, pruned))
+    # The one-group-per-block run calibrated b on the dense a: another mask here.
+    assert not torch.equal(block.b.weight_mask, twin.blocks[0].b.weight_mask)
+
+
+def test_layers_groups_layers_reading_one_input_and_stops_each_run_there() -> None:
+    model = Attentive()
+    calls = {name: 0 for name in "qkvo"}
+    for name in "qkvo":
+        layer = getattr(model.blocks[0], name)
+        layer.register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
+    groups: list[list[nn.Module]] = []
+    real = cal.first_group_statistics
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        stats, group = real(*args, **kwargs)
+        groups.append(group)
+        return stats, group
+
+    data = batches()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cal, "first_group_statistics", spy)
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=data, sequential="layers")
+    first = model.blocks[0]
+    assert groups[:2] == [[first.q, first.k, first.v], [first.o]] and len(groups) == 4
+    # q, k, v: finding each group (on the first batch), each group's runs, the next
+    # block's inputs; o: finding its group, its runs and the next block's inputs, not the
+    # first group's runs (they stop before it).
+    n = len(data)
+    assert calls == {"q": 2 + 3 * n, "k": 2 + 3 * n, "v": 2 + 3 * n, "o": 1 + 2 * n}
+    for name in "qkvo":
+        assert float(getattr(first, name).weight_mask.mean()) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [("blocks", ValueError), (1, TypeError), (None, TypeError)]
+)
+def test_a_bad_sequential_is_named_and_changes_nothing(value: Any, error: type) -> None:
+    model = Tiny()
+    before = fingerprint(model)
+    expected = rf"prune_model: invalid sequential={value!r}; expected True .* or 'layers'"
+    with pytest.raises(error, match=expected):
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=batches(), sequential=value)
+    assert fingerprint(model) == before
+
+
+def test_layers_failing_in_a_later_block_leaves_the_model_as_it_was() -> None:
+    model = Tiny()
+    model.blocks[2].register_forward_pre_hook(_fail_on_width(4))
+    before = fingerprint(model)
+    data = batches()
+    late = [data[0], data[1][:, :4]]  # fails in the last block, after two were pruned
+    with pytest.raises(ValueError, match="cannot take batch 1"):
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=late, sequential="layers")
+    assert fingerprint(model) == before
+
+
+def test_layers_calibrates_a_layer_the_first_batches_do_not_run() -> None:
+    model = distributed_calibration.build()
+    generator = torch.Generator().manual_seed(3)
+    width = distributed_calibration.WIDTH
+    data = [torch.randn(n, 3, width, generator=generator) for n in (4, 2, 5)]  # expert: last
+    prune.prune_model(model, 0.5, method="sparsegpt", calibration=data, sequential="layers")
+    for block in model.blocks:
+        assert float(block.expert.weight_mask.mean()) == 0.5

@@ -130,3 +130,15 @@ def test_process_group_is_refused_where_it_cannot_apply() -> None:
             )
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     assert not prunekit.is_pruned(model)
+
+
+def test_layers_is_refused_with_a_process_group_on_every_rank() -> None:
+    found = on_threads(
+        2,
+        lambda g: attempt(
+            calibrated.build(), data(g.rank), g, method="sparsegpt", sequential="layers"
+        ),
+    )
+    for one in found:
+        assert "expected sequential=True with process_group" in one, one
+        assert one.endswith("unchanged: True")

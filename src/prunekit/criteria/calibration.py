@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -39,6 +39,7 @@ __all__ = [
     "cacheless",
     "capture_block_inputs",
     "evaluating",
+    "first_group_statistics",
     "gradient_targets",
     "output_loss",
     "parameter",
@@ -108,7 +109,8 @@ def evaluating(model: nn.Module) -> Iterator[None]:
 
 class _Accumulator:
     """Running statistics of one input: sum of squares per feature, mean of X^T X, sum per
-    feature; with `groups` > 1, one of each per group of features (a leading dim)."""
+    feature; with `groups` > 1, one of each per group of features (a leading dim). Sums run
+    in float64 from batch to batch; within one batch, in float32 (the input's precision)."""
 
     def __init__(
         self, features: int, norms: bool, hessian: bool, sums: bool = False, groups: int = 1
@@ -127,10 +129,12 @@ class _Accumulator:
         if self.groups == 1:
             flat = flat[:, 0]
         new = self.rows + flat.shape[0]
+        # One batch's rows are summed in float32 (a reduction with dtype=float64 converts
+        # each entry, about 10x slower), the batches in float64.
         if self.squares is not None:
-            self.squares += flat.pow(2).sum(dim=0, dtype=torch.float64)
+            self.squares += flat.square().sum(dim=0)
         if self.sums is not None:
-            self.sums += flat.sum(dim=0, dtype=torch.float64)
+            self.sums += flat.sum(dim=0)
         if self.hessian is not None and new:
             beta, alpha = self.rows / new, 1.0 / new
             if self.groups == 1:
@@ -544,6 +548,98 @@ def block_statistics(
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)
+
+
+def first_group_statistics(
+    block: nn.Module, inputs: Sequence[Inputs], modules: Sequence[nn.Module], wanted: Wanted
+) -> tuple[InputStatistics, list[nn.Module]]:
+    """The `wanted` statistics of the first of `modules` that `block` calls and of those
+    reading the same input tensor (query, key and value; gate and up), from running
+    `block` on `inputs`; with them, those modules in the order called (none: no module of
+    `modules` ran on any input). The group is found on the first input that runs one of
+    them; each run then stops once all of them have run (the rest of the block is not
+    computed). Called again once they are pruned, it gives the next group, calibrated on
+    the outputs of the pruned ones (a block's layers one group at a time, as each block
+    on the pruned blocks before it)."""
+    group: list[nn.Module] = []
+    for index, call in enumerate(inputs):
+        group = _first_group(block, call, index, modules, wanted.patches)
+        if group:
+            break
+    with InputStatistics(
+        group,
+        norms=wanted.norms,
+        hessian=wanted.hessian,
+        means=wanted.means,
+        patches=wanted.patches,
+    ) as stats:
+        if group:
+            with _stopping(group) as run:
+                _run_each(stats, inputs, lambda call: run(block, call), None)
+    return stats, group
+
+
+def _shares(module: nn.Module, patches: bool) -> bool:
+    """Whether `module` may share one accumulator with others reading its input (as
+    InputStatistics does: not a convolution's patches)."""
+    return not (patches and isinstance(module, nn.modules.conv._ConvNd))
+
+
+def _first_group(
+    block: nn.Module, call: Inputs, index: int, modules: Sequence[nn.Module], patches: bool
+) -> list[nn.Module]:
+    """The first of `modules` that `block` calls on `call` (input `index`) and the ones
+    after it reading the same input tensor; the block stops at the first other one."""
+    group: list[nn.Module] = []
+    read: list[Any] = []
+
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = layers.layer_input(module, args, kwargs) if patches else args[0]
+        if not group:
+            group.append(module)
+            read.append(x)
+            return
+        alike = _shares(module, patches) and _shares(group[0], patches)
+        if alike and x is read[0] and all(m is not module for m in group):
+            group.append(module)
+            return
+        raise _Reached
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        block(*call[0], **call[1])
+    except _Reached:
+        pass
+    except Exception as error:
+        raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return group
+
+
+@contextmanager
+def _stopping(group: Sequence[nn.Module]) -> Iterator[Callable[[nn.Module, Inputs], None]]:
+    """A way to run a block that stops it once every module of `group` has run (hooks
+    after the statistics' own, so those are taken first)."""
+    ran: set[int] = set()
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        ran.add(id(module))
+        if len(ran) == len(group):
+            raise _Reached
+
+    def run(block: nn.Module, call: Inputs) -> None:
+        ran.clear()
+        with suppress(_Reached):
+            block(*call[0], **call[1])
+
+    handles = [m.register_forward_hook(hook) for m in group]
+    try:
+        yield run
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _run_each(

@@ -113,15 +113,19 @@ class NM(RowwisePattern):
 def _smallest_in_groups(groups: Tensor, k: int) -> Tensor:
     """`smallest_per_row(groups, k, None)` for short rows (torch): an entry is among its
     row's k smallest when fewer than k entries come before it in the row's stable order
-    (smaller, or equal and in a lower column). Counted column against column, each column
-    contiguous: elementwise work, about 5x quicker than a per-row top-k of 4 entries."""
-    m = groups.shape[1]
-    columns = groups.T.contiguous()
-    chosen = torch.empty((m, groups.shape[0]), dtype=torch.bool, device=groups.device)
+    (smaller, or equal and in a lower column). Each pair of columns is compared once
+    (m * (m - 1) / 2 comparisons, read in place as strided columns: no transposed copy),
+    the result counted for both: elementwise work, about 5x quicker than a per-row top-k
+    of 4 entries."""
+    rows, m = groups.shape
+    columns = groups.unbind(1)
+    before = [torch.zeros(rows, dtype=torch.uint8, device=groups.device) for _ in range(m)]
     for i in range(m):
-        before = torch.zeros(groups.shape[0], dtype=torch.uint8, device=groups.device)
-        for j in range(m):
-            if j != i:
-                before += columns[j] <= columns[i] if j < i else columns[j] < columns[i]
-        torch.lt(before, k, out=chosen[i])
-    return chosen.T.contiguous()
+        for j in range(i + 1, m):
+            first = columns[i] <= columns[j]  # column i comes before column j
+            before[j] += first
+            before[i] += ~first
+    chosen = torch.empty((rows, m), dtype=torch.bool, device=groups.device)
+    for i in range(m):
+        torch.lt(before[i], k, out=chosen[:, i])
+    return chosen

@@ -152,9 +152,11 @@ def _by_blocks(
             pending = error
         for i, block in enumerate(blocks):
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
-            if here:
+            wanted = cal.Wanted(**want, patches=True)
+            if here and plan.config.sequential == "layers":  # refused with `reduce`
+                _by_groups(plan, block, inputs, here, wanted, bar)
+            elif here:
                 mods = [m for m, _ in here]
-                wanted = cal.Wanted(**want, patches=True)
                 stats = cal.block_statistics(
                     block, inputs, mods, wanted, reduce=reduce, failed=pending
                 )
@@ -175,6 +177,29 @@ def _by_blocks(
         mods = [m for m, _ in rest]
         stats = cal.calibrate(model, plan.batches, mods, **want, reduce=reduce, patches=True)
         _prune_layers(plan, rest, stats, bar)
+
+
+def _by_groups(
+    plan: Plan,
+    block: nn.Module,
+    inputs: list[cal.Inputs],
+    targets: list[TensorRef],
+    wanted: cal.Wanted,
+    bar: Progress,
+) -> None:
+    """The targets of one block, one group of layers at a time in the order the block
+    calls them (those reading one input together: query, key and value; then the
+    attention's output; gate and up; down), each calibrated on the outputs of the
+    groups pruned before it."""
+    left = list(targets)
+    while left:
+        mods = [m for m, _ in left]
+        stats, group = cal.first_group_statistics(block, inputs, mods, wanted)
+        if not group:
+            _check_seen(plan, stats, *left[0])  # raises: it never ran
+        members = {id(m) for m in group}
+        _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
+        left = [t for t in left if id(t[0]) not in members]
 
 
 def _check_seen(plan: Plan, stats: cal.InputStatistics, module: nn.Module, name: str) -> None:

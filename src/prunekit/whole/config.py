@@ -31,7 +31,8 @@ class Config:
         scope: 'layer' (each tensor) or 'global' (all selected tensors ranked together).
         include: globs of the names to prune (``('*',)``: every tensor the method prunes).
         exclude: globs of the names to leave out.
-        sequential: calibrate block by block (the calibrated methods).
+        sequential: calibrate block by block (the calibrated methods): True, False, or
+            'layers' (in each block, its layers too, group by group: see prune_model).
         progress: a bar on stderr (None: when stderr is a terminal).
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
@@ -48,7 +49,7 @@ class Config:
     scope: str = "layer"
     include: tuple[str, ...] = ALL
     exclude: tuple[str, ...] = ()
-    sequential: bool = True
+    sequential: bool | str = True
     progress: bool | None = None
     damp: float = 0.01
     blocksize: int = 128
@@ -67,8 +68,14 @@ class Config:
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
         if self.pattern is None:
             object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
-        if not isinstance(self.sequential, bool):
-            raise type_error(f"{owner}: invalid sequential={self.sequential!r}; expected a bool")
+        layered = isinstance(self.sequential, str) and self.sequential == "layers"
+        if not isinstance(self.sequential, bool) and not layered:
+            make = type_error if not isinstance(self.sequential, str) else value_error
+            raise make(
+                f"{owner}: invalid sequential={self.sequential!r}; expected True (block by "
+                "block), False (one pass) or 'layers' (block by block, and in each block "
+                "layer by layer)"
+            )
         if self.progress is not None and not isinstance(self.progress, bool):
             raise type_error(
                 f"{owner}: invalid progress={self.progress!r}; expected True, False or None "

@@ -44,7 +44,7 @@ def prune_model(
     include: Sequence[str] | str = ALL,
     exclude: Sequence[str] | str = (),
     process_group: Any = None,
-    sequential: bool = True,
+    sequential: bool | str = True,
     loss: Callable[[Any, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> Report:
@@ -64,7 +64,12 @@ def prune_model(
     ``'unstructured'`` otherwise. `scope`: ``'layer'`` prunes `amount` of each tensor,
     ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
     `sequential`: calibrate block by block, each on the outputs of the pruned blocks
-    before it (only one block's statistics in memory). `progress`: a bar on stderr for
+    before it (only one block's statistics in memory); ``'layers'``: in each block too,
+    its layers group by group in the order the block calls them (query, key and value;
+    the attention's output; gate and up; down), each group on the outputs of the groups
+    pruned before it, as SparseGPT's paper prunes layer by layer (each run of the block
+    stops at the group calibrated: about 10 % more forward work than True; as True for
+    a model without blocks); False: one pass of the whole model. `progress`: a bar on stderr for
     calibrated runs (default: when stderr is a terminal).
     `include`/`exclude` are globs of parameter names, as the CLI's: the default
     ``('*',)`` takes every floating-point parameter of two or more dims (weights, not

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria import calibration as cal
 from prunekit.progress import Progress
@@ -35,7 +36,7 @@ def oneshot(
     pattern: Any = None,
     scope: str = "layer",
     calibration: Iterable[Any] | None = None,
-    sequential: bool = True,
+    sequential: bool | str = True,
     loss: Loss | None = None,
     damp: float = 0.01,
     blocksize: int = 128,
@@ -57,7 +58,9 @@ def oneshot(
         calibration: the batches the calibrated methods run (tensors, mappings of
             keyword arguments or tuples).
         sequential: calibrate block by block, each on the outputs of the pruned blocks
-            before it (Wanda and SparseGPT; Taylor always takes the whole model's gradient).
+            before it (Wanda and SparseGPT; Taylor always takes the whole model's
+            gradient); 'layers': in each block, its layers too, group by group (see
+            prunekit.prune_model).
         loss: Taylor's loss of the model's output and the batch.
         damp: SparseGPT's dampening, a share of the Hessian diagonal's mean.
         blocksize: SparseGPT's columns updated at a time.
@@ -100,6 +103,12 @@ def run(
     transaction, at the end, so that a failure on any rank undoes the call on every rank.
     """
     try:
+        if reduce is not None and config.sequential == "layers":
+            raise value_error(
+                f"{config.owner}: sequential='layers' finds each block's groups of layers "
+                "from the order its batches call them, which may differ from rank to rank; "
+                "expected sequential=True with process_group"
+            )
         plan = make_plan(model, targets, config, calibration, loss)
     except Exception as error:
         if reduce is None:

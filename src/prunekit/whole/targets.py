@@ -124,8 +124,9 @@ def select_names(
     include = () if tuple(include) == ALL else include
     floats = [e for e in found if e.tensor.is_floating_point()]
     named = {e.name for e in floats if e.tensor.dim() >= 2} if targets is None else set(targets)
+    matched = _Matched([e.name for e in floats])
     for pattern in [*include, *exclude]:
-        if not any(matches(e.name, pattern) for e in floats):
+        if not matched(pattern):
             raise value_error(
                 f"{head}the pattern {pattern!r} matches no floating-point tensor; "
                 f"tensors: {_listing([e.name for e in floats])}{tail}"
@@ -133,11 +134,12 @@ def select_names(
     if include:
         picked = {e.name for e in floats if e.name in include}
         for pattern in include:
-            picked |= _included(floats, named, pattern, where)
+            picked |= _included(floats, named, pattern, matched(pattern), where)
         chosen = [e for e in floats if e.name in picked]
     else:
         chosen = [e for e in floats if e.name in named]
-    chosen = [e for e in chosen if not any(matches(e.name, p) for p in exclude)]
+    left_out = set().union(*(matched(p) for p in exclude))
+    chosen = [e for e in chosen if e.name not in left_out]
     for e in chosen:
         dtype = str(e.tensor.dtype).rpartition(".")[2]
         if dtype not in RANKABLE:
@@ -168,17 +170,57 @@ def matches(name: str, pattern: str) -> bool:
     return False
 
 
+class _Matched:
+    """The names `matches` finds for a pattern, among `names`: a pattern with no glob
+    character is looked up in an index of what each name answers to (its whole name, and
+    every run of consecutive parts of its module path), not tried name by name
+    (a model's hundreds of exact names against its hundreds of tensors)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = names
+        self.index: dict[str, set[str]] | None = None
+        self.found: dict[str, set[str]] = {}
+
+    def __call__(self, pattern: str) -> set[str]:
+        known = self.found.get(pattern)
+        if known is not None:
+            return known
+        if any(c in pattern for c in "*?["):
+            known = {name for name in self.names if matches(name, pattern)}
+        else:
+            known = self._literal().get(pattern, set())
+        self.found[pattern] = known
+        return known
+
+    def _literal(self) -> dict[str, set[str]]:
+        if self.index is None:
+            self.index = {}
+            for name in self.names:
+                parts = name.split(".")[:-1]
+                keys = {name}
+                for stop in range(1, len(parts) + 1):
+                    keys.update(".".join(parts[start:stop]) for start in range(stop))
+                for key in keys:
+                    self.index.setdefault(key, set()).add(name)
+        return self.index
+
+
 def _included(
-    floats: Sequence[Entry], targets: set[str], pattern: str, where: tuple[str, str]
+    floats: Sequence[Entry],
+    targets: set[str],
+    pattern: str,
+    matched: set[str],
+    where: tuple[str, str],
 ) -> set[str]:
-    """The names one `include` pattern selects (its exact name aside)."""
-    found = {e.name for e in floats if e.name in targets and matches(e.name, pattern)}
+    """The names one `include` pattern selects (its exact name aside); `matched`: the
+    names it matches."""
+    found = {name for name in matched if name in targets}
     if found or any(e.name == pattern for e in floats):
         return found
     # Before, a glob selected any tensor by name: kept for one that names no target.
     before = [e.name for e in floats if fnmatch.fnmatchcase(e.name, pattern)]
     if not before:
-        others = [e.name for e in floats if matches(e.name, pattern)]
+        others = [e.name for e in floats if e.name in matched]
         raise value_error(
             f"{where[0]}the pattern {pattern!r} selects no weight the method prunes, only "
             f"{_listing(others)}; a tensor outside its weights (a norm, a bias) is pruned "
