@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from prunekit.structure.graph.groups import ChannelGroup, Slice
+from prunekit.structure.graph.groups import ChannelGroup, Pending, Slice, Units
 from prunekit.structure.graph.trace import Record, Tracer, compressed
 
 
@@ -199,10 +200,10 @@ def _groups(
     u_entry = unit_of[live.unit]
     sizes = [len(m) for m in members]
     slice_sizes = [sizes[g] for g, keys in enumerate(slice_keys) for _ in keys]
-    positions = _cut(s_entry[inside], u_entry[inside], live.position[inside], slice_sizes)
+    positions = _Cuts(s_entry[inside], u_entry[inside], live.position[inside], slice_sizes)
     is_in = torch.tensor([records[rs[0]].role == "in" for rec in slice_records for rs in rec])
     take = inside & is_in[s_entry.clamp_min(0)]
-    channels = _cut(s_entry[take], u_entry[take], live.channel[take], slice_sizes)
+    channels = _Cuts(s_entry[take], u_entry[take], live.channel[take], slice_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     groups = []
     s = 0
@@ -210,8 +211,8 @@ def _groups(
         slices = []
         for rs in slice_records[g]:
             r = records[rs[0]]
-            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions[s],
-                                channels[s] if r.role == "in" else None, r.op))  # fmt: skip
+            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions.of(s),
+                                channels.of(s) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
         ordered = _members_in_order(ms, unit_of)
         groups.append(_group(tuple(slices), ordered, reasons, extra, reached.get(g, ())))
@@ -264,6 +265,25 @@ def _unit_order(
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
     return unit_of, group_of
+
+
+class _Cuts:
+    """The values of every unit of many slices (see `_cut`), cut into tuples when one of the
+    slices is first read: most callers of the graph read the indices of few groups or none."""
+
+    def __init__(self, slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> None:
+        self._made: tuple[Tensor, Tensor, Tensor, list[int]] | None = (slot, unit, value, sizes)
+        self._found: list[Units] = []
+
+    def of(self, k: int) -> Pending[Units]:
+        """The values of slice k, pending."""
+        return Pending(partial(self._get, k))
+
+    def _get(self, k: int) -> Units:
+        if self._made is not None:
+            self._found = _cut(*self._made)
+            self._made = None
+        return self._found[k]
 
 
 def _cut(slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> list[
