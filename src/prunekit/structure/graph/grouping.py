@@ -29,7 +29,7 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     reasons = _blocked(tr, roots, is_maker)
     for r in tr.records:
         if r.role == "element":
-            records.extend(_element_slices(r, roots, makers, reasons))
+            records.extend(_element_slices(r, roots, is_maker, reasons))
     by_tensor: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         by_tensor[(r.module_name, r.name)].append(r)
@@ -106,13 +106,13 @@ def _qualified(mname: str, name: str) -> str:
 
 
 def _element_slices(
-    r: Record, roots: Tensor, makers: Tensor, reasons: dict[int, list[str]]
+    r: Record, roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]]
 ) -> list[Record]:
     """A parameter combined with channels element by element becomes a slice along the one
     dim whose index decides the unit; otherwise its units are blocked."""
     tensor = getattr(r.module, r.name)
     unit = roots[r.ids]
-    live = torch.isin(unit, makers)
+    live = is_maker[unit]
     if not bool(live.any()):
         return []
     unit = torch.where(live, unit, torch.full_like(unit, -1)).reshape(tensor.shape)
@@ -192,7 +192,7 @@ def _groups(
         slice_keys.append(list(keys))
         slice_records.append(list(keys.values()))
     members = [m for _, m in grouped]
-    unit_of, group_of = _unit_order(live, grouped, slice_records, len(roots))
+    unit_of, group_of, ordered = _unit_order(live, grouped, slice_records, len(roots))
     # the slice of each live entry: its unit's group with the key of its record
     g_entry = group_of[live.unit].clamp_min(0)
     s_entry = _lookup(allowed, g_entry * count + live.record)
@@ -207,22 +207,16 @@ def _groups(
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     groups = []
     s = 0
-    for g, ms in enumerate(members):
+    for g in range(len(members)):
         slices = []
         for rs in slice_records[g]:
             r = records[rs[0]]
             slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions.of(s),
                                 channels.of(s) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
-        ordered = _members_in_order(ms, unit_of)
-        groups.append(_group(tuple(slices), ordered, reasons, extra, reached.get(g, ())))
+        groups.append(_group(tuple(slices), ordered[g], reasons, extra, reached.get(g, ())))
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
-
-
-def _members_in_order(members: list[int], unit_of: Tensor) -> list[int]:
-    at = unit_of[torch.tensor(members, dtype=torch.long)].tolist()
-    return [m for _, m in sorted(zip(at, members, strict=True))]
 
 
 def _lookup(table: dict[int, int], codes: Tensor) -> Tensor:
@@ -238,9 +232,9 @@ def _lookup(table: dict[int, int], codes: Tensor) -> Tensor:
 def _unit_order(
     live: _Entries, grouped: list[tuple[list[int], list[int]]], slice_records: list[
         list[list[int]]], size: int
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """The group of each unit (root) and its index in the group: the units of a group are
-    ordered by where they first appear in the group's lead record (the first 'out' one)."""
+) -> tuple[Tensor, Tensor, list[list[int]]]:  # fmt: skip
+    """The group of each unit (root), its index in the group and each group's units in that
+    order: by where they first appear in the group's lead record (the first 'out' one)."""
     group_of = torch.full((size,), -1, dtype=torch.long)
     all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
     member_group = torch.repeat_interleave(
@@ -264,7 +258,9 @@ def _unit_order(
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
-    return unit_of, group_of
+    flat, bounds = ranked.tolist(), starts.tolist()
+    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(grouped))]
+    return unit_of, group_of, ordered
 
 
 class _Cuts:
