@@ -218,9 +218,14 @@ class Tracer:
 
     def canonical(self, labels: Tensor) -> Tensor:
         """Labels with every id replaced by its root (ids merged so far look the same)."""
-        values, inverse = torch.unique(labels, return_inverse=True)
-        roots = torch.where(values >= 0, self.roots(values.clamp_min(0)), -1)
-        return roots[inverse].reshape(labels.shape)
+        parent = self._parent
+        up = parent[labels.clamp_min(0)]  # followed up to the roots (no sort of the labels)
+        while True:
+            upper = parent[up]
+            if torch.equal(upper, up):
+                break
+            up = upper
+        return torch.where(labels >= 0, up, -1)
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
