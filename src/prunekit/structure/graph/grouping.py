@@ -133,32 +133,55 @@ def _element_slices(
 
 @dataclass
 class _Entries:
-    """The live entries of every record, flat: record, unit (root), position, channel."""
+    """The live entries of every distinct record content, flat: content, unit (root),
+    position, channel."""
 
-    record: Tensor
+    content: Tensor
     unit: Tensor
     position: Tensor
     channel: Tensor
 
     def take(self, keep: Tensor) -> _Entries:
-        return _Entries(self.record[keep], self.unit[keep], self.position[keep],
+        return _Entries(self.content[keep], self.unit[keep], self.position[keep],
                         self.channel[keep])  # fmt: skip
 
 
-def _entries(records: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
-    ks = [k for k, r in enumerate(records) if r.dim >= 0]
-    if not ks:
+def _contents(records: list[Record]) -> tuple[list[int], list[Record]]:
+    """The content of each record (-1 for those with no dim) and one record per content.
+
+    Records share a content when they hold the very same ids, positions and channels tensors
+    (a norm's weight, bias and statistics; a layer's weight and bias): their entries are
+    built once and told apart only when cut into slices.
+    """
+    seen: dict[tuple[int, int, int], int] = {}
+    content: list[int] = []
+    firsts: list[Record] = []
+    for r in records:
+        if r.dim < 0:
+            content.append(-1)
+            continue
+        key = (id(r.ids), id(r.positions), id(_channels(r)))
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = len(firsts)
+            firsts.append(r)
+        content.append(c)
+    return content, firsts
+
+
+def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
+    if not firsts:
         empty = torch.zeros(0, dtype=torch.long)
         return _Entries(empty, empty, empty, empty)
-    ids = torch.cat([records[k].ids for k in ks])
-    record = torch.repeat_interleave(
-        torch.tensor(ks, dtype=torch.long), torch.tensor([len(records[k].ids) for k in ks])
+    ids = torch.cat([r.ids for r in firsts])
+    content = torch.repeat_interleave(
+        torch.arange(len(firsts)), torch.tensor([len(r.ids) for r in firsts])
     )
-    position = torch.cat([records[k].positions for k in ks])
-    channel = torch.cat([_channels(records[k]) for k in ks])
+    position = torch.cat([r.positions for r in firsts])
+    channel = torch.cat([_channels(r) for r in firsts])
     unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
     keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
-    return _Entries(record, unit, position, channel).take(keep)
+    return _Entries(content, unit, position, channel).take(keep)
 
 
 def _channels(r: Record) -> Tensor:
@@ -166,84 +189,108 @@ def _channels(r: Record) -> Tensor:
     return r.positions if r.channels is None else r.channels
 
 
+def _expand(codes: Tensor, table: dict[int, list[int]]) -> tuple[Tensor, Tensor]:
+    """For each code, every value table[code] lists (none where absent): (which code, value)."""
+    keys = torch.tensor(sorted(table), dtype=torch.long)
+    lists = [table[k] for k in keys.tolist()]
+    counts = torch.tensor([len(v) for v in lists], dtype=torch.long)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    values = torch.tensor([v for vs in lists for v in vs], dtype=torch.long)
+    at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
+    n = torch.where(keys[at] == codes, counts[at], 0)
+    which = torch.repeat_interleave(torch.arange(len(codes)), n)
+    first = torch.repeat_interleave(starts[at] - (n.cumsum(0) - n), n)
+    return which, values[first + torch.arange(len(which))]
+
+
 def _groups(
     records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
     extra: _Extra, outputs: list[tuple[int, int, Tensor]],
 ) -> list[ChannelGroup]:  # fmt: skip
-    live = _entries(records, roots, is_maker)
+    content_of, firsts = _contents(records)
+    live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
-    count = len(records)
-    pairs = torch.unique(live.unit * count + live.record)  # (unit, record) it has slices in
+    count, kinds = len(records), len(firsts)
+    by_content: dict[int, list[int]] = defaultdict(list)
+    for k, c in enumerate(content_of):
+        if c >= 0:
+            by_content[c].append(k)
+    # (unit, record) it has slices in: each (unit, content) pair, once per record of it
+    unit_content = torch.unique(live.unit * kinds + live.content)
+    which, ks = _expand(unit_content % kinds, by_content)
+    pairs = torch.unique((unit_content // kinds)[which] * count + ks)
     grouped = _signatures(records, pairs // count, pairs % count, reasons)
-    # each group's records: those of its first unit, 'out' ones first; one slice per key
-    slice_keys: list[list[tuple[Any, ...]]] = []
+    # each group's records: those of its first unit, 'out' ones first; one slice per key.
+    # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
-    allowed: dict[int, int] = {}  # group x count + record -> its slice (numbered over all)
-    numbered = 0
-    for g, (ks, _) in enumerate(grouped):
-        order = sorted(ks, key=lambda k: (records[k].role != "out", k))
+    part_of: dict[tuple[int, tuple[int, ...]], int] = {}
+    slice_part: list[int] = []
+    part_groups: list[int] = []
+    part_in: list[bool] = []
+    part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    for g, (rks, _) in enumerate(grouped):
+        order = sorted(rks, key=lambda k: (records[k].role != "out", k))
         keys: dict[tuple[Any, ...], list[int]] = {}
         for k in order:
             keys.setdefault(_key(records[k]), []).append(k)
         for rs in keys.values():
-            allowed.update((g * count + k, numbered) for k in rs)
-            numbered += 1
-        slice_keys.append(list(keys))
+            held = tuple(sorted({content_of[k] for k in rs}))
+            part = part_of.get((g, held))
+            if part is None:
+                part = part_of[(g, held)] = len(part_groups)
+                part_groups.append(g)
+                part_in.append(False)
+                for c in held:
+                    part_table[g * kinds + c].append(part)
+            part_in[part] = part_in[part] or records[rs[0]].role == "in"
+            slice_part.append(part)
         slice_records.append(list(keys.values()))
     members = [m for _, m in grouped]
-    unit_of, group_of, ordered = _unit_order(live, grouped, slice_records, len(roots))
-    # the slice of each live entry: its unit's group with the key of its record
-    g_entry = group_of[live.unit].clamp_min(0)
-    s_entry = _lookup(allowed, g_entry * count + live.record)
-    inside = s_entry >= 0
-    u_entry = unit_of[live.unit]
+    lead = [content_of[rec[0][0]] for rec in slice_records]
+    unit_of, group_of, ordered = _unit_order(live, grouped, lead, len(roots))
+    # the parts of each live entry: its unit's group with the content of its record
+    g_entry = group_of[live.unit]
+    inside = g_entry >= 0
+    which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
+    u_entry = unit_of[live.unit[inside]][which]
     sizes = [len(m) for m in members]
-    slice_sizes = [sizes[g] for g, keys in enumerate(slice_keys) for _ in keys]
-    positions = _Cuts(s_entry[inside], u_entry[inside], live.position[inside], slice_sizes)
-    is_in = torch.tensor([records[rs[0]].role == "in" for rec in slice_records for rs in rec])
-    take = inside & is_in[s_entry.clamp_min(0)]
-    channels = _Cuts(s_entry[take], u_entry[take], live.channel[take], slice_sizes)
+    part_sizes = [sizes[g] for g in part_groups]
+    positions = _Cuts(p_entry, u_entry, live.position[inside][which], part_sizes)
+    take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
+    channels = _Cuts(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     groups = []
     s = 0
     for g in range(len(members)):
         slices = []
         for rs in slice_records[g]:
-            r = records[rs[0]]
-            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions.of(s),
-                                channels.of(s) if r.role == "in" else None, r.op))  # fmt: skip
+            r, part = records[rs[0]], slice_part[s]
+            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role,
+                                positions.of(part),
+                                channels.of(part) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
         groups.append(_group(tuple(slices), ordered[g], reasons, extra, reached.get(g, ())))
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
 
-def _lookup(table: dict[int, int], codes: Tensor) -> Tensor:
-    """table[code] for each code (-1 where absent), by a sorted search."""
-    if not table:
-        return torch.full_like(codes, -1)
-    keys = torch.tensor(sorted(table), dtype=torch.long)
-    values = torch.tensor([table[k] for k in keys.tolist()], dtype=torch.long)
-    at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
-    return torch.where(keys[at] == codes, values[at], -1)
-
-
 def _unit_order(
-    live: _Entries, grouped: list[tuple[list[int], list[int]]], slice_records: list[
-        list[list[int]]], size: int
+    live: _Entries, grouped: list[tuple[list[int], list[int]]], lead_content: list[int],
+    size: int
 ) -> tuple[Tensor, Tensor, list[list[int]]]:  # fmt: skip
     """The group of each unit (root), its index in the group and each group's units in that
-    order: by where they first appear in the group's lead record (the first 'out' one)."""
+    order: by where they first appear in the group's lead record (the first 'out' one), whose
+    content is given per group."""
     group_of = torch.full((size,), -1, dtype=torch.long)
     all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
     member_group = torch.repeat_interleave(
         torch.arange(len(grouped)), torch.tensor([len(ms) for _, ms in grouped])
     )
     group_of[all_members] = member_group
-    lead = torch.tensor([records[0][0] for records in slice_records], dtype=torch.long)
+    lead = torch.tensor(lead_content, dtype=torch.long)
     g_entry = group_of[live.unit]
-    at_lead = (g_entry >= 0) & (live.record == lead[g_entry.clamp_min(0)])
+    at_lead = (g_entry >= 0) & (live.content == lead[g_entry.clamp_min(0)])
     index = torch.arange(len(live.unit))[at_lead]
     first = torch.full((size,), len(live.unit), dtype=torch.long)
     first.scatter_reduce_(0, live.unit[at_lead], index, "amin")
