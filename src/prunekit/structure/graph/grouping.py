@@ -211,16 +211,13 @@ def _groups(
     live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
-    count, kinds = len(records), len(firsts)
+    kinds = len(firsts)
     by_content: dict[int, list[int]] = defaultdict(list)
     for k, c in enumerate(content_of):
         if c >= 0:
             by_content[c].append(k)
-    # (unit, record) it has slices in: each (unit, content) pair, once per record of it
-    unit_content = torch.unique(live.unit * kinds + live.content)
-    which, ks = _expand(unit_content % kinds, by_content)
-    pairs = torch.unique((unit_content // kinds)[which] * count + ks)
-    grouped = _signatures(records, pairs // count, pairs % count, reasons)
+    pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
+    grouped = _signatures(records, by_content, pairs // kinds, pairs % kinds, reasons)
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
     # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
@@ -384,29 +381,50 @@ def _reached(
 
 
 def _signatures(
-    records: list[Record], roots: Tensor, ks: Tensor, reasons: dict[int, list[str]]
-) -> list[tuple[list[int], list[int]]]:
+    records: list[Record], by_content: dict[int, list[int]], roots: Tensor, cs: Tensor,
+    reasons: dict[int, list[str]],
+) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Units with slices in the same tensors and dims (and both blocked or not) form a group.
 
+    `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit; `by_content`:
+    the records of each content. Units are first told apart by the contents' kinds (the keys
+    of their records), then the classes with the same keys over all their records are joined.
     Returns, per group in the order its first unit appears in the records, the records of
     that first unit and the group's units (in the same order of appearance).
     """
     key_of: dict[tuple[Any, ...], int] = {}
-    key_ids = torch.tensor([key_of.setdefault(_key(r), len(key_of)) for r in records])
-    keys = key_ids[ks]
-    order = torch.argsort(roots * len(key_of) + keys, stable=True)  # by root, then key
-    roots, ks, keys = roots[order], ks[order], keys[order]
+    key_ids = [key_of.setdefault(_key(r), len(key_of)) for r in records]
+    kind_of: dict[tuple[int, ...], int] = {}
+    content_keys = {c: tuple(sorted(key_ids[k] for k in ks)) for c, ks in by_content.items()}
+    kinds = [kind_of.setdefault(content_keys[c], len(kind_of)) for c in range(len(by_content))]
+    content_first = torch.tensor([min(by_content[c]) for c in range(len(by_content))])
+    keys = torch.tensor(kinds, dtype=torch.long)[cs]
+    order = torch.argsort(roots * len(kind_of) + keys, stable=True)  # by root, then kind
+    roots, cs, keys = roots[order], cs[order], keys[order]
     distinct, where = torch.unique_consecutive(roots, return_inverse=True)
     counts = torch.bincount(where)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
-    first_k.scatter_reduce_(0, where, ks, "amin")
+    first_k.scatter_reduce_(0, where, content_first[cs], "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    # a root's signature: its sorted keys (a multiset) and whether it is blocked
+    # a root's signature: its sorted kinds (a multiset) and whether it is blocked
     blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
                            dtype=torch.long)  # fmt: skip
-    signature = _same_runs(keys, where, starts, torch.isin(distinct, blocked).long())
+    flag = torch.isin(distinct, blocked).long()
+    classes = _same_runs(keys, where, starts, flag)
+    # classes with the same keys over all their records (and flag) are one signature
+    n_classes = int(classes.max()) + 1
+    one = torch.full((n_classes,), len(distinct), dtype=torch.long)
+    one.scatter_reduce_(0, classes, torch.arange(len(distinct)), "amin")
+    starts_list, cs_list, flags = starts.tolist(), cs.tolist(), flag.tolist()
+    merged: dict[tuple[Any, ...], int] = {}
+    joined = []
+    for root in one.tolist():
+        held = sorted(k for c in cs_list[starts_list[root] : starts_list[root + 1]]
+                      for k in content_keys[c])  # fmt: skip
+        joined.append(merged.setdefault((flags[root], *held), len(merged)))
+    signature = torch.tensor(joined, dtype=torch.long)[classes]
     # groups in the order their first root appears, each root after those before it
     rank = torch.empty_like(appear)
     rank[appear] = torch.arange(len(appear))
@@ -418,11 +436,11 @@ def _signatures(
     sizes = torch.bincount(group_rank[signature]).tolist()
     members_all = distinct[by_group].tolist()
     leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
-    starts_list, ks_list = starts.tolist(), ks.tolist()
     found = []
     at = 0
     for lead, size in zip(leads, sizes, strict=True):
-        first_ks = sorted(ks_list[starts_list[lead] : starts_list[lead + 1]])
+        held = cs_list[starts_list[lead] : starts_list[lead + 1]]
+        first_ks = sorted(k for c in held for k in by_content[c])
         found.append((first_ks, members_all[at : at + size]))
         at += size
     return found
