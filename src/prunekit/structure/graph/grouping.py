@@ -194,10 +194,14 @@ def _expand(codes: Tensor, table: dict[int, list[int]]) -> tuple[Tensor, Tensor]
     keys = torch.tensor(sorted(table), dtype=torch.long)
     lists = [table[k] for k in keys.tolist()]
     counts = torch.tensor([len(v) for v in lists], dtype=torch.long)
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     values = torch.tensor([v for vs in lists for v in vs], dtype=torch.long)
     at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
-    n = torch.where(keys[at] == codes, counts[at], 0)
+    found = keys[at] == codes
+    if bool((counts == 1).all()):  # one value per code (most tables): no expansion
+        which = found.nonzero().squeeze(1)
+        return which, values[at[which]]
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    n = torch.where(found, counts[at], 0)
     which = torch.repeat_interleave(torch.arange(len(codes)), n)
     first = torch.repeat_interleave(starts[at] - (n.cumsum(0) - n), n)
     return which, values[first + torch.arange(len(which))]
