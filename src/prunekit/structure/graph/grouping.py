@@ -146,8 +146,10 @@ class _Entries:
                         self.channel[keep])  # fmt: skip
 
 
-def _contents(records: list[Record]) -> tuple[list[int], list[Record]]:
-    """The content of each record (-1 for those with no dim) and one record per content.
+def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tuple[int, ...]]]:
+    """The content of each record (-1 for those with no dim), one record per content and the
+    keys of each content's records (sorted; key ids numbered over the records), the contents
+    numbered in the order of their keys.
 
     Records share a content when they hold the very same ids, positions and channels tensors
     (a norm's weight, bias and statistics; a layer's weight and bias): their entries are
@@ -166,7 +168,19 @@ def _contents(records: list[Record]) -> tuple[list[int], list[Record]]:
             c = seen[key] = len(firsts)
             firsts.append(r)
         content.append(c)
-    return content, firsts
+    key_of: dict[tuple[Any, ...], int] = {}
+    held: list[list[int]] = [[] for _ in firsts]
+    for r, c in zip(records, content, strict=True):
+        key_id = key_of.setdefault(_key(r), len(key_of))
+        if c >= 0:
+            held[c].append(key_id)
+    keys = [tuple(sorted(h)) for h in held]
+    order = sorted(range(len(firsts)), key=lambda c: (keys[c], c))
+    number = [0] * len(firsts)
+    for new, c in enumerate(order):
+        number[c] = new
+    return ([number[c] if c >= 0 else -1 for c in content], [firsts[c] for c in order],
+            [keys[c] for c in order])  # fmt: skip
 
 
 def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
@@ -211,7 +225,7 @@ def _groups(
     records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
     extra: _Extra, outputs: list[tuple[int, int, Tensor]],
 ) -> list[ChannelGroup]:  # fmt: skip
-    content_of, firsts = _contents(records)
+    content_of, firsts, content_keys = _contents(records)
     live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
@@ -221,7 +235,8 @@ def _groups(
         if c >= 0:
             by_content[c].append(k)
     pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
-    grouped = _signatures(records, by_content, pairs // kinds, pairs % kinds, reasons)
+    grouped = _signatures(records, by_content, content_keys, pairs // kinds, pairs % kinds,
+                          reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
     # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
@@ -385,26 +400,23 @@ def _reached(
 
 
 def _signatures(
-    records: list[Record], by_content: dict[int, list[int]], roots: Tensor, cs: Tensor,
+    records: list[Record], by_content: dict[int, list[int]],
+    content_keys: list[tuple[int, ...]], roots: Tensor, cs: Tensor,
     reasons: dict[int, list[str]],
 ) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Units with slices in the same tensors and dims (and both blocked or not) form a group.
 
-    `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit; `by_content`:
-    the records of each content. Units are first told apart by the contents' kinds (the keys
+    `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit, then content
+    (contents are numbered in the order of their keys); `by_content`: the records of each
+    content; `content_keys`: their keys. Units are first told apart by the contents' kinds (the keys
     of their records), then the classes with the same keys over all their records are joined.
     Returns, per group in the order its first unit appears in the records, the records of
     that first unit and the group's units (in the same order of appearance).
     """
-    key_of: dict[tuple[Any, ...], int] = {}
-    key_ids = [key_of.setdefault(_key(r), len(key_of)) for r in records]
     kind_of: dict[tuple[int, ...], int] = {}
-    content_keys = {c: tuple(sorted(key_ids[k] for k in ks)) for c, ks in by_content.items()}
-    kinds = [kind_of.setdefault(content_keys[c], len(kind_of)) for c in range(len(by_content))]
+    kinds = [kind_of.setdefault(keys, len(kind_of)) for keys in content_keys]
     content_first = torch.tensor([min(by_content[c]) for c in range(len(by_content))])
-    keys = torch.tensor(kinds, dtype=torch.long)[cs]
-    order = torch.argsort(roots * len(kind_of) + keys, stable=True)  # by root, then kind
-    roots, cs, keys = roots[order], cs[order], keys[order]
+    keys = torch.tensor(kinds, dtype=torch.long)[cs]  # in order within each root
     distinct, where = torch.unique_consecutive(roots, return_inverse=True)
     counts = torch.bincount(where)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
