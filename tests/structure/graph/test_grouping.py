@@ -4,6 +4,7 @@ Face configs (LLaMA with grouped-query heads, BERT, GPT-2, Mixtral's experts, Vi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -12,9 +13,10 @@ from torch import nn
 
 import prunekit
 from helpers.graph_reference import reference_groups
+from prunekit.structure.graph import grouping
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.structure.graph.grouping import build_groups
-from prunekit.structure.graph.groups import ChannelGroup
+from prunekit.structure.graph.groups import ChannelGroup, Slice
 from prunekit.structure.graph.tracer import run_traced
 
 
@@ -138,3 +140,28 @@ def test_equal_signatures_are_found_even_when_hashed_alike(
     same = found.unsqueeze(0) == found.unsqueeze(1)
     assert torch.equal(same, exact.unsqueeze(0) == exact.unsqueeze(1))
     assert len(torch.unique(exact)) < len(runs)  # some runs are equal
+
+
+def test_slice_indices_are_cut_once_when_first_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder hands slices their indices pending: nothing is cut before a slice is read,
+    the first read cuts the indices of every slice of the build at once (then the channels),
+    and the slices stay frozen."""
+    cuts = []
+    real = grouping._cut
+    monkeypatch.setattr(grouping, "_cut", lambda *a: cuts.append(1) or real(*a))
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    groups = prunekit.channel_groups(model, torch.randn(2, 4))
+    built = len(cuts)  # the outputs' positions (few) are cut at once
+    first = groups[0].slices[0]
+    assert first.indices == tuple((i,) for i in range(6))
+    assert len(cuts) == built + 1
+    sizes = [len(s.indices) for g in groups for s in g.slices]
+    assert sizes == [6, 6, 6, 3, 3] and len(cuts) == built + 1
+    assert first.indices is first.indices
+    consumer = next(s for s in groups[0].slices if s.role == "in")
+    assert consumer.channels == first.indices
+    assert len(cuts) == built + 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.indices = ()  # type: ignore[misc]
+    with pytest.raises(TypeError, match="indices"):
+        Slice("0", model[0], "weight", 0, "out")  # type: ignore[call-arg]

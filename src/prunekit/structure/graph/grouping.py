@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from prunekit.structure.graph.groups import ChannelGroup, Slice
+from prunekit.structure.graph.groups import ChannelGroup, Pending, Slice, Units
 from prunekit.structure.graph.tracer import Record, Tracer, compressed
 
 
@@ -28,7 +29,7 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     reasons = _blocked(tr, roots, is_maker)
     for r in tr.records:
         if r.role == "element":
-            records.extend(_element_slices(r, roots, makers, reasons))
+            records.extend(_element_slices(r, roots, is_maker, reasons))
     by_tensor: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         by_tensor[(r.module_name, r.name)].append(r)
@@ -105,13 +106,13 @@ def _qualified(mname: str, name: str) -> str:
 
 
 def _element_slices(
-    r: Record, roots: Tensor, makers: Tensor, reasons: dict[int, list[str]]
+    r: Record, roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]]
 ) -> list[Record]:
     """A parameter combined with channels element by element becomes a slice along the one
     dim whose index decides the unit; otherwise its units are blocked."""
     tensor = getattr(r.module, r.name)
     unit = roots[r.ids]
-    live = torch.isin(unit, makers)
+    live = is_maker[unit]
     if not bool(live.any()):
         return []
     unit = torch.where(live, unit, torch.full_like(unit, -1)).reshape(tensor.shape)
@@ -132,32 +133,69 @@ def _element_slices(
 
 @dataclass
 class _Entries:
-    """The live entries of every record, flat: record, unit (root), position, channel."""
+    """The live entries of every distinct record content, flat: content, unit (root),
+    position, channel."""
 
-    record: Tensor
+    content: Tensor
     unit: Tensor
     position: Tensor
     channel: Tensor
 
     def take(self, keep: Tensor) -> _Entries:
-        return _Entries(self.record[keep], self.unit[keep], self.position[keep],
+        return _Entries(self.content[keep], self.unit[keep], self.position[keep],
                         self.channel[keep])  # fmt: skip
 
 
-def _entries(records: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
-    ks = [k for k, r in enumerate(records) if r.dim >= 0]
-    if not ks:
+def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tuple[int, ...]]]:
+    """The content of each record (-1 for those with no dim), one record per content and the
+    keys of each content's records (sorted; key ids numbered over the records), the contents
+    numbered in the order of their keys.
+
+    Records share a content when they hold the very same ids, positions and channels tensors
+    (a norm's weight, bias and statistics; a layer's weight and bias): their entries are
+    built once and told apart only when cut into slices.
+    """
+    seen: dict[tuple[int, int, int], int] = {}
+    content: list[int] = []
+    firsts: list[Record] = []
+    for r in records:
+        if r.dim < 0:
+            content.append(-1)
+            continue
+        key = (id(r.ids), id(r.positions), id(_channels(r)))
+        c = seen.get(key)
+        if c is None:
+            c = seen[key] = len(firsts)
+            firsts.append(r)
+        content.append(c)
+    key_of: dict[tuple[Any, ...], int] = {}
+    held: list[list[int]] = [[] for _ in firsts]
+    for r, c in zip(records, content, strict=True):
+        key_id = key_of.setdefault(_key(r), len(key_of))
+        if c >= 0:
+            held[c].append(key_id)
+    keys = [tuple(sorted(h)) for h in held]
+    order = sorted(range(len(firsts)), key=lambda c: (keys[c], c))
+    number = [0] * len(firsts)
+    for new, c in enumerate(order):
+        number[c] = new
+    return ([number[c] if c >= 0 else -1 for c in content], [firsts[c] for c in order],
+            [keys[c] for c in order])  # fmt: skip
+
+
+def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
+    if not firsts:
         empty = torch.zeros(0, dtype=torch.long)
         return _Entries(empty, empty, empty, empty)
-    ids = torch.cat([records[k].ids for k in ks])
-    record = torch.repeat_interleave(
-        torch.tensor(ks, dtype=torch.long), torch.tensor([len(records[k].ids) for k in ks])
+    ids = torch.cat([r.ids for r in firsts])
+    content = torch.repeat_interleave(
+        torch.arange(len(firsts)), torch.tensor([len(r.ids) for r in firsts])
     )
-    position = torch.cat([records[k].positions for k in ks])
-    channel = torch.cat([_channels(records[k]) for k in ks])
+    position = torch.cat([r.positions for r in firsts])
+    channel = torch.cat([_channels(r) for r in firsts])
     unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
     keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
-    return _Entries(record, unit, position, channel).take(keep)
+    return _Entries(content, unit, position, channel).take(keep)
 
 
 def _channels(r: Record) -> Tensor:
@@ -165,90 +203,110 @@ def _channels(r: Record) -> Tensor:
     return r.positions if r.channels is None else r.channels
 
 
+def _expand(codes: Tensor, table: dict[int, list[int]]) -> tuple[Tensor, Tensor]:
+    """For each code, every value table[code] lists (none where absent): (which code, value)."""
+    keys = torch.tensor(sorted(table), dtype=torch.long)
+    lists = [table[k] for k in keys.tolist()]
+    counts = torch.tensor([len(v) for v in lists], dtype=torch.long)
+    values = torch.tensor([v for vs in lists for v in vs], dtype=torch.long)
+    at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
+    found = keys[at] == codes
+    if bool((counts == 1).all()):  # one value per code (most tables): no expansion
+        which = found.nonzero().squeeze(1)
+        return which, values[at[which]]
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    n = torch.where(found, counts[at], 0)
+    which = torch.repeat_interleave(torch.arange(len(codes)), n)
+    first = torch.repeat_interleave(starts[at] - (n.cumsum(0) - n), n)
+    return which, values[first + torch.arange(len(which))]
+
+
 def _groups(
     records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
     extra: _Extra, outputs: list[tuple[int, int, Tensor]],
 ) -> list[ChannelGroup]:  # fmt: skip
-    live = _entries(records, roots, is_maker)
+    content_of, firsts, content_keys = _contents(records)
+    live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
-    count = len(records)
-    pairs = torch.unique(live.unit * count + live.record)  # (unit, record) it has slices in
-    grouped = _signatures(records, pairs // count, pairs % count, reasons)
-    # each group's records: those of its first unit, 'out' ones first; one slice per key
-    slice_keys: list[list[tuple[Any, ...]]] = []
+    kinds = len(firsts)
+    by_content: dict[int, list[int]] = defaultdict(list)
+    for k, c in enumerate(content_of):
+        if c >= 0:
+            by_content[c].append(k)
+    pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
+    grouped = _signatures(records, by_content, content_keys, pairs // kinds, pairs % kinds,
+                          reasons)  # fmt: skip
+    # each group's records: those of its first unit, 'out' ones first; one slice per key.
+    # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
-    allowed: dict[int, int] = {}  # group x count + record -> its slice (numbered over all)
-    numbered = 0
-    for g, (ks, _) in enumerate(grouped):
-        order = sorted(ks, key=lambda k: (records[k].role != "out", k))
+    part_of: dict[tuple[int, tuple[int, ...]], int] = {}
+    slice_part: list[int] = []
+    part_groups: list[int] = []
+    part_in: list[bool] = []
+    part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    for g, (rks, _) in enumerate(grouped):
+        order = sorted(rks, key=lambda k: (records[k].role != "out", k))
         keys: dict[tuple[Any, ...], list[int]] = {}
         for k in order:
             keys.setdefault(_key(records[k]), []).append(k)
         for rs in keys.values():
-            allowed.update((g * count + k, numbered) for k in rs)
-            numbered += 1
-        slice_keys.append(list(keys))
+            held = tuple(sorted({content_of[k] for k in rs}))
+            part = part_of.get((g, held))
+            if part is None:
+                part = part_of[(g, held)] = len(part_groups)
+                part_groups.append(g)
+                part_in.append(False)
+                for c in held:
+                    part_table[g * kinds + c].append(part)
+            part_in[part] = part_in[part] or records[rs[0]].role == "in"
+            slice_part.append(part)
         slice_records.append(list(keys.values()))
     members = [m for _, m in grouped]
-    unit_of, group_of = _unit_order(live, grouped, slice_records, len(roots))
-    # the slice of each live entry: its unit's group with the key of its record
-    g_entry = group_of[live.unit].clamp_min(0)
-    s_entry = _lookup(allowed, g_entry * count + live.record)
-    inside = s_entry >= 0
-    u_entry = unit_of[live.unit]
+    lead = [content_of[rec[0][0]] for rec in slice_records]
+    unit_of, group_of, ordered = _unit_order(live, grouped, lead, len(roots))
+    # the parts of each live entry: its unit's group with the content of its record
+    g_entry = group_of[live.unit]
+    inside = g_entry >= 0
+    which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
+    u_entry = unit_of[live.unit[inside]][which]
     sizes = [len(m) for m in members]
-    slice_sizes = [sizes[g] for g, keys in enumerate(slice_keys) for _ in keys]
-    positions = _cut(s_entry[inside], u_entry[inside], live.position[inside], slice_sizes)
-    is_in = torch.tensor([records[rs[0]].role == "in" for rec in slice_records for rs in rec])
-    take = inside & is_in[s_entry.clamp_min(0)]
-    channels = _cut(s_entry[take], u_entry[take], live.channel[take], slice_sizes)
+    part_sizes = [sizes[g] for g in part_groups]
+    positions = _Cuts(p_entry, u_entry, live.position[inside][which], part_sizes)
+    take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
+    channels = _Cuts(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     groups = []
     s = 0
-    for g, ms in enumerate(members):
+    for g in range(len(members)):
         slices = []
         for rs in slice_records[g]:
-            r = records[rs[0]]
-            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role, positions[s],
-                                channels[s] if r.role == "in" else None, r.op))  # fmt: skip
+            r, part = records[rs[0]], slice_part[s]
+            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role,
+                                positions.of(part),
+                                channels.of(part) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
-        ordered = _members_in_order(ms, unit_of)
-        groups.append(_group(tuple(slices), ordered, reasons, extra, reached.get(g, ())))
+        groups.append(_group(tuple(slices), ordered[g], reasons, extra, reached.get(g, ())))
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
 
-def _members_in_order(members: list[int], unit_of: Tensor) -> list[int]:
-    at = unit_of[torch.tensor(members, dtype=torch.long)].tolist()
-    return [m for _, m in sorted(zip(at, members, strict=True))]
-
-
-def _lookup(table: dict[int, int], codes: Tensor) -> Tensor:
-    """table[code] for each code (-1 where absent), by a sorted search."""
-    if not table:
-        return torch.full_like(codes, -1)
-    keys = torch.tensor(sorted(table), dtype=torch.long)
-    values = torch.tensor([table[k] for k in keys.tolist()], dtype=torch.long)
-    at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
-    return torch.where(keys[at] == codes, values[at], -1)
-
-
 def _unit_order(
-    live: _Entries, grouped: list[tuple[list[int], list[int]]], slice_records: list[
-        list[list[int]]], size: int
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """The group of each unit (root) and its index in the group: the units of a group are
-    ordered by where they first appear in the group's lead record (the first 'out' one)."""
+    live: _Entries, grouped: list[tuple[list[int], list[int]]], lead_content: list[int],
+    size: int
+) -> tuple[Tensor, Tensor, list[list[int]]]:  # fmt: skip
+    """The group of each unit (root), its index in the group and each group's units in that
+    order: by where they first appear in the group's lead record (the first 'out' one), whose
+    content is given per group."""
     group_of = torch.full((size,), -1, dtype=torch.long)
     all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
     member_group = torch.repeat_interleave(
         torch.arange(len(grouped)), torch.tensor([len(ms) for _, ms in grouped])
     )
     group_of[all_members] = member_group
-    lead = torch.tensor([records[0][0] for records in slice_records], dtype=torch.long)
+    lead = torch.tensor(lead_content, dtype=torch.long)
     g_entry = group_of[live.unit]
-    at_lead = (g_entry >= 0) & (live.record == lead[g_entry.clamp_min(0)])
+    at_lead = (g_entry >= 0) & (live.content == lead[g_entry.clamp_min(0)])
     index = torch.arange(len(live.unit))[at_lead]
     first = torch.full((size,), len(live.unit), dtype=torch.long)
     first.scatter_reduce_(0, live.unit[at_lead], index, "amin")
@@ -263,7 +321,28 @@ def _unit_order(
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
-    return unit_of, group_of
+    flat, bounds = ranked.tolist(), starts.tolist()
+    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(grouped))]
+    return unit_of, group_of, ordered
+
+
+class _Cuts:
+    """The values of every unit of many slices (see `_cut`), cut into tuples when one of the
+    slices is first read: most callers of the graph read the indices of few groups or none."""
+
+    def __init__(self, slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> None:
+        self._made: tuple[Tensor, Tensor, Tensor, list[int]] | None = (slot, unit, value, sizes)
+        self._found: list[Units] = []
+
+    def of(self, k: int) -> Pending[Units]:
+        """The values of slice k, pending."""
+        return Pending(partial(self._get, k))
+
+    def _get(self, k: int) -> Units:
+        if self._made is not None:
+            self._found = _cut(*self._made)
+            self._made = None
+        return self._found[k]
 
 
 def _cut(slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> list[
@@ -321,29 +400,47 @@ def _reached(
 
 
 def _signatures(
-    records: list[Record], roots: Tensor, ks: Tensor, reasons: dict[int, list[str]]
-) -> list[tuple[list[int], list[int]]]:
+    records: list[Record], by_content: dict[int, list[int]],
+    content_keys: list[tuple[int, ...]], roots: Tensor, cs: Tensor,
+    reasons: dict[int, list[str]],
+) -> list[tuple[list[int], list[int]]]:  # fmt: skip
     """Units with slices in the same tensors and dims (and both blocked or not) form a group.
 
+    `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit, then content
+    (contents are numbered in the order of their keys); `by_content`: the records of each
+    content; `content_keys`: their keys. Units are first told apart by the contents' kinds (the keys
+    of their records), then the classes with the same keys over all their records are joined.
     Returns, per group in the order its first unit appears in the records, the records of
     that first unit and the group's units (in the same order of appearance).
     """
-    key_of: dict[tuple[Any, ...], int] = {}
-    key_ids = torch.tensor([key_of.setdefault(_key(r), len(key_of)) for r in records])
-    keys = key_ids[ks]
-    order = torch.argsort(roots * len(key_of) + keys, stable=True)  # by root, then key
-    roots, ks, keys = roots[order], ks[order], keys[order]
+    kind_of: dict[tuple[int, ...], int] = {}
+    kinds = [kind_of.setdefault(keys, len(kind_of)) for keys in content_keys]
+    content_first = torch.tensor([min(by_content[c]) for c in range(len(by_content))])
+    keys = torch.tensor(kinds, dtype=torch.long)[cs]  # in order within each root
     distinct, where = torch.unique_consecutive(roots, return_inverse=True)
     counts = torch.bincount(where)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     first_k = torch.full((len(distinct),), len(records), dtype=torch.long)
-    first_k.scatter_reduce_(0, where, ks, "amin")
+    first_k.scatter_reduce_(0, where, content_first[cs], "amin")
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
-    # a root's signature: its sorted keys (a multiset) and whether it is blocked
+    # a root's signature: its sorted kinds (a multiset) and whether it is blocked
     blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
                            dtype=torch.long)  # fmt: skip
-    signature = _same_runs(keys, where, starts, torch.isin(distinct, blocked).long())
+    flag = torch.isin(distinct, blocked).long()
+    classes = _same_runs(keys, where, starts, flag)
+    # classes with the same keys over all their records (and flag) are one signature
+    n_classes = int(classes.max()) + 1
+    one = torch.full((n_classes,), len(distinct), dtype=torch.long)
+    one.scatter_reduce_(0, classes, torch.arange(len(distinct)), "amin")
+    starts_list, cs_list, flags = starts.tolist(), cs.tolist(), flag.tolist()
+    merged: dict[tuple[Any, ...], int] = {}
+    joined = []
+    for root in one.tolist():
+        held = sorted(k for c in cs_list[starts_list[root] : starts_list[root + 1]]
+                      for k in content_keys[c])  # fmt: skip
+        joined.append(merged.setdefault((flags[root], *held), len(merged)))
+    signature = torch.tensor(joined, dtype=torch.long)[classes]
     # groups in the order their first root appears, each root after those before it
     rank = torch.empty_like(appear)
     rank[appear] = torch.arange(len(appear))
@@ -355,11 +452,11 @@ def _signatures(
     sizes = torch.bincount(group_rank[signature]).tolist()
     members_all = distinct[by_group].tolist()
     leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
-    starts_list, ks_list = starts.tolist(), ks.tolist()
     found = []
     at = 0
     for lead, size in zip(leads, sizes, strict=True):
-        first_ks = sorted(ks_list[starts_list[lead] : starts_list[lead + 1]])
+        held = cs_list[starts_list[lead] : starts_list[lead + 1]]
+        first_ks = sorted(k for c in held for k in by_content[c])
         found.append((first_ks, members_all[at : at + size]))
         at += size
     return found

@@ -2,12 +2,54 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from torch import nn
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
-@dataclass(frozen=True)
+
+class Pending(Generic[T_co]):
+    """A value made when it is first read: ``make()`` returns it (the graph cuts the indices of
+    all its slices from its tensors at once, when any of them is first read)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], T_co]) -> None:
+        self.make = make
+
+
+class _OnRead(Generic[T]):
+    """A dataclass field that may be given as a `Pending` and is made (once) when read."""
+
+    def __init__(self, *default: T) -> None:
+        self.default = default  # () or (the default,)
+        self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> T:
+        if obj is None:  # the class itself: the default, the dataclass's field has none
+            if not self.default:  # without one
+                raise AttributeError(self.slot[1:])
+            return self.default[0]
+        value = obj.__dict__[self.slot]
+        if isinstance(value, Pending):
+            value = obj.__dict__[self.slot] = value.make()
+        return value  # type: ignore[no-any-return]
+
+    def __set__(self, obj: Any, value: T | Pending[T]) -> None:
+        obj.__dict__[self.slot] = value
+
+
+Units = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, repr=False)
 class Slice:
     """Positions along `dim` of ``module.<name>`` owned by each unit of a group.
 
@@ -22,9 +64,13 @@ class Slice:
     name: str
     dim: int
     role: str
-    indices: tuple[tuple[int, ...], ...] = field(repr=False)
-    channels: tuple[tuple[int, ...], ...] | None = field(default=None, repr=False)
+    indices: _OnRead[Units] = _OnRead()
+    channels: _OnRead[Units | None] = _OnRead(None)
     op: str = ""
+
+    def __repr__(self) -> str:  # the module and the indices left out
+        return (f"Slice(module_name={self.module_name!r}, name={self.name!r}, dim={self.dim!r}, "
+                f"role={self.role!r}, op={self.op!r})")  # fmt: skip
 
     @property
     def qualified(self) -> str:

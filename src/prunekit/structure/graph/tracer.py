@@ -195,21 +195,37 @@ class Tracer:
         """Leave these ids (and all merged with them) alone, for `reason`."""
         if ids is None:
             return
-        ids = ids[ids >= 0]
-        if len(ids):
-            self.blocked.append((torch.unique(ids), reason))
+        found = self.distinct(ids)
+        if len(found):
+            self.blocked.append((found, reason))
+
+    def distinct(self, ids: Tensor) -> Tensor:
+        """The distinct ids (>= 0) among `ids`, sorted: each id marked in a table of all ids
+        when there are many entries (no sort of a tensor as large as the activations)."""
+        flat = core(ids).reshape(-1)
+        if 16 * len(flat) > self._count:
+            seen = torch.zeros(self._count + 1, dtype=torch.bool)
+            seen[flat.clamp_min(-1) + 1] = True
+            return seen[1:].nonzero().flatten()
+        found: Tensor = torch.unique(flat[flat >= 0])
+        return found
 
     def varying(self, labels: Tensor) -> list[int]:
         """The dims along which the labels' channels change (ids merged so far counted as
         one: a class token concatenated to the patches is their channel)."""
         dims = varying(labels)
-        return dims if len(dims) <= 1 else varying(self.canonical(labels))
+        return dims if len(dims) <= 1 else varying(self.canonical(core(labels)))
 
     def canonical(self, labels: Tensor) -> Tensor:
         """Labels with every id replaced by its root (ids merged so far look the same)."""
-        values, inverse = torch.unique(labels, return_inverse=True)
-        roots = torch.where(values >= 0, self.roots(values.clamp_min(0)), -1)
-        return roots[inverse].reshape(labels.shape)
+        parent = self._parent
+        up = parent[labels.clamp_min(0)]  # followed up to the roots (no sort of the labels)
+        while True:
+            upper = parent[up]
+            if torch.equal(upper, up):
+                break
+            up = upper
+        return torch.where(labels >= 0, up, -1)
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:

@@ -33,8 +33,9 @@ def _conv(tr: Tracer, call: Call) -> None:
     chan = channel_ids(tr, tr.label(x), cdim, x.shape[cdim], where)
     if per == 1 and groups > 1:  # depthwise: output channel o reads input channel o // k
         ids = chan.repeat_interleave(cout // groups)
-        tr.record(owner, 0, "depthwise", torch.arange(cout), ids, op=call.name)
-        tr.record(bias_owner, 0, "bias", torch.arange(cout), ids)
+        made = torch.arange(cout)  # one tensor for both: their entries are built once
+        tr.record(owner, 0, "depthwise", made, ids, op=call.name)
+        tr.record(bias_owner, 0, "bias", made, ids)
         tr.set(out, along(ids, cdim, out.shape))
         return
     channels = torch.arange(x.shape[cdim])
@@ -48,8 +49,9 @@ def _conv(tr: Tracer, call: Call) -> None:
     if groups > 1:  # and so does the j-th output channel of every group
         by_group = new.reshape(groups, cout // groups)
         tr.merge(by_group[:1].expand_as(by_group), by_group)
-    tr.record(owner, 0, "out", torch.arange(cout), new, op=call.name)
-    tr.record(bias_owner, 0, "bias", torch.arange(cout), new)
+    made = torch.arange(cout)  # one tensor for both: their entries are built once
+    tr.record(owner, 0, "out", made, new, op=call.name)
+    tr.record(bias_owner, 0, "bias", made, new)
     tr.set(out, along(new, cdim, out.shape))
 
 
@@ -76,8 +78,9 @@ def _matrix_product(
     positions = torch.arange(features)
     tr.record(owner, reads, "in", positions, chan, positions, op=call.name)
     new = tr.new_ids(weight.shape[makes])
-    tr.record(owner, makes, "out", torch.arange(weight.shape[makes]), new, op=call.name)
-    tr.record(bias_owner, 0, "bias", torch.arange(weight.shape[makes]), new)
+    made = torch.arange(weight.shape[makes])  # one tensor for both: entries built once
+    tr.record(owner, makes, "out", made, new, op=call.name)
+    tr.record(bias_owner, 0, "bias", made, new)
     tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
 
 
@@ -89,8 +92,9 @@ def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> T
     if labels is None:
         return None
     chan = channel_ids(tr, labels, 1, x.shape[1], describe_op(call))
+    positions = torch.arange(len(chan))  # one tensor for all: their entries are built once
     for owner, role in owners:
-        tr.record(owner, 0, role, torch.arange(len(chan)), chan)
+        tr.record(owner, 0, role, positions, chan)
     return chan
 
 
