@@ -1,8 +1,8 @@
 """Every built-in group criterion gives, bit for bit, the scores a known-good build gave
-(scores_frozen.json, written by scores_frozen.py) on a small MLP, convolutions (batch norm,
-grouped, depthwise), a small LLaMA and a small Mixtral: with and without calibration batches,
-from ``.grad`` and from a loss. Close is not enough: the ranking of tied or near-tied units,
-and so the pruned model, follows the last bit."""
+(helpers/scores_frozen.json, written by helpers/scores_frozen.py) on a small MLP,
+convolutions (batch norm, grouped, depthwise), a small LLaMA and a small Mixtral: with and
+without calibration batches, from ``.grad`` and from a loss. Close is not enough: the
+ranking of tied or near-tied units, and so the pruned model, follows the last bit."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import json
 from typing import Any
 
 import pytest
-import scores_frozen  # beside this file (pytest puts its folder on sys.path)
+
+from helpers import scores_frozen
 
 FROZEN: dict[str, Any] = json.loads(scores_frozen.FILE.read_text())
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

@@ -3,7 +3,7 @@ small models, written once by a known-good build and compared by test_scores_fro
 change in how the criteria's statistics are gathered or reduced must give the very same
 scores (not merely close ones).
 
-    PYTHONPATH=src python tests/structure/scoring/scores_frozen.py   # rewrite scores_frozen.json
+    PYTHONPATH=src python tests/helpers/scores_frozen.py   # rewrite scores_frozen.json
 
 Each (model, criterion) keeps one digest per group: the SHA-256 of the float64 scores' bytes.
 Scores are computed on one thread, as torch's own kernels may round differently on more.
