@@ -283,6 +283,14 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     ]
 
 
+def _zeros(values: Tensor) -> int:
+    """How many entries of `values` are zero: counted in one pass, with no bool copy, where
+    torch can (float8 has no ``count_nonzero`` on the CPU: compared there)."""
+    if values.is_floating_point() and values.element_size() == 1:
+        return int((values == 0).sum())
+    return int(values.numel()) - int(values.count_nonzero())
+
+
 def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
     values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
     return TensorRow(
@@ -290,7 +298,7 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
         shape=tuple(int(s) for s in tensor.shape),
         dtype=dtype_name(tensor.dtype),
         numel=int(tensor.numel()),
-        zeros=int(values.numel()) - int(values.count_nonzero()),  # one pass, no bool copy
+        zeros=_zeros(values),
         masked=mask is not None,
         method=method,
         itemsize=int(tensor.element_size()),
