@@ -525,6 +525,13 @@ class Wanted:
     means: bool = False
     patches: bool = False
 
+    def gather(self, modules: Sequence[nn.Module]) -> InputStatistics:
+        """Statistics of these kinds for `modules`, gathered while the returned context is
+        entered."""
+        return InputStatistics(
+            modules, norms=self.norms, hessian=self.hessian, means=self.means, patches=self.patches
+        )
+
 
 def block_statistics(
     block: nn.Module,
@@ -538,13 +545,7 @@ def block_statistics(
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
     before (the block is not run then), is raised here once every rank has learnt of it."""
-    with InputStatistics(
-        modules,
-        norms=wanted.norms,
-        hessian=wanted.hessian,
-        means=wanted.means,
-        patches=wanted.patches,
-    ) as stats:
+    with wanted.gather(modules) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)
@@ -566,13 +567,7 @@ def first_group_statistics(
         group = _first_group(block, call, index, modules, wanted.patches)
         if group:
             break
-    with InputStatistics(
-        group,
-        norms=wanted.norms,
-        hessian=wanted.hessian,
-        means=wanted.means,
-        patches=wanted.patches,
-    ) as stats:
+    with wanted.gather(group) as stats:
         if group:
             with _stopping(group) as run:
                 _run_each(stats, inputs, lambda call: run(block, call), None)
