@@ -22,6 +22,8 @@ and one block's errors.
 
 from __future__ import annotations
 
+import itertools
+import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -46,6 +48,10 @@ pruned flags."""
 
 _STEP = 16
 """Columns swept one by one between two matrix products (see _sweep_block)."""
+
+_SUBSETS = 70
+"""NM groups with at most this many ways to prune (4:8 has 70) are pruned the way of
+least loss (`_least_loss`); larger ones by each column's saliency."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ def sparsegpt_prune_shared(
     with _named(" and ".join(label for label in labels if label)):
         upper, dead = inverse_factor(hessian, settings.damp, amount.owner)
     pruned = torch.zeros(w.shape, dtype=torch.bool)
-    sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern)
+    sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern, _subsets(pattern))
     cols = hessian.shape[1]
     for start in range(0, cols, settings.blocksize):
         stop = min(cols, start + settings.blocksize)
@@ -163,6 +169,7 @@ class _Sweep:
     pruned: Tensor
     choose: Chooser
     pattern: Pattern
+    subsets: tuple[Tensor, Tensor] | None
 
 
 def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
@@ -194,9 +201,15 @@ def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
             for i in range(a, b):
                 if i % group == 0:
                     end = min(i + group, width)
-                    saliency = (current[i:end] ** 2 / scale[i:end]).T.masked_fill(quiet[i:end], 0)
                     part = None if competing is None else competing[:, i:end]
-                    chosen[:, i:end] = choose(saliency, part, start + i)
+                    if sweep.subsets is not None and part is None and end - i == group:
+                        values = current[i:end].masked_fill(quiet[i:end, None], 0)
+                        chosen[:, i:end] = _least_loss(values, factor[i:end, i:end], sweep.subsets)
+                    else:
+                        saliency = (current[i:end] ** 2 / scale[i:end]).T.masked_fill(
+                            quiet[i:end], 0
+                        )
+                        chosen[:, i:end] = choose(saliency, part, start + i)
                     _shares(chosen[:, i:end], part, diagonal[i:end], share[i:end])
                 torch.mul(current[i], share[i], out=errors[i])
                 if i + 1 < b:
@@ -206,6 +219,46 @@ def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
     current.masked_fill_(share != 0, 0)
     w[:, start:stop] = current.T
     w[:, stop:].addmm_(errors.T, upper[start:stop, stop:], alpha=-1)
+
+
+def _subsets(pattern: Pattern) -> tuple[Tensor, Tensor] | None:
+    """For an NM pattern whose groups have at most `_SUBSETS` ways to prune: every way, as
+    (ways, m - n) column indices in increasing order and (ways, m) pruned flags."""
+    if not isinstance(pattern, NM) or math.comb(pattern.m, pattern.n) > _SUBSETS:
+        return None
+    ways = list(itertools.combinations(range(pattern.m), pattern.m - pattern.n))
+    index = torch.tensor(ways, dtype=torch.int64)
+    flags = torch.zeros((len(ways), pattern.m), dtype=torch.bool)
+    flags.scatter_(1, index, True)
+    return index, flags
+
+
+def _least_loss(values: Tensor, factor: Tensor, subsets: tuple[Tensor, Tensor]) -> Tensor:
+    """Which entries of one NM group to prune, per row: the way whose sweep over the
+    group's columns adds the least loss. `values` (m, rows) are the group's current
+    weights, `factor` (m x m) the group's diagonal block of the upper factor U.
+
+    Pruning columns a < b < ... of the group, the sweep removes e_a = w_a / U_aa at a,
+    which moves w_b by -e_a U_ab, then e_b = (w_b - e_a U_ab) / U_bb at b, and so on; the
+    loss it adds is sum e^2 (the entries kept move no other). The saliency w^2 / U_jj^2
+    of each column alone leaves out those moves: with correlated inputs its choice can
+    cost more.
+
+    Returns (rows, m) bool: True where pruned.
+    """
+    index, flags = subsets
+    errors: list[Tensor] = []
+    loss = torch.zeros((index.shape[0], values.shape[1]), dtype=values.dtype)
+    for p in range(index.shape[1]):
+        at = index[:, p]
+        moved = values[at]
+        for q in range(p):
+            moved = moved - errors[q] * factor[index[:, q], at].unsqueeze(1)
+        error = moved / factor[at, at].unsqueeze(1)
+        loss += error.square()
+        errors.append(error)
+    chosen: Tensor = flags[loss.argmin(dim=0)]
+    return chosen
 
 
 def _shares(chosen: Tensor, alive: Tensor | None, diagonal: Tensor, out: Tensor) -> None:
