@@ -3,6 +3,7 @@ no Cholesky), exact OBS on a single weight, and its errors."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ def plain_sparsegpt(
     """The algorithm as written in the paper, slowly: at each column j, every row whose
     entry is pruned moves its error onto the columns after j with the inverse of the
     Hessian restricted to columns j, j+1, ... (the OBS update); masks are chosen at each
-    block's start (NM: at each group's start) from w^2 / [H_{j:,j:}^-1]_00."""
+    block's start from w^2 / [H_{j:,j:}^-1]_00; 2:4 at each group's start, per row, the
+    two of the four whose pruning, swept column by column, adds the least loss ('2:4 by
+    saliency': the two of least w^2 / [H_{j:,j:}^-1]_00, each alone)."""
     w, h = w.clone().double(), h.clone().double()
     rows, cols = w.shape
     dead = h.diagonal() == 0
@@ -56,6 +59,11 @@ def plain_sparsegpt(
         for j in range(b0, b1):
             if kind == "2:4" and (j - b0) % 4 == 0:
                 for r in range(rows):
+                    ways = itertools.combinations(range(j, j + 4), 2)
+                    best = min(ways, key=lambda way: group_loss(w[r], way, inverses, dead))
+                    pruned[r, list(best)] = True
+            if kind == "2:4 by saliency" and (j - b0) % 4 == 0:
+                for r in range(rows):
                     for _, c in sorted((saliency(r, c), c) for c in range(j, j + 4))[:2]:
                         pruned[r, c] = True
             for r in range(rows):
@@ -63,6 +71,21 @@ def plain_sparsegpt(
                     hinv = inverses[j]
                     w[r, j:] -= w[r, j] / hinv[0, 0] * hinv[0, :]
     return ~pruned, w.masked_fill(pruned, 0)
+
+
+def group_loss(
+    row: torch.Tensor, way: tuple[int, ...], inverses: list[torch.Tensor], dead: torch.Tensor
+) -> float:
+    """The loss of pruning columns `way` (increasing) of `row`, each in turn moving its
+    error onto the columns after it; an input that never fired costs nothing."""
+    row = row.clone()
+    row[dead] = 0
+    loss = 0.0
+    for j in way:
+        hinv = inverses[j]
+        loss += float(row[j] ** 2 / hinv[0, 0])
+        row[j:] -= row[j] / hinv[0, 0] * hinv[0, :]
+    return loss
 
 
 def hessian(cols: int, samples: int = 64, seed: int = 0) -> torch.Tensor:
@@ -94,6 +117,24 @@ def test_matches_the_plain_reference(kind: str, blocksize: int, damp: float) -> 
     assert torch.allclose(updated, ref_w, atol=1e-10, rtol=1e-10)
     assert int((~keep).sum()) == 48
     assert bool((updated[~keep] == 0).all())
+
+
+def test_nm_groups_prune_the_way_of_least_loss_not_of_least_saliency() -> None:
+    """Correlated inputs: pruning one column of a group moves the next, so the two columns
+    of least saliency (each alone) are often not the pair of least loss."""
+    generator = torch.Generator().manual_seed(1)
+    mix = torch.randn(8, 8, generator=generator, dtype=torch.float64)
+    x = torch.randn(200, 8, generator=generator, dtype=torch.float64) @ mix
+    w = torch.randn(32, 8, generator=generator, dtype=torch.float64)
+    h = x.T @ x
+    keep, updated = sparsegpt_prune(w, h, Amount(0.5, "t"), prune.NM(2, 4))
+    ref_keep, ref_w = plain_sparsegpt(w, h, 0.5, "2:4", 8, 0.01)
+    assert torch.equal(keep, ref_keep)
+    assert torch.allclose(updated, ref_w, atol=1e-10)
+    loss = float(((x @ (w - updated).T) ** 2).sum())
+    _, by_saliency = plain_sparsegpt(w, h, 0.5, "2:4 by saliency", 8, 0.01)
+    assert not torch.equal(by_saliency == 0, ~keep)
+    assert loss < float(((x @ (w - by_saliency).T) ** 2).sum())
 
 
 def test_one_pruned_weight_is_exact_obs() -> None:
