@@ -173,6 +173,9 @@ def test_block_list_and_capture() -> None:
     assert torch.equal(cal.run_block(model.blocks[0], inputs[0])[0][0], expected)
 
 
+BY_BLOCKS: dict[str, Any] = {"pattern": "row", "sequential": True}
+
+
 @pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
 def test_sequential_calibrates_each_block_on_the_pruned_ones_before(method: str) -> None:
     torch.manual_seed(0)
@@ -189,7 +192,8 @@ def test_sequential_calibrates_each_block_on_the_pruned_ones_before(method: str)
     targets = [(b.a, "weight") for b in model.blocks] + [(b.b, "weight") for b in model.blocks]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cal, "block_statistics", spy)
-        oneshot(model, targets, 0.5, method=method, pattern="row", calibration=batches())
+        data = batches()  # block by block (sparsegpt's own default: 'layers')
+        oneshot(model, targets, 0.5, method=method, calibration=data, **BY_BLOCKS)
     # Block 2's inputs are block 1's outputs after block 1 was pruned (not the dense ones).
     x = model.embed(batches()[0])
     with torch.no_grad():
@@ -532,7 +536,7 @@ def test_layers_groups_layers_reading_one_input_and_stops_each_run_there() -> No
 
 
 @pytest.mark.parametrize(
-    ("value", "error"), [("blocks", ValueError), (1, TypeError), (None, TypeError)]
+    ("value", "error"), [("blocks", ValueError), (1, TypeError), (1.0, TypeError)]
 )
 def test_a_bad_sequential_is_named_and_changes_nothing(value: Any, error: type) -> None:
     model = Tiny()

@@ -142,3 +142,21 @@ def test_layers_is_refused_with_a_process_group_on_every_rank() -> None:
     for one in found:
         assert "expected sequential=True with process_group" in one, one
         assert one.endswith("unchanged: True")
+
+
+def test_sparsegpt_over_ranks_calibrates_block_by_block_by_default() -> None:
+    """Without `sequential`, SparseGPT over a process group calibrates block by block (its
+    default 'layers' is refused there)."""
+
+    def run(group: Any, **sequential: Any) -> dict[str, torch.Tensor]:
+        model = calibrated.build()
+        prunekit.prune_model(
+            model, 0.5, method="sparsegpt", calibration=data(group.rank), process_group=group,
+            **sequential,
+        )  # fmt: skip
+        return {k: v.clone() for k, v in model.state_dict().items() if k.endswith("_orig")}
+
+    found = on_threads(2, run)
+    told = on_threads(2, lambda g: run(g, sequential=True))
+    for mine, want in zip(found, told, strict=True):
+        assert all(torch.equal(mine[k], want[k]) for k in want)

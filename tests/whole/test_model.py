@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import prunekit as prune
+from helpers import distributed_calibration
 from helpers.attention_block import Block, train_and_compare
 from helpers.frameworks import Framework
 from helpers.model_state import fingerprint as state_of
@@ -216,3 +217,22 @@ def test_an_error_on_one_weight_names_its_path() -> None:
     with pytest.raises(ValueError, match=r"^'1\.weight': parameter 'weight' of Linear: .*nan"):
         prune.prune_model(model, 0.5)
     assert not prune.is_pruned(model)
+
+
+def test_sparsegpt_calibrates_layer_group_by_group_unless_told_otherwise() -> None:
+    """sequential's default is the method's own: 'layers' for SparseGPT (each group of a
+    block's layers on the outputs of the groups pruned before it), True for Wanda."""
+    data = distributed_calibration.batches(0, 1)
+
+    def pruned(method: str, **sequential: Any) -> dict[str, torch.Tensor]:
+        model = distributed_calibration.build()
+        prune.prune_model(model, 0.5, method=method, calibration=data, **sequential)
+        return {k: v for k, v in model.state_dict().items() if k.endswith(("_mask", "_orig"))}
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    default = pruned("sparsegpt")
+    assert same(default, pruned("sparsegpt", sequential="layers"))
+    assert not same(default, pruned("sparsegpt", sequential=True))
+    assert same(pruned("wanda"), pruned("wanda", sequential=True))

@@ -13,7 +13,13 @@ from typing import Any
 from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.errors import type_error, value_error
 from prunekit.patterns import Pattern
-from prunekit.whole.registry import METHODS, Method, check_scope, default_pattern
+from prunekit.whole.registry import (
+    METHODS,
+    Method,
+    check_scope,
+    default_pattern,
+    default_sequential,
+)
 from prunekit.whole.targets import ALL, globs
 
 __all__ = ["Config"]
@@ -32,7 +38,9 @@ class Config:
         include: globs of the names to prune (``('*',)``: every tensor the method prunes).
         exclude: globs of the names to leave out.
         sequential: calibrate block by block (the calibrated methods): True, False, or
-            'layers' (in each block, its layers too, group by group: see prune_model).
+            'layers' (in each block, its layers too, group by group: see prune_model);
+            None (when made) becomes the method's own (registry.default_sequential, as
+            without data-parallel ranks: 'layers' for SparseGPT).
         progress: a bar on stderr (None: when stderr is a terminal).
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
@@ -49,7 +57,7 @@ class Config:
     scope: str = "layer"
     include: tuple[str, ...] = ALL
     exclude: tuple[str, ...] = ()
-    sequential: bool | str = True
+    sequential: bool | str | None = None
     progress: bool | None = None
     damp: float = 0.01
     blocksize: int = 128
@@ -68,6 +76,8 @@ class Config:
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
         if self.pattern is None:
             object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
+        if self.sequential is None:
+            object.__setattr__(self, "sequential", default_sequential(self.method, False))
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error

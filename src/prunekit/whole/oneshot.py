@@ -36,7 +36,7 @@ def oneshot(
     pattern: Any = None,
     scope: str = "layer",
     calibration: Iterable[Any] | None = None,
-    sequential: bool | str = True,
+    sequential: bool | str | None = None,
     loss: Loss | None = None,
     damp: float = 0.01,
     blocksize: int = 128,
@@ -60,7 +60,8 @@ def oneshot(
         sequential: calibrate block by block, each on the outputs of the pruned blocks
             before it (Wanda and SparseGPT; Taylor always takes the whole model's
             gradient); 'layers': in each block, its layers too, group by group (see
-            prunekit.prune_model).
+            prunekit.prune_model); None: the method's own ('layers' for SparseGPT,
+            True for the others).
         loss: Taylor's loss of the model's output and the batch.
         damp: SparseGPT's dampening, a share of the Hessian diagonal's mean.
         blocksize: SparseGPT's columns updated at a time.
