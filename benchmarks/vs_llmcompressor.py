@@ -3,6 +3,7 @@
     python benchmarks/vs_llmcompressor.py                       # make bench-llmcompressor
     python benchmarks/vs_llmcompressor.py --models minilm --rounds 3
     python benchmarks/vs_llmcompressor.py --layers              # sequential='layers'
+    python benchmarks/vs_llmcompressor.py --blocks              # sequential=True
     python benchmarks/vs_llmcompressor.py --peer /path/to/venv/bin/python
 
 llm-compressor 0.14 pins an older transformers than prunekit's venv, so it lives in a venv
@@ -22,7 +23,10 @@ of the blocks (not the head, not the pooler), 50 %. Patterns: 'unstructured' is 
 library's own unstructured pruning: for Wanda, 50 % of each output row on both sides (as
 Wanda's paper; llm-compressor's mask structure '0:0'); for SparseGPT, 50 % of each block
 of 128 columns. '2:4': 2 of every 4 along the input. Both calibrate block by block, each
-block on the outputs of the blocks pruned before it.
+block on the outputs of the blocks pruned before it; prunekit's SparseGPT (its default
+sequential='layers') also each group of a block's layers on the outputs of the groups
+pruned before it, where llm-compressor calibrates all of a block's layers on one run of
+the dense block.
 
 *s* is the wall time of the pruning call alone (llm-compressor: its `oneshot`, timed in
 the worker; loading models and scoring not counted), the median over --rounds; *MiB* is
@@ -162,7 +166,7 @@ class Run:
     mib: float
 
 
-def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool | str) -> Run:
+def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool | str | None) -> Run:
     twin = copy.deepcopy(subject.model)
     ours = "row" if method == "wanda" and pattern == "unstructured" else pattern
 
@@ -175,7 +179,7 @@ def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool |
             calibration=subject.batches,
             include=subject.include,
             progress=False,
-            sequential=sequential,
+            **({} if sequential is None else {"sequential": sequential}),
         )
 
     seconds, mib = calibrated.measure(prune)
@@ -231,7 +235,7 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
         f"\n{subject.name}: {len(subject.include)} Linear weights at 50 %, calibration "
         f"{len(subject.batches)} x 128 tokens, {subject.about} (dense {dense:.4g}); "
         f"{args.rounds} round(s), {args.threads} thread(s)"
-        + (", prunekit with sequential='layers'" if args.layers else "")
+        + (f", prunekit with sequential={_sequential(args)!r}" if _sequential(args) else "")
     )
     m = subject.measure
     header = (
@@ -252,8 +256,7 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
                 sides.reverse()
             for side in sides:
                 if side == "prunekit":
-                    sequential = "layers" if args.layers else True
-                    ours.append(run_prunekit(subject, method, pattern, sequential))
+                    ours.append(run_prunekit(subject, method, pattern, _sequential(args)))
                 elif not failed:
                     found = run_peer(peer, subject, method, pattern, tmp, args.threads)
                     if isinstance(found, str):
@@ -279,6 +282,12 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
         )
 
 
+def _sequential(args: argparse.Namespace) -> bool | str | None:
+    """prunekit's `sequential` as the options ask; None: its own default ('layers' for
+    SparseGPT, True for Wanda)."""
+    return "layers" if args.layers else True if args.blocks else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", default=str(DEFAULT_PEER), help="llm-compressor's python")
@@ -290,6 +299,11 @@ def main() -> None:
         "--layers",
         action="store_true",
         help="prunekit with sequential='layers' (each block's layers group by group)",
+    )
+    parser.add_argument(
+        "--blocks",
+        action="store_true",
+        help="prunekit with sequential=True (block by block; default: prunekit's own)",
     )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--windows", type=int, default=8, help="SmolLM2: scored windows")
