@@ -7,8 +7,10 @@ is [H_F^-1]_{j,:} / sqrt([H_F^-1]_jj) for F = {j, j+1, ...}: the exact OBS updat
 that the columns before j are fixed. Work is done in blocks of `blocksize` columns (the
 update of the columns after a block is one matrix product); the pattern chooses what each
 block prunes from the saliency w^2 / [H_F^-1]_jj of its current weights: Unstructured and
-PerRow at the start of a block, NM at the start of each group. Counts are spread over the
-blocks by cumulative rounding, so the totals are the pattern's exact ones.
+PerRow at the start of a block. NM chooses at the start of each group, from its current
+weights too, the way to prune whose sweep over the group adds the least loss (each
+column's saliency alone leaves out how pruning one moves the next). Counts are spread
+over the blocks by cumulative rounding, so the totals are the pattern's exact ones.
 
 Weights that read the same input (query, key and value; gate and up) have one Hessian:
 `sparsegpt_prune_shared` factors it once and sweeps their rows stacked, each weight with
