@@ -45,6 +45,8 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
         [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
         [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
+        [--temperature 2] [--distill-batch 16] [--augment strong|crops] [--bn frozen|train]
+        [--hidden 0] [--show 0] [--cache DIR]
 
 `+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
 is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the logits at
@@ -58,6 +60,15 @@ cutmix between the crops. Its crops come from the training photos: with ``--spli
 the 10 photos (other crops than the evaluated ones; the photos are the same) and the 14 more
 images; with ``--split photos`` only the calibration photos (no evaluated photo is ever
 trained on). Only the rows of ``--distill-criteria`` are distilled (the others print `-`).
+``--augment crops`` draws the training crops as the evaluated ones are drawn (35-100 % of the
+shorter side, flips; a fresh crop each time, from another generator than the eval and
+calibration crops) instead. ``--bn train`` updates the BatchNorm statistics with each batch
+(and drop-connect runs). ``--hidden W`` adds W x ``hidden_state_loss`` over the outputs of
+the 16 blocks and of the head's norm: each student feature against the dense model's same
+channels (those the pruning kept, found as the channels not all zero in the masked model),
+both over the dense feature's RMS. ``--show S`` prints the agreement every S CPU seconds of
+distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned models for the
+next runs (the pruning itself takes minutes).
 """
 
 from __future__ import annotations
@@ -257,6 +268,7 @@ def _distill(
     seconds: float,
     args: argparse.Namespace,
     kept: dict[str, torch.Tensor] | None = None,
+    agreement: Any = None,
 ) -> tuple[int, float]:
     """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh crops of
     `photos` for `seconds` of this process's CPU time (``args``: batch, lr, temperature,
@@ -278,7 +290,14 @@ def _distill(
             dense(probe)
         scale = {n: float(o[:, kept[n]].square().mean().sqrt()) for n, o in theirs.outputs.items()}
     steps, start, wall = 0, time.process_time(), time.perf_counter()
+    shown = 0
     while (spent := time.process_time() - start) < seconds:
+        if agreement is not None and args.show and spent >= (shown + 1) * args.show:
+            shown, paused = int(spent // args.show), time.process_time()
+            model.eval()
+            print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
+            model.train(args.bn == "train")
+            start += time.process_time() - paused
         for group in optimizer.param_groups:
             group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
         if args.augment == "crops":
@@ -352,6 +371,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="a folder keeping each pruned model (before +KD) for later runs with the same "
+        "criterion, column, split, share, floors, calibration and damping",
+    )
+    parser.add_argument(
         "--augment",
         choices=("strong", "crops"),
         default="strong",
@@ -363,6 +389,12 @@ def main() -> None:
         choices=("frozen", "train"),
         default="frozen",
         help="+KD: BatchNorm statistics frozen (eval mode) or updated by each batch",
+    )
+    parser.add_argument(
+        "--show",
+        type=float,
+        default=0.0,
+        help="+KD: print the agreement every this many CPU seconds (not counted)",
     )
     parser.add_argument(
         "--hidden",
@@ -437,9 +469,16 @@ def main() -> None:
                 kept = _kept_channels(model, x[:8]) if args.hidden > 0 else None
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
-                steps, wall = _distill(model, dense, training, args.distill, args, kept)
+                steps, wall = _distill(model, dense, training, args.distill, args, kept, agreement)
                 distilled.append(f"{criterion}: {steps} steps in {wall:.0f} s wall")
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
+                continue
+            key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
+                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}.pt")  # fmt: skip
+            if args.cache is not None and (args.cache / key).exists():
+                model, removed[column] = torch.load(args.cache / key, weights_only=False)
+                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                last = model
                 continue
             model = copy.deepcopy(dense)
             how: bool | str = {"uniform": False, "expand": False, "comp": True}.get(
@@ -466,6 +505,9 @@ def main() -> None:
             removed[column] = sum(len(p.units) for p in pruned)
             if column == "bn":
                 prune.recalibrate_norms(model, calibration)
+            if args.cache is not None:
+                args.cache.mkdir(parents=True, exist_ok=True)
+                torch.save((model, removed[column]), args.cache / key)
             print(f" {agreement(model):>10.1%}", end="", flush=True)
             last = model
         print(flush=True)
