@@ -45,6 +45,8 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
         [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
         [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
+        [--temperature 2] [--distill-batch 16] [--augment strong|crops] [--bn frozen|train]
+        [--hidden 0] [--show 0] [--cache DIR]
 
 `+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
 is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the logits at
@@ -58,6 +60,15 @@ cutmix between the crops. Its crops come from the training photos: with ``--spli
 the 10 photos (other crops than the evaluated ones; the photos are the same) and the 14 more
 images; with ``--split photos`` only the calibration photos (no evaluated photo is ever
 trained on). Only the rows of ``--distill-criteria`` are distilled (the others print `-`).
+``--augment crops`` draws the training crops as the evaluated ones are drawn (35-100 % of the
+shorter side, flips; a fresh crop each time, from another generator than the eval and
+calibration crops) instead. ``--bn train`` updates the BatchNorm statistics with each batch
+(and drop-connect runs). ``--hidden W`` adds W x ``hidden_state_loss`` over the outputs of
+the 16 blocks and of the head's norm: each student feature against the dense model's same
+channels (those the pruning kept, found as the channels not all zero in the masked model),
+both over the dense feature's RMS. ``--show S`` prints the agreement every S CPU seconds of
+distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned models for the
+next runs (the pruning itself takes minutes).
 """
 
 from __future__ import annotations
@@ -76,6 +87,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunekit as prune
+from prunekit.schedule import hidden_state_loss
 
 
 def _photos() -> list[np.ndarray]:
@@ -117,24 +129,25 @@ Grace Hopper, the astronaut, the coffee, the motorcycle), the calibration crops 
 five others and ``_more_photos()``."""
 
 
+def _crop(photo: np.ndarray, generator: np.random.Generator) -> torch.Tensor:
+    """One random crop of `photo` (35-100 % of the shorter side), half flipped, resized to
+    224, scaled to [-1, 1] as the model was trained."""
+    h, w = photo.shape[:2]
+    side = int(min(h, w) * generator.uniform(0.35, 1.0))
+    top = int(generator.integers(0, h - side + 1))
+    left = int(generator.integers(0, w - side + 1))
+    crop = torch.from_numpy(np.ascontiguousarray(photo[top : top + side, left : left + side]))
+    x = crop.permute(2, 0, 1).float()[None]
+    x = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True, align_corners=False)
+    if generator.random() < 0.5:
+        x = x.flip(-1)
+    return x[0] / 127.5 - 1.0
+
+
 def _crops(photos: list[np.ndarray], count: int, seed: int, offset: int = 0) -> torch.Tensor:
-    """`count` random crops (35-100 % of the shorter side), half flipped, resized to 224,
-    scaled to [-1, 1] as the model was trained."""
+    """`count` crops (``_crop``) taking the photos in turn, from a generator seeded `seed`."""
     generator = np.random.default_rng(seed)
-    out = []
-    for k in range(count):
-        photo = photos[(k + offset) % len(photos)]
-        h, w = photo.shape[:2]
-        side = int(min(h, w) * generator.uniform(0.35, 1.0))
-        top = int(generator.integers(0, h - side + 1))
-        left = int(generator.integers(0, w - side + 1))
-        crop = torch.from_numpy(np.ascontiguousarray(photo[top : top + side, left : left + side]))
-        x = crop.permute(2, 0, 1).float()[None]
-        x = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True, align_corners=False)
-        if generator.random() < 0.5:
-            x = x.flip(-1)
-        out.append(x[0] / 127.5 - 1.0)
-    return torch.stack(out)
+    return torch.stack([_crop(photos[(k + offset) % len(photos)], generator) for k in range(count)])
 
 
 def _model() -> nn.Module:
@@ -217,33 +230,91 @@ def _augmented(
     return batch
 
 
+FEATURES = [f"_blocks.{k}" for k in range(16)] + ["_bn1"]
+"""Where ``--hidden`` compares the student's features with the dense model's: every block's
+output (the residual widths) and the head's normalized output before its activation."""
+
+
+class _Features:
+    """The outputs of the `FEATURES` modules of a model, kept by forward hooks at each call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.outputs: dict[str, torch.Tensor] = {}
+        modules = dict(model.named_modules())
+        for name in FEATURES:
+            modules[name].register_forward_hook(self._keep(name))
+
+    def _keep(self, name: str) -> Any:
+        def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+            self.outputs[name] = output
+
+        return hook
+
+
+def _kept_channels(masked: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """For each of `FEATURES`, the channels of `masked` (pruned, not yet compacted) that are
+    not all zero on `x`: those its compacted copy keeps, in order."""
+    probe = copy.deepcopy(masked)
+    features = _Features(probe)
+    with torch.no_grad():
+        probe(x)
+    return {n: o.abs().amax(dim=(0, 2, 3)).nonzero()[:, 0] for n, o in features.outputs.items()}
+
+
 def _distill(
     model: nn.Module,
     dense: nn.Module,
     photos: list[np.ndarray],
     seconds: float,
-    batch: int,
-    lr: float,
-    temperature: float,
+    args: argparse.Namespace,
+    kept: dict[str, torch.Tensor] | None = None,
+    agreement: Any = None,
 ) -> tuple[int, float]:
-    """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh augmented
-    crops of `photos` for `seconds` of this process's CPU time; BatchNorm statistics stay as
-    they are (every module in eval mode). Returns the steps and the wall seconds."""
-    distiller = prune.Distiller(dense, temperature=temperature)
+    """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh crops of
+    `photos` for `seconds` of this process's CPU time (``args``: batch, lr, temperature,
+    augmentation, BatchNorm mode, hidden weight). With `kept` (``--hidden``), the features
+    ``FEATURES`` of `model` are also brought towards the dense model's kept channels
+    (``prunekit.hidden_state_loss``, each feature over the dense one's RMS). Returns the
+    steps and the wall seconds."""
+    distiller = prune.Distiller(dense, temperature=args.temperature)
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     generator = np.random.default_rng(1234)
-    model.eval()
+    model.train(args.bn == "train")
+    hidden = kept is not None and args.hidden > 0
+    if hidden:
+        assert kept is not None
+        ours, theirs = _Features(model), _Features(dense)
+        probe = _augmented(photos, 16, generator)
+        with torch.no_grad():
+            dense(probe)
+        scale = {n: float(o[:, kept[n]].square().mean().sqrt()) for n, o in theirs.outputs.items()}
     steps, start, wall = 0, time.process_time(), time.perf_counter()
+    shown = 0
     while (spent := time.process_time() - start) < seconds:
+        if agreement is not None and args.show and spent >= (shown + 1) * args.show:
+            shown, paused = int(spent // args.show), time.process_time()
+            model.eval()
+            print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
+            model.train(args.bn == "train")
+            start += time.process_time() - paused
         for group in optimizer.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
-        x = _augmented(photos, batch, generator)
+            group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+        if args.augment == "crops":
+            x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
+                             for _ in range(args.distill_batch)])  # fmt: skip
+        else:
+            x = _augmented(photos, args.distill_batch, generator)
         loss = distiller.loss(model(x), x)
+        if hidden:
+            pairs = [(ours.outputs[n] / scale[n], theirs.outputs[n][:, kept[n]] / scale[n])
+                     for n in FEATURES]  # fmt: skip
+            loss = loss + args.hidden * hidden_state_loss(*zip(*pairs, strict=True))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         steps += 1
+    model.eval()
     return steps, time.perf_counter() - wall
 
 
@@ -299,6 +370,38 @@ def main() -> None:
     parser.add_argument("--distill-batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="a folder keeping each pruned model (before +KD) for later runs with the same "
+        "criterion, column, split, share, floors, calibration and damping",
+    )
+    parser.add_argument(
+        "--augment",
+        choices=("strong", "crops"),
+        default="strong",
+        help="+KD's training crops: resized crops with colour jitter and mixup/cutmix, or "
+        "crops drawn as the evaluated ones are (35-100 %% of the shorter side, flips)",
+    )
+    parser.add_argument(
+        "--bn",
+        choices=("frozen", "train"),
+        default="frozen",
+        help="+KD: BatchNorm statistics frozen (eval mode) or updated by each batch",
+    )
+    parser.add_argument(
+        "--show",
+        type=float,
+        default=0.0,
+        help="+KD: print the agreement every this many CPU seconds (not counted)",
+    )
+    parser.add_argument(
+        "--hidden",
+        type=float,
+        default=0.0,
+        help="+KD: weight of the feature term (blocks' outputs and the head, kept channels)",
+    )
     args = parser.parse_args()  # fmt: skip
     columns = args.columns.split(",")
     table = [c for c in columns if c != "tp"]
@@ -363,12 +466,19 @@ def main() -> None:
                 if criterion not in args.distill_criteria.split(",") or model is dense:
                     print(f" {'-':>10}", end="", flush=True)
                     continue
+                kept = _kept_channels(model, x[:8]) if args.hidden > 0 else None
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
-                steps, wall = _distill(model, dense, training, args.distill,
-                                       args.distill_batch, args.lr, args.temperature)  # fmt: skip
+                steps, wall = _distill(model, dense, training, args.distill, args, kept, agreement)
                 distilled.append(f"{criterion}: {steps} steps in {wall:.0f} s wall")
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
+                continue
+            key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
+                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}.pt")  # fmt: skip
+            if args.cache is not None and (args.cache / key).exists():
+                model, removed[column] = torch.load(args.cache / key, weights_only=False)
+                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                last = model
                 continue
             model = copy.deepcopy(dense)
             how: bool | str = {"uniform": False, "expand": False, "comp": True}.get(
@@ -395,6 +505,9 @@ def main() -> None:
             removed[column] = sum(len(p.units) for p in pruned)
             if column == "bn":
                 prune.recalibrate_norms(model, calibration)
+            if args.cache is not None:
+                args.cache.mkdir(parents=True, exist_ok=True)
+                torch.save((model, removed[column]), args.cache / key)
             print(f" {agreement(model):>10.1%}", end="", flush=True)
             last = model
         print(flush=True)

@@ -127,3 +127,30 @@ def test_load_state_dict_refreshes_the_pruned_attribute_without_a_forward() -> N
     prune.remove(twin[0], "bias")
     prune.remove(twin[2], "weight")
     assert [len(m._load_state_dict_post_hooks) for m in twin] == [0, 0, 0]
+
+
+def test_unpickled_in_a_fresh_process_new_hooks_keep_the_pruning_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch numbers hooks from a per-process counter: a pruned model loaded where the
+    counter starts again (another process) must not have its pruning hooks replaced by the
+    next hooks registered (compact's tracing, a user's), nor be left uncompactable."""
+    from torch.utils.hooks import RemovableHandle
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    x = torch.randn(2, 3, 10, 10)
+    prune.prune_channels(model.eval(), x, 0.5)
+    saved = pickle.dumps(model)
+    monkeypatch.setattr(RemovableHandle, "next_id", 0)  # as in a process just started
+    loaded: nn.Module = pickle.loads(saved)
+    conv = loaded[0]
+    before = dict(conv._forward_pre_hooks)
+    for _ in range(max(before) + 1):  # as many ids as the saving process had given
+        conv.register_forward_pre_hook(lambda module, args: None)
+    assert all(conv._forward_pre_hooks.get(k) is h for k, h in before.items())
+    with torch.no_grad():
+        expected = loaded(x)
+    prune.compact(loaded, x, latency_runs=0)
+    assert loaded[0].out_channels == 4
+    torch.testing.assert_close(loaded(x), expected)

@@ -6,6 +6,11 @@ weak reference to its module; the module's hooks are copied before its attribute
 hook, when copied, registers mask' * orig' (of the copies) in the memo as the copy of that
 tensor. Pickling keeps a strong reference instead (pickle handles the cycle), so an
 unpickled module can be deep-copied as well.
+
+A module keeps its hooks in a dict keyed by ids from torch's per-process counter
+(``RemovableHandle.next_id``). Unpickled in another process, where the counter starts again,
+a hook registered later would take the key of a loaded pruning hook and replace it: each
+hook keeps the key it was registered under, and unpickling it moves the counter past it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import weakref
 from typing import Any
 
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from prunekit.core.attention import watch_out_proj
 from prunekit.core.naming import mask_name, orig_name
@@ -29,6 +35,11 @@ class BoundToModule:
     pickle support it needs. Subclasses provide ``_require_name()``."""
 
     _module: weakref.ReferenceType[nn.Module] | None = None
+    _hook_id: int | None = None  # its key in the module's hook dict
+
+    def _registered(self, hook_id: int) -> None:
+        """Remember the key the module's hook dict holds this hook under."""
+        self._hook_id = hook_id
 
     def _require_name(self) -> str:
         raise NotImplementedError
@@ -48,6 +59,8 @@ class BoundToModule:
         state = dict(state)
         module = state.pop("_bound_module", None)
         self.__dict__.update(state)
+        if self._hook_id is not None:
+            RemovableHandle.next_id = max(RemovableHandle.next_id, self._hook_id + 1)
         if module is not None:
             self._bind(module)
             watch_out_proj(module)  # in a process that loads a pruned out_proj

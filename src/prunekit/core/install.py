@@ -111,12 +111,13 @@ def _install(
             del module._parameters[name]
             module.register_parameter(orig_name(name), param)
             module.register_buffer(mask_name(name), mask)
-            module.register_forward_pre_hook(method)
+            method._registered(module.register_forward_pre_hook(method).id)
         else:
             hook = old if isinstance(old, PruningContainer) else PruningContainer(old)
             hook.add_pruning_method(method)
             module._buffers[mask_name(name)] = mask
             module._forward_pre_hooks[key] = hook
+            hook._registered(key)
         if masked is None:
             setattr(module, name, hook.apply_mask(module))
         else:
