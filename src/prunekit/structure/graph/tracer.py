@@ -227,6 +227,20 @@ class Tracer:
             up = upper
         return torch.where(labels >= 0, up, -1)
 
+    def settled(self, labels: Tensor) -> Tensor:
+        """The labels with their ids made roots and broadcast along the dims where the roots
+        no longer change (the same labels unless such a dim is found): a ViT's tokens, each
+        position's ids merged by the position embedding, carry one id per channel again."""
+        found = core(labels)
+        if sum(size > 1 for size in found.shape) < 2:
+            return labels
+        roots = self.canonical(found)
+        narrowed = roots
+        for d in range(roots.dim()):
+            if roots.shape[d] > 1 and _constant(roots, d):
+                narrowed = narrowed.narrow(d, 0, 1)
+        return labels if narrowed is roots else narrowed.expand(labels.shape)
+
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
         if not isinstance(t, Tensor):

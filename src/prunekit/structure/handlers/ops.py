@@ -136,7 +136,7 @@ def _binary(tr: Tracer, call: Call) -> None:
     first, second = full
     if first is not None and second is not None:
         tr.merge(first, second)
-        tr.set(out, either(first, second))
+        tr.set(out, tr.settled(either(first, second)))
     else:
         tr.set(out, first if first is not None else second)
 
