@@ -89,6 +89,8 @@ class _Extra:
         return "channels" if self.normed.isdisjoint(members) else "hidden"
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
+        if not self.block_of:
+            return ()
         found: dict[int, list[int]] = defaultdict(list)
         for u, root in enumerate(members):
             if root in self.block_of:
@@ -146,10 +148,12 @@ class _Entries:
                         self.channel[keep])  # fmt: skip
 
 
-def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tuple[int, ...]]]:
-    """The content of each record (-1 for those with no dim), one record per content and the
+def _contents(
+    records: list[Record],
+) -> tuple[list[int], list[Record], list[tuple[int, ...]], list[int]]:
+    """The content of each record (-1 for those with no dim), one record per content, the
     keys of each content's records (sorted; key ids numbered over the records), the contents
-    numbered in the order of their keys.
+    numbered in the order of their keys, and the key id of each record.
 
     Records share a content when they hold the very same ids, positions and channels tensors
     (a norm's weight, bias and statistics; a layer's weight and bias): their entries are
@@ -170,8 +174,10 @@ def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tupl
         content.append(c)
     key_of: dict[tuple[Any, ...], int] = {}
     held: list[list[int]] = [[] for _ in firsts]
+    key_ids = []
     for r, c in zip(records, content, strict=True):
         key_id = key_of.setdefault(_key(r), len(key_of))
+        key_ids.append(key_id)
         if c >= 0:
             held[c].append(key_id)
     keys = [tuple(sorted(h)) for h in held]
@@ -180,7 +186,7 @@ def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tupl
     for new, c in enumerate(order):
         number[c] = new
     return ([number[c] if c >= 0 else -1 for c in content], [firsts[c] for c in order],
-            [keys[c] for c in order])  # fmt: skip
+            [keys[c] for c in order], key_ids)  # fmt: skip
 
 
 def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
@@ -225,7 +231,7 @@ def _groups(
     records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
     extra: _Extra, outputs: list[tuple[int, int, Tensor]],
 ) -> list[ChannelGroup]:  # fmt: skip
-    content_of, firsts, content_keys = _contents(records)
+    content_of, firsts, content_keys, key_ids = _contents(records)
     live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
@@ -245,13 +251,15 @@ def _groups(
     part_groups: list[int] = []
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    later = [r.role != "out" for r in records]
     for g, (rks, _) in enumerate(grouped):
-        order = sorted(rks, key=lambda k: (records[k].role != "out", k))
-        keys: dict[tuple[Any, ...], list[int]] = {}
-        for k in order:
-            keys.setdefault(_key(records[k]), []).append(k)
+        keys: dict[int, list[int]] = {}
+        for k in sorted(rks, key=lambda k: (later[k], k)):
+            keys.setdefault(key_ids[k], []).append(k)
         for rs in keys.values():
-            held = tuple(sorted({content_of[k] for k in rs}))
+            held = tuple(sorted({content_of[k] for k in rs})) if len(rs) > 1 else (
+                content_of[rs[0]],
+            )  # fmt: skip
             part = part_of.get((g, held))
             if part is None:
                 part = part_of[(g, held)] = len(part_groups)
@@ -276,6 +284,7 @@ def _groups(
     take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
     channels = _Cuts(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
+    blocked = _blocked_members(reasons, group_of, unit_of)
     groups = []
     s = 0
     for g in range(len(members)):
@@ -286,7 +295,8 @@ def _groups(
                                 positions.of(part),
                                 channels.of(part) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
-        groups.append(_group(tuple(slices), ordered[g], reasons, extra, reached.get(g, ())))
+        groups.append(_group(tuple(slices), ordered[g], [reasons[u] for u in blocked.get(g, ())],
+                             extra, reached.get(g, ())))  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
@@ -497,14 +507,32 @@ def _order(g: ChannelGroup) -> tuple[str, int]:
     return (g.slices[0].module_name if g.slices else "", 0)
 
 
+def _blocked_members(
+    reasons: dict[int, list[str]], group_of: Tensor, unit_of: Tensor
+) -> dict[int, list[int]]:
+    """Per group, its units (roots) that have reasons, in the group's order of units."""
+    roots = torch.tensor([root for root, found in reasons.items() if found], dtype=torch.long)
+    if not len(roots):
+        return {}
+    group, unit = group_of[roots], unit_of[roots]
+    inside = group >= 0
+    roots, group, unit = roots[inside], group[inside], unit[inside]
+    order = torch.argsort(group * (int(unit.max()) + 1 if len(unit) else 1) + unit)
+    found: dict[int, list[int]] = defaultdict(list)
+    for g, root in zip(group[order].tolist(), roots[order].tolist(), strict=True):
+        found[g].append(root)
+    return found
+
+
 def _group(
-    slices: tuple[Slice, ...], members: list[int], reasons: dict[int, list[str]], extra: _Extra,
+    slices: tuple[Slice, ...], members: list[int], reasons: list[list[str]], extra: _Extra,
     reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
 ) -> ChannelGroup:  # fmt: skip
+    """A group of these units (roots); `reasons`: those of its units that have any, in order."""
     kind, blocks = extra.kind(members), extra.blocks(members)
     found: list[str] = []
-    for u in members:
-        for why in reasons.get(u, ()):
+    for whys in reasons:
+        for why in whys:
             _add(found, why)
     if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
         found.append("its key/value groups are not of one size")

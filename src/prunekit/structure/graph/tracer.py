@@ -365,6 +365,14 @@ def tensor_owners(
     owners: dict[int, tuple[str, nn.Module, str, bool]] = {}
     for mname, module in model.named_modules() if named is None else named:
         masked = {k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")}
+        if not masked:  # most modules: every parameter and buffer as it is
+            for pname, p in module._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), (mname, module, pname, False))
+            for bname, b in module._buffers.items():
+                if b is not None:
+                    owners.setdefault(id(b), (mname, module, bname, True))
+            continue
         for pname, p in module._parameters.items():
             if p is not None and not (pname.endswith("_orig") and pname[:-5] in masked):
                 owners.setdefault(id(p), (mname, module, pname, False))
@@ -500,8 +508,10 @@ def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[An
     whole call to it when the module returns."""
     handles: list[Any] = []
     for module in modules:
-        handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
-        if handler is None:
+        for handler in MODULE_HANDLERS:
+            if handler.match(module):
+                break
+        else:
             continue
 
         def before(_: nn.Module, args: Any, kwargs: Any) -> None:
