@@ -241,8 +241,8 @@ def _groups(
         if c >= 0:
             by_content[c].append(k)
     pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
-    grouped = _signatures(records, by_content, content_keys, pairs // kinds, pairs % kinds,
-                          reasons)  # fmt: skip
+    grouped, all_members, sizes = _signatures(records, by_content, content_keys, pairs // kinds,
+                                              pairs % kinds, reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
     # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
@@ -252,7 +252,7 @@ def _groups(
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
     later = [r.role != "out" for r in records]
-    for g, (rks, _) in enumerate(grouped):
+    for g, rks in enumerate(grouped):
         keys: dict[int, list[int]] = {}
         for k in sorted(rks, key=lambda k: (later[k], k)):
             keys.setdefault(key_ids[k], []).append(k)
@@ -270,15 +270,13 @@ def _groups(
             part_in[part] = part_in[part] or records[rs[0]].role == "in"
             slice_part.append(part)
         slice_records.append(list(keys.values()))
-    members = [m for _, m in grouped]
     lead = [content_of[rec[0][0]] for rec in slice_records]
-    unit_of, group_of, ordered = _unit_order(live, grouped, lead, len(roots))
+    unit_of, group_of, ordered = _unit_order(live, all_members, sizes, lead, len(roots))
     # the parts of each live entry: its unit's group with the content of its record
     g_entry = group_of[live.unit]
     inside = g_entry >= 0
     which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
     u_entry = unit_of[live.unit[inside]][which]
-    sizes = [len(m) for m in members]
     part_sizes = [sizes[g] for g in part_groups]
     positions = _Cuts(p_entry, u_entry, live.position[inside][which], part_sizes)
     take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
@@ -287,7 +285,7 @@ def _groups(
     blocked = _blocked_members(reasons, group_of, unit_of)
     groups = []
     s = 0
-    for g in range(len(members)):
+    for g in range(len(sizes)):
         slices = []
         for rs in slice_records[g]:
             r, part = records[rs[0]], slice_part[s]
@@ -302,17 +300,14 @@ def _groups(
 
 
 def _unit_order(
-    live: _Entries, grouped: list[tuple[list[int], list[int]]], lead_content: list[int],
-    size: int
-) -> tuple[Tensor, Tensor, list[list[int]]]:  # fmt: skip
+    live: _Entries, all_members: Tensor, sizes: list[int], lead_content: list[int], size: int
+) -> tuple[Tensor, Tensor, list[list[int]]]:
     """The group of each unit (root), its index in the group and each group's units in that
     order: by where they first appear in the group's lead record (the first 'out' one), whose
-    content is given per group."""
+    content is given per group. `all_members`: the units of every group, group after group,
+    `sizes` of each."""
     group_of = torch.full((size,), -1, dtype=torch.long)
-    all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
-    member_group = torch.repeat_interleave(
-        torch.arange(len(grouped)), torch.tensor([len(ms) for _, ms in grouped])
-    )
+    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     group_of[all_members] = member_group
     lead = torch.tensor(lead_content, dtype=torch.long)
     g_entry = group_of[live.unit]
@@ -326,13 +321,13 @@ def _unit_order(
     span = int(all_members.max()) + 1
     order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
                           + all_members)  # fmt: skip
-    counts = torch.bincount(member_group, minlength=len(grouped))
+    counts = torch.bincount(member_group, minlength=len(sizes))
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
     flat, bounds = ranked.tolist(), starts.tolist()
-    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(grouped))]
+    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
     return unit_of, group_of, ordered
 
 
@@ -413,7 +408,7 @@ def _signatures(
     records: list[Record], by_content: dict[int, list[int]],
     content_keys: list[tuple[int, ...]], roots: Tensor, cs: Tensor,
     reasons: dict[int, list[str]],
-) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+) -> tuple[list[list[int]], Tensor, list[int]]:  # fmt: skip
     """Units with slices in the same tensors and dims (and both blocked or not) form a group.
 
     `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit, then content
@@ -421,7 +416,8 @@ def _signatures(
     content; `content_keys`: their keys. Units are first told apart by the contents' kinds (the keys
     of their records), then the classes with the same keys over all their records are joined.
     Returns, per group in the order its first unit appears in the records, the records of
-    that first unit and the group's units (in the same order of appearance).
+    that first unit; the units of every group, group after group (each in the same order of
+    appearance); and the size of each group.
     """
     kind_of: dict[tuple[int, ...], int] = {}
     kinds = [kind_of.setdefault(keys, len(kind_of)) for keys in content_keys]
@@ -460,16 +456,12 @@ def _signatures(
     group_rank[torch.argsort(first)] = torch.arange(len(first))
     by_group = torch.argsort(group_rank[signature] * len(appear) + rank)
     sizes = torch.bincount(group_rank[signature]).tolist()
-    members_all = distinct[by_group].tolist()
     leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
     found = []
-    at = 0
-    for lead, size in zip(leads, sizes, strict=True):
+    for lead in leads:
         held = cs_list[starts_list[lead] : starts_list[lead + 1]]
-        first_ks = sorted(k for c in held for k in by_content[c])
-        found.append((first_ks, members_all[at : at + size]))
-        at += size
-    return found
+        found.append(sorted(k for c in held for k in by_content[c]))
+    return found, distinct[by_group], sizes
 
 
 def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
