@@ -173,6 +173,9 @@ class Tracer:
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
         if a.shape == b.shape:  # dims along which neither changes need one slice only
+            for d in range(a.dim()):  # those both are broadcast along first: the others'
+                if a.shape[d] > 1 and a.stride(d) == 0 and b.stride(d) == 0:  # checks then
+                    a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)  # read one slice of them
             for d in range(a.dim()):
                 if a.shape[d] > 1 and _constant(a, d) and _constant(b, d):
                     a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
