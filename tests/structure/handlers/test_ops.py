@@ -1,4 +1,5 @@
-"""The op handlers' labels: a concatenation keeps the dims its parts are broadcast along."""
+"""The op handlers' labels: a concatenation and a roll keep the dims their inputs are broadcast
+along."""
 
 from __future__ import annotations
 
@@ -62,5 +63,47 @@ def test_the_broadcast_concatenation_gives_the_groups_of_a_replayed_one(
     monkeypatch.setattr(ops, "_cat", lambda call, labels: None)
     replayed = _concatenated(model, x)
     assert replayed.stride()[2:] != (0, 0)  # the replay materializes every value's id
+    assert torch.equal(fast_labels, replayed)
+    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
+
+
+class _Shifted(nn.Module):
+    """A shifted window's residual: tokens rolled along the spatial dims, channels last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.mix = nn.Linear(3, 4), nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x)
+        shifted = torch.roll(x, shifts=(-1, -2), dims=(1, 2))
+        rolled = self.mix(shifted).roll(1, 2)  # one dim, given positionally
+        return torch.roll(x + rolled, (1, 1), (1, 2)) + torch.roll(x, 2)  # all dims: flattened
+
+
+def _rolled(model: nn.Module, x: Tensor) -> Tensor:
+    seen: dict[str, Tensor] = {}
+
+    def keep(_: nn.Module, args: Any) -> None:
+        seen["x"] = args[0]
+
+    model.mix.register_forward_pre_hook(keep)
+    tr, _ = run_traced(model, (x,), {})
+    found = tr.label(seen["x"])
+    assert found is not None
+    return found
+
+
+def test_a_roll_along_broadcast_dims_gives_the_groups_of_a_replayed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Shifted().eval(), torch.randn(1, 5, 6, 3)
+    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
+    fast_labels = _rolled(model, x)
+    assert fast_labels.stride()[1:3] == (0, 0)
+    monkeypatch.setattr(ops, "_rolled_broadcast", lambda call, labels: None)
+    replayed = _rolled(model, x)
+    assert replayed.stride()[1:3] != (0, 0)  # the replay materializes every value's id
     assert torch.equal(fast_labels, replayed)
     assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast

@@ -213,6 +213,8 @@ def _move(tr: Tracer, call: Call) -> None:
     name = {"view": "reshape", "view_as": "reshape_as"}.get(call.name, call.name)
     replay = getattr(torch.Tensor, name) if hasattr(torch.Tensor, name) else getattr(torch, name)
     labels = _cat(call, [swap[id(t)] for t in data]) if name in _CATS else None
+    if name == "roll":
+        labels = _rolled_broadcast(call, swap[id(data[0])])
     if labels is None:
         labels = replay(*args, **kwargs)
     outs = call.out if isinstance(call.out, (tuple, list)) else (call.out,)
@@ -247,6 +249,15 @@ def _cat(call: Call, labels: list[Tensor]) -> Tensor | None:
     for d in shared:
         shape[d] = call.out.shape[d]
     return joined.expand(shape)
+
+
+def _rolled_broadcast(call: Call, labels: Tensor) -> Tensor | None:
+    """The labels themselves when every dim rolled is one they are broadcast along (a
+    shifted window's tokens: one id per channel stays so); None: replay the roll."""
+    rolled = _roll_dims(call, labels.dim()) if call.arg(2, "dims", None) is not None else None
+    if rolled is None or any(labels.stride(d) and labels.shape[d] > 1 for d in rolled):
+        return None
+    return labels
 
 
 def _data(call: Call) -> list[Tensor]:
@@ -297,10 +308,10 @@ def _does_not_commute(
         return ""
     dims = tr.varying(labels)
     name = call.name
-    if name in ("narrow", "select", "unbind", "index_select", "tensor_split", "roll"):
+    if name == "roll":  # its second argument is the shifts, maybe a tuple
+        return "rolls the channels" if _roll_dims(call, x.dim()) & set(dims) else ""
+    if name in ("narrow", "select", "unbind", "index_select", "tensor_split"):
         dim = positive(_dim_arg(call, 1), x.dim())
-        if name == "roll":
-            return "rolls the channels" if _roll_dims(call, x.dim()) & set(dims) else ""
         return f"takes fixed positions of the channels (dim {dim})" if dim in dims else ""
     if name == "split":
         dim = positive(_dim_arg(call, 2), x.dim())
