@@ -32,17 +32,23 @@ class _Dense(nn.Module):
         return self.head(torch.cat([x, x.mean(1, keepdim=True)], 1))  # a part of no channel
 
 
-def _concatenated(model: nn.Module, x: Tensor) -> Tensor:
+def _labels_into(model: nn.Module, layer: nn.Module, x: Tensor) -> Tensor:
+    """The traced labels of the input `layer` gets."""
     seen: dict[str, Tensor] = {}
 
     def keep(_: nn.Module, args: Any) -> None:
         seen["x"] = args[0]
 
-    model.norm.register_forward_pre_hook(keep)
+    handle = layer.register_forward_pre_hook(keep)
     tr, _ = run_traced(model, (x,), {})
+    handle.remove()
     found = tr.label(seen["x"])
     assert found is not None
     return found
+
+
+def _concatenated(model: nn.Module, x: Tensor) -> Tensor:
+    return _labels_into(model, model.norm, x)
 
 
 def test_a_concatenation_of_broadcast_labels_stays_broadcast() -> None:
@@ -82,16 +88,7 @@ class _Shifted(nn.Module):
 
 
 def _rolled(model: nn.Module, x: Tensor) -> Tensor:
-    seen: dict[str, Tensor] = {}
-
-    def keep(_: nn.Module, args: Any) -> None:
-        seen["x"] = args[0]
-
-    model.mix.register_forward_pre_hook(keep)
-    tr, _ = run_traced(model, (x,), {})
-    found = tr.label(seen["x"])
-    assert found is not None
-    return found
+    return _labels_into(model, model.mix, x)
 
 
 def test_a_roll_along_broadcast_dims_gives_the_groups_of_a_replayed_one(
