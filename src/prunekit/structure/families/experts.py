@@ -44,18 +44,22 @@ def _hf(module: nn.Module) -> bool:
 
 
 def is_router(module: nn.Module) -> bool:
+    if type(module).__name__ not in ROUTERS or not _hf(module):  # cheap: every module is asked
+        return False
     weight = getattr(module, "weight", None)
     return (
-        type(module).__name__ in ROUTERS and _hf(module) and isinstance(weight, Tensor)
-        and weight.dim() == 2 and isinstance(getattr(module, "top_k", None), int)
+        isinstance(weight, Tensor) and weight.dim() == 2
+        and isinstance(getattr(module, "top_k", None), int)
     )  # fmt: skip
 
 
 def is_experts(module: nn.Module) -> bool:
     """Fused experts: gate_up_proj (E, 2 x inner, hidden) and down_proj (E, hidden, inner),
     gate and up concatenated, not transposed, without biases."""
+    if not _hf(module):  # cheap: every module is asked
+        return False
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    if not (_hf(module) and isinstance(gate_up, Tensor) and isinstance(down, Tensor)):
+    if not (isinstance(gate_up, Tensor) and isinstance(down, Tensor)):
         return False
     plain = getattr(module, "is_concatenated", True) and not getattr(module, "is_transposed", False)
     if not plain or getattr(module, "has_bias", False) or not getattr(module, "has_gate", True):

@@ -89,6 +89,8 @@ class _Extra:
         return "channels" if self.normed.isdisjoint(members) else "hidden"
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
+        if not self.block_of:
+            return ()
         found: dict[int, list[int]] = defaultdict(list)
         for u, root in enumerate(members):
             if root in self.block_of:
@@ -146,10 +148,12 @@ class _Entries:
                         self.channel[keep])  # fmt: skip
 
 
-def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tuple[int, ...]]]:
-    """The content of each record (-1 for those with no dim), one record per content and the
+def _contents(
+    records: list[Record],
+) -> tuple[list[int], list[Record], list[tuple[int, ...]], list[int]]:
+    """The content of each record (-1 for those with no dim), one record per content, the
     keys of each content's records (sorted; key ids numbered over the records), the contents
-    numbered in the order of their keys.
+    numbered in the order of their keys, and the key id of each record.
 
     Records share a content when they hold the very same ids, positions and channels tensors
     (a norm's weight, bias and statistics; a layer's weight and bias): their entries are
@@ -170,8 +174,10 @@ def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tupl
         content.append(c)
     key_of: dict[tuple[Any, ...], int] = {}
     held: list[list[int]] = [[] for _ in firsts]
+    key_ids = []
     for r, c in zip(records, content, strict=True):
         key_id = key_of.setdefault(_key(r), len(key_of))
+        key_ids.append(key_id)
         if c >= 0:
             held[c].append(key_id)
     keys = [tuple(sorted(h)) for h in held]
@@ -180,7 +186,7 @@ def _contents(records: list[Record]) -> tuple[list[int], list[Record], list[tupl
     for new, c in enumerate(order):
         number[c] = new
     return ([number[c] if c >= 0 else -1 for c in content], [firsts[c] for c in order],
-            [keys[c] for c in order])  # fmt: skip
+            [keys[c] for c in order], key_ids)  # fmt: skip
 
 
 def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
@@ -225,7 +231,7 @@ def _groups(
     records: list[Record], roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]],
     extra: _Extra, outputs: list[tuple[int, int, Tensor]],
 ) -> list[ChannelGroup]:  # fmt: skip
-    content_of, firsts, content_keys = _contents(records)
+    content_of, firsts, content_keys, key_ids = _contents(records)
     live = _entries(firsts, roots, is_maker)
     if not len(live.unit):
         return []
@@ -235,8 +241,8 @@ def _groups(
         if c >= 0:
             by_content[c].append(k)
     pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
-    grouped = _signatures(records, by_content, content_keys, pairs // kinds, pairs % kinds,
-                          reasons)  # fmt: skip
+    grouped, all_members, sizes = _signatures(records, by_content, content_keys, pairs // kinds,
+                                              pairs % kinds, reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
     # Slices of one group whose records have the same contents share their cut ("parts").
     slice_records: list[list[list[int]]] = []
@@ -245,13 +251,15 @@ def _groups(
     part_groups: list[int] = []
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
-    for g, (rks, _) in enumerate(grouped):
-        order = sorted(rks, key=lambda k: (records[k].role != "out", k))
-        keys: dict[tuple[Any, ...], list[int]] = {}
-        for k in order:
-            keys.setdefault(_key(records[k]), []).append(k)
+    later = [r.role != "out" for r in records]
+    for g, rks in enumerate(grouped):
+        keys: dict[int, list[int]] = {}
+        for k in sorted(rks, key=lambda k: (later[k], k)):
+            keys.setdefault(key_ids[k], []).append(k)
         for rs in keys.values():
-            held = tuple(sorted({content_of[k] for k in rs}))
+            held = tuple(sorted({content_of[k] for k in rs})) if len(rs) > 1 else (
+                content_of[rs[0]],
+            )  # fmt: skip
             part = part_of.get((g, held))
             if part is None:
                 part = part_of[(g, held)] = len(part_groups)
@@ -262,23 +270,22 @@ def _groups(
             part_in[part] = part_in[part] or records[rs[0]].role == "in"
             slice_part.append(part)
         slice_records.append(list(keys.values()))
-    members = [m for _, m in grouped]
     lead = [content_of[rec[0][0]] for rec in slice_records]
-    unit_of, group_of, ordered = _unit_order(live, grouped, lead, len(roots))
+    unit_of, group_of, ordered = _unit_order(live, all_members, sizes, lead, len(roots))
     # the parts of each live entry: its unit's group with the content of its record
     g_entry = group_of[live.unit]
     inside = g_entry >= 0
     which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
     u_entry = unit_of[live.unit[inside]][which]
-    sizes = [len(m) for m in members]
     part_sizes = [sizes[g] for g in part_groups]
     positions = _Cuts(p_entry, u_entry, live.position[inside][which], part_sizes)
     take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
     channels = _Cuts(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
+    blocked = _blocked_members(reasons, group_of, unit_of)
     groups = []
     s = 0
-    for g in range(len(members)):
+    for g in range(len(sizes)):
         slices = []
         for rs in slice_records[g]:
             r, part = records[rs[0]], slice_part[s]
@@ -286,23 +293,21 @@ def _groups(
                                 positions.of(part),
                                 channels.of(part) if r.role == "in" else None, r.op))  # fmt: skip
             s += 1
-        groups.append(_group(tuple(slices), ordered[g], reasons, extra, reached.get(g, ())))
+        groups.append(_group(tuple(slices), ordered[g], [reasons[u] for u in blocked.get(g, ())],
+                             extra, reached.get(g, ())))  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
 
 def _unit_order(
-    live: _Entries, grouped: list[tuple[list[int], list[int]]], lead_content: list[int],
-    size: int
-) -> tuple[Tensor, Tensor, list[list[int]]]:  # fmt: skip
+    live: _Entries, all_members: Tensor, sizes: list[int], lead_content: list[int], size: int
+) -> tuple[Tensor, Tensor, list[list[int]]]:
     """The group of each unit (root), its index in the group and each group's units in that
     order: by where they first appear in the group's lead record (the first 'out' one), whose
-    content is given per group."""
+    content is given per group. `all_members`: the units of every group, group after group,
+    `sizes` of each."""
     group_of = torch.full((size,), -1, dtype=torch.long)
-    all_members = torch.tensor([m for _, ms in grouped for m in ms], dtype=torch.long)
-    member_group = torch.repeat_interleave(
-        torch.arange(len(grouped)), torch.tensor([len(ms) for _, ms in grouped])
-    )
+    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     group_of[all_members] = member_group
     lead = torch.tensor(lead_content, dtype=torch.long)
     g_entry = group_of[live.unit]
@@ -316,13 +321,13 @@ def _unit_order(
     span = int(all_members.max()) + 1
     order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
                           + all_members)  # fmt: skip
-    counts = torch.bincount(member_group, minlength=len(grouped))
+    counts = torch.bincount(member_group, minlength=len(sizes))
     starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
     flat, bounds = ranked.tolist(), starts.tolist()
-    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(grouped))]
+    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
     return unit_of, group_of, ordered
 
 
@@ -403,7 +408,7 @@ def _signatures(
     records: list[Record], by_content: dict[int, list[int]],
     content_keys: list[tuple[int, ...]], roots: Tensor, cs: Tensor,
     reasons: dict[int, list[str]],
-) -> list[tuple[list[int], list[int]]]:  # fmt: skip
+) -> tuple[list[list[int]], Tensor, list[int]]:  # fmt: skip
     """Units with slices in the same tensors and dims (and both blocked or not) form a group.
 
     `roots` and `cs`: each (unit, content) pair that has entries, sorted by unit, then content
@@ -411,7 +416,8 @@ def _signatures(
     content; `content_keys`: their keys. Units are first told apart by the contents' kinds (the keys
     of their records), then the classes with the same keys over all their records are joined.
     Returns, per group in the order its first unit appears in the records, the records of
-    that first unit and the group's units (in the same order of appearance).
+    that first unit; the units of every group, group after group (each in the same order of
+    appearance); and the size of each group.
     """
     kind_of: dict[tuple[int, ...], int] = {}
     kinds = [kind_of.setdefault(keys, len(kind_of)) for keys in content_keys]
@@ -450,16 +456,12 @@ def _signatures(
     group_rank[torch.argsort(first)] = torch.arange(len(first))
     by_group = torch.argsort(group_rank[signature] * len(appear) + rank)
     sizes = torch.bincount(group_rank[signature]).tolist()
-    members_all = distinct[by_group].tolist()
     leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
     found = []
-    at = 0
-    for lead, size in zip(leads, sizes, strict=True):
+    for lead in leads:
         held = cs_list[starts_list[lead] : starts_list[lead + 1]]
-        first_ks = sorted(k for c in held for k in by_content[c])
-        found.append((first_ks, members_all[at : at + size]))
-        at += size
-    return found
+        found.append(sorted(k for c in held for k in by_content[c]))
+    return found, distinct[by_group], sizes
 
 
 def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
@@ -497,14 +499,32 @@ def _order(g: ChannelGroup) -> tuple[str, int]:
     return (g.slices[0].module_name if g.slices else "", 0)
 
 
+def _blocked_members(
+    reasons: dict[int, list[str]], group_of: Tensor, unit_of: Tensor
+) -> dict[int, list[int]]:
+    """Per group, its units (roots) that have reasons, in the group's order of units."""
+    roots = torch.tensor([root for root, found in reasons.items() if found], dtype=torch.long)
+    if not len(roots):
+        return {}
+    group, unit = group_of[roots], unit_of[roots]
+    inside = group >= 0
+    roots, group, unit = roots[inside], group[inside], unit[inside]
+    order = torch.argsort(group * (int(unit.max()) + 1 if len(unit) else 1) + unit)
+    found: dict[int, list[int]] = defaultdict(list)
+    for g, root in zip(group[order].tolist(), roots[order].tolist(), strict=True):
+        found[g].append(root)
+    return found
+
+
 def _group(
-    slices: tuple[Slice, ...], members: list[int], reasons: dict[int, list[str]], extra: _Extra,
+    slices: tuple[Slice, ...], members: list[int], reasons: list[list[str]], extra: _Extra,
     reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
 ) -> ChannelGroup:  # fmt: skip
+    """A group of these units (roots); `reasons`: those of its units that have any, in order."""
     kind, blocks = extra.kind(members), extra.blocks(members)
     found: list[str] = []
-    for u in members:
-        for why in reasons.get(u, ()):
+    for whys in reasons:
+        for why in whys:
             _add(found, why)
     if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
         found.append("its key/value groups are not of one size")

@@ -173,6 +173,9 @@ class Tracer:
     def merge(self, a: Tensor, b: Tensor) -> None:
         """Merge ids a[k] with b[k] wherever both are >= 0 (a root is its set's smallest id)."""
         if a.shape == b.shape:  # dims along which neither changes need one slice only
+            for d in range(a.dim()):  # those both are broadcast along first: the others'
+                if a.shape[d] > 1 and a.stride(d) == 0 and b.stride(d) == 0:  # checks then
+                    a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)  # read one slice of them
             for d in range(a.dim()):
                 if a.shape[d] > 1 and _constant(a, d) and _constant(b, d):
                     a, b = a.narrow(d, 0, 1), b.narrow(d, 0, 1)
@@ -226,6 +229,20 @@ class Tracer:
                 break
             up = upper
         return torch.where(labels >= 0, up, -1)
+
+    def settled(self, labels: Tensor) -> Tensor:
+        """The labels with their ids made roots and broadcast along the dims where the roots
+        no longer change (the same labels unless such a dim is found): a ViT's tokens, each
+        position's ids merged by the position embedding, carry one id per channel again."""
+        found = core(labels)
+        if sum(size > 1 for size in found.shape) < 2:
+            return labels
+        roots = self.canonical(found)
+        narrowed = roots
+        for d in range(roots.dim()):
+            if roots.shape[d] > 1 and _constant(roots, d):
+                narrowed = narrowed.narrow(d, 0, 1)
+        return labels if narrowed is roots else narrowed.expand(labels.shape)
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:
@@ -351,6 +368,14 @@ def tensor_owners(
     owners: dict[int, tuple[str, nn.Module, str, bool]] = {}
     for mname, module in model.named_modules() if named is None else named:
         masked = {k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")}
+        if not masked:  # most modules: every parameter and buffer as it is
+            for pname, p in module._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), (mname, module, pname, False))
+            for bname, b in module._buffers.items():
+                if b is not None:
+                    owners.setdefault(id(b), (mname, module, bname, True))
+            continue
         for pname, p in module._parameters.items():
             if p is not None and not (pname.endswith("_orig") and pname[:-5] in masked):
                 owners.setdefault(id(p), (mname, module, pname, False))
@@ -486,8 +511,10 @@ def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[An
     whole call to it when the module returns."""
     handles: list[Any] = []
     for module in modules:
-        handler = next((h for h in MODULE_HANDLERS if h.match(module)), None)
-        if handler is None:
+        for handler in MODULE_HANDLERS:
+            if handler.match(module):
+                break
+        else:
             continue
 
         def before(_: nn.Module, args: Any, kwargs: Any) -> None:

@@ -141,7 +141,8 @@ def _layer_norm(tr: Tracer, call: Call) -> None:
             positions = torch.arange(len(chan))
             tr.record(owner, 0, "norm", positions, chan, op="normalize")
             tr.record(bias_owner, 0, "norm", positions, chan, op="normalize")
-            tr.normed.update(int(i) for i in chan[chan >= 0])
+            tr.normed.update(chan[chan >= 0].tolist())
+            labels = tr.settled(labels)  # its channels' ids are merged now
     tr.set(call.out, labels)
 
 

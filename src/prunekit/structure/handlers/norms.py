@@ -27,8 +27,10 @@ from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
 
 
 def _match_rms(module: nn.Module) -> bool:
+    if type(module).__name__ not in RMS_NORMS:
+        return False
     weight = stored_parameter(module, "weight")
-    return type(module).__name__ in RMS_NORMS and weight is not None and weight.dim() == 1
+    return weight is not None and weight.dim() == 1
 
 
 def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -45,7 +47,7 @@ def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dic
         return
     chan = channel_ids(tr, labels, x.dim() - 1, x.shape[-1], where)
     tr.record(owner, 0, "norm", torch.arange(len(chan)), chan, op="normalize")
-    tr.normed.update(int(i) for i in chan[chan >= 0])
+    tr.normed.update(chan[chan >= 0].tolist())
     tr.set(out, labels if out.shape == labels.shape else None)
 
 

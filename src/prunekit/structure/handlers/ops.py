@@ -136,7 +136,7 @@ def _binary(tr: Tracer, call: Call) -> None:
     first, second = full
     if first is not None and second is not None:
         tr.merge(first, second)
-        tr.set(out, either(first, second))
+        tr.set(out, tr.settled(either(first, second)))
     else:
         tr.set(out, first if first is not None else second)
 
@@ -212,7 +212,11 @@ def _move(tr: Tracer, call: Call) -> None:
               for k, v in call.kwargs.items()}  # fmt: skip
     name = {"view": "reshape", "view_as": "reshape_as"}.get(call.name, call.name)
     replay = getattr(torch.Tensor, name) if hasattr(torch.Tensor, name) else getattr(torch, name)
-    labels = replay(*args, **kwargs)
+    labels = _cat(call, [swap[id(t)] for t in data]) if name in _CATS else None
+    if name == "roll":
+        labels = _rolled_broadcast(call, swap[id(data[0])])
+    if labels is None:
+        labels = replay(*args, **kwargs)
     outs = call.out if isinstance(call.out, (tuple, list)) else (call.out,)
     labs = labels if isinstance(labels, (tuple, list)) else (labels,)
     problem = _does_not_commute(tr, call, found, labs[0])
@@ -222,6 +226,38 @@ def _move(tr: Tracer, call: Call) -> None:
     for t, lab in zip(outs, labs, strict=False):
         if isinstance(t, Tensor):
             tr.set(t, lab if lab.shape == t.shape else None)
+
+
+_CATS = ("cat", "concat", "concatenate")
+
+
+def _cat(call: Call, labels: list[Tensor]) -> Tensor | None:
+    """The labels of a concatenation, kept broadcast along the dims every part is broadcast
+    along (DenseNet's features: one id per channel, not one per value); None: replay it."""
+    ndim = labels[0].dim() if labels else 0
+    if not ndim or any(lab.dim() != ndim for lab in labels) or len(call.args) > 2:
+        return None
+    dim = positive(_dim_arg(call, 1), ndim)
+    shared = [d for d in range(ndim) if d != dim
+              and all(lab.stride(d) == 0 and lab.shape[d] > 1 for lab in labels)]  # fmt: skip
+    if not shared:
+        return None
+    for d in shared:
+        labels = [lab.narrow(d, 0, 1) for lab in labels]
+    joined = torch.cat(labels, dim)
+    shape = list(joined.shape)
+    for d in shared:
+        shape[d] = call.out.shape[d]
+    return joined.expand(shape)
+
+
+def _rolled_broadcast(call: Call, labels: Tensor) -> Tensor | None:
+    """The labels themselves when every dim rolled is one they are broadcast along (a
+    shifted window's tokens: one id per channel stays so); None: replay the roll."""
+    rolled = _roll_dims(call, labels.dim()) if call.arg(2, "dims", None) is not None else None
+    if rolled is None or any(labels.stride(d) and labels.shape[d] > 1 for d in rolled):
+        return None
+    return labels
 
 
 def _data(call: Call) -> list[Tensor]:
@@ -235,7 +271,7 @@ def _data(call: Call) -> list[Tensor]:
 
 
 def _none(t: Tensor) -> Tensor:
-    return torch.full(t.shape, -1, dtype=torch.long)
+    return torch.full((1,) * t.dim(), -1, dtype=torch.long).expand(t.shape)
 
 
 def _tensors(call: Call) -> list[Tensor]:
@@ -272,10 +308,10 @@ def _does_not_commute(
         return ""
     dims = tr.varying(labels)
     name = call.name
-    if name in ("narrow", "select", "unbind", "index_select", "tensor_split", "roll"):
+    if name == "roll":  # its second argument is the shifts, maybe a tuple
+        return "rolls the channels" if _roll_dims(call, x.dim()) & set(dims) else ""
+    if name in ("narrow", "select", "unbind", "index_select", "tensor_split"):
         dim = positive(_dim_arg(call, 1), x.dim())
-        if name == "roll":
-            return "rolls the channels" if _roll_dims(call, x.dim()) & set(dims) else ""
         return f"takes fixed positions of the channels (dim {dim})" if dim in dims else ""
     if name == "split":
         dim = positive(_dim_arg(call, 2), x.dim())

@@ -1,0 +1,67 @@
+"""The tracer's labels: merged ids settled into one id per channel, and the groups they give."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from helpers import graph_frozen
+from prunekit.structure.graph import tracer as tracer_module
+from prunekit.structure.graph.tracer import Tracer, run_traced
+
+
+class _Tokens(nn.Module):
+    """A class token and a position embedding added to projected patches, then a block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(6, 8)
+        self.cls = nn.Parameter(torch.randn(1, 1, 8))
+        self.pos = nn.Parameter(torch.randn(1, 5, 8))
+        self.norm = nn.LayerNorm(8)
+        self.fc1, self.fc2 = nn.Linear(8, 12), nn.Linear(12, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.cat([self.cls.expand(len(x), -1, -1), self.proj(x)], dim=1) + self.pos
+        x = x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+        return x[:, 0]
+
+
+def test_settled_broadcasts_ids_merged_along_a_dim() -> None:
+    tr = Tracer()
+    ids = tr.new_ids(6).reshape(2, 3)  # 2 rows x 3 channels, every id its own
+    assert tr.settled(ids) is ids  # nothing merged: the labels as they were
+    tr.merge(ids[0], ids[1])  # each channel's two rows merged
+    settled = tr.settled(ids)
+    assert settled.stride(0) == 0 and settled.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert tr.settled(torch.tensor([3, 4, 5])).tolist() == [3, 4, 5]  # one dim: as it was
+
+
+def test_the_residual_stream_is_carried_settled() -> None:
+    torch.manual_seed(0)
+    model = _Tokens().eval()
+    seen: dict[str, Tensor] = {}
+
+    def keep(_: nn.Module, args: Any) -> None:
+        seen["stream"] = args[0]
+
+    model.fc1.register_forward_pre_hook(keep)
+    tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {})
+    norm_out = tr.label(seen["stream"])
+    assert norm_out is not None and norm_out.stride(1) == 0  # one id per channel, all tokens
+
+
+def _groups(model: nn.Module, x: Tensor) -> dict[str, Any]:
+    return graph_frozen.summary(model, prunekit.channel_groups(model, x))
+
+
+def test_settling_gives_the_groups_unsettled_labels_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model, x = _Tokens().eval(), torch.randn(2, 4, 6)
+    settled = _groups(model, x)
+    monkeypatch.setattr(tracer_module.Tracer, "settled", lambda self, labels: labels)
+    assert _groups(model, x) == settled

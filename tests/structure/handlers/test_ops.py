@@ -1,0 +1,106 @@
+"""The op handlers' labels: a concatenation and a roll keep the dims their inputs are broadcast
+along."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from helpers import graph_frozen
+from prunekit.structure.graph.tracer import run_traced
+from prunekit.structure.handlers import ops
+
+
+class _Dense(nn.Module):
+    """DenseNet-like: each conv reads the concatenation of all the features before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.a, self.b = nn.Conv2d(4, 2, 3, padding=1), nn.Conv2d(6, 2, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Conv2d(9, 5, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        x = torch.cat([x, self.a(x)], 1)
+        x = self.norm(torch.cat((x, self.b(x)), dim=1))
+        return self.head(torch.cat([x, x.mean(1, keepdim=True)], 1))  # a part of no channel
+
+
+def _labels_into(model: nn.Module, layer: nn.Module, x: Tensor) -> Tensor:
+    """The traced labels of the input `layer` gets."""
+    seen: dict[str, Tensor] = {}
+
+    def keep(_: nn.Module, args: Any) -> None:
+        seen["x"] = args[0]
+
+    handle = layer.register_forward_pre_hook(keep)
+    tr, _ = run_traced(model, (x,), {})
+    handle.remove()
+    found = tr.label(seen["x"])
+    assert found is not None
+    return found
+
+
+def _concatenated(model: nn.Module, x: Tensor) -> Tensor:
+    return _labels_into(model, model.norm, x)
+
+
+def test_a_concatenation_of_broadcast_labels_stays_broadcast() -> None:
+    torch.manual_seed(0)
+    model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
+    labels = _concatenated(model, x)
+    assert labels.shape == (1, 8, 6, 5) and labels.stride()[2:] == (0, 0)
+    assert labels[0, :, 0, 0].tolist() == labels[0, :, 5, 4].tolist()
+
+
+def test_the_broadcast_concatenation_gives_the_groups_of_a_replayed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
+    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
+    fast_labels = _concatenated(model, x)
+    monkeypatch.setattr(ops, "_cat", lambda call, labels: None)
+    replayed = _concatenated(model, x)
+    assert replayed.stride()[2:] != (0, 0)  # the replay materializes every value's id
+    assert torch.equal(fast_labels, replayed)
+    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
+
+
+class _Shifted(nn.Module):
+    """A shifted window's residual: tokens rolled along the spatial dims, channels last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.mix = nn.Linear(3, 4), nn.Linear(4, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x)
+        shifted = torch.roll(x, shifts=(-1, -2), dims=(1, 2))
+        rolled = self.mix(shifted).roll(1, 2)  # one dim, given positionally
+        return torch.roll(x + rolled, (1, 1), (1, 2)) + torch.roll(x, 2)  # all dims: flattened
+
+
+def _rolled(model: nn.Module, x: Tensor) -> Tensor:
+    return _labels_into(model, model.mix, x)
+
+
+def test_a_roll_along_broadcast_dims_gives_the_groups_of_a_replayed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Shifted().eval(), torch.randn(1, 5, 6, 3)
+    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
+    fast_labels = _rolled(model, x)
+    assert fast_labels.stride()[1:3] == (0, 0)
+    monkeypatch.setattr(ops, "_rolled_broadcast", lambda call, labels: None)
+    replayed = _rolled(model, x)
+    assert replayed.stride()[1:3] != (0, 0)  # the replay materializes every value's id
+    assert torch.equal(fast_labels, replayed)
+    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
