@@ -154,3 +154,34 @@ def test_unpickled_in_a_fresh_process_new_hooks_keep_the_pruning_hooks(
     prune.compact(loaded, x, latency_runs=0)
     assert loaded[0].out_channels == 4
     torch.testing.assert_close(loaded(x), expected)
+
+
+def test_unpickled_in_a_fresh_process_new_hooks_keep_the_refresh_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hooks that refresh a pruned tensor (a child's, through its parent; after a
+    load_state_dict) keep their keys too when new hooks are registered after unpickling."""
+    from torch.utils.hooks import RemovableHandle
+
+    from prunekit.core.install import RefreshAfterLoad, RefreshSubmodule
+
+    model = nn.Sequential(nn.Linear(4, 4))
+    prune.l1_unstructured(model, "0.weight", amount=0.5)  # a child's tensor, through the parent
+    saved = pickle.dumps(model)
+    monkeypatch.setattr(RemovableHandle, "next_id", 0)  # as in a process just started
+    loaded: nn.Module = pickle.loads(saved)
+    after_load = RemovableHandle.next_id
+    hooks = {
+        "forward": (loaded._forward_pre_hooks, RefreshSubmodule),
+        "load": (loaded[0]._load_state_dict_post_hooks, RefreshAfterLoad),
+    }
+    for kind, (found, refresh) in hooks.items():
+        assert any(isinstance(h, refresh) for h in found.values()), kind
+        before = dict(found)
+        monkeypatch.setattr(RemovableHandle, "next_id", after_load)
+        for _ in range(max(before) + 1):  # as many ids as the saving process had given
+            if kind == "forward":
+                loaded.register_forward_pre_hook(lambda module, args: None)
+            else:
+                loaded[0].register_load_state_dict_post_hook(lambda module, keys: None)
+        assert all(found.get(k) is h for k, h in before.items()), kind

@@ -25,21 +25,32 @@ from torch.utils.hooks import RemovableHandle
 from prunekit.core.attention import watch_out_proj
 from prunekit.core.naming import mask_name, orig_name
 
-__all__ = ["BoundToModule"]
+__all__ = ["BoundToModule", "KeepsHookKey"]
 
 _TRANSIENT = ("_module", "_reuse")  # never copied nor pickled: rebuilt on use
 
 
-class BoundToModule:
-    """Mixin of pruning hooks: a weak reference to the module they prune, and the copy and
-    pickle support it needs. Subclasses provide ``_require_name()``."""
+class KeepsHookKey:
+    """Mixin of prunekit's hooks: the key the module's hook dict holds them under, and,
+    when unpickled, torch's hook counter moved past it."""
 
-    _module: weakref.ReferenceType[nn.Module] | None = None
-    _hook_id: int | None = None  # its key in the module's hook dict
+    _hook_id: int | None = None
 
     def _registered(self, hook_id: int) -> None:
         """Remember the key the module's hook dict holds this hook under."""
         self._hook_id = hook_id
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._hook_id is not None:
+            RemovableHandle.next_id = max(RemovableHandle.next_id, self._hook_id + 1)
+
+
+class BoundToModule(KeepsHookKey):
+    """Mixin of pruning hooks: a weak reference to the module they prune, and the copy and
+    pickle support it needs. Subclasses provide ``_require_name()``."""
+
+    _module: weakref.ReferenceType[nn.Module] | None = None
 
     def _require_name(self) -> str:
         raise NotImplementedError
@@ -58,9 +69,7 @@ class BoundToModule:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         module = state.pop("_bound_module", None)
-        self.__dict__.update(state)
-        if self._hook_id is not None:
-            RemovableHandle.next_id = max(RemovableHandle.next_id, self._hook_id + 1)
+        super().__setstate__(state)
         if module is not None:
             self._bind(module)
             watch_out_proj(module)  # in a process that loads a pruned out_proj

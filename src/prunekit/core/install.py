@@ -21,6 +21,7 @@ from prunekit.core.checks import (
     refuse_ties,
 )
 from prunekit.core.container import PruningContainer, combine_masks
+from prunekit.core.copying import KeepsHookKey
 from prunekit.core.errors import describe, naming, value_error, warn_caller
 from prunekit.core.method import BasePruningMethod, pruning_type
 from prunekit.core.naming import mask_name, orig_name
@@ -90,7 +91,8 @@ def install(
             isinstance(h, RefreshSubmodule) and (h.path, h.name) == (path, leaf)
             for h in module._forward_pre_hooks.values()
         ):
-            module.register_forward_pre_hook(RefreshSubmodule(path, leaf))
+            refresh = RefreshSubmodule(path, leaf)
+            refresh._registered(module.register_forward_pre_hook(refresh).id)
     return hook
 
 
@@ -126,7 +128,9 @@ def _install(
     if not any(
         isinstance(h, RefreshAfterLoad) for h in module._load_state_dict_post_hooks.values()
     ):
-        module.register_load_state_dict_post_hook(RefreshAfterLoad())  # type: ignore[no-untyped-call]
+        after = RefreshAfterLoad()
+        handle = module.register_load_state_dict_post_hook(after)  # type: ignore[no-untyped-call]
+        after._registered(handle.id)
     return hook
 
 
@@ -186,7 +190,7 @@ def current_values(
     return values
 
 
-class RefreshAfterLoad:
+class RefreshAfterLoad(KeepsHookKey):
     """load_state_dict post-hook: recompute ``module.<name>`` = mask * orig after a load.
 
     Without it the attribute keeps the values from before the load until the next forward.
@@ -214,7 +218,7 @@ def forget_load_refresh(module: nn.Module) -> None:
             del module._load_state_dict_post_hooks[key]
 
 
-class RefreshSubmodule:
+class RefreshSubmodule(KeepsHookKey):
     """Forward pre-hook on a parent: refreshes a pruned tensor of the child at `path`.
 
     For children whose forward never runs because the parent reads their weights
