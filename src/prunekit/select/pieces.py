@@ -33,21 +33,31 @@ memory. prunekit.distributed runs it over torch.distributed; io/sharded.py in on
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from prunekit.select import native, passes, tuning
+from prunekit.select import native, onepass, passes, plan, sample, trace, tuning
+from prunekit.select.chunks import Chunks
 from prunekit.select.group import Group
-from prunekit.select.passes import Buffers
+from prunekit.select.passes import Buffers, Marks
+from prunekit.select.plan import Route
 from prunekit.select.radix import pick
-from prunekit.select.sources import Source, alive_count
+from prunekit.select.sources import (
+    Count,
+    Source,
+    alive_count,
+    competing,
+    count_of,
+    refuse_non_finite,
+)
 from prunekit.select.ties import first, positions
 
-__all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
+__all__ = ["Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 MARK = 1 << 20  # entries marked at a time
 
@@ -101,15 +111,40 @@ class _Ties:
 
 
 class Selection:
-    """The threshold and the ties each piece takes; marks one piece at a time."""
+    """The threshold and the ties each piece takes; marks one piece at a time. With
+    `held`, the selections the count pass wrote (see select's `marks`), as they are.
+    `k` and `total`: how many were chosen among how many competing (None: not known
+    here); `finite`: every score was read and found finite."""
 
     def __init__(
-        self, pieces: Sequence[Piece], work: torch.dtype, bound: float, ties: list[_Ties]
+        self,
+        pieces: Sequence[Piece],
+        work: torch.dtype,
+        bound: float,
+        ties: list[_Ties],
+        *,
+        total: int | None = None,
+        k: int | None = None,
+        finite: bool = False,
+        held: list[Tensor] | None = None,
     ) -> None:
         self.pieces = pieces
         self.work = work
         self.bound = bound
-        self.ties = ties
+        self.ties = ties or [_Ties() for _ in pieces]
+        self.total = total
+        self.k = k
+        self.finite = finite
+        self.held = held
+
+    def masks(self, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+        """Every piece's selection in order: flat bools (True: chosen), or with
+        `keep_dtype` masks of that dtype (0: chosen)."""
+        if self.held is not None:
+            yield from self.held
+            return
+        for index in range(len(self.pieces)):
+            yield self.chosen(index) if keep_dtype is None else self.keep(index, keep_dtype)
 
     def kept(self, index: int) -> Iterator[tuple[int, Tensor]]:
         """(start, chunk) over the piece `index` in order: 0/1 floats, 0 where chosen.
@@ -201,54 +236,129 @@ def _next_up(value: float, dtype: torch.dtype) -> float:
     return float(torch.nextafter(here, torch.tensor(math.inf, dtype=dtype)))
 
 
-def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -> Selection:
+def select(
+    pieces: Sequence[Piece],
+    count: Count,
+    group: Group,
+    total: int | None = None,
+    marks: Marks | None = None,
+) -> Selection:
     """Choose ``count(total)`` entries among the `total` competing in all pieces of all
     ranks: those of smallest magnitude, ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
-    score is NaN or infinite, after any error `count` raises.
+    score is NaN or infinite, after any error `count` raises. `total`, if known, is how
+    many compete in all (else counted first, or in the count pass with `marks`).
+
+    With `marks` (whole tensors in one process), the count pass also writes every
+    selection around the sampled guess, settled after when the guess holds; scores
+    that are not finite are then refused only as `marks` asks, NaN ranking last.
     """
     formats = _formats(pieces, group)
-    work = torch.float64 if torch.float64 in formats else torch.float32
-    buffers = Buffers(work)
     owned = [i for i, p in enumerate(pieces) if p.counts]
-    mine = [sum(pieces[i].numel for i in owned), sum(_competing(pieces[i]) for i in owned)]
-    size, total = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
-    k = count(total)
+    known = total is not None or marks is not None
+    competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
+    mine = [sum(pieces[i].numel for i in owned), competing_here]
+    size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
+    total = total if known else counted
+    largest = max((pieces[i].numel for i in owned), default=0)
+    dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
+    route = Route(True, dtype, size, largest)
+    work = route.work
+    k = None if total is None else count_of(count, total)
+    if total is not None and k in (0, total):
+        return _all_or_none(pieces, owned, work, k, total, group, marks)
+    if marks is None and len(formats) == 1 and formats[0] in passes.INFINITY:
+        assert k is not None  # 16-bit: the bits are the values
+        return _in_16_bits(pieces, owned, formats[0], k, group)
+    now = tuning.get()
+    sources = [pieces[i].source for i in owned]
+    bounds = sample.guess(sources, count if k is None else k, total, route, group)
+    found = None
+    limits = (0.0, 0.0, math.inf) if bounds is None else bounds
+    if bounds is not None or marks is None:  # with marks and no guess: nothing to mark around
+        if marks is not None:
+            budget = plan.budget(route)
+        else:
+            budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
+        found = passes.between(pieces, owned, Chunks(route), limits, budget, group, marks)
+        if found.nonfinite and marks is None:
+            raise Unrankable(passes.non_finite(pieces, owned))
+    if k is None:  # with marks: counted in the pass, or now
+        counted = found.competing if found is not None and found.competing >= 0 else -1
+        total = counted if counted >= 0 else competing(sources)
+        k = count_of(count, total)
+    assert total is not None
+    finite = found is not None and found.finite
+    if marks is not None and marks.finite and not finite:
+        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
     if k in (0, total):
+        return Selection(pieces, work, 0.0, [], total=total, k=k, finite=finite)
+    rank = 0 if found is None else k - found.below
+    held = found is not None and 0 < rank <= found.kept
+    buffers = Buffers(work)
+    if found is not None and held and marks is not None:  # the one read: settle its marks
+        onepass.settle(found.marked, found.values, rank, marks.keep_dtype is None, limits[1])
+        trace.note("one pass")
+        outs = [entry.out for entry in found.marked]
+        return Selection(pieces, work, 0.0, [], total=total, k=k, finite=finite, held=outs)
+    if marks is not None and found is not None:
+        trace.note("one pass missed")
+    if found is not None and held:  # the k-th lies between the bounds: refine what was kept
+        if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
+            bound, take = native.nth(found.values, rank)
+        else:
+            keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
+            key, take, _ = passes.radix(keys, rank, work, group)
+            bound = passes.as_float(key, work)
+        ties = {i: int((values == bound).sum()) for i, values in found.held.items()}
+        shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    else:  # no guess, or the bounds missed (or too much fell between): refine over the scores
+        keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
+        key, take, equal = passes.radix(keys, k, work, group)
+        bound = passes.as_float(key, work)
+        if take == equal:  # every tie is taken: no need to count them per piece
+            shared = [_Ties(every=True) for _ in pieces]
+        else:
+            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
+            shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    return Selection(pieces, work, bound, shared, total=total, k=k, finite=finite)
+
+
+def _all_or_none(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    work: torch.dtype,
+    k: int,
+    total: int,
+    group: Group,
+    marks: Marks | None,
+) -> Selection:
+    """None of the competing entries chosen (k = 0), or all of them; the scores checked."""
+    if marks is None:
         bad = passes.non_finite(pieces, owned)
         if int(group.sum(torch.tensor([len(bad)]))[0]):
             raise Unrankable(bad)
-        return Selection(pieces, work, math.inf if k else 0.0, [_Ties() for _ in pieces])
-    if len(formats) == 1 and formats[0] in passes.INFINITY:  # 16-bit: the bits are the values
-        hist, held, nonfinite = passes.histograms(pieces, owned, formats[0], group)
-        if nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned))
-        key, take, _ = pick(hist, k)
-        bound = passes.as_float(key, formats[0])
-        ties = {i: int(h[key]) for i, h in held.items()}
-    else:
-        limits = passes.bounds(pieces, owned, buffers, k, size, total, group)
-        found = passes.between(pieces, owned, buffers, limits, size, group)
-        if found.nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned))
-        held = found.held
-        if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
-            if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
-                values = torch.cat([v.to(work) for v in held.values()])
-                bound, take = native.nth(values, k - found.below)
-            else:
-                keys = lambda: passes.held_keys(held, work)  # noqa: E731
-                key, take = passes.radix(keys, k - found.below, work, group)
-                bound = passes.as_float(key, work)
-            ties = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
-        else:  # the limits missed (or too much fell between): histograms of the tensors
-            held.clear()
-            keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
-            key, take = passes.radix(keys, k, work, group)
-            bound = passes.as_float(key, work)
-            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
-    return Selection(pieces, work, bound, _share_ties(pieces, ties, take, buffers, bound, group))
+    elif marks.finite:
+        refuse_non_finite([pieces[i].source for i in owned])
+    bound = math.inf if k else 0.0
+    return Selection(pieces, work, bound, [_Ties() for _ in pieces], total=total, k=k)
+
+
+def _in_16_bits(
+    pieces: Sequence[Piece], owned: list[int], fmt: torch.dtype, k: int, group: Group
+) -> Selection:
+    """Scores all of one 16-bit format: one pass of histograms of their bits, which are
+    their values, finds the threshold; no sample."""
+    hist, held, nonfinite = passes.histograms(pieces, owned, fmt, group)
+    if nonfinite:
+        raise Unrankable(passes.non_finite(pieces, owned))
+    key, take, _ = pick(hist, k)
+    bound = passes.as_float(key, fmt)
+    ties = {i: int(h[key]) for i, h in held.items()}
+    buffers = Buffers(torch.float32)
+    shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    return Selection(pieces, torch.float32, bound, shared)
 
 
 def _competing(piece: Piece) -> int:
