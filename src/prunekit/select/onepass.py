@@ -31,6 +31,8 @@ __all__ = ["Gather", "Gathered", "Part", "settle", "split"]
 class Part:
     """What the one pass found in one chunk (its entries in between go to a Gather)."""
 
+    start: int  # where the chunk starts in its source
+    size: int  # its entries
     below: int  # competing entries below the lower bound
     competing: int
     finite: Tensor | bool | None  # every score of the chunk finite (None: not known)
@@ -102,7 +104,7 @@ def split(
         )
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
-        yield Part(below, competing, finite)
+        yield Part(start, n, below, competing, finite)
 
 
 def _split_tensors(
@@ -134,7 +136,7 @@ def _split_tensors(
         if product is not None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
         gather.append(where.add_(start), values)
-        yield Part(below, competing, finite)
+        yield Part(start, n, below, competing, finite)
 
 
 def _settle_tensors(gathered: list[Gathered], values: Tensor, rank: int, hit: bool) -> None:
