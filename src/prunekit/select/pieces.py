@@ -186,12 +186,14 @@ class Selection:
         left = {r: n for r, n in ties.per_run.items() if n}
         bound = self.bound
         # Chosen: below `lower` (tensor operations) or `mid` (the C loop), the same here;
-        # gathered: in [lower, upper], the ties when some are taken in part.
-        if ties.every:
+        # gathered: in [lower, upper], the ties when some are taken in part, or all of
+        # them at infinity (no float lies above it to compare with).
+        every_infinite = ties.every and bound == math.inf
+        if ties.every and not every_infinite:
             up = _next_up(bound, self.route.work)
             bounds = (up, up, -math.inf)
         else:
-            bounds = (bound, bound, bound if left else -math.inf)
+            bounds = (bound, bound, bound if left or every_infinite else -math.inf)
         chunks = self._reader()
         gather = Gather(min(max(chunks.step, chunks.chunk), piece.numel), self.route.work)
         scores, alive = piece.source()
@@ -199,6 +201,8 @@ class Selection:
         for part in parts:
             found = gather.positions[: gather.size]
             gather.size = 0
+            if every_infinite:
+                out[found - part.start if window else found] = hit
             for r in [r for r, count in left.items() if count]:
                 run = piece.runs[r]
                 inside = found[(found >= run.local) & (found < run.local + run.length)]
