@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
 from prunekit.core.container import PruningContainer
+from prunekit.core.counting import zero_count
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
@@ -283,14 +284,6 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
     ]
 
 
-def _zeros(values: Tensor) -> int:
-    """How many entries of `values` are zero: counted in one pass, with no bool copy, where
-    torch can (float8 has no ``count_nonzero`` on the CPU: compared there)."""
-    if values.is_floating_point() and values.element_size() == 1:
-        return int((values == 0).sum())
-    return int(values.numel()) - int(values.count_nonzero())
-
-
 def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
     values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
     return TensorRow(
@@ -298,7 +291,7 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
         shape=tuple(int(s) for s in tensor.shape),
         dtype=dtype_name(tensor.dtype),
         numel=int(tensor.numel()),
-        zeros=_zeros(values),
+        zeros=zero_count(values),
         masked=mask is not None,
         method=method,
         itemsize=int(tensor.element_size()),

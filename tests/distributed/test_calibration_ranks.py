@@ -18,6 +18,8 @@ from prunekit.distributed.agree import collective
 from prunekit.distributed.group import Group
 from prunekit.distributed.stats import Reducer
 
+BOTH = cal.Wanted(norms=True, hessian=True)  # the statistics compared across ranks
+
 
 class Picky(calibrated.Net):
     """Once its first block is pruned, that block refuses batches of 7 (which rank 1 has):
@@ -99,14 +101,12 @@ def test_statistics_are_those_of_all_batches() -> None:
         model = calibrated.build()
         reduce = Reducer(collective(group, "calibrate"), "calibrate", {})
         batches = calibrated.batches(group.rank, world)
-        return cal.calibrate(
-            model, batches, linears(model), norms=True, hessian=True, reduce=reduce
-        )
+        return cal.calibrate(model, batches, linears(model), BOTH, reduce=reduce)
 
     found = on_threads(world, run)
     model = calibrated.build()
     every = [b for r in range(world) for b in calibrated.batches(r, world)]
-    want = cal.calibrate(model, every, linears(model), norms=True, hessian=True)
+    want = cal.calibrate(model, every, linears(model), BOTH)
     for stats in found:
         assert stats.accumulators() == want.accumulators()  # q, k and v still share one
         for mine, one in zip(stats.modules, want.modules, strict=True):

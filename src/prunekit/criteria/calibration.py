@@ -492,30 +492,6 @@ def batch_list(calibration: Any, owner: str) -> list[Any]:
     return batches
 
 
-def calibrate(
-    model: nn.Module,
-    batches: Sequence[Any],
-    modules: Sequence[nn.Module],
-    *,
-    norms: bool,
-    hessian: bool,
-    reduce: Reduce | None = None,
-    patches: bool = False,
-    means: bool = False,
-) -> InputStatistics:
-    """One pass of the whole model over `batches`, statistics for `modules` (with
-    `reduce`: of every rank's batches; `patches`: see InputStatistics)."""
-    with (
-        evaluating(model),
-        torch.no_grad(),
-        InputStatistics(
-            modules, norms=norms, hessian=hessian, means=means, patches=patches
-        ) as stats,
-    ):
-        failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
-    return _finish(stats, reduce, failed)
-
-
 @dataclass(frozen=True)
 class Wanted:
     """Which statistics of their inputs the modules gather (see InputStatistics)."""
@@ -531,6 +507,21 @@ class Wanted:
         return InputStatistics(
             modules, norms=self.norms, hessian=self.hessian, means=self.means, patches=self.patches
         )
+
+
+def calibrate(
+    model: nn.Module,
+    batches: Sequence[Any],
+    modules: Sequence[nn.Module],
+    wanted: Wanted,
+    *,
+    reduce: Reduce | None = None,
+) -> InputStatistics:
+    """One pass of the whole model over `batches`, the `wanted` statistics for `modules`
+    (with `reduce`: of every rank's batches)."""
+    with evaluating(model), torch.no_grad(), wanted.gather(modules) as stats:
+        failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
+    return _finish(stats, reduce, failed)
 
 
 def block_statistics(

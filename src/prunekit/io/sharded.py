@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
+from prunekit.core.counting import zero_count
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
 from prunekit.io.atomic import atomic_folder, overlaps
@@ -285,22 +286,12 @@ def _apply(
                 raise CheckpointError(f"{name + MASK!r} holds values other than 0 and 1")
             share.mul_(part == 1)
         product = flat[start:end] * share
-        zeros += _zeros(product)
+        zeros += zero_count(product)
         if keep_masks:
             writer.write(name + MASK, start, share)
         else:
             writer.write(name, start, product)
     return zeros
-
-
-def _zeros(t: Tensor) -> int:
-    """How many entries of a flat float tensor are zero (either sign), counted on its bits
-    (faster than on 16-bit floats)."""
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
-    if bits is None:
-        return t.numel() - int(t.count_nonzero())
-    magnitude = t.view(bits) & torch.iinfo(bits).max  # the sign bit cleared
-    return t.numel() - int(magnitude.count_nonzero())
 
 
 def _global(

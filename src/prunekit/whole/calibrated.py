@@ -116,17 +116,19 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
     (with `plan.reduce`, of every rank's batches)."""
     owners = [m for m, _ in plan.targets]
     found = cal.block_list(model, owners) if plan.config.sequential else None
-    want = {"norms": plan.method == "wanda", "hessian": plan.method == "sparsegpt"}
+    want = cal.Wanted(
+        norms=plan.method == "wanda", hessian=plan.method == "sparsegpt", patches=True
+    )
     reduce = plan.reduce
     if plan.config.scope == "global":
-        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
+        stats = cal.calibrate(model, plan.batches, owners, want, reduce=reduce)
         for module, name in plan.targets:
             _check_seen(plan, stats, module, name)
         norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, owners, **want, reduce=reduce, patches=True)
+        stats = cal.calibrate(model, plan.batches, owners, want, reduce=reduce)
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
@@ -134,7 +136,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
 
 
 def _by_blocks(
-    model: nn.Module, plan: Plan, blocks: nn.ModuleList, bar: Progress, want: Any
+    model: nn.Module, plan: Plan, blocks: nn.ModuleList, bar: Progress, want: cal.Wanted
 ) -> None:
     """Each block calibrated on the outputs of the pruned blocks before it, then the
     layers outside the blocks (a head) on one pass of the pruned model."""
@@ -152,13 +154,12 @@ def _by_blocks(
             pending = error
         for i, block in enumerate(blocks):
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
-            wanted = cal.Wanted(**want, patches=True)
             if here and plan.config.sequential == "layers":  # refused with `reduce`
-                _by_groups(plan, block, inputs, here, wanted, bar)
+                _by_groups(plan, block, inputs, here, want, bar)
             elif here:
                 mods = [m for m, _ in here]
                 stats = cal.block_statistics(
-                    block, inputs, mods, wanted, reduce=reduce, failed=pending
+                    block, inputs, mods, want, reduce=reduce, failed=pending
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
@@ -175,7 +176,7 @@ def _by_blocks(
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
         mods = [m for m, _ in rest]
-        stats = cal.calibrate(model, plan.batches, mods, **want, reduce=reduce, patches=True)
+        stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce)
         _prune_layers(plan, rest, stats, bar)
 
 

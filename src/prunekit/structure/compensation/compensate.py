@@ -269,15 +269,7 @@ def _whole_model(model: nn.Module, batches: Sequence[Any]) -> Measure:
     """`Measure` by one pass of the whole `model` over `batches`."""
 
     def measure(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
-        return cal.calibrate(
-            model,
-            batches,
-            modules,
-            norms=wanted.norms,
-            hessian=wanted.hessian,
-            means=wanted.means,
-            patches=wanted.patches,
-        )
+        return cal.calibrate(model, batches, modules, wanted)
 
     return measure
 

@@ -58,7 +58,7 @@ class Activation(GroupCriterion):
     ) -> None:
         assert batches is not None
         modules = consumer_modules(groups)
-        stats = cal.calibrate(model, batches, modules, norms=True, hessian=False)
+        stats = cal.calibrate(model, batches, modules, cal.Wanted(norms=True, hessian=False))
         self.norms = {id(m): stats.norms(m).double() for m in modules if stats.seen(m)}
 
     def scores(self, group: ChannelGroup) -> Tensor:

@@ -61,10 +61,7 @@ class _PerConsumer(GroupCriterion):
         assert batches is not None
         self.totals = {}
         modules = [m for m in consumer_modules(groups) if self._calibrates(m)]
-        want = self.wanted
-        stats = cal.calibrate(
-            model, batches, modules, norms=want.norms, hessian=want.hessian, means=want.means
-        )
+        stats = cal.calibrate(model, batches, modules, self.wanted)
         for module in modules:
             if not stats.seen(module) or not self._measures(module):
                 continue
