@@ -523,3 +523,18 @@ def test_tensorplay_tensors_take_the_portable_path() -> None:
             assert got == want.tolist()
     keep = next(smallest_k_many([lambda: (scores, None)], 2, keep_dtype=tp.float32))
     assert keep.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_kth_value_of_infinity_takes_its_ties_in_order(native: bool) -> None:
+    # The sampled bounds miss (the k-th is infinite): the threshold's ties are marked
+    # from the scores, as the stable sort takes them.
+    g = torch.Generator().manual_seed(7)
+    parts = [torch.rand(17, generator=g), torch.rand(300, generator=g), torch.rand(40, generator=g)]
+    parts[0][8] = parts[2][5] = math.inf
+    sources = [(lambda p=p: (p, None)) for p in parts]
+    for k in (355, 356, 357):
+        with tuning.overridden(small=0, chunk=7, step=7, sample=64, native=native):
+            got = list(smallest_k_many(sources, k, magnitude=True))
+        for chosen, want in zip(got, reference(parts, [None] * 3, k, True), strict=True):
+            assert torch.equal(chosen, want)

@@ -19,7 +19,7 @@ from prunekit.distributed import all_reduce_statistics
 from prunekit.distributed import global_unstructured as across
 from prunekit.distributed.group import Group
 from prunekit.distributed.tensors import _runs
-from prunekit.select import passes, smallest_k_many, tuning
+from prunekit.select import passes, sample, smallest_k_many, tuning
 from prunekit.select.pieces import Piece, Unrankable, select
 
 
@@ -72,7 +72,7 @@ def test_mixed_dtypes_and_a_missed_guess(monkeypatch: pytest.MonkeyPatch) -> Non
         t.to(d) for t, d in zip(tensors_of("normal", torch.float32, 1000), dtypes, strict=True)
     ]
     total = sum(t.numel() for t in tensors)
-    monkeypatch.setattr(passes, "bounds", lambda *args: (5.0, 6.0))  # they miss: histograms
+    monkeypatch.setattr(sample, "guess", lambda *args: (5.0, 5.0, 6.0))  # they miss: histograms
     for k in (5, total // 2):
         selection = select(pieces_of(tensors, [None] * 4), lambda n, k=k: k, Group())
         for i, w in enumerate(whole(tensors, [None] * 4, k)):

@@ -7,40 +7,52 @@ path sorts the model, and none concatenates it: scores are read a chunk at a
 time, so the work memory beyond the selections returned is a few chunks plus
 the entries gathered to be ranked apart, never more than the largest tensor.
 
-Every selection runs the same passes, whoever holds the scores:
+One engine makes every selection of CPU torch floats: pieces.select, over pieces (a
+whole tensor is a piece of one run) and a group of processes (group: its collectives;
+Alone, the group of one process, has none). smallest_k_many (whole tensors in memory),
+prunekit.distributed (tensors held by several processes) and io/sharded.py (tensors
+streamed from disk) are its callers. Its steps:
 
-1. sample: an evenly spaced sample (sample.spaced) and two of its order statistics
-   (sample.enclose) that almost surely enclose the k-th value;
-2. count: one pass counts the entries below the lower bound and keeps those in between;
-3. refine: the k-th value among those kept, or, where the bounds missed, from histograms
-   of the scores' bits, 16 at a time (radix.find, over a group of processes);
-4. ties: the first ties in order are chosen (ties);
-5. mark: each tensor's selection.
+1. sample: an evenly spaced sample over the ranks (sample.spaced), two of its order
+   statistics that almost surely enclose the k-th value and its best guess in between
+   (sample.guess, sample.enclose);
+2. count: one pass (passes.between, each source through onepass.split: the C loop of
+   native.py, or tensor operations a chunk at a time) counts the entries below the lower
+   bound and gathers those in between with their positions, summed over the ranks;
+3. refine: the k-th value among those gathered (native.nth, or radix.find over the
+   ranks), or, where the bounds missed, from histograms of the scores' bits, 16 at a
+   time (radix.find); scores all of one 16-bit format over a group skip the sample:
+   one pass of histograms of their bits finds it (passes.histograms);
+4. ties: the first ties in order are chosen (ties; across ranks, pieces._share_ties);
+5. mark: each piece's selection, made when asked for (pieces.Selection: the C loop or
+   tensor operations).
 
-Three drivers run them. Whole tensors in memory, CPU torch floats (choose -> onepass):
-the count pass is also the marking pass, written around the sample's best guess by the
-C loop (native) or tensor operations a chunk at a time, the few entries in between
-gathered with their positions and settled after; a miss falls back to radix.find_cut
-and radix.mark. Tensors of any framework, device or dtype, or negative scores by value
-(portable): the same passes in plain tensor methods, refined in rounds of narrowing
-bounds, as bits cannot be read there. Tensors in pieces (pieces -> passes): held by
-several processes (prunekit.distributed) or streamed from disk (io/sharded.py), over a
-group of processes (group: its collectives; Alone, the group of one process): the
-threshold is found before anything is marked, and each piece is marked when asked.
+One option changes where the marks are made. Whole tensors in memory in one process
+(smallest_k_many) pass `Marks`: the count pass then also writes every selection around
+the sampled guess, the one read of the scores, and steps 3-5 become the settling of the
+few entries gathered in between (onepass.settle); a guess that missed leaves those marks
+unused and the steps run as above.
+
+Tensors of any other framework, device or dtype, or negative scores by value, take the
+portable path (portable): the same sample and ties in plain tensor methods, refined in
+rounds of narrowing pivots, as their bits cannot be read.
 
 The modules, in the order a selection meets them:
 
-- choose: smallest_k and smallest_k_many, which check what is asked and pick a driver;
+- choose: smallest_k and smallest_k_many, which check what is asked and call the engine
+  (or the portable path);
 - sources: what the kernels take and give (sources, counts, masks) and their checks;
-- plan: the fast path (CPU torch floats) or the portable one, and how to read;
-- chunks: the fast path's reader, a chunk at a time into reused buffers;
-- sample: the sample and the bounds, for every driver;
-- onepass: every selection written in one pass around the guess, then settled;
-- native: the binding to the C loop (_native.c) that makes the one pass;
-- radix: the k-th value from histograms of bits (every driver that reads bits), and the
-  fast path's marking after it;
+- plan: the engine (CPU torch floats) or the portable path, and how to read;
+- pieces: the engine's driver, select, and the pieces and selections it works on;
+- group: the collectives a selection over several processes needs, and Alone;
+- sample: the sample and the bounds, for the engine and the portable path;
+- passes: the engine's passes: the count pass, the histograms, the ties' counts;
+- chunks: the count pass's reader, a chunk at a time into reused buffers;
+- onepass: the count pass over one source (C loop or tensor operations), and the
+  settling of the marks it wrote;
+- native: the binding to the C loop (_native.c);
+- radix: the k-th value from histograms of bits, over a group;
 - portable: the passes in plain tensor methods, for any framework and device;
-- pieces, passes: the passes over pieces and a group (group.py);
 - ties: the tie rule, the first ties in order chosen;
 - tuning: every constant the kernels are tuned by, and how tests override them;
 - trace: which paths a selection took, for tests.

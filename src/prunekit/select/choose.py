@@ -1,4 +1,5 @@
-"""smallest_k and smallest_k_many: check what is asked, pick a path, hand the selections out."""
+"""smallest_k and smallest_k_many: check what is asked, call the engine (or the portable path),
+hand the selections out."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from prunekit.select import onepass, plan, portable, radix, sample, trace
-from prunekit.select.chunks import Chunks
+from prunekit.select import plan, portable, trace
+from prunekit.select.group import Alone
+from prunekit.select.passes import Marks
+from prunekit.select.pieces import Piece, select
 from prunekit.select.sources import (
     Count,
     Source,
@@ -76,25 +79,30 @@ def smallest_k_many(
     if not chosen.fast and total is None:
         total = competing(sources)
     count = None if total is None else count_of(k, total)  # a bad k is named before bad scores
-    chunks = done = None
     if chosen.fast and (count is None or count not in (0, total)):  # a selection to make
-        chunks = Chunks(sources, chosen)
-        bounds = sample.guess(chunks, k, total)
-        if bounds is not None:
-            done = onepass.mark_between(chunks, k, bounds, keep_dtype, products)
-        if total is None:
-            total = competing(sources) if chunks.counted is None else chunks.counted
-            count = count_of(k, total)
+        marks = Marks(keep_dtype, products, finite)
+        made = select(_whole(sources, chosen), k, Alone(), total, marks)
+        assert made.k is not None and made.total is not None
+        count, total = made.k, made.total
+        if made.held is not None:
+            return iter(made.held)
+        if count not in (0, total):
+            masks = made.masks(keep_dtype)
+            return masks if products is None else multiplied(masks, sources, products)
+    elif finite:
+        refuse_non_finite(sources)
     assert total is not None and count is not None
-    if finite and not (chunks is not None and chunks.finite):
-        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
-    if done is not None:
-        return iter(done)
     if count in (0, total):
         trace.note("all or none")
         masks = all_or_none(sources, count > 0, keep_dtype)
-    elif chunks is None:
-        masks = complement(portable.portable(sources, count, total, magnitude, chosen), keep_dtype)
     else:
-        masks = radix.mark(chunks, radix.find_cut(chunks, count), keep_dtype)
+        masks = complement(portable.portable(sources, count, total, magnitude, chosen), keep_dtype)
     return masks if products is None else multiplied(masks, sources, products)
+
+
+def _whole(sources: Sequence[Source], route: plan.Route) -> list[Piece]:
+    """Whole tensors as the engine's pieces: one run each, keyed by their order."""
+    return [
+        Piece(source, numel, dtype, index)
+        for index, (source, (numel, dtype)) in enumerate(zip(sources, route.each, strict=True))
+    ]

@@ -9,14 +9,13 @@ comparison leaves out: no branch, no masked write.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from prunekit.select import native, tuning
 from prunekit.select.plan import Route
-from prunekit.select.sources import Source
 
 __all__ = ["Chunks", "ones", "write"]
 
@@ -26,18 +25,11 @@ _ONE = torch.ones(())  # 1 - chosen = kept
 class Chunks:
     """Reads the sources a chunk at a time into work buffers reused from chunk to chunk."""
 
-    def __init__(self, sources: Sequence[Source], plan: Route) -> None:
-        self.sources = sources
+    def __init__(self, plan: Route) -> None:
         self.plan = plan
-        self.counted: int | None = None  # entries competing, once a pass has read them all
-        self.finite = False  # True once a pass has read every score and found them finite
         now = tuning.get()
         self.chunk = now.chunk
         size = min(now.chunk, plan.largest)
-        self.top = torch.empty(size, dtype=torch.int16)
-        self.dead = torch.empty(size, dtype=torch.bool)
-        self.all_bits = torch.empty(size, dtype=torch.int8)  # -1 where dead, else 0
-        self.flags = torch.empty(size, dtype=torch.bool)
         self.between = torch.empty(size, dtype=torch.bool)
         self.values = torch.empty(size, dtype=plan.work)
         # 0/1 as floats: compares write floats several times faster than bools here.
@@ -68,9 +60,10 @@ class Chunks:
             yield start, part.contiguous(), flags
 
     def magnitudes(
-        self, scores: Tensor, alive: Tensor | None, out: Tensor
+        self, scores: Tensor, alive: Tensor | None, out: Tensor, window: bool = False
     ) -> Iterator[tuple[int, Tensor, Tensor, int]]:
-        """(start, the chunk's slice of `out`, its |scores|, how many compete) per chunk.
+        """(start, the chunk's slice of `out`, its |scores|, how many compete) per chunk;
+        with `window`, `out` is a chunk's room, reused: the slice is its start.
 
         Entries that do not compete read as NaN, so every comparison leaves them out.
 
@@ -80,7 +73,7 @@ class Chunks:
         """
         for start, part, flags in self.read(scores, alive):
             n = part.numel()
-            piece = out[start : start + n]
+            piece = out[:n] if window else out[start : start + n]
             magnitudes = piece if out.dtype == self.plan.work else self.values[:n]
             if part.dtype == magnitudes.dtype:
                 torch.abs(part, out=magnitudes)

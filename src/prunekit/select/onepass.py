@@ -1,9 +1,10 @@
-"""The one pass: every selection written at once around the sampled guess, the few entries
-in between gathered and then settled.
+"""The count pass, a source a chunk at a time, and the settling of the marks it wrote.
 
-Entries below the lower bound are chosen, those above the upper one are not,
-and those in between are gathered (positions and magnitudes, all sources in
-order, in one buffer) and ranked apart. The pass is the C loop (native.split,
+The pass counts the entries below the lower bound and gathers those in between
+(positions and magnitudes, all sources in order, in one buffer). Where the
+caller wants the marks at once, it also writes each selection around the guess:
+entries below the lower bound are chosen, those above the upper one are not,
+and `settle` then ranks the gathered ones. The pass is the C loop (native.split,
 which marks the entries in between below the best guess as chosen at once, and
 native.settle then rewrites only those the guess got wrong) where it is built,
 else tensor operations a chunk at a time; the two give the same selections, and
@@ -12,25 +13,26 @@ can write scores x mask alongside (`products`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from prunekit.select import native, plan, trace, tuning
+from prunekit.select import native, trace, tuning
 from prunekit.select.chunks import Chunks, ones, write
 from prunekit.select.native import Gather
 from prunekit.select.portable import select_sorted
-from prunekit.select.sources import Count, count_of
 
-__all__ = ["Gather", "Gathered", "mark_between"]
+__all__ = ["Gather", "Gathered", "Part", "settle", "split"]
 
 
 @dataclass
 class Part:
     """What the one pass found in one chunk (its entries in between go to a Gather)."""
 
+    start: int  # where the chunk starts in its source
+    size: int  # its entries
     below: int  # competing entries below the lower bound
     competing: int
     finite: Tensor | bool | None  # every score of the chunk finite (None: not known)
@@ -47,69 +49,16 @@ class Gathered:
     where: Tensor
 
 
-def mark_between(
-    chunks: Chunks,
-    k: Count,
-    bounds: tuple[float, float, float],
-    keep_dtype: torch.dtype | None,
-    products: Sequence[Tensor | None] | None = None,
-) -> list[Tensor] | None:
-    """The selections in one pass, if the k-th smallest magnitude lies in [lower, upper]
-    (`bounds`: lower, mid, upper).
-
-    None when the guess was wrong or too many entries fall in between.
-    """
-    held = _mark_between(chunks, k, bounds, keep_dtype, products)
-    trace.note("one pass" if held is not None else "one pass missed")
-    return held
-
-
-def _mark_between(
-    chunks: Chunks,
-    k: Count,
-    bounds: tuple[float, float, float],
-    keep_dtype: torch.dtype | None,
-    products: Sequence[Tensor | None] | None,
-) -> list[Tensor] | None:
-    hit = keep_dtype is None
-    out_dtype = torch.bool if keep_dtype is None else keep_dtype
-    most = plan.budget(chunks.plan)
-    # Room for the budget and one more chunk: a chunk is gathered before it is counted.
-    extra = min(max(chunks.step, chunks.chunk), chunks.plan.largest)
-    gather = Gather(most + extra, chunks.plan.work)
-    gathered: list[Gathered] = []
-    below = counted = 0
-    peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
-    for index, (scores, alive) in enumerate(source() for source in chunks.sources):
-        out = torch.empty(scores.numel(), dtype=out_dtype)
-        product = None if products is None else products[index]
-        first = gather.size
-        for part in split(chunks, scores, alive, out, bounds, hit, product, gather):
-            counted += part.competing
-            below += part.below
-            if part.finite is None:
-                peaks = None
-            elif peaks is not None:
-                peaks.append(part.finite)
-            if gather.size > most:
-                return None
-        where = gather.positions[first : gather.size]
-        # Scores are kept only where a product needs them: sources may make theirs anew.
-        held = None if product is None else scores.detach().reshape(-1)
-        gathered.append(Gathered(out, product, held, where))
-    chunks.counted = counted
-    if peaks:
-        chunks.finite = all(bool(peak) for peak in peaks)
-    rank = count_of(k, counted) - below
-    values_all = gather.values[: gather.size]
-    if not 0 < rank <= values_all.numel():
-        return None
+def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float) -> None:
+    """Choose the `rank` smallest of the entries the count pass gathered (all sources in
+    order, their magnitudes `values`), each source's selection already marked around the
+    guess `mid`: through the C loop where it makes the selections' dtype, else tensor
+    operations."""
     trace.note("settle")
-    if native.makes(out_dtype):
-        native.settle(gathered, values_all, rank, hit, bounds[1])
+    if native.makes(gathered[0].out.dtype):
+        native.settle(gathered, values, rank, hit, mid)
     else:
-        _settle_tensors(gathered, values_all, rank, hit)
-    return [entry.out for entry in gathered]
+        _settle_tensors(gathered, values, rank, hit)
 
 
 def split(
@@ -121,17 +70,20 @@ def split(
     hit: bool,
     product: Tensor | None,
     gather: Gather,
+    window: bool = False,
 ) -> Iterator[Part]:
-    """The one pass over one source, chunk by chunk, given (lower, mid, upper): writes
+    """The count pass over one source, chunk by chunk, given (lower, mid, upper): writes
     the entries chosen into `out` (`hit` where chosen, else 1 - `hit`), and scores x
     out into `product` if given; gathers the entries between lower and upper into
-    `gather` and yields counts per chunk.
+    `gather` and yields counts per chunk. With `window`, `out` is only a chunk's room,
+    reused (the marks are not wanted: the threshold is not known yet).
 
     Chosen are the entries below mid in the C loop, below lower in the tensor operations:
-    native.settle and _settle_tensors finish each.
+    `settle` finishes either.
     """
     if not native.makes(out.dtype):
-        yield from _split_tensors(chunks, scores, alive, out, bounds, hit, product, gather)
+        parts = _split_tensors(chunks, scores, alive, out, bounds, hit, product, gather, window)
+        yield from parts
         return
     flat = scores.reshape(-1)
     # The C loop writes the product from the scores' bits: scores of the mask's dtype,
@@ -145,14 +97,14 @@ def split(
             part = chunks.wide[:n].copy_(part)  # 16-bit: widened (exactly)
         if flags is not None and not (native.makes(flags.dtype) and flags.is_contiguous()):
             flags = torch.eq(flags, 1, out=chunks.live[:n])  # the C loop reads 1s as bits
-        piece = out[start : start + n]
+        piece = out[:n] if window else out[start : start + n]
         into = None if fused is None else (flat[start : start + n], fused[start : start + n])
         competing, below, finite = native.split(
             part, flags, piece, (chosen, other), bounds, gather, start, into
         )
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
-        yield Part(below, competing, finite)
+        yield Part(start, n, below, competing, finite)
 
 
 def _split_tensors(
@@ -164,11 +116,12 @@ def _split_tensors(
     hit: bool,
     product: Tensor | None,
     gather: Gather,
+    window: bool,
 ) -> Iterator[Part]:
     """`split` as tensor operations, a few per chunk (choosing below the lower bound)."""
     lower, _, upper = bounds
     flat = scores.reshape(-1)
-    for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out):
+    for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out, window):
         n = piece.numel()
         # NaN stands for the entries that do not compete, so only without flags does
         # the chunk's largest magnitude say whether all are finite.
@@ -183,7 +136,7 @@ def _split_tensors(
         if product is not None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
         gather.append(where.add_(start), values)
-        yield Part(below, competing, finite)
+        yield Part(start, n, below, competing, finite)
 
 
 def _settle_tensors(gathered: list[Gathered], values: Tensor, rank: int, hit: bool) -> None:

@@ -1,5 +1,6 @@
-"""The passes of the selection in pieces (see pieces.py): each reads every piece once, a chunk at
-a time, and sums what it counted over the ranks.
+"""The engine's passes (see pieces.py): each reads every piece once, a chunk at a time, and sums
+what it counted over the ranks: the count pass (`between`, onepass.split per piece), the 16-bit
+histograms, the histograms of bits over the scores, the ties at the threshold.
 
 Comparisons write 0/1 floats into buffers reused from chunk to chunk (several times faster
 here than bool tensors), and sums of them count.
@@ -7,7 +8,6 @@ here than bool tensors), and sums of them count.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from prunekit.select import native, tuning
-from prunekit.select.chunks import ones
+from prunekit.select import native, onepass, trace, tuning
+from prunekit.select.chunks import Chunks, ones
 from prunekit.select.group import Group
+from prunekit.select.native import Gather
+from prunekit.select.onepass import Gathered
 from prunekit.select.plan import KEYS
 from prunekit.select.radix import find, top_digits
-from prunekit.select.sample import enclose, spaced, stride
 from prunekit.select.sources import all_finite
 
 if TYPE_CHECKING:
@@ -68,16 +69,6 @@ def non_finite(pieces: Sequence[Piece], owned: list[int]) -> list[int]:
     return [i for i in owned if not all_finite(pieces[i].source()[0])]
 
 
-@dataclass
-class Counted:
-    """What a pass counted, summed over the ranks, and what it kept locally."""
-
-    below: int  # competing entries below the lower bound (or the threshold)
-    kept: int  # entries kept in all; -1 if a rank went over its budget
-    nonfinite: int
-    held: dict[int, Tensor]  # per local piece: magnitudes kept, or a histogram
-
-
 def histograms(
     pieces: Sequence[Piece], owned: list[int], fmt: torch.dtype, group: Group
 ) -> tuple[Tensor, dict[int, Tensor], int]:
@@ -110,131 +101,106 @@ def histograms(
     return summed[:HALF], mine, int(summed[HALF])
 
 
-def bounds(
-    pieces: Sequence[Piece],
-    owned: list[int],
-    buffers: Buffers,
-    k: int,
-    size: int,
-    total: int,
-    group: Group,
-) -> tuple[float, float]:
-    """Magnitudes that very likely enclose the k-th smallest, from an evenly spaced
-    sample gathered from every rank; (0, inf), keeping every competing entry, for few
-    entries or too small a sample."""
-    now = tuning.get()
-    if size <= now.guess:
-        return 0.0, math.inf
-    step = stride(size, now.sample)
-    taken = spaced([pieces[i].source for i in owned], step, buffers.work).values
-    mine = torch.empty(0, dtype=buffers.work) if taken is None else taken[taken.isfinite()]
-    sample = torch.cat(group.gather(mine))
-    if sample.numel() < now.sample // 8:
-        return 0.0, math.inf
-    return enclose(sample, [k / total])
+@dataclass
+class Marks:
+    """The count pass's one-read option, for whole tensors in one process: it also writes
+    each tensor's selection around the guess (`keep_dtype`: as a mask of that dtype, 1
+    kept, else as bools) and scores x mask into `products` (per tensor, or None)."""
+
+    keep_dtype: torch.dtype | None
+    products: Sequence[Tensor | None] | None
+    finite: bool  # refuse non-finite scores (NotFinite) once the count is known
+
+
+@dataclass
+class Counted:
+    """What the count pass counted, summed over the ranks, and what it kept locally."""
+
+    below: int  # competing entries below the lower bound
+    kept: int  # entries kept between the bounds in all; -1 if a rank went over its budget
+    nonfinite: int  # pieces whose scores are not all finite
+    competing: int  # entries competing (-1: the pass stopped early)
+    held: dict[int, Tensor]  # per local piece: the magnitudes kept
+    values: Tensor  # the magnitudes kept, all local pieces in order
+    marked: list[Gathered]  # with Marks: each piece's selection and positions kept
+    finite: bool  # every score was read, and found finite
 
 
 def between(
     pieces: Sequence[Piece],
     owned: list[int],
-    buffers: Buffers,
-    limits: tuple[float, float],
-    size: int,
+    chunks: Chunks,
+    bounds: tuple[float, float, float],
+    budget: int,
+    group: Group,
+    marks: Marks | None = None,
+) -> Counted:
+    """The count pass (onepass.split, the C loop or tensor operations): counts the
+    competing entries below the lower bound and keeps, per piece, the magnitudes
+    between the bounds (lower, mid, upper), up to `budget` entries per rank; past it,
+    it only counts. With `marks`, it also writes the selections around mid, and stops
+    as soon as the budget is passed (the marks are then of no use)."""
+    plan = chunks.plan
+    room = min(max(chunks.step, chunks.chunk), plan.largest)
+    gather = Gather(budget + room, plan.work)  # a chunk is gathered, then checked
+    hit = marks is None or marks.keep_dtype is None
+    out_dtype = torch.bool if marks is None or marks.keep_dtype is None else marks.keep_dtype
+    scratch = torch.empty(room, dtype=torch.bool if native.makes(torch.bool) else plan.work)
+    held: dict[int, Tensor] = {}
+    marked: list[Gathered] = []
+    below = competing = nonfinite = 0
+    over = unknown = False
+    for i in owned:
+        scores, alive = pieces[i].source()
+        out, product = scratch, None
+        if marks is not None:
+            out = torch.empty(scores.numel(), dtype=out_dtype)
+            product = None if marks.products is None else marks.products[i]
+        first = gather.size
+        peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
+        parts = onepass.split(
+            chunks, scores, alive, out, bounds, hit, product, gather, window=marks is None
+        )
+        for part in parts:
+            below += part.below
+            competing += part.competing
+            if part.finite is None:
+                peaks = None
+            elif peaks is not None:
+                peaks.append(part.finite)
+            if gather.size > budget:
+                if marks is not None:
+                    return _summed([below, 0, 1, 0, -1], held, gather, marked, False, group)
+                over, gather.size, first = True, 0, 0  # the count goes on, nothing is kept
+        if peaks is None:
+            unknown = True
+            finite = marks is not None or all_finite(scores)  # with marks: not asked here
+        else:
+            finite = all(bool(peak) for peak in peaks)
+        nonfinite += not finite
+        if marks is not None:
+            # Scores are kept only where a product needs them: sources may make theirs anew.
+            flat = None if product is None else scores.detach().reshape(-1)
+            marked.append(Gathered(out, product, flat, gather.positions[first : gather.size]))
+        elif not over and gather.size > first:
+            held[i] = gather.values[first : gather.size]
+    counts = [below, gather.size, int(over), nonfinite, competing]
+    return _summed(counts, held, gather, marked, not unknown and not nonfinite, group)
+
+
+def _summed(
+    counts: list[int],
+    held: dict[int, Tensor],
+    gather: Gather,
+    marked: list[Gathered],
+    finite: bool,
     group: Group,
 ) -> Counted:
-    """One pass: counts the competing entries below the lower limit and keeps, per
-    piece, the competing magnitudes between the limits (16-bit ones in their own
-    dtype), up to a budget of 1/16 of all entries per rank."""
-    now = tuning.get()
-    budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
-    count = _between_native if native.loaded() is not None else _between_tensors
-    below, kept, nonfinite, held = count(pieces, owned, buffers, limits, budget)
-    over = kept > budget
-    if over:
-        held.clear()
-    totals = group.sum(torch.tensor([below, kept, int(over), nonfinite], dtype=torch.int64))
-    return Counted(int(totals[0]), -1 if int(totals[2]) else int(totals[1]), int(totals[3]), held)
-
-
-Tally = tuple[int, int, int, dict[int, Tensor]]  # below, kept, not finite (> 0: some), held
-
-
-def _between_tensors(
-    pieces: Sequence[Piece],
-    owned: list[int],
-    buffers: Buffers,
-    limits: tuple[float, float],
-    budget: int,
-) -> Tally:
-    """`between`'s pass as tensor operations, a few per chunk (16-bit magnitudes kept in
-    their own dtype); past the budget, it only counts."""
-    lower, upper = limits
-    held: dict[int, Tensor] = {}
-    kept = below = nonfinite = 0
-    for i in owned:
-        scores, alive = pieces[i].source()
-        keep_as = scores.dtype if scores.dtype.itemsize == 2 else buffers.work
-        parts = []
-        for _, m, live in magnitudes(scores, alive, buffers):
-            n = m.numel()
-            if not math.isfinite(float(m.sum())):
-                nonfinite += int((~m.isfinite()).sum())
-            under = torch.lt(m, lower, out=buffers.a[:n])
-            inside = torch.le(m, upper, out=buffers.b[:n]).sub_(under)
-            if live is not None:
-                under.mul_(live)
-                inside.mul_(live)
-            below += ones(under)
-            if kept > budget:
-                continue
-            values = m[inside.nonzero().reshape(-1)]
-            kept += values.numel()
-            parts.append(values.to(keep_as))
-        if parts and kept <= budget:
-            held[i] = torch.cat(parts)
-    return below, kept, nonfinite, held
-
-
-def _between_native(
-    pieces: Sequence[Piece],
-    owned: list[int],
-    buffers: Buffers,
-    limits: tuple[float, float],
-    budget: int,
-) -> Tally:
-    """`between`'s pass through the C loop, the whole-tensor path's one pass (its marks
-    go to a scratch buffer: the threshold is not known yet): one read of each score.
-    The magnitudes kept are views of one buffer, in the work dtype; past the budget, it
-    only counts."""
-    lower, upper = limits
-    step = tuning.get().step
-    room = min(step, max((pieces[i].numel for i in owned), default=0))
-    gather = native.Gather(budget + room, buffers.work)  # a chunk is gathered, then checked
-    scratch = torch.empty(room, dtype=torch.bool)
-    live = torch.empty(room, dtype=torch.bool)
-    held: dict[int, Tensor] = {}
-    below = nonfinite = 0
-    over = False
-    for i in owned:
-        scores, alive = pieces[i].source()
-        flat = scores.detach().reshape(-1)
-        flags = None if alive is None else alive.reshape(-1)
-        first = gather.size
-        for start in range(0, flat.numel(), step):
-            part = flat[start : start + step].to(buffers.work).contiguous()  # 16-bit: exact
-            n = part.numel()
-            chunk = None if flags is None else flags[start : start + step]
-            if chunk is not None and not (native.makes(chunk.dtype) and chunk.is_contiguous()):
-                chunk = torch.eq(chunk, 1, out=live[:n])  # the C loop reads 1s as bits
-            marks, cuts = (1, 0), (lower, lower, upper)
-            _, under, finite = native.split(part, chunk, scratch[:n], marks, cuts, gather, start)
-            below += under
-            nonfinite += not finite
-            if gather.size > budget:
-                over, gather.size = True, 0  # the count goes on, nothing more is kept
-        if not over and gather.size > first:
-            held[i] = gather.values[first : gather.size]
-    return below, budget + 1 if over else gather.size, nonfinite, held
+    """The pass's counts (below, kept, over, not finite, competing) summed over the ranks."""
+    below, kept, over, nonfinite, competing = group.sum(torch.tensor(counts)).tolist()
+    values = gather.values[: gather.size]
+    kept = -1 if over else kept
+    return Counted(below, kept, nonfinite, competing, held, values, marked, finite)
 
 
 def as_float(key: int, dtype: torch.dtype) -> float:
@@ -264,12 +230,12 @@ def data_keys(
 
 def radix(
     keys: Callable[[], Iterable[tuple[Tensor, Tensor]]], rank: int, work: torch.dtype, group: Group
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """The `rank`-th smallest (1-based) of the non-negative floats `keys()` yields on all
-    ranks, as its bits (radix.find), and how many entries equal to it are among the
-    `rank` smallest."""
-    key, take, _ = find(keys, rank, torch.finfo(work).bits, group)
-    return key, take
+    ranks, as its bits (radix.find), how many entries equal to it are among the `rank`
+    smallest, and how many equal it in all."""
+    trace.note("radix")
+    return find(keys, rank, torch.finfo(work).bits, group)
 
 
 def equal_count(

@@ -1,55 +1,63 @@
-"""The k smallest magnitudes of tensors held in pieces (by several processes, or streamed from
-disk): one threshold and the ties it takes, found in a few passes, never holding the model.
+"""The selection engine: the k smallest magnitudes of tensors in pieces, over a group of
+processes, one threshold and the ties it takes found in a few passes, never holding the model.
 
-The pieces rank as one list ordered by `Piece.key` (a tensor's place in the model), then by
-the global flat position inside the tensor: the same order as ``smallest_k_many`` over the
-whole tensors in one process, so the selections are the same. A piece is a tensor, or a part
-of one (a DTensor shard) made of `Run`\\ s, stretches contiguous both in the piece and in the
-whole tensor.
+Every fast selection runs here (see prunekit.select): whole tensors in one process
+(smallest_k_many, each tensor a piece, the group Alone), tensors held by several processes
+(prunekit.distributed) or streamed from disk (io/sharded.py). The pieces rank as one list
+ordered by `Piece.key` (a tensor's place in the model), then by the global flat position
+inside the tensor. A piece is a tensor, or a part of one (a DTensor shard) made of `Run`\\ s,
+stretches contiguous both in the piece and in the whole tensor.
 
 What travels between processes does not grow with the model: an evenly spaced sample (about
 2**17 magnitudes in all), counts, and histograms of at most 65536 bins. Scores all of one
-16-bit format (bfloat16, float16) need no sample: one pass of histograms of their bits,
-which are their values, finds the threshold. Otherwise:
+16-bit format (bfloat16, float16) need no sample when marked later: one pass of histograms
+of their bits, which are their values, finds the threshold. Otherwise:
 
-1. The sample is gathered; two of its order statistics enclose the k-th smallest magnitude
-   with near certainty.
-2. One pass counts the entries below the lower bound and keeps, locally, the magnitudes in
-   between (a small share); the counts are summed.
-3. Histograms of those kept magnitudes' bits, 16 at a time, summed over the ranks, give the
-   k-th value exactly. Where the bounds missed, the same histograms run over the tensors
-   themselves (two passes for float32).
-4. Entries equal to the threshold are taken in order: per tensor the counts are gathered,
-   and within the one tensor the threshold splits, per run.
+1. sample: two order statistics of the sample enclose the k-th smallest magnitude with near
+   certainty, its best guess between them (sample.guess);
+2. count: one pass counts the entries below the lower bound and keeps, locally, the
+   magnitudes in between (a small share); the counts are summed (passes.between);
+3. refine: the k-th value among those kept (native.nth in one process, else histograms of
+   their bits summed over the ranks); where the bounds missed, the same histograms run over
+   the scores themselves (two passes for float32);
+4. ties: entries equal to the threshold are taken in order: per tensor the counts are
+   gathered, and within the one tensor the threshold splits, per run;
+5. mark: choosing is then local, one piece at a time as asked (`Selection`): below the
+   threshold, or among the ties a run takes.
 
-Choosing is then local: below the threshold, or among the ties a run takes.
-
-In one process the group is `Alone` (no collective at all). It shares with smallest_k_many
-its tuning, the sample's spacing and bounds (sample.py), the radix descent (radix.py), the
-tie rule (ties.py) and the finiteness check; its passes (passes.py) are tensor operations,
-the marks made lazily, one piece at a time, as io/sharded.py needs for models larger than
-memory. prunekit.distributed runs it over torch.distributed; io/sharded.py in one process.
+With `Marks` (whole tensors in one process), the count pass also writes every selection
+around the guess, and where the guess held, steps 3 to 5 are the settling of the entries
+gathered (onepass.settle): the scores are read once.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from prunekit.select import native, passes, tuning
+from prunekit.select import native, onepass, passes, plan, sample, trace, tuning
+from prunekit.select.chunks import Chunks
 from prunekit.select.group import Group
-from prunekit.select.passes import Buffers
+from prunekit.select.native import Gather
+from prunekit.select.passes import Buffers, Marks
+from prunekit.select.plan import Route
 from prunekit.select.radix import pick
-from prunekit.select.sources import Source, alive_count
-from prunekit.select.ties import first, positions
+from prunekit.select.sources import (
+    Count,
+    Source,
+    alive_count,
+    competing,
+    count_of,
+    refuse_non_finite,
+)
+from prunekit.select.ties import first
 
-__all__ = ["Piece", "Run", "Selection", "Unrankable", "select"]
-
-MARK = 1 << 20  # entries marked at a time
+__all__ = ["Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 
 class Unrankable(ValueError):
@@ -101,98 +109,107 @@ class _Ties:
 
 
 class Selection:
-    """The threshold and the ties each piece takes; marks one piece at a time."""
+    """The threshold and the ties each piece takes; marks one piece at a time, through
+    the count pass (onepass.split), with the bounds set about the threshold. With `held`,
+    the selections the count pass wrote (see select's `marks`), as they are. `k` and
+    `total`: how many were chosen among how many competing (None: not known here);
+    `finite`: every score was read and found finite."""
 
     def __init__(
-        self, pieces: Sequence[Piece], work: torch.dtype, bound: float, ties: list[_Ties]
+        self,
+        pieces: Sequence[Piece],
+        route: Route,
+        bound: float,
+        ties: list[_Ties],
+        *,
+        total: int | None = None,
+        k: int | None = None,
+        finite: bool = False,
+        held: list[Tensor] | None = None,
     ) -> None:
         self.pieces = pieces
-        self.work = work
+        self.route = route
         self.bound = bound
-        self.ties = ties
+        self.ties = ties or [_Ties() for _ in pieces]
+        self.total = total
+        self.k = k
+        self.finite = finite
+        self.held = held
+        self._chunks: Chunks | None = None
+
+    def masks(self, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+        """Every piece's selection in order: flat bools (True: chosen), or with
+        `keep_dtype` masks of that dtype (0: chosen)."""
+        if self.held is not None:
+            yield from self.held
+            return
+        for index in range(len(self.pieces)):
+            yield self.chosen(index) if keep_dtype is None else self.keep(index, keep_dtype)
 
     def kept(self, index: int) -> Iterator[tuple[int, Tensor]]:
         """(start, chunk) over the piece `index` in order: 0/1 floats, 0 where chosen.
         A chunk is valid until the next one."""
-        piece, ties = self.pieces[index], self.ties[index]
-        left = {r: n for r, n in ties.per_run.items() if n}
-        scores, alive = piece.source()
-        buffers = Buffers(self.work, MARK)
-        for start, m, live in passes.magnitudes(scores, alive, buffers, MARK):
-            n = m.numel()
-            compare = torch.gt if ties.every else torch.ge
-            kept = compare(m, self.bound, out=buffers.a[:n])
-            if live is not None:
-                kept.sub_(1).mul_(live).add_(1)  # only competing entries are chosen
-            for r in [r for r, count in left.items() if count]:
-                run = piece.runs[r]
-                lo = max(run.local, start) - start
-                hi = min(run.local + run.length, start + n) - start
-                if lo < hi:
-                    equal = torch.eq(m[lo:hi], self.bound, out=buffers.b[: hi - lo])
-                    if live is not None:
-                        equal.mul_(live[lo:hi])
-                    where = positions(equal, left[r])
-                    kept[where + lo] = 0
-                    left[r] -= where.numel()
-            yield start, kept
+        chunks = self._reader()
+        room = min(max(chunks.step, chunks.chunk), self.pieces[index].numel)
+        out = torch.empty(room, dtype=self.route.work)
+        for start, n in self._marked(index, out, False, True):
+            yield start, out[:n]
 
     def chosen(self, index: int) -> Tensor:
         """A flat bool tensor, True at the piece's entries chosen."""
-        if native.makes(torch.bool):
-            return self._marked(index, torch.bool, True)
         out = torch.empty(self.pieces[index].numel, dtype=torch.bool)
-        for start, kept in self.kept(index):
-            torch.eq(kept, 0, out=out[start : start + kept.numel()])
+        for _ in self._marked(index, out, True, False):
+            pass
         return out
 
     def keep(self, index: int, dtype: torch.dtype) -> Tensor:
         """A flat mask of `dtype`: 0 at the entries chosen, 1 elsewhere."""
-        if native.makes(dtype):
-            return self._marked(index, dtype, False)
         out = torch.empty(self.pieces[index].numel, dtype=dtype)
-        for start, kept in self.kept(index):
-            out[start : start + kept.numel()] = kept
+        for _ in self._marked(index, out, False, False):
+            pass
         return out
 
-    def _marked(self, index: int, dtype: torch.dtype, hit: bool) -> Tensor:
-        """The piece's selection (`hit` where chosen, else 1 - `hit`) through the C loop,
-        the whole-tensor path's one pass: those below the threshold (or up to it, when the
-        piece takes all its ties) marked as read, the ties it takes in part gathered with
-        their positions and marked after, in each run's order."""
+    def _reader(self) -> Chunks:
+        if self._chunks is None:
+            self._chunks = Chunks(self.route)
+        return self._chunks
+
+    def _marked(
+        self, index: int, out: Tensor, hit: bool, window: bool
+    ) -> Iterator[tuple[int, int]]:
+        """Mark the piece's selection into `out` (`hit` where chosen, else 1 - `hit`; with
+        `window`, `out` is a chunk's room, reused), yielding each chunk's start and size
+        once it is marked: the count pass with the bounds about the threshold marks those
+        below it (or up to it, when the piece takes all its ties) and gathers the ties the
+        piece takes in part, marked after in each run's order."""
         piece, ties = self.pieces[index], self.ties[index]
         left = {r: n for r, n in ties.per_run.items() if n}
         bound = self.bound
-        # Chosen: below `mid`; gathered: in [lower, upper], the ties when some are taken.
-        mid = _next_up(bound, self.work) if ties.every else bound
-        lower, upper = (bound, bound) if left else (math.inf, -math.inf)
-        step = tuning.get().step
-        room = min(step, piece.numel)
-        gather = native.Gather(room, self.work)
-        live = torch.empty(room if room else 0, dtype=torch.bool)
-        out = torch.empty(piece.numel, dtype=dtype)
-        one = native.one_bits(dtype)
-        marks = (one, 0) if hit else (0, one)
+        # Chosen: below `lower` (tensor operations) or `mid` (the C loop), the same here;
+        # gathered: in [lower, upper], the ties when some are taken in part, or all of
+        # them at infinity (no float lies above it to compare with).
+        every_infinite = ties.every and bound == math.inf
+        if ties.every and not every_infinite:
+            up = _next_up(bound, self.route.work)
+            bounds = (up, up, -math.inf)
+        else:
+            bounds = (bound, bound, bound if left or every_infinite else -math.inf)
+        chunks = self._reader()
+        gather = Gather(min(max(chunks.step, chunks.chunk), piece.numel), self.route.work)
         scores, alive = piece.source()
-        flat = scores.detach().reshape(-1)
-        flags = None if alive is None else alive.reshape(-1)
-        for start in range(0, piece.numel, step):
-            part = flat[start : start + step].to(self.work).contiguous()  # 16-bit: exact
-            n = part.numel()
-            chunk = None if flags is None else flags[start : start + step]
-            if chunk is not None and not (native.makes(chunk.dtype) and chunk.is_contiguous()):
-                chunk = torch.eq(chunk, 1, out=live[:n])  # the C loop reads 1s as bits
-            gather.size = 0
-            cuts = (lower, mid, upper)
-            native.split(part, chunk, out[start : start + n], marks, cuts, gather, start)
+        parts = onepass.split(chunks, scores, alive, out, bounds, hit, None, gather, window)
+        for part in parts:
             found = gather.positions[: gather.size]
+            gather.size = 0
+            if every_infinite:
+                out[found - part.start if window else found] = hit
             for r in [r for r, count in left.items() if count]:
                 run = piece.runs[r]
                 inside = found[(found >= run.local) & (found < run.local + run.length)]
                 where = inside[: left[r]]
-                out[where] = hit
+                out[where - part.start if window else where] = hit
                 left[r] -= where.numel()
-        return out
+            yield part.start, part.size
 
 
 def _next_up(value: float, dtype: torch.dtype) -> float:
@@ -201,54 +218,130 @@ def _next_up(value: float, dtype: torch.dtype) -> float:
     return float(torch.nextafter(here, torch.tensor(math.inf, dtype=dtype)))
 
 
-def select(pieces: Sequence[Piece], count: Callable[[int], int], group: Group) -> Selection:
+def select(
+    pieces: Sequence[Piece],
+    count: Count,
+    group: Group,
+    total: int | None = None,
+    marks: Marks | None = None,
+) -> Selection:
     """Choose ``count(total)`` entries among the `total` competing in all pieces of all
     ranks: those of smallest magnitude, ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
-    score is NaN or infinite, after any error `count` raises.
+    score is NaN or infinite, after any error `count` raises. `total`, if known, is how
+    many compete in all (else counted first, or in the count pass with `marks`).
+
+    With `marks` (whole tensors in one process), the count pass also writes every
+    selection around the sampled guess, settled after when the guess holds; scores
+    that are not finite are then refused only as `marks` asks, NaN ranking last.
     """
     formats = _formats(pieces, group)
-    work = torch.float64 if torch.float64 in formats else torch.float32
-    buffers = Buffers(work)
     owned = [i for i, p in enumerate(pieces) if p.counts]
-    mine = [sum(pieces[i].numel for i in owned), sum(_competing(pieces[i]) for i in owned)]
-    size, total = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
-    k = count(total)
+    known = total is not None or marks is not None
+    competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
+    mine = [sum(pieces[i].numel for i in owned), competing_here]
+    size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
+    total = total if known else counted
+    largest = max((pieces[i].numel for i in owned), default=0)
+    dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
+    route = Route(True, dtype, size, largest)
+    work = route.work
+    k = None if total is None else count_of(count, total)
+    if total is not None and k in (0, total):
+        return _all_or_none(pieces, owned, route, k, total, group, marks)
+    if marks is None and len(formats) == 1 and formats[0] in passes.INFINITY:
+        assert k is not None  # 16-bit: the bits are the values
+        return _in_16_bits(pieces, owned, route, k, group)
+    now = tuning.get()
+    sources = [pieces[i].source for i in owned]
+    bounds = sample.guess(sources, count if k is None else k, total, route, group)
+    found = None
+    limits = (0.0, 0.0, math.inf) if bounds is None else bounds
+    if bounds is not None or marks is None:  # with marks and no guess: nothing to mark around
+        if marks is not None:
+            budget = plan.budget(route)
+        else:
+            budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
+        found = passes.between(pieces, owned, Chunks(route), limits, budget, group, marks)
+        if found.nonfinite and marks is None:
+            raise Unrankable(passes.non_finite(pieces, owned))
+    if k is None:  # with marks: counted in the pass, or now
+        counted = found.competing if found is not None and found.competing >= 0 else -1
+        total = counted if counted >= 0 else competing(sources)
+        k = count_of(count, total)
+    assert total is not None
+    finite = found is not None and found.finite
+    if marks is not None and marks.finite and not finite:
+        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
     if k in (0, total):
+        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite)
+    rank = 0 if found is None else k - found.below
+    held = found is not None and 0 < rank <= found.kept
+    buffers = Buffers(work)
+    if found is not None and held and marks is not None:  # the one read: settle its marks
+        onepass.settle(found.marked, found.values, rank, marks.keep_dtype is None, limits[1])
+        trace.note("one pass")
+        outs = [entry.out for entry in found.marked]
+        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite, held=outs)
+    if marks is not None and found is not None:
+        trace.note("one pass missed")
+    if found is not None and held:  # the k-th lies between the bounds: refine what was kept
+        if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
+            bound, take = native.nth(found.values, rank)
+        else:
+            keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
+            key, take, _ = passes.radix(keys, rank, work, group)
+            bound = passes.as_float(key, work)
+        ties = {i: int((values == bound).sum()) for i, values in found.held.items()}
+        shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    else:  # no guess, or the bounds missed (or too much fell between): refine over the scores
+        keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
+        key, take, equal = passes.radix(keys, k, work, group)
+        bound = passes.as_float(key, work)
+        if take == equal:  # every tie is taken: no need to count them per piece
+            shared = [_Ties(every=True) for _ in pieces]
+        else:
+            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
+            shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    return Selection(pieces, route, bound, shared, total=total, k=k, finite=finite)
+
+
+def _all_or_none(
+    pieces: Sequence[Piece],
+    owned: list[int],
+    route: Route,
+    k: int,
+    total: int,
+    group: Group,
+    marks: Marks | None,
+) -> Selection:
+    """None of the competing entries chosen (k = 0), or all of them; the scores checked."""
+    if marks is None:
         bad = passes.non_finite(pieces, owned)
         if int(group.sum(torch.tensor([len(bad)]))[0]):
             raise Unrankable(bad)
-        return Selection(pieces, work, math.inf if k else 0.0, [_Ties() for _ in pieces])
-    if len(formats) == 1 and formats[0] in passes.INFINITY:  # 16-bit: the bits are the values
-        hist, held, nonfinite = passes.histograms(pieces, owned, formats[0], group)
-        if nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned))
-        key, take, _ = pick(hist, k)
-        bound = passes.as_float(key, formats[0])
-        ties = {i: int(h[key]) for i, h in held.items()}
-    else:
-        limits = passes.bounds(pieces, owned, buffers, k, size, total, group)
-        found = passes.between(pieces, owned, buffers, limits, size, group)
-        if found.nonfinite:
-            raise Unrankable(passes.non_finite(pieces, owned))
-        held = found.held
-        if 0 < k - found.below <= found.kept:  # the k-th lies between the limits
-            if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
-                values = torch.cat([v.to(work) for v in held.values()])
-                bound, take = native.nth(values, k - found.below)
-            else:
-                keys = lambda: passes.held_keys(held, work)  # noqa: E731
-                key, take = passes.radix(keys, k - found.below, work, group)
-                bound = passes.as_float(key, work)
-            ties = {i: int((values.to(work) == bound).sum()) for i, values in held.items()}
-        else:  # the limits missed (or too much fell between): histograms of the tensors
-            held.clear()
-            keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
-            key, take = passes.radix(keys, k, work, group)
-            bound = passes.as_float(key, work)
-            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
-    return Selection(pieces, work, bound, _share_ties(pieces, ties, take, buffers, bound, group))
+    elif marks.finite:
+        refuse_non_finite([pieces[i].source for i in owned])
+    bound = math.inf if k else 0.0
+    return Selection(pieces, route, bound, [_Ties() for _ in pieces], total=total, k=k)
+
+
+def _in_16_bits(
+    pieces: Sequence[Piece], owned: list[int], route: Route, k: int, group: Group
+) -> Selection:
+    """Scores all of one 16-bit format: one pass of histograms of their bits, which are
+    their values, finds the threshold; no sample."""
+    fmt = route.dtype
+    hist, held, nonfinite = passes.histograms(pieces, owned, fmt, group)
+    if nonfinite:
+        raise Unrankable(passes.non_finite(pieces, owned))
+    key, take, _ = pick(hist, k)
+    bound = passes.as_float(key, fmt)
+    ties = {i: int(h[key]) for i, h in held.items()}
+    buffers = Buffers(route.work)
+    shared = _share_ties(pieces, ties, take, buffers, bound, group)
+    return Selection(pieces, route, bound, shared)
 
 
 def _competing(piece: Piece) -> int:

@@ -34,6 +34,7 @@ class Route:
     dtype: Any
     size: int  # entries in all sources
     largest: int  # entries in the largest source
+    each: tuple[tuple[int, Any], ...] = ()  # per source: its entries and dtype
 
     @property
     def bits(self) -> int:
@@ -59,9 +60,11 @@ def make(sources: Sequence[Source], magnitude: bool) -> Route:
     dtype: Any = None
     fast = True
     size = largest = 0
+    each = []
     for index, source in enumerate(sources):
         scores, alive = source()
         check_flags(index, scores, alive)  # here, where every source is read anyway
+        each.append((scores.numel(), scores.dtype))
         size += scores.numel()
         largest = max(largest, scores.numel())
         if dtype is None:
@@ -78,7 +81,7 @@ def make(sources: Sequence[Source], magnitude: bool) -> Route:
         if scores.numel() and bool(scores.min() < 0):
             fast = False
             break
-    return Route(fast, dtype, size, largest)
+    return Route(fast, dtype, size, largest, tuple(each))
 
 
 def budget(plan: Route) -> int:

@@ -4,9 +4,8 @@ An evenly spaced sample of about `tuning.sample` values, its spacing prime to 2,
 3, 5 and 7 so that rows, columns and kernel positions all show up, gives two
 bounds from its order statistics, `tuning.spread` standard deviations either
 side of the k-th value's expected place: the k-th smallest almost surely lies
-between them. The whole-tensor path (`guess`), the portable one and the
-selection in pieces all take their sample with `spaced` and their bounds with
-`enclose`.
+between them. The engine (`guess`, over a group of processes) and the portable
+path take their sample with `spaced` and their bounds with `enclose`.
 """
 
 from __future__ import annotations
@@ -16,11 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from prunekit.core.backend import namespace
 from prunekit.select import tuning
-from prunekit.select.chunks import Chunks
+from prunekit.select.group import Group
+from prunekit.select.plan import Route
 from prunekit.select.sources import Count, Source, count_of
 
 __all__ = ["Spaced", "coprime", "enclose", "guess", "margin", "places", "spaced", "stride"]
@@ -77,26 +78,36 @@ def enclose(sample: Tensor, shares: Sequence[float], inside: bool = False) -> tu
     return lower, upper
 
 
-def guess(chunks: Chunks, k: Count, total: int | None) -> tuple[float, float, float] | None:
+def guess(
+    sources: Sequence[Source], k: Count, total: int | None, plan: Route, group: Group
+) -> tuple[float, float, float] | None:
     """(lower, mid, upper): magnitudes that very likely enclose the k-th smallest, from an
-    evenly spaced sample, and the sample's best guess of it in between.
+    evenly spaced sample of `sources` on every rank of `group` (`plan.size` entries in
+    all, compared in `plan.dtype`), and the sample's best guess of it in between.
 
     None for fewer than `tuning.guess` entries (a sample would be most of them) or a
     sample too small to say much. When the number competing is not known yet, the
     sample's share of them stands in for it, and the bounds widen to allow for that
     estimate's error.
     """
-    plan = chunks.plan
     now = tuning.get()
     if plan.size < now.guess:
         return None
-    taken = spaced(chunks.sources, stride(plan.size, now.sample), plan.dtype)
-    sample, seen = taken.values, taken.seen
-    assert sample is not None  # the fast path has sources
+    taken = spaced(sources, stride(plan.size, now.sample), plan.dtype)
+    mine = taken.values
+    if group.size > 1:
+        here = mine if mine is not None else torch.empty(0, dtype=plan.dtype)
+        mine = torch.cat(group.gather(here))
+        seen, flagged = (int(v) for v in group.sum(torch.tensor([taken.seen, taken.flagged])))
+    else:
+        seen, flagged = taken.seen, int(taken.flagged)
+    if mine is None:
+        return None
+    sample = mine
     size = sample.numel()
     if size < now.sample // 8:
         return None
-    if total is None and not taken.flagged:
+    if total is None and not flagged:
         total = plan.size
     if total is not None:
         totals = [total]
