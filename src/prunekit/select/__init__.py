@@ -21,8 +21,9 @@ streamed from disk) are its callers. Its steps:
    bound and gathers those in between with their positions, summed over the ranks;
 3. refine: the k-th value among those gathered (native.nth, or radix.find over the
    ranks), or, where the bounds missed, from histograms of the scores' bits, 16 at a
-   time (radix.find); scores all of one 16-bit format over a group skip the sample:
-   one pass of histograms of their bits finds it (passes.histograms);
+   time (radix.find); scores all of one 16-bit format skip the sample when marked later
+   (every caller but smallest_k_many): one pass of histograms of their bits finds it
+   (passes.histograms);
 4. ties: the first ties in order are chosen (ties; across ranks, pieces._share_ties);
 5. mark: each piece's selection, made when asked for (pieces.Selection: the C loop or
    tensor operations).
@@ -33,9 +34,12 @@ the sampled guess, the one read of the scores, and steps 3-5 become the settling
 few entries gathered in between (onepass.settle); a guess that missed leaves those marks
 unused and the steps run as above.
 
-Tensors of any other framework, device or dtype, or negative scores by value, take the
-portable path (portable): the same sample and ties in plain tensor methods, refined in
-rounds of narrowing pivots, as their bits cannot be read.
+Everything else takes the portable path (portable), still a driver of its own: tensors of
+any other framework, device or dtype, negative scores ranked by value, and inputs of at
+most `tuning.small` entries in all (its few plain calls are faster there). It shares the
+sample (sample.spaced, sample.enclose) and the tie rule (ties, select_sorted included)
+with the engine, in plain tensor methods both frameworks share, and refines in rounds of
+narrowing pivots, as their bits cannot be read.
 
 The modules, in the order a selection meets them:
 
@@ -53,7 +57,7 @@ The modules, in the order a selection meets them:
 - native: the binding to the C loop (_native.c);
 - radix: the k-th value from histograms of bits, over a group;
 - portable: the passes in plain tensor methods, for any framework and device;
-- ties: the tie rule, the first ties in order chosen;
+- ties: the tie rule, the first ties in order chosen, and the k smallest of one vector;
 - tuning: every constant the kernels are tuned by, and how tests override them;
 - trace: which paths a selection took, for tests.
 """

@@ -22,7 +22,7 @@ from torch import Tensor
 from prunekit.select import native, trace, tuning
 from prunekit.select.chunks import Chunks, ones, write
 from prunekit.select.native import Gather
-from prunekit.select.portable import select_sorted
+from prunekit.select.ties import select_sorted
 
 __all__ = ["Gather", "Gathered", "Part", "settle", "split"]
 

@@ -26,7 +26,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from prunekit.core.backend import namespace
@@ -34,9 +33,9 @@ from prunekit.select import trace, tuning
 from prunekit.select.plan import Route
 from prunekit.select.sample import coprime, enclose, places, spaced, stride
 from prunekit.select.sources import Source
-from prunekit.select.ties import only_first
+from prunekit.select.ties import only_first, select_sorted
 
-__all__ = ["portable", "select_sorted"]
+__all__ = ["portable"]
 
 
 def portable(
@@ -161,25 +160,6 @@ def _one_chunk(reader: _Reader, k: int) -> list[Tensor]:
         out.append(chosen[offset : offset + piece.size])
         offset += piece.size
     return out
-
-
-def select_sorted(flat: Tensor, k: int) -> Tensor:
-    """The k smallest of a 1-D tensor via kthvalue (a stable sort if tiny), ties by lowest
-    index, NaN last (kthvalue and the sort rank it last)."""
-    if isinstance(flat, Tensor) and flat.numel() <= tuning.get().tiny:
-        chosen_few = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
-        chosen_few[torch.argsort(flat, stable=True)[:k]] = True
-        return chosen_few
-    threshold = flat.kthvalue(k)[0]
-    if bool(threshold != threshold):  # NaN: every other value is below it
-        chosen, at_threshold = flat == flat, flat != flat
-    else:
-        chosen, at_threshold = flat < threshold, flat == threshold
-    missing = k - int(chosen.sum())
-    if int(at_threshold.sum()) > missing:
-        at_threshold = only_first(at_threshold, missing)
-    result: Tensor = chosen | at_threshold
-    return result
 
 
 @dataclass

@@ -4,15 +4,20 @@
 in the tensor. The paths count the ties where they fall (per source, per key, per run of a
 shard, per chunk) and hand the ones to choose out in that order with `first`; within a
 chunk, `positions` (torch) or `only_first` (plain tensor methods, any framework) pick them.
+Entries few enough to rank as one vector are chosen at once by `select_sorted` (the engine's
+settling of what it gathered, the portable path's inputs of one chunk).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import torch
 from torch import Tensor
 
-__all__ = ["first", "only_first", "positions"]
+from prunekit.select import tuning
+
+__all__ = ["first", "only_first", "positions", "select_sorted"]
 
 
 def first(counts: Iterable[int], take: int) -> Iterator[int]:
@@ -35,3 +40,22 @@ def only_first(equal: Tensor, take: int) -> Tensor:
     """The 1-D bool tensor `equal` (of any framework) with only its first `take` True left."""
     kept: Tensor = equal & (equal.cumsum(0) <= take)
     return kept
+
+
+def select_sorted(flat: Tensor, k: int) -> Tensor:
+    """The k smallest of a 1-D tensor via kthvalue (a stable sort if tiny), ties by lowest
+    index, NaN last (kthvalue and the sort rank it last)."""
+    if isinstance(flat, Tensor) and flat.numel() <= tuning.get().tiny:
+        chosen_few = torch.zeros(flat.shape, dtype=torch.bool, device=flat.device)
+        chosen_few[torch.argsort(flat, stable=True)[:k]] = True
+        return chosen_few
+    threshold = flat.kthvalue(k)[0]
+    if bool(threshold != threshold):  # NaN: every other value is below it
+        chosen, at_threshold = flat == flat, flat != flat
+    else:
+        chosen, at_threshold = flat < threshold, flat == threshold
+    missing = k - int(chosen.sum())
+    if int(at_threshold.sum()) > missing:
+        at_threshold = only_first(at_threshold, missing)
+    result: Tensor = chosen | at_threshold
+    return result
