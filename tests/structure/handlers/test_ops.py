@@ -47,16 +47,31 @@ def _labels_into(model: nn.Module, layer: nn.Module, x: Tensor) -> Tensor:
     return found
 
 
-def _concatenated(model: nn.Module, x: Tensor) -> Tensor:
-    return _labels_into(model, model.norm, x)
-
-
 def test_a_concatenation_of_broadcast_labels_stays_broadcast() -> None:
     torch.manual_seed(0)
     model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
-    labels = _concatenated(model, x)
+    labels = _labels_into(model, model.norm, x)
     assert labels.shape == (1, 8, 6, 5) and labels.stride()[2:] == (0, 0)
     assert labels[0, :, 0, 0].tolist() == labels[0, :, 5, 4].tolist()
+
+
+def _same_as_replayed(
+    monkeypatch: pytest.MonkeyPatch,
+    model: nn.Module,
+    x: Tensor,
+    layer: nn.Module,
+    shortcut: str,
+) -> Tensor:
+    """The labels reaching `layer` with the handler shortcut `ops.<shortcut>` and with it
+    turned off (the op replayed on every value's id): equal, and the same groups. Returns
+    the replayed labels."""
+    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
+    fast_labels = _labels_into(model, layer, x)
+    monkeypatch.setattr(ops, shortcut, lambda call, labels: None)
+    replayed = _labels_into(model, layer, x)
+    assert torch.equal(fast_labels, replayed)
+    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
+    return replayed
 
 
 def test_the_broadcast_concatenation_gives_the_groups_of_a_replayed_one(
@@ -64,13 +79,8 @@ def test_the_broadcast_concatenation_gives_the_groups_of_a_replayed_one(
 ) -> None:
     torch.manual_seed(0)
     model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
-    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
-    fast_labels = _concatenated(model, x)
-    monkeypatch.setattr(ops, "_cat", lambda call, labels: None)
-    replayed = _concatenated(model, x)
+    replayed = _same_as_replayed(monkeypatch, model, x, model.norm, "_cat")
     assert replayed.stride()[2:] != (0, 0)  # the replay materializes every value's id
-    assert torch.equal(fast_labels, replayed)
-    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
 
 
 class _Shifted(nn.Module):
@@ -87,20 +97,11 @@ class _Shifted(nn.Module):
         return torch.roll(x + rolled, (1, 1), (1, 2)) + torch.roll(x, 2)  # all dims: flattened
 
 
-def _rolled(model: nn.Module, x: Tensor) -> Tensor:
-    return _labels_into(model, model.mix, x)
-
-
 def test_a_roll_along_broadcast_dims_gives_the_groups_of_a_replayed_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     torch.manual_seed(0)
     model, x = _Shifted().eval(), torch.randn(1, 5, 6, 3)
-    fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
-    fast_labels = _rolled(model, x)
-    assert fast_labels.stride()[1:3] == (0, 0)
-    monkeypatch.setattr(ops, "_rolled_broadcast", lambda call, labels: None)
-    replayed = _rolled(model, x)
+    assert _labels_into(model, model.mix, x).stride()[1:3] == (0, 0)
+    replayed = _same_as_replayed(monkeypatch, model, x, model.mix, "_rolled_broadcast")
     assert replayed.stride()[1:3] != (0, 0)  # the replay materializes every value's id
-    assert torch.equal(fast_labels, replayed)
-    assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
