@@ -19,6 +19,8 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     """
     if labels is None:
         return torch.full((size,), -1, dtype=torch.long)
+    if one_dim(labels) == dim:  # one id per channel already: nothing mixed
+        return core(labels).reshape(size)
     rows = core(labels, keep=dim).movedim(dim, 0).reshape(size, -1)
     if rows.shape[1] == 0:
         return torch.full((size,), -1, dtype=torch.long)
@@ -32,6 +34,19 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
         tr.block(parts[partial], f"{why}: a channel there mixes them with values of no channel")
         tr.merge(high[mixed].unsqueeze(1).expand_as(parts), parts)
     return high
+
+
+def one_dim(labels: Tensor) -> int | None:
+    """The one dim the labels are stored along (every other is broadcast or of size 1): they
+    carry one id per position of it, read with ``core(labels).reshape(-1)``. None when they
+    are stored along several dims or none (the ids may still vary along one only)."""
+    found = None
+    for d, (size, stride) in enumerate(zip(labels.shape, labels.stride(), strict=True)):
+        if size > 1 and stride != 0:
+            if found is not None:
+                return None
+            found = d
+    return found
 
 
 def varying(labels: Tensor) -> list[int]:

@@ -185,7 +185,20 @@ class Tracer:
             return
         n = self._count
         codes = torch.unique(a[both] * n + b[both])  # unique pairs, as one number each
-        xs, ys = codes // n, codes % n
+        self._join(codes // n, codes % n)
+
+    def union(self, a: Tensor, b: Tensor) -> None:
+        """Merge a[k] with b[k] wherever both are >= 0, for two vectors of ids (one per
+        channel: few pairs, hardly any twice, so taken as they are)."""
+        both = torch.minimum(a, b) >= 0
+        if not bool(both.all()):
+            a, b = a[both], b[both]
+            if not len(a):
+                return
+        self._join(a, b)
+
+    def _join(self, xs: Tensor, ys: Tensor) -> None:
+        """Merge xs[k] with ys[k] (all >= 0)."""
         parent = self._parent
         rx, ry = self.roots(xs), self.roots(ys)
         while not torch.equal(rx, ry):

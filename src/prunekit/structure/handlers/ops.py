@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.graph.labels import either, positive, varying
+from prunekit.structure.graph.labels import along, core, either, one_dim, positive, varying
 from prunekit.structure.graph.tracer import Call, Tracer, describe_op, register
 
 _UNARY = [
@@ -116,8 +116,10 @@ def _binary(tr: Tracer, call: Call) -> None:
     la, lb = tr.labels_of(a), tr.labels_of(b)
     if la is None and lb is None:
         return
-    where = describe_op(call)
     full = [None if lab is None else lab.expand(out.shape) for lab in (la, lb)]
+    if kind != "div" and _channelwise(tr, full, out):
+        return
+    where = describe_op(call)
     shapes = [tuple(lab.shape) if lab is not None else () for lab in (la, lb)]
     for k in (0, 1):  # one value per position spread over the other's channels (a gate)
         if full[k] is not None and full[1 - k] is not None and _spread(tr, shapes, full, k, out):
@@ -139,6 +141,23 @@ def _binary(tr: Tracer, call: Call) -> None:
         tr.set(out, tr.settled(either(first, second)))
     else:
         tr.set(out, first if first is not None else second)
+
+
+def _channelwise(tr: Tracer, full: list[Tensor | None], out: Tensor) -> bool:
+    """Both operands' labels (broadcast to the output) stored along one and the same dim, one
+    id per channel (a residual add, a per-channel scale): the channels merged pairwise and the
+    output given the first's ids, else the second's, along that dim. False (nothing done)
+    for any other labels."""
+    first, second = full
+    if first is None or second is None:
+        return False
+    dim = one_dim(first)
+    if dim is None or one_dim(second) != dim:
+        return False
+    a, b = core(first).reshape(-1), core(second).reshape(-1)
+    tr.union(a, b)
+    tr.set(out, along(torch.where(a >= 0, a, b), dim, out.shape))
+    return True
 
 
 def _spread(tr: Tracer, shapes: list[tuple[int, ...]], full: list[Tensor | None], k: int,
