@@ -127,8 +127,9 @@ class Tracer:
     outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
-    # the first record of each tensor's positions, until a second one needs them
-    _first: dict[tuple[int, str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # the records of each tensor's positions while no two share one: (positions, ids, their
+    # lowest and highest position, once a second record needs them)
+    _apart: dict[tuple[int, str, int], list[_Span]] = field(default_factory=dict)
     # the union-find: _parent[:_count] are the parents of the ids made so far
     _parent: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     _count: int = 0
@@ -142,6 +143,11 @@ class Tracer:
     def parents(self) -> Tensor:
         """The parents as a tensor (a view: valid until the next merge or new ids)."""
         return self._parent[: self._count]
+
+    @property
+    def made(self) -> int:
+        """How many ids were made so far (the next new id)."""
+        return self._count
 
     def new_ids(self, count: int) -> Tensor:
         start = self._count
@@ -206,6 +212,18 @@ class Tracer:
             parent.scatter_reduce_(0, rx, low, "amin")
             parent.scatter_reduce_(0, ry, low, "amin")
             rx, ry = self.roots(rx), self.roots(ry)
+
+    def attach(self, fresh: Tensor, other: Tensor) -> None:
+        """Merge fresh[k] with other[k] wherever both are >= 0 (one shape), when the `fresh`
+        ids are each there once and were made after every id of `other` (a parameter's
+        element ids, made for the op that reads it): each joins its partner's set, whose
+        root is smaller."""
+        fresh, other = fresh.reshape(-1), other.reshape(-1)
+        both = torch.minimum(fresh, other) >= 0
+        if not bool(both.all()):
+            fresh, other = fresh[both], other[both]
+        if len(fresh):
+            self._parent[fresh] = self.roots(other)
 
     def block(self, ids: Tensor | None, reason: str) -> None:
         """Leave these ids (and all merged with them) alone, for `reason`."""
@@ -334,14 +352,23 @@ class Tracer:
 
     def _same_positions(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
         """Ids that own the same positions of one tensor go together: a weight tied to
-        another layer's (an LM head and its embedding), a layer called on two inputs."""
-        first = self._first.pop(key, None)
-        if first is None and key not in self._positions:  # nothing to tie yet: kept as is
-            self._first[key] = (positions, ids)
+        another layer's (an LM head and its embedding), a layer called on two inputs. Records
+        of positions apart from each other (a fused projection's query, key and value rows)
+        tie nothing: kept as they are until two of them overlap."""
+        if key in self._positions:
+            self._table(key, positions, ids)
             return
-        if first is not None:
-            self._table(key, *first)
-        self._table(key, positions, ids)
+        apart = self._apart.get(key)
+        if apart is None:  # nothing to tie yet
+            self._apart[key] = [_Span(positions, ids)]
+            return
+        span = _Span(positions, ids).bounded()
+        if all(span.apart(other.bounded()) for other in apart):
+            apart.append(span)
+            return
+        del self._apart[key]
+        for other in (*apart, span):
+            self._table(key, other.positions, other.ids)
 
     def _table(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
         size = int(positions.max()) + 1
@@ -354,6 +381,28 @@ class Tracer:
         self.merge(seen[positions], ids)
         fresh = seen[positions] < 0
         seen[positions[fresh]] = ids[fresh]
+
+
+@dataclass
+class _Span:
+    """One record's positions of a tensor and their ids; `low`/`high`: the lowest and highest
+    position (-1 until asked for)."""
+
+    positions: Tensor
+    ids: Tensor
+    low: int = -1
+    high: int = -1
+
+    def bounded(self) -> _Span:
+        if self.low < 0 and len(self.positions):
+            self.low, self.high = int(self.positions.min()), int(self.positions.max())
+        return self
+
+    def apart(self, other: _Span) -> bool:
+        """No position in common with `other` (its bounds known; no positions: apart)."""
+        if self.low < 0 or other.low < 0:
+            return True
+        return self.high < other.low or other.high < self.low
 
 
 def _constant(t: Tensor, dim: int) -> bool:

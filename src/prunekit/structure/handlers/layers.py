@@ -142,7 +142,8 @@ def _layer_norm(tr: Tracer, call: Call) -> None:
             tr.record(owner, 0, "norm", positions, chan, op="normalize")
             tr.record(bias_owner, 0, "norm", positions, chan, op="normalize")
             tr.normed.update(chan[chan >= 0].tolist())
-            labels = tr.settled(labels)  # its channels' ids are merged now
+            labels = tr.settled(labels)  # its channels' ids are merged now: so are the
+            tr.set(x, labels)  # input's (a residual stream read again later)
     tr.set(call.out, labels)
 
 

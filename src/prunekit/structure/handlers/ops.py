@@ -113,6 +113,7 @@ def _binary(tr: Tracer, call: Call) -> None:
     out = call.out
     if not isinstance(out, Tensor):
         return
+    made = tr.made
     la, lb = tr.labels_of(a), tr.labels_of(b)
     if la is None and lb is None:
         return
@@ -137,7 +138,11 @@ def _binary(tr: Tracer, call: Call) -> None:
             tr.block(mine, f"{where} adds values of no channel to them")
     first, second = full
     if first is not None and second is not None:
-        tr.merge(first, second)
+        fresh = [_fresh(lab, made, out) for lab in (la, lb)]
+        if fresh[0] or fresh[1]:  # a parameter's element ids, made just now: no union-find
+            tr.attach(*((first, second) if fresh[0] else (second, first)))
+        else:
+            tr.merge(first, second)
         tr.set(out, tr.settled(either(first, second)))
     else:
         tr.set(out, first if first is not None else second)
@@ -158,6 +163,13 @@ def _channelwise(tr: Tracer, full: list[Tensor | None], out: Tensor) -> bool:
     tr.union(a, b)
     tr.set(out, along(torch.where(a >= 0, a, b), dim, out.shape))
     return True
+
+
+def _fresh(labels: Tensor | None, made: int, out: Tensor) -> bool:
+    """Whether `labels` are element ids made for this op (a parameter the graph saw first
+    here: each id is a set of its own, newer than any other), one per output value."""
+    return (labels is not None and labels.numel() == out.numel()
+            and int(labels.reshape(-1)[0]) >= made)  # fmt: skip
 
 
 def _spread(tr: Tracer, shapes: list[tuple[int, ...]], full: list[Tensor | None], k: int,
