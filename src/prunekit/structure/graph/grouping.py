@@ -54,21 +54,32 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
 
 
 def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]]:
-    """The reasons of each unit (a root that makes channels), in the order they were found."""
+    """The reasons of each unit (a root that makes channels), in the order they were found,
+    each text once."""
     reasons: dict[int, list[str]] = defaultdict(list)
     if not tr.blocked:
         return reasons
+    count = len(tr.blocked)
+    first: dict[str, int] = {}  # each text's first entry
+    text = torch.tensor([first.setdefault(why, k) for k, (_, why) in enumerate(tr.blocked)])
     ids = torch.cat([ids for ids, _ in tr.blocked])
     which = torch.repeat_interleave(
-        torch.arange(len(tr.blocked)), torch.tensor([len(ids) for ids, _ in tr.blocked])
+        torch.arange(count), torch.tensor([len(ids) for ids, _ in tr.blocked])
     )
     unit = roots[ids]
     keep = is_maker[unit]
-    codes = torch.unique(unit[keep] * len(tr.blocked) + which[keep])  # by unit, then order
-    for x, b in zip(
-        (codes // len(tr.blocked)).tolist(), (codes % len(tr.blocked)).tolist(), strict=True
-    ):  # fmt: skip
-        _add(reasons[x], tr.blocked[b][1])
+    unit, which = unit[keep], which[keep]
+    # each (unit, text) once, at its first entry; then by unit, and by entry within a unit
+    pairs, inverse = torch.unique(unit * count + text[which], return_inverse=True)
+    earliest = torch.full((len(pairs),), count, dtype=torch.long)
+    earliest.scatter_reduce_(0, inverse, which, "amin")
+    codes = torch.sort((pairs // count) * count + earliest).values
+    units, sizes = torch.unique_consecutive(codes // count, return_counts=True)
+    whys = [tr.blocked[b][1] for b in (codes % count).tolist()]
+    at = 0
+    for x, n in zip(units.tolist(), sizes.tolist(), strict=True):
+        reasons[x] = whys[at : at + n]
+        at += n
     return reasons
 
 
