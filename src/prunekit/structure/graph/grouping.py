@@ -442,21 +442,19 @@ def _signatures(
     # in the order the roots first appear in the records
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
     # a root's signature: its sorted kinds (a multiset) and whether it is blocked
-    blocked = torch.tensor(sorted(root for root, found in reasons.items() if found),
-                           dtype=torch.long)  # fmt: skip
-    flag = torch.isin(distinct, blocked).long()
+    blocked = torch.zeros(int(distinct.max()) + 1, dtype=torch.long)
+    blocked[[root for root, found in reasons.items() if found and root < len(blocked)]] = 1
+    flag = blocked[distinct]
     classes = _same_runs(keys, where, starts, flag)
     # classes with the same keys over all their records (and flag) are one signature
     n_classes = int(classes.max()) + 1
     one = torch.full((n_classes,), len(distinct), dtype=torch.long)
     one.scatter_reduce_(0, classes, torch.arange(len(distinct)), "amin")
-    starts_list, cs_list, flags = starts.tolist(), cs.tolist(), flag.tolist()
     merged: dict[tuple[Any, ...], int] = {}
     joined = []
-    for root in one.tolist():
-        held = sorted(k for c in cs_list[starts_list[root] : starts_list[root + 1]]
-                      for k in content_keys[c])  # fmt: skip
-        joined.append(merged.setdefault((flags[root], *held), len(merged)))
+    for held_cs, blocked_root in zip(_runs(cs, starts, one), flag[one].tolist(), strict=True):
+        held = sorted(k for c in held_cs for k in content_keys[c])
+        joined.append(merged.setdefault((blocked_root, *held), len(merged)))
     signature = torch.tensor(joined, dtype=torch.long)[classes]
     # groups in the order their first root appears, each root after those before it
     rank = torch.empty_like(appear)
@@ -467,12 +465,25 @@ def _signatures(
     group_rank[torch.argsort(first)] = torch.arange(len(first))
     by_group = torch.argsort(group_rank[signature] * len(appear) + rank)
     sizes = torch.bincount(group_rank[signature]).tolist()
-    leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)].tolist()
+    leads = by_group[torch.cumsum(torch.tensor([0, *sizes[:-1]]), 0)]
     found = []
-    for lead in leads:
-        held = cs_list[starts_list[lead] : starts_list[lead + 1]]
+    for held in _runs(cs, starts, leads):
         found.append(sorted(k for c in held for k in by_content[c]))
     return found, distinct[by_group], sizes
+
+
+def _runs(values: Tensor, starts: Tensor, picked: Tensor) -> list[list[int]]:
+    """The values of each picked run (run r: ``values[starts[r]:starts[r + 1]]``), read
+    without listing the others."""
+    low, sizes = starts[picked], starts[picked + 1] - starts[picked]
+    begin = torch.cumsum(sizes, 0) - sizes
+    at = torch.repeat_interleave(low - begin, sizes) + torch.arange(int(sizes.sum()))
+    flat, cut = values[at].tolist(), sizes.tolist()
+    found, k = [], 0
+    for n in cut:
+        found.append(flat[k : k + n])
+        k += n
+    return found
 
 
 def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
