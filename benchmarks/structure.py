@@ -183,14 +183,14 @@ def graphs(names: list[str], res: int, repeats: int, cpu: bool = False) -> str:
                     continue
                 best[i] = min(best[i], clock() - start)
         if math.isnan(best[0] + best[1]):
-            lines.append(f"{name:<20} {best[0]:>10.2f} {best[1]:>15.2f} {'-':>6}")
+            lines.append(f"{name:<20} {best[0]:>10.3f} {best[1]:>15.3f} {'-':>6}")
         else:
             totals = [totals[0] + best[0], totals[1] + best[1]]
-            lines.append(f"{name:<20} {best[0]:>10.2f} {best[1]:>15.2f} {best[0] / best[1]:>5.1f}x")
+            lines.append(f"{name:<20} {best[0]:>10.3f} {best[1]:>15.3f} {best[0] / best[1]:>5.2f}x")
         print(lines[-1], flush=True)
         del model
     lines.append(
-        f"{'all':<20} {totals[0]:>10.1f} {totals[1]:>15.1f} {totals[0] / totals[1]:>5.1f}x"
+        f"{'all':<20} {totals[0]:>10.2f} {totals[1]:>15.2f} {totals[0] / totals[1]:>5.2f}x"
     )
     return "\n".join(lines)
 
