@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -256,17 +255,22 @@ def _groups(
                                               pairs % kinds, reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
     # Slices of one group whose records have the same contents share their cut ("parts").
-    slice_records: list[list[list[int]]] = []
+    positions, channels = _Cuts(), _Cuts()  # what each part holds: filled in below
     part_of: dict[tuple[int, tuple[int, ...]], int] = {}
-    slice_part: list[int] = []
     part_groups: list[int] = []
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    rank = [0] * len(records)  # each record's place: 'out' ones first, then in order
     later = [r.role != "out" for r in records]
+    for place, k in enumerate(sorted(range(len(records)), key=lambda k: (later[k], k))):
+        rank[k] = place
+    all_slices: list[tuple[Slice, ...]] = []
+    lead = []  # each group's lead content: that of its first record
     for g, rks in enumerate(grouped):
         keys: dict[int, list[int]] = {}
-        for k in sorted(rks, key=lambda k: (later[k], k)):
+        for k in sorted(rks, key=rank.__getitem__):
             keys.setdefault(key_ids[k], []).append(k)
+        slices = []
         for rs in keys.values():
             held = tuple(sorted({content_of[k] for k in rs})) if len(rs) > 1 else (
                 content_of[rs[0]],
@@ -278,10 +282,16 @@ def _groups(
                 part_in.append(False)
                 for c in held:
                     part_table[g * kinds + c].append(part)
-            part_in[part] = part_in[part] or records[rs[0]].role == "in"
-            slice_part.append(part)
-        slice_records.append(list(keys.values()))
-    lead = [content_of[rec[0][0]] for rec in slice_records]
+            r = records[rs[0]]
+            reads = r.role == "in"
+            if reads:
+                part_in[part] = True
+            slices.append(Slice.pending(r.module_name, r.module, r.name, r.dim, r.role,
+                                        _Cut(positions, part),
+                                        _Cut(channels, part) if reads else None,
+                                        r.op))  # fmt: skip
+        all_slices.append(tuple(slices))
+        lead.append(content_of[next(iter(keys.values()))[0]])
     unit_of, group_of, ordered = _unit_order(live, all_members, sizes, lead, len(roots))
     # the parts of each live entry: its unit's group with the content of its record
     g_entry = group_of[live.unit]
@@ -289,23 +299,16 @@ def _groups(
     which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
     u_entry = unit_of[live.unit[inside]][which]
     part_sizes = [sizes[g] for g in part_groups]
-    positions = _Cuts(p_entry, u_entry, live.position[inside][which], part_sizes)
+    positions.fill(p_entry, u_entry, live.position[inside][which], part_sizes)
     take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
-    channels = _Cuts(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
+    channels.fill(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     blocked = _blocked_members(reasons, group_of, unit_of)
-    groups = []
-    s = 0
-    for g in range(len(sizes)):
-        slices = []
-        for rs in slice_records[g]:
-            r, part = records[rs[0]], slice_part[s]
-            slices.append(Slice(r.module_name, r.module, r.name, r.dim, r.role,
-                                positions.of(part),
-                                channels.of(part) if r.role == "in" else None, r.op))  # fmt: skip
-            s += 1
-        groups.append(_group(tuple(slices), ordered[g], [reasons[u] for u in blocked.get(g, ())],
-                             extra, reached.get(g, ())))  # fmt: skip
+    groups = [
+        _group(all_slices[g], ordered[g], [reasons[u] for u in blocked.get(g, ())], extra,
+               reached.get(g, ()))
+        for g in range(len(sizes))
+    ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
@@ -346,19 +349,31 @@ class _Cuts:
     """The values of every unit of many slices (see `_cut`), cut into tuples when one of the
     slices is first read: most callers of the graph read the indices of few groups or none."""
 
-    def __init__(self, slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> None:
-        self._made: tuple[Tensor, Tensor, Tensor, list[int]] | None = (slot, unit, value, sizes)
+    def __init__(self) -> None:
+        self._made: tuple[Tensor, Tensor, Tensor, list[int]] | None = None
         self._found: list[Units] = []
 
-    def of(self, k: int) -> Pending[Units]:
-        """The values of slice k, pending."""
-        return Pending(partial(self._get, k))
+    def fill(self, slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> None:
+        """What the slices hold (the arguments of `_cut`), before any is read."""
+        self._made = (slot, unit, value, sizes)
 
     def _get(self, k: int) -> Units:
         if self._made is not None:
             self._found = _cut(*self._made)
             self._made = None
         return self._found[k]
+
+
+class _Cut(Pending[Units]):
+    """Slice k of some `_Cuts`, pending."""
+
+    __slots__ = ("cuts", "k")
+
+    def __init__(self, cuts: _Cuts, k: int) -> None:
+        self.cuts, self.k = cuts, k
+
+    def make(self) -> Units:
+        return self.cuts._get(self.k)
 
 
 def _cut(slot: Tensor, unit: Tensor, value: Tensor, sizes: list[int]) -> list[

@@ -16,10 +16,13 @@ class Pending(Generic[T_co]):
     """A value made when it is first read: ``make()`` returns it (the graph cuts the indices of
     all its slices from its tensors at once, when any of them is first read)."""
 
-    __slots__ = ("make",)
+    __slots__ = ("_make",)
 
     def __init__(self, make: Callable[[], T_co]) -> None:
-        self.make = make
+        self._make = make
+
+    def make(self) -> T_co:
+        return self._make()
 
 
 class _OnRead(Generic[T]):
@@ -67,6 +70,16 @@ class Slice:
     indices: _OnRead[Units] = _OnRead()
     channels: _OnRead[Units | None] = _OnRead(None)
     op: str = ""
+
+    @classmethod
+    def pending(cls, module_name: str, module: nn.Module, name: str, dim: int, role: str,
+                indices: Pending[Units], channels: Pending[Units] | None, op: str) -> Slice:  # fmt: skip
+        """A slice whose indices (and channels) are made when first read, set up without the
+        dataclass's own ``__init__`` (the graph makes thousands at once)."""
+        made = object.__new__(cls)
+        made.__dict__.update(module_name=module_name, module=module, name=name, dim=dim,
+                             role=role, _indices=indices, _channels=channels, op=op)  # fmt: skip
+        return made
 
     def __repr__(self) -> str:  # the module and the indices left out
         return (f"Slice(module_name={self.module_name!r}, name={self.name!r}, dim={self.dim!r}, "
