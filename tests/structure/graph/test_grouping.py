@@ -17,7 +17,7 @@ from prunekit.structure.graph import grouping
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.tracer import run_traced
+from prunekit.structure.graph.tracer import Tracer, compressed, run_traced
 
 
 def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:
@@ -165,3 +165,18 @@ def test_slice_indices_are_cut_once_when_first_read(monkeypatch: pytest.MonkeyPa
         first.indices = ()  # type: ignore[misc]
     with pytest.raises(TypeError, match="indices"):
         Slice("0", model[0], "weight", 0, "out")  # type: ignore[call-arg]
+
+
+def test_blocked_reasons_keep_each_text_once_in_the_order_found() -> None:
+    """Each unit's reasons: the texts of the entries that block any of its ids, in the order
+    of the first entry of each text (a text blocked again later is not repeated)."""
+    tracer = Tracer()
+    ids = tracer.new_ids(6)
+    tracer.merge(ids[:1], ids[1:2])  # 0 and 1: one unit
+    entries = [([1, 3], "b"), ([0], "a"), ([3, 4], "b"), ([0, 4], "c"), ([5], "b")]
+    for blocked, why in entries:
+        tracer.block(torch.tensor(blocked), why)
+    roots = compressed(tracer.parents().clone())
+    is_maker = torch.tensor([True, True, True, True, False, True, False])  # 4 makes nothing
+    reasons = grouping._blocked(tracer, roots, is_maker)
+    assert {u: r for u, r in reasons.items() if r} == {0: ["b", "a", "c"], 3: ["b"], 5: ["b"]}

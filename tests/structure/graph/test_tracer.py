@@ -12,6 +12,7 @@ import prunekit
 from helpers import graph_frozen
 from prunekit.structure.graph import tracer as tracer_module
 from prunekit.structure.graph.tracer import Tracer, run_traced
+from prunekit.structure.handlers import ops
 
 
 class _Tokens(nn.Module):
@@ -65,3 +66,60 @@ def test_settling_gives_the_groups_unsettled_labels_give(monkeypatch: pytest.Mon
     settled = _groups(model, x)
     monkeypatch.setattr(tracer_module.Tracer, "settled", lambda self, labels: labels)
     assert _groups(model, x) == settled
+
+
+def test_a_norm_settles_its_input_too() -> None:
+    """The residual stream a norm reads carries one id per channel once the norm merged its
+    positions' ids: the residual add after the block reads it so."""
+    torch.manual_seed(0)
+    model = _Tokens().eval()
+    seen: dict[str, Tensor] = {}
+
+    def keep(_: nn.Module, args: Any) -> None:
+        seen["stream"] = args[0]
+
+    model.norm.register_forward_pre_hook(keep)
+    tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {})
+    stream = tr.label(seen["stream"])
+    assert stream is not None and stream.stride(1) == 0
+
+
+def test_fresh_element_ids_give_the_groups_merged_ones_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A position embedding's element ids, made for the add that reads them, join their
+    partners' sets directly: the same groups as merging them in the union-find."""
+    torch.manual_seed(0)
+    model, x = _Tokens().eval(), torch.randn(2, 4, 6)
+    attached = _groups(model, x)
+    monkeypatch.setattr(ops, "_fresh", lambda labels, made, out: False)
+    assert _groups(model, x) == attached
+
+
+class _Shared(nn.Module):
+    """One linear layer read twice, and an attention whose fused projection holds the query,
+    key and value rows apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.mix = nn.Linear(4, 8), nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.mix(self.proj(x)) + self.mix(self.proj(x.flip(1)))
+        return self.attn(h, h, h, need_weights=False)[0]
+
+
+def test_records_apart_give_the_groups_a_table_of_positions_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows of one tensor recorded apart (the fused projection) are kept without a table;
+    forcing the table for every second record gives the same groups."""
+    torch.manual_seed(0)
+    model, x = _Shared().eval(), torch.randn(1, 3, 4)
+    tr, _ = run_traced(model, (x,), {})
+    tabled = {name for _, name, _ in tr._positions}
+    assert "in_proj_weight" not in tabled and "weight" in tabled  # mix's, read twice
+    apart = _groups(model, x)
+    monkeypatch.setattr(tracer_module._Span, "apart", lambda self, other: False)
+    assert _groups(model, x) == apart

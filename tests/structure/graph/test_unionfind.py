@@ -67,3 +67,33 @@ def test_ids_made_after_merges_keep_the_sets() -> None:
     tracer.merge(torch.tensor([2002]), torch.tensor([1]))
     assert _roots(tracer)[:3] == [0, 1, 0] and tracer.find(2002) == 1
     assert tracer.roots(torch.tensor([5, 2, 2002])).tolist() == [5, 0, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_union_of_two_vectors_equals_one_by_one(seed: int) -> None:
+    """``union`` (one id per channel, pairs taken as they are) gives the sets of ``merge``."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 500
+    batches = [(torch.randint(-1, n, (300,), generator=gen),
+                torch.randint(-1, n, (300,), generator=gen)) for _ in range(4)]  # fmt: skip
+    tracer = Tracer()
+    tracer.new_ids(n)
+    for a, b in batches:
+        tracer.union(a, b)
+    assert _roots(tracer) == _one_by_one(n, batches)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fresh_ids_attached_join_their_partners_sets(seed: int) -> None:
+    """``attach`` of ids made after every partner, each once, gives the sets of ``merge``."""
+    gen = torch.Generator().manual_seed(seed)
+    old = 400
+    before = (torch.randint(-1, old, (600,), generator=gen),
+              torch.randint(-1, old, (600,), generator=gen))  # fmt: skip
+    tracer = Tracer()
+    tracer.new_ids(old)
+    tracer.merge(*before)
+    partners = torch.randint(-1, old, (3, 50), generator=gen)  # a parameter's 150 elements
+    fresh = tracer.new_ids(150).reshape(3, 50)
+    tracer.attach(fresh, partners)
+    assert _roots(tracer) == _one_by_one(old + 150, [before, (partners.flatten(), fresh.flatten())])

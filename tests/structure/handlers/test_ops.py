@@ -60,14 +60,16 @@ def _same_as_replayed(
     model: nn.Module,
     x: Tensor,
     layer: nn.Module,
-    shortcut: str,
+    *shortcuts: str,
 ) -> Tensor:
-    """The labels reaching `layer` with the handler shortcut `ops.<shortcut>` and with it
-    turned off (the op replayed on every value's id): equal, and the same groups. Returns
-    the replayed labels."""
+    """The labels reaching `layer` with the handler shortcuts `ops.<shortcut>` and with them
+    turned off (the op replayed on every value's id, or taken by the general path): equal,
+    and the same groups. Returns the labels without the shortcuts."""
     fast = graph_frozen.summary(model, prunekit.channel_groups(model, x))
     fast_labels = _labels_into(model, layer, x)
-    monkeypatch.setattr(ops, shortcut, lambda call, labels: None)
+    for shortcut in shortcuts:
+        off = None if shortcut in ("_cat", "_rolled_broadcast") else False
+        monkeypatch.setattr(ops, shortcut, lambda *args, off=off: off)
     replayed = _labels_into(model, layer, x)
     assert torch.equal(fast_labels, replayed)
     assert graph_frozen.summary(model, prunekit.channel_groups(model, x)) == fast
@@ -79,8 +81,47 @@ def test_the_broadcast_concatenation_gives_the_groups_of_a_replayed_one(
 ) -> None:
     torch.manual_seed(0)
     model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
-    replayed = _same_as_replayed(monkeypatch, model, x, model.norm, "_cat")
+    replayed = _same_as_replayed(monkeypatch, model, x, model.norm, "_cat", "_cat_channels")
     assert replayed.stride()[2:] != (0, 0)  # the replay materializes every value's id
+
+
+def test_joined_channel_ids_give_the_labels_and_groups_of_the_broadcast_concatenation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Dense().eval(), torch.randn(1, 3, 6, 5)
+    kept = _same_as_replayed(monkeypatch, model, x, model.norm, "_cat_channels")
+    assert kept.stride()[2:] == (0, 0)  # the other shortcut still keeps them broadcast
+
+
+class _Scaled(nn.Module):
+    """Residual adds, a per-channel scale parameter and a squeeze-excitation gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1)
+        self.scale = nn.Parameter(torch.rand(6, 1, 1))
+        self.gate, self.head = nn.Conv2d(6, 6, 1), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        x = x + self.scale * self.conv(x)
+        x = x * torch.sigmoid(self.gate(x.mean((2, 3), keepdim=True)))
+        return self.head(torch.relu(x + x))
+
+
+def test_channelwise_binary_ops_give_the_labels_and_groups_of_the_general_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Operands with one id per channel along one dim are merged pairwise as vectors: the
+    labels and groups the general path (broadcast labels, spread checks) gives."""
+    torch.manual_seed(0)
+    model, x = _Scaled().eval(), torch.randn(1, 3, 5, 5)
+    general = _same_as_replayed(monkeypatch, model, x, model.head, "_channelwise")
+    assert general.stride()[2:] == (0, 0)
+    (merged,) = [g for g in prunekit.channel_groups(model, x) if g.prunable]
+    makers = {s.qualified for s in merged.slices if s.role in ("out", "element")}
+    assert makers == {"stem.weight", "conv.weight", "gate.weight", "scale"}  # all one group
 
 
 class _Shifted(nn.Module):

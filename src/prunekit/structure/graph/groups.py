@@ -73,7 +73,8 @@ class Slice:
 
     @classmethod
     def pending(cls, module_name: str, module: nn.Module, name: str, dim: int, role: str,
-                indices: Pending[Units], channels: Pending[Units] | None, op: str) -> Slice:  # fmt: skip
+                indices: Pending[Units], channels: Pending[Units] | None,
+                op: str) -> Slice:  # fmt: skip
         """A slice whose indices (and channels) are made when first read, set up without the
         dataclass's own ``__init__`` (the graph makes thousands at once)."""
         made = object.__new__(cls)

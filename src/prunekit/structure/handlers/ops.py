@@ -237,6 +237,8 @@ def _move(tr: Tracer, call: Call) -> None:
     found = [(t, tr.labels_of(t)) for t in data]
     if all(lab is None for _, lab in found):
         return
+    if call.name in _CATS and _cat_channels(tr, call, [lab for _, lab in found]):
+        return
     swap = {id(t): lab if lab is not None else _none(t) for t, lab in found}
     args = (_substitute(call.args[0], swap), *call.args[1:])
     kwargs = {k: _substitute(v, swap) if k in ("input", "tensors") else v
@@ -280,6 +282,22 @@ def _cat(call: Call, labels: list[Tensor]) -> Tensor | None:
     for d in shared:
         shape[d] = call.out.shape[d]
     return joined.expand(shape)
+
+
+def _cat_channels(tr: Tracer, call: Call, labels: list[Tensor | None]) -> bool:
+    """A concatenation of parts that each carry one id per channel along the dim they are
+    joined on (DenseNet's features): the output carries their ids joined. False (nothing
+    done) for any other parts."""
+    if len(call.args) > 2 or not isinstance(call.out, Tensor):
+        return False
+    dim = positive(_dim_arg(call, 1), call.out.dim())
+    parts = []
+    for lab in labels:
+        if lab is None or lab.dim() != call.out.dim() or one_dim(lab) != dim:
+            return False
+        parts.append(core(lab).reshape(-1))
+    tr.set(call.out, along(torch.cat(parts), dim, call.out.shape))
+    return True
 
 
 def _rolled_broadcast(call: Call, labels: Tensor) -> Tensor | None:
