@@ -284,11 +284,13 @@ class Tracer:
             return None
         return entry[1]
 
-    def set(self, t: Any, labels: Tensor | None) -> None:
+    def set(self, t: Any, labels: Tensor | None, held: bool = False) -> None:
+        """Give `t` these labels (None, or no id in them: `t` carries no channels). `held`:
+        the labels are known to hold an id (an input's labels, new ids), so not searched."""
         if not isinstance(t, Tensor):
             return
         key = id(t)
-        if labels is None or not labels.numel() or int(core(labels).max()) < 0:
+        if labels is None or not labels.numel() or (not held and int(core(labels).max()) < 0):
             self._labels.pop(key, None)
             return
         if tuple(labels.shape) != tuple(t.shape):

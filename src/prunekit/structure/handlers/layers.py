@@ -52,7 +52,7 @@ def _conv(tr: Tracer, call: Call) -> None:
     made = torch.arange(cout)  # one tensor for both: their entries are built once
     tr.record(owner, 0, "out", made, new, op=call.name)
     tr.record(bias_owner, 0, "bias", made, new)
-    tr.set(out, along(new, cdim, out.shape))
+    tr.set(out, along(new, cdim, out.shape), held=True)
 
 
 @register("linear")
@@ -81,7 +81,7 @@ def _matrix_product(
     made = torch.arange(weight.shape[makes])  # one tensor for both: entries built once
     tr.record(owner, makes, "out", made, new, op=call.name)
     tr.record(bias_owner, 0, "bias", made, new)
-    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
+    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape), held=True)
 
 
 def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> Tensor | None:
@@ -236,4 +236,4 @@ def _embedding(tr: Tracer, call: Call) -> None:
         return
     new = tr.new_ids(weight.shape[1])
     tr.record(owner, 1, "out", torch.arange(weight.shape[1]), new, op="embedding")
-    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape))
+    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape), held=True)

@@ -87,7 +87,7 @@ def _unary(tr: Tracer, call: Call) -> None:
             tr.block(tr.label(a), f"{describe_op(call)} with several tensors is not understood")
         return
     if labels is not None and isinstance(call.out, Tensor) and call.out.shape == labels.shape:
-        tr.set(call.out, labels)
+        tr.set(call.out, labels, held=True)
 
 
 # name -> (kind, operands swapped)
