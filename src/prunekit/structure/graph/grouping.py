@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -458,7 +459,8 @@ def _signatures(
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
     # a root's signature: its sorted kinds (a multiset) and whether it is blocked
     blocked = torch.zeros(int(distinct.max()) + 1, dtype=torch.long)
-    blocked[[root for root, found in reasons.items() if found and root < len(blocked)]] = 1
+    with_reasons = [root for root, found in reasons.items() if found and root < len(blocked)]
+    blocked[torch.tensor(with_reasons, dtype=torch.long)] = 1
     flag = blocked[distinct]
     classes = _same_runs(keys, where, starts, flag)
     # classes with the same keys over all their records (and flag) are one signature
@@ -559,10 +561,7 @@ def _group(
 ) -> ChannelGroup:  # fmt: skip
     """A group of these units (roots); `reasons`: those of its units that have any, in order."""
     kind, blocks = extra.kind(members), extra.blocks(members)
-    found: list[str] = []
-    for whys in reasons:
-        for why in whys:
-            _add(found, why)
+    found = list(dict.fromkeys(chain.from_iterable(reasons)))  # each text once, in order
     if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
         found.append("its key/value groups are not of one size")
     reason = None
