@@ -410,7 +410,9 @@ def _rows(tr: Tracer, proj: Proj, ids: Tensor) -> None:
               op=proj.op)  # fmt: skip
     bias = getattr(proj.module, proj.bias, None) if proj.bias else None
     start = proj.offset if proj.bias_offset is None else proj.bias_offset
-    tr.record(tr.owner(bias), 0, "bias", start + torch.arange(len(ids)), ids)
+    if start != proj.offset:
+        positions = start + torch.arange(len(ids))
+    tr.record(tr.owner(bias), 0, "bias", positions, ids)  # the same positions: built once
 
 
 def _channels(tr: Tracer, x: Any, where: str) -> Tensor | None:
