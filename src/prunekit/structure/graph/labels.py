@@ -19,6 +19,9 @@ def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str
     """
     if labels is None:
         return torch.full((size,), -1, dtype=torch.long)
+    known = tr.flat(labels, dim)
+    if known is not None:  # one id per channel already, as they were made
+        return known
     if one_dim(labels) == dim:  # one id per channel already: nothing mixed
         return core(labels).reshape(size)
     rows = core(labels, keep=dim).movedim(dim, 0).reshape(size, -1)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.graph.labels import channel_ids, core, varying
+from prunekit.structure.graph.labels import along, channel_ids, core, varying
 
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
@@ -130,6 +130,9 @@ class Tracer:
     # the records of each tensor's positions while no two share one: (positions, ids, their
     # lowest and highest position, once a second record needs them)
     _apart: dict[tuple[int, str, int], list[_Span]] = field(default_factory=dict)
+    # labels made from one id per channel (by `along`): id -> (the labels, the ids, their dim)
+    _flat: dict[int, tuple[Tensor, Tensor, int]] = field(default_factory=dict)
+    _ranges: dict[int, Tensor] = field(default_factory=dict)  # n -> arange(n), never written
     # the union-find: _parent[:_count] are the parents of the ids made so far
     _parent: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     _count: int = 0
@@ -274,6 +277,28 @@ class Tracer:
             if roots.shape[d] > 1 and _constant(roots, d):
                 narrowed = narrowed.narrow(d, 0, 1)
         return labels if narrowed is roots else narrowed.expand(labels.shape)
+
+    def along(self, ids: Tensor, dim: int, shape: torch.Size | tuple[int, ...]) -> Tensor:
+        """Ids (one per position of `dim`) broadcast to `shape`, remembered: a layer reading
+        these labels along `dim` gets the very same ids tensor back (`flat`), so records of
+        the same ids and positions share their entries in the groups."""
+        labels = along(ids, dim, shape)
+        self._flat[id(labels)] = (labels, ids, dim)  # the labels kept: their id stays theirs
+        return labels
+
+    def flat(self, labels: Tensor, dim: int) -> Tensor | None:
+        """The ids `along` made `labels` from, when it did so along `dim`."""
+        found = self._flat.get(id(labels))
+        if found is None or found[0] is not labels or found[2] != dim:
+            return None
+        return found[1]
+
+    def positions(self, count: int) -> Tensor:
+        """``arange(count)``, one tensor per count (records never write their positions)."""
+        found = self._ranges.get(count)
+        if found is None:
+            found = self._ranges[count] = torch.arange(count)
+        return found
 
     # labels of tensors
     def label(self, t: Any) -> Tensor | None:

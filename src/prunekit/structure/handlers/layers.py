@@ -33,26 +33,27 @@ def _conv(tr: Tracer, call: Call) -> None:
     chan = channel_ids(tr, tr.label(x), cdim, x.shape[cdim], where)
     if per == 1 and groups > 1:  # depthwise: output channel o reads input channel o // k
         ids = chan.repeat_interleave(cout // groups)
-        made = torch.arange(cout)  # one tensor for both: their entries are built once
+        made = tr.positions(cout)  # one tensor for both: their entries are built once
         tr.record(owner, 0, "depthwise", made, ids, op=call.name)
         tr.record(bias_owner, 0, "bias", made, ids)
-        tr.set(out, along(ids, cdim, out.shape))
+        tr.set(out, tr.along(ids, cdim, out.shape))
         return
-    channels = torch.arange(x.shape[cdim])
+    channels = tr.positions(x.shape[cdim])
     if groups > 1:  # the j-th input channel of every group goes together
         by_group = chan.reshape(groups, per)
         partial = (by_group < 0).any(0) & (by_group >= 0).any(0)
         tr.block(by_group[:, partial], f"{where}: grouped with channels of no layer")
         tr.merge(by_group[:1].expand_as(by_group), by_group)
-    tr.record(owner, 1, "in", channels % per, chan, channels, op=call.name)
+    positions = channels if per == len(channels) else channels % per
+    tr.record(owner, 1, "in", positions, chan, channels, op=call.name)
     new = tr.new_ids(cout)
     if groups > 1:  # and so does the j-th output channel of every group
         by_group = new.reshape(groups, cout // groups)
         tr.merge(by_group[:1].expand_as(by_group), by_group)
-    made = torch.arange(cout)  # one tensor for both: their entries are built once
+    made = tr.positions(cout)  # one tensor for all: their entries are built once
     tr.record(owner, 0, "out", made, new, op=call.name)
     tr.record(bias_owner, 0, "bias", made, new)
-    tr.set(out, along(new, cdim, out.shape), held=True)
+    tr.set(out, tr.along(new, cdim, out.shape), held=True)
 
 
 @register("linear")
@@ -75,13 +76,13 @@ def _matrix_product(
     makes = 1 - reads
     features = weight.shape[reads]
     chan = channel_ids(tr, tr.label(x), x.dim() - 1, features, describe_op(call))
-    positions = torch.arange(features)
+    positions = tr.positions(features)
     tr.record(owner, reads, "in", positions, chan, positions, op=call.name)
     new = tr.new_ids(weight.shape[makes])
-    made = torch.arange(weight.shape[makes])  # one tensor for both: entries built once
+    made = tr.positions(weight.shape[makes])  # one tensor for all: entries built once
     tr.record(owner, makes, "out", made, new, op=call.name)
     tr.record(bias_owner, 0, "bias", made, new)
-    tr.set(call.out, along(new, call.out.dim() - 1, call.out.shape), held=True)
+    tr.set(call.out, tr.along(new, call.out.dim() - 1, call.out.shape), held=True)
 
 
 def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> Tensor | None:
@@ -92,7 +93,7 @@ def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> T
     if labels is None:
         return None
     chan = channel_ids(tr, labels, 1, x.shape[1], describe_op(call))
-    positions = torch.arange(len(chan))  # one tensor for all: their entries are built once
+    positions = tr.positions(len(chan))  # one tensor for all: their entries are built once
     for owner, role in owners:
         tr.record(owner, 0, role, positions, chan)
     return chan
@@ -104,7 +105,7 @@ def _batch_norm(tr: Tracer, call: Call) -> None:
                (call.arg(3, "weight"), "norm"), (call.arg(4, "bias"), "norm")]  # fmt: skip
     chan = _per_channel(tr, call, tensors)
     if chan is not None:
-        tr.set(call.out, along(chan, 1, call.out.shape))
+        tr.set(call.out, tr.along(chan, 1, call.out.shape))
 
 
 @register("group_norm")
