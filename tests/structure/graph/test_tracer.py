@@ -123,3 +123,37 @@ def test_records_apart_give_the_groups_a_table_of_positions_gives(
     apart = _groups(model, x)
     monkeypatch.setattr(tracer_module._Span, "apart", lambda self, other: False)
     assert _groups(model, x) == apart
+
+
+class _Block(nn.Module):
+    """Conv, norm and activation layers reading each other's channels, with a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6)
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.grouped = nn.Conv2d(6, 6, 1, groups=2)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.relu(self.norm(self.stem(x)))
+        x = x + self.grouped(self.depthwise(x))
+        return self.head(x.mean((2, 3)))
+
+
+def test_ids_read_back_as_made_give_the_groups_of_fresh_tensors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Layers reading the ids tensor their input's labels were made from, with one positions
+    tensor per count (records sharing their entries), give the groups that fresh tensors for
+    every record give."""
+    torch.manual_seed(0)
+    model, x = _Block().eval(), torch.randn(1, 3, 5, 5)
+    tr, _ = run_traced(model, (x,), {})
+    stem_rows = next(r for r in tr.records if r.module_name == "stem" and r.role == "out")
+    norm = next(r for r in tr.records if r.module_name == "norm")
+    assert norm.ids is stem_rows.ids and norm.positions is stem_rows.positions
+    shared = _groups(model, x)
+    monkeypatch.setattr(Tracer, "flat", lambda self, labels, dim: None)
+    monkeypatch.setattr(Tracer, "positions", lambda self, count: torch.arange(count))
+    assert _groups(model, x) == shared
