@@ -40,13 +40,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunekit.select import native, onepass, passes, plan, sample, trace, tuning
+from prunekit.select import engine, native, onepass, passes, plan, sample, trace, tuning
 from prunekit.select.chunks import Chunks
+from prunekit.select.engine import Cut
 from prunekit.select.group import Group
 from prunekit.select.native import Gather
 from prunekit.select.passes import Buffers, Marks
 from prunekit.select.plan import Route
 from prunekit.select.radix import pick
+from prunekit.select.sample import Bounds
 from prunekit.select.sources import (
     Count,
     Source,
@@ -57,7 +59,7 @@ from prunekit.select.sources import (
 )
 from prunekit.select.ties import first
 
-__all__ = ["Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
+__all__ = ["Bits", "Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 
 class Unrankable(ValueError):
@@ -236,75 +238,151 @@ def select(
     selection around the sampled guess, settled after when the guess holds; scores
     that are not finite are then refused only as `marks` asks, NaN ranking last.
     """
-    formats = _formats(pieces, group)
-    owned = [i for i, p in enumerate(pieces) if p.counts]
-    known = total is not None or marks is not None
-    competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
-    mine = [sum(pieces[i].numel for i in owned), competing_here]
-    size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
-    total = total if known else counted
-    largest = max((pieces[i].numel for i in owned), default=0)
-    dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
-    route = Route(True, dtype, size, largest)
-    work = route.work
-    k = None if total is None else count_of(count, total)
-    if total is not None and k in (0, total):
-        return _all_or_none(pieces, owned, route, k, total, group, marks)
-    if marks is None and len(formats) == 1 and formats[0] in passes.INFINITY:
-        assert k is not None  # 16-bit: the bits are the values
-        return _in_16_bits(pieces, owned, route, k, group)
-    now = tuning.get()
-    sources = [pieces[i].source for i in owned]
-    bounds = sample.guess(sources, count if k is None else k, total, route, group)
-    found = None
-    limits = (0.0, 0.0, math.inf) if bounds is None else bounds
-    if bounds is not None or marks is None:  # with marks and no guess: nothing to mark around
-        if marks is not None:
+    return engine.run(Bits(pieces, group, total, marks), count)
+
+
+class Bits:
+    """The engine's steps of engine.run (see the module): CPU torch floats in pieces over
+    a group, read through the count pass, refined from histograms of their bits."""
+
+    def __init__(
+        self, pieces: Sequence[Piece], group: Group, total: int | None, marks: Marks | None
+    ) -> None:
+        formats = _formats(pieces, group)
+        owned = [i for i, p in enumerate(pieces) if p.counts]
+        known = total is not None or marks is not None
+        competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
+        mine = [sum(pieces[i].numel for i in owned), competing_here]
+        size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
+        largest = max((pieces[i].numel for i in owned), default=0)
+        dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
+        self.pieces = pieces
+        self.group = group
+        self.marks = marks
+        self.owned = owned
+        self.formats = formats
+        self.given = total  # as the caller knew it
+        self.total = total if known else counted
+        self.k: int | None = None
+        self.finite = False  # every score read by the count pass, and found finite
+        self.route = Route(True, dtype, size, largest)
+        self.buffers = Buffers(self.route.work)
+        self.limits = (0.0, 0.0, math.inf)
+        self.found: passes.Counted | None = None
+
+    def all_or_none(self, k: int, total: int, found: passes.Counted | None) -> Selection:
+        """None chosen, or all: known first, the scores checked here; known from the
+        count pass (only when the caller did not know the total), checked there."""
+        if self.given is None and self.marks is not None:
+            return Selection(self.pieces, self.route, 0.0, [], total=total, k=k, finite=self.finite)
+        return _all_or_none(self.pieces, self.owned, self.route, k, total, self.group, self.marks)
+
+    def shortcut(self, k: int | None) -> Selection | None:
+        """Scores all of one 16-bit format, marked later: their bits' histograms."""
+        if self.marks is None and len(self.formats) == 1 and self.formats[0] in passes.INFINITY:
+            assert k is not None  # 16-bit: the bits are the values
+            return _in_16_bits(self.pieces, self.owned, self.route, k, self.group)
+        return None
+
+    def guess(self, k: Count, total: int | None) -> Bounds | None:
+        sources = [self.pieces[i].source for i in self.owned]
+        return sample.guess(sources, k, total, self.route, self.group)
+
+    def count(self, bounds: Bounds | None) -> passes.Counted | None:
+        """The count pass about `bounds` (without a guess: over no bounds, unless marks
+        want one: then nothing to mark around, and no pass)."""
+        if bounds is None and self.marks is not None:
+            return None
+        if bounds is not None:
+            self.limits = (bounds[0], bounds[1], bounds[2])
+        route, now = self.route, tuning.get()
+        if self.marks is not None:
             budget = plan.budget(route)
         else:
+            size = route.size
             budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
-        found = passes.between(pieces, owned, Chunks(route), limits, budget, group, marks)
-        if found.nonfinite and marks is None:
-            raise Unrankable(passes.non_finite(pieces, owned))
-    if k is None:  # with marks: counted in the pass, or now
-        counted = found.competing if found is not None and found.competing >= 0 else -1
-        total = counted if counted >= 0 else competing(sources)
-        k = count_of(count, total)
-    assert total is not None
-    finite = found is not None and found.finite
-    if marks is not None and marks.finite and not finite:
-        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
-    if k in (0, total):
-        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite)
-    rank = 0 if found is None else k - found.below
-    held = found is not None and 0 < rank <= found.kept
-    buffers = Buffers(work)
-    if found is not None and held and marks is not None:  # the one read: settle its marks
-        onepass.settle(found.marked, found.values, rank, marks.keep_dtype is None, limits[1])
+        found = passes.between(
+            self.pieces, self.owned, Chunks(route), self.limits, budget, self.group, self.marks
+        )
+        if found.nonfinite and self.marks is None:
+            raise Unrankable(passes.non_finite(self.pieces, self.owned))
+        self.found = found
+        return found
+
+    def known(
+        self, found: passes.Counted | None, count: Count, k: int | None, total: int | None
+    ) -> tuple[int, int]:
+        """k and total, counted in the pass (with marks) or now; with marks asking, the
+        scores checked where the pass could not say they are finite."""
+        if k is None or total is None:  # with marks: counted in the pass, or now
+            counted = found.competing if found is not None and found.competing >= 0 else -1
+            total = counted if counted >= 0 else competing([p.source for p in self._owned()])
+            k = count_of(count, total)
+        self.finite = found is not None and found.finite
+        if self.marks is not None and self.marks.finite and not self.finite:
+            # not read in full, or not finite: the exact check says
+            refuse_non_finite([p.source for p in self._owned()])
+        self.total, self.k = total, k
+        return k, total
+
+    def one_read(self, found: passes.Counted, rank: int) -> Selection | None:
+        """With marks: the one read, its marks settled."""
+        if self.marks is None:
+            return None
+        keep = self.marks.keep_dtype is None
+        onepass.settle(found.marked, found.values, rank, keep, self.limits[1])
         trace.note("one pass")
         outs = [entry.out for entry in found.marked]
-        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite, held=outs)
-    if marks is not None and found is not None:
-        trace.note("one pass missed")
-    if found is not None and held:  # the k-th lies between the bounds: refine what was kept
-        if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
+        return Selection(
+            self.pieces,
+            self.route,
+            0.0,
+            [],
+            total=self.total,
+            k=self.k,
+            finite=self.finite,
+            held=outs,
+        )
+
+    def nth(self, found: passes.Counted, rank: int) -> Cut:
+        """The k-th value among those kept: ranked at once where all are here, else from
+        their bits' histograms over the ranks."""
+        work = self.route.work
+        if self.group.size == 1 and native.loaded() is not None:
             bound, take = native.nth(found.values, rank)
-        else:
-            keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
-            key, take, _ = passes.radix(keys, rank, work, group)
-            bound = passes.as_float(key, work)
-        ties = {i: int((values == bound).sum()) for i, values in found.held.items()}
-        shared = _share_ties(pieces, ties, take, buffers, bound, group)
-    else:  # no guess, or the bounds missed (or too much fell between): refine over the scores
-        keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
-        key, take, equal = passes.radix(keys, k, work, group)
-        bound = passes.as_float(key, work)
-        if take == equal:  # every tie is taken: no need to count them per piece
+            return Cut(bound, take)
+        keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
+        key, take, _ = passes.radix(keys, rank, work, self.group)
+        return Cut(passes.as_float(key, work), take)
+
+    def search(self, found: passes.Counted | None, k: int) -> Cut:
+        """The k-th value from histograms of the scores' bits."""
+        if self.marks is not None and found is not None:
+            trace.note("one pass missed")
+        self.found = None  # its ties are counted over the scores
+        work = self.route.work
+        keys = lambda: passes.data_keys(self.pieces, self.owned, self.buffers)  # noqa: E731
+        key, take, equal = passes.radix(keys, k, work, self.group)
+        return Cut(passes.as_float(key, work), take, equal)
+
+    def selection(self, cut: Cut, k: int, total: int) -> Selection:
+        """The threshold and the ties each piece takes."""
+        assert cut.value is not None  # scores are finite here
+        bound, pieces = cut.value, self.pieces
+        finite = self.finite
+        if self.found is not None:  # ties among those kept
+            held = self.found.held
+            ties = {i: int((values == bound).sum()) for i, values in held.items()}
+            shared = _share_ties(pieces, ties, cut.take, self.buffers, bound, self.group)
+        elif cut.take == cut.equal:  # every tie is taken: no need to count them per piece
             shared = [_Ties(every=True) for _ in pieces]
         else:
-            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
-            shared = _share_ties(pieces, ties, take, buffers, bound, group)
-    return Selection(pieces, route, bound, shared, total=total, k=k, finite=finite)
+            ties = {i: passes.equal_count(pieces[i], self.buffers, bound) for i in self.owned}
+            shared = _share_ties(pieces, ties, cut.take, self.buffers, bound, self.group)
+        return Selection(pieces, self.route, bound, shared, total=total, k=k, finite=finite)
+
+    def _owned(self) -> list[Piece]:
+        return [self.pieces[i] for i in self.owned]
 
 
 def _all_or_none(
