@@ -353,13 +353,14 @@ def test_portable_steps_from_any_first_count(
 
     tensors = odd_scores(dtype, seed=MORE_DTYPES.index(dtype))
     flags = flags_of(tensors, "mask", seed=14)
-    live = torch.cat([t.reshape(-1) if f is None else t[f == 1] for t, f in zip(tensors, flags)])
+    parts = zip(tensors, flags, strict=True)
+    live = torch.cat([t.reshape(-1) if f is None else t[f == 1] for t, f in parts])
     compared = (live.abs() if magnitude else live).double().sort().values
     guessed: list[int] = []
     for k in counts(competing(tensors, flags))[1:-1]:
         a, b = forced_pivots(compared, k, where)
 
-        def pivots(*args: Any, a: float = a, b: float = b, **kwargs: Any) -> Bounds:
+        def pivots(*args: Any, a: float = a, b: float = b, k: int = k, **kwargs: Any) -> Bounds:
             guessed.append(k)
             return Bounds(a, a, b, 100.0)
 
