@@ -1,7 +1,8 @@
-"""The selection engine: the k smallest magnitudes of tensors in pieces, over a group of
-processes, one threshold and the ties it takes found in a few passes, never holding the model.
+"""The engine's strategy of the one driver (engine.run): the k smallest magnitudes of tensors
+in pieces, over a group of processes, one threshold and the ties it takes found in a few
+passes, never holding the model.
 
-Every fast selection runs here (see prunekit.select): whole tensors in one process
+Every selection of CPU torch floats runs here (see prunekit.select): whole tensors in one process
 (smallest_k_many, each tensor a piece, the group Alone), tensors held by several processes
 (prunekit.distributed) or streamed from disk (io/sharded.py). The pieces rank as one list
 ordered by `Piece.key` (a tensor's place in the model), then by the global flat position
@@ -11,7 +12,8 @@ stretches contiguous both in the piece and in the whole tensor.
 What travels between processes does not grow with the model: an evenly spaced sample (about
 2**17 magnitudes in all), counts, and histograms of at most 65536 bins. Scores all of one
 16-bit format (bfloat16, float16) need no sample when marked later: one pass of histograms
-of their bits, which are their values, finds the threshold. Otherwise:
+of their bits, which are their values, finds the threshold (the shortcut step). Otherwise,
+the steps `Bits` makes for the driver:
 
 1. sample: two order statistics of the sample enclose the k-th smallest magnitude with near
    certainty, its best guess between them (sample.guess);
