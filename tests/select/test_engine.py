@@ -390,4 +390,46 @@ def test_small_inputs_and_signed_scores_take_the_one_driver(
         k = scores.numel() // 3
         want = reference([scores], [None], k, magnitude)
         assert_equal(many([scores], [None], k, magnitude, None), want, magnitude)
-    assert steps == ["Portable", "Portable", "Bits"]
+    assert steps == ["Portable", "Bits", "Bits"]  # small: plain calls; else bits, signed too
+
+
+ENGINE_PATHS = [name for name, tuned in PATHS.items() if tuned.get("small") == 0]
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_signed_scores_on_every_engine_path(path: str, dtype: torch.dtype) -> None:
+    # Ranked by value, negative scores, zeros of both signs, infinities of both signs and
+    # NaN (ranked last, the scores not checked) take the engine's steps: the k-th value
+    # among the negatives (their magnitudes ranked the other way) or the others.
+    tensors = odd_scores(dtype, seed=20 + DTYPES.index(dtype))
+    with tuning.overridden(**PATHS[path]):
+        for flagged in ("none", "mask"):
+            flags = flags_of(tensors, flagged, seed=21)
+            total = competing(tensors, flags)
+            real = total - sum(
+                int((t.isnan() if f is None else t.isnan() & (f == 1)).sum())
+                for t, f in zip(tensors, flags, strict=True)
+            )
+            for k in sorted({*counts(real), 40, 200, real // 2}):  # a NaN k-th: see below
+                want = reference(tensors, flags, k, magnitude=False)
+                for keep in (None, dtype):
+                    got = many(tensors, flags, k, False, keep)
+                    assert_equal(got, want, (flagged, k, keep))
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+def test_signed_products_are_the_scores_times_the_masks(path: str) -> None:
+    generator = torch.Generator().manual_seed(22)
+    tensors = [torch.randn(n, generator=generator) for n in (3000, 5000, 1)]
+    products = [torch.empty_like(t) for t in tensors]
+    sources = [lambda t=t: (t, None) for t in tensors]
+    with tuning.overridden(**PATHS[path]):
+        for k in (1, 2000, 7999):
+            masks = smallest_k_many(
+                sources, k, keep_dtype=torch.float32, products=products, finite=True
+            )
+            want = reference(tensors, [None] * 3, k, magnitude=False)
+            for t, mask, product, w in zip(tensors, masks, products, want, strict=True):
+                assert torch.equal(mask, (~w).float())
+                assert torch.equal(product, t * mask)

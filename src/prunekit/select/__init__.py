@@ -10,11 +10,13 @@ the entries gathered to be ranked apart, never more than the largest tensor.
 One driver makes every selection: engine.run, its steps written once (all or none; a
 shortcut where one read settles it; a sampled guess; one count pass about it; the k-th
 value; its first ties in order; the marks), each step made by a strategy. The engine's
-(pieces.Bits) takes CPU torch floats by magnitude (or all non-negative), in pieces over a
-group of processes (group: its collectives; Alone, the group of one process, has none).
-smallest_k_many (whole tensors in memory), prunekit.distributed (tensors held by several
-processes) and io/sharded.py (tensors streamed from disk) take it, through pieces.select.
-Its steps:
+(pieces.Bits) takes CPU torch floats, by magnitude, or by signed value (whole tensors in
+one process: the C loop compares the scores themselves, and the k-th value's bits are
+read among the negative scores' magnitudes, ranked the other way, or the others'), in
+pieces over a group of processes (group: its collectives; Alone, the group of one
+process, has none). smallest_k_many (whole tensors in memory), prunekit.distributed
+(tensors held by several processes) and io/sharded.py (tensors streamed from disk) take
+it, through pieces.select. Its steps:
 
 1. shortcut: scores all of one 16-bit format, marked later (every caller but
    smallest_k_many): one pass of histograms of their bits finds the k-th value
@@ -38,13 +40,13 @@ few entries gathered in between (onepass.settle); a guess that missed leaves tho
 unused and the steps run as above.
 
 The portable strategy (portable.Portable) takes everything else, in plain tensor methods
-both frameworks share: tensors of any other framework, device or dtype, scores ranked by
-signed value, and inputs of at most `tuning.small` entries in all (its few plain calls
-are faster there). Its shortcut ranks inputs of one chunk as one vector (select_sorted);
-its guess is the same sample's, bounds inside it (sample.guess, `inside`); its count pass
-counts below and at both bounds; where that missed, the k-th value is found in rounds of
-narrowing pivots (sample.within), as its bits cannot be read; it marks in chunk order,
-the first ties as they come.
+both frameworks share: tensors of any other framework, device or dtype, and inputs of
+at most `tuning.small` entries in all (its few plain calls are faster there). Its
+shortcut ranks inputs of one chunk as one vector (select_sorted); its guess is the same
+sample's, bounds inside it (sample.guess, `inside`); its count pass counts below and at
+both bounds; where that missed, the k-th value is found in rounds of narrowing pivots
+(sample.within), as its bits cannot be read; it marks in chunk order, the first ties as
+they come.
 
 The modules, in the order a selection meets them:
 

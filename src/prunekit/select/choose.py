@@ -110,7 +110,7 @@ def _select(
     torch floats, magnitudes), else over the portable ones (their scores checked first
     as `marks` asks)."""
     if route.fast:
-        return select(_whole(sources, route), k, Alone(), total, marks)
+        return select(_whole(sources, route), k, Alone(), total, marks, route.signed)
     assert total is not None  # counted first
     if marks.finite:
         refuse_non_finite(sources)

@@ -6,12 +6,12 @@ count pass about that guess; the k-th value refined from what the pass gathered 
 the guess missed, over the scores); the first of its ties in order; the marks. `run`
 writes that order once. A `Steps` object makes each step for one kind of input:
 
-- the engine's (pieces.Bits): CPU torch floats, pieces over a group of processes, the
-  count pass a C loop (or tensor operations), the k-th value from histograms of bits,
-  the ties shared per piece, each piece marked when asked;
-- the portable one (portable.Portable): any framework and device, any dtype, signed
-  values or magnitudes, in plain tensor methods a chunk at a time; its k-th value is
-  refined in rounds of narrowing pivots, its ties taken in chunk order as it marks.
+- the engine's (pieces.Bits): CPU torch floats (magnitudes or signed values), pieces over
+  a group of processes, the count pass a C loop (or tensor operations), the k-th value
+  from histograms of bits, the ties shared per piece, each piece marked when asked;
+- the portable one (portable.Portable): any framework, device and dtype, and small
+  inputs, in plain tensor methods a chunk at a time; its k-th value is refined in
+  rounds of narrowing pivots, its ties taken in chunk order as it marks.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The engine's strategy of the one driver (engine.run): the k smallest magnitudes of tensors
-in pieces, over a group of processes, one threshold and the ties it takes found in a few
-passes, never holding the model.
+"""The engine's strategy of the one driver (engine.run): the k smallest magnitudes (or, in
+one process, values) of tensors in pieces, over a group of processes, one threshold and the
+ties it takes found in a few passes, never holding the model.
 
 Every selection of CPU torch floats runs here (see prunekit.select): whole tensors in one process
 (smallest_k_many, each tensor a piece, the group Alone), tensors held by several processes
@@ -228,9 +228,11 @@ def select(
     group: Group,
     total: int | None = None,
     marks: Marks | None = None,
+    signed: bool = False,
 ) -> Selection:
     """Choose ``count(total)`` entries among the `total` competing in all pieces of all
-    ranks: those of smallest magnitude, ties by key, then position in the tensor.
+    ranks: those of smallest magnitude (with `signed`, of smallest value: whole tensors
+    in one process), ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
     score is NaN or infinite, after any error `count` raises. `total`, if known, is how
@@ -240,7 +242,7 @@ def select(
     selection around the sampled guess, settled after when the guess holds; scores
     that are not finite are then refused only as `marks` asks, NaN ranking last.
     """
-    return engine.run(Bits(pieces, group, total, marks), count)
+    return engine.run(Bits(pieces, group, total, marks, signed), count)
 
 
 class Bits:
@@ -248,7 +250,12 @@ class Bits:
     a group, read through the count pass, refined from histograms of their bits."""
 
     def __init__(
-        self, pieces: Sequence[Piece], group: Group, total: int | None, marks: Marks | None
+        self,
+        pieces: Sequence[Piece],
+        group: Group,
+        total: int | None,
+        marks: Marks | None,
+        signed: bool = False,
     ) -> None:
         formats = _formats(pieces, group)
         owned = [i for i, p in enumerate(pieces) if p.counts]
@@ -267,8 +274,8 @@ class Bits:
         self.total = total if known else counted
         self.k: int | None = None
         self.finite = False  # every score read by the count pass, and found finite
-        self.route = Route(True, dtype, size, largest)
-        self.buffers = Buffers(self.route.work)
+        self.route = Route(True, dtype, size, largest, signed=signed)
+        self.buffers = Buffers(self.route.work, signed=signed)
         self.limits = (0.0, 0.0, math.inf)
         self.found: passes.Counted | None = None
 
@@ -281,13 +288,16 @@ class Bits:
 
     def shortcut(self, k: int | None) -> Selection | None:
         """Scores all of one 16-bit format, marked later: their bits' histograms."""
-        if self.marks is None and len(self.formats) == 1 and self.formats[0] in passes.INFINITY:
+        one = len(self.formats) == 1 and self.formats[0] in passes.INFINITY
+        if self.marks is None and one and not self.route.signed:
             assert k is not None  # 16-bit: the bits are the values
             return _in_16_bits(self.pieces, self.owned, self.route, k, self.group)
         return None
 
     def guess(self, k: Count, total: int | None) -> Bounds | None:
         sources = [self.pieces[i].source for i in self.owned]
+        if self.route.signed:
+            return sample.guess(sources, k, total, self.route, self.group, magnitude=False)
         return sample.guess(sources, k, total, self.route, self.group)
 
     def count(self, bounds: Bounds | None) -> passes.Counted | None:
@@ -332,7 +342,8 @@ class Bits:
         if self.marks is None:
             return None
         keep = self.marks.keep_dtype is None
-        onepass.settle(found.marked, found.values, rank, keep, self.limits[1])
+        signed = self.route.signed
+        onepass.settle(found.marked, found.values, rank, keep, self.limits[1], signed)
         trace.note("one pass")
         outs = [entry.out for entry in found.marked]
         return Selection(
@@ -349,9 +360,9 @@ class Bits:
     def nth(self, found: passes.Counted, rank: int) -> Cut:
         """The k-th value among those kept: ranked at once where all are here, else from
         their bits' histograms over the ranks."""
-        work = self.route.work
-        if self.group.size == 1 and native.loaded() is not None:
-            bound, take = native.nth(found.values, rank)
+        work, signed = self.route.work, self.route.signed
+        if signed or (self.group.size == 1 and native.loaded() is not None):
+            bound, take = native.nth(found.values, rank, signed)  # signed: one process
             return Cut(bound, take)
         keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
         key, take, _ = passes.radix(keys, rank, work, self.group)
@@ -362,9 +373,17 @@ class Bits:
         if self.marks is not None and found is not None:
             trace.note("one pass missed")
         self.found = None  # its ties are counted over the scores
-        work = self.route.work
-        keys = lambda: passes.data_keys(self.pieces, self.owned, self.buffers)  # noqa: E731
-        key, take, equal = passes.radix(keys, k, work, self.group)
+        work, pieces, owned, buffers = self.route.work, self.pieces, self.owned, self.buffers
+        negative = None
+        if self.route.signed:  # the negative scores' magnitudes ranked the other way
+            below_zero = passes.negatives(pieces, owned, buffers)
+            negative = int(self.group.sum(torch.tensor([below_zero]))[0])
+        side = None if negative is None else k <= negative
+        keys = lambda: passes.data_keys(pieces, owned, buffers, side)  # noqa: E731
+        if negative is not None and k <= negative:  # the k-th is the m-th greatest of them
+            key, taken, equal = passes.radix(keys, negative - k + 1, work, self.group)
+            return Cut(-passes.as_float(key, work), equal - taken + 1, equal)
+        key, take, equal = passes.radix(keys, k - (negative or 0), work, self.group)
         return Cut(passes.as_float(key, work), take, equal)
 
     def selection(self, cut: Cut, k: int, total: int) -> Selection:

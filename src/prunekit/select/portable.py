@@ -2,8 +2,8 @@
 time, for any framework and device.
 
 It serves whatever the engine's strategy (pieces.Bits) does not (TensorPlay tensors,
-other devices, other dtypes, scores ranked by signed value, small inputs) with methods
-both frameworks share. Scores are read `tuning.portable_chunk` entries at a time
+other devices, other dtypes, small inputs), by magnitude or by signed value, with
+methods both frameworks share. Scores are read `tuning.portable_chunk` entries at a time
 (tensors smaller than that share a chunk), so beyond the selections it returns its work
 memory is a few chunks and a sample, whatever the model's size: no more than a chunk's
 worth of scores is ever concatenated.

@@ -89,17 +89,19 @@ def spaced(sources: Sequence[Source], step: int, dtype: Any, magnitude: bool = T
     return Spaced(values, seen, flagged)
 
 
-def enclose(sample: Tensor, shares: Sequence[float], inside: bool = False) -> tuple[float, float]:
+def enclose(
+    sample: Tensor, shares: Sequence[float], inside: bool = False, floor: float = 0.0
+) -> tuple[float, float]:
     """Two values of the sample (of any framework) that almost surely enclose the entries
     at `shares` (as shares of all) of what it samples (see `places`). Where a bound falls
-    outside the sample it is none: 0 below, infinity above, or with `inside` the
-    sample's least or greatest value."""
+    outside the sample it is none: `floor` below (0 for magnitudes), infinity above, or
+    with `inside` the sample's least or greatest value."""
     size = sample.numel()
     low, high = places(shares, size)
     if inside:
         low, high = min(max(low, 1), size), min(max(high, 1), size)
     # .item(): the sample's own type (integer scores stay exact)
-    lower: float = sample.kthvalue(low)[0].item() if low >= 1 else 0.0
+    lower: float = sample.kthvalue(low)[0].item() if low >= 1 else floor
     upper: float = sample.kthvalue(high)[0].item() if high <= size else math.inf
     return lower, upper
 
@@ -158,7 +160,7 @@ def guess(
         shares = [count_of(k, t) / t for t in totals]
     except ValueError:
         return None  # refused for an estimate: the exact count will say
-    lower, upper = enclose(sample, shares)
+    lower, upper = enclose(sample, shares, floor=0.0 if magnitude else -math.inf)
     if not lower <= upper:
         return None  # NaN in the sample: no guess (scores must be checked, not ranked)
     middle = min(max(round(sum(shares) / len(shares) * size), 1), size)
