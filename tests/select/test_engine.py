@@ -433,3 +433,21 @@ def test_signed_products_are_the_scores_times_the_masks(path: str) -> None:
             for t, mask, product, w in zip(tensors, masks, products, want, strict=True):
                 assert torch.equal(mask, (~w).float())
                 assert torch.equal(product, t * mask)
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+@pytest.mark.parametrize("magnitude", [False, True])
+def test_a_nan_k_th_value_on_the_engine_still_gives_exactly_k(path: str, magnitude: bool) -> None:
+    # Scores not checked rank NaN last: past the real values, the first NaN in order go.
+    tensors = odd_scores(torch.float32, seed=30)
+    with tuning.overridden(**PATHS[path]):
+        for flagged in ("none", "mask", "bool"):
+            flags = flags_of(tensors, flagged, seed=31)
+            total = competing(tensors, flags)
+            nan = sum(
+                int((t.isnan() if f is None else t.isnan() & (f == 1)).sum())
+                for t, f in zip(tensors, flags, strict=True)
+            )
+            for k in (total - nan + 1, total - nan // 2, total - 1):
+                want = reference(tensors, flags, k, magnitude)
+                assert_equal(many(tensors, flags, k, magnitude, None), want, (flagged, k))

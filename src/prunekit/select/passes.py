@@ -8,6 +8,7 @@ here than bool tensors), and sums of them count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -237,6 +238,11 @@ def data_keys(
             yield part, top_digits(part)
 
 
+def real_count(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> int:
+    """How many competing scores of the local pieces are not NaN."""
+    return sum(int((part == part).sum()) for part, _ in data_keys(pieces, owned, buffers))
+
+
 def negatives(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> int:
     """How many competing scores of the local pieces are negative (signed buffers)."""
     return sum(part.numel() for part, _ in data_keys(pieces, owned, buffers, True))
@@ -255,13 +261,17 @@ def radix(
 def equal_count(
     piece: Piece, buffers: Buffers, bound: float, span: tuple[int, int] | None = None
 ) -> int:
-    """How many competing entries of `piece` (in its flat `span`) equal `bound`."""
+    """How many competing entries of `piece` (in its flat `span`) equal `bound` (NaN: are
+    NaN)."""
     scores, alive = piece.source()
     if span is not None:
         scores = scores.detach().reshape(-1)[span[0] : span[1]]
         alive = None if alive is None else alive.reshape(-1)[span[0] : span[1]]
     count = 0
     for _, m, live in magnitudes(scores, alive, buffers):
-        equal = torch.eq(m, bound, out=buffers.a[: m.numel()])
+        if math.isnan(bound):  # NaN ranks last: NaN of any bits are its ties
+            equal = torch.ne(m, m, out=buffers.a[: m.numel()])
+        else:
+            equal = torch.eq(m, bound, out=buffers.a[: m.numel()])
         count += ones(equal if live is None else equal.mul_(live))
     return count

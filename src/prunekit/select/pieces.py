@@ -185,15 +185,19 @@ class Selection:
         `window`, `out` is a chunk's room, reused), yielding each chunk's start and size
         once it is marked: the count pass with the bounds about the threshold marks those
         below it (or up to it, when the piece takes all its ties) and gathers the ties the
-        piece takes in part, marked after in each run's order."""
+        piece takes in part, marked after in each run's order. A NaN threshold (scores
+        not checked rank NaN last) chooses every real score, and its ties are the NaN."""
         piece, ties = self.pieces[index], self.ties[index]
         left = {r: n for r, n in ties.per_run.items() if n}
         bound = self.bound
+        nan = math.isnan(bound)
         # Chosen: below `lower` (tensor operations) or `mid` (the C loop), the same here;
         # gathered: in [lower, upper], the ties when some are taken in part, or all of
         # them at infinity (no float lies above it to compare with).
-        every_infinite = ties.every and bound == math.inf
-        if ties.every and not every_infinite:
+        every_infinite = (ties.every and bound == math.inf) or nan
+        if nan:
+            bounds = (math.inf, math.inf, math.inf)
+        elif ties.every and not every_infinite:
             up = _next_up(bound, self.route.work)
             bounds = (up, up, -math.inf)
         else:
@@ -207,6 +211,10 @@ class Selection:
             gather.size = 0
             if every_infinite:
                 out[found - part.start if window else found] = hit
+            if nan:
+                found = _nans(scores, alive, part.start, part.size)
+                if ties.every:
+                    out[found - part.start if window else found] = hit
             for r in [r for r, count in left.items() if count]:
                 run = piece.runs[r]
                 inside = found[(found >= run.local) & (found < run.local + run.length)]
@@ -214,6 +222,15 @@ class Selection:
                 out[where - part.start if window else where] = hit
                 left[r] -= where.numel()
             yield part.start, part.size
+
+
+def _nans(scores: Tensor, alive: Tensor | None, start: int, size: int) -> Tensor:
+    """The positions of the competing NaN among entries start:start+size of a piece."""
+    span = slice(start, start + size)
+    nan = scores.detach().reshape(-1)[span].isnan()
+    if alive is not None:
+        nan &= alive.reshape(-1)[span] == 1
+    return nan.nonzero().reshape(-1).add_(start)
 
 
 def _next_up(value: float, dtype: torch.dtype) -> float:
@@ -384,7 +401,12 @@ class Bits:
             key, taken, equal = passes.radix(keys, negative - k + 1, work, self.group)
             return Cut(-passes.as_float(key, work), equal - taken + 1, equal)
         key, take, equal = passes.radix(keys, k - (negative or 0), work, self.group)
-        return Cut(passes.as_float(key, work), take, equal)
+        value = passes.as_float(key, work)
+        if math.isnan(value):  # NaN ranks last (marks): its ties are every NaN, any bits
+            assert self.total is not None
+            real = int(self.group.sum(torch.tensor([passes.real_count(pieces, owned, buffers)])))
+            return Cut(value, k - real, self.total - real)
+        return Cut(value, take, equal)
 
     def selection(self, cut: Cut, k: int, total: int) -> Selection:
         """The threshold and the ties each piece takes."""
