@@ -141,7 +141,7 @@ def split(
             positions.data_ptr() + (at + start) * positions.element_size(),
             values.data_ptr() + (at + start) * values.element_size(),
             base + start,
-            signed,
+            *((True,) if signed else ()),  # magnitudes: the call as before signed ranking
         )
         return tally
 
