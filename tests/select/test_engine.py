@@ -12,6 +12,7 @@ are tests/distributed/test_processes_quick.py's.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,154 @@ def test_a_sharded_folder_in_one_process(tmp_path: Path) -> None:
         want = reference(tensors, [None] * len(tensors), k, True)
         got = [written[n + "_mask"].reshape(-1) == 0 for n in names]
         assert_equal(got, want, k)
+
+
+# The one driver (engine.run): the portable steps' first count pass about the sampled
+# pivots, wherever they fall against the k-th value, against the stable sort.
+
+MORE_DTYPES = [*DTYPES, torch.int32, torch.int64]
+
+
+def odd_scores(dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    """Signed small integers (ties everywhere) with, for floats, zeros of both signs,
+    infinities of both signs and a few NaN; tensors of many sizes, an empty one too."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for n in (700, 0, 1, 2300, 45):
+        t = torch.randint(-6, 7, (n,), generator=generator).to(torch.float64)
+        if dtype.is_floating_point and n > 2:
+            t[:: max(1, n // 9)] = -0.0
+            t[n // 2] = math.inf
+            t[n // 3] = -math.inf
+            t[n // 5 :: 97] = math.nan
+        out.append(t.to(dtype))
+    return out
+
+
+def forced_pivots(values: torch.Tensor, k: int, where: str) -> tuple[float, float]:
+    """Pivots placed `where` against the k-th smallest of the sorted competing `values`
+    (against the greatest real value when the k-th is NaN: pivots are never NaN)."""
+    real = values[values == values]
+    kth = float(values[k - 1]) if k <= real.numel() else float(real[-1])
+    below = real[real < kth]
+    above = real[real > kth]
+    low = float(below[0]) if below.numel() else kth
+    high = float(above[-1]) if above.numel() else kth
+    return {
+        "below": (low, low),  # the k-th lies above both
+        "at lower": (kth, high),
+        "at upper": (low, kth),
+        "around": (low, high),  # gathered, or sampled past the chunk
+        "above": (high, high),
+    }[where]
+
+
+@pytest.mark.parametrize("dtype", MORE_DTYPES, ids=str)
+@pytest.mark.parametrize("where", ["below", "at lower", "at upper", "around", "above"])
+@pytest.mark.parametrize("magnitude", [False, True])
+def test_portable_steps_from_any_first_count(
+    dtype: torch.dtype, where: str, magnitude: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prunekit.select import sample
+    from prunekit.select.sample import Bounds
+
+    tensors = odd_scores(dtype, seed=MORE_DTYPES.index(dtype))
+    flags = flags_of(tensors, "mask", seed=14)
+    parts = zip(tensors, flags, strict=True)
+    live = torch.cat([t.reshape(-1) if f is None else t[f == 1] for t, f in parts])
+    compared = (live.abs() if magnitude else live).double().sort().values
+    guessed: list[int] = []
+    for k in counts(competing(tensors, flags))[1:-1]:
+        a, b = forced_pivots(compared, k, where)
+
+        def pivots(*args: Any, a: float = a, b: float = b, k: int = k, **kwargs: Any) -> Bounds:
+            guessed.append(k)
+            return Bounds(a, a, b, 100.0)
+
+        monkeypatch.setattr(sample, "guess", pivots)
+        want = reference(tensors, flags, k, magnitude)
+        for chunk in (1 << 20, 500):  # one count that gathers them all, or samples
+            with tuning.overridden(small=1 << 40, portable_chunk=chunk, sample=64):
+                assert_equal(many(tensors, flags, k, magnitude, None), want, (k, chunk))
+    assert guessed  # the driver's guess step made the portable path's first pivots
+
+
+def test_small_inputs_and_signed_scores_take_the_one_driver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prunekit.select import engine
+
+    steps: list[str] = []
+    run = engine.run
+
+    def recorded(chosen: Any, count: Any) -> Any:
+        steps.append(type(chosen).__name__)
+        return run(chosen, count)
+
+    monkeypatch.setattr(engine, "run", recorded)
+    signed = torch.randn(1 << 21, generator=torch.Generator().manual_seed(15))
+    for scores, magnitude in ((signed[:5000], True), (signed, False), (signed.abs(), True)):
+        k = scores.numel() // 3
+        want = reference([scores], [None], k, magnitude)
+        assert_equal(many([scores], [None], k, magnitude, None), want, magnitude)
+    assert steps == ["Portable", "Bits", "Bits"]  # small: plain calls; else bits, signed too
+
+
+ENGINE_PATHS = [name for name, tuned in PATHS.items() if tuned.get("small") == 0]
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_signed_scores_on_every_engine_path(path: str, dtype: torch.dtype) -> None:
+    # Ranked by value, negative scores, zeros of both signs, infinities of both signs and
+    # NaN (ranked last, the scores not checked) take the engine's steps: the k-th value
+    # among the negatives (their magnitudes ranked the other way) or the others.
+    tensors = odd_scores(dtype, seed=20 + DTYPES.index(dtype))
+    with tuning.overridden(**PATHS[path]):
+        for flagged in ("none", "mask"):
+            flags = flags_of(tensors, flagged, seed=21)
+            total = competing(tensors, flags)
+            real = total - sum(
+                int((t.isnan() if f is None else t.isnan() & (f == 1)).sum())
+                for t, f in zip(tensors, flags, strict=True)
+            )
+            for k in sorted({*counts(real), 40, 200, real // 2}):  # a NaN k-th: see below
+                want = reference(tensors, flags, k, magnitude=False)
+                for keep in (None, dtype):
+                    got = many(tensors, flags, k, False, keep)
+                    assert_equal(got, want, (flagged, k, keep))
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+def test_signed_products_are_the_scores_times_the_masks(path: str) -> None:
+    generator = torch.Generator().manual_seed(22)
+    tensors = [torch.randn(n, generator=generator) for n in (3000, 5000, 1)]
+    products = [torch.empty_like(t) for t in tensors]
+    sources = [lambda t=t: (t, None) for t in tensors]
+    with tuning.overridden(**PATHS[path]):
+        for k in (1, 2000, 7999):
+            masks = smallest_k_many(
+                sources, k, keep_dtype=torch.float32, products=products, finite=True
+            )
+            want = reference(tensors, [None] * 3, k, magnitude=False)
+            for t, mask, product, w in zip(tensors, masks, products, want, strict=True):
+                assert torch.equal(mask, (~w).float())
+                assert torch.equal(product, t * mask)
+
+
+@pytest.mark.parametrize("path", ENGINE_PATHS)
+@pytest.mark.parametrize("magnitude", [False, True])
+def test_a_nan_k_th_value_on_the_engine_still_gives_exactly_k(path: str, magnitude: bool) -> None:
+    # Scores not checked rank NaN last: past the real values, the first NaN in order go.
+    tensors = odd_scores(torch.float32, seed=30)
+    with tuning.overridden(**PATHS[path]):
+        for flagged in ("none", "mask", "bool"):
+            flags = flags_of(tensors, flagged, seed=31)
+            total = competing(tensors, flags)
+            nan = sum(
+                int((t.isnan() if f is None else t.isnan() & (f == 1)).sum())
+                for t, f in zip(tensors, flags, strict=True)
+            )
+            for k in (total - nan + 1, total - nan // 2, total - 1):
+                want = reference(tensors, flags, k, magnitude)
+                assert_equal(many(tensors, flags, k, magnitude, None), want, (flagged, k))

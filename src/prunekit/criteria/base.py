@@ -27,9 +27,9 @@ class Criterion(ABC):
     times per pruning) rather than holding every tensor's scores at once.
 
     Set ``by_magnitude = True`` when entries rank by the absolute value of their scores
-    (or when the scores are never negative, where it is the same): the patterns' fast
-    pass reads them chunk by chunk, without sorting and without concatenating tensors.
-    Scores ranked by signed value take the portable path.
+    (or when the scores are never negative, where it is the same). Either way the
+    selection reads them chunk by chunk, without sorting and without concatenating
+    tensors; with negative scores ranked by signed value it first checks that there are.
     """
 
     by_magnitude: ClassVar[bool] = False

@@ -1,7 +1,7 @@
 /* The selection's one pass over a chunk of scores, as one loop (prunekit.select); the
    k-th smallest of the few entries it gathers; their marking once that is known.
 
-For each entry: its magnitude; whether it competes (its alive flag); whether it
+For each entry: its magnitude (or, for scores ranked by signed value, the score itself); whether it competes (its alive flag); whether it
 is below `lower` (counted); whether it lies in [lower, upper] (then its position
 and magnitude are gathered, to be ranked by the caller); whether it is finite.
 The selection is written as one of two bit patterns per entry: chosen below
@@ -108,12 +108,13 @@ typedef struct {
    a product is written: `orig` with the magnitude cleared (the sign kept, as 0 * orig
    keeps it) where chosen. Entries below `mid` (in [lower, upper]: the best guess of the
    k-th smallest) are written as chosen, so that settling the gathered ones afterwards
-   changes few of them. */
+   changes few of them. With `sign`, the scores themselves are compared and gathered
+   instead of their magnitudes (a test the compiler hoists out of the loop). */
 #define SPLIT(NAME, S, ABS, MAX, O, A, ALIVE, PRODUCT)                                       \
     static CLONES void NAME(const S *scores, const A *alive, A one, O *out, O chosen,      \
                             O other, const O *orig, O *product, Py_ssize_t n, S lower,     \
                             S mid, S upper, int64_t *positions, S *values, int64_t base,   \
-                            Tally *tally) {                                                \
+                            int sign, Tally *tally) {                                      \
         const O flip = chosen ^ other;                                                     \
         const O magnitude = (O)(((O)-1) >> 1); /* every bit but the sign */               \
         uint8_t between[BLOCK];                                                            \
@@ -124,7 +125,8 @@ typedef struct {
             O *o = out + start;                                                            \
             int32_t lows = 0, band = 0, live = 0, bad = 0;                                 \
             for (Py_ssize_t i = 0; i < len; i++) {                                         \
-                const S a = ABS(x[i]);                                                     \
+                const S m = ABS(x[i]);                                                     \
+                const S a = sign ? x[i] : m;                                               \
                 const int32_t on = ALIVE ? (alive[start + i] == one) : 1;                  \
                 const int32_t low = on & (a < lower);                                      \
                 const int32_t in = on & (a >= lower) & (a <= upper);                       \
@@ -134,7 +136,7 @@ typedef struct {
                 lows += low;                                                               \
                 band += in;                                                                \
                 live += on;                                                                \
-                bad |= !(a <= MAX);                                                        \
+                bad |= !(m <= MAX);                                                        \
                 between[i] = (uint8_t)in;                                                  \
             }                                                                              \
             tally->below += lows;                                                          \
@@ -144,7 +146,7 @@ typedef struct {
             const Py_ssize_t found = set_bytes(between, len, at);                          \
             for (Py_ssize_t j = 0; j < found; j++) {                                       \
                 positions[tally->found + j] = base + start + at[j];                        \
-                values[tally->found + j] = ABS(x[at[j]]);                                  \
+                values[tally->found + j] = sign ? x[at[j]] : ABS(x[at[j]]);                \
             }                                                                              \
             tally->found += found;                                                         \
         }                                                                                  \
@@ -173,30 +175,30 @@ EACH_PAIRING(SPLITS)
             if (product)                                                                   \
                 split_product_##SUFFIX(x, NULL, 0, o, (O)chosen, (O)other, src, (O *)product, \
                                        n, (S)lower, (S)mid, (S)upper, positions, v, base,  \
-                                       &tally);                                            \
+                                       sign, &tally);                                            \
             else                                                                           \
                 split_##SUFFIX(x, NULL, 0, o, (O)chosen, (O)other, NULL, NULL, n, (S)lower, \
-                               (S)mid, (S)upper, positions, v, base, &tally);              \
+                               (S)mid, (S)upper, positions, v, base, sign, &tally);        \
             break;                                                                         \
         case 1:                                                                            \
             split_alive1_##SUFFIX(x, (const uint8_t *)alive, (uint8_t)alive_one, o,        \
                                   (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
-                                  (S)upper, positions, v, base, &tally);                   \
+                                  (S)upper, positions, v, base, sign, &tally);             \
             break;                                                                         \
         case 2:                                                                            \
             split_alive2_##SUFFIX(x, (const uint16_t *)alive, (uint16_t)alive_one, o,      \
                                   (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
-                                  (S)upper, positions, v, base, &tally);                   \
+                                  (S)upper, positions, v, base, sign, &tally);             \
             break;                                                                         \
         case 4:                                                                            \
             split_alive4_##SUFFIX(x, (const uint32_t *)alive, (uint32_t)alive_one, o,      \
                                   (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
-                                  (S)upper, positions, v, base, &tally);                   \
+                                  (S)upper, positions, v, base, sign, &tally);             \
             break;                                                                         \
         default:                                                                           \
             split_alive8_##SUFFIX(x, (const uint64_t *)alive, (uint64_t)alive_one, o,      \
                                   (O)chosen, (O)other, NULL, NULL, n, (S)lower, (S)mid,    \
-                                  (S)upper, positions, v, base, &tally);                   \
+                                  (S)upper, positions, v, base, sign, &tally);             \
             break;                                                                         \
         }                                                                                  \
     } while (0)
@@ -208,11 +210,12 @@ static PyObject *split(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     double lower, mid, upper;
     long long base;
+    int sign = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KiKiKKiKKKKndddKKL", &scores_at, &kind, &alive_at,
+    if (!PyArg_ParseTuple(args, "KiKiKKiKKKKndddKKL|p", &scores_at, &kind, &alive_at,
                           &alive_width, &alive_one, &out_at, &width, &chosen, &other, &orig_at,
                           &product_at, &n, &lower, &mid, &upper, &positions_at, &values_at,
-                          &base))
+                          &base, &sign))
         return NULL;
 #define WIDTH_OK(w) ((w) == 1 || (w) == 2 || (w) == 4 || (w) == 8)
     if ((kind != 4 && kind != 8) || !WIDTH_OK(width) || (alive_at && !WIDTH_OK(alive_width)) ||
@@ -407,8 +410,8 @@ static PyObject *kth(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS,
      "split(scores, kind, alive, alive_width, alive_one, out, width, chosen, other, orig, "
-     "product, n, lower, mid, upper, positions, values, base) -> (below, found, competing, "
-     "finite)\n\n"
+     "product, n, lower, mid, upper, positions, values, base, signed=False) -> (below, found, "
+     "competing, finite)\n\n"
      "One pass over n scores (float of `kind` bytes) at the given addresses; see _native.c."},
     {"settle", settle, METH_VARARGS,
      "settle(out, width, chosen, other, orig, product, positions, values, kind, count, kth, "

@@ -17,6 +17,7 @@ def split(
     positions: int,
     values: int,
     base: int,
+    signed: bool = False,
     /,
 ) -> tuple[int, int, int, bool]: ...
 def settle(

@@ -1,5 +1,5 @@
-"""smallest_k and smallest_k_many: check what is asked, call the engine (or the portable path),
-hand the selections out."""
+"""smallest_k and smallest_k_many: check what is asked, run the one driver (engine.run) over
+the engine's steps or the portable ones, hand the selections out."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from prunekit.select import plan, portable, trace
+from prunekit.select import engine, plan, trace
+from prunekit.select.engine import Chosen
 from prunekit.select.group import Alone
 from prunekit.select.passes import Marks
 from prunekit.select.pieces import Piece, select
+from prunekit.select.portable import Portable
 from prunekit.select.sources import (
     Count,
     Source,
     all_or_none,
     check_products,
     competing,
-    complement,
     count_of,
     multiplied,
     refuse_non_finite,
@@ -79,9 +80,9 @@ def smallest_k_many(
     if not chosen.fast and total is None:
         total = competing(sources)
     count = None if total is None else count_of(k, total)  # a bad k is named before bad scores
-    if chosen.fast and (count is None or count not in (0, total)):  # a selection to make
+    if count is None or count not in (0, total):  # a selection to make
         marks = Marks(keep_dtype, products, finite)
-        made = select(_whole(sources, chosen), k, Alone(), total, marks)
+        made = _select(sources, chosen, k if count is None else count, total, magnitude, marks)
         assert made.k is not None and made.total is not None
         count, total = made.k, made.total
         if made.held is not None:
@@ -92,12 +93,28 @@ def smallest_k_many(
     elif finite:
         refuse_non_finite(sources)
     assert total is not None and count is not None
-    if count in (0, total):
-        trace.note("all or none")
-        masks = all_or_none(sources, count > 0, keep_dtype)
-    else:
-        masks = complement(portable.portable(sources, count, total, magnitude, chosen), keep_dtype)
+    trace.note("all or none")
+    masks = all_or_none(sources, count > 0, keep_dtype)
     return masks if products is None else multiplied(masks, sources, products)
+
+
+def _select(
+    sources: Sequence[Source],
+    route: plan.Route,
+    k: Count,
+    total: int | None,
+    magnitude: bool,
+    marks: Marks,
+) -> Chosen:
+    """The one driver (engine.run) over the engine's steps where the route is fast (CPU
+    torch floats, magnitudes), else over the portable ones (their scores checked first
+    as `marks` asks)."""
+    if route.fast:
+        return select(_whole(sources, route), k, Alone(), total, marks, route.signed)
+    assert total is not None  # counted first
+    if marks.finite:
+        refuse_non_finite(sources)
+    return engine.run(Portable(sources, route, magnitude, total), k)
 
 
 def _whole(sources: Sequence[Source], route: plan.Route) -> list[Piece]:

@@ -62,8 +62,9 @@ class Chunks:
     def magnitudes(
         self, scores: Tensor, alive: Tensor | None, out: Tensor, window: bool = False
     ) -> Iterator[tuple[int, Tensor, Tensor, int]]:
-        """(start, the chunk's slice of `out`, its |scores|, how many compete) per chunk;
-        with `window`, `out` is a chunk's room, reused: the slice is its start.
+        """(start, the chunk's slice of `out`, its |scores| (signed route: its scores), how
+        many compete) per chunk; with `window`, `out` is a chunk's room, reused: the slice
+        is its start.
 
         Entries that do not compete read as NaN, so every comparison leaves them out.
 
@@ -75,7 +76,9 @@ class Chunks:
             n = part.numel()
             piece = out[:n] if window else out[start : start + n]
             magnitudes = piece if out.dtype == self.plan.work else self.values[:n]
-            if part.dtype == magnitudes.dtype:
+            if self.plan.signed:
+                magnitudes.copy_(part)  # widened, if at all: exact
+            elif part.dtype == magnitudes.dtype:
                 torch.abs(part, out=magnitudes)
             else:
                 magnitudes.copy_(part).abs_()  # widened: exact

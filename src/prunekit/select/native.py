@@ -99,6 +99,7 @@ def split(
     gather: Gather,
     base: int,
     product: tuple[Tensor, Tensor] | None = None,
+    signed: bool = False,
 ) -> tuple[int, int, bool]:
     """One chunk through the C loop, in as many parts as `tuning.threads()` allows (each
     at least `tuning.part` entries): the parts run at once, the GIL released. `marks`:
@@ -106,6 +107,7 @@ def split(
     (lower, mid, upper), see onepass.split. The entries in between are appended to
     `gather`, their positions counted from `base` (which must have room for the chunk).
     With `product`, (orig, into): writes orig x out into `into`, both of out's dtype.
+    With `signed`, the scores themselves are compared and gathered, not their magnitudes.
 
     Returns how many entries compete, how many are below, and whether all scores are
     finite.
@@ -139,6 +141,7 @@ def split(
             positions.data_ptr() + (at + start) * positions.element_size(),
             values.data_ptr() + (at + start) * values.element_size(),
             base + start,
+            *((True,) if signed else ()),  # magnitudes: the call as before signed ranking
         )
         return tally
 
@@ -163,17 +166,23 @@ def split(
     )
 
 
-def nth(values: Tensor, rank: int) -> tuple[float, int]:
+def nth(values: Tensor, rank: int, signed: bool = False) -> tuple[float, int]:
     """The `rank`-th smallest (1-based) of contiguous float32 or float64 `values`, through
-    the C loop (its histograms, the values left as they are), and how many entries equal
-    to it are among the `rank` smallest."""
-    c = loaded()
-    assert c is not None
-    kth: float = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
+    the C loop (its histograms of the bits of magnitudes, the values left as they are), and
+    how many entries equal to it are among the `rank` smallest. With `signed` (values of
+    either sign, whose bits do not order them), kthvalue finds it."""
+    if signed:
+        kth: float = values.kthvalue(rank)[0].item()
+    else:
+        c = loaded()
+        assert c is not None
+        kth = c.kth(values.data_ptr(), values.element_size(), values.numel(), rank - 1)
     return kth, rank - int((values < kth).sum())
 
 
-def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float) -> None:
+def settle(
+    gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float, signed: bool
+) -> None:
     """Choose the `rank` smallest of the entries in between (all sources in order) through
     the C loop: from the k-th smallest value and how many of its ties each source takes
     (the earlier sources first), each source's entries in between are settled in one go,
@@ -181,7 +190,7 @@ def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: 
     chosen)."""
     c = loaded()
     assert c is not None
-    kth, left = nth(values, rank)
+    kth, left = nth(values, rank, signed)
     ends = itertools.accumulate((entry.where.numel() for entry in gathered), initial=0)
     mine = [values[start:end] for start, end in itertools.pairwise(ends)]
     ties = first((int((part == kth).sum()) for part in mine), left)

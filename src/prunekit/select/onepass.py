@@ -49,14 +49,16 @@ class Gathered:
     where: Tensor
 
 
-def settle(gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float) -> None:
+def settle(
+    gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float, signed: bool
+) -> None:
     """Choose the `rank` smallest of the entries the count pass gathered (all sources in
-    order, their magnitudes `values`), each source's selection already marked around the
-    guess `mid`: through the C loop where it makes the selections' dtype, else tensor
-    operations."""
+    order, their magnitudes `values`, or with `signed` their scores), each source's
+    selection already marked around the guess `mid`: through the C loop where it makes
+    the selections' dtype, else tensor operations."""
     trace.note("settle")
     if native.makes(gathered[0].out.dtype):
-        native.settle(gathered, values, rank, hit, mid)
+        native.settle(gathered, values, rank, hit, mid, signed)
     else:
         _settle_tensors(gathered, values, rank, hit)
 
@@ -100,7 +102,7 @@ def split(
         piece = out[:n] if window else out[start : start + n]
         into = None if fused is None else (flat[start : start + n], fused[start : start + n])
         competing, below, finite = native.split(
-            part, flags, piece, (chosen, other), bounds, gather, start, into
+            part, flags, piece, (chosen, other), bounds, gather, start, into, chunks.plan.signed
         )
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
@@ -124,8 +126,13 @@ def _split_tensors(
     for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out, window):
         n = piece.numel()
         # NaN stands for the entries that do not compete, so only without flags does
-        # the chunk's largest magnitude say whether all are finite.
-        finite = magnitudes.amax().isfinite() if alive is None else None
+        # the chunk's largest magnitude (signed: its least and greatest score) say
+        # whether all are finite.
+        finite = None
+        if alive is None:
+            finite = magnitudes.amax().isfinite()
+            if chunks.plan.signed:
+                finite = finite & magnitudes.amin().isfinite()
         # Compares into floats: several times faster here than into bool.
         low = torch.lt(magnitudes, lower, out=chunks.low[:n])
         between = torch.le(magnitudes, upper, out=chunks.high[:n]).sub_(low)

@@ -8,6 +8,7 @@ here than bool tensors), and sums of them count.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,11 +36,13 @@ INFINITY = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}  # bits of +inf: abov
 
 
 class Buffers:
-    """Work buffers of one chunk's size, reused from chunk to chunk."""
+    """Work buffers of one chunk's size, reused from chunk to chunk; `signed`: the scores
+    are read as they are, not as magnitudes."""
 
-    def __init__(self, work: torch.dtype, size: int | None = None) -> None:
+    def __init__(self, work: torch.dtype, size: int | None = None, signed: bool = False) -> None:
         size = tuning.get().chunk if size is None else size
         self.work = work
+        self.signed = signed
         self.m = torch.empty(size, dtype=work)
         self.live = torch.empty(size, dtype=work)
         self.a = torch.empty(size, dtype=work)
@@ -49,15 +52,18 @@ class Buffers:
 def magnitudes(
     scores: Tensor, alive: Tensor | None, buffers: Buffers, step: int | None = None
 ) -> Iterator[tuple[int, Tensor, Tensor | None]]:
-    """(start, magnitudes, 0/1 competing flags or None) per chunk (of `step` entries, by
-    default the buffers' size), in `buffers`: valid until the next chunk."""
+    """(start, magnitudes (scores, for signed buffers), 0/1 competing flags or None) per
+    chunk (of `step` entries, by default the buffers' size), in `buffers`: valid until the
+    next chunk."""
     step = buffers.m.numel() if step is None else step
     flat = scores.detach().reshape(-1)
     flags = None if alive is None else alive.reshape(-1)
     for start in range(0, flat.numel(), step):
         part = flat[start : start + step]
         n = part.numel()
-        m = buffers.m[:n].copy_(part).abs_()
+        m = buffers.m[:n].copy_(part)
+        if not buffers.signed:
+            m.abs_()
         live = None
         if flags is not None:
             live = torch.eq(flags[start : start + step], 1, out=buffers.live[:n])
@@ -219,13 +225,27 @@ def held_keys(held: dict[int, Tensor], work: torch.dtype) -> Iterator[tuple[Tens
 
 
 def data_keys(
-    pieces: Sequence[Piece], owned: list[int], buffers: Buffers
+    pieces: Sequence[Piece], owned: list[int], buffers: Buffers, negative: bool | None = None
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """The competing magnitudes of the local pieces, as radix.find reads them."""
+    """The competing magnitudes of the local pieces, as radix.find reads them; with
+    `negative` (signed buffers), only those of the negative scores (True) or of the
+    others (False)."""
     for i in owned:
         for _, m, live in magnitudes(*pieces[i].source(), buffers):
             part = m if live is None else m[live == 1]
+            if negative is not None:
+                part = part[(part < 0) == negative].abs_()
             yield part, top_digits(part)
+
+
+def real_count(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> int:
+    """How many competing scores of the local pieces are not NaN."""
+    return sum(int((part == part).sum()) for part, _ in data_keys(pieces, owned, buffers))
+
+
+def negatives(pieces: Sequence[Piece], owned: list[int], buffers: Buffers) -> int:
+    """How many competing scores of the local pieces are negative (signed buffers)."""
+    return sum(part.numel() for part, _ in data_keys(pieces, owned, buffers, True))
 
 
 def radix(
@@ -241,13 +261,17 @@ def radix(
 def equal_count(
     piece: Piece, buffers: Buffers, bound: float, span: tuple[int, int] | None = None
 ) -> int:
-    """How many competing entries of `piece` (in its flat `span`) equal `bound`."""
+    """How many competing entries of `piece` (in its flat `span`) equal `bound` (NaN: are
+    NaN)."""
     scores, alive = piece.source()
     if span is not None:
         scores = scores.detach().reshape(-1)[span[0] : span[1]]
         alive = None if alive is None else alive.reshape(-1)[span[0] : span[1]]
     count = 0
     for _, m, live in magnitudes(scores, alive, buffers):
-        equal = torch.eq(m, bound, out=buffers.a[: m.numel()])
+        if math.isnan(bound):  # NaN ranks last: NaN of any bits are its ties
+            equal = torch.ne(m, m, out=buffers.a[: m.numel()])
+        else:
+            equal = torch.eq(m, bound, out=buffers.a[: m.numel()])
         count += ones(equal if live is None else equal.mul_(live))
     return count

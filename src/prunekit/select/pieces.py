@@ -1,7 +1,8 @@
-"""The selection engine: the k smallest magnitudes of tensors in pieces, over a group of
-processes, one threshold and the ties it takes found in a few passes, never holding the model.
+"""The engine's strategy of the one driver (engine.run): the k smallest magnitudes (or, in
+one process, values) of tensors in pieces, over a group of processes, one threshold and the
+ties it takes found in a few passes, never holding the model.
 
-Every fast selection runs here (see prunekit.select): whole tensors in one process
+Every selection of CPU torch floats runs here (see prunekit.select): whole tensors in one process
 (smallest_k_many, each tensor a piece, the group Alone), tensors held by several processes
 (prunekit.distributed) or streamed from disk (io/sharded.py). The pieces rank as one list
 ordered by `Piece.key` (a tensor's place in the model), then by the global flat position
@@ -11,7 +12,8 @@ stretches contiguous both in the piece and in the whole tensor.
 What travels between processes does not grow with the model: an evenly spaced sample (about
 2**17 magnitudes in all), counts, and histograms of at most 65536 bins. Scores all of one
 16-bit format (bfloat16, float16) need no sample when marked later: one pass of histograms
-of their bits, which are their values, finds the threshold. Otherwise:
+of their bits, which are their values, finds the threshold (the shortcut step). Otherwise,
+the steps `Bits` makes for the driver:
 
 1. sample: two order statistics of the sample enclose the k-th smallest magnitude with near
    certainty, its best guess between them (sample.guess);
@@ -40,13 +42,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunekit.select import native, onepass, passes, plan, sample, trace, tuning
+from prunekit.select import engine, native, onepass, passes, plan, sample, trace, tuning
 from prunekit.select.chunks import Chunks
+from prunekit.select.engine import Cut
 from prunekit.select.group import Group
 from prunekit.select.native import Gather
 from prunekit.select.passes import Buffers, Marks
 from prunekit.select.plan import Route
 from prunekit.select.radix import pick
+from prunekit.select.sample import Bounds
 from prunekit.select.sources import (
     Count,
     Source,
@@ -57,7 +61,7 @@ from prunekit.select.sources import (
 )
 from prunekit.select.ties import first
 
-__all__ = ["Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
+__all__ = ["Bits", "Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 
 class Unrankable(ValueError):
@@ -181,15 +185,19 @@ class Selection:
         `window`, `out` is a chunk's room, reused), yielding each chunk's start and size
         once it is marked: the count pass with the bounds about the threshold marks those
         below it (or up to it, when the piece takes all its ties) and gathers the ties the
-        piece takes in part, marked after in each run's order."""
+        piece takes in part, marked after in each run's order. A NaN threshold (scores
+        not checked rank NaN last) chooses every real score, and its ties are the NaN."""
         piece, ties = self.pieces[index], self.ties[index]
         left = {r: n for r, n in ties.per_run.items() if n}
         bound = self.bound
+        nan = math.isnan(bound)
         # Chosen: below `lower` (tensor operations) or `mid` (the C loop), the same here;
         # gathered: in [lower, upper], the ties when some are taken in part, or all of
         # them at infinity (no float lies above it to compare with).
-        every_infinite = ties.every and bound == math.inf
-        if ties.every and not every_infinite:
+        every_infinite = (ties.every and bound == math.inf) or nan
+        if nan:
+            bounds = (math.inf, math.inf, math.inf)
+        elif ties.every and not every_infinite:
             up = _next_up(bound, self.route.work)
             bounds = (up, up, -math.inf)
         else:
@@ -203,6 +211,10 @@ class Selection:
             gather.size = 0
             if every_infinite:
                 out[found - part.start if window else found] = hit
+            if nan:
+                found = _nans(scores, alive, part.start, part.size)
+                if ties.every:
+                    out[found - part.start if window else found] = hit
             for r in [r for r, count in left.items() if count]:
                 run = piece.runs[r]
                 inside = found[(found >= run.local) & (found < run.local + run.length)]
@@ -210,6 +222,15 @@ class Selection:
                 out[where - part.start if window else where] = hit
                 left[r] -= where.numel()
             yield part.start, part.size
+
+
+def _nans(scores: Tensor, alive: Tensor | None, start: int, size: int) -> Tensor:
+    """The positions of the competing NaN among entries start:start+size of a piece."""
+    span = slice(start, start + size)
+    nan = scores.detach().reshape(-1)[span].isnan()
+    if alive is not None:
+        nan &= alive.reshape(-1)[span] == 1
+    return nan.nonzero().reshape(-1).add_(start)
 
 
 def _next_up(value: float, dtype: torch.dtype) -> float:
@@ -224,9 +245,11 @@ def select(
     group: Group,
     total: int | None = None,
     marks: Marks | None = None,
+    signed: bool = False,
 ) -> Selection:
     """Choose ``count(total)`` entries among the `total` competing in all pieces of all
-    ranks: those of smallest magnitude, ties by key, then position in the tensor.
+    ranks: those of smallest magnitude (with `signed`, of smallest value: whole tensors
+    in one process), ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
     score is NaN or infinite, after any error `count` raises. `total`, if known, is how
@@ -236,75 +259,173 @@ def select(
     selection around the sampled guess, settled after when the guess holds; scores
     that are not finite are then refused only as `marks` asks, NaN ranking last.
     """
-    formats = _formats(pieces, group)
-    owned = [i for i, p in enumerate(pieces) if p.counts]
-    known = total is not None or marks is not None
-    competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
-    mine = [sum(pieces[i].numel for i in owned), competing_here]
-    size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
-    total = total if known else counted
-    largest = max((pieces[i].numel for i in owned), default=0)
-    dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
-    route = Route(True, dtype, size, largest)
-    work = route.work
-    k = None if total is None else count_of(count, total)
-    if total is not None and k in (0, total):
-        return _all_or_none(pieces, owned, route, k, total, group, marks)
-    if marks is None and len(formats) == 1 and formats[0] in passes.INFINITY:
-        assert k is not None  # 16-bit: the bits are the values
-        return _in_16_bits(pieces, owned, route, k, group)
-    now = tuning.get()
-    sources = [pieces[i].source for i in owned]
-    bounds = sample.guess(sources, count if k is None else k, total, route, group)
-    found = None
-    limits = (0.0, 0.0, math.inf) if bounds is None else bounds
-    if bounds is not None or marks is None:  # with marks and no guess: nothing to mark around
-        if marks is not None:
+    return engine.run(Bits(pieces, group, total, marks, signed), count)
+
+
+class Bits:
+    """The engine's steps of engine.run (see the module): CPU torch floats in pieces over
+    a group, read through the count pass, refined from histograms of their bits."""
+
+    def __init__(
+        self,
+        pieces: Sequence[Piece],
+        group: Group,
+        total: int | None,
+        marks: Marks | None,
+        signed: bool = False,
+    ) -> None:
+        formats = _formats(pieces, group)
+        owned = [i for i, p in enumerate(pieces) if p.counts]
+        known = total is not None or marks is not None
+        competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
+        mine = [sum(pieces[i].numel for i in owned), competing_here]
+        size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
+        largest = max((pieces[i].numel for i in owned), default=0)
+        dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
+        self.pieces = pieces
+        self.group = group
+        self.marks = marks
+        self.owned = owned
+        self.formats = formats
+        self.given = total  # as the caller knew it
+        self.total = total if known else counted
+        self.k: int | None = None
+        self.finite = False  # every score read by the count pass, and found finite
+        self.route = Route(True, dtype, size, largest, signed=signed)
+        self.buffers = Buffers(self.route.work, signed=signed)
+        self.limits = (0.0, 0.0, math.inf)
+        self.found: passes.Counted | None = None
+
+    def all_or_none(self, k: int, total: int, found: passes.Counted | None) -> Selection:
+        """None chosen, or all: known first, the scores checked here; known from the
+        count pass (only when the caller did not know the total), checked there."""
+        if self.given is None and self.marks is not None:
+            return Selection(self.pieces, self.route, 0.0, [], total=total, k=k, finite=self.finite)
+        return _all_or_none(self.pieces, self.owned, self.route, k, total, self.group, self.marks)
+
+    def shortcut(self, k: int | None) -> Selection | None:
+        """Scores all of one 16-bit format, marked later: their bits' histograms."""
+        one = len(self.formats) == 1 and self.formats[0] in passes.INFINITY
+        if self.marks is None and one and not self.route.signed:
+            assert k is not None  # 16-bit: the bits are the values
+            return _in_16_bits(self.pieces, self.owned, self.route, k, self.group)
+        return None
+
+    def guess(self, k: Count, total: int | None) -> Bounds | None:
+        sources = [self.pieces[i].source for i in self.owned]
+        if self.route.signed:
+            return sample.guess(sources, k, total, self.route, self.group, magnitude=False)
+        return sample.guess(sources, k, total, self.route, self.group)
+
+    def count(self, bounds: Bounds | None) -> passes.Counted | None:
+        """The count pass about `bounds` (without a guess: over no bounds, unless marks
+        want one: then nothing to mark around, and no pass)."""
+        if bounds is None and self.marks is not None:
+            return None
+        if bounds is not None:
+            self.limits = (bounds[0], bounds[1], bounds[2])
+        route, now = self.route, tuning.get()
+        if self.marks is not None:
             budget = plan.budget(route)
         else:
+            size = route.size
             budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
-        found = passes.between(pieces, owned, Chunks(route), limits, budget, group, marks)
-        if found.nonfinite and marks is None:
-            raise Unrankable(passes.non_finite(pieces, owned))
-    if k is None:  # with marks: counted in the pass, or now
-        counted = found.competing if found is not None and found.competing >= 0 else -1
-        total = counted if counted >= 0 else competing(sources)
-        k = count_of(count, total)
-    assert total is not None
-    finite = found is not None and found.finite
-    if marks is not None and marks.finite and not finite:
-        refuse_non_finite(sources)  # not read in full, or not finite: the exact check says
-    if k in (0, total):
-        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite)
-    rank = 0 if found is None else k - found.below
-    held = found is not None and 0 < rank <= found.kept
-    buffers = Buffers(work)
-    if found is not None and held and marks is not None:  # the one read: settle its marks
-        onepass.settle(found.marked, found.values, rank, marks.keep_dtype is None, limits[1])
+        found = passes.between(
+            self.pieces, self.owned, Chunks(route), self.limits, budget, self.group, self.marks
+        )
+        if found.nonfinite and self.marks is None:
+            raise Unrankable(passes.non_finite(self.pieces, self.owned))
+        self.found = found
+        return found
+
+    def known(
+        self, found: passes.Counted | None, count: Count, k: int | None, total: int | None
+    ) -> tuple[int, int]:
+        """k and total, counted in the pass (with marks) or now; with marks asking, the
+        scores checked where the pass could not say they are finite."""
+        if k is None or total is None:  # with marks: counted in the pass, or now
+            counted = found.competing if found is not None and found.competing >= 0 else -1
+            total = counted if counted >= 0 else competing([p.source for p in self._owned()])
+            k = count_of(count, total)
+        self.finite = found is not None and found.finite
+        if self.marks is not None and self.marks.finite and not self.finite:
+            # not read in full, or not finite: the exact check says
+            refuse_non_finite([p.source for p in self._owned()])
+        self.total, self.k = total, k
+        return k, total
+
+    def one_read(self, found: passes.Counted, rank: int) -> Selection | None:
+        """With marks: the one read, its marks settled."""
+        if self.marks is None:
+            return None
+        keep = self.marks.keep_dtype is None
+        signed = self.route.signed
+        onepass.settle(found.marked, found.values, rank, keep, self.limits[1], signed)
         trace.note("one pass")
         outs = [entry.out for entry in found.marked]
-        return Selection(pieces, route, 0.0, [], total=total, k=k, finite=finite, held=outs)
-    if marks is not None and found is not None:
-        trace.note("one pass missed")
-    if found is not None and held:  # the k-th lies between the bounds: refine what was kept
-        if group.size == 1 and native.loaded() is not None:  # all held here: ranked at once
-            bound, take = native.nth(found.values, rank)
-        else:
-            keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
-            key, take, _ = passes.radix(keys, rank, work, group)
-            bound = passes.as_float(key, work)
-        ties = {i: int((values == bound).sum()) for i, values in found.held.items()}
-        shared = _share_ties(pieces, ties, take, buffers, bound, group)
-    else:  # no guess, or the bounds missed (or too much fell between): refine over the scores
-        keys = lambda: passes.data_keys(pieces, owned, buffers)  # noqa: E731
-        key, take, equal = passes.radix(keys, k, work, group)
-        bound = passes.as_float(key, work)
-        if take == equal:  # every tie is taken: no need to count them per piece
+        return Selection(
+            self.pieces,
+            self.route,
+            0.0,
+            [],
+            total=self.total,
+            k=self.k,
+            finite=self.finite,
+            held=outs,
+        )
+
+    def nth(self, found: passes.Counted, rank: int) -> Cut:
+        """The k-th value among those kept: ranked at once where all are here, else from
+        their bits' histograms over the ranks."""
+        work, signed = self.route.work, self.route.signed
+        if signed or (self.group.size == 1 and native.loaded() is not None):
+            bound, take = native.nth(found.values, rank, signed)  # signed: one process
+            return Cut(bound, take)
+        keys = lambda: passes.held_keys(found.held, work)  # noqa: E731
+        key, take, _ = passes.radix(keys, rank, work, self.group)
+        return Cut(passes.as_float(key, work), take)
+
+    def search(self, found: passes.Counted | None, k: int) -> Cut:
+        """The k-th value from histograms of the scores' bits."""
+        if self.marks is not None and found is not None:
+            trace.note("one pass missed")
+        self.found = None  # its ties are counted over the scores
+        work, pieces, owned, buffers = self.route.work, self.pieces, self.owned, self.buffers
+        negative = None
+        if self.route.signed:  # the negative scores' magnitudes ranked the other way
+            below_zero = passes.negatives(pieces, owned, buffers)
+            negative = int(self.group.sum(torch.tensor([below_zero]))[0])
+        side = None if negative is None else k <= negative
+        keys = lambda: passes.data_keys(pieces, owned, buffers, side)  # noqa: E731
+        if negative is not None and k <= negative:  # the k-th is the m-th greatest of them
+            key, taken, equal = passes.radix(keys, negative - k + 1, work, self.group)
+            return Cut(-passes.as_float(key, work), equal - taken + 1, equal)
+        key, take, equal = passes.radix(keys, k - (negative or 0), work, self.group)
+        value = passes.as_float(key, work)
+        if math.isnan(value):  # NaN ranks last (marks): its ties are every NaN, any bits
+            assert self.total is not None
+            real = int(self.group.sum(torch.tensor([passes.real_count(pieces, owned, buffers)])))
+            return Cut(value, k - real, self.total - real)
+        return Cut(value, take, equal)
+
+    def selection(self, cut: Cut, k: int, total: int) -> Selection:
+        """The threshold and the ties each piece takes."""
+        assert cut.value is not None  # scores are finite here
+        bound, pieces = cut.value, self.pieces
+        finite = self.finite
+        if self.found is not None:  # ties among those kept
+            held = self.found.held
+            ties = {i: int((values == bound).sum()) for i, values in held.items()}
+            shared = _share_ties(pieces, ties, cut.take, self.buffers, bound, self.group)
+        elif cut.take == cut.equal:  # every tie is taken: no need to count them per piece
             shared = [_Ties(every=True) for _ in pieces]
         else:
-            ties = {i: passes.equal_count(pieces[i], buffers, bound) for i in owned}
-            shared = _share_ties(pieces, ties, take, buffers, bound, group)
-    return Selection(pieces, route, bound, shared, total=total, k=k, finite=finite)
+            ties = {i: passes.equal_count(pieces[i], self.buffers, bound) for i in self.owned}
+            shared = _share_ties(pieces, ties, cut.take, self.buffers, bound, self.group)
+        return Selection(pieces, self.route, bound, shared, total=total, k=k, finite=finite)
+
+    def _owned(self) -> list[Piece]:
+        return [self.pieces[i] for i in self.owned]
 
 
 def _all_or_none(

@@ -1,9 +1,9 @@
 """Which path a selection takes: the fast one (and how it reads the scores) or the portable one.
 
-The fast path covers CPU torch tensors of float16, bfloat16, float32 and float64
-holding more than `tuning.small` entries in all, ranked by magnitude or all
-non-negative; anything else (other frameworks and devices, other dtypes,
-negative scores, small inputs) takes the portable path.
+The fast path (the engine's strategy) covers CPU torch tensors of float16, bfloat16,
+float32 and float64 holding more than `tuning.small` entries in all, ranked by
+magnitude or by signed value (`Route.signed`: some score is negative); anything else
+(other frameworks and devices, other dtypes, small inputs) takes the portable path.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Route:
     size: int  # entries in all sources
     largest: int  # entries in the largest source
     each: tuple[tuple[int, Any], ...] = ()  # per source: its entries and dtype
+    signed: bool = False  # ranked by signed value, some of which are negative
 
     @property
     def bits(self) -> int:
@@ -76,12 +77,13 @@ def make(sources: Sequence[Source], magnitude: bool) -> Route:
         elif scores.device.type != "cpu":
             fast = False  # the chunk buffers live in CPU memory
     fast = fast and dtype is not None and size > tuning.get().small
+    signed = False
     for source in sources if fast and not magnitude else ():
         scores, _ = source()
-        if scores.numel() and bool(scores.min() < 0):
-            fast = False
+        if bool((scores < 0).any()):  # NaN among them or not
+            signed = True  # else the magnitudes rank as the values do
             break
-    return Route(fast, dtype, size, largest, tuple(each))
+    return Route(fast, dtype, size, largest, tuple(each), signed)
 
 
 def budget(plan: Route) -> int:

@@ -1,23 +1,24 @@
-"""The portable path: plain tensor methods a chunk at a time, for any framework and device.
+"""The portable strategy of the one driver (engine.run): plain tensor methods a chunk at a
+time, for any framework and device.
 
-It serves whatever the fast path does not (TensorPlay tensors, other devices,
-other dtypes, negative scores ranked by value, small inputs) with methods both
-frameworks share. Scores are read `tuning.portable_chunk` entries at a time
-(tensors smaller than that share a chunk), so beyond the selections it returns
-its work memory is a few chunks and a sample, whatever the model's size: no more
-than a chunk's worth of scores is ever concatenated.
+It serves whatever the engine's strategy (pieces.Bits) does not (TensorPlay tensors,
+other devices, other dtypes, small inputs), by magnitude or by signed value, with
+methods both frameworks share. Scores are read `tuning.portable_chunk` entries at a time
+(tensors smaller than that share a chunk), so beyond the selections it returns its work
+memory is a few chunks and a sample, whatever the model's size: no more than a chunk's
+worth of scores is ever concatenated.
 
-When everything fits one chunk, it is read once and ranked as one vector
-(kthvalue, or a stable sort when tiny). Otherwise the k-th smallest value is
-found in rounds. Two pivots come from a sample; one pass counts the entries in
-question below and at each, and gathers those in between while they fit. The
-k-th value then lies below, at, between or above the pivots: a round either
-settles it or narrows the values in question to one side, leaving the pivots'
-entries out (so the rounds end). The first pivots come from an evenly spaced
-sample, as the fast path's guess; later ones from a sample of the entries in
-between, taken in the same pass. A last pass marks the entries below that value
-and its first ties, in order. NaN ranks last, as in a sort (callers check
-scores first; this only keeps the count exact).
+Its steps, as the driver calls them: the shortcut, when everything fits one chunk (read
+once, ranked as one vector: kthvalue, or a stable sort when tiny); the guess, two
+values of an evenly spaced sample (sample.guess, `inside`); the count pass, which counts
+the entries in question below and at each and gathers those in between while they fit
+(else samples them); the k-th value, among those gathered, or where they did not hold
+it, in rounds: the k-th value lies below, at, between or above the pivots, so a round
+either settles it or narrows the values in question to one side, leaving the pivots'
+entries out (so the rounds end), its pivots from a sample of the values in question
+(sample.within). The marks are made in chunk order, the first ties taken as they come.
+NaN ranks last, as in a sort (callers check scores first; this only keeps the count
+exact).
 """
 
 from __future__ import annotations
@@ -26,27 +27,101 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from prunekit.core.backend import namespace
-from prunekit.select import trace, tuning
+from prunekit.select import sample, trace, tuning
+from prunekit.select.engine import Cut
+from prunekit.select.group import Alone
 from prunekit.select.plan import Route
-from prunekit.select.sample import coprime, enclose, places, spaced, stride
-from prunekit.select.sources import Source
+from prunekit.select.sample import Bounds, coprime, in_question, within
+from prunekit.select.sources import Count, Source, all_or_none, complement
 from prunekit.select.ties import only_first, select_sorted
 
-__all__ = ["portable"]
+__all__ = ["Ordered", "Portable"]
 
 
-def portable(
-    sources: Sequence[Source], k: int, total: int, magnitude: bool, plan: Route
-) -> Iterator[Tensor]:
-    """Each source's share of the `k` smallest (0 < k < `total`, the entries competing)."""
-    trace.note("portable")
-    reader = _Reader(sources, magnitude, plan)
-    if plan.size <= reader.chunk:
-        return iter(_one_chunk(reader, k))
-    return _marked(reader, _find(reader, k, total))
+class Ordered:
+    """A selection of the portable strategy: made already (`made`, bools), or marked
+    source by source as asked, in order (below `cut`, then its first ties in order)."""
+
+    held: list[Tensor] | None = None  # none written ahead: made in the dtype asked for
+
+    def __init__(
+        self,
+        k: int,
+        total: int,
+        made: list[Tensor] | None = None,
+        reader: _Reader | None = None,
+        cut: Cut | None = None,
+    ) -> None:
+        self.k: int | None = k
+        self.total: int | None = total
+        self._made = made
+        self._reader = reader
+        self._cut = cut
+
+    def masks(self, keep_dtype: torch.dtype | None) -> Iterator[Tensor]:
+        """Every source's selection in order: flat bools (True: chosen), or with
+        `keep_dtype` masks of that dtype (0: chosen). Read once."""
+        if self._made is not None:
+            return complement(iter(self._made), keep_dtype)
+        assert self._reader is not None and self._cut is not None
+        return complement(_marked(self._reader, self._cut), keep_dtype)
+
+
+class Portable:
+    """The steps of engine.run for `sources` in plain tensor methods (see the module):
+    `total` competing entries in all, ranked by magnitude or by value."""
+
+    def __init__(self, sources: Sequence[Source], plan: Route, magnitude: bool, total: int) -> None:
+        trace.note("portable")
+        self.sources = sources
+        self.plan = plan
+        self.magnitude = magnitude
+        self.total: int | None = total
+        self.reader = _Reader(sources, magnitude, plan)
+
+    def all_or_none(self, k: int, total: int, found: _Tally | None) -> Ordered:
+        trace.note("all or none")
+        return Ordered(k, total, list(all_or_none(self.sources, k > 0, None)))
+
+    def shortcut(self, k: int | None) -> Ordered | None:
+        if self.plan.size > self.reader.chunk:
+            return None
+        assert k is not None and self.total is not None
+        return Ordered(k, self.total, _one_chunk(self.reader, k))
+
+    def guess(self, k: Count, total: int | None) -> Bounds | None:
+        group = Alone()
+        return sample.guess(
+            self.sources, k, total, self.plan, group, inside=True, magnitude=self.magnitude
+        )
+
+    def count(self, bounds: Bounds | None) -> _Tally:
+        assert self.total is not None
+        return _tally(self.reader, None, None, bounds, self.total)
+
+    def known(
+        self, found: _Tally | None, count: Count, k: int | None, total: int | None
+    ) -> tuple[int, int]:
+        assert k is not None and total is not None  # known before
+        return k, total
+
+    def one_read(self, found: _Tally, rank: int) -> Ordered | None:
+        return None  # the count pass writes no marks
+
+    def nth(self, found: _Tally, rank: int) -> Cut:
+        assert found.inner is not None
+        return _cut_of(found.inner, rank)
+
+    def search(self, found: _Tally | None, k: int) -> Cut:
+        assert found is not None and self.total is not None
+        return _rounds(self.reader, k, self.total, found)
+
+    def selection(self, cut: Cut, k: int, total: int) -> Ordered:
+        return Ordered(k, total, reader=self.reader, cut=cut)
 
 
 @dataclass
@@ -162,26 +237,9 @@ def _one_chunk(reader: _Reader, k: int) -> list[Tensor]:
     return out
 
 
-@dataclass
-class _Cut:
-    """The k-th smallest value (None: NaN, above every other) and how many of its ties,
-    the first in order, are chosen."""
-
-    value: float | None
-    take: int
-
-
-@dataclass
-class _Pivots:
-    """Two values in question (a <= b) and how many entries are expected between them."""
-
-    a: float
-    b: float
-    expected: float
-
-
-def _find(reader: _Reader, k: int, total: int) -> _Cut:
-    """The k-th smallest value among all competing entries, in rounds (see the module).
+def _rounds(reader: _Reader, k: int, total: int, tally: _Tally) -> Cut:
+    """The k-th smallest value among all competing entries, in rounds from the first
+    count pass's `tally` (see the module).
 
     The values in question lie strictly between lo and hi (None: no bound); `before`
     competing entries lie below them, and about `count` among them (NaN included while
@@ -191,76 +249,43 @@ def _find(reader: _Reader, k: int, total: int) -> _Cut:
     lo: float | None = None
     hi: float | None = None
     before, count = 0, total
-    pivots = _pivots(_spaced_sample(reader), k, count, lo, hi)
     while True:
-        tally = _tally(reader, lo, hi, pivots, count)
+        pivots = tally.pivots
         if pivots is None:
             if k - before > tally.real:  # the k-th is NaN: only while there is no upper bound
-                return _Cut(None, k - before - tally.real)
+                return Cut(None, k - before - tally.real)
             if tally.inner is not None:
                 return _cut_of(tally.inner, k - before)
             count = tally.real
-            pivots = _pivots(tally.sample(), k - before, count, lo, hi)
-            continue
-        a, b = pivots.a, pivots.b
-        if k <= tally.lt_a:
-            hi, count, pivots = a, tally.lt_a - before, None
-        elif k <= tally.le_a:
-            return _Cut(a, k - tally.lt_a)
-        elif k <= tally.lt_b:
-            lo, hi, count, before = a, b, tally.lt_b - tally.le_a, tally.le_a
-            if tally.inner is not None:
-                return _cut_of(tally.inner, k - before, lo, hi)
-            pivots = _pivots(tally.sample(), k - before, count, lo, hi)
-        elif k <= tally.le_b:
-            return _Cut(b, k - tally.lt_b)
+            pivots = within(tally.sample(), k - before, count, lo, hi)
         else:
-            lo, count, before, pivots = b, before + count - tally.le_b, tally.le_b, None
+            a, b = pivots.lower, pivots.upper
+            if k <= tally.lt_a:
+                hi, count, pivots = a, tally.lt_a - before, None
+            elif k <= tally.le_a:
+                return Cut(a, k - tally.lt_a)
+            elif k <= tally.lt_b:
+                lo, hi, count, before = a, b, tally.lt_b - tally.le_a, tally.le_a
+                if tally.inner is not None:
+                    return _cut_of(tally.inner, k - before, lo, hi)
+                pivots = within(tally.sample(), k - before, count, lo, hi)
+            elif k <= tally.le_b:
+                return Cut(b, k - tally.lt_b)
+            else:
+                lo, count, before, pivots = b, before + count - tally.le_b, tally.le_b, None
+        tally = _tally(reader, lo, hi, pivots, count)
 
 
 def _cut_of(
     gathered: list[Tensor], rank: int, lo: float | None = None, hi: float | None = None
-) -> _Cut:
+) -> Cut:
     """The cut at the `rank`-th smallest of the gathered values (all real) strictly
     between lo and hi, if given."""
     values = gathered[0] if len(gathered) == 1 else namespace(gathered[0]).cat(gathered)
     if lo is not None or hi is not None:
-        values = values[_in_question(values, lo, hi)]
+        values = values[in_question(values, lo, hi)]
     kth = values.kthvalue(rank)[0].item()
-    return _Cut(kth, rank - int((values < kth).sum()))
-
-
-def _spaced_sample(reader: _Reader) -> Tensor:
-    """An evenly spaced sample of about `tuning.sample` competing values, NaN left out."""
-    step = stride(reader.size, tuning.get().sample)
-    sample = spaced(reader.sources, step, reader.dtype, reader.magnitude).values
-    assert sample is not None  # the portable path has sources
-    return sample[sample == sample]
-
-
-def _pivots(
-    sample: Tensor, rank: int, count: int, lo: float | None, hi: float | None
-) -> _Pivots | None:
-    """Sample values strictly between lo and hi, either side of the `rank`-th of `count`
-    there (a margin of `tuning.spread` standard deviations), or None for an empty sample.
-    """
-    sample = sample[_in_question(sample, lo, hi)]
-    size = sample.numel()
-    if not size:
-        return None
-    a, b = enclose(sample, [min(rank / max(count, 1), 1.0)], inside=True)
-    low, high = places([min(rank / max(count, 1), 1.0)], size)
-    low, high = min(max(low, 1), size), min(max(high, 1), size)
-    return _Pivots(a, b, max(high - low, 1) / size * count)
-
-
-def _in_question(values: Tensor, lo: float | None, hi: float | None) -> Tensor:
-    """Where `values` lie strictly between lo and hi (None: no bound), NaN never."""
-    if lo is None:
-        return values == values if hi is None else values < hi
-    if hi is None:
-        return values > lo
-    return (values > lo) & (values < hi)
+    return Cut(kth, rank - int((values < kth).sum()))
 
 
 def _competing(chunk: _Chunk) -> Tensor:
@@ -282,6 +307,7 @@ class _Tally:
     other (or in question) are gathered while they fit, else sampled."""
 
     stride: int
+    pivots: Bounds | None
     real: int = 0
     lt_a: int = 0
     eq_a: int = 0
@@ -313,6 +339,18 @@ class _Tally:
             self.stride *= 2
 
     @property
+    def below(self) -> int:
+        """Competing entries below the lower pivot (none below the values in question)."""
+        return 0 if self.pivots is None else self.lt_a
+
+    @property
+    def kept(self) -> int:
+        """Entries gathered from one pivot to the other (or in question); -1: sampled."""
+        if self.inner is None:
+            return -1
+        return self.real if self.pivots is None else self.le_b - self.lt_a
+
+    @property
     def le_a(self) -> int:
         return self.lt_a + self.eq_a
 
@@ -326,32 +364,32 @@ class _Tally:
 
 
 def _tally(
-    reader: _Reader, lo: float | None, hi: float | None, pivots: _Pivots | None, count: int
+    reader: _Reader, lo: float | None, hi: float | None, pivots: Bounds | None, count: int
 ) -> _Tally:
     """The pass of one round (see _Tally)."""
     most = max(1, tuning.get().sample)
     expected = count if pivots is None else pivots.expected
-    tally = _Tally(coprime(max(1, math.ceil(expected / most))))
+    tally = _Tally(coprime(max(1, math.ceil(expected / most))), pivots)
     for chunk in reader.chunks():
         values = _competing(chunk)
         if pivots is None:
-            inner = values[_in_question(values, lo, hi)]
+            inner = values[in_question(values, lo, hi)]
             tally.real += inner.numel()
         else:
-            below_a = values < pivots.a
+            below_a = values < pivots.lower
             tally.lt_a += int(below_a.count_nonzero())
-            up_to_b = values <= pivots.b
+            up_to_b = values <= pivots.upper
             tally.le_b += int(up_to_b.count_nonzero())
             # Up to b (never NaN) and not below a: from a to b. Few: their ties are
             # counted among them.
             inner = values[up_to_b & below_a.logical_not()]
-            tally.eq_a += int((inner == pivots.a).count_nonzero())
-            tally.eq_b += int((inner == pivots.b).count_nonzero())
+            tally.eq_a += int((inner == pivots.lower).count_nonzero())
+            tally.eq_b += int((inner == pivots.upper).count_nonzero())
         tally.add(inner, reader.chunk, most)
     return tally
 
 
-def _marked(reader: _Reader, cut: _Cut) -> Iterator[Tensor]:
+def _marked(reader: _Reader, cut: Cut) -> Iterator[Tensor]:
     """Each source's selection: the entries below the cut, then its first `cut.take` ties."""
     take = cut.take
     partial: dict[int, Tensor] = {}  # sources spread over several chunks, until complete
