@@ -298,8 +298,11 @@ def _distill(
             print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
             model.train(args.bn == "train")
             start += time.process_time() - paused
+        rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+        if spent < args.warmup * seconds:
+            rate *= spent / (args.warmup * seconds)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+            group["lr"] = rate
         if args.augment == "crops":
             x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
                              for _ in range(args.distill_batch)])  # fmt: skip
@@ -371,6 +374,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="+KD: the share of --distill over which the learning rate rises from 0",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch's threads")
+    parser.add_argument(
         "--cache",
         type=Path,
         default=None,
@@ -405,7 +415,7 @@ def main() -> None:
     args = parser.parse_args()  # fmt: skip
     columns = args.columns.split(",")
     table = [c for c in columns if c != "tp"]
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.damp is not None:
         from prunekit.structure.compensation import refit
