@@ -180,8 +180,8 @@ KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
 every projection (the residual widths)."""
 
 COLUMNS = {"uniform": "uniform", "expand": "expand", "comp": "+comp.", "ref": "+ref.",
-           "bn": "+ref.+BN", "budget": "budget", "kd": "+KD", "global": "glob.+ref.",
-           "gexpand": "gexp.+ref."}  # fmt: skip
+           "bn": "+ref.+BN", "budget": "budget", "rec": "+rec.", "kd": "+KD",
+           "global": "glob.+ref.", "gexpand": "gexp.+ref."}  # fmt: skip
 """`global`: 30 % of all prunable channels ranked together (``scope="global"``: each score
 over its group's mean), reference compensation; `gexpand`: the same count ranked together
 over the expansion widths only."""
@@ -379,6 +379,10 @@ def main() -> None:
         default=0.0,
         help="+KD: the share of --distill over which the learning rate rises from 0",
     )
+    parser.add_argument(
+        "--reconstruct", type=int, default=300, help="+rec.: optimizer steps per block"
+    )
+    parser.add_argument("--reconstruct-lr", type=float, default=1e-3, help="+rec.: Adam's lr")
     parser.add_argument("--threads", type=int, default=1, help="torch's threads")
     parser.add_argument(
         "--cache",
@@ -468,6 +472,7 @@ def main() -> None:
     last: nn.Module | None = None
     removed: dict[str, int] = {}
     distilled: list[str] = []
+    rebuilt: list[str] = []
     for criterion in args.criteria.split(","):
         print(f"{criterion:<12}", end="", flush=True)
         model = dense
@@ -484,9 +489,32 @@ def main() -> None:
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
-                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}.pt")  # fmt: skip
+                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
+                   + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}" if column == "rec" else "")
+                   + ".pt")  # fmt: skip
             if args.cache is not None and (args.cache / key).exists():
                 model, removed[column] = torch.load(args.cache / key, weights_only=False)
+                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                last = model
+                continue
+            if column == "rec":  # the column before it, each block trained towards the dense one
+                if model is dense:
+                    print(f" {'-':>10}", end="", flush=True)
+                    continue
+                model = copy.deepcopy(model)
+                removed[column] = removed[table[table.index(column) - 1]]
+                spent = time.process_time()
+                errors = prune.reconstruct_blocks(
+                    model, dense, calibration, steps=args.reconstruct, lr=args.reconstruct_lr
+                )
+                rebuilt.append(
+                    f"{criterion}: {time.process_time() - spent:.0f} s of CPU, "
+                    f"block errors {errors[0][0]:.3f} -> {errors[0][1]:.3f} (first), "
+                    f"{errors[-1][0]:.3f} -> {errors[-1][1]:.3f} (last)"
+                )
+                if args.cache is not None:
+                    args.cache.mkdir(parents=True, exist_ok=True)
+                    torch.save((model, removed[column]), args.cache / key)
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 last = model
                 continue
@@ -522,6 +550,9 @@ def main() -> None:
             last = model
         print(flush=True)
     print("channels removed: " + ", ".join(f"{COLUMNS[c]} {n:,}" for c, n in removed.items()))
+    if rebuilt:
+        print(f"+rec.: {args.reconstruct} steps of Adam per block, lr {args.reconstruct_lr:g}; "
+              + "; ".join(rebuilt))  # fmt: skip
     if distilled:
         print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
               f"lr {args.lr:g}, temperature {args.temperature:g}; "
