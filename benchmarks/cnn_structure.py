@@ -88,6 +88,7 @@ from torch import nn
 
 import prunekit as prune
 from prunekit.schedule import hidden_state_loss
+from prunekit.structure import reconstruct_blocks
 
 
 def _photos() -> list[np.ndarray]:
@@ -504,7 +505,7 @@ def main() -> None:
                 model = copy.deepcopy(model)
                 removed[column] = removed[table[table.index(column) - 1]]
                 spent = time.process_time()
-                errors = prune.reconstruct_blocks(
+                errors = reconstruct_blocks(
                     model, dense, calibration, steps=args.reconstruct, lr=args.reconstruct_lr
                 )
                 rebuilt.append(

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit as prune
+from prunekit.structure import reconstruct_blocks
 
 
 class _Block(nn.Module):
@@ -72,7 +73,7 @@ def test_each_block_gets_closer_to_the_reference_and_the_output_follows() -> Non
     model, reference, batches = _pruned()
     before = _error(model, reference, batches)
     dense = _state(reference)
-    errors = prune.reconstruct_blocks(model, reference, batches, steps=40, lr=1e-2)
+    errors = reconstruct_blocks(model, reference, batches, steps=40, lr=1e-2)
     assert len(errors) == 3
     assert all(after <= first for first, after in errors)
     assert errors[0][1] < 0.5 * errors[0][0]
@@ -84,7 +85,7 @@ def test_each_block_gets_closer_to_the_reference_and_the_output_follows() -> Non
 
 def test_masked_weights_stay_zero_and_the_model_compacts_to_the_same_output() -> None:
     model, reference, batches = _pruned()
-    prune.reconstruct_blocks(model, reference, batches, steps=30, lr=1e-2)
+    reconstruct_blocks(model, reference, batches, steps=30, lr=1e-2)
     with torch.no_grad():
         masked = model(batches[0])
     prune.compact(model, batches[0])
@@ -98,7 +99,7 @@ def test_masked_weights_stay_zero_and_the_model_compacts_to_the_same_output() ->
 def test_a_block_that_does_not_improve_is_put_back() -> None:
     model, reference, batches = _pruned()
     before = _state(model)
-    errors = prune.reconstruct_blocks(model, reference, batches, steps=5, lr=1e4)
+    errors = reconstruct_blocks(model, reference, batches, steps=5, lr=1e4)
     assert all(after == first for first, after in errors)
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
@@ -107,7 +108,7 @@ def test_a_block_that_does_not_improve_is_put_back() -> None:
 def test_training_flags_are_restored() -> None:
     model, reference, batches = _pruned()
     model.train()
-    prune.reconstruct_blocks(model, reference, batches, steps=2)
+    reconstruct_blocks(model, reference, batches, steps=2)
     assert all(m.training for m in model.modules())
     assert not any(m.training for m in reference.modules())
 
@@ -119,7 +120,7 @@ def test_an_error_midway_leaves_the_model_as_it_was() -> None:
     block.fail = True  # first called for its targets, once the model's first two have trained
     before = _state(model)
     with pytest.raises(RuntimeError, match="this block fails"):
-        prune.reconstruct_blocks(model, reference, batches, steps=20, lr=1e-2)
+        reconstruct_blocks(model, reference, batches, steps=20, lr=1e-2)
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 
@@ -139,7 +140,7 @@ def test_bad_arguments_are_refused(kwargs: dict[str, float], message: str) -> No
     model, reference, batches = _pruned()
     before = _state(model)
     with pytest.raises(ValueError, match=f"reconstruct_blocks: {message}"):
-        prune.reconstruct_blocks(model, reference, batches, **kwargs)  # type: ignore[arg-type]
+        reconstruct_blocks(model, reference, batches, **kwargs)  # type: ignore[arg-type]
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 
@@ -147,10 +148,10 @@ def test_bad_arguments_are_refused(kwargs: dict[str, float], message: str) -> No
 def test_models_without_the_same_blocks_are_refused() -> None:
     model, reference, batches = _pruned()
     with pytest.raises(ValueError, match="reconstruct_blocks: the model's blocks are 'blocks'"):
-        prune.reconstruct_blocks(model, nn.Sequential(nn.Linear(2, 2)), batches)
+        reconstruct_blocks(model, nn.Sequential(nn.Linear(2, 2)), batches)
     with pytest.raises(ValueError, match="reconstruct_blocks: Sequential holds no sequence"):
-        prune.reconstruct_blocks(nn.Sequential(nn.Linear(2, 2)), reference, batches)
+        reconstruct_blocks(nn.Sequential(nn.Linear(2, 2)), reference, batches)
     with pytest.raises(TypeError, match="reconstruct_blocks: model="):
-        prune.reconstruct_blocks("model", reference, batches)  # type: ignore[arg-type]
+        reconstruct_blocks("model", reference, batches)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reconstruct_blocks: calibration holds no batch"):
-        prune.reconstruct_blocks(model, reference, [])
+        reconstruct_blocks(model, reference, [])
