@@ -19,6 +19,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   by their score over their group's mean, the stem, residual widths and head keeping at
   least ``--floor-narrow`` (0.8) of their channels and the expansion widths ``--floor``
   (0.3), with ``compensate="reference"``;
+- `+rec.`: the previous column's model with each of its 16 blocks trained towards the dense
+  model's block (``prunekit.structure.reconstruct_blocks``: ``--reconstruct`` Adam steps per
+  block at ``--reconstruct-lr``, on the calibration crops, blocks in order from the pruned
+  model's inputs);
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
@@ -42,33 +46,39 @@ take the calibration batches. Also: compacted parameters, and the batch-8 CPU la
 compacted model over the dense one (one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
-        [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
+        [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
         [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
-        [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
-        [--temperature 2] [--distill-batch 16] [--augment strong|crops] [--bn frozen|train]
-        [--hidden 0] [--show 0] [--cache DIR]
+        [--reconstruct 300] [--reconstruct-lr 1e-3]
+        [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-5] [--warmup 0]
+        [--temperature 2] [--distill-batch 16] [--augment crops|strong] [--bn frozen|train]
+        [--hidden 1] [--show 0] [--cache DIR] [--threads 1]
 
-`+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
-is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the logits at
-``--temperature``; AdamW at ``--lr`` with a cosine decay; batches of ``--distill-batch``) on
-fresh augmented crops for that many seconds of this process's CPU time (what a quiet machine
-runs in as many seconds; the wall time is printed too), BatchNorm statistics frozen (every
-module in eval mode; its scales and shifts train). The dense model is the teacher only: no
-label is used. Augmentation: random resized crops (8-100 % of the area, aspect 3:4-4:3),
-flips, brightness, contrast and saturation jitter, and, in half of the batches, mixup or
-cutmix between the crops. Its crops come from the training photos: with ``--split crops``
-the 10 photos (other crops than the evaluated ones; the photos are the same) and the 14 more
-images; with ``--split photos`` only the calibration photos (no evaluated photo is ever
-trained on). Only the rows of ``--distill-criteria`` are distilled (the others print `-`).
-``--augment crops`` draws the training crops as the evaluated ones are drawn (35-100 % of the
-shorter side, flips; a fresh crop each time, from another generator than the eval and
-calibration crops) instead. ``--bn train`` updates the BatchNorm statistics with each batch
-(and drop-connect runs). ``--hidden W`` adds W x ``hidden_state_loss`` over the outputs of
-the 16 blocks and of the head's norm: each student feature against the dense model's same
-channels (those the pruning kept, found as the channels not all zero in the masked model),
-both over the dense feature's RMS. ``--show S`` prints the agreement every S CPU seconds of
-distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned models for the
-next runs (the pruning itself takes minutes).
+`+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it,
+compacted, is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the
+logits at ``--temperature``; AdamW at ``--lr`` with a cosine decay; batches of
+``--distill-batch``; the rate rising from 0 over the first ``--warmup`` share of the time)
+on fresh augmented crops for that many seconds of this process's CPU time (what a quiet
+machine runs in as many seconds; the wall time is printed too), BatchNorm statistics frozen
+(every module in eval mode; its scales and shifts train). The dense model is the teacher
+only: no label is used. With ``--augment strong``: random resized crops (8-100 % of the
+area, aspect 3:4-4:3), flips, brightness, contrast and saturation jitter, and, in half of
+the batches, mixup or cutmix between the crops. Its crops come from the training photos:
+with ``--split crops`` the 10 photos (other crops than the evaluated ones; the photos are
+the same) and the 14 more images; with ``--split photos`` only the calibration photos (no
+evaluated photo is ever trained on). AdamW at 3e-4 moved every weight so far in its first
+step that the agreement fell from 75 % to 55 % and took hundreds of steps to come back; at
+3e-5 it does not fall. Only the rows of ``--distill-criteria`` are distilled (the others
+print `-`). ``--augment crops`` (the default) draws the training crops as the evaluated ones
+are drawn (35-100 % of the shorter side, flips; a fresh crop each time, from another
+generator than the eval and calibration crops); ``--augment strong`` uses the augmentation
+above instead. ``--bn train`` updates the BatchNorm statistics with each batch (and
+drop-connect runs). ``--hidden W`` (default 1) adds W x ``hidden_state_loss`` over the
+outputs of the 16 blocks and of the head's norm: each student feature against the dense
+model's same channels (those the pruning kept, found as the channels not all zero in the
+masked model), both over the dense feature's RMS. ``--show S`` prints the agreement every S
+CPU seconds of distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned
+models for the next runs (the pruning itself takes minutes); ``--threads`` sets torch's
+threads (1).
 """
 
 from __future__ import annotations
@@ -348,7 +358,7 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=64)
     parser.add_argument("--share", type=float, default=0.3)
     parser.add_argument("--criteria", default="l2,activation")
-    parser.add_argument("--columns", default="uniform,expand,ref,budget,kd,tp")
+    parser.add_argument("--columns", default="uniform,expand,ref,budget,rec,kd,tp")
     parser.add_argument("--floor", type=float, default=0.3, help="the budget's floor")
     parser.add_argument(
         "--floor-narrow",
@@ -372,7 +382,7 @@ def main() -> None:
     )
     parser.add_argument("--distill-criteria", default="activation")
     parser.add_argument("--distill-batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument(
         "--warmup",
@@ -395,7 +405,7 @@ def main() -> None:
     parser.add_argument(
         "--augment",
         choices=("strong", "crops"),
-        default="strong",
+        default="crops",
         help="+KD's training crops: resized crops with colour jitter and mixup/cutmix, or "
         "crops drawn as the evaluated ones are (35-100 %% of the shorter side, flips)",
     )
@@ -414,7 +424,7 @@ def main() -> None:
     parser.add_argument(
         "--hidden",
         type=float,
-        default=0.0,
+        default=1.0,
         help="+KD: weight of the feature term (blocks' outputs and the head, kept channels)",
     )
     args = parser.parse_args()  # fmt: skip
