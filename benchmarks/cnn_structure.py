@@ -19,6 +19,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   by their score over their group's mean, the stem, residual widths and head keeping at
   least ``--floor-narrow`` (0.8) of their channels and the expansion widths ``--floor``
   (0.3), with ``compensate="reference"``;
+- `+rec.`: the previous column's model with each of its 16 blocks trained towards the dense
+  model's block (``prunekit.structure.reconstruct_blocks``: ``--reconstruct`` Adam steps per
+  block at ``--reconstruct-lr``, on the calibration crops, blocks in order from the pruned
+  model's inputs);
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
@@ -42,33 +46,39 @@ take the calibration batches. Also: compacted parameters, and the batch-8 CPU la
 compacted model over the dense one (one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
-        [--criteria l2,activation] [--columns uniform,expand,ref,budget,kd,tp]
+        [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
         [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
-        [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-4]
-        [--temperature 2] [--distill-batch 16] [--augment strong|crops] [--bn frozen|train]
-        [--hidden 0] [--show 0] [--cache DIR]
+        [--reconstruct 300] [--reconstruct-lr 1e-3]
+        [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-5] [--warmup 0]
+        [--temperature 2] [--distill-batch 16] [--augment crops|strong] [--bn frozen|train]
+        [--hidden 1] [--show 0] [--cache DIR] [--threads 1]
 
-`+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it, compacted,
-is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the logits at
-``--temperature``; AdamW at ``--lr`` with a cosine decay; batches of ``--distill-batch``) on
-fresh augmented crops for that many seconds of this process's CPU time (what a quiet machine
-runs in as many seconds; the wall time is printed too), BatchNorm statistics frozen (every
-module in eval mode; its scales and shifts train). The dense model is the teacher only: no
-label is used. Augmentation: random resized crops (8-100 % of the area, aspect 3:4-4:3),
-flips, brightness, contrast and saturation jitter, and, in half of the batches, mixup or
-cutmix between the crops. Its crops come from the training photos: with ``--split crops``
-the 10 photos (other crops than the evaluated ones; the photos are the same) and the 14 more
-images; with ``--split photos`` only the calibration photos (no evaluated photo is ever
-trained on). Only the rows of ``--distill-criteria`` are distilled (the others print `-`).
-``--augment crops`` draws the training crops as the evaluated ones are drawn (35-100 % of the
-shorter side, flips; a fresh crop each time, from another generator than the eval and
-calibration crops) instead. ``--bn train`` updates the BatchNorm statistics with each batch
-(and drop-connect runs). ``--hidden W`` adds W x ``hidden_state_loss`` over the outputs of
-the 16 blocks and of the head's norm: each student feature against the dense model's same
-channels (those the pruning kept, found as the channels not all zero in the masked model),
-both over the dense feature's RMS. ``--show S`` prints the agreement every S CPU seconds of
-distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned models for the
-next runs (the pruning itself takes minutes).
+`+KD` (``--distill CPU_SECONDS``, default 600): the model of the column before it,
+compacted, is trained towards the dense model's outputs (``prunekit.Distiller``: KL on the
+logits at ``--temperature``; AdamW at ``--lr`` with a cosine decay; batches of
+``--distill-batch``; the rate rising from 0 over the first ``--warmup`` share of the time)
+on fresh augmented crops for that many seconds of this process's CPU time (what a quiet
+machine runs in as many seconds; the wall time is printed too), BatchNorm statistics frozen
+(every module in eval mode; its scales and shifts train). The dense model is the teacher
+only: no label is used. With ``--augment strong``: random resized crops (8-100 % of the
+area, aspect 3:4-4:3), flips, brightness, contrast and saturation jitter, and, in half of
+the batches, mixup or cutmix between the crops. Its crops come from the training photos:
+with ``--split crops`` the 10 photos (other crops than the evaluated ones; the photos are
+the same) and the 14 more images; with ``--split photos`` only the calibration photos (no
+evaluated photo is ever trained on). AdamW at 3e-4 moved every weight so far in its first
+step that the agreement fell from 75 % to 55 % and took hundreds of steps to come back; at
+3e-5 it does not fall. Only the rows of ``--distill-criteria`` are distilled (the others
+print `-`). ``--augment crops`` (the default) draws the training crops as the evaluated ones
+are drawn (35-100 % of the shorter side, flips; a fresh crop each time, from another
+generator than the eval and calibration crops); ``--augment strong`` uses the augmentation
+above instead. ``--bn train`` updates the BatchNorm statistics with each batch (and
+drop-connect runs). ``--hidden W`` (default 1) adds W x ``hidden_state_loss`` over the
+outputs of the 16 blocks and of the head's norm: each student feature against the dense
+model's same channels (those the pruning kept, found as the channels not all zero in the
+masked model), both over the dense feature's RMS. ``--show S`` prints the agreement every S
+CPU seconds of distillation (the evaluation not counted); ``--cache DIR`` keeps the pruned
+models for the next runs (the pruning itself takes minutes); ``--threads`` sets torch's
+threads (1).
 """
 
 from __future__ import annotations
@@ -88,6 +98,7 @@ from torch import nn
 
 import prunekit as prune
 from prunekit.schedule import hidden_state_loss
+from prunekit.structure import reconstruct_blocks
 
 
 def _photos() -> list[np.ndarray]:
@@ -180,8 +191,8 @@ KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
 every projection (the residual widths)."""
 
 COLUMNS = {"uniform": "uniform", "expand": "expand", "comp": "+comp.", "ref": "+ref.",
-           "bn": "+ref.+BN", "budget": "budget", "kd": "+KD", "global": "glob.+ref.",
-           "gexpand": "gexp.+ref."}  # fmt: skip
+           "bn": "+ref.+BN", "budget": "budget", "rec": "+rec.", "kd": "+KD",
+           "global": "glob.+ref.", "gexpand": "gexp.+ref."}  # fmt: skip
 """`global`: 30 % of all prunable channels ranked together (``scope="global"``: each score
 over its group's mean), reference compensation; `gexpand`: the same count ranked together
 over the expansion widths only."""
@@ -298,8 +309,11 @@ def _distill(
             print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
             model.train(args.bn == "train")
             start += time.process_time() - paused
+        rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+        if spent < args.warmup * seconds:
+            rate *= spent / (args.warmup * seconds)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
+            group["lr"] = rate
         if args.augment == "crops":
             x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
                              for _ in range(args.distill_batch)])  # fmt: skip
@@ -344,7 +358,7 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=64)
     parser.add_argument("--share", type=float, default=0.3)
     parser.add_argument("--criteria", default="l2,activation")
-    parser.add_argument("--columns", default="uniform,expand,ref,budget,kd,tp")
+    parser.add_argument("--columns", default="uniform,expand,ref,budget,rec,kd,tp")
     parser.add_argument("--floor", type=float, default=0.3, help="the budget's floor")
     parser.add_argument(
         "--floor-narrow",
@@ -368,8 +382,19 @@ def main() -> None:
     )
     parser.add_argument("--distill-criteria", default="activation")
     parser.add_argument("--distill-batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="+KD: the share of --distill over which the learning rate rises from 0",
+    )
+    parser.add_argument(
+        "--reconstruct", type=int, default=300, help="+rec.: optimizer steps per block"
+    )
+    parser.add_argument("--reconstruct-lr", type=float, default=1e-3, help="+rec.: Adam's lr")
+    parser.add_argument("--threads", type=int, default=1, help="torch's threads")
     parser.add_argument(
         "--cache",
         type=Path,
@@ -380,7 +405,7 @@ def main() -> None:
     parser.add_argument(
         "--augment",
         choices=("strong", "crops"),
-        default="strong",
+        default="crops",
         help="+KD's training crops: resized crops with colour jitter and mixup/cutmix, or "
         "crops drawn as the evaluated ones are (35-100 %% of the shorter side, flips)",
     )
@@ -399,13 +424,13 @@ def main() -> None:
     parser.add_argument(
         "--hidden",
         type=float,
-        default=0.0,
+        default=1.0,
         help="+KD: weight of the feature term (blocks' outputs and the head, kept channels)",
     )
     args = parser.parse_args()  # fmt: skip
     columns = args.columns.split(",")
     table = [c for c in columns if c != "tp"]
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.damp is not None:
         from prunekit.structure.compensation import refit
@@ -458,6 +483,7 @@ def main() -> None:
     last: nn.Module | None = None
     removed: dict[str, int] = {}
     distilled: list[str] = []
+    rebuilt: list[str] = []
     for criterion in args.criteria.split(","):
         print(f"{criterion:<12}", end="", flush=True)
         model = dense
@@ -474,9 +500,32 @@ def main() -> None:
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
-                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}.pt")  # fmt: skip
+                   f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
+                   + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}" if column == "rec" else "")
+                   + ".pt")  # fmt: skip
             if args.cache is not None and (args.cache / key).exists():
                 model, removed[column] = torch.load(args.cache / key, weights_only=False)
+                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                last = model
+                continue
+            if column == "rec":  # the column before it, each block trained towards the dense one
+                if model is dense:
+                    print(f" {'-':>10}", end="", flush=True)
+                    continue
+                model = copy.deepcopy(model)
+                removed[column] = removed[table[table.index(column) - 1]]
+                spent = time.process_time()
+                errors = reconstruct_blocks(
+                    model, dense, calibration, steps=args.reconstruct, lr=args.reconstruct_lr
+                )
+                rebuilt.append(
+                    f"{criterion}: {time.process_time() - spent:.0f} s of CPU, "
+                    f"block errors {errors[0][0]:.3f} -> {errors[0][1]:.3f} (first), "
+                    f"{errors[-1][0]:.3f} -> {errors[-1][1]:.3f} (last)"
+                )
+                if args.cache is not None:
+                    args.cache.mkdir(parents=True, exist_ok=True)
+                    torch.save((model, removed[column]), args.cache / key)
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 last = model
                 continue
@@ -512,6 +561,9 @@ def main() -> None:
             last = model
         print(flush=True)
     print("channels removed: " + ", ".join(f"{COLUMNS[c]} {n:,}" for c, n in removed.items()))
+    if rebuilt:
+        print(f"+rec.: {args.reconstruct} steps of Adam per block, lr {args.reconstruct_lr:g}; "
+              + "; ".join(rebuilt))  # fmt: skip
     if distilled:
         print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
               f"lr {args.lr:g}, temperature {args.temperature:g}; "

@@ -46,6 +46,10 @@ from prunekit.structure.depth import (
 from prunekit.structure.compensation.recalibrate import recalibrate_norms
 
 # isort: split
+# Each block of a pruned model trained towards the unpruned model's block.
+from prunekit.structure.compensation.reconstruct import reconstruct_blocks
+
+# isort: split
 # One's own ops and modules in the channel graph, registered process-wide.
 from prunekit.structure.handlers.custom import (
     HandlerRegistration,
@@ -80,6 +84,7 @@ __all__ = [
     "prune_blocks",
     "prune_channels",
     "recalibrate_norms",
+    "reconstruct_blocks",
     "register_compacted_factory",
     "register_module_handler",
     "register_op_handler",
