@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -36,10 +37,10 @@ __all__ = [
     "Wanted",
     "agree",
     "block_list",
+    "calls_back",
     "cacheless",
     "capture_block_inputs",
     "evaluating",
-    "first_group_statistics",
     "gradient_targets",
     "output_loss",
     "parameter",
@@ -191,6 +192,11 @@ class InputStatistics:
     def _hook(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
+        self.take(module, args, kwargs)
+
+    def take(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Add the input of one call of `module` (its arguments), as the hooks do: for a
+        caller that runs hooks of its own (on `module`, in `modules` or not)."""
         x = layers.layer_input(module, args, kwargs) if self._patches else args[0]
         acc = self._of.get(module)
         shares = not (self._patches and isinstance(module, nn.modules.conv._ConvNd))
@@ -446,6 +452,16 @@ def _batch_error(index: int, error: Exception, what: str = "model") -> Exception
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
+_THROUGH: set[CodeType] = set()
+"""The code of prunekit's functions that stand in a model's own call and call on into the
+model (a wrapped forward): an error passing through them is not prunekit's."""
+
+
+def calls_back(function: Callable[..., Any]) -> None:
+    """Mark `function` as standing in the model's call and calling on into it: an error
+    raised further in (by the model) is the model's, not prunekit's."""
+    _THROUGH.add(function.__code__)
+
 
 def _raised_by_prunekit(error: BaseException) -> bool:
     """Whether `error` came from prunekit's own code run inside the model's call (a hook of
@@ -453,7 +469,11 @@ def _raised_by_prunekit(error: BaseException) -> bool:
     left = False  # the traceback went from prunekit into other code (torch, the model)
     trace = error.__traceback__
     while trace is not None:
-        ours = os.path.abspath(trace.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+        code = trace.tb_frame.f_code
+        if code in _THROUGH and trace.tb_next is not None:
+            trace = trace.tb_next  # passed through on its way into the model
+            continue
+        ours = os.path.abspath(code.co_filename).startswith(_PACKAGE)
         if ours and left:
             return True
         left = left or not ours
@@ -540,92 +560,6 @@ def block_statistics(
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)
-
-
-def first_group_statistics(
-    block: nn.Module, inputs: Sequence[Inputs], modules: Sequence[nn.Module], wanted: Wanted
-) -> tuple[InputStatistics, list[nn.Module]]:
-    """The `wanted` statistics of the first of `modules` that `block` calls and of those
-    reading the same input tensor (query, key and value; gate and up), from running
-    `block` on `inputs`; with them, those modules in the order called (none: no module of
-    `modules` ran on any input). The group is found on the first input that runs one of
-    them; each run then stops once all of them have run (the rest of the block is not
-    computed). Called again once they are pruned, it gives the next group, calibrated on
-    the outputs of the pruned ones (a block's layers one group at a time, as each block
-    on the pruned blocks before it)."""
-    group: list[nn.Module] = []
-    for index, call in enumerate(inputs):
-        group = _first_group(block, call, index, modules, wanted.patches)
-        if group:
-            break
-    with wanted.gather(group) as stats:
-        if group:
-            with _stopping(group) as run:
-                _run_each(stats, inputs, lambda call: run(block, call), None)
-    return stats, group
-
-
-def _shares(module: nn.Module, patches: bool) -> bool:
-    """Whether `module` may share one accumulator with others reading its input (as
-    InputStatistics does: not a convolution's patches)."""
-    return not (patches and isinstance(module, nn.modules.conv._ConvNd))
-
-
-def _first_group(
-    block: nn.Module, call: Inputs, index: int, modules: Sequence[nn.Module], patches: bool
-) -> list[nn.Module]:
-    """The first of `modules` that `block` calls on `call` (input `index`) and the ones
-    after it reading the same input tensor; the block stops at the first other one."""
-    group: list[nn.Module] = []
-    read: list[Any] = []
-
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        x = layers.layer_input(module, args, kwargs) if patches else args[0]
-        if not group:
-            group.append(module)
-            read.append(x)
-            return
-        alike = _shares(module, patches) and _shares(group[0], patches)
-        if alike and x is read[0] and all(m is not module for m in group):
-            group.append(module)
-            return
-        raise _Reached
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
-    try:
-        block(*call[0], **call[1])
-    except _Reached:
-        pass
-    except Exception as error:
-        raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return group
-
-
-@contextmanager
-def _stopping(group: Sequence[nn.Module]) -> Iterator[Callable[[nn.Module, Inputs], None]]:
-    """A way to run a block that stops it once every module of `group` has run (hooks
-    after the statistics' own, so those are taken first)."""
-    ran: set[int] = set()
-
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        ran.add(id(module))
-        if len(ran) == len(group):
-            raise _Reached
-
-    def run(block: nn.Module, call: Inputs) -> None:
-        ran.clear()
-        with suppress(_Reached):
-            block(*call[0], **call[1])
-
-    handles = [m.register_forward_hook(hook) for m in group]
-    try:
-        yield run
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _run_each(
