@@ -177,7 +177,12 @@ class Holder(nn.Module):
 def test_an_error_of_the_model_inside_a_wrapped_forward_names_the_batch() -> None:
     block = Holder().eval()
     calls: list[cal.Inputs] = [((torch.randn(2, 4),), {}), ((torch.randn(1, 4),), {})]
-    with torch.no_grad(), GroupedRuns(block, calls, [block.inner.a, block.b], WANTED) as runs:
-        with pytest.raises(ValueError, match="cannot take batch 1: RuntimeError: no single"):
-            runs.next_group([block.inner.a, block.b])
+    targets = [block.inner.a, block.b]
+    expected = "cannot take batch 1: RuntimeError: no single"
+    with (
+        torch.no_grad(),
+        GroupedRuns(block, calls, targets, WANTED) as runs,
+        pytest.raises(ValueError, match=expected),
+    ):
+        runs.next_group(targets)
     assert "forward" not in vars(block.inner)

@@ -197,7 +197,8 @@ def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
     width = stop - start
     group = pattern.m if isinstance(pattern, NM) else width
     step = group * max(1, _STEP // group) if isinstance(pattern, NM) else _STEP
-    ways = None if sweep.subsets is None else _ways(factor, sweep.subsets[0], group)
+    subsets = sweep.subsets
+    ways = None if subsets is None else _ways(factor, subsets[0], group)
     deadless = not bool(quiet.any())
     with _one_thread():
         for a in range(0, width, step):
@@ -206,13 +207,12 @@ def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
                 if i % group == 0:
                     end = min(i + group, width)
                     part = None if competing is None else competing[:, i:end]
-                    if ways is not None and part is None and end - i == group:
+                    if ways is not None and subsets and part is None and end - i == group:
                         values = current[i:end]
                         if not deadless:
                             values = values.masked_fill(quiet[i:end, None], 0)
-                        assert sweep.subsets is not None
                         g = i // group
-                        chosen[:, i:end] = _least_loss(values, ways[0][g], ways[1][g], sweep.subsets)
+                        chosen[:, i:end] = _least_loss(values, ways[0][g], ways[1][g], subsets)
                     else:
                         saliency = (current[i:end] ** 2 / scale[i:end]).T.masked_fill(
                             quiet[i:end], 0
