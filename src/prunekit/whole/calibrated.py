@@ -6,9 +6,10 @@ Memory, sequential mode: the inputs of one block for all calibration batches (as
 computes them: batches x tokens x hidden), the statistics of that block's Linears only
 (Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
 input, shared by Linears reading the same tensor) and one such input's SparseGPT work
-(the weights reading it, stacked, and one inverse Hessian factor, in float32). Taylor needs
-the whole model's backward: activations of one batch, plus a gradient and a running sum per
-pruned weight.
+(the weights reading it, stacked, and one inverse Hessian factor, in float32); with
+sequential='layers', also the outputs of the block's sublayers kept from one group's runs
+for the next (criteria.grouped). Taylor needs the whole model's backward: activations of
+one batch, plus a gradient and a running sum per pruned weight.
 """
 
 from __future__ import annotations
