@@ -98,6 +98,22 @@ def test_targets_are_grouped_by_the_input_they_read() -> None:
     ]
 
 
+def test_a_wide_input_s_hessian_is_the_mean_of_x_t_x_and_symmetric() -> None:
+    """Summed in panels on and below the diagonal (`_PANEL` columns each), the upper
+    triangle copied once read, read again after more batches too."""
+    generator = torch.Generator().manual_seed(4)
+    layer = nn.Linear(cal._PANEL + 44, 2)  # two panels, the second narrower
+    batches = [torch.randn(n, layer.in_features, generator=generator) for n in (5, 3, 7)]
+    with cal.InputStatistics([layer], norms=False, hessian=True) as stats:
+        for index, x in enumerate(batches):
+            stats.new_batch()
+            layer(x)
+            seen = torch.cat(batches[: index + 1]).double()
+            hessian = stats.hessian(layer)
+            assert torch.equal(hessian, hessian.T)
+            assert torch.allclose(hessian.double(), seen.T @ seen / len(seen), atol=1e-5)
+
+
 class Attention(nn.Module):
     """Query, key and value read one input (one Hessian for SparseGPT)."""
 
