@@ -153,6 +153,43 @@ def test_an_output_changed_in_place_after_it_was_kept_is_computed_again() -> Non
             prune_half(group)
 
 
+class Named(nn.Module):
+    """A sublayer whose output is a dict (not kept: computed again in each run)."""
+
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.b(torch.relu(self.a(x)))}
+
+
+class Stacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.c = Named(), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.first(x)["out"])
+
+
+def test_an_output_of_another_kind_is_computed_again() -> None:
+    block = Stacked().eval()
+    calls = inputs(2, 4)
+    targets = [block.first.a, block.first.b, block.c]
+    counts = computations([block.first])
+    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED) as runs:
+        for layer in targets:
+            stats, group = runs.next_group([layer])
+            whole = cal.block_statistics(block, calls, group, WANTED)
+            assert torch.equal(stats.hessian(layer), whole.hessian(layer))
+            prune_half(group)
+        outputs = runs.outputs()
+    assert torch.equal(outputs[1][0][0], cal.next_inputs(block, calls)[1][0][0])
+    # each group's runs (the first two stop inside it) and the outputs; the full runs
+    assert list(counts.values()) == [3 * 2 + 2 + (3 + 1) * 2]
+
+
 class Failing(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -150,12 +150,12 @@ class GroupedRuns:
         patches = self.wanted.patches
         group: list[nn.Module] = []
         read: list[Any] = []
-        finding = [True]  # on the input where the group is found, until it is complete
+        finding = True  # on the input where the group is found, until it is complete
 
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             run = self._run
             assert run is not None
-            if not finding[0]:
+            if not finding:
                 if any(m is module for m in group):
                     run.keeping = False
                     stats.take(module, args, kwargs)
@@ -179,7 +179,7 @@ class GroupedRuns:
                     stats.new_batch()
                     self._once(index, keep=True)
                     if group:
-                        finding[0] = False
+                        finding = False
         finally:
             for handle in handles:
                 handle.remove()
