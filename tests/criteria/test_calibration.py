@@ -13,6 +13,7 @@ import prunekit as prune
 from helpers import distributed_calibration
 from helpers.model_state import fingerprint
 from prunekit.criteria import calibration as cal
+from prunekit.criteria.grouped import GroupedRuns
 from prunekit.whole.oneshot import oneshot
 
 
@@ -95,6 +96,22 @@ def test_targets_are_grouped_by_the_input_they_read() -> None:
         [(q, "weight"), (k, "weight"), (v, "weight")],
         [(o, "weight")],
     ]
+
+
+def test_a_wide_input_s_hessian_is_the_mean_of_x_t_x_and_symmetric() -> None:
+    """Summed in panels on and below the diagonal (`_PANEL` columns each), the upper
+    triangle copied once read, read again after more batches too."""
+    generator = torch.Generator().manual_seed(4)
+    layer = nn.Linear(cal._PANEL + 44, 2)  # two panels, the second narrower
+    batches = [torch.randn(n, layer.in_features, generator=generator) for n in (5, 3, 7)]
+    with cal.InputStatistics([layer], norms=False, hessian=True) as stats:
+        for index, x in enumerate(batches):
+            stats.new_batch()
+            layer(x)
+            seen = torch.cat(batches[: index + 1]).double()
+            hessian = stats.hessian(layer)
+            assert torch.equal(hessian, hessian.T)
+            assert torch.allclose(hessian.double(), seen.T @ seen / len(seen), atol=1e-5)
 
 
 class Attention(nn.Module):
@@ -506,33 +523,41 @@ def test_layers_calibrates_each_layer_on_the_pruned_one_before() -> None:
     assert not torch.equal(block.b.weight_mask, twin.blocks[0].b.weight_mask)
 
 
-def test_layers_groups_layers_reading_one_input_and_stops_each_run_there() -> None:
+def test_layers_groups_layers_reading_one_input_and_computes_each_layer_once_a_batch() -> None:
     model = Attentive()
-    calls = {name: 0 for name in "qkvo"}
-    for name in "qkvo":
+    computed = {name: 0 for name in "qkvo"}
+    for name in "qkvo":  # counts each forward computed (not the calls answered from memory)
         layer = getattr(model.blocks[0], name)
-        layer.register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
-    groups: list[list[nn.Module]] = []
-    real = cal.first_group_statistics
+        real = layer.forward
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        stats, group = real(*args, **kwargs)
+        def counted(x: torch.Tensor, n: str = name, real: Any = real) -> torch.Tensor:
+            computed[n] += 1
+            out: torch.Tensor = real(x)
+            return out
+
+        layer.forward = counted
+    groups: list[list[nn.Module]] = []
+    real_group = GroupedRuns.next_group
+
+    def spy(self: GroupedRuns, modules: Any) -> Any:
+        stats, group = real_group(self, modules)
         groups.append(group)
         return stats, group
 
     data = batches()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cal, "first_group_statistics", spy)
+        patch.setattr(GroupedRuns, "next_group", spy)
         prune.prune_model(model, 0.5, method="sparsegpt", calibration=data, sequential="layers")
     first = model.blocks[0]
     assert groups[:2] == [[first.q, first.k, first.v], [first.o]] and len(groups) == 4
-    # q, k, v: finding each group (on the first batch), each group's runs, the next
-    # block's inputs; o: finding its group, its runs and the next block's inputs, not the
-    # first group's runs (they stop before it).
+    # q, k, v: finding their group on the first batch (each later run stops before q),
+    # then pruned, for o's input; o: finding its group, then pruned, for the next
+    # block's inputs (q, k and v's outputs kept from o's runs).
     n = len(data)
-    assert calls == {"q": 2 + 3 * n, "k": 2 + 3 * n, "v": 2 + 3 * n, "o": 1 + 2 * n}
+    assert computed == {"q": 1 + n, "k": 1 + n, "v": 1 + n, "o": 1 + n}
     for name in "qkvo":
         assert float(getattr(first, name).weight_mask.mean()) == 0.5
+        assert "forward" in vars(getattr(first, name))  # its own forward, given back
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,10 @@ Memory, sequential mode: the inputs of one block for all calibration batches (as
 computes them: batches x tokens x hidden), the statistics of that block's Linears only
 (Wanda: one norm per input feature; SparseGPT: an in x in float32 Hessian per distinct
 input, shared by Linears reading the same tensor) and one such input's SparseGPT work
-(the weights reading it, stacked, and one inverse Hessian factor, in float32). Taylor needs
-the whole model's backward: activations of one batch, plus a gradient and a running sum per
-pruned weight.
+(the weights reading it, stacked, and one inverse Hessian factor, in float32); with
+sequential='layers', also the outputs of the block's sublayers kept from one group's runs
+for the next (criteria.grouped). Taylor needs the whole model's backward: activations of
+one batch, plus a gradient and a running sum per pruned weight.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from prunekit.core.errors import value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
+from prunekit.criteria.grouped import GroupedRuns
 from prunekit.criteria.sparsegpt import sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
@@ -155,8 +157,9 @@ def _by_blocks(
         for i, block in enumerate(blocks):
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             if here and plan.config.sequential == "layers":  # refused with `reduce`
-                _by_groups(plan, block, inputs, here, want, bar)
-            elif here:
+                inputs = _by_groups(plan, block, inputs, here, want, bar, i + 1 < len(blocks))
+                continue
+            if here:
                 mods = [m for m, _ in here]
                 stats = cal.block_statistics(
                     block, inputs, mods, want, reduce=reduce, failed=pending
@@ -187,20 +190,23 @@ def _by_groups(
     targets: list[TensorRef],
     wanted: cal.Wanted,
     bar: Progress,
-) -> None:
+    more: bool,
+) -> list[cal.Inputs]:
     """The targets of one block, one group of layers at a time in the order the block
     calls them (those reading one input together: query, key and value; then the
     attention's output; gate and up; down), each calibrated on the outputs of the
-    groups pruned before it."""
+    groups pruned before it (criteria.grouped). Returns the block's outputs, the next
+    block's inputs, if there is `more` to calibrate (else none)."""
     left = list(targets)
-    while left:
-        mods = [m for m, _ in left]
-        stats, group = cal.first_group_statistics(block, inputs, mods, wanted)
-        if not group:
-            _check_seen(plan, stats, *left[0])  # raises: it never ran
-        members = {id(m) for m in group}
-        _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
-        left = [t for t in left if id(t[0]) not in members]
+    with GroupedRuns(block, inputs, [m for m, _ in targets], wanted) as runs:
+        while left:
+            stats, group = runs.next_group([m for m, _ in left])
+            if not group:
+                _check_seen(plan, stats, *left[0])  # raises: it never ran
+            members = {id(m) for m in group}
+            _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
+            left = [t for t in left if id(t[0]) not in members]
+        return runs.outputs() if more else []
 
 
 def _check_seen(plan: Plan, stats: cal.InputStatistics, module: nn.Module, name: str) -> None:

@@ -68,8 +68,9 @@ def prune_model(
     its layers group by group in the order the block calls them (query, key and value;
     the attention's output; gate and up; down), each group on the outputs of the groups
     pruned before it, as SparseGPT's paper prunes layer by layer (each run of the block
-    stops at the group calibrated: about 10 % more forward work than True; as True for
-    a model without blocks); False: one pass of the whole model; None (the default): the
+    stops at the group's input and takes the outputs the run before computed from
+    memory: each layer runs about once a batch, where True runs each block twice; as
+    True for a model without blocks); False: one pass of the whole model; None (the default): the
     method's own, ``'layers'`` for ``'sparsegpt'`` (the better scores on SmolLM2-135M
     and all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py; pass True for block by
     block only) unless with `process_group`, True otherwise. `progress`: a bar on stderr for
