@@ -3,6 +3,7 @@ block driver, and the one-shot driver's checks and rollback, on small models."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -591,3 +592,16 @@ def test_layers_calibrates_a_layer_the_first_batches_do_not_run() -> None:
     prune.prune_model(model, 0.5, method="sparsegpt", calibration=data, sequential="layers")
     for block in model.blocks:
         assert float(block.expert.weight_mask.mean()) == 0.5
+
+
+def test_wanda_norms_are_the_float64_root_of_the_float64_sums() -> None:
+    # Squares summing to 2: the norm is sqrt(2) in float64, not its float32 rounding
+    # (which would reorder Wanda scores that differ by less than float32 resolves).
+    layer = nn.Linear(2, 1)
+    with cal.InputStatistics([layer], norms=True, hessian=False) as stats:
+        for x in (torch.tensor([[1.0, 3.0]]), torch.tensor([[1.0, 0.0]])):
+            stats.new_batch()
+            layer(x)
+    norms = stats.norms(layer)
+    assert norms.dtype == torch.float64
+    assert norms.tolist() == [math.sqrt(2.0), 3.0]

@@ -264,10 +264,11 @@ class InputStatistics:
 
     def norms(self, module: nn.Module) -> Tensor:
         """The L2 norm of each input feature of `module` over all calibration rows: one
-        per feature, or (groups, features) for a grouped convolution's patches."""
+        per feature, or (groups, features) for a grouped convolution's patches. float64,
+        the root of the float64 sums: Wanda's ranking is not moved by a float32 rounding."""
         squares = self._of[module].squares
         assert squares is not None
-        return squares.sqrt().to(dtype=torch.float32)
+        return squares.sqrt()
 
     def hessian(self, module: nn.Module) -> Tensor:
         """The mean of X^T X over the calibration rows of `module`'s input: (features,
@@ -278,7 +279,7 @@ class InputStatistics:
         """The variance of each input feature of `module` over the calibration rows (float64;
         from the norms and the means, both gathered)."""
         rows = max(self.rows(module), 1)
-        squares = self.norms(module).double().square()
+        squares = self.norms(module).square()
         return (squares / rows - self.means(module).square()).clamp_min(0)
 
     def means(self, module: nn.Module) -> Tensor:

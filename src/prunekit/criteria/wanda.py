@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
@@ -56,7 +57,10 @@ class Wanda(Criterion):
 
 
 def wanda_scores(values: Tensor, norms: Tensor) -> Tensor:
-    """|values| x `norms` entry by entry (`norms` broadcast to `values`, in its dtype): the
-    size of what each weight contributes to its output."""
-    scores: Tensor = values.abs() * norms.to(dtype=values.dtype)
+    """|values| x `norms` entry by entry (`norms` broadcast to `values`): the size of what
+    each weight contributes to its output. In the wider of the two dtypes: float64 norms
+    (as calibration gives them) rank by the product of the unrounded norms, so two scores
+    closer than float32 resolves are not reordered by the norms' rounding."""
+    wide = torch.promote_types(values.dtype, norms.dtype)
+    scores: Tensor = values.abs().to(dtype=wide) * norms.to(dtype=wide)
     return scores
