@@ -42,17 +42,22 @@ def test_settled_broadcasts_ids_merged_along_a_dim() -> None:
     assert tr.settled(torch.tensor([3, 4, 5])).tolist() == [3, 4, 5]  # one dim: as it was
 
 
-def test_the_residual_stream_is_carried_settled() -> None:
+def _label_of_input(name: str) -> Tensor | None:
+    """The labels of what `_Tokens`' submodule `name` reads, in a traced forward."""
     torch.manual_seed(0)
     model = _Tokens().eval()
     seen: dict[str, Tensor] = {}
 
     def keep(_: nn.Module, args: Any) -> None:
-        seen["stream"] = args[0]
+        seen["input"] = args[0]
 
-    model.fc1.register_forward_pre_hook(keep)
+    model.get_submodule(name).register_forward_pre_hook(keep)
     tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {})
-    norm_out = tr.label(seen["stream"])
+    return tr.label(seen["input"])
+
+
+def test_the_residual_stream_is_carried_settled() -> None:
+    norm_out = _label_of_input("fc1")
     assert norm_out is not None and norm_out.stride(1) == 0  # one id per channel, all tokens
 
 
@@ -71,16 +76,7 @@ def test_settling_gives_the_groups_unsettled_labels_give(monkeypatch: pytest.Mon
 def test_a_norm_settles_its_input_too() -> None:
     """The residual stream a norm reads carries one id per channel once the norm merged its
     positions' ids: the residual add after the block reads it so."""
-    torch.manual_seed(0)
-    model = _Tokens().eval()
-    seen: dict[str, Tensor] = {}
-
-    def keep(_: nn.Module, args: Any) -> None:
-        seen["stream"] = args[0]
-
-    model.norm.register_forward_pre_hook(keep)
-    tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {})
-    stream = tr.label(seen["stream"])
+    stream = _label_of_input("norm")
     assert stream is not None and stream.stride(1) == 0
 
 
