@@ -19,3 +19,25 @@ def test_wanda_scores_keep_the_weights_dtype_for_float32_norms() -> None:
     scores = prune.Wanda(torch.tensor([2.0, 0.5])).scores(torch.tensor([[1.0, -3.0]]))
     assert scores.dtype == torch.float32
     assert scores.tolist() == [[2.0, 1.5]]
+
+
+def test_wanda_scores_broadcast_and_promote_as_the_product_does() -> None:
+    from prunekit.criteria.wanda import wanda_scores
+
+    torch.manual_seed(0)
+    cases = [
+        (torch.randn(3, 4), torch.rand(1, 4, dtype=torch.float64)),
+        (torch.randn(3, 4, dtype=torch.float16), torch.rand(4)),
+        (torch.randn(2, 4, 3, 3).bfloat16(), torch.rand(1, 4, 1, 1, dtype=torch.float64)),
+        (torch.randn(4), torch.rand(3, 4)),  # norms wider than the values
+        (torch.tensor([[float("nan"), -0.0, float("-inf")]]), torch.tensor([1.0, 2.0, 3.0])),
+    ]
+    for values, norms in cases:
+        wide = torch.promote_types(values.dtype, norms.dtype)
+        before = values.clone()
+        expected = values.abs().to(wide) * norms.to(wide)
+        got = wanda_scores(values, norms)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+        assert torch.equal(values.nan_to_num(), before.nan_to_num())  # values untouched

@@ -62,5 +62,9 @@ def wanda_scores(values: Tensor, norms: Tensor) -> Tensor:
     (as calibration gives them) rank by the product of the unrounded norms, so two scores
     closer than float32 resolves are not reordered by the norms' rounding."""
     wide = torch.promote_types(values.dtype, norms.dtype)
-    scores: Tensor = values.abs().to(dtype=wide) * norms.to(dtype=wide)
+    # One allocation of the result, written twice: a large fresh tensor costs its page
+    # faults, which on a big layer take as long as the arithmetic.
+    shape = torch.broadcast_shapes(values.shape, norms.shape)
+    scores = torch.empty(shape, dtype=wide, device=values.device)
+    scores.copy_(values).abs_().mul_(norms.to(dtype=wide))
     return scores
