@@ -605,3 +605,106 @@ def test_wanda_norms_are_the_float64_root_of_the_float64_sums() -> None:
     norms = stats.norms(layer)
     assert norms.dtype == torch.float64
     assert norms.tolist() == [math.sqrt(2.0), 3.0]
+
+
+class Counted(nn.Module):
+    """A Linear that counts its calls (its output computed or not)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def _full_statistics(model: nn.Module, data: list[Any], modules: list[nn.Module]) -> Any:
+    with torch.no_grad(), cal.Wanted(norms=True, hessian=True).gather(modules) as stats:
+        for batch in data:
+            stats.new_batch()
+            model(batch)
+    return stats
+
+
+def test_calibration_ends_each_later_run_once_every_layer_took_its_input() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), Counted(4), nn.Tanh(), Counted(4))
+    data = [torch.randn(3, 4) for _ in range(4)]
+    targets = [model[0], model[2].inner]
+    expected = _full_statistics(model, data, targets)
+    model[2].calls = model[4].calls = 0
+    stats = cal.calibrate(model, data, targets, cal.Wanted(norms=True, hessian=True))
+    # the first batch runs whole; each later one stops before the last target computes
+    assert (model[2].calls, model[4].calls) == (4, 1)
+    for m in targets:
+        assert stats.rows(m) == expected.rows(m) == 12
+        assert torch.equal(stats.norms(m), expected.norms(m))
+        assert torch.equal(stats.hessian(m), expected.hessian(m))
+
+
+class Swallows(nn.Module):
+    """Calls its layer inside a try that swallows every Exception, then calls it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.after = Counted(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            y = self.layer(x)
+        except Exception:
+            y = self.layer(x)  # a fallback path: the same layer, called again
+        return self.after(y)
+
+
+def test_a_run_that_swallows_the_stop_goes_on_and_takes_nothing_twice() -> None:
+    torch.manual_seed(0)
+    model = Swallows()
+    data = [torch.randn(3, 4) for _ in range(3)]
+    expected = _full_statistics(model, data, [model.layer])
+    model.after.calls = 0
+    stats = cal.calibrate(model, data, [model.layer], cal.Wanted(norms=True, hessian=False))
+    assert model.after.calls == 3  # every run went on past the stop
+    assert stats.rows(model.layer) == 9
+    assert torch.equal(stats.norms(model.layer), expected.norms(model.layer))
+
+
+class Branch(nn.Module):
+    """`late` runs only on batches whose first entry is positive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.late = nn.Linear(4, 4)
+        self.tail = Counted(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.first(x)
+        if float(x.flatten()[0]) > 0:
+            y = self.late(y)
+        return self.tail(y)
+
+
+def test_a_layer_the_first_batch_does_not_run_is_still_calibrated() -> None:
+    model = Branch()
+    data = [-torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 4)]
+    stats = cal.calibrate(model, data, [model.first, model.late], cal.Wanted(True, False))
+    assert model.tail.calls == 3  # no run ended early: the first did not call `late`
+    assert stats.rows(model.first) == 6 and stats.rows(model.late) == 4
+
+
+def test_block_statistics_end_each_later_run_at_the_last_layer_s_input() -> None:
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(4, 4), Counted(4), Counted(4))
+    inputs: list[cal.Inputs] = [((torch.randn(2, 4),), {}) for _ in range(3)]
+    targets = [block[0], block[1].inner]
+    expected = _full_statistics(block, [i[0][0] for i in inputs], targets)
+    block[1].calls = block[2].calls = 0
+    stats = cal.block_statistics(block, inputs, targets, cal.Wanted(True, True))
+    assert (block[1].calls, block[2].calls) == (3, 1)
+    for m in targets:
+        assert torch.equal(stats.hessian(m), expected.hessian(m))

@@ -175,13 +175,24 @@ class _Accumulator:
         return self.hessian
 
 
+class Stop(Exception):
+    """Raised by InputStatistics' hook to end a run once every module has taken its input
+    (see `early`); the caller of the run catches it."""
+
+
 class InputStatistics:
-    """Forward hooks on `modules` that accumulate their inputs' statistics: `norms` (the L2
-    norm of each input feature, for Wanda) and/or `hessian` (the mean of X^T X over the
+    """Forward pre-hooks on `modules` that accumulate their inputs' statistics: `norms` (the
+    L2 norm of each input feature, for Wanda) and/or `hessian` (the mean of X^T X over the
     rows of the input, for SparseGPT) and/or `means` (the mean of each input feature). The
     features of a Linear are its input's last dim; of a convolution, its input channels, or
     with `patches` the columns of its weight as criteria.layers sees them (patches of the
-    input, per group). Use as a context manager; call ``new_batch()`` before each batch."""
+    input, per group). Use as a context manager; call ``new_batch()`` before each batch.
+
+    With `early`, a run whose statistics are complete ends there: when the first batch
+    called every module (once each: a second call is refused), each later batch raises
+    `Stop` as soon as every module has taken its input, before the last one computes and
+    before whatever the model runs after it. The statistics are those of the whole run; a
+    run whose code swallows `Stop` goes on and takes nothing more in that batch."""
 
     def __init__(
         self,
@@ -191,6 +202,7 @@ class InputStatistics:
         hessian: bool,
         means: bool = False,
         patches: bool = False,
+        early: bool = False,
     ) -> None:
         self.modules = list(modules)
         self._want = (norms, hessian, means)
@@ -198,10 +210,14 @@ class InputStatistics:
         self._of: dict[nn.Module, _Accumulator] = {}
         self._handles: list[Any] = []
         self._batch = 0
+        self._early = early
+        self._called: set[nn.Module] = set()  # this batch's
+        self._stopped = False
+        self._distinct = len(set(self.modules))
 
     def __enter__(self) -> InputStatistics:
         for module in self.modules:
-            self._handles.append(module.register_forward_hook(self._hook, with_kwargs=True))
+            self._handles.append(module.register_forward_pre_hook(self._hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -212,14 +228,22 @@ class InputStatistics:
             acc.last = None
 
     def new_batch(self) -> None:
+        if self._batch == 1 and len(self._called) < self._distinct:
+            self._early = False  # a module the first batch did not call may run later
         self._batch += 1
+        self._called.clear()
+        self._stopped = False
         for acc in self._of.values():
             acc.last = None
 
-    def _hook(
-        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> None:
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._stopped:
+            return  # the run went on past Stop: its statistics are complete
         self.take(module, args, kwargs)
+        self._called.add(module)
+        if self._early and self._batch > 1 and len(self._called) == self._distinct:
+            self._stopped = True
+            raise Stop
 
     def take(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Add the input of one call of `module` (its arguments), as the hooks do: for a
@@ -547,11 +571,16 @@ class Wanted:
     means: bool = False
     patches: bool = False
 
-    def gather(self, modules: Sequence[nn.Module]) -> InputStatistics:
+    def gather(self, modules: Sequence[nn.Module], *, early: bool = False) -> InputStatistics:
         """Statistics of these kinds for `modules`, gathered while the returned context is
-        entered."""
+        entered (`early`: see InputStatistics)."""
         return InputStatistics(
-            modules, norms=self.norms, hessian=self.hessian, means=self.means, patches=self.patches
+            modules,
+            norms=self.norms,
+            hessian=self.hessian,
+            means=self.means,
+            patches=self.patches,
+            early=early,
         )
 
 
@@ -564,8 +593,9 @@ def calibrate(
     reduce: Reduce | None = None,
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, the `wanted` statistics for `modules`
-    (with `reduce`: of every rank's batches)."""
-    with evaluating(model), torch.no_grad(), wanted.gather(modules) as stats:
+    (with `reduce`: of every rank's batches). After the first batch, each run ends once
+    every module has taken its input (InputStatistics' `early`)."""
+    with evaluating(model), torch.no_grad(), wanted.gather(modules, early=True) as stats:
         failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
     return _finish(stats, reduce, failed)
 
@@ -581,8 +611,9 @@ def block_statistics(
 ) -> InputStatistics:
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
-    before (the block is not run then), is raised here once every rank has learnt of it."""
-    with wanted.gather(modules) as stats:
+    before (the block is not run then), is raised here once every rank has learnt of it.
+    After the first input, each run ends once every module has taken its input."""
+    with wanted.gather(modules, early=True) as stats:
         if failed is None:
             failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
     return _finish(stats, reduce, failed)
@@ -599,6 +630,8 @@ def _run_each(
             stats.new_batch()
             try:
                 run(item)
+            except Stop:
+                pass  # every module took its input: the rest of the run is not needed
             except Exception as error:
                 raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
     except Exception as error:
