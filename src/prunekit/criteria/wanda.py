@@ -64,7 +64,7 @@ def wanda_scores(values: Tensor, norms: Tensor) -> Tensor:
     wide = torch.promote_types(values.dtype, norms.dtype)
     # One allocation of the result, written twice: a large fresh tensor costs its page
     # faults, which on a big layer take as long as the arithmetic.
-    shape = torch.broadcast_shapes(values.shape, norms.shape)
+    shape = torch.broadcast_shapes(values.shape, norms.shape)  # type: ignore[no-untyped-call]
     scores = torch.empty(shape, dtype=wide, device=values.device)
     scores.copy_(values).abs_().mul_(norms.to(dtype=wide))
     return scores
