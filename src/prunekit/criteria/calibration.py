@@ -214,10 +214,12 @@ class InputStatistics:
         self._called: set[nn.Module] = set()  # this batch's
         self._stopped = False
         self._distinct = len(set(self.modules))
+        self._failed: Exception | None = None  # by the last take, raised if the call returns
 
     def __enter__(self) -> InputStatistics:
         for module in self.modules:
-            self._handles.append(module.register_forward_pre_hook(self._hook, with_kwargs=True))
+            self._handles.append(module.register_forward_pre_hook(self._take, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._taken))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -233,17 +235,28 @@ class InputStatistics:
         self._batch += 1
         self._called.clear()
         self._stopped = False
+        self._failed = None
         for acc in self._of.values():
             acc.last = None
 
-    def _hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _take(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._stopped:
             return  # the run went on past Stop: its statistics are complete
-        self.take(module, args, kwargs)
+        try:
+            self.take(module, args, kwargs)
+        except Exception as error:  # the module judges its input first: see _taken
+            self._failed = error
+            return
         self._called.add(module)
         if self._early and self._batch > 1 and len(self._called) == self._distinct:
             self._stopped = True
             raise Stop
+
+    def _taken(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """After a call: the error the input met in `take`, now that the module took it."""
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def take(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Add the input of one call of `module` (its arguments), as the hooks do: for a
