@@ -39,12 +39,14 @@ class Config:
         exclude: globs of the names to leave out.
         sequential: calibrate block by block (the calibrated methods): True, False, or
             'layers' (in each block, its layers too, group by group: see prune_model);
-            None (when made) becomes the method's own (registry.default_sequential, as
-            without data-parallel ranks: 'layers' for SparseGPT).
+            None (when made) becomes the method's own (registry.default_sequential: 'layers'
+            for SparseGPT, unless over `ranks`).
         progress: a bar on stderr (None: when stderr is a terminal).
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
         owner: the entry point the errors name.
+        ranks: whether the pruning runs over data-parallel ranks (for the default of
+            `sequential`).
 
     Raises:
         TypeError, ValueError: when made, for an argument of the wrong type or value,
@@ -62,6 +64,7 @@ class Config:
     damp: float = 0.01
     blocksize: int = 128
     owner: str = field(default="prune_model", compare=False)
+    ranks: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = self.owner
@@ -77,7 +80,7 @@ class Config:
         if self.pattern is None:
             object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
         if self.sequential is None:
-            object.__setattr__(self, "sequential", default_sequential(self.method, False))
+            object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error

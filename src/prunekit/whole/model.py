@@ -25,7 +25,7 @@ from prunekit.report import Report, report
 from prunekit.whole.config import Config
 from prunekit.whole.oneshot import run
 from prunekit.whole.plan import Loss
-from prunekit.whole.registry import CALIBRATED, default_sequential
+from prunekit.whole.registry import CALIBRATED
 from prunekit.whole.targets import ALL, Place, Target, globs, output_heads, select_targets
 
 __all__ = ["prune_model"]
@@ -109,13 +109,10 @@ def prune_model(
             scope=scope,
             include=globs(include, "include", OWNER),
             exclude=globs(exclude, "exclude", OWNER),
-            sequential=(
-                default_sequential(method, process_group is not None)
-                if sequential is None
-                else sequential
-            ),
+            sequential=sequential,
             progress=progress,
             owner=OWNER,
+            ranks=process_group is not None,
         )
 
     if process_group is None:
