@@ -34,7 +34,7 @@ _IN_PLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", 
 # ops that make new values of an input's shape whatever its values are: their output is real
 REAL_OUTPUT = {"zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
                "new_empty", "new_full"}  # fmt: skip
-_MIN_WORK = 1 << 16  # multiply-adds below which an op is computed (its zeros cost as much)
+MIN_WORK = 1 << 16  # multiply-adds below which an op is computed (its zeros cost as much)
 
 
 class NeedValues(Exception):
@@ -48,6 +48,7 @@ class Fakes:
 
     stopped: str = ""
     skipped: int = 0  # how many ops were not computed
+    least: int = MIN_WORK  # the multiply-adds from which an op is skipped
     _held: dict[int, weakref.ref[Tensor]] = field(default_factory=dict)
 
     def holds(self, t: Tensor) -> bool:
@@ -81,7 +82,7 @@ class Fakes:
         if fake:
             self._check(func, name, args, kwargs, fake, blind)
         if blind == "all":
-            made = skipped(func, args, kwargs)
+            made = skipped(func, args, kwargs, self.least)
             if made is not None:
                 self.skipped += 1
                 self.add(made)
@@ -112,9 +113,10 @@ class Fakes:
         self.stop(f"{name} could read fake values")
 
 
-def skipped(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
-    """Zeros for what `func` would return, when it is a costly op whose arguments are plainly
-    valid (their shapes, dtypes and devices agree); None: the op is computed."""
+def skipped(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], least: int = 0) -> Any:
+    """Zeros for what `func` would return, when it is a costly op (`least` multiply-adds or
+    more) whose arguments are plainly valid (their shapes, dtypes and devices agree); None:
+    the op is to be computed."""
     rule = _RULES.get(getattr(func, "__name__", ""))
     if rule is None or "out" in kwargs:
         return None
@@ -125,7 +127,7 @@ def skipped(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | N
     if made is None:
         return None
     shape, like, work = made
-    if work < _MIN_WORK:
+    if work < least:
         return None
     first = like if like is not None else next(t for t in (*args, *kwargs.values())
                                                if isinstance(t, Tensor))  # fmt: skip
