@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.graph import skim, tracer as tracer_module
+from prunekit.structure.graph import skim
+from prunekit.structure.graph import tracer as tracer_module
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup
 from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer, run_traced
@@ -278,7 +279,7 @@ def test_a_skipped_multi_head_attention_gives_its_output_and_no_weights() -> Non
 
     with torch.no_grad(), Keep():
         real = mha(x, x, x, need_weights=False)
-    (made, weights), = found
+    ((made, weights),) = found
     assert weights is None and real[1] is None
     assert (made.shape, made.stride()) == (real[0].shape, real[0].stride())
 

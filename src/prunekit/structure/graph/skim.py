@@ -168,9 +168,10 @@ _Made = tuple[tuple[int, ...], Tensor | None, int] | None
 def _zeros(shape: tuple[int, ...], like: Tensor, follow: bool) -> Tensor:
     """Zeros of `shape` on `like`'s device and dtype; laid out in `like`'s dim order when
     `follow` (dims of equal stride kept in order), else contiguous."""
-    if not follow:
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
-    order = sorted(range(len(shape)), key=lambda d: -like.stride(d))
+    order = list(range(len(shape)))
+    if follow:
+        given = like.stride()
+        order.sort(key=lambda d: -given[d])
     strides = [0] * len(shape)
     step = 1
     for d in reversed(order):
@@ -241,10 +242,18 @@ def _product(a: Tensor, b: Tensor, batched: bool) -> tuple[int, ...] | None:
     """The shape of ``a @ b`` (both at least 2-D; `batched`: batch dims broadcast)."""
     if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
         return None
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) if batched else a.shape[:-2]
-    if not batched and a.shape[:-2] != b.shape[:-2]:
+    batch = _broadcast(a.shape[:-2], b.shape[:-2]) if batched else tuple(a.shape[:-2])
+    if batch is None or (not batched and a.shape[:-2] != b.shape[:-2]):
         return None
     return (*batch, a.shape[-2], b.shape[-1])
+
+
+def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    """The shape `a` and `b` broadcast to (None: they do not)."""
+    a, b = (1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        return None
+    return tuple(max(x, y) if 1 in (x, y) else x for x, y in zip(a, b, strict=True))
 
 
 def _matmul(a: _Args) -> _Made:
@@ -268,7 +277,7 @@ def _add_product(a: _Args, dims: int) -> _Made:
     if x.dim() != dims or y.dim() != dims:
         return None
     shape = _product(x, y, False)
-    if shape is None or torch.broadcast_shapes(base.shape, shape) != shape:
+    if shape is None or _broadcast(base.shape, shape) != shape:
         return None
     return shape, None, math.prod(shape) * x.shape[-1]
 
@@ -286,7 +295,7 @@ def _attention(a: _Args) -> _Made:
             return None
         if mask.dtype not in (torch.bool, q.dtype):
             return None
-        if torch.broadcast_shapes(mask.shape, scores) != scores:
+        if _broadcast(mask.shape, scores) != scores:
             return None
     shape = (*q.shape[:-1], v.shape[-1])
     return shape, q, 2 * math.prod(scores) * q.shape[-1]
