@@ -34,6 +34,7 @@ BLIND: dict[str, tuple[Handler, Blind]] = {}
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
 _SHAPES_ONLY = (METADATA - {"_assert"}) | REAL_OUTPUT  # ops that read no value
+_NO_FAKES = _SHAPES_ONLY - {"__get__"}  # nor give fake values (`x.data` would)
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
@@ -505,7 +506,7 @@ class _Mode(TorchFunctionMode):
         if name is None:
             name = _NAMES[func] = op_name(func)
         fakes, inputs = tr.fakes, None
-        if fakes is None:
+        if fakes is None or name in _NO_FAKES:
             out = func(*args, **kwargs)
         else:
             inputs = _tensors_in(args, [])
