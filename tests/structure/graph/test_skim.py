@@ -80,6 +80,12 @@ def test_a_skimmed_trace_gives_the_groups_of_a_full_one(runs: list[skim.Fakes]) 
     assert skimmed == full
 
 
+def test_under_autocast_every_op_is_computed(runs: list[skim.Fakes]) -> None:
+    with torch.autocast("cpu"):  # the ops' dtypes are not their inputs'
+        run_traced(_Mixed().eval(), (torch.randn(2, 3, 16, 16),), {})
+    assert not runs
+
+
 class _Branches(nn.Module):
     """Python control flow on the activations' values: the branch taken decides the groups."""
 
@@ -290,7 +296,8 @@ def test_a_skipped_multi_head_attention_gives_its_output_and_no_weights() -> Non
      (F.conv2d, (torch.randn(1, 4, 2, 2), torch.randn(6, 4, 3, 3))),
      (F.conv2d, (torch.randn(1, 4, 9, 9), torch.randn(6, 4, 3, 3).double())),
      (torch.bmm, (torch.randn(3, 50, 40), torch.randn(2, 40, 60))),
-     (torch.mm, (torch.randint(0, 9, (50, 40)), torch.randint(0, 9, (40, 60))))],
+     (torch.mm, (torch.randint(0, 9, (50, 40)), torch.randint(0, 9, (40, 60)))),
+     (torch.mm, (torch.randn(50, 40).to_sparse(), torch.randn(40, 60)))],
 )  # fmt: skip
 def test_an_op_that_would_fail_is_computed(func: Any, args: tuple[Any, ...]) -> None:
     assert skim.skipped(func, args, {}) is None

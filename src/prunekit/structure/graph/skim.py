@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 # blindness of an op's handler and output shape to the values of its operands: 'all' (blind
 # to every operand), 'first' (to its first argument, a tensor or a list of them, only: a move
@@ -113,6 +113,14 @@ class Fakes:
         self.stop(f"{name} could read fake values")
 
 
+def autocast() -> bool:
+    """Whether autocast is on (ops then compute in another dtype than their inputs')."""
+    try:
+        return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+    except TypeError:  # torch before 2.4
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
 def skipped(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], least: int = 0) -> Any:
     """Zeros for what `func` would return, when it is a costly op (`least` multiply-adds or
     more) whose arguments are plainly valid (their shapes, dtypes and devices agree); None:
@@ -148,10 +156,11 @@ class _Args:
         return self.kwargs.get(key, default)
 
     def tensors(self, *found: Any) -> list[Tensor]:
-        """The tensors given (None skipped), checked to be of one floating dtype and device."""
+        """The tensors given (None skipped), checked to be plain dense tensors (no subclass,
+        sparse or nested one) of one floating dtype and device."""
         ts = [t for t in found if t is not None]
-        if not all(isinstance(t, Tensor) for t in ts):
-            raise TypeError("not a tensor")
+        if not all(type(t) in _PLAIN and t.layout == torch.strided for t in ts):
+            raise TypeError("not a plain dense tensor")
         dtype, device = ts[0].dtype, ts[0].device
         if not dtype.is_floating_point or any(
             t.dtype != dtype or t.device != device for t in ts
@@ -159,6 +168,8 @@ class _Args:
             raise TypeError("dtypes or devices differ")
         return ts
 
+
+_PLAIN = (Tensor, nn.Parameter)
 
 # (output shape, the tensor whose dim order the output's layout follows (None: contiguous),
 # multiply-adds); None: not plainly valid

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from prunekit.structure.graph.labels import along, channel_ids, core, varying
-from prunekit.structure.graph.skim import REAL_OUTPUT, Blind, Fakes
+from prunekit.structure.graph.skim import REAL_OUTPUT, Blind, Fakes, autocast
 
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
@@ -592,11 +592,11 @@ def run_traced(
 ) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs.
 
-    `skim`: the costly ops are first skipped (``graph.skim``): the outputs are then fake, and
-    when an op could read fake values (or they made the forward fail), the model runs again
-    computing every op; the tracer is the same either way.
+    `skim`: the costly ops are first skipped (``graph.skim``; not under autocast): the outputs
+    are then fake, and when an op could read fake values (or they made the forward fail), the
+    model runs again computing every op; the tracer is the same either way.
     """
-    if skim:
+    if skim and not autocast():
         fakes = Fakes()
         try:
             tracer, out = _run_traced(model, args, kwargs, options, fakes)
