@@ -86,6 +86,28 @@ def test_under_autocast_every_op_is_computed(runs: list[skim.Fakes]) -> None:
     assert not runs
 
 
+class _Excited(nn.Module):
+    """A squeeze-and-excitation gate broadcast with ``expand_as`` (the shape of fake values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.gate = nn.Conv2d(3, 8, 3), nn.Linear(8, 8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv(x)
+        scale = torch.sigmoid(self.gate(h.mean((2, 3))))[:, :, None, None]
+        return h * scale.expand_as(h) + scale.view_as(h.mean((2, 3), keepdim=True))
+
+
+def test_the_shape_of_fake_values_is_read_without_tracing_again(
+    runs: list[skim.Fakes],
+) -> None:
+    torch.manual_seed(0)
+    skimmed, full = _both(_Excited().eval(), torch.randn(1, 3, 8, 8))
+    assert skimmed == full
+    assert not runs[0].stopped
+
+
 class _Branches(nn.Module):
     """Python control flow on the activations' values: the branch taken decides the groups."""
 
@@ -271,7 +293,12 @@ def test_a_skipped_op_gives_zeros_laid_out_as_the_op_does(case: int) -> None:
     assert (made.shape, made.stride(), made.dtype) == (real.shape, real.stride(), real.dtype)
 
 
-def test_a_skipped_multi_head_attention_gives_its_output_and_no_weights() -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{"need_weights": False}, {}, {"average_attn_weights": False},
+     {"key_padding_mask": torch.zeros(2, 9).bool()}],
+)  # fmt: skip
+def test_a_skipped_multi_head_attention_gives_its_outputs(options: dict[str, Any]) -> None:
     mha = nn.MultiheadAttention(32, 4).eval()
     x = torch.randn(9, 2, 32)
     found: list[Any] = []
@@ -284,10 +311,12 @@ def test_a_skipped_multi_head_attention_gives_its_output_and_no_weights() -> Non
             return func(*args, **(kwargs or {}))
 
     with torch.no_grad(), Keep():
-        real = mha(x, x, x, need_weights=False)
-    ((made, weights),) = found
-    assert weights is None and real[1] is None
-    assert (made.shape, made.stride()) == (real[0].shape, real[0].stride())
+        real = mha(x, x, x, **options)
+    (made,) = found
+    for mine, theirs in zip(made, real, strict=True):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            assert (mine.shape, mine.stride()) == (theirs.shape, theirs.stride())
 
 
 @pytest.mark.parametrize(

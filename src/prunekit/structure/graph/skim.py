@@ -34,6 +34,8 @@ _IN_PLACE = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", 
 # ops that make new values of an input's shape whatever its values are: their output is real
 REAL_OUTPUT = {"zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
                "new_empty", "new_full"}  # fmt: skip
+# moves that read the shape of their second argument only
+_SHAPE_DONORS = {"expand_as", "view_as", "reshape_as"}
 MIN_WORK = 1 << 16  # multiply-adds below which an op is computed (its zeros cost as much)
 
 
@@ -108,6 +110,8 @@ class Fakes:
         if blind == "first":
             first = args[0] if args else kwargs.get("input", kwargs.get("tensors"))
             data = first if isinstance(first, (tuple, list)) else (first,)
+            if name in _SHAPE_DONORS:  # the other tensor gives its shape only
+                data = (*data, args[1] if len(args) > 1 else kwargs.get("other"))
             if all(any(t is d for d in data) for t in fake):
                 return
         self.stop(f"{name} could read fake values")
@@ -140,7 +144,10 @@ def skipped(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], least: int
     first = like if like is not None else next(t for t in (*args, *kwargs.values())
                                                if isinstance(t, Tensor))  # fmt: skip
     out = _zeros(shape, first, like is not None)
-    return (out, None) if func.__name__ in _PAIRED else out
+    if func.__name__ != "multi_head_attention_forward":  # the one op of two outputs
+        return out
+    weights = _mha_weights(_Args(args, kwargs))  # the attention weights, when asked for
+    return out, None if weights is None else _zeros(weights, first, False)
 
 
 @dataclass
@@ -313,14 +320,14 @@ def _attention(a: _Args) -> _Made:
 
 
 def _mha(a: _Args) -> _Made:
-    """torch's multi-head attention (no weights asked for, packed in-projection)."""
+    """torch's multi-head attention (packed in-projection): its output."""
     q, k, v = a.tensors(a(0, "query"), a(1, "key"), a(2, "value"))
     embed, heads = a(3, "embed_dim_to_check"), a(4, "num_heads")
     w_in, b_in = a(5, "in_proj_weight"), a(6, "in_proj_bias")
     w_out, b_out = a(11, "out_proj_weight"), a(12, "out_proj_bias")
     a.tensors(q, w_in, b_in, w_out, b_out)
     extra = (a(7, "bias_k"), a(8, "bias_v"), a(21, "static_k"), a(22, "static_v"))
-    if any(e is not None for e in extra) or a(9, "add_zero_attn") or a(15, "need_weights", True):
+    if any(e is not None for e in extra) or a(9, "add_zero_attn"):
         return None
     if a(17, "use_separate_proj_weight", False) or q.dim() != 3 or k.shape != v.shape:
         return None
@@ -357,4 +364,13 @@ _RULES: dict[str, Callable[[_Args], _Made]] = {
     "scaled_dot_product_attention": _attention,
     "multi_head_attention_forward": _mha,
 }
-_PAIRED = {"multi_head_attention_forward"}  # returns (output, None): no weights asked for
+
+
+def _mha_weights(a: _Args) -> tuple[int, ...] | None:
+    """The shape of the attention weights multi-head attention returns (None: not asked for):
+    averaged over the heads or not."""
+    if not a(15, "need_weights", True):
+        return None
+    length, batch, _ = a(0, "query").shape
+    pairs = (batch, length, a(1, "key").shape[0])
+    return pairs if a(23, "average_attn_weights", True) else (batch, a(4, "num_heads"), *pairs[1:])
