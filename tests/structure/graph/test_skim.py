@@ -127,7 +127,9 @@ class _Branches(nn.Module):
 @pytest.mark.parametrize(
     "read",
     [lambda h: bool(h.abs().sum() > 0), lambda h: h.abs().sum().item() > 0,
-     lambda h: h.abs().sum().tolist() > 0],
+     lambda h: h.abs().sum().tolist() > 0,
+     lambda h: bool(torch.zeros_like(h).add(1).sum() > 0)  # real values made from fake
+     and bool(torch.full_like(h, h.abs().mean()).sum() > 0)],  # a fake fill value
 )  # fmt: skip
 def test_a_value_read_in_python_traces_again(
     runs: list[skim.Fakes], read: Callable[[Tensor], Tensor]

@@ -33,8 +33,7 @@ BLIND: dict[str, tuple[Handler, Blind]] = {}
 
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
-_SHAPES_ONLY = (METADATA - {"_assert"}) | REAL_OUTPUT  # ops that read no value
-_NO_FAKES = _SHAPES_ONLY - {"__get__"}  # nor give fake values (`x.data` would)
+_NO_FAKES = METADATA - {"__get__", "_assert"}  # ops that read no value and give no tensor
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
@@ -509,16 +508,12 @@ class _Mode(TorchFunctionMode):
         if fakes is None or name in _NO_FAKES:
             out = func(*args, **kwargs)
         else:
-            inputs = _tensors_in(args, [])
-            if kwargs:
-                _tensors_in(tuple(kwargs.values()), inputs)
+            inputs = _inputs(args, kwargs)
             out = fakes.run(func, name, args, kwargs, inputs, _blind(name))
         if name in METADATA or tr.suspended:
             return out
         if inputs is None:
-            inputs = _tensors_in(args, [])
-            if kwargs:
-                _tensors_in(tuple(kwargs.values()), inputs)
+            inputs = _inputs(args, kwargs)
         labels, owners = tr._labels, tr.owners
         if not any(id(t) in labels or id(t) in owners for t in inputs):
             return out  # no channels and no model tensor: nothing for a handler to see
@@ -547,7 +542,15 @@ def _blind(name: str) -> Blind:
     found = BLIND.get(name)
     if found is not None and HANDLERS.get(name) is found[0]:
         return found[1]
-    return "all" if name in _SHAPES_ONLY else "none"
+    if name in REAL_OUTPUT:  # the shape of the first argument only (not a fill value)
+        return "first"
+    return "all" if name == "__get__" else "none"
+
+
+def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensors among an op's arguments, in order."""
+    found = _tensors_in(args, [])
+    return _tensors_in(tuple(kwargs.values()), found) if kwargs else found
 
 
 def _tensors_in(values: tuple[Any, ...] | list[Any], found: list[Tensor]) -> list[Tensor]:
