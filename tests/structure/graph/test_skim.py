@@ -50,7 +50,7 @@ def _both(model: nn.Module, x: Tensor) -> tuple[list[Any], list[Any]]:
 
 
 class _Mixed(nn.Module):
-    """Convolutions, a depthwise one, attention (MHA and a hand-made one), matmuls, a gate."""
+    """Convolutions (a depthwise one), attention (MHA and a hand-made one), a batched matmul."""
 
     def __init__(self) -> None:
         super().__init__()
