@@ -328,7 +328,9 @@ def test_a_skipped_multi_head_attention_gives_its_outputs(options: dict[str, Any
      (F.conv2d, (torch.randn(1, 4, 9, 9), torch.randn(6, 4, 3, 3).double())),
      (torch.bmm, (torch.randn(3, 50, 40), torch.randn(2, 40, 60))),
      (torch.mm, (torch.randint(0, 9, (50, 40)), torch.randint(0, 9, (40, 60)))),
-     (torch.mm, (torch.randn(50, 40).to_sparse(), torch.randn(40, 60)))],
+     (torch.mm, (torch.randn(50, 40).to_sparse(), torch.randn(40, 60))),
+     (F.conv2d, (torch.randn(1, 4, 9, 9),
+                 torch.randn(6, 4, 3, 3).to(memory_format=torch.channels_last)))],
 )  # fmt: skip
 def test_an_op_that_would_fail_is_computed(func: Any, args: tuple[Any, ...]) -> None:
     assert skim.skipped(func, args, {}) is None

@@ -237,6 +237,8 @@ def _conv(a: _Args, spatial: int) -> _Made:
             return None
         sizes.append(size)
     shape = (x.shape[0], w.shape[0], *sizes)
+    if not w.is_contiguous():  # a channels-last weight can make the output channels-last
+        return None
     if x.is_contiguous():
         like = None
     elif spatial == 2 and x.is_contiguous(memory_format=torch.channels_last):
