@@ -460,4 +460,6 @@ def update_modules(model: nn.Module) -> None:
             _set(module, num_heads=attention.num_heads)
 
 
-MODULE_HANDLERS.append(ModuleHandler("attention", lambda m: adapter_of(m) is not None, _trace))
+MODULE_HANDLERS.append(
+    ModuleHandler("attention", lambda m: adapter_of(m) is not None, _trace, blind=True)
+)

@@ -31,8 +31,11 @@ def channel_groups(model: nn.Module, example_inputs: Any, *, gqa: str = "query")
     """The groups of coupled channels of `model`, traced from one forward on `example_inputs`.
 
     `example_inputs`: a tensor, a tuple of positional arguments or a dict of keyword
-    arguments. The forward runs once in eval mode without gradients (the model's mode is
-    restored). Prunable groups come first; the others carry the reason they are left alone.
+    arguments. The forward runs in eval mode without gradients (the model's mode is
+    restored), first without computing its costly ops (their outputs are zeros: the graph
+    reads shapes, not values); where the model's code or a handler could read those values,
+    it runs again computing every op. Prunable groups come first; the others carry the reason
+    they are left alone.
     `gqa`: the unit of an attention with grouped-query heads: 'query' (query heads, the same
     count from every key/value group) or 'group' (whole key/value groups with their query
     heads).

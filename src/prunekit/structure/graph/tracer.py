@@ -22,13 +22,18 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from prunekit.structure.graph.labels import along, channel_ids, core, varying
+from prunekit.structure.graph.skim import REAL_OUTPUT, Blind, Fakes, autocast
 
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
 HANDLERS: dict[str, Handler] = {}
+# the graph's own handlers, each with what it and its op's output shape are blind to (see
+# `register`); a handler registered otherwise is taken to read every value
+BLIND: dict[str, tuple[Handler, Blind]] = {}
 
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
+_NO_FAKES = METADATA - {"__get__", "_assert"}  # ops that read no value and give no tensor
 _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id per element
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
@@ -39,23 +44,30 @@ class ModuleHandler:
     """Traces a whole module at once (its inner ops run untraced): attention, RMSNorm.
 
     `match(module, tracer)` says whether it applies; `trace(tracer, module, args, kwargs,
-    out)` then records the module's slices and sets the labels of its outputs.
+    out)` then records the module's slices and sets the labels of its outputs. `blind`: the
+    module's output shape and `trace` depend on no value of its inputs (the graph's own
+    handlers of attention and RMSNorm), so they may be fake (see ``graph.skim``).
     """
 
     name: str
     match: Callable[[nn.Module], bool]
     trace: Callable[[Tracer, nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+    blind: bool = False
 
 
 MODULE_HANDLERS: list[ModuleHandler] = []
 
 
-def register(*names: str) -> Callable[[Handler], Handler]:
-    """Register a handler for the ops of these (normalized) names."""
+def register(*names: str, blind: Blind = "none") -> Callable[[Handler], Handler]:
+    """Register a handler for the ops of these (normalized) names. `blind`: the operands
+    whose values neither the handler nor the op's output shape depend on, which may be fake
+    while tracing (see ``graph.skim``): 'all', 'first' (the first argument, a tensor or a list
+    of them: a move replays its other tensors, indices) or 'none'."""
 
     def add(handler: Handler) -> Handler:
         for name in names:
             HANDLERS[name] = handler
+            BLIND[name] = (handler, blind)
         return handler
 
     return add
@@ -125,6 +137,7 @@ class Tracer:
     # expert indices -> (those indices, the ids of its experts)
     blocks: list[list[int]] = field(default_factory=list)  # ids that lose equal counts
     outputs: list[tuple[int, int, Tensor]] = field(default_factory=list)  # leaf, dim, ids
+    fakes: Fakes | None = None  # the fake values, when costly ops are skipped
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
     # the records of each tensor's positions while no two share one: (positions, ids, their
@@ -487,16 +500,20 @@ class _Mode(TorchFunctionMode):
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:  # fmt: skip
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         tr = self.tracer
         name = _NAMES.get(func)
         if name is None:
             name = _NAMES[func] = op_name(func)
+        fakes, inputs = tr.fakes, None
+        if fakes is None or name in _NO_FAKES:
+            out = func(*args, **kwargs)
+        else:
+            inputs = _inputs(args, kwargs)
+            out = fakes.run(func, name, args, kwargs, inputs, _blind(name))
         if name in METADATA or tr.suspended:
             return out
-        inputs = _tensors_in(args, [])
-        if kwargs:
-            _tensors_in(tuple(kwargs.values()), inputs)
+        if inputs is None:
+            inputs = _inputs(args, kwargs)
         labels, owners = tr._labels, tr.owners
         if not any(id(t) in labels or id(t) in owners for t in inputs):
             return out  # no channels and no model tensor: nothing for a handler to see
@@ -517,6 +534,23 @@ class _Mode(TorchFunctionMode):
 
 # each torch function seen -> its op name
 _NAMES: dict[Any, str] = {}
+
+
+def _blind(name: str) -> Blind:
+    """What the op of this name and its handler are blind to (a handler a user registered
+    in place of the graph's own: nothing)."""
+    found = BLIND.get(name)
+    if found is not None and HANDLERS.get(name) is found[0]:
+        return found[1]
+    if name in REAL_OUTPUT:  # the shape of the first argument only (not a fill value)
+        return "first"
+    return "all" if name == "__get__" else "none"
+
+
+def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensors among an op's arguments, in order."""
+    found = _tensors_in(args, [])
+    return _tensors_in(tuple(kwargs.values()), found) if kwargs else found
 
 
 def _tensors_in(values: tuple[Any, ...] | list[Any], found: list[Tensor]) -> list[Tensor]:
@@ -557,11 +591,33 @@ def describe_op(call: Call) -> str:
 
 def run_traced(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-    options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None, skim: bool = True,
 ) -> tuple[Tracer, Any]:  # fmt: skip
-    """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs."""
+    """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs.
+
+    `skim`: the costly ops are first skipped (``graph.skim``; not under autocast): the outputs
+    are then fake, and when an op could read fake values (or they made the forward fail), the
+    model runs again computing every op; the tracer is the same either way.
+    """
+    if skim and not autocast():
+        fakes = Fakes()
+        try:
+            tracer, out = _run_traced(model, args, kwargs, options, fakes)
+        except Exception:  # NeedValues, or values the model needs were fake: run for real
+            fakes.stopped = fakes.stopped or "the forward failed on fake values"
+        else:
+            if not fakes.stopped:  # no NeedValues, even one the model caught
+                return tracer, out
+    return _run_traced(model, args, kwargs, options, None)
+
+
+def _run_traced(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    options: dict[str, Any] | None, fakes: Fakes | None,
+) -> tuple[Tracer, Any]:  # fmt: skip
     named = list(model.named_modules())
     tracer = Tracer(owners=tensor_owners(model, named), options=dict(options or {}))
+    tracer.fakes = fakes
     names = tracer.names = {id(m): n for n, m in named}
 
     def enter(module: nn.Module, _: Any) -> None:
@@ -612,6 +668,11 @@ def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[An
         def after(m: nn.Module, args: Any, kwargs: Any, out: Any,
                   handler: ModuleHandler = handler) -> None:  # fmt: skip
             tracer.suspended -= 1
+            fakes = tracer.fakes
+            if fakes is not None and not handler.blind:
+                held = [t for t in _tensors_in((args, kwargs, out), []) if fakes.holds(t)]
+                if held:
+                    fakes.stop(f"{handler.name} could read fake values")
             if not tracer.suspended:
                 with torch._C.DisableTorchFunction():  # its own ops are no part of the model
                     handler.trace(tracer, m, tuple(args), dict(kwargs), out)

@@ -306,7 +306,8 @@ def register_module_handler(
             "replace=True to trace it with yours instead"
         )
     cls = module_class
-    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace)
+    blind = isinstance(handler, str)  # the graph's own behaviours read no value
+    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace, blind)
     previous = _USER_MODULES.get(cls)
     if previous is not None:
         MODULE_HANDLERS.remove(previous)

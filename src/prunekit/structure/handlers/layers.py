@@ -16,7 +16,7 @@ Owner = tuple[str, nn.Module, str, bool] | None
 """What ``Tracer.claim`` says of a tensor: the parameter of the model it is, or None."""
 
 
-@register("conv1d", "conv2d", "conv3d")
+@register("conv1d", "conv2d", "conv3d", blind="all")
 def _conv(tr: Tracer, call: Call) -> None:
     x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
     groups = int(call.arg(6, "groups", 1))
@@ -56,7 +56,7 @@ def _conv(tr: Tracer, call: Call) -> None:
     tr.set(out, tr.along(new, cdim, out.shape), held=True)
 
 
-@register("linear")
+@register("linear", blind="all")
 def _linear(tr: Tracer, call: Call) -> None:
     x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
     owner = tr.claim(weight)
@@ -99,7 +99,7 @@ def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> T
     return chan
 
 
-@register("batch_norm", "instance_norm")
+@register("batch_norm", "instance_norm", blind="all")
 def _batch_norm(tr: Tracer, call: Call) -> None:
     tensors = [(call.arg(1, "running_mean"), "buffer"), (call.arg(2, "running_var"), "buffer"),
                (call.arg(3, "weight"), "norm"), (call.arg(4, "bias"), "norm")]  # fmt: skip
@@ -108,7 +108,7 @@ def _batch_norm(tr: Tracer, call: Call) -> None:
         tr.set(call.out, tr.along(chan, 1, call.out.shape))
 
 
-@register("group_norm")
+@register("group_norm", blind="all")
 def _group_norm(tr: Tracer, call: Call) -> None:
     x, groups = call.arg(0, "input"), int(call.arg(1, "num_groups"))
     labels = tr.label(x)
@@ -122,7 +122,7 @@ def _group_norm(tr: Tracer, call: Call) -> None:
     tr.set(call.out, along(chan, 1, call.out.shape))
 
 
-@register("layer_norm", "rms_norm")
+@register("layer_norm", "rms_norm", blind="all")
 def _layer_norm(tr: Tracer, call: Call) -> None:
     x, shape = call.arg(0, "input"), call.arg(1, "normalized_shape")
     weight = call.arg(2, "weight")
@@ -199,7 +199,7 @@ RMS_NORMS = {
 }  # fmt: skip
 
 
-@register("addmm")
+@register("addmm", blind="all")
 def _addmm(tr: Tracer, call: Call) -> None:
     """``addmm(bias, x, weight)`` with a model weight of shape (in, out): Hugging Face's
     Conv1D (GPT-2), a linear layer with its weight transposed."""
@@ -215,7 +215,7 @@ def _addmm(tr: Tracer, call: Call) -> None:
     _matrix_product(tr, call, x, weight, (owner, bias_owner), 0)
 
 
-@register("prelu")
+@register("prelu", blind="all")
 def _prelu(tr: Tracer, call: Call) -> None:
     x, weight = call.arg(0, "input"), call.arg(1, "weight")
     labels = tr.label(x)

@@ -51,7 +51,7 @@ def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dic
     tr.set(out, labels if out.shape == labels.shape else None)
 
 
-MODULE_HANDLERS.append(ModuleHandler("rms_norm", _match_rms, _trace_rms))
+MODULE_HANDLERS.append(ModuleHandler("rms_norm", _match_rms, _trace_rms, blind=True))
 
 
 def kept_norm_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

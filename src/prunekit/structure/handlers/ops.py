@@ -78,7 +78,7 @@ _UNARY = [
 ]
 
 
-@register(*_UNARY)
+@register(*_UNARY, blind="all")
 def _unary(tr: Tracer, call: Call) -> None:
     labels = tr.label(call.arg(0, "input"))
     others = [a for a in call.args[1:] + tuple(call.kwargs.values()) if isinstance(a, Tensor)]
@@ -104,7 +104,7 @@ _BINARY = {
 }  # fmt: skip
 
 
-@register(*_BINARY)
+@register(*_BINARY, blind="all")
 def _binary(tr: Tracer, call: Call) -> None:
     kind, swapped = _BINARY[call.name]
     a, b = call.arg(0, "input"), call.arg(1, "other")
@@ -231,7 +231,7 @@ _MOVES = [
 ]
 
 
-@register(*_MOVES)
+@register(*_MOVES, blind="first")
 def _move(tr: Tracer, call: Call) -> None:
     data = _data(call)
     found = [(t, tr.labels_of(t)) for t in data]
@@ -476,7 +476,7 @@ _POOLS = [
 ]
 
 
-@register(*_POOLS)
+@register(*_POOLS, blind="all")
 def _pool(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
@@ -516,7 +516,7 @@ _REDUCE = [
 ]
 
 
-@register(*_REDUCE)
+@register(*_REDUCE, blind="all")
 def _reduce(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
@@ -543,7 +543,7 @@ def _reduce(tr: Tracer, call: Call) -> None:
             tr.set(t, kept)
 
 
-@register("softmax", "log_softmax", "normalize", "cumsum", "cumprod")
+@register("softmax", "log_softmax", "normalize", "cumsum", "cumprod", blind="all")
 def _along_dim(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
@@ -558,7 +558,7 @@ def _along_dim(tr: Tracer, call: Call) -> None:
 
 
 @register("matmul", "mm", "bmm", "einsum", "baddbmm", "scaled_dot_product_attention",
-          "multi_head_attention_forward", "__matmul__", "bilinear")  # fmt: skip
+          "multi_head_attention_forward", "__matmul__", "bilinear", blind="all")  # fmt: skip
 def _contracts(tr: Tracer, call: Call) -> None:
     for t in _tensors(call):
         tr.block(
