@@ -6,6 +6,7 @@ over groups or slices touches a tensor); Python only cuts the sorted positions i
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -23,9 +24,8 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     records = [r for r in tr.records if r.role != "element"]
     made = [r.ids for r in records if r.role == "out"]
     made_ids = torch.cat(made) if made else torch.zeros(0, dtype=torch.long)
-    makers = torch.unique(roots[made_ids[made_ids >= 0]])
-    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)
-    is_maker[makers] = True
+    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)  # the last: an id of -1
+    is_maker[roots[made_ids[made_ids >= 0]]] = True
     reasons = _blocked(tr, roots, is_maker)
     for r in tr.records:
         if r.role == "element":
@@ -38,19 +38,31 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
         for r in by_tensor.get((mname, name), []):
             for x in torch.unique(roots[r.ids[r.ids >= 0]]).tolist():
                 _add(reasons[x], why)
-    root_of = roots.tolist()
-    normed = {root_of[i] for i in tr.normed}
+    normed = set(_roots_of(roots, tr.normed))
+    reached = "they reach the model's output"
     for _, _, ids in tr.outputs:
         for x in torch.unique(roots[ids[ids >= 0]]).tolist():
             if x not in normed:
-                _add(reasons[x], "they reach the model's output")
+                found = reasons[x]
+                if reached not in found:
+                    found.append(reached)
+    in_blocks = [i for ids in tr.blocks for i in ids]
+    block_ids = [b for b, ids in enumerate(tr.blocks) for _ in ids]
     extra = _Extra(
-        heads={root_of[i] for i in tr.heads},
-        experts={root_of[i] for i in tr.experts},
+        heads=set(_roots_of(roots, tr.heads)),
+        experts=set(_roots_of(roots, tr.experts)),
         normed=normed,
-        block_of={root_of[i]: b for b, ids in enumerate(tr.blocks) for i in ids},
+        block_of=dict(zip(_roots_of(roots, in_blocks), block_ids, strict=True)),
     )
     return _groups(records, roots, is_maker, reasons, extra, tr.outputs)
+
+
+def _roots_of(roots: Tensor, ids: Collection[int]) -> list[int]:
+    """The root of each of these ids, in their order (a set's in its own)."""
+    if not ids:
+        return []
+    found: list[int] = roots[torch.tensor(list(ids), dtype=torch.long)].tolist()
+    return found
 
 
 def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]]:
@@ -155,8 +167,10 @@ class _Entries:
     channel: Tensor
 
     def take(self, keep: Tensor) -> _Entries:
-        return _Entries(self.content[keep], self.unit[keep], self.position[keep],
-                        self.channel[keep])  # fmt: skip
+        """The entries at these indices."""
+        return _Entries(self.content.index_select(0, keep), self.unit.index_select(0, keep),
+                        self.position.index_select(0, keep),
+                        self.channel.index_select(0, keep))  # fmt: skip
 
 
 def _contents(
@@ -210,8 +224,9 @@ def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
     )
     position = torch.cat([r.positions for r in firsts])
     channel = torch.cat([_channels(r) for r in firsts])
-    unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
-    keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
+    # ids are >= -1: an id of -1 reads the root appended last (-1), which makes nothing
+    unit = torch.cat([roots, torch.full((1,), -1, dtype=torch.long)])[ids]
+    keep = is_maker[unit].nonzero().squeeze(1)
     return _Entries(content, unit, position, channel).take(keep)
 
 
@@ -220,12 +235,22 @@ def _channels(r: Record) -> Tensor:
     return r.positions if r.channels is None else r.channels
 
 
-def _expand(codes: Tensor, table: dict[int, list[int]]) -> tuple[Tensor, Tensor]:
-    """For each code, every value table[code] lists (none where absent): (which code, value)."""
+def _expand(codes: Tensor, table: dict[int, list[int]], span: int) -> tuple[Tensor | None,
+                                                                             Tensor]:  # fmt: skip
+    """For each code (all in ``range(span)``), every value table[code] lists (none where
+    absent): (which code, value); which is None when it is every code, once each."""
     keys = torch.tensor(sorted(table), dtype=torch.long)
     lists = [table[k] for k in keys.tolist()]
     counts = torch.tensor([len(v) for v in lists], dtype=torch.long)
     values = torch.tensor([v for vs in lists for v in vs], dtype=torch.long)
+    if len(values) == len(keys) and span <= 4 * len(codes) + _DENSE:  # one value per code
+        dense = torch.full((span,), -1, dtype=torch.long)  # looked up, not searched
+        dense[keys] = values
+        value = dense[codes]
+        if bool((value >= 0).all()):
+            return None, value
+        which = (value >= 0).nonzero().squeeze(1)
+        return which, value[which]
     at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
     found = keys[at] == codes
     if bool((counts == 1).all()):  # one value per code (most tables): no expansion
@@ -293,16 +318,24 @@ def _groups(
                                         r.op))  # fmt: skip
         all_slices.append(tuple(slices))
         lead.append(content_of[next(iter(keys.values()))[0]])
-    unit_of, group_of, ordered = _unit_order(live, all_members, sizes, lead, len(roots))
+    group_of = torch.full((len(roots),), -1, dtype=torch.long)
+    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    group_of[all_members] = member_group
+    g_entry = group_of[live.unit]  # every live unit is in a group (its pairs made them)
+    unit_of, ordered = _unit_order(live, g_entry, all_members, member_group, sizes, lead,
+                                   len(roots))  # fmt: skip
     # the parts of each live entry: its unit's group with the content of its record
-    g_entry = group_of[live.unit]
-    inside = g_entry >= 0
-    which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
-    u_entry = unit_of[live.unit[inside]][which]
+    which, p_entry = _expand(g_entry * kinds + live.content, part_table, len(sizes) * kinds)
+    u_entry, position, channel = unit_of[live.unit], live.position, live.channel
+    if which is not None:
+        u_entry, position, channel = u_entry[which], position[which], channel[which]
     part_sizes = [sizes[g] for g in part_groups]
-    positions.fill(p_entry, u_entry, live.position[inside][which], part_sizes)
-    take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
-    channels.fill(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
+    positions.fill(p_entry, u_entry, position, part_sizes)
+    if all(part_in):
+        channels.fill(p_entry, u_entry, channel, part_sizes)
+    elif any(part_in):
+        take = torch.tensor(part_in, dtype=torch.bool)[p_entry].nonzero().squeeze(1)
+        channels.fill(p_entry[take], u_entry[take], channel[take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     blocked = _blocked_members(reasons, group_of, unit_of)
     groups = [
@@ -315,35 +348,30 @@ def _groups(
 
 
 def _unit_order(
-    live: _Entries, all_members: Tensor, sizes: list[int], lead_content: list[int], size: int
-) -> tuple[Tensor, Tensor, list[list[int]]]:
-    """The group of each unit (root), its index in the group and each group's units in that
-    order: by where they first appear in the group's lead record (the first 'out' one), whose
-    content is given per group. `all_members`: the units of every group, group after group,
-    `sizes` of each."""
-    group_of = torch.full((size,), -1, dtype=torch.long)
-    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
-    group_of[all_members] = member_group
+    live: _Entries, g_entry: Tensor, all_members: Tensor, member_group: Tensor,
+    sizes: list[int], lead_content: list[int], size: int,
+) -> tuple[Tensor, list[list[int]]]:  # fmt: skip
+    """The index of each unit (root) in its group and each group's units in that order: by
+    where they first appear in the group's lead record (the first 'out' one), whose content
+    is given per group. `all_members`: the units of every group, group after group, `sizes`
+    of each, `member_group` the group of each; `g_entry`: the group of each live entry."""
     lead = torch.tensor(lead_content, dtype=torch.long)
-    g_entry = group_of[live.unit]
-    at_lead = (g_entry >= 0) & (live.content == lead[g_entry.clamp_min(0)])
-    index = torch.arange(len(live.unit))[at_lead]
+    at_lead = (live.content == lead[g_entry]).nonzero().squeeze(1)  # entry indices
     first = torch.full((size,), len(live.unit), dtype=torch.long)
-    first.scatter_reduce_(0, live.unit[at_lead], index, "amin")
+    first.scatter_reduce_(0, live.unit[at_lead], at_lead, "amin")
     seen = first[all_members] < len(live.unit)
     position = torch.cat([live.position, torch.zeros(1, dtype=torch.long)])
     first_pos = torch.where(seen, position[first[all_members]], 0)
     span = int(all_members.max()) + 1
     order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
                           + all_members)  # fmt: skip
-    counts = torch.bincount(member_group, minlength=len(sizes))
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    starts = torch.tensor([0, *sizes]).cumsum(0)
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
     unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
     flat, bounds = ranked.tolist(), starts.tolist()
     ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
-    return unit_of, group_of, ordered
+    return unit_of, ordered
 
 
 class _Cuts:
@@ -459,7 +487,8 @@ def _signatures(
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
     # a root's signature: its sorted kinds (a multiset) and whether it is blocked
     blocked = torch.zeros(int(distinct.max()) + 1, dtype=torch.long)
-    with_reasons = [root for root, found in reasons.items() if found and root < len(blocked)]
+    bound = len(blocked)
+    with_reasons = [root for root, found in reasons.items() if found and root < bound]
     blocked[torch.tensor(with_reasons, dtype=torch.long)] = 1
     flag = blocked[distinct]
     classes = _same_runs(keys, where, starts, flag)
@@ -511,8 +540,9 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     at = torch.arange(len(values)) - starts[run]  # each value's place in its run
     weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
                            dtype=torch.uint64).view(torch.long)  # fmt: skip
-    codes = (counts + 1) * weights[0] + flag  # wraps around: a hash modulo 2**64
-    codes.index_add_(0, run, (values + 2) * weights[at + 1])
+    sums = torch.cat([torch.zeros(1, dtype=torch.long), ((values + 2) * weights[at + 1]).cumsum(0)])
+    # each run's terms summed (a difference of running sums): wraps around, a hash mod 2**64
+    codes = (counts + 1) * weights[0] + flag + (sums[starts[1:]] - sums[starts[:-1]])
     inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
     first = torch.full((len(counts),), len(counts), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(len(counts)), "amin")
@@ -526,6 +556,8 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]
     return exact
 
+
+_DENSE = 1 << 16  # a table of codes this wide is looked up densely, whatever the codes' count
 
 _HASH = 0x9E3779B97F4A7C15  # an odd multiplier: any two rows that differ are unlikely alike
 
