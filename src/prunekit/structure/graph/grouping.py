@@ -104,12 +104,19 @@ class _Extra:
     normed: set[int]
     block_of: dict[int, int]
 
-    def kind(self, members: list[int]) -> str:
-        if not self.heads.isdisjoint(members):
-            return "heads"
-        if not self.experts.isdisjoint(members):
-            return "experts"
-        return "channels" if self.normed.isdisjoint(members) else "hidden"
+    def kinds(self, members: Tensor, member_group: Tensor, size: int, count: int) -> list[str]:
+        """The kind of each of `count` groups: 'heads' if any of its units is a head, else
+        'experts' if any is one, else 'hidden' if any is normalized, else 'channels'.
+        `members`: the units of every group, `member_group` the group of each, all < `size`."""
+        found = ["channels"] * count
+        for kind, roots in (("hidden", self.normed), ("experts", self.experts),
+                            ("heads", self.heads)):  # fmt: skip
+            if roots:  # later kinds override earlier ones
+                marked = torch.zeros(size, dtype=torch.bool)
+                marked[torch.tensor(list(roots), dtype=torch.long)] = True
+                for g in torch.unique(member_group[marked[members]]).tolist():
+                    found[g] = kind
+        return found
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
         if not self.block_of:
@@ -276,7 +283,7 @@ def _groups(
     for k, c in enumerate(content_of):
         if c >= 0:
             by_content[c].append(k)
-    pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
+    pairs = _distinct(live.unit * kinds + live.content)  # (unit, content) it has entries in
     grouped, all_members, sizes = _signatures(records, by_content, content_keys, pairs // kinds,
                                               pairs % kinds, reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
@@ -322,8 +329,7 @@ def _groups(
     member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     group_of[all_members] = member_group
     g_entry = group_of[live.unit]  # every live unit is in a group (its pairs made them)
-    unit_of, ordered = _unit_order(live, g_entry, all_members, member_group, sizes, lead,
-                                   len(roots))  # fmt: skip
+    unit_of, ranked = _unit_order(live, g_entry, all_members, member_group, lead, len(roots))
     # the parts of each live entry: its unit's group with the content of its record
     which, p_entry = _expand(g_entry * kinds + live.content, part_table, len(sizes) * kinds)
     u_entry, position, channel = unit_of[live.unit], live.position, live.channel
@@ -338,23 +344,40 @@ def _groups(
         channels.fill(p_entry[take], u_entry[take], channel[take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     blocked = _blocked_members(reasons, group_of, unit_of)
+    kinds_of = extra.kinds(all_members, member_group, len(roots), len(sizes))
+    blocks: list[tuple[tuple[int, ...], ...]] = [()] * len(sizes)
+    if extra.block_of:  # each group's units in order, listed
+        flat, at = ranked.tolist(), 0
+        for g, n in enumerate(sizes):
+            blocks[g] = extra.blocks(flat[at : at + n])
+            at += n
     groups = [
-        _group(all_slices[g], ordered[g], [reasons[u] for u in blocked.get(g, ())], extra,
-               reached.get(g, ()))
+        _group(all_slices[g], sizes[g], kinds_of[g], blocks[g],
+               [reasons[u] for u in blocked.get(g, ())], reached.get(g, ()))
         for g in range(len(sizes))
     ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
 
+def _distinct(codes: Tensor) -> Tensor:
+    """The distinct codes (all >= 0), sorted: as 32-bit integers when they fit (a sort of
+    half the bytes)."""
+    if len(codes) and int(codes.max()) < 1 << 31:
+        return torch.unique_consecutive(torch.sort(codes.int()).values).long()
+    found: Tensor = torch.unique(codes)
+    return found
+
+
 def _unit_order(
     live: _Entries, g_entry: Tensor, all_members: Tensor, member_group: Tensor,
-    sizes: list[int], lead_content: list[int], size: int,
-) -> tuple[Tensor, list[list[int]]]:  # fmt: skip
-    """The index of each unit (root) in its group and each group's units in that order: by
-    where they first appear in the group's lead record (the first 'out' one), whose content
-    is given per group. `all_members`: the units of every group, group after group, `sizes`
-    of each, `member_group` the group of each; `g_entry`: the group of each live entry."""
+    lead_content: list[int], size: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The index of each unit (root) in its group and the units of every group in that order
+    (group after group): by where they first appear in the group's lead record (the first
+    'out' one), whose content is given per group. `all_members`: the units of every group,
+    group after group, `member_group` the group of each; `g_entry`: the group of each live
+    entry."""
     lead = torch.tensor(lead_content, dtype=torch.long)
     at_lead = (live.content == lead[g_entry]).nonzero().squeeze(1)  # entry indices
     first = torch.full((size,), len(live.unit), dtype=torch.long)
@@ -365,13 +388,11 @@ def _unit_order(
     span = int(all_members.max()) + 1
     order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
                           + all_members)  # fmt: skip
-    starts = torch.tensor([0, *sizes]).cumsum(0)
+    starts = torch.searchsorted(member_group, member_group)  # each group's first index
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
-    unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
-    flat, bounds = ranked.tolist(), starts.tolist()
-    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
-    return unit_of, ordered
+    unit_of[ranked] = torch.arange(len(ranked)) - starts[order]
+    return unit_of, ranked
 
 
 class _Cuts:
@@ -588,15 +609,14 @@ def _blocked_members(
 
 
 def _group(
-    slices: tuple[Slice, ...], members: list[int], reasons: list[list[str]], extra: _Extra,
-    reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
+    slices: tuple[Slice, ...], size: int, kind: str, blocks: tuple[tuple[int, ...], ...],
+    reasons: list[list[str]], reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
 ) -> ChannelGroup:  # fmt: skip
-    """A group of these units (roots); `reasons`: those of its units that have any, in order."""
-    kind, blocks = extra.kind(members), extra.blocks(members)
+    """A group of `size` units; `reasons`: those of its units that have any, in order."""
     found = list(dict.fromkeys(chain.from_iterable(reasons)))  # each text once, in order
-    if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
+    if blocks and (sum(map(len, blocks)) != size or len({len(b) for b in blocks}) > 1):
         found.append("its key/value groups are not of one size")
     reason = None
     if found:
         reason = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
-    return ChannelGroup(slices, len(members), reason, kind, blocks, reached)
+    return ChannelGroup(slices, size, reason, kind, blocks, reached)
