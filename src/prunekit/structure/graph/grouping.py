@@ -293,9 +293,12 @@ def _groups(
     part_groups: list[int] = []
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    part_cuts: list[_Cut] = []  # each part's pending positions, shared by its slices
+    channel_cuts: dict[int, _Cut] = {}  # and channels, for the parts that read
     rank = [0] * len(records)  # each record's place: 'out' ones first, then in order
     later = [r.role != "out" for r in records]
-    for place, k in enumerate(sorted(range(len(records)), key=lambda k: (later[k], k))):
+    placed = [k for k, x in enumerate(later) if not x] + [k for k, x in enumerate(later) if x]
+    for place, k in enumerate(placed):
         rank[k] = place
     all_slices: list[tuple[Slice, ...]] = []
     lead = []  # each group's lead content: that of its first record
@@ -313,16 +316,18 @@ def _groups(
                 part = part_of[(g, held)] = len(part_groups)
                 part_groups.append(g)
                 part_in.append(False)
+                part_cuts.append(_Cut(positions, part))
                 for c in held:
                     part_table[g * kinds + c].append(part)
             r = records[rs[0]]
-            reads = r.role == "in"
-            if reads:
+            read = None
+            if r.role == "in":
                 part_in[part] = True
+                read = channel_cuts.get(part)
+                if read is None:
+                    read = channel_cuts[part] = _Cut(channels, part)
             slices.append(Slice.pending(r.module_name, r.module, r.name, r.dim, r.role,
-                                        _Cut(positions, part),
-                                        _Cut(channels, part) if reads else None,
-                                        r.op))  # fmt: skip
+                                        part_cuts[part], read, r.op))  # fmt: skip
         all_slices.append(tuple(slices))
         lead.append(content_of[next(iter(keys.values()))[0]])
     group_of = torch.full((len(roots),), -1, dtype=torch.long)
