@@ -87,9 +87,14 @@ def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]
     earliest.scatter_reduce_(0, inverse, which, "amin")
     codes = torch.sort((pairs // count) * count + earliest).values
     units, sizes = torch.unique_consecutive(codes // count, return_counts=True)
-    whys = [tr.blocked[b][1] for b in (codes % count).tolist()]
+    texts = [why for _, why in tr.blocked]
+    whys = [texts[b] for b in (codes % count).tolist()]
+    listed = units.tolist()
+    if len(whys) == len(listed):  # one reason each (most units): no cutting
+        reasons.update(zip(listed, [[why] for why in whys], strict=True))
+        return reasons
     at = 0
-    for x, n in zip(units.tolist(), sizes.tolist(), strict=True):
+    for x, n in zip(listed, sizes.tolist(), strict=True):
         reasons[x] = whys[at : at + n]
         at += n
     return reasons
@@ -564,11 +569,7 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     compared whole)."""
     counts = starts[1:] - starts[:-1]
     at = torch.arange(len(values)) - starts[run]  # each value's place in its run
-    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
-                           dtype=torch.uint64).view(torch.long)  # fmt: skip
-    sums = torch.cat([torch.zeros(1, dtype=torch.long), ((values + 2) * weights[at + 1]).cumsum(0)])
-    # each run's terms summed (a difference of running sums): wraps around, a hash mod 2**64
-    codes = (counts + 1) * weights[0] + flag + (sums[starts[1:]] - sums[starts[:-1]])
+    codes = _run_hashes(values, at, starts, flag)
     inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
     first = torch.full((len(counts),), len(counts), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(len(counts)), "amin")
@@ -581,6 +582,17 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     rows[:, -1] = flag
     exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]
     return exact
+
+
+def _run_hashes(values: Tensor, at: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
+    """Each run's hash modulo 2**64 (wrapping around): ``(count + 1) * H + flag`` plus
+    ``(value + 2) * H**(j + 2)`` over the values of the run (`at`: each one's place j in its
+    run), the terms of a run summed as a difference of running sums over all values."""
+    counts = starts[1:] - starts[:-1]
+    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
+                           dtype=torch.uint64).view(torch.long)  # fmt: skip
+    sums = torch.cat([torch.zeros(1, dtype=torch.long), ((values + 2) * weights[at + 1]).cumsum(0)])
+    return (counts + 1) * weights[0] + flag + (sums[starts[1:]] - sums[starts[:-1]])
 
 
 _DENSE = 1 << 16  # a table of codes this wide is looked up densely, whatever the codes' count
