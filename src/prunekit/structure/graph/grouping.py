@@ -374,7 +374,8 @@ def _distinct(codes: Tensor) -> Tensor:
     """The distinct codes (all >= 0), sorted: as 32-bit integers when they fit (a sort of
     half the bytes)."""
     if len(codes) and int(codes.max()) < 1 << 31:
-        return torch.unique_consecutive(torch.sort(codes.int()).values).long()
+        narrow: Tensor = torch.unique_consecutive(torch.sort(codes.int()).values)
+        return narrow.long()
     found: Tensor = torch.unique(codes)
     return found
 
