@@ -180,3 +180,67 @@ def test_blocked_reasons_keep_each_text_once_in_the_order_found() -> None:
     is_maker = torch.tensor([True, True, True, True, False, True, False])  # 4 makes nothing
     reasons = grouping._blocked(tracer, roots, is_maker)
     assert {u: r for u, r in reasons.items() if r} == {0: ["b", "a", "c"], 3: ["b"], 5: ["b"]}
+
+
+def test_blocked_reasons_of_units_with_one_reason_each() -> None:
+    """When no unit has two reasons, each gets a list of its own with its one text (units
+    listed by root, their texts taken from the entries that blocked them)."""
+    tracer = Tracer()
+    ids = tracer.new_ids(6)
+    tracer.merge(ids[2:3], ids[3:4])  # 2 and 3: one unit
+    for blocked, why in [([5], "c"), ([3, 1], "a"), ([2], "a"), ([4], "b")]:
+        tracer.block(torch.tensor(blocked), why)
+    roots = compressed(tracer.parents().clone())
+    reasons = grouping._blocked(tracer, roots, torch.ones(7, dtype=torch.bool))
+    assert dict(reasons) == {1: ["a"], 2: ["a"], 4: ["b"], 5: ["c"]}
+    reasons[1].append("d")  # the lists are the units' own
+    assert reasons[2] == ["a"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_run_hashes_equal_the_polynomial_of_each_run(seed: int) -> None:
+    """The running-sum hashes are, modulo 2**64, each run's own polynomial in the multiplier
+    (computed run by run in Python integers)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(1, 6, (300,), generator=gen)
+    values = torch.randint(-1, 1000, (int(counts.sum()),), generator=gen)
+    flag = torch.randint(0, 2, (len(counts),), generator=gen)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    run = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    at = torch.arange(len(values)) - starts[run]
+    found = grouping._run_hashes(values, at, starts, flag).tolist()
+    h, wrap = grouping._HASH, 1 << 64
+    for r, (low, high) in enumerate(zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)):
+        code = (high - low + 1) * h + int(flag[r])
+        code += sum((v + 2) * pow(h, j + 2, wrap) for j, v in enumerate(values[low:high].tolist()))
+        assert found[r] % wrap == code % wrap
+
+
+@pytest.mark.parametrize("span", [10, 1 << 40])
+def test_parts_looked_up_densely_equal_those_searched(
+    monkeypatch: pytest.MonkeyPatch, span: int
+) -> None:
+    """`_expand` of a table with one value per code: a dense lookup (narrow tables) gives the
+    codes found and their values a search of the sorted keys gives; codes absent from the
+    table are left out either way."""
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randperm(min(span, 1000), generator=gen)[:6].tolist()
+    table = {k * (span // 10): [v] for v, k in enumerate(keys)}
+    codes = torch.tensor(list(table) * 3 + [1, 3]) if span > 10 else torch.tensor(list(table) * 3)
+    if span == 10:
+        codes = torch.cat([codes, torch.tensor([k for k in range(10) if k not in table])])
+    fast = grouping._expand(codes, table, span)
+    monkeypatch.setattr(grouping, "_DENSE", -(1 << 62))  # searched whatever the width
+    searched = grouping._expand(codes, table, span)
+    which = torch.arange(len(codes)) if fast[0] is None else fast[0]
+    assert searched[0] is not None
+    assert torch.equal(which, searched[0]) and torch.equal(fast[1], searched[1])
+    assert torch.equal(fast[1], torch.tensor([table[int(c)][0] for c in codes[which]]))
+
+
+def test_distinct_codes_equal_unique_below_and_above_32_bits() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for high in (1 << 20, 1 << 40):
+        codes = torch.randint(0, high, (5000,), generator=gen)
+        codes = torch.cat([codes, codes[:100], torch.tensor([0, high - 1])])
+        assert torch.equal(grouping._distinct(codes), torch.unique(codes))

@@ -6,6 +6,7 @@ over groups or slices touches a tensor); Python only cuts the sorted positions i
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -23,9 +24,8 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
     records = [r for r in tr.records if r.role != "element"]
     made = [r.ids for r in records if r.role == "out"]
     made_ids = torch.cat(made) if made else torch.zeros(0, dtype=torch.long)
-    makers = torch.unique(roots[made_ids[made_ids >= 0]])
-    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)
-    is_maker[makers] = True
+    is_maker = torch.zeros(len(roots) + 1, dtype=torch.bool)  # the last: an id of -1
+    is_maker[roots[made_ids[made_ids >= 0]]] = True
     reasons = _blocked(tr, roots, is_maker)
     for r in tr.records:
         if r.role == "element":
@@ -38,19 +38,31 @@ def build_groups(tr: Tracer) -> list[ChannelGroup]:
         for r in by_tensor.get((mname, name), []):
             for x in torch.unique(roots[r.ids[r.ids >= 0]]).tolist():
                 _add(reasons[x], why)
-    root_of = roots.tolist()
-    normed = {root_of[i] for i in tr.normed}
+    normed = set(_roots_of(roots, tr.normed))
+    reached = "they reach the model's output"
     for _, _, ids in tr.outputs:
         for x in torch.unique(roots[ids[ids >= 0]]).tolist():
             if x not in normed:
-                _add(reasons[x], "they reach the model's output")
+                found = reasons[x]
+                if reached not in found:
+                    found.append(reached)
+    in_blocks = [i for ids in tr.blocks for i in ids]
+    block_ids = [b for b, ids in enumerate(tr.blocks) for _ in ids]
     extra = _Extra(
-        heads={root_of[i] for i in tr.heads},
-        experts={root_of[i] for i in tr.experts},
+        heads=set(_roots_of(roots, tr.heads)),
+        experts=set(_roots_of(roots, tr.experts)),
         normed=normed,
-        block_of={root_of[i]: b for b, ids in enumerate(tr.blocks) for i in ids},
+        block_of=dict(zip(_roots_of(roots, in_blocks), block_ids, strict=True)),
     )
     return _groups(records, roots, is_maker, reasons, extra, tr.outputs)
+
+
+def _roots_of(roots: Tensor, ids: Collection[int]) -> list[int]:
+    """The root of each of these ids, in their order (a set's in its own)."""
+    if not ids:
+        return []
+    found: list[int] = roots[torch.tensor(list(ids), dtype=torch.long)].tolist()
+    return found
 
 
 def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]]:
@@ -75,9 +87,14 @@ def _blocked(tr: Tracer, roots: Tensor, is_maker: Tensor) -> dict[int, list[str]
     earliest.scatter_reduce_(0, inverse, which, "amin")
     codes = torch.sort((pairs // count) * count + earliest).values
     units, sizes = torch.unique_consecutive(codes // count, return_counts=True)
-    whys = [tr.blocked[b][1] for b in (codes % count).tolist()]
+    texts = [why for _, why in tr.blocked]
+    whys = [texts[b] for b in (codes % count).tolist()]
+    listed = units.tolist()
+    if len(whys) == len(listed):  # one reason each (most units): no cutting
+        reasons.update(zip(listed, [[why] for why in whys], strict=True))
+        return reasons
     at = 0
-    for x, n in zip(units.tolist(), sizes.tolist(), strict=True):
+    for x, n in zip(listed, sizes.tolist(), strict=True):
         reasons[x] = whys[at : at + n]
         at += n
     return reasons
@@ -92,12 +109,19 @@ class _Extra:
     normed: set[int]
     block_of: dict[int, int]
 
-    def kind(self, members: list[int]) -> str:
-        if not self.heads.isdisjoint(members):
-            return "heads"
-        if not self.experts.isdisjoint(members):
-            return "experts"
-        return "channels" if self.normed.isdisjoint(members) else "hidden"
+    def kinds(self, members: Tensor, member_group: Tensor, size: int, count: int) -> list[str]:
+        """The kind of each of `count` groups: 'heads' if any of its units is a head, else
+        'experts' if any is one, else 'hidden' if any is normalized, else 'channels'.
+        `members`: the units of every group, `member_group` the group of each, all < `size`."""
+        found = ["channels"] * count
+        for kind, roots in (("hidden", self.normed), ("experts", self.experts),
+                            ("heads", self.heads)):  # fmt: skip
+            if roots:  # later kinds override earlier ones
+                marked = torch.zeros(size, dtype=torch.bool)
+                marked[torch.tensor(list(roots), dtype=torch.long)] = True
+                for g in torch.unique(member_group[marked[members]]).tolist():
+                    found[g] = kind
+        return found
 
     def blocks(self, members: list[int]) -> tuple[tuple[int, ...], ...]:
         if not self.block_of:
@@ -155,8 +179,10 @@ class _Entries:
     channel: Tensor
 
     def take(self, keep: Tensor) -> _Entries:
-        return _Entries(self.content[keep], self.unit[keep], self.position[keep],
-                        self.channel[keep])  # fmt: skip
+        """The entries at these indices."""
+        return _Entries(self.content.index_select(0, keep), self.unit.index_select(0, keep),
+                        self.position.index_select(0, keep),
+                        self.channel.index_select(0, keep))  # fmt: skip
 
 
 def _contents(
@@ -210,8 +236,9 @@ def _entries(firsts: list[Record], roots: Tensor, is_maker: Tensor) -> _Entries:
     )
     position = torch.cat([r.positions for r in firsts])
     channel = torch.cat([_channels(r) for r in firsts])
-    unit = torch.where(ids >= 0, roots[ids.clamp_min(0)], torch.full_like(ids, -1))
-    keep = (ids >= 0) & is_maker[unit.clamp_min(0)]
+    # ids are >= -1: an id of -1 reads the root appended last (-1), which makes nothing
+    unit = torch.cat([roots, torch.full((1,), -1, dtype=torch.long)])[ids]
+    keep = is_maker[unit].nonzero().squeeze(1)
     return _Entries(content, unit, position, channel).take(keep)
 
 
@@ -220,12 +247,22 @@ def _channels(r: Record) -> Tensor:
     return r.positions if r.channels is None else r.channels
 
 
-def _expand(codes: Tensor, table: dict[int, list[int]]) -> tuple[Tensor, Tensor]:
-    """For each code, every value table[code] lists (none where absent): (which code, value)."""
+def _expand(codes: Tensor, table: dict[int, list[int]], span: int) -> tuple[Tensor | None,
+                                                                             Tensor]:  # fmt: skip
+    """For each code (all in ``range(span)``), every value table[code] lists (none where
+    absent): (which code, value); which is None when it is every code, once each."""
     keys = torch.tensor(sorted(table), dtype=torch.long)
     lists = [table[k] for k in keys.tolist()]
     counts = torch.tensor([len(v) for v in lists], dtype=torch.long)
     values = torch.tensor([v for vs in lists for v in vs], dtype=torch.long)
+    if len(values) == len(keys) and span <= 4 * len(codes) + _DENSE:  # one value per code
+        dense = torch.full((span,), -1, dtype=torch.long)  # looked up, not searched
+        dense[keys] = values
+        value = dense[codes]
+        if bool((value >= 0).all()):
+            return None, value
+        which = (value >= 0).nonzero().squeeze(1)
+        return which, value[which]
     at = torch.searchsorted(keys, codes).clamp_max(len(keys) - 1)
     found = keys[at] == codes
     if bool((counts == 1).all()):  # one value per code (most tables): no expansion
@@ -251,7 +288,7 @@ def _groups(
     for k, c in enumerate(content_of):
         if c >= 0:
             by_content[c].append(k)
-    pairs = torch.unique(live.unit * kinds + live.content)  # (unit, content) it has entries in
+    pairs = _distinct(live.unit * kinds + live.content)  # (unit, content) it has entries in
     grouped, all_members, sizes = _signatures(records, by_content, content_keys, pairs // kinds,
                                               pairs % kinds, reasons)  # fmt: skip
     # each group's records: those of its first unit, 'out' ones first; one slice per key.
@@ -261,9 +298,12 @@ def _groups(
     part_groups: list[int] = []
     part_in: list[bool] = []
     part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
+    part_cuts: list[_Cut] = []  # each part's pending positions, shared by its slices
+    channel_cuts: dict[int, _Cut] = {}  # and channels, for the parts that read
     rank = [0] * len(records)  # each record's place: 'out' ones first, then in order
     later = [r.role != "out" for r in records]
-    for place, k in enumerate(sorted(range(len(records)), key=lambda k: (later[k], k))):
+    placed = [k for k, x in enumerate(later) if not x] + [k for k, x in enumerate(later) if x]
+    for place, k in enumerate(placed):
         rank[k] = place
     all_slices: list[tuple[Slice, ...]] = []
     lead = []  # each group's lead content: that of its first record
@@ -281,69 +321,89 @@ def _groups(
                 part = part_of[(g, held)] = len(part_groups)
                 part_groups.append(g)
                 part_in.append(False)
+                part_cuts.append(_Cut(positions, part))
                 for c in held:
                     part_table[g * kinds + c].append(part)
             r = records[rs[0]]
-            reads = r.role == "in"
-            if reads:
+            read = None
+            if r.role == "in":
                 part_in[part] = True
+                read = channel_cuts.get(part)
+                if read is None:
+                    read = channel_cuts[part] = _Cut(channels, part)
             slices.append(Slice.pending(r.module_name, r.module, r.name, r.dim, r.role,
-                                        _Cut(positions, part),
-                                        _Cut(channels, part) if reads else None,
-                                        r.op))  # fmt: skip
+                                        part_cuts[part], read, r.op))  # fmt: skip
         all_slices.append(tuple(slices))
         lead.append(content_of[next(iter(keys.values()))[0]])
-    unit_of, group_of, ordered = _unit_order(live, all_members, sizes, lead, len(roots))
+    group_of = torch.full((len(roots),), -1, dtype=torch.long)
+    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    group_of[all_members] = member_group
+    g_entry = group_of[live.unit]  # every live unit is in a group (its pairs made them)
+    unit_of, ranked = _unit_order(live, g_entry, all_members, member_group, lead, len(roots))
     # the parts of each live entry: its unit's group with the content of its record
-    g_entry = group_of[live.unit]
-    inside = g_entry >= 0
-    which, p_entry = _expand(g_entry[inside] * kinds + live.content[inside], part_table)
-    u_entry = unit_of[live.unit[inside]][which]
+    which, p_entry = _expand(g_entry * kinds + live.content, part_table, len(sizes) * kinds)
+    u_entry, position, channel = unit_of[live.unit], live.position, live.channel
+    if which is not None:
+        u_entry, position, channel = u_entry[which], position[which], channel[which]
     part_sizes = [sizes[g] for g in part_groups]
-    positions.fill(p_entry, u_entry, live.position[inside][which], part_sizes)
-    take = torch.tensor(part_in, dtype=torch.bool)[p_entry]
-    channels.fill(p_entry[take], u_entry[take], live.channel[inside][which][take], part_sizes)
+    positions.fill(p_entry, u_entry, position, part_sizes)
+    if all(part_in):
+        channels.fill(p_entry, u_entry, channel, part_sizes)
+    elif any(part_in):
+        take = torch.tensor(part_in, dtype=torch.bool)[p_entry].nonzero().squeeze(1)
+        channels.fill(p_entry[take], u_entry[take], channel[take], part_sizes)
     reached = _reached(outputs, roots, group_of, unit_of, sizes)
     blocked = _blocked_members(reasons, group_of, unit_of)
+    kinds_of = extra.kinds(all_members, member_group, len(roots), len(sizes))
+    blocks: list[tuple[tuple[int, ...], ...]] = [()] * len(sizes)
+    if extra.block_of:  # each group's units in order, listed
+        flat, at = ranked.tolist(), 0
+        for g, n in enumerate(sizes):
+            blocks[g] = extra.blocks(flat[at : at + n])
+            at += n
     groups = [
-        _group(all_slices[g], ordered[g], [reasons[u] for u in blocked.get(g, ())], extra,
-               reached.get(g, ()))
+        _group(all_slices[g], sizes[g], kinds_of[g], blocks[g],
+               [reasons[u] for u in blocked.get(g, ())], reached.get(g, ()))
         for g in range(len(sizes))
     ]  # fmt: skip
     groups.sort(key=lambda g: (g.reason is not None, _order(g)))
     return groups
 
 
+def _distinct(codes: Tensor) -> Tensor:
+    """The distinct codes (all >= 0), sorted: as 32-bit integers when they fit (a sort of
+    half the bytes)."""
+    if len(codes) and int(codes.max()) < 1 << 31:
+        narrow: Tensor = torch.unique_consecutive(torch.sort(codes.int()).values)
+        return narrow.long()
+    found: Tensor = torch.unique(codes)
+    return found
+
+
 def _unit_order(
-    live: _Entries, all_members: Tensor, sizes: list[int], lead_content: list[int], size: int
-) -> tuple[Tensor, Tensor, list[list[int]]]:
-    """The group of each unit (root), its index in the group and each group's units in that
-    order: by where they first appear in the group's lead record (the first 'out' one), whose
-    content is given per group. `all_members`: the units of every group, group after group,
-    `sizes` of each."""
-    group_of = torch.full((size,), -1, dtype=torch.long)
-    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
-    group_of[all_members] = member_group
+    live: _Entries, g_entry: Tensor, all_members: Tensor, member_group: Tensor,
+    lead_content: list[int], size: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The index of each unit (root) in its group and the units of every group in that order
+    (group after group): by where they first appear in the group's lead record (the first
+    'out' one), whose content is given per group. `all_members`: the units of every group,
+    group after group, `member_group` the group of each; `g_entry`: the group of each live
+    entry."""
     lead = torch.tensor(lead_content, dtype=torch.long)
-    g_entry = group_of[live.unit]
-    at_lead = (g_entry >= 0) & (live.content == lead[g_entry.clamp_min(0)])
-    index = torch.arange(len(live.unit))[at_lead]
+    at_lead = (live.content == lead[g_entry]).nonzero().squeeze(1)  # entry indices
     first = torch.full((size,), len(live.unit), dtype=torch.long)
-    first.scatter_reduce_(0, live.unit[at_lead], index, "amin")
+    first.scatter_reduce_(0, live.unit[at_lead], at_lead, "amin")
     seen = first[all_members] < len(live.unit)
     position = torch.cat([live.position, torch.zeros(1, dtype=torch.long)])
     first_pos = torch.where(seen, position[first[all_members]], 0)
     span = int(all_members.max()) + 1
     order = torch.argsort((member_group * (int(first_pos.max()) + 1) + first_pos) * span
                           + all_members)  # fmt: skip
-    counts = torch.bincount(member_group, minlength=len(sizes))
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    starts = torch.searchsorted(member_group, member_group)  # each group's first index
     unit_of = torch.full((size,), -1, dtype=torch.long)
     ranked = all_members[order]
-    unit_of[ranked] = torch.arange(len(ranked)) - starts[member_group[order]]
-    flat, bounds = ranked.tolist(), starts.tolist()
-    ordered = [flat[bounds[g] : bounds[g + 1]] for g in range(len(sizes))]
-    return unit_of, group_of, ordered
+    unit_of[ranked] = torch.arange(len(ranked)) - starts[order]
+    return unit_of, ranked
 
 
 class _Cuts:
@@ -459,7 +519,8 @@ def _signatures(
     appear = torch.argsort(first_k * (int(distinct.max()) + 1) + distinct)
     # a root's signature: its sorted kinds (a multiset) and whether it is blocked
     blocked = torch.zeros(int(distinct.max()) + 1, dtype=torch.long)
-    with_reasons = [root for root, found in reasons.items() if found and root < len(blocked)]
+    bound = len(blocked)
+    with_reasons = [root for root, found in reasons.items() if found and root < bound]
     blocked[torch.tensor(with_reasons, dtype=torch.long)] = 1
     flag = blocked[distinct]
     classes = _same_runs(keys, where, starts, flag)
@@ -509,10 +570,7 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     compared whole)."""
     counts = starts[1:] - starts[:-1]
     at = torch.arange(len(values)) - starts[run]  # each value's place in its run
-    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
-                           dtype=torch.uint64).view(torch.long)  # fmt: skip
-    codes = (counts + 1) * weights[0] + flag  # wraps around: a hash modulo 2**64
-    codes.index_add_(0, run, (values + 2) * weights[at + 1])
+    codes = _run_hashes(values, at, starts, flag)
     inverse: Tensor = torch.unique(codes, return_inverse=True)[1]
     first = torch.full((len(counts),), len(counts), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(len(counts)), "amin")
@@ -526,6 +584,19 @@ def _same_runs(values: Tensor, run: Tensor, starts: Tensor, flag: Tensor) -> Ten
     exact: Tensor = torch.unique(rows, dim=0, return_inverse=True)[1]
     return exact
 
+
+def _run_hashes(values: Tensor, at: Tensor, starts: Tensor, flag: Tensor) -> Tensor:
+    """Each run's hash modulo 2**64 (wrapping around): ``(count + 1) * H + flag`` plus
+    ``(value + 2) * H**(j + 2)`` over the values of the run (`at`: each one's place j in its
+    run), the terms of a run summed as a difference of running sums over all values."""
+    counts = starts[1:] - starts[:-1]
+    weights = torch.tensor([pow(_HASH, j + 1, 1 << 64) for j in range(int(counts.max()) + 1)],
+                           dtype=torch.uint64).view(torch.long)  # fmt: skip
+    sums = torch.cat([torch.zeros(1, dtype=torch.long), ((values + 2) * weights[at + 1]).cumsum(0)])
+    return (counts + 1) * weights[0] + flag + (sums[starts[1:]] - sums[starts[:-1]])
+
+
+_DENSE = 1 << 16  # a table of codes this wide is looked up densely, whatever the codes' count
 
 _HASH = 0x9E3779B97F4A7C15  # an odd multiplier: any two rows that differ are unlikely alike
 
@@ -556,15 +627,14 @@ def _blocked_members(
 
 
 def _group(
-    slices: tuple[Slice, ...], members: list[int], reasons: list[list[str]], extra: _Extra,
-    reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
+    slices: tuple[Slice, ...], size: int, kind: str, blocks: tuple[tuple[int, ...], ...],
+    reasons: list[list[str]], reached: tuple[tuple[int, int, tuple[tuple[int, ...], ...]], ...],
 ) -> ChannelGroup:  # fmt: skip
-    """A group of these units (roots); `reasons`: those of its units that have any, in order."""
-    kind, blocks = extra.kind(members), extra.blocks(members)
+    """A group of `size` units; `reasons`: those of its units that have any, in order."""
     found = list(dict.fromkeys(chain.from_iterable(reasons)))  # each text once, in order
-    if blocks and (sum(map(len, blocks)) != len(members) or len({len(b) for b in blocks}) > 1):
+    if blocks and (sum(map(len, blocks)) != size or len({len(b) for b in blocks}) > 1):
         found.append("its key/value groups are not of one size")
     reason = None
     if found:
         reason = "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
-    return ChannelGroup(slices, len(members), reason, kind, blocks, reached)
+    return ChannelGroup(slices, size, reason, kind, blocks, reached)

@@ -41,15 +41,16 @@ def _conv(tr: Tracer, call: Call) -> None:
     channels = tr.positions(x.shape[cdim])
     if groups > 1:  # the j-th input channel of every group goes together
         by_group = chan.reshape(groups, per)
-        partial = (by_group < 0).any(0) & (by_group >= 0).any(0)
-        tr.block(by_group[:, partial], f"{where}: grouped with channels of no layer")
-        tr.merge(by_group[:1].expand_as(by_group), by_group)
+        if bool((by_group < 0).any()):  # some channels of no layer
+            partial = (by_group < 0).any(0) & (by_group >= 0).any(0)
+            tr.block(by_group[:, partial], f"{where}: grouped with channels of no layer")
+        tr.union(by_group[:1].expand_as(by_group).reshape(-1), by_group.reshape(-1))
     positions = channels if per == len(channels) else channels % per
     tr.record(owner, 1, "in", positions, chan, channels, op=call.name)
     new = tr.new_ids(cout)
-    if groups > 1:  # and so does the j-th output channel of every group
-        by_group = new.reshape(groups, cout // groups)
-        tr.merge(by_group[:1].expand_as(by_group), by_group)
+    if groups > 1:  # and so does the j-th output channel of every group: the later
+        by_group = new.reshape(groups, cout // groups)  # groups' fresh ids join the first's
+        tr.attach(by_group[1:], by_group[:1].expand(groups - 1, -1))
     made = tr.positions(cout)  # one tensor for all: their entries are built once
     tr.record(owner, 0, "out", made, new, op=call.name)
     tr.record(bias_owner, 0, "bias", made, new)

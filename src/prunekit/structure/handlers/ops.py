@@ -351,27 +351,29 @@ def _dim_arg(call: Call, index: int, default: int = 0) -> int:
 def _does_not_commute(
     tr: Tracer, call: Call, found: list[tuple[Tensor, Tensor | None]], after: Tensor
 ) -> str:
-    """Why removing channels would change what this move does ('' if it would not)."""
+    """Why removing channels would change what this move does ('' if it would not). The dims
+    the channels vary along are found only for the moves that read them."""
     x, labels = found[0]
     if labels is None:
         return ""
-    dims = tr.varying(labels)
     name = call.name
     if name == "roll":  # its second argument is the shifts, maybe a tuple
-        return "rolls the channels" if _roll_dims(call, x.dim()) & set(dims) else ""
+        return "rolls the channels" if _roll_dims(call, x.dim()) & set(tr.varying(labels)) else ""
     if name in ("narrow", "select", "unbind", "index_select", "tensor_split"):
         dim = positive(_dim_arg(call, 1), x.dim())
-        return f"takes fixed positions of the channels (dim {dim})" if dim in dims else ""
+        taken = dim in tr.varying(labels)
+        return f"takes fixed positions of the channels (dim {dim})" if taken else ""
     if name == "split":
         dim = positive(_dim_arg(call, 2), x.dim())
-        return f"splits the channels at fixed sizes (dim {dim})" if dim in dims else ""
+        cut = dim in tr.varying(labels)
+        return f"splits the channels at fixed sizes (dim {dim})" if cut else ""
     if name == "chunk":
-        return _chunk(tr, call, x, labels, dims)
+        return _chunk(tr, call, x, labels, tr.varying(labels))
     if name == "__getitem__":
-        return _getitem(call.arg(1, "idx"), x, dims)
+        return _getitem(call.arg(1, "idx"), x, tr.varying(labels))
     if name in ("view", "reshape", "flatten", "unflatten", "view_as", "reshape_as"):
-        return _reshape(x.shape, after.shape, dims, varying(after))
-    return ""
+        return _reshape(x.shape, after.shape, tr.varying(labels), varying(after))
+    return ""  # the other moves carry whole channels
 
 
 def _roll_dims(call: Call, ndim: int) -> set[int]:
