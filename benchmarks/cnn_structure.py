@@ -394,6 +394,18 @@ def main() -> None:
         "--reconstruct", type=int, default=300, help="+rec.: optimizer steps per block"
     )
     parser.add_argument("--reconstruct-lr", type=float, default=1e-3, help="+rec.: Adam's lr")
+    parser.add_argument(
+        "--reconstruct-crops",
+        type=int,
+        default=64,
+        help="+rec.: calibration crops (the first --calibration of them are the pruning's)",
+    )
+    parser.add_argument(
+        "--ends",
+        choices=("on", "off"),
+        default="on",
+        help="+rec.: also train the stem with the first block and the head towards the logits",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch's threads")
     parser.add_argument(
         "--cache",
@@ -446,6 +458,7 @@ def main() -> None:
         training = photos + _more_photos()
     x = _crops(seen, args.eval, seed=0)
     calibration = list(_crops(other, args.calibration, seed=1).split(8))
+    rebuilding = list(_crops(other, args.reconstruct_crops, seed=1).split(8))
     dense = _model()
     reference = _predict(dense, x)
     labels = {id(b): dense(b).argmax(-1).detach() for b in calibration}
@@ -501,7 +514,8 @@ def main() -> None:
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
-                   + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}" if column == "rec" else "")
+                   + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}-{args.reconstruct_crops}-"
+                      f"{args.ends}" if column == "rec" else "")
                    + ".pt")  # fmt: skip
             if args.cache is not None and (args.cache / key).exists():
                 model, removed[column] = torch.load(args.cache / key, weights_only=False)
@@ -516,13 +530,21 @@ def main() -> None:
                 removed[column] = removed[table[table.index(column) - 1]]
                 spent = time.process_time()
                 errors = reconstruct_blocks(
-                    model, dense, calibration, steps=args.reconstruct, lr=args.reconstruct_lr
+                    model,
+                    dense,
+                    rebuilding,
+                    steps=args.reconstruct,
+                    lr=args.reconstruct_lr,
+                    ends=args.ends == "on",
                 )
+                last_block = errors[-2] if args.ends == "on" else errors[-1]
                 rebuilt.append(
                     f"{criterion}: {time.process_time() - spent:.0f} s of CPU, "
                     f"block errors {errors[0][0]:.3f} -> {errors[0][1]:.3f} (first), "
-                    f"{errors[-1][0]:.3f} -> {errors[-1][1]:.3f} (last)"
-                )
+                    f"{last_block[0]:.3f} -> {last_block[1]:.3f} (last)"
+                    + (f", logits {errors[-1][0]:.3f} -> {errors[-1][1]:.3f}"
+                       if args.ends == "on" else "")
+                )  # fmt: skip
                 if args.cache is not None:
                     args.cache.mkdir(parents=True, exist_ok=True)
                     torch.save((model, removed[column]), args.cache / key)
