@@ -21,8 +21,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   (0.3), with ``compensate="reference"``;
 - `+rec.`: the previous column's model with each of its 16 blocks trained towards the dense
   model's block (``prunekit.structure.reconstruct_blocks``: ``--reconstruct`` Adam steps per
-  block at ``--reconstruct-lr``, on the calibration crops, blocks in order from the pruned
-  model's inputs);
+  block at ``--reconstruct-lr``, on ``--reconstruct-crops`` calibration crops (the first
+  ``--calibration`` of them are the pruning's), blocks in order from the pruned model's
+  inputs); with ``--ends on`` (``ends=True``) the stem trains with the first block and the
+  head (last convolution, norm, classifier) then trains towards the dense logits;
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
@@ -48,7 +50,7 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
     python benchmarks/cnn_structure.py [--eval 64] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
         [--floor 0.3] [--floor-narrow 0.8] [--dense-bn] [--split crops|photos] [--damp 0.01]
-        [--reconstruct 300] [--reconstruct-lr 1e-3]
+        [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256] [--ends on|off]
         [--distill CPU_SECONDS] [--distill-criteria activation] [--lr 3e-5] [--warmup 0]
         [--temperature 2] [--distill-batch 16] [--augment crops|strong] [--bn frozen|train]
         [--hidden 1] [--show 0] [--cache DIR] [--threads 1]
@@ -391,13 +393,13 @@ def main() -> None:
         help="+KD: the share of --distill over which the learning rate rises from 0",
     )
     parser.add_argument(
-        "--reconstruct", type=int, default=300, help="+rec.: optimizer steps per block"
+        "--reconstruct", type=int, default=600, help="+rec.: optimizer steps per block"
     )
     parser.add_argument("--reconstruct-lr", type=float, default=1e-3, help="+rec.: Adam's lr")
     parser.add_argument(
         "--reconstruct-crops",
         type=int,
-        default=64,
+        default=256,
         help="+rec.: calibration crops (the first --calibration of them are the pruning's)",
     )
     parser.add_argument(
