@@ -25,9 +25,10 @@ classifier, a transformer's final norm and output layer) trains last, towards th
 reference's output. Its steps skip the blocks: each block's call returns the last block's
 output (kept from one forward per batch), checked once against the real forward (a model
 whose forward needs more than the blocks' returns, or does more between them, runs whole).
-A module called both before and after the blocks (an embedding tied to the output layer)
-is in neither; parameters held by a module that encloses the blocks (a position embedding
-of the model itself) stay as they are.
+Which side a parameter is on is read from the calls of the module holding it, in one
+forward: a parameter held by modules called on both sides (an embedding tied to the output
+layer) is in neither, and parameters held by a module that encloses the blocks (a position
+embedding of the model itself) stay as they are.
 
 Everything runs in eval mode (running statistics of BatchNorm as they are, no dropout): only
 parameters change. Peak memory beyond the model: both models' block inputs for every batch,
@@ -82,7 +83,9 @@ def reconstruct_blocks(
         ends: also train the stem (the modules run before the first block) with the first
             block, and then the head (those run after the last block) towards the
             reference's output (a tensor, the first tensor of a tuple or mapping: a Hugging
-            Face output's logits).
+            Face output's logits). A classifier head holds many parameters: on few
+            calibration samples it fits their outputs exactly and generalises worse (give
+            it hundreds of samples, not tens).
 
     Returns:
         Per block, in order: its relative squared error on the calibration batches before
