@@ -24,7 +24,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   block at ``--reconstruct-lr``, on ``--reconstruct-crops`` calibration crops (the first
   ``--calibration`` of them are the pruning's), blocks in order from the pruned model's
   inputs); with ``--ends on`` (``ends=True``) the stem trains with the first block and the
-  head (last convolution, norm, classifier) then trains towards the dense logits;
+  head (last convolution, norm, classifier) then trains towards the dense logits. The head
+  holds 1.7 M parameters: on 64 crops (300 steps) it fitted their logits exactly (error
+  0.009 -> 0.000) and agreed on fewer of 256 eval crops than the one-shot model (69.5 %
+  against 71.1 %); on 256 crops (600 steps, the defaults) 78.1 %;
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
