@@ -23,8 +23,10 @@ class _Block(nn.Module):
         self.depthwise = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden)
         self.project = nn.Conv2d(hidden, width, 1)
         self.fail = False
+        self.runs = 0  # calls of its forward itself
 
     def forward(self, x: Tensor, scale: float = 1.0) -> Tensor:
+        self.runs += 1
         if self.fail:
             raise RuntimeError("this block fails")
         y = torch.relu(self.depthwise(torch.relu(self.norm(self.expand(x)))))
@@ -155,3 +157,170 @@ def test_models_without_the_same_blocks_are_refused() -> None:
         reconstruct_blocks("model", reference, batches)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="reconstruct_blocks: calibration holds no batch"):
         reconstruct_blocks(model, reference, [])
+
+
+def _pruned_with_stem() -> tuple[_Net, _Net, list[Tensor]]:
+    """The net with half of every group pruned, the stem's and residual width included."""
+    torch.manual_seed(0)
+    model = _Net().eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    prune.prune_channels(model, batches[0], 0.5)
+    return model, reference, batches
+
+
+def test_ends_train_the_stem_with_the_first_block_and_the_head_towards_the_output() -> None:
+    model, reference, batches = _pruned_with_stem()
+    alone = copy.deepcopy(model)
+    stem, head = _state(model.stem), _state(model.head)
+    first = reconstruct_blocks(alone, reference, batches, steps=40, lr=1e-2)
+    errors = reconstruct_blocks(model, reference, batches, steps=40, lr=1e-2, ends=True)
+    assert len(errors) == 4  # three blocks, then the output
+    assert errors[0][1] < first[0][1]  # the stem's channels help the first block
+    assert not all(torch.equal(v, model.stem.state_dict()[k]) for k, v in stem.items())
+    assert not all(torch.equal(v, model.head.state_dict()[k]) for k, v in head.items())
+    with torch.no_grad():
+        scale = sum(float(reference(b).double().square().sum()) for b in batches)
+        real = sum(float((model(b) - reference(b)).double().square().sum()) for b in batches)
+    assert errors[-1][1] < errors[-1][0]
+    assert errors[-1][1] == pytest.approx(real / scale, rel=1e-4)  # the error it reports
+    assert _error(model, reference, batches) < _error(alone, reference, batches)
+    with torch.no_grad():
+        masked = model(batches[0])
+    prune.compact(model, batches[0])
+    with torch.no_grad():
+        torch.testing.assert_close(model(batches[0]), masked, atol=1e-5, rtol=1e-5)
+    assert all("forward" not in block.__dict__ for block in model.blocks)
+
+
+def test_ends_leave_the_stem_and_head_alone_without_it() -> None:
+    model, reference, batches = _pruned_with_stem()
+    stem, head = _state(model.stem), _state(model.head)
+    reconstruct_blocks(model, reference, batches, steps=10, lr=1e-2)
+    assert all(torch.equal(v, model.stem.state_dict()[k]) for k, v in stem.items())
+    assert all(torch.equal(v, model.head.state_dict()[k]) for k, v in head.items())
+
+
+class _Mapped(_Net):
+    """The net with its output in a mapping."""
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:  # type: ignore[override]
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x, scale=0.5)
+        return {"logits": self.head(x.mean((2, 3)))}
+
+
+class _Dense(_Net):
+    """The head reads every block's output: a forward that needs the blocks themselves."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        total = torch.zeros_like(x)
+        for block in self.blocks:
+            x = block(x, scale=0.5)
+            total = total + x
+        return self.head(total.mean((2, 3)))
+
+
+def _calls(net: type[_Net], ends: bool) -> tuple[int, list[tuple[float, float]], float]:
+    """The blocks' forwards run by reconstruct_blocks on a pruned `net`, its errors, and the
+    output error measured after by whole forwards over the reference's output squares."""
+    torch.manual_seed(0)
+    model = net().eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(4, 3, 8, 8) for _ in range(3)]
+    prune.prune_channels(model, batches[0], 0.5)
+    errors = reconstruct_blocks(model, reference, batches, steps=10, lr=1e-3, ends=ends)
+    calls = sum(block.runs for block in model.blocks if isinstance(block, _Block))
+
+    def out(m: nn.Module, b: Tensor) -> Tensor:
+        found = m(b)
+        return found["logits"] if isinstance(found, dict) else found
+
+    with torch.no_grad():
+        real = sum(float((out(model, b) - out(reference, b)).double().square().sum())
+                   for b in batches)  # fmt: skip
+        scale = sum(float(out(reference, b).double().square().sum()) for b in batches)
+    return calls, errors, real / scale
+
+
+def test_the_heads_steps_skip_the_blocks_when_that_gives_the_same_output() -> None:
+    without, _, _ = _calls(_Mapped, ends=False)
+    calls, errors, real = _calls(_Mapped, ends=True)
+    # only the forward finding the ends and the three keeping the last block's outputs
+    # run the blocks: the head's 10 steps and its two error passes over 3 batches do not
+    assert calls - without == 3 + 3 * 3
+    assert errors[-1][1] < errors[-1][0]
+    assert errors[-1][1] == pytest.approx(real, rel=1e-4)
+
+
+def test_a_forward_that_needs_the_blocks_runs_whole_for_the_head() -> None:
+    without, _, _ = _calls(_Dense, ends=False)
+    calls, errors, real = _calls(_Dense, ends=True)
+    assert calls - without >= 3 * 10  # every head step ran the three blocks
+    assert errors[-1][1] < errors[-1][0]
+    assert errors[-1][1] == pytest.approx(real, rel=1e-4)
+
+
+class _Tied(nn.Module):
+    """A stem Linear whose weight the output Linear shares (tied), on (batch, tokens, 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 6, bias=False)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 6))
+                                    for _ in range(2))  # fmt: skip
+        self.norm = nn.LayerNorm(6)
+        self.out = nn.Linear(6, 6, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(self.norm(x))
+
+
+def test_a_parameter_used_before_and_after_the_blocks_is_left() -> None:
+    torch.manual_seed(0)
+    model = _Tied().eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(2, 5, 6) for _ in range(3)]
+    prune.prune_channels(model, batches[0], 0.5)
+    embed = model.embed.weight.detach().clone()
+    norm = _state(model.norm)
+    errors = reconstruct_blocks(model, reference, batches, steps=20, lr=1e-2, ends=True)
+    assert len(errors) == 3
+    assert torch.equal(model.embed.weight, embed)
+    assert not all(torch.equal(v, model.norm.state_dict()[k]) for k, v in norm.items())
+
+
+def test_a_failure_in_the_heads_steps_leaves_the_model_as_it_was() -> None:
+    model, reference, batches = _pruned_with_stem()
+    before = _state(model)
+    calls = []
+
+    def fail(*_: object) -> None:
+        calls.append(1)
+        # after the forward finding the ends, the three kept outputs, the check of the
+        # replayed blocks and the error before: the head's first step
+        if len(calls) > 1 + 3 + 1 + 3:
+            raise RuntimeError("the head fails")
+
+    model.head.register_forward_pre_hook(fail)
+    with pytest.raises(RuntimeError, match="the head fails"):
+        reconstruct_blocks(model, reference, batches, steps=5, lr=1e-2, ends=True)
+    after = model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+    assert all("forward" not in block.__dict__ for block in model.blocks)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_ends_that_is_no_bool_is_refused() -> None:
+    model, reference, batches = _pruned()
+    before = _state(model)
+    with pytest.raises(TypeError, match="reconstruct_blocks: invalid ends=1; expected True or"):
+        reconstruct_blocks(model, reference, batches, ends=1)  # type: ignore[arg-type]
+    after = model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())

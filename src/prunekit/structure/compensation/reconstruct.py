@@ -15,6 +15,21 @@ now give, so later blocks also correct what earlier ones left. Masked entries st
 mask multiplies the stored weight, so their gradient is zero and Adam leaves them), and a
 block whose error on the calibration batches did not fall gets its parameters back.
 
+With ``ends=True`` the two ends of the model take part too. The stem (the modules that run
+before the first block, outside it: a CNN's first convolution and norm, a transformer's
+embeddings) trains together with the first block, towards that block's output: on its kept
+channels the pruned stem already computes what the reference's does (its input, the data,
+is the same), so only the block after it can tell what its remaining channels should carry.
+The head (the modules that run after the last block: a CNN's last convolution, norm and
+classifier, a transformer's final norm and output layer) trains last, towards the
+reference's output. Its steps skip the blocks: each block's call returns the last block's
+output (kept from one forward per batch), checked once against the real forward (a model
+whose forward needs more than the blocks' returns, or does more between them, runs whole).
+Which side a parameter is on is read from the calls of the module holding it, in one
+forward: a parameter held by modules called on both sides (an embedding tied to the output
+layer) is in neither, and parameters held by a module that encloses the blocks (a position
+embedding of the model itself) stay as they are.
+
 Everything runs in eval mode (running statistics of BatchNorm as they are, no dropout): only
 parameters change. Peak memory beyond the model: both models' block inputs for every batch,
 the block's targets, and the optimizer's two moments of one block's parameters.
@@ -23,7 +38,8 @@ the block's targets, and the optimizer's two moments of one block's parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,6 +62,7 @@ def reconstruct_blocks(
     *,
     steps: int = 200,
     lr: float = 1e-3,
+    ends: bool = False,
 ) -> list[tuple[float, float]]:
     """Train each block of `model` towards the output of `reference`'s same block.
 
@@ -63,14 +80,22 @@ def reconstruct_blocks(
             arguments or a tuple of positional arguments each).
         steps: optimizer steps per block, >= 1.
         lr: Adam's learning rate, finite and > 0.
+        ends: also train the stem (the modules run before the first block) with the first
+            block, and then the head (those run after the last block) towards the
+            reference's output (a tensor, the first tensor of a tuple or mapping: a Hugging
+            Face output's logits). A classifier head holds many parameters: on few
+            calibration samples it fits their outputs exactly and generalises worse (give
+            it hundreds of samples, not tens).
 
     Returns:
         Per block, in order: its relative squared error on the calibration batches before
-        and after (after <= before: a block that did not improve is put back).
+        and after (after <= before: a block that did not improve is put back); with
+        `ends`, one more entry last, the model's output error before and after the head's
+        steps.
 
     Raises:
-        TypeError: a model or reference that is no nn.Module, or calibration that is no
-            iterable of batches.
+        TypeError: a model or reference that is no nn.Module, calibration that is no
+            iterable of batches, or `ends` that is no bool.
         ValueError: a bad `steps` or `lr`, calibration without batches, a model without a
             sequence of blocks, or a reference without the same one. On any error the model
             is left as it was.
@@ -82,22 +107,51 @@ def reconstruct_blocks(
         raise value_error(f"{owner}: invalid steps={steps!r}; expected an int >= 1")
     if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < math.inf:
         raise value_error(f"{owner}: invalid lr={lr!r}; expected a finite float > 0")
+    if not isinstance(ends, bool):
+        raise type_error(f"{owner}: invalid ends={ends!r}; expected True or False")
     batches = cal.batch_list(calibration, owner)
     blocks, theirs = _blocks(model, reference)
-    trained = [p for block in blocks for p in block.parameters() if p.requires_grad]
-    with transaction(model, writes=trained), cal.evaluating(model), cal.evaluating(reference):
-        with torch.no_grad():
-            ours_in = cal.capture_block_inputs(model, blocks[0], batches)
-            theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
-        errors = []
-        for block, their_block in zip(blocks, theirs, strict=True):
+    fit = _Fit(steps, float(lr))
+    with cal.evaluating(model), cal.evaluating(reference):
+        stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
+        trained = [p for block in blocks for p in _trainable(block)] + stem + head
+        with transaction(model, writes=trained):
             with torch.no_grad():
-                targets = [_output(their_block, one) for one in theirs_in]
-            errors.append(_fit(block, ours_in, targets, steps, float(lr)))
-            with torch.no_grad():
-                ours_in = cal.next_inputs(block, ours_in)
-                theirs_in = cal.next_inputs(their_block, theirs_in)
+                ours_in = cal.capture_block_inputs(model, blocks[0], batches)
+                theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+            errors = []
+            for block, their_block in zip(blocks, theirs, strict=True):
+                with torch.no_grad():
+                    targets = [_output(their_block, one) for one in theirs_in]
+                if block is blocks[0] and stem:
+                    run = _through_stem(model, block, batches)
+                    errors.append(fit(_trainable(block) + stem, run, targets))
+                    with torch.no_grad():
+                        ours_in = cal.capture_block_inputs(model, block, batches)
+                else:
+                    errors.append(fit(_trainable(block), _runner(block, ours_in), targets))
+                with torch.no_grad():
+                    ours_in = cal.next_inputs(block, ours_in)
+                    theirs_in = cal.next_inputs(their_block, theirs_in)
+            if ends:
+                errors.append(_fit_head(model, reference, blocks, batches, head, fit))
     return errors
+
+
+def _trainable(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _runner(block: nn.Module, inputs: Sequence[_Inputs]) -> Callable[[int], Tensor]:
+    """``block``'s output on the inputs of batch k."""
+    return lambda k: _output(block, inputs[k])
+
+
+def _through_stem(
+    model: nn.Module, block: nn.Module, batches: Sequence[Any]
+) -> Callable[[int], Tensor]:
+    """The first block's output on batch k, from the stem's output (with its graph)."""
+    return lambda k: _output(block, cal.capture_block_inputs(model, block, [batches[k]])[0])
 
 
 def _blocks(model: nn.Module, reference: nn.Module) -> tuple[nn.ModuleList, nn.ModuleList]:
@@ -123,6 +177,128 @@ def _blocks(model: nn.Module, reference: nn.Module) -> tuple[nn.ModuleList, nn.M
     return blocks, theirs
 
 
+def _ends(
+    model: nn.Module, blocks: nn.ModuleList, batch: Any
+) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """The trainable parameters of the modules one forward on `batch` calls before the
+    first block (the stem) and after the last (the head), outside the blocks; a parameter
+    also held by a module called elsewhere (or never) is in neither, and so are those of
+    the modules that enclose the blocks."""
+    inside = {id(m) for m in blocks.modules()}
+    enclosing = {id(m) for m in model.modules() if any(s is blocks for s in m.modules())}
+    phase = ["stem"]
+    seen: dict[int, set[str]] = {}
+
+    def note(module: nn.Module, *_: Any) -> None:
+        seen.setdefault(id(module), set()).add(phase[0])
+
+    handles = [
+        blocks[0].register_forward_pre_hook(lambda *_: phase.__setitem__(0, "blocks")),
+        blocks[-1].register_forward_hook(lambda *_: phase.__setitem__(0, "head")),
+    ]
+    for module in model.modules():
+        if id(module) not in inside and id(module) not in enclosing:
+            handles.append(module.register_forward_pre_hook(note))
+    try:
+        with torch.no_grad():
+            cal.run_batch(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    sides: dict[int, str | None] = {}
+    params: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        where = seen.get(id(module), set())
+        side = next(iter(where)) if len(where) == 1 else None
+        for p in module.parameters(recurse=False):
+            params[id(p)] = p
+            sides[id(p)] = side if sides.get(id(p), side) == side else None
+    return (
+        [p for key, p in params.items() if sides[key] == "stem" and p.requires_grad],
+        [p for key, p in params.items() if sides[key] == "head" and p.requires_grad],
+    )
+
+
+def _fit_head(
+    model: nn.Module,
+    reference: nn.Module,
+    blocks: nn.ModuleList,
+    batches: Sequence[Any],
+    head: list[nn.Parameter],
+    fit: _Fit,
+) -> tuple[float, float]:
+    """The head's steps towards the reference's outputs (the model's output error before
+    and after), the blocks skipped when that gives the same output."""
+    with torch.no_grad():
+        targets = [_final(cal.run_batch(reference, batch)) for batch in batches]
+        last: list[Any] = []
+        handle = blocks[-1].register_forward_hook(lambda *args: last.append(args[2]))
+        try:
+            whole = [_final(cal.run_batch(model, batch)) for batch in batches]
+        finally:
+            handle.remove()
+        with _replaying(blocks, last[0]):
+            try:
+                short = _final(cal.run_batch(model, batches[0]))
+                skip = short.shape == whole[0].shape and torch.equal(short, whole[0])
+            except Exception:  # the forward needs the blocks themselves: run it whole
+                skip = False
+    with _only(model, head):
+        if not skip:
+            return fit(head, lambda k: _final(cal.run_batch(model, batches[k])), targets)
+
+        def run(k: int) -> Tensor:
+            with _replaying(blocks, last[k]):
+                return _final(cal.run_batch(model, batches[k]))
+
+        return fit(head, run, targets)
+
+
+@contextmanager
+def _replaying(blocks: nn.ModuleList, output: Any) -> Iterator[None]:
+    """Every block's call returns `output` (its own forward not run) while entered."""
+    own = [block.__dict__.get("forward") for block in blocks]
+    for block in blocks:
+        block.forward = lambda *args, **kwargs: output
+    try:
+        yield
+    finally:
+        for block, forward in zip(blocks, own, strict=True):
+            del block.forward
+            if forward is not None:
+                block.forward = forward
+
+
+@contextmanager
+def _only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
+    """Only `params` of `model` require grad while entered (no graph through the rest)."""
+    wanted = {id(p) for p in params}
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(id(p) in wanted)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def _final(output: Any) -> Tensor:
+    """The model's output as one tensor: itself, or the first tensor of a tuple, list or
+    mapping (a Hugging Face output's logits)."""
+    if isinstance(output, Tensor):
+        return output
+    values = output.values() if isinstance(output, Mapping) else output
+    values = values if isinstance(output, Mapping | tuple | list) else ()
+    found = next((v for v in values if isinstance(v, Tensor)), None)
+    if found is None:
+        raise type_error(
+            f"reconstruct_blocks: the model returned {type(output).__name__}; expected a "
+            "tensor, or a tuple or mapping holding one (with ends=True)"
+        )
+    return found
+
+
 def _output(block: nn.Module, inputs: _Inputs) -> Tensor:
     """The hidden states `block` returns (the first element of a tuple output)."""
     args, kwargs = inputs
@@ -136,40 +312,44 @@ def _output(block: nn.Module, inputs: _Inputs) -> Tensor:
     return found
 
 
-def _fit(
-    block: nn.Module, inputs: Sequence[_Inputs], targets: Sequence[Tensor], steps: int, lr: float
-) -> tuple[float, float]:
-    """`steps` Adam steps of `block` towards `targets`; its error before and after (its
-    parameters put back when the error did not fall)."""
-    params = [p for p in block.parameters() if p.requires_grad]
-    scale = sum(float(t.double().square().sum()) for t in targets) or 1.0
-    before = _error(block, inputs, targets) / scale
-    if not params:
-        return before, before
-    saved = [p.detach().clone() for p in params]
-    optimizer = torch.optim.Adam(params, lr=lr)
-    with torch.enable_grad():
-        for step in range(steps):
-            k = step % len(inputs)
-            loss = (_output(block, inputs[k]) - targets[k]).square().sum()
-            loss = loss * (len(inputs) / scale)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-    after = _error(block, inputs, targets) / scale
-    if not after < before:  # NaN too
-        with torch.no_grad():
-            for p, old in zip(params, saved, strict=True):
-                p.copy_(old)
-        after = before
-    return before, after
+class _Fit:
+    """Adam steps of some parameters towards targets, one batch per step (cosine decay)."""
+
+    def __init__(self, steps: int, lr: float) -> None:
+        self.steps = steps
+        self.lr = lr
+
+    def __call__(
+        self, params: list[nn.Parameter], run: Callable[[int], Tensor], targets: Sequence[Tensor]
+    ) -> tuple[float, float]:
+        """The relative squared error of ``run(k)`` to ``targets[k]`` over the batches
+        before and after the steps (`params` put back when it did not fall)."""
+        scale = sum(float(t.double().square().sum()) for t in targets) or 1.0
+        before = _error(run, targets) / scale
+        if not params:
+            return before, before
+        saved = [p.detach().clone() for p in params]
+        optimizer = torch.optim.Adam(params, lr=self.lr)
+        with torch.enable_grad():
+            for step in range(self.steps):
+                k = step % len(targets)
+                loss = (run(k) - targets[k]).square().sum() * (len(targets) / scale)
+                for group in optimizer.param_groups:
+                    group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * step / self.steps))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+        for p in params:
+            p.grad = None
+        after = _error(run, targets) / scale
+        if not after < before:  # NaN too
+            with torch.no_grad():
+                for p, old in zip(params, saved, strict=True):
+                    p.copy_(old)
+            after = before
+        return before, after
 
 
-def _error(block: nn.Module, inputs: Sequence[_Inputs], targets: Sequence[Tensor]) -> float:
+def _error(run: Callable[[int], Tensor], targets: Sequence[Tensor]) -> float:
     with torch.no_grad():
-        return sum(
-            float((_output(block, one) - t).double().square().sum())
-            for one, t in zip(inputs, targets, strict=True)
-        )
+        return sum(float((run(k) - t).double().square().sum()) for k, t in enumerate(targets))
