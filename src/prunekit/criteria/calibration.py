@@ -34,6 +34,7 @@ from prunekit.criteria import layers
 __all__ = [
     "InputStatistics",
     "Reduce",
+    "Stop",
     "Wanted",
     "agree",
     "block_list",
@@ -176,8 +177,9 @@ class _Accumulator:
 
 
 class Stop(Exception):
-    """Raised by InputStatistics' hook to end a run once every module has taken its input
-    (see `early`); the caller of the run catches it."""
+    """Raised by a hook to end a forward once it ran as far as needed (InputStatistics with
+    `early`, the capture of a block's inputs, a grouped run, the refit's first input); the
+    code that started the forward catches it."""
 
 
 class InputStatistics:
@@ -440,10 +442,6 @@ def cacheless(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-class _Reached(Exception):
-    """Raised by the capture hook to stop the forward at the first block."""
-
-
 def capture_block_inputs(
     model: nn.Module, block: nn.Module, batches: Sequence[Any]
 ) -> list[Inputs]:
@@ -453,14 +451,14 @@ def capture_block_inputs(
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         captured.append((tuple(args), cacheless(kwargs)))
-        raise _Reached
+        raise Stop
 
     handle = block.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         for index, batch in enumerate(batches):
             try:
                 run_batch(model, batch)
-            except _Reached:
+            except Stop:
                 continue
             except Exception as error:
                 raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)

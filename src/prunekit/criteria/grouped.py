@@ -39,10 +39,6 @@ from prunekit.criteria import layers
 __all__ = ["GroupedRuns"]
 
 
-class _Stop(Exception):
-    """Raised by a hook to end a run of the block once the group's input is taken."""
-
-
 def _versions(output: Any) -> tuple[int, ...] | None:
     """The version counters of the tensors of `output` (a tensor, or a tuple or list of
     tensors and Nones), or None for another kind of output (never kept)."""
@@ -159,13 +155,13 @@ class GroupedRuns:
                 if any(m is module for m in group):
                     run.keeping = False
                     stats.take(module, args, kwargs)
-                    raise _Stop
+                    raise cal.Stop
                 return
             x = layers.layer_input(module, args, kwargs) if patches else args[0]
             if group:
                 alike = _shares(module, patches) and _shares(group[0], patches)
                 if not (alike and x is read[0] and all(m is not module for m in group)):
-                    raise _Stop
+                    raise cal.Stop
             else:
                 read.append(x)
                 run.keeping = False
@@ -202,7 +198,7 @@ class GroupedRuns:
         try:
             if not keep:
                 return cal.run_block(self.block, call)
-            with suppress(_Stop):
+            with suppress(cal.Stop):
                 self.block(*call[0], **call[1])
             return call
         except Exception as error:

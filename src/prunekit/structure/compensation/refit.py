@@ -99,10 +99,6 @@ def refit_update(
     return delta[:, :-1], delta[:, -1]
 
 
-class _Reached(Exception):
-    """Raised by a statistics hook to stop a forward once the consumer has run."""
-
-
 class _Paired:
     """The moments of one consumer's input in the pruned model (x) against the reference's
     (t), per group of columns: E[x x^T], E[t x^T], E[x], E[t]."""
@@ -154,12 +150,12 @@ def _first_input(model: nn.Module, module: nn.Module, batch: Any, paired: _Paire
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         found.append(paired.features(args, kwargs))
-        raise _Reached
+        raise cal.Stop  # its input is taken: the rest of the forward is not needed
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         cal.run_batch(model, batch)
-    except _Reached:
+    except cal.Stop:
         pass
     finally:
         handle.remove()
