@@ -30,7 +30,10 @@ the dense block.
 
 *s* is the wall time of the pruning call alone (llm-compressor: its `oneshot`, timed in
 the worker; loading models and scoring not counted), the median over --rounds; *MiB* is
-the growth of the process's peak resident set during that call.
+the growth of the process's peak resident set during that call, the allocator's free pages
+given back to the OS first (``malloc_trim``). Both processes run with the allocator's
+default settings: a fixed mmap threshold would make every activation fresh pages to fault
+in, which no user's process pays and which weighs on the two sides unequally.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
-import calibrated  # re-executes this script with the allocator setting measure() needs
+import calibrated
 import llm_structure
 import prunekit
 
