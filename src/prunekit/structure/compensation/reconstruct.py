@@ -243,7 +243,7 @@ def _fit_head(
                 skip = short.shape == whole[0].shape and torch.equal(short, whole[0])
             except Exception:  # the forward needs the blocks themselves: run it whole
                 skip = False
-    with _only(model, head):
+    with cal.requiring_grad(model, head):
         if not skip:
             return fit(head, lambda k: _final(cal.run_batch(model, batches[k])), targets)
 
@@ -267,20 +267,6 @@ def _replaying(blocks: nn.ModuleList, output: Any) -> Iterator[None]:
             del block.forward
             if forward is not None:
                 block.forward = forward
-
-
-@contextmanager
-def _only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
-    """Only `params` of `model` require grad while entered (no graph through the rest)."""
-    wanted = {id(p) for p in params}
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(id(p) in wanted)
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def _final(output: Any) -> Tensor:
