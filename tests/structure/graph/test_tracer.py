@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers import graph_frozen
+from prunekit.structure.graph import skim
 from prunekit.structure.graph import tracer as tracer_module
 from prunekit.structure.graph.tracer import Tracer, run_traced
 from prunekit.structure.handlers import ops
@@ -153,3 +154,34 @@ def test_ids_read_back_as_made_give_the_groups_of_fresh_tensors(
     monkeypatch.setattr(Tracer, "flat", lambda self, labels, dim: None)
     monkeypatch.setattr(Tracer, "positions", lambda self, count: torch.arange(count))
     assert _groups(model, x) == shared
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x + self.fc(x))
+
+
+def _one_too_wide(args: Any) -> tuple[tuple[int, ...], None, int]:
+    """A broken rule of the skim for linear layers: one output feature too many."""
+    x, w = args(0, "input"), args(1, "weight")
+    return (*x.shape[:-1], w.shape[0] + 1), None, 1 << 30
+
+
+def test_a_broken_skip_fails_strictly_and_falls_back_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Residual().eval(), torch.randn(2, 16)
+    expected = _groups(model, x)
+    monkeypatch.setitem(skim._RULES, "linear", _one_too_wide)
+    assert tracer_module.STRICT_SKIM  # the test suite's setting (tests/conftest.py)
+    with pytest.raises(AssertionError, match="skimmed trace of _Residual failed") as caught:
+        prunekit.channel_groups(model, x)
+    assert isinstance(caught.value.__cause__, RuntimeError)  # the add of unequal widths
+    assert str(caught.value.__cause__) in str(caught.value)
+    monkeypatch.setattr(tracer_module, "STRICT_SKIM", False)
+    assert _groups(model, x) == expected  # traced again, computing every op
