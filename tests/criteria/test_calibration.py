@@ -720,13 +720,13 @@ def test_requiring_grad_restores_flags_and_grads_after_an_error() -> None:
     frozen.requires_grad_(False)
     old = torch.ones(3, 3)
     chosen.grad = old
-    with pytest.raises(RuntimeError, match="inside"):
-        with cal.requiring_grad(model, [chosen], restore_grads=True):
-            assert _flags(model) == [True, False, False, False]
-            assert chosen.grad is None  # starts afresh
-            model(torch.randn(2, 3)).sum().backward()
-            assert chosen.grad is not None and model[0].bias.grad is None
-            raise RuntimeError("inside")
+    inside = cal.requiring_grad(model, [chosen], restore_grads=True)
+    with pytest.raises(RuntimeError, match="inside"), inside:
+        assert _flags(model) == [True, False, False, False]
+        assert chosen.grad is None  # starts afresh
+        model(torch.randn(2, 3)).sum().backward()
+        assert chosen.grad is not None and model[0].bias.grad is None
+        raise RuntimeError("inside")
     assert _flags(model) == [True, True, True, False]
     assert chosen.grad is old
     assert all(p.grad is None for p in list(model.parameters())[1:])

@@ -564,8 +564,8 @@ def batch_list(calibration: Any, owner: str) -> list[Any]:
     """`calibration` as a list of batches; refused (the message names `owner`) unless it is
     a non-empty iterable other than a tensor, a mapping (one batch of keyword arguments: a
     tokenizer's output) or a string."""
-    one = Tensor | Mapping | str | bytes
-    if isinstance(calibration, one) or not isinstance(calibration, Iterable):
+    one = isinstance(calibration, Tensor | Mapping | str | bytes)  # one batch, or no batches
+    if one or not isinstance(calibration, Iterable):
         raise type_error(
             f"{owner}: invalid calibration of type {type(calibration).__name__}; "
             "expected an iterable of batches (a list of tensors, say)"
