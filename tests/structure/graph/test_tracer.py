@@ -12,6 +12,7 @@ import prunekit
 from helpers import graph_frozen
 from prunekit.structure.graph import skim
 from prunekit.structure.graph import tracer as tracer_module
+from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.tracer import Tracer, run_traced
 from prunekit.structure.handlers import ops
 
@@ -185,3 +186,41 @@ def test_a_broken_skip_fails_strictly_and_falls_back_otherwise(
     assert str(caught.value.__cause__) in str(caught.value)
     monkeypatch.setattr(tracer_module, "STRICT_SKIM", False)
     assert _groups(model, x) == expected  # traced again, computing every op
+
+
+class _Reads(nn.Module):
+    """Reads a value of the activations, and raises an error of its own where that fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x)
+        try:
+            scale = float(h.abs().max())
+        except Exception as error:
+            raise ValueError("the scale cannot be read") from error
+        return h / (1 + scale)
+
+
+def test_a_failure_following_a_value_read_traces_again_strictly_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model's own error after the skim's signal that values are needed is that signal's
+    consequence, not a bug of the skim: traced again, even with STRICT_SKIM."""
+    torch.manual_seed(0)
+    made: list[skim.Fakes] = []
+
+    class Kept(skim.Fakes):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(tracer_module, "Fakes", Kept)
+    model, x = _Reads().eval(), torch.randn(2, 256)
+    assert tracer_module.STRICT_SKIM
+    groups = _groups(model, x)
+    assert made[0].skipped == 1 and made[0].stopped  # the skim ran, and stopped
+    full, _ = run_traced(model, (x,), {}, skim=False)
+    assert groups == graph_frozen.summary(model, build_groups(full))

@@ -611,7 +611,9 @@ def run_traced(
         try:
             tracer, out = _run_traced(model, args, kwargs, options, fakes)
         except Exception as error:  # NeedValues, or values the model needs were fake
-            failed = None if fakes.stopped else error  # after NeedValues: its consequence
+            # an error after NeedValues (which the model may catch, and answer with an error
+            # of its own) follows from that signal; any other is the skim's (STRICT_SKIM)
+            failed = None if fakes.stopped else error
             fakes.stopped = fakes.stopped or "the forward failed on fake values"
         else:
             if not fakes.stopped:  # no NeedValues, even one the model caught
