@@ -1,6 +1,8 @@
 """Shared fixtures: seeded RNGs for every test; `framework` runs a test on both frameworks;
 `one_pass` records whether each call of the selection's one pass held; `imported_by` tells which
-modules a fresh interpreter holds after importing prunekit."""
+modules a fresh interpreter holds after importing prunekit. Every test runs with the channel
+graph's skimmed trace strict: a failure of it that is not a value read raises (a bug of
+``graph.skim`` would else only slow the trace)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import torch
 
 from helpers.frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.select import trace
+from prunekit.structure.graph import tracer as graph_tracer
+
+graph_tracer.STRICT_SKIM = True
 
 
 @pytest.fixture(autouse=True)

@@ -708,3 +708,38 @@ def test_block_statistics_end_each_later_run_at_the_last_layer_s_input() -> None
     assert (block[1].calls, block[2].calls) == (3, 1)
     for m in targets:
         assert torch.equal(stats.hessian(m), expected.hessian(m))
+
+
+def _flags(model: nn.Module) -> list[bool]:
+    return [p.requires_grad for p in model.parameters()]
+
+
+def test_requiring_grad_restores_flags_and_grads_after_an_error() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    chosen, frozen = model[0].weight, model[1].bias
+    frozen.requires_grad_(False)
+    old = torch.ones(3, 3)
+    chosen.grad = old
+    inside = cal.requiring_grad(model, [chosen], restore_grads=True)
+    with pytest.raises(RuntimeError, match="inside"), inside:
+        assert _flags(model) == [True, False, False, False]
+        assert chosen.grad is None  # starts afresh
+        model(torch.randn(2, 3)).sum().backward()
+        assert chosen.grad is not None and model[0].bias.grad is None
+        raise RuntimeError("inside")
+    assert _flags(model) == [True, True, True, False]
+    assert chosen.grad is old
+    assert all(p.grad is None for p in list(model.parameters())[1:])
+
+
+def test_requiring_grad_without_restore_grads_leaves_the_grads_it_made() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    old = torch.ones(3, 3)
+    model[0].weight.grad = old
+    chosen = model[1].weight
+    with cal.requiring_grad(model, [chosen]):
+        assert _flags(model) == [False, False, True, False]
+        assert model[0].weight.grad is old  # not touched
+        model(torch.randn(2, 3)).sum().backward()
+    assert _flags(model) == [True, True, True, True]
+    assert model[0].weight.grad is old and chosen.grad is not None

@@ -45,6 +45,7 @@ __all__ = [
     "gradient_targets",
     "output_loss",
     "parameter",
+    "requiring_grad",
     "run_batch",
     "run_block",
 ]
@@ -561,8 +562,10 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
 
 def batch_list(calibration: Any, owner: str) -> list[Any]:
     """`calibration` as a list of batches; refused (the message names `owner`) unless it is
-    a non-empty iterable other than a tensor or a dict."""
-    if isinstance(calibration, Tensor | dict) or not isinstance(calibration, Iterable):
+    a non-empty iterable other than a tensor, a mapping (one batch of keyword arguments: a
+    tokenizer's output) or a string."""
+    one = isinstance(calibration, Tensor | Mapping | str | bytes)  # one batch, or no batches
+    if one or not isinstance(calibration, Iterable):
         raise type_error(
             f"{owner}: invalid calibration of type {type(calibration).__name__}; "
             "expected an iterable of batches (a list of tensors, say)"
@@ -688,35 +691,51 @@ def gradients(
     giving the tensor it stands for), ``step(i, values, grad)``, then ``end_batch()``.
     Only `params` get gradients; every requires_grad flag and .grad is as before
     afterwards."""
-    flags = [(p, p.requires_grad, p.grad) for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p, _ in params:
-        p.requires_grad_(True)
-        p.grad = None
+    wanted = [p for p, _ in params]
+    with requiring_grad(model, wanted, restore_grads=True), evaluating(model), torch.enable_grad():
+        for index, batch in enumerate(batches):
+            try:
+                output = run_batch(model, batch)
+            except Exception as error:
+                raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            try:
+                value = loss(output, batch)
+            except Exception as error:
+                raise _batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
+            _check_loss(value, index)
+            value.backward()  # type: ignore[no-untyped-call]
+            for i, (p, current) in enumerate(params):
+                if p.grad is not None:
+                    step(i, current().detach(), p.grad)
+                p.grad = None
+            if end_batch is not None:
+                end_batch()
+
+
+@contextmanager
+def requiring_grad(
+    model: nn.Module, params: Iterable[nn.Parameter], *, restore_grads: bool = False
+) -> Iterator[None]:
+    """Only `params` require grad while entered: no other parameter of `model` does (no
+    graph is built through them). Every flag is put back on exit, after an error too.
+
+    With `restore_grads`, `params` also start with no ``.grad``, and every ``.grad`` (of
+    `model`'s parameters and of `params`) is put back on exit as it was on entry."""
+    wanted = list(params)
+    chosen = {id(p) for p in wanted}
+    every = list({id(p): p for p in (*model.parameters(), *wanted)}.values())
+    saved = [(p, p.requires_grad, p.grad) for p in every]
     try:
-        with evaluating(model), torch.enable_grad():
-            for index, batch in enumerate(batches):
-                try:
-                    output = run_batch(model, batch)
-                except Exception as error:
-                    raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
-                try:
-                    value = loss(output, batch)
-                except Exception as error:
-                    raise _batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
-                _check_loss(value, index)
-                value.backward()  # type: ignore[no-untyped-call]
-                for i, (p, current) in enumerate(params):
-                    if p.grad is not None:
-                        step(i, current().detach(), p.grad)
-                    p.grad = None
-                if end_batch is not None:
-                    end_batch()
+        for p in every:
+            p.requires_grad_(id(p) in chosen)
+            if restore_grads and id(p) in chosen:
+                p.grad = None
+        yield
     finally:
-        for p, flag, grad in flags:
+        for p, flag, grad in saved:
             p.requires_grad_(flag)
-            p.grad = grad
+            if restore_grads:
+                p.grad = grad
 
 
 def parameter(module: nn.Module, name: str) -> nn.Parameter:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import UserDict
+
 import pytest
 import torch
 from torch import nn
@@ -59,3 +61,6 @@ def test_bad_calibration_is_refused() -> None:
         prune.recalibrate_norms(_model(), [])
     with pytest.raises(TypeError, match="recalibrate_norms: invalid calibration"):
         prune.recalibrate_norms(_model(), torch.randn(8, 4))
+    one = UserDict({"input": torch.randn(8, 4)})  # one batch of keyword arguments
+    with pytest.raises(TypeError, match="recalibrate_norms: invalid calibration of type User"):
+        prune.recalibrate_norms(_model(), one)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import UserDict
+from typing import Any
 
+import numpy
 import pytest
 import torch
 from torch import Tensor, nn
@@ -128,21 +131,51 @@ def test_an_error_midway_leaves_the_model_as_it_was() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "error", "message"),
     [
-        ({"steps": 0}, "invalid steps=0"),
-        ({"steps": True}, "invalid steps=True"),
-        ({"steps": 2.0}, "invalid steps=2.0"),
-        ({"lr": 0.0}, "invalid lr=0.0"),
-        ({"lr": math.nan}, "invalid lr=nan"),
-        ({"lr": math.inf}, "invalid lr=inf"),
+        ({"steps": 0}, ValueError, "invalid steps=0; expected an int >= 1"),
+        ({"steps": True}, TypeError, "invalid steps=True of type bool; expected an int"),
+        ({"steps": 2.0}, TypeError, "invalid steps=2.0 of type float; expected an int"),
+        ({"steps": "3"}, TypeError, "invalid steps='3' of type str; expected an int"),
+        ({"steps": None}, TypeError, "invalid steps=None of type NoneType; expected an int"),
+        ({"lr": 0.0}, ValueError, "invalid lr=0.0; expected a finite float > 0"),
+        ({"lr": -1}, ValueError, "invalid lr=-1; expected a finite float > 0"),
+        ({"lr": math.nan}, ValueError, "invalid lr=nan; expected"),
+        ({"lr": math.inf}, ValueError, "invalid lr=inf; expected"),
+        ({"lr": True}, TypeError, "invalid lr=True of type bool; expected a finite float"),
+        ({"lr": "0.1"}, TypeError, "invalid lr='0.1' of type str; expected a finite float"),
+        ({"lr": torch.tensor(0.1)}, TypeError, r"invalid lr=tensor\(0.1000\) of type Tensor"),
     ],
 )
-def test_bad_arguments_are_refused(kwargs: dict[str, float], message: str) -> None:
+def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, message: str) -> None:
+    """A wrong type is a TypeError (a bool is no int or number here), a bad value of the
+    right type a ValueError; the model is left as it was."""
     model, reference, batches = _pruned()
     before = _state(model)
-    with pytest.raises(ValueError, match=f"reconstruct_blocks: {message}"):
-        reconstruct_blocks(model, reference, batches, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(error, match=f"reconstruct_blocks: {message}"):
+        reconstruct_blocks(model, reference, batches, **kwargs)
+    after = model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+def test_steps_and_lr_of_other_number_types_are_taken() -> None:
+    model, reference, batches = _pruned()
+    errors = reconstruct_blocks(
+        model, reference, batches, steps=numpy.int64(2), lr=numpy.float32(1e-3)
+    )
+    assert len(errors) == 3
+
+
+def test_a_reference_or_calibration_of_a_wrong_type_is_refused_by_name() -> None:
+    model, reference, batches = _pruned()
+    before = _state(model)
+    with pytest.raises(TypeError, match="reconstruct_blocks: reference='ref' is no torch"):
+        reconstruct_blocks(model, "ref", batches)  # type: ignore[arg-type]
+    one = UserDict({"x": batches[0]})  # one batch of keyword arguments, as a tokenizer's
+    with pytest.raises(TypeError, match="reconstruct_blocks: invalid calibration of type User"):
+        reconstruct_blocks(model, reference, one)
+    with pytest.raises(TypeError, match="reconstruct_blocks: invalid calibration of type str"):
+        reconstruct_blocks(model, reference, "batches")
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 

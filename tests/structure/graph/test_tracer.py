@@ -10,7 +10,9 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers import graph_frozen
+from prunekit.structure.graph import skim
 from prunekit.structure.graph import tracer as tracer_module
+from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.tracer import Tracer, run_traced
 from prunekit.structure.handlers import ops
 
@@ -153,3 +155,72 @@ def test_ids_read_back_as_made_give_the_groups_of_fresh_tensors(
     monkeypatch.setattr(Tracer, "flat", lambda self, labels, dim: None)
     monkeypatch.setattr(Tracer, "positions", lambda self, count: torch.arange(count))
     assert _groups(model, x) == shared
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x + self.fc(x))
+
+
+def _one_too_wide(args: Any) -> tuple[tuple[int, ...], None, int]:
+    """A broken rule of the skim for linear layers: one output feature too many."""
+    x, w = args(0, "input"), args(1, "weight")
+    return (*x.shape[:-1], w.shape[0] + 1), None, 1 << 30
+
+
+def test_a_broken_skip_fails_strictly_and_falls_back_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(0)
+    model, x = _Residual().eval(), torch.randn(2, 16)
+    expected = _groups(model, x)
+    monkeypatch.setitem(skim._RULES, "linear", _one_too_wide)
+    assert tracer_module.STRICT_SKIM  # the test suite's setting (tests/conftest.py)
+    with pytest.raises(AssertionError, match="skimmed trace of _Residual failed") as caught:
+        prunekit.channel_groups(model, x)
+    assert isinstance(caught.value.__cause__, RuntimeError)  # the add of unequal widths
+    assert str(caught.value.__cause__) in str(caught.value)
+    monkeypatch.setattr(tracer_module, "STRICT_SKIM", False)
+    assert _groups(model, x) == expected  # traced again, computing every op
+
+
+class _Reads(nn.Module):
+    """Reads a value of the activations, and raises an error of its own where that fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc(x)
+        try:
+            scale = float(h.abs().max())
+        except Exception as error:
+            raise ValueError("the scale cannot be read") from error
+        return h / (1 + scale)
+
+
+def test_a_failure_following_a_value_read_traces_again_strictly_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The model's own error after the skim's signal that values are needed is that signal's
+    consequence, not a bug of the skim: traced again, even with STRICT_SKIM."""
+    torch.manual_seed(0)
+    made: list[skim.Fakes] = []
+
+    class Kept(skim.Fakes):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(tracer_module, "Fakes", Kept)
+    model, x = _Reads().eval(), torch.randn(2, 256)
+    assert tracer_module.STRICT_SKIM
+    groups = _groups(model, x)
+    assert made[0].skipped == 1 and made[0].stopped  # the skim ran, and stopped
+    full, _ = run_traced(model, (x,), {}, skim=False)
+    assert groups == graph_frozen.summary(model, build_groups(full))

@@ -38,6 +38,7 @@ the block's targets, and the optimizer's two moments of one block's parameters.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -95,23 +96,32 @@ def reconstruct_blocks(
 
     Raises:
         TypeError: a model or reference that is no nn.Module, calibration that is no
-            iterable of batches, or `ends` that is no bool.
-        ValueError: a bad `steps` or `lr`, calibration without batches, a model without a
-            sequence of blocks, or a reference without the same one. On any error the model
-            is left as it was.
+            iterable of batches, `steps` that is no int, `lr` that is no real number, or
+            `ends` that is no bool (a bool is no int or number here either).
+        ValueError: `steps` < 1, `lr` <= 0 or not finite, calibration without batches, a
+            model without a sequence of blocks, or a reference without the same one. On any
+            error the model is left as it was.
     """
     owner = "reconstruct_blocks"
     check_model(model, owner)
-    check_model(reference, owner)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    check_model(reference, owner, "reference")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+        raise type_error(
+            f"{owner}: invalid steps={steps!r} of type {type(steps).__name__}; expected an int >= 1"
+        )
+    if steps < 1:
         raise value_error(f"{owner}: invalid steps={steps!r}; expected an int >= 1")
-    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < math.inf:
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise type_error(
+            f"{owner}: invalid lr={lr!r} of type {type(lr).__name__}; expected a finite float > 0"
+        )
+    if not 0 < lr < math.inf:  # NaN too
         raise value_error(f"{owner}: invalid lr={lr!r}; expected a finite float > 0")
     if not isinstance(ends, bool):
         raise type_error(f"{owner}: invalid ends={ends!r}; expected True or False")
     batches = cal.batch_list(calibration, owner)
     blocks, theirs = _blocks(model, reference)
-    fit = _Fit(steps, float(lr))
+    fit = _Fit(int(steps), float(lr))
     with cal.evaluating(model), cal.evaluating(reference):
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
         trained = [p for block in blocks for p in _trainable(block)] + stem + head
@@ -243,7 +253,7 @@ def _fit_head(
                 skip = short.shape == whole[0].shape and torch.equal(short, whole[0])
             except Exception:  # the forward needs the blocks themselves: run it whole
                 skip = False
-    with _only(model, head):
+    with cal.requiring_grad(model, head):
         if not skip:
             return fit(head, lambda k: _final(cal.run_batch(model, batches[k])), targets)
 
@@ -267,20 +277,6 @@ def _replaying(blocks: nn.ModuleList, output: Any) -> Iterator[None]:
             del block.forward
             if forward is not None:
                 block.forward = forward
-
-
-@contextmanager
-def _only(model: nn.Module, params: Sequence[nn.Parameter]) -> Iterator[None]:
-    """Only `params` of `model` require grad while entered (no graph through the rest)."""
-    wanted = {id(p) for p in params}
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(id(p) in wanted)
-    try:
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
 
 
 def _final(output: Any) -> Tensor:

@@ -63,16 +63,18 @@ def check_gqa(gqa: Any, owner: str) -> None:
         )
 
 
-def check_model(model: Any, owner: str) -> None:
+def check_model(model: Any, owner: str, argument: str = "model") -> None:
+    """Refuse (TypeError) a `model` that is no torch module; `argument`: its name in the
+    call of `owner`."""
     if not isinstance(model, nn.Module):
         kind = type(model)
         if kind.__module__.split(".")[0] == "tensorplay":
             raise TypeError(
-                f"{owner}: model is a TensorPlay module ({kind.__name__}); the channel graph "
-                "traces torch ops, which TensorPlay's modules do not run. Expected a "
+                f"{owner}: {argument} is a TensorPlay module ({kind.__name__}); the channel "
+                "graph traces torch ops, which TensorPlay's modules do not run. Expected a "
                 "torch.nn.Module"
             )
-        raise TypeError(f"{owner}: model={model!r} is no torch.nn.Module")
+        raise TypeError(f"{owner}: {argument}={model!r} is no torch.nn.Module")
 
 
 def split_inputs(example_inputs: Any, owner: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
