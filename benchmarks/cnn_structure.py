@@ -292,7 +292,7 @@ def _distill(
     ``FEATURES`` of `model` are also brought towards the dense model's kept channels
     (``prunekit.hidden_state_loss``, each feature over the dense one's RMS). Returns the
     steps and the wall seconds."""
-    distiller = prune.Distiller(dense, temperature=args.temperature)
+    distiller = prune.Distiller(dense, temperature=args.temperature, logit_weight=args.logit_weight)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     generator = np.random.default_rng(1234)
@@ -389,6 +389,12 @@ def main() -> None:
     parser.add_argument("--distill-batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument(
+        "--logit-weight",
+        type=float,
+        default=0.0,
+        help="+KD: weight of the logits' mean squared error (Distiller's logit_weight)",
+    )
     parser.add_argument(
         "--warmup",
         type=float,
