@@ -77,6 +77,8 @@ regains it as the rate decays. From the cached `+rec.` model (79.7 % of 64 eval 
 78.1 % of 256; agreement at 300 / 600 / 900 / 1200 s):
 - the defaults (KL at T = 1 + logit MSE, lr 1e-4, warmup 0.1, no feature term, 1200 s,
   810 steps): 75.0 / 84.4 / 81.2 / 85.9 % of 64 (75.0 / 79.3 / 79.3 / 80.5 % of 256);
+- the same in 600 s (422 steps): 71.9 / 78.1 % of 64 at 200 / 400 s, 84.4 % at the end
+  (75.4 / 78.9 / 81.6 % of 256): as good within the noise, at half the time;
 - the same with ``--hidden 1`` (stopped after 600 s): 76.6 / 78.1 % of 64 (74.6 / 77.7 %
   of 256);
 - the same trained on the 10 photos only (not the 14 more images): 75.0 / 79.7 / 84.4 /
