@@ -62,6 +62,35 @@ def test_hidden_states_loss_is_the_mean_squared_error_over_pairs() -> None:
     assert float(hidden_state_loss(a, a)) == 0.0
 
 
+def test_the_logit_term_adds_the_mean_squared_error_of_the_logits() -> None:
+    teacher = nn.Linear(4, 6)
+    x, student = torch.randn(5, 4), torch.randn(5, 6)
+    plain = prune.Distiller(teacher, temperature=1.0).loss(student, x)
+    both = prune.Distiller(teacher, temperature=1.0, logit_weight=0.5).loss(student, x)
+    expected = 0.5 * F.mse_loss(student, teacher(x).detach())
+    assert float(both - plain) == pytest.approx(float(expected), rel=1e-5)
+    shifted = teacher(x).detach() + 3.0  # the same softmax: only the logit term sees it
+    distiller = prune.Distiller(teacher, logit_weight=1.0)
+    assert float(prune.distillation_loss(shifted, teacher(x))) == pytest.approx(0.0, abs=1e-6)
+    assert float(distiller.loss(shifted, x)) == pytest.approx(9.0, rel=1e-5)
+
+
+def test_the_logit_term_leaves_padding_out() -> None:
+    class Tokens(nn.Module):
+        def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+            return F.one_hot(input_ids, 7).float()
+
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    student = torch.zeros(2, 3, 7)
+    student[0, 2] = 100.0  # padding
+    distiller = prune.Distiller(Tokens(), alpha=1.0, logit_weight=1.0)
+    plain = prune.Distiller(Tokens(), alpha=1.0)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    term = distiller.loss(student, inputs) - plain.loss(student, inputs)
+    assert float(term) == pytest.approx(1 / 7, rel=1e-5)  # one logit off by 1 per kept place
+
+
 class Mlp(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -121,6 +150,16 @@ def test_a_few_steps_of_distillation_close_most_of_the_gap_of_a_pruned_model() -
         (lambda: prune.Distiller(nn.Linear(2, 2), alpha=1.5), ValueError, "invalid alpha=1.5"),
         (lambda: prune.Distiller(nn.Linear(2, 2), hidden_weight=-1.0), ValueError,
          "invalid hidden_weight=-1.0"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=-0.5), ValueError,
+         "invalid logit_weight=-0.5; expected a finite float >= 0"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=math.inf), ValueError,
+         "invalid logit_weight=inf"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=math.nan), ValueError,
+         "invalid logit_weight=nan"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight="1"), TypeError,  # type: ignore[arg-type]
+         "invalid logit_weight of type str"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=True), TypeError,
+         "invalid logit_weight of type bool"),
         (lambda: prune.Distiller(nn.Linear(2, 2), alpha=0.5).loss(
             torch.ones(1, 2), torch.ones(1, 2)), ValueError, "its output has no `loss`"),
         (lambda: prune.Distiller(nn.Linear(2, 2)).loss("out", torch.ones(1, 2)), TypeError,

@@ -112,13 +112,14 @@ class Distiller:
 
     ``distiller.loss(student_output, inputs)`` runs the teacher on `inputs` (without
     gradients, in eval mode, its mode restored) and returns
-    ``alpha x distillation_loss + (1 - alpha) x student_output.loss`` (+ `hidden_weight` x
-    ``hidden_state_loss`` over the hidden states of both). `inputs` are what the student's
-    forward took: a tensor, a tuple of positional arguments or a dict of keyword arguments
-    (its ``labels`` are not passed to the teacher; its ``attention_mask`` masks the
-    average over tokens). Logits are the output itself when it is a tensor, else its
-    ``logits`` (an attribute, or a key of a dict output; so are ``loss`` and
-    ``hidden_states``). The teacher is moved to the device of the student's logits when they differ.
+    ``alpha x distillation_loss + (1 - alpha) x student_output.loss`` (+ `logit_weight` x the
+    mean squared error of the logits, + `hidden_weight` x ``hidden_state_loss`` over the
+    hidden states of both). `inputs` are what the student's forward took: a tensor, a tuple
+    of positional arguments or a dict of keyword arguments (its ``labels`` are not passed to
+    the teacher; its ``attention_mask`` masks the average over tokens). Logits are the
+    output itself when it is a tensor, else its ``logits`` (an attribute, or a key of a dict
+    output; so are ``loss`` and ``hidden_states``). The teacher is moved to the device of
+    the student's logits when they differ.
 
     Args:
         teacher: the model before pruning (a copy: ``copy.deepcopy(model)`` before
@@ -126,13 +127,18 @@ class Distiller:
         temperature: softens both distributions; the loss is scaled by its square.
         alpha: weight of the distillation term in [0, 1]; below 1 the student's output
             must carry its own ``loss`` (a Hugging Face model given ``labels``).
+        logit_weight: weight >= 0 of the logits' mean squared error (over classes, then
+            over positions as the KL term averages them): it matches the logits
+            themselves, where the KL term sees only their softmax (blind to a shift shared
+            by all classes, nearly blind to the improbable ones).
         hidden_weight: weight >= 0 of the hidden-state term; above 0 both forwards return
             ``hidden_states`` (the teacher is called with ``output_hidden_states=True``;
             call the student so too) of the same shapes.
 
     Raises:
-        TypeError: a teacher that is no nn.Module.
-        ValueError: a bad temperature, alpha or hidden_weight.
+        TypeError: a teacher that is no nn.Module; a logit_weight that is no number.
+        ValueError: a bad temperature, alpha or hidden_weight; a negative or non-finite
+            logit_weight.
     """
 
     def __init__(
@@ -141,6 +147,7 @@ class Distiller:
         *,
         temperature: float = 2.0,
         alpha: float = 1.0,
+        logit_weight: float = 0.0,
         hidden_weight: float = 0.0,
     ) -> None:
         if not isinstance(teacher, nn.Module):
@@ -159,7 +166,17 @@ class Distiller:
             raise value_error(
                 f"Distiller: invalid hidden_weight={hidden_weight!r}; expected a float >= 0"
             )
+        if isinstance(logit_weight, bool) or not isinstance(logit_weight, int | float):
+            raise type_error(
+                f"Distiller: invalid logit_weight of type {type(logit_weight).__name__}; "
+                "expected a float >= 0"
+            )
+        if not 0 <= logit_weight < math.inf:
+            raise value_error(
+                f"Distiller: invalid logit_weight={logit_weight!r}; expected a finite float >= 0"
+            )
         self.teacher = teacher
+        self.logit_weight = float(logit_weight)
         self.temperature = float(temperature)
         self.alpha = float(alpha)
         self.hidden_weight = float(hidden_weight)
@@ -187,10 +204,14 @@ class Distiller:
         teacher_output = self.teacher_output(inputs, student.device)
         mask = _split(inputs)[1].get("attention_mask")
         mask = mask if isinstance(mask, Tensor) and student.dim() == 3 else None
+        teacher = _logits(teacher_output, "teacher")
         total = self.alpha * distillation_loss(
-            student, _logits(teacher_output, "teacher"), temperature=self.temperature,
-            attention_mask=mask,
-        )  # fmt: skip
+            student, teacher, temperature=self.temperature, attention_mask=mask
+        )
+        if self.logit_weight:
+            total = total + self.logit_weight * hidden_state_loss(
+                [student], [teacher], attention_mask=mask
+            )
         if self.alpha < 1:
             own = _field(student_output, "loss")
             if not isinstance(own, Tensor):
@@ -215,7 +236,8 @@ class Distiller:
     def __repr__(self) -> str:
         return (
             f"Distiller({type(self.teacher).__name__}, temperature={self.temperature:g}, "
-            f"alpha={self.alpha:g}, hidden_weight={self.hidden_weight:g})"
+            f"alpha={self.alpha:g}, logit_weight={self.logit_weight:g}, "
+            f"hidden_weight={self.hidden_weight:g})"
         )
 
 
