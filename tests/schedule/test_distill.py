@@ -157,9 +157,19 @@ def test_a_few_steps_of_distillation_close_most_of_the_gap_of_a_pruned_model() -
         (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=math.nan), ValueError,
          "invalid logit_weight=nan"),
         (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight="1"), TypeError,  # type: ignore[arg-type]
-         "invalid logit_weight of type str"),
+         "invalid logit_weight='1' of type str"),
         (lambda: prune.Distiller(nn.Linear(2, 2), logit_weight=True), TypeError,
-         "invalid logit_weight of type bool"),
+         "invalid logit_weight=True of type bool"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), temperature=True), TypeError,
+         "invalid temperature=True of type bool; expected a finite float > 0"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), alpha="0.5"), TypeError,  # type: ignore[arg-type]
+         "invalid alpha='0.5' of type str; expected a float in [0, 1]"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), hidden_weight=None), TypeError,  # type: ignore[arg-type]
+         "invalid hidden_weight=None of type NoneType"),
+        (lambda: prune.Distiller(nn.Linear(2, 2), alpha=math.nan), ValueError,
+         "invalid alpha=nan"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3), temperature="2"),  # type: ignore[arg-type]
+         TypeError, "distillation_loss: invalid temperature='2' of type str"),
         (lambda: prune.Distiller(nn.Linear(2, 2), alpha=0.5).loss(
             torch.ones(1, 2), torch.ones(1, 2)), ValueError, "its output has no `loss`"),
         (lambda: prune.Distiller(nn.Linear(2, 2)).loss("out", torch.ones(1, 2)), TypeError,

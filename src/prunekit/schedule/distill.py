@@ -12,7 +12,8 @@ for a plain loop, Lightning's ``training_step`` or ``prunekit.schedule.hf``'s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,9 +45,10 @@ def distillation_loss(
         A scalar (float32 at least): 0 when the logits are equal.
 
     Raises:
-        ValueError: shapes that differ, a bad temperature, a mask of another shape or one
-            that keeps no position.
-        TypeError: logits or a mask that are no tensors.
+        ValueError: shapes that differ, a temperature that is not finite and > 0, a mask of
+            another shape or one that keeps no position.
+        TypeError: logits or a mask that are no tensors, a temperature that is no real
+            number (a bool included).
     """
     _check_temperature(temperature, "distillation_loss")
     for name, value in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
@@ -136,9 +138,10 @@ class Distiller:
             call the student so too) of the same shapes.
 
     Raises:
-        TypeError: a teacher that is no nn.Module; a logit_weight that is no number.
-        ValueError: a bad temperature, alpha or hidden_weight; a negative or non-finite
-            logit_weight.
+        TypeError: a teacher that is no nn.Module; a temperature, alpha or weight that is
+            no real number (a bool included).
+        ValueError: a temperature that is not finite and > 0, an alpha outside [0, 1], a
+            weight that is negative or not finite.
     """
 
     def __init__(
@@ -156,25 +159,9 @@ class Distiller:
                 "dense torch.nn.Module"
             )
         _check_temperature(temperature, "Distiller")
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
-            raise value_error(f"Distiller: invalid alpha={alpha!r}; expected a float in [0, 1]")
-        if (
-            isinstance(hidden_weight, bool)
-            or not isinstance(hidden_weight, int | float)
-            or not 0 <= hidden_weight < math.inf
-        ):
-            raise value_error(
-                f"Distiller: invalid hidden_weight={hidden_weight!r}; expected a float >= 0"
-            )
-        if isinstance(logit_weight, bool) or not isinstance(logit_weight, int | float):
-            raise type_error(
-                f"Distiller: invalid logit_weight of type {type(logit_weight).__name__}; "
-                "expected a float >= 0"
-            )
-        if not 0 <= logit_weight < math.inf:
-            raise value_error(
-                f"Distiller: invalid logit_weight={logit_weight!r}; expected a finite float >= 0"
-            )
+        _check_number(alpha, "alpha", "Distiller", "a float in [0, 1]", lambda v: 0 <= v <= 1)
+        for name, weight in (("logit_weight", logit_weight), ("hidden_weight", hidden_weight)):
+            _check_number(weight, name, "Distiller", "a finite float >= 0", _finite_nonnegative)
         self.teacher = teacher
         self.logit_weight = float(logit_weight)
         self.temperature = float(temperature)
@@ -242,14 +229,28 @@ class Distiller:
 
 
 def _check_temperature(temperature: Any, owner: str) -> None:
-    if (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, int | float)
-        or not 0 < temperature < math.inf
-    ):
-        raise value_error(
-            f"{owner}: invalid temperature={temperature!r}; expected a finite float > 0"
+    _check_number(temperature, "temperature", owner, "a finite float > 0", _finite_positive)
+
+
+def _finite_positive(value: float) -> bool:
+    return 0 < value < math.inf
+
+
+def _finite_nonnegative(value: float) -> bool:
+    return 0 <= value < math.inf
+
+
+def _check_number(
+    value: Any, name: str, owner: str, expected: str, allowed: Callable[[float], bool]
+) -> None:
+    """TypeError unless `value` is a real number (not a bool); ValueError unless
+    ``allowed(value)`` (False for NaN, as every comparison is)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise type_error(
+            f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
         )
+    if not allowed(float(value)):
+        raise value_error(f"{owner}: invalid {name}={value!r}; expected {expected}")
 
 
 def _mean(values: Tensor, mask: Tensor | None, owner: str) -> Tensor:
