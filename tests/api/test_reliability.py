@@ -106,6 +106,43 @@ def test_an_undeclared_parameter_written_in_place_is_named_in_a_note() -> None:
     assert "Linear.weight" in "".join(getattr(caught.value, "__notes__", []))
 
 
+def test_an_untouched_buffer_is_not_cloned_but_watched_and_put_back() -> None:
+    model = nn.Linear(4, 4)
+    model.register_buffer("big", torch.ones(4, 4))
+    big = model.big
+    with pytest.raises(RuntimeError), transaction(model, untouched=[big]) as recorded:
+        assert recorded._tensors[id(big)].copy is None  # no copy of its values
+        model._buffers["big"] = torch.zeros(4, 4)  # replaced: the old one comes back
+        raise RuntimeError("fail")
+    assert model.big is big and torch.equal(big, torch.ones(4, 4))
+    with pytest.raises(RuntimeError) as caught, transaction(model, untouched=[big]):
+        big.add_(1)  # written in place after all: named, not silently kept
+        raise RuntimeError("fail")
+    assert "Linear.big" in "".join(getattr(caught.value, "__notes__", []))
+
+
+def test_pruning_again_does_not_clone_the_mask_it_replaces(monkeypatch: Any) -> None:
+    from prunekit.core import install
+    from prunekit.core import transaction as module
+
+    model = nn.Linear(8, 8)
+    prunekit.l1_unstructured(model, "weight", amount=0.25)
+    old = model.weight_mask
+    cloned: list[int] = []
+    made = module._Tensor.__init__
+
+    def spy(self: Any, tensor: torch.Tensor, name: str, copy: bool) -> None:
+        if copy:
+            cloned.append(id(tensor))
+        made(self, tensor, name, copy)
+
+    monkeypatch.setattr(module._Tensor, "__init__", spy)
+    assert install.transaction is module.transaction
+    prunekit.l1_unstructured(model, "weight", amount=0.25)
+    assert id(old) not in cloned and model.weight_mask is not old
+    assert int((model.weight == 0).sum()) == 16 + 12  # the old mask kept, composed
+
+
 # -- point 2: NaN is a difference -----------------------------------------------------------
 
 

@@ -107,7 +107,8 @@ def _install(
     key, old = find_pruning_hook(module, name)
     mask, masked, param = _new_mask(module, name, method, old, importance_scores, masked, where)
     mask = _checked_mask(mask, param.detach(), where)
-    with transaction([module]):
+    replaced = module._buffers.get(mask_name(name))  # replaced below, never written: no clone
+    with transaction([module], untouched=[] if replaced is None else [replaced]):
         if old is None:
             hook = method
             del module._parameters[name]

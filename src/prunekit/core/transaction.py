@@ -19,8 +19,9 @@ propagates unchanged.
 
 Cost. Attribute dicts and containers are copied shallowly; tensors by reference, except:
 
-- buffers are cloned (they are small: running statistics, masks, counters that a forward
-  may increment in place);
+- buffers are cloned (running statistics, masks, counters that a forward may increment in
+  place), except those named in `untouched`: a mask the call replaces rather than writes (one
+  as large as its weight) is watched through its version counter as parameters are;
 - parameters are cloned only when named in `writes` (the ones a call knows it writes in
   place). Every other parameter is watched through its version counter (``_version``): a
   parameter changed in place that was not cloned cannot be restored, and the error raised
@@ -118,6 +119,8 @@ class Transaction:
         modules: a model (every module in it) or an iterable of modules (each alone).
         writes: tensors the call may write in place; their values are cloned.
         state: other objects whose attributes the call changes (a pruner).
+        untouched: buffers the call does not write in place (it may replace them): not
+            cloned, only watched.
     """
 
     def __init__(
@@ -126,12 +129,15 @@ class Transaction:
         *,
         writes: Iterable[Tensor] = (),
         state: Iterable[object] = (),
+        untouched: Iterable[Tensor] = (),
     ) -> None:
         found = modules.modules() if isinstance(modules, nn.Module) else modules
         self._modules: dict[int, tuple[nn.Module, type]] = {}
         for module in found:
             self._modules.setdefault(id(module), (module, type(module)))
         written = {id(t) for t in writes}
+        buffers = {id(t) for module, _ in self._modules.values() for t in module.buffers(False)}
+        buffers -= {id(t) for t in untouched}
         self._objects: _Saved = {}
         self._tensors: dict[int, _Tensor] = {}
         for module, _ in self._modules.values():
@@ -140,14 +146,15 @@ class Transaction:
                 for hook in hooks.values():
                     _keep_object(hook, self._objects)
             self._keep_tensors(module, "_parameters", written)
-            self._keep_tensors(module, "_buffers", None)
+            self._keep_tensors(module, "_buffers", buffers)
         for obj in state:
             _keep_object(obj, self._objects)
 
-    def _keep_tensors(self, module: nn.Module, kind: str, written: set[int] | None) -> None:
+    def _keep_tensors(self, module: nn.Module, kind: str, written: set[int]) -> None:
+        """Record `module`'s parameters or buffers (`kind`); those in `written` cloned."""
         for name, tensor in module.__dict__.get(kind, {}).items():
             if isinstance(tensor, Tensor) and id(tensor) not in self._tensors:
-                copy = written is None or id(tensor) in written
+                copy = id(tensor) in written
                 label = f"{type(module).__name__}.{name}"
                 self._tensors[id(tensor)] = _Tensor(tensor, label, copy)
 
@@ -196,19 +203,23 @@ def transaction(
     *,
     writes: Iterable[Tensor] = (),
     state: Iterable[object] = (),
+    untouched: Iterable[Tensor] = (),
 ) -> Iterator[Transaction]:
     """Run the block; if it raises anything, roll back every change to `modules` and
     `state` (see Transaction), then re-raise the same error.
 
     Args:
         modules: a model (all its modules) or an iterable of modules (each alone).
-        writes: tensors the block may write in place (cloned; buffers always are).
+        writes: tensors the block may write in place (cloned; buffers always are, but
+            for `untouched`).
         state: other objects whose attributes the block changes.
+        untouched: buffers the block does not write in place (a mask it replaces): only
+            watched, as parameters are.
 
     Yields:
         The Transaction.
     """
-    recorded = Transaction(modules, writes=writes, state=state)
+    recorded = Transaction(modules, writes=writes, state=state, untouched=untouched)
     try:
         yield recorded
     except BaseException as error:
