@@ -119,6 +119,8 @@ def test_an_untouched_buffer_is_not_cloned_but_watched_and_put_back() -> None:
         big.add_(1)  # written in place after all: named, not silently kept
         raise RuntimeError("fail")
     assert "Linear.big" in "".join(getattr(caught.value, "__notes__", []))
+    with transaction(model, writes=[big], untouched=[big]) as recorded:  # declared: cloned
+        assert recorded._tensors[id(big)].copy is not None
 
 
 def test_pruning_again_does_not_clone_the_mask_it_replaces(monkeypatch: Any) -> None:

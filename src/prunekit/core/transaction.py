@@ -137,7 +137,7 @@ class Transaction:
             self._modules.setdefault(id(module), (module, type(module)))
         written = {id(t) for t in writes}
         buffers = {id(t) for module, _ in self._modules.values() for t in module.buffers(False)}
-        buffers -= {id(t) for t in untouched}
+        buffers = (buffers - {id(t) for t in untouched}) | written  # writes win
         self._objects: _Saved = {}
         self._tensors: dict[int, _Tensor] = {}
         for module, _ in self._modules.values():
