@@ -8,7 +8,8 @@ prunes 0 entries and a count must be 0.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import numbers
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -172,6 +173,28 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
     if result.is_floating_point():
         check_finite(result, where, "importance_scores", allow_inf=True)
     return result
+
+
+def check_number(
+    value: Any,
+    name: str,
+    owner: str,
+    expected: str,
+    allowed: Callable[[float], bool],
+    *,
+    integral: bool = False,
+) -> None:
+    """An argument that must be a number: TypeError unless `value` is a real number (an
+    integer with `integral`; a bool is neither), ValueError unless ``allowed(value)`` (False
+    for NaN, as every comparison is). Both messages name `owner`, `name` and the value, and
+    end with `expected` ("a finite float > 0")."""
+    kind = numbers.Integral if integral else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise type_error(
+            f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
+        )
+    if not allowed(float(value)):
+        raise value_error(f"{owner}: invalid {name}={value!r}; expected {expected}")
 
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:

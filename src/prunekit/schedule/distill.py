@@ -12,14 +12,14 @@ for a plain loop, Lightning's ``training_step`` or ``prunekit.schedule.hf``'s
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 
 __all__ = ["Distiller", "distillation_loss", "hidden_state_loss"]
@@ -159,9 +159,9 @@ class Distiller:
                 "dense torch.nn.Module"
             )
         _check_temperature(temperature, "Distiller")
-        _check_number(alpha, "alpha", "Distiller", "a float in [0, 1]", lambda v: 0 <= v <= 1)
+        check_number(alpha, "alpha", "Distiller", "a float in [0, 1]", lambda v: 0 <= v <= 1)
         for name, weight in (("logit_weight", logit_weight), ("hidden_weight", hidden_weight)):
-            _check_number(weight, name, "Distiller", "a finite float >= 0", _finite_nonnegative)
+            check_number(weight, name, "Distiller", "a finite float >= 0", _finite_nonnegative)
         self.teacher = teacher
         self.logit_weight = float(logit_weight)
         self.temperature = float(temperature)
@@ -229,7 +229,7 @@ class Distiller:
 
 
 def _check_temperature(temperature: Any, owner: str) -> None:
-    _check_number(temperature, "temperature", owner, "a finite float > 0", _finite_positive)
+    check_number(temperature, "temperature", owner, "a finite float > 0", _finite_positive)
 
 
 def _finite_positive(value: float) -> bool:
@@ -238,19 +238,6 @@ def _finite_positive(value: float) -> bool:
 
 def _finite_nonnegative(value: float) -> bool:
     return 0 <= value < math.inf
-
-
-def _check_number(
-    value: Any, name: str, owner: str, expected: str, allowed: Callable[[float], bool]
-) -> None:
-    """TypeError unless `value` is a real number (not a bool); ValueError unless
-    ``allowed(value)`` (False for NaN, as every comparison is)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise type_error(
-            f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
-        )
-    if not allowed(float(value)):
-        raise value_error(f"{owner}: invalid {name}={value!r}; expected {expected}")
 
 
 def _mean(values: Tensor, mask: Tensor | None, owner: str) -> Tensor:

@@ -38,7 +38,6 @@ the block's targets, and the optimizer's two moments of one block's parameters.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria import calibration as cal
@@ -105,18 +105,8 @@ def reconstruct_blocks(
     owner = "reconstruct_blocks"
     check_model(model, owner)
     check_model(reference, owner, "reference")
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
-        raise type_error(
-            f"{owner}: invalid steps={steps!r} of type {type(steps).__name__}; expected an int >= 1"
-        )
-    if steps < 1:
-        raise value_error(f"{owner}: invalid steps={steps!r}; expected an int >= 1")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
-        raise type_error(
-            f"{owner}: invalid lr={lr!r} of type {type(lr).__name__}; expected a finite float > 0"
-        )
-    if not 0 < lr < math.inf:  # NaN too
-        raise value_error(f"{owner}: invalid lr={lr!r}; expected a finite float > 0")
+    check_number(steps, "steps", owner, "an int >= 1", lambda v: v >= 1, integral=True)
+    check_number(lr, "lr", owner, "a finite float > 0", lambda v: 0 < v < math.inf)
     if not isinstance(ends, bool):
         raise type_error(f"{owner}: invalid ends={ends!r}; expected True or False")
     batches = cal.batch_list(calibration, owner)
