@@ -234,3 +234,49 @@ def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> Non
     assert all(p.grad is None for p in teacher.parameters())
     with pytest.raises(TypeError, match="invalid distiller of type str"):
         DistillationTrainer(model=student, args=args, distiller="teacher")
+
+
+class Counted(nn.Linear):
+    """A teacher that counts its forwards."""
+
+    calls = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.calls += 1
+        return super().forward(x)
+
+
+def test_a_given_teacher_output_is_used_and_the_teacher_does_not_run() -> None:
+    torch.manual_seed(0)
+    teacher = Counted(4, 6)
+    x, student = torch.randn(5, 4), torch.randn(5, 6, requires_grad=True)
+    distiller = prune.Distiller(teacher, temperature=1.5, logit_weight=0.5)
+    fresh = distiller.loss(student, x)
+    assert teacher.calls == 1
+    cached = teacher(x).detach()
+    given = distiller.loss(student, x, teacher_output=cached)
+    assert teacher.calls == 2  # only the call above
+    assert torch.equal(given, fresh)
+    other = distiller.loss(student, x, teacher_output=cached + torch.randn(5, 6))
+    assert float(other.detach()) != float(fresh.detach())  # the given output counts
+    assert teacher.calls == 2
+    wanting = cached.clone().requires_grad_()
+    distiller.loss(student, x, teacher_output=wanting).backward()
+    assert wanting.grad is None and student.grad is not None  # the teacher's side detached
+
+
+def test_a_given_teacher_output_is_checked() -> None:
+    teacher = nn.Linear(4, 6)
+    x, student = torch.randn(5, 4), torch.randn(5, 6)
+    distiller = prune.Distiller(teacher)
+    with pytest.raises(TypeError, match=re.escape("the teacher's output is list, with no logits")):
+        distiller.loss(student, x, teacher_output=[1.0])
+    with pytest.raises(ValueError, match=re.escape("teacher_logits of shape (5, 3)")):
+        distiller.loss(student, x, teacher_output=torch.randn(5, 3))
+    hidden = prune.Distiller(teacher, hidden_weight=1.0)
+    output = {"logits": student, "hidden_states": (torch.randn(5, 2),)}
+    with pytest.raises(ValueError, match=re.escape("the teacher_output given has none")):
+        hidden.loss(output, x, teacher_output={"logits": torch.randn(5, 6)})
+    states = (torch.randn(5, 2),)
+    loss = hidden.loss(output, x, teacher_output={"logits": student, "hidden_states": states})
+    assert float(loss) == pytest.approx(float(F.mse_loss(output["hidden_states"][0], states[0])))

@@ -185,10 +185,30 @@ class Distiller:
         finally:
             self.teacher.train(was)
 
-    def loss(self, student_output: Any, inputs: Any) -> Tensor:
-        """The student's loss for `student_output`, its output on `inputs`."""
+    def loss(self, student_output: Any, inputs: Any, *, teacher_output: Any = None) -> Tensor:
+        """The student's loss for `student_output`, its output on `inputs`.
+
+        Args:
+            student_output: the student's output on `inputs` (logits, or an output with
+                ``logits``).
+            inputs: what the student's forward took (see the class); its
+                ``attention_mask`` masks the averages.
+            teacher_output: the teacher's output on the same `inputs` when it is already
+                at hand (logits computed once and reused every epoch: offline
+                distillation); the teacher is then not run. It is detached, and with
+                `hidden_weight` it must carry ``hidden_states``.
+
+        Returns:
+            A scalar: 0 when the student's outputs equal the teacher's.
+
+        Raises:
+            TypeError: an output without logits, `inputs` of another kind.
+            ValueError: logits of another shape than the teacher's; `alpha` < 1 and no
+                ``loss`` in `student_output`; `hidden_weight` and no hidden states.
+        """
         student = _logits(student_output, "student")
-        teacher_output = self.teacher_output(inputs, student.device)
+        if teacher_output is None:
+            teacher_output = self.teacher_output(inputs, student.device)
         mask = _split(inputs)[1].get("attention_mask")
         mask = mask if isinstance(mask, Tensor) and student.dim() == 3 else None
         teacher = _logits(teacher_output, "teacher")
@@ -209,11 +229,17 @@ class Distiller:
             total = total + (1 - self.alpha) * own
         if self.hidden_weight:
             states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
-            if states[0] is None or states[1] is None:
+            if states[0] is None:
                 raise value_error(
                     f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
                     "but the student's output has none; expected the student called with "
                     "output_hidden_states=True"
+                )
+            if states[1] is None:
+                raise value_error(
+                    f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
+                    "but the teacher_output given has none; expected the teacher's output "
+                    "with hidden_states"
                 )
             total = total + self.hidden_weight * hidden_state_loss(
                 states[0], states[1], attention_mask=mask
