@@ -122,7 +122,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunekit as prune
-from prunekit.schedule import hidden_state_loss
 from prunekit.structure import reconstruct_blocks
 
 
@@ -215,6 +214,18 @@ KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
 """The convolutions whose output channels the `expand` columns keep: the stem, the head and
 every projection (the residual widths)."""
 
+
+def _spared(blocks: int) -> list[str]:
+    """The convolutions whose output channels the `budget` column keeps with ``--spare``
+    `blocks` > 0: the stem, every projection (the residual widths) and the expansions of the
+    first `blocks` blocks (the first has none: its width is the stem's)."""
+    if blocks == 0:
+        return []
+    return ["_conv_stem", "_blocks.*._project_conv"] + [
+        f"_blocks.{k}._expand_conv" for k in range(1, blocks)
+    ]
+
+
 COLUMNS = {"uniform": "uniform", "expand": "expand", "comp": "+comp.", "ref": "+ref.",
            "bn": "+ref.+BN", "budget": "budget", "rec": "+rec.", "kd": "+KD",
            "global": "glob.+ref.", "gexpand": "gexp.+ref."}  # fmt: skip
@@ -223,138 +234,85 @@ over its group's mean), reference compensation; `gexpand`: the same count ranked
 over the expansion widths only."""
 
 
-def _augmented(
-    photos: list[np.ndarray], count: int, generator: np.random.Generator
-) -> torch.Tensor:
-    """`count` training crops in [-1, 1] at 224: random resized crops (8-100 % of the area
-    of the shorter side's square, aspect 3:4 to 4:3), half flipped, brightness, contrast and
-    saturation jittered; in half of the batches mixed pairwise (mixup or cutmix)."""
-    out = []
-    for _ in range(count):
-        photo = photos[int(generator.integers(len(photos)))]
-        h, w = photo.shape[:2]
-        area = generator.uniform(0.08, 1.0) * min(h, w) ** 2
-        aspect = math.exp(generator.uniform(math.log(3 / 4), math.log(4 / 3)))
-        width = min(w, round(math.sqrt(area * aspect)))
-        height = min(h, round(math.sqrt(area / aspect)))
-        top = int(generator.integers(0, h - height + 1))
-        left = int(generator.integers(0, w - width + 1))
-        crop = np.ascontiguousarray(photo[top : top + height, left : left + width])
-        x = torch.from_numpy(crop).permute(2, 0, 1).float()[None]
-        x = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True, align_corners=False)
-        x = x[0] / 255.0
-        if generator.random() < 0.5:
-            x = x.flip(-1)
-        x = x * generator.uniform(0.7, 1.3)
-        mean = x.mean()
-        x = (x - mean) * generator.uniform(0.7, 1.3) + mean
-        grey = x.mean(0, keepdim=True)
-        x = (x - grey) * generator.uniform(0.6, 1.4) + grey
-        out.append(x.clamp(0, 1) * 2 - 1)
-    batch = torch.stack(out)
-    if generator.random() < 0.5:
-        share = float(generator.beta(1.0, 1.0))
-        partner = batch[torch.from_numpy(generator.permutation(count))]
-        if generator.random() < 0.5:
-            batch = share * batch + (1 - share) * partner
-        else:
-            side = int(224 * math.sqrt(1 - share))
-            top, left = (int(generator.integers(0, 224 - side + 1)) for _ in range(2))
-            batch[:, :, top : top + side, left : left + side] = partner[
-                :, :, top : top + side, left : left + side
-            ]
-    return batch
+def _front(model: nn.Module, x: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The stem and the first `blocks` blocks of an EfficientNet on `x` (eval mode)."""
+    h: torch.Tensor = model._swish(model._bn0(model._conv_stem(x)))
+    for block in model._blocks[:blocks]:
+        h = block(h)
+    return h
 
 
-FEATURES = [f"_blocks.{k}" for k in range(16)] + ["_bn1"]
-"""Where ``--hidden`` compares the student's features with the dense model's: every block's
-output (the residual widths) and the head's normalized output before its activation."""
-
-
-class _Features:
-    """The outputs of the `FEATURES` modules of a model, kept by forward hooks at each call."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.outputs: dict[str, torch.Tensor] = {}
-        modules = dict(model.named_modules())
-        for name in FEATURES:
-            modules[name].register_forward_hook(self._keep(name))
-
-    def _keep(self, name: str) -> Any:
-        def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
-            self.outputs[name] = output
-
-        return hook
-
-
-def _kept_channels(masked: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """For each of `FEATURES`, the channels of `masked` (pruned, not yet compacted) that are
-    not all zero on `x`: those its compacted copy keeps, in order."""
-    probe = copy.deepcopy(masked)
-    features = _Features(probe)
-    with torch.no_grad():
-        probe(x)
-    return {n: o.abs().amax(dim=(0, 2, 3)).nonzero()[:, 0] for n, o in features.outputs.items()}
+def _rest(model: nn.Module, h: torch.Tensor, blocks: int) -> torch.Tensor:
+    """The logits from `h`, the output of ``_front(model, x, blocks)``: the other blocks,
+    the head and the classifier."""
+    for block in model._blocks[blocks:]:
+        h = block(h)
+    h = model._swish(model._bn1(model._conv_head(h)))
+    out: torch.Tensor = model._fc(model._dropout(model._avg_pooling(h).flatten(1)))
+    return out
 
 
 def _distill(
     model: nn.Module,
     dense: nn.Module,
     photos: list[np.ndarray],
-    seconds: float,
     args: argparse.Namespace,
-    kept: dict[str, torch.Tensor] | None = None,
     agreement: Any = None,
-) -> tuple[int, float]:
-    """Train `model` towards `dense`'s outputs (``prunekit.Distiller``) on fresh crops of
-    `photos` for `seconds` of this process's CPU time (``args``: batch, lr, temperature,
-    augmentation, BatchNorm mode, hidden weight). With `kept` (``--hidden``), the features
-    ``FEATURES`` of `model` are also brought towards the dense model's kept channels
-    (``prunekit.hidden_state_loss``, each feature over the dense one's RMS). Returns the
-    steps and the wall seconds."""
+) -> str:
+    """Train `model` (compacted) towards `dense`'s logits (offline distillation with
+    ``prunekit.Distiller``) for ``args.distill`` seconds of this process's CPU time, the stem
+    and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
+    is drawn once; the dense logits and the frozen part's outputs on it are computed once,
+    so each step runs only the blocks that train. Returns what to print of it."""
     distiller = prune.Distiller(dense, temperature=args.temperature, logit_weight=args.logit_weight)
+    generator = np.random.default_rng(1234)
+    spent = time.process_time()
+    inputs, targets = [], []
+    with torch.inference_mode():
+        for start in range(0, args.pool, 64):
+            x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
+                             for _ in range(min(64, args.pool - start))])  # fmt: skip
+            inputs.append(_front(model, x, args.frozen))
+            targets.append(distiller.teacher_output(x))
+            if start == 0:
+                assert torch.allclose(_rest(model, inputs[0], args.frozen), model(x), atol=1e-4)
+    features, logits = torch.cat(inputs), torch.cat(targets)
+    del inputs, targets
+    pooled = time.process_time() - spent
+    frozen = [model._conv_stem, model._bn0, *model._blocks[: args.frozen]]
+    for p in (p for m in frozen for p in m.parameters()):
+        p.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
-    generator = np.random.default_rng(1234)
-    model.train(args.bn == "train")
-    hidden = kept is not None and args.hidden > 0
-    if hidden:
-        assert kept is not None
-        ours, theirs = _Features(model), _Features(dense)
-        probe = _augmented(photos, 16, generator)
-        with torch.no_grad():
-            dense(probe)
-        scale = {n: float(o[:, kept[n]].square().mean().sqrt()) for n, o in theirs.outputs.items()}
-    steps, start, wall = 0, time.process_time(), time.perf_counter()
-    shown = 0
-    while (spent := time.process_time() - start) < seconds:
+    torch.manual_seed(0)
+    order, position, steps = torch.randperm(len(features)), 0, 0
+    start, wall, shown = time.process_time(), time.perf_counter(), 0
+    while (spent := time.process_time() - start) < args.distill:
         if agreement is not None and args.show and spent >= (shown + 1) * args.show:
             shown, paused = int(spent // args.show), time.process_time()
-            model.eval()
             print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
-            model.train(args.bn == "train")
             start += time.process_time() - paused
-        rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / seconds))
-        if spent < args.warmup * seconds:
-            rate *= spent / (args.warmup * seconds)
+        rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
+        if spent < args.warmup * args.distill:
+            rate *= spent / (args.warmup * args.distill)
         for group in optimizer.param_groups:
             group["lr"] = rate
-        if args.augment == "crops":
-            x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
-                             for _ in range(args.distill_batch)])  # fmt: skip
-        else:
-            x = _augmented(photos, args.distill_batch, generator)
-        loss = distiller.loss(model(x), x)
-        if hidden:
-            pairs = [(ours.outputs[n] / scale[n], theirs.outputs[n][:, kept[n]] / scale[n])
-                     for n in FEATURES]  # fmt: skip
-            loss = loss + args.hidden * hidden_state_loss(*zip(*pairs, strict=True))
+        if position + args.distill_batch > len(order):
+            order, position = torch.randperm(len(features)), 0
+        batch = order[position : position + args.distill_batch]
+        position += args.distill_batch
+        h = features[batch]
+        loss = distiller.loss(_rest(model, h, args.frozen), h, teacher_output=logits[batch])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         steps += 1
-    model.eval()
-    return steps, time.perf_counter() - wall
+    for p in model.parameters():
+        p.requires_grad_(True)
+    epochs = steps * args.distill_batch / len(features)
+    wall = time.perf_counter() - wall
+    return (f"pool of {len(features):,} crops built in {pooled:.0f} s of CPU; {steps} steps "
+            f"({epochs:.1f} passes over the pool) in {wall:.0f} s wall")  # fmt: skip
 
 
 def _torch_pruning(dense: nn.Module, example: torch.Tensor, share: float) -> tuple[nn.Module, int]:
@@ -388,8 +346,8 @@ def main() -> None:
     parser.add_argument(
         "--floor-narrow",
         type=float,
-        default=0.8,
-        help="the budget's floor for the stem, the residual widths and the head",
+        default=0.6,
+        help="the budget's floor for the head (and the stem and residual widths with --spare 0)",
     )
     parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN lines")
     parser.add_argument(
@@ -406,8 +364,18 @@ def main() -> None:
         help="+KD: distil for this many seconds of CPU time",
     )
     parser.add_argument("--distill-criteria", default="activation")
-    parser.add_argument("--distill-batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--distill-batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--pool", type=int, default=6144, help="+KD: training crops")
+    parser.add_argument(
+        "--frozen", type=int, default=5, help="+KD: blocks frozen after the stem (0-16)"
+    )
+    parser.add_argument(
+        "--spare",
+        type=int,
+        default=5,
+        help="budget: the stem, residual widths and first N blocks' expansions keep all",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument(
         "--logit-weight",
@@ -418,7 +386,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup",
         type=float,
-        default=0.1,
+        default=0.05,
         help="+KD: the share of --distill over which the learning rate rises from 0",
     )
     parser.add_argument(
@@ -446,29 +414,10 @@ def main() -> None:
         "criterion, column, split, share, floors, calibration and damping",
     )
     parser.add_argument(
-        "--augment",
-        choices=("strong", "crops"),
-        default="crops",
-        help="+KD's training crops: resized crops with colour jitter and mixup/cutmix, or "
-        "crops drawn as the evaluated ones are (35-100 %% of the shorter side, flips)",
-    )
-    parser.add_argument(
-        "--bn",
-        choices=("frozen", "train"),
-        default="frozen",
-        help="+KD: BatchNorm statistics frozen (eval mode) or updated by each batch",
-    )
-    parser.add_argument(
         "--show",
         type=float,
         default=0.0,
         help="+KD: print the agreement every this many CPU seconds (not counted)",
-    )
-    parser.add_argument(
-        "--hidden",
-        type=float,
-        default=0.0,
-        help="+KD: weight of the feature term (blocks' outputs and the head, kept channels)",
     )
     args = parser.parse_args()  # fmt: skip
     columns = args.columns.split(",")
@@ -505,11 +454,17 @@ def main() -> None:
     params = sum(p.numel() for p in dense.parameters())
     groups = [g for g in prune.channel_groups(dense, example) if g.prunable]
     total = sum(g.size for g in groups)
-    ignored = {id(m) for n, m in dense.named_modules() if any(fnmatch(n, k) for k in KEEP)}
-    wide = sum(g.size for g in groups if not any(
-        id(s.module) in ignored for s in g.slices if s.role == "out"))  # fmt: skip
+
+    def outside(globs: list[str]) -> int:
+        """The channels of the groups that no module matching `globs` produces."""
+        ignored = {id(m) for n, m in dense.named_modules() if any(fnmatch(n, k) for k in globs)}
+        return sum(g.size for g in groups if not any(
+            id(s.module) in ignored for s in g.slices if s.role == "out"))  # fmt: skip
+
     goal = round(args.share * total)
-    expand = goal / wide
+    expand = goal / outside(KEEP)
+    spared = _spared(args.spare)
+    candidates = outside(spared)
     print(f"EfficientNet-Lite0, {len(photos)} photos, {len(x)} eval crops, "
           f"{args.calibration} calibration crops ({args.split} apart); {goal:,} of {total:,} "
           f"prunable channels ({args.share:.0%}); expansion widths -{expand:.1%} each; top-1 "
@@ -536,15 +491,16 @@ def main() -> None:
                 if criterion not in args.distill_criteria.split(",") or model is dense:
                     print(f" {'-':>10}", end="", flush=True)
                     continue
-                kept = _kept_channels(model, x[:8]) if args.hidden > 0 else None
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
-                steps, wall = _distill(model, dense, training, args.distill, args, kept, agreement)
-                distilled.append(f"{criterion}: {steps} steps in {wall:.0f} s wall")
+                distilled.append(
+                    f"{criterion}: " + _distill(model, dense, training, args, agreement)
+                )
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
+                   + (f"-spare{args.spare}" if args.spare and column in ("budget", "rec") else "")
                    + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}-{args.reconstruct_crops}-"
                       f"{args.ends}" if column == "rec" else "")
                    + ".pt")  # fmt: skip
@@ -594,8 +550,9 @@ def main() -> None:
                 pruned = prune.prune_channels(model, example, args.share, **common)
             elif column == "budget":
                 floors = {k + "*": args.floor_narrow for k in KEEP} | {"*": args.floor}
-                budget = prune.Budget(units=args.share, floor=floors)
-                pruned = prune.prune_channels(model, example, budget=budget, **common)
+                budget = prune.Budget(units=goal / candidates, floor=floors)
+                pruned = prune.prune_channels(model, example, budget=budget, exclude=spared,
+                                              **common)  # fmt: skip
             elif column == "global":
                 pruned = prune.prune_channels(model, example, args.share, scope="global",
                                               **common)  # fmt: skip
@@ -620,7 +577,7 @@ def main() -> None:
     if distilled:
         print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
               f"lr {args.lr:g} (warmup {args.warmup:g}), temperature {args.temperature:g}, logit "
-              f"weight {args.logit_weight:g}, hidden weight {args.hidden:g}; "
+              f"weight {args.logit_weight:g}, stem and first {args.frozen} blocks frozen; "
               + "; ".join(distilled))  # fmt: skip
     if "tp" in columns:
         theirs, gone = _torch_pruning(dense, example, args.share)
