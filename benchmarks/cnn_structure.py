@@ -493,9 +493,9 @@ def main() -> None:
                     continue
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
-                distilled.append(
-                    f"{criterion}: " + _distill(model, dense, training, args, agreement)
-                )
+                done = _distill(model, dense, training, args, agreement)
+                first = float((_predict(model, x[:64]) == reference[:64]).float().mean())
+                distilled.append(f"{criterion}: {done}; {first:.1%} of the first 64 eval crops")
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
