@@ -4,8 +4,11 @@ no Cholesky), exact OBS on a single weight, and its errors."""
 from __future__ import annotations
 
 import itertools
+import math
+import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -238,3 +241,28 @@ def test_a_shared_sweep_names_the_weight_an_amount_does_not_fit() -> None:
             prune.Unstructured(),
             names=["layers.1.q_proj", "layers.1.k_proj"],
         )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"damp": math.inf}, ValueError, "SparseGPT: invalid damp=inf; expected a finite float >= 0"),
+        ({"damp": math.nan}, ValueError, "SparseGPT: invalid damp=nan"),
+        ({"damp": -0.1}, ValueError, "SparseGPT: invalid damp=-0.1"),
+        ({"damp": True}, TypeError, "SparseGPT: invalid damp=True of type bool"),
+        ({"damp": "0.1"}, TypeError, "SparseGPT: invalid damp='0.1' of type str"),
+        ({"blocksize": 0}, ValueError, "SparseGPT: invalid blocksize=0; expected an int >= 1"),
+        ({"blocksize": 2.0}, TypeError, "SparseGPT: invalid blocksize=2.0 of type float"),
+        ({"blocksize": True}, TypeError, "SparseGPT: invalid blocksize=True of type bool"),
+    ],
+)  # fmt: skip
+def test_bad_settings_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=re.escape(words)):
+        SparseGPT(**kwargs)
+
+
+def test_numpy_numbers_are_settings_too() -> None:
+    settings = SparseGPT(damp=np.float32(0.05), blocksize=np.int64(64))  # type: ignore[arg-type]
+    w, h = torch.randn(8, 128), torch.eye(128)
+    keep, _ = sparsegpt_prune(w, h, Amount(0.5, "t"), prune.Unstructured(), settings=settings)
+    assert int(keep.sum()) == 8 * 64

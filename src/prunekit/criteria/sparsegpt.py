@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
+from prunekit.core.checks import check_number
 from prunekit.core.errors import naming, type_error, value_error
 from prunekit.criteria.hessian import inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
@@ -66,16 +67,12 @@ class SparseGPT:
     blocksize: int = 128
 
     def __post_init__(self) -> None:
-        if isinstance(self.damp, bool) or not isinstance(self.damp, int | float):
-            raise type_error(f"SparseGPT: invalid damp={self.damp!r}; expected a number >= 0")
-        if not self.damp >= 0:
-            raise value_error(f"SparseGPT: invalid damp={self.damp!r}; expected a number >= 0")
-        if isinstance(self.blocksize, bool) or not isinstance(self.blocksize, int):
-            raise type_error(f"SparseGPT: invalid blocksize={self.blocksize!r}; expected an int")
-        if self.blocksize < 1:
-            raise value_error(
-                f"SparseGPT: invalid blocksize={self.blocksize}; expected an int >= 1"
-            )
+        check_number(self.damp, "damp", "SparseGPT", "a finite float >= 0",
+                     lambda v: 0 <= v < math.inf)  # fmt: skip
+        check_number(self.blocksize, "blocksize", "SparseGPT", "an int >= 1", lambda v: v >= 1,
+                     integral=True)  # fmt: skip
+        object.__setattr__(self, "damp", float(self.damp))
+        object.__setattr__(self, "blocksize", int(self.blocksize))
 
 
 def sparsegpt_prune(
