@@ -246,7 +246,7 @@ def test_a_shared_sweep_names_the_weight_an_amount_does_not_fit() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [
-        ({"damp": math.inf}, ValueError, "SparseGPT: invalid damp=inf; expected a finite float >= 0"),
+        ({"damp": math.inf}, ValueError, "invalid damp=inf; expected a finite float >= 0"),
         ({"damp": math.nan}, ValueError, "SparseGPT: invalid damp=nan"),
         ({"damp": -0.1}, ValueError, "SparseGPT: invalid damp=-0.1"),
         ({"damp": True}, TypeError, "SparseGPT: invalid damp=True of type bool"),

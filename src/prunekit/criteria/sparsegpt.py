@@ -37,7 +37,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.checks import check_number
-from prunekit.core.errors import naming, type_error, value_error
+from prunekit.core.errors import naming, value_error
 from prunekit.criteria.hessian import inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.patterns.rowwise import smallest_per_row
