@@ -90,7 +90,9 @@ Figures (agreement of 64 / 256 eval crops; "pool": of the first 512 pool crops):
   83.6, 85.5 %), **87.5 / 84.0 % at the end**; lr 1e-3: 75.0 / 75.4 % at 300 s (stopped);
   600 s on a pool of 2,048 (25 passes): 82.8 / 81.2 %;
 - from the `+rec.` model of ``--spare 5`` (81.2 / 79.7 % in that run), lr 3e-4, 2,400 s:
-  82.8 / 80.1 % at 600 s (pool 81.2 %), 84.4 / 82.8 % at 1,200 s (pool 88.1 %), KD2400;
+  82.8 / 80.1 % at 600 s (pool 81.2 %), 84.4 / 82.8 % at 1,200 s (pool 88.1 %), 85.9 /
+  84.4 % at 1,800 s (pool 93.0 %), 87.5 / 84.0 % at the end: the student fits the pool
+  ever more closely and the evaluated crops follow at a growing distance;
 - the recipe before (fresh crops through the whole model, lr 1e-4, warmup 0.1, batches of
   16, 1,200 s, 810 steps; from the `--spare 0` `+rec.` model): 85.9 / 80.5 %; the same in
   600 s: 84.4 / 81.6 %; with a feature term over the blocks' outputs: 78.1 / 77.7 % at
