@@ -24,7 +24,7 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   at least ``--floor-narrow`` (0.6). With ``--spare 0`` they are chosen across all groups,
   the stem, residual widths and head keeping at least ``--floor-narrow`` (0.8 in the
   figures of that setting). Sparing the early layers: one shot 72.3 % of 256 eval crops
-  against 71.1 %, after `+rec.` 80.1 % against 78.1 %; fewer parameters are left (65.7 %
+  against 71.1 %, after `+rec.` 80.1 % against 78.1 %; fewer parameters are left (66.6 %
   against 69.5 %: the later layers hold most of them), and the compacted model gains less
   time (batch-8 latency 0.90 of the dense model's against 0.64: the early layers hold most
   of it);
