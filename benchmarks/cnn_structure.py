@@ -127,6 +127,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import prunekit as prune
+from prunekit.criteria.calibration import requiring_grad
 from prunekit.structure import reconstruct_blocks
 
 
@@ -284,36 +285,36 @@ def _distill(
     features, logits = torch.cat(inputs), torch.cat(targets)
     del inputs, targets
     pooled = time.process_time() - spent
-    frozen = [model._conv_stem, model._bn0, *model._blocks[: args.frozen]]
-    for p in (p for m in frozen for p in m.parameters()):
-        p.requires_grad_(False)
-    trained = [p for p in model.parameters() if p.requires_grad]
+    frozen = {id(p) for m in (model._conv_stem, model._bn0, *model._blocks[: args.frozen])
+              for p in m.parameters()}  # fmt: skip
+    trained = [p for p in model.parameters() if p.requires_grad and id(p) not in frozen]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     torch.manual_seed(0)
     order, position, steps = torch.randperm(len(features)), 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
-    while (spent := time.process_time() - start) < args.distill:
-        if agreement is not None and args.show and spent >= (shown + 1) * args.show:
-            shown, paused = int(spent // args.show), time.process_time()
-            print(f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True)
-            start += time.process_time() - paused
-        rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
-        if spent < args.warmup * args.distill:
-            rate *= spent / (args.warmup * args.distill)
-        for group in optimizer.param_groups:
-            group["lr"] = rate
-        if position + args.distill_batch > len(order):
-            order, position = torch.randperm(len(features)), 0
-        batch = order[position : position + args.distill_batch]
-        position += args.distill_batch
-        h = features[batch]
-        loss = distiller.loss(_rest(model, h, args.frozen), h, teacher_output=logits[batch])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        steps += 1
-    for p in model.parameters():
-        p.requires_grad_(True)
+    with requiring_grad(model, trained):
+        while (spent := time.process_time() - start) < args.distill:
+            if agreement is not None and args.show and spent >= (shown + 1) * args.show:
+                shown, paused = int(spent // args.show), time.process_time()
+                print(
+                    f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True
+                )
+                start += time.process_time() - paused
+            rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
+            if spent < args.warmup * args.distill:
+                rate *= spent / (args.warmup * args.distill)
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            if position + args.distill_batch > len(order):
+                order, position = torch.randperm(len(features)), 0
+            batch = order[position : position + args.distill_batch]
+            position += args.distill_batch
+            h = features[batch]
+            loss = distiller.loss(_rest(model, h, args.frozen), h, teacher_output=logits[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
     epochs = steps * args.distill_batch / len(features)
     wall = time.perf_counter() - wall
     return (f"pool of {len(features):,} crops built in {pooled:.0f} s of CPU; {steps} steps "
@@ -499,9 +500,10 @@ def main() -> None:
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
                 done = _distill(model, dense, training, args, agreement)
-                first = float((_predict(model, x[:64]) == reference[:64]).float().mean())
-                distilled.append(f"{criterion}: {done}; {first:.1%} of the first 64 eval crops")
-                print(f" {agreement(model):>10.1%}", end="", flush=True)
+                same = (_predict(model, x) == reference).float()
+                distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
+                                 "eval crops")  # fmt: skip
+                print(f" {same.mean():>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
