@@ -196,6 +196,25 @@ def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str
         prunekit.Budget(**kwargs)
 
 
+def test_numpy_numbers_are_taken() -> None:
+    np = pytest.importorskip("numpy")
+    budget = prunekit.Budget(
+        latency=np.float32(0.25), runs=np.int64(3), floor={"c*": np.float32(0.5)}
+    )
+    assert (budget.share, budget.runs, budget.floor_of("c1")) == (0.25, 3, 0.5)
+    assert prunekit.Budget(units=0.3, floor=np.float16(0.25)).floor_of("x") == 0.25
+    assert isinstance(budget.floor_of("c1"), float)
+
+
+def test_wrong_types_are_named() -> None:
+    with pytest.raises(TypeError, match=re.escape("invalid params='0.2' of type str")):
+        prunekit.Budget(params="0.2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape("invalid runs=2.5 of type float")):
+        prunekit.Budget(latency=0.2, runs=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("invalid latency=inf")):
+        prunekit.Budget(latency=math.inf)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "words"),
     [

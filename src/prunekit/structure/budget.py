@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -50,6 +51,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import stored_parameter
 from prunekit.structure.depth.blocks import is_skipped
@@ -118,13 +120,9 @@ class Budget:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise type_error(f"Budget: invalid {name}={value!r}; expected a float in (0, 1)")
-            if not 0.0 < value < 1.0:
-                raise value_error(
-                    f"Budget: invalid {name}={value!r}; expected a float in (0, 1): the share "
-                    f"of the model's {_WHAT[name]} to remove"
-                )
+            wanted = f"a float in (0, 1): the share of the model's {_WHAT[name]} to remove"
+            check_number(value, name, "Budget", wanted, lambda v: 0.0 < v < 1.0)
+            object.__setattr__(self, name, float(value))
         given = [n for n in MEASURES if getattr(self, n) is not None]
         if len(given) != 1:
             raise value_error(
@@ -140,13 +138,9 @@ class Budget:
                 "Budget: embeddings=True counts embedding parameters, so it goes with params=; "
                 f"got {given[0]}={getattr(self, given[0])!r}"
             )
-        if isinstance(self.runs, bool) or not isinstance(self.runs, int):
-            raise type_error(f"Budget: invalid runs={self.runs!r}; expected an int >= 1")
-        if self.runs < 1:
-            raise value_error(
-                f"Budget: invalid runs={self.runs!r}; expected an int >= 1: the alternated "
-                "pairs of forwards timed per kind (latency= only)"
-            )
+        wanted = "an int >= 1: the alternated pairs of forwards timed per kind (latency= only)"
+        check_number(self.runs, "runs", "Budget", wanted, lambda v: v >= 1, integral=True)
+        object.__setattr__(self, "runs", int(self.runs))
         kinds = self.kinds
         if isinstance(kinds, str) or not isinstance(kinds, tuple | list):
             raise type_error(
@@ -198,9 +192,9 @@ def _checked_floor(floor: Any) -> float | tuple[tuple[str, float], ...]:
 
 
 def _check_share(share: Any, what: str, wanted: str) -> None:
-    if isinstance(share, bool) or not isinstance(share, int | float):
+    if isinstance(share, bool) or not isinstance(share, numbers.Real):
         raise type_error(f"Budget: invalid {what}; {wanted}")
-    if not 0.0 <= share < 1.0:
+    if not 0.0 <= float(share) < 1.0:
         raise value_error(f"Budget: invalid {what}; {wanted}")
 
 
