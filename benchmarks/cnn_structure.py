@@ -61,10 +61,11 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
 
     python benchmarks/cnn_structure.py [--eval 256] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
-        [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--dense-bn] [--split crops|photos]
+        [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--dense-bn] [--sensitivity]
+        [--split crops|photos]
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
-        [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
+        [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
         [--distill-batch 32] [--show 0] [--cache DIR] [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
@@ -331,6 +332,17 @@ def _distill(
             "wall")  # fmt: skip
 
 
+def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
+    """The agreement `same` (1 where the models agree) apart by how close the dense model's
+    runner-up class is to its top one (`runner_up`: the ratio of their probabilities)."""
+    parts = []
+    for low, high in ((0.0, 0.5), (0.5, 0.8), (0.8, math.inf)):
+        where = (runner_up >= low) & (runner_up < high)
+        span = f"[{low:g}, {high:g})" if high < 1 else f">= {low:g}"
+        parts.append(f"{same[where].mean():.1%} of the {int(where.sum())} at {span}")
+    return "runner-up/top probability: " + ", ".join(parts)
+
+
 def _torch_pruning(dense: nn.Module, example: torch.Tensor, share: float) -> tuple[nn.Module, int]:
     """Torch-Pruning's own magnitude pruning of a copy of `dense`: group L2 norms, `share`
     of every layer's channels, the classifier left; returns it and the channels it removed
@@ -366,6 +378,11 @@ def main() -> None:
         help="the budget's floor for the head (and the stem and residual widths with --spare 0)",
     )
     parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN lines")
+    parser.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="print the dense model's agreement with its weights slightly perturbed",
+    )
     parser.add_argument(
         "--split",
         choices=("crops", "photos"),
@@ -465,6 +482,9 @@ def main() -> None:
     rebuilding = list(_crops(other, args.reconstruct_crops, seed=1).split(8))
     dense = _model()
     reference = _predict(dense, x)
+    with torch.inference_mode():
+        top = torch.cat([dense(b) for b in x.split(16)]).softmax(-1).topk(2, -1).values
+    runner_up = top[:, 1] / top[:, 0]
     labels = {id(b): dense(b).argmax(-1).detach() for b in calibration}
 
     def loss(output: Any, batch: Any) -> torch.Tensor:
@@ -502,6 +522,15 @@ def main() -> None:
             prune.recalibrate_norms(model, batches)
             print(f"dense, BatchNorm statistics re-estimated on the {name}: "
                   f"{agreement(model):.1%}", flush=True)  # fmt: skip
+    if args.sensitivity:
+        for name, change in (("rounded to bfloat16", lambda w: w.bfloat16().float()),
+                             ("each x (1 + 0.01 N(0, 1))",
+                              lambda w: w * (1 + 0.01 * torch.randn_like(w)))):  # fmt: skip
+            model = copy.deepcopy(dense)
+            with torch.no_grad():
+                for weight in model.parameters():
+                    weight.copy_(change(weight))
+            print(f"dense, its weights {name}: {agreement(model):.1%}", flush=True)
     print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in table), flush=True)
     last: nn.Module | None = None
     removed: dict[str, int] = {}
@@ -520,7 +549,7 @@ def main() -> None:
                 done = _distill(model, dense, training, args, agreement)
                 same = (_predict(model, x) == reference).float()
                 distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
-                                 "eval crops")  # fmt: skip
+                                 f"eval crops; {_by_margin(same, runner_up)}")  # fmt: skip
                 print(f" {same.mean():>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
