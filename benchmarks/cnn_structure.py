@@ -50,8 +50,10 @@ re-estimated (no pruning) on the calibration crops, on the eval crops themselves
 eval crops in one batch (then the statistics are exactly those of the crops evaluated): what
 a narrow set of images does to the statistics on its own. With ``--sensitivity``, first lines
 give the dense model with its weights rounded to bfloat16, and with each weight multiplied by
-(1 + 0.01 N(0, 1)): how far a change that small moves the top class of these crops (96.9 and
-81.2 % of 32 eval crops in a short run).
+(1 + 0.01 N(0, 1)): how far a change that small moves the top class of these crops. Of the
+256 eval crops: rounded to bfloat16 95.7 % (float16 99.6 %), jittered by 1 % 82.0 %, by 3 %
+46.5 %. A pruned model at 90 % must be closer to the dense one than a 1 % jitter of its
+weights.
 
 Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
 the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
