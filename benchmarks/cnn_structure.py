@@ -105,6 +105,18 @@ Figures (agreement of 64 / 256 eval crops; "pool": of the first 512 pool crops):
   ever more closely and the evaluated crops follow at a growing distance; the benchmark's
   own run of the defaults: 82.8 / 82.8 / 84.8 % of 256 at 600 / 1,200 / 1,800 s, **86.3 %
   of 256 and 90.6 % of the first 64 at the end** (4,410 steps, 23 passes over the pool);
+- the pool refreshed (`--fresh`), from the same model, 2,400 s: 4 new crops per step
+  (13,232 in all, 3,309 steps) 77.7 / 82.4 / 85.9 % of 256 at 600 / 1,200 / 1,800 s,
+  **85.5 %** at the end; 8 per step (21,744, 2,720 steps): 80.9 / 79.7 / 85.2, **85.2 %**:
+  no better than the pool alone (84.0 and 86.3 %) at this length. The benchmark's own runs
+  of ``--distill 4000`` side by side: without new crops 78.9 / 85.5 / 82.8 / 84.4 % at
+  800 / 1,600 / 2,400 / 3,200 s, **84.8 %** at the end (6,658 steps, 35 passes over the
+  pool; 85.9 % of the first 64): longer on the same pool is worse than 2,400 s; with 4 new
+  crops per step (22,976) 78.1 / 78.1 / 82.4 / 86.3 %, **86.7 %** at the end (5,748 steps;
+  89.1 % of the first 64), the best figure on 256 crops yet. Where the student misses
+  (an experiment's model at 85.5 %): 98.4 % of the 125 crops on which the dense model's
+  runner-up class has under half its top class's probability, 82.2 % of the 90 at 0.5-0.8,
+  53.7 % of the 41 above 0.8;
 - the recipe before (fresh crops through the whole model, lr 1e-4, warmup 0.1, batches of
   16, 1,200 s, 810 steps; from the `--spare 0` `+rec.` model): 85.9 / 80.5 %; the same in
   600 s: 84.4 / 81.6 %; with a feature term over the blocks' outputs: 78.1 / 77.7 % at
