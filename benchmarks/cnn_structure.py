@@ -82,17 +82,18 @@ are computed once, and each step runs only the other blocks, the head and the cl
 teacher_output=...)``: KL on the logits at ``--temperature`` plus ``--logit-weight`` x the
 logits' mean squared error; AdamW at ``--lr``, rising from 0 over the first ``--warmup``
 share of the time, then a cosine decay), for that many seconds of this process's CPU time
-(the pool's own time printed apart). With ``--fresh N`` (default 4), N new crops per step
-are drawn into the pool, 16 at a time, each batch replacing the pool's oldest 16 (their time
-counted in the seconds). BatchNorm statistics stay frozen (eval mode; scales and shifts
-train); no label is used. The training crops come from the 10 photos (other crops than the
-evaluated ones) and the 14 more images, with ``--split photos`` only from the calibration
-photos. The first five blocks take about 70 % of a training step's time at 224 px (forward
-and backward, batch 16, one thread: 655 of 942 ms), so a step on cached crops costs about a
-fifth of one on new crops through the whole model: 2,031 steps of 32 crops in 1,200 s
-against 810 steps of 16. A new crop costs about 58 ms (one thread, batches of 16: 1 ms to
-cut it, 26 ms for the frozen part, 31 ms for the dense model; batches of 64 take twice as
-long per crop), a step of 32 cached crops about 550 ms.
+(the pool's own time printed apart; ``--pool`` is rounded up to a multiple of 16). With
+``--fresh N`` (default 4), about N new crops per step are drawn into the pool: 16 every
+round(16 / N) steps, replacing the pool's oldest 16 (their time counted in the seconds).
+BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is used. The
+training crops come from the 10 photos (other crops than the evaluated ones) and the 14 more
+images, with ``--split photos`` only from the calibration photos. The first five blocks take
+about 70 % of a training step's time at 224 px (forward and backward, batch 16, one thread:
+655 of 942 ms), so a step on cached crops costs about a fifth of one on new crops through
+the whole model: 2,031 steps of 32 crops in 1,200 s against 810 steps of 16. A new crop
+costs about 58 ms (one thread, batches of 16: 1 ms to cut it, 26 ms for the frozen part, 31
+ms for the dense model; batches of 64 take twice as long per crop), a step of 32 cached
+crops about 550 ms.
 
 Figures (agreement of 64 / 256 eval crops; "pool": of the first 512 pool crops):
 - from the `+rec.` model of ``--spare 0`` (79.7 / 78.1 %), lr 3e-4, 1,200 s, the first five
