@@ -502,9 +502,10 @@ def main() -> None:
     calibration = list(_crops(other, args.calibration, seed=1).split(8))
     rebuilding = list(_crops(other, args.reconstruct_crops, seed=1).split(8))
     dense = _model()
-    reference = _predict(dense, x)
-    with torch.inference_mode():
-        top = torch.cat([dense(b) for b in x.split(16)]).softmax(-1).topk(2, -1).values
+    with torch.inference_mode():  # as _predict runs it, once for both
+        dense_logits = torch.cat([dense(b) for b in x.split(16)])
+    reference = dense_logits.argmax(-1)
+    top = dense_logits.softmax(-1).topk(2, -1).values
     runner_up = top[:, 1] / top[:, 0]
     labels = {id(b): dense(b).argmax(-1).detach() for b in calibration}
 
