@@ -270,14 +270,37 @@ def _front(model: nn.Module, x: torch.Tensor, blocks: int) -> torch.Tensor:
     return h
 
 
+def _frozen(model: nn.Module, blocks: int) -> list[nn.Module]:
+    """The modules ``_front(model, x, blocks)`` runs."""
+    return [model._conv_stem, model._bn0, *model._blocks[:blocks]]
+
+
 def _rest(model: nn.Module, h: torch.Tensor, blocks: int) -> torch.Tensor:
     """The logits from `h`, the output of ``_front(model, x, blocks)``: the other blocks,
     the head and the classifier."""
-    for block in model._blocks[blocks:]:
+    return _outputs(model, h, blocks)["logits"]
+
+
+def _stage_ends(model: nn.Module, blocks: int) -> list[int]:
+    """The blocks after the first `blocks` that end a stage: the last one, and each whose
+    successor has another residual width or stride."""
+    chain = model._blocks
+    return [k for k in range(blocks, len(chain)) if k + 1 == len(chain)
+            or chain[k + 1]._project_conv.out_channels != chain[k]._project_conv.out_channels
+            or tuple(chain[k + 1]._depthwise_conv.stride) != (1, 1)]  # fmt: skip
+
+
+def _outputs(model: nn.Module, h: torch.Tensor, blocks: int) -> dict[str, Any]:
+    """``_rest``'s logits, and as ``hidden_states`` the outputs of the blocks that end a
+    stage (``_stage_ends``): what ``prunekit.Distiller`` compares with `hidden_weight`."""
+    ends, states = set(_stage_ends(model, blocks)), []
+    for k, block in enumerate(model._blocks[blocks:], start=blocks):
         h = block(h)
+        if k in ends:
+            states.append(h)
     h = model._swish(model._bn1(model._conv_head(h)))
-    out: torch.Tensor = model._fc(model._dropout(model._avg_pooling(h).flatten(1)))
-    return out
+    logits = model._fc(model._dropout(model._avg_pooling(h).flatten(1)))
+    return {"logits": logits, "hidden_states": states}
 
 
 def _distill(
@@ -292,28 +315,38 @@ def _distill(
     and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
     is drawn once; the dense logits and the frozen part's outputs on it are computed once,
     so each step runs only the blocks that train. Returns what to print of it."""
-    distiller = prune.Distiller(dense, temperature=args.temperature, logit_weight=args.logit_weight)
+    distiller = prune.Distiller(
+        dense,
+        temperature=args.temperature,
+        logit_weight=args.logit_weight,
+        hidden_weight=args.hidden_weight,
+    )
     generator = np.random.default_rng(1234)
+    mine, theirs = (nn.ModuleList(_frozen(m, args.frozen)).state_dict() for m in (model, dense))
+    shared = mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
-    def draw() -> tuple[torch.Tensor, torch.Tensor]:
-        """16 new crops: the frozen part's outputs on them and the dense logits (batches of
-        16 run twice as fast per crop as batches of 64 on one thread)."""
+    def draw() -> tuple[torch.Tensor, ...]:
+        """16 new crops: the frozen part's outputs on them, the dense logits and the dense
+        stage ends' outputs (batches of 16 run twice as fast per crop as batches of 64 on one
+        thread). The dense model's frozen part is not run again when it is the student's."""
         x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
                          for _ in range(16)])  # fmt: skip
         with torch.inference_mode():
-            return _front(model, x, args.frozen), distiller.teacher_output(x)
+            h = _front(model, x, args.frozen)
+            teacher = _outputs(dense, h if shared else _front(dense, x, args.frozen), args.frozen)
+            states = teacher["hidden_states"] if args.hidden_weight else []
+            return h, teacher["logits"], *states
 
     spent = time.process_time()
     drawn = [draw() for _ in range(math.ceil(args.pool / 16))]
-    features, logits = torch.cat([f for f, _ in drawn]), torch.cat([t for _, t in drawn])
+    features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
     del drawn
     with torch.inference_mode():
         x = torch.stack([_crop(photos[0], generator) for _ in range(2)])
         assert torch.allclose(_rest(model, _front(model, x, args.frozen), args.frozen), model(x),
                               atol=1e-4)  # fmt: skip
     pooled = time.process_time() - spent
-    frozen = {id(p) for m in (model._conv_stem, model._bn0, *model._blocks[: args.frozen])
-              for p in m.parameters()}  # fmt: skip
+    frozen = {id(p) for m in _frozen(model, args.frozen) for p in m.parameters()}
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in frozen]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     torch.manual_seed(0)
@@ -334,14 +367,16 @@ def _distill(
                 group["lr"] = rate
             if args.fresh and steps and steps % round(16 / args.fresh) == 0:  # 16 oldest go
                 oldest = slice(fresh % len(features), fresh % len(features) + 16)
-                features[oldest], logits[oldest] = draw()
+                for kept, new in zip((features, logits, *states), draw(), strict=True):
+                    kept[oldest] = new
                 fresh += 16
             if position + args.distill_batch > len(order):
                 order, position = torch.randperm(len(features)), 0
             batch = order[position : position + args.distill_batch]
             position += args.distill_batch
             h = features[batch]
-            loss = distiller.loss(_rest(model, h, args.frozen), h, teacher_output=logits[batch])
+            teacher = {"logits": logits[batch], "hidden_states": [s[batch] for s in states]}
+            loss = distiller.loss(_outputs(model, h, args.frozen), h, teacher_output=teacher)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -444,6 +479,13 @@ def main() -> None:
         help="+KD: weight of the logits' mean squared error (Distiller's logit_weight)",
     )
     parser.add_argument(
+        "--hidden-weight",
+        type=float,
+        default=0.0,
+        help="+KD: weight of the stage ends' outputs' mean squared error (Distiller's "
+        "hidden_weight; needs the residual widths kept: --spare > 0)",
+    )
+    parser.add_argument(
         "--warmup",
         type=float,
         default=0.05,
@@ -480,6 +522,9 @@ def main() -> None:
         help="+KD: print the agreement every this many CPU seconds (not counted)",
     )
     args = parser.parse_args()  # fmt: skip
+    if args.hidden_weight and not args.spare:
+        parser.error(f"--hidden-weight {args.hidden_weight:g} compares the residual streams, "
+                     "which --spare 0 prunes; expected --spare > 0")  # fmt: skip
     if not 0 <= args.fresh <= 16:
         parser.error(f"--fresh {args.fresh:g}: expected 0 (none) to 16 new crops per step")
     columns = args.columns.split(",")
@@ -653,7 +698,8 @@ def main() -> None:
     if distilled:
         print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
               f"lr {args.lr:g} (warmup {args.warmup:g}), temperature {args.temperature:g}, logit "
-              f"weight {args.logit_weight:g}, stem and first {args.frozen} blocks frozen; "
+              f"weight {args.logit_weight:g}, hidden weight {args.hidden_weight:g}, stem and first "
+              f"{args.frozen} blocks frozen; "
               + "; ".join(distilled))  # fmt: skip
     if "tp" in columns:
         theirs, gone = _torch_pruning(dense, example, args.share)
