@@ -71,7 +71,7 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
-        [--distill-batch 32] [--show 0] [--cache DIR] [--threads 1]
+        [--hidden-weight 0] [--distill-batch 32] [--show 0] [--cache DIR] [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
 compacted, is trained towards the dense model's logits, offline: a pool of ``--pool``
@@ -80,11 +80,14 @@ dense logits on it and the outputs of the stem and the first ``--frozen`` blocks
 are computed once, and each step runs only the other blocks, the head and the classifier on
 ``--distill-batch`` crops of the pool (``prunekit.Distiller(...).loss(output, inputs,
 teacher_output=...)``: KL on the logits at ``--temperature`` plus ``--logit-weight`` x the
-logits' mean squared error; AdamW at ``--lr``, rising from 0 over the first ``--warmup``
-share of the time, then a cosine decay), for that many seconds of this process's CPU time
-(the pool's own time printed apart; ``--pool`` is rounded up to a multiple of 16). With
-``--fresh N`` (default 4), about N new crops per step are drawn into the pool: 16 every
-round(16 / N) steps, replacing the pool's oldest 16 (their time counted in the seconds).
+logits' mean squared error, plus ``--hidden-weight`` x that of the outputs of the blocks
+that end a stage, the 80, 112, 192 and 320-wide residual streams (``hidden_weight``; they
+keep their widths with ``--spare`` > 0); AdamW at ``--lr``, rising from 0 over the first
+``--warmup`` share of the time, then a cosine decay), for that many seconds of this
+process's CPU time (the pool's own time printed apart; ``--pool`` is rounded up to a
+multiple of 16). With ``--fresh N`` (default 4), about N new crops per step are drawn into
+the pool: 16 every round(16 / N) steps, replacing the pool's oldest 16 (their time counted
+in the seconds).
 BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is used. The
 training crops come from the 10 photos (other crops than the evaluated ones) and the 14 more
 images, with ``--split photos`` only from the calibration photos. The first five blocks take
