@@ -355,8 +355,9 @@ def _distill(
     del drawn
     with torch.inference_mode():
         x = torch.stack([_crop(photos[0], generator) for _ in range(2)])
-        assert torch.allclose(_rest(model, _front(model, x, args.frozen), args.frozen), model(x),
-                              atol=1e-4)  # fmt: skip
+        for net in (model, dense):  # the split runs compute the models' own logits
+            assert torch.allclose(_rest(net, _front(net, x, args.frozen), args.frozen), net(x),
+                                  atol=1e-4)  # fmt: skip
     pooled = time.process_time() - spent
     frozen = {id(p) for m in _frozen(model, args.frozen) for p in m.parameters()}
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in frozen]
