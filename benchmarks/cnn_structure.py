@@ -159,6 +159,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import prunekit as prune
 from prunekit.criteria.calibration import requiring_grad
@@ -327,6 +328,9 @@ def _distill(
     and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
     is drawn once; the dense logits and the frozen part's outputs on it are computed once,
     so each step runs only the blocks that train. Returns what to print of it."""
+    fast = torch.channels_last  # 1.3-2x faster for these convolutions on one thread
+    model.to(memory_format=fast)
+    dense = copy.deepcopy(dense).to(memory_format=fast)
     distiller = prune.Distiller(
         dense,
         temperature=args.temperature,
@@ -342,7 +346,7 @@ def _distill(
         stage ends' outputs (batches of 16 run twice as fast per crop as batches of 64 on one
         thread). The dense model's frozen part is not run again when it is the student's."""
         x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
-                         for _ in range(16)])  # fmt: skip
+                         for _ in range(16)]).contiguous(memory_format=fast)  # fmt: skip
         with torch.inference_mode():
             h = _front(model, x, args.frozen)
             teacher = _outputs(dense, h if shared else _front(dense, x, args.frozen), args.frozen)
@@ -354,7 +358,7 @@ def _distill(
     features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
     del drawn
     with torch.inference_mode():
-        x = torch.stack([_crop(photos[0], generator) for _ in range(2)])
+        x = torch.stack([_crop(photos[0], generator) for _ in range(2)]).to(memory_format=fast)
         for net in (model, dense):  # the split runs compute the models' own logits
             assert torch.allclose(_rest(net, _front(net, x, args.frozen), args.frozen), net(x),
                                   atol=1e-4)  # fmt: skip
@@ -362,6 +366,8 @@ def _distill(
     frozen = {id(p) for m in _frozen(model, args.frozen) for p in m.parameters()}
     trained = [p for p in model.parameters() if p.requires_grad and id(p) not in frozen]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
+    average = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema),
+                             use_buffers=True) if args.ema else None)  # fmt: skip
     torch.manual_seed(0)
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
@@ -369,9 +375,10 @@ def _distill(
         while (spent := time.process_time() - start) < args.distill:
             if agreement is not None and args.show and spent >= (shown + 1) * args.show:
                 shown, paused = int(spent // args.show), time.process_time()
-                print(
-                    f" [{spent:.0f} s, {steps} steps: {agreement(model):.1%}]", end="", flush=True
-                )
+                now = f"{agreement(model):.1%}"
+                if average is not None:
+                    now += f", EMA {agreement(average.module):.1%}"
+                print(f" [{spent:.0f} s, {steps} steps: {now}]", end="", flush=True)
                 start += time.process_time() - paused
             rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
             if spent < args.warmup * args.distill:
@@ -387,18 +394,25 @@ def _distill(
                 order, position = torch.randperm(len(features)), 0
             batch = order[position : position + args.distill_batch]
             position += args.distill_batch
-            h = features[batch]
+            h = features[batch].contiguous(memory_format=fast)
             teacher = {"logits": logits[batch], "hidden_states": [s[batch] for s in states]}
             loss = distiller.loss(_outputs(model, h, args.frozen), h, teacher_output=teacher)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if average is not None:
+                average.update_parameters(model)
             steps += 1
     epochs = steps * args.distill_batch / len(features)
     wall = time.perf_counter() - wall
+    raw = ""
+    if average is not None:  # the model becomes its average
+        if agreement is not None:
+            raw = f"; {agreement(model):.1%} before its weights' EMA ({args.ema:g})"
+        model.load_state_dict(average.module.state_dict())
     return (f"pool of {len(features):,} crops built in {pooled:.0f} s of CPU; {steps} steps "
             f"({epochs:.1f} passes over the pool), {fresh:,} fresh crops, in {wall:.0f} s "
-            "wall")  # fmt: skip
+            f"wall{raw}")  # fmt: skip
 
 
 def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
@@ -499,6 +513,13 @@ def main() -> None:
         "hidden_weight; needs the residual widths kept: --spare > 0)",
     )
     parser.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        help="+KD: the model becomes the exponential moving average of its weights at this "
+        "decay per step (0: none)",
+    )
+    parser.add_argument(
         "--warmup",
         type=float,
         default=0.05,
@@ -535,6 +556,8 @@ def main() -> None:
         help="+KD: print the agreement every this many CPU seconds (not counted)",
     )
     args = parser.parse_args()  # fmt: skip
+    if not 0 <= args.ema < 1:
+        parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
     if not 0 <= args.fresh <= 16:
         parser.error(f"--fresh {args.fresh:g}: expected 0 (none) to 16 new crops per step")
     columns = args.columns.split(",")
