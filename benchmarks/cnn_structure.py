@@ -23,20 +23,16 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   widths of the later blocks, each keeping at least ``--floor`` (0.3), and the head, keeping
   at least ``--floor-narrow`` (0.6). With ``--spare 0`` they are chosen across all groups,
   the stem, residual widths and head keeping at least ``--floor-narrow`` (0.8 in the
-  figures of that setting). Sparing the early layers: one shot 72.3 % of 256 eval crops
-  against 71.1 %, after `+rec.` 80.1 % against 78.1 %; fewer parameters are left (66.6 %
-  against 69.5 %: the later layers hold most of them), and the compacted model gains less
-  time (batch-8 latency 0.90 of the dense model's against 0.64: the early layers hold most
-  of it);
+  figures of that setting). Sparing the early layers keeps more agreement and leaves fewer
+  parameters (the later layers hold most of them), but the compacted model gains less time
+  (the early layers hold most of it);
 - `+rec.`: the previous column's model with each of its 16 blocks trained towards the dense
   model's block (``prunekit.structure.reconstruct_blocks``: ``--reconstruct`` Adam steps per
   block at ``--reconstruct-lr``, on ``--reconstruct-crops`` calibration crops (the first
   ``--calibration`` of them are the pruning's), blocks in order from the pruned model's
   inputs); with ``--ends on`` (``ends=True``) the stem trains with the first block and the
-  head (last convolution, norm, classifier) then trains towards the dense logits. The head
-  holds 1.7 M parameters: on 64 crops (300 steps) it fitted their logits exactly (error
-  0.009 -> 0.000) and agreed on fewer of 256 eval crops than the one-shot model (69.5 %
-  against 71.1 %); on 256 crops (600 steps, the defaults) 78.1 %;
+  head (last convolution, norm, classifier) then trains towards the dense logits (its 1.7 M
+  parameters overfit 64 crops: hence 256 by default);
 - `+KD`: the previous column's model, compacted, then distilled from the dense model (see
   ``--distill``);
 - `glob.+ref.` (``--columns global``): the 3,307 channels ranked together over all groups
@@ -50,10 +46,7 @@ re-estimated (no pruning) on the calibration crops, on the eval crops themselves
 eval crops in one batch (then the statistics are exactly those of the crops evaluated): what
 a narrow set of images does to the statistics on its own. With ``--sensitivity``, first lines
 give the dense model with its weights rounded to bfloat16, and with each weight multiplied by
-(1 + 0.01 N(0, 1)): how far a change that small moves the top class of these crops. Of the
-256 eval crops: rounded to bfloat16 95.7 % (float16 99.6 %), jittered by 1 % 82.0 %, by 3 %
-46.5 %. A pruned model at 90 % must be closer to the dense one than a 1 % jitter of its
-weights.
+(1 + 0.01 N(0, 1)): how far a change that small moves the top class of these crops.
 
 Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
 the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
@@ -71,74 +64,30 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
-        [--hidden-weight 0.1] [--distill-batch 32] [--show 0] [--cache DIR] [--threads 1]
+        [--hidden-weight 0.1] [--ema 0] [--distill-batch 32] [--show 0] [--cache DIR]
+        [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
-compacted, is trained towards the dense model's logits, offline: a pool of ``--pool``
-training crops is drawn once (as the evaluated ones are drawn, from another generator), the
-dense logits on it and the outputs of the stem and the first ``--frozen`` blocks (frozen)
-are computed once, and each step runs only the other blocks, the head and the classifier on
-``--distill-batch`` crops of the pool (``prunekit.Distiller(...).loss(output, inputs,
-teacher_output=...)``: KL on the logits at ``--temperature`` plus ``--logit-weight`` x the
-logits' mean squared error, plus ``--hidden-weight`` x that of the outputs of the blocks
-that end a stage, the 80, 112, 192 and 320-wide residual streams (``hidden_weight``; they
-keep their widths with ``--spare`` > 0); AdamW at ``--lr``, rising from 0 over the first
-``--warmup`` share of the time, then a cosine decay), for that many seconds of this
-process's CPU time (the pool's own time printed apart; ``--pool`` is rounded up to a
-multiple of 16). With ``--fresh N`` (default 4), about N new crops per step are drawn into
-the pool: 16 every round(16 / N) steps, replacing the pool's oldest 16 (their time counted
-in the seconds).
-BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is used. The
-training crops come from the 10 photos (other crops than the evaluated ones) and the 14 more
-images, with ``--split photos`` only from the calibration photos. The first five blocks take
-about 70 % of a training step's time at 224 px (forward and backward, batch 16, one thread:
-655 of 942 ms), so a step on cached crops costs about a fifth of one on new crops through
-the whole model: 2,031 steps of 32 crops in 1,200 s against 810 steps of 16. A new crop
-costs about 58 ms (one thread, batches of 16: 1 ms to cut it, 26 ms for the frozen part, 31
-ms for the dense model; batches of 64 take twice as long per crop), about 37 ms when the
-dense model's frozen part is the student's own (unpruned and untouched, as with the
-defaults: it then runs once for both), a step of 32 cached crops about 550 ms.
-
-Figures (agreement of 64 / 256 eval crops; "pool": of the first 512 pool crops):
-- from the `+rec.` model of ``--spare 0`` (79.7 / 78.1 %), lr 3e-4, 1,200 s, the first five
-  blocks frozen: 87.5 / 79.7, 84.4 / 80.5, 87.5 / 83.6 % at 300 / 600 / 900 s (pool 76.4,
-  83.6, 85.5 %), **87.5 / 84.0 % at the end**; lr 1e-3: 75.0 / 75.4 % at 300 s (stopped);
-  600 s on a pool of 2,048 (25 passes): 82.8 / 81.2 %;
-- from the `+rec.` model of ``--spare 5`` (81.2 / 79.7 % in that run), lr 3e-4, 2,400 s:
-  82.8 / 80.1 % at 600 s (pool 81.2 %), 84.4 / 82.8 % at 1,200 s (pool 88.1 %), 85.9 /
-  84.4 % at 1,800 s (pool 93.0 %), 87.5 / 84.0 % at the end: the student fits the pool
-  ever more closely and the evaluated crops follow at a growing distance; the benchmark's
-  own run of the defaults: 82.8 / 82.8 / 84.8 % of 256 at 600 / 1,200 / 1,800 s, **86.3 %
-  of 256 and 90.6 % of the first 64 at the end** (4,410 steps, 23 passes over the pool);
-- the pool refreshed (`--fresh`), from the same model, 2,400 s: 4 new crops per step
-  (13,232 in all, 3,309 steps) 77.7 / 82.4 / 85.9 % of 256 at 600 / 1,200 / 1,800 s,
-  **85.5 %** at the end; 8 per step (21,744, 2,720 steps): 80.9 / 79.7 / 85.2, **85.2 %**:
-  no better than the pool alone (84.0 and 86.3 %) at this length. The benchmark's own runs
-  of ``--distill 4000`` side by side: without new crops 78.9 / 85.5 / 82.8 / 84.4 % at
-  800 / 1,600 / 2,400 / 3,200 s, **84.8 %** at the end (6,658 steps, 35 passes over the
-  pool; 85.9 % of the first 64): longer on the same pool is worse than 2,400 s; with 4 new
-  crops per step (22,976) 78.1 / 78.1 / 82.4 / 86.3 %, **86.7 %** at the end (5,748 steps;
-  89.1 % of the first 64), the best figure on 256 crops yet. Where the student misses
-  (an experiment's model at 85.5 %): 98.4 % of the 125 crops on which the dense model's
-  runner-up class has under half its top class's probability, 82.2 % of the 90 at 0.5-0.8,
-  53.7 % of the 41 above 0.8;
-- the benchmark's own runs of ``--distill 6000`` side by side (4 new crops per step, 37,696
-  and 37,904 in all): with ``--hidden-weight 0.1`` (the stage ends' outputs, whose squared
-  error starts at 0.8-3.1 where the logits' is 0.11 and the KL 0.09) 80.5 / 84.0 / 82.4 /
-  86.3 / 85.5 % of 256 at 1,000-5,000 s, **87.1 %** at the end (9,426 steps; 87.5 % of the
-  first 64), the best figure on 256 crops yet, hence the default 0.1; without 79.7 / 80.9 /
-  83.6 / 82.8 / 86.3 %, **85.5 %** (84.4 % of the first 64): longer than 4,000 s with new
-  crops alone gains nothing (86.7 % there). One run each: the 1.6 points are within what
-  two runs of one recipe differ by (84.0 and 86.3 % above);
-- the recipe before (fresh crops through the whole model, lr 1e-4, warmup 0.1, batches of
-  16, 1,200 s, 810 steps; from the `--spare 0` `+rec.` model): 85.9 / 80.5 %; the same in
-  600 s: 84.4 / 81.6 %; with a feature term over the blocks' outputs: 78.1 / 77.7 % at
-  600 s; on the 10 photos alone: 84.4 / 80.5 %; 900 s more at 3e-5: 84.4 / 80.1 %; random
-  resized crops with colour jitter and mixup/cutmix did no better than plain crops; KL at
-  T = 2 alone, 3e-5: 76.6 % of 64. AdamW at 3e-4 on the whole model without warmup lost
-  20 points in its first step. On 1,024 eval crops that recipe's model agreed on 78.8 %:
-  95.2 % of the 501 crops where the dense model's second class has under half its top
-  one's probability, 71.6 % of the 334 at 0.5-0.8, 48.1 % of the 189 above 0.8 (near-ties).
+compacted, is trained towards the dense model, offline, for that many seconds of this
+process's CPU time. A pool of ``--pool`` training crops (rounded up to a multiple of 16,
+drawn as the evaluated ones are, from another generator) is drawn once, and on it the dense
+logits, the dense stage ends' outputs and the outputs of the stem and the first ``--frozen``
+blocks (frozen) are computed once (that time is printed apart); each step then runs only the
+other blocks, the head and the classifier on ``--distill-batch`` pool crops, about a fifth
+of the cost of a step through the whole model. With ``--fresh N`` (default 4) about N new
+crops per step replace the pool's oldest, 16 every round(16 / N) steps (their time counted).
+The loss is ``prunekit.Distiller(...).loss(output, inputs, teacher_output=...)``: KL on the
+logits at ``--temperature``, plus ``--logit-weight`` x the logits' mean squared error, plus
+``--hidden-weight`` x that of the outputs of the blocks that end a stage (the 80, 112, 192
+and 320-wide residual streams, which keep their widths with ``--spare`` > 0). AdamW at
+``--lr``, rising from 0 over the first ``--warmup`` share of the time, then a cosine decay;
+with ``--ema D`` the model ends as the exponential moving average of its weights (decay D
+per step). It trains in the channels-last memory format (1.3-2 x faster here on one
+thread). BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is
+used. The training crops come from the 10 photos (other crops than the evaluated ones) and
+the 14 more images, with ``--split photos`` only from the calibration photos. The figures of
+each recipe tried, and the runs of the defaults: docs/benchmarks.md, "Compensation on
+EfficientNet-Lite0 and all-MiniLM-L6-v2".
 Only the rows of ``--distill-criteria`` are distilled (the others print `-`). ``--show S``
 prints the agreement every S CPU seconds of distillation (the evaluation not counted);
 ``--cache DIR`` keeps the pruned models for the next runs (the pruning itself takes
