@@ -64,7 +64,7 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
-        [--hidden-weight 0.1] [--ema 0] [--distill-batch 32] [--show 0] [--cache DIR]
+        [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32] [--show 0] [--cache DIR]
         [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
@@ -457,14 +457,14 @@ def main() -> None:
     parser.add_argument(
         "--hidden-weight",
         type=float,
-        default=0.1,
+        default=0.3,
         help="+KD: weight of the stage ends' outputs' mean squared error (Distiller's "
         "hidden_weight; needs the residual widths kept: --spare > 0)",
     )
     parser.add_argument(
         "--ema",
         type=float,
-        default=0.0,
+        default=0.999,
         help="+KD: the model becomes the exponential moving average of its weights at this "
         "decay per step (0: none)",
     )
