@@ -276,7 +276,9 @@ def _distill(
     ``prunekit.Distiller``) for ``args.distill`` seconds of this process's CPU time, the stem
     and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
     is drawn once; the dense logits and the frozen part's outputs on it are computed once,
-    so each step runs only the blocks that train. Returns what to print of it."""
+    so each step runs only the blocks that train. `model` is left in the channels-last
+    memory format and, with ``args.ema``, with its weights' average in place of its own.
+    Returns what to print of it."""
     fast = torch.channels_last  # 1.3-2x faster for these convolutions on one thread
     model.to(memory_format=fast)
     dense = copy.deepcopy(dense).to(memory_format=fast)
