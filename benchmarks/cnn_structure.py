@@ -100,6 +100,7 @@ import argparse
 import copy
 import math
 import time
+from collections import deque
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,24 @@ def _model() -> nn.Module:
     return model.eval()
 
 
-def _predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
-        return torch.cat([model(b).argmax(-1) for b in x.split(16)])
+        return torch.cat([model(b) for b in x.split(16)])
+
+
+def _predict(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return _logits(model, x).argmax(-1)
+
+
+def _errors(logits: torch.Tensor, dense: torch.Tensor) -> str:
+    """How far `logits` are from the `dense` ones: the RMS error over all classes, and that
+    of the gap between the dense model's top two classes (what decides a near-tie)."""
+    pair = dense.topk(2, -1).indices
+    gap = lambda z: z.gather(-1, pair[:, :1]) - z.gather(-1, pair[:, 1:])  # noqa: E731
+    return (f"logits' RMS error {(logits - dense).square().mean().sqrt():.3f} (the dense "
+            f"logits' RMS {dense.square().mean().sqrt():.3f}), of the dense top-two gap "
+            f"{(gap(logits) - gap(dense)).square().mean().sqrt():.3f} (the gap's RMS "
+            f"{gap(dense).square().mean().sqrt():.3f})")  # fmt: skip
 
 
 def _latency(model: nn.Module, x: torch.Tensor, runs: int = 5) -> float:
@@ -320,6 +336,7 @@ def _distill(
     average = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema),
                              use_buffers=True) if args.ema else None)  # fmt: skip
     torch.manual_seed(0)
+    fit: deque[float] = deque(maxlen=200)  # agreement on the last 200 training batches
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
     with requiring_grad(model, trained):
@@ -329,6 +346,7 @@ def _distill(
                 now = f"{agreement(model):.1%}"
                 if average is not None:
                     now += f", EMA {agreement(average.module):.1%}"
+                now += f", fit {sum(fit) / max(len(fit), 1):.1%}"
                 print(f" [{spent:.0f} s, {steps} steps: {now}]", end="", flush=True)
                 start += time.process_time() - paused
             rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
@@ -347,7 +365,15 @@ def _distill(
             position += args.distill_batch
             h = features[batch].contiguous(memory_format=fast)
             teacher = {"logits": logits[batch], "hidden_states": [s[batch] for s in states]}
-            loss = distiller.loss(_outputs(model, h, args.frozen), h, teacher_output=teacher)
+            output = _outputs(model, h, args.frozen)
+            loss = distiller.loss(output, h, teacher_output=teacher)
+            target = teacher["logits"].argmax(-1)
+            if args.hard_weight:
+                loss = loss + args.hard_weight * F.cross_entropy(output["logits"], target)
+            if args.top_weight:
+                loss = loss + args.top_weight * _top_gaps(output["logits"], teacher["logits"],
+                                                          args.top_k)  # fmt: skip
+            fit.append(float((output["logits"].argmax(-1) == target).float().mean()))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -363,7 +389,16 @@ def _distill(
         model.load_state_dict(average.module.state_dict())
     return (f"pool of {len(features):,} crops built in {pooled:.0f} s of CPU; {steps} steps "
             f"({epochs:.1f} passes over the pool), {fresh:,} fresh crops, in {wall:.0f} s "
-            f"wall{raw}")  # fmt: skip
+            f"wall; {sum(fit) / max(len(fit), 1):.1%} agreement on its last {len(fit)} training "
+            f"batches (before each step){raw}")  # fmt: skip
+
+
+def _top_gaps(student: torch.Tensor, teacher: torch.Tensor, k: int) -> torch.Tensor:
+    """The mean squared error of the gaps from the teacher's top class to its next `k` - 1
+    classes: what decides the top class when the teacher hesitates."""
+    top = teacher.topk(k, -1).indices
+    s, t = student.gather(-1, top), teacher.gather(-1, top)
+    return ((s[:, 1:] - s[:, :1]) - (t[:, 1:] - t[:, :1])).square().mean()
 
 
 def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
@@ -456,6 +491,20 @@ def main() -> None:
         default=1.0,
         help="+KD: weight of the logits' mean squared error (Distiller's logit_weight)",
     )
+    parser.add_argument(
+        "--hard-weight",
+        type=float,
+        default=0.0,
+        help="+KD: weight of the cross-entropy to the dense model's top class",
+    )
+    parser.add_argument(
+        "--top-weight",
+        type=float,
+        default=0.0,
+        help="+KD: weight of the mean squared error of the gaps from the dense top class to "
+        "the next --top-k - 1",
+    )
+    parser.add_argument("--top-k", type=int, default=5, help="+KD: classes --top-weight sees")
     parser.add_argument(
         "--hidden-weight",
         type=float,
@@ -586,7 +635,8 @@ def main() -> None:
             with torch.no_grad():
                 for weight in model.parameters():
                     weight.copy_(change(weight))
-            print(f"dense, its weights {name}: {agreement(model):.1%}", flush=True)
+            print(f"dense, its weights {name}: {agreement(model):.1%}; "
+                  f"{_errors(_logits(model, x), dense_logits)}", flush=True)  # fmt: skip
     print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in table), flush=True)
     last: nn.Module | None = None
     removed: dict[str, int] = {}
@@ -603,9 +653,11 @@ def main() -> None:
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
                 done = _distill(model, dense, training, args, agreement)
-                same = (_predict(model, x) == reference).float()
+                logits = _logits(model, x)
+                same = (logits.argmax(-1) == reference).float()
                 distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
-                                 f"eval crops; {_by_margin(same, runner_up)}")  # fmt: skip
+                                 f"eval crops; {_by_margin(same, runner_up)}; "
+                                 f"{_errors(logits, dense_logits)}")  # fmt: skip
                 print(f" {same.mean():>10.1%}", end="", flush=True)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
