@@ -550,6 +550,9 @@ def main() -> None:
         "criterion, column, split, share, floors, calibration and damping",
     )
     parser.add_argument(
+        "--save", type=Path, default=None, help="+KD: save the distilled model to this file"
+    )
+    parser.add_argument(
         "--show",
         type=float,
         default=0.0,
@@ -659,6 +662,9 @@ def main() -> None:
                                  f"eval crops; {_by_margin(same, runner_up)}; "
                                  f"{_errors(logits, dense_logits)}")  # fmt: skip
                 print(f" {same.mean():>10.1%}", end="", flush=True)
+                if args.save is not None:
+                    args.save.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(model, args.save)
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
