@@ -304,7 +304,7 @@ def _distill(
         logit_weight=args.logit_weight,
         hidden_weight=args.hidden_weight,
     )
-    generator = np.random.default_rng(1234)
+    generator = np.random.default_rng(1234 + args.seed)
     mine, theirs = (nn.ModuleList(_frozen(m, args.frozen)).state_dict() for m in (model, dense))
     shared = mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
@@ -335,7 +335,7 @@ def _distill(
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     average = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema),
                              use_buffers=True) if args.ema else None)  # fmt: skip
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     fit: deque[float] = deque(maxlen=200)  # agreement on the last 200 training batches
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
@@ -548,6 +548,9 @@ def main() -> None:
         default=None,
         help="a folder keeping each pruned model (before +KD) for later runs with the same "
         "criterion, column, split, share, floors, calibration and damping",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="+KD: seeds the training crops and their order"
     )
     parser.add_argument(
         "--save", type=Path, default=None, help="+KD: save the distilled model to this file"
