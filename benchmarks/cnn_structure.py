@@ -285,13 +285,15 @@ def _distill(
     model: nn.Module,
     dense: nn.Module,
     photos: list[np.ndarray],
+    evaluated: int,
     args: argparse.Namespace,
     agreement: Any = None,
 ) -> str:
     """Train `model` (compacted) towards `dense`'s logits (offline distillation with
     ``prunekit.Distiller``) for ``args.distill`` seconds of this process's CPU time, the stem
     and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
-    is drawn once; the dense logits and the frozen part's outputs on it are computed once,
+    is drawn once (the first `evaluated` of `photos` are the ones the evaluated crops come
+    from); the dense logits and the frozen part's outputs on it are computed once,
     so each step runs only the blocks that train. `model` is left in the channels-last
     memory format and, with ``args.ema``, with its weights' average in place of its own.
     Returns what to print of it."""
@@ -312,17 +314,18 @@ def _distill(
         """16 new crops: the frozen part's outputs on them, the dense logits and the dense
         stage ends' outputs (batches of 16 run twice as fast per crop as batches of 64 on one
         thread). The dense model's frozen part is not run again when it is the student's."""
-        x = torch.stack([_crop(photos[int(generator.integers(len(photos)))], generator)
-                         for _ in range(16)]).contiguous(memory_format=fast)  # fmt: skip
+        which = torch.from_numpy(generator.integers(len(photos), size=16))
+        x = torch.stack([_crop(photos[int(k)], generator)
+                         for k in which]).contiguous(memory_format=fast)  # fmt: skip
         with torch.inference_mode():
             h = _front(model, x, args.frozen)
             teacher = _outputs(dense, h if shared else _front(dense, x, args.frozen), args.frozen)
             states = teacher["hidden_states"] if args.hidden_weight else []
-            return h, teacher["logits"], *states
+            return which < evaluated, h, teacher["logits"], *states
 
     spent = time.process_time()
     drawn = [draw() for _ in range(math.ceil(args.pool / 16))]
-    features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
+    seen, features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
     del drawn
     with torch.inference_mode():
         x = torch.stack([_crop(photos[0], generator) for _ in range(2)]).to(memory_format=fast)
@@ -336,7 +339,14 @@ def _distill(
     average = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema),
                              use_buffers=True) if args.ema else None)  # fmt: skip
     torch.manual_seed(args.seed)
-    fit: deque[float] = deque(maxlen=200)  # agreement on the last 200 training batches
+    fit: deque[torch.Tensor] = deque(maxlen=200)  # (agrees, seen) of the last 200 batches
+
+    def fitted() -> str:
+        """The agreement on the last training batches (before their steps), on crops of the
+        evaluated photos and of the others."""
+        agrees, where = torch.cat(list(fit), 1) if fit else torch.zeros(2, 0, dtype=torch.bool)
+        return "/".join(f"{agrees[part].float().mean():.1%}" for part in (where, ~where))
+
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
     with requiring_grad(model, trained):
@@ -346,7 +356,7 @@ def _distill(
                 now = f"{agreement(model):.1%}"
                 if average is not None:
                     now += f", EMA {agreement(average.module):.1%}"
-                now += f", fit {sum(fit) / max(len(fit), 1):.1%}"
+                now += f", fit {fitted()}"
                 print(f" [{spent:.0f} s, {steps} steps: {now}]", end="", flush=True)
                 start += time.process_time() - paused
             rate = args.lr * 0.5 * (1 + math.cos(math.pi * spent / args.distill))
@@ -356,7 +366,7 @@ def _distill(
                 group["lr"] = rate
             if args.fresh and steps and steps % round(16 / args.fresh) == 0:  # 16 oldest go
                 oldest = slice(fresh % len(features), fresh % len(features) + 16)
-                for kept, new in zip((features, logits, *states), draw(), strict=True):
+                for kept, new in zip((seen, features, logits, *states), draw(), strict=True):
                     kept[oldest] = new
                 fresh += 16
             if position + args.distill_batch > len(order):
@@ -373,7 +383,7 @@ def _distill(
             if args.top_weight:
                 loss = loss + args.top_weight * _top_gaps(output["logits"], teacher["logits"],
                                                           args.top_k)  # fmt: skip
-            fit.append(float((output["logits"].argmax(-1) == target).float().mean()))
+            fit.append(torch.stack([output["logits"].argmax(-1) == target, seen[batch]]))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -389,8 +399,8 @@ def _distill(
         model.load_state_dict(average.module.state_dict())
     return (f"pool of {len(features):,} crops built in {pooled:.0f} s of CPU; {steps} steps "
             f"({epochs:.1f} passes over the pool), {fresh:,} fresh crops, in {wall:.0f} s "
-            f"wall; {sum(fit) / max(len(fit), 1):.1%} agreement on its last {len(fit)} training "
-            f"batches (before each step){raw}")  # fmt: skip
+            f"wall; {fitted()} agreement on the crops of its last {len(fit)} training batches "
+            f"(before each step) of the evaluated photos / of the others{raw}")  # fmt: skip
 
 
 def _top_gaps(student: torch.Tensor, teacher: torch.Tensor, k: int) -> torch.Tensor:
@@ -550,6 +560,12 @@ def main() -> None:
         "criterion, column, split, share, floors, calibration and damping",
     )
     parser.add_argument(
+        "--extra",
+        choices=("on", "off"),
+        default="on",
+        help="+KD: also train on scikit-image's 14 other images (with --split crops)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="+KD: seeds the training crops and their order"
     )
     parser.add_argument(
@@ -583,10 +599,10 @@ def main() -> None:
     if args.split == "photos":
         seen = [p for k, p in enumerate(photos) if k in EVAL_PHOTOS]
         other = [p for k, p in enumerate(photos) if k not in EVAL_PHOTOS] + _more_photos()
-        training = other
+        training, evaluated = other, 0
     else:
         seen = other = photos
-        training = photos + _more_photos()
+        training, evaluated = photos + (_more_photos() if args.extra == "on" else []), len(photos)
     x = _crops(seen, args.eval, seed=0)
     calibration = list(_crops(other, args.calibration, seed=1).split(8))
     rebuilding = list(_crops(other, args.reconstruct_crops, seed=1).split(8))
@@ -658,7 +674,7 @@ def main() -> None:
                     continue
                 model = copy.deepcopy(model)
                 prune.compact(model, example)
-                done = _distill(model, dense, training, args, agreement)
+                done = _distill(model, dense, training, evaluated, args, agreement)
                 logits = _logits(model, x)
                 same = (logits.argmax(-1) == reference).float()
                 distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
