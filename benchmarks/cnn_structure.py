@@ -345,7 +345,8 @@ def _distill(
         """The agreement on the last training batches (before their steps), on crops of the
         evaluated photos and of the others."""
         agrees, where = torch.cat(list(fit), 1) if fit else torch.zeros(2, 0, dtype=torch.bool)
-        return "/".join(f"{agrees[part].float().mean():.1%}" for part in (where, ~where))
+        return "/".join(f"{agrees[part].float().mean():.1%}" if part.any() else "-"
+                        for part in (where, ~where))  # fmt: skip
 
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
     start, wall, shown = time.process_time(), time.perf_counter(), 0
