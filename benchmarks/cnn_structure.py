@@ -379,11 +379,6 @@ def _distill(
             output = _outputs(model, h, args.frozen)
             loss = distiller.loss(output, h, teacher_output=teacher)
             target = teacher["logits"].argmax(-1)
-            if args.hard_weight:
-                loss = loss + args.hard_weight * F.cross_entropy(output["logits"], target)
-            if args.top_weight:
-                loss = loss + args.top_weight * _top_gaps(output["logits"], teacher["logits"],
-                                                          args.top_k)  # fmt: skip
             fit.append(torch.stack([output["logits"].argmax(-1) == target, seen[batch]]))
             optimizer.zero_grad()
             loss.backward()
@@ -402,14 +397,6 @@ def _distill(
             f"({epochs:.1f} passes over the pool), {fresh:,} fresh crops, in {wall:.0f} s "
             f"wall; {fitted()} agreement on the crops of its last {len(fit)} training batches "
             f"(before each step) of the evaluated photos / of the others{raw}")  # fmt: skip
-
-
-def _top_gaps(student: torch.Tensor, teacher: torch.Tensor, k: int) -> torch.Tensor:
-    """The mean squared error of the gaps from the teacher's top class to its next `k` - 1
-    classes: what decides the top class when the teacher hesitates."""
-    top = teacher.topk(k, -1).indices
-    s, t = student.gather(-1, top), teacher.gather(-1, top)
-    return ((s[:, 1:] - s[:, :1]) - (t[:, 1:] - t[:, :1])).square().mean()
 
 
 def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
@@ -502,20 +489,6 @@ def main() -> None:
         default=1.0,
         help="+KD: weight of the logits' mean squared error (Distiller's logit_weight)",
     )
-    parser.add_argument(
-        "--hard-weight",
-        type=float,
-        default=0.0,
-        help="+KD: weight of the cross-entropy to the dense model's top class",
-    )
-    parser.add_argument(
-        "--top-weight",
-        type=float,
-        default=0.0,
-        help="+KD: weight of the mean squared error of the gaps from the dense top class to "
-        "the next --top-k - 1",
-    )
-    parser.add_argument("--top-k", type=int, default=5, help="+KD: classes --top-weight sees")
     parser.add_argument(
         "--hidden-weight",
         type=float,
