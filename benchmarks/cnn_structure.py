@@ -64,8 +64,8 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
-        [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32] [--show 0] [--cache DIR]
-        [--threads 1]
+        [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32] [--extra on|off] [--seed 0]
+        [--show 0] [--save FILE] [--cache DIR] [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
 compacted, is trained towards the dense model, offline, for that many seconds of this
@@ -85,12 +85,16 @@ with ``--ema D`` the model ends as the exponential moving average of its weights
 per step). It trains in the channels-last memory format (1.3-2 x faster here on one
 thread). BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is
 used. The training crops come from the 10 photos (other crops than the evaluated ones) and
-the 14 more images, with ``--split photos`` only from the calibration photos. The figures of
+the 14 more images (``--extra off``: the 10 photos only), with ``--split photos`` only from
+the calibration photos; ``--seed`` seeds them and their order. The last line also gives the
+agreement on the crops of the last 200 training batches, those of the evaluated photos and
+the others apart (the fit, where the eval crops give the generalisation), and the RMS errors
+of the logits and of the gap between the dense model's top two classes. The figures of
 each recipe tried, and the runs of the defaults: docs/benchmarks.md, "Compensation on
 EfficientNet-Lite0 and all-MiniLM-L6-v2".
 Only the rows of ``--distill-criteria`` are distilled (the others print `-`). ``--show S``
 prints the agreement every S CPU seconds of distillation (the evaluation not counted);
-``--cache DIR`` keeps the pruned models for the next runs (the pruning itself takes
+``--save FILE`` saves the distilled model (the last one distilled); ``--cache DIR`` keeps the pruned models for the next runs (the pruning itself takes
 minutes); ``--threads`` sets torch's threads (1).
 """
 
@@ -186,6 +190,7 @@ def _model() -> nn.Module:
 
 
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`model`'s logits on `x`, in batches of 16."""
     with torch.inference_mode():
         return torch.cat([model(b) for b in x.split(16)])
 
