@@ -94,8 +94,9 @@ each recipe tried, and the runs of the defaults: docs/benchmarks.md, "Compensati
 EfficientNet-Lite0 and all-MiniLM-L6-v2".
 Only the rows of ``--distill-criteria`` are distilled (the others print `-`). ``--show S``
 prints the agreement every S CPU seconds of distillation (the evaluation not counted);
-``--save FILE`` saves the distilled model (the last one distilled); ``--cache DIR`` keeps the pruned models for the next runs (the pruning itself takes
-minutes); ``--threads`` sets torch's threads (1).
+``--save FILE`` saves the distilled model (the last one distilled); ``--cache DIR`` keeps
+the pruned models for the next runs (the pruning itself takes minutes); ``--threads`` sets
+torch's threads (1).
 """
 
 from __future__ import annotations
