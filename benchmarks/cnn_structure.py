@@ -331,7 +331,7 @@ def _distill(
 
     spent = time.process_time()
     drawn = [draw() for _ in range(math.ceil(args.pool / 16))]
-    seen, features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
+    from_eval, features, logits, *states = (torch.cat(part) for part in zip(*drawn, strict=True))
     del drawn
     with torch.inference_mode():
         x = torch.stack([_crop(photos[0], generator) for _ in range(2)]).to(memory_format=fast)
@@ -345,7 +345,7 @@ def _distill(
     average = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema),
                              use_buffers=True) if args.ema else None)  # fmt: skip
     torch.manual_seed(args.seed)
-    fit: deque[torch.Tensor] = deque(maxlen=200)  # (agrees, seen) of the last 200 batches
+    fit: deque[torch.Tensor] = deque(maxlen=200)  # (agrees, from_eval) of the last 200 batches
 
     def fitted() -> str:
         """The agreement on the last training batches (before their steps), on crops of the
@@ -373,7 +373,7 @@ def _distill(
                 group["lr"] = rate
             if args.fresh and steps and steps % round(16 / args.fresh) == 0:  # 16 oldest go
                 oldest = slice(fresh % len(features), fresh % len(features) + 16)
-                for kept, new in zip((seen, features, logits, *states), draw(), strict=True):
+                for kept, new in zip((from_eval, features, logits, *states), draw(), strict=True):
                     kept[oldest] = new
                 fresh += 16
             if position + args.distill_batch > len(order):
@@ -385,7 +385,7 @@ def _distill(
             output = _outputs(model, h, args.frozen)
             loss = distiller.loss(output, h, teacher_output=teacher)
             target = teacher["logits"].argmax(-1)
-            fit.append(torch.stack([output["logits"].argmax(-1) == target, seen[batch]]))
+            fit.append(torch.stack([output["logits"].argmax(-1) == target, from_eval[batch]]))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -562,6 +562,9 @@ def main() -> None:
         parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
     if not 0 <= args.fresh <= 16:
         parser.error(f"--fresh {args.fresh:g}: expected 0 (none) to 16 new crops per step")
+    if args.extra == "off" and args.split == "photos":
+        parser.error("--extra off: --split photos already trains on the calibration photos "
+                     "alone; expected --extra off with --split crops")  # fmt: skip
     columns = args.columns.split(",")
     if "kd" in columns and args.hidden_weight and not args.spare:
         parser.error(
