@@ -25,7 +25,11 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   the stem, residual widths and head keeping at least ``--floor-narrow`` (0.8 in the
   figures of that setting). Sparing the early layers keeps more agreement and leaves fewer
   parameters (the later layers hold most of them), but the compacted model gains less time
-  (the early layers hold most of it);
+  (the early layers hold most of it). With ``--stages 0.2`` the cut is gradual: the model is
+  first pruned the same way to 20 % of the channels, rebuilt (as `+rec.`), compacted and
+  distilled for ``--stage-distill`` CPU seconds (as `+KD`), and only then pruned to the
+  full share, its floors still counted on the dense model's widths; each stage prints its
+  agreement after the cut, `+rec.` and `+KD` in brackets;
 - `+rec.`: the previous column's model with each of its 16 blocks trained towards the dense
   model's block (``prunekit.structure.reconstruct_blocks``: ``--reconstruct`` Adam steps per
   block at ``--reconstruct-lr``, on ``--reconstruct-crops`` calibration crops (the first
@@ -65,7 +69,8 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
         [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32] [--extra on|off] [--seed 0]
-        [--show 0] [--save FILE] [--cache DIR] [--threads 1]
+        [--stages SHARES] [--stage-distill 900] [--show 0] [--save FILE] [--cache DIR]
+        [--threads 1]
 
 `+KD` (``--distill CPU_SECONDS``, default 2400): the model of the column before it,
 compacted, is trained towards the dense model, offline, for that many seconds of this
@@ -436,6 +441,44 @@ def _channels(model: nn.Module, example: torch.Tensor) -> int:
     return sum(g.size for g in prune.channel_groups(model, example) if g.prunable)
 
 
+def _budget(
+    model: nn.Module,
+    example: torch.Tensor,
+    original: dict[str, int],
+    goal: int,
+    args: argparse.Namespace,
+    **common: Any,
+) -> list[Any]:
+    """Mask channels of `model` by a ``Budget`` so that `goal` channels of the dense model's
+    prunable groups (`original`: each group's name and width) are gone in all, counting
+    those that an earlier stage's compaction already removed. The candidates are those of
+    ``_spared(args.spare)`` and the floors ``args.floor`` (``args.floor_narrow`` for the
+    groups ``KEEP`` produces) of the dense model's widths: a group already at its floor is
+    excluded. Returns ``prune_channels``' report."""
+    groups = [g for g in prune.channel_groups(model, example) if g.prunable]
+    spared = _spared(args.spare)
+    excluded: list[nn.Module | str] = list(spared)
+    floors: dict[str, float] = {}
+    candidates = 0
+    for g in groups:
+        producers = [s.module for s in g.slices if s.role == "out"]
+        names = [n for n, m in model.named_modules() if any(m is p for p in producers)]
+        if any(fnmatch(n, k) for n in names for k in spared):
+            continue
+        narrow = any(fnmatch(n, k) for n in names for k in KEEP)
+        floor = (args.floor_narrow if narrow else args.floor) * original[g.name] / g.size
+        if floor >= 1:
+            excluded += producers
+            continue
+        floors[g.name] = floor
+        candidates += g.size
+    gone = sum(original.values()) - sum(g.size for g in groups)
+    budget = prune.Budget(units=(goal - gone) / candidates, floor=floors)
+    pruned: list[Any] = prune.prune_channels(model, example, budget=budget, exclude=excluded,
+                                             **common)  # fmt: skip
+    return pruned
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--eval", type=int, default=256)
@@ -531,6 +574,18 @@ def main() -> None:
         default="on",
         help="+rec.: also train the stem with the first block and the head towards the logits",
     )
+    parser.add_argument(
+        "--stages",
+        default="",
+        help="budget: prune gradually, first to each of these shares (comma-separated), "
+        "each stage rebuilt, compacted and distilled before the next",
+    )
+    parser.add_argument(
+        "--stage-distill",
+        type=float,
+        default=900.0,
+        help="budget with --stages: CPU seconds of distillation after each stage",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch's threads")
     parser.add_argument(
         "--cache",
@@ -615,10 +670,44 @@ def main() -> None:
         return sum(g.size for g in groups if not any(
             id(s.module) in ignored for s in g.slices if s.role == "out"))  # fmt: skip
 
+    original = {g.name: g.size for g in groups}
     goal = round(args.share * total)
+    stages = [float(v) for v in args.stages.split(",")] if args.stages else []
+    if any(not 0 < v < args.share for v in stages) or stages != sorted(stages):
+        parser.error(f"--stages {args.stages}: expected increasing shares below --share "
+                     f"{args.share:g}")  # fmt: skip
+
+    def _stage(model: nn.Module, k: int, share: float, criterion: str,
+               common: dict[str, Any]) -> nn.Module:  # fmt: skip
+        """`model` after the gradual schedule's stage `k`: pruned to `share` of the dense
+        model's channels (``_budget``), rebuilt block by block, compacted and distilled for
+        ``--stage-distill`` CPU seconds; kept in ``--cache``. Prints its agreements."""
+        key = (f"{criterion}-stages{','.join(f'{v:g}' for v in stages[: k + 1])}-"
+               f"{args.stage_distill:g}-{args.split}-{args.floor:g}-{args.floor_narrow:g}-"
+               f"{args.calibration}-{args.damp}-spare{args.spare}-{args.reconstruct:g}-"
+               f"{args.reconstruct_lr:g}-{args.reconstruct_crops}-{args.ends}-{args.extra}-"
+               f"{args.seed}.pt")  # fmt: skip
+        if args.cache is not None and (args.cache / key).exists():
+            model = torch.load(args.cache / key, weights_only=False)
+            print(f" [{share:.0%}: {agreement(model):.1%}]", end="", flush=True)
+            return model
+        model = copy.deepcopy(model)
+        _budget(model, example, original, round(share * total), args, **common)
+        print(f" [{share:.0%}: one shot {agreement(model):.1%}", end="", flush=True)
+        reconstruct_blocks(model, dense, rebuilding, steps=args.reconstruct,
+                           lr=args.reconstruct_lr, ends=args.ends == "on")  # fmt: skip
+        print(f", +rec. {agreement(model):.1%}", end="", flush=True)
+        prune.compact(model, example)
+        brief = argparse.Namespace(**{**vars(args), "distill": args.stage_distill})
+        _distill(model, dense, training, evaluated, brief, agreement)
+        model.to(memory_format=torch.contiguous_format)
+        print(f", +KD {agreement(model):.1%}]", end="", flush=True)
+        if args.cache is not None:
+            args.cache.mkdir(parents=True, exist_ok=True)
+            torch.save(model, args.cache / key)
+        return model
+
     expand = goal / outside(KEEP)
-    spared = _spared(args.spare)
-    candidates = outside(spared)
     print(f"EfficientNet-Lite0, {len(photos)} photos, {len(x)} eval crops, "
           f"{args.calibration} calibration crops ({args.split} apart); {goal:,} of {total:,} "
           f"prunable channels ({args.share:.0%}); expansion widths -{expand:.1%} each; top-1 "
@@ -671,6 +760,8 @@ def main() -> None:
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
                    + (f"-spare{args.spare}" if args.spare and column in ("budget", "rec") else "")
+                   + (f"-stages{args.stages}-{args.stage_distill:g}-{args.extra}-{args.seed}"
+                      if stages and column in ("budget", "rec") else "")
                    + (f"-{args.reconstruct:g}-{args.reconstruct_lr:g}-{args.reconstruct_crops}-"
                       f"{args.ends}" if column == "rec" else "")
                    + ".pt")  # fmt: skip
@@ -708,7 +799,7 @@ def main() -> None:
                 print(f" {agreement(model):>10.1%}", end="", flush=True)
                 last = model
                 continue
-            model = copy.deepcopy(dense)
+            model, gone = copy.deepcopy(dense), 0
             how: bool | str = {"uniform": False, "expand": False, "comp": True}.get(
                 column, "reference")  # fmt: skip
             data = calibration if how or criterion != "l2" else None
@@ -719,10 +810,10 @@ def main() -> None:
             if column == "uniform":
                 pruned = prune.prune_channels(model, example, args.share, **common)
             elif column == "budget":
-                floors = {k + "*": args.floor_narrow for k in KEEP} | {"*": args.floor}
-                budget = prune.Budget(units=goal / candidates, floor=floors)
-                pruned = prune.prune_channels(model, example, budget=budget, exclude=spared,
-                                              **common)  # fmt: skip
+                for k, share in enumerate(stages):
+                    model = _stage(model, k, share, criterion, common)
+                gone = total - _channels(model, example)  # by the stages' compaction
+                pruned = _budget(model, example, original, goal, args, **common)
             elif column == "global":
                 pruned = prune.prune_channels(model, example, args.share, scope="global",
                                               **common)  # fmt: skip
@@ -731,7 +822,7 @@ def main() -> None:
                                               exclude=KEEP, **common)  # fmt: skip
             else:
                 pruned = prune.prune_channels(model, example, expand, exclude=KEEP, **common)
-            removed[column] = sum(len(p.units) for p in pruned)
+            removed[column] = sum(len(p.units) for p in pruned) + gone
             if column == "bn":
                 prune.recalibrate_norms(model, calibration)
             if args.cache is not None:
