@@ -673,6 +673,9 @@ def main() -> None:
     original = {g.name: g.size for g in groups}
     goal = round(args.share * total)
     stages = [float(v) for v in args.stages.split(",")] if args.stages else []
+    if stages and "budget" not in columns:
+        parser.error(f"--stages {args.stages}: only the budget column prunes gradually; "
+                     "expected --columns with budget")  # fmt: skip
     if any(not 0 < v < args.share for v in stages) or stages != sorted(stages):
         parser.error(f"--stages {args.stages}: expected increasing shares below --share "
                      f"{args.share:g}")  # fmt: skip
