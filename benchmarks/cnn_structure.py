@@ -441,6 +441,13 @@ def _channels(model: nn.Module, example: torch.Tensor) -> int:
     return sum(g.size for g in prune.channel_groups(model, example) if g.prunable)
 
 
+def _produced_by(model: nn.Module, group: Any, globs: list[str]) -> bool:
+    """Whether a module of `model` whose name matches one of `globs` produces `group`."""
+    producers = {id(s.module) for s in group.slices if s.role == "out"}
+    return any(id(m) in producers and any(fnmatch(n, k) for k in globs)
+               for n, m in model.named_modules())  # fmt: skip
+
+
 def _budget(
     model: nn.Module,
     example: torch.Tensor,
@@ -461,14 +468,12 @@ def _budget(
     floors: dict[str, float] = {}
     candidates = 0
     for g in groups:
-        producers = [s.module for s in g.slices if s.role == "out"]
-        names = [n for n, m in model.named_modules() if any(m is p for p in producers)]
-        if any(fnmatch(n, k) for n in names for k in spared):
+        if _produced_by(model, g, spared):
             continue
-        narrow = any(fnmatch(n, k) for n in names for k in KEEP)
+        narrow = _produced_by(model, g, KEEP)
         floor = (args.floor_narrow if narrow else args.floor) * original[g.name] / g.size
         if floor >= 1:
-            excluded += producers
+            excluded += [s.module for s in g.slices if s.role == "out"]
             continue
         floors[g.name] = floor
         candidates += g.size
@@ -666,9 +671,7 @@ def main() -> None:
 
     def outside(globs: list[str]) -> int:
         """The channels of the groups that no module matching `globs` produces."""
-        ignored = {id(m) for n, m in dense.named_modules() if any(fnmatch(n, k) for k in globs)}
-        return sum(g.size for g in groups if not any(
-            id(s.module) in ignored for s in g.slices if s.role == "out"))  # fmt: skip
+        return sum(g.size for g in groups if not _produced_by(dense, g, globs))
 
     original = {g.name: g.size for g in groups}
     goal = round(args.share * total)
@@ -682,9 +685,10 @@ def main() -> None:
 
     def _stage(model: nn.Module, k: int, share: float, criterion: str,
                common: dict[str, Any]) -> nn.Module:  # fmt: skip
-        """`model` after the gradual schedule's stage `k`: pruned to `share` of the dense
-        model's channels (``_budget``), rebuilt block by block, compacted and distilled for
-        ``--stage-distill`` CPU seconds; kept in ``--cache``. Prints its agreements."""
+        """`model` after the gradual schedule's stage `k`: pruned in place to `share` of the
+        dense model's channels (``_budget``), rebuilt block by block, compacted and distilled
+        for ``--stage-distill`` CPU seconds; kept in ``--cache`` (then the cached model is
+        returned instead). Prints its agreements."""
         key = (f"{criterion}-stages{','.join(f'{v:g}' for v in stages[: k + 1])}-"
                f"{args.stage_distill:g}-{args.split}-{args.floor:g}-{args.floor_narrow:g}-"
                f"{args.calibration}-{args.damp}-spare{args.spare}-{args.reconstruct:g}-"
@@ -694,7 +698,6 @@ def main() -> None:
             model = torch.load(args.cache / key, weights_only=False)
             print(f" [{share:.0%}: {agreement(model):.1%}]", end="", flush=True)
             return model
-        model = copy.deepcopy(model)
         _budget(model, example, original, round(share * total), args, **common)
         print(f" [{share:.0%}: one shot {agreement(model):.1%}", end="", flush=True)
         reconstruct_blocks(model, dense, rebuilding, steps=args.reconstruct,
