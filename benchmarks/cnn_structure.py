@@ -50,7 +50,8 @@ re-estimated (no pruning) on the calibration crops, on the eval crops themselves
 eval crops in one batch (then the statistics are exactly those of the crops evaluated): what
 a narrow set of images does to the statistics on its own. With ``--sensitivity``, first lines
 give the dense model with its weights rounded to bfloat16, and with each weight multiplied by
-(1 + 0.01 N(0, 1)): how far a change that small moves the top class of these crops.
+(1 + 0.01 N(0, 1)), then on the eval crops flipped, shifted by 2 pixels and resampled: how
+far a change that small moves the top class of these crops.
 
 Metric: top-1 agreement with the dense model on held-out crops (random crops of 35-100 % of
 the shorter side and flips, at 224, of the 10 photos shipped inside installed packages:
@@ -214,6 +215,18 @@ def _errors(logits: torch.Tensor, dense: torch.Tensor) -> str:
             f"logits' RMS {dense.square().mean().sqrt():.3f}), of the dense top-two gap "
             f"{(gap(logits) - gap(dense)).square().mean().sqrt():.3f} (the gap's RMS "
             f"{gap(dense).square().mean().sqrt():.3f})")  # fmt: skip
+
+
+def _shifted(x: torch.Tensor, pixels: int) -> torch.Tensor:
+    """`x` moved right and down by `pixels`, its top rows and left columns repeated."""
+    return F.pad(x, (pixels, 0, pixels, 0), mode="replicate")[..., : x.shape[-2], : x.shape[-1]]
+
+
+def _resampled(x: torch.Tensor, side: int) -> torch.Tensor:
+    """`x` resized to `side` and back (bilinear, antialiased): the same view, resampled."""
+    size = x.shape[-2:]
+    up = F.interpolate(x, size=side, mode="bilinear", antialias=True, align_corners=False)
+    return F.interpolate(up, size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
 def _latency(model: nn.Module, x: torch.Tensor, runs: int = 5) -> float:
@@ -502,7 +515,8 @@ def main() -> None:
     parser.add_argument(
         "--sensitivity",
         action="store_true",
-        help="print the dense model's agreement with its weights slightly perturbed",
+        help="print the dense model's agreement with itself, its weights or inputs "
+        "slightly changed",
     )
     parser.add_argument(
         "--split",
@@ -737,6 +751,12 @@ def main() -> None:
                     weight.copy_(change(weight))
             print(f"dense, its weights {name}: {agreement(model):.1%}; "
                   f"{_errors(_logits(model, x), dense_logits)}", flush=True)  # fmt: skip
+        for name, moved in (("flipped", x.flip(-1)), ("shifted by 2 px", _shifted(x, 2)),
+                            ("resampled to 232 px and back", _resampled(x, 232))):  # fmt: skip
+            logits = _logits(dense, moved)
+            print(f"dense, on the eval crops {name}: "
+                  f"{(logits.argmax(-1) == reference).float().mean():.1%}; "
+                  f"{_errors(logits, dense_logits)}", flush=True)  # fmt: skip
     print(f"{'criterion':<12} " + " ".join(f"{COLUMNS[c]:>10}" for c in table), flush=True)
     last: nn.Module | None = None
     removed: dict[str, int] = {}
