@@ -434,6 +434,14 @@ def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
     return "runner-up/top probability: " + ", ".join(parts)
 
 
+def _by_steadiness(same: torch.Tensor, steady: torch.Tensor) -> str:
+    """The agreement `same` apart on the crops whose dense top class a flip, a 2 px shift
+    and a resampling all keep (`steady`) and on the others."""
+    return (f"{same[steady].mean():.1%} of the {int(steady.sum())} crops whose dense top "
+            f"class stays when they are flipped, shifted by 2 px or resampled, "
+            f"{same[~steady].mean():.1%} of the {int((~steady).sum())} others")  # fmt: skip
+
+
 def _torch_pruning(dense: nn.Module, example: torch.Tensor, share: float) -> tuple[nn.Module, int]:
     """Torch-Pruning's own magnitude pruning of a copy of `dense`: group L2 norms, `share`
     of every layer's channels, the classifier left; returns it and the channels it removed
@@ -669,6 +677,14 @@ def main() -> None:
     reference = dense_logits.argmax(-1)
     top = dense_logits.softmax(-1).topk(2, -1).values
     runner_up = top[:, 1] / top[:, 0]
+    moved: dict[str, torch.Tensor] = {}  # the dense logits on the eval crops slightly changed
+    if args.sensitivity or "kd" in table:
+        changes = (("flipped", x.flip(-1)), ("shifted by 2 px", _shifted(x, 2)),
+                   ("resampled to 232 px and back", _resampled(x, 232)))  # fmt: skip
+        moved = {name: _logits(dense, changed) for name, changed in changes}
+    steady = torch.ones_like(reference, dtype=torch.bool)  # where the dense top class stays
+    for changed in moved.values():
+        steady &= changed.argmax(-1) == reference
     labels = {id(b): dense(b).argmax(-1).detach() for b in calibration}
 
     def loss(output: Any, batch: Any) -> torch.Tensor:
@@ -751,9 +767,7 @@ def main() -> None:
                     weight.copy_(change(weight))
             print(f"dense, its weights {name}: {agreement(model):.1%}; "
                   f"{_errors(_logits(model, x), dense_logits)}", flush=True)  # fmt: skip
-        for name, moved in (("flipped", x.flip(-1)), ("shifted by 2 px", _shifted(x, 2)),
-                            ("resampled to 232 px and back", _resampled(x, 232))):  # fmt: skip
-            logits = _logits(dense, moved)
+        for name, logits in moved.items():
             print(f"dense, on the eval crops {name}: "
                   f"{(logits.argmax(-1) == reference).float().mean():.1%}; "
                   f"{_errors(logits, dense_logits)}", flush=True)  # fmt: skip
@@ -777,6 +791,7 @@ def main() -> None:
                 same = (logits.argmax(-1) == reference).float()
                 distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
                                  f"eval crops; {_by_margin(same, runner_up)}; "
+                                 f"{_by_steadiness(same, steady)}; "
                                  f"{_errors(logits, dense_logits)}")  # fmt: skip
                 print(f" {same.mean():>10.1%}", end="", flush=True)
                 if args.save is not None:
