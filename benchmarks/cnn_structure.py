@@ -94,8 +94,10 @@ used. The training crops come from the 10 photos (other crops than the evaluated
 the 14 more images (``--extra off``: the 10 photos only), with ``--split photos`` only from
 the calibration photos; ``--seed`` seeds them and their order. The last line also gives the
 agreement on the crops of the last 200 training batches, those of the evaluated photos and
-the others apart (the fit, where the eval crops give the generalisation), and the RMS errors
-of the logits and of the gap between the dense model's top two classes. The figures of
+the others apart (the fit, where the eval crops give the generalisation), the agreement
+apart by how near the dense model's runner-up class is to its top one and on the crops whose
+dense top class survives a flip, a 2 px shift and a resampling, and the RMS errors of the
+logits and of the gap between the dense model's top two classes. The figures of
 each recipe tried, and the runs of the defaults: docs/benchmarks.md, "Compensation on
 EfficientNet-Lite0 and all-MiniLM-L6-v2".
 Only the rows of ``--distill-criteria`` are distilled (the others print `-`). ``--show S``
