@@ -436,11 +436,11 @@ def _by_margin(same: torch.Tensor, runner_up: torch.Tensor) -> str:
     return "runner-up/top probability: " + ", ".join(parts)
 
 
-def _by_steadiness(same: torch.Tensor, steady: torch.Tensor) -> str:
-    """The agreement `same` apart on the crops whose dense top class a flip, a 2 px shift
-    and a resampling all keep (`steady`) and on the others."""
+def _by_steadiness(same: torch.Tensor, steady: torch.Tensor, changes: list[str]) -> str:
+    """The agreement `same` apart on the crops whose dense top class every one of the
+    `changes` (their names) keeps (`steady`) and on the others."""
     return (f"{same[steady].mean():.1%} of the {int(steady.sum())} crops whose dense top "
-            f"class stays when they are flipped, shifted by 2 px or resampled, "
+            f"class stays when they are {' or '.join(changes)}, "
             f"{same[~steady].mean():.1%} of the {int((~steady).sum())} others")  # fmt: skip
 
 
@@ -793,7 +793,7 @@ def main() -> None:
                 same = (logits.argmax(-1) == reference).float()
                 distilled.append(f"{criterion}: {done}; {same[:64].mean():.1%} of the first 64 "
                                  f"eval crops; {_by_margin(same, runner_up)}; "
-                                 f"{_by_steadiness(same, steady)}; "
+                                 f"{_by_steadiness(same, steady, list(moved))}; "
                                  f"{_errors(logits, dense_logits)}")  # fmt: skip
                 print(f" {same.mean():>10.1%}", end="", flush=True)
                 if args.save is not None:
