@@ -64,8 +64,8 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
 
     python benchmarks/cnn_structure.py [--eval 256] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
-        [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--dense-bn] [--sensitivity]
-        [--split crops|photos]
+        [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--floor-at GLOB=SHARE] [--dense-bn]
+        [--sensitivity] [--split crops|photos]
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
@@ -483,7 +483,8 @@ def _budget(
     prunable groups (`original`: each group's name and width) are gone in all, counting
     those that an earlier stage's compaction already removed. The candidates are those of
     ``_spared(args.spare)`` and the floors ``args.floor`` (``args.floor_narrow`` for the
-    groups ``KEEP`` produces) of the dense model's widths: a group already at its floor is
+    groups ``KEEP`` produces, the first matching share of ``args.floors`` before either) of
+    the dense model's widths: a group already at its floor is
     excluded. Returns ``prune_channels``' report."""
     groups = [g for g in prune.channel_groups(model, example) if g.prunable]
     spared = _spared(args.spare)
@@ -493,8 +494,10 @@ def _budget(
     for g in groups:
         if _produced_by(model, g, spared):
             continue
-        narrow = _produced_by(model, g, KEEP)
-        floor = (args.floor_narrow if narrow else args.floor) * original[g.name] / g.size
+        share = next((v for k, v in args.floors if _produced_by(model, g, [k])), None)
+        if share is None:
+            share = args.floor_narrow if _produced_by(model, g, KEEP) else args.floor
+        floor = share * original[g.name] / g.size
         if floor >= 1:
             excluded += [s.module for s in g.slices if s.role == "out"]
             continue
@@ -520,6 +523,14 @@ def main() -> None:
         type=float,
         default=0.6,
         help="the budget's floor for the head (and the stem and residual widths with --spare 0)",
+    )
+    parser.add_argument(
+        "--floor-at",
+        action="append",
+        default=[],
+        metavar="GLOB=SHARE",
+        help="budget: the floor of the groups a convolution matching GLOB produces (the first "
+        "matching GLOB counts), in place of --floor or --floor-narrow; repeatable",
     )
     parser.add_argument("--dense-bn", action="store_true", help="print the dense + BN lines")
     parser.add_argument(
@@ -642,6 +653,16 @@ def main() -> None:
         help="+KD: print the agreement every this many CPU seconds (not counted)",
     )
     args = parser.parse_args()  # fmt: skip
+    args.floors = []  # (glob, share) of each --floor-at
+    for given in args.floor_at:
+        glob, _, share = given.rpartition("=")
+        try:
+            floor = float(share)
+        except ValueError:
+            floor = -1.0
+        if not glob or not 0 <= floor < 1:
+            parser.error(f"--floor-at {given}: expected GLOB=SHARE, a share in [0, 1)")
+        args.floors.append((glob, floor))
     if not 0 <= args.ema < 1:
         parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
     if not 0 <= args.fresh <= 16:
@@ -723,6 +744,7 @@ def main() -> None:
         returned instead). Prints its agreements."""
         key = (f"{criterion}-stages{','.join(f'{v:g}' for v in stages[: k + 1])}-"
                f"{args.stage_distill:g}-{args.split}-{args.floor:g}-{args.floor_narrow:g}-"
+               f"{''.join(f'{k}={v:g}-' for k, v in args.floors)}"
                f"{args.calibration}-{args.damp}-spare{args.spare}-{args.reconstruct:g}-"
                f"{args.reconstruct_lr:g}-{args.reconstruct_crops}-{args.ends}-{args.extra}-"
                f"{args.seed}.pt")  # fmt: skip
@@ -802,6 +824,7 @@ def main() -> None:
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
+                   + "".join(f"-{k}={v:g}" for k, v in args.floors)
                    + (f"-spare{args.spare}" if args.spare and column in ("budget", "rec") else "")
                    + (f"-stages{args.stages}-{args.stage_distill:g}-{args.extra}-{args.seed}"
                       if stages and column in ("budget", "rec") else "")
