@@ -375,6 +375,8 @@ def _distill(
                         for part in (where, ~where))  # fmt: skip
 
     order, position, steps, fresh = torch.randperm(len(features)), 0, 0, 0
+    missed = torch.zeros(len(features), dtype=torch.bool)  # at the crop's last step
+    hard = round(args.hard * args.distill_batch)
     start, wall, shown = time.process_time(), time.perf_counter(), 0
     with requiring_grad(model, trained):
         while (spent := time.process_time() - start) < args.distill:
@@ -395,17 +397,22 @@ def _distill(
                 oldest = slice(fresh % len(features), fresh % len(features) + 16)
                 for kept, new in zip((from_eval, features, logits, *states), draw(), strict=True):
                     kept[oldest] = new
+                missed[oldest] = False
                 fresh += 16
             if position + args.distill_batch > len(order):
                 order, position = torch.randperm(len(features)), 0
-            batch = order[position : position + args.distill_batch]
-            position += args.distill_batch
+            again = missed.nonzero().flatten()
+            again = again[torch.randperm(len(again))[:hard]]
+            batch = torch.cat([again, order[position : position + args.distill_batch - len(again)]])
+            position += args.distill_batch - len(again)
             h = features[batch].contiguous(memory_format=fast)
             teacher = {"logits": logits[batch], "hidden_states": [s[batch] for s in states]}
             output = _outputs(model, h, args.frozen)
             loss = distiller.loss(output, h, teacher_output=teacher)
             target = teacher["logits"].argmax(-1)
-            fit.append(torch.stack([output["logits"].argmax(-1) == target, from_eval[batch]]))
+            agrees = output["logits"].argmax(-1) == target
+            fit.append(torch.stack([agrees, from_eval[batch]])[:, len(again) :])  # in turn
+            missed[batch] = ~agrees
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -557,6 +564,13 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--pool", type=int, default=6144, help="+KD: training crops")
     parser.add_argument(
+        "--hard",
+        type=float,
+        default=0.0,
+        help="+KD: the share of each batch drawn again from the pool crops whose dense top "
+        "class the student missed at their last step",
+    )
+    parser.add_argument(
         "--fresh",
         type=float,
         default=4.0,
@@ -665,6 +679,8 @@ def main() -> None:
         args.floors.append((glob, floor))
     if not 0 <= args.ema < 1:
         parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
+    if not 0 <= args.hard < 1:
+        parser.error(f"--hard {args.hard:g}: expected a share of the batch in [0, 1)")
     if not 0 <= args.fresh <= 16:
         parser.error(f"--fresh {args.fresh:g}: expected 0 (none) to 16 new crops per step")
     if args.extra == "off" and args.split == "photos":
@@ -905,8 +921,9 @@ def main() -> None:
         print(f"+KD: {args.distill:.0f} s of CPU time each, batches of {args.distill_batch}, "
               f"lr {args.lr:g} (warmup {args.warmup:g}), temperature {args.temperature:g}, logit "
               f"weight {args.logit_weight:g}, hidden weight {args.hidden_weight:g}, stem and first "
-              f"{args.frozen} blocks frozen; "
-              + "; ".join(distilled))  # fmt: skip
+              f"{args.frozen} blocks frozen"
+              + (f", {args.hard:.0%} of each batch missed crops drawn again" if args.hard else "")
+              + "; " + "; ".join(distilled))  # fmt: skip
     if "tp" in columns:
         theirs, gone = _torch_pruning(dense, example, args.share)
         print(f"Torch-Pruning (GroupMagnitudeImportance(p=2), pruning_ratio {args.share:g} per "
