@@ -21,8 +21,10 @@ residual widths, the expansion widths, the head), 3,307 go. Columns:
   keep all their channels (``exclude=`` their convolutions: the layers at 112, 56 and 28 px,
   and the narrow streams every later block reads), so the channels come from the expansion
   widths of the later blocks, each keeping at least ``--floor`` (0.3), and the head, keeping
-  at least ``--floor-narrow`` (0.6). With ``--spare 0`` they are chosen across all groups,
-  the stem, residual widths and head keeping at least ``--floor-narrow`` (0.8 in the
+  at least ``--floor-narrow`` (0.6); ``--floor-at GLOB=SHARE`` sets the floor of the
+  groups a convolution matching GLOB produces (``_blocks.1[2-5]._expand_conv=0.6``: the
+  1,152-wide expansions keep at least 60 %). With ``--spare 0`` they are chosen across all
+  groups, the stem, residual widths and head keeping at least ``--floor-narrow`` (0.8 in the
   figures of that setting). Sparing the early layers keeps more agreement and leaves fewer
   parameters (the later layers hold most of them), but the compacted model gains less time
   (the early layers hold most of it). With ``--stages 0.2`` the cut is gradual: the model is
@@ -68,8 +70,9 @@ compacted model over the dense one (one thread, best of a few runs, this run onl
         [--sensitivity] [--split crops|photos]
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
-        [--fresh 4] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1] [--logit-weight 1]
-        [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32] [--extra on|off] [--seed 0]
+        [--fresh 4] [--hard 0] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1]
+        [--logit-weight 1] [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32]
+        [--extra on|off] [--seed 0]
         [--stages SHARES] [--stage-distill 900] [--show 0] [--save FILE] [--cache DIR]
         [--threads 1]
 
@@ -82,6 +85,8 @@ blocks (frozen) are computed once (that time is printed apart); each step then r
 other blocks, the head and the classifier on ``--distill-batch`` pool crops, about a fifth
 of the cost of a step through the whole model. With ``--fresh N`` (default 4) about N new
 crops per step replace the pool's oldest, 16 every round(16 / N) steps (their time counted).
+With ``--hard S``, that share of each batch is drawn again from the pool crops whose dense
+top class the student missed the last time it trained on them (the rest in turn as before).
 The loss is ``prunekit.Distiller(...).loss(output, inputs, teacher_output=...)``: KL on the
 logits at ``--temperature``, plus ``--logit-weight`` x the logits' mean squared error, plus
 ``--hidden-weight`` x that of the outputs of the blocks that end a stage (the 80, 112, 192
@@ -319,10 +324,11 @@ def _distill(
     ``prunekit.Distiller``) for ``args.distill`` seconds of this process's CPU time, the stem
     and the first ``args.frozen`` blocks frozen. A pool of ``args.pool`` crops of `photos`
     is drawn once (the first `evaluated` of `photos` are the ones the evaluated crops come
-    from); the dense logits and the frozen part's outputs on it are computed once,
-    so each step runs only the blocks that train. `model` is left in the channels-last
-    memory format and, with ``args.ema``, with its weights' average in place of its own.
-    Returns what to print of it."""
+    from); the dense logits and the frozen part's outputs on it are computed once, so each
+    step runs only the blocks that train; with ``args.hard``, that share of each batch comes
+    again from the pool crops it missed at their last step. `model` is left in the
+    channels-last memory format and, with ``args.ema``, with its weights' average in place of
+    its own. Returns what to print of it."""
     fast = torch.channels_last  # 1.3-2x faster for these convolutions on one thread
     model.to(memory_format=fast)
     dense = copy.deepcopy(dense).to(memory_format=fast)
