@@ -497,8 +497,8 @@ def _budget(
     those that an earlier stage's compaction already removed. The candidates are those of
     ``_spared(args.spare)`` and the floors ``args.floor`` (``args.floor_narrow`` for the
     groups ``KEEP`` produces, the first matching share of ``args.floors`` before either) of
-    the dense model's widths: a group already at its floor is
-    excluded. Returns ``prune_channels``' report."""
+    the dense model's widths: a group already at its floor is excluded. Returns
+    ``prune_channels``' report."""
     groups = [g for g in prune.channel_groups(model, example) if g.prunable]
     spared = _spared(args.spare)
     excluded: list[nn.Module | str] = list(spared)
