@@ -252,6 +252,18 @@ KEEP = ["_conv_stem", "_conv_head", "_blocks.*._project_conv"]
 every projection (the residual widths)."""
 
 
+def _floor_at(given: str) -> tuple[str, float]:
+    """``--floor-at GLOB=SHARE`` as (GLOB, SHARE)."""
+    glob, _, share = given.rpartition("=")
+    try:
+        floor = float(share)
+    except ValueError:
+        floor = -1.0
+    if not glob or not 0 <= floor < 1:
+        raise argparse.ArgumentTypeError(f"{given}: expected GLOB=SHARE, a share in [0, 1)")
+    return glob, floor
+
+
 def _spared(blocks: int) -> list[str]:
     """The convolutions whose output channels the `budget` column keeps with ``--spare``
     `blocks` > 0: the stem, every projection (the residual widths) and the expansions of the
@@ -496,7 +508,7 @@ def _budget(
     prunable groups (`original`: each group's name and width) are gone in all, counting
     those that an earlier stage's compaction already removed. The candidates are those of
     ``_spared(args.spare)`` and the floors ``args.floor`` (``args.floor_narrow`` for the
-    groups ``KEEP`` produces, the first matching share of ``args.floors`` before either) of
+    groups ``KEEP`` produces, the first matching share of ``args.floor_at`` before either) of
     the dense model's widths: a group already at its floor is excluded. Returns
     ``prune_channels``' report."""
     groups = [g for g in prune.channel_groups(model, example) if g.prunable]
@@ -507,7 +519,7 @@ def _budget(
     for g in groups:
         if _produced_by(model, g, spared):
             continue
-        share = next((v for k, v in args.floors if _produced_by(model, g, [k])), None)
+        share = next((v for k, v in args.floor_at if _produced_by(model, g, [k])), None)
         if share is None:
             share = args.floor_narrow if _produced_by(model, g, KEEP) else args.floor
         floor = share * original[g.name] / g.size
@@ -539,6 +551,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--floor-at",
+        type=_floor_at,
         action="append",
         default=[],
         metavar="GLOB=SHARE",
@@ -673,16 +686,6 @@ def main() -> None:
         help="+KD: print the agreement every this many CPU seconds (not counted)",
     )
     args = parser.parse_args()  # fmt: skip
-    args.floors = []  # (glob, share) of each --floor-at
-    for given in args.floor_at:
-        glob, _, share = given.rpartition("=")
-        try:
-            floor = float(share)
-        except ValueError:
-            floor = -1.0
-        if not glob or not 0 <= floor < 1:
-            parser.error(f"--floor-at {given}: expected GLOB=SHARE, a share in [0, 1)")
-        args.floors.append((glob, floor))
     if not 0 <= args.ema < 1:
         parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
     if not 0 <= args.hard < 1:
@@ -766,7 +769,7 @@ def main() -> None:
         returned instead). Prints its agreements."""
         key = (f"{criterion}-stages{','.join(f'{v:g}' for v in stages[: k + 1])}-"
                f"{args.stage_distill:g}-{args.split}-{args.floor:g}-{args.floor_narrow:g}-"
-               f"{''.join(f'{k}={v:g}-' for k, v in args.floors)}"
+               f"{''.join(f'{k}={v:g}-' for k, v in args.floor_at)}"
                f"{args.calibration}-{args.damp}-spare{args.spare}-{args.reconstruct:g}-"
                f"{args.reconstruct_lr:g}-{args.reconstruct_crops}-{args.ends}-{args.extra}-"
                f"{args.seed}.pt")  # fmt: skip
@@ -846,7 +849,7 @@ def main() -> None:
                 continue
             key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
-                   + "".join(f"-{k}={v:g}" for k, v in args.floors)
+                   + "".join(f"-{k}={v:g}" for k, v in args.floor_at)
                    + (f"-spare{args.spare}" if args.spare and column in ("budget", "rec") else "")
                    + (f"-stages{args.stages}-{args.stage_distill:g}-{args.extra}-{args.seed}"
                       if stages and column in ("budget", "rec") else "")
