@@ -196,6 +196,14 @@ def test_the_teacher_keeps_its_mode_and_weights() -> None:
     )
 
 
+def test_the_teacher_keeps_the_mode_of_each_submodule() -> None:
+    teacher = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    teacher.train()
+    teacher[1].eval()  # a frozen norm inside a teacher in training mode
+    prune.Distiller(teacher).teacher_output(torch.randn(3, 4))
+    assert [m.training for m in teacher] == [True, False, True] and teacher.training
+
+
 def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from prunekit.schedule.hf import DistillationTrainer

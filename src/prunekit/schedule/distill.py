@@ -177,13 +177,14 @@ class Distiller:
         first = next(self.teacher.parameters(), None)
         if device is not None and first is not None and first.device != device:
             self.teacher.to(device)
-        was = self.teacher.training
+        modes = [(module, module.training) for module in self.teacher.modules()]
         self.teacher.eval()
         try:
             with torch.no_grad():
                 return self.teacher(*args, **kwargs)
         finally:
-            self.teacher.train(was)
+            for module, mode in modes:  # each its own: a frozen norm stays in eval mode
+                module.training = mode
 
     def loss(self, student_output: Any, inputs: Any, *, teacher_output: Any = None) -> Tensor:
         """The student's loss for `student_output`, its output on `inputs`.
