@@ -204,6 +204,38 @@ def test_the_teacher_keeps_the_mode_of_each_submodule() -> None:
     assert [m.training for m in teacher] == [True, False, True] and teacher.training
 
 
+def test_the_hidden_states_of_a_classifier_leave_padding_out() -> None:
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                    output_hidden_states: bool = False) -> dict[str, Any]:  # fmt: skip
+            hidden = self.embed(input_ids)
+            return {"logits": self.head(hidden[:, 0]), "hidden_states": (hidden,)}
+
+    torch.manual_seed(0)
+    teacher, student = Classifier(), Classifier()
+    ids, mask = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    plain = prune.Distiller(teacher)
+    distiller = prune.Distiller(teacher, hidden_weight=1.0)
+    output = student(ids, mask)
+    term = (distiller.loss(output, inputs) - plain.loss(output, inputs)).detach()
+    kept = mask.bool()
+    with torch.no_grad():
+        expected = F.mse_loss(output["hidden_states"][0][kept], teacher.embed(ids)[kept])
+    assert float(term) == pytest.approx(float(expected), rel=1e-5)
+    padded = output["hidden_states"][0].detach().clone()
+    padded[0, 2] += 100.0  # the padding's hidden state
+    changed = {"logits": output["logits"], "hidden_states": (padded,)}
+    assert float(distiller.loss(changed, inputs).detach()) == pytest.approx(
+        float(distiller.loss(output, inputs).detach()), rel=1e-6
+    )
+
+
 def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from prunekit.schedule.hf import DistillationTrainer

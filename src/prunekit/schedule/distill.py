@@ -210,8 +210,9 @@ class Distiller:
         student = _logits(student_output, "student")
         if teacher_output is None:
             teacher_output = self.teacher_output(inputs, student.device)
-        mask = _split(inputs)[1].get("attention_mask")
-        mask = mask if isinstance(mask, Tensor) and student.dim() == 3 else None
+        given = _split(inputs)[1].get("attention_mask")
+        given = given if isinstance(given, Tensor) else None
+        mask = given if student.dim() == 3 else None  # logits over tokens
         teacher = _logits(teacher_output, "teacher")
         total = self.alpha * distillation_loss(
             student, teacher, temperature=self.temperature, attention_mask=mask
@@ -242,8 +243,11 @@ class Distiller:
                     "but the teacher_output given has none; expected the teacher's output "
                     "with hidden_states"
                 )
+            # hidden states over tokens are masked even where the logits are not (a
+            # classifier's logits are per sequence, its hidden states per token)
+            over_tokens = all(isinstance(s, Tensor) and s.dim() == 3 for s in states[0])
             total = total + self.hidden_weight * hidden_state_loss(
-                states[0], states[1], attention_mask=mask
+                states[0], states[1], attention_mask=given if over_tokens else None
             )
         return total
 
