@@ -236,6 +236,28 @@ def test_the_hidden_states_of_a_classifier_leave_padding_out() -> None:
     )
 
 
+def test_teacher_logits_of_minus_infinity_are_classes_of_probability_zero() -> None:
+    torch.manual_seed(0)
+    student = torch.randn(4, 5, requires_grad=True)
+    teacher = torch.randn(4, 5)
+    teacher[:, 0] = -math.inf  # a class the teacher rules out
+    t = 2.0
+    log_student = F.log_softmax(student.detach() / t, -1)[:, 1:]
+    log_teacher = F.log_softmax(teacher[:, 1:] / t, -1)
+    expected = t * t * (log_teacher.exp() * (log_teacher - log_student)).sum(-1).mean()
+    loss = prune.distillation_loss(student, teacher, temperature=t)
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-6)
+    loss.backward()
+    assert student.grad is not None and bool(student.grad.isfinite().all())
+    both = student.detach().clone()
+    both[:, 0] = -math.inf  # ruled out by both
+    expected = t * t * F.kl_div(F.log_softmax(both[:, 1:] / t, -1), log_teacher,
+                                log_target=True, reduction="batchmean")  # fmt: skip
+    assert float(prune.distillation_loss(both, teacher, temperature=t)) == pytest.approx(
+        float(expected), rel=1e-6
+    )
+
+
 def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from prunekit.schedule.hf import DistillationTrainer

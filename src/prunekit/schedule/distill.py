@@ -65,7 +65,11 @@ def distillation_loss(
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     log_student = F.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
     log_teacher = F.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
-    per_position = (log_teacher.exp() * (log_teacher - log_student)).sum(-1)
+    teacher_p = log_teacher.exp()
+    # 0 x log 0 = 0: a class the teacher rules out (a logit of -inf) adds nothing, even
+    # where the student rules it out too (where keeps NaN out of the gradient as well)
+    terms = torch.where(teacher_p > 0, teacher_p * (log_teacher - log_student), 0.0)
+    per_position = terms.sum(-1)
     return _mean(per_position, attention_mask, "distillation_loss") * temperature**2
 
 
