@@ -146,6 +146,16 @@ def test_a_few_steps_of_distillation_close_most_of_the_gap_of_a_pruned_model() -
         (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3),
                                          attention_mask=torch.zeros(2)), ValueError,
          "keeps no position"),
+        (lambda: prune.distillation_loss(torch.ones(2, 3), torch.ones(2, 3),
+                                         attention_mask=torch.tensor([1.0, math.nan])),
+         ValueError, "distillation_loss: attention_mask holds nan; expected 1s"),
+        (lambda: prune.distillation_loss(torch.ones(3, 3), torch.ones(3, 3),
+                                         attention_mask=torch.tensor([1, 1, -1])),
+         ValueError, "attention_mask holds -1; expected 1s (kept) and 0s"),
+        (lambda: hidden_state_loss([torch.ones(2, 3, 4)], [torch.ones(2, 3, 4)],
+                                   attention_mask=torch.ones(2, 5)), ValueError,
+         "hidden_state_loss: attention_mask of shape (2, 5); expected (2, 3), the states' "
+         "shape without their last dim"),
         (lambda: prune.Distiller("model"), TypeError, "invalid teacher of type str"),  # type: ignore[arg-type]
         (lambda: prune.Distiller(nn.Linear(2, 2), alpha=1.5), ValueError, "invalid alpha=1.5"),
         (lambda: prune.Distiller(nn.Linear(2, 2), hidden_weight=-1.0), ValueError,

@@ -46,7 +46,7 @@ def distillation_loss(
 
     Raises:
         ValueError: shapes that differ, a temperature that is not finite and > 0, a mask of
-            another shape or one that keeps no position.
+            another shape, with an entry negative or not finite, or that keeps no position.
         TypeError: logits or a mask that are no tensors, a temperature that is no real
             number (a bool included).
     """
@@ -70,7 +70,8 @@ def distillation_loss(
     # where the student rules it out too (where keeps NaN out of the gradient as well)
     terms = torch.where(teacher_p > 0, teacher_p * (log_teacher - log_student), 0.0)
     per_position = terms.sum(-1)
-    return _mean(per_position, attention_mask, "distillation_loss") * temperature**2
+    of = "the logits' shape without the class dim"
+    return _mean(per_position, attention_mask, "distillation_loss", of) * temperature**2
 
 
 def hidden_state_loss(
@@ -107,7 +108,8 @@ def hidden_state_loss(
         dtype = torch.promote_types(s.dtype, torch.float32)
         squared = (s.to(dtype) - t.detach().to(dtype)).square()
         per_position = squared.mean(-1) if attention_mask is not None else squared
-        term = _mean(per_position, attention_mask, "hidden_state_loss")
+        of = "the states' shape without their last dim"
+        term = _mean(per_position, attention_mask, "hidden_state_loss", of)
         total = term if total is None else total + term
     assert total is not None
     return total / len(student_states)
@@ -275,17 +277,22 @@ def _finite_nonnegative(value: float) -> bool:
     return 0 <= value < math.inf
 
 
-def _mean(values: Tensor, mask: Tensor | None, owner: str) -> Tensor:
-    """The mean of `values`, over the positions `mask` keeps."""
+def _mean(values: Tensor, mask: Tensor | None, owner: str, of: str) -> Tensor:
+    """The mean of `values`, over the positions `mask` keeps (of `values`' shape: `of`)."""
     if mask is None:
         return values.mean()
     if not isinstance(mask, Tensor) or mask.shape != values.shape:
         found = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise value_error(
-            f"{owner}: attention_mask of shape {found}; expected {tuple(values.shape)}, the "
-            "logits' shape without the class dim"
+            f"{owner}: attention_mask of shape {found}; expected {tuple(values.shape)}, {of}"
         )
     weights = mask.to(device=values.device, dtype=values.dtype)
+    bad = ~torch.isfinite(weights) | (weights < 0)
+    if bool(bad.any()):
+        raise value_error(
+            f"{owner}: attention_mask holds {float(weights[bad][0]):g}; expected 1s (kept) "
+            "and 0s (left out)"
+        )
     kept = weights.sum()
     if float(kept) <= 0:
         raise value_error(f"{owner}: attention_mask keeps no position; expected some 1s")
