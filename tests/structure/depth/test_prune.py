@@ -285,6 +285,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"n": 2, "calibration": IDS}, r"invalid calibration of type Tensor"),
     ({"n": 2, "replace": "mlp"}, r"invalid replace='mlp'"),
     ({"n": 2, "ridge": -1.0}, r"invalid ridge=-1\.0"),
+    ({"n": 2, "ridge": math.inf}, r"invalid ridge=inf; expected a finite float >= 0"),
+    ({"n": 2, "ridge": math.nan}, r"invalid ridge=nan"),
     ({"n": 2, "blocks": "model.nothing"}, r"invalid blocks='model\.nothing'"),
     ({"n": 2, "blocks": "lm_head"}, r"invalid blocks='lm_head'"),
     ({"n": 2, "criterion": "loss"}, r"criterion='loss' needs one loss value per batch"),
@@ -317,6 +319,11 @@ def test_remove_and_skip_refuse_what_they_cannot_do() -> None:
     for bad in ([3], [0, 0], [], [0, 1, 2], [True]):
         with pytest.raises(ValueError, match="skip_blocks: "):
             prunekit.skip_blocks(model, bad)
+    with pytest.raises(TypeError, match=r"skip_blocks: invalid indices=1 of type int; expected"):
+        prunekit.skip_blocks(model, 1)  # type: ignore[arg-type]
+    for call in (prunekit.skip_blocks, prunekit.unskip_blocks, prunekit.skipped_blocks):
+        with pytest.raises(TypeError, match=r"model='llama' is no torch\.nn\.Module"):
+            call("llama", *([[1]] if call is prunekit.skip_blocks else []))  # type: ignore[operator]
     assert fingerprint(model) == before
     prunekit.skip_blocks(model, [1])
     with pytest.raises(ValueError, match=r"blocks \[1\] of model\.layers are skipped already"):

@@ -134,7 +134,12 @@ def skipped_blocks(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
     Returns:
         Each ModuleList that holds skipped blocks, by name, with their indices.
+
+    Raises:
+        TypeError: `model` is no ``nn.Module``.
     """
+    if not isinstance(model, nn.Module):
+        raise type_error(f"skipped_blocks: model={model!r} is no torch.nn.Module")
     found: dict[str, tuple[int, ...]] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList):

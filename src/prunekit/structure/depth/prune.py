@@ -7,6 +7,7 @@ gone (``skipped_blocks`` lists them, ``unskip_blocks`` brings them back), and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +95,8 @@ def prune_blocks(
     count = _count(found, n, amount)
     name = _criterion(criterion)
     linear = _replace(replace)
-    if not isinstance(ridge, float | int) or isinstance(ridge, bool) or not ridge >= 0:
-        raise value_error(f"{_OWNER}: invalid ridge={ridge!r}; expected a float >= 0")
+    if not isinstance(ridge, float | int) or isinstance(ridge, bool) or not 0 <= ridge < math.inf:
+        raise value_error(f"{_OWNER}: invalid ridge={ridge!r}; expected a finite float >= 0")
     if calibration is None:
         raise value_error(
             f"{_OWNER}: calibration=None, but criterion={name!r} ranks the blocks of "
@@ -124,13 +125,18 @@ def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None 
         blocks: the name of the ModuleList; None finds it.
 
     Raises:
-        TypeError: `model` is no ``nn.Module``.
+        TypeError: `model` is no ``nn.Module``, `indices` no iterable.
         ValueError: an index out of range or repeated, or every block skipped (the model is
             then unchanged).
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"skip_blocks: model={model!r} is no torch.nn.Module")
     found = find_blocks(model, blocks, "skip_blocks")
+    if not isinstance(indices, Iterable) or isinstance(indices, str | bytes):
+        raise type_error(
+            f"skip_blocks: invalid indices={indices!r} of type {type(indices).__name__}; "
+            f"expected an iterable of ints in [0, {len(found)}), such as [{len(found) - 1}]"
+        )
     wanted = list(indices)
     bad = [i for i in wanted if isinstance(i, bool) or not isinstance(i, int)
            or not 0 <= i < len(found)]  # fmt: skip
@@ -156,7 +162,12 @@ def unskip_blocks(model: nn.Module) -> None:
 
     Args:
         model: the model whose blocks ``prune_blocks`` or ``skip_blocks`` skipped.
+
+    Raises:
+        TypeError: `model` is no ``nn.Module``.
     """
+    if not isinstance(model, nn.Module):
+        raise type_error(f"unskip_blocks: model={model!r} is no torch.nn.Module")
     for module in model.modules():
         unskip(module)
         drop(module)
