@@ -256,6 +256,7 @@ def test_rewind_puts_weights_back_and_keeps_masks() -> None:
         ({"exclude": ["*"]}, ValueError, "no tensor left to prune after include/exclude"),
         ({"include": 3}, TypeError, "include=3; expected globs"),
         ({"seed": 1.5}, TypeError, "seed=1.5; expected an int"),
+        ({"seed": 2**64}, ValueError, "seed=18446744073709551616; expected an int in [-2**63"),
         ({"start_step": 5, "end_step": 2}, ValueError, "end_step=2 is before start_step=5"),
     ],
 )

@@ -109,6 +109,8 @@ class GradualPruner:
         self._companions = self._traced(example_inputs)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise type_error(f"{OWNER}: invalid seed={seed!r}; expected an int or None")
+        if seed is not None and not -(2**63) <= seed < 2**64:  # what a Generator takes
+            raise value_error(f"{OWNER}: invalid seed={seed!r}; expected an int in [-2**63, 2**64)")
         self._generator = torch.Generator().manual_seed(
             torch.initial_seed() if seed is None else seed
         )
