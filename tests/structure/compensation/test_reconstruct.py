@@ -329,6 +329,33 @@ def test_a_parameter_used_before_and_after_the_blocks_is_left() -> None:
     assert not all(torch.equal(v, model.norm.state_dict()[k]) for k, v in norm.items())
 
 
+class _TiedAndStem(_Tied):
+    """The tied net with a stem Linear of its own after the shared one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = nn.Linear(6, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.shift(self.embed(x))
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(self.norm(x))
+
+
+def test_the_stems_steps_leave_no_gradient_on_a_parameter_they_do_not_train() -> None:
+    torch.manual_seed(0)
+    model = _TiedAndStem().eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(2, 5, 6) for _ in range(3)]
+    prune.prune_channels(model, batches[0], 0.5)
+    shift = _state(model.shift)
+    reconstruct_blocks(model, reference, batches, steps=5, lr=1e-2, ends=True)
+    assert not all(torch.equal(v, model.shift.state_dict()[k]) for k, v in shift.items())
+    assert model.embed.weight.grad is None
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_failure_in_the_heads_steps_leaves_the_model_as_it_was() -> None:
     model, reference, batches = _pruned_with_stem()
     before = _state(model)
