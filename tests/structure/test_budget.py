@@ -221,6 +221,8 @@ def test_wrong_types_are_named() -> None:
         ({"budget": 0.2}, TypeError, "invalid budget=0.2; expected a prunekit.Budget"),
         ({"budget": prunekit.Budget(params=0.2), "amount": 0.3}, ValueError, "got amount=0.3"),
         ({"budget": prunekit.Budget(params=0.2), "heads": 0.25}, ValueError, "got heads=0.25"),
+        ({"budget": prunekit.Budget(params=0.2), "experts": 0.5}, ValueError,
+         "got experts=0.5 too; expected amount, heads, hidden and experts left at 0"),
         ({"budget": prunekit.Budget(params=0.2), "scope": "global"}, ValueError,
          "expected scope='layer'"),
         ({"budget": prunekit.Budget(params=0.999)}, ValueError, "cannot be met"),

@@ -17,6 +17,7 @@ prunekit/distributed/agree.py). This module imports nothing of torch.distributed
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -443,6 +444,23 @@ def cacheless(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _cache_positions(module: nn.Module) -> set[int]:
+    """The positions at which `module`'s forward takes a key/value cache (GPT-2's blocks
+    take ``past_key_values`` second): a cache given there is dropped as one by keyword."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read
+        return set()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    found: set[int] = set()
+    for index, param in enumerate(params):
+        if param.kind not in positional:
+            break
+        if param.name in _CACHES:
+            found.add(index)
+    return found
+
+
 def capture_block_inputs(
     model: nn.Module, block: nn.Module, batches: Sequence[Any]
 ) -> list[Inputs]:
@@ -451,7 +469,9 @@ def capture_block_inputs(
     captured: list[Inputs] = []
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        captured.append((tuple(args), cacheless(kwargs)))
+        cached = _cache_positions(module)
+        args = tuple(None if i in cached else a for i, a in enumerate(args))
+        captured.append((args, cacheless(kwargs)))
         raise Stop
 
     handle = block.register_forward_pre_hook(hook, with_kwargs=True)

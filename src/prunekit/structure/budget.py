@@ -304,7 +304,7 @@ class _Ledger:
 
 
 def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
-    """`budget` is a Budget and replaces `amount`/`heads`/`hidden` and `scope`."""
+    """`budget` is a Budget and replaces `amount`/`heads`/`hidden`/`experts` and `scope`."""
     if not isinstance(budget, Budget):
         raise type_error(
             f"prune_channels: invalid budget={budget!r}; expected a prunekit.Budget such as "
@@ -312,12 +312,12 @@ def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
         )
     given = {k: v for k, v in amounts.items() if v}
     if given:
-        names = {"channels": "amount", "heads": "heads", "hidden": "hidden"}
+        names = {"channels": "amount", "heads": "heads", "hidden": "hidden", "experts": "experts"}
         shown = ", ".join(f"{names[k]}={v!r}" for k, v in given.items())
         raise value_error(
             f"prune_channels: budget={budget!r} chooses the share of every kind itself; got "
-            f"{shown} too; expected amount, heads and hidden left at 0 (the kinds go in "
-            "Budget(kinds=...))"
+            f"{shown} too; expected amount, heads, hidden and experts left at 0 (the kinds go "
+            "in Budget(kinds=...))"
         )
     if scope != "layer":
         raise value_error(

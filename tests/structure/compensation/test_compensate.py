@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 from typing import Any
 
 import pytest
@@ -248,6 +249,21 @@ def test_bad_arguments_are_refused_and_nothing_changes(
     before = fingerprint(model)
     with pytest.raises(error, match=match):
         prunekit.prune_channels(model, torch.randn(2, 6), 0.5, **options)
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("compensate", [True, "reference"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_calibration_that_is_not_finite_is_refused_naming_the_consumer(
+    compensate: bool | str, value: float
+) -> None:
+    model, calibration = mlp(), batches()
+    calibration[1][5, 2] = value
+    before = fingerprint(model)
+    words = f"compensate={compensate!r}: the input of 2 on the calibration batches is not finite"
+    with pytest.raises(ValueError, match=re.escape(words)):
+        prunekit.prune_channels(model, calibration[0], 0.5, calibration=calibration,
+                                compensate=compensate)  # fmt: skip
     assert fingerprint(model) == before
 
 

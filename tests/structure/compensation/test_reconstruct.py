@@ -329,6 +329,33 @@ def test_a_parameter_used_before_and_after_the_blocks_is_left() -> None:
     assert not all(torch.equal(v, model.norm.state_dict()[k]) for k, v in norm.items())
 
 
+class _TiedAndStem(_Tied):
+    """The tied net with a stem Linear of its own after the shared one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = nn.Linear(6, 6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.shift(self.embed(x))
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(self.norm(x))
+
+
+def test_the_stems_steps_leave_no_gradient_on_a_parameter_they_do_not_train() -> None:
+    torch.manual_seed(0)
+    model = _TiedAndStem().eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randn(2, 5, 6) for _ in range(3)]
+    prune.prune_channels(model, batches[0], 0.5)
+    shift = _state(model.shift)
+    reconstruct_blocks(model, reference, batches, steps=5, lr=1e-2, ends=True)
+    assert not all(torch.equal(v, model.shift.state_dict()[k]) for k, v in shift.items())
+    assert model.embed.weight.grad is None
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_failure_in_the_heads_steps_leaves_the_model_as_it_was() -> None:
     model, reference, batches = _pruned_with_stem()
     before = _state(model)
@@ -357,3 +384,37 @@ def test_ends_that_is_no_bool_is_refused() -> None:
         reconstruct_blocks(model, reference, batches, ends=1)  # type: ignore[arg-type]
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+def test_a_gpt2_whose_blocks_take_their_cache_by_position_is_reconstructed() -> None:
+    """GPT-2 hands its key/value cache to each block as a positional argument: every step
+    runs the block afresh (more steps than batches, so batches come back), and the error
+    returned for the last block is what the two models' forwards give."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
+                                     n_positions=32)  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 64, (2, 12), generator=g) for _ in range(2)]
+    prune.prune_channels(model, batches[0], 0.5, heads=0.5)
+    errors = reconstruct_blocks(model, reference, batches, steps=5)
+    assert all(after < 0.6 * first for first, after in errors)
+
+    def last_block(net: nn.Module) -> list[Tensor]:
+        found: list[Tensor] = []
+        block = net.transformer.h[-1]
+        handle = block.register_forward_hook(
+            lambda m, a, out: found.append(out[0] if isinstance(out, tuple) else out)
+        )
+        with torch.no_grad():
+            for batch in batches:
+                net(batch)
+        handle.remove()
+        return found
+
+    ours, theirs = last_block(model), last_block(reference)
+    real = sum(float((o - t).double().square().sum()) for o, t in zip(ours, theirs, strict=True))
+    scale = sum(float(t.double().square().sum()) for t in theirs)
+    assert errors[-1][1] == pytest.approx(real / scale, rel=1e-4)

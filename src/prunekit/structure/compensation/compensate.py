@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import warn_caller
+from prunekit.core.errors import value_error, warn_caller
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
@@ -241,7 +241,7 @@ def compensate_groups(
         if blocks is None:
             for one in found:
                 measure = short.watch(_whole_model(model, batches))
-                if _measured_update(one, openings, measure):
+                if _measured_update(one, openings, measure, names[id(one.module)]):
                     done.append(names[id(one.module)])
             short.warn(names)
             return done
@@ -251,7 +251,7 @@ def compensate_groups(
         for index, block in enumerate(sequence):
             for one in (c for c in found if where[id(c.module)] == index):
                 measure = short.watch(functools.partial(cal.block_statistics, block, inputs))
-                if _measured_update(one, openings, measure):
+                if _measured_update(one, openings, measure, names[id(one.module)]):
                     done.append(names[id(one.module)])
             if index == last:
                 break
@@ -313,9 +313,9 @@ class Shortfall:
         )
 
 
-def _measured_update(one: _Consumer, openings: Openings, measure: Measure) -> bool:
+def _measured_update(one: _Consumer, openings: Openings, measure: Measure, name: str) -> bool:
     """Take `one`'s input statistics through `measure(modules, wanted)` with its groups'
-    producers opened, then update it (see ``_update``)."""
+    producers opened, then update it (see ``_update``); `name`: its path in the model."""
     patches = _by_patches(one.module)
     opened = openings.open(one.groups)
     try:
@@ -324,9 +324,26 @@ def _measured_update(one: _Consumer, openings: Openings, measure: Measure) -> bo
         )
     finally:
         openings.close(opened)
+    if stats.seen(one.module):
+        check_finite([stats.hessian(one.module), stats.means(one.module)], name, True)
     if patches:
         return _update_patches(one, stats, openings)
     return _update(one, stats, openings)
+
+
+def check_finite(moments: Sequence[Tensor], name: str, compensate: bool | str) -> None:
+    """Refuse the input statistics of the consumer `name` where they hold a NaN or an inf
+    (no damping makes a solve of them finite)."""
+    for moment in moments:
+        if not bool(torch.isfinite(moment).all()):
+            kind = "NaN" if bool(moment.isnan().any()) else "inf"
+            raise value_error(
+                f"prune_channels: compensate={compensate!r}: the input of {name} on the "
+                f"calibration batches is not finite (its statistics hold {kind}: the batches "
+                f"or what the model computes from them hold NaN or inf, or their squares "
+                f"overflow {moment.dtype}); expected calibration batches on which the model "
+                f"computes finite inputs for {name}"
+            )
 
 
 def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:

@@ -125,7 +125,9 @@ def reconstruct_blocks(
                     targets = [_output(their_block, one) for one in theirs_in]
                 if block is blocks[0] and stem:
                     run = _through_stem(model, block, batches)
-                    errors.append(fit(_trainable(block) + stem, run, targets))
+                    params = _trainable(block) + stem
+                    with cal.requiring_grad(model, params):  # no graph through the others
+                        errors.append(fit(params, run, targets))
                     with torch.no_grad():
                         ours_in = cal.capture_block_inputs(model, block, batches)
                 else:

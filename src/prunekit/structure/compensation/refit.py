@@ -215,6 +215,8 @@ def refit_groups(
             patches = plain._by_patches(one.module)
             paired = _paired_statistics(model, reference, one.module, twins[name], batches,
                                         patches)  # fmt: skip
+            moments = (paired.xx, paired.tx, paired.sx, paired.st)
+            plain.check_finite([m for m in moments if m is not None], name, "reference")
             if _refit(one, paired, openings):
                 done.append(name)
     return done
