@@ -319,3 +319,24 @@ def test_compact_still_refuses_a_difference_that_float64_keeps() -> None:
     with pytest.raises(RuntimeError, match="differs from the masked one"):
         prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
     assert fingerprint(model) == before
+
+
+def test_compact_says_so_when_float64_cannot_tell_rounding_from_a_difference() -> None:
+    """Mixtral's experts (grouped_mm) do not run in float64: a float32 difference beyond the
+    tolerance is then refused as that difference, naming why float64 could not check it,
+    not as a failed forward of the compacted model; the model is put back as it was."""
+    config = T.MixtralConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                             num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                             intermediate_size=16, num_local_experts=4, num_experts_per_tok=2,
+                             max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = T.MixtralForCausalLM(config).eval()
+    model.model.norm.register_forward_hook(_sensitive)
+    model.model.layers[0].self_attn.o_proj.register_forward_hook(_width_rounding)
+    inputs = {"input_ids": IDS}
+    prunekit.prune_channels(model, inputs, heads=0.5)
+    before = fingerprint(model)
+    with pytest.raises(RuntimeError, match=r"differs from the masked one.*float64") as error:
+        prunekit.compact(model, inputs, latency_runs=0)
+    assert "compacted model's forward failed" not in str(error.value)
+    assert fingerprint(model) == before

@@ -99,7 +99,9 @@ def compact(
     kept channels of an output a pruned hidden width made narrower) must stay within
     `tolerance` x the largest output (where it does not in the model's precision but both
     are finite, it must in float64: the rounding a deep model amplifies is no difference;
-    the model's tensors are then copied to float64 for the check). `latency_runs`: forwards
+    the model's tensors are then copied to float64 for the check; a model that does not run
+    in float64, such as experts computed by grouped_mm, is refused, the error naming the
+    difference and why float64 could not check it). `latency_runs`: forwards
     of the masked and of the
     compacted model, alternated (both states stay in memory until the call returns
     anyway); 0 skips timing.
@@ -125,10 +127,14 @@ def compact(
             config, stale = update_config(model)
             output = _forward(model, args, kwargs)
             diff, scale = _compare(reference, output, result.outputs)
+            unchecked = None
             if not diff <= tolerance * scale and math.isfinite(diff) and math.isfinite(scale):
                 again = _in_float64(model, args, kwargs, masked)
-                diff, scale = _compare(*again, result.outputs)
-            _check(diff, scale, tolerance)
+                if isinstance(again, str):
+                    unchecked = again
+                else:
+                    diff, scale = _compare(*again, result.outputs)
+            _check(diff, scale, tolerance, unchecked)
             after = _measures(model, args, kwargs)
             timed = _latency(model, args, kwargs, masked, latency_runs)
     finally:
@@ -199,19 +205,25 @@ def _measures(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 def _in_float64(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], masked: Transaction
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any] | str:
     """The masked and the compacted model's outputs computed in float64 (floating inputs
     too); the model is left compacted, in its own dtypes (`masked` rolls it back to the
-    masked state; the float64 copies of its tensors live only meanwhile)."""
+    masked state; the float64 copies of its tensors live only meanwhile). Where the model
+    does not run in float64 (an op without a float64 kernel), why, as a line."""
     compacted = Transaction(model)
     wide = tree_map(_to_float64, args), tree_map(_to_float64, kwargs)
     try:
         masked.rollback()
         model.eval().double()
-        reference = _forward(model, *wide)
-        compacted.rollback()
-        model.double()
-        return reference, _forward(model, *wide)
+        which = "masked"
+        with torch.no_grad():
+            reference = model(*wide[0], **wide[1])
+            compacted.rollback()
+            model.double()
+            which = "compacted"
+            return reference, model(*wide[0], **wide[1])
+    except Exception as error:
+        return f"the {which} model's forward in float64 failed ({type(error).__name__}: {error})"
     finally:
         compacted.rollback()
 
@@ -222,12 +234,19 @@ def _to_float64(value: Any) -> Any:
     return value
 
 
-def _check(diff: float, scale: float, tolerance: float) -> None:
-    """Raise if the largest difference is beyond `tolerance` x the largest output."""
+def _check(diff: float, scale: float, tolerance: float, unchecked: str | None = None) -> None:
+    """Raise if the largest difference is beyond `tolerance` x the largest output;
+    `unchecked`: why it could not be compared again in float64."""
     if not diff <= tolerance * scale:  # NaN (on either side) is a difference, never a pass
+        why = (
+            ""
+            if unchecked is None
+            else f" in its own precision, and float64 cannot tell whether that is rounding: "
+            f"{unchecked}; pass a larger tolerance if it is"
+        )
         raise RuntimeError(
             f"compact: the compacted model differs from the masked one by {diff:.3g} (largest "
-            f"output {scale:.3g}; tolerance {tolerance:g} x that); the model was restored"
+            f"output {scale:.3g}; tolerance {tolerance:g} x that){why}; the model was restored"
         )
 
 
