@@ -125,6 +125,23 @@ def _reloads_equal(model: Any, masked: Tensor) -> None:
     _close(_logits(again), masked)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_load_balancing_loss_counts_the_experts_left(family: str) -> None:
+    """The model's own expert count (read by its auxiliary load-balancing loss) follows the
+    routers, so the compacted model trains with output_router_logits as a reloaded one."""
+    model = make(family)
+    prunekit.prune_channels(model, INPUTS, experts=0.5, criterion="l2")
+    prunekit.compact(model, INPUTS, latency_runs=0)
+    assert model.num_experts == EXPERTS // 2
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        mine = model(**INPUTS, labels=IDS, output_router_logits=True)
+        theirs = again(**INPUTS, labels=IDS, output_router_logits=True)
+    assert torch.equal(mine.aux_loss, theirs.aux_loss) and torch.equal(mine.loss, theirs.loss)
+
+
 def test_a_masked_expert_is_never_routed_and_the_rest_renormalize() -> None:
     model = make("qwen3_moe")
     model.config.norm_topk_prob = True

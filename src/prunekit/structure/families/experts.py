@@ -207,8 +207,9 @@ def top_k(router: nn.Module) -> int:
 
 
 def sync_experts(model: nn.Module) -> None:
-    """After compaction: expert counts and widths of every router and experts module; the
-    router hooks go once no expert is masked.
+    """After compaction: expert counts and widths of every router and experts module, and
+    the ``num_experts`` of a module holding routers that all keep one count (a causal LM's,
+    read by its load-balancing loss); the router hooks go once no expert is masked.
 
     Raises:
         ValueError: a router is left with fewer experts than it picks per token.
@@ -228,6 +229,14 @@ def sync_experts(model: nn.Module) -> None:
         elif is_experts(module):
             count, inner2, hidden = getattr(module, "gate_up_proj").shape  # noqa: B009
             _set(module, num_experts=count, intermediate_dim=inner2 // 2, hidden_dim=hidden)
+    for module in model.modules():
+        if is_router(module) or is_experts(module):
+            continue
+        if isinstance(getattr(module, "num_experts", None), int):
+            routers = [r for r in module.modules() if is_router(r)]
+            counts = {int(getattr(r, "weight").shape[0]) for r in routers}  # noqa: B009
+            if len(counts) == 1:
+                _set(module, num_experts=counts.pop())
 
 
 def check_kept(removed: dict[Any, dict[int, set[int]]], modules: dict[Any, Any]) -> None:
