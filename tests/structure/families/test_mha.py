@@ -50,6 +50,21 @@ def _roundtrip(model: nn.Module, x: Tensor, **kwargs: Any) -> prunekit.CompactRe
     return report
 
 
+def test_heads_masked_then_compacted_without_a_forward_between() -> None:
+    """The first forward after masking makes out_proj's masked weight anew (its parent reads
+    it without calling it): compact, run right after prune_channels, still finds the heads."""
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(2, 5, 6)
+    prunekit.prune_channels(model, x, amount=0.3, heads=0.5)
+    masked = copy.deepcopy(model)
+    report = prunekit.compact(model, x, latency_runs=0)
+    assert model.attn.num_heads == 2 and model.fc1.out_features == 22
+    assert report.groups == 2
+    with torch.no_grad():
+        expected, out = masked(x), model(x)
+    assert float((out - expected).abs().max()) <= 1e-4 * float(expected.abs().max())
+
+
 def test_heads_mlp_and_hidden_of_a_multihead_attention_block() -> None:
     model = Block()
     groups = prunekit.channel_groups(model, torch.randn(2, 5, 6))

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from prunekit.core.checks import is_attention_out_proj
 from prunekit.structure.graph.labels import along, channel_ids, core, varying
 from prunekit.structure.graph.skim import REAL_OUTPUT, Blind, Fakes, autocast
 
@@ -570,12 +571,15 @@ def _tensors_in(values: tuple[Any, ...] | list[Any], found: list[Tensor]) -> lis
     return found
 
 
-def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
-    """A pre-hook after the pruning hooks: they make ``module.<name>`` anew at each forward."""
+def _follow_masks(tracer: Tracer, mname: str, module: nn.Module,
+                  parent: nn.Module | None = None) -> list[Any]:  # fmt: skip
+    """A pre-hook after the pruning hooks: they make ``module.<name>`` anew at each forward.
+    A MultiheadAttention's out_proj is never called, its parent reads its weight: its masked
+    weight is made anew when the parent runs (`parent`), so the hook goes on both."""
     names = [k[: -len("_mask")] for k in module._buffers if k.endswith("_mask")]
     names = [n for n in names if n + "_orig" in module._parameters]
     if not names:
-        return None
+        return []
 
     current = {name: id(module.__dict__.get(name)) for name in names}
 
@@ -587,7 +591,8 @@ def _follow_masks(tracer: Tracer, mname: str, module: nn.Module) -> Any:
                 current[name] = id(value)
                 tracer.owners[id(value)] = (mname, module, name, False)
 
-    return module.register_forward_pre_hook(follow)
+    holders = [module] if parent is None else [module, parent]
+    return [holder.register_forward_pre_hook(follow) for holder in holders]
 
 
 def describe_op(call: Call) -> str:
@@ -645,7 +650,9 @@ def _run_traced(
 
     pre = nn.modules.module.register_module_forward_pre_hook(enter)
     post = nn.modules.module.register_module_forward_hook(leave)
-    handles = [_follow_masks(tracer, name, m) for name, m in named]
+    parents = {id(m._modules["out_proj"]): m for _, m in named
+               if is_attention_out_proj(m._modules.get("out_proj"))}  # fmt: skip
+    handles = [h for name, m in named for h in _follow_masks(tracer, name, m, parents.get(id(m)))]
     handles += _attach_module_handlers(tracer, [m for _, m in named])
     training = [m for _, m in named if m.training]
     token = TRACING.set(True)
