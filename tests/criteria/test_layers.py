@@ -148,6 +148,15 @@ def test_hf_conv1d_prunes_as_the_linear_it_transposes(
         assert (mask(conv).reshape(4, 4, 12).sum(dim=1) == 2).all()
 
 
+def test_hf_conv1d_s_weight_that_is_not_finite_is_named_at_its_own_index() -> None:
+    model = nn.Sequential(Conv1D(8, 4))  # weight (4 inputs, 8 outputs)
+    with torch.no_grad():
+        model[0].weight[1, 6] = float("nan")
+    with pytest.raises(ValueError, match=r"'0\.weight'.*e\.g\. nan at index \(1, 6\)"):
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=[torch.randn(5, 4)])
+    assert not prune.is_pruned(model)
+
+
 def gpt2() -> nn.Module:
     config = transformers.GPT2Config(
         vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4, n_inner=64

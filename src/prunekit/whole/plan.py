@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
+from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
@@ -151,6 +152,11 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             )
         if not isinstance(values, Tensor):
             raise type_error(f"{owner}: method={method!r} needs a torch model")
+        if method == "sparsegpt":  # found before calibrating, at the parameter's index
+            live = alive(module, name)
+            with naming(where):
+                competing = values if live is None else values.masked_fill(~live, 0)
+                check_finite(competing, owner, "weights")
         groups, _ = layers.width(module)
         if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
             raise value_error(
