@@ -259,6 +259,29 @@ def test_global_wanda_ranks_all_layers_together() -> None:
     assert sum(int(m.weight_mask.sum()) for m, _ in linears(model)) == total - total // 2
 
 
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
+def test_global_scores_that_are_not_finite_are_named_and_change_nothing(method: str) -> None:
+    """Finite weights, but an input that is not: the scores hold NaN, the weights do not."""
+    model = Tiny()
+    with torch.no_grad():
+        model.embed.weight[3, 1] = float("nan")
+    before = fingerprint(model)
+    loss = {"loss": lambda out, batch: out.sum()} if method == "taylor" else {}
+    words = r"parameter 'weight' of Linear: the scores hold \d+ value\(s\) .*e\.g\. nan at index"
+    with pytest.raises(ValueError, match=words):
+        oneshot(
+            model,
+            linears(model)[:-1],
+            0.5,
+            method=method,
+            scope="global",
+            calibration=[torch.full((2, 5), 3)],
+            sequential=False,
+            **loss,
+        )
+    assert fingerprint(model) == before
+
+
 def test_l1_with_patterns_needs_no_calibration() -> None:
     model = Tiny()
     oneshot(model, linears(model)[:-1], 0.5, pattern="4:8")
