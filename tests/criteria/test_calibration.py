@@ -282,6 +282,22 @@ def test_global_scores_that_are_not_finite_are_named_and_change_nothing(method: 
     assert fingerprint(model) == before
 
 
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
+@pytest.mark.parametrize("pattern", ["unstructured", "row", "2:4"])
+def test_scores_that_are_not_finite_name_the_layer_and_the_entry(method: str, pattern: str) -> None:
+    model = Tiny()
+    with torch.no_grad():
+        model.embed.weight[3, 1] = float("nan")
+    before = fingerprint(model)
+    loss = {"loss": lambda out, batch: out.sum()} if method == "taylor" else {}
+    words = r"'blocks\.0\.a\.weight'.*the scores hold \d+ value\(s\) .*e\.g\. nan at index \("
+    with pytest.raises(ValueError, match=words):
+        prune.prune_model(
+            model, 0.5, method=method, pattern=pattern, calibration=[torch.full((2, 5), 3)], **loss
+        )
+    assert fingerprint(model) == before
+
+
 def test_l1_with_patterns_needs_no_calibration() -> None:
     model = Tiny()
     oneshot(model, linears(model)[:-1], 0.5, pattern="4:8")
