@@ -180,6 +180,37 @@ def test_taylor_accumulates_over_batches() -> None:
     assert sal.tolist() == [[6.0, 4.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_taylor_of_a_half_precision_layer_ranks_as_in_float32(dtype: torch.dtype) -> None:
+    """The first weight's |w * grad| is 1 in each of 511 batches, the second's 300 in one:
+    a sum kept in bfloat16 stops at 256 and would prune the first."""
+    layer = nn.Linear(2, 1, bias=False).to(dtype)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    data = [torch.tensor([[1.0, 0.0]], dtype=dtype)] * 511 + [
+        torch.tensor([[0.0, 300.0]], dtype=dtype)
+    ]
+    oneshot(
+        layer,
+        [(layer, "weight")],
+        1,
+        method="taylor",
+        calibration=data,
+        loss=lambda out, batch: out.float().sum(),
+    )
+    assert layer.weight_mask.tolist() == [[1.0, 0.0]]  # 511 against 300: the second goes
+    w = torch.full((1, 2), 1e-4, dtype=dtype)  # 1e-4 * 1e-4 is 0 in float16
+    total = prune.criteria.taylor.taylor_step(w, torch.tensor([[1e-4, 0.0]], dtype=dtype), None)
+    assert total.dtype == torch.float32 and float(total[0, 0]) > 0
+
+
+def test_taylor_scores_of_a_bfloat16_tensor_are_not_rounded_to_ties() -> None:
+    values = torch.ones(1, 2, dtype=torch.bfloat16)
+    saliency = torch.tensor([[1.001, 1.0]])  # both 1.0 in bfloat16: a tie, the first would go
+    pruning = prune.Pruning(1, criterion=prune.Taylor(saliency))
+    assert pruning.prune(values).tolist() == [[1.0, 0.0]]
+
+
 def test_block_list_and_capture() -> None:
     model = Tiny()
     found = cal.block_list(model, [m for m, _ in linears(model)])

@@ -43,7 +43,8 @@ class Taylor(Criterion):
                 f"Taylor: saliency of shape {tuple(found.shape)}; expected the tensor's "
                 f"shape {tuple(values.shape)}"
             )
-        return found.to(dtype=values.dtype)
+        # Not rounded to a half-precision tensor's dtype: that would tie distinct scores.
+        return found.to(dtype=torch.promote_types(found.dtype, values.dtype))
 
 
 def taylor_product(weight: Tensor, grad: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -56,6 +57,9 @@ def taylor_product(weight: Tensor, grad: Tensor, dtype: torch.dtype | None = Non
 
 
 def taylor_step(weight: Tensor, grad: Tensor, total: Tensor | None) -> Tensor:
-    """Add one batch's |W * grad| to `total` (a new tensor when None); returns it."""
-    step = taylor_product(weight, grad).abs_()
+    """Add one batch's |W * grad| to `total` (a new tensor when None); returns it. In float32
+    at least: a half-precision product underflows, and a bfloat16 sum stops growing once
+    it is 256 times a batch's share."""
+    step = taylor_product(weight, grad, torch.promote_types(weight.dtype, torch.float32))
+    step.abs_()
     return step if total is None else total.add_(step)
