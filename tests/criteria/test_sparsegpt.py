@@ -182,6 +182,7 @@ def test_float32_agrees_with_float64() -> None:
         (prune.NM(2, 4), 0.5, SparseGPT(blocksize=6), "not a multiple of m=4"),
         (prune.NM(2, 4), 0.3, SparseGPT(), "expected amount=0.5"),
         (prune.Channels(0), 0.5, SparseGPT(), "SparseGPT prunes with the patterns"),
+        (prune.PerRow(dim=2), 0.5, SparseGPT(), "patterns .* got PerRow\\(dim=2\\)"),
         (prune.Unstructured(), 0.5, SparseGPT(damp=0.0), "not positive definite"),
     ],
 )

@@ -344,7 +344,7 @@ def _chooser(pattern: Pattern, amount: Amount, live: Tensor, blocksize: int) -> 
     """What each block (or NM group) prunes, for the patterns SparseGPT can follow."""
     if isinstance(pattern, NM):
         pattern.check(tuple(live.shape), amount)
-        if pattern.dim % 2 != 1:
+        if pattern.dim not in (1, -1):
             raise value_error(
                 f"{amount.owner}: SparseGPT groups NM entries along the input dim (dim=1); "
                 f"got {pattern!r}"
@@ -355,7 +355,7 @@ def _chooser(pattern: Pattern, amount: Amount, live: Tensor, blocksize: int) -> 
                 f"expected a blocksize divisible by {pattern.m}"
             )
         return lambda saliency, alive, _: pattern.pruned_groups(saliency, alive)
-    if isinstance(pattern, PerRow) and pattern.dim % 2 == 0:
+    if isinstance(pattern, PerRow) and pattern.dim in (0, -2):
         left = live.sum(dim=1)
         if isinstance(amount.value, numbers.Integral):
             amount.count(int(left.min()))
