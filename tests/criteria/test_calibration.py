@@ -211,6 +211,12 @@ def test_taylor_scores_of_a_bfloat16_tensor_are_not_rounded_to_ties() -> None:
     assert pruning.prune(values).tolist() == [[1.0, 0.0]]
 
 
+@pytest.mark.parametrize("saliency", [[[1.0, 2.0]], 3.0, {"fc": [[1.0, 2.0]]}])
+def test_taylor_refuses_saliency_that_is_not_a_tensor(saliency: Any) -> None:
+    with pytest.raises(TypeError, match=r"Taylor: invalid saliency .*of type (list|float); exp"):
+        prune.Taylor(saliency)
+
+
 def test_block_list_and_capture() -> None:
     model = Tiny()
     found = cal.block_list(model, [m for m, _ in linears(model)])
