@@ -335,6 +335,16 @@ def test_scores_that_are_not_finite_name_the_layer_and_the_entry(method: str, pa
     assert fingerprint(model) == before
 
 
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_model_whose_every_layer_was_pruned_before_is_pruned_further(method: str) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    data = [torch.randn(4, 8) for _ in range(2)]
+    prune.prune_model(model, 0.25, method=method, pattern="row", calibration=data)
+    prune.prune_model(model, 0.5, method=method, pattern="row", calibration=data)
+    for layer in (model[0], model[2]):  # 2 of each row's 8, then 3 of the 6 left
+        assert layer.weight_mask.sum(dim=1).tolist() == [3.0] * 8
+
+
 def test_l1_with_patterns_needs_no_calibration() -> None:
     model = Tiny()
     oneshot(model, linears(model)[:-1], 0.5, pattern="4:8")
