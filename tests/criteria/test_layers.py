@@ -105,6 +105,18 @@ def test_a_convolution_prunes_as_its_unfolded_linears(
         assert torch.allclose(conv.weight_orig * mask(conv), updated * expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("amount", [0.5, 0.3])
+def test_sparsegpt_prunes_the_count_asked_of_a_grouped_convolution(amount: float) -> None:
+    """Nine entries per group: each group rounding its own share alone (4 of 9 at 0.5,
+    3 of 9 at 0.3) would miss the tensor's count by up to half an entry per group."""
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8, bias=False))
+    prune.l1_unstructured(model[0], "weight", amount=3)  # entries pruned before do not count
+    batches = [torch.randn(2, 8, 9, 9) for _ in range(2)]
+    prune.prune_model(model, amount, method="sparsegpt", calibration=batches)
+    pruned_now = 72 - 3 - int(mask(model[0]).sum())
+    assert pruned_now == round(amount * (72 - 3))
+
+
 @pytest.mark.parametrize("dims", [1, 3])
 def test_conv1d_and_conv3d_prune_with_patches(dims: int) -> None:
     cls = {1: nn.Conv1d, 3: nn.Conv3d}[dims]
