@@ -5,6 +5,8 @@ the same weights as Linears, pruned by the Linear path."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -115,6 +117,21 @@ def test_sparsegpt_prunes_the_count_asked_of_a_grouped_convolution(amount: float
     prune.prune_model(model, amount, method="sparsegpt", calibration=batches)
     pruned_now = 72 - 3 - int(mask(model[0]).sum())
     assert pruned_now == round(amount * (72 - 3))
+
+
+@pytest.mark.parametrize(
+    "pattern", [prune.NM(2, 4, dim=-1), prune.PerRow(dim=-2), prune.PerRow(dim=2)]
+)
+def test_sparsegpt_refuses_a_convolution_pattern_along_another_dim(pattern: prune.Pattern) -> None:
+    """Its matrix has the filters as rows and the input channels grouped in its columns:
+    a pattern along the kernel would be pruned along those instead."""
+    model = nn.Sequential(nn.Conv1d(4, 4, 8))
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=rf"'0\.weight'.*{re.escape(repr(pattern))} does not fit"):
+        prune.prune_model(
+            model, 0.5, method="sparsegpt", pattern=pattern, calibration=[torch.randn(2, 4, 20)]
+        )
+    assert fingerprint(model) == before
 
 
 @pytest.mark.parametrize("dims", [1, 3])
