@@ -332,8 +332,12 @@ def global_unstructured(
         if kept is None:
             products = [None] * len(products)
             if isinstance(method, Pruning) and method._own_mask():
-                # It found NaN or infinity (its one check): name the tensor that holds it.
-                for ranked, where in zip(scores, wheres, strict=True):
+                # It found NaN or infinity (its one check) in the criterion's scores: name
+                # the tensor that holds it (its values may be finite: Wanda's, Taylor's).
+                criterion = method.criterion
+                for ranked, where, target in zip(scores, wheres, targets, strict=True):
+                    if not criterion._values_are_scores:
+                        ranked = criterion._checked_scores(ranked, target)
                     check_finite(ranked, where, "scores")
             methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:

@@ -180,6 +180,43 @@ def test_taylor_accumulates_over_batches() -> None:
     assert sal.tolist() == [[6.0, 4.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_taylor_of_a_half_precision_layer_ranks_as_in_float32(dtype: torch.dtype) -> None:
+    """The first weight's |w * grad| is 1 in each of 511 batches, the second's 300 in one:
+    a sum kept in bfloat16 stops at 256 and would prune the first."""
+    layer = nn.Linear(2, 1, bias=False).to(dtype)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    data = [torch.tensor([[1.0, 0.0]], dtype=dtype)] * 511 + [
+        torch.tensor([[0.0, 300.0]], dtype=dtype)
+    ]
+    oneshot(
+        layer,
+        [(layer, "weight")],
+        1,
+        method="taylor",
+        calibration=data,
+        loss=lambda out, batch: out.float().sum(),
+    )
+    assert layer.weight_mask.tolist() == [[1.0, 0.0]]  # 511 against 300: the second goes
+    w = torch.full((1, 2), 1e-4, dtype=dtype)  # 1e-4 * 1e-4 is 0 in float16
+    total = prune.criteria.taylor.taylor_step(w, torch.tensor([[1e-4, 0.0]], dtype=dtype), None)
+    assert total.dtype == torch.float32 and float(total[0, 0]) > 0
+
+
+def test_taylor_scores_of_a_bfloat16_tensor_are_not_rounded_to_ties() -> None:
+    values = torch.ones(1, 2, dtype=torch.bfloat16)
+    saliency = torch.tensor([[1.001, 1.0]])  # both 1.0 in bfloat16: a tie, the first would go
+    pruning = prune.Pruning(1, criterion=prune.Taylor(saliency))
+    assert pruning.prune(values).tolist() == [[1.0, 0.0]]
+
+
+@pytest.mark.parametrize("saliency", [[[1.0, 2.0]], 3.0, {"fc": [[1.0, 2.0]]}])
+def test_taylor_refuses_saliency_that_is_not_a_tensor(saliency: Any) -> None:
+    with pytest.raises(TypeError, match=r"Taylor: invalid saliency .*of type (list|float); exp"):
+        prune.Taylor(saliency)
+
+
 def test_block_list_and_capture() -> None:
     model = Tiny()
     found = cal.block_list(model, [m for m, _ in linears(model)])
@@ -257,6 +294,55 @@ def test_global_wanda_ranks_all_layers_together() -> None:
     )
     total = sum(m.weight_mask.numel() for m, _ in linears(model))
     assert sum(int(m.weight_mask.sum()) for m, _ in linears(model)) == total - total // 2
+
+
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
+def test_global_scores_that_are_not_finite_are_named_and_change_nothing(method: str) -> None:
+    """Finite weights, but an input that is not: the scores hold NaN, the weights do not."""
+    model = Tiny()
+    with torch.no_grad():
+        model.embed.weight[3, 1] = float("nan")
+    before = fingerprint(model)
+    loss = {"loss": lambda out, batch: out.sum()} if method == "taylor" else {}
+    words = r"parameter 'weight' of Linear: the scores hold \d+ value\(s\) .*e\.g\. nan at index"
+    with pytest.raises(ValueError, match=words):
+        oneshot(
+            model,
+            linears(model)[:-1],
+            0.5,
+            method=method,
+            scope="global",
+            calibration=[torch.full((2, 5), 3)],
+            sequential=False,
+            **loss,
+        )
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
+@pytest.mark.parametrize("pattern", ["unstructured", "row", "2:4"])
+def test_scores_that_are_not_finite_name_the_layer_and_the_entry(method: str, pattern: str) -> None:
+    model = Tiny()
+    with torch.no_grad():
+        model.embed.weight[3, 1] = float("nan")
+    before = fingerprint(model)
+    loss = {"loss": lambda out, batch: out.sum()} if method == "taylor" else {}
+    words = r"'blocks\.0\.a\.weight'.*the scores hold \d+ value\(s\) .*e\.g\. nan at index \("
+    with pytest.raises(ValueError, match=words):
+        prune.prune_model(
+            model, 0.5, method=method, pattern=pattern, calibration=[torch.full((2, 5), 3)], **loss
+        )
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_model_whose_every_layer_was_pruned_before_is_pruned_further(method: str) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    data = [torch.randn(4, 8) for _ in range(2)]
+    prune.prune_model(model, 0.25, method=method, pattern="row", calibration=data)
+    prune.prune_model(model, 0.5, method=method, pattern="row", calibration=data)
+    for layer in (model[0], model[2]):  # 2 of each row's 8, then 3 of the 6 left
+        assert layer.weight_mask.sum(dim=1).tolist() == [3.0] * 8
 
 
 def test_l1_with_patterns_needs_no_calibration() -> None:

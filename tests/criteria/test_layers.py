@@ -5,6 +5,8 @@ the same weights as Linears, pruned by the Linear path."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -105,6 +107,33 @@ def test_a_convolution_prunes_as_its_unfolded_linears(
         assert torch.allclose(conv.weight_orig * mask(conv), updated * expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("amount", [0.5, 0.3])
+def test_sparsegpt_prunes_the_count_asked_of_a_grouped_convolution(amount: float) -> None:
+    """Nine entries per group: each group rounding its own share alone (4 of 9 at 0.5,
+    3 of 9 at 0.3) would miss the tensor's count by up to half an entry per group."""
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8, bias=False))
+    prune.l1_unstructured(model[0], "weight", amount=3)  # entries pruned before do not count
+    batches = [torch.randn(2, 8, 9, 9) for _ in range(2)]
+    prune.prune_model(model, amount, method="sparsegpt", calibration=batches)
+    pruned_now = 72 - 3 - int(mask(model[0]).sum())
+    assert pruned_now == round(amount * (72 - 3))
+
+
+@pytest.mark.parametrize(
+    "pattern", [prune.NM(2, 4, dim=-1), prune.PerRow(dim=-2), prune.PerRow(dim=2)]
+)
+def test_sparsegpt_refuses_a_convolution_pattern_along_another_dim(pattern: prune.Pattern) -> None:
+    """Its matrix has the filters as rows and the input channels grouped in its columns:
+    a pattern along the kernel would be pruned along those instead."""
+    model = nn.Sequential(nn.Conv1d(4, 4, 8))
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=rf"'0\.weight'.*{re.escape(repr(pattern))} does not fit"):
+        prune.prune_model(
+            model, 0.5, method="sparsegpt", pattern=pattern, calibration=[torch.randn(2, 4, 20)]
+        )
+    assert fingerprint(model) == before
+
+
 @pytest.mark.parametrize("dims", [1, 3])
 def test_conv1d_and_conv3d_prune_with_patches(dims: int) -> None:
     cls = {1: nn.Conv1d, 3: nn.Conv3d}[dims]
@@ -146,6 +175,15 @@ def test_hf_conv1d_prunes_as_the_linear_it_transposes(
     assert torch.allclose(conv.weight, linear.weight.T, atol=1e-5)
     if pattern == "2:4":  # along the input: dim 0 of Conv1D's weight
         assert (mask(conv).reshape(4, 4, 12).sum(dim=1) == 2).all()
+
+
+def test_hf_conv1d_s_weight_that_is_not_finite_is_named_at_its_own_index() -> None:
+    model = nn.Sequential(Conv1D(8, 4))  # weight (4 inputs, 8 outputs)
+    with torch.no_grad():
+        model[0].weight[1, 6] = float("nan")
+    with pytest.raises(ValueError, match=r"'0\.weight'.*e\.g\. nan at index \(1, 6\)"):
+        prune.prune_model(model, 0.5, method="sparsegpt", calibration=[torch.randn(5, 4)])
+    assert not prune.is_pruned(model)
 
 
 def gpt2() -> nn.Module:

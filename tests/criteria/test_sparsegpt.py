@@ -182,6 +182,7 @@ def test_float32_agrees_with_float64() -> None:
         (prune.NM(2, 4), 0.5, SparseGPT(blocksize=6), "not a multiple of m=4"),
         (prune.NM(2, 4), 0.3, SparseGPT(), "expected amount=0.5"),
         (prune.Channels(0), 0.5, SparseGPT(), "SparseGPT prunes with the patterns"),
+        (prune.PerRow(dim=2), 0.5, SparseGPT(), "patterns .* got PerRow\\(dim=2\\)"),
         (prune.Unstructured(), 0.5, SparseGPT(damp=0.0), "not positive definite"),
     ],
 )
@@ -266,3 +267,35 @@ def test_numpy_numbers_are_settings_too() -> None:
     w, h = torch.randn(8, 128), torch.eye(128)
     keep, _ = sparsegpt_prune(w, h, Amount(0.5, "t"), prune.Unstructured(), settings=settings)
     assert int(keep.sum()) == 8 * 64
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_weight_that_is_not_finite_is_refused_naming_the_entry(bad: float) -> None:
+    """The sweep would carry the entry's error into every later column of its row."""
+    w = torch.randn(4, 8)
+    w[2, 3] = bad
+    words = r"up: t: the weights hold 1 value\(s\).* at index \(2, 3\)"
+    with pytest.raises(ValueError, match=words):
+        sparsegpt_prune_shared(
+            [w], hessian(8).float(), Amount(0.5, "t"), prune.Unstructured(), names=["up"]
+        )
+    alive = torch.ones(4, 8, dtype=torch.bool)
+    alive[2, 3] = False  # pruned before: it does not compete, and stays 0
+    keep, updated = sparsegpt_prune(w, hessian(8).float(), Amount(0.5, "t"), prune.NM(2, 4), alive)
+    assert bool(torch.isfinite(updated).all())
+    assert not bool(keep[2, 3])
+
+
+@pytest.mark.parametrize("pattern", ["unstructured", "row", "2:4"])
+def test_prune_model_refuses_a_weight_that_is_not_finite_and_changes_nothing(pattern: str) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    with torch.no_grad():
+        model[2].weight[1, 5] = math.nan  # the last layer: nothing after it reads the NaN
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = [torch.randn(16, 8) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"'2\.weight'.*e\.g\. nan at index \(1, 5\)"):
+        prune.prune_model(model, 0.5, method="sparsegpt", pattern=pattern, calibration=batches)
+    assert not prune.is_pruned(model)
+    after = model.state_dict()
+    assert all(torch.equal(after[k].nan_to_num(), v.nan_to_num()) for k, v in before.items())
+    assert torch.isnan(model[2].weight).sum() == 1

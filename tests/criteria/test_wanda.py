@@ -1,4 +1,8 @@
+from typing import Any
+
+import pytest
 import torch
+from torch import nn
 
 import prunekit as prune
 
@@ -41,3 +45,20 @@ def test_wanda_scores_broadcast_and_promote_as_the_product_does() -> None:
         assert torch.equal(got.isnan(), expected.isnan())
         assert torch.equal(got.nan_to_num(), expected.nan_to_num())
         assert torch.equal(values.nan_to_num(), before.nan_to_num())  # values untouched
+
+
+@pytest.mark.parametrize("norms", [[1.0, 2.0], 3.0, {"fc": [1.0, 2.0]}])
+def test_wanda_refuses_norms_that_are_not_tensors(norms: Any) -> None:
+    with pytest.raises(TypeError, match=r"Wanda: invalid norms .*of type (list|float); expected"):
+        prune.Wanda(norms)
+
+
+def test_wanda_refuses_negative_norms_naming_the_first() -> None:
+    layer = nn.Linear(4, 2)
+    before = layer.weight.detach().clone()
+    wanda = prune.Wanda(torch.tensor([0.5, -4.0, 1.0, -1.0]))
+    words = r"Wanda: the input norms hold 2 negative value\(s\), e\.g\. -4\.0 at index \(1,\)"
+    with pytest.raises(ValueError, match=words):
+        prune.Pruning.apply(layer, "weight", 0.25, criterion=wanda, pattern=prune.PerRow())
+    assert not prune.is_pruned(layer)
+    assert torch.equal(layer.weight, before)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
 from prunekit.criteria.hessian import inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
@@ -117,6 +117,7 @@ def sparsegpt_prune_shared(
     for weight, alive, label in zip(weights, found, labels, strict=True):
         with _named(label):
             _check_hessian_shape(weight, hessian, amount.owner)
+            _check_finite(weight, alive, amount.owner)
         lives.append(torch.ones(weight.shape, dtype=torch.bool) if alive is None else alive)
     choose = _stacked_chooser(pattern, amount, lives, settings.blocksize, labels)  # checks first
     live = torch.cat(lives)
@@ -153,6 +154,13 @@ def _check_hessian_shape(weight: Tensor, hessian: Tensor, owner: str) -> None:
             f"{owner}: the Hessian has shape {tuple(hessian.shape)}; expected "
             f"({cols}, {cols}) for a weight of shape {tuple(weight.shape)}"
         )
+
+
+def _check_finite(weight: Tensor, alive: Tensor | None, owner: str) -> None:
+    """Refuse a NaN or infinite entry still alive: it cannot be ranked, and the sweep would
+    carry its error into every later column of its row."""
+    competing = weight.detach() if alive is None else weight.detach().masked_fill(~alive, 0)
+    check_finite(competing, owner, "weights")
 
 
 @dataclass(frozen=True)
@@ -336,7 +344,7 @@ def _chooser(pattern: Pattern, amount: Amount, live: Tensor, blocksize: int) -> 
     """What each block (or NM group) prunes, for the patterns SparseGPT can follow."""
     if isinstance(pattern, NM):
         pattern.check(tuple(live.shape), amount)
-        if pattern.dim % 2 != 1:
+        if pattern.dim not in (1, -1):
             raise value_error(
                 f"{amount.owner}: SparseGPT groups NM entries along the input dim (dim=1); "
                 f"got {pattern!r}"
@@ -347,7 +355,7 @@ def _chooser(pattern: Pattern, amount: Amount, live: Tensor, blocksize: int) -> 
                 f"expected a blocksize divisible by {pattern.m}"
             )
         return lambda saliency, alive, _: pattern.pruned_groups(saliency, alive)
-    if isinstance(pattern, PerRow) and pattern.dim % 2 == 0:
+    if isinstance(pattern, PerRow) and pattern.dim in (0, -2):
         left = live.sum(dim=1)
         if isinstance(amount.value, numbers.Integral):
             amount.count(int(left.min()))

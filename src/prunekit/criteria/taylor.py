@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
@@ -22,6 +23,15 @@ class Taylor(Criterion):
     by_magnitude = True
 
     def __init__(self, saliency: Tensor | Mapping[tuple[nn.Module, str], Tensor]) -> None:
+        each = saliency.items() if isinstance(saliency, Mapping) else [(None, saliency)]
+        for key, found in each:
+            if not is_tensor(found):
+                where = "" if key is None else f" for {key!r:.60}"
+                raise type_error(
+                    f"Taylor: invalid saliency{where} of type {type(found).__name__}; expected "
+                    "a tensor shaped like the one ranked, or a mapping from (module, name) "
+                    "pairs to such tensors (as prunekit.calibrate collects them)"
+                )
         self.saliency = saliency
 
     def release(self) -> None:
@@ -43,7 +53,8 @@ class Taylor(Criterion):
                 f"Taylor: saliency of shape {tuple(found.shape)}; expected the tensor's "
                 f"shape {tuple(values.shape)}"
             )
-        return found.to(dtype=values.dtype)
+        # Not rounded to a half-precision tensor's dtype: that would tie distinct scores.
+        return found.to(dtype=torch.promote_types(found.dtype, values.dtype))
 
 
 def taylor_product(weight: Tensor, grad: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -56,6 +67,9 @@ def taylor_product(weight: Tensor, grad: Tensor, dtype: torch.dtype | None = Non
 
 
 def taylor_step(weight: Tensor, grad: Tensor, total: Tensor | None) -> Tensor:
-    """Add one batch's |W * grad| to `total` (a new tensor when None); returns it."""
-    step = taylor_product(weight, grad).abs_()
+    """Add one batch's |W * grad| to `total` (a new tensor when None); returns it. In float32
+    at least: a half-precision product underflows, and a bfloat16 sum stops growing once
+    it is 256 times a batch's share."""
+    step = taylor_product(weight, grad, torch.promote_types(weight.dtype, torch.float32))
+    step.abs_()
     return step if total is None else total.add_(step)

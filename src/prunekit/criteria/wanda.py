@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import TensorRef
 from prunekit.criteria.base import Criterion
@@ -28,10 +29,27 @@ class Wanda(Criterion):
     by_magnitude = True  # |W| * norm is never negative
 
     def __init__(self, norms: Tensor | Mapping[nn.Module, Tensor]) -> None:
+        each = norms.items() if isinstance(norms, Mapping) else [(None, norms)]
+        for key, found in each:
+            if not is_tensor(found):
+                where = "" if key is None else f" for a {type(key).__name__}"
+                raise type_error(
+                    f"Wanda: invalid norms{where} of type {type(found).__name__}; expected a "
+                    "tensor of input norms, or a mapping from modules to such tensors (as "
+                    "prunekit.calibrate collects them)"
+                )
         self.norms = norms
 
     def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
         norms = self._norms_for(target)
+        negative = norms < 0  # ranked by magnitude, a negative norm would count as positive
+        if bool(negative.any()):
+            first = tuple(int(i) for i in negative.nonzero()[0])
+            raise value_error(
+                f"Wanda: the input norms hold {int(negative.sum())} negative value(s), e.g. "
+                f"{float(norms[first])} at index {first}; expected norms >= 0 (the L2 norm "
+                "of each input feature over the calibration data)"
+            )
         if norms.shape == values.shape:  # the norm of what each entry multiplies
             return wanda_scores(values, norms)
         if values.dim() < 2 or norms.dim() != 1 or norms.shape[0] != values.shape[1]:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
+from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
 from prunekit.core.method import TensorRef
 from prunekit.patterns.base import Pattern, all_ones
@@ -88,12 +89,13 @@ def competing_scores(
     criterion: Criterion, t: Tensor, target: TensorRef, owner: str, what: str
 ) -> Tensor:
     """The criterion's scores for `t`, as ranked (magnitudes where it ranks by them)."""
-    scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
-    scores = scores.detach()
+    given = t if criterion._values_are_scores else criterion._checked_scores(t, target)
+    scores = given.detach()
     if criterion.by_magnitude:
         scores = scores.abs()
     low, high = namespace(scores).aminmax(scores) if scores.numel() else (0.0, 0.0)
     if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+        check_finite(given, owner, what)  # names how many, the first and where
         raise value_error(
             f"{owner}: the {what} hold NaN or infinity, which cannot be ranked; "
             "expected finite scores"

@@ -42,8 +42,9 @@ class Unstructured(Pattern):
         target: TensorRef = None,
     ) -> Tensor:
         kept = self.select(criterion, [t], [None], amount, default_mask.dtype, targets=[target])
-        if kept is None:
-            raise unrankable(t, amount.owner, "scores")
+        if kept is None:  # the criterion's scores, which may not be finite where `t` is
+            scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
+            raise unrankable(scores, amount.owner, "scores")
         mask = next(kept).reshape(t.shape)
         if not all_ones(default_mask):
             multiply_(mask, default_mask)

@@ -14,6 +14,7 @@ one batch, plus a gradient and a running sum per pruned weight.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
-from prunekit.core.errors import value_error
+from prunekit.core.errors import naming, value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
@@ -31,6 +32,7 @@ from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
 from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.methods import Pruning
+from prunekit.patterns import Unstructured
 from prunekit.progress import Progress
 from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented
 
@@ -66,7 +68,8 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
         module, name = target
         ranks = criterion(target)
         pattern = oriented(module, name, plan.pattern)
-        Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
+        with naming(_path(plan, module, name)):
+            Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
         if isinstance(ranks, Taylor):
             ranks.release()  # the hook keeps the criterion: not its weight-sized scores
         bar.advance()
@@ -228,14 +231,21 @@ def _prune_layers(
             bar.advance(len(shared))
         return
     for module, name in targets:
-        Pruning.apply(
-            module,
-            name,
-            plan.amount,
-            criterion=Wanda(_entry_norms(stats, module, name)),
-            pattern=oriented(module, name, plan.pattern),
-        )
+        with naming(_path(plan, module, name)):
+            Pruning.apply(
+                module,
+                name,
+                plan.amount,
+                criterion=Wanda(_entry_norms(stats, module, name)),
+                pattern=oriented(module, name, plan.pattern),
+            )
         bar.advance()
+
+
+def _path(plan: Plan, module: nn.Module, name: str) -> str:
+    """``module.<name>``'s path in the model, quoted, as errors name it: 'a.weight'."""
+    path = plan.paths.get(module, "")
+    return repr(f"{path}.{name}" if path else name)
 
 
 def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Tensor:
@@ -258,12 +268,16 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
         for (m, _), a in zip(targets, (alive(m, n) for m, n in targets), strict=True)
     ]
     hessians = hessian.reshape(-1, *hessian.shape[-2:])
+    amounts = [Amount(plan.amount, "SparseGPT")] * hessians.shape[0]
+    if hessians.shape[0] > 1 and type(plan.pattern) is Unstructured:
+        (first,) = weights  # a grouped convolution: read by no other layer
+        amounts = _group_counts(plan.amount, first, lives[0])
     found: list[list[tuple[Tensor, Tensor]]] = [[] for _ in targets]
     for group in range(hessians.shape[0]):
         results = sparsegpt_prune_shared(
             [w[group] for w in weights],
             hessians[group],
-            Amount(plan.amount, "SparseGPT"),
+            amounts[group],
             plan.pattern,
             [None if live is None else live[group] for live in lives],
             plan.sparsegpt,
@@ -278,3 +292,19 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
         old = param.data
         param.data = torch.where(keep, updated, old)  # pruned entries keep their values
         custom_from_mask(module, name, keep.to(dtype=old.dtype))
+
+
+def _group_counts(amount: float, matrices: Tensor, live: Tensor | None) -> list[Amount]:
+    """A fraction of the entries of a layer of several matrices (groups, rows, columns), as
+    counts per group that add up to the layer's count (round(amount x entries competing),
+    as any unstructured pruning's): spread by cumulative rounding, where each group's own
+    rounding would miss it by up to half an entry per group."""
+    if live is None:
+        sizes = [matrices[0].numel()] * matrices.shape[0]
+    else:
+        sizes = [int(n) for n in live.reshape(live.shape[0], -1).sum(dim=1)]
+    whole = sum(sizes)
+    total = Amount(amount, "SparseGPT").count(whole)
+    upto = [0, *itertools.accumulate(sizes)]
+    rounded = [(2 * total * u + whole) // (2 * whole) if whole else 0 for u in upto]
+    return [Amount(b - a, "SparseGPT") for a, b in itertools.pairwise(rounded)]

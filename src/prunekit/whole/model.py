@@ -26,7 +26,15 @@ from prunekit.whole.config import Config
 from prunekit.whole.oneshot import run
 from prunekit.whole.plan import Loss
 from prunekit.whole.registry import CALIBRATED
-from prunekit.whole.targets import ALL, Place, Target, globs, output_heads, select_targets
+from prunekit.whole.targets import (
+    ALL,
+    Place,
+    Target,
+    globs,
+    output_heads,
+    select_targets,
+    unpruned_name,
+)
 
 __all__ = ["prune_model"]
 
@@ -195,7 +203,7 @@ def _oneshot(
     if config.method in CALIBRATED:
         heads = output_heads(model)
         if config.include == ALL and not any(
-            calibrates(m, n.rpartition(".")[2]) and m not in heads
+            calibrates(m, unpruned_name(m, n)) and m not in heads  # weight_orig: weight
             for m in model.modules()
             for n, _ in m.named_parameters(recurse=False)
         ):

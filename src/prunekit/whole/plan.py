@@ -11,7 +11,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit.core.amount import Amount
+from prunekit.core.amount import Amount, validate_dim
+from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
@@ -151,6 +152,11 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             )
         if not isinstance(values, Tensor):
             raise type_error(f"{owner}: method={method!r} needs a torch model")
+        if method == "sparsegpt":  # found before calibrating, at the parameter's index
+            live = alive(module, name)
+            with naming(where):
+                competing = values if live is None else values.masked_fill(~live, 0)
+                check_finite(competing, owner, "weights")
         groups, _ = layers.width(module)
         if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
             raise value_error(
@@ -158,6 +164,8 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
                 f"group; expected amount= a fraction, not the count {amount}"
             )
     pattern = oriented(module, name, plan.pattern)
+    if method == "sparsegpt" and isinstance(pattern, NM | PerRow) and values.dim() > 2:
+        _check_matrix_dim(pattern, values.dim(), owner, where)
     if isinstance(pattern, NM | PerRow):
         with naming(where):
             if isinstance(pattern, NM):
@@ -170,6 +178,22 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
         raise value_error(
             f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
             "fraction or a smaller count"
+        )
+
+
+def _check_matrix_dim(pattern: NM | PerRow, ndim: int, owner: str, where: str) -> None:
+    """SparseGPT prunes a convolution as a matrix, the filters its rows, the input channels
+    at each kernel position its consecutive columns: a pattern along another dim of the
+    weight (the kernel's) has no such matrix form."""
+    wanted = 1 if isinstance(pattern, NM) else 0
+    with naming(where):
+        axis = validate_dim(pattern.dim, ndim, owner)
+    if axis != wanted:
+        along = "NM(n, m) along dim 1 (the input channels)" if wanted else "PerRow(dim=0)"
+        raise value_error(
+            f"{where}: {owner}: SparseGPT prunes a convolution as a matrix of filters by input "
+            f"patches, which {pattern!r} does not fit (dim {axis} of a {ndim}-dim weight); "
+            f"expected {along}"
         )
 
 

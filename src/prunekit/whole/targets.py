@@ -31,6 +31,7 @@ __all__ = [
     "output_heads",
     "select_names",
     "select_targets",
+    "unpruned_name",
 ]
 
 ALL = ("*",)
@@ -316,7 +317,7 @@ def _walk(model: Any) -> tuple[list[_Found], list[Entry]]:
         for pname, param in module._parameters.items():
             if param is None:
                 continue
-            leaf = _unpruned_name(module, pname)
+            leaf = unpruned_name(module, pname)
             name = f"{path}.{leaf}" if path else leaf
             first = found.get(id(param))
             if first is None:
@@ -329,7 +330,7 @@ def _walk(model: Any) -> tuple[list[_Found], list[Entry]]:
     return list(found.values()), listed
 
 
-def _unpruned_name(module: nn.Module, pname: str) -> str:
+def unpruned_name(module: nn.Module, pname: str) -> str:
     """A parameter's name as the model sees it: ``weight`` for a pruned ``weight_orig``."""
     base = pruned_name(pname, ORIG)
     if base is not None and mask_name(base) in module._buffers:
