@@ -4,6 +4,7 @@ hidden widths pruned, compacted equal to the masked model, generate() unchanged.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from typing import Any
 
 import pytest
@@ -76,8 +77,13 @@ def test_gemma_with_the_hidden_width_pruned_reloads_or_says_why(tied: bool) -> N
     model = _make("Gemma", tie_word_embeddings=tied)
     prunekit.prune_channels(model, INPUTS, heads=0.25, hidden=0.25)
     masked = _out(model)
-    report = prunekit.compact(model, INPUTS, latency_runs=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = prunekit.compact(model, INPUTS, latency_runs=0)
     assert report.config["hidden_size"] == 24
+    assert [str(w.message) for w in caught if "save_pretrained" in str(w.message)] == (
+        [f"compact: GemmaForCausalLM: {str(report).splitlines()[-1]}"] if tied else []
+    )
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         again = T.AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -86,10 +92,43 @@ def test_gemma_with_the_hidden_width_pruned_reloads_or_says_why(tied: bool) -> N
         assert error > 1e-3
         assert report.stale == ("a model built from the config differs (model.embed_tokens."
                                 "scalar_embed_scale would be 4.89898, not 5.65685)",)  # fmt: skip
+        assert report.not_rebuilt == ("model.embed_tokens.scalar_embed_scale would be "
+                                      "4.89898, not 5.65685",)  # fmt: skip
         assert "save with save_compacted" in str(report)
+        assert str(report).endswith("reload it with prunekit.load_compacted(folder)")
     else:  # the scale moved into the embedding weight: a rebuilt model takes sqrt(24)
-        assert error <= 1e-5 and not report.stale
+        assert error <= 1e-5 and not report.stale and not report.not_rebuilt
         assert model.model.embed_tokens.scalar_embed_scale == 24**0.5
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("family", ["Gemma", "Gemma3Text"])
+def test_gemma_with_the_hidden_width_pruned_reloads_its_embedding_scale(
+    family: str, tied: bool
+) -> None:
+    """The embedding keeps the scale it computed with (sqrt(32) where the weight is tied, so
+    nothing can fold it; sqrt(24) with the ratio folded into the weight where not), which a
+    module rebuilt from either config lacks: save_compacted carries it to both loads."""
+    model = _make(family, tie_word_embeddings=tied)
+    prunekit.prune_channels(model, INPUTS, hidden=0.25)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prunekit.compact(model, INPUTS, latency_runs=0)
+    advice = [str(w.message) for w in caught if "prunekit.load_compacted(folder)" in str(w.message)]
+    assert len(advice) == (1 if tied else 0)  # from_pretrained would build sqrt(24)
+    compacted = _out(model)
+    kept = model.model.embed_tokens.scalar_embed_scale
+    assert kept == (32**0.5 if tied else 24**0.5)
+    with tempfile.TemporaryDirectory() as folder:
+        prunekit.save_compacted(model, folder)
+        alone = prunekit.load_compacted(folder)
+        into = prunekit.load_compacted(_make(family, tie_word_embeddings=tied), folder)
+    for loaded in (alone, into):
+        embedding = loaded.model.embed_tokens
+        assert embedding.scalar_embed_scale == kept
+        assert torch.equal(embedding.embed_scale, torch.tensor(kept))
+        assert torch.equal(_out(loaded), compacted)  # a NaN would differ too
+        assert torch.equal(_generate(loaded), _generate(model))
 
 
 def test_bart_style_attention_and_a_config_of_its_own_names_reload() -> None:

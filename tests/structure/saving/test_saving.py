@@ -151,6 +151,64 @@ def test_tied_parameters_stay_tied(tmp_path: Path) -> None:
     assert fresh.out.weight is fresh.embed.weight
 
 
+class Scaled(nn.Module):
+    """Embedding scales fixed when built: a float attribute, a non-persistent buffer."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, width)
+        self.embed.embed_scale = width**0.5
+        self.register_buffer("embed_scale", torch.tensor(2.0), persistent=False)
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.out(self.embed(ids) * self.embed.embed_scale * self.embed_scale)
+
+
+def test_embedding_scales_are_saved_restored_and_checked(tmp_path: Path) -> None:
+    """The scales a model computes with, not the ones its code builds, reload both ways; a
+    file without them (written before they were saved) loads as before; a scale that is no
+    finite float, or one the fresh module lacks, is refused naming it."""
+    x = torch.randint(0, 10, (2, 5))
+    model = Scaled().eval()
+    model.embed.embed_scale = 3.0
+    model.embed_scale = torch.tensor(5.0)
+    prunekit.save_compacted(model, tmp_path)
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    assert manifest["modules"]["embed"]["scales"] == {"embed_scale": 3.0}
+    assert manifest["modules"][""]["scales"] == {"embed_scale": 5.0}
+    assert "scales" not in manifest["modules"]["out"]
+    fresh = Scaled()
+    prunekit.load_compacted(fresh, tmp_path)
+    alone = prunekit.load_compacted(tmp_path, factory=lambda config: Scaled())
+    for loaded in (fresh, alone):
+        assert loaded.embed.embed_scale == 3.0 and float(loaded.embed_scale) == 5.0
+        with torch.no_grad():
+            assert torch.equal(loaded.eval()(x), model(x))
+    lacking = Scaled()
+    del lacking.embed.embed_scale
+    _refused(lacking, tmp_path, ValueError, r"module 'embed' \(Embedding\) was saved with "
+             r"the embedding scale embed_scale=3.0, which the model's module does not "
+             r"hold")  # fmt: skip
+    for bad in (float("nan"), float("inf"), "3.0", 3, True, None):
+        manifest["modules"]["embed"]["scales"] = {"embed_scale": bad}
+        where.write_text(json.dumps(manifest))
+        _refused(Scaled(), tmp_path, ValueError, rf"{re.escape(str(where))}: module 'embed' has "
+                 rf"the embedding scale 'embed_scale': {re.escape(repr(bad))}; expected a finite "
+                 r"float")  # fmt: skip
+    manifest["modules"]["embed"]["scales"] = {"scale": 3.0}
+    where.write_text(json.dumps(manifest))
+    _refused(Scaled(), tmp_path, ValueError, r"module 'embed' has the embedding scale "
+             r"'scale': 3.0; expected a finite float under one of \['scalar_embed_scale', "
+             r"'embed_scale'\]")  # fmt: skip
+    for entry in manifest["modules"].values():
+        entry.pop("scales", None)
+    where.write_text(json.dumps(manifest))  # as written before scales were saved
+    old = prunekit.load_compacted(Scaled(), tmp_path)
+    assert old.embed.embed_scale == 8**0.5 and float(old.embed_scale) == 2.0
+
+
 def _saved(tmp_path: Path) -> tuple[nn.Module, Any]:
     x = torch.randn(4, 3, 4, 4)
     model = compacted(Net(), x)

@@ -33,8 +33,10 @@ class CompactReport:
     the example inputs, on this CPU, the masked and the compacted model run alternately;
     `latency` holds their paired ratio and its spread; all None when not measured).
     `not_rebuilt`: for a Hugging Face model, the tensors whose shapes ``from_pretrained``
-    would not rebuild from the updated config (compact then warns: save_compacted and
-    load_compacted(folder) rebuild it); empty when a save_pretrained round trip works."""
+    would not rebuild from the updated config, and the float attributes it would build with
+    other values (an embedding scale kept where a tied weight could not take the ratio)
+    (compact then warns: save_compacted and load_compacted(folder) rebuild it); empty when
+    a save_pretrained round trip works."""
 
     groups: int
     channels: int

@@ -7,8 +7,9 @@ One difference is folded instead of reported: an embedding that multiplies its o
 scale fixed when it is built (Gemma's ``hidden_size ** 0.5``, a non-persistent buffer) keeps
 the old scale after the hidden width is pruned, while a rebuilt one takes the new. Where the
 embedding's weight is its own (not tied to the output projection), the weight takes the
-ratio and the module the new scale, which computes the same; a tied weight cannot, and the
-difference is reported.
+ratio and the module the new scale, which computes the same; a tied weight cannot: the
+difference is reported, and save_compacted records the scale the model keeps, which
+load_compacted restores.
 """
 
 from __future__ import annotations
@@ -131,8 +132,13 @@ def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> st
     extra = [name for name in built if name not in names]
     if extra:
         return f"it would have {extra[0]}, which the model has not"
-    if not floats:
-        return None
+    return next(iter(float_differences(model, fresh)), None) if floats else None
+
+
+def float_differences(model: nn.Module, fresh: nn.Module) -> list[str]:
+    """One line per float attribute that a module of `fresh` holds with another value than
+    `model`'s module of the same name (an embedding's scale taken from a narrower config)."""
+    found = []
     modules = dict(model.named_modules())
     for name, module in fresh.named_modules():
         mine = modules.get(name)
@@ -140,18 +146,54 @@ def difference(model: nn.Module, fresh: nn.Module, *, floats: bool = True) -> st
             here = _floats(mine).get(key) if mine is not None else None
             if here is not None and here != value and (here == here or value == value):
                 where = f"{name}.{key}" if name else key
-                return f"{where} would be {value:.6g}, not {here:.6g}"
-    return None
+                found.append(f"{where} would be {value:.6g}, not {here:.6g}")
+    return found
 
 
 def _floats(module: nn.Module) -> dict[str, float]:
     return {k: v for k, v in vars(module).items() if type(v) is float}
 
 
+EMBED_SCALES = ("scalar_embed_scale", "embed_scale")
+"""The names under which a module holds the scale of its embedding output, fixed when it is
+built (a float attribute, or a one-element buffer: Gemma's ``hidden_size ** 0.5``)."""
+
+
+def embed_scales(module: nn.Module) -> dict[str, float]:
+    """The embedding scales `module` holds, by name (see `EMBED_SCALES`): each float
+    attribute, and the value of each one-element floating buffer, of those names."""
+    found: dict[str, float] = {}
+    for key in EMBED_SCALES:
+        value = module.__dict__.get(key)
+        buffer = module._buffers.get(key)
+        if type(value) is float:
+            found[key] = value
+        elif (
+            buffer is not None
+            and buffer.is_floating_point()
+            and buffer.numel() == 1
+            and not buffer.is_meta
+        ):
+            found[key] = float(buffer.item())
+    return found
+
+
+def set_embed_scale(module: nn.Module, key: str, value: float) -> None:
+    """Give `module`'s embedding scale `key` the value `value`: a buffer is replaced by one of
+    its shape, dtype and device filled with it (never written: a rollback restores it), a
+    float attribute is set."""
+    buffer = module._buffers.get(key)
+    if buffer is not None:
+        module._buffers[key] = torch.full_like(buffer, value)
+    else:
+        module.__dict__[key] = value
+
+
 def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
     """Give each scaled embedding of `model` the scale it has in `fresh` (a float attribute
-    ``scalar_embed_scale`` or ``embed_scale``, and an ``embed_scale`` buffer where it has
-    one), its weight taking the ratio, where that weight is used by no other module."""
+    of `EMBED_SCALES`; every scale the module holds takes it), its weight taking the ratio,
+    where that weight is used by no other module. A tied weight keeps the old scale, which
+    save_compacted records and load_compacted restores."""
     fresh_modules = dict(fresh.named_modules())
     uses: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):
@@ -160,14 +202,12 @@ def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
         weight = stored_parameter(module, "weight")
         if not isinstance(module, nn.Embedding) or weight is None or uses.get(id(weight)) != 1:
             continue
-        for key in ("scalar_embed_scale", "embed_scale"):
+        for key in EMBED_SCALES:
             old = module.__dict__.get(key)
             new = fresh_modules[name].__dict__.get(key) if name in fresh_modules else None
             if type(old) is not float or type(new) is not float or old == new or new == 0.0:
                 continue
             weight.data = weight.data * (old / new)  # replaced, not written: rollback restores
-            scale = module._buffers.get("embed_scale")
-            if scale is not None:
-                module._buffers["embed_scale"] = torch.full_like(scale, new)
-            module.__dict__[key] = new
+            for held in embed_scales(module):
+                set_embed_scale(module, held, new)
             break

@@ -20,7 +20,11 @@ from typing import Any
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.structure.compaction.fromconfig import build_fresh, shape_mismatches
+from prunekit.structure.compaction.fromconfig import (
+    build_fresh,
+    float_differences,
+    shape_mismatches,
+)
 from prunekit.structure.saving.skeleton import Factory
 
 __all__ = ["building_config", "pretrained_mismatches", "transformers_factory"]
@@ -112,9 +116,11 @@ def transformers_factory(root: str, saved: Mapping[str, Any], where: Path) -> Fa
 
 def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
     """What ``type(model).from_pretrained`` would build differently from `model` out of its
-    config: one line per tensor whose shape differs (or why it cannot build); empty when a
-    save_pretrained / from_pretrained round trip rebuilds it. Built on the meta device (no
-    memory) by the builder that checks the compacted config (fromconfig.build_fresh)."""
+    config: one line per tensor whose shape differs and per float attribute whose value
+    does (an embedding scale a tied weight could not take), or why it cannot build; empty
+    when a save_pretrained / from_pretrained round trip rebuilds it. Built on the meta
+    device (no memory) by the builder that checks the compacted config
+    (fromconfig.build_fresh)."""
     config = getattr(model, "config", None)
     built = None if config is None else build_fresh(model, config)
     if built is None:
@@ -122,4 +128,5 @@ def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
     if isinstance(built, str):  # the config or the model's own constructor refuses it
         return (built,)
     found = shape_mismatches(model, built, buffers=True)
-    return tuple(f"{key} is {mine}, built as {expected}" for key, expected, mine in found)
+    shapes = [f"{key} is {mine}, built as {expected}" for key, expected, mine in found]
+    return (*shapes, *float_differences(model, built))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import MASK, ORIG
+from prunekit.structure.compaction.fromconfig import embed_scales, set_embed_scale
 from prunekit.structure.compaction.widths import implied_widths
 
 __all__ = ["Reload", "apply_reload", "check_widths", "describe_module", "verify"]
@@ -45,7 +46,9 @@ def decoded(value: Any) -> Any:
 
 
 def describe_module(module: nn.Module) -> dict[str, Any]:
-    """Class, tensors (shape, dtype, parameter or buffer, persistent) and width attributes."""
+    """Class, tensors (shape, dtype, parameter or buffer, persistent), width attributes and,
+    where the module holds any, its embedding scales (``scales``: name -> float; see
+    ``fromconfig.embed_scales``), which a module built anew would compute from its config."""
     tensors: dict[str, Any] = {}
     kinds = (("parameter", module._parameters), ("buffer", module._buffers))
     for kind, found in kinds:
@@ -63,7 +66,11 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
         encoded = None if name.startswith("_") else width_value(value)
         if encoded is not None:
             attributes[name] = encoded
-    return {"type": _class_name(module), "tensors": tensors, "attributes": attributes}
+    described = {"type": _class_name(module), "tensors": tensors, "attributes": attributes}
+    scales = embed_scales(module)
+    if scales:  # only where held: the entries of other modules read as before
+        described["scales"] = scales
+    return described
 
 
 def _class_name(module: nn.Module) -> str:
@@ -86,10 +93,12 @@ class SavedTensor:
 
 @dataclass
 class Reload:
-    """What load_compacted changes, all checked: tensors, attributes, config fields."""
+    """What load_compacted changes, all checked: tensors, attributes, embedding scales,
+    config fields."""
 
     targets: list[SavedTensor] = field(default_factory=list)
     attributes: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
+    scales: list[tuple[nn.Module, str, float]] = field(default_factory=list)
     config: list[tuple[Any, str, Any]] = field(default_factory=list)
     expected: dict[str, Any] = field(default_factory=dict)  # path -> manifest entry
 
@@ -115,6 +124,15 @@ class Reload:
                 value = decoded(saved)
                 if getattr(module, name, _MISSING) != value:
                     reload.attributes.append((module, name, value))
+            held = embed_scales(module)
+            for name, value in entry.get("scales", {}).items():
+                if name not in held:
+                    raise ValueError(
+                        f"{owner}: module {path or '(the model)'!r} ({type(module).__name__}) "
+                        f"was saved with the embedding scale {name}={value!r}, which the "
+                        "model's module does not hold; expected a model built by the same code"
+                    )
+                reload.scales.append((module, name, value))
         _ties(reload.targets)
         if isinstance(config, dict):
             found = getattr(model, "config", None)
@@ -279,7 +297,7 @@ def apply_reload(
     model: nn.Module, reload: Reload, source: Mapping[str, Tensor] | None = None
 ) -> None:
     """New tensors of the planned shapes (dtype, device and requires_grad of the ones they
-    replace), then the attributes and config fields.
+    replace), then the attributes, embedding scales and config fields.
 
     With `source` (the weights file's tensors, by state_dict key), each new tensor is the
     file's own, taken as it is (no copy): what a model built with its parameters on the
@@ -299,6 +317,8 @@ def apply_reload(
         _put(t, new)
     for module, name, value in reload.attributes:
         setattr(module, name, value)
+    for module, name, scale in reload.scales:
+        set_embed_scale(module, name, scale)  # a buffer replaced, as the tensors above
     for config, key, value in reload.config:
         setattr(config, key, value)
 
@@ -360,7 +380,7 @@ def check_widths(model: nn.Module, reload: Reload, source: str = "") -> None:
 
 def verify(model: nn.Module, reload: Reload, state: Mapping[str, Tensor]) -> None:
     """Raise unless the loaded model has the file's tensors (names, shapes, values) and the
-    manifest's attributes."""
+    manifest's attributes and embedding scales."""
     found = model.state_dict()
     if set(found) != set(state):
         raise RuntimeError(
@@ -383,3 +403,20 @@ def verify(model: nn.Module, reload: Reload, state: Mapping[str, Tensor]) -> Non
                     f"{_OWNER}: attribute {name!r} of module {path!r} is {value!r} after "
                     f"loading, not {decoded(saved)!r} as saved"
                 )
+        for name, scale in entry.get("scales", {}).items():
+            if not _holds_scale(modules[path], name, scale):
+                raise RuntimeError(
+                    f"{_OWNER}: the embedding scale {name!r} of module {path!r} is "
+                    f"{embed_scales(modules[path]).get(name)!r} after loading, not {scale!r} "
+                    "as saved"
+                )
+
+
+def _holds_scale(module: nn.Module, name: str, scale: float) -> bool:
+    """Whether `module`'s embedding scale `name` is `scale` (a buffer: every element, in the
+    buffer's dtype)."""
+    buffer = module._buffers.get(name)
+    if buffer is not None:
+        return torch.equal(buffer, torch.full_like(buffer, scale))
+    value = vars(module).get(name)
+    return type(value) is float and value == scale

@@ -5,18 +5,24 @@ a freshly built model.
 safetensors is installed, else ``compacted.pt``) and ``compacted.json``: for every module
 its class, the shape and dtype of each of its parameters and buffers, and its integer (and
 tuple of integers) attributes, which fix its widths (in/out features, channels, groups,
-num_features, normalized_shape, num_heads, head_dim, ...); and the model's Hugging Face
-config where it has one. ``load_compacted(folder)`` builds the model with its parameters
-on the meta device (skeleton.py) and gives it those shapes and the file's tensors;
+num_features, normalized_shape, num_heads, head_dim, ...); for a module that holds an
+embedding scale (a float attribute or one-element buffer named ``scalar_embed_scale`` or
+``embed_scale``: Gemma's ``hidden_size ** 0.5``), its value, which a module built anew from
+the narrower config would not have (compaction keeps the old one where the embedding's
+weight is tied and cannot take the ratio); and the model's Hugging Face config where it has
+one. ``load_compacted(folder)`` builds the model with its parameters on the meta device
+(skeleton.py) and gives it those shapes, scales and the file's tensors;
 ``load_compacted(fresh, folder)`` gives a freshly built model of the same code those
-shapes, attributes and config fields. Either way the weights load strictly and everything
-is checked. Per-layer widths need no config field that can hold them.
+shapes, attributes, scales and config fields. Either way the weights load strictly and
+everything is checked. Per-layer widths need no config field that can hold them. A file
+written before scales were saved (no ``scales``) loads as it did.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ from prunekit.core.transaction import transaction
 from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
+from prunekit.structure.compaction.fromconfig import EMBED_SCALES
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.saving.rebuild import (
     Reload,
@@ -50,7 +57,9 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
 
     The weights go to ``compacted.safetensors`` (or ``compacted.pt`` without safetensors)
     as ``model.state_dict()`` holds them (``<name>_orig`` and ``<name>_mask`` for tensors
-    still masked); the shapes, attributes and config to ``compacted.json``. The folder is
+    still masked); the shapes, width attributes, embedding scales (``scalar_embed_scale``,
+    ``embed_scale``: the values the model computes with, which a model rebuilt from the
+    compacted config would not have) and config to ``compacted.json``. The folder is
     written as a whole (staged beside it and swapped in; its other files kept), so a
     failure or a kill leaves the old save, loadable, or the new one. Returns the folder.
     """
@@ -90,13 +99,15 @@ def load_compacted(
     transformers class of the saved model (or of its config's ``architectures``) from the
     saved config. Every module then takes its saved shapes, the file's tensors become the
     parameters (read once: memory holds the compacted weights, never the dense ones), tied
-    parameters stay tied, and the model is returned in eval mode, as ``from_pretrained``
-    returns one. This rebuilds what ``from_pretrained`` cannot: heads cut while the hidden
-    width is kept, widths that differ per layer.
+    parameters stay tied, embeddings take their saved scales, and the model is returned in
+    eval mode, as ``from_pretrained`` returns one. This rebuilds what ``from_pretrained``
+    cannot: heads cut while the hidden width is kept, widths that differ per layer, an
+    embedding scale kept where a tied weight could not take the ratio.
 
     ``load_compacted(model, folder)``: every module of `model` takes the saved shapes (its
-    tensors replaced by new ones of those shapes, dtypes and devices kept), attributes and
-    config fields; `model` keeps its mode, and is left exactly as it was on any error.
+    tensors replaced by new ones of those shapes, dtypes and devices kept), attributes,
+    embedding scales and config fields; `model` keeps its mode, and is left exactly as it
+    was on any error.
 
     Either way the weights are loaded strictly (tensors saved masked are pruned to the saved
     masks) and everything is checked against the files.
@@ -115,9 +126,10 @@ def load_compacted(
     Raises:
         FileNotFoundError: the folder lacks compacted.json or the weights it names.
         ValueError: the files disagree (a tensor's shape or dtype, a width attribute that
-            contradicts the tensors), the model differs from the saved one, or no factory
-            can build it (no config and none given, a class transformers lacks); each error
-            names the file, the module, the key and the values.
+            contradicts the tensors), a saved embedding scale is not a finite float or is
+            one the model's module does not hold, the model differs from the saved one, or
+            no factory can build it (no config and none given, a class transformers lacks);
+            each error names the file, the module, the key and the values.
         TypeError: bad arguments (both a folder and `path`, a `factory` with a model).
     """
     if isinstance(model, nn.Module):
@@ -218,16 +230,18 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
 
 
 _ENTRY = {"type": str, "tensors": dict, "attributes": dict}
+_OPTIONAL = {"scales": dict}  # written only for a module that holds embedding scales
 _TENSOR = {"shape": list, "dtype": str, "kind": str, "persistent": bool}
 
 
 def _check_entry(path: str, entry: Any, where: Path) -> None:
     """Raise unless `entry` has the form describe_module writes (keys, types of values)."""
     problem = None
-    if not isinstance(entry, dict) or set(entry) != set(_ENTRY):
-        problem = f"is not a mapping of exactly {sorted(_ENTRY)}"
+    if not isinstance(entry, dict) or not set(_ENTRY) <= set(entry) <= {*_ENTRY, *_OPTIONAL}:
+        problem = f"is not a mapping of exactly {sorted(_ENTRY)} (and 'scales' optionally)"
     else:
-        wrong = [k for k, kind in _ENTRY.items() if not isinstance(entry[k], kind)]
+        kinds = {**_ENTRY, **_OPTIONAL}
+        wrong = [k for k in entry if not isinstance(entry[k], kinds[k])]
         problem = f"has {wrong[0]!r} of the wrong type" if wrong else None
         for name, tensor in entry["tensors"].items() if not wrong else ():
             if not isinstance(tensor, dict) or set(tensor) != set(_TENSOR) or not all(
@@ -242,8 +256,15 @@ def _check_entry(path: str, entry: Any, where: Path) -> None:
             f"load_compacted: {where}: module {path!r} {problem}; expected what "
             "save_compacted writes: {'type': str, 'tensors': {name: {'shape': [ints >= 0], "
             "'dtype': str, 'kind': 'parameter'|'buffer', 'persistent': bool}}, "
-            "'attributes': {name: int or list of ints or {'tuple': list of ints}}}"
+            "'attributes': {name: int or list of ints or {'tuple': list of ints}}, "
+            "optionally 'scales': {name: float}}"
         )
+    for key, value in entry.get("scales", {}).items():
+        if key not in EMBED_SCALES or type(value) is not float or not math.isfinite(value):
+            raise ValueError(
+                f"load_compacted: {where}: module {path!r} has the embedding scale "
+                f"{key!r}: {value!r}; expected a finite float under one of {list(EMBED_SCALES)}"
+            )
 
 
 def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) -> None:
