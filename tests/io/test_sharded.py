@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -246,3 +247,20 @@ def test_an_index_that_is_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match=r"index\.json: is not a regular file; expected"):
             prune_sharded(where, tmp_path / "out", "l1", 0.5)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("refusal", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_tensors_copied_as_they_are_across_filesystems(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """copy_file_range refuses files on two filesystems (EXDEV since Linux 5.19, a shard on
+    tmpfs and the output on disk), or on a filesystem without it: the bytes are copied by
+    reading and writing instead."""
+
+    def refused(*args: object) -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(os, "copy_file_range", refused, raising=False)
+    want = prune_state_dict(read_sharded(checkpoint), "l1", 0.5, include=["layers.*"])
+    prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5, include=["layers.*"])
+    assert_same(read_sharded(tmp_path / "out"), want.state)
