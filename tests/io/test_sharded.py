@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,24 @@ def test_tensors_copied_as_they_are_across_filesystems(
     want = prune_state_dict(read_sharded(checkpoint), "l1", 0.5, include=["layers.*"])
     prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5, include=["layers.*"])
     assert_same(read_sharded(tmp_path / "out"), want.state)
+
+
+def test_the_output_gets_the_permissions_of_any_new_folder_and_file(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """As mkdir and open make them (the umask applied), not private to the owner as
+    temporary files are: another user or group the umask lets read can load the shards."""
+    before = os.umask(0o022)
+    try:
+        prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5)
+        (tmp_path / "plain").mkdir()
+        (tmp_path / "plain" / "file").write_bytes(b"")
+    finally:
+        os.umask(before)
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(tmp_path / "out") == mode(tmp_path / "plain") == 0o755
+    for path in (tmp_path / "out").iterdir():
+        assert mode(path) == mode(tmp_path / "plain" / "file") == 0o644, path.name

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.io.atomic import umask
 from prunekit.io.files import CheckpointError, open_regular
 
 __all__ = ["DTYPES", "Stored", "Writer", "read_header"]
@@ -259,6 +260,7 @@ class Writer:
         text += b" " * (-len(text) % 8)  # the data starts 8-aligned
         fd, temp = tempfile.mkstemp(prefix=f".{file}.", dir=self.folder)
         self._temps[file], self._fds[file] = temp, fd
+        os.chmod(temp, 0o666 & ~umask())  # a new file's permissions, not mkstemp's 0o600
         os.truncate(fd, 8 + len(text) + offset)
         os.pwrite(fd, struct.pack("<Q", len(text)) + text, 0)
         for plan, at in spans:
