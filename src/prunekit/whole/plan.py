@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
+from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.criteria import calibration as cal
@@ -151,6 +152,13 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             )
         if not isinstance(values, Tensor):
             raise type_error(f"{owner}: method={method!r} needs a torch model")
+        if method == "sparsegpt":  # its updates would spread NaN or inf over the row
+            live = alive(module, name)
+            check_finite(
+                values if live is None else values.masked_fill(~live, 0),
+                f"{owner}: method='sparsegpt': {where}",
+                "entries not pruned yet",
+            )
         groups, _ = layers.width(module)
         if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
             raise value_error(
