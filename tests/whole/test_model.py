@@ -210,12 +210,25 @@ def test_a_tied_model_pruned_loads_into_a_fresh_one() -> None:
     assert torch.equal(fresh(ids), model(ids))
 
 
-def test_an_error_on_one_weight_names_its_path() -> None:
-    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+@pytest.mark.parametrize(
+    ("options", "first"),
+    [
+        ({}, 1),
+        ({"pattern": "2:4"}, 1),
+        ({"pattern": "row"}, 1),
+        ({"method": "wanda", "calibration": [torch.ones(3, 4)]}, 1),
+        # The NaN makes the gradients of the layer before it NaN: that one fails first.
+        ({"method": "taylor", "calibration": [torch.ones(3, 4)], "loss": lambda y, _: y.sum()}, 0),
+    ],
+    ids=["l1", "l1 2:4", "l1 row", "wanda", "taylor"],
+)
+def test_an_error_on_one_weight_names_its_path(options: dict[str, Any], first: int) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     with torch.no_grad():
         model[1].weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"^'1\.weight': parameter 'weight' of Linear: .*nan"):
-        prune.prune_model(model, 0.5)
+    path = rf"^'{first}\.weight': parameter 'weight' of Linear: .*(nan|NaN)"
+    with pytest.raises(ValueError, match=path):
+        prune.prune_model(model, 0.5, **options)
     assert not prune.is_pruned(model)
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
-from prunekit.core.errors import value_error
+from prunekit.core.errors import naming, value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
@@ -66,7 +66,8 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
         module, name = target
         ranks = criterion(target)
         pattern = oriented(module, name, plan.pattern)
-        Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
+        with naming(repr(plan.name_of(module, name))):  # errors name the path: '1.weight'
+            Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
         if isinstance(ranks, Taylor):
             ranks.release()  # the hook keeps the criterion: not its weight-sized scores
         bar.advance()
@@ -228,13 +229,14 @@ def _prune_layers(
             bar.advance(len(shared))
         return
     for module, name in targets:
-        Pruning.apply(
-            module,
-            name,
-            plan.amount,
-            criterion=Wanda(_entry_norms(stats, module, name)),
-            pattern=oriented(module, name, plan.pattern),
-        )
+        with naming(repr(plan.name_of(module, name))):
+            Pruning.apply(
+                module,
+                name,
+                plan.amount,
+                criterion=Wanda(_entry_norms(stats, module, name)),
+                pattern=oriented(module, name, plan.pattern),
+            )
         bar.advance()
 
 

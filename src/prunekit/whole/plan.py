@@ -71,6 +71,12 @@ class Plan:
         """`describe` with the module's path in the model (errors name ``a.weight``)."""
         return describe(module, name, self.paths.get(module))
 
+    def name_of(self, module: nn.Module, name: str) -> str:
+        """The tensor's name in the model (``a.weight``); `name` alone if the module is not
+        in it."""
+        path = self.paths.get(module)
+        return f"{path}.{name}" if path else name
+
 
 def make_plan(
     model: nn.Module,
