@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,24 @@ def test_format_is_read_from_the_content_not_the_suffix(tmp_path: Path) -> None:
     renamed = (tmp_path / "x.safetensors").rename(tmp_path / "x.pt")
     assert detect_format(renamed) == "safetensors"
     assert torch.equal(load_state_dict(renamed)["a.bias"], _state()["a.bias"])
+
+
+def _safetensors_with_header_of(size: int) -> bytes:
+    """A valid .safetensors file of one float32 'w' = [1.5], its JSON header padded with
+    spaces (as safetensors pads it) to `size` bytes."""
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    return size.to_bytes(8, "little") + header.ljust(size) + struct.pack("<f", 1.5)
+
+
+@pytest.mark.parametrize("size", [128, 384])  # the first byte is 0x80, as a pickle's
+def test_a_safetensors_header_size_is_not_read_as_a_pickle(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(_safetensors_with_header_of(size))
+    assert detect_format(path) == "safetensors"
+    assert load_state_dict(path)["w"].tolist() == [1.5]
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(CheckpointError, match=r"not a valid \.safetensors file"):
+        load_state_dict(path)
 
 
 def test_legacy_torch_format(tmp_path: Path) -> None:

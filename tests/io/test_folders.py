@@ -113,3 +113,30 @@ def test_a_failed_copy_leaves_the_output_folder_as_it_was(
     monkeypatch.setattr(shutil, "copyfile", real)
     written = copy_companions(source, out)
     assert sorted(p.name for p in written) == ["a.json", "b.json", "c.json"]
+
+
+@pytest.mark.parametrize("shard", [None, "8KB"], ids=["single", "sharded"])
+def test_a_failed_copy_leaves_an_earlier_pruned_folder_as_it_was(
+    tmp_path: Path, shard: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights are pruned before the files beside them are copied: a copy that fails
+    (a full disk at the tokenizer) leaves the earlier output whole, not new weights beside
+    an old config."""
+    source, out = tmp_path / "model", tmp_path / "pruned"
+    save_llama(source, shard)
+    assert main(["prune", str(source), "-o", str(out), "--amount", "0.25"]) == 0
+    (source / "README.md").write_text("a newer model card\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    import shutil
+
+    real = shutil.copyfile
+
+    def failing(src: Path, dst: str, **kwargs: bool) -> str:
+        if Path(src).name == "tokenizer.json":
+            raise OSError("disk full")
+        return str(real(src, dst, **kwargs))
+
+    monkeypatch.setattr(shutil, "copyfile", failing)
+    assert main(["prune", str(source), "-o", str(out), "--amount", "0.75"]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "pruned"]

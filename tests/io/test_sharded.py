@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -246,3 +248,41 @@ def test_an_index_that_is_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError, match=r"index\.json: is not a regular file; expected"):
             prune_sharded(where, tmp_path / "out", "l1", 0.5)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("refusal", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_tensors_copied_as_they_are_across_filesystems(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """copy_file_range refuses files on two filesystems (EXDEV since Linux 5.19, a shard on
+    tmpfs and the output on disk), or on a filesystem without it: the bytes are copied by
+    reading and writing instead."""
+
+    def refused(*args: object) -> int:
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(os, "copy_file_range", refused, raising=False)
+    want = prune_state_dict(read_sharded(checkpoint), "l1", 0.5, include=["layers.*"])
+    prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5, include=["layers.*"])
+    assert_same(read_sharded(tmp_path / "out"), want.state)
+
+
+def test_the_output_gets_the_permissions_of_any_new_folder_and_file(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """As mkdir and open make them (the umask applied), not private to the owner as
+    temporary files are: another user or group the umask lets read can load the shards."""
+    before = os.umask(0o022)
+    try:
+        prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5)
+        (tmp_path / "plain").mkdir()
+        (tmp_path / "plain" / "file").write_bytes(b"")
+    finally:
+        os.umask(before)
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(tmp_path / "out") == mode(tmp_path / "plain") == 0o755
+    for path in (tmp_path / "out").iterdir():
+        assert mode(path) == mode(tmp_path / "plain" / "file") == 0o644, path.name

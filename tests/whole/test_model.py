@@ -210,13 +210,60 @@ def test_a_tied_model_pruned_loads_into_a_fresh_one() -> None:
     assert torch.equal(fresh(ids), model(ids))
 
 
-def test_an_error_on_one_weight_names_its_path() -> None:
-    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+@pytest.mark.parametrize(
+    ("options", "first"),
+    [
+        ({}, 1),
+        ({"pattern": "2:4"}, 1),
+        ({"pattern": "row"}, 1),
+        ({"method": "wanda", "calibration": [torch.ones(3, 4)]}, 1),
+        # The NaN makes the gradients of the layer before it NaN: that one fails first.
+        ({"method": "taylor", "calibration": [torch.ones(3, 4)], "loss": lambda y, _: y.sum()}, 0),
+    ],
+    ids=["l1", "l1 2:4", "l1 row", "wanda", "taylor"],
+)
+def test_an_error_on_one_weight_names_its_path(options: dict[str, Any], first: int) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     with torch.no_grad():
         model[1].weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"^'1\.weight': parameter 'weight' of Linear: .*nan"):
-        prune.prune_model(model, 0.5)
+    path = rf"^'{first}\.weight': parameter 'weight' of Linear: .*(nan|NaN)"
+    with pytest.raises(ValueError, match=path):
+        prune.prune_model(model, 0.5, **options)
     assert not prune.is_pruned(model)
+
+
+@pytest.mark.parametrize(
+    ("value", "pattern", "sequential"),
+    [
+        (float("nan"), "unstructured", "layers"),
+        (float("inf"), "2:4", False),
+        (-float("inf"), "row", True),
+    ],
+)
+def test_sparsegpt_refuses_a_weight_that_is_not_finite(
+    value: float, pattern: str, sequential: bool | str
+) -> None:
+    """Its updates would spread the value over the row's other entries (as the scores of
+    l1 or Wanda, it cannot be ranked); entries pruned before do not count."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    prune.l1_unstructured(model[2], "weight", 0.25)
+    with torch.no_grad():
+        model[2].weight_orig[model[2].weight_mask == 0] = float("nan")
+        model[2].weight_orig[1, 3] = value
+        model[2].weight_mask[1, 3] = 1
+    before = state_of(model)
+    batches = [torch.randn(4, 8)]
+    with pytest.raises(ValueError, match=rf"'2\.weight'.* 1 value.*{value} at index \(1, 3\)"):
+        prune.prune_model(
+            model,
+            0.5,
+            method="sparsegpt",
+            pattern=pattern,
+            sequential=sequential,
+            calibration=batches,
+        )
+    assert state_of(model) == before
 
 
 def test_sparsegpt_calibrates_layer_group_by_group_unless_told_otherwise() -> None:

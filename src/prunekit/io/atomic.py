@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file"]
+__all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file", "umask"]
 
 
 @contextlib.contextmanager
@@ -66,9 +66,11 @@ def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
     final = Path(os.path.realpath(target)) if Path(target).is_symlink() else Path(target)
     stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        if final.is_dir():
+        if final.is_dir():  # its files, and its permissions (copytree copies them)
             shutil.copytree(final, stage, symlinks=True, copy_function=_link_or_copy,
                             dirs_exist_ok=True)  # fmt: skip
+        else:  # mkdtemp's 0o700: a new folder's, as mkdir makes it
+            os.chmod(stage, 0o777 & ~umask())
         yield stage
         for path in stage.rglob("*"):
             if path.is_file() and not path.is_symlink():
@@ -149,9 +151,7 @@ def _named_temp(final: Path) -> Iterator[str]:
     fd, temp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
     os.close(fd)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)
+        os.chmod(temp, 0o666 & ~umask())  # mkstemp's 0o600: a new file's, as open makes it
         yield temp
         with open(temp, "rb") as stream:
             os.fsync(stream.fileno())
@@ -160,6 +160,15 @@ def _named_temp(final: Path) -> Iterator[str]:
         Path(temp).unlink(missing_ok=True)
         raise
     _sync_folder(final.parent)
+
+
+def umask() -> int:
+    """The process's umask: what a new file or folder is made without (temporary files are
+    made 0o600 and folders 0o700 whatever it is, so output made that way must be given the
+    permissions open and mkdir would give it)."""
+    found = os.umask(0)
+    os.umask(found)
+    return found
 
 
 def _fresh_name(final: Path) -> str:

@@ -58,11 +58,12 @@ def _probe(path: str | os.PathLike[str]) -> tuple[str, int]:
     size = info.st_size
     if head.startswith(_ZIP_MAGIC):
         return "torch", _zip_bytes(path, size)
-    if head and head[0] == _PICKLE_PROTO:
-        return "torch", size
+    # Before the pickle's first byte: a header of 128 bytes (384, ...) begins with it too.
     header = int.from_bytes(head[:8], "little")
     if len(head) == 9 and head[8:9] == b"{" and header <= size - 8:
         return "safetensors", size - 8 - header
+    if head and head[0] == _PICKLE_PROTO:
+        return "torch", size
     raise CheckpointError(
         f"{where}: not a PyTorch state_dict file (torch.save) nor a .safetensors file"
     )

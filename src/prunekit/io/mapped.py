@@ -10,6 +10,7 @@ and data offsets, plus an optional ``__metadata__`` of strings), then the raw by
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import mmap
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.io.atomic import umask
 from prunekit.io.files import CheckpointError, open_regular
 
 __all__ = ["DTYPES", "Stored", "Writer", "read_header"]
@@ -175,6 +177,31 @@ def _entry(path: Path, name: str, info: object, data: int, size: int) -> Stored:
     return Stored(name, info["dtype"], tuple(shape), path, data + begin, end - begin)
 
 
+# copy_file_range's refusals of a pair of files it cannot copy between (two filesystems:
+# EXDEV since Linux 5.19; no support in the kernel or the filesystem), not of a failed copy.
+_UNCOPYABLE = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
+
+
+def _copy_range(source: int, target: int, count: int, at: int, to: int) -> int:
+    """Copy up to `count` bytes from offset `at` of `source` to offset `to` of `target`;
+    how many were copied (0 at the end of `source`). In the kernel where it can, else
+    read and written through memory."""
+    copy = getattr(os, "copy_file_range", None)
+    if copy is not None:
+        try:
+            done: int = copy(source, target, count, at, to)
+            return done
+        except OSError as error:
+            if error.errno not in _UNCOPYABLE:
+                raise
+    data = os.pread(source, count, at)
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(target, view, to)
+        view, to = view[written:], to + written
+    return len(data)
+
+
 @dataclass(frozen=True)
 class Planned:
     """A tensor to write: its name, dtype code and shape."""
@@ -233,6 +260,7 @@ class Writer:
         text += b" " * (-len(text) % 8)  # the data starts 8-aligned
         fd, temp = tempfile.mkstemp(prefix=f".{file}.", dir=self.folder)
         self._temps[file], self._fds[file] = temp, fd
+        os.chmod(temp, 0o666 & ~umask())  # a new file's permissions, not mkstemp's 0o600
         os.truncate(fd, 8 + len(text) + offset)
         os.pwrite(fd, struct.pack("<Q", len(text)) + text, 0)
         for plan, at in spans:
@@ -259,13 +287,9 @@ class Writer:
         try:
             done = 0
             while done < stored.nbytes:
-                step = os.copy_file_range(
-                    source,
-                    self._fds[file],
-                    min(_COPY, stored.nbytes - done),
-                    stored.begin + done,
-                    offset + done,
-                )
+                count = min(_COPY, stored.nbytes - done)
+                at, to = stored.begin + done, offset + done
+                step = _copy_range(source, self._fds[file], count, at, to)
                 if step <= 0:
                     raise OSError(f"{stored.path}: ended early while copying {stored.name!r}")
                 done += step

@@ -34,7 +34,7 @@ from prunekit.core.amount import Amount
 from prunekit.core.counting import zero_count
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
-from prunekit.io.atomic import atomic_folder, overlaps
+from prunekit.io.atomic import atomic_folder, overlaps, umask
 from prunekit.io.files import CheckpointError
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import check_method, prune_state_dict, seeded
@@ -368,6 +368,7 @@ def _write_index(
     text = json.dumps(found, indent=2)
     fd, temp = tempfile.mkstemp(prefix=f".{INDEX}.", dir=folder)
     try:
+        os.chmod(temp, 0o666 & ~umask())  # a new file's permissions, not mkstemp's 0o600
         with os.fdopen(fd, "w") as stream:
             stream.write(text + "\n")
         os.replace(temp, target)

@@ -121,4 +121,6 @@ def _spread(chosen: Tensor, t: Tensor, alive: Tensor | None) -> Tensor:
 def unrankable(t: Tensor, owner: str, what: str) -> ValueError:
     """The error for scores holding NaN or infinity (check_finite names the first one)."""
     check_finite(t, owner, what)
-    return value_error(f"{owner}: the {what} hold values that cannot be ranked")
+    return value_error(
+        f"{owner}: the {what} hold NaN or infinity, which cannot be ranked; expected finite {what}"
+    )

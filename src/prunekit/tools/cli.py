@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prunekit._extras import require
-from prunekit.io.atomic import atomic_path, same_file
+from prunekit.io.atomic import atomic_folder, atomic_path, overlaps, same_file
 from prunekit.io.files import CheckpointError, load_state_dict
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
@@ -285,35 +284,51 @@ def _run_prune(args: argparse.Namespace) -> int:
         args.scope = "global"
     args.scope = args.scope or "layer"
     if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
-        status = _run_prune_sharded(args)
         index = index_of(args.path)
         assert index is not None
-        copy_companions(index.parent, args.out)
+        out = _output_folder(args.out)
+        if overlaps(index.parent, out):  # checked here: the shards are written to a stage
+            raise CheckpointError(
+                f"{out}: is, holds or lies inside the input folder {index.parent} (links "
+                "resolved); expected an output folder apart from the input"
+            )
+        with atomic_folder(out) as stage:  # the shards and the files beside them, as one
+            status = _run_prune_sharded(args, stage, out)
+            copy_companions(index.parent, stage)
         return status
     if Path(args.path).is_dir():  # a model folder with one weights file
         return _run_prune_folder(args)
     return _run_prune_file(args, args.path, args.out)
 
 
-def _run_prune_folder(args: argparse.Namespace) -> int:
-    """A single-file model folder into the folder OUT: its weights pruned, the rest copied."""
-    weights = weights_file(args.path)
-    out = Path(args.out)
+def _output_folder(name: str) -> Path:
+    """The folder OUT of a model folder's copy, checked before anything is written."""
+    out = Path(name)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: is a file; expected a folder for a model folder's copy")
-    made = not out.exists()
-    out.mkdir(exist_ok=True)
-    try:
-        status = _run_prune_file(args, weights, out / WEIGHTS)
-        copy_companions(args.path, out)
-    except BaseException:
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+    if not out.parent.is_dir():
+        raise CheckpointError(f"{out}: the folder {out.parent} does not exist")
+    return out
+
+
+def _run_prune_folder(args: argparse.Namespace) -> int:
+    """A single-file model folder into the folder OUT: its weights pruned, the rest copied,
+    both staged beside OUT and swapped in together (a failure leaves OUT as it was)."""
+    weights = weights_file(args.path)
+    out = _output_folder(args.out)
+    if same_file(weights, out / WEIGHTS):
+        raise CheckpointError(
+            f"{out / WEIGHTS}: is the input file itself; expected another output folder "
+            "(the input is never changed)"
+        )
+    with atomic_folder(out) as stage:
+        status = _run_prune_file(args, weights, stage / WEIGHTS, out / WEIGHTS)
+        copy_companions(args.path, stage)
     return status
 
 
-def _run_prune_file(args: argparse.Namespace, path: Any, out: Any) -> int:
+def _run_prune_file(args: argparse.Namespace, path: Any, out: Any, shown: Any = None) -> int:
+    """Prune the file `path` into `out` (named `shown` when it is written to a stage)."""
     result = prune_file(
         path,
         out,
@@ -334,16 +349,17 @@ def _run_prune_file(args: argparse.Namespace, path: Any, out: Any) -> int:
     print(
         f"Pruned {len(rows)} tensors ({numel:,} entries) with {args.method}"
         f"{' globally' if args.scope == 'global' else ''}: {zeros / max(numel, 1):.1%} "
-        f"of them are zero. Wrote {out}"
+        f"of them are zero. Wrote {out if shown is None else shown}"
     )
     return 0
 
 
-def _run_prune_sharded(args: argparse.Namespace) -> int:
+def _run_prune_sharded(args: argparse.Namespace, stage: Path, out: Path) -> int:
+    """Prune the sharded checkpoint into `stage`, which becomes the folder `out`."""
     options = {k: getattr(args, k) for k in ("n", "dim", "include", "exclude", "seed")}
     done = prune_sharded(
         args.path,
-        args.out,
+        stage,
         args.method,
         args.amount,
         scope=args.scope,
@@ -353,7 +369,7 @@ def _run_prune_sharded(args: argparse.Namespace) -> int:
     print(
         f"Pruned {len(done.pruned)} tensors ({done.numel:,} entries) with {args.method}"
         f"{' globally' if args.scope == 'global' else ''}: {done.zeros / max(done.numel, 1):.1%} "
-        f"of them are zero. Wrote {done.index.parent}"
+        f"of them are zero. Wrote {out}"
     )
     return 0
 
