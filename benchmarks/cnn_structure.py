@@ -406,8 +406,14 @@ def _distill(
         stage ends' outputs (batches of 16 run twice as fast per crop as batches of 64 on one
         thread). The dense model's frozen part is not run again when it is the student's."""
         which = torch.from_numpy(generator.integers(len(photos), size=16))
-        x = torch.stack([_crop(photos[int(k)], generator)
-                         for k in which]).contiguous(memory_format=fast)  # fmt: skip
+        x = torch.stack([_crop(photos[int(k)], generator) for k in which])
+        if args.mix:  # that share blended with a crop of another draw, weights uniform in [0, 1)
+            mixed = torch.from_numpy(generator.random(16) < args.mix)[:, None, None, None]
+            other = torch.stack([_crop(photos[int(k)], generator)
+                                 for k in generator.integers(len(photos), size=16)])  # fmt: skip
+            weight = torch.from_numpy(generator.random(16)).float()[:, None, None, None]
+            x = torch.where(mixed, weight * x + (1 - weight) * other, x)
+        x = x.contiguous(memory_format=fast)
         with torch.inference_mode():
             h = _front(model, x, args.frozen)
             teacher = _outputs(dense, h if shared else _front(dense, x, args.frozen), args.frozen)
@@ -650,6 +656,13 @@ def main() -> None:
         help="+KD: new crops drawn into the pool per step, 16 at a time replacing the oldest",
     )
     parser.add_argument(
+        "--mix",
+        type=float,
+        default=0.0,
+        help="+KD: the share of training crops blended with another crop (mixup; the teacher "
+        "sees the blend too)",
+    )
+    parser.add_argument(
         "--frozen", type=int, default=5, help="+KD: blocks frozen after the stem (0-16)"
     )
     parser.add_argument(
@@ -744,6 +757,8 @@ def main() -> None:
         parser.error(f"--ema {args.ema:g}: expected a decay in [0, 1) (0: no average)")
     if not 0 <= args.hard < 1:
         parser.error(f"--hard {args.hard:g}: expected a share of the batch in [0, 1)")
+    if not 0 <= args.mix <= 1:
+        parser.error(f"--mix {args.mix:g}: expected a share of the training crops in [0, 1]")
     if not 0 <= args.fresh <= 16:
         parser.error(f"--fresh {args.fresh:g}: expected 0 (none) to 16 new crops per step")
     if args.extra == "off" and args.split == "photos":
@@ -988,6 +1003,7 @@ def main() -> None:
               f"weight {args.logit_weight:g}, hidden weight {args.hidden_weight:g}, stem and first "
               f"{args.frozen} blocks frozen"
               + (f", {args.hard:.0%} of each batch missed crops drawn again" if args.hard else "")
+              + (f", {args.mix:.0%} of the crops blended (mixup)" if args.mix else "")
               + "; " + "; ".join(distilled))  # fmt: skip
     if "tp" in columns:
         theirs, gone = _torch_pruning(dense, example, args.share)
