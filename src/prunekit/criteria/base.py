@@ -4,6 +4,7 @@ one score per entry out."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import ClassVar
 
 from torch import Tensor
@@ -72,3 +73,16 @@ class Criterion(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def check_given_tensors(given: object, owner: str, what: str, expected: str) -> None:
+    """Refuse a criterion's given `what` (one tensor, or a mapping to tensors) that holds
+    something else, naming its type (and, for a mapping, its key) and `expected`."""
+    each = given.items() if isinstance(given, Mapping) else [(None, given)]
+    for key, found in each:
+        if not is_tensor(found):
+            where = "" if key is None else f" for {key!r:.60}"
+            raise type_error(
+                f"{owner}: invalid {what}{where} of type {type(found).__name__}; expected "
+                f"{expected}, or a mapping to such tensors (as prunekit.calibrate collects them)"
+            )

@@ -8,10 +8,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import TensorRef
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.base import Criterion, check_given_tensors
 
 __all__ = ["Taylor", "taylor_product", "taylor_step"]
 
@@ -23,15 +22,8 @@ class Taylor(Criterion):
     by_magnitude = True
 
     def __init__(self, saliency: Tensor | Mapping[tuple[nn.Module, str], Tensor]) -> None:
-        each = saliency.items() if isinstance(saliency, Mapping) else [(None, saliency)]
-        for key, found in each:
-            if not is_tensor(found):
-                where = "" if key is None else f" for {key!r:.60}"
-                raise type_error(
-                    f"Taylor: invalid saliency{where} of type {type(found).__name__}; expected "
-                    "a tensor shaped like the one ranked, or a mapping from (module, name) "
-                    "pairs to such tensors (as prunekit.calibrate collects them)"
-                )
+        shaped = "a tensor shaped like the one ranked (keyed by (module, name))"
+        check_given_tensors(saliency, "Taylor", "saliency", shaped)
         self.saliency = saliency
 
     def release(self) -> None:

@@ -8,10 +8,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import TensorRef
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.base import Criterion, check_given_tensors
 
 __all__ = ["Wanda", "wanda_scores"]
 
@@ -29,15 +28,7 @@ class Wanda(Criterion):
     by_magnitude = True  # |W| * norm is never negative
 
     def __init__(self, norms: Tensor | Mapping[nn.Module, Tensor]) -> None:
-        each = norms.items() if isinstance(norms, Mapping) else [(None, norms)]
-        for key, found in each:
-            if not is_tensor(found):
-                where = "" if key is None else f" for a {type(key).__name__}"
-                raise type_error(
-                    f"Wanda: invalid norms{where} of type {type(found).__name__}; expected a "
-                    "tensor of input norms, or a mapping from modules to such tensors (as "
-                    "prunekit.calibrate collects them)"
-                )
+        check_given_tensors(norms, "Wanda", "norms", "a tensor of input norms (keyed by module)")
         self.norms = norms
 
     def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
