@@ -385,7 +385,8 @@ def _distill(
     is drawn once (the first `evaluated` of `photos` are the ones the evaluated crops come
     from); the dense logits and the frozen part's outputs on it are computed once, so each
     step runs only the blocks that train; with ``args.hard``, that share of each batch comes
-    again from the pool crops it missed at their last step. `model` is left in the
+    again from the pool crops it missed at their last step; with ``args.mix``, that share of
+    the crops is a blend of two (counted as of the first one's photo). `model` is left in the
     channels-last memory format and, with ``args.ema``, with its weights' average in place of
     its own. Returns what to print of it."""
     fast = torch.channels_last  # 1.3-2x faster for these convolutions on one thread
