@@ -276,3 +276,13 @@ def test_qwen2_moe_hidden_width_is_the_residual_with_the_shared_expert_gate_read
     assert report.config["hidden_size"] == 24
     assert tuple(model.model.layers[0].mlp.shared_expert_gate.weight.shape) == (1, 24)
     _reloads_equal(model, masked)
+
+
+def test_an_experts_width_grouped_mm_cannot_run_is_named_with_round_to() -> None:
+    model = make("qwen3_moe")
+    before = fingerprint(model)
+    prunekit.prune_channels(model, INPUTS, 0.2, exclude=["*self_attn*"])  # 16 -> 13: 52 bytes
+    masked = fingerprint(model)
+    with pytest.raises(RuntimeError, match=r"mlp\.experts.* 13 .*round_to=4"):
+        prunekit.compact(model, INPUTS, latency_runs=0)
+    assert fingerprint(model) == masked and masked != before

@@ -22,6 +22,7 @@ from prunekit.core.errors import warn_caller
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.hfconfig import update_config
 from prunekit.structure.compaction.surgery import Capture, apply, folds, narrow, plan
+from prunekit.structure.families.experts import unaligned_experts
 from prunekit.structure.graph.graph import check_model, split_inputs, traced_groups
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
 from prunekit.structure.saving.hfbuild import pretrained_mismatches
@@ -194,10 +195,15 @@ def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         with torch.no_grad():
             return model(*args, **kwargs)
     except Exception as error:
+        unaligned = unaligned_experts(model)
+        why = (
+            "; ".join(unaligned)
+            if unaligned
+            else "its code may fix a channel count (a hard-coded view or split)"
+        )
         raise RuntimeError(
             f"compact: the compacted model's forward failed ({type(error).__name__}: {error}); "
-            "its code may fix a channel count (a hard-coded view or split); the model was "
-            "restored"
+            f"{why}; the model was restored"
         ) from error
 
 

@@ -206,6 +206,23 @@ def top_k(router: nn.Module) -> int:
     return int(getattr(router, "top_k"))  # noqa: B009
 
 
+def unaligned_experts(model: nn.Module) -> list[str]:
+    """One line per fused experts module of `model` whose inner width makes rows that are no
+    multiple of 16 bytes, which grouped_mm (the experts' kernel) refuses; with the
+    ``round_to`` that avoids it."""
+    found = []
+    for name, module in model.named_modules():
+        if is_experts(module):
+            down = getattr(module, "down_proj")  # noqa: B009
+            inner, size = int(down.shape[2]), down.element_size()
+            if inner * size % 16:
+                found.append(
+                    f"{name} keeps an inner width of {inner} ({inner * size} bytes a row, where "
+                    f"grouped_mm needs a multiple of 16: prune it with round_to={16 // size})"
+                )
+    return found
+
+
 def sync_experts(model: nn.Module) -> None:
     """After compaction: expert counts and widths of every router and experts module, and
     the ``num_experts`` of a module holding routers that all keep one count (a causal LM's,
