@@ -175,3 +175,14 @@ def test_weights_whose_products_overflow_still_average() -> None:
 def test_a_timeout_that_is_no_positive_number_is_refused(timeout: Any, error: type) -> None:
     with pytest.raises(error, match="TorchGroup: invalid timeout"):
         TorchGroup(None, timeout=timeout)
+
+
+@pytest.mark.parametrize("method", [prunekit.L1Unstructured, prunekit.RandomUnstructured])
+def test_no_tensor_on_any_rank_prunes_nothing(method: type) -> None:
+    """As in one process, where an empty list is no work (not a failure to draw noise)."""
+
+    def rank(group: Group) -> str:
+        prunekit.global_unstructured([], method, amount=0.5, process_group=group)
+        return "done"
+
+    assert on_threads(2, rank) == ["done", "done"]
