@@ -175,3 +175,31 @@ def test_weights_whose_products_overflow_still_average() -> None:
 def test_a_timeout_that_is_no_positive_number_is_refused(timeout: Any, error: type) -> None:
     with pytest.raises(error, match="TorchGroup: invalid timeout"):
         TorchGroup(None, timeout=timeout)
+
+
+@pytest.mark.parametrize("method", [prunekit.L1Unstructured, prunekit.RandomUnstructured])
+def test_no_tensor_on_any_rank_prunes_nothing(method: type) -> None:
+    """As in one process, where an empty list is no work (not a failure to draw noise)."""
+
+    def rank(group: Group) -> str:
+        prunekit.global_unstructured([], method, amount=0.5, process_group=group)
+        return "done"
+
+    assert on_threads(2, rank) == ["done", "done"]
+
+
+def test_statistics_given_in_another_order_are_summed_by_name() -> None:
+    def rank(group: Group) -> dict[str, torch.Tensor]:
+        a, b = torch.full((2,), 1.0 + group.rank), torch.full((3,), 10.0 * (1 + group.rank))
+        norms = torch.ones(3, dtype=torch.float64)
+        stats = {"a": a, "b": b, "n": norms}
+        if group.rank == 1:
+            stats = {"n": norms, "b": b, "a": a}
+        return all_reduce_statistics(stats, group, weight={"b": group.rank + 1.0})
+
+    first, second = on_threads(2, rank)
+    assert list(second) == ["n", "b", "a"]  # each rank's own order
+    for found in (first, second):
+        assert torch.equal(found["a"], torch.full((2,), 3.0))
+        assert torch.allclose(found["b"], torch.full((3,), (10.0 + 2 * 20.0) / 3))
+        assert torch.equal(found["n"], torch.full((3,), 2.0, dtype=torch.float64))

@@ -163,6 +163,23 @@ def test_shards_and_replicas_tie_by_global_position(dim: int) -> None:
         assert torch.equal(selection.chosen(5), selection.chosen(1))  # the replica, alike
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["C loop", "tensor operations"])
+def test_a_rank_holding_only_replicas_marks_them(native: bool) -> None:
+    """Rank 1 holds a replica of rank 0's tensor and counts nothing (HSDP's replicas at
+    coordinate 1): its mask is rank 0's, on either path of the one pass."""
+    torch.manual_seed(5)
+    a = torch.randint(-3, 4, (96, 192)).float()
+
+    def rank(group: Group) -> torch.Tensor:
+        piece = Piece(lambda: (a, None), a.numel(), a.dtype, 0, counts=group.rank == 0)
+        with tuning.overridden(native=native):
+            return select([piece], lambda n: n // 2, group).chosen(0)
+
+    want = whole([a], [None], a.numel() // 2)[0]
+    for got in on_threads(2, rank):
+        assert torch.equal(got, want)
+
+
 def layers(scale: int, ties: bool) -> nn.ModuleList:
     generator = torch.Generator().manual_seed(4)
     out = nn.ModuleList()

@@ -96,6 +96,24 @@ def test_report_json_and_plot(
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize(
+    ("where", "fragment"),
+    [("missing/layers.png", "does not exist"), (".", "is a directory, expected a file name")],
+)
+def test_report_plot_where_no_file_can_be(
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: Path,
+    tmp_path: Path,
+    where: str,
+    fragment: str,
+) -> None:
+    plot = tmp_path / where
+    code, out, err = run(capsys, "report", str(checkpoint), "--plot", str(plot))
+    assert code == 1 and out == ""
+    one_line_error(err, f"prunekit report: error: {plot}: ", fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.name]  # nothing beside
+
+
 def test_report_trusted_pickle(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "whole.pt"
     torch.save(nn.Linear(4, 2), path)

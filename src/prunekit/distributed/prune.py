@@ -299,6 +299,8 @@ def _noise(entries: list[_Entry], pieces: list[Piece], criterion: Random, group:
         before[(key, start)] = totals.get(key, 0)
         totals[key] = before[(key, start)] + n
     keys = sorted(totals)
+    if not keys:  # no tensor on any rank (the same table on each): no noise to draw
+        return
     stub = [torch.empty(0)] * len(keys)
     state = group.first(torch.get_rng_state())
     if group.rank == 0:

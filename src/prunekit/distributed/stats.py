@@ -39,8 +39,8 @@ def all_reduce_statistics(
     proportion to it: the result is ``sum(weight_r * stats_r) / sum(weight_r)``, the
     mean over all samples of statistics that are means over each rank's samples (a
     SparseGPT Hessian, the mean of X^T X). Every rank must pass the same names, shapes,
-    dtypes and weighting (which names are weighted), in the same order; they are
-    compared first.
+    dtypes and weighting (which names are weighted), in any order; they are compared
+    first.
 
     Args:
         statistics: names to floating-point tensors.
@@ -71,7 +71,8 @@ def all_reduce_statistics(
 def _reduced(
     statistics: Mapping[str, Tensor], weights: dict[str, float | None], group: Collective
 ) -> dict[str, Tensor]:
-    weighted = [n for n in statistics if weights[n] is not None]
+    names = sorted(statistics, key=repr)  # the same on every rank, whatever their order
+    weighted = [n for n in names if weights[n] is not None]
     mine = torch.tensor([weights[n] for n in weighted], dtype=torch.float64)
     totals = dict(zip(weighted, _sum(mine, group).tolist(), strict=True))
     for n, total in totals.items():
@@ -84,8 +85,8 @@ def _reduced(
     # One buffer per dtype; weighted statistics travel as float64, each rank's already
     # multiplied by its share of the total weight (at most 1: no overflow from weights).
     buffers: dict[torch.dtype, list[str]] = {}
-    for n, t in statistics.items():
-        buffers.setdefault(torch.float64 if n in totals else t.dtype, []).append(n)
+    for n in names:
+        buffers.setdefault(torch.float64 if n in totals else statistics[n].dtype, []).append(n)
     for names in buffers.values():
         parts = []
         for n in names:

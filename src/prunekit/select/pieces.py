@@ -280,7 +280,8 @@ class Bits:
         competing_here = 0 if known else sum(_competing(pieces[i]) for i in owned)
         mine = [sum(pieces[i].numel for i in owned), competing_here]
         size, counted = (int(v) for v in group.sum(torch.tensor(mine, dtype=torch.int64)))
-        largest = max((pieces[i].numel for i in owned), default=0)
+        # The work buffers' size: every piece is marked, replicas another rank counts too.
+        largest = max((p.numel for p in pieces), default=0)
         dtype = functools.reduce(torch.promote_types, formats) if formats else torch.float32
         self.pieces = pieces
         self.group = group

@@ -246,6 +246,12 @@ def _run_report(args: argparse.Namespace) -> int:
             f"{args.plot}: is the input file itself; expected another file for the plot "
             "(the input is never changed)"
         )
+    if args.plot:  # checked before the checkpoint is read, as prune checks its output
+        plot = Path(args.plot)
+        if plot.is_dir():
+            raise CheckpointError(f"{plot}: is a directory, expected a file name")
+        if not plot.parent.is_dir():
+            raise CheckpointError(f"{plot}: the directory {plot.parent} does not exist")
     if Path(args.path).is_dir():  # a model folder, sharded or not
         found = folder_report(args.path)
     else:
