@@ -87,15 +87,15 @@ def _reduced(
     buffers: dict[torch.dtype, list[str]] = {}
     for n in names:
         buffers.setdefault(torch.float64 if n in totals else statistics[n].dtype, []).append(n)
-    for names in buffers.values():
+    for members in buffers.values():
         parts = []
-        for n in names:
+        for n in members:
             part = statistics[n].detach().reshape(-1).cpu()
             w = weights[n]
             parts.append(part if w is None else part.to(torch.float64) * (w / totals[n]))
         flat = _sum(torch.cat(parts), group)
         offset = 0
-        for n in names:
+        for n in members:
             t = statistics[n]
             part = flat[offset : offset + t.numel()]
             result[n] = part.to(t.dtype).view(t.shape).to(t.device)
