@@ -294,6 +294,29 @@ def test_user_defined_method_applies_composes_and_removes(framework: Framework) 
     assert m.weight.tolist() == [[0.0, 0.0, 2.0, 0.0], [-3.0, 0.0, 0.0, 0.0]]
 
 
+class Doubled(prune.BasePruningMethod):
+    """Prunes the first entry and computes its values its own way: twice mask * orig."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        mask = default_mask.clone()
+        mask.view(-1)[0] = 0
+        return mask
+
+    def apply_mask(self, module: nn.Module) -> Tensor:
+        return super().apply_mask(module) * 2
+
+
+def test_remove_keeps_the_values_of_an_own_apply_mask(framework: Framework) -> None:
+    # torch's remove() writes apply_mask()'s result: the tensor the forward used.
+    m = framework.nn.Linear(3, 2)
+    Doubled.apply(m, "weight")
+    expected = m.weight.detach().clone()
+    prune.remove(m, "weight")
+    assert framework.equal(m.weight.detach(), expected)
+
+
 def test_container_rejects_other_tensors_and_non_methods() -> None:
     a = prune.L1Unstructured(1)
     a._tensor_name = "weight"
