@@ -263,6 +263,20 @@ def test_pruning_type_is_checked_at_composition_as_in_torch(
             assert all(v.equal(before[k]) for k, v in after.items())
 
 
+def test_composition_moves_the_hook_after_other_hooks_as_in_torch() -> None:
+    # torch registers the composed hook anew: it runs after the hooks registered since the
+    # first pruning (a hook that edits weight_orig before the mask is applied, say).
+    orders = []
+    for library in (torch_prune, prune):
+        m = nn.Linear(4, 3)
+        m.register_forward_pre_hook(lambda module, args: None)
+        library.l1_unstructured(m, "weight", amount=2)
+        m.register_forward_pre_hook(lambda module, args: None)
+        library.l1_unstructured(m, "weight", amount=2)
+        orders.append([type(h).__name__ for h in m._forward_pre_hooks.values()])
+    assert orders[1] == orders[0] == ["function", "function", "PruningContainer"]
+
+
 def test_global_pruning_reads_pruning_type_from_the_instance() -> None:
     m = nn.Linear(4, 3)
     with pytest.raises(AttributeError, match="declares no PRUNING_TYPE"):
