@@ -335,9 +335,12 @@ def global_unstructured(
                 # It found NaN or infinity (its one check) in the criterion's scores: name
                 # the tensor that holds it (its values may be finite: Wanda's, Taylor's).
                 criterion = method.criterion
-                for ranked, where, target in zip(scores, wheres, targets, strict=True):
+                for ranked, mask, where, target in zip(scores, masks, wheres, targets, strict=True):
                     if not criterion._values_are_scores:
                         ranked = criterion._checked_scores(ranked, target)
+                    if mask is not None:  # pruned entries do not compete: never ranked
+                        ns = namespace(ranked)
+                        ranked = ns.where(mask == 1, ranked, ns.zeros_like(ranked))
                     check_finite(ranked, where, "scores")
             methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:

@@ -76,6 +76,22 @@ def test_global_fraction_is_of_remaining_entries_and_respects_masks(framework: F
     )
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_global_ignores_what_pruned_entries_hold(framework: Framework, value: float) -> None:
+    # Pruned entries do not compete, as in torch and in a second l1_unstructured: a NaN or
+    # an infinity behind the mask is never ranked.
+    a, b = framework.nn.Linear(3, 1, bias=False), framework.nn.Linear(3, 1, bias=False)
+    with framework.ns.no_grad():
+        a.weight.copy_(framework.tensor([[5.0, 4.0, 3.0]]))
+        b.weight.copy_(framework.tensor([[0.5, 6.0, 1.0]]))
+    prune.custom_from_mask(a, "weight", framework.tensor([[1.0, 0.0, 1.0]]))
+    with framework.ns.no_grad():
+        a.weight_orig[0, 1] = value
+    prune.global_unstructured([(a, "weight"), (b, "weight")], prune.L1Unstructured, amount=2)
+    assert a.weight_mask.tolist() == [[1.0, 0.0, 1.0]]
+    assert b.weight_mask.tolist() == [[0.0, 1.0, 0.0]]
+
+
 def test_global_with_importance_scores(framework: Framework) -> None:
     a, b = framework.nn.Linear(3, 1, bias=False), framework.nn.Linear(3, 1, bias=False)
     scores = {

@@ -101,6 +101,14 @@ def case(name: str) -> Case:
             AttributeError,
             ["'wieght'", "'weight'"],
         )
+    if name == "name missing with a pruning suffix":
+        # Nothing named 'head' is pruned: torch's AttributeError, not a pruning's.
+        return (
+            lin,
+            lambda: prune.l1_unstructured(lin, "head_orig", 0.5),
+            AttributeError,
+            ["'head_orig'", "does not exist", "'weight'"],
+        )
     if name == "name of a buffer":
         bn = nn.BatchNorm1d(3)
         call = lambda: prune.l1_unstructured(bn, "running_mean", 0.5)  # noqa: E731
@@ -265,6 +273,7 @@ CASES = [
     "count too large",
     "channel count too large",
     "name missing",
+    "name missing with a pruning suffix",
     "name of a buffer",
     "name of an int attribute",
     "name of a submodule",

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import torch.nn.utils.prune as torch_prune
 
 from prunekit.core.amount import (
     compute_nparams_to_prune,
@@ -46,6 +47,24 @@ def test_error_names_its_owner() -> None:
 )
 def test_fraction_rounds_to_nearest_even(amount: float, size: int, expected: int) -> None:
     assert compute_nparams_to_prune(amount, size) == expected
+
+
+@pytest.mark.parametrize(
+    ("amount", "size", "expected"),
+    [(np.float32(0.1), 5, 0), (np.float32(0.7), 5, 4), (np.float16(0.55), 10, 6)],
+)
+def test_numpy_fraction_rounds_in_its_own_precision_as_torch(
+    amount: float, size: int, expected: int
+) -> None:
+    # torch rounds amount * size as computed in the amount's type: float32(0.1) * 5 is 0.5
+    # there (0 pruned, as for the float 0.1), though float(float32(0.1)) * 5 is above 0.5.
+    assert torch_prune._compute_nparams_toprune(amount, size) == expected
+    assert compute_nparams_to_prune(amount, size) == expected
+
+
+def test_numpy_half_fraction_of_a_large_tensor_does_not_overflow() -> None:
+    # float16(0.5) * 200_000 is inf in float16 (torch raises OverflowError): counted in float.
+    assert compute_nparams_to_prune(np.float16(0.5), 200_000) == 100_000
 
 
 def test_fraction_type_is_accepted() -> None:

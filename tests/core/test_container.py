@@ -263,6 +263,20 @@ def test_pruning_type_is_checked_at_composition_as_in_torch(
             assert all(v.equal(before[k]) for k, v in after.items())
 
 
+def test_composition_moves_the_hook_after_other_hooks_as_in_torch() -> None:
+    # torch registers the composed hook anew: it runs after the hooks registered since the
+    # first pruning (a hook that edits weight_orig before the mask is applied, say).
+    orders = []
+    for library in (torch_prune, prune):
+        m = nn.Linear(4, 3)
+        m.register_forward_pre_hook(lambda module, args: None)
+        library.l1_unstructured(m, "weight", amount=2)
+        m.register_forward_pre_hook(lambda module, args: None)
+        library.l1_unstructured(m, "weight", amount=2)
+        orders.append([type(h).__name__ for h in m._forward_pre_hooks.values()])
+    assert orders[1] == orders[0] == ["function", "function", "PruningContainer"]
+
+
 def test_global_pruning_reads_pruning_type_from_the_instance() -> None:
     m = nn.Linear(4, 3)
     with pytest.raises(AttributeError, match="declares no PRUNING_TYPE"):
@@ -292,6 +306,29 @@ def test_user_defined_method_applies_composes_and_removes(framework: Framework) 
     assert m.weight_mask.tolist() == [[0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     prune.remove(m, "weight")
     assert m.weight.tolist() == [[0.0, 0.0, 2.0, 0.0], [-3.0, 0.0, 0.0, 0.0]]
+
+
+class Doubled(prune.BasePruningMethod):
+    """Prunes the first entry and computes its values its own way: twice mask * orig."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        mask = default_mask.clone()
+        mask.view(-1)[0] = 0
+        return mask
+
+    def apply_mask(self, module: nn.Module) -> Tensor:
+        return super().apply_mask(module) * 2
+
+
+def test_remove_keeps_the_values_of_an_own_apply_mask(framework: Framework) -> None:
+    # torch's remove() writes apply_mask()'s result: the tensor the forward used.
+    m = framework.nn.Linear(3, 2)
+    Doubled.apply(m, "weight")
+    expected = m.weight.detach().clone()
+    prune.remove(m, "weight")
+    assert framework.equal(m.weight.detach(), expected)
 
 
 def test_container_rejects_other_tensors_and_non_methods() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,9 @@ def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
     """Return how many of `tensor_size` units `amount` asks to prune.
 
     An int is a count; a float is a fraction of `tensor_size`, rounded with
-    Python's round() (ties to even), as torch.nn.utils.prune does.
+    Python's round() (ties to even), as torch.nn.utils.prune does: the product is
+    computed in the amount's own type (numpy's float32 rounds as float32), unless
+    it overflows there (float16), where torch fails.
 
     Args:
         amount: a checked amount (see validate_pruning_amount_init).
@@ -64,7 +67,20 @@ def compute_nparams_to_prune(amount: float, tensor_size: int) -> int:
     """
     if isinstance(amount, numbers.Integral):
         return int(amount)
-    return round(float(amount) * tensor_size)
+    product = _product(amount, tensor_size)
+    if not math.isfinite(product):
+        product = float(amount) * tensor_size
+    return int(round(product))  # noqa: RUF046 (numpy 1.x rounds a numpy float to a float)
+
+
+def _product(amount: Any, tensor_size: int) -> Any:
+    """``amount * tensor_size`` in the amount's type; a numpy float that overflows gives
+    inf without numpy's warning."""
+    numpy = sys.modules.get("numpy") if type(amount).__module__ == "numpy" else None
+    if numpy is None:
+        return amount * tensor_size
+    with numpy.errstate(over="ignore"):
+        return amount * tensor_size
 
 
 def validate_pruning_amount(amount: float, tensor_size: int, owner: str = "amount") -> None:

@@ -22,7 +22,7 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
-from prunekit.core.naming import MASK, ORIG, orig_name, pruned_name
+from prunekit.core.naming import MASK, ORIG, mask_name, orig_name, pruned_name
 from prunekit.select import all_finite
 
 __all__ = [
@@ -95,7 +95,10 @@ def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -
                 "(torch.nn.utils.prune?); expected a plain parameter: call that library's "
                 "remove() first"
             )
-        if (pruned := pruned_name(name)) is not None:
+        pruned = pruned_name(name)
+        if pruned is not None and (
+            orig_name(pruned) in module._parameters or mask_name(pruned) in module._buffers
+        ):
             raise type_error(
                 f"{where} belongs to an installed pruning; expected the pruned name {pruned!r}"
             )

@@ -119,8 +119,9 @@ def _install(
             hook = old if isinstance(old, PruningContainer) else PruningContainer(old)
             hook.add_pruning_method(method)
             module._buffers[mask_name(name)] = mask
-            module._forward_pre_hooks[key] = hook
-            hook._registered(key)
+            # Registered anew, as torch does: after any hook registered since the old one.
+            del module._forward_pre_hooks[key]
+            hook._registered(module.register_forward_pre_hook(hook).id)
         if masked is None:
             setattr(module, name, hook.apply_mask(module))
         else:

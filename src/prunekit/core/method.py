@@ -196,7 +196,7 @@ class BasePruningMethod(BoundToModule, ABC):
         return next(kept).reshape(scores.shape), product
 
     def remove(self, module: nn.Module) -> None:
-        """Make the pruning permanent: write mask * orig into the Parameter ``<name>``.
+        """Make the pruning permanent: write apply_mask() (mask * orig) into ``<name>``.
 
         The Parameter object is the one that was pruned, so optimizers holding it
         keep working. ``<name>_orig`` and ``<name>_mask`` are dropped; the hook is
@@ -212,7 +212,10 @@ class BasePruningMethod(BoundToModule, ABC):
             )
         self._reuse = None
         with namespace(orig).no_grad():
-            multiply_(orig, mask.to(dtype=orig.dtype))
+            if type(self).apply_mask is BasePruningMethod.apply_mask:
+                multiply_(orig, mask.to(dtype=orig.dtype))
+            else:  # a method that computes its values its own way: keep them, as torch does
+                orig.copy_(self.apply_mask(module))
         module.__dict__.pop(name, None)
         del module._parameters[orig_name(name)]
         del module._buffers[mask_name(name)]
