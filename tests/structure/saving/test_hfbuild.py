@@ -263,3 +263,73 @@ def test_a_folder_transformers_cannot_build_is_refused(tmp_path: Path) -> None:
                        r"saved model transformers.NoSuchModel \(config 'architectures': "
                        r"\['NoSuchModel'\]\)"):  # fmt: skip
         prunekit.load_compacted(tmp_path)
+
+
+def qwen3_moe() -> nn.Module:
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        max_position_embeddings=32,
+    )  # fmt: skip
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def logits(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = model.eval()(input_ids=IDS).logits
+    return out
+
+
+@pytest.mark.parametrize(
+    ("make", "amounts", "named"),
+    [(qwen3_moe, {"experts": 0.25}, r"masked experts of the routers model\.layers\.0\.mlp\.gate,"),
+     (llama, {"hidden": 0.25}, r"masked hidden width of the norms model\.layers\.0\.input_la")],
+)  # fmt: skip
+def test_masks_that_act_through_hooks_are_refused_until_compacted(
+    tmp_path: Path, make: Callable[[], nn.Module], amounts: dict[str, float], named: str
+) -> None:
+    """Masked experts (router hooks) and a masked hidden width (norm hooks) compute through
+    forward hooks no file holds: saved masked, the reloaded model would compute another
+    output. save_compacted refuses them before writing anything; compacted, they round trip."""
+    torch.manual_seed(0)
+    model = make().eval()
+    prunekit.prune_channels(model, {"input_ids": IDS}, **amounts)
+    masked = logits(model)
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "notes.txt").write_text("kept")
+    with pytest.raises(ValueError, match=rf"save_compacted: .*{named}.*prunekit\.compact\(model, "
+                       r"inputs\).*then save_compacted"):  # fmt: skip
+        prunekit.save_compacted(model, tmp_path / "saved")
+    assert [p.name for p in (tmp_path / "saved").iterdir()] == ["notes.txt"]
+    assert torch.equal(logits(model), masked)
+    prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    prunekit.save_compacted(model, tmp_path / "saved")
+    loaded = prunekit.load_compacted(tmp_path / "saved")
+    compact = logits(model)
+    assert torch.allclose(compact, masked, atol=1e-5) and torch.equal(logits(loaded), compact)
+
+
+def test_masks_saved_exactly_save_and_reload_uncompacted(tmp_path: Path) -> None:
+    """Masked MLP channels and heads are weight masks alone (no hook): saved masked, they
+    reload masked and compute the same."""
+    torch.manual_seed(0)
+    model = llama().eval()
+    prunekit.prune_channels(model, {"input_ids": IDS}, 0.3, heads=0.25)
+    prunekit.save_compacted(model, tmp_path)
+    loaded = prunekit.load_compacted(tmp_path)
+    assert prunekit.is_pruned(loaded)
+    assert torch.equal(logits(loaded), logits(model))
+
+
+def test_skipped_blocks_are_refused_until_removed(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = llama().eval()
+    prunekit.skip_blocks(model, [1])
+    with pytest.raises(ValueError, match=r"save_compacted: .*the skipped block model\.layers\.1: "
+                       r".*prunekit\.remove_blocks\(model\)"):  # fmt: skip
+        prunekit.save_compacted(model, tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()
+    prunekit.remove_blocks(model)
+    prunekit.save_compacted(model, tmp_path / "saved")
+    loaded = prunekit.load_compacted(tmp_path / "saved")
+    assert len(loaded.model.layers) == 1 and torch.equal(logits(loaded), logits(model))

@@ -165,13 +165,11 @@ class RouterMask:
         self.active: list[_MaskedLogits | None] = []
 
     def enter(self, module: nn.Module, args: Any) -> None:
-        mask = module._buffers.get("weight_mask")
+        gone = _gone(module)
         mode = None
-        if mask is not None and mask.dim() == 2:
-            gone = ~mask.ne(0).any(1)
-            if bool(gone.any()):
-                mode = _MaskedLogits(module, gone)
-                mode.__enter__()  # type: ignore[no-untyped-call]
+        if gone is not None:
+            mode = _MaskedLogits(module, gone)
+            mode.__enter__()  # type: ignore[no-untyped-call]
         self.active.append(mode)
 
     def leave(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -180,14 +178,34 @@ class RouterMask:
             mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
 
+def _gone(router: nn.Module) -> Tensor | None:
+    """Which experts the router's weight mask removes whole (all-zero rows), if any."""
+    mask = router._buffers.get("weight_mask")
+    if mask is None or mask.dim() != 2:
+        return None
+    gone = ~mask.ne(0).any(1)
+    return gone if bool(gone.any()) else None
+
+
 def _mask_of(hook: Any) -> RouterMask | None:
     owner = getattr(hook, "__self__", None)
     return owner if isinstance(owner, RouterMask) else None
 
 
+def _hooked(router: nn.Module) -> bool:
+    return any(_mask_of(h) is not None for h in router._forward_pre_hooks.values())
+
+
+def drops_experts(router: nn.Module) -> bool:
+    """Whether the router now leaves masked experts out of its top-k: its hooks are installed
+    and its weight's mask removes whole experts (what a state_dict alone does not bring
+    back)."""
+    return _hooked(router) and _gone(router) is not None
+
+
 def install_router_mask(module: nn.Module) -> None:
     """Make the router drop its masked experts from the top-k (once per router)."""
-    if any(_mask_of(h) is not None for h in module._forward_pre_hooks.values()):
+    if _hooked(module):
         return
     hooks = RouterMask()
     module.register_forward_pre_hook(hooks.enter)

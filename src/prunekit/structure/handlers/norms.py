@@ -57,14 +57,31 @@ MODULE_HANDLERS.append(ModuleHandler("rms_norm", _match_rms, _trace_rms, blind=T
 def kept_norm_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                    output: Any) -> Any:  # fmt: skip
     """Forward hook: the norm's output over the kept channels of its masked weight."""
-    mask = module._buffers.get("weight_mask")
-    if TRACING.get() or mask is None or mask.dim() != 1 or bool(mask.all()):
+    kept = None if TRACING.get() else _kept(module)
+    if kept is None:
         return None
     x = args[0] if args else next(iter(kwargs.values()))
-    kept = mask.nonzero().flatten()
     with _narrowed(module, kept):
         inner = type(module).forward(module, x.index_select(-1, kept))
     return torch.zeros_like(output).index_copy(-1, kept, inner.to(output.dtype))
+
+
+def _kept(module: nn.Module) -> Tensor | None:
+    """The kept channels of the norm's weight while its mask has zeros (else None)."""
+    mask = module._buffers.get("weight_mask")
+    if mask is None or mask.dim() != 1 or bool(mask.all()):
+        return None
+    return mask.nonzero().flatten()
+
+
+def _hooked(module: nn.Module) -> bool:
+    return any(hook is kept_norm_hook for hook in module._forward_hooks.values())
+
+
+def narrows_norm(module: nn.Module) -> bool:
+    """Whether the norm now computes over kept channels only: its hook is installed and its
+    weight's mask has zeros (what a state_dict alone does not bring back)."""
+    return _hooked(module) and _kept(module) is not None
 
 
 @contextmanager
@@ -93,7 +110,7 @@ def install_kept_norm(module: nn.Module) -> None:
             f"prune_channels: {type(module).__name__} normalizes a pruned hidden width, but it "
             "is no LayerNorm/RMSNorm prunekit knows how to narrow"
         )
-    if not any(hook is kept_norm_hook for hook in module._forward_hooks.values()):
+    if not _hooked(module):
         module.register_forward_hook(kept_norm_hook, with_kwargs=True)
 
 
