@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -294,6 +294,20 @@ def global_unstructured(
         ValueError: a bad amount, a tensor listed twice or tied to another listed one,
             scores of the wrong shape; nothing is pruned.
     """
+    rank_together(parameters, pruning_method, importance_scores, kwargs)
+
+
+def rank_together(
+    parameters: Iterable[tuple[nn.Module, str]],
+    pruning_method: type[BasePruningMethod],
+    importance_scores: dict[tuple[nn.Module, str], Tensor] | None,
+    kwargs: dict[str, Any],
+    paths: Mapping[nn.Module, str] | None = None,
+) -> None:
+    """global_unstructured's work, for prunekit's whole-model calls too: with `paths` (each
+    module's path in the model), an error about one tensor names it by its path
+    (``'a.weight', parameter 'weight' of Linear``, see describe), as their per-layer scope
+    does. Across ranks (``process_group=``), tensors are named as without `paths`."""
     if kwargs.get("process_group") is not None:
         across_ranks(parameters, pruning_method, importance_scores, **kwargs)
         return
@@ -314,7 +328,7 @@ def global_unstructured(
     method = _global_method(pruning_method, kwargs)
     if not params:
         return
-    scores, masks, dtypes, wheres = _global_targets(params, importance_scores)
+    scores, masks, dtypes, wheres = _global_targets(params, importance_scores, paths or {})
     targets = [owner_of(module, name) for module, name in params]
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
@@ -426,9 +440,10 @@ def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMe
 def _global_targets(
     params: list[Any],
     importance_scores: dict[tuple[nn.Module, str], Tensor],
+    paths: Mapping[nn.Module, str],
 ) -> tuple[list[Tensor], list[Tensor | None], list[Any], list[str]]:
     """Check every listed tensor; return the scores that rank it, its mask (None: unpruned),
-    its dtype and its description for messages.
+    its dtype and its description for messages (with its path where `paths` has it).
 
     Nothing is copied: where a tensor is pruned its scores are ``<name>_orig``, equal
     to the current values wherever the mask is 1, the only entries that compete.
@@ -447,7 +462,7 @@ def _global_targets(
                 "expected (module, name) pairs"
             )
         module, name = entry
-        where = describe(module, name)
+        where = describe(module, name, paths.get(module) if paths else None)
         current, mask, param = _current(module, name, where)
         label = f"parameters[{len(scores)}] ({where})"
         if first is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -230,6 +231,42 @@ def test_an_error_on_one_weight_names_its_path(options: dict[str, Any], first: i
     with pytest.raises(ValueError, match=path):
         prune.prune_model(model, 0.5, **options)
     assert not prune.is_pruned(model)
+
+
+def nan_data() -> list[torch.Tensor]:
+    batch = torch.ones(3, 4)
+    batch[0, 0] = float("nan")
+    return [batch]
+
+
+@pytest.mark.parametrize(
+    ("options", "nan_in", "first"),
+    [
+        ({}, "weight", "1.1"),
+        ({"method": "wanda", "sequential": False}, "weight", "1.1"),
+        ({"method": "wanda", "sequential": False}, "data", "0"),
+        # The NaN makes the gradients of the layer before it NaN: that one fails first.
+        ({"method": "taylor", "loss": lambda y, _: y.sum()}, "weight", "0"),
+        ({"method": "taylor", "loss": lambda y, _: y.sum()}, "data", "0"),
+    ],
+    ids=["l1", "wanda", "wanda data", "taylor", "taylor data"],
+)
+def test_an_error_on_one_weight_names_its_path_in_global_scope(
+    options: dict[str, Any], nan_in: str, first: str
+) -> None:
+    """All tensors rank together, yet the one whose scores cannot be ranked is named by its
+    path in the model, as in scope 'layer'; the model is left as it was."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Identity(), nn.Linear(4, 4)))
+    if nan_in == "weight":
+        with torch.no_grad():
+            model[1][1].weight[0, 0] = float("nan")
+    if "method" in options:
+        options = {**options, "calibration": nan_data() if nan_in == "data" else [torch.ones(3, 4)]}
+    before = state_of(model)
+    path = rf"'{re.escape(first)}\.weight', parameter 'weight' of Linear: the scores .*(nan|NaN)"
+    with pytest.raises(ValueError, match=path):
+        prune.prune_model(model, 0.5, scope="global", **options)
+    assert state_of(model) == before
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from prunekit.criteria.grouped import GroupedRuns
 from prunekit.criteria.sparsegpt import sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
-from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.functional import custom_from_mask, rank_together
 from prunekit.methods import Pruning
 from prunekit.patterns import Unstructured
 from prunekit.progress import Progress
@@ -61,7 +61,8 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
     if plan.config.scope == "global":
         made = {_key(t): criterion(t) for t in plan.targets}
         joint = _Joint(made)
-        global_unstructured(plan.targets, Pruning, amount=plan.amount, criterion=joint)
+        kwargs = {"amount": plan.amount, "criterion": joint}
+        rank_together(plan.targets, Pruning, None, kwargs, plan.paths)  # errors name paths
         bar.advance(len(plan.targets))
         return
     for target in plan.targets:

@@ -19,7 +19,7 @@ from prunekit.core.transaction import transaction
 from prunekit.criteria.layers import calibrates
 from prunekit.distributed.agree import collective
 from prunekit.distributed.stats import Reducer
-from prunekit.functional import custom_from_mask, global_unstructured
+from prunekit.functional import custom_from_mask, rank_together
 from prunekit.methods import LnStructured
 from prunekit.report import Report, report
 from prunekit.whole.config import Config
@@ -173,9 +173,9 @@ def _prune(
         group.start(OWNER, arguments)
     with transaction(model):
         if config.scope == "global":
-            global_unstructured(
-                [(t.first.module, t.first.leaf) for t in targets], pruning, **kwargs
-            )
+            pairs = [(t.first.module, t.first.leaf) for t in targets]
+            paths = {m: p for p, m in model.named_modules()}  # errors name '1.weight'
+            rank_together(pairs, pruning, None, kwargs, paths)
         else:
             for target in targets:
                 with naming(repr(target.name)):  # errors name the path: '1.weight'
