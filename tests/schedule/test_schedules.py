@@ -70,6 +70,25 @@ def test_linear_and_constant() -> None:
     assert prune.schedule.linear(0.25) == 0.25 and prune.schedule.constant(0.0) == 1.0
 
 
+@pytest.mark.parametrize("schedule", ["cubic", "linear", "constant"])
+def test_the_last_update_reaches_final_amount_exactly(schedule: str) -> None:
+    """s_i + (s_f - s_i) need not be s_f in floats (0.03 + 0.27 is 0.30000000000000004):
+    the end step must give final_amount itself, never a hair above it, which prunes one
+    entry more than final_amount does (round(4.500000000000001) = 5 of 15, not 4)."""
+    for s_i, s_f in [(0.03, 0.3), (0.03, 0.29), (0.1, 0.7), (0.07, 1.0)]:
+        t = timetable(schedule, initial_amount=s_i, final_amount=s_f, start_step=1, end_step=3)
+        assert [t.amount_at(s) for s in (3, 4)] == [s_f, s_f]
+        assert all(t.amount_at(s) <= s_f for s in range(6))
+    model = nn.Linear(15, 1, bias=False)
+    pruner = prune.GradualPruner(
+        model, 0.3, initial_amount=0.03, start_step=1, end_step=3, schedule=schedule
+    )
+    for _ in range(3):
+        pruner.step()
+    assert pruner.amount == 0.3
+    assert int((model.weight_mask == 0).sum()) == round(0.3 * 15) == 4
+
+
 def test_callable_schedule_gives_the_sparsity() -> None:
     t = timetable(
         lambda step: 1 - 0.8**step,

@@ -136,7 +136,10 @@ class Timetable:
         span = self.end_step - self.start_step
         progress = 1.0 if span == 0 else (step - self.start_step) / span
         share = self.shape(progress)
-        return self.initial_amount + (self.final_amount - self.initial_amount) * share
+        if share >= 1.0:  # s_i + (s_f - s_i) can round above s_f: the target itself
+            return self.final_amount
+        amount = self.initial_amount + (self.final_amount - self.initial_amount) * share
+        return min(amount, self.final_amount)
 
     def _called(self, step: int, owner: str) -> float:
         assert self.by_step is not None
