@@ -199,6 +199,21 @@ def test_per_row_refuses_one_dim_and_nan() -> None:
             prune.Pruning(0.5, pattern=pattern).prune(scores)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "shape"),
+    [(prune.PerRow(), (0, 8)), (prune.PerRow(), (0, 4, 3)), (prune.PerRow(dim=1), (8, 0))],
+)
+def test_per_row_of_a_tensor_without_rows(pattern: Any, shape: tuple[int, ...]) -> None:
+    """No rows (a layer of 0 outputs) is nothing to prune, as for every other pattern:
+    not torch's error on reshaping 0 entries into (0, -1)."""
+    pruned = prune.Pruning(0.5, pattern=pattern).prune(torch.ones(shape))
+    assert pruned.shape == shape
+    layer = nn.Linear(8, 1)
+    layer.weight = nn.Parameter(torch.ones(0, 8))  # Linear(8, 0), without its init warning
+    prune.Pruning.apply(layer, "weight", 0.5, pattern=prune.PerRow())
+    assert layer.weight_mask.shape == (0, 8)
+
+
 def test_rows_of_many_blocks_and_uneven_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     from prunekit.patterns import rowwise
 

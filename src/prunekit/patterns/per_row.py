@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TYPE_CHECKING
 
@@ -54,7 +55,7 @@ class PerRow(RowwisePattern):
         dim = validate_dim(self.dim, t.dim(), owner)
         scores = competing_scores(criterion, t, target, owner, "scores")
         moved = scores.movedim(dim, 0)
-        matrix = moved.reshape(moved.shape[0], -1)
+        matrix = moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))  # not -1: 0 rows
         alive = None
         if mask is not None:
             alive = (mask.reshape(t.shape) == 1).movedim(dim, 0).reshape(matrix.shape)
