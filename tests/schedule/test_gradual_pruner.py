@@ -160,6 +160,48 @@ def test_a_tensor_pruned_before_keeps_its_zeros_and_gets_one_container() -> None
     assert prune.report(model)["fc1.weight"].method == "L1Unstructured(0.6)+Gradual(L1, 0.8)"
 
 
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_per_row_brings_every_row_to_the_scheduled_sparsity(scope: str) -> None:
+    """PerRow counts per row: an update asks each row for its share, not for the tensor's
+    whole count from every row (171 of each 256-entry row at 1/6, instead of 43)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 4, bias=False), nn.Linear(4, 8, bias=False))
+    pruner = prune.GradualPruner(
+        model, 0.5, start_step=1, end_step=4, schedule="linear", pattern=prune.PerRow(),
+        scope=scope,
+    )  # fmt: skip
+    for step in range(1, 5):
+        pruner.step()
+        for layer in model:
+            row = layer.weight.shape[1]
+            pruned = (layer.weight_mask == 0).sum(1).tolist()
+            assert pruned == [round(pruner.amount_at(step) * row)] * layer.weight.shape[0]
+
+
+def test_nm_prunes_at_its_own_sparsity_and_refuses_others() -> None:
+    """N:M has one sparsity, (m - n) / m: a schedule holding it gives the N:M mask (also over
+    entries pruned before); one asking for another sparsity is an error naming both."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8, bias=False))
+    prune.l1_unstructured(model[0], "weight", 0.3)
+    before = model[0].weight_mask.clone()
+    pruner = prune.GradualPruner(
+        model, 0.5, start_step=1, end_step=3, schedule="constant", pattern=prune.NM(2, 4)
+    )
+    pruner.step()
+    groups = model[0].weight_mask.reshape(-1, 4)
+    assert int(groups.sum(1).max()) <= 2 and pruner.amount == 0.5
+    assert torch.equal(groups.sum(1), before.reshape(-1, 4).sum(1).clamp(max=2))
+    assert bool((model[0].weight_mask <= before).all())
+    other = prune.GradualPruner(
+        nn.Linear(16, 8), 0.5, start_step=1, end_step=3, schedule="linear", pattern=prune.NM(2, 4)
+    )
+    other.step()
+    with pytest.raises(ValueError, match=r"NM\(2, 4\) prunes 0\.5 .* scheduled sparsity 0\.25"):
+        other.step()
+    assert other.steps == 1 and other.amount == 0.0
+
+
 def test_start_step_zero_prunes_when_made() -> None:
     model = Small()
     pruner = prune.GradualPruner(model, 0.9, start_step=0, end_step=10, initial_amount=0.5)

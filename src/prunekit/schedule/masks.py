@@ -8,6 +8,7 @@ an Amount, how many more to prune. So a pruned entry never comes back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.errors import value_error
 from prunekit.criteria.base import Criterion
 from prunekit.patterns.base import Pattern
+from prunekit.patterns.nm import NM
+from prunekit.patterns.per_row import PerRow
 
 __all__ = ["global_masks", "layer_mask", "pruned_units", "units"]
 
@@ -54,9 +57,11 @@ def layer_mask(
     `values` are what the criterion ranks: for entries, values right wherever `mask` is
     1; for channels, the tensor's current values (mask x orig).
     """
+    current = torch.ones_like(values) if mask is None else mask.to(dtype=values.dtype)
+    if isinstance(pattern, PerRow | NM):  # their counts are per row or group, not per tensor
+        return _rowwise_mask(criterion, pattern, values, mask, current, fraction, target, owner)
     total = units(pattern, values.shape, owner)
     extra = max(round(fraction * total) - pruned_units(pattern, mask, owner), 0)
-    current = torch.ones_like(values) if mask is None else mask.to(dtype=values.dtype)
     if extra == 0:
         return current
     amount = Amount(extra, owner)
@@ -91,7 +96,13 @@ def global_masks(
     wheres: Sequence[str],
     owner: str,
 ) -> list[Tensor]:
-    """New masks of all tensors at sparsity `fraction` of their entries, ranked together."""
+    """New masks of all tensors at sparsity `fraction` of their entries, ranked together
+    (PerRow and NM: row by row, group by group, whichever tensor holds them)."""
+    if isinstance(pattern, PerRow | NM):
+        return [
+            layer_mask(criterion, pattern, t, m, fraction, pair, where)
+            for t, m, pair, where in zip(values, masks, targets, wheres, strict=True)
+        ]
     total = sum(t.numel() for t in values)
     pruned = sum(pruned_units(pattern, m, owner) for m in masks)
     currents = [
@@ -118,6 +129,53 @@ def global_masks(
         flags = k if keep_dtype is not None else (~k).to(dtype=t.dtype)
         new.append(flags.reshape(t.shape) * current)
     return new
+
+
+def _rowwise_mask(
+    criterion: Criterion,
+    pattern: PerRow | NM,
+    values: Tensor,
+    mask: Tensor | None,
+    current: Tensor,
+    fraction: float,
+    target: Pair,
+    owner: str,
+) -> Tensor:
+    """The new mask at `fraction` for a pattern that prunes each row (PerRow: each row to
+    `fraction` of its entries) or group (NM: to its one sparsity) among the alive entries."""
+    if fraction == 0:
+        return current
+    if isinstance(pattern, NM):
+        if not math.isclose(fraction, pattern.fraction, rel_tol=0, abs_tol=1e-9):
+            raise value_error(
+                f"{owner}: {pattern!r} prunes {pattern.fraction:g} of every group of "
+                f"{pattern.m}, not the scheduled sparsity {fraction:g}; expected a schedule "
+                f"that gives {pattern.fraction:g} alone (schedule='constant', "
+                f"final_amount={pattern.fraction:g})"
+            )
+        amount = Amount(pattern.fraction, owner)  # a group keeps at most n of those alive
+    else:
+        if values.dim() < 2:
+            amount = Amount(fraction, owner)  # PerRow refuses it, naming the shape
+        else:
+            dim = validate_dim(pattern.dim, values.dim(), owner)
+            length = math.prod(values.shape) // values.shape[dim] if values.shape[dim] else 0
+            rows = current.movedim(dim, 0).reshape(values.shape[dim], length)
+            extra = (round(fraction * length) - (rows == 0).sum(1)).clamp(min=0)
+            if not bool((extra == extra[:1]).all()):
+                raise value_error(
+                    f"{owner}: {pattern!r} cannot bring rows pruned unevenly before (they "
+                    f"need {sorted(set(extra.tolist()))[:5]} more entries pruned) to "
+                    f"{fraction:g} at once; expected rows with as many entries pruned each"
+                )
+            if extra.numel() == 0 or int(extra[0]) == 0:
+                return current
+            amount = Amount(int(extra[0]), owner)
+    kept = pattern.select(
+        criterion, [values], [mask], amount, keep_dtype=values.dtype, targets=[target]
+    )
+    assert kept is not None  # a RowwisePattern selects tensor by tensor
+    return next(kept).reshape(values.shape) * current
 
 
 def _check_finite(values: Tensor, where: str) -> None:
