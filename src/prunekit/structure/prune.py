@@ -106,7 +106,9 @@ def prune_channels(
         found = channel_groups(model, example_inputs, gqa=gqa)
         _check_found(model, found, amounts)
         groups = [g for g in found if g.prunable]
-        groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
+        held = {id(p) for m in model.modules() if id(m) in skipped
+                for p in m._parameters.values() if p is not None}  # fmt: skip
+        groups = [g for g in groups if not _made_by(g, skipped, held)]
         groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
         if batches is not None:  # for the criterion too where it takes them
             calibration = batches if _wants_batches(criterion) else None
@@ -196,8 +198,13 @@ def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
     return next((len(p.units) for p in chosen if p.group is group), 0)
 
 
-def _makers(g: ChannelGroup) -> list[Any]:
-    return [s for s in g.slices if s.role == "out"]
+def _made_by(g: ChannelGroup, modules: set[int], params: set[int]) -> bool:
+    """Whether one of `modules` (or a module holding one of their `params`: a tied weight)
+    outputs the group's channels: the rows that make them, a depthwise conv's, or a bias."""
+    makers = [s for s in g.slices if s.role in ("out", "depthwise", "bias")]
+    return any(
+        id(s.module) in modules or id(s.module._parameters.get(s.name)) in params for s in makers
+    )
 
 
 _WHAT = {
