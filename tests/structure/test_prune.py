@@ -317,6 +317,24 @@ class HardCoded(nn.Module):
         return self.fc(self.conv(x).reshape(-1, 16))  # 16 = 4 channels x 2 x 2, hard-coded
 
 
+def test_compact_warns_of_layers_the_example_inputs_never_ran() -> None:
+    class ByBatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.big, self.small = nn.Linear(5, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            y = F.relu(self.a(x))
+            return self.big(y) if x.shape[0] > 2 else self.small(y)
+
+    model, x = ByBatch(), torch.randn(4, 5)
+    prunekit.prune_channels(model, x, 0.5)
+    with pytest.warns(UserWarning, match=r"ByBatch: small never ran on the example inputs"):
+        prunekit.compact(model, x, latency_runs=0)
+    assert model.a.out_features == model.big.in_features == 4  # what did run is compacted
+    assert model.small.in_features == 8
+
+
 def test_a_failed_check_rolls_back() -> None:
     model = HardCoded()
     x = torch.randn(3, 3, 2, 2)
