@@ -379,7 +379,7 @@ def test_a_parameter_used_elsewhere_blocks_its_group() -> None:
 
 
 class TiedPair(nn.Module):
-    """`b` and `c` hold one weight; `d` is a depthwise conv on `c`'s channels."""
+    """`b` and `c` hold one weight; `d` is a depthwise conv on `c`'s channels, `bn` their norm."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -387,21 +387,22 @@ class TiedPair(nn.Module):
         self.c = nn.Conv2d(8, 8, 1, bias=False)
         self.c.weight = self.b.weight
         self.d, self.e = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 2, 1)
+        self.bn = nn.BatchNorm2d(8)
 
     def forward(self, x: Tensor) -> Tensor:
         x = F.relu(self.c(F.relu(self.b(F.relu(self.a(x))))))
-        return self.e(F.relu(self.d(x)))
+        return self.e(F.relu(self.bn(self.d(x))))
 
 
-@pytest.mark.parametrize("excluded", ["c", "d"])
-def test_exclude_keeps_the_channels_a_tied_or_depthwise_layer_outputs(excluded: str) -> None:
+@pytest.mark.parametrize("excluded", ["c", "d", "bn"])
+def test_exclude_keeps_the_channels_a_tied_depthwise_or_norm_layer_outputs(excluded: str) -> None:
     model, x = TiedPair(), torch.randn(2, 3, 4, 4)
     group = by_name(prunekit.channel_groups(model, x), "a.weight")
-    assert group.prunable and group.size == 8  # c (through b's weight) and d make them too
+    assert group.prunable and group.size == 8  # c (through b's weight), d and bn output them
     assert not prunekit.prune_channels(model, x, 0.5, exclude=[excluded])
     assert not prunekit.is_pruned(model)
     roundtrip(model, x, 0.5)  # without the exclusion they go
-    assert model.c.out_channels == model.d.out_channels == 4
+    assert model.c.out_channels == model.d.out_channels == model.bn.num_features == 4
 
 
 def test_parameters_combined_in_forward_are_sliced() -> None:

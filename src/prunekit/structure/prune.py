@@ -70,8 +70,9 @@ def prune_channels(
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
     hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
-    (or their names, globs allowed) whose output channels stay; their input channels still
-    follow their producers (``ignore=``, its old name, warns). `calibration`: batches for
+    (or their names, globs allowed) whose output channels stay (those of a norm or a
+    depthwise conv are its input channels too); their input channels still follow their
+    producers (``ignore=``, its old name, warns). `calibration`: batches for
     the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
     default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
     model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the
@@ -200,10 +201,11 @@ def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
 
 def _made_by(g: ChannelGroup, modules: set[int], params: set[int]) -> bool:
     """Whether one of `modules` (or a module holding one of their `params`: a tied weight)
-    outputs the group's channels: the rows that make them, a depthwise conv's, or a bias."""
-    makers = [s for s in g.slices if s.role in ("out", "depthwise", "bias")]
+    outputs the group's channels: it holds a slice of the group other than a consumer's
+    input columns (the rows that make them, a depthwise conv's, a bias, a norm's)."""
+    outputs = [s for s in g.slices if s.role != "in"]
     return any(
-        id(s.module) in modules or id(s.module._parameters.get(s.name)) in params for s in makers
+        id(s.module) in modules or id(s.module._parameters.get(s.name)) in params for s in outputs
     )
 
 
