@@ -405,6 +405,19 @@ def test_exclude_keeps_the_channels_a_tied_depthwise_or_norm_layer_outputs(exclu
     assert model.c.out_channels == model.d.out_channels == model.bn.num_features == 4
 
 
+@pytest.mark.parametrize("by_name", [False, True])
+def test_exclude_of_a_block_keeps_the_channels_its_layers_output(by_name: bool) -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 1), nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)),
+        nn.ReLU(), nn.Conv2d(8, 2, 1),
+    )  # fmt: skip
+    excluded = "1" if by_name else model[1]
+    chosen = prunekit.prune_channels(model, torch.randn(2, 3, 4, 4), 0.5, exclude=[excluded])
+    assert [p.group.name for p in chosen] == ["0.weight"]
+    assert not prunekit.is_pruned(model[1][1])
+    assert bool(model[1][0].weight_mask.flatten(1).any(1).all())  # only its input columns go
+
+
 def test_parameters_combined_in_forward_are_sliced() -> None:
     class Scaled(nn.Module):
         def __init__(self) -> None:

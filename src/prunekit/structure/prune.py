@@ -70,15 +70,16 @@ def prune_channels(
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
     hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
-    (or their names, globs allowed) whose output channels stay (those of a norm or a
-    depthwise conv are its input channels too); their input channels still follow their
-    producers (``ignore=``, its old name, warns). `calibration`: batches for
-    the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
-    default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
-    model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the
-    parameters, MACs, measured latency or units), met by removing the units of lowest score
-    for their cost across all groups of its kinds (see ``prunekit.structure.budget``); the
-    result is then a ``BudgetReport``, the same list with what each group kept.
+    (or their names, globs allowed; a block stands for its layers) whose output channels
+    stay (those of a norm or a depthwise conv are its input channels too); their input
+    channels still follow their producers (``ignore=``, its old name, warns). `calibration`:
+    batches for the criteria that learn from data ('activation'; 'taylor' with
+    `loss(output, batch)`, default ``output.loss``), as prune_model takes them. `budget`:
+    one target for the whole model instead of `amount`, `heads` and `hidden` (a ``Budget``:
+    a share of the parameters, MACs, measured latency or units), met by removing the units
+    of lowest score for their cost across all groups of its kinds (see
+    ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list
+    with what each group kept.
     `compensate=True`: the layers that read removed channels or heads get the least-squares
     update of their kept input columns (and bias) that keeps their output on the
     `calibration` batches (needed then), taken in forward order on the model as masked so
@@ -251,7 +252,8 @@ def _listed(names: Iterable[nn.Module | str] | str) -> list[nn.Module | str]:
 
 
 def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> set[int]:
-    """The ids of the modules `ignore` (the argument `what`) names."""
+    """The ids of the modules `ignore` (the argument `what`) names, and of their submodules
+    (a block's output channels are made by its layers)."""
     names = dict(model.named_modules())
     found: set[int] = set()
     for item in ignore:
@@ -271,7 +273,7 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
             raise TypeError(
                 f"prune_channels: {what} holds {item!r}; expected modules or module names"
             )
-    return found
+    return {id(sub) for m in names.values() if id(m) in found for sub in m.modules()}
 
 
 def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
