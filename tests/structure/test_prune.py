@@ -317,6 +317,24 @@ class HardCoded(nn.Module):
         return self.fc(self.conv(x).reshape(-1, 16))  # 16 = 4 channels x 2 x 2, hard-coded
 
 
+def test_compact_warns_of_layers_the_example_inputs_never_ran() -> None:
+    class ByBatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.big, self.small = nn.Linear(5, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+        def forward(self, x: Tensor) -> Tensor:
+            y = F.relu(self.a(x))
+            return self.big(y) if x.shape[0] > 2 else self.small(y)
+
+    model, x = ByBatch(), torch.randn(4, 5)
+    prunekit.prune_channels(model, x, 0.5)
+    with pytest.warns(UserWarning, match=r"ByBatch: small never ran on the example inputs"):
+        prunekit.compact(model, x, latency_runs=0)
+    assert model.a.out_features == model.big.in_features == 4  # what did run is compacted
+    assert model.small.in_features == 8
+
+
 def test_a_failed_check_rolls_back() -> None:
     model = HardCoded()
     x = torch.randn(3, 3, 2, 2)
@@ -358,6 +376,46 @@ def test_a_parameter_used_elsewhere_blocks_its_group() -> None:
 
     group = by_name(prunekit.channel_groups(Reused(), torch.randn(1, 3, 2, 2)), "a.weight")
     assert "a.bias is also used by sum" in (group.reason or "")
+
+
+class TiedPair(nn.Module):
+    """`b` and `c` hold one weight; `d` is a depthwise conv on `c`'s channels, `bn` their norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 8, 1, bias=False)
+        self.c.weight = self.b.weight
+        self.d, self.e = nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 2, 1)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.c(F.relu(self.b(F.relu(self.a(x))))))
+        return self.e(F.relu(self.bn(self.d(x))))
+
+
+@pytest.mark.parametrize("excluded", ["c", "d", "bn"])
+def test_exclude_keeps_the_channels_a_tied_depthwise_or_norm_layer_outputs(excluded: str) -> None:
+    model, x = TiedPair(), torch.randn(2, 3, 4, 4)
+    group = by_name(prunekit.channel_groups(model, x), "a.weight")
+    assert group.prunable and group.size == 8  # c (through b's weight), d and bn output them
+    assert not prunekit.prune_channels(model, x, 0.5, exclude=[excluded])
+    assert not prunekit.is_pruned(model)
+    roundtrip(model, x, 0.5)  # without the exclusion they go
+    assert model.c.out_channels == model.d.out_channels == model.bn.num_features == 4
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_exclude_of_a_block_keeps_the_channels_its_layers_output(by_name: bool) -> None:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 1), nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)),
+        nn.ReLU(), nn.Conv2d(8, 2, 1),
+    )  # fmt: skip
+    excluded = "1" if by_name else model[1]
+    chosen = prunekit.prune_channels(model, torch.randn(2, 3, 4, 4), 0.5, exclude=[excluded])
+    assert [p.group.name for p in chosen] == ["0.weight"]
+    assert not prunekit.is_pruned(model[1][1])
+    assert bool(model[1][0].weight_mask.flatten(1).any(1).all())  # only its input columns go
 
 
 def test_parameters_combined_in_forward_are_sliced() -> None:

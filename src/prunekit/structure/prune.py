@@ -70,14 +70,16 @@ def prune_channels(
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
     hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
-    (or their names, globs allowed) whose output channels stay; their input channels still
-    follow their producers (``ignore=``, its old name, warns). `calibration`: batches for
-    the criteria that learn from data ('activation'; 'taylor' with `loss(output, batch)`,
-    default ``output.loss``), as prune_model takes them. `budget`: one target for the whole
-    model instead of `amount`, `heads` and `hidden` (a ``Budget``: a share of the
-    parameters, MACs, measured latency or units), met by removing the units of lowest score
-    for their cost across all groups of its kinds (see ``prunekit.structure.budget``); the
-    result is then a ``BudgetReport``, the same list with what each group kept.
+    (or their names, globs allowed; a block stands for its layers) whose output channels
+    stay (those of a norm or a depthwise conv are its input channels too); their input
+    channels still follow their producers (``ignore=``, its old name, warns). `calibration`:
+    batches for the criteria that learn from data ('activation'; 'taylor' with
+    `loss(output, batch)`, default ``output.loss``), as prune_model takes them. `budget`:
+    one target for the whole model instead of `amount`, `heads` and `hidden` (a ``Budget``:
+    a share of the parameters, MACs, measured latency or units), met by removing the units
+    of lowest score for their cost across all groups of its kinds (see
+    ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list
+    with what each group kept.
     `compensate=True`: the layers that read removed channels or heads get the least-squares
     update of their kept input columns (and bias) that keeps their output on the
     `calibration` batches (needed then), taken in forward order on the model as masked so
@@ -106,7 +108,9 @@ def prune_channels(
         found = channel_groups(model, example_inputs, gqa=gqa)
         _check_found(model, found, amounts)
         groups = [g for g in found if g.prunable]
-        groups = [g for g in groups if not any(id(s.module) in skipped for s in _makers(g))]
+        held = {id(p) for m in model.modules() if id(m) in skipped
+                for p in m._parameters.values() if p is not None}  # fmt: skip
+        groups = [g for g in groups if not _made_by(g, skipped, held)]
         groups = [g for g in groups if (g.kind in budget.kinds if budget else amounts.get(g.kind))]
         if batches is not None:  # for the criterion too where it takes them
             calibration = batches if _wants_batches(criterion) else None
@@ -196,8 +200,14 @@ def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
     return next((len(p.units) for p in chosen if p.group is group), 0)
 
 
-def _makers(g: ChannelGroup) -> list[Any]:
-    return [s for s in g.slices if s.role == "out"]
+def _made_by(g: ChannelGroup, modules: set[int], params: set[int]) -> bool:
+    """Whether one of `modules` (or a module holding one of their `params`: a tied weight)
+    outputs the group's channels: it holds a slice of the group other than a consumer's
+    input columns (the rows that make them, a depthwise conv's, a bias, a norm's)."""
+    outputs = [s for s in g.slices if s.role != "in"]
+    return any(
+        id(s.module) in modules or id(s.module._parameters.get(s.name)) in params for s in outputs
+    )
 
 
 _WHAT = {
@@ -242,7 +252,8 @@ def _listed(names: Iterable[nn.Module | str] | str) -> list[nn.Module | str]:
 
 
 def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> set[int]:
-    """The ids of the modules `ignore` (the argument `what`) names."""
+    """The ids of the modules `ignore` (the argument `what`) names, and of their submodules
+    (a block's output channels are made by its layers)."""
     names = dict(model.named_modules())
     found: set[int] = set()
     for item in ignore:
@@ -262,7 +273,7 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
             raise TypeError(
                 f"prune_channels: {what} holds {item!r}; expected modules or module names"
             )
-    return found
+    return {id(sub) for m in names.values() if id(m) in found for sub in m.modules()}
 
 
 def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,

@@ -10,7 +10,9 @@ remains in float64.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,7 @@ from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.hfconfig import update_config
 from prunekit.structure.compaction.surgery import Capture, apply, folds, narrow, plan
 from prunekit.structure.families.experts import unaligned_experts
-from prunekit.structure.graph.graph import check_model, split_inputs, traced_groups
+from prunekit.structure.graph.graph import ChannelGroup, check_model, split_inputs, traced_groups
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
 from prunekit.structure.saving.hfbuild import pretrained_mismatches
 
@@ -120,10 +122,12 @@ def compact(
     modes = [(m, m.training) for m in model.modules()]
     try:
         with transaction(model) as masked:  # the traced forward too: it may write buffers
-            result = plan(traced_groups(model, example_inputs, "auto", "compact"))
+            found = traced_groups(model, example_inputs, "auto", "compact")
+            result = plan(found)
             model.eval()  # the modes come back in `finally`; the masked model is timed in eval
             capture = Capture(result)
-            with torch.no_grad(), capture:
+            ran: set[int] = set()
+            with torch.no_grad(), capture, _running(ran):
                 reference = model(*args, **kwargs)
             before = _measures(model, args, kwargs)
             apply(result, folds(result, capture), model)
@@ -143,6 +147,9 @@ def compact(
     finally:
         for m, mode in modes:
             m.training = mode
+    unseen = _unseen(model, found, ran) if result.units else []
+    if unseen:
+        warn_caller(f"compact: {type(model).__name__}: {_never_ran(unseen)}")
     not_rebuilt = pretrained_mismatches(model)
     if not_rebuilt:
         warn_caller(f"compact: {type(model).__name__}: {_not_rebuilt(not_rebuilt)}")
@@ -151,6 +158,38 @@ def compact(
         timed.before_ms if timed else None, timed.after_ms if timed else None, diff, scale,
         config, stale, timed, not_rebuilt,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _running(ran: set[int]) -> Iterator[None]:
+    """Collect the ids of the modules whose forward runs in the block."""
+
+    def enter(module: nn.Module, _: Any) -> None:
+        ran.add(id(module))
+
+    handle = nn.modules.module.register_module_forward_pre_hook(enter)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _unseen(model: nn.Module, groups: list[ChannelGroup], ran: set[int]) -> list[str]:
+    """The modules holding parameters that did not run on the example inputs and that no
+    group slices: what they read is unknown, so their input widths stay as they were."""
+    known = ran | {id(s.module) for g in groups for s in g.slices}
+    return [name for name, m in model.named_modules() if id(m) not in known
+            and any(p is not None for p in m._parameters.values())]  # fmt: skip
+
+
+def _never_ran(names: list[str]) -> str:
+    more = f" (and {len(names) - 3} more)" if len(names) > 3 else ""
+    return (
+        f"{', '.join(names[:3])}{more} never ran on the example inputs (in eval mode), so the "
+        "channels they read are unknown and their input widths were kept: a forward that "
+        "runs them (on other input shapes, or in train mode) may fail; expected example "
+        "inputs that run every layer, or remove such layers before compacting"
+    )
 
 
 def _not_rebuilt(found: tuple[str, ...]) -> str:
