@@ -13,7 +13,12 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers.model_state import fingerprint
-from prunekit.structure.measure import Paired, paired_latency
+from prunekit.structure.measure import (
+    Paired,
+    count_macs,
+    macs_per_entry,
+    paired_latency,
+)
 
 
 class FakeClock:
@@ -134,3 +139,14 @@ def test_a_failed_compaction_puts_the_config_back_too(monkeypatch: pytest.Monkey
     report = prunekit.compact(model, inputs, latency_runs=2)
     assert report.latency is not None and report.config["hidden_size"] == 8
     assert model.config.hidden_size == 8 and model.config.num_attention_heads == 2
+
+
+def test_transposed_convolutions_count_their_multiply_accumulates() -> None:
+    # Every input position meets every entry of its weight once: 1 x 4 x 9 x 9 inputs times
+    # a (4, 6, 3, 3) kernel, whatever the stride and padding.
+    up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1)
+    x = torch.randn(1, 4, 9, 9)
+    assert count_macs(up, (x,), {}) == 81 * 4 * 6 * 9
+    assert macs_per_entry(up, (x,), {}) == {id(up.weight): 81}
+    grouped = nn.ConvTranspose1d(4, 6, 3, groups=2)
+    assert count_macs(grouped, (torch.randn(2, 4, 5),), {}) == 2 * 5 * 4 * 3 * 3

@@ -43,6 +43,10 @@ class _Macs(TorchFunctionMode):
             weight = args[1]
             self.total += out.numel() * math.prod(weight.shape[1:])
             self.weights.append((weight, out.numel() // max(weight.shape[0], 1)))
+        elif name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d") and len(args) > 1:
+            weight = args[1]  # (in, out / groups, *kernel): each input position meets its row
+            self.total += args[0].numel() * math.prod(weight.shape[1:])
+            self.weights.append((weight, args[0].numel() // max(weight.shape[0], 1)))
         elif name == "linear" and len(args) > 1:
             self.total += out.numel() * args[1].shape[1]
             self.weights.append((args[1], out.numel() // max(args[1].shape[0], 1)))
@@ -55,7 +59,8 @@ class _Macs(TorchFunctionMode):
 
 
 def count_macs(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """Multiply-accumulates of convolutions, linear layers and matrix products in one forward."""
+    """Multiply-accumulates of convolutions (transposed too), linear layers and matrix products
+    in one forward."""
     counter = _Macs()
     with torch.no_grad(), counter:
         model(*args, **kwargs)
