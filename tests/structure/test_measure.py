@@ -16,6 +16,7 @@ from helpers.model_state import fingerprint
 from prunekit.structure.measure import (
     Paired,
     count_macs,
+    latency_ms,
     macs_per_entry,
     paired_latency,
 )
@@ -150,3 +151,8 @@ def test_transposed_convolutions_count_their_multiply_accumulates() -> None:
     assert macs_per_entry(up, (x,), {}) == {id(up.weight): 81}
     grouped = nn.ConvTranspose1d(4, 6, 3, groups=2)
     assert count_macs(grouped, (torch.randn(2, 4, 5),), {}) == 2 * 5 * 4 * 3 * 3
+
+
+def test_latency_ms_refuses_runs_below_one() -> None:
+    with pytest.raises(ValueError, match=r"latency_ms: invalid runs=0; expected an int >= 1"):
+        latency_ms(nn.Linear(2, 2), (torch.randn(1, 2),), {}, runs=0)

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from prunekit.core.checks import check_number
+
 
 def count_params(model: nn.Module) -> int:
     """Entries of the model's parameters (a pruned tensor counts once, as its ``_orig``)."""
@@ -97,7 +99,10 @@ def macs_per_entry(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 def latency_ms(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], runs: int = 10
 ) -> float:
-    """Median wall time of one forward in milliseconds (inference mode, after one warm-up)."""
+    """Median wall time of one forward in milliseconds (inference mode, after one warm-up);
+    `runs`: the forwards timed, an int >= 1."""
+    check_number(runs, "runs", "latency_ms", "an int >= 1: the forwards timed", lambda v: v >= 1,
+                 integral=True)  # fmt: skip
     with torch.inference_mode():
         model(*args, **kwargs)
         times = []
