@@ -83,6 +83,14 @@ def test_a_nan_free_zero_time_does_not_divide_by_zero() -> None:
     assert found.verdict().endswith("x faster") and found.ratio > 1
 
 
+def test_a_clock_that_sees_no_time_in_either_state_finds_no_difference() -> None:
+    found, _ = timed([1.0, 0.0, 0.0], [1.0, 0.0, 0.0])
+    assert found.ratio == pytest.approx(1.0)
+    assert str(found).startswith("0.00 ms -> 0.00 ms, no clear difference (1.00x)")
+    slower, _ = timed([1.0, 0.0, 0.0], [1.0, 0.001, 0.001])
+    assert 0 < slower.ratio < 1 and slower.verdict().endswith("x slower")
+
+
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()

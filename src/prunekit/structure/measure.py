@@ -163,7 +163,7 @@ def paired_latency(
             forward()
             if index:  # the first round warms up
                 found.append(clock() - start)
-    ratios = [a / max(b, 1e-12) for a, b in zip(*times, strict=True)]
+    ratios = [max(a, 1e-12) / max(b, 1e-12) for a, b in zip(*times, strict=True)]
     ratio = statistics.median(ratios)
     quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if runs > 1 else [ratio] * 3
     return Paired(
