@@ -33,6 +33,7 @@ __all__ = [
     "load_state_dict",
     "open_regular",
     "save_state_dict",
+    "writable_file",
 ]
 
 FORMATS = ("torch", "safetensors")
@@ -194,17 +195,24 @@ def load_state_dict(
     return _as_state_dict(obj, str(path))
 
 
+def writable_file(path: str | os.PathLike[str]) -> Path:
+    """`path` as a Path, refused unless a file can be written there: no directory of that
+    name, and its directory exists."""
+    target = Path(path)
+    if target.is_dir():
+        raise CheckpointError(f"{target}: is a directory, expected a file name")
+    if not target.parent.is_dir():
+        raise CheckpointError(f"{target}: the directory {target.parent} does not exist")
+    return target
+
+
 def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -> Path:
     """Write `state` to `path`, as safetensors if it ends in .safetensors, else torch.save.
 
     `path` holds either its old content or the complete new one, even if the process is
     killed mid-write (see atomic_path). A .safetensors file is made in memory first.
     """
-    target = Path(path)
-    if target.is_dir():
-        raise CheckpointError(f"{target}: is a directory, expected a file name")
-    if not target.parent.is_dir():
-        raise CheckpointError(f"{target}: the directory {target.parent} does not exist")
+    target = writable_file(path)
     if target.suffix == ".safetensors":
         st = require("safetensors.torch", "cli", "writing .safetensors files")
         data: bytes = st.save(_unshared(state))

@@ -14,7 +14,7 @@ from typing import Any
 
 from prunekit._extras import require
 from prunekit.io.atomic import atomic_folder, atomic_path, overlaps, same_file
-from prunekit.io.files import CheckpointError, load_state_dict
+from prunekit.io.files import CheckpointError, load_state_dict, writable_file
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
@@ -247,11 +247,7 @@ def _run_report(args: argparse.Namespace) -> int:
             "(the input is never changed)"
         )
     if args.plot:  # checked before the checkpoint is read, as prune checks its output
-        plot = Path(args.plot)
-        if plot.is_dir():
-            raise CheckpointError(f"{plot}: is a directory, expected a file name")
-        if not plot.parent.is_dir():
-            raise CheckpointError(f"{plot}: the directory {plot.parent} does not exist")
+        writable_file(args.plot)
     if Path(args.path).is_dir():  # a model folder, sharded or not
         found = folder_report(args.path)
     else:
