@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit._extras import require
-from prunekit.io.atomic import atomic_path
+from prunekit.io.atomic import atomic_path, overlaps
 
 try:
     import resource
@@ -34,6 +34,7 @@ __all__ = [
     "open_regular",
     "save_state_dict",
     "writable_file",
+    "writable_folder",
 ]
 
 FORMATS = ("torch", "safetensors")
@@ -204,6 +205,22 @@ def writable_file(path: str | os.PathLike[str]) -> Path:
     if not target.parent.is_dir():
         raise CheckpointError(f"{target}: the directory {target.parent} does not exist")
     return target
+
+
+def writable_folder(path: str | os.PathLike[str], what: str, source: Path | None = None) -> Path:
+    """`path` as a Path, refused unless a folder for `what` can be written there: no file of
+    that name, apart from the input folder `source` (if given), and its parent exists."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"{folder}: is a file; expected a folder for {what}")
+    if source is not None and overlaps(source, folder):
+        raise CheckpointError(
+            f"{folder}: is, holds or lies inside the input folder {source} (links "
+            "resolved); expected an output folder apart from the input"
+        )
+    if not folder.parent.is_dir():
+        raise CheckpointError(f"{folder}: the folder {folder.parent} does not exist")
+    return folder
 
 
 def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -> Path:

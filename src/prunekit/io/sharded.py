@@ -34,8 +34,8 @@ from prunekit.core.amount import Amount
 from prunekit.core.counting import zero_count
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
-from prunekit.io.atomic import atomic_folder, overlaps, umask
-from prunekit.io.files import CheckpointError
+from prunekit.io.atomic import atomic_folder, umask
+from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.statedict import check_method, prune_state_dict, seeded
 from prunekit.select import Source
@@ -154,17 +154,7 @@ def prune_sharded(
     checkpoint = _open(path)
     found = entries({name: s.meta() for name, s in checkpoint.tensors.items()})
     targets = set(select_names(found, include, exclude))
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise CheckpointError(f"{folder}: is a file; expected a folder for the shards")
-    source = checkpoint.index.parent
-    if overlaps(source, folder):
-        raise CheckpointError(
-            f"{folder}: is, holds or lies inside the input folder {source} (links "
-            "resolved); expected an output folder apart from the input"
-        )
-    if not folder.parent.is_dir():
-        raise CheckpointError(f"{folder}: the folder {folder.parent} does not exist")
+    folder = writable_folder(out, "the shards", checkpoint.index.parent)
     plans, weight_map = _plan(checkpoint, found, targets, keep_masks)
     need = sum(p.nbytes for file in plans.values() for p in file)
     free = shutil.disk_usage(folder.parent).free

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from prunekit._extras import require
-from prunekit.io.atomic import atomic_folder, atomic_path, overlaps, same_file
-from prunekit.io.files import CheckpointError, load_state_dict, writable_file
+from prunekit.io.atomic import atomic_folder, atomic_path, same_file
+from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
@@ -288,12 +288,8 @@ def _run_prune(args: argparse.Namespace) -> int:
     if is_sharded(args.path):  # a folder of safetensors shards: streamed, shard by shard
         index = index_of(args.path)
         assert index is not None
-        out = _output_folder(args.out)
-        if overlaps(index.parent, out):  # checked here: the shards are written to a stage
-            raise CheckpointError(
-                f"{out}: is, holds or lies inside the input folder {index.parent} (links "
-                "resolved); expected an output folder apart from the input"
-            )
+        # checked here, apart from the input too: the shards are written to a stage
+        out = writable_folder(args.out, _COPY, index.parent)
         with atomic_folder(out) as stage:  # the shards and the files beside them, as one
             status = _run_prune_sharded(args, stage, out)
             copy_companions(index.parent, stage)
@@ -303,21 +299,14 @@ def _run_prune(args: argparse.Namespace) -> int:
     return _run_prune_file(args, args.path, args.out)
 
 
-def _output_folder(name: str) -> Path:
-    """The folder OUT of a model folder's copy, checked before anything is written."""
-    out = Path(name)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out}: is a file; expected a folder for a model folder's copy")
-    if not out.parent.is_dir():
-        raise CheckpointError(f"{out}: the folder {out.parent} does not exist")
-    return out
+_COPY = "a model folder's copy"  # what the folder OUT is for, in errors
 
 
 def _run_prune_folder(args: argparse.Namespace) -> int:
     """A single-file model folder into the folder OUT: its weights pruned, the rest copied,
     both staged beside OUT and swapped in together (a failure leaves OUT as it was)."""
     weights = weights_file(args.path)
-    out = _output_folder(args.out)
+    out = writable_folder(args.out, _COPY)
     if same_file(weights, out / WEIGHTS):
         raise CheckpointError(
             f"{out / WEIGHTS}: is the input file itself; expected another output folder "
