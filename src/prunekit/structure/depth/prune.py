@@ -18,7 +18,7 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skip, unskip
-from prunekit.structure.depth.linear import drop, fit_map, install
+from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
@@ -254,11 +254,11 @@ def _apply(model: nn.Module, found: BlockList, chosen: tuple[int, ...], batches:
     for start, end in _spans(chosen):
         if ridge is not None:
             linear, fitted = fit_map(model, found, start, end, batches, ridge, _OWNER)
-            if hasattr(linear, "weight_orig"):
+            problem = fold_problem(linear, names[id(linear)])
+            if problem is not None:
                 raise value_error(
-                    f"{_OWNER}: replace='linear' would fold a map into {names[id(linear)]}, "
-                    "whose weight is pruned (masked); expected prunekit.remove on it first, "
-                    "or replace=False"
+                    f"{_OWNER}: replace='linear' cannot fold a map into {names[id(linear)]}: "
+                    f"{problem}; expected prunekit.remove on it first, or replace=False"
                 )
             install(linear, fitted)
             replaced.append((start, end, names[id(linear)]))

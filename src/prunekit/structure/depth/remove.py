@@ -19,7 +19,7 @@ from torch import nn
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, unskip
-from prunekit.structure.depth.linear import fold, is_projection, replacement_of
+from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.measure import count_params
 
 __all__ = ["BlockRemoval", "remove_blocks"]
@@ -83,20 +83,33 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None) -> BlockRemova
         )
     before = count_params(model)
     config = getattr(model, "config", None)
+    maps = _folds(model)
     with transaction(model):  # the modules, the block list and the config
-        folded = _fold(model)
+        folded = _fold(maps)
         _delete(found, removed)
         changed = _update_config(config, len(found) + len(removed), removed)
     return BlockRemoval(found.name, removed, folded, before, count_params(model), changed)
 
 
-def _fold(model: nn.Module) -> tuple[str, ...]:
-    names = []
-    for name, module in model.named_modules():
-        if is_projection(module) and replacement_of(module) is not None:
-            fold(module)
-            names.append(name)
-    return tuple(names)
+def _folds(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The projections holding a fitted map, each checked to take it exactly (refused with
+    the reason before anything changes)."""
+    found = [(name, module) for name, module in model.named_modules()
+             if is_projection(module) and replacement_of(module) is not None]  # fmt: skip
+    for name, module in found:
+        problem = fold_problem(module, name)
+        if problem is not None:
+            raise value_error(
+                f"{_OWNER}: cannot fold the linear map of prune_blocks(..., replace='linear') "
+                f"into {name}: {problem}; the model is unchanged"
+            )
+    return found
+
+
+def _fold(found: list[tuple[str, nn.Module]]) -> tuple[str, ...]:
+    for _, module in found:
+        fold(module)
+    return tuple(name for name, _ in found)
 
 
 def _delete(found: BlockList, removed: tuple[int, ...]) -> None:

@@ -1,0 +1,71 @@
+"""Depth pruning keeps its promises under hostile use: a map folded into a pruned
+projection, config fields that depend on layer indices, no tokens to score on, both
+residual styles, one block at several positions, and a removal checked before it returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from helpers.model_state import fingerprint
+
+T = pytest.importorskip("transformers")
+
+IDS = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+
+
+def calibration(count: int = 3) -> list[dict[str, Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [{"input_ids": torch.randint(0, 100, (2, 16), generator=g)} for _ in range(count)]
+
+
+def llama(layers: int = 4) -> Any:
+    torch.manual_seed(0)
+    config = T.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                           tie_word_embeddings=False)  # fmt: skip
+    return T.LlamaForCausalLM(config).eval()
+
+
+def logits(model: Any, ids: Tensor = IDS) -> Tensor:
+    with torch.no_grad():
+        out: Tensor = model(ids).logits
+    return out
+
+
+def close(a: Tensor, b: Tensor, rel: float = 1e-5) -> bool:
+    return bool((a - b).abs().max() <= rel * b.abs().max())
+
+
+def test_a_map_folds_into_a_projection_pruned_afterwards() -> None:
+    model = llama()
+    result = prunekit.prune_blocks(model, calibration(), 1, replace="linear")
+    ((_, _, name),) = result.replaced
+    prunekit.prune_channels(model, {"input_ids": IDS}, 0.25)
+    linear = model.get_submodule(name)
+    mask = linear.weight_mask.clone()
+    assert not bool(mask.all())  # the projection's input channels are masked
+    masked = logits(model)
+    prunekit.remove_blocks(model)
+    assert torch.equal(linear.weight_mask, mask)  # the mask stays, the map is in weight_orig
+    assert "weight_orig" in linear._parameters and "weight" not in linear._parameters
+    assert close(logits(model), masked)
+    report = prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    assert report.relative_error <= 1e-4
+
+
+def test_a_map_is_not_folded_through_a_mask_of_the_outputs() -> None:
+    model = llama()
+    result = prunekit.prune_blocks(model, calibration(), 1, replace="linear")
+    ((_, _, name),) = result.replaced
+    prunekit.random_unstructured(model.get_submodule(name), "weight", amount=0.3)
+    before, saved = fingerprint(model), model.config.to_dict()
+    with pytest.raises(ValueError, match=rf"remove_blocks: cannot fold .* into {name}: "
+                       rf"{name}\.weight is pruned with a mask that differs"):  # fmt: skip
+        prunekit.remove_blocks(model)
+    assert fingerprint(model) == before and model.config.to_dict() == saved
+    assert prunekit.skipped_blocks(model) == {"model.layers": result.skipped}
