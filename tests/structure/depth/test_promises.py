@@ -69,3 +69,41 @@ def test_a_map_is_not_folded_through_a_mask_of_the_outputs() -> None:
         prunekit.remove_blocks(model)
     assert fingerprint(model) == before and model.config.to_dict() == saved
     assert prunekit.skipped_blocks(model) == {"model.layers": result.skipped}
+
+
+def test_no_tokens_to_score_on_is_refused() -> None:
+    model = llama()
+    before = fingerprint(model)
+    batches = [{"input_ids": IDS, "attention_mask": torch.zeros_like(IDS)} for _ in range(2)]
+    for criterion in ("angular", "influence"):
+        with pytest.raises(ValueError, match=r"prune_blocks: every attention_mask of the 2 "
+                           r"calibration batches is all zero"):  # fmt: skip
+            prunekit.prune_blocks(model, batches, 1, criterion=criterion)
+    assert fingerprint(model) == before and prunekit.skipped_blocks(model) == {}
+    batches[1]["attention_mask"][0, :3] = 1  # three tokens are enough
+    assert len(prunekit.prune_blocks(model, batches, 1).skipped) == 1
+
+
+class Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.body = nn.ModuleList([nn.Linear(8, 8), block, block, block])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.body:
+            x = layer(x)
+        return x
+
+
+def test_one_block_object_at_several_positions_is_refused() -> None:
+    model, x = Shared(), torch.randn(4, 8)
+    before = fingerprint(model)
+    message = r"body holds one block object at positions \[1, 2, 3\]"
+    with pytest.raises(ValueError, match=rf"skip_blocks: {message}"):
+        prunekit.skip_blocks(model, [1], blocks="body")
+    with pytest.raises(ValueError, match=rf"prune_blocks: {message}"):
+        prunekit.prune_blocks(model, [x], 1, blocks="body")
+    with pytest.raises(ValueError, match=rf"remove_blocks: {message}"):
+        prunekit.remove_blocks(model, blocks="body")
+    assert fingerprint(model) == before and prunekit.skipped_blocks(model) == {}

@@ -48,7 +48,23 @@ class BlockList:
 
 def find_blocks(model: nn.Module, blocks: str | None, owner: str) -> BlockList:
     """The ModuleList named `blocks`, or (None) the model's ModuleList of two or more
-    modules of one class that holds the most modules (``model.layers``, ``encoder.layer``)."""
+    modules of one class that holds the most modules (``model.layers``, ``encoder.layer``);
+    refused where one block object stands at several positions."""
+    found = _find(model, blocks, owner)
+    positions: dict[int, list[int]] = {}
+    for index, block in enumerate(found.modules):
+        positions.setdefault(id(block), []).append(index)
+    shared = [where for where in positions.values() if len(where) > 1]
+    if shared:
+        raise value_error(
+            f"{owner}: {found.name or 'the ModuleList'} holds one block object at positions "
+            f"{shared[0]}: skipping or removing it at one position would change them all; "
+            "expected a distinct module at each position (copy.deepcopy the shared block)"
+        )
+    return found
+
+
+def _find(model: nn.Module, blocks: str | None, owner: str) -> BlockList:
     if blocks is None:
         found = block_list(model, list(model.modules()))
         if found is None:

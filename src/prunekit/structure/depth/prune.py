@@ -20,6 +20,7 @@ from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skip, unskip
 from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
+from prunekit.structure.depth.states import check_tokens
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
 
@@ -103,6 +104,7 @@ def prune_blocks(
             f"{found.name} on data; expected an iterable of batches"
         )
     batches = batch_list(calibration, _OWNER)
+    check_tokens(batches, _OWNER)
     already = [i for i, block in enumerate(found.modules) if is_skipped(block)]
     if already:
         raise value_error(

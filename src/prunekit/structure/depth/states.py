@@ -17,7 +17,15 @@ from prunekit.core.errors import is_explained, value_error
 from prunekit.criteria.calibration import run_batch
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
 
-__all__ = ["Boundaries", "boundaries", "rows", "run_boundaries", "run_one", "token_mask"]
+__all__ = [
+    "Boundaries",
+    "boundaries",
+    "check_tokens",
+    "rows",
+    "run_boundaries",
+    "run_one",
+    "token_mask",
+]
 
 
 class Boundaries:
@@ -99,3 +107,17 @@ def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
     """The hidden state as one row per counted token, in float64."""
     flat = hidden.reshape(-1, hidden.shape[-1]).to(dtype=torch.float64)
     return flat if mask is None else flat[mask.reshape(-1)]
+
+
+def check_tokens(batches: list[Any], owner: str) -> None:
+    """Refuse calibration batches whose ``attention_mask`` keeps no token at all: there is
+    nothing to score blocks (or fit a map) on."""
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    if all(isinstance(m, Tensor) for m in masks) and not any(
+        bool((m != 0).any()) for m in masks if isinstance(m, Tensor)
+    ):
+        raise value_error(
+            f"{owner}: every attention_mask of the {len(batches)} calibration batches is all "
+            "zero, so there is no token to score the blocks on; expected batches whose "
+            "attention_mask keeps at least one token"
+        )
