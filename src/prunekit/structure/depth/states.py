@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from prunekit.core.errors import is_explained, value_error
 from prunekit.criteria.calibration import run_batch
-from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
+from prunekit.structure.depth.blocks import ADDS, REPLACES, BlockList, hidden_in, hidden_out
 
 __all__ = [
     "Boundaries",
@@ -37,8 +37,9 @@ class Boundaries:
 
 
 @contextmanager
-def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
-    """Hooks that fill a ``Boundaries`` with what each block takes and gives (detached)."""
+def boundaries(blocks: BlockList, owner: str, style: str = REPLACES) -> Iterator[Boundaries]:
+    """Hooks that fill a ``Boundaries`` with the hidden state each block takes and the one
+    after it (detached): its output, or (`style` ADDS: the parent adds the output) the sum."""
     found = Boundaries(len(blocks))
     handles = []
 
@@ -53,7 +54,7 @@ def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
                     "one shape"
                 )
             found.inputs[index] = before.detach()
-            found.outputs[index] = after.detach()
+            found.outputs[index] = (after + before if style == ADDS else after).detach()
 
         return hook
 
@@ -79,10 +80,10 @@ def run_one(model: nn.Module, batch: Any, index: int, owner: str) -> Any:
         ) from error
 
 
-def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int,
-                   owner: str) -> Boundaries:  # fmt: skip
+def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int, owner: str,
+                   style: str = REPLACES) -> Boundaries:  # fmt: skip
     """Run `batch` (number `index`) through `model` (no grad); every block's hidden states."""
-    with boundaries(blocks, owner) as found, torch.no_grad():
+    with boundaries(blocks, owner, style) as found, torch.no_grad():
         run_one(model, batch, index, owner)
     for index, seen in enumerate(found.inputs):
         if seen is None:
