@@ -107,3 +107,166 @@ def test_one_block_object_at_several_positions_is_refused() -> None:
     with pytest.raises(ValueError, match=rf"remove_blocks: {message}"):
         prunekit.remove_blocks(model, blocks="body")
     assert fingerprint(model) == before and prunekit.skipped_blocks(model) == {}
+
+
+def qwen3_moe(**fields: Any) -> Any:
+    torch.manual_seed(0)
+    config = T.Qwen3MoeConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                              moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                              **fields)  # fmt: skip
+    return T.Qwen3MoeForCausalLM(config).eval()
+
+
+def kinds(model: Any) -> list[str]:
+    return [type(layer.mlp).__name__ for layer in model.model.layers]
+
+
+@pytest.mark.parametrize(
+    ("fields", "config"),
+    [
+        ({"decoder_sparse_step": 2}, {"decoder_sparse_step": 1, "mlp_only_layers": [1]}),
+        ({"mlp_only_layers": [3]}, {"mlp_only_layers": [2]}),
+    ],
+)
+def test_qwen3_moe_layer_kinds_survive_removal_and_reload(
+    tmp_path: Any, fields: dict[str, Any], config: dict[str, Any]
+) -> None:
+    model = qwen3_moe(**fields)
+    prunekit.skip_blocks(model, [0])
+    masked, wanted = logits(model), kinds(model)[1:]
+    report = prunekit.remove_blocks(model)
+    assert report.config == {**config, "num_hidden_layers": 3}
+    assert report.max_abs_diff == 0.0 and kinds(model) == wanted
+    model.save_pretrained(tmp_path / "hf")
+    loaded = T.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert kinds(loaded) == wanted
+    assert torch.equal(logits(loaded), masked)
+    prunekit.save_compacted(model, tmp_path / "compacted")
+    again = prunekit.load_compacted(tmp_path / "compacted")
+    assert kinds(again) == wanted and torch.equal(logits(again), masked)
+
+
+def test_a_step_rule_without_an_explicit_list_is_refused_by_name() -> None:
+    torch.manual_seed(0)
+    config = T.DeepseekV3Config(vocab_size=100, hidden_size=32, num_hidden_layers=4,
+                                num_attention_heads=4, num_key_value_heads=4,
+                                intermediate_size=48, moe_intermediate_size=16,
+                                n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+                                topk_group=1, first_k_dense_replace=1, q_lora_rank=None,
+                                kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                v_head_dim=8)  # fmt: skip
+    config.moe_layer_freq = 2  # a rule some DeepSeek configs carry: MoE at every 2nd layer
+    model = T.DeepseekV3ForCausalLM(config).eval()
+    prunekit.skip_blocks(model, [2])
+    before, saved = fingerprint(model), config.to_dict()
+    with pytest.raises(ValueError, match=r"remove_blocks: the config's moe_layer_freq=2 gives "
+                       r"each layer its kind by its position.*kept layer 3 \(now 2\)"):  # fmt: skip
+        prunekit.remove_blocks(model)
+    assert fingerprint(model) == before and config.to_dict() == saved
+
+
+def test_a_config_the_rewrite_misses_is_caught_by_the_rebuild_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = qwen3_moe(decoder_sparse_step=2)
+    prunekit.skip_blocks(model, [0])
+    before, saved = fingerprint(model), model.config.to_dict()
+    monkeypatch.setattr("prunekit.structure.depth.remove.rewrite",
+                        lambda config, count, kept: {"num_hidden_layers": len(kept)})  # fmt: skip
+    with pytest.raises(ValueError, match=r"remove_blocks: a model built from the updated config "
+                       r"\(as from_pretrained builds it\) would differ from this one: "
+                       r"model\.layers\.0\.mlp would be Qwen3MoeMLP, not Qwen3MoeSparseMoeBlock"
+                       r".*decoder_sparse_step=2"):  # fmt: skip
+        prunekit.remove_blocks(model)
+    assert fingerprint(model) == before and model.config.to_dict() == saved
+    assert prunekit.skipped_blocks(model) == {"model.layers": (0,)}
+
+
+def test_sliding_window_layers_follow_their_blocks_through_a_reload(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    config = T.Gemma2Config(vocab_size=100, hidden_size=32, num_hidden_layers=5,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            intermediate_size=48, sliding_window=4)  # fmt: skip
+    model = T.Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(3))
+    types = list(config.layer_types)
+    prunekit.skip_blocks(model, [0])
+    masked = logits(model, ids)
+    prunekit.remove_blocks(model, example_inputs={"input_ids": ids})
+    assert config.layer_types == types[1:] and config.num_hidden_layers == 4
+    model.save_pretrained(tmp_path)
+    loaded = T.Gemma2ForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.layer_types == types[1:]
+    assert close(logits(loaded, ids), masked)
+
+
+class Added(nn.Module):
+    """Blocks whose parent adds their output: h = h + block(h)."""
+
+    def __init__(self, between: bool = False) -> None:
+        super().__init__()
+        self.body = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4))
+        self.between = between
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.body:
+            x = x + block(x)
+            if self.between:
+                x = x * 0.7
+        return x
+
+
+def test_a_skipped_block_adds_nothing_where_the_parent_adds_the_residual() -> None:
+    torch.manual_seed(0)
+    model, x = Added(), torch.randn(4, 8)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"skip_blocks: cannot tell whether the parent of body "
+                       r"takes each block's output.*expected example_inputs="):  # fmt: skip
+        prunekit.skip_blocks(model, [1])
+    assert fingerprint(model) == before and prunekit.skipped_blocks(model) == {}
+    prunekit.skip_blocks(model, [1], example_inputs=x)
+    skipped = model(x).detach()
+    report = prunekit.remove_blocks(model)  # checked on the inputs the skip was found on
+    assert report.max_abs_diff == 0.0 and len(model.body) == 3
+    assert torch.equal(model(x), skipped)
+    torch.manual_seed(0)
+    model = Added()  # the same weights; prune_blocks finds the style on its calibration
+    result = prunekit.prune_blocks(model, [x], 1, criterion="influence")
+    skipped = model(x).detach()
+    prunekit.remove_blocks(model)
+    assert result.skipped and torch.equal(model(x), skipped)
+
+
+def test_a_parent_that_does_more_between_its_blocks_is_refused() -> None:
+    model, x = Added(between=True), torch.randn(4, 8)
+    before = fingerprint(model)
+    for call in (lambda: prunekit.skip_blocks(model, [1], example_inputs=x),
+                 lambda: prunekit.prune_blocks(model, [x], 1)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"passes its input on to body\.1 neither way"):
+            call()
+    assert fingerprint(model) == before and prunekit.skipped_blocks(model) == {}
+
+
+class Counted(nn.Module):
+    """A parent whose output depends on how many blocks it holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(4))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.body:
+            x = block(x)
+        return x / len(self.body)
+
+
+def test_a_removal_that_changes_the_outputs_is_refused_and_undone() -> None:
+    model, x = Counted(), torch.randn(4, 8)
+    prunekit.skip_blocks(model, [2], example_inputs=x)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"remove_blocks: the model with blocks \[2\] of body "
+                       r"removed differs from the model with them skipped by"):  # fmt: skip
+        prunekit.remove_blocks(model)
+    assert fingerprint(model) == before and len(model.body) == 4
+    assert prunekit.skipped_blocks(model) == {"body": (2,)}
