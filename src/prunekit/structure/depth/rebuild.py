@@ -22,10 +22,11 @@ from prunekit.core.errors import value_error
 from prunekit.structure.compaction.fromconfig import build_fresh
 from prunekit.structure.depth.layerconfig import position_fields
 
-__all__ = ["built", "check_rebuilt"]
+__all__ = ["built", "check_rebuilt", "index_attributes"]
 
 _OWNER = "remove_blocks"
-_INDEX_NAMES = ("layer_idx", "layer_id", "layer_number", "layer_index", "idx", "block_idx")
+_INDEX = "layer_idx"
+"""The attribute under which Hugging Face's modules hold their layer's index."""
 
 
 def built(model: nn.Module, config: Any) -> nn.Module | None:
@@ -58,6 +59,32 @@ def check_rebuilt(model: nn.Module, before: nn.Module, config: Any, path: str,
         )
 
 
+def index_attributes(before: nn.Module | None, path: str) -> set[tuple[str, str]]:
+    """The int attributes (module name inside a block, attribute) that hold their block's
+    position in every block of the list at `path` of `before` (built from the config):
+    ``layer_idx``, and a family's own (BigBird's ``seed``). Removal renumbers them, as a
+    model built from the updated config numbers them; without `before`, ``layer_idx``."""
+    found = {("*", _INDEX)}
+    if before is None:
+        return found
+    blocks = before.get_submodule(path)
+    first = dict(blocks[0].named_modules())
+    for name, module in first.items():
+        for key, value in vars(module).items():
+            if type(value) is int and value == 0 and all(
+                _held(block, name, key) == i for i, block in enumerate(blocks)
+            ):  # fmt: skip
+                found.add((name, key))
+    return found
+
+
+def _held(block: nn.Module, name: str, key: str) -> Any:
+    try:
+        return vars(block.get_submodule(name)).get(key)
+    except AttributeError:
+        return None
+
+
 def _why(model: nn.Module, config: Any) -> str:
     found = build_fresh(model, config)
     return found if isinstance(found, str) else "no class built from a config alone"
@@ -70,8 +97,9 @@ def _difference(before: nn.Module, after: nn.Module, path: str, kept: list[int],
     if not isinstance(new, nn.ModuleList) or len(new) != count:
         held = len(new) if isinstance(new, nn.ModuleList) else 0
         return f"{path} would hold {held} blocks, not {count}"
+    indexed = index_attributes(before, path)
     for j, i in enumerate(kept):
-        why = _module_difference(old[i], new[j], f"{path}.{i}", f"{path}.{j}", index=(i, j))
+        why = _module_difference(old[i], new[j], f"{path}.{i}", f"{path}.{j}", (i, j), indexed)
         if why is not None:
             return why
     outer_old = {n: m for n, m in before.named_modules() if not _inside(n, path)}
@@ -90,7 +118,8 @@ def _inside(name: str, path: str) -> bool:
 
 
 def _module_difference(old: nn.Module, new: nn.Module, old_name: str, new_name: str,
-                       index: tuple[int, int]) -> str | None:  # fmt: skip
+                       index: tuple[int, int],
+                       indexed: set[tuple[str, str]]) -> str | None:  # fmt: skip
     olds, news = dict(old.named_modules()), dict(new.named_modules())
     for name in olds.keys() | news.keys():
         where = f"{new_name}.{name}" if name else new_name
@@ -98,14 +127,15 @@ def _module_difference(old: nn.Module, new: nn.Module, old_name: str, new_name: 
             return f"{where} would be missing (it is {old_name}.{name} now)"
         if name not in olds:
             return f"it would have {where}, which {old_name} has not"
-        why = _own_difference(olds[name], news[name], where, index=index)
+        keys = {key for module, key in indexed if module in ("*", name)}
+        why = _own_difference(olds[name], news[name], where, index=index, indexed=keys)
         if why is not None:
             return f"{why} (it is {old_name}{'.' + name if name else ''} now)"
     return None
 
 
 def _own_difference(old: nn.Module, new: nn.Module, where: str,
-                    index: tuple[int, int] = (-1, -1),
+                    index: tuple[int, int] = (-1, -1), indexed: set[str] | None = None,
                     kept: tuple[int, list[int]] = (-1, [])) -> str | None:  # fmt: skip
     """How `new` itself (not its submodules) differs from `old`: its class, its parameters'
     and buffers' names and shapes, its plain attributes (an index or a layer count that
@@ -125,7 +155,7 @@ def _own_difference(old: nn.Module, new: nn.Module, where: str,
         if key.startswith("_") or key == "training" or not _plain(value):
             continue
         other = vars(new).get(key, value)
-        if other == value or (key in _INDEX_NAMES and (value, other) == index):
+        if other == value or (key in (indexed or ()) and (value, other) == index):
             continue
         if _follows(value, other, *kept):
             continue

@@ -23,7 +23,7 @@ from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, 
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
 from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.depth.outputs import check_outputs, reference_outputs
-from prunekit.structure.depth.rebuild import built, check_rebuilt
+from prunekit.structure.depth.rebuild import built, check_rebuilt, index_attributes
 from prunekit.structure.measure import count_params
 
 __all__ = ["BlockRemoval", "remove_blocks"]
@@ -117,7 +117,7 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
     reference = reference_outputs(model, inputs, explicit=example_inputs is not None)
     with transaction(model):  # the modules, the block list and the config
         folded = _fold(maps)
-        _delete(found, removed)
+        _delete(found, removed, index_attributes(rebuilt, found.name))
         for key, value in changes.items():
             setattr(layered, key, value)
         if rebuilt is not None:
@@ -173,14 +173,17 @@ def _fold(found: list[tuple[str, nn.Module]]) -> tuple[str, ...]:
     return tuple(name for name, _ in found)
 
 
-def _delete(found: BlockList, removed: tuple[int, ...]) -> None:
+def _delete(found: BlockList, removed: tuple[int, ...], indexed: set[tuple[str, str]]) -> None:
+    """Delete the `removed` blocks; each kept block's attributes that hold its position
+    (`indexed`: module name inside the block, or '*' for any, and attribute) take the new."""
     kept = [block for i, block in enumerate(found.modules) if i not in removed]
     for i in removed:
         unskip(found.modules[i])
     found.modules._modules.clear()
     for index, block in enumerate(kept):
         found.modules._modules[str(index)] = block
-        for module in block.modules():
-            value = getattr(module, "layer_idx", None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(module, "layer_idx", index)  # noqa: B010
+        for name, module in block.named_modules():
+            for where, key in indexed:
+                value = vars(module).get(key)
+                if where in ("*", name) and type(value) is int:
+                    setattr(module, key, index)
