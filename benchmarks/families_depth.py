@@ -1,8 +1,10 @@
 """Every causal-LM family of the installed transformers, from a tiny random config with four
 layers: one block removed, checked, saved and reloaded.
 
-    python benchmarks/families_depth.py                     # every family (make bench-families-depth)
+    python benchmarks/families_depth.py                     # every family
     python benchmarks/families_depth.py --only llama,qwen3  # some of them
+
+(make bench-families-depth runs the first.)
 
 For each entry of transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: the family's config with
 the small widths of benchmarks/families.py but four layers, random init, eval mode. Block 1
@@ -10,9 +12,10 @@ is skipped (``skip_blocks``) and removed (``remove_blocks``, which checks the mo
 the skipped one on the example ids and a model built from the rewritten config against the
 old one); then ``save_pretrained`` / ``from_pretrained`` must give back the logits of the
 model with the block removed (relative 1e-5), and those of the skipped model. Per family:
-built or not (and whether its forward runs at all), removed or refused (the refusal's reason), the config fields rewritten, the
-output check of ``remove_blocks`` (max |diff| / max |output|), and the reload. One process,
-one thread; a family that takes longer than --timeout seconds is reported so.
+built or not (and whether its forward runs at all), removed or refused (the refusal's
+reason), the config fields rewritten, the output check of ``remove_blocks`` (max |diff| /
+max |output|), and the reload. One process, one thread; a family that takes longer than
+--timeout seconds is reported so.
 """
 
 from __future__ import annotations
@@ -125,7 +128,10 @@ def measure(model_type: str, class_name: str) -> Row:
 
 
 def render(rows: list[Row]) -> str:
-    head = f"{'family':<26} {'built':<5} {'removed':<8} {'check':>8}  {'reload':<8} {'config':<30} note"
+    head = (
+        f"{'family':<26} {'built':<5} {'removed':<8} {'check':>8}  {'reload':<8} "
+        f"{'config':<30} note"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         check = "" if r.check is None else f"{r.check:.1e}"
@@ -145,9 +151,10 @@ def summary(rows: list[Row]) -> str:
     wrong = [r for r in removed if r.reload != "equal"]
     return (
         f"{len(rows)} families: {len(built)} built from a small config with {LAYERS} layers, "
-        f"{len(ran)} of them run; block {REMOVED} removed and checked in {len(removed)}, refused (with the reason) in "
-        f"{len(refused)}; save_pretrained/from_pretrained equal in {len(back)}, not in "
-        f"{len(wrong)}" + (f" ({', '.join(r.family for r in wrong)})" if wrong else "")
+        f"{len(ran)} of them run; block {REMOVED} removed and checked in {len(removed)}, "
+        f"refused (with the reason) in {len(refused)}; save_pretrained/from_pretrained equal "
+        f"in {len(back)}, not in {len(wrong)}"
+        + (f" ({', '.join(r.family for r in wrong)})" if wrong else "")
     )
 
 

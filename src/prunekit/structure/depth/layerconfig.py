@@ -3,7 +3,7 @@ layers ``remove_blocks`` keeps (or refused, naming the field, where no rewrite i
 
 A config describes each layer by its index: one entry per layer (``layer_types``,
 ``mlp_layer_types``, per-layer sliding windows, rope or no-rope flags, a string with one
-character per layer), lists of layer indices (``mlp_only_layers``, ``moe_layers``), counts
+character per layer, a list repeated over the layers), lists of layer indices (``mlp_only_layers``, ``moe_layers``), counts
 of leading or trailing layers (``max_window_layers``, ``first_k_dense_replace``,
 ``num_kv_shared_layers``) and step rules (``decoder_sparse_step``: every k-th layer sparse;
 ``moe_layer_freq``; Jamba's periods and offsets). When layers go, each kept layer must keep
@@ -18,7 +18,7 @@ must build each kept layer as the old config built it (``depth.rebuild``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from prunekit.core.errors import value_error
 
@@ -46,9 +46,14 @@ _SUFFIX_COUNTS = ("num_kv_shared_layers",)
 _PER_LAYER_STRINGS = ("hybrid_override_pattern",)
 """Strings with one character per layer."""
 
+_CYCLES = ("block_types",)
+"""Lists repeated over the layers (RecurrentGemma's ``block_types``: layer i is of kind
+``block_types[i % len(block_types)]``): written out for the kept layers, which repeats
+them exactly."""
+
 _POSITIONAL = (
     "layer", "window", "step", "freq", "pattern", "replace", "interval", "period", "offset",
-    "idx", "ids", "sparse", "dense",
+    "idx", "ids", "sparse", "dense", "types",
 )  # fmt: skip
 """Words in the names of config fields that may depend on layer positions."""
 
@@ -99,6 +104,8 @@ def rewrite(config: Any, count: int, kept: list[int]) -> dict[str, Any]:
             changed[key] = type(value)(value[i] for i in kept)
         elif key in _PER_LAYER_STRINGS and isinstance(value, str) and len(value) == count:
             changed[key] = "".join(value[i] for i in kept)
+        elif key in _CYCLES and isinstance(value, list | tuple) and value:
+            changed[key] = type(value)(value[i % len(value)] for i in kept)
         elif key in _PREFIX_COUNTS and _is_int(value):
             changed[key] = sum(1 for i in kept if i < value)
         elif key in _SUFFIX_COUNTS and _is_int(value):
@@ -111,7 +118,7 @@ def rewrite(config: Any, count: int, kept: list[int]) -> dict[str, Any]:
     return changed
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -68,6 +68,7 @@ def index_attributes(before: nn.Module | None, path: str) -> set[tuple[str, str]
     if before is None:
         return found
     blocks = before.get_submodule(path)
+    assert isinstance(blocks, nn.ModuleList)
     first = dict(blocks[0].named_modules())
     for name, module in first.items():
         for key, value in vars(module).items():
@@ -167,9 +168,9 @@ def _follows(value: Any, other: Any, count: int, kept: list[int]) -> bool:
     """Whether `other` is `value` (a count of `count` layers, or a list of one entry per
     layer) for the `kept` layers."""
     if isinstance(value, int) and value == count:
-        return other == len(kept)
+        return bool(other == len(kept))
     if isinstance(value, list | tuple) and len(value) == count:
-        return list(other) == [value[i] for i in kept] if isinstance(other, list | tuple) else False
+        return isinstance(other, list | tuple) and list(other) == [value[i] for i in kept]
     return False
 
 
