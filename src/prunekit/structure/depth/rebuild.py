@@ -105,7 +105,7 @@ def _difference(before: nn.Module, after: nn.Module, path: str, kept: list[int],
             return why
     outer_old = {n: m for n, m in before.named_modules() if not _inside(n, path)}
     outer_new = {n: m for n, m in after.named_modules() if not _inside(n, path)}
-    for name in outer_old.keys() | outer_new.keys():
+    for name in [*outer_old, *(n for n in outer_new if n not in outer_old)]:
         if name not in outer_old or name not in outer_new:
             return f"it would {'have' if name in outer_new else 'lack'} {name}"
         why = _own_difference(outer_old[name], outer_new[name], name, kept=(len(old), kept))
@@ -122,7 +122,7 @@ def _module_difference(old: nn.Module, new: nn.Module, old_name: str, new_name: 
                        index: tuple[int, int],
                        indexed: set[tuple[str, str]]) -> str | None:  # fmt: skip
     olds, news = dict(old.named_modules()), dict(new.named_modules())
-    for name in olds.keys() | news.keys():
+    for name in [*olds, *(n for n in news if n not in olds)]:
         where = f"{new_name}.{name}" if name else new_name
         if name not in news:
             return f"{where} would be missing (it is {old_name}.{name} now)"
@@ -146,7 +146,7 @@ def _own_difference(old: nn.Module, new: nn.Module, where: str,
         return f"{where} would be {type(new).__name__}, not {type(old).__name__}"
     for kind in ("_parameters", "_buffers"):
         mine, theirs = getattr(old, kind), getattr(new, kind)
-        for key in mine.keys() | theirs.keys():
+        for key in [*mine, *(k for k in theirs if k not in mine)]:
             a, b = mine.get(key), theirs.get(key)
             shape_a = None if a is None else tuple(a.shape)
             shape_b = None if b is None else tuple(b.shape)
