@@ -3,10 +3,11 @@ layers ``remove_blocks`` keeps (or refused, naming the field, where no rewrite i
 
 A config describes each layer by its index: one entry per layer (``layer_types``,
 ``mlp_layer_types``, per-layer sliding windows, rope or no-rope flags, a string with one
-character per layer, a list repeated over the layers), lists of layer indices (``mlp_only_layers``, ``moe_layers``), counts
-of leading or trailing layers (``max_window_layers``, ``first_k_dense_replace``,
-``num_kv_shared_layers``) and step rules (``decoder_sparse_step``: every k-th layer sparse;
-``moe_layer_freq``; Jamba's periods and offsets). When layers go, each kept layer must keep
+character per layer, a list repeated over the layers), lists of layer indices
+(``mlp_only_layers``, ``moe_layers``), counts of leading or trailing layers
+(``max_window_layers``, ``first_k_dense_replace``, ``num_kv_shared_layers``) and step rules
+(``decoder_sparse_step``: every k-th layer sparse; ``moe_layer_freq``; Jamba's periods and
+offsets). When layers go, each kept layer must keep
 its kind: per-layer entries keep the kept ones, index lists are renumbered, counts count
 the kept layers among theirs, and a step rule is kept where it still gives every kept
 layer its kind, else it becomes an explicit list where the family has one
