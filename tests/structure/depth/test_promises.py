@@ -270,3 +270,28 @@ def test_a_removal_that_changes_the_outputs_is_refused_and_undone() -> None:
         prunekit.remove_blocks(model)
     assert fingerprint(model) == before and len(model.body) == 4
     assert prunekit.skipped_blocks(model) == {"body": (2,)}
+
+
+@pytest.mark.parametrize(
+    ("inputs", "error", "message"),
+    [
+        ({"input_ids": torch.full((1, 3), 500)}, ValueError,
+         r"remove_blocks: the model cannot take example_inputs: IndexError"),
+        ({"nope": IDS}, ValueError, r"remove_blocks: the model cannot take example_inputs"),
+        ("text", TypeError, r"remove_blocks: invalid example_inputs of type str; expected a "
+         r"tensor, a mapping"),
+    ],
+)  # fmt: skip
+def test_example_inputs_the_model_cannot_take_are_refused(inputs: Any, error: type,
+                                                          message: str) -> None:  # fmt: skip
+    model = llama()
+    prunekit.skip_blocks(model, [2])
+    before, saved = fingerprint(model), model.config.to_dict()
+    with pytest.raises(error, match=message):
+        prunekit.remove_blocks(model, example_inputs=inputs)
+    assert fingerprint(model) == before and model.config.to_dict() == saved
+    with pytest.raises(TypeError, match=r"skip_blocks: invalid example_inputs of type str"):
+        prunekit.skip_blocks(model, [1], example_inputs="text")
+    assert prunekit.skipped_blocks(model) == {"model.layers": (2,)}
+    report = prunekit.remove_blocks(model)  # a few ids of the vocabulary
+    assert report.max_abs_diff == 0.0 and "output check: max |diff|" in str(report)

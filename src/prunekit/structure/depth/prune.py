@@ -28,7 +28,7 @@ from prunekit.structure.depth.blocks import (
 )
 from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
-from prunekit.structure.depth.states import check_tokens
+from prunekit.structure.depth.states import check_inputs, check_tokens
 from prunekit.structure.depth.style import style_for
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
@@ -178,6 +178,7 @@ def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None 
             f"skip_blocks: indices={wanted!r} would skip every block of {found.name}; "
             "expected at least one kept"
         )
+    check_inputs(example_inputs, "skip_blocks")
     style = style_for(model, found, example_inputs, "skip_blocks")
     inputs = example_inputs if example_inputs is not None else _recorded(found)
     for i in wanted:

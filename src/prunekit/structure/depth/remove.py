@@ -24,6 +24,7 @@ from prunekit.structure.depth.layerconfig import layer_config, rewrite
 from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.depth.outputs import check_outputs, reference_outputs
 from prunekit.structure.depth.rebuild import built, check_rebuilt, index_attributes
+from prunekit.structure.depth.states import check_inputs
 from prunekit.structure.measure import count_params
 
 __all__ = ["BlockRemoval", "remove_blocks"]
@@ -95,6 +96,7 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
     if not isinstance(model, nn.Module):
         raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
     found = find_blocks(model, blocks, _OWNER)
+    check_inputs(example_inputs, _OWNER)
     removed = tuple(i for i, block in enumerate(found.modules) if is_skipped(block))
     if not removed:
         raise value_error(

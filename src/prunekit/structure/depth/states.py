@@ -13,13 +13,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import is_explained, value_error
+from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.criteria.calibration import run_batch
 from prunekit.structure.depth.blocks import ADDS, REPLACES, BlockList, hidden_in, hidden_out
 
 __all__ = [
     "Boundaries",
     "boundaries",
+    "check_inputs",
     "check_tokens",
     "rows",
     "run_boundaries",
@@ -121,4 +122,14 @@ def check_tokens(batches: list[Any], owner: str) -> None:
             f"{owner}: every attention_mask of the {len(batches)} calibration batches is all "
             "zero, so there is no token to score the blocks on; expected batches whose "
             "attention_mask keeps at least one token"
+        )
+
+
+def check_inputs(inputs: Any, owner: str) -> None:
+    """Refuse `example_inputs` of a kind no forward is called with (None: none given)."""
+    if inputs is not None and not isinstance(inputs, Tensor | Mapping | tuple | list):
+        raise type_error(
+            f"{owner}: invalid example_inputs of type {type(inputs).__name__}; expected a "
+            "tensor, a mapping of keyword arguments or a tuple of positional arguments for "
+            "the model"
         )

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import value_error
-from prunekit.criteria.calibration import evaluating
+from prunekit.core.errors import is_explained, value_error
+from prunekit.criteria.calibration import evaluating, run_batch
 from prunekit.structure.depth.blocks import (
     ADDS,
     REPLACES,
@@ -28,7 +28,6 @@ from prunekit.structure.depth.blocks import (
     skipped,
     unskip,
 )
-from prunekit.structure.depth.states import run_one
 
 __all__ = ["residual_style", "style_for"]
 
@@ -86,7 +85,14 @@ def _passes(model: nn.Module, found: BlockList, inputs: Any, style: str, owner: 
     skip(first, style)
     try:
         with evaluating(model), torch.no_grad():
-            run_one(model, inputs, 0, owner)
+            run_batch(model, inputs)
+    except Exception as error:
+        if is_explained(error):
+            raise
+        raise value_error(
+            f"{owner}: the model cannot take the example inputs: {type(error).__name__}: "
+            f"{error}; expected inputs its forward accepts"
+        ) from error
     finally:
         unskip(first)
         for handle in handles:
