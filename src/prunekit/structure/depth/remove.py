@@ -1,12 +1,16 @@
-"""``remove_blocks``: delete the skipped blocks, renumber the rest, update the config.
+"""``remove_blocks``: delete the skipped blocks, renumber the rest, update the config, and
+check the result.
 
-What follows a removed block moves up: every ``layer_idx`` attribute inside a kept block
-(the attention's index into a key/value cache) becomes the block's new position. A Hugging
-Face config whose ``num_hidden_layers`` counted the list gets the new count, and every list
-of it with one entry per layer (``layer_types``, per-layer sliding windows, ...) keeps the
-entries of the kept layers; ``max_window_layers`` (Qwen2: the first layers with full
-attention) counts the kept ones among them. Maps fitted by ``prune_blocks(...,
-replace='linear')`` are folded into their projections' weights first.
+What follows a removed block moves up: every attribute inside a kept block that holds its
+position (``layer_idx``, the attention's index into a key/value cache, and any other a model
+built from the config numbers so) becomes the block's new position. A Hugging Face config
+(or sub-config) whose ``num_hidden_layers`` counted the list gets the new count, and every
+field that describes layers by their position is rewritten for the kept layers or refused
+(``depth.layerconfig``). Maps fitted by ``prune_blocks(..., replace='linear')`` are folded
+into their projections' weights first. Before returning, a model built from the updated
+config must build the kept layers as the old one did (``depth.rebuild``), and the model must
+compute on example inputs what it computed with the blocks skipped (``depth.outputs``); a
+failure restores the model and its config.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ _OWNER = "remove_blocks"
 @dataclass(frozen=True)
 class BlockRemoval:
     """What ``remove_blocks`` did: the ModuleList, the indices removed (as they were), the
-    projections a replacement map was folded into, parameters, and the config fields set."""
+    projections a replacement map was folded into, parameters, the config fields set, and
+    the output check on the example inputs (the largest difference from the skipped model
+    and the largest output; None where no example inputs ran)."""
 
     blocks: str
     removed: tuple[int, ...]
