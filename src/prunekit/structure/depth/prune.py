@@ -120,7 +120,7 @@ def prune_blocks(
             f"{_OWNER}: blocks {already} of {found.name} are skipped already; expected "
             "remove_blocks(model) (or unskip_blocks) before pruning again"
         )
-    style = style_for(model, found, batches[0], _OWNER)
+    style = style_for(model, found, batches[0], _OWNER, "calibration batch 0")
     if linear and style == ADDS:
         raise value_error(
             f"{_OWNER}: replace='linear' folds a map into blocks that return the residual "

@@ -32,7 +32,8 @@ from prunekit.structure.depth.blocks import (
 __all__ = ["residual_style", "style_for"]
 
 
-def style_for(model: nn.Module, found: BlockList, inputs: Any, owner: str) -> str:
+def style_for(model: nn.Module, found: BlockList, inputs: Any, owner: str,
+              what: str = "the example inputs") -> str:  # fmt: skip
     """The style of `found`'s parent: that of a block skipped already, else found on
     `inputs` (example inputs of the model) where given, else the first one for Hugging
     Face's layers; refused otherwise."""
@@ -41,7 +42,7 @@ def style_for(model: nn.Module, found: BlockList, inputs: Any, owner: str) -> st
         if held is not None:
             return held.style
     if inputs is not None:
-        return residual_style(model, found, inputs, owner)
+        return residual_style(model, found, inputs, owner, what)
     if all(type(b).__module__.startswith("transformers.") for b in found.modules):
         return REPLACES
     raise value_error(
@@ -52,15 +53,16 @@ def style_for(model: nn.Module, found: BlockList, inputs: Any, owner: str) -> st
     )
 
 
-def residual_style(model: nn.Module, found: BlockList, inputs: Any, owner: str) -> str:
+def residual_style(model: nn.Module, found: BlockList, inputs: Any, owner: str,
+                   what: str = "the example inputs") -> str:  # fmt: skip
     """The style under which the second block of `found` receives exactly what the first
     received while the first is skipped, on `inputs`; refused where not exactly one does."""
-    matches = [style for style in (REPLACES, ADDS) if _passes(model, found, inputs, style, owner)]
+    matches = [s for s in (REPLACES, ADDS) if _passes(model, found, inputs, s, owner, what)]
     if len(matches) != 1:
         why = "both ways (its hidden state is zero)" if matches else "neither way"
         raise value_error(
             f"{owner}: skipping {found.path(0)} (its output replaced by its input, or by "
-            f"zeros) passes its input on to {found.path(1)} {why} on the example inputs, so "
+            f"zeros) passes its input on to {found.path(1)} {why} on {what}, so "
             f"the parent of {found.name} does more between its blocks than h = block(h) or "
             "h = h + block(h), and a skipped block would not be a removed one; expected "
             "blocks whose parent does one of those"
@@ -68,7 +70,8 @@ def residual_style(model: nn.Module, found: BlockList, inputs: Any, owner: str) 
     return matches[0]
 
 
-def _passes(model: nn.Module, found: BlockList, inputs: Any, style: str, owner: str) -> bool:
+def _passes(model: nn.Module, found: BlockList, inputs: Any, style: str, owner: str,
+            what: str) -> bool:  # fmt: skip
     first, second = found.modules[0], found.modules[1]
     caught: dict[str, Tensor | None] = {}
 
@@ -90,7 +93,7 @@ def _passes(model: nn.Module, found: BlockList, inputs: Any, style: str, owner: 
         if is_explained(error):
             raise
         raise value_error(
-            f"{owner}: the model cannot take the example inputs: {type(error).__name__}: "
+            f"{owner}: the model cannot take {what}: {type(error).__name__}: "
             f"{error}; expected inputs its forward accepts"
         ) from error
     finally:
