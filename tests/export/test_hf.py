@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,29 +73,57 @@ LOAD = """
 import sys
 sys.modules["prunekit"] = None
 import torch, transformers
-folder, name, out = sys.argv[1:4]
-model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
-ids = torch.load(folder + "/../ids.pt")
-with torch.no_grad():
-    found = model(ids)
-logits = getattr(found, "logits", None)
-torch.save(logits if logits is not None else found.last_hidden_state, out)
-if name == "AutoModelForCausalLM":
-    torch.save(model.generate(ids[:1, :4], max_new_tokens=4, do_sample=False), out + ".gen")
+ids = torch.load(sys.argv[1])
+found = {}
+for case in sys.argv[2:]:
+    folder, name = case.split("::")
+    model = getattr(transformers, name).from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        out = model(ids)
+    logits = getattr(out, "logits", None)
+    found[folder] = [logits if logits is not None else out.last_hidden_state]
+    if name == "AutoModelForCausalLM":
+        found[folder].append(model.generate(ids[:1, :4], max_new_tokens=4, do_sample=False))
+torch.save(found, sys.argv[1] + ".out")
 """
 
+# case -> (how the model is made, the name in transformers that loads its folder)
+CASES = {
+    "llama": (lambda: per_layer(causal_lm("llama")), "AutoModelForCausalLM"),
+    "qwen3": (lambda: per_layer(causal_lm("qwen3")), "AutoModelForCausalLM"),
+    "mistral": (lambda: per_layer(causal_lm("mistral")), "AutoModelForCausalLM"),
+    "qwen2": (lambda: per_layer(causal_lm("qwen2")), "AutoModelForCausalLM"),
+    "llama-uniform": (lambda: uniform(causal_lm("llama")), "LlamaForCausalLM"),
+    "bert": (lambda: per_layer(bert(transformers.BertModel)), "AutoModel"),
+    "bert-mlm": (lambda: per_layer(bert(transformers.BertForMaskedLM)), "AutoModelForMaskedLM"),
+}
 
-def load_elsewhere(folder: Path, name: str) -> torch.Tensor:
-    """The folder's logits on IDS, loaded by `transformers.<name>` where prunekit is absent."""
-    torch.save(IDS, folder.parent / "ids.pt")
-    out = folder.parent / "out.pt"
+
+@dataclass
+class Written:
+    model: torch.nn.Module
+    folder: Path
+    outputs: list[torch.Tensor]  # what the folder computes, loaded where prunekit is absent
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Written]:
+    """Every case exported (unchecked: the check here is the test's own), then all loaded in
+    one process without prunekit (one start of transformers for them all)."""
+    root = tmp_path_factory.mktemp("hf")
+    models = {}
+    for case, (make, _) in CASES.items():
+        models[case] = make()
+        export(models[case], root / case, "hf", verify=False)
+    torch.save(IDS, root / "ids.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_MODULES_CACHE"] = str(folder.parent / "modules")
-    done = subprocess.run([sys.executable, "-c", LOAD, str(folder), name, str(out)], env=env,
+    env["HF_MODULES_CACHE"] = str(root / "modules")
+    cases = [f"{root / case}::{name}" for case, (_, name) in CASES.items()]
+    done = subprocess.run([sys.executable, "-c", LOAD, str(root / "ids.pt"), *cases], env=env,
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    found: torch.Tensor = torch.load(out)
-    return found
+    found = torch.load(str(root / "ids.pt") + ".out")
+    return {case: Written(models[case], root / case, found[str(root / case)]) for case in CASES}
 
 
 def config_of(folder: Path) -> dict[str, Any]:
@@ -102,51 +131,53 @@ def config_of(folder: Path) -> dict[str, Any]:
     return values
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "mistral"])
-def test_layers_of_their_own_widths_load_by_the_modeling_file(tmp_path: Path, kind: str) -> None:
-    model = per_layer(causal_lm(kind))
-    report = export(model, tmp_path / "out", "hf")
-    folder = tmp_path / "out"
+@pytest.mark.parametrize("case", ["llama", "qwen3", "mistral", "qwen2"])
+def test_layers_of_their_own_widths_load_by_the_modeling_file(
+    written: dict[str, Written], case: str
+) -> None:
+    model, folder, (found, generated) = (
+        written[case].model,
+        written[case].folder,
+        written[case].outputs,
+    )
     config = config_of(folder)
     layers = model.model.layers
     assert config["layer_intermediate_sizes"] == [x.mlp.gate_proj.out_features for x in layers]
+    assert config["layer_num_attention_heads"] == [
+        x.self_attn.q_proj.out_features // 8 for x in layers
+    ]
     assert config["layer_num_key_value_heads"] == [
         x.self_attn.k_proj.out_features // 8 for x in layers
     ]
     assert len(set(config["layer_intermediate_sizes"])) > 1
+    assert config["model_type"] == f"pruned_{case}"
     assert config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_pruned.")
     assert "prunekit" not in (folder / "modeling_pruned.py").read_text().split('"""', 2)[2]
-    found = load_elsewhere(folder, "AutoModelForCausalLM")
     torch.testing.assert_close(found, logits(model), rtol=0, atol=1e-5)
-    assert report.difference is not None and report.difference <= 1e-5
-    assert "without prunekit" in str(report.verified_by)
     expected = model.generate(IDS[:1, :4], max_new_tokens=4, do_sample=False)
-    assert torch.equal(torch.load(str(tmp_path / "out.pt") + ".gen"), expected)
+    assert torch.equal(generated, expected)
 
 
-def test_uniform_widths_write_a_stock_config(tmp_path: Path) -> None:
-    model = uniform(causal_lm("llama"))
+def test_uniform_widths_write_a_stock_config(written: dict[str, Written]) -> None:
+    model, folder = written["llama-uniform"].model, written["llama-uniform"].folder
     assert model.config.intermediate_size == 36
-    report = export(model, tmp_path / "out", "hf")
-    folder = tmp_path / "out"
     config = config_of(folder)
     assert config["model_type"] == "llama" and "auto_map" not in config
     assert config["intermediate_size"] == 36
     assert not (folder / "modeling_pruned.py").exists()
-    assert "model.safetensors" in report.files
-    found = load_elsewhere(folder, "LlamaForCausalLM")
-    torch.testing.assert_close(found, logits(model), rtol=0, atol=1e-5)
+    assert (folder / "model.safetensors").is_file()
+    torch.testing.assert_close(
+        written["llama-uniform"].outputs[0], logits(model), rtol=0, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("kind", ["BertModel", "BertForMaskedLM"])
-def test_a_bert_of_its_own_widths_a_layer_loads(tmp_path: Path, kind: str) -> None:
-    model = per_layer(bert(getattr(transformers, kind)))
-    export(model, tmp_path / "out", "hf")
-    config = config_of(tmp_path / "out")
+@pytest.mark.parametrize("case", ["bert", "bert-mlm"])
+def test_a_bert_of_its_own_widths_a_layer_loads(written: dict[str, Written], case: str) -> None:
+    model, folder = written[case].model, written[case].folder
+    config = config_of(folder)
     assert config["model_type"] == "pruned_bert" and config["attention_head_size"] == 8
-    auto = "AutoModel" if kind == "BertModel" else "AutoModelForMaskedLM"
-    found = load_elsewhere(tmp_path / "out", auto)
-    torch.testing.assert_close(found, logits(model), rtol=0, atol=1e-5)
+    assert len(set(config["layer_intermediate_sizes"])) > 1
+    torch.testing.assert_close(written[case].outputs[0], logits(model), rtol=0, atol=1e-5)
 
 
 def test_transformers_no_longer_reads_pruned_heads() -> None:
@@ -155,6 +186,23 @@ def test_transformers_no_longer_reads_pruned_heads() -> None:
                                      intermediate_size=8, pruned_heads={"0": [0, 1]})  # fmt: skip
     model = transformers.BertModel(config)
     assert model.encoder.layer[0].attention.self.query.weight.shape == (32, 32)
+
+
+def test_export_checks_the_folder_without_prunekit(tmp_path: Path) -> None:
+    model = per_layer(causal_lm("llama"))
+    report = export(model, tmp_path / "out", "hf", dtype="float16")
+    assert config_of(tmp_path / "out")["dtype"] == "float16"
+    assert report.difference is not None and report.difference <= 1e-5
+    assert "without prunekit" in str(report.verified_by)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_a_folder_whose_logits_differ_is_not_written(tmp_path: Path) -> None:
+    model = per_layer(causal_lm("llama"))
+    model.lm_head.register_forward_hook(lambda module, args, out: out * float("nan"))
+    with pytest.raises(RuntimeError, match=r"differ from the model's by inf.*nothing was written"):
+        export(model, tmp_path / "out", "hf")
+    assert list(tmp_path.iterdir()) == []
 
 
 def tokenizer_folder(path: Path) -> Path:
@@ -173,7 +221,7 @@ def tokenizer_folder(path: Path) -> Path:
 def test_the_tokenizer_and_generation_config_come_from_the_source(tmp_path: Path) -> None:
     source = tokenizer_folder(tmp_path / "source")
     model = per_layer(causal_lm("llama"))
-    export(model, tmp_path / "out", "hf", source=source)
+    export(model, tmp_path / "out", "hf", source=source, verify=False)
     folder = tmp_path / "out"
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     assert tokenizer("t5 t7")["input_ids"] == [5, 7]
@@ -184,7 +232,7 @@ def test_the_tokenizer_and_generation_config_come_from_the_source(tmp_path: Path
 
 def test_without_a_source_the_model_s_generation_config_and_no_tokenizer(tmp_path: Path) -> None:
     model = uniform(causal_lm("llama"))
-    report = export(model, tmp_path / "out", "hf")
+    report = export(model, tmp_path / "out", "hf", verify=False)
     assert (tmp_path / "out" / "generation_config.json").is_file()
     assert not (tmp_path / "out" / "tokenizer.json").exists()
     assert any("no tokenizer" in note for note in report.notes)
@@ -234,7 +282,7 @@ def test_a_family_it_cannot_describe_is_refused_naming_what_is(tmp_path: Path) -
 def test_bad_arguments_are_named_and_nothing_is_written(
     tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], match: str
 ) -> None:
-    model = uniform(causal_lm("llama"))
+    model = causal_lm("llama")  # dense: nothing to compact
     if "source" in kwargs:
         kwargs["source"] = tmp_path / kwargs["source"]
     with pytest.raises(error, match=match):
@@ -250,16 +298,8 @@ def test_an_existing_folder_is_replaced_whole_and_the_model_left_as_it_was(tmp_p
     kept.write_text("old")
     model = per_layer(causal_lm("llama"))
     config = model.config.to_dict()
-    export(model, out, "hf")
+    export(model, out, "hf", verify=False)
     assert (
         not (out / "keep.txt").exists() and not (out / "model-00001-of-00002.safetensors").exists()
     )
     assert model.config.to_dict() == config
-
-
-def test_float16_weights_are_checked_against_the_model_rounded(tmp_path: Path) -> None:
-    model = per_layer(causal_lm("llama"))
-    report = export(model, tmp_path / "out", "hf", dtype="float16")
-    assert config_of(tmp_path / "out")["dtype"] == "float16"
-    assert report.difference is not None and report.difference <= 1e-5
-    assert next(model.parameters()).dtype == torch.float32
