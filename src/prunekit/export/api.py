@@ -136,6 +136,7 @@ def export(
 
 # The writers, one line each. Imported here at the end, once Request and ExportReport exist:
 # each writer module imports them from this one.
-from prunekit.export import hf  # noqa: E402
+from prunekit.export import deci, hf  # noqa: E402
 
 WRITERS["hf"] = hf.write
+WRITERS["deci"] = deci.write

@@ -44,7 +44,16 @@ from prunekit.export.hfcheck import (
 from prunekit.export.layers import decoder_layers
 from prunekit.structure.compaction.fromconfig import build_fresh, difference
 
-__all__ = ["MODELING_FILE", "TOLERANCE", "Plan", "plan_folder", "write"]
+__all__ = [
+    "DTYPES",
+    "MODELING_FILE",
+    "TOLERANCE",
+    "Plan",
+    "plan_folder",
+    "save_weights",
+    "tensor_type",
+    "write",
+]
 
 TOLERANCE = 1e-5  # the largest relative difference of the outputs a written folder may have
 MODELING_FILE = "modeling_pruned.py"
@@ -180,7 +189,12 @@ def _bert_widths(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
+def tensor_type(name: str | None) -> torch.dtype | None:
+    """The tensor type named `name` (None: the model's own).
+
+    Raises:
+        ValueError: a name not in ``DTYPES``.
+    """
     if name is None or name in DTYPES:
         return None if name is None else DTYPES[name]
     raise value_error(
@@ -209,11 +223,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     """
     check_model(model, "export")
     source = check_source(request.source)
-    dtype = _dtype(request.dtype)
+    dtype = tensor_type(request.dtype)
     inputs = check_inputs(model, request.example_inputs)
     plan = plan_folder(model)
     clear(target)
-    _save(model, target, dtype)
+    save_weights(model, target, dtype)
     notes = write_companions(model, target, source)
     if plan.module is not None:
         plan.config.save_pretrained(str(target))
@@ -240,9 +254,10 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     return ExportReport("hf", request.path, tuple(files), checker, gap, tuple(notes))
 
 
-def _save(model: nn.Module, target: Path, dtype: torch.dtype | None) -> None:
-    """save_pretrained into `target`, the model's config left as it was (save_pretrained
-    sets its dtype and architectures)."""
+def save_weights(model: nn.Module, target: Path, dtype: torch.dtype | None) -> None:
+    """Write the model's weights (and config, generation config) with save_pretrained into
+    `target`, converted to `dtype` if given; the model's config is left as it was
+    (save_pretrained sets its dtype and architectures)."""
     config: Any = getattr(model, "config")  # noqa: B009
     kept = dict(vars(config))
     state = None
