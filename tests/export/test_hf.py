@@ -303,3 +303,14 @@ def test_an_existing_folder_is_replaced_whole_and_the_model_left_as_it_was(tmp_p
         not (out / "keep.txt").exists() and not (out / "model-00001-of-00002.safetensors").exists()
     )
     assert model.config.to_dict() == config
+
+
+def test_a_class_transformers_does_not_have_is_refused(tmp_path: Path) -> None:
+    class Custom(transformers.LlamaForCausalLM):  # type: ignore[misc]
+        pass
+
+    torch.manual_seed(0)
+    model = Custom(transformers.LlamaConfig(**SMALL)).eval()
+    with pytest.raises(TypeError, match=r"Custom, which is not a class of transformers"):
+        export(model, tmp_path / "out", "hf")
+    assert list(tmp_path.iterdir()) == []

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.core.errors import value_error
+from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import ExportReport, Request
 from prunekit.export.companions import check_model, check_source, clear, write_companions
 from prunekit.export.hfcheck import (
@@ -104,6 +104,7 @@ def plan_folder(model: nn.Module) -> Plan:
         The plan.
 
     Raises:
+        TypeError: the model's class is not one of transformers.
         ValueError: the layers differ and the family has no modeling file here, or the
             modeling file cannot build the model's shapes (the message names what differs
             and what is supported).
@@ -112,8 +113,12 @@ def plan_folder(model: nn.Module) -> Plan:
     name = type(model).__name__
     fresh = build_fresh(model, config)
     why = difference(model, fresh) if isinstance(fresh, nn.Module) else fresh
-    stock = hasattr(require("transformers", "hf", "export to hf"), name)
-    if why is None and stock:
+    if not hasattr(require("transformers", "hf", "export to hf"), name):
+        raise type_error(
+            f"export: model is a {name}, which is not a class of transformers; the hf format "
+            "writes models of transformers' own classes (a folder they load without other code)"
+        )
+    if why is None:
         return Plan(config, name, None)
     kind = getattr(config, "model_type", None)
     supported = ", ".join(f"{p}* ({k})" for k, (_, p) in REMOTE.items())
