@@ -72,9 +72,11 @@ class ExportReport:
 
     def __str__(self) -> str:
         lines = [f"{self.format}: {self.path} ({len(self.files)} files)"]
-        if self.verified_by is not None:
+        if self.verified_by is not None and self.difference is not None:
             lines.append(f"checked by {self.verified_by}: max relative difference "
                          f"{self.difference:.2e}")  # fmt: skip
+        elif self.verified_by is not None:  # a check of what was written, not of outputs
+            lines.append(f"checked by {self.verified_by}")
         return "\n".join(lines + list(self.notes))
 
 
@@ -132,3 +134,11 @@ def export(
         with atomic_path(request.path) as staged:
             report = writer(model, Path(staged), request)
     return report
+
+
+# The writers, one line each. Imported here at the end, once Request and ExportReport exist:
+# each writer module imports them from this one.
+from prunekit.export import deci, hf  # noqa: E402
+
+WRITERS["hf"] = hf.write
+WRITERS["deci"] = deci.write
