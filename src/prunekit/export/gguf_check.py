@@ -55,7 +55,7 @@ def check_file(
     reader = gg.GGUFReader(target)
     _check_metadata(reader, plan)
     _check_tensors(reader, plan)
-    ids = example_ids(request.example_inputs, plan.config["vocab"])
+    ids = plan.ids
     by, logits = _consumer_logits(target, plan, ids)
     if logits is None:
         return ("gguf.GGUFReader (metadata, tensor names, shapes, types, F32 values)", None,
