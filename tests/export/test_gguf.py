@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import prunekit
-from helpers.gguf_models import tiny_llama, tiny_llama_gguf, tiny_tokenizer
+from helpers.gguf_models import gguf_logits, tiny_llama, tiny_llama_gguf, tiny_tokenizer
 from prunekit.export import decoder_layers, export
 
 transformers = pytest.importorskip("transformers")
@@ -43,7 +43,8 @@ def budgeted(layers: int = 4) -> torch.nn.Module:
     """A tiny Llama whose layers a Budget leaves at different widths."""
     model = tiny_llama(320, num_hidden_layers=layers, intermediate_size=128)
     prunekit.prune_channels(model, IDS, budget=prunekit.Budget(params=0.3))
-    prunekit.compact(model, IDS, latency_runs=0)
+    with pytest.warns(UserWarning, match="cannot rebuild the compacted model from its config"):
+        prunekit.compact(model, IDS, latency_runs=0)
     return model
 
 
@@ -94,6 +95,11 @@ def test_per_layer_widths_are_deci_arrays(tmp_path: Path, tokenizer: Path) -> No
     assert "output.weight" not in found  # tied
     assert report.verified_by is not None and "GGUFReader" in report.verified_by
     assert "architecture deci" in report.notes[0]
+    with torch.no_grad():  # run the way llama.cpp's deci graph runs it
+        expected = model(IDS[:1]).logits
+    torch.testing.assert_close(
+        gguf_logits(tmp_path / "m.gguf", IDS[:1]), expected, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_f32_file_loaded_by_transformers_gives_the_model_logits(tmp_path: Path) -> None:
@@ -187,6 +193,26 @@ def test_qwen2_biases_are_written_in_llama_s_row_order(tmp_path: Path, tokenizer
     # each head of 16: its halves (0..7, 8..15) interleaved in pairs
     assert found["blk.1.attn_k.bias"].data[:6].tolist() == [0, 8, 1, 9, 2, 10]
     assert report.verified_by is not None and "GGUFReader" in report.verified_by
+    with torch.no_grad():
+        expected = model(IDS[:1]).logits
+    torch.testing.assert_close(
+        gguf_logits(tmp_path / "m.gguf", IDS[:1]), expected, rtol=1e-4, atol=1e-5
+    )
+
+
+def test_llama3_rotary_scaling_is_written_as_rope_factors(tmp_path: Path, tokenizer: Path) -> None:
+    rope = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    model = tiny_llama(320, rope_parameters=rope)
+    export(model, tmp_path / "m.gguf", "gguf", source=tokenizer)
+    factors = {t.name: t for t in gg.GGUFReader(tmp_path / "m.gguf").tensors}["rope_freqs.weight"]
+    assert factors.tensor_type == Q.F32 and factors.data.shape == (8,)
+    assert factors.data[0] == pytest.approx(1.0) and factors.data[-1] == pytest.approx(8.0)
+    with torch.no_grad():
+        expected = model(IDS[:1]).logits
+    torch.testing.assert_close(
+        gguf_logits(tmp_path / "m.gguf", IDS[:1]), expected, rtol=1e-4, atol=1e-5
+    )
 
 
 def refused(tmp_path: Path, model: torch.nn.Module, match: str, error: type = ValueError,
