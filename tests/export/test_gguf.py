@@ -11,7 +11,13 @@ import pytest
 import torch
 
 import prunekit
-from helpers.gguf_models import gguf_logits, tiny_llama, tiny_llama_gguf, tiny_tokenizer
+from helpers.gguf_models import (
+    gguf_logits,
+    tiny_llama,
+    tiny_llama_gguf,
+    tiny_sentencepiece_tokenizer,
+    tiny_tokenizer,
+)
 from prunekit.export import decoder_layers, export
 
 transformers = pytest.importorskip("transformers")
@@ -174,6 +180,25 @@ def test_the_tokenizer_of_a_hugging_face_folder(tmp_path: Path, tokenizer: Path)
     loaded = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
     text = "Pruning 2048 weights, then compaction."
     assert loaded(text).input_ids[-8:] == hf(text).input_ids[-8:]
+
+
+def test_the_sentencepiece_tokenizer_of_a_hugging_face_folder(tmp_path: Path) -> None:
+    hf = tiny_sentencepiece_tokenizer(tmp_path / "sp")
+    export(tiny_llama(320), tmp_path / "m.gguf", "gguf", source=tmp_path / "sp")
+    reader = gg.GGUFReader(tmp_path / "m.gguf")
+    assert value(reader, "tokenizer.ggml.model") == "llama"
+    tokens, types = (
+        value(reader, "tokenizer.ggml.tokens"),
+        value(reader, "tokenizer.ggml.token_type"),
+    )
+    assert len(tokens) == len(value(reader, "tokenizer.ggml.scores")) == 320
+    assert tokens[:4] == ["<unk>", "<s>", "</s>", "<0x00>"]
+    assert types[3] == gg.TokenType.BYTE and types[1] == gg.TokenType.CONTROL
+    assert types[319] == gg.TokenType.UNUSED
+    assert value(reader, "tokenizer.ggml.bos_token_id") == hf.bos_token_id
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")
+    text = "Pruning removes weights"
+    assert loaded(text, add_special_tokens=False).input_ids == hf(text).input_ids
 
 
 def test_qwen2_biases_are_written_in_llama_s_row_order(tmp_path: Path, tokenizer: Path) -> None:

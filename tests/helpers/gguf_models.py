@@ -56,6 +56,33 @@ def tiny_tokenizer(folder: Path, vocab: int = 300) -> Any:
     return tokenizer
 
 
+def tiny_sentencepiece_tokenizer(folder: Path, vocab: int = 300) -> Any:
+    """Train a SentencePiece-style BPE (Llama 2's: "▁" for spaces, byte fallback to 256 byte
+    tokens, <unk> <s> </s>) of `vocab` tokens and save it into `folder`.
+
+    Returns:
+        The transformers tokenizer (PreTrainedTokenizerFast).
+    """
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    core = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    core.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+         decoders.Strip(" ", 1, 0)]
+    )  # fmt: skip
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
+    core.train_from_iterator(TEXT, trainer=trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
 def tiny_llama(vocab: int, seed: int = 0, **config: Any) -> torch.nn.Module:
     """A random LlamaForCausalLM: hidden 64, 2 layers, 4 query and 2 key/value heads of 16,
     MLP 96, tied embeddings; `config` overrides any LlamaConfig field."""
