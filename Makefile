@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,hf,lightning,docs
+EXTRAS := dev,tensorplay,cli,demo,hf,llm,lightning,docs
 # torchvision goes to a folder of its own, not to the venv's site-packages. The only wheel the
 # index serves is a CUDA build that cannot load under the CPU torch, and transformers and
 # Lightning import torchvision whenever it is installed: in site-packages it would break
