@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.export import deci, gguf, hf
+from prunekit.export.request import ExportReport, Request
 from prunekit.io.atomic import atomic_folder, atomic_path
 
 __all__ = ["FORMATS", "WRITERS", "ExportReport", "Request", "export"]
@@ -26,62 +27,9 @@ __all__ = ["FORMATS", "WRITERS", "ExportReport", "Request", "export"]
 FORMATS: dict[str, bool] = {"hf": True, "deci": True, "gguf": False, "onnx": False}
 
 
-@dataclass(frozen=True)
-class Request:
-    """What the caller asked for, checked: the writers read it, never the raw arguments.
-
-    Attributes:
-        format: one of ``FORMATS``.
-        path: the destination, as given.
-        source: the Hugging Face folder or GGUF file the model came from, whose tokenizer and
-            generation config go along (None: none are written).
-        dtype: the tensor type to write (format-specific names), or None for the model's own.
-        example_inputs: inputs to compare the written model's outputs with the model's on
-            (None: the format's own default, where it has one).
-        verify: whether to read the written model back and compare.
-    """
-
-    format: str
-    path: Path
-    source: Path | None
-    dtype: str | None
-    example_inputs: Any
-    verify: bool
-
-
-@dataclass(frozen=True)
-class ExportReport:
-    """What ``export`` wrote and how it was checked.
-
-    Attributes:
-        format: the format written.
-        path: where it was written.
-        files: the files written, relative to ``path`` for a folder.
-        verified_by: what read the written model back to compare (None: not checked).
-        difference: the largest relative difference of its outputs from the model's on the
-            example inputs (None: not checked).
-        notes: what a reader should know (fields rounded, tensors converted, ...).
-    """
-
-    format: str
-    path: Path
-    files: tuple[str, ...]
-    verified_by: str | None = None
-    difference: float | None = None
-    notes: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        lines = [f"{self.format}: {self.path} ({len(self.files)} files)"]
-        if self.verified_by is not None and self.difference is not None:
-            lines.append(f"checked by {self.verified_by}: max relative difference "
-                         f"{self.difference:.2e}")  # fmt: skip
-        elif self.verified_by is not None:  # a check of what was written, not of outputs
-            lines.append(f"checked by {self.verified_by}")
-        return "\n".join(lines + list(self.notes))
-
-
 Writer = Callable[[nn.Module, Path, Request], ExportReport]
-WRITERS: dict[str, Writer] = {}
+# the one table of formats, filled here
+WRITERS: dict[str, Writer] = {"hf": hf.write, "deci": deci.write, "gguf": gguf.write}
 
 
 def export(
@@ -134,12 +82,3 @@ def export(
         with atomic_path(request.path) as staged:
             report = writer(model, Path(staged), request)
     return report
-
-
-# The writers, one line each. Imported here at the end, once Request and ExportReport exist:
-# each writer module imports them from this one.
-from prunekit.export import deci, gguf, hf  # noqa: E402
-
-WRITERS["hf"] = hf.write
-WRITERS["deci"] = deci.write
-WRITERS["gguf"] = gguf.write

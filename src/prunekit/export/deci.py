@@ -37,7 +37,6 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.api import ExportReport, Request
 from prunekit.export.companions import (
     check_model,
     check_source,
@@ -47,6 +46,7 @@ from prunekit.export.companions import (
 )
 from prunekit.export.hf import save_weights, tensor_type
 from prunekit.export.layers import LLAMA_FAMILY, DecoderLayer, decoder_layers
+from prunekit.export.request import ExportReport, Request
 
 __all__ = ["CONFIG_FILE", "ROUND", "block_configs", "derived_widths", "ffn_mult", "write"]
 

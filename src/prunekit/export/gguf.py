@@ -12,7 +12,7 @@ from pathlib import Path
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.export.api import ExportReport, Request
+from prunekit.export.request import ExportReport, Request
 
 __all__ = ["write"]
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import value_error
-from prunekit.export.api import Request
+from prunekit.export.request import Request
 
 if TYPE_CHECKING:
     from prunekit.export.gguf_writer import Plan

@@ -35,10 +35,10 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.api import ExportReport, Request
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
+from prunekit.export.request import ExportReport, Request
 from prunekit.functional import is_pruned
 
 __all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "write"]

@@ -32,7 +32,6 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.api import ExportReport, Request
 from prunekit.export.companions import (
     check_model,
     check_source,
@@ -48,6 +47,7 @@ from prunekit.export.hfcheck import (
     rounded_copy,
 )
 from prunekit.export.layers import decoder_layers
+from prunekit.export.request import ExportReport, Request
 from prunekit.structure.compaction.fromconfig import build_fresh, difference
 
 __all__ = [
