@@ -22,7 +22,11 @@ from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
 from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
-from prunekit.structure.families.experts import check_expert_counts, install_router_mask
+from prunekit.structure.families.experts import (
+    check_expert_counts,
+    experts_limit,
+    install_router_mask,
+)
 from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.handlers.norms import install_kept_norm
 from prunekit.structure.probe import latency_probe
@@ -130,7 +134,9 @@ def prune_channels(
             step = round_to if kind in ("channels", "hidden") else 1
             found_now = _choose(mine, scores, float(share), scope, step)
             if kind == "experts":
-                check_expert_counts([(g, _masked(g, found_now)) for g in mine], share)
+                order = _ranked(scores) if scope == "global" else None
+                masked = [(g, _masked(g, found_now)) for g in mine]
+                check_expert_counts(masked, share, experts_limit(mine, order), scope)
             chosen += found_now
         pairs = [(p.group, p.units) for p in chosen]
         openings = None
@@ -283,15 +289,22 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
         counts = [round(amount * g.size) for g in groups]
     else:
         counts = [0] * len(groups)
-        ranked: list[tuple[float, int]] = []
-        for k, s in enumerate(scores):
-            mean = float(s.mean()) if len(s) else 0.0
-            normal = s / mean if mean > 0 else s
-            ranked.extend((float(v), k) for v in normal)
-        ranked.sort()
-        for _, k in ranked[: round(amount * len(ranked))]:
+        order = _ranked(scores)
+        for k in order[: round(amount * len(order))]:
             counts[k] += 1
     return [_rounded(g.size, n, round_to) for g, n in zip(groups, counts, strict=False)]
+
+
+def _ranked(scores: list[Tensor]) -> list[int]:
+    """The units of all groups ranked together, lowest first (scores divided by their
+    group's mean), as the index of each unit's group."""
+    ranked: list[tuple[float, int]] = []
+    for k, s in enumerate(scores):
+        mean = float(s.mean()) if len(s) else 0.0
+        normal = s / mean if mean > 0 else s
+        ranked.extend((float(v), k) for v in normal)
+    ranked.sort()
+    return [k for _, k in ranked]
 
 
 def _rounded(size: int, count: int, round_to: int) -> int:

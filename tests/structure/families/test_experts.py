@@ -286,3 +286,25 @@ def test_an_experts_width_grouped_mm_cannot_run_is_named_with_round_to() -> None
     with pytest.raises(RuntimeError, match=r"mlp\.experts.* 13 .*round_to=4"):
         prunekit.compact(model, INPUTS, latency_runs=0)
     assert fingerprint(model) == masked and masked != before
+
+
+def _lopsided(group: prunekit.ChannelGroup) -> Tensor:
+    """Scores that put seven experts of the first layer below every expert of the second."""
+    router = next(s.module_name for s in group.slices if s.op == "route")
+    if ".0." in router:
+        return torch.tensor([1.0] * (EXPERTS - 1) + [100.0])
+    return torch.arange(1.0, EXPERTS + 1)
+
+
+def test_the_global_expert_limit_named_is_the_one_the_scores_allow() -> None:
+    """Ranked together, the first router's seven lowest experts come first: 6 of the 16
+    (0.375) is the most the call can mask before that router keeps fewer than top_k."""
+    model = make("mixtral")
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"invalid experts=0.75: the router model.layers.0.mlp."
+                       r"gate would keep 1 of its 8 experts, .*expected experts <= 0.375 "):  # fmt: skip
+        prunekit.prune_channels(model, INPUTS, experts=0.75, scope="global", criterion=_lopsided)
+    assert fingerprint(model) == before
+    chosen = prunekit.prune_channels(model, INPUTS, experts=0.375, scope="global",
+                                     criterion=_lopsided)  # fmt: skip
+    assert [len(p.units) for p in chosen] == [6]

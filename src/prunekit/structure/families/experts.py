@@ -318,10 +318,35 @@ def router_of(group: Any) -> tuple[str, nn.Module] | None:
     return None
 
 
-def check_expert_counts(chosen: list[tuple[Any, int]], share: float) -> None:
+def experts_limit(groups: list[Any], order: list[int] | None) -> float:
+    """The largest share of experts a call may mask and leave every router its top-k.
+
+    `groups`: the experts groups; `order`: with scope 'global', the index of the group of
+    each unit as they are ranked together (lowest first), else None (each group loses the
+    share of its own experts).
+    """
+    spare = []
+    for group in groups:
+        found = router_of(group)
+        spare.append(group.size - (top_k(found[1]) if found is not None else 1))
+    if order is None:
+        shares = [n / g.size for n, g in zip(spare, groups, strict=True) if g.size]
+        return min(shares, default=0.0)
+    taken = [0] * len(groups)
+    for position, k in enumerate(order):
+        taken[k] += 1
+        if taken[k] > spare[k]:
+            return position / len(order)
+    return (len(order) - 1) / len(order) if order else 0.0
+
+
+def check_expert_counts(
+    chosen: list[tuple[Any, int]], share: float, limit: float, scope: str = "layer"
+) -> None:
     """Refuse a choice that leaves a router fewer unmasked experts than its top-k.
 
-    `chosen`: (group, units it would have masked in all) per experts group.
+    `chosen`: (group, units it would have masked in all) per experts group; `limit`: the
+    largest share allowed (see experts_limit), named in the message.
 
     Raises:
         ValueError: naming the router, the share, and the largest share allowed.
@@ -333,9 +358,9 @@ def check_expert_counts(chosen: list[tuple[Any, int]], share: float) -> None:
         name, router = found
         left, k = group.size - masked, top_k(router)
         if left < k:
-            allowed = (group.size - k) / group.size
+            ranked = " with the units of all routers ranked together" if scope == "global" else ""
             raise ValueError(
                 f"prune_channels: invalid experts={share!r}: the router {name} would keep "
                 f"{left} of its {group.size} experts, fewer than the {k} it picks per token "
-                f"(top_k); expected experts <= {allowed:g} for this model"
+                f"(top_k); expected experts <= {limit:g} for this model{ranked}"
             )
