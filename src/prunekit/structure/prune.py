@@ -26,6 +26,7 @@ from prunekit.structure.families.experts import (
     check_expert_counts,
     experts_limit,
     install_router_mask,
+    width_step,
 )
 from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.handlers.norms import install_kept_norm
@@ -44,7 +45,7 @@ def prune_channels(
     criterion: str | GroupCriterion | Callable[[ChannelGroup], Tensor] = "l2",
     scope: str = "layer",
     exclude: Iterable[nn.Module | str] = (),
-    round_to: int = 1,
+    round_to: int | None = None,
     heads: float = 0.0,
     hidden: float = 0.0,
     experts: float = 0.0,
@@ -73,7 +74,10 @@ def prune_channels(
     share of all of them goes (heads with key/value groups are always counted per module).
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
-    hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
+    hidden groups a number of units that is a multiple of `round_to`; without it, of what
+    the model's own kernels need where they constrain a width, else of 1 (the widths a
+    mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
+    channels, which grouped_mm needs). `exclude`: modules
     (or their names, globs allowed; a block stands for its layers) whose output channels
     stay (those of a norm or a depthwise conv are its input channels too); their input
     channels still follow their producers (``ignore=``, its old name, warns). `calibration`:
@@ -131,8 +135,8 @@ def prune_channels(
             if not share or not mine:
                 continue
             scores = [scored[id(g)] for g in mine]
-            step = round_to if kind in ("channels", "hidden") else 1
-            found_now = _choose(mine, scores, float(share), scope, step)
+            steps = [width_step(g, round_to) for g in mine]
+            found_now = _choose(mine, scores, float(share), scope, steps)
             if kind == "experts":
                 order = _ranked(scores) if scope == "global" else None
                 masked = [(g, _masked(g, found_now)) for g in mine]
@@ -182,11 +186,13 @@ def _wants_batches(criterion: Any) -> bool:
 
 
 def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
-            round_to: int) -> list[PrunedGroup]:  # fmt: skip
-    """The units to mask in each group: the lowest scores (per block where it has blocks)."""
+            steps: list[int]) -> list[PrunedGroup]:  # fmt: skip
+    """The units to mask in each group: the lowest scores (per block where it has blocks),
+    the kept ones a multiple of the group's step."""
     plain = [k for k, g in enumerate(groups) if not g.blocks]
-    counts = dict(zip(plain, _counts([groups[k] for k in plain], [scores[k] for k in plain],
-                                     amount, scope, round_to), strict=False))  # fmt: skip
+    found = _counts([groups[k] for k in plain], [scores[k] for k in plain], amount, scope,
+                    [steps[k] for k in plain])  # fmt: skip
+    counts = dict(zip(plain, found, strict=True))
     chosen = []
     for k, (g, s) in enumerate(zip(groups, scores, strict=False)):
         if g.blocks:
@@ -234,8 +240,13 @@ def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
                 f"fraction of the {what} to mask"
             )
     check_scope(scope, "prune_channels")
-    if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
-        raise ValueError(f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1")
+    if round_to is not None and (
+        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+    ):
+        raise ValueError(
+            f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1, or None "
+            "(what the model's kernels need)"
+        )
 
 
 def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str, Any]) -> None:
@@ -283,7 +294,7 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
 
 
 def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
-            round_to: int) -> list[int]:  # fmt: skip
+            steps: list[int]) -> list[int]:  # fmt: skip
     """Units to mask per group."""
     if scope == "layer":
         counts = [round(amount * g.size) for g in groups]
@@ -292,7 +303,7 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
         order = _ranked(scores)
         for k in order[: round(amount * len(order))]:
             counts[k] += 1
-    return [_rounded(g.size, n, round_to) for g, n in zip(groups, counts, strict=False)]
+    return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
 
 
 def _ranked(scores: list[Tensor]) -> list[int]:

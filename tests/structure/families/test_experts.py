@@ -281,7 +281,7 @@ def test_qwen2_moe_hidden_width_is_the_residual_with_the_shared_expert_gate_read
 def test_an_experts_width_grouped_mm_cannot_run_is_named_with_round_to() -> None:
     model = make("qwen3_moe")
     before = fingerprint(model)
-    prunekit.prune_channels(model, INPUTS, 0.2, exclude=["*self_attn*"])  # 16 -> 13: 52 bytes
+    prunekit.prune_channels(model, INPUTS, 0.2, exclude=["*self_attn*"], round_to=1)  # 13: 52 B
     masked = fingerprint(model)
     with pytest.raises(RuntimeError, match=r"mlp\.experts.* 13 .*round_to=4"):
         prunekit.compact(model, INPUTS, latency_runs=0)
@@ -308,3 +308,19 @@ def test_the_global_expert_limit_named_is_the_one_the_scores_allow() -> None:
     chosen = prunekit.prune_channels(model, INPUTS, experts=0.375, scope="global",
                                      criterion=_lopsided)  # fmt: skip
     assert [len(p.units) for p in chosen] == [6]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kwargs", [{"amount": 0.3, "heads": 0.25}, {"amount": 0.0, "hidden": 0.2}])
+def test_by_default_expert_widths_are_ones_grouped_mm_runs(family: str, kwargs: Any) -> None:
+    """grouped_mm reads rows of multiples of 16 bytes: without round_to, the experts' inner
+    width and the hidden width their rows run over keep a multiple of 4 float32 channels
+    (16 x 0.7 -> 12, not 11; 32 x 0.8 -> 28, not 26), and compact runs."""
+    model = make(family)
+    prunekit.prune_channels(model, INPUTS, **kwargs)
+    masked = _logits(model)
+    prunekit.compact(model, INPUTS, latency_runs=0)
+    _close(_logits(model), masked)
+    down = model.model.layers[0].mlp.experts.down_proj
+    hidden, inner = int(down.shape[1]), int(down.shape[2])
+    assert (hidden, inner) == ((H, 12) if kwargs["amount"] else (28, INNER))

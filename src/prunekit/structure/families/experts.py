@@ -22,6 +22,7 @@ not listed and its experts are left alone with the reason.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -224,6 +225,30 @@ def top_k(router: nn.Module) -> int:
     return int(getattr(router, "top_k"))  # noqa: B009
 
 
+def kernel_step(group: Any) -> int:
+    """The multiple that the units a group keeps must make for the kernels that read them:
+    where the group runs along the rows of a fused experts module's weights (its inner
+    width, or the hidden width its rows and columns span), grouped_mm reads those rows only
+    in multiples of 16 bytes (4 float32 channels, 8 half ones); else 1."""
+    step = 1
+    for s in group.slices:
+        module = s.module
+        if s.dim != 0 and not s.is_buffer and is_experts(module):
+            size = getattr(module, s.name).element_size()
+            need = 16 // math.gcd(16, size)
+            step = step * need // math.gcd(step, need)
+    return step
+
+
+def width_step(group: Any, round_to: int | None) -> int:
+    """The multiple of kept units for `group`: for channels and hidden widths, `round_to`
+    where the caller gives one, else what the kernels reading the group need
+    (kernel_step); heads and experts are counted one by one."""
+    if group.kind not in ("channels", "hidden"):
+        return 1
+    return round_to if round_to is not None else kernel_step(group)
+
+
 def unaligned_experts(model: nn.Module) -> list[str]:
     """One line per fused experts module of `model` whose inner width makes rows that are no
     multiple of 16 bytes, which grouped_mm (the experts' kernel) refuses; with the
@@ -232,12 +257,14 @@ def unaligned_experts(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if is_experts(module):
             down = getattr(module, "down_proj")  # noqa: B009
-            inner, size = int(down.shape[2]), down.element_size()
-            if inner * size % 16:
-                found.append(
-                    f"{name} keeps an inner width of {inner} ({inner * size} bytes a row, where "
-                    f"grouped_mm needs a multiple of 16: prune it with round_to={16 // size})"
-                )
+            size = down.element_size()
+            for what, width in (("an inner", int(down.shape[2])), ("a hidden", int(down.shape[1]))):
+                if width * size % 16:
+                    found.append(
+                        f"{name} keeps {what} width of {width} ({width * size} bytes a row, "
+                        f"where grouped_mm needs a multiple of 16: prune it with "
+                        f"round_to={16 // math.gcd(16, size)})"
+                    )
     return found
 
 
