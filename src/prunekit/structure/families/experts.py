@@ -23,6 +23,7 @@ not listed and its experts are left alone with the reason.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -326,10 +327,10 @@ def _set(module: nn.Module, **values: int) -> None:
             setattr(module, name, value)
 
 
-def expert_widths(model: nn.Module) -> dict[str, list[int]]:
+def expert_widths(modules: Iterable[nn.Module]) -> dict[str, list[int]]:
     """The expert count of each router and the inner width of each experts module."""
     found: dict[str, list[int]] = {"experts": [], "expert_inner": []}
-    for module in model.modules():
+    for module in modules:
         if is_router(module):
             found["experts"].append(int(getattr(module, "weight").shape[0]))  # noqa: B009
         elif is_experts(module):
