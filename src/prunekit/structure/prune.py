@@ -19,7 +19,12 @@ from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.functional import custom_from_mask
 from prunekit.structure.budget import Budget, allocate, check_budget
-from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
+from prunekit.structure.compensation.compensate import (
+    Openings,
+    compensate_groups,
+    refuse_uncompensable,
+    written,
+)
 from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
 from prunekit.structure.families.experts import (
@@ -146,6 +151,7 @@ def prune_channels(
         openings = None
         reference = None
         if batches is not None:
+            refuse_uncompensable(pairs, compensate)
             if compensate == "reference":
                 recorded.keep(refitted(model))  # the refit updates them in place
                 reference = copy.deepcopy(model)

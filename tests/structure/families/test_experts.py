@@ -324,3 +324,25 @@ def test_by_default_expert_widths_are_ones_grouped_mm_runs(family: str, kwargs: 
     down = model.model.layers[0].mlp.experts.down_proj
     hidden, inner = int(down.shape[1]), int(down.shape[2])
     assert (hidden, inner) == ((H, 12) if kwargs["amount"] else (28, INNER))
+
+
+@pytest.mark.parametrize("compensate", [True, "reference"])
+@pytest.mark.parametrize("ids", ["in vocabulary", "out of vocabulary"])
+def test_compensating_an_experts_inner_width_is_refused_not_skipped(compensate: Any,
+                                                                    ids: str) -> None:  # fmt: skip
+    """The fused experts' down projections read only the tokens routed to each expert, which
+    the least-squares update does not gather: compensate= is refused for their widths
+    (before anything is masked, whatever the batches hold), never silently left out."""
+    model = make("qwen3_moe")
+    before = fingerprint(model)
+    high = 100 if ids == "in vocabulary" else 10_000
+    batches = [torch.randint(0, high, (2, 12), generator=torch.Generator().manual_seed(k))
+               for k in range(2)]  # fmt: skip
+    with pytest.raises(ValueError, match=rf"prune_channels: compensate={compensate!r} cannot "
+                       r"update model.layers.0.mlp.experts \(down_proj\).*routed"):  # fmt: skip
+        prunekit.prune_channels(model, INPUTS, 0.25, compensate=compensate, calibration=batches,
+                                exclude=["*self_attn*"])  # fmt: skip
+    assert fingerprint(model) == before
+    chosen = prunekit.prune_channels(model, INPUTS, 0.0, heads=0.5, compensate=compensate,
+                                     calibration=CALIBRATION, exclude=["*mlp*"])  # fmt: skip
+    assert chosen and all(p.group.kind == "heads" for p in chosen)
