@@ -346,3 +346,23 @@ def test_compensating_an_experts_inner_width_is_refused_not_skipped(compensate: 
     chosen = prunekit.prune_channels(model, INPUTS, 0.0, heads=0.5, compensate=compensate,
                                      calibration=CALIBRATION, exclude=["*mlp*"])  # fmt: skip
     assert chosen and all(p.group.kind == "heads" for p in chosen)
+
+
+def test_compact_with_router_logits_on_compares_what_stays_equal() -> None:
+    """With output_router_logits, the model also returns each router's logits (one per
+    expert: fewer once compacted) and a load-balancing loss over the expert count: compact
+    checks the outputs that stay equal, and the kept experts' logits are the masked ones."""
+    model = make("qwen3_moe")
+    model.config.output_router_logits = True
+    chosen = prunekit.prune_channels(model, INPUTS, experts=0.25)
+    with torch.no_grad():
+        masked = model(**INPUTS)
+    prunekit.compact(model, INPUTS, latency_runs=0)
+    assert model.config.output_router_logits is True
+    with torch.no_grad():
+        after = model(**INPUTS)
+    _close(after.logits, masked.logits)
+    gone = set(chosen[0].units)
+    kept = [e for e in range(EXPERTS) if e not in gone]
+    assert after.router_logits[0].shape[-1] == len(kept)
+    _close(after.router_logits[0], masked.router_logits[0][:, kept])
