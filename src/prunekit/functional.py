@@ -303,18 +303,20 @@ def rank_together(
     importance_scores: dict[tuple[nn.Module, str], Tensor] | None,
     kwargs: dict[str, Any],
     paths: Mapping[nn.Module, str] | None = None,
+    caller: str = "global_unstructured",
 ) -> None:
     """global_unstructured's work, for prunekit's whole-model calls too: with `paths` (each
     module's path in the model), an error about one tensor names it by its path
     (``'a.weight', parameter 'weight' of Linear``, see describe), as their per-layer scope
-    does. Across ranks (``process_group=``), tensors are named as without `paths`."""
+    does. Errors start with `caller`, the function the user called. Across ranks
+    (``process_group=``), tensors are named as without `paths`."""
     if kwargs.get("process_group") is not None:
         across_ranks(parameters, pruning_method, importance_scores, **kwargs)
         return
     kwargs.pop("process_group", None)
     if not isinstance(parameters, Iterable):
         raise type_error(
-            f"global_unstructured: invalid parameters of type {type(parameters).__name__}; "
+            f"{caller}: invalid parameters of type {type(parameters).__name__}; "
             "expected an iterable of (module, name) pairs"
         )
     params = list(parameters)
@@ -322,18 +324,18 @@ def rank_together(
         importance_scores = {}
     if not isinstance(importance_scores, dict):
         raise type_error(
-            "global_unstructured: invalid importance_scores of type "
+            f"{caller}: invalid importance_scores of type "
             f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
         )
-    method = _global_method(pruning_method, kwargs)
+    method = _global_method(pruning_method, kwargs, caller)
     if not params:
         return
-    scores, masks, dtypes, wheres = _global_targets(params, importance_scores, paths or {})
+    scores, masks, dtypes, wheres = _global_targets(params, importance_scores, paths or {}, caller)
     targets = [owner_of(module, name) for module, name in params]
     # Kept entries as 1s of the parameters' dtype: they become the mask buffers as they are.
     keep_dtype = dtypes[0] if len(set(dtypes)) == 1 else None
     products = _products(method, params, scores, masks, importance_scores, keep_dtype)
-    with naming("global_unstructured"):
+    with naming(caller):
         kept = method._choose(
             scores,
             masks,
@@ -415,23 +417,23 @@ def _global_generic(
     return keeps
 
 
-def _global_method(pruning_method: Any, kwargs: dict[str, Any]) -> BasePruningMethod:
+def _global_method(pruning_method: Any, kwargs: dict[str, Any], caller: str) -> BasePruningMethod:
     """Check that `pruning_method` is a method class; build it from `kwargs` and check that
     it is 'unstructured' (read from the instance, as torch does)."""
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
         raise type_error(
-            f"global_unstructured: invalid pruning_method={pruning_method!r}; expected a "
+            f"{caller}: invalid pruning_method={pruning_method!r}; expected a "
             "BasePruningMethod subclass with PRUNING_TYPE 'unstructured', e.g. L1Unstructured"
         )
-    method: BasePruningMethod = construct(pruning_method, (), kwargs, "global_unstructured")
+    method: BasePruningMethod = construct(pruning_method, (), kwargs, caller)
     if not hasattr(method, "PRUNING_TYPE"):
         raise attribute_error(
-            f"global_unstructured: pruning_method={pruning_method.__name__} declares no "
+            f"{caller}: pruning_method={pruning_method.__name__} declares no "
             f"PRUNING_TYPE; expected 'unstructured' (one of {PRUNING_TYPES})"
         )
     if method.PRUNING_TYPE != "unstructured":
         raise type_error(
-            f"global_unstructured: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
+            f"{caller}: pruning_method={pruning_method.__name__} has PRUNING_TYPE "
             f"{method.PRUNING_TYPE!r}; expected an 'unstructured' method, e.g. L1Unstructured"
         )
     return method
@@ -441,6 +443,7 @@ def _global_targets(
     params: list[Any],
     importance_scores: dict[tuple[nn.Module, str], Tensor],
     paths: Mapping[nn.Module, str],
+    caller: str,
 ) -> tuple[list[Tensor], list[Tensor | None], list[Any], list[str]]:
     """Check every listed tensor; return the scores that rank it, its mask (None: unpruned),
     its dtype and its description for messages (with its path where `paths` has it).
@@ -458,8 +461,7 @@ def _global_targets(
     for entry in params:
         if not (isinstance(entry, tuple) and len(entry) == 2):
             raise type_error(
-                f"global_unstructured: invalid entry {entry!r} in parameters; "
-                "expected (module, name) pairs"
+                f"{caller}: invalid entry {entry!r} in parameters; expected (module, name) pairs"
             )
         module, name = entry
         where = describe(module, name, paths.get(module) if paths else None)
@@ -468,7 +470,7 @@ def _global_targets(
         if first is None:
             first = (label, current)
         else:
-            common_namespace("global_unstructured", **{first[0]: first[1], label: current})
+            common_namespace(caller, **{first[0]: first[1], label: current})
         if id(param) in seen:
             raise value_error(
                 f"{where} is the same Parameter as {seen[id(param)]}, listed before (tied "

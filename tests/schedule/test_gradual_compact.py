@@ -118,3 +118,24 @@ def test_bad_example_inputs_are_refused(kwargs: dict[str, Any], error: type, wor
         prune.GradualPruner(model, 0.5, start_step=0, end_step=4, **kwargs)
     assert list(model.state_dict()) == list(before)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_channels_keep_one_unit_per_layer_and_compact_removes_the_rest() -> None:
+    """At 0.99 each layer would lose every channel (round(0.99 x 12) = 12); it keeps one, as
+    prune_channels does, and compact then removes all the others."""
+    model = Padded()
+    pruner = prune.GradualPruner(
+        model, 0.99, start_step=1, end_step=5, every=2, pattern="channels", example_inputs=X,
+        include=["conv1.weight", "conv2.weight", "conv3.weight"],
+    )  # fmt: skip
+    train(model, pruner, 6)
+    convs = (model.conv1, model.conv2, model.conv3)
+    alive = [int((c.weight_mask.flatten(1).sum(1) > 0).sum()) for c in convs]
+    assert alive == [1, 1, 1]
+    model.eval()
+    with torch.no_grad():
+        masked = model(X)
+    prune.compact(model, X, latency_runs=0)
+    assert [c.out_channels for c in convs] == [1, 1, 1]
+    with torch.no_grad():
+        assert float((model(X) - masked).abs().max()) <= 1e-5 * float(masked.abs().max())

@@ -320,3 +320,11 @@ def test_sparsegpt_calibrates_layer_group_by_group_unless_told_otherwise() -> No
     assert same(default, pruned("sparsegpt", sequential="layers"))
     assert not same(default, pruned("sparsegpt", sequential=True))
     assert same(pruned("wanda"), pruned("wanda", sequential=True))
+
+
+def test_global_scope_errors_name_prune_model_not_an_inner_function() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    before = state_of(model)
+    with pytest.raises(ValueError, match=r"^prune_model: .*amount=100 is more than the 32"):
+        prune.prune_model(model, 100, scope="global")
+    assert state_of(model) == before

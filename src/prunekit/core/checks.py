@@ -29,6 +29,7 @@ __all__ = [
     "check_binary_mask",
     "check_finite",
     "check_free_names",
+    "check_kind",
     "check_module",
     "check_scores",
     "is_attention_out_proj",
@@ -117,15 +118,39 @@ def prunable_parameter(module: nn.Module, name: str, where: str | None = None) -
             f"{where} has dtype {param.dtype}; expected a floating-point parameter "
             "(integer, bool and complex parameters cannot be pruned)"
         )
-    if isinstance(param, Tensor) and (param.is_meta or param.layout != torch.strided):
-        kind = "meta" if param.is_meta else f"sparse ({param.layout})"
-        raise value_error(
-            f"{where} is a {kind} tensor; expected a dense tensor with data (pruning ranks "
-            "its values and multiplies a dense mask into it)"
-        )
+    check_kind(param, where, "the parameter", real=False)
     refuse_ties(module._parameters.items(), name, param, where)
     check_free_names(module, name, where)
     return param
+
+
+def check_kind(value: Any, where: str, what: str, *, real: bool = True) -> None:
+    """A tensor the caller gives (scores, a mask, a weight, a loss, a batch) must hold its
+    values densely: refuse a meta tensor (a shape without values), a sparse one (a layout
+    ranking and masking do not read) and, with `real`, a complex one (its imaginary part
+    would be dropped). Anything that is not a torch tensor is left to the caller's checks.
+
+    Raises:
+        ValueError: a meta or sparse tensor, naming `where` and `what`.
+        TypeError: a complex tensor where a real one is expected.
+    """
+    if not isinstance(value, Tensor):
+        return
+    if value.is_meta:
+        raise value_error(
+            f"{where}: {what} is a meta tensor (a shape without values); expected a dense "
+            "tensor with values"
+        )
+    if value.layout != torch.strided:
+        raise value_error(
+            f"{where}: {what} is a sparse tensor ({value.layout}); expected a dense (strided) "
+            "tensor: call .to_dense() first"
+        )
+    if real and value.is_complex():
+        raise type_error(
+            f"{where}: {what} has dtype {value.dtype}; expected a real dtype (a complex "
+            "tensor would lose its imaginary part)"
+        )
 
 
 def refuse_ties(named: Iterable[tuple[str, Any]], name: str, param: Any, where: str) -> None:
@@ -172,6 +197,7 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
             f"{where}: importance_scores are on device {scores.device}; "
             f"expected the parameter's device {current.device}"
         )
+    check_kind(scores, where, "importance_scores")
     result: Tensor = scores.detach()
     if result.is_floating_point():
         check_finite(result, where, "importance_scores", allow_inf=True)
@@ -230,6 +256,7 @@ def check_binary_mask(mask: Any, where: str) -> None:
             f"{where}: invalid mask of dtype {mask.dtype}; expected a real (bool, integer or "
             "floating-point) tensor of 0s and 1s (a complex one would lose its imaginary part)"
         )
+    check_kind(mask, where, "the mask")
     bad = (mask != 0) & (mask != 1)
     if bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0])

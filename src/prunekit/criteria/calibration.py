@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_kind
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import stored_parameter
 from prunekit.criteria import layers
@@ -503,6 +504,8 @@ def _check_loss(value: Any, index: int) -> None:
         found = f"a tensor of dtype {value.dtype}"
     elif not value.requires_grad:
         found = "a tensor that does not require grad (detached, or not computed from the output)"
+    elif value.is_meta:
+        found = "a meta tensor (a shape without a value)"
     else:
         return
     raise value_error(
@@ -510,6 +513,33 @@ def _check_loss(value: Any, index: int) -> None:
         "loss to return a scalar floating tensor that requires grad (computed from the "
         "model's output)"
     )
+
+
+def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) -> None:
+    """Raise if the loss on batch `index` is NaN or infinite while the model's parameters and
+    the batch are finite: the loss is then the cause, and its gradients would make every
+    score unrankable. Where they are not finite, the scores' own check names the tensor."""
+    if bool(torch.isfinite(value.detach()).all()):
+        return
+    tensors = [*model.parameters(), *_tensors(batch, 0)]
+    if all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
+        raise value_error(
+            f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
+            "with finite parameters and inputs; expected a finite loss (its gradients would "
+            "make every score unrankable)"
+        )
+
+
+def _tensors(value: Any, depth: int) -> list[Tensor]:
+    """The tensors of a batch, in mappings, lists and tuples a few levels deep."""
+    if isinstance(value, Tensor):
+        return [value.detach()]
+    if depth >= 3:
+        return []
+    items = value.values() if isinstance(value, Mapping) else value
+    if not isinstance(value, Mapping | list | tuple):
+        return []
+    return [t for item in items for t in _tensors(item, depth + 1)]
 
 
 def _batch_error(index: int, error: Exception, what: str = "model") -> Exception:
@@ -593,7 +623,26 @@ def batch_list(calibration: Any, owner: str) -> list[Any]:
     batches = list(calibration)
     if not batches:
         raise value_error(f"{owner}: calibration holds no batch; expected at least one")
+    for index, batch in enumerate(batches):
+        _check_batch(batch, f"{owner}: calibration batch {index}", "", 0)
     return batches
+
+
+def _check_batch(value: Any, where: str, path: str, depth: int) -> None:
+    """Refuse a tensor of a batch that holds no values (meta): a forward on it computes
+    nothing that can be ranked. Looks into mappings, lists and tuples, a few levels deep."""
+    if isinstance(value, Tensor):
+        if value.is_meta:
+            check_kind(value, where, f"the tensor{' at ' + path if path else ''}", real=False)
+        return
+    if depth >= 3:
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_batch(item, where, f"{path}[{key!r}]", depth + 1)
+    elif isinstance(value, list | tuple):
+        for k, item in enumerate(value):
+            _check_batch(item, where, f"{path}[{k}]", depth + 1)
 
 
 @dataclass(frozen=True)
@@ -723,6 +772,7 @@ def gradients(
             except Exception as error:
                 raise _batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
             _check_loss(value, index)
+            _check_finite_loss(value, index, model, batch)
             value.backward()  # type: ignore[no-untyped-call]
             for i, (p, current) in enumerate(params):
                 if p.grad is not None:

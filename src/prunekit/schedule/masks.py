@@ -61,7 +61,10 @@ def layer_mask(
     if isinstance(pattern, PerRow | NM):  # their counts are per row or group, not per tensor
         return _rowwise_mask(criterion, pattern, values, mask, current, fraction, target, owner)
     total = units(pattern, values.shape, owner)
-    extra = max(round(fraction * total) - pruned_units(pattern, mask, owner), 0)
+    pruned = pruned_units(pattern, mask, owner)
+    extra = max(round(fraction * total) - pruned, 0)
+    if pattern.PRUNING_TYPE == "structured":  # one channel stays, as in prune_channels:
+        extra = min(extra, max(total - pruned - 1, 0))  # compact cannot remove a whole layer
     if extra == 0:
         return current
     amount = Amount(extra, owner)

@@ -59,7 +59,9 @@ class GradualPruner:
 
     `method` ranks (``'l1'``/``'magnitude'``, ``'random'`` or a prunekit.Criterion),
     `pattern` says what is pruned (``'unstructured'``: entries; ``'channels'``: output
-    channels by L2 norm; or a prunekit.Pattern); amounts count the pattern's units.
+    channels by L2 norm; or a prunekit.Pattern); amounts count the pattern's units. A
+    tensor pruned by channels keeps at least one (as prune_channels does), so that
+    ``compact`` can remove the others.
     `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
     (entries ranked across tensors). `include`/`exclude` select parameters by name as
     prune_model does. Random choices come from the pruner's own generator, seeded with

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_kind
 from prunekit.core.errors import runtime_error, type_error, value_error
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ def _masks(
                 f"{where}: the mask of {name!r} has shape "
                 f"{tuple(getattr(mask, 'shape', ()))}; expected {tuple(known[name])}"
             )
+        check_kind(mask, where, f"the mask of {name!r}")
     return {name: mask.ne(0) for name, mask in masks.items()}
 
 
@@ -179,6 +181,7 @@ def rewound_state(
             "state_dict; expected the keys of the model's state_dict (nothing was rewound)"
         )
     for key, value in result.items():
+        check_kind(value, where, f"state_dict[{key!r}]", real=not current[key].is_complex())
         if not isinstance(value, Tensor) or value.shape != current[key].shape:
             found = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise runtime_error(

@@ -55,6 +55,7 @@ from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import stored_parameter
 from prunekit.structure.depth.blocks import is_skipped
+from prunekit.structure.families.experts import width_step
 from prunekit.structure.graph.graph import ChannelGroup, Slice, split_inputs
 from prunekit.structure.measure import macs_per_entry
 from prunekit.structure.probe import Probe
@@ -328,7 +329,7 @@ def check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
 
 def allocate(
     model: nn.Module, example_inputs: Any, groups: list[ChannelGroup], scores: list[Tensor],
-    budget: Budget, round_to: int, probe: Probe | None = None,
+    budget: Budget, round_to: int | None, probe: Probe | None = None,
 ) -> BudgetReport:  # fmt: skip
     """The units of `groups` to mask so that `budget` is met (nothing is changed; a latency
     budget times the model through `probe`, which leaves it as it was).
@@ -431,9 +432,9 @@ def _in_skipped_blocks(model: nn.Module) -> list[nn.Parameter]:
     return list(found.values())
 
 
-def _unreachable(budget: Budget, total: float, most: float, round_to: int) -> None:
+def _unreachable(budget: Budget, total: float, most: float, round_to: int | None) -> None:
     share = most / total if total else 0.0
-    rounding = f", a multiple of round_to={round_to} channels" if round_to > 1 else ""
+    rounding = f", a multiple of round_to={round_to} channels" if (round_to or 1) > 1 else ""
     least = f" and floor={budget.floor!r} of its units" if budget.floor else ""
     raise value_error(
         f"prune_channels: budget={budget!r} cannot be met: the groups of kinds "
@@ -447,7 +448,7 @@ def _chains(
     groups: list[ChannelGroup],
     scores: list[Tensor],
     costs: list[list[float]],
-    round_to: int,
+    round_to: int | None,
     floors: list[float] | None = None,
     pooled: bool = False,
 ) -> list[list[tuple[float, tuple[int, ...]]]]:
@@ -470,7 +471,7 @@ def _chains(
             r / (c / mean_cost[g.kind]) if c > 0 else math.inf
             for r, c in zip(relative, cs, strict=True)
         ]
-        steps = _steps(g, value, round_to if g.kind != "heads" else 1, floor)
+        steps = _steps(g, value, width_step(g, round_to), floor)
         chain = [(sum(value[u] for u in units) / len(units), units) for units in steps]
         chains.append([(p, units) for p, units in chain if p < math.inf])
     return chains

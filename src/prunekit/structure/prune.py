@@ -19,10 +19,20 @@ from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.functional import custom_from_mask
 from prunekit.structure.budget import Budget, allocate, check_budget
-from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
+from prunekit.structure.compensation.compensate import (
+    Openings,
+    compensate_groups,
+    refuse_uncompensable,
+    written,
+)
 from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
-from prunekit.structure.families.experts import check_expert_counts, install_router_mask
+from prunekit.structure.families.experts import (
+    check_expert_counts,
+    experts_limit,
+    install_router_mask,
+    width_step,
+)
 from prunekit.structure.graph.graph import ChannelGroup, channel_groups, check_gqa, check_model
 from prunekit.structure.handlers.norms import install_kept_norm
 from prunekit.structure.probe import latency_probe
@@ -40,7 +50,7 @@ def prune_channels(
     criterion: str | GroupCriterion | Callable[[ChannelGroup], Tensor] = "l2",
     scope: str = "layer",
     exclude: Iterable[nn.Module | str] = (),
-    round_to: int = 1,
+    round_to: int | None = None,
     heads: float = 0.0,
     hidden: float = 0.0,
     experts: float = 0.0,
@@ -69,7 +79,10 @@ def prune_channels(
     share of all of them goes (heads with key/value groups are always counted per module).
     Units already masked score 0, so pruning again to the same amount changes nothing. A
     group keeps at least one unit (one query head per key/value group), and channel and
-    hidden groups a number of units that is a multiple of `round_to`. `exclude`: modules
+    hidden groups a number of units that is a multiple of `round_to`; without it, of what
+    the model's own kernels need where they constrain a width, else of 1 (the widths a
+    mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
+    channels, which grouped_mm needs). `exclude`: modules
     (or their names, globs allowed; a block stands for its layers) whose output channels
     stay (those of a norm or a depthwise conv are its input channels too); their input
     channels still follow their producers (``ignore=``, its old name, warns). `calibration`:
@@ -127,15 +140,18 @@ def prune_channels(
             if not share or not mine:
                 continue
             scores = [scored[id(g)] for g in mine]
-            step = round_to if kind in ("channels", "hidden") else 1
-            found_now = _choose(mine, scores, float(share), scope, step)
+            steps = [width_step(g, round_to) for g in mine]
+            found_now = _choose(mine, scores, float(share), scope, steps)
             if kind == "experts":
-                check_expert_counts([(g, _masked(g, found_now)) for g in mine], share)
+                order = _ranked(scores) if scope == "global" else None
+                masked = [(g, _masked(g, found_now)) for g in mine]
+                check_expert_counts(masked, share, experts_limit(mine, order), scope)
             chosen += found_now
         pairs = [(p.group, p.units) for p in chosen]
         openings = None
         reference = None
         if batches is not None:
+            refuse_uncompensable(pairs, compensate)
             if compensate == "reference":
                 recorded.keep(refitted(model))  # the refit updates them in place
                 reference = copy.deepcopy(model)
@@ -176,11 +192,13 @@ def _wants_batches(criterion: Any) -> bool:
 
 
 def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
-            round_to: int) -> list[PrunedGroup]:  # fmt: skip
-    """The units to mask in each group: the lowest scores (per block where it has blocks)."""
+            steps: list[int]) -> list[PrunedGroup]:  # fmt: skip
+    """The units to mask in each group: the lowest scores (per block where it has blocks),
+    the kept ones a multiple of the group's step."""
     plain = [k for k, g in enumerate(groups) if not g.blocks]
-    counts = dict(zip(plain, _counts([groups[k] for k in plain], [scores[k] for k in plain],
-                                     amount, scope, round_to), strict=False))  # fmt: skip
+    found = _counts([groups[k] for k in plain], [scores[k] for k in plain], amount, scope,
+                    [steps[k] for k in plain])  # fmt: skip
+    counts = dict(zip(plain, found, strict=True))
     chosen = []
     for k, (g, s) in enumerate(zip(groups, scores, strict=False)):
         if g.blocks:
@@ -228,8 +246,13 @@ def _check(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
                 f"fraction of the {what} to mask"
             )
     check_scope(scope, "prune_channels")
-    if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
-        raise ValueError(f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1")
+    if round_to is not None and (
+        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+    ):
+        raise ValueError(
+            f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1, or None "
+            "(what the model's kernels need)"
+        )
 
 
 def _check_found(model: nn.Module, found: list[ChannelGroup], amounts: dict[str, Any]) -> None:
@@ -277,21 +300,28 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
 
 
 def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
-            round_to: int) -> list[int]:  # fmt: skip
+            steps: list[int]) -> list[int]:  # fmt: skip
     """Units to mask per group."""
     if scope == "layer":
         counts = [round(amount * g.size) for g in groups]
     else:
         counts = [0] * len(groups)
-        ranked: list[tuple[float, int]] = []
-        for k, s in enumerate(scores):
-            mean = float(s.mean()) if len(s) else 0.0
-            normal = s / mean if mean > 0 else s
-            ranked.extend((float(v), k) for v in normal)
-        ranked.sort()
-        for _, k in ranked[: round(amount * len(ranked))]:
+        order = _ranked(scores)
+        for k in order[: round(amount * len(order))]:
             counts[k] += 1
-    return [_rounded(g.size, n, round_to) for g, n in zip(groups, counts, strict=False)]
+    return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+
+
+def _ranked(scores: list[Tensor]) -> list[int]:
+    """The units of all groups ranked together, lowest first (scores divided by their
+    group's mean), as the index of each unit's group."""
+    ranked: list[tuple[float, int]] = []
+    for k, s in enumerate(scores):
+        mean = float(s.mean()) if len(s) else 0.0
+        normal = s / mean if mean > 0 else s
+        ranked.extend((float(v), k) for v in normal)
+    ranked.sort()
+    return [k for _, k in ranked]
 
 
 def _rounded(size: int, count: int, round_to: int) -> int:

@@ -62,7 +62,7 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
         made = {_key(t): criterion(t) for t in plan.targets}
         joint = _Joint(made)
         kwargs = {"amount": plan.amount, "criterion": joint}
-        rank_together(plan.targets, Pruning, None, kwargs, plan.paths)  # errors name paths
+        rank_together(plan.targets, Pruning, None, kwargs, plan.paths, plan.config.owner)
         bar.advance(len(plan.targets))
         return
     for target in plan.targets:

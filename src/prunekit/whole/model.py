@@ -175,7 +175,7 @@ def _prune(
         if config.scope == "global":
             pairs = [(t.first.module, t.first.leaf) for t in targets]
             paths = {m: p for p, m in model.named_modules()}  # errors name '1.weight'
-            rank_together(pairs, pruning, None, kwargs, paths)
+            rank_together(pairs, pruning, None, kwargs, paths, OWNER)
         else:
             for target in targets:
                 with naming(repr(target.name)):  # errors name the path: '1.weight'

@@ -281,8 +281,88 @@ def test_qwen2_moe_hidden_width_is_the_residual_with_the_shared_expert_gate_read
 def test_an_experts_width_grouped_mm_cannot_run_is_named_with_round_to() -> None:
     model = make("qwen3_moe")
     before = fingerprint(model)
-    prunekit.prune_channels(model, INPUTS, 0.2, exclude=["*self_attn*"])  # 16 -> 13: 52 bytes
+    prunekit.prune_channels(model, INPUTS, 0.2, exclude=["*self_attn*"], round_to=1)  # 13: 52 B
     masked = fingerprint(model)
     with pytest.raises(RuntimeError, match=r"mlp\.experts.* 13 .*round_to=4"):
         prunekit.compact(model, INPUTS, latency_runs=0)
     assert fingerprint(model) == masked and masked != before
+
+
+def _lopsided(group: prunekit.ChannelGroup) -> Tensor:
+    """Scores that put seven experts of the first layer below every expert of the second."""
+    router = next(s.module_name for s in group.slices if s.op == "route")
+    if ".0." in router:
+        return torch.tensor([1.0] * (EXPERTS - 1) + [100.0])
+    return torch.arange(1.0, EXPERTS + 1)
+
+
+def test_the_global_expert_limit_named_is_the_one_the_scores_allow() -> None:
+    """Ranked together, the first router's seven lowest experts come first: 6 of the 16
+    (0.375) is the most the call can mask before that router keeps fewer than top_k."""
+    model = make("mixtral")
+    before = fingerprint(model)
+    words = r"experts=0.75: the router model.layers.0.mlp.gate would keep 1 of its 8 experts, "
+    with pytest.raises(ValueError, match=words + r".*expected experts <= 0.375 "):
+        prunekit.prune_channels(model, INPUTS, experts=0.75, scope="global", criterion=_lopsided)
+    assert fingerprint(model) == before
+    chosen = prunekit.prune_channels(model, INPUTS, experts=0.375, scope="global",
+                                     criterion=_lopsided)  # fmt: skip
+    assert [len(p.units) for p in chosen] == [6]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kwargs", [{"amount": 0.3, "heads": 0.25}, {"amount": 0.0, "hidden": 0.2}])
+def test_by_default_expert_widths_are_ones_grouped_mm_runs(family: str, kwargs: Any) -> None:
+    """grouped_mm reads rows of multiples of 16 bytes: without round_to, the experts' inner
+    width and the hidden width their rows run over keep a multiple of 4 float32 channels
+    (16 x 0.7 -> 12, not 11; 32 x 0.8 -> 28, not 26), and compact runs."""
+    model = make(family)
+    prunekit.prune_channels(model, INPUTS, **kwargs)
+    masked = _logits(model)
+    prunekit.compact(model, INPUTS, latency_runs=0)
+    _close(_logits(model), masked)
+    down = model.model.layers[0].mlp.experts.down_proj
+    hidden, inner = int(down.shape[1]), int(down.shape[2])
+    assert (hidden, inner) == ((H, 12) if kwargs["amount"] else (28, INNER))
+
+
+@pytest.mark.parametrize("compensate", [True, "reference"])
+@pytest.mark.parametrize("ids", ["in vocabulary", "out of vocabulary"])
+def test_compensating_an_experts_inner_width_is_refused_not_skipped(compensate: Any,
+                                                                    ids: str) -> None:  # fmt: skip
+    """The fused experts' down projections read only the tokens routed to each expert, which
+    the least-squares update does not gather: compensate= is refused for their widths
+    (before anything is masked, whatever the batches hold), never silently left out."""
+    model = make("qwen3_moe")
+    before = fingerprint(model)
+    high = 100 if ids == "in vocabulary" else 10_000
+    batches = [torch.randint(0, high, (2, 12), generator=torch.Generator().manual_seed(k))
+               for k in range(2)]  # fmt: skip
+    with pytest.raises(ValueError, match=rf"prune_channels: compensate={compensate!r} cannot "
+                       r"update model.layers.0.mlp.experts \(down_proj\).*routed"):  # fmt: skip
+        prunekit.prune_channels(model, INPUTS, 0.25, compensate=compensate, calibration=batches,
+                                exclude=["*self_attn*"])  # fmt: skip
+    assert fingerprint(model) == before
+    chosen = prunekit.prune_channels(model, INPUTS, 0.0, heads=0.5, compensate=compensate,
+                                     calibration=CALIBRATION, exclude=["*mlp*"])  # fmt: skip
+    assert chosen and all(p.group.kind == "heads" for p in chosen)
+
+
+def test_compact_with_router_logits_on_compares_what_stays_equal() -> None:
+    """With output_router_logits, the model also returns each router's logits (one per
+    expert: fewer once compacted) and a load-balancing loss over the expert count: compact
+    checks the outputs that stay equal, and the kept experts' logits are the masked ones."""
+    model = make("qwen3_moe")
+    model.config.output_router_logits = True
+    chosen = prunekit.prune_channels(model, INPUTS, experts=0.25)
+    with torch.no_grad():
+        masked = model(**INPUTS)
+    prunekit.compact(model, INPUTS, latency_runs=0)
+    assert model.config.output_router_logits is True
+    with torch.no_grad():
+        after = model(**INPUTS)
+    _close(after.logits, masked.logits)
+    gone = set(chosen[0].units)
+    kept = [e for e in range(EXPERTS) if e not in gone]
+    assert after.router_logits[0].shape[-1] == len(kept)
+    _close(after.router_logits[0], masked.router_logits[0][:, kept])

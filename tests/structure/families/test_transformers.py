@@ -340,3 +340,57 @@ def test_compact_says_so_when_float64_cannot_tell_rounding_from_a_difference() -
         prunekit.compact(model, inputs, latency_runs=0)
     assert "compacted model's forward failed" not in str(error.value)
     assert fingerprint(model) == before
+
+
+def test_trocr_attention_keeps_its_heads_and_input_width_and_its_mlps_compact() -> None:
+    """TrOCR reshapes its heads' output to its input's width: its heads and the hidden width
+    are refused up front (with the reason), its MLP widths still compact exactly."""
+    config = T.TrOCRConfig(vocab_size=100, d_model=32, decoder_layers=2,
+                           decoder_attention_heads=4, decoder_ffn_dim=40,
+                           max_position_embeddings=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = T.TrOCRForCausalLM(config).eval()
+    inputs = {"input_ids": IDS}
+    groups = prunekit.channel_groups(model, inputs)
+    assert sorted(g.kind for g in groups if g.prunable) == ["channels", "channels"]
+    assert any("reshapes its heads' output to the width of its input" in (g.reason or "")
+               for g in groups if g.kind == "hidden")  # fmt: skip
+    prunekit.prune_channels(model, inputs, 0.3)
+    masked = _out(model, inputs).logits
+    prunekit.compact(model, inputs, latency_runs=0)
+    _close(_out(model, inputs).logits, masked)
+    assert model.model.decoder.layers[0].fc1.out_features == 28
+
+
+def _phi4_multimodal() -> Any:
+    """Phi-4-multimodal with small text, vision and audio parts: the vision and audio
+    encoders have widths (hidden 32, 4 heads) and configs of their own."""
+    vision = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "image_size": 28, "crop_size": 28}  # fmt: skip
+    audio = {"hidden_size": 32, "intermediate_size": 48, "num_blocks": 1,
+             "num_attention_heads": 4, "ext_pw_out_channel": 32,
+             "depthwise_separable_out_channel": 32, "nemo_conv_channels": 32}  # fmt: skip
+    config = T.Phi4MultimodalConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=8, num_key_value_heads=2,
+                                    intermediate_size=96, max_position_embeddings=32,
+                                    pad_token_id=0, vision_config=vision,
+                                    audio_config=audio)  # fmt: skip
+    torch.manual_seed(0)
+    return T.Phi4MultimodalForCausalLM(config).eval()
+
+
+def test_compact_takes_the_config_widths_from_the_text_model_only() -> None:
+    """The vision and audio encoders' widths belong to their own configs: compacting the
+    text MLPs leaves the text config's head counts and hidden size as they are."""
+    model = _phi4_multimodal()
+    inputs = {"input_ids": IDS}
+    prunekit.prune_channels(model, inputs, 0.3)
+    masked = _out(model, inputs).logits
+    report = prunekit.compact(model, inputs, latency_runs=0)
+    _close(_out(model, inputs).logits, masked)
+    config = model.config
+    assert (config.num_attention_heads, config.num_key_value_heads, config.hidden_size) == (
+        8, 2, 64
+    )  # fmt: skip
+    assert config.intermediate_size == 67 and report.config["intermediate_size"] == 67
+    assert config.vision_config.hidden_size == 32 and config.audio_config.hidden_size == 32

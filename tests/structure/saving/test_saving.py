@@ -392,3 +392,40 @@ def test_a_relative_folder_saves_and_loads(tmp_path: Path, monkeypatch: pytest.M
     prunekit.save_compacted(model, Path("nested") / "saved")
     for folder in ("saved", "nested/saved"):
         assert_same(model, prunekit.load_compacted(folder, factory=lambda config: Net()), x)
+
+
+def _damaged(tmp_path: Path, change: Any) -> None:
+    where = tmp_path / "compacted.json"
+    manifest = json.loads(where.read_text())
+    change(manifest)
+    where.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [(lambda m: m.update(modules=[]), r"'modules' is \[\] of type list; expected a mapping"),
+     (lambda m: m.update(modules={"fc2": []}), r"module 'fc2' is not a mapping"),
+     (lambda m: m.update(version="1"), r"'version' is '1' of type str; expected the int 1"),
+     (lambda m: m.update(version=2), r"has version 2; this prunekit reads version 1"),
+     (lambda m: m.pop("version"), r"lacks 'version'; expected the int 1"),
+     (lambda m: m.pop("modules"), r"lacks 'modules'; expected a mapping"),
+     (lambda m: m.update(weights=["a"]), r"'weights' is \['a'\] of type list; expected"),
+     (lambda m: m.update(model=3), r"'model' is 3 of type int; expected a str"),
+     (lambda m: m.update(config=[1]), r"'config' is \[1\] of type list; expected a mapping or "
+      r"null")],
+)  # fmt: skip
+def test_a_malformed_manifest_names_the_field(tmp_path: Path, change: Any, words: str) -> None:
+    _saved(tmp_path)
+    _damaged(tmp_path, change)
+    _refused(Net(), tmp_path, ValueError, rf"load_compacted: .*compacted.json.*{words}")
+
+
+def test_a_failed_folder_load_leaves_the_factorys_model_as_it_was(tmp_path: Path) -> None:
+    """load_compacted(folder, factory=lambda c: existing) is one transaction too."""
+    _saved(tmp_path)
+    _damaged(tmp_path, lambda m: m["modules"]["fc2"]["attributes"].update(in_features=999))
+    existing = Net()
+    before, shapes = fingerprint(existing), widths(existing)
+    with pytest.raises(ValueError, match=r"'fc2' \(Linear\) was saved with in_features=999"):
+        prunekit.load_compacted(tmp_path, factory=lambda config: existing)
+    assert fingerprint(existing) == before and widths(existing) == shapes

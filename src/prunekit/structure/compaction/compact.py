@@ -106,7 +106,9 @@ def compact(
     are finite, it must in float64: the rounding a deep model amplifies is no difference;
     the model's tensors are then copied to float64 for the check; a model that does not run
     in float64, such as experts computed by grouped_mm, is refused, the error naming the
-    difference and why float64 could not check it). `latency_runs`: forwards
+    difference and why float64 could not check it). A model asked for its routers' logits
+    (``output_router_logits``) is checked without them: they are one per expert, and the
+    load-balancing loss made of them counts the experts. `latency_runs`: forwards
     of the masked and of the
     compacted model, alternated (both states stay in memory until the call returns
     anyway); 0 skips timing.
@@ -121,7 +123,10 @@ def compact(
     args, kwargs = split_inputs(example_inputs, "compact")
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with transaction(model) as masked:  # the traced forward too: it may write buffers
+        with (
+            _without_router_logits(model),
+            transaction(model) as masked,
+        ):  # the traced forward too: it may write buffers
             found = traced_groups(model, example_inputs, "auto", "compact")
             result = plan(found)
             model.eval()  # the modes come back in `finally`; the masked model is timed in eval
@@ -158,6 +163,22 @@ def compact(
         timed.before_ms if timed else None, timed.after_ms if timed else None, diff, scale,
         config, stale, timed, not_rebuilt,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _without_router_logits(model: nn.Module) -> Iterator[None]:
+    """Within the block, no config of `model` asks for its routers' logits: they are one per
+    expert (fewer once compacted) and the load-balancing loss made of them counts the
+    experts, so the outputs compared are the ones that stay equal. Put back on exit."""
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    found = [c for c in configs.values() if getattr(c, "output_router_logits", None) is True]
+    for config in found:
+        config.output_router_logits = False
+    try:
+        yield
+    finally:
+        for config in found:
+            config.output_router_logits = True
 
 
 @contextlib.contextmanager

@@ -35,11 +35,33 @@ from prunekit.structure.families.experts import expert_widths
 _READS_HEAD_DIM = {"llama", "mistral", "qwen2", "vit"}
 
 
-def _widths(model: nn.Module) -> dict[str, list[int]]:
+Part = tuple[Any, list[tuple[str, nn.Module]]]
+
+
+def _parts(model: nn.Module) -> list[Part]:
+    """Each config of the model with the modules it describes, the model's own first: a
+    module belongs to the config of the nearest module above it (itself included) that has
+    one, so the vision or audio encoder of a multimodal model, or the language model of a
+    composite one, with a config of its own, is described by that config alone."""
+    parts: dict[int, Part] = {}
+    stack: list[tuple[str, Any]] = []
+    for name, module in model.named_modules():
+        while stack and stack[-1][0] and not name.startswith(stack[-1][0] + "."):
+            stack.pop()
+        config = getattr(module, "config", None)
+        if hasattr(config, "to_dict") and (not stack or stack[-1][1] is not config):
+            stack.append((name, config))
+        if stack:
+            owner = stack[-1][1]
+            parts.setdefault(id(owner), (owner, []))[1].append((name, module))
+    return list(parts.values())
+
+
+def _widths(modules: list[tuple[str, nn.Module]]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {"heads": [], "kv": [], "head_dim": [], "hidden": [],
                                    "inner": [], "shared": []}  # fmt: skip
-    found.update(expert_widths(model))
-    for name, module in model.named_modules():
+    found.update(expert_widths(m for _, m in modules))
+    for name, module in modules:
         adapter = adapter_of(module)
         if adapter is not None:
             for key, value in zip(("heads", "kv", "head_dim", "hidden"), adapter.sync(module),
@@ -71,11 +93,45 @@ def _inner(module: Any) -> int:
 
 
 def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
-    """Set the config fields the compacted widths give; return them and the stale fields."""
+    """Set the config fields the compacted widths give; return them and the stale fields.
+
+    Each config takes the widths of the modules it describes (see _parts); the fields of a
+    part's own config are named with the attribute of the model's config that holds it
+    (``vision_config.hidden_size``)."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return {}, ()
-    widths = _widths(model)
+    updated: dict[str, int] = {}
+    stale: list[str] = []
+    mine: dict[str, list[int]] = {}
+    for part, modules in _parts(model):
+        widths = _widths(modules)
+        prefix = "" if part is config else _held_as(config, part)
+        if prefix is None:
+            continue  # a config the model's config does not hold: no file writes it
+        found, left = _update_part(part, widths, own=part is config)
+        updated.update({prefix + k: v for k, v in found.items()})
+        stale += [prefix + k for k in left]
+        if part is config:
+            mine = widths
+    if mine:
+        _head_size(model, config, mine, getattr(config, "model_type", ""), updated, stale)
+    return updated, tuple(stale)
+
+
+def _held_as(config: Any, part: Any) -> str | None:
+    """The attribute of `config` holding the sub-config `part`, as a prefix ('vision_config.')."""
+    for name, value in dict[str, Any](vars(config)).items():
+        if value is part:
+            return f"{name}."
+    return None
+
+
+def _update_part(
+    config: Any, widths: dict[str, list[int]], own: bool
+) -> tuple[dict[str, int], list[str]]:
+    """Set the fields of one config from the widths of its modules (a part's config only
+    the fields it has); return those set and those stale."""
     kind = getattr(config, "model_type", "")
     fields = [("num_attention_heads", "heads"), ("hidden_size", "hidden")]
     if hasattr(config, "num_key_value_heads"):
@@ -88,6 +144,8 @@ def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
     stale: list[str] = []
     for name, key in fields:
         values = set(widths[key])
+        if not own and not hasattr(config, name):
+            continue
         if len(values) == 1:
             value = values.pop()
             if getattr(config, name, None) != value:
@@ -95,8 +153,7 @@ def update_config(model: nn.Module) -> tuple[dict[str, int], tuple[str, ...]]:
                 updated[name] = value
         elif len(values) > 1:
             stale.append(name)
-    _head_size(model, config, widths, kind, updated, stale)
-    return updated, tuple(stale)
+    return updated, stale
 
 
 def _expert_fields(config: Any, widths: dict[str, list[int]]) -> list[tuple[str, str]]:

@@ -45,6 +45,7 @@ from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.hessian import damped_cholesky
+from prunekit.structure.families.experts import is_experts
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
@@ -146,6 +147,31 @@ def _by_patches(module: nn.Module) -> bool:
         and all(k == 1 for k in module.stride)
         and (isinstance(module.padding, str) or not any(module.padding))
     )
+
+
+def refuse_uncompensable(
+    chosen: Sequence[tuple[ChannelGroup, Sequence[int]]], compensate: bool | str
+) -> None:
+    """Refuse `compensate` for units that a reader which cannot be updated consumes, rather
+    than leave that reader as it was without a word: the fused experts of a
+    mixture-of-experts block, whose down projection reads, per expert, only the tokens
+    routed to it (statistics the update does not gather).
+
+    Raises:
+        ValueError: naming the experts module, the tensor and what to do instead.
+    """
+    for group, units in chosen:
+        if group.kind == "hidden" or not units:
+            continue  # hidden widths are never compensated (see consumers)
+        for s in group.slices:
+            if s.role == "in" and not s.is_buffer and is_experts(s.module):
+                raise value_error(
+                    f"prune_channels: compensate={compensate!r} cannot update "
+                    f"{s.module_name} ({s.name}): each of its fused experts reads only the "
+                    "tokens routed to it, which the least-squares update does not gather; "
+                    "expected compensate=False, or exclude= the experts (e.g. "
+                    f"exclude=[{s.module_name!r}]) to compensate the rest"
+                )
 
 
 def consumers(chosen: Sequence[tuple[ChannelGroup, Sequence[int]]]) -> list[_Consumer]:

@@ -308,10 +308,25 @@ QKVO = (
 QKV_OUT = (
     "BioGptAttention", "OPTAttention", "BartAttention", "MBartAttention",
     "PegasusAttention", "MarianAttention", "BlenderbotAttention", "BlenderbotSmallAttention",
-    "MvpAttention", "TrOCRAttention", "BigBirdPegasusDecoderAttention",
+    "MvpAttention", "BigBirdPegasusDecoderAttention",
 )  # fmt: skip
 ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO + QKV_OUT})
 ADAPTERS["Phi3Attention"] = Adapter(_read_fused, _update_fused)
+
+
+def _read_input_width(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      out: Any) -> Heads | str:  # fmt: skip
+    """TrOCR: q/k/v/out_proj as BART's, but its heads' output is reshaped to the width of
+    its input (``embed_dim`` read off hidden_states' shape): neither its heads nor the
+    hidden width it reads can change, which nothing in the trace shows."""
+    return (
+        "it reshapes its heads' output to the width of its input (read off the input's "
+        "shape), so neither its heads nor that width can change"
+    )
+
+
+# QKV_OUT's layout, but its output width is its input's
+ADAPTERS["TrOCRAttention"] = Adapter(_read_input_width, _update_qkvo)
 ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
 ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)
 

@@ -22,6 +22,8 @@ not listed and its experts are left alone with the reason.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -224,6 +226,30 @@ def top_k(router: nn.Module) -> int:
     return int(getattr(router, "top_k"))  # noqa: B009
 
 
+def kernel_step(group: Any) -> int:
+    """The multiple that the units a group keeps must make for the kernels that read them:
+    where the group runs along the rows of a fused experts module's weights (its inner
+    width, or the hidden width its rows and columns span), grouped_mm reads those rows only
+    in multiples of 16 bytes (4 float32 channels, 8 half ones); else 1."""
+    step = 1
+    for s in group.slices:
+        module = s.module
+        if s.dim != 0 and not s.is_buffer and is_experts(module):
+            size = getattr(module, s.name).element_size()
+            need = 16 // math.gcd(16, size)
+            step = step * need // math.gcd(step, need)
+    return step
+
+
+def width_step(group: Any, round_to: int | None) -> int:
+    """The multiple of kept units for `group`: for channels and hidden widths, `round_to`
+    where the caller gives one, else what the kernels reading the group need
+    (kernel_step); heads and experts are counted one by one."""
+    if group.kind not in ("channels", "hidden"):
+        return 1
+    return round_to if round_to is not None else kernel_step(group)
+
+
 def unaligned_experts(model: nn.Module) -> list[str]:
     """One line per fused experts module of `model` whose inner width makes rows that are no
     multiple of 16 bytes, which grouped_mm (the experts' kernel) refuses; with the
@@ -232,12 +258,14 @@ def unaligned_experts(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if is_experts(module):
             down = getattr(module, "down_proj")  # noqa: B009
-            inner, size = int(down.shape[2]), down.element_size()
-            if inner * size % 16:
-                found.append(
-                    f"{name} keeps an inner width of {inner} ({inner * size} bytes a row, where "
-                    f"grouped_mm needs a multiple of 16: prune it with round_to={16 // size})"
-                )
+            size = down.element_size()
+            for what, width in (("an inner", int(down.shape[2])), ("a hidden", int(down.shape[1]))):
+                if width * size % 16:
+                    found.append(
+                        f"{name} keeps {what} width of {width} ({width * size} bytes a row, "
+                        f"where grouped_mm needs a multiple of 16: prune it with "
+                        f"round_to={16 // math.gcd(16, size)})"
+                    )
     return found
 
 
@@ -299,10 +327,10 @@ def _set(module: nn.Module, **values: int) -> None:
             setattr(module, name, value)
 
 
-def expert_widths(model: nn.Module) -> dict[str, list[int]]:
+def expert_widths(modules: Iterable[nn.Module]) -> dict[str, list[int]]:
     """The expert count of each router and the inner width of each experts module."""
     found: dict[str, list[int]] = {"experts": [], "expert_inner": []}
-    for module in model.modules():
+    for module in modules:
         if is_router(module):
             found["experts"].append(int(getattr(module, "weight").shape[0]))  # noqa: B009
         elif is_experts(module):
@@ -318,10 +346,35 @@ def router_of(group: Any) -> tuple[str, nn.Module] | None:
     return None
 
 
-def check_expert_counts(chosen: list[tuple[Any, int]], share: float) -> None:
+def experts_limit(groups: list[Any], order: list[int] | None) -> float:
+    """The largest share of experts a call may mask and leave every router its top-k.
+
+    `groups`: the experts groups; `order`: with scope 'global', the index of the group of
+    each unit as they are ranked together (lowest first), else None (each group loses the
+    share of its own experts).
+    """
+    spare = []
+    for group in groups:
+        found = router_of(group)
+        spare.append(group.size - (top_k(found[1]) if found is not None else 1))
+    if order is None:
+        shares = [n / g.size for n, g in zip(spare, groups, strict=True) if g.size]
+        return min(shares, default=0.0)
+    taken = [0] * len(groups)
+    for position, k in enumerate(order):
+        taken[k] += 1
+        if taken[k] > spare[k]:
+            return position / len(order)
+    return (len(order) - 1) / len(order) if order else 0.0
+
+
+def check_expert_counts(
+    chosen: list[tuple[Any, int]], share: float, limit: float, scope: str = "layer"
+) -> None:
     """Refuse a choice that leaves a router fewer unmasked experts than its top-k.
 
-    `chosen`: (group, units it would have masked in all) per experts group.
+    `chosen`: (group, units it would have masked in all) per experts group; `limit`: the
+    largest share allowed (see experts_limit), named in the message.
 
     Raises:
         ValueError: naming the router, the share, and the largest share allowed.
@@ -333,9 +386,9 @@ def check_expert_counts(chosen: list[tuple[Any, int]], share: float) -> None:
         name, router = found
         left, k = group.size - masked, top_k(router)
         if left < k:
-            allowed = (group.size - k) / group.size
+            ranked = " with the units of all routers ranked together" if scope == "global" else ""
             raise ValueError(
                 f"prune_channels: invalid experts={share!r}: the router {name} would keep "
                 f"{left} of its {group.size} experts, fewer than the {k} it picks per token "
-                f"(top_k); expected experts <= {allowed:g} for this model"
+                f"(top_k); expected experts <= {limit:g} for this model{ranked}"
             )

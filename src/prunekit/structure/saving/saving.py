@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,11 @@ from prunekit.core.transaction import transaction
 from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
-from prunekit.structure.compaction.fromconfig import EMBED_SCALES
 from prunekit.structure.depth.blocks import is_skipped
 from prunekit.structure.families.experts import drops_experts
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.handlers.norms import narrows_norm
+from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
 from prunekit.structure.saving.rebuild import (
     Reload,
     apply_reload,
@@ -49,10 +48,6 @@ from prunekit.structure.saving.rebuild import (
 from prunekit.structure.saving.skeleton import Factory, build_skeleton
 
 __all__ = ["MANIFEST", "load_compacted", "save_compacted"]
-
-MANIFEST = "compacted.json"
-FORMAT = "prunekit-compacted"
-VERSION = 1
 
 
 def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
@@ -195,7 +190,7 @@ def load_compacted(
 
 def _load_into(model: nn.Module, folder: Path) -> nn.Module:
     check_model(model, "load_compacted")
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(folder / _weights_name(folder, manifest))
     reload = Reload.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
@@ -210,19 +205,21 @@ def _load_into(model: nn.Module, folder: Path) -> nn.Module:
 def _load_built(folder: Path, factory: Factory | None) -> nn.Module:
     """Build the skeleton, give it the saved shapes and the file's tensors; nothing built
     is returned unless all of it checked."""
-    manifest = _read_manifest(folder)
+    manifest = read_manifest(folder)
     weights = folder / _weights_name(folder, manifest)
     model = build_skeleton(manifest, folder / MANIFEST, factory)
     _check_attributes(model, manifest["modules"], folder / MANIFEST)
     state = load_state_dict(weights)
     reload = Reload.plan(model, manifest["modules"], state, manifest.get("config"), str(folder))
-    apply_reload(model, reload, source=state)
-    check_widths(model, reload, str(folder))
-    load_pruned_state_dict(model, state, strict=True)
-    verify(model, reload, state)
-    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise RuntimeError(f"load_compacted: {left[:5]} were left on the meta device")
+    # a factory may return a model that exists elsewhere: a failure leaves it as it was
+    with transaction(model, state=reload.configs()):
+        apply_reload(model, reload, source=state)
+        check_widths(model, reload, str(folder))
+        load_pruned_state_dict(model, state, strict=True)
+        verify(model, reload, state)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+        if left:
+            raise RuntimeError(f"load_compacted: {left[:5]} were left on the meta device")
     config = getattr(model, "config", None)
     if isinstance(getattr(config, "_name_or_path", None), str):
         config._name_or_path = str(folder)  # type: ignore[union-attr]  # as from_pretrained
@@ -241,72 +238,6 @@ def _config_dict(model: nn.Module) -> dict[str, Any] | None:
         return None
     found: dict[str, Any] = json.loads(to_json(use_diff=False))
     return found
-
-
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    where = folder / MANIFEST
-    if not where.is_file():
-        raise FileNotFoundError(
-            f"load_compacted: {where} does not exist; expected a folder written by "
-            "prunekit.save_compacted"
-        )
-    try:
-        manifest = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"load_compacted: {where} is no valid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(
-            f"load_compacted: {where} is not a file of prunekit.save_compacted (no "
-            f"'format': {FORMAT!r})"
-        )
-    if manifest.get("version") != VERSION or not isinstance(manifest.get("modules"), dict):
-        raise ValueError(
-            f"load_compacted: {where} has version {manifest.get('version')!r}; this prunekit "
-            f"reads version {VERSION}"
-        )
-    for path, entry in manifest["modules"].items():
-        _check_entry(path, entry, where)
-    if manifest.get("config") is not None and not isinstance(manifest.get("config"), dict):
-        raise ValueError(f"load_compacted: {where}: 'config' is not a mapping or null")
-    return manifest
-
-
-_ENTRY = {"type": str, "tensors": dict, "attributes": dict}
-_OPTIONAL = {"scales": dict}  # written only for a module that holds embedding scales
-_TENSOR = {"shape": list, "dtype": str, "kind": str, "persistent": bool}
-
-
-def _check_entry(path: str, entry: Any, where: Path) -> None:
-    """Raise unless `entry` has the form describe_module writes (keys, types of values)."""
-    problem = None
-    if not isinstance(entry, dict) or not set(_ENTRY) <= set(entry) <= {*_ENTRY, *_OPTIONAL}:
-        problem = f"is not a mapping of exactly {sorted(_ENTRY)} (and 'scales' optionally)"
-    else:
-        kinds = {**_ENTRY, **_OPTIONAL}
-        wrong = [k for k in entry if not isinstance(entry[k], kinds[k])]
-        problem = f"has {wrong[0]!r} of the wrong type" if wrong else None
-        for name, tensor in entry["tensors"].items() if not wrong else ():
-            if not isinstance(tensor, dict) or set(tensor) != set(_TENSOR) or not all(
-                isinstance(tensor[k], kind) for k, kind in _TENSOR.items()
-            ) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                         for n in tensor["shape"]) or tensor["kind"] not in (
-                "parameter", "buffer"):  # fmt: skip
-                problem = f"describes tensor {name!r} as {tensor!r}"
-                break
-    if problem is not None:
-        raise ValueError(
-            f"load_compacted: {where}: module {path!r} {problem}; expected what "
-            "save_compacted writes: {'type': str, 'tensors': {name: {'shape': [ints >= 0], "
-            "'dtype': str, 'kind': 'parameter'|'buffer', 'persistent': bool}}, "
-            "'attributes': {name: int or list of ints or {'tuple': list of ints}}, "
-            "optionally 'scales': {name: float}}"
-        )
-    for key, value in entry.get("scales", {}).items():
-        if key not in EMBED_SCALES or type(value) is not float or not math.isfinite(value):
-            raise ValueError(
-                f"load_compacted: {where}: module {path!r} has the embedding scale "
-                f"{key!r}: {value!r}; expected a finite float under one of {list(EMBED_SCALES)}"
-            )
 
 
 def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) -> None:

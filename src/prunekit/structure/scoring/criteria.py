@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.checks import check_kind
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 
@@ -162,6 +163,11 @@ def checked(group: ChannelGroup, criterion: Any, scores: Any) -> Tensor:
             f"prune_channels: criterion {criterion!r} returned {found} for group "
             f"{group.name}; expected a tensor of shape ({group.size},), one score per unit"
         )
+    check_kind(
+        scores,
+        f"prune_channels: criterion {criterion!r}",
+        f"the tensor of scores for group {group.name}",
+    )
     result: Tensor = scores.detach().to(torch.float64).cpu()
     if not bool(torch.isfinite(result).all()):
         raise ValueError(
