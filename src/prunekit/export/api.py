@@ -132,3 +132,10 @@ def export(
         with atomic_path(request.path) as staged:
             report = writer(model, Path(staged), request)
     return report
+
+
+# The table of formats. Each writer imports Request and ExportReport from this module, so the
+# writers are imported here, once those are defined (an import at the top would be a cycle).
+from prunekit.export import onnx  # noqa: E402
+
+WRITERS["onnx"] = onnx.write
