@@ -134,8 +134,9 @@ def export(
     return report
 
 
-# The table of formats. Each writer imports Request and ExportReport from this module, so the
-# writers are imported here, once those are defined (an import at the top would be a cycle).
-from prunekit.export import onnx  # noqa: E402
+# The writers, one line each. Imported here at the end, once Request and ExportReport exist:
+# each writer module imports them from this one.
+from prunekit.export import gguf, onnx  # noqa: E402
 
+WRITERS["gguf"] = gguf.write
 WRITERS["onnx"] = onnx.write
