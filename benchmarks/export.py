@@ -30,7 +30,6 @@ import argparse
 import copy
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -142,7 +141,9 @@ def main() -> None:
                 print(vision(name, work, args.runs, args.threads), flush=True)
         if "llm" in parts:
             if args.llamacpp is None or args.converter is None:
-                raise SystemExit("the llm part needs --llamacpp and --converter (make bench-export)")
+                raise SystemExit(
+                    "the llm part needs --llamacpp and --converter (make bench-export)"
+                )
             llm_part(args, work)
 
 

@@ -92,7 +92,9 @@ def bos(gguf: Path) -> int | None:
         field = fields.get(key)
         return None if field is None else field.parts[field.data[0]][0]
 
-    return int(value("tokenizer.ggml.bos_token_id")) if value("tokenizer.ggml.add_bos_token") else None
+    if not value("tokenizer.ggml.add_bos_token"):
+        return None
+    return int(value("tokenizer.ggml.bos_token_id"))
 
 
 def torch_perplexity(model: nn.Module, ids: list[int], start: int | None, chunks: int) -> float:
@@ -128,7 +130,8 @@ def bench(bin_: Path, dense: Path, pruned: Path, threads: int, rounds: int) -> d
     found: dict[str, list[tuple[float, float]]] = {"pp": [], "tg": []}
     for _ in range(rounds):
         out = run([str(bin_ / "llama-bench"), "-m", str(dense), "-m", str(pruned), "-p",
-                   str(CONTEXT), "-n", "64", "-t", str(threads), "-r", "1", "-o", "json"])  # fmt: skip
+                   str(CONTEXT), "-n", "64", "-t", str(threads), "-r", "1", "-o",
+                   "json"])  # fmt: skip
         rows = json.loads(out[out.index("[") : out.rindex("]") + 1])
         for test in ("pp", "tg"):
             speed = {Path(r["model_filename"]).name: r["avg_ts"] for r in rows
@@ -205,8 +208,10 @@ def hf_check(model: nn.Module, source: Path, work: Path) -> str:
         expected = model.eval()(input_ids=ids).logits
     rel = float((found - expected).abs().max() / expected.abs().max())
     verdict = "yes" if rel <= 1e-5 else "NO"
-    return (f"hf folder, loaded by stock transformers in a process where `import prunekit` fails: "
-            f"logits max rel difference {rel:.2e} from the compacted model (<= 1e-5: {verdict})")  # fmt: skip
+    return (
+        "hf folder, loaded by stock transformers in a process where `import prunekit` fails: "
+        f"logits max rel difference {rel:.2e} from the compacted model (<= 1e-5: {verdict})"
+    )
 
 
 def llm_part(args: argparse.Namespace, work: Path) -> None:
