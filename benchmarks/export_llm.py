@@ -45,8 +45,15 @@ def load(gguf: Path) -> tuple[nn.Module, Any]:
             torch.library.define(f"torchvision::{name}", schema)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # the same weights (dequantized) in a model that is no longer marked quantized, so that
+    # save_pretrained writes it
+    config = copy.deepcopy(loaded.config)
+    with contextlib.suppress(AttributeError):
+        del config.quantization_config
+    model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict())
     return model.float().eval(), tokenizer
 
 
