@@ -1,9 +1,11 @@
 """Pruned models where they are served: ONNX Runtime (torchvision CNNs) and llama.cpp (SmolLM2).
 
 Vision (``--parts vision``): torchvision's ResNet-50 and MobileNetV2 (random init: no weights
-are downloaded here), 30 % of their multiply-accumulates removed by ``prune_channels`` with
-``Budget(macs=0.3)`` (L2), compacted, then the dense and the pruned model both exported by
-``export(..., "onnx")``. Printed per model: ONNX Runtime's outputs against PyTorch's on a batch
+are downloaded here; BatchNorm statistics taken on random images, so that activations keep
+their scale), 30 % of their multiply-accumulates removed by ``prune_channels`` with
+``Budget(macs=0.3, floor=0.5)`` (L2; without the floor, the budget on random weights cuts
+ResNet-50's first stages to one channel each and its output no longer depends on the input),
+compacted, then the dense and the pruned model both exported by ``export(..., "onnx")``. Printed per model: ONNX Runtime's outputs against PyTorch's on a batch
 of 4 (largest absolute and relative difference, the bar 1e-4), and ONNX Runtime's latency of
 the pruned against the dense file in the same run (batch 1 at 224x224, one intra-op thread,
 the median of alternated pairs) beside the MAC ratio.

@@ -221,24 +221,34 @@ def hf_check(model: nn.Module, source: Path, work: Path) -> str:
     )
 
 
-def llm_part(args: argparse.Namespace, work: Path) -> None:
-    bin_, threads = args.llamacpp, args.threads
+Models = dict[str, tuple[nn.Module, dict[str, Path]]]
+
+
+def prepare(args: argparse.Namespace, work: Path) -> tuple[Models, Path]:
+    """The dense model and its GGUF files by llama.cpp's converter; the pruned model and its
+    GGUF files by prunekit (where the gguf writer is present); the text to measure on."""
     source = smollm()
     dense, tokenizer = load(source)
     calibration, text = texts(tokenizer, args.calibration, args.chunks)
     (work / "eval.txt").write_text(text, encoding="utf-8")
-    dense_files = converted(dense, tokenizer, args.converter, work)
-    models: dict[str, tuple[nn.Module, dict[str, Path]]] = {"dense": (dense, dense_files)}
-    if "gguf" in WRITERS:
-        model = pruned(dense, calibration, args.round_to)
-        files = {}
-        for kind in ("f32", "q8_0"):
-            files[kind] = work / f"pruned-{kind}.gguf"
-            report = export(model, files[kind], "gguf", source=source, dtype=kind)
-            print(f"  {report}".replace("\n", "\n  "), flush=True)
-        models["pruned"] = (model, files)
-    else:
+    models: Models = {"dense": (dense, converted(dense, tokenizer, args.converter, work))}
+    if "gguf" not in WRITERS:
         print("pruned: the gguf writer is not in this branch: dense model only", flush=True)
+        return models, source
+    model = pruned(dense, calibration, args.round_to)
+    files = {}
+    for kind in ("f32", "q8_0"):
+        files[kind] = work / f"pruned-{kind}.gguf"
+        report = export(model, files[kind], "gguf", source=source, dtype=kind)
+        print(f"  {report}".replace("\n", "\n  "), flush=True)
+    models["pruned"] = (model, files)
+    return models, source
+
+
+def measure(args: argparse.Namespace, work: Path, models: Models, source: Path) -> None:
+    """Perplexity in llama.cpp and PyTorch, llama-bench of pruned against dense, the hf
+    folder."""
+    bin_, threads = args.llamacpp, args.threads
     for label, (model, files) in models.items():
         ids = tokens(bin_, files["f32"], work / "eval.txt")
         if len(ids) < args.chunks * CONTEXT:
@@ -251,7 +261,8 @@ def llm_part(args: argparse.Namespace, work: Path) -> None:
               f"{'yes' if gap <= 0.01 else 'NO'})", flush=True)  # fmt: skip
     if "pruned" not in models:
         return
-    ratio = macs_per_token(dense) / macs_per_token(models["pruned"][0])
+    dense_files = models["dense"][1]
+    ratio = macs_per_token(models["dense"][0]) / macs_per_token(models["pruned"][0])
     for kind in ("f32", "q8_0"):
         found = bench(bin_, dense_files[kind], models["pruned"][1][kind], threads, args.rounds)
         for test, name in (("pp", f"prompt {CONTEXT}"), ("tg", "generation 64")):
@@ -261,3 +272,9 @@ def llm_part(args: argparse.Namespace, work: Path) -> None:
                   f"fewer MACs per token: {speed / ratio:.2f} of it (>= 0.9: "
                   f"{'yes' if speed / ratio >= 0.9 else 'NO'})", flush=True)  # fmt: skip
     print(hf_check(models["pruned"][0], source, work), flush=True)
+
+
+def llm_part(args: argparse.Namespace, work: Path) -> None:
+    """SmolLM2-135M: prepare the files, then measure them."""
+    models, source = prepare(args, work)
+    measure(args, work, models, source)
