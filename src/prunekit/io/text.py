@@ -35,9 +35,13 @@ def read_texts(path: str | os.PathLike[str]) -> list[str]:
     """
     where = Path(path)
     if where.is_dir():
-        files = sorted(p for p in where.rglob("*") if p.suffix.lower() in TEXT_SUFFIXES
-                       and p.is_file() and not any(part.startswith(".") for part in
-                                                   p.relative_to(where).parts))  # fmt: skip
+        files = sorted(
+            p
+            for p in where.rglob("*")
+            if p.suffix.lower() in TEXT_SUFFIXES
+            and p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(where).parts)
+        )
         texts = [text for file in files for text in _read_file(file)]
     else:
         texts = _read_file(where)
@@ -62,8 +66,11 @@ def _read_file(path: Path) -> list[str]:
         ) from None
     if path.suffix.lower() != ".jsonl":
         return [text]
-    return [_json_text(path, number, line) for number, line in
-            enumerate(text.splitlines(), 1) if line.strip()]  # fmt: skip
+    return [
+        _json_text(path, number, line)
+        for number, line in enumerate(text.splitlines(), 1)
+        if line.strip()
+    ]
 
 
 def _json_text(path: Path, number: int, line: str) -> str:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.api import FORMATS, WRITERS, export
+from prunekit.export.api import FORMATS, WRITERS
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.structure.budget import Budget, BudgetReport
@@ -36,7 +36,7 @@ from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.prune import prune_channels
 from prunekit.tools.shrink_report import Before, ShrinkReport
-from prunekit.tools.shrink_steps import distill, export_all, text_windows
+from prunekit.tools.shrink_steps import distill, export_all, read_passages, text_windows
 from prunekit.tools.sources import Source, check_source, load_source
 
 __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
@@ -106,10 +106,10 @@ class ShrinkConfig:
             object.__setattr__(self, name, Path(value))
         for name in ("calibration", "evaluation"):
             object.__setattr__(self, name, _text_source(name, getattr(self, name)))
-        self.budget  # one target, checked by Budget
+        _ = self.budget  # one target, checked by Budget
         formats = self.formats
-        if isinstance(formats, str) or not isinstance(formats, tuple | list) or not formats \
-                or any(f not in FORMATS for f in formats) or len(set(formats)) != len(formats):  # fmt: skip
+        listed = isinstance(formats, tuple | list) and bool(formats)
+        if not listed or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
             raise value_error(
                 f"ShrinkConfig: invalid formats={formats!r}; expected distinct formats among "
                 f"{', '.join(FORMATS)}, at least one"
@@ -125,17 +125,13 @@ class ShrinkConfig:
         self._check_numbers()
 
     def _check_numbers(self) -> None:
-        whole = (("round_to", 1, "channel widths a multiple of it"), ("length", 2, "tokens per "
-                 "window"), ("latency_runs", 1, "alternated pairs timed"),
-                 ("calibration_tokens", self.length, "tokens calibrated on, at least length"),
-                 ("evaluation_tokens", self.length, "tokens of perplexity, at least length"))  # fmt: skip
         check_number(self.length, "length", "ShrinkConfig", "an int >= 2: tokens per window",
                      lambda v: v >= 2, integral=True)  # fmt: skip
-        for name, least, what in whole:
-            check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {least}: {what}",
-                         lambda v, least=least: v >= least, integral=True)  # fmt: skip
-        check_number(self.seed, "seed", "ShrinkConfig", "an int >= 0", lambda v: v >= 0,
-                     integral=True)  # fmt: skip
+        least = {"round_to": 1, "latency_runs": 1, "seed": 0,
+                 "calibration_tokens": self.length, "evaluation_tokens": self.length}  # fmt: skip
+        for name, low in least.items():
+            check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
+                         _at_least(low), integral=True)  # fmt: skip
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
@@ -154,6 +150,10 @@ class ShrinkConfig:
             return Budget(**given, kinds=self.kinds, runs=self.latency_runs)
         except (ValueError, TypeError) as error:
             raise type(error)(f"ShrinkConfig: {error}") from None
+
+
+def _at_least(low: int) -> Callable[[float], bool]:
+    return lambda value: value >= low
 
 
 def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
@@ -194,11 +194,12 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
             f"shrink: format {missing[0]!r} has no writer in this installation; expected one "
             f"of {', '.join(sorted(WRITERS)) or '(none)'}"
         )
+    passages = read_passages(config)
     clock = _Clock(tick)
     with clock("load model", 1):
         model, tokenizer = load_source(source)
     with clock("tokenize", 1):
-        texts = text_windows(config, tokenizer, model)
+        texts = text_windows(config, tokenizer, model, passages)
     torch.manual_seed(config.seed)
     dense = copy.deepcopy(model)
     measured = _Measured()
@@ -223,19 +224,28 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         _empty(stage)
         records, size = export_all(model, tokenizer, stage, config, example)
         report = ShrinkReport(
-            source=str(config.source), out=str(out), target=(found.budget.measure,
-            found.budget.share), achieved=found.achieved, budget_table=str(found),
+            source=str(config.source),
+            out=str(out),
+            target=(found.budget.measure, found.budget.share),
+            achieved=found.achieved,
+            budget_table=str(found),
             groups=tuple((r.name, r.kind, r.before, r.after) for r in found.rows),
             params=Before(compacted[0], count_params(model)),
             macs=Before(compacted[1] / tokens, compacted[2] / tokens),
-            bytes=Before(source.bytes, size), perplexity=Before(measured.ppl_before,
-            measured.ppl_after), perplexity_pruned=measured.ppl_pruned,
-            latency_ms=Before(timed.before_ms, timed.after_ms), latency_pairs=timed.pairs,
-            speedup=timed.ratio, calibration=(len(texts.calibration), config.length),
-            evaluation=(len(texts.evaluation), config.length), distill_steps=steps,
-            distill_seconds=seconds, exports=records, text=texts.names,
+            bytes=Before(source.bytes, size),
+            perplexity=Before(measured.ppl_before, measured.ppl_after),
+            perplexity_pruned=measured.ppl_pruned,
+            latency_ms=Before(timed.before_ms, timed.after_ms),
+            latency_pairs=timed.pairs,
+            speedup=timed.ratio,
+            calibration=(len(texts.calibration), config.length),
+            evaluation=(len(texts.evaluation), config.length),
+            distill_steps=steps,
+            distill_seconds=seconds,
+            exports=records,
+            text=texts.names,
             seconds=tuple(clock.seconds.items()),
-        )  # fmt: skip
+        )
         (stage / "report.json").write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
@@ -268,7 +278,7 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
     """The source, checked, and the output folder, checked apart from it."""
     source = check_source(config.source)
     out = config.out
-    if overlaps(source.path, out) or overlaps(source.folder, out) and source.gguf_file is None:
+    if overlaps(source.path, out) or (overlaps(source.folder, out) and source.gguf_file is None):
         raise CheckpointError(
             f"{out}: is, holds or lies inside the source {source.path} (links resolved); "
             "expected an output folder apart from it (the source is never changed)"
@@ -276,15 +286,21 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
     return source, writable_folder(out, "the shrunk model and its report")
 
 
-def _prune(model: nn.Module, config: ShrinkConfig, windows: list[Tensor],
-           example: dict[str, Tensor]) -> BudgetReport:  # fmt: skip
+def _prune(
+    model: nn.Module, config: ShrinkConfig, windows: list[Tensor], example: dict[str, Tensor]
+) -> BudgetReport:
     """Meet the budget: the units of least score for their cost, masked (and compensated)."""
     labels = config.criterion == "taylor"  # the one criterion that needs the model's loss
     batches = [{"input_ids": w[None], **({"labels": w[None]} if labels else {})} for w in windows]
     found = prune_channels(
-        model, example, budget=config.budget, criterion=config.criterion,
-        calibration=batches, compensate=config.compensate, round_to=config.round_to,
-    )  # fmt: skip
+        model,
+        example,
+        budget=config.budget,
+        criterion=config.criterion,
+        calibration=batches,
+        compensate=config.compensate,
+        round_to=config.round_to,
+    )
     assert isinstance(found, BudgetReport)
     return found
 
@@ -304,8 +320,9 @@ def _latency(dense: nn.Module, small: nn.Module, example: dict[str, Tensor], run
         with torch.inference_mode():
             current[0](**example)
 
-    return paired_latency(lambda: current.__setitem__(0, dense),
-                          lambda: current.__setitem__(0, small), forward, runs)  # fmt: skip
+    return paired_latency(
+        lambda: current.__setitem__(0, dense), lambda: current.__setitem__(0, small), forward, runs
+    )
 
 
 def _empty(stage: Path) -> None:

@@ -91,14 +91,22 @@ class ShrinkReport:
     text: tuple[str, str]
     seconds: tuple[tuple[str, float], ...]
 
+    @property
+    def faster(self) -> str:
+        """The speed-up in words: 'N.NNx faster' or 'N.NNx slower'."""
+        if self.speedup >= 1.0 or not self.speedup:
+            return f"{self.speedup:.2f}x faster"
+        return f"{1.0 / self.speedup:.2f}x slower"
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON values."""
         found = asdict(self)
         for name in ("params", "macs", "bytes", "perplexity", "latency_ms"):
             found[name]["ratio"] = getattr(self, name).ratio
         found["target"] = {"measure": self.target[0], "share": self.target[1]}
-        found["groups"] = [dict(zip(("name", "kind", "before", "after"), g, strict=True))
-                           for g in self.groups]  # fmt: skip
+        found["groups"] = [
+            dict(zip(("name", "kind", "before", "after"), g, strict=True)) for g in self.groups
+        ]
         found["calibration"] = dict(zip(("windows", "tokens"), self.calibration, strict=True))
         found["evaluation"] = dict(zip(("windows", "tokens"), self.evaluation, strict=True))
         found["text"] = dict(zip(("calibration", "evaluation"), self.text, strict=True))
@@ -119,12 +127,15 @@ class ShrinkReport:
             f"MACs/token  {self.macs.before:10,.0f} -> {self.macs.after:10,.0f}  "
             f"({1 - self.macs.ratio:.1%} fewer)",
             f"on disk     {human_bytes(int(b.before)):>10} -> {human_bytes(int(b.after)):>10}",
-            f"latency     {t.before:8.2f} ms -> {t.after:8.2f} ms  ({self.speedup:.2f}x faster, "
-            f"median of {self.latency_pairs} alternated pairs, 1 x {self.evaluation[1]} tokens)",
+            f"latency     {t.before:8.2f} ms -> {t.after:8.2f} ms  ({self.faster}, median of "
+            f"{self.latency_pairs} alternated pairs, 1 x {self.evaluation[1]} tokens)",
         ]
         if self.distill_steps:
-            lines.insert(1, f"  (one shot {self.perplexity_pruned:.3f}; distilled "
-                         f"{self.distill_steps} steps in {self.distill_seconds:.0f} s)")  # fmt: skip
+            lines.insert(
+                1,
+                f"  (one shot {self.perplexity_pruned:.3f}; distilled "
+                f"{self.distill_steps} steps in {self.distill_seconds:.0f} s)",
+            )
         return lines
 
     def to_markdown(self) -> str:
@@ -134,10 +145,13 @@ class ShrinkReport:
             ("perplexity", f"{self.perplexity.before:.3f}", f"{self.perplexity.after:.3f}"),
             ("parameters", f"{self.params.before:,.0f}", f"{self.params.after:,.0f}"),
             ("MACs per token", f"{self.macs.before:,.0f}", f"{self.macs.after:,.0f}"),
-            ("weights on disk", human_bytes(int(self.bytes.before)),
-             human_bytes(int(self.bytes.after))),
+            (
+                "weights on disk",
+                human_bytes(int(self.bytes.before)),
+                human_bytes(int(self.bytes.after)),
+            ),
             ("latency (ms)", f"{self.latency_ms.before:.2f}", f"{self.latency_ms.after:.2f}"),
-        ]  # fmt: skip
+        ]
         lines = [
             "# prunekit shrink",
             "",
@@ -149,19 +163,24 @@ class ShrinkReport:
             *[f"| {name} | {a} | {b} |" for name, a, b in rows],
             "",
             f"Latency: one forward of 1 x {self.evaluation[1]} tokens, median of "
-            f"{self.latency_pairs} alternated pairs: {self.speedup:.2f}x faster.",
+            f"{self.latency_pairs} alternated pairs: {self.faster}.",
             f"Calibration: {self.calibration[0]} x {self.calibration[1]} tokens of "
             f"{self.text[0]}; perplexity on {self.evaluation[0]} x {self.evaluation[1]} tokens "
             f"of {self.text[1]}.",
         ]
         if self.distill_steps:
-            lines.append(f"Distillation: {self.distill_steps} steps in "
-                         f"{self.distill_seconds:.0f} s (one-shot perplexity "
-                         f"{self.perplexity_pruned:.3f}).")  # fmt: skip
+            lines.append(
+                f"Distillation: {self.distill_steps} steps in "
+                f"{self.distill_seconds:.0f} s (one-shot perplexity "
+                f"{self.perplexity_pruned:.3f})."
+            )
         lines += ["", "## Files", ""]
         for record in self.exports:
-            checked = (f"checked by {record.verified_by}, max relative difference "
-                       f"{record.difference:.2e}" if record.verified_by else "not checked")  # fmt: skip
+            checked = (
+                f"checked by {record.verified_by}, max relative difference {record.difference:.2e}"
+                if record.verified_by
+                else "not checked"
+            )
             lines.append(f"- {record.format}: `{record.path}` ({checked})")
         lines += ["", "## Budget", "", "```text", self.budget_table, "```", ""]
         return "\n".join(lines)

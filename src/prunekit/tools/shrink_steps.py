@@ -21,7 +21,16 @@ from prunekit.tools.shrink_report import ExportRecord
 if TYPE_CHECKING:
     from prunekit.tools.shrink import ShrinkConfig
 
-__all__ = ["Texts", "distill", "export_all", "model_files", "pydoc_passages", "text_windows"]
+__all__ = [
+    "Passages",
+    "Texts",
+    "distill",
+    "export_all",
+    "model_files",
+    "pydoc_passages",
+    "read_passages",
+    "text_windows",
+]
 
 # the files of an output that hold a model's weights (what "on disk" counts)
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".bin", ".data")
@@ -45,7 +54,32 @@ def pydoc_passages() -> tuple[str, ...]:
     return tuple(topics[name] for name in sorted(topics))
 
 
-def text_windows(config: ShrinkConfig, tokenizer: Any, model: nn.Module) -> Texts:
+@dataclass(frozen=True)
+class Passages:
+    """The text read for calibration and for evaluation (None: held out of calibration's),
+    and where each came from."""
+
+    calibration: list[str]
+    evaluation: list[str] | None
+    names: tuple[str, str]
+
+
+def read_passages(config: ShrinkConfig) -> Passages:
+    """The passages `config` names, read (before the model is: a bad path fails at once).
+
+    Raises:
+        CheckpointError: a text path that cannot be read (see ``read_texts``).
+    """
+    calibration, name = _passages(config.calibration, "Python's help topics (pydoc_data)")
+    if config.evaluation is None:
+        return Passages(calibration, None, (name, f"the held-out end of {name}"))
+    evaluation, held_name = _passages(config.evaluation, "")
+    return Passages(calibration, evaluation, (name, held_name))
+
+
+def text_windows(
+    config: ShrinkConfig, tokenizer: Any, model: nn.Module, passages: Passages | None = None
+) -> Texts:
     """The calibration and evaluation windows `config` asks for, tokenized by `tokenizer`.
 
     Without evaluation text, the calibration text's last tokens are held out for it (as many
@@ -63,24 +97,23 @@ def text_windows(config: ShrinkConfig, tokenizer: Any, model: nn.Module) -> Text
             f"shrink: length={config.length} tokens per window; expected at most the model's "
             f"max_position_embeddings ({most})"
         )
-    calibration, name = _passages(config.calibration, "Python's help topics (pydoc_data)")
-    wanted = config.calibration_tokens + (0 if config.evaluation else config.evaluation_tokens)
-    ids = _ids(tokenizer, calibration, wanted)
-    if config.evaluation is None:
-        share = config.evaluation_tokens / wanted
-        held = min(config.evaluation_tokens, int(len(ids) * share))
+    text = read_passages(config) if passages is None else passages
+    wanted = config.calibration_tokens + (0 if text.evaluation else config.evaluation_tokens)
+    ids = _ids(tokenizer, text.calibration, wanted)
+    if text.evaluation is None:
+        held = min(config.evaluation_tokens, int(len(ids) * config.evaluation_tokens / wanted))
         evaluation, ids = ids[len(ids) - held :], ids[: len(ids) - held]
-        held_name = f"the held-out end of {name}"
     else:
-        passages, held_name = _passages(config.evaluation, "")
-        evaluation = _ids(tokenizer, passages, config.evaluation_tokens)
+        evaluation = _ids(tokenizer, text.evaluation, config.evaluation_tokens)
     found = Texts(
         windows(ids, config.length, config.calibration_tokens // config.length),
         windows(evaluation, config.length, config.evaluation_tokens // config.length),
-        (name, held_name),
+        text.names,
     )
-    for what, parts, have in (("calibration", found.calibration, len(ids)),
-                              ("evaluation", found.evaluation, len(evaluation))):  # fmt: skip
+    for what, parts, have in (
+        ("calibration", found.calibration, len(ids)),
+        ("evaluation", found.evaluation, len(evaluation)),
+    ):
         if not parts:
             raise value_error(
                 f"shrink: the {what} text gives {have} tokens; expected at least one window of "
@@ -101,9 +134,7 @@ def _ids(tokenizer: Any, passages: Sequence[str], wanted: int) -> Tensor:
     """The token ids of the passages in order (joined by a blank line), the first `wanted`."""
     found: list[int] = []
     for number, text in enumerate(passages):
-        found += tokenizer(("\n\n" if number else "") + text, add_special_tokens=False)[
-            "input_ids"
-        ]
+        found += tokenizer(("\n\n" if number else "") + text, add_special_tokens=False)["input_ids"]
         if len(found) >= wanted:
             break
     return torch.tensor(found[:wanted], dtype=torch.long)
@@ -133,7 +164,7 @@ def distill(
                 group["lr"] = config.lr * min(1.0, (steps + 1) / 10)
             loss = distiller.loss(student(input_ids=x), {"input_ids": x})
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             steps += 1
@@ -165,10 +196,22 @@ def export_all(
         if number == 0:
             size = sum(path.stat().st_size for path in files)
         relative = "." if target == stage else target.name
-        records.append(ExportRecord(form, relative, tuple(sorted(
-            str(p.relative_to(stage)) for p in (target.rglob("*") if target.is_dir()
-                                                 else [target]) if p.is_file())),
-            done.verified_by, done.difference, done.notes))  # fmt: skip
+        records.append(
+            ExportRecord(
+                form,
+                relative,
+                tuple(
+                    sorted(
+                        str(p.relative_to(stage))
+                        for p in (target.rglob("*") if target.is_dir() else [target])
+                        if p.is_file()
+                    )
+                ),
+                done.verified_by,
+                done.difference,
+                done.notes,
+            )
+        )
     return tuple(records), size
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,14 +175,28 @@ def load_source(source: Source) -> tuple[nn.Module, Any]:
     """
     transformers = require("transformers", "hf", "prunekit shrink")
     options: dict[str, Any] = {} if source.gguf_file is None else {"gguf_file": source.gguf_file}
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.folder), **options)
-    except (OSError, ValueError, KeyError) as error:
-        raise CheckpointError(
-            f"{source.path}: its tokenizer cannot be loaded ({' '.join(str(error).split())}); "
-            "expected a tokenizer transformers' AutoTokenizer reads"
-        ) from None
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(source.folder), dtype=torch.float32, **options
-    )
+    with _quiet(transformers):
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.folder), **options)
+        except (OSError, ValueError, KeyError) as error:
+            raise CheckpointError(
+                f"{source.path}: its tokenizer cannot be loaded ({' '.join(str(error).split())})"
+                "; expected a tokenizer transformers' AutoTokenizer reads"
+            ) from None
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(source.folder), dtype=torch.float32, **options
+        )
     return model.eval(), tokenizer
+
+
+@contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' own progress bars off while it loads (the caller shows its own)."""
+    logging = transformers.utils.logging
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
