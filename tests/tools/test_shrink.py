@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import torch
+from tests.helpers import tiny_llm
 
 from prunekit.export.api import WRITERS, ExportReport, Request
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
 from prunekit.tools.shrink import ShrinkConfig, shrink
 from prunekit.tools.shrink_steps import text_windows
-from tests.helpers import tiny_llm
 
 transformers = pytest.importorskip("transformers")
 
