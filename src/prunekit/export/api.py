@@ -132,3 +132,10 @@ def export(
         with atomic_path(request.path) as staged:
             report = writer(model, Path(staged), request)
     return report
+
+
+# The writers, one line each. Imported here at the end, once Request and ExportReport exist:
+# each writer module imports them from this one.
+from prunekit.export import gguf  # noqa: E402
+
+WRITERS["gguf"] = gguf.write
