@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.helpers import tiny_llm
+from helpers import gguf_models, tiny_llm
 
 from prunekit.export.api import WRITERS, ExportReport, Request
 from prunekit.structure.measure import perplexity
@@ -87,7 +87,7 @@ def test_a_folder_shrinks_to_a_folder_transformers_loads(
 def test_a_gguf_file_shrinks(tmp_path: Path, text: Path) -> None:
     needs("hf")
     pytest.importorskip("gguf")
-    source = tiny_llm.save_gguf(tmp_path / "tiny.gguf")
+    source, _ = gguf_models.tiny_llama_gguf(tmp_path / "tiny.gguf")
     cfg = config(source, tmp_path / "out", text)
     report = shrink(cfg)
     assert report.bytes.before == source.stat().st_size

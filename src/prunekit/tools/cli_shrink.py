@@ -154,16 +154,8 @@ def print_shrink(report: ShrinkReport, console: Any) -> None:
         console.print(printable(line), markup=False, highlight=False)
     console.print(f"Wrote to {printable(report.out)}:", markup=False, highlight=False)
     for record in report.exports:
-        checked = (
-            f"checked by {record.verified_by}: max relative difference {record.difference:.2e}"
-            if record.verified_by is not None
-            else "not checked"
-        )
-        console.print(
-            f"  {record.format}: {printable(record.path)} ({checked})",
-            markup=False,
-            highlight=False,
-        )
+        line = f"  {record.format}: {printable(record.path)} ({record.checked})"
+        console.print(line, markup=False, highlight=False)
     console.print("  report.json, report.md", markup=False, highlight=False)
 
 

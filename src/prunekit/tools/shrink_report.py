@@ -42,6 +42,15 @@ class ExportRecord:
     difference: float | None
     notes: tuple[str, ...]
 
+    @property
+    def checked(self) -> str:
+        """How it was checked, in words."""
+        if self.verified_by is None:
+            return "not checked"
+        if self.difference is None:
+            return f"checked by {self.verified_by}"
+        return f"checked by {self.verified_by}: max relative difference {self.difference:.2e}"
+
 
 @dataclass(frozen=True)
 class ShrinkReport:
@@ -176,11 +185,6 @@ class ShrinkReport:
             )
         lines += ["", "## Files", ""]
         for record in self.exports:
-            checked = (
-                f"checked by {record.verified_by}, max relative difference {record.difference:.2e}"
-                if record.verified_by
-                else "not checked"
-            )
-            lines.append(f"- {record.format}: `{record.path}` ({checked})")
+            lines.append(f"- {record.format}: `{record.path}` ({record.checked})")
         lines += ["", "## Budget", "", "```text", self.budget_table, "```", ""]
         return "\n".join(lines)

@@ -174,19 +174,37 @@ def load_source(source: Source) -> tuple[nn.Module, Any]:
         CheckpointError: transformers cannot build the tokenizer from the source.
     """
     transformers = require("transformers", "hf", "prunekit shrink")
-    options: dict[str, Any] = {} if source.gguf_file is None else {"gguf_file": source.gguf_file}
+    options: dict[str, Any] = {}
+    if source.gguf_file is not None:  # absolute: transformers tries a relative name in the
+        options["gguf_file"] = str((source.folder / source.gguf_file).resolve())  # cwd first
     with _quiet(transformers):
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.folder), **options)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(source.folder.resolve()), **options
+            )
         except (OSError, ValueError, KeyError) as error:
             raise CheckpointError(
                 f"{source.path}: its tokenizer cannot be loaded ({' '.join(str(error).split())})"
                 "; expected a tokenizer transformers' AutoTokenizer reads"
             ) from None
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(source.folder), dtype=torch.float32, **options
+            str(source.folder.resolve()), dtype=torch.float32, **options
         )
+    if source.gguf_file is not None:
+        _plain(model)
     return model.eval(), tokenizer
+
+
+def _plain(model: nn.Module) -> None:
+    """Forget that a model read from GGUF was quantized: transformers dequantized its
+    tensors to float32 on loading but keeps the GGUF marks, with which it refuses to save it."""
+    for name, value in (("hf_quantizer", None), ("is_quantized", False),
+                        ("quantization_method", None)):  # fmt: skip
+        if hasattr(model, name):
+            setattr(model, name, value)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "quantization_config"):
+        del config.quantization_config
 
 
 @contextmanager
