@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import gguf_models, tiny_llm
 
+from helpers import gguf_models, tiny_llm
 from prunekit.export.api import WRITERS, ExportReport, Request
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
