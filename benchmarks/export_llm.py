@@ -71,13 +71,14 @@ def texts(tokenizer: Any, windows: int, chunks: int) -> tuple[list[dict[str, Ten
     return calibration, second[: (chunks + 2) * CONTEXT * 5]
 
 
-def run(command: list[str], timeout: float = 3600) -> str:
-    """Run a command; its stdout, or exit with its stderr's tail."""
+def run(command: list[str], timeout: float = 3600, logs: bool = False) -> str:
+    """Run a command; its stdout (and then its stderr, with `logs`), or exit with the tail of
+    its stderr."""
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode:
         tail = "\n".join((done.stderr or done.stdout).splitlines()[-15:])
         raise SystemExit(f"{' '.join(command[:3])}... failed ({done.returncode}):\n{tail}")
-    return done.stdout + done.stderr
+    return done.stdout + done.stderr if logs else done.stdout
 
 
 def tokens(bin_: Path, gguf: Path, text: Path) -> list[int]:
@@ -124,7 +125,7 @@ def torch_perplexity(model: nn.Module, ids: list[int], start: int | None, chunks
 
 def llama_perplexity(bin_: Path, gguf: Path, text: Path, chunks: int, threads: int) -> float:
     out = run([str(bin_ / "llama-perplexity"), "-m", str(gguf), "-f", str(text), "-c",
-               str(CONTEXT), "--chunks", str(chunks), "-t", str(threads)])  # fmt: skip
+               str(CONTEXT), "--chunks", str(chunks), "-t", str(threads)], logs=True)  # fmt: skip
     found = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
     if found is None:
         raise SystemExit(f"llama-perplexity printed no estimate:\n{out[-2000:]}")
