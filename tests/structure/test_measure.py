@@ -19,6 +19,7 @@ from prunekit.structure.measure import (
     latency_ms,
     macs_per_entry,
     paired_latency,
+    perplexity,
 )
 
 
@@ -164,3 +165,36 @@ def test_transposed_convolutions_count_their_multiply_accumulates() -> None:
 def test_latency_ms_refuses_runs_below_one() -> None:
     with pytest.raises(ValueError, match=r"latency_ms: invalid runs=0; expected an int >= 1"):
         latency_ms(nn.Linear(2, 2), (torch.randn(1, 2),), {}, runs=0)
+
+
+class _Logits(torch.nn.Module):
+    """A causal LM whose next-token logits are fixed rows of `table` by the current token."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[input_ids]
+
+
+def test_perplexity_of_uniform_logits_is_the_vocabulary_size() -> None:
+    ids = torch.tensor([1, 4, 2, 0, 3])
+    assert perplexity(_Logits(torch.zeros(5, 5)), [ids, ids[:2]]) == pytest.approx(5.0)
+
+
+def test_perplexity_weighs_every_predicted_token_alike() -> None:
+    table = torch.full((3, 3), -1e9)
+    table[0, 1] = table[1, 2] = table[2, 0] = 0.0  # 0 -> 1 -> 2 -> 0 is certain
+    table[2] = 0.0  # after 2: uniform over 3
+    short, long = torch.tensor([0, 1, 2, 0]), torch.tensor([0, 1])
+    # predicted: 1 (p=1), 2 (p=1), 0 (p=1/3) and 1 (p=1): exp(log 3 / 4)
+    assert perplexity(_Logits(table), [short, long]) == pytest.approx(3 ** (1 / 4))
+
+
+@pytest.mark.parametrize("windows", [[], [torch.tensor([1])], [torch.zeros(2, 3).long()]])
+def test_perplexity_refuses_windows_it_cannot_measure(windows: list[torch.Tensor]) -> None:
+    with pytest.raises(
+        ValueError, match=r"perplexity: windows of lengths .* expected at least one"
+    ):
+        perplexity(_Logits(torch.zeros(5, 5)), windows)

@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.export import deci, gguf, hf
+from prunekit.export import deci, gguf, hf, onnx
 from prunekit.export.request import ExportReport, Request
 from prunekit.io.atomic import atomic_folder, atomic_path
 
@@ -29,7 +29,12 @@ FORMATS: dict[str, bool] = {"hf": True, "deci": True, "gguf": False, "onnx": Fal
 
 Writer = Callable[[nn.Module, Path, Request], ExportReport]
 # the one table of formats, filled here
-WRITERS: dict[str, Writer] = {"hf": hf.write, "deci": deci.write, "gguf": gguf.write}
+WRITERS: dict[str, Writer] = {
+    "hf": hf.write,
+    "deci": deci.write,
+    "gguf": gguf.write,
+    "onnx": onnx.write,
+}
 
 
 def export(

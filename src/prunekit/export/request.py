@@ -60,5 +60,5 @@ class ExportReport:
             lines.append(f"checked by {self.verified_by}: max relative difference "
                          f"{self.difference:.2e}")  # fmt: skip
         elif self.verified_by is not None:  # a check of what was written, not of outputs
-            lines.append(f"checked by {self.verified_by}")
+            lines.append(f"checked by {self.verified_by} (no outputs compared)")
         return "\n".join(lines + list(self.notes))

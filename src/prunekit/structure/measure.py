@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from prunekit.core.checks import check_number
+from prunekit.core.errors import value_error
 
 
 def count_params(model: nn.Module) -> int:
@@ -170,3 +172,33 @@ def paired_latency(
         1000 * statistics.median(times[0]), 1000 * statistics.median(times[1]), ratio,
         min(quartiles[0], ratio), max(quartiles[2], ratio), runs,
     )  # fmt: skip
+
+
+def perplexity(model: nn.Module, windows: Sequence[Tensor]) -> float:
+    """The perplexity of a causal language model on windows of token ids: exp of the mean
+    loss of predicting each token from those before it in its window.
+
+    Args:
+        model: a causal LM whose forward takes ``input_ids`` and returns logits (a tensor, or
+            an output with ``logits``), one row of the vocabulary per position.
+        windows: 1-D tensors of token ids, each of at least 2 tokens.
+
+    Returns:
+        The perplexity (tokens weigh alike across windows).
+
+    Raises:
+        ValueError: no window, or a window of fewer than 2 tokens.
+    """
+    if not windows or any(w.dim() != 1 or len(w) < 2 for w in windows):
+        raise value_error(
+            f"perplexity: windows of lengths {[tuple(w.shape) for w in windows][:4]}; expected "
+            "at least one 1-D window of 2 or more token ids"
+        )
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for ids in windows:
+            output = model(input_ids=ids[None])
+            logits = output if isinstance(output, Tensor) else output.logits
+            losses = F.cross_entropy(logits[0, :-1].float(), ids[1:], reduction="sum")
+            total, count = total + float(losses), count + len(ids) - 1
+    return math.exp(total / count)

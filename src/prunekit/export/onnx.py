@@ -1,0 +1,342 @@
+"""``export(model, path, "onnx")``: a compacted CNN or encoder as one ONNX file, checked by
+ONNX Runtime.
+
+The graph is traced by ``torch.onnx.export`` (the exporter built on ``torch.export``, with
+onnxscript) on the example inputs, in eval mode, with the weights inside the one file. The
+first axis of every input that shares the first input's batch size is dynamic (``batch``), and
+so is the second axis of integer inputs of rank 2 or more, such as token ids and attention
+masks (``sequence``). Once written, the file is read back by ONNX Runtime (where installed)
+and run on the example inputs and on them twice over along the batch axis: every output must
+be within ``TOLERANCE`` x its largest magnitude of the model's, or nothing lands.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from prunekit._extras import require
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.install import pruning_hooks
+from prunekit.export.request import ExportReport, Request
+
+__all__ = ["DTYPES", "TOLERANCE", "write"]
+
+TOLERANCE = 1e-4
+"""The largest difference allowed between ONNX Runtime's outputs and the model's, as a share
+of the largest magnitude of each output."""
+
+DTYPES = (None, "float32")
+"""The values of ``dtype`` it takes: None keeps the model's own (float32 for ONNX Runtime's
+CPU kernels), "float32" writes a float32 copy of a model held in another precision."""
+
+# ONNX keeps a model whose weights are inside the file under protobuf's 2 GiB limit
+_LIMIT = 2**31 - 2**20
+
+Named = list[tuple[str, Tensor]]
+
+
+def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
+    """Write `model` to `target` as one ONNX file, then check it with ONNX Runtime.
+
+    Args:
+        model: a compacted model (no pruning masks left) whose forward takes tensors.
+        target: the file to write (a staged path; ``request.path`` is where it lands).
+        request: the checked arguments of ``export``; ``example_inputs`` is required: a
+            tensor, a tuple of tensors (positional) or a dict of tensors (keyword; None
+            values are left out).
+
+    Returns:
+        The report: the file, and ONNX Runtime's largest relative difference where checked.
+
+    Raises:
+        ValueError: no example inputs, a dtype it does not write, a model still holding
+            pruning masks (compact it first), or one too large for one ONNX file; nothing is
+            written.
+        TypeError: example inputs or outputs that are not tensors.
+        RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
+    """
+    args, kwargs = _inputs(request.example_inputs)
+    _check_dtype(request.dtype)
+    _refuse_masked(model)
+    _refuse_large(model)
+    require("onnxscript", "export", "export(format='onnx')")
+    if request.dtype == "float32" and any(p.dtype != torch.float32 for p in model.parameters()):
+        model = copy.deepcopy(model).float()
+        args, kwargs = _float32(args), _float32(kwargs)
+    names = _input_names(model, args, kwargs)
+    with _eval(model), torch.no_grad():
+        outputs = _outputs(model(*args, **kwargs))
+        proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
+    Path(target).write_bytes(proto.SerializeToString())
+    notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
+    if request.source is not None:
+        notes.append("source: an ONNX file holds no tokenizer; none was written")
+    if not request.verify:
+        return ExportReport("onnx", request.path, (request.path.name,), notes=tuple(notes))
+    try:
+        ort = require("onnxruntime", "export", "checking an ONNX export")
+    except ImportError:
+        notes.append("not checked: onnxruntime is not installed")
+        return ExportReport("onnx", request.path, (request.path.name,), notes=tuple(notes))
+    with _eval(model), torch.no_grad():
+        diff, absolute = _verify(ort, model, Path(target), args, kwargs, names)
+    notes.append(f"largest absolute difference {absolute:.3g}")
+    version = f"onnxruntime {ort.__version__}"
+    return ExportReport("onnx", request.path, (request.path.name,), version, diff, tuple(notes))
+
+
+def _inputs(example_inputs: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:
+    """The example inputs as positional and keyword tensors, or the error saying what fits."""
+    if example_inputs is None:
+        raise value_error(
+            "export(format='onnx'): example_inputs=None; expected the inputs to trace the "
+            "graph on: a tensor, a tuple of tensors or a dict of tensors, such as "
+            "export(model, 'model.onnx', 'onnx', example_inputs=torch.randn(1, 3, 224, 224))"
+        )
+    if isinstance(example_inputs, Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, Mapping):
+        kwargs = {str(k): v for k, v in example_inputs.items() if v is not None}
+        for key, value in kwargs.items():
+            _check_tensor(value, f"example_inputs[{key!r}]")
+        if not kwargs:
+            raise value_error("export(format='onnx'): example_inputs holds no tensor")
+        return (), kwargs
+    if isinstance(example_inputs, Sequence) and not isinstance(example_inputs, str):
+        for index, value in enumerate(example_inputs):
+            _check_tensor(value, f"example_inputs[{index}]")
+        if not example_inputs:
+            raise value_error("export(format='onnx'): example_inputs is empty")
+        return tuple(example_inputs), {}
+    raise type_error(
+        f"export(format='onnx'): example_inputs is a {type(example_inputs).__name__}; expected "
+        "a tensor, a tuple of tensors or a dict of tensors"
+    )
+
+
+def _check_tensor(value: Any, where: str) -> None:
+    if not isinstance(value, Tensor):
+        raise type_error(
+            f"export(format='onnx'): {where} is a {type(value).__name__}; expected a tensor "
+            "(ONNX inputs are tensors)"
+        )
+
+
+def _check_dtype(dtype: Any) -> None:
+    if dtype not in DTYPES:
+        raise value_error(
+            f"export(format='onnx'): dtype={dtype!r} is not a type it writes; expected None "
+            "(the model's own) or 'float32'"
+        )
+
+
+def _refuse_masked(model: nn.Module) -> None:
+    """Refuse a model that still holds pruning masks: its graph would carry them."""
+    for path, module in model.named_modules():
+        hooks = pruning_hooks(module)
+        if hooks:
+            tensors = ", ".join(sorted({str(h._tensor_name) for h in hooks}))
+            raise value_error(
+                f"export(format='onnx'): module {path or type(model).__name__!r} still holds the "
+                f"pruning masks of {tensors}; call prunekit.compact(model, example_inputs) "
+                "first (or prunekit.remove for masks that stay as zeros)"
+            )
+
+
+def _refuse_large(model: nn.Module) -> None:
+    """Refuse weights beyond what one ONNX file holds (the exporter would write a data file)."""
+    seen: set[int] = set()
+    size = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            size += tensor.numel() * tensor.element_size()
+    if size > _LIMIT:
+        raise value_error(
+            f"export(format='onnx'): {type(model).__name__} holds {size / 2**30:.2f} GiB of "
+            "weights; one ONNX file holds at most 2 GiB; prune it further or use format='hf'"
+        )
+
+
+def _float32(value: Any) -> Any:
+    """Floating tensors of `value` (a tuple or dict of tensors) as float32."""
+    if isinstance(value, dict):
+        return {k: _float32(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_float32(v) for v in value)
+    return value.float() if isinstance(value, Tensor) and value.is_floating_point() else value
+
+
+def _input_names(
+    model: nn.Module, args: tuple[Tensor, ...], kwargs: dict[str, Tensor]
+) -> list[str]:
+    """The graph's input names: the forward's parameter names for positional inputs (or
+    ``input_<i>`` where it takes ``*args``), the keys for keyword inputs."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [named[i] if i < len(named) else f"input_{i}" for i in range(len(args))]
+    return names + list(kwargs)
+
+
+def _outputs(value: Any, prefix: str = "") -> Named:
+    """The model's output as named tensors, in the order the exporter flattens it (a
+    mapping, such as transformers' ModelOutput, by key, without its None values)."""
+    if isinstance(value, Tensor):
+        return [(prefix or "output", value)]
+    if isinstance(value, Mapping):
+        found: Named = []
+        for key, item in value.items():
+            if item is not None:
+                found += _outputs(item, f"{prefix}.{key}" if prefix else str(key))
+        return found
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        found = []
+        for index, item in enumerate(value):
+            found += _outputs(item, f"{prefix or 'output'}_{index}")
+        return found
+    raise type_error(
+        f"export(format='onnx'): the model's output {prefix or ''} is a {type(value).__name__}; "
+        "expected tensors (in a tuple, list or dict): ONNX outputs are tensors"
+    )
+
+
+def _dynamic(
+    args: tuple[Tensor, ...], kwargs: dict[str, Tensor], names: list[str]
+) -> dict[str, dict[int, Any]]:
+    """Each input's dynamic axes: ``batch`` (dim 0, where its size is the first input's),
+    ``sequence`` (dim 1 of an integer or boolean input of rank >= 2)."""
+    tensors = [*args, *kwargs.values()]
+    batch = torch.export.Dim("batch")
+    sequence = torch.export.Dim("sequence")
+    first = tensors[0].shape[0] if tensors[0].dim() else None
+    shapes: dict[str, dict[int, Any]] = {}
+    for name, tensor in zip(names, tensors, strict=True):
+        axes: dict[int, Any] = {}
+        if tensor.dim() and tensor.shape[0] == first:
+            axes[0] = batch
+        if tensor.dim() >= 2 and not tensor.is_floating_point() and not tensor.is_complex():
+            axes[1] = sequence
+        shapes[name] = axes
+    return shapes
+
+
+def _exported(
+    model: nn.Module,
+    args: tuple[Tensor, ...],
+    kwargs: dict[str, Tensor],
+    names: list[str],
+    outputs: list[str],
+) -> Any:
+    """The ONNX ModelProto of `model` traced on the inputs, weights inside."""
+    positional = dict(zip(names, args, strict=False))
+    with warnings.catch_warnings(), _quiet("torch.onnx"):  # notes on its own internals
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.|copyreg")
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
+        program = torch.onnx.export(
+            model, (), kwargs={**positional, **kwargs}, dynamo=True, external_data=False,
+            input_names=names, output_names=outputs, verbose=False,
+            dynamic_shapes=_dynamic(args, kwargs, names),
+        )  # fmt: skip
+    if program is None:  # the exporter returns a program whenever dynamo=True
+        raise RuntimeError("torch.onnx.export returned no program")
+    return program.model_proto
+
+
+def _verify(
+    ort: Any,
+    model: nn.Module,
+    path: Path,
+    args: tuple[Tensor, ...],
+    kwargs: dict[str, Tensor],
+    names: list[str],
+) -> tuple[float, float]:
+    """ONNX Runtime's largest difference from the model (relative, absolute) on the inputs
+    and on them doubled along the batch axis; raise beyond ``TOLERANCE``."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    wanted = [i.name for i in session.get_inputs()]
+    shapes = _dynamic(args, kwargs, names)
+    worst, absolute = 0.0, 0.0
+    for twice in (False, True):
+        feed_args = tuple(_doubled(t, shapes[n], twice) for n, t in zip(names, args, strict=False))
+        feed_kwargs = {k: _doubled(t, shapes[k], twice) for k, t in kwargs.items()}
+        expected = _outputs(model(*feed_args, **feed_kwargs))
+        inputs = dict(zip(names, [*feed_args, *feed_kwargs.values()], strict=True))
+        found = session.run(None, {n: inputs[n].numpy() for n in wanted})
+        for (name, reference), result in zip(expected, found, strict=True):
+            diff, scale = _difference(reference, np.asarray(result), name)
+            relative = diff / scale if scale else diff
+            worst, absolute = _larger(worst, relative), _larger(absolute, diff)
+            if not relative <= TOLERANCE:
+                raise RuntimeError(
+                    f"export(format='onnx'): ONNX Runtime's output {name!r} differs from the "
+                    f"model's by {diff:.3g} (largest output {scale:.3g}, tolerance {TOLERANCE:g} "
+                    f"x that{', batch doubled' if twice else ''}); nothing was written"
+                )
+    return worst, absolute
+
+
+def _larger(a: float, b: float) -> float:
+    """The larger of two differences; NaN where either is (max would drop one)."""
+    return float("nan") if a != a or b != b else max(a, b)
+
+
+def _doubled(tensor: Tensor, axes: dict[int, Any], twice: bool) -> Tensor:
+    """`tensor`, or, where `twice` and its first axis is the batch, it twice over (reversed
+    the second time, so the rows differ where the batch has several)."""
+    if not twice or 0 not in axes:
+        return tensor
+    return torch.cat([tensor, tensor.flip(0)])
+
+
+def _difference(reference: Tensor, found: np.ndarray[Any, Any], name: str) -> tuple[float, float]:
+    """Largest |difference| and largest |reference| of one output; NaN on either side is a
+    difference."""
+    expected = reference.detach().double()
+    if tuple(found.shape) != tuple(expected.shape):
+        raise RuntimeError(
+            f"export(format='onnx'): ONNX Runtime's output {name!r} has shape "
+            f"{tuple(found.shape)}, not {tuple(expected.shape)}; nothing was written"
+        )
+    result = torch.from_numpy(np.array(found, dtype=np.float64))
+    gap = (expected - result).abs()
+    if bool(gap.isnan().any()) or not gap.numel():
+        return (float("nan"), 1.0) if gap.numel() else (0.0, 0.0)
+    return float(gap.max()), float(expected.abs().max())
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """The logger `name` (and those below it) at errors only for the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextmanager
+def _eval(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode for the block, each module's mode restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode

@@ -1,0 +1,168 @@
+"""``prunekit shrink`` and ``prunekit demo --llm`` on the command line: the arguments made
+into a ``ShrinkConfig``, the pipeline run with progress bars, the results printed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from prunekit.export.api import FORMATS
+from prunekit.tools.console import consoles, printable, progress_bars
+from prunekit.tools.demo_llm import run_llm_demo
+from prunekit.tools.shrink import CRITERIA, ShrinkConfig, shrink
+from prunekit.tools.shrink_report import ShrinkReport
+
+__all__ = ["add_shrink_parser", "print_shrink", "run_llm_demo_command"]
+
+
+def add_shrink_parser(commands: Any) -> None:
+    """Add the ``shrink`` command to the subparsers `commands`."""
+    parser = commands.add_parser(
+        "shrink",
+        help="make a model smaller and faster, in a format that runs without prunekit",
+        description="Remove a share of a causal LM's parameters, MACs or latency (channels "
+        "and heads of lowest score for their cost, the layers that read them compensated), "
+        "compact it, optionally distil it, write it as FORMAT into OUT with report.json and "
+        "report.md, and print the budget, the perplexity, the size and the latency before "
+        "and after. SRC: a Hugging Face folder (one weights file or shards) or a GGUF file, "
+        "of the Llama family (Llama, Mistral, Qwen2/3, SmolLM), with its tokenizer.",
+    )
+    parser.add_argument("source", metavar="SRC", help="model folder or GGUF file")
+    parser.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="output folder (replaced whole, only once all is written)",
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    for name, what in (
+        ("params", "non-embedding parameters"),
+        ("macs", "multiply-accumulates"),
+        ("latency", "CPU time of one forward, measured"),
+    ):
+        target.add_argument(
+            f"--{name}", type=float, metavar="S", help=f"share of the {what} to remove, in (0, 1)"
+        )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE|DIR|JSONL",
+        help="text to calibrate on: a file, a folder of text files, or JSON "
+        "lines with a 'text' field (default: Python's help topics)",
+    )
+    parser.add_argument(
+        "--eval",
+        metavar="FILE|DIR|JSONL",
+        help="text for the perplexity (default: the held-out end of the calibration text)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=tuple(FORMATS),
+        default="hf",
+        help="hf: a Hugging Face folder; deci: DeciLM block_configs; gguf: "
+        "llama.cpp; onnx (default hf)",
+    )
+    parser.add_argument(
+        "--compensate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="least-squares update of the layers that read removed units (default on)",
+    )
+    parser.add_argument(
+        "--round-to",
+        type=int,
+        default=1,
+        metavar="N",
+        help="keep MLP widths a multiple of N (default 1)",
+    )
+    parser.add_argument(
+        "--distill",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="distil from the dense model on the calibration text (default 0)",
+    )
+    parser.add_argument(
+        "--calibration-tokens",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="tokens calibrated on (default 4096)",
+    )
+    parser.add_argument(
+        "--eval-tokens",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="tokens the perplexity is measured on (default 2048)",
+    )
+    parser.add_argument(
+        "--length",
+        type=int,
+        default=256,
+        metavar="N",
+        help="tokens per window; also the latency's input (default 256)",
+    )
+    parser.add_argument(
+        "--criterion",
+        choices=CRITERIA,
+        default="activation",
+        help="what ranks the units (default activation)",
+    )
+    parser.add_argument(
+        "--latency-runs",
+        type=int,
+        default=5,
+        metavar="N",
+        help="alternated pairs timed, before against after (default 5)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.set_defaults(run=_run_shrink)
+
+
+def _run_shrink(args: argparse.Namespace) -> int:
+    config = ShrinkConfig(
+        Path(args.source),
+        Path(args.out),
+        params=args.params,
+        macs=args.macs,
+        latency=args.latency,
+        calibration=args.calibration,
+        evaluation=args.eval,
+        formats=(args.format,),
+        compensate=args.compensate,
+        round_to=args.round_to,
+        distill=args.distill,
+        calibration_tokens=args.calibration_tokens,
+        evaluation_tokens=args.eval_tokens,
+        length=args.length,
+        criterion=args.criterion,
+        seed=args.seed,
+        latency_runs=args.latency_runs,
+    )
+    console, errors = consoles()
+    with progress_bars(errors) as tick:
+        report = shrink(config, tick)
+    print_shrink(report, console)
+    return 0
+
+
+def print_shrink(report: ShrinkReport, console: Any) -> None:
+    """Print the budget table, the before-and-after lines and the files written."""
+    for line in [*report.budget_table.splitlines(), "", *report.summary()]:
+        console.print(printable(line), markup=False, highlight=False)
+    console.print(f"Wrote to {printable(report.out)}:", markup=False, highlight=False)
+    for record in report.exports:
+        line = f"  {record.format}: {printable(record.path)} ({record.checked})"
+        console.print(line, markup=False, highlight=False)
+    console.print("  report.json, report.md", markup=False, highlight=False)
+
+
+def run_llm_demo_command(args: argparse.Namespace) -> int:
+    """``prunekit demo --llm``: shrink the packaged SmolLM2-135M and print the outcome."""
+    console, errors = consoles()
+    with progress_bars(errors) as tick:
+        report = run_llm_demo(Path(args.out), progress=tick, seed=args.seed, distill=args.distill)
+    print_shrink(report, console)
+    return 0

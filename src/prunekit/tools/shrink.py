@@ -1,0 +1,335 @@
+"""``shrink``: one call from a model on disk to a smaller, faster one in a format that runs
+without prunekit, measured before and after.
+
+Stages, each a function below: check the source, the output and the config (nothing heavy is
+read before) -> read and tokenize the text -> load the model -> measure it -> meet the budget
+(``prune_channels`` with calibration and compensation) -> ``compact`` -> distil (optional) ->
+measure again -> write every format and the report into a staged folder that takes the output's
+place only once all of it is written and checked (``io.atomic.atomic_folder``). A failure at
+any stage leaves no output, or the old one as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.checks import check_number
+from prunekit.core.errors import type_error, value_error
+from prunekit.export.api import FORMATS, WRITERS
+from prunekit.io.atomic import atomic_folder, overlaps
+from prunekit.io.files import CheckpointError, writable_folder
+from prunekit.structure.budget import Budget, BudgetReport
+from prunekit.structure.compaction.compact import compact
+from prunekit.structure.measure import count_params, paired_latency, perplexity
+from prunekit.structure.prune import prune_channels
+from prunekit.tools.shrink_report import Before, ShrinkReport
+from prunekit.tools.shrink_steps import distill, export_all, read_passages, text_windows
+from prunekit.tools.sources import Source, check_source, load_source
+
+__all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
+
+# tick(stage label, steps done in it, steps in it): how progress is shown
+Progress = Callable[[str, int, int], None]
+_TARGETS = ("params", "macs", "latency")
+# the group criteria that rank a causal LM's units
+CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
+
+
+@dataclass(frozen=True)
+class ShrinkConfig:
+    """What to shrink, to what, and how; checked once, on creation.
+
+    Args:
+        source: a Hugging Face folder (one weights file or shards) or a GGUF file, of the
+            Llama family, with its tokenizer.
+        out: the output folder (its parent must exist; an existing one is replaced whole).
+        params, macs, latency: the share to remove, exactly one of them, in (0, 1): of the
+            non-embedding parameters, of the multiply-accumulates, or of the measured CPU time
+            of one forward (``prunekit.Budget``).
+        calibration: a text file, a folder of text files or JSON lines (``"text"``), or the
+            passages themselves; None: Python's help topics (``pydoc_data.topics``).
+        evaluation: text for the perplexity, as `calibration`; None: the held-out end of the
+            calibration text (never calibrated on).
+        formats: the formats to write (``prunekit.export.FORMATS``), at least one. With one
+            folder format, `out` is the model folder; otherwise each folder format goes to
+            ``out/<format>`` and each file format to ``out/model.<format>``.
+        compensate: the least-squares update of the layers that read removed units.
+        round_to: channel widths kept a multiple of it (>= 1).
+        distill: seconds of distillation from the dense model on the calibration text (0: none).
+        calibration_tokens, evaluation_tokens: tokens of each (>= `length`).
+        length: tokens per window (>= 2); also the latency's input length.
+        criterion: the group criterion that ranks units (``prunekit.structure.scoring``).
+        kinds: what the budget may remove ('channels', 'heads', 'hidden').
+        seed: seeds torch for the run.
+        latency_runs: alternated pairs timed for the latency before and after (>= 1).
+        lr: the distillation's learning rate.
+    """
+
+    source: Path
+    out: Path
+    params: float | None = None
+    macs: float | None = None
+    latency: float | None = None
+    calibration: Path | tuple[str, ...] | None = None
+    evaluation: Path | tuple[str, ...] | None = None
+    formats: tuple[str, ...] = ("hf",)
+    compensate: bool = True
+    round_to: int = 1
+    distill: float = 0.0
+    calibration_tokens: int = 4096
+    evaluation_tokens: int = 2048
+    length: int = 256
+    criterion: str = "activation"
+    kinds: tuple[str, ...] = ("channels", "heads")
+    seed: int = 0
+    latency_runs: int = 5
+    lr: float = 5e-5
+
+    def __post_init__(self) -> None:
+        for name in ("source", "out"):
+            value = getattr(self, name)
+            if not isinstance(value, str | os.PathLike):
+                raise type_error(f"ShrinkConfig: invalid {name}={value!r}; expected a path")
+            object.__setattr__(self, name, Path(value))
+        for name in ("calibration", "evaluation"):
+            object.__setattr__(self, name, _text_source(name, getattr(self, name)))
+        _ = self.budget  # one target, checked by Budget
+        formats = self.formats
+        listed = isinstance(formats, tuple | list) and bool(formats)
+        if not listed or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
+            raise value_error(
+                f"ShrinkConfig: invalid formats={formats!r}; expected distinct formats among "
+                f"{', '.join(FORMATS)}, at least one"
+            )
+        object.__setattr__(self, "formats", tuple(formats))
+        if not isinstance(self.compensate, bool):
+            raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
+        if self.criterion not in CRITERIA:
+            raise value_error(
+                f"ShrinkConfig: invalid criterion={self.criterion!r}; expected one of "
+                f"{', '.join(CRITERIA)}"
+            )
+        self._check_numbers()
+
+    def _check_numbers(self) -> None:
+        check_number(self.length, "length", "ShrinkConfig", "an int >= 2: tokens per window",
+                     lambda v: v >= 2, integral=True)  # fmt: skip
+        least = {"round_to": 1, "latency_runs": 1, "seed": 0,
+                 "calibration_tokens": self.length, "evaluation_tokens": self.length}  # fmt: skip
+        for name, low in least.items():
+            check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
+                         _at_least(low), integral=True)  # fmt: skip
+        check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
+                     lambda v: 0 <= v < math.inf)  # fmt: skip
+        check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
+                     lambda v: 0 < v < math.inf)  # fmt: skip
+
+    @property
+    def budget(self) -> Budget:
+        """The budget the config asks for."""
+        given = {name: getattr(self, name) for name in _TARGETS if getattr(self, name) is not None}
+        if len(given) != 1:
+            raise value_error(
+                f"ShrinkConfig: params={self.params!r}, macs={self.macs!r}, "
+                f"latency={self.latency!r}; expected exactly one of them, such as params=0.25"
+            )
+        try:
+            return Budget(**given, kinds=self.kinds, runs=self.latency_runs)
+        except (ValueError, TypeError) as error:
+            raise type(error)(f"ShrinkConfig: {error}") from None
+
+
+def _at_least(low: int) -> Callable[[float], bool]:
+    return lambda value: value >= low
+
+
+def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str | os.PathLike):
+        return Path(value)
+    if isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value):
+        return tuple(value)
+    raise type_error(
+        f"ShrinkConfig: invalid {name}={value!r}; expected a path (a text file, a folder of "
+        "them or JSON lines) or a non-empty sequence of passages"
+    )
+
+
+def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkReport:
+    """Prune, compact, (distil), export and measure the model of `config.source`.
+
+    Args:
+        config: what to do (``ShrinkConfig``).
+        progress: called as ``progress(stage, done, total)`` as stages advance.
+
+    Returns:
+        What was done and measured; also written to ``out/report.json`` and ``report.md``.
+
+    Raises:
+        CheckpointError: a bad source (missing, unreadable, another architecture, no
+            tokenizer), output (a file, the source or inside it, no parent) or text.
+        ValueError: a target the budget's constraints cannot meet, too little text, a model
+            a format cannot express; in every case no output is left behind (an existing
+            one stays as it was).
+    """
+    tick = progress or (lambda label, done, total: None)
+    source, out = _checked_paths(config)
+    missing = [f for f in config.formats if f not in WRITERS]
+    if missing:
+        raise value_error(
+            f"shrink: format {missing[0]!r} has no writer in this installation; expected one "
+            f"of {', '.join(sorted(WRITERS)) or '(none)'}"
+        )
+    passages = read_passages(config)
+    clock = _Clock(tick)
+    with clock("load model", 1):
+        model, tokenizer = load_source(source)
+    with clock("tokenize", 1):
+        texts = text_windows(config, tokenizer, model, passages)
+    torch.manual_seed(config.seed)
+    dense = copy.deepcopy(model)
+    measured = _Measured()
+    with clock("perplexity before", 1):
+        measured.ppl_before = perplexity(model, texts.evaluation)
+    example = {"input_ids": texts.calibration[0][None]}
+    with clock("prune (budget)", 1):
+        found = _prune(model, config, texts.calibration, example)
+    with clock("compact", 1):
+        compacted = _compact(model, example)
+    measured.ppl_pruned = perplexity(model, texts.evaluation)
+    steps, seconds = 0, 0.0
+    if config.distill:
+        steps, seconds = distill(model, dense, texts.calibration, config, tick)
+    with clock("perplexity after", 1):
+        measured.ppl_after = perplexity(model, texts.evaluation)
+    with clock("latency", 1):
+        timed = _latency(dense, model, example, config.latency_runs)
+    del dense
+    tokens = example["input_ids"].numel()
+    with clock("export", 1), atomic_folder(out) as stage:
+        _empty(stage)
+        records, size = export_all(model, tokenizer, stage, config, example)
+        report = ShrinkReport(
+            source=str(config.source),
+            out=str(out),
+            target=(found.budget.measure, found.budget.share),
+            achieved=found.achieved,
+            budget_table=str(found),
+            groups=tuple((r.name, r.kind, r.before, r.after) for r in found.rows),
+            params=Before(compacted[0], count_params(model)),
+            macs=Before(compacted[1] / tokens, compacted[2] / tokens),
+            bytes=Before(source.bytes, size),
+            perplexity=Before(measured.ppl_before, measured.ppl_after),
+            perplexity_pruned=measured.ppl_pruned,
+            latency_ms=Before(timed.before_ms, timed.after_ms),
+            latency_pairs=timed.pairs,
+            speedup=timed.ratio,
+            calibration=(len(texts.calibration), config.length),
+            evaluation=(len(texts.evaluation), config.length),
+            distill_steps=steps,
+            distill_seconds=seconds,
+            exports=records,
+            text=texts.names,
+            seconds=tuple(clock.seconds.items()),
+        )
+        (stage / "report.json").write_text(report.to_json(), encoding="utf-8")
+        (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
+    return report
+
+
+@dataclass
+class _Measured:
+    ppl_before: float = math.nan
+    ppl_pruned: float = math.nan
+    ppl_after: float = math.nan
+
+
+class _Clock:
+    """``with clock(label, 1):`` ticks the stage as started and done, and times it."""
+
+    def __init__(self, tick: Progress) -> None:
+        self.tick = tick
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, label: str, total: int) -> Iterator[None]:
+        self.tick(label, 0, total)
+        started = time.perf_counter()
+        yield
+        self.seconds[label] = round(time.perf_counter() - started, 3)
+        self.tick(label, total, total)
+
+
+def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
+    """The source, checked, and the output folder, checked apart from it."""
+    source = check_source(config.source)
+    out = config.out
+    if overlaps(source.path, out) or (overlaps(source.folder, out) and source.gguf_file is None):
+        raise CheckpointError(
+            f"{out}: is, holds or lies inside the source {source.path} (links resolved); "
+            "expected an output folder apart from it (the source is never changed)"
+        )
+    return source, writable_folder(out, "the shrunk model and its report")
+
+
+def _prune(
+    model: nn.Module, config: ShrinkConfig, windows: list[Tensor], example: dict[str, Tensor]
+) -> BudgetReport:
+    """Meet the budget: the units of least score for their cost, masked (and compensated)."""
+    labels = config.criterion == "taylor"  # the one criterion that needs the model's loss
+    batches = [{"input_ids": w[None], **({"labels": w[None]} if labels else {})} for w in windows]
+    found = prune_channels(
+        model,
+        example,
+        budget=config.budget,
+        criterion=config.criterion,
+        calibration=batches,
+        compensate=config.compensate,
+        round_to=config.round_to,
+    )
+    assert isinstance(found, BudgetReport)
+    return found
+
+
+def _compact(model: nn.Module, example: dict[str, Tensor]) -> tuple[int, int, int]:
+    """Compact in place; (parameters before, MACs before, MACs after) on `example`."""
+    with warnings.catch_warnings():  # widths that differ per layer: the exporters write them
+        warnings.simplefilter("ignore", UserWarning)
+        done = compact(model, example, latency_runs=0)
+    return done.params_before, done.macs_before, done.macs_after
+
+
+def _latency(dense: nn.Module, small: nn.Module, example: dict[str, Tensor], runs: int) -> Any:
+    current = [dense]
+
+    def forward() -> None:
+        with torch.inference_mode():
+            current[0](**example)
+
+    return paired_latency(
+        lambda: current.__setitem__(0, dense), lambda: current.__setitem__(0, small), forward, runs
+    )
+
+
+def _empty(stage: Path) -> None:
+    """Remove what the stage took over from an existing output (links to its files): the
+    output is replaced whole."""
+    for path in stage.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()

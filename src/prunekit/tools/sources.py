@@ -1,0 +1,220 @@
+"""The model a ``prunekit shrink`` starts from: a Hugging Face folder (one weights file or
+shards) or a GGUF file, checked before anything heavy is read, then loaded with its tokenizer.
+
+The checks read only small files (config.json, a GGUF file's metadata), so a bad source is
+refused in a moment: no such path, no weights, an architecture outside the Llama family, no
+tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunekit._extras import require
+from prunekit.export.layers import LLAMA_FAMILY
+from prunekit.io.files import CheckpointError, open_regular
+from prunekit.io.folders import WEIGHTS
+from prunekit.io.sharded import index_of
+
+__all__ = ["Source", "check_source", "load_source"]
+
+# the files one of which a Hugging Face folder's tokenizer is saved in
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+_GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checked source.
+
+    Attributes:
+        path: as given.
+        folder: the Hugging Face folder, or the folder holding the GGUF file.
+        gguf_file: the GGUF file's name in `folder` (None for a Hugging Face folder).
+        model_type: the architecture (``config.model_type``; for GGUF ``general.architecture``).
+        weights: the files holding the weights.
+    """
+
+    path: Path
+    folder: Path
+    gguf_file: str | None
+    model_type: str
+    weights: tuple[Path, ...]
+
+    @property
+    def bytes(self) -> int:
+        """The size on disk of the weights."""
+        return sum(path.stat().st_size for path in self.weights)
+
+
+def check_source(path: str | os.PathLike[str]) -> Source:
+    """Check that `path` is a model ``shrink`` can start from, reading only small files.
+
+    Args:
+        path: a Hugging Face folder (config.json, a tokenizer, model.safetensors or shards
+            with model.safetensors.index.json) or a GGUF file with a tokenizer.
+
+    Returns:
+        What was found.
+
+    Raises:
+        CheckpointError: no such file or folder, no weights or config, an architecture
+            outside the Llama family, no tokenizer, a file that is not GGUF.
+    """
+    where = Path(path)
+    if where.is_dir():
+        return _check_folder(where)
+    if not where.exists():
+        raise CheckpointError(
+            f"{where}: no such file or folder; expected a Hugging Face model folder or a GGUF file"
+        )
+    return _check_gguf(where)
+
+
+def _check_folder(folder: Path) -> Source:
+    config = folder / "config.json"
+    if not config.is_file():
+        raise CheckpointError(
+            f"{folder}: a folder without config.json; expected a Hugging Face model folder "
+            "as save_pretrained writes it, or a GGUF file"
+        )
+    index = index_of(folder)
+    if index is not None:
+        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        weights = tuple(folder / name for name in names)
+    else:
+        weights = (folder / WEIGHTS,)
+    missing = [str(p.name) for p in weights if not p.is_file()]
+    if missing or not weights:
+        raise CheckpointError(
+            f"{folder}: its weights are missing ({', '.join(missing) or 'an empty index'}); "
+            f"expected {WEIGHTS}, or the shards that model.safetensors.index.json names"
+        )
+    kind = _read_json(config).get("model_type")
+    _check_family(folder, kind)
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise CheckpointError(
+            f"{folder}: has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); expected "
+            "the tokenizer saved beside the model (tokenizer.save_pretrained(folder))"
+        )
+    return Source(folder, folder, None, str(kind), weights)
+
+
+def _check_gguf(path: Path) -> Source:
+    fd, _ = open_regular(path)
+    with os.fdopen(fd, "rb") as stream:
+        magic = stream.read(4)
+    if magic != _GGUF_MAGIC:
+        raise CheckpointError(
+            f"{path}: is not a GGUF file (it starts with {magic!r}); expected a Hugging Face "
+            "model folder or a GGUF file"
+        )
+    gguf = require("gguf", "llm", "reading a GGUF file")
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError, IndexError, KeyError) as error:
+        raise CheckpointError(f"{path}: not a readable GGUF file ({error})") from None
+    kind = _field(reader, "general.architecture")
+    _check_family(path, kind)
+    if _field(reader, "tokenizer.ggml.model") is None:
+        raise CheckpointError(
+            f"{path}: has no tokenizer (no tokenizer.ggml.model in its metadata); expected a "
+            "GGUF file that carries its tokenizer, as llama.cpp's converter writes it"
+        )
+    return Source(path, path.parent, path.name, str(kind), (path,))
+
+
+def _field(reader: Any, key: str) -> str | None:
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    return str(bytes(field.parts[field.data[0]]), "utf-8")
+
+
+def _check_family(where: Path, kind: Any) -> None:
+    if kind not in LLAMA_FAMILY:
+        raise CheckpointError(
+            f"{where}: architecture {kind!r} is not one prunekit shrink knows; expected a "
+            f"causal LM of the Llama family ({', '.join(LLAMA_FAMILY)})"
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    fd, _ = open_regular(path)
+    with os.fdopen(fd, "rb") as stream:
+        data = stream.read()
+    try:
+        found = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: is not valid JSON ({error})") from None
+    if not isinstance(found, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(found).__name__}; expected an object")
+    return found
+
+
+def load_source(source: Source) -> tuple[nn.Module, Any]:
+    """The model (float32, eval mode) and its tokenizer.
+
+    Args:
+        source: from ``check_source``.
+
+    Returns:
+        (model, tokenizer).
+
+    Raises:
+        CheckpointError: transformers cannot build the tokenizer from the source.
+    """
+    transformers = require("transformers", "hf", "prunekit shrink")
+    options: dict[str, Any] = {}
+    if source.gguf_file is not None:  # absolute: transformers tries a relative name in the
+        options["gguf_file"] = str((source.folder / source.gguf_file).resolve())  # cwd first
+    with _quiet(transformers):
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(source.folder.resolve()), **options
+            )
+        except (OSError, ValueError, KeyError) as error:
+            raise CheckpointError(
+                f"{source.path}: its tokenizer cannot be loaded ({' '.join(str(error).split())})"
+                "; expected a tokenizer transformers' AutoTokenizer reads"
+            ) from None
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(source.folder.resolve()), dtype=torch.float32, **options
+        )
+    if source.gguf_file is not None:
+        _plain(model)
+    return model.eval(), tokenizer
+
+
+def _plain(model: nn.Module) -> None:
+    """Forget that a model read from GGUF was quantized: transformers dequantized its
+    tensors to float32 on loading but keeps the GGUF marks, with which it refuses to save it."""
+    for name, value in (("hf_quantizer", None), ("is_quantized", False),
+                        ("quantization_method", None)):  # fmt: skip
+        if hasattr(model, name):
+            setattr(model, name, value)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "quantization_config"):
+        del config.quantization_config
+
+
+@contextmanager
+def _quiet(transformers: Any) -> Iterator[None]:
+    """transformers' own progress bars off while it loads (the caller shows its own)."""
+    logging = transformers.utils.logging
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
