@@ -1,10 +1,10 @@
-"""prunekit.export.api: the report's text."""
+"""prunekit.export.request: the report's text."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prunekit.export.api import ExportReport
+from prunekit.export.request import ExportReport
 
 
 def test_a_report_reads_with_and_without_a_difference() -> None:
