@@ -56,6 +56,33 @@ def tiny_tokenizer(folder: Path, vocab: int = 300) -> Any:
     return tokenizer
 
 
+def tiny_sentencepiece_tokenizer(folder: Path, vocab: int = 300) -> Any:
+    """Train a SentencePiece-style BPE (Llama 2's: "▁" for spaces, byte fallback to 256 byte
+    tokens, <unk> <s> </s>) of `vocab` tokens and save it into `folder`.
+
+    Returns:
+        The transformers tokenizer (PreTrainedTokenizerFast).
+    """
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    core = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    core.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+         decoders.Strip(" ", 1, 0)]
+    )  # fmt: skip
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, show_progress=False)
+    core.train_from_iterator(TEXT, trainer=trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
 def tiny_llama(vocab: int, seed: int = 0, **config: Any) -> torch.nn.Module:
     """A random LlamaForCausalLM: hidden 64, 2 layers, 4 query and 2 key/value heads of 16,
     MLP 96, tied embeddings; `config` overrides any LlamaConfig field."""
@@ -95,3 +122,63 @@ def tiny_llama_gguf(
     model = tiny_llama(vocab)
     export(model, path, "gguf", source=folder, dtype=dtype)
     return path, model
+
+
+def gguf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a ``llama`` or ``deci`` GGUF file on one sequence of `ids` (shape (1, T)),
+    computed in torch the way llama.cpp's graph for those architectures does: RMS norms,
+    rotary embedding of consecutive pairs (llama.cpp's "normal" rope, with ``rope_freqs``
+    factors where present), grouped-query causal attention, SiLU-gated MLP, each layer at the
+    widths of its entry in the per-layer arrays. A test reference, not a runtime."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.get_field("general.architecture").contents()
+
+    def key(name: str, layer: int | None = None) -> Any:
+        found = reader.get_field(f"{arch}.{name}").contents()
+        return found[layer] if isinstance(found, list) and layer is not None else found
+
+    weights = {}
+    for tensor in reader.tensors:
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        weights[tensor.name] = torch.from_numpy(data.copy()).float().reshape(shape)
+    eps, dim = key("attention.layer_norm_rms_epsilon"), key("attention.key_length")
+    steps = ids.shape[1]
+    freqs = key("rope.freq_base") ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if "rope_freqs.weight" in weights:
+        freqs = freqs / weights["rope_freqs.weight"].double()
+    angles = torch.arange(steps, dtype=torch.float64)[:, None] * freqs[None]
+    cos, sin = angles.cos().float()[:, None], angles.sin().float()[:, None]
+
+    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weights[name]
+
+    def linear(x: torch.Tensor, name: str) -> torch.Tensor:
+        out = x @ weights[f"{name}.weight"].T
+        return out + weights[f"{name}.bias"] if f"{name}.bias" in weights else out
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # (T, heads, dim), pairs (2i, 2i + 1)
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+
+    x = weights["token_embd.weight"][ids[0]]
+    causal = torch.full((steps, steps), float("-inf")).triu(1)
+    for i in range(key("block_count")):
+        heads, groups = key("attention.head_count", i), key("attention.head_count_kv", i)
+        h = norm(x, f"blk.{i}.attn_norm.weight")
+        q = rotate(linear(h, f"blk.{i}.attn_q").view(steps, heads, dim))
+        k = rotate(linear(h, f"blk.{i}.attn_k").view(steps, groups, dim))
+        v = linear(h, f"blk.{i}.attn_v").view(steps, groups, dim)
+        k, v = (t.repeat_interleave(heads // groups, dim=1) for t in (k, v))
+        scores = torch.einsum("qhd,khd->hqk", q, k) / dim**0.5 + causal
+        mixed = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(steps, -1)
+        x = x + linear(mixed, f"blk.{i}.attn_output")
+        h = norm(x, f"blk.{i}.ffn_norm.weight")
+        gated = torch.nn.functional.silu(linear(h, f"blk.{i}.ffn_gate")) * linear(
+            h, f"blk.{i}.ffn_up"
+        )
+        x = x + linear(gated, f"blk.{i}.ffn_down")
+    out = weights.get("output.weight", weights["token_embd.weight"])
+    return (norm(x, "output_norm.weight") @ out.T)[None]

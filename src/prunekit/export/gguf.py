@@ -36,7 +36,7 @@ from torch import nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import ExportReport, Request
-from prunekit.export.gguf_check import check_file
+from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
 from prunekit.functional import is_pruned
@@ -88,6 +88,7 @@ class Plan:
         tensors: GGUF name -> (the tensor to write, its type), in writing order.
         config: the scalar metadata: hidden, context, eps, rope_theta, vocab, name.
         vocab: the tokenizer fields.
+        ids: the token ids the written file's logits are compared on.
         notes: what the report should say.
     """
 
@@ -97,6 +98,7 @@ class Plan:
     tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]]
     config: dict[str, Any]
     vocab: Vocab
+    ids: torch.Tensor
     notes: tuple[str, ...]
 
 
@@ -183,7 +185,8 @@ def plan(model: nn.Module, request: Request) -> Plan:
             f"window of {config.sliding_window} tokens applies beyond that length only in "
             f"transformers"
         )
-    return Plan(arch, dtype, layers, tensors, settings, vocab, tuple(notes))
+    ids = example_ids(request.example_inputs, vocab_rows)
+    return Plan(arch, dtype, layers, tensors, settings, vocab, ids, tuple(notes))
 
 
 def _dtype(model: nn.Module, dtype: object) -> str:
