@@ -136,6 +136,8 @@ def export(
 
 # The writers, one line each. Imported here at the end, once Request and ExportReport exist:
 # each writer module imports them from this one.
-from prunekit.export import gguf  # noqa: E402
+from prunekit.export import deci, gguf, hf  # noqa: E402
 
+WRITERS["hf"] = hf.write
+WRITERS["deci"] = deci.write
 WRITERS["gguf"] = gguf.write

@@ -1,0 +1,151 @@
+"""Reading a written Hugging Face folder back the way a user without prunekit will.
+
+The folder is loaded by stock transformers in a fresh Python process in which importing
+prunekit fails, the example inputs are run through it, and its output is compared with the
+in-memory model's: the largest absolute difference over the largest absolute value of the
+model's output (NaN, or outputs of different shapes, count as an infinite difference).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error
+
+__all__ = ["check_inputs", "loaded_output", "model_output", "relative_difference", "rounded_copy"]
+
+# Run in the fresh process: argv is folder, inputs file, output file, class name, trust flag.
+_LOADER = """
+import sys
+sys.modules["prunekit"] = None  # the folder must load without it
+try:
+    import prunekit  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("prunekit is importable in the checking process")
+import torch, transformers
+folder, inputs, out, name, trust = sys.argv[1:6]
+loader = getattr(transformers, name)
+model = loader.from_pretrained(folder, trust_remote_code=trust == "1", dtype=torch.float32)
+model.eval()
+batch = torch.load(inputs)
+with torch.no_grad():
+    found = model(**batch) if isinstance(batch, dict) else model(batch)
+logits = getattr(found, "logits", None)
+if logits is None:
+    logits = getattr(found, "last_hidden_state", None)
+if logits is None:
+    logits = found if isinstance(found, torch.Tensor) else found[0]
+torch.save(logits, out)
+"""
+
+
+def check_inputs(model: nn.Module, inputs: Any) -> Tensor | dict[str, Tensor]:
+    """The inputs to compare outputs on: `inputs` checked, or a few token ids by default.
+
+    Raises:
+        TypeError: `inputs` is neither None, a tensor nor a dict of tensors.
+    """
+    if inputs is None:
+        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+        return (torch.arange(1, 9).reshape(1, 8) * 7919 % max(vocab - 1, 1) + 1) % vocab
+    if isinstance(inputs, Tensor):
+        return inputs
+    if isinstance(inputs, dict) and all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in inputs.items()
+    ):
+        return dict(inputs)
+    raise type_error(
+        f"export: example_inputs is a {type(inputs).__name__}; expected a tensor of token ids, "
+        "a dict of tensors (keyword arguments of the model) or None"
+    )
+
+
+def model_output(model: nn.Module, inputs: Tensor | dict[str, Tensor]) -> Tensor:
+    """The model's main output on `inputs` (logits, else the last hidden state), in eval
+    mode and without gradients; the model's training flag is restored."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            found = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    finally:
+        model.train(training)
+    return _main_tensor(found).detach().float()
+
+
+def rounded_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of `model` whose floating parameters are rounded to `dtype` and back: what a
+    folder written in `dtype` computes once loaded in float32."""
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in twin.parameters():
+            if param.is_floating_point():
+                param.copy_(param.to(dtype).to(param.dtype))
+    return twin
+
+
+def _main_tensor(found: Any) -> Tensor:
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(found, name, None)
+        if isinstance(value, Tensor):
+            return value
+    if isinstance(found, Tensor):
+        return found
+    if isinstance(found, (tuple, list)) and found and isinstance(found[0], Tensor):
+        return found[0]
+    raise TypeError(f"the model's output is a {type(found).__name__}; expected tensors")
+
+
+def loaded_output(
+    folder: Path, loader: str, trust: bool, inputs: Tensor | dict[str, Tensor]
+) -> Tensor:
+    """The output of the folder loaded by `transformers.<loader>.from_pretrained` in a
+    process without prunekit.
+
+    Raises:
+        RuntimeError: the folder does not load or run there (the message holds its error).
+    """
+    with tempfile.TemporaryDirectory(prefix="prunekit-check-") as scratch:
+        batch, out = Path(scratch) / "inputs.pt", Path(scratch) / "out.pt"
+        torch.save(inputs, batch)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(HF_MODULES_CACHE=str(Path(scratch) / "modules"), HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _LOADER, str(folder), str(batch), str(out), loader,
+             "1" if trust else "0"],
+            env=env, capture_output=True, text=True, cwd=scratch, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-12:])
+            raise RuntimeError(
+                f"export: the written folder did not load with transformers.{loader} in a "
+                f"process without prunekit; nothing was written. Its error:\n{tail}"
+            )
+        found: Tensor = torch.load(out)
+        return found.float()
+
+
+def relative_difference(found: Tensor, expected: Tensor) -> float:
+    """max |found - expected| / max |expected|; infinite for other shapes or any NaN."""
+    if found.shape != expected.shape:
+        return math.inf
+    if bool(torch.isnan(found).any()) or bool(torch.isnan(expected).any()):
+        return math.inf
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    gap = float((found - expected).abs().max()) if expected.numel() else 0.0
+    if gap == 0.0:
+        return 0.0
+    return gap / scale if scale > 0 else math.inf
