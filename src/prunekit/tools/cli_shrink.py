@@ -151,12 +151,14 @@ def _run_shrink(args: argparse.Namespace) -> int:
 def print_shrink(report: ShrinkReport, console: Any) -> None:
     """Print the budget table, the before-and-after lines and the files written."""
     for line in [*report.budget_table.splitlines(), "", *report.summary()]:
-        console.print(printable(line), markup=False, highlight=False)
-    console.print(f"Wrote to {printable(report.out)}:", markup=False, highlight=False)
+        console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"Wrote to {printable(report.out)}:", markup=False, highlight=False, soft_wrap=True
+    )
     for record in report.exports:
         line = f"  {record.format}: {printable(record.path)} ({record.checked})"
-        console.print(line, markup=False, highlight=False)
-    console.print("  report.json, report.md", markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    console.print("  report.json, report.md", markup=False, highlight=False, soft_wrap=True)
 
 
 def run_llm_demo_command(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
 Progress = Callable[[str, int, int], None]
 _TARGETS = ("params", "macs", "latency")
 # the group criteria that rank a causal LM's units
+_TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
 
 
@@ -205,19 +206,24 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     measured = _Measured()
     with clock("perplexity before", 1):
         measured.ppl_before = perplexity(model, texts.evaluation)
-    example = {"input_ids": texts.calibration[0][None]}
+    # traced, compacted and checked on a few tokens; timed (and a latency budget probed) on
+    # a whole window
+    window = {"input_ids": texts.calibration[0][None]}
+    example = window if config.latency else {"input_ids": window["input_ids"][:, :_TRACED]}
     with clock("prune (budget)", 1):
         found = _prune(model, config, texts.calibration, example)
     with clock("compact", 1):
         compacted = _compact(model, example)
-    measured.ppl_pruned = perplexity(model, texts.evaluation)
     steps, seconds = 0, 0.0
     if config.distill:
+        measured.ppl_pruned = perplexity(model, texts.evaluation)
         steps, seconds = distill(model, dense, texts.calibration, config, tick)
     with clock("perplexity after", 1):
         measured.ppl_after = perplexity(model, texts.evaluation)
+    if not config.distill:
+        measured.ppl_pruned = measured.ppl_after
     with clock("latency", 1):
-        timed = _latency(dense, model, example, config.latency_runs)
+        timed = _latency(dense, model, window, config.latency_runs)
     del dense
     tokens = example["input_ids"].numel()
     with clock("export", 1), atomic_folder(out) as stage:
