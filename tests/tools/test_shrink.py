@@ -356,6 +356,8 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
         ({"criterion": "magic"}, r"invalid criterion='magic'"),
         ({"calibration_tokens": 8}, r"calibration_tokens"),
         ({"calibration": 3}, r"invalid calibration=3"),
+        ({"formats": ("deci",), "round_to": 8}, r"round_to=8 with format 'deci'; expected"),
+        ({"formats": ("deci",), "kinds": ("channels", "heads")}, r"with format 'deci'"),
     ],
 )
 def test_config_is_checked_on_creation(
@@ -363,3 +365,10 @@ def test_config_is_checked_on_creation(
 ) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         config(folder, folder.parent / "out", text, **options)
+
+
+def test_deci_defaults_to_channels_in_steps_of_256(folder: Path, text: Path) -> None:
+    deci = config(folder, folder.parent / "out", text, formats=("deci",))
+    assert (deci.kinds, deci.round_to) == (("channels",), 256)
+    hf = config(folder, folder.parent / "out", text)
+    assert (hf.kinds, hf.round_to) == (("channels", "heads"), 1)

@@ -72,9 +72,9 @@ def add_shrink_parser(commands: Any) -> None:
     parser.add_argument(
         "--round-to",
         type=int,
-        default=1,
         metavar="N",
-        help="keep MLP widths a multiple of N (default 1)",
+        help="keep MLP widths a multiple of N (default 1; 256 for deci, whose MLP widths "
+        "are multiples of 256, and which prunes no heads)",
     )
     parser.add_argument(
         "--distill",

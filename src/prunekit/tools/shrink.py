@@ -45,6 +45,7 @@ __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
 Progress = Callable[[str, int, int], None]
 _TARGETS = ("params", "macs", "latency")
 # the group criteria that rank a causal LM's units
+DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
 _TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
 
@@ -68,12 +69,15 @@ class ShrinkConfig:
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
         compensate: the least-squares update of the layers that read removed units.
-        round_to: channel widths kept a multiple of it (>= 1).
+        round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
+            ``deci`` format (whose readers derive MLP widths rounded to 256).
         distill: seconds of distillation from the dense model on the calibration text (0: none).
         calibration_tokens, evaluation_tokens: tokens of each (>= `length`).
         length: tokens per window (>= 2); also the latency's input length.
         criterion: the group criterion that ranks units (``prunekit.structure.scoring``).
-        kinds: what the budget may remove ('channels', 'heads', 'hidden').
+        kinds: what the budget may remove ('channels', 'heads', 'hidden'); None: channels
+            and heads, or channels alone with the ``deci`` format (whose query heads are
+            the same in every layer).
         seed: seeds torch for the run.
         latency_runs: alternated pairs timed for the latency before and after (>= 1).
         lr: the distillation's learning rate.
@@ -88,13 +92,13 @@ class ShrinkConfig:
     evaluation: Path | tuple[str, ...] | None = None
     formats: tuple[str, ...] = ("hf",)
     compensate: bool = True
-    round_to: int = 1
+    round_to: int | None = None
     distill: float = 0.0
     calibration_tokens: int = 4096
     evaluation_tokens: int = 2048
     length: int = 256
     criterion: str = "activation"
-    kinds: tuple[str, ...] = ("channels", "heads")
+    kinds: tuple[str, ...] | None = None
     seed: int = 0
     latency_runs: int = 5
     lr: float = 5e-5
@@ -107,7 +111,6 @@ class ShrinkConfig:
             object.__setattr__(self, name, Path(value))
         for name in ("calibration", "evaluation"):
             object.__setattr__(self, name, _text_source(name, getattr(self, name)))
-        _ = self.budget  # one target, checked by Budget
         formats = self.formats
         listed = isinstance(formats, tuple | list) and bool(formats)
         if not listed or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
@@ -116,6 +119,7 @@ class ShrinkConfig:
                 f"{', '.join(FORMATS)}, at least one"
             )
         object.__setattr__(self, "formats", tuple(formats))
+        self._defaults()
         if not isinstance(self.compensate, bool):
             raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
         if self.criterion not in CRITERIA:
@@ -124,6 +128,26 @@ class ShrinkConfig:
                 f"{', '.join(CRITERIA)}"
             )
         self._check_numbers()
+        _ = self.budget  # one target, checked by Budget
+        self._check_deci()
+
+    def _defaults(self) -> None:
+        """Defaults that fit every format asked for (``deci``: channels in steps of 256)."""
+        deci = "deci" in self.formats
+        if self.kinds is None:
+            object.__setattr__(self, "kinds", ("channels",) if deci else ("channels", "heads"))
+        if self.round_to is None:
+            object.__setattr__(self, "round_to", DECI_ROUND if deci else 1)
+
+    def _check_deci(self) -> None:
+        rounded = (self.round_to or 1) % DECI_ROUND == 0
+        if "deci" in self.formats and (self.kinds != ("channels",) or not rounded):
+            raise value_error(
+                f"ShrinkConfig: kinds={self.kinds!r} and round_to={self.round_to!r} with format "
+                "'deci'; expected kinds=('channels',) and round_to a multiple of "
+                f"{DECI_ROUND} (DeciLM's query heads are the same in every layer and its MLP "
+                f"widths multiples of {DECI_ROUND}), or format 'hf'"
+            )
 
     def _check_numbers(self) -> None:
         check_number(self.length, "length", "ShrinkConfig", "an int >= 2: tokens per window",
@@ -148,7 +172,7 @@ class ShrinkConfig:
                 f"latency={self.latency!r}; expected exactly one of them, such as params=0.25"
             )
         try:
-            return Budget(**given, kinds=self.kinds, runs=self.latency_runs)
+            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs)
         except (ValueError, TypeError) as error:
             raise type(error)(f"ShrinkConfig: {error}") from None
 
@@ -305,7 +329,7 @@ def _prune(
         criterion=config.criterion,
         calibration=batches,
         compensate=config.compensate,
-        round_to=config.round_to,
+        round_to=config.round_to or 1,
     )
     assert isinstance(found, BudgetReport)
     return found
