@@ -142,6 +142,7 @@ def to_gguf(folder: Path, text: Path, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("to_gguf") / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
+    (out / "report.json").write_text("{}")  # an earlier output of shrink
     cfg = config(folder, out, text, formats=("gguf",))
     return Run(cfg, shrink(cfg), out)
 
@@ -237,7 +238,7 @@ def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> 
     status = main(["shrink", *args, "-o", str(out), *FAST])
     error = capsys.readouterr().err
     assert status == 1, error
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists() or [p.name for p in out.iterdir()] in ([], ["notes.txt"])
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
     return error
 
@@ -255,6 +256,7 @@ def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> 
         ("out inside source", r"lies inside the source"),
         ("out is a file", r"is a file; expected a folder"),
         ("out has no parent", r"does not exist"),
+        ("out holds other files", r"holds files but no report\.json, so it is no output of shrink"),
         ("unmeetable", r"cannot be met: the groups of kinds \['channels', 'heads'\] can remove "
                        r"at most"),
         ("no calibration", r"cal\.txt: no such file"),
@@ -290,6 +292,9 @@ def test_bad_input_is_refused_and_leaves_no_output(
         args[0], out = str(source), source / "out"
     elif case == "out is a file":
         out.write_text("a file")
+    elif case == "out holds other files":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
     elif case == "out has no parent":
         out = tmp_path / "missing" / "out"
     elif case == "unmeetable":
@@ -338,9 +343,11 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
     assert not out.exists()
     out.mkdir()
     (out / "kept.txt").write_text("before")
+    (out / "report.json").write_text("{}")  # an earlier output, which a success replaces
     with pytest.raises(OSError, match="No space left"):
         shrink(config(folder, out, text))
-    assert [p.name for p in out.iterdir()] == ["kept.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["kept.txt", "report.json"]
+    assert (out / "kept.txt").read_text() == "before"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

@@ -45,6 +45,7 @@ __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
 Progress = Callable[[str, int, int], None]
 _TARGETS = ("params", "macs", "latency")
 # the group criteria that rank a causal LM's units
+REPORT_JSON = "report.json"  # what marks a folder as an output of shrink (replaced whole)
 DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
 _TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
@@ -57,7 +58,8 @@ class ShrinkConfig:
     Args:
         source: a Hugging Face folder (one weights file or shards) or a GGUF file, of the
             Llama family, with its tokenizer.
-        out: the output folder (its parent must exist; an existing one is replaced whole).
+        out: the output folder: its parent must exist; an existing one must be empty or an
+            earlier output of ``shrink`` (with its report.json), and is replaced whole.
         params, macs, latency: the share to remove, exactly one of them, in (0, 1): of the
             non-embedding parameters, of the multiply-accumulates, or of the measured CPU time
             of one forward (``prunekit.Budget``).
@@ -276,7 +278,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
             text=texts.names,
             seconds=tuple(clock.seconds.items()),
         )
-        (stage / "report.json").write_text(report.to_json(), encoding="utf-8")
+        (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
 
@@ -313,7 +315,13 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
             f"{out}: is, holds or lies inside the source {source.path} (links resolved); "
             "expected an output folder apart from it (the source is never changed)"
         )
-    return source, writable_folder(out, "the shrunk model and its report")
+    out = writable_folder(out, "the shrunk model and its report")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_JSON).is_file():
+        raise CheckpointError(
+            f"{out}: holds files but no {REPORT_JSON}, so it is no output of shrink; expected "
+            "a new or empty folder, or one an earlier shrink wrote (which is replaced whole)"
+        )
+    return source, out
 
 
 def _prune(
