@@ -299,3 +299,9 @@ def test_what_llama_cpp_would_misread_is_refused(tmp_path: Path, tokenizer: Path
 def test_bad_example_inputs_are_refused(tmp_path: Path, tokenizer: Path) -> None:
     refused(tmp_path, tiny_llama(320), r"example_inputs.*token ids", source=tokenizer,
             example_inputs=torch.randn(2, 3))  # fmt: skip
+
+
+def test_verify_false_writes_without_reading_back(tmp_path: Path, tokenizer: Path) -> None:
+    report = export(tiny_llama(320), tmp_path / "m.gguf", "gguf", source=tokenizer, verify=False)
+    assert report.verified_by is None and report.difference is None
+    assert value(gg.GGUFReader(tmp_path / "m.gguf"), "general.architecture") == "llama"

@@ -25,7 +25,7 @@ from prunekit.core.errors import value_error
 from prunekit.export.api import Request
 
 if TYPE_CHECKING:
-    from prunekit.export.gguf import Plan
+    from prunekit.export.gguf_writer import Plan
 
 __all__ = ["BOUNDS", "check_file", "example_ids"]
 
