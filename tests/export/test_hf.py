@@ -303,3 +303,32 @@ def test_an_existing_folder_is_replaced_whole_and_the_model_left_as_it_was(tmp_p
         not (out / "keep.txt").exists() and not (out / "model-00001-of-00002.safetensors").exists()
     )
     assert model.config.to_dict() == config
+
+
+def test_a_class_transformers_does_not_have_is_refused(tmp_path: Path) -> None:
+    class Custom(transformers.LlamaForCausalLM):  # type: ignore[misc]
+        pass
+
+    torch.manual_seed(0)
+    model = Custom(transformers.LlamaConfig(**SMALL)).eval()
+    with pytest.raises(TypeError, match=r"Custom, which is not a class of transformers"):
+        export(model, tmp_path / "out", "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_loaded_from_gguf_is_written_as_the_float_model_it_is(tmp_path: Path) -> None:
+    """transformers unpacks a GGUF file's weights to floats but keeps the model marked
+    GGUF-quantized, which save_pretrained refuses; the folder is the float model's."""
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    model = uniform(causal_lm("llama"))
+    quantizer = GgufHfQuantizer(GgufConfig())
+    model.hf_quantizer = quantizer
+    model.config.quantization_config = quantizer.quantization_config
+    with pytest.raises(ValueError, match="not serializable"):
+        model.save_pretrained(tmp_path / "plain")
+    export(model, tmp_path / "out", "hf", verify=False)
+    assert "quantization_config" not in config_of(tmp_path / "out")
+    assert model.hf_quantizer is quantizer
+    assert model.config.quantization_config is quantizer.quantization_config

@@ -10,7 +10,9 @@ model's generation config is written (no tokenizer).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.functional import is_pruned
 from prunekit.io.folders import copy_companions
 
-__all__ = ["check_model", "check_source", "clear", "write_companions"]
+__all__ = ["check_model", "check_source", "clear", "dequantized", "write_companions"]
 
 CONFIG = "config.json"
 
@@ -106,3 +108,36 @@ def check_model(model: Any, where: str) -> None:
             "call prunekit.compact(model, example_inputs) first, which removes the masked "
             "units and leaves each layer at its own widths"
         )
+
+
+@contextlib.contextmanager
+def dequantized(model: Any) -> Iterator[None]:
+    """Within the block, a model loaded from a GGUF file is written as the float model it
+    is: transformers unpacks GGUF weights to floats on loading but keeps the model marked
+    GGUF-quantized (``hf_quantizer``, ``config.quantization_config``), and save_pretrained
+    refuses such a model; the mark is lifted in the block and put back after it.
+
+    Raises:
+        ValueError: the model still holds GGUF blocks (parameters that are not floats).
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is None or str(getattr(method, "value", method)) != "gguf":
+        yield
+        return
+    kept = [name for name, p in model.named_parameters() if not p.is_floating_point()]
+    if kept:
+        raise value_error(
+            f"export: {kept[0]} holds GGUF blocks, not floats; expected a model whose weights "
+            "transformers unpacked on loading (the pruned model is)"
+        )
+    config = model.config
+    before = dict(vars(config))
+    vars(config).pop("quantization_config", None)
+    model.hf_quantizer = None
+    try:
+        yield
+    finally:
+        model.hf_quantizer = quantizer
+        vars(config).clear()
+        vars(config).update(before)

@@ -38,7 +38,13 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import ExportReport, Request
-from prunekit.export.companions import check_model, check_source, clear, write_companions
+from prunekit.export.companions import (
+    check_model,
+    check_source,
+    clear,
+    dequantized,
+    write_companions,
+)
 from prunekit.export.hf import save_weights, tensor_type
 from prunekit.export.layers import LLAMA_FAMILY, DecoderLayer, decoder_layers
 
@@ -207,6 +213,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
         RuntimeError: the written folder does not derive the model's widths or shapes.
     """
     check_model(model, "export")
+    with dequantized(model):
+        return _write(model, target, request)
+
+
+def _write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     source = check_source(request.source)
     dtype = tensor_type(request.dtype)
     blocks = block_configs(model)

@@ -31,9 +31,15 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.core.errors import value_error
+from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import ExportReport, Request
-from prunekit.export.companions import check_model, check_source, clear, write_companions
+from prunekit.export.companions import (
+    check_model,
+    check_source,
+    clear,
+    dequantized,
+    write_companions,
+)
 from prunekit.export.hfcheck import (
     check_inputs,
     loaded_output,
@@ -104,6 +110,7 @@ def plan_folder(model: nn.Module) -> Plan:
         The plan.
 
     Raises:
+        TypeError: the model's class is not one of transformers.
         ValueError: the layers differ and the family has no modeling file here, or the
             modeling file cannot build the model's shapes (the message names what differs
             and what is supported).
@@ -112,8 +119,12 @@ def plan_folder(model: nn.Module) -> Plan:
     name = type(model).__name__
     fresh = build_fresh(model, config)
     why = difference(model, fresh) if isinstance(fresh, nn.Module) else fresh
-    stock = hasattr(require("transformers", "hf", "export to hf"), name)
-    if why is None and stock:
+    if not hasattr(require("transformers", "hf", "export to hf"), name):
+        raise type_error(
+            f"export: model is a {name}, which is not a class of transformers; the hf format "
+            "writes models of transformers' own classes (a folder they load without other code)"
+        )
+    if why is None:
         return Plan(config, name, None)
     kind = getattr(config, "model_type", None)
     supported = ", ".join(f"{p}* ({k})" for k, (_, p) in REMOTE.items())
@@ -222,6 +233,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
             model's by more than ``TOLERANCE``.
     """
     check_model(model, "export")
+    with dequantized(model):
+        return _write(model, target, request)
+
+
+def _write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     source = check_source(request.source)
     dtype = tensor_type(request.dtype)
     inputs = check_inputs(model, request.example_inputs)
@@ -240,18 +256,30 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
         _set_dtype(target / "config.json", request.dtype)
     gap, checker = None, None
     if request.verify:
-        reference = model if dtype is None else rounded_copy(model, dtype)
-        expected = model_output(reference, inputs)
-        found = loaded_output(target, plan.loader, plan.module is not None, inputs)
-        gap = relative_difference(found, expected)
-        if not gap <= TOLERANCE:
-            raise RuntimeError(
-                f"export: the written folder's outputs differ from the model's by {gap:.3g} "
-                f"(relative; at most {TOLERANCE:g} allowed); nothing was written"
-            )
+        gap = _check(model, target, plan, inputs, dtype)
         checker = f"transformers {_version()} ({plan.loader}), in a process without prunekit"
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     return ExportReport("hf", request.path, tuple(files), checker, gap, tuple(notes))
+
+
+def _check(
+    model: nn.Module, target: Path, plan: Plan, inputs: Any, dtype: torch.dtype | None
+) -> float:
+    """The relative difference of the written folder's outputs from the model's.
+
+    Raises:
+        RuntimeError: the folder does not load, or the difference is above ``TOLERANCE``.
+    """
+    reference = model if dtype is None else rounded_copy(model, dtype)
+    expected = model_output(reference, inputs)
+    found = loaded_output(target, plan.loader, plan.module is not None, inputs)
+    gap = relative_difference(found, expected)
+    if not gap <= TOLERANCE:
+        raise RuntimeError(
+            f"export: the written folder's outputs differ from the model's by {gap:.3g} "
+            f"(relative; at most {TOLERANCE:g} allowed); nothing was written"
+        )
+    return gap
 
 
 def save_weights(model: nn.Module, target: Path, dtype: torch.dtype | None) -> None:
