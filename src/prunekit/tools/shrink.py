@@ -252,9 +252,10 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         timed = _latency(dense, model, window, config.latency_runs)
     del dense
     tokens = example["input_ids"].numel()
-    with clock("export", 1), atomic_folder(out) as stage:
+    with atomic_folder(out) as stage:
         _empty(stage)
-        records, size = export_all(model, tokenizer, stage, config, example)
+        with clock("export", 1):
+            records, size = export_all(model, tokenizer, stage, config, example)
         report = ShrinkReport(
             source=str(config.source),
             out=str(out),
