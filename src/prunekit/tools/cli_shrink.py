@@ -40,7 +40,7 @@ def add_shrink_parser(commands: Any) -> None:
     for name, what in (
         ("params", "non-embedding parameters"),
         ("macs", "multiply-accumulates"),
-        ("latency", "CPU time of one forward, measured"),
+        ("latency", "measured CPU time of one forward"),
     ):
         target.add_argument(
             f"--{name}", type=float, metavar="S", help=f"share of the {what} to remove, in (0, 1)"
