@@ -108,6 +108,7 @@ def test_block_configs_give_every_layer_s_widths_as_the_readers_derive_them(
         )
     assert torch.equal(tensors["model.embed_tokens.weight"], model.model.embed_tokens.weight)
     assert report.difference is None and "vLLM" in str(report.verified_by)
+    assert "checked by block_configs derived" in str(report)
     assert any("not logits" in note for note in report.notes)
 
 

@@ -188,9 +188,12 @@ def test_transformers_no_longer_reads_pruned_heads() -> None:
     assert model.encoder.layer[0].attention.self.query.weight.shape == (32, 32)
 
 
-def test_export_checks_the_folder_without_prunekit(tmp_path: Path) -> None:
+def test_export_checks_the_folder_without_prunekit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = per_layer(causal_lm("llama"))
-    report = export(model, tmp_path / "out", "hf", dtype="float16")
+    monkeypatch.chdir(tmp_path)  # a path relative to the working folder
+    report = export(model, "out", "hf", dtype="float16")
     assert config_of(tmp_path / "out")["dtype"] == "float16"
     assert report.difference is not None and report.difference <= 1e-5
     assert "without prunekit" in str(report.verified_by)

@@ -72,9 +72,11 @@ class ExportReport:
 
     def __str__(self) -> str:
         lines = [f"{self.format}: {self.path} ({len(self.files)} files)"]
-        if self.verified_by is not None:
+        if self.verified_by is not None and self.difference is not None:
             lines.append(f"checked by {self.verified_by}: max relative difference "
                          f"{self.difference:.2e}")  # fmt: skip
+        elif self.verified_by is not None:  # a check of what was written, not of outputs
+            lines.append(f"checked by {self.verified_by}")
         return "\n".join(lines + list(self.notes))
 
 

@@ -124,7 +124,7 @@ def loaded_output(
         env.update(HF_MODULES_CACHE=str(Path(scratch) / "modules"), HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
         done = subprocess.run(
-            [sys.executable, "-c", _LOADER, str(folder), str(batch), str(out), loader,
+            [sys.executable, "-c", _LOADER, str(folder.resolve()), str(batch), str(out), loader,
              "1" if trust else "0"],
             env=env, capture_output=True, text=True, cwd=scratch, check=False,
         )  # fmt: skip
