@@ -170,9 +170,9 @@ def _consumer_logits(
 def _llama_cpp_logits(target: Path, ids: torch.Tensor) -> torch.Tensor:
     llama_cpp: Any = importlib.import_module("llama_cpp")  # optional: imported where used
     rows = []
-    for row in ids.tolist():
-        runner = llama_cpp.Llama(model_path=str(target), n_ctx=max(32, len(row)),
-                                 logits_all=True, verbose=False)  # fmt: skip
+    for row in ids.tolist():  # an F32 key/value cache (llama.cpp's default is F16: it rounds)
+        runner = llama_cpp.Llama(model_path=str(target), n_ctx=max(32, len(row)), logits_all=True,
+                                 type_k=0, type_v=0, verbose=False)  # fmt: skip
         runner.eval(row)
         rows.append(torch.from_numpy(np.array(runner.scores[: len(row)], dtype=np.float32)))
         runner.close()
