@@ -43,7 +43,6 @@ import prunekit
 from domains import NAMES, Domain, domains
 
 
-
 def token_ids(tokenizer: Any, text: str) -> Tensor:
     ids: Tensor = tokenizer(text, return_tensors="pt").input_ids[0]
     return ids
