@@ -23,8 +23,8 @@ over --paragraphs evaluation paragraphs of every domain.
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
-'auto' (chosen per layer on held-out calibration batches) or 'default' (what
-``prune_channels`` does without the argument).
+'auto' (chosen per layer on held-out calibration batches), 'default' (what
+``prune_channels`` does without the argument) or 'none' (``compensate=False``).
 """
 
 from __future__ import annotations
@@ -86,9 +86,12 @@ def perplexity(model: nn.Module, parts: list[Tensor]) -> float:
 
 
 def damping_kwargs(label: str) -> dict[str, Any]:
+    """prune_channels' compensation arguments for one --damping label."""
+    if label == "none":
+        return {"compensate": False}
     if label == "default":
-        return {}
-    return {"damping": label if label == "auto" else float(label)}
+        return {"compensate": True}
+    return {"compensate": True, "damping": label if label == "auto" else float(label)}
 
 
 def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -119,7 +122,7 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             budget = prunekit.Budget(params=target, kinds=("channels", "heads"))
             prunekit.prune_channels(
                 pruned, example, budget=budget, criterion=args.criterion, calibration=batches,
-                compensate=True, round_to=args.round_to, **damping_kwargs(label),
+                round_to=args.round_to, **damping_kwargs(label),
             )  # fmt: skip
             ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
             worst = max(names, key=lambda n: ratios[n])
@@ -131,12 +134,20 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
 
 
 def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
-    from budget_minilm import _removed, cosine
-    from minilm_structure import encoded, load
+    from budget_minilm import _removed
+    from minilm_structure import embed, encoded, load
 
     dense, tokenizer = load()
     tests = {d.name: encoded(tokenizer, d.passages("evaluation", args.paragraphs), 16, 128)
              for d in found}  # fmt: skip
+    with torch.no_grad():
+        reference = {n: [embed(dense, b) for b in parts] for n, parts in tests.items()}
+
+    def cosine(model: nn.Module, name: str) -> float:
+        with torch.no_grad():
+            pairs = zip(reference[name], tests[name], strict=True)
+            return float(torch.cat([(e * embed(model, b)).sum(1) for e, b in pairs]).mean())
+
     names = list(tests)
     sources = names if args.minilm_calibrate == "each" else args.minilm_calibrate.split(",")
     print(f"\nall-MiniLM-L6-v2, heads and MLP -25 % as a Budget of the same parameters, "
@@ -159,9 +170,9 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
                 model, example, budget=budget, criterion=args.criterion, calibration=batches,
-                compensate=True, **damping_kwargs(label),
+                **damping_kwargs(label),
             )  # fmt: skip
-            values = {n: cosine(dense, model, tests[n]) for n in names}
+            values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
             row = f"{f'{source}, damping {label}':<26}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
