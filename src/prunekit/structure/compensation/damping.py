@@ -46,7 +46,7 @@ GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
 that shrinks the update strongly (3: about a quarter of it where the inputs are white)."""
 T = TypeVar("T")
-MAX_ROWS = 256
+MAX_ROWS = 64
 """At most this many output rows (evenly spaced) measure the error of each damping: the
 error is a sum over rows that all share the input, and the fit costs in proportion."""
 
