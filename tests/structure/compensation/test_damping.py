@@ -113,7 +113,8 @@ def test_auto_picks_the_damping_a_brute_force_search_picks(bias: bool) -> None:
     dense, calibration = mlp(bias), batches()
     auto = copy.deepcopy(dense)
     prunekit.prune_channels(auto, calibration[0], 0.5, criterion="activation",
-                            calibration=calibration, compensate=True)  # fmt: skip
+                            calibration=calibration, compensate=True,
+                            damping="auto")  # fmt: skip
     removed = auto[0].weight_mask[:, 0].eq(0).nonzero().flatten().tolist()
     kept = [c for c in range(16) if c not in removed]
     with torch.no_grad():
@@ -154,7 +155,8 @@ def test_a_layer_no_damping_helps_is_left_with_a_warning() -> None:
     before = model[1].weight.detach().clone()
     with pytest.warns(UserWarning, match=r"left 1 as they were: no damping"):
         prunekit.prune_channels(model, calibration[0], criterion=lambda g: torch.tensor(
-            [1.0, 1.0, 0.0]), calibration=calibration, compensate=True, amount=0.34)  # fmt: skip
+            [1.0, 1.0, 0.0]), calibration=calibration, compensate=True, amount=0.34,
+            damping="auto")  # fmt: skip
     torch.testing.assert_close(model[1].weight_orig, before)
 
 
@@ -211,3 +213,16 @@ def test_bad_damping_is_refused_and_nothing_changes(
     with pytest.raises(error, match=match):
         prunekit.prune_channels(model, calibration[0], 0.5, **arguments)
     assert fingerprint(model) == before
+
+
+def test_without_damping_the_default_is_used() -> None:
+    from prunekit.structure import prune as pruning
+
+    dense, calibration = mlp(), batches()
+    implicit, explicit = copy.deepcopy(dense), copy.deepcopy(dense)
+    prunekit.prune_channels(implicit, calibration[0], 0.5, criterion="activation",
+                            calibration=calibration, compensate=True)  # fmt: skip
+    prunekit.prune_channels(explicit, calibration[0], 0.5, criterion="activation",
+                            calibration=calibration, compensate=True,
+                            damping=pruning.DAMPING)  # fmt: skip
+    torch.testing.assert_close(implicit[2].weight_orig, explicit[2].weight_orig, rtol=0, atol=0)
