@@ -21,7 +21,7 @@ from prunekit.criteria.calibration import batch_list
 from prunekit.functional import custom_from_mask
 from prunekit.structure.budget import Budget, allocate, check_budget
 from prunekit.structure.compensation.compensate import Openings, compensate_groups, written
-from prunekit.structure.compensation.damping import AUTO, check_damping
+from prunekit.structure.compensation.damping import DAMP, check_damping
 from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
 from prunekit.structure.families.experts import check_expert_counts, install_router_mask
@@ -33,8 +33,9 @@ from prunekit.structure.scoring.criteria import GroupCriterion, group_criterion,
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
 
-DAMPING: float | str = AUTO
-"""What `damping` is where not given: 'auto', the held-out choice per layer."""
+DAMPING: float | str = DAMP
+"""What `damping` is where not given: the constant 0.3. 'auto' (the held-out choice per layer)
+did not lift the worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
 
 
 def prune_channels(
@@ -96,13 +97,12 @@ def prune_channels(
     (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs,
     and runs the model up to each layer for each batch: meant for CNNs). `damping` (with
     `compensate=True` only): the damping of that least-squares solve, a number > 0 relative
-    to the mean diagonal of the input's second moment (``compensate.DAMP``, 0.3, was the
-    only one before), or 'auto' (the default): for each layer, the damping of a log-scale
-    grid whose update, fitted on alternate calibration batches, best keeps the layer's
-    output on the others (both ways round), then fitted on all of them; a layer where no
-    damping beats leaving it is left, with a warning (``prunekit.structure.compensation.
-    damping``). 'obs' and 'fluctuation' rank by the error that removal leaves. Returns the
-    groups pruned.
+    to the mean diagonal of the input's second moment (default 0.3, ``damping.DAMP``), or
+    'auto': for each layer, the damping of a log-scale grid whose update, fitted on
+    alternate calibration batches, best keeps the layer's output on the others (both ways
+    round), then fitted on all of them; a layer where no damping beats leaving it is left,
+    with a warning (``prunekit.structure.compensation.damping``). 'obs' and 'fluctuation'
+    rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
