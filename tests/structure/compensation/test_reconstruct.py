@@ -418,3 +418,22 @@ def test_a_gpt2_whose_blocks_take_their_cache_by_position_is_reconstructed() -> 
     real = sum(float((o - t).double().square().sum()) for o, t in zip(ours, theirs, strict=True))
     scale = sum(float(t.double().square().sum()) for t in theirs)
     assert errors[-1][1] == pytest.approx(real / scale, rel=1e-4)
+
+
+def test_a_model_compacted_to_a_narrower_hidden_width_is_refused_clearly() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=48)  # fmt: skip
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config).eval()
+    model = copy.deepcopy(reference)
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    prune.prune_channels(model, {"input_ids": ids}, hidden=0.25)
+    prune.compact(model, {"input_ids": ids}, latency_runs=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"reconstruct_blocks: the model's first block takes "
+                       r"hidden states of shape \(2, 8, 24\) but the reference's takes "
+                       r"\(2, 8, 32\).*takes the masked model before compaction"):  # fmt: skip
+        reconstruct_blocks(model, reference, [ids], steps=2)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))

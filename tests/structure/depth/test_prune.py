@@ -340,7 +340,7 @@ def test_a_failed_removal_restores_model_and_config(monkeypatch: pytest.MonkeyPa
         model.config.num_hidden_layers = 99
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("prunekit.structure.depth.remove._update_config", broken)
+    monkeypatch.setattr("prunekit.structure.depth.remove.check_rebuilt", broken)
     with pytest.raises(RuntimeError, match="boom"):
         prunekit.remove_blocks(model)
     assert fingerprint(model) == before and model.config.to_dict() == saved

@@ -119,6 +119,7 @@ def reconstruct_blocks(
             with torch.no_grad():
                 ours_in = cal.capture_block_inputs(model, blocks[0], batches)
                 theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+            _check_widths(ours_in, theirs_in)
             errors = []
             for block, their_block in zip(blocks, theirs, strict=True):
                 with torch.no_grad():
@@ -138,6 +139,27 @@ def reconstruct_blocks(
             if ends:
                 errors.append(_fit_head(model, reference, blocks, batches, head, fit))
     return errors
+
+
+def _check_widths(ours: Sequence[_Inputs], theirs: Sequence[_Inputs]) -> None:
+    """The blocks of both models must take hidden states of one shape: a model compacted
+    after a cut of its hidden width takes narrower ones, and no block of it can be trained
+    towards the reference's outputs."""
+    for (args, kwargs), (their_args, their_kwargs) in zip(ours, theirs, strict=True):
+        mine, their = _hidden(args, kwargs), _hidden(their_args, their_kwargs)
+        if mine is not None and their is not None and mine.shape != their.shape:
+            raise value_error(
+                f"reconstruct_blocks: the model's first block takes hidden states of shape "
+                f"{tuple(mine.shape)} but the reference's takes {tuple(their.shape)}: the "
+                "model was compacted (its hidden width cut); reconstruct_blocks takes the "
+                "masked model before compaction, with the reference's shapes; expected "
+                "prune_channels, then reconstruct_blocks, then compact"
+            )
+
+
+def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    found = args[0] if args else kwargs.get("hidden_states")
+    return found if isinstance(found, Tensor) else None
 
 
 def _trainable(module: nn.Module) -> list[nn.Parameter]:

@@ -2,8 +2,8 @@
 
 ``prune_blocks`` ranks the blocks of a ModuleList on calibration data and skips the least
 important (optionally replacing each skipped span by a least-squares linear map folded into
-the block before it); ``remove_blocks`` deletes them, renumbers what follows and updates a
-Hugging Face config.
+the block before it); ``remove_blocks`` deletes them, renumbers what follows, updates a
+Hugging Face config and checks the result (outputs, and a model rebuilt from the config).
 """
 
 from prunekit.structure.depth.blocks import skipped_blocks

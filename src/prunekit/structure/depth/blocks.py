@@ -1,16 +1,21 @@
 """The sequence of blocks of a model, their hidden states, and the skipped (masked) state.
 
-A block is skipped by a forward hook that gives back its input hidden state in place of its
-output: the model then computes what it will compute once the block is removed. The block
+A block is skipped by a forward hook that makes it contribute nothing: it gives back its
+input hidden state in place of its output where the parent takes the output as the hidden
+state (``h = block(h)``, Hugging Face's layers), zeros where the parent adds the output to
+the hidden state (``h = h + block(h)``); the model then computes what it will compute once
+the block is removed. Which of the two a parent does is found by running it
+(``depth.style``), or known for Hugging Face's layers. The block
 still runs (its attention still fills its place in a key/value cache, which keeps the cache's
 length right for the blocks that follow), so a skipped model is no faster; removal is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
@@ -18,12 +23,16 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.criteria.calibration import block_list
 
 __all__ = [
+    "ADDS",
+    "REPLACES",
     "BlockList",
+    "Skipped",
     "find_blocks",
     "hidden_in",
     "hidden_out",
     "is_skipped",
     "skip",
+    "skipped",
     "skipped_blocks",
     "unskip",
     "with_hidden",
@@ -48,7 +57,23 @@ class BlockList:
 
 def find_blocks(model: nn.Module, blocks: str | None, owner: str) -> BlockList:
     """The ModuleList named `blocks`, or (None) the model's ModuleList of two or more
-    modules of one class that holds the most modules (``model.layers``, ``encoder.layer``)."""
+    modules of one class that holds the most modules (``model.layers``, ``encoder.layer``);
+    refused where one block object stands at several positions."""
+    found = _find(model, blocks, owner)
+    positions: dict[int, list[int]] = {}
+    for index, block in enumerate(found.modules):
+        positions.setdefault(id(block), []).append(index)
+    shared = [where for where in positions.values() if len(where) > 1]
+    if shared:
+        raise value_error(
+            f"{owner}: {found.name or 'the ModuleList'} holds one block object at positions "
+            f"{shared[0]}: skipping or removing it at one position would change them all; "
+            "expected a distinct module at each position (copy.deepcopy the shared block)"
+        )
+    return found
+
+
+def _find(model: nn.Module, blocks: str | None, owner: str) -> BlockList:
     if blocks is None:
         found = block_list(model, list(model.modules()))
         if found is None:
@@ -98,6 +123,17 @@ def with_hidden(output: Any, hidden: Tensor) -> Any:
 def _identity(
     module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
 ) -> Any:  # fmt: skip
+    return with_hidden(output, _hidden(module, args, kwargs, output))
+
+
+def _nothing(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> Any:  # fmt: skip
+    return with_hidden(output, torch.zeros_like(_hidden(module, args, kwargs, output)))
+
+
+def _hidden(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            output: Any) -> Tensor:  # fmt: skip
     hidden = hidden_in(args, kwargs)
     if hidden is None or hidden_out(output) is None:
         raise value_error(
@@ -105,24 +141,50 @@ def _identity(
             "the hidden state; expected a tensor as the first argument (or hidden_states=) and "
             "as the output (or its first element)"
         )
-    return with_hidden(output, hidden)
+    return hidden
 
 
-def skip(block: nn.Module, hook: Callable[..., Any] = _identity) -> None:
-    """Make `block` give back its input hidden state (a forward hook; its weights stay)."""
+REPLACES = "replaces"
+"""The parent takes a block's output as the new hidden state (``h = block(h)``): a skipped
+block gives back its input."""
+ADDS = "adds"
+"""The parent adds a block's output to the hidden state (``h = h + block(h)``): a skipped
+block gives back zeros."""
+
+
+@dataclass
+class Skipped:
+    """How a block is skipped: its hook, the residual style it follows, and example inputs
+    of the model (those the style was found on) for ``remove_blocks`` to check with."""
+
+    handle: RemovableHandle
+    style: str
+    inputs: Any = None
+
+
+def skip(block: nn.Module, style: str = REPLACES, inputs: Any = None) -> None:
+    """Make `block` contribute nothing (a forward hook; its weights stay): it gives back its
+    input hidden state where its parent takes the output as the hidden state, zeros where
+    its parent adds the output to it."""
+    hook = _identity if style == REPLACES else _nothing
     handle: RemovableHandle = block.register_forward_hook(hook, with_kwargs=True)
-    setattr(block, _SKIP, handle)
+    setattr(block, _SKIP, Skipped(handle, style, inputs))
+
+
+def skipped(block: nn.Module) -> Skipped | None:
+    found = getattr(block, _SKIP, None)
+    return found if isinstance(found, Skipped) else None
 
 
 def is_skipped(block: nn.Module) -> bool:
-    return isinstance(getattr(block, _SKIP, None), RemovableHandle)
+    return skipped(block) is not None
 
 
 def unskip(block: nn.Module) -> None:
     """Undo ``skip``: the block computes again."""
-    handle = getattr(block, _SKIP, None)
-    if isinstance(handle, RemovableHandle):
-        handle.remove()
+    found = skipped(block)
+    if found is not None:
+        found.handle.remove()
         delattr(block, _SKIP)
 
 

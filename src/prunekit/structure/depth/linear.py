@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from prunekit.core.errors import value_error
+from prunekit.core.naming import mask_name, orig_name, stored_parameter
 from prunekit.criteria.calibration import cacheless, evaluating
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
 from prunekit.structure.depth.states import rows, run_one, token_mask
@@ -37,6 +38,7 @@ __all__ = [
     "drop",
     "fit_map",
     "fold",
+    "fold_problem",
     "install",
     "is_projection",
     "replacement_of",
@@ -83,22 +85,60 @@ def is_projection(module: nn.Module) -> bool:
     )
 
 
+def _out_dim(linear: nn.Module) -> int:
+    """The dimension of `linear`'s weight that the map mixes (its outputs): 0 for a Linear
+    (out x in), 1 for Conv1D (in x out)."""
+    return 0 if isinstance(linear, nn.Linear) else 1
+
+
+def fold_problem(linear: nn.Module, name: str) -> str | None:
+    """Why `linear`'s map cannot be folded exactly into its pruned (masked) weight or bias,
+    else None. The map mixes the outputs, so a mask folds through it only where it is the
+    same for every output: ``T^T (W * M) = (T^T W) * M`` when each input's mask entries agree
+    across the outputs (an input channel pruned whole); a bias must then be unmasked."""
+    mask = getattr(linear, mask_name("weight"), None)
+    if isinstance(mask, Tensor):
+        dim = _out_dim(linear)
+        first = mask.select(dim, 0).unsqueeze(dim)
+        if not bool((mask == first).all()):
+            return (
+                f"{name}.weight is pruned with a mask that differs between its outputs (the "
+                "hidden width, or single weights), which a map mixing those outputs cannot "
+                "keep; expected only whole input channels pruned there"
+            )
+    bias_mask = getattr(linear, mask_name("bias"), None)
+    if isinstance(bias_mask, Tensor) and not bool((bias_mask != 0).all()):
+        return f"{name}.bias is pruned, and a map mixing the outputs cannot keep its mask"
+    return None
+
+
 def fold(linear: nn.Module) -> None:
-    """Make `linear`'s map part of its weight and bias (new Parameters) and drop the hook."""
+    """Make `linear`'s map part of its weight and bias (new Parameters) and drop the hook.
+    A pruned tensor takes the map in ``<name>_orig`` (its mask stays; see `fold_problem`,
+    which must have found nothing) and its masked value is made again."""
     found = replacement_of(linear)
     assert found is not None
-    weight: Tensor = linear.weight  # type: ignore[assignment]
-    mapped = weight.double() @ found.map if not isinstance(linear, nn.Linear) else (
-        found.map.T @ weight.double())  # fmt: skip
-    linear.weight = nn.Parameter(mapped.to(weight.dtype), requires_grad=weight.requires_grad)
-    bias = getattr(linear, "bias", None)
-    if isinstance(bias, Tensor):
-        linear.bias = nn.Parameter(
-            (bias.double() @ found.map.to(bias.device)).to(bias.dtype),
-            requires_grad=bias.requires_grad,
-        )
+    weight = stored_parameter(linear, "weight")
+    assert weight is not None
+    mapped = weight.double() @ found.map if _out_dim(linear) else found.map.T @ weight.double()
+    _replace(linear, "weight", mapped.to(weight.dtype), weight.requires_grad)
+    bias = stored_parameter(linear, "bias")
+    if bias is not None:
+        values = (bias.double() @ found.map.to(bias.device)).to(bias.dtype)
+        _replace(linear, "bias", values, bias.requires_grad)
     found.handle.remove()
     delattr(linear, _REPLACE)
+
+
+def _replace(linear: nn.Module, name: str, values: Tensor, grad: bool) -> None:
+    """Give ``linear.<name>`` new values: a new Parameter (in ``<name>_orig`` and the masked
+    value made again where it is pruned)."""
+    if orig_name(name) in linear._parameters:
+        linear._parameters[orig_name(name)] = nn.Parameter(values, requires_grad=grad)
+        mask = getattr(linear, mask_name(name))
+        setattr(linear, name, mask.to(dtype=values.dtype) * linear._parameters[orig_name(name)])
+    else:
+        setattr(linear, name, nn.Parameter(values, requires_grad=grad))
 
 
 def solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:

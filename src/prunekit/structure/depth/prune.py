@@ -17,9 +17,19 @@ from torch import nn
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
-from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skip, unskip
-from prunekit.structure.depth.linear import drop, fit_map, install
+from prunekit.structure.depth.blocks import (
+    ADDS,
+    BlockList,
+    find_blocks,
+    is_skipped,
+    skip,
+    skipped,
+    unskip,
+)
+from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
+from prunekit.structure.depth.states import check_inputs, check_tokens
+from prunekit.structure.depth.style import style_for
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
 
@@ -103,31 +113,48 @@ def prune_blocks(
             f"{found.name} on data; expected an iterable of batches"
         )
     batches = batch_list(calibration, _OWNER)
+    check_tokens(batches, _OWNER)
     already = [i for i, block in enumerate(found.modules) if is_skipped(block)]
     if already:
         raise value_error(
             f"{_OWNER}: blocks {already} of {found.name} are skipped already; expected "
             "remove_blocks(model) (or unskip_blocks) before pruning again"
         )
-    scores = block_scores(model, found, batches, criterion, count, loss, _OWNER)
+    style = style_for(model, found, batches[0], _OWNER, "calibration batch 0")
+    if linear and style == ADDS:
+        raise value_error(
+            f"{_OWNER}: replace='linear' folds a map into blocks that return the residual "
+            f"stream, but the parent of {found.name} adds each block's output to the hidden "
+            "state (h = h + block(h)); expected replace=False for this model"
+        )
+    scores = block_scores(model, found, batches, criterion, count, loss, _OWNER, style)
     chosen = _choose(scores, count, name, first=1 if linear else 0)
     with transaction(model):
-        replaced = _apply(model, found, chosen, batches, float(ridge) if linear else None)
+        replaced = _apply(model, found, chosen, batches, float(ridge) if linear else None, style)
     return BlockPruning(found.name, chosen, name, tuple(scores), replaced)
 
 
-def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None) -> None:
-    """Skip the given blocks by hand (each gives back its input), as ``prune_blocks`` would.
+def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None,
+                example_inputs: Any = None) -> None:  # fmt: skip
+    """Skip the given blocks by hand, as ``prune_blocks`` would: each contributes nothing
+    (it gives back its input where the parent takes its output as the hidden state, zeros
+    where the parent adds its output to the hidden state).
 
     Args:
         model: the model.
         indices: positions in the ModuleList of blocks; ones skipped already stay so.
         blocks: the name of the ModuleList; None finds it.
+        example_inputs: inputs the model's forward takes (a tensor, a mapping of keyword
+            arguments or a tuple), on which the parent's residual style is found and which
+            ``remove_blocks`` checks its result on; None: the style of blocks skipped
+            already, or that of Hugging Face's layers (they return the residual stream).
 
     Raises:
         TypeError: `model` is no ``nn.Module``, `indices` no iterable.
-        ValueError: an index out of range or repeated, or every block skipped (the model is
-            then unchanged).
+        ValueError: an index out of range or repeated, every block skipped, one block
+            object at several positions, or a residual style that cannot be told (no
+            example inputs for a block list of another library, a parent that does more
+            between its blocks). The model is then unchanged.
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"skip_blocks: model={model!r} is no torch.nn.Module")
@@ -151,9 +178,18 @@ def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None 
             f"skip_blocks: indices={wanted!r} would skip every block of {found.name}; "
             "expected at least one kept"
         )
+    check_inputs(example_inputs, "skip_blocks")
+    style = style_for(model, found, example_inputs, "skip_blocks")
+    inputs = example_inputs if example_inputs is not None else _recorded(found)
     for i in wanted:
         if not is_skipped(found.modules[i]):
-            skip(found.modules[i])
+            skip(found.modules[i], style, inputs)
+
+
+def _recorded(found: BlockList) -> Any:
+    """The example inputs recorded with a block skipped already (None: none)."""
+    held = [skipped(block) for block in found.modules]
+    return next((h.inputs for h in held if h is not None and h.inputs is not None), None)
 
 
 def unskip_blocks(model: nn.Module) -> None:
@@ -246,7 +282,7 @@ def _spans(chosen: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def _apply(model: nn.Module, found: BlockList, chosen: tuple[int, ...], batches: list[Any],
-           ridge: float | None) -> tuple[tuple[int, int, str], ...]:  # fmt: skip
+           ridge: float | None, style: str) -> tuple[tuple[int, int, str], ...]:  # fmt: skip
     """Skip the chosen blocks; with a ridge, fit and install each span's map first, span
     by span, each on the model with the spans before it replaced."""
     replaced = []
@@ -254,14 +290,14 @@ def _apply(model: nn.Module, found: BlockList, chosen: tuple[int, ...], batches:
     for start, end in _spans(chosen):
         if ridge is not None:
             linear, fitted = fit_map(model, found, start, end, batches, ridge, _OWNER)
-            if hasattr(linear, "weight_orig"):
+            problem = fold_problem(linear, names[id(linear)])
+            if problem is not None:
                 raise value_error(
-                    f"{_OWNER}: replace='linear' would fold a map into {names[id(linear)]}, "
-                    "whose weight is pruned (masked); expected prunekit.remove on it first, "
-                    "or replace=False"
+                    f"{_OWNER}: replace='linear' cannot fold a map into {names[id(linear)]}: "
+                    f"{problem}; expected prunekit.remove on it first, or replace=False"
                 )
             install(linear, fitted)
             replaced.append((start, end, names[id(linear)]))
         for i in range(start, end):
-            skip(found.modules[i])
+            skip(found.modules[i], style, batches[0])
     return tuple(replaced)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.criteria.calibration import evaluating
-from prunekit.structure.depth.blocks import BlockList, skip, unskip
+from prunekit.structure.depth.blocks import REPLACES, BlockList, skip, unskip
 from prunekit.structure.depth.states import rows, run_boundaries, run_one, token_mask
 
 __all__ = ["CRITERIA", "BlockCriterion", "Loss", "block_scores"]
@@ -57,18 +57,20 @@ def block_scores(
     span: int,
     loss: Loss | None,
     owner: str,
+    style: str = REPLACES,
 ) -> list[float]:
     """One score per block, or per start of a span of `span` blocks for 'angular'
-    (``len(blocks) - span + 1`` of them). The model is left as it was."""
+    (``len(blocks) - span + 1`` of them), the blocks' parent following the residual
+    `style`. The model is left as it was."""
     with evaluating(model), torch.no_grad():
         if criterion == "loss":
-            return _loss_scores(model, blocks, batches, loss, owner)
+            return _loss_scores(model, blocks, batches, loss, owner, style)
         width = span if criterion == "angular" else 1
         count = len(blocks) - width + 1
         sums = torch.zeros(count, dtype=torch.float64)
         tokens = 0
         for index, batch in enumerate(batches):
-            found = run_boundaries(model, blocks, batch, index, owner)
+            found = run_boundaries(model, blocks, batch, index, owner, style)
             for start in range(count):
                 before, after = found.inputs[start], found.outputs[start + width - 1]
                 assert before is not None and after is not None
@@ -100,7 +102,7 @@ def _own_score(criterion: BlockCriterion, before: Tensor, after: Tensor, where: 
 
 
 def _loss_scores(model: nn.Module, blocks: BlockList, batches: Sequence[Any], loss: Loss | None,
-                 owner: str) -> list[float]:  # fmt: skip
+                 owner: str, style: str) -> list[float]:  # fmt: skip
     def mean_loss() -> float:
         total = 0.0
         for index, batch in enumerate(batches):
@@ -118,7 +120,7 @@ def _loss_scores(model: nn.Module, blocks: BlockList, batches: Sequence[Any], lo
     dense = mean_loss()
     scores = []
     for block in blocks.modules:
-        skip(block)
+        skip(block, style)
         try:
             scores.append(mean_loss() - dense)
         finally:

@@ -13,11 +13,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import is_explained, value_error
+from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.criteria.calibration import run_batch
-from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
+from prunekit.structure.depth.blocks import ADDS, REPLACES, BlockList, hidden_in, hidden_out
 
-__all__ = ["Boundaries", "boundaries", "rows", "run_boundaries", "run_one", "token_mask"]
+__all__ = [
+    "Boundaries",
+    "boundaries",
+    "check_inputs",
+    "check_tokens",
+    "rows",
+    "run_boundaries",
+    "run_one",
+    "token_mask",
+]
 
 
 class Boundaries:
@@ -29,8 +38,9 @@ class Boundaries:
 
 
 @contextmanager
-def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
-    """Hooks that fill a ``Boundaries`` with what each block takes and gives (detached)."""
+def boundaries(blocks: BlockList, owner: str, style: str = REPLACES) -> Iterator[Boundaries]:
+    """Hooks that fill a ``Boundaries`` with the hidden state each block takes and the one
+    after it (detached): its output, or (`style` ADDS: the parent adds the output) the sum."""
     found = Boundaries(len(blocks))
     handles = []
 
@@ -45,7 +55,7 @@ def boundaries(blocks: BlockList, owner: str) -> Iterator[Boundaries]:
                     "one shape"
                 )
             found.inputs[index] = before.detach()
-            found.outputs[index] = after.detach()
+            found.outputs[index] = (after + before if style == ADDS else after).detach()
 
         return hook
 
@@ -71,10 +81,10 @@ def run_one(model: nn.Module, batch: Any, index: int, owner: str) -> Any:
         ) from error
 
 
-def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int,
-                   owner: str) -> Boundaries:  # fmt: skip
+def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int, owner: str,
+                   style: str = REPLACES) -> Boundaries:  # fmt: skip
     """Run `batch` (number `index`) through `model` (no grad); every block's hidden states."""
-    with boundaries(blocks, owner) as found, torch.no_grad():
+    with boundaries(blocks, owner, style) as found, torch.no_grad():
         run_one(model, batch, index, owner)
     for index, seen in enumerate(found.inputs):
         if seen is None:
@@ -99,3 +109,27 @@ def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
     """The hidden state as one row per counted token, in float64."""
     flat = hidden.reshape(-1, hidden.shape[-1]).to(dtype=torch.float64)
     return flat if mask is None else flat[mask.reshape(-1)]
+
+
+def check_tokens(batches: list[Any], owner: str) -> None:
+    """Refuse calibration batches whose ``attention_mask`` keeps no token at all: there is
+    nothing to score blocks (or fit a map) on."""
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    if all(isinstance(m, Tensor) for m in masks) and not any(
+        bool((m != 0).any()) for m in masks if isinstance(m, Tensor)
+    ):
+        raise value_error(
+            f"{owner}: every attention_mask of the {len(batches)} calibration batches is all "
+            "zero, so there is no token to score the blocks on; expected batches whose "
+            "attention_mask keeps at least one token"
+        )
+
+
+def check_inputs(inputs: Any, owner: str) -> None:
+    """Refuse `example_inputs` of a kind no forward is called with (None: none given)."""
+    if inputs is not None and not isinstance(inputs, Tensor | Mapping | tuple | list):
+        raise type_error(
+            f"{owner}: invalid example_inputs of type {type(inputs).__name__}; expected a "
+            "tensor, a mapping of keyword arguments or a tuple of positional arguments for "
+            "the model"
+        )

@@ -1,0 +1,7 @@
+"""Pruned models written for the places models run: Hugging Face folders, DeciLM
+``block_configs``, GGUF files for llama.cpp and ONNX graphs, each checked once written."""
+
+from prunekit.export.api import FORMATS, ExportReport, export
+from prunekit.export.layers import DecoderLayer, decoder_layers
+
+__all__ = ["FORMATS", "DecoderLayer", "ExportReport", "decoder_layers", "export"]

@@ -1,0 +1,180 @@
+"""What ``remove_blocks`` checks before it returns: a model built anew from the updated
+config has the kept layers' structure, and the model computes what it computed with the
+blocks skipped.
+
+The structure check builds the model's class twice on the meta device (no memory, no
+weights), as ``from_pretrained`` builds it from a saved config (``compaction.fromconfig``):
+from the config before the removal and from the config after it. Each kept block must be
+built after as it was built before at its old position (the same submodules of the same
+classes, parameters and buffers of the same names and shapes, the same plain attributes
+but its index), and the model outside the blocks alike (but for counts of layers). The
+structure of the two built models is compared, not that of the model itself, so a model
+compacted earlier (widths its config cannot express) is checked all the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from prunekit.core.errors import value_error
+from prunekit.structure.compaction.fromconfig import build_fresh
+from prunekit.structure.depth.layerconfig import position_fields
+
+__all__ = ["built", "check_rebuilt", "index_attributes"]
+
+_OWNER = "remove_blocks"
+_INDEX = "layer_idx"
+"""The attribute under which Hugging Face's modules hold their layer's index."""
+
+
+def built(model: nn.Module, config: Any) -> nn.Module | None:
+    """`model`'s class built on the meta device from `config` (None: it cannot be)."""
+    if config is None:
+        return None
+    fresh = build_fresh(model, config)
+    return fresh if isinstance(fresh, nn.Module) else None
+
+
+def check_rebuilt(model: nn.Module, before: nn.Module, config: Any, path: str,
+                  kept: list[int]) -> None:  # fmt: skip
+    """Refuse (ValueError naming the difference and the config's positional fields) where a
+    model built from the updated `config` differs from `before` (built from the old one)
+    in the kept blocks of the ModuleList at `path` or outside that list."""
+    after = built(model, config)
+    if after is None:
+        raise value_error(
+            f"{_OWNER}: {type(model).__name__} cannot be built from its updated config "
+            f"({_why(model, config)}); the model is unchanged"
+        )
+    why = _difference(before, after, path, kept, len(kept))
+    if why is not None:
+        fields = ", ".join(position_fields(config)) or "none found"
+        raise value_error(
+            f"{_OWNER}: a model built from the updated config (as from_pretrained builds "
+            f"it) would differ from this one: {why}; config fields that may depend on layer "
+            f"positions: {fields}; expected a config that describes the kept layers (other "
+            "blocks to remove); the model and its config are unchanged"
+        )
+
+
+def index_attributes(before: nn.Module | None, path: str) -> set[tuple[str, str]]:
+    """The int attributes (module name inside a block, attribute) that hold their block's
+    position in every block of the list at `path` of `before` (built from the config):
+    ``layer_idx``, and a family's own (BigBird's ``seed``). Removal renumbers them, as a
+    model built from the updated config numbers them; without `before`, ``layer_idx``."""
+    found = {("*", _INDEX)}
+    if before is None:
+        return found
+    blocks = before.get_submodule(path)
+    assert isinstance(blocks, nn.ModuleList)
+    first = dict(blocks[0].named_modules())
+    for name, module in first.items():
+        for key, value in vars(module).items():
+            if type(value) is int and value == 0 and all(
+                _held(block, name, key) == i for i, block in enumerate(blocks)
+            ):  # fmt: skip
+                found.add((name, key))
+    return found
+
+
+def _held(block: nn.Module, name: str, key: str) -> Any:
+    try:
+        return vars(block.get_submodule(name)).get(key)
+    except AttributeError:
+        return None
+
+
+def _why(model: nn.Module, config: Any) -> str:
+    found = build_fresh(model, config)
+    return found if isinstance(found, str) else "no class built from a config alone"
+
+
+def _difference(before: nn.Module, after: nn.Module, path: str, kept: list[int],
+                count: int) -> str | None:  # fmt: skip
+    old, new = before.get_submodule(path), after.get_submodule(path)
+    assert isinstance(old, nn.ModuleList)
+    if not isinstance(new, nn.ModuleList) or len(new) != count:
+        held = len(new) if isinstance(new, nn.ModuleList) else 0
+        return f"{path} would hold {held} blocks, not {count}"
+    indexed = index_attributes(before, path)
+    for j, i in enumerate(kept):
+        why = _module_difference(old[i], new[j], f"{path}.{i}", f"{path}.{j}", (i, j), indexed)
+        if why is not None:
+            return why
+    outer_old = {n: m for n, m in before.named_modules() if not _inside(n, path)}
+    outer_new = {n: m for n, m in after.named_modules() if not _inside(n, path)}
+    for name in [*outer_old, *(n for n in outer_new if n not in outer_old)]:
+        if name not in outer_old or name not in outer_new:
+            return f"it would {'have' if name in outer_new else 'lack'} {name}"
+        why = _own_difference(outer_old[name], outer_new[name], name, kept=(len(old), kept))
+        if why is not None:
+            return why
+    return None
+
+
+def _inside(name: str, path: str) -> bool:
+    return name == path or name.startswith(path + ".")
+
+
+def _module_difference(old: nn.Module, new: nn.Module, old_name: str, new_name: str,
+                       index: tuple[int, int],
+                       indexed: set[tuple[str, str]]) -> str | None:  # fmt: skip
+    olds, news = dict(old.named_modules()), dict(new.named_modules())
+    for name in [*olds, *(n for n in news if n not in olds)]:
+        where = f"{new_name}.{name}" if name else new_name
+        if name not in news:
+            return f"{where} would be missing (it is {old_name}.{name} now)"
+        if name not in olds:
+            return f"it would have {where}, which {old_name} has not"
+        keys = {key for module, key in indexed if module in ("*", name)}
+        why = _own_difference(olds[name], news[name], where, index=index, indexed=keys)
+        if why is not None:
+            return f"{why} (it is {old_name}{'.' + name if name else ''} now)"
+    return None
+
+
+def _own_difference(old: nn.Module, new: nn.Module, where: str,
+                    index: tuple[int, int] = (-1, -1), indexed: set[str] | None = None,
+                    kept: tuple[int, list[int]] = (-1, [])) -> str | None:  # fmt: skip
+    """How `new` itself (not its submodules) differs from `old`: its class, its parameters'
+    and buffers' names and shapes, its plain attributes (an index or a layer count that
+    follows the removal is no difference, nor are a layer count and a list of one entry per
+    layer that follow it: `kept` holds the old count and the kept positions)."""
+    if type(old) is not type(new):
+        return f"{where} would be {type(new).__name__}, not {type(old).__name__}"
+    for kind in ("_parameters", "_buffers"):
+        mine, theirs = getattr(old, kind), getattr(new, kind)
+        for key in [*mine, *(k for k in theirs if k not in mine)]:
+            a, b = mine.get(key), theirs.get(key)
+            shape_a = None if a is None else tuple(a.shape)
+            shape_b = None if b is None else tuple(b.shape)
+            if shape_a != shape_b:
+                return f"{where}.{key} would be {shape_b}, not {shape_a}"
+    for key, value in vars(old).items():
+        if key.startswith("_") or key == "training" or not _plain(value):
+            continue
+        other = vars(new).get(key, value)
+        if other == value or (key in (indexed or ()) and (value, other) == index):
+            continue
+        if _follows(value, other, *kept):
+            continue
+        return f"{where}.{key} would be {other!r}, not {value!r}"
+    return None
+
+
+def _follows(value: Any, other: Any, count: int, kept: list[int]) -> bool:
+    """Whether `other` is `value` (a count of `count` layers, or a list of one entry per
+    layer) for the `kept` layers."""
+    if isinstance(value, int) and value == count:
+        return bool(other == len(kept))
+    if isinstance(value, list | tuple) and len(value) == count:
+        return isinstance(other, list | tuple) and list(other) == [value[i] for i in kept]
+    return False
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, bool | int | float | str)
