@@ -6,9 +6,10 @@ of the second half. No fine-tuning, one thread.
 
     python benchmarks/minilm_compensate.py [paragraphs] [criteria] [calibration windows] [damp]
 
-`damp`: the damping of the solve relative to the mean diagonal of the Hessian (default:
-``prunekit.structure.compensation.compensate.DAMP``); `criteria` may name 'reference' modes as
-``activation:reference`` (compensate='reference' in the '+comp.' columns).
+`damp`: the damping of the solve relative to the mean diagonal of the Hessian, or 'auto'
+(chosen per layer on held-out batches; default: what ``prune_channels`` does without
+`damping`); `criteria` may name 'reference' modes as ``activation:reference``
+(compensate='reference' in the '+comp.' columns).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 import prunekit
 from budget_minilm import _removed, cosine
 from minilm_structure import encoded, halves, load, windows
-from prunekit.structure.compensation import compensate as compensation
 
 
 def main() -> None:
@@ -32,14 +32,14 @@ def main() -> None:
     dense, tokenizer = load()
     first, second = halves()
     count_windows = int(sys.argv[3]) if len(sys.argv) > 3 else 8
-    if len(sys.argv) > 4:
-        compensation.DAMP = float(sys.argv[4])
+    damping = (sys.argv[4] if sys.argv[4] == "auto" else float(sys.argv[4])) if len(
+        sys.argv) > 4 else None  # fmt: skip
     calibration = windows(tokenizer, first, count_windows, 128)
     test = encoded(tokenizer, second[:count], 16, 128)
     example = calibration[0]
     share = 0.25
     print(f"all-MiniLM-L6-v2, heads -25 % and MLP -25 %, {count_windows} calibration windows, "
-          f"cosine to dense over {count} paragraphs, damping {compensation.DAMP}")  # fmt: skip
+          f"cosine to dense over {count} paragraphs, damping {damping or 'default'}")  # fmt: skip
     print(f"{'criterion':<12} {'uniform':>8} {'+comp.':>8} {'budget':>8} {'+comp.':>8}")
     probe = prunekit.Budget(params=0.01)
     probe = prunekit.prune_channels(copy.deepcopy(dense), example, budget=probe)
@@ -53,6 +53,8 @@ def main() -> None:
                 data = calibration if compensate or criterion != "l2" else None
                 how = (mode or True) if compensate else False
                 common: dict = {"criterion": criterion, "calibration": data, "compensate": how}
+                if how is True and damping is not None:
+                    common["damping"] = damping
                 if budgeted:
                     uniform = prunekit.prune_channels(copy.deepcopy(dense), example, share,
                                                       heads=share)  # fmt: skip

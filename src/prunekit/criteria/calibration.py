@@ -674,12 +674,15 @@ def calibrate(
     wanted: Wanted,
     *,
     reduce: Reduce | None = None,
+    numbers: Sequence[int] | None = None,
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, the `wanted` statistics for `modules`
     (with `reduce`: of every rank's batches). After the first batch, each run ends once
-    every module has taken its input (InputStatistics' `early`)."""
+    every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
+    index in the caller's calibration (an error names it), where a subset is run."""
     with evaluating(model), torch.no_grad(), wanted.gather(modules, early=True) as stats:
-        failed = _run_each(stats, batches, lambda batch: run_batch(model, batch), reduce)
+        run = lambda batch: run_batch(model, batch)  # noqa: E731
+        failed = _run_each(stats, batches, run, reduce, numbers)
     return _finish(stats, reduce, failed)
 
 
@@ -691,23 +694,27 @@ def block_statistics(
     *,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
+    numbers: Sequence[int] | None = None,
 ) -> InputStatistics:
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
     before (the block is not run then), is raised here once every rank has learnt of it.
-    After the first input, each run ends once every module has taken its input."""
+    After the first input, each run ends once every module has taken its input. `numbers`:
+    each input's batch index in the calibration (an error names it), where a subset runs."""
     with wanted.gather(modules, early=True) as stats:
         if failed is None:
-            failed = _run_each(stats, inputs, lambda call: block(*call[0], **call[1]), reduce)
+            run = lambda call: block(*call[0], **call[1])  # noqa: E731
+            failed = _run_each(stats, inputs, run, reduce, numbers)
     return _finish(stats, reduce, failed)
 
 
 def _run_each(
     stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
-    reduce: Reduce | None,
+    reduce: Reduce | None, numbers: Sequence[int] | None = None,
 ) -> BaseException | None:  # fmt: skip
-    """Run each item as a batch of `stats`. An error names its batch; with `reduce` it is
-    returned (every rank must learn of it in the reduction) instead of raised."""
+    """Run each item as a batch of `stats`. An error names its batch (its entry of
+    `numbers` where given); with `reduce` it is returned (every rank must learn of it in
+    the reduction) instead of raised."""
     try:
         for index, item in enumerate(items):
             stats.new_batch()
@@ -716,7 +723,8 @@ def _run_each(
             except Stop:
                 pass  # every module took its input: the rest of the run is not needed
             except Exception as error:
-                raise _batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+                number = index if numbers is None else numbers[index]
+                raise _batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
     except Exception as error:
         if reduce is None:
             raise

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.functional import custom_from_mask
@@ -25,6 +26,7 @@ from prunekit.structure.compensation.compensate import (
     refuse_uncompensable,
     written,
 )
+from prunekit.structure.compensation.damping import DAMP, check_damping
 from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
 from prunekit.structure.families.experts import (
@@ -40,6 +42,10 @@ from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.scoring.criteria import GroupCriterion, group_criterion, score_groups
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
+
+DAMPING: float | str = DAMP
+"""What `damping` is where not given: the constant 0.3. 'auto' (the held-out choice per layer)
+did not lift the worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
 
 
 def prune_channels(
@@ -60,6 +66,7 @@ def prune_channels(
     budget: Budget | None = None,
     compensate: bool | str = False,
     ignore: Iterable[nn.Module | str] | None = None,
+    damping: float | str | None = None,
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
@@ -101,8 +108,14 @@ def prune_channels(
     outputs they had in the model as it was before the call, from their inputs in the model
     as pruned so far, which also corrects the error that the layers before them left
     (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs,
-    and runs the model up to each layer for each batch: meant for CNNs). 'obs' and
-    'fluctuation' rank by the error that removal leaves. Returns the groups pruned.
+    and runs the model up to each layer for each batch: meant for CNNs). `damping` (with
+    `compensate=True` only): the damping of that least-squares solve, a number > 0 relative
+    to the mean diagonal of the input's second moment (default 0.3, ``damping.DAMP``), or
+    'auto': for each layer, the damping of a log-scale grid whose update, fitted on
+    alternate calibration batches, best keeps the layer's output on the others (both ways
+    round), then fitted on all of them; a layer where no damping beats leaving it is left,
+    with a warning (``prunekit.structure.compensation.damping``). 'obs' and 'fluctuation'
+    rank by the error that removal leaves. Returns the groups pruned.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
@@ -111,6 +124,7 @@ def prune_channels(
         check_budget(budget, amounts, scope)
     check_gqa(gqa, "prune_channels")
     batches = _compensation_batches(compensate, calibration)
+    level = _damping(damping, compensate)
     excluded, what = _listed(exclude), "exclude"
     if ignore is not None:  # the old name
         old = _listed(ignore)
@@ -163,7 +177,7 @@ def prune_channels(
             if reference is not None:
                 refit_groups(model, reference, pairs, openings, batches)
             else:
-                compensate_groups(model, pairs, openings, batches)
+                compensate_groups(model, pairs, openings, batches, level)
     return chosen
 
 
@@ -183,6 +197,19 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
             "calibration= an iterable of batches the model's forward takes"
         )
     return batch_list(calibration, "prune_channels")
+
+
+def _damping(damping: object, compensate: object) -> float | str:
+    """The damping compensation uses: `damping` checked, or the default where None."""
+    if damping is None:
+        return DAMPING
+    if compensate is not True:
+        raise value_error(
+            f"prune_channels: damping={damping!r} needs compensate=True (it damps that "
+            f"least-squares update), not compensate={compensate!r}; expected compensate=True "
+            "or no damping"
+        )
+    return check_damping(damping, "prune_channels")
 
 
 def _wants_batches(criterion: Any) -> bool:

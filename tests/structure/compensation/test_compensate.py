@@ -116,17 +116,15 @@ def test_fluctuation_is_input_variance_times_squared_column_norm() -> None:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(
-    bias: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(compensation, "DAMP", 1e-6)  # the exact fit, up to rounding
+def test_compensation_keeps_the_consumers_output_as_well_as_least_squares_can(bias: bool) -> None:
     calibration = batches()
     dense = mlp(bias)
     plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
     prunekit.prune_channels(plain, calibration[0], 0.5, criterion="activation",
                             calibration=calibration)  # fmt: skip
     prunekit.prune_channels(fixed, calibration[0], 0.5, criterion="activation",
-                            calibration=calibration, compensate=True)  # fmt: skip
+                            calibration=calibration, compensate=True,
+                            damping=1e-6)  # the exact fit, up to rounding  # fmt: skip
     x = torch.cat(calibration)
     with torch.no_grad():
         target, hidden = dense(x), dense[1](dense[0](x))
@@ -295,8 +293,10 @@ def test_a_pointwise_convolution_is_compensated_as_a_linear_over_positions(bias:
                    for _ in range(4)]  # fmt: skip
     plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
     for model, compensate in ((plain, False), (fixed, True)):
+        exact = {"damping": 1e-7} if compensate else {}  # the exact fit, up to rounding
         prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
-                                calibration=calibration, compensate=compensate)  # fmt: skip
+                                calibration=calibration, compensate=compensate,
+                                **exact)  # fmt: skip
     x = torch.cat(calibration)
     with torch.no_grad():
         target, hidden = dense(x), dense[1](dense[0](x))
@@ -348,9 +348,8 @@ def _fitted_by_patches(
     [(3, 1, 1, True), (3, 2, 1, False), (3, 1, 3, True), (1, 1, 3, False), (2, 2, 1, True)],
 )
 def test_a_convolution_read_as_patches_gets_the_exact_least_squares_fit(
-    kernel: int, stride: int, groups: int, bias: bool, monkeypatch: pytest.MonkeyPatch
+    kernel: int, stride: int, groups: int, bias: bool
 ) -> None:
-    monkeypatch.setattr(compensation, "DAMP", 1e-7)  # the exact fit, up to rounding
     torch.manual_seed(0)
     consumer = nn.Conv2d(12, 6, kernel, stride=stride, padding=kernel // 2, groups=groups,
                          bias=bias)  # fmt: skip
@@ -360,8 +359,10 @@ def test_a_convolution_read_as_patches_gets_the_exact_least_squares_fit(
                    for _ in range(4)]  # fmt: skip
     plain, fixed = copy.deepcopy(dense), copy.deepcopy(dense)
     for model, compensate in ((plain, False), (fixed, True)):
+        exact = {"damping": 1e-7} if compensate else {}  # the exact fit, up to rounding
         prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
-                                calibration=calibration, compensate=compensate)  # fmt: skip
+                                calibration=calibration, compensate=compensate,
+                                **exact)  # fmt: skip
     x = torch.cat(calibration)
     with torch.no_grad():
         target, hidden = dense(x), dense[1](dense[0](x))

