@@ -185,6 +185,7 @@ def _skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Modul
     dtype = _dtype(checkpoint)
     with accelerate.init_empty_weights(include_buffers=False):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # a tied head is the embeddings' parameter, not stored apart
     blocks = model.model.layers
     inside = {id(p) for p in blocks.parameters()}
     for name, param in model.named_parameters():
