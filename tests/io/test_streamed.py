@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import prunekit as prune
-from prunekit.io import streamed
 from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX
 from prunekit.io.streamed import prune_streamed
 from prunekit.tools.cli import main
+from prunekit.whole.calibrated import prune_block
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -57,7 +57,7 @@ def assert_same_as_in_memory(out: Path, model: Any) -> None:
     got = transformers.LlamaForCausalLM.from_pretrained(out)
     masked = 0
     for name, module in model.named_modules():
-        for leaf, value in module.named_parameters(recurse=False):
+        for leaf, _ in module.named_parameters(recurse=False):
             leaf = leaf.removesuffix("_orig")
             key = f"{name}.{leaf}"
             want = getattr(module, leaf)
@@ -105,15 +105,14 @@ def test_sparsegpt_block_by_block(tmp_path: Path) -> None:
 def test_a_failure_mid_way_leaves_no_output(tmp_path: Path, monkeypatch: Any) -> None:
     folder = llama_folder(tmp_path / "dense")
     calls = []
-    real = streamed.prune_block
 
     def failing(*args: Any) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("disk gone")
-        return real(*args)
+        return prune_block(*args)
 
-    monkeypatch.setattr(streamed, "prune_block", failing)
+    monkeypatch.setattr("prunekit.io.streamed.prune_block", failing)
     with pytest.raises(RuntimeError, match="disk gone"):
         prune_streamed(folder, tmp_path / "out", "wanda", 0.5, calibration=batches())
     assert len(calls) == 2
@@ -153,9 +152,9 @@ def test_bad_arguments_are_named(
 def test_a_family_it_does_not_stream_is_refused(tmp_path: Path) -> None:
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2", max_shard_size="20KB")
-    with pytest.raises(ValueError, match="model_type='gpt2'.*llama, mistral"):
+    with pytest.raises(ValueError, match=r"model_type='gpt2'.*llama, mistral"):
         prune_streamed(tmp_path / "gpt2", tmp_path / "out", "wanda", 0.5, calibration=batches())
-    with pytest.raises(CheckpointError, match="model.safetensors.index.json"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json"):
         prune_streamed(tmp_path, tmp_path / "out", "wanda", 0.5, calibration=batches())
     assert not (tmp_path / "out").exists()
 
@@ -165,7 +164,7 @@ def test_shards_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None
     config = json.loads((folder / "config.json").read_text())
     config["num_hidden_layers"] = 3
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="model.layers.2.*do not hold"):
+    with pytest.raises(CheckpointError, match=r"model\.layers\.2\..*do not hold"):
         prune_streamed(folder, tmp_path / "out", "wanda", 0.5, calibration=batches())
 
 

@@ -42,7 +42,7 @@ from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
 from prunekit.progress import Progress
 from prunekit.whole.calibrated import prune_block
 from prunekit.whole.config import Config
-from prunekit.whole.plan import Plan, TensorRef, current_values, make_plan
+from prunekit.whole.plan import TensorRef, current_values, make_plan
 
 __all__ = ["FAMILIES", "METHODS", "StreamedResult", "prune_streamed"]
 

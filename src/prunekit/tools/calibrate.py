@@ -18,7 +18,7 @@ from prunekit.io.streamed import METHODS, prune_streamed
 __all__ = ["METHODS", "add_arguments", "calibration_windows", "run_streamed", "streamed"]
 
 # Options of the magnitude methods, which the calibrated ones do not take (flag, default).
-_MAGNITUDE_ONLY = (
+_MAGNITUDE_ONLY: tuple[tuple[str, str, object], ...] = (
     ("--n", "n", None),
     ("--dim", "dim", None),
     ("--include", "include", []),
