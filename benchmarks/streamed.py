@@ -150,8 +150,8 @@ def run(case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--windows", type=int, default=16)
-    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--windows", type=int, default=16)  # as benchmarks/vs_llmcompressor.py
+    parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--child", choices=("whole", "streamed"))
     parser.add_argument("--folder", type=Path)

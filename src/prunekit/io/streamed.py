@@ -20,7 +20,6 @@ its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it a
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import shutil
@@ -343,11 +342,15 @@ def _trim() -> None:
     """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; elsewhere
     nothing): without it, glibc keeps some of each block's freed memory in its heaps, and the
     peak grows by about half a block's weights per block."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    if not _LIBC:
+        _LIBC.append(_libc())
+    if _LIBC[0] is not None:
+        _LIBC[0].malloc_trim(0)
 
 
-def _libc() -> ctypes.CDLL | None:
+def _libc() -> Any:
+    import ctypes.util  # here: it imports subprocess, which `import prunekit` need not
+
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
@@ -356,7 +359,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
-_LIBC = _libc()
+_LIBC: list[Any] = []  # the C library, once looked up (None: no malloc_trim)
 
 
 def _weight_map(checkpoint: Checkpoint) -> dict[str, str]:
