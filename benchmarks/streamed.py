@@ -126,7 +126,7 @@ def compare(first: Path, second: Path) -> tuple[int, int]:
     return len(one), differ
 
 
-def run(case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace) -> dict:
+def run(case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace) -> dict[str, float]:
     argv = [
         sys.executable,
         __file__,
@@ -144,7 +144,7 @@ def run(case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace)
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"{case} {mode} failed:\n{done.stderr[-3000:]}")
-    found: dict = json.loads(done.stdout.strip().splitlines()[-1])
+    found: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
 
 

@@ -19,7 +19,7 @@ its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it a
 
 from __future__ import annotations
 
-import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -349,8 +349,6 @@ def _trim() -> None:
 
 
 def _libc() -> Any:
-    import ctypes.util  # here: it imports subprocess, which `import prunekit` need not
-
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
