@@ -24,7 +24,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +237,23 @@ def _targets(block: nn.Module) -> list[TensorRef]:
     ]
 
 
+@dataclass
+class _Run:
+    """One streamed pruning's state: where it reads and writes, what it prunes with, and
+    what it pruned so far."""
+
+    model: nn.Module
+    checkpoint: Checkpoint
+    writer: Writer
+    config: Config
+    batches: Sequence[Any]
+    bar: Progress
+    paths: dict[nn.Module, str]
+    numel: int = 0
+    zeros: int = 0
+    pruned: list[str] = field(default_factory=list)
+
+
 def _stream(
     model: nn.Module,
     blocks: nn.ModuleList,
@@ -253,66 +270,51 @@ def _stream(
         plans.setdefault(s.path.name, []).append(Planned(name, s.code, s.shape))
     writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
     paths = {m: p for p, m in model.named_modules()}
-    prefix = {i: f"{paths[block]}." for i, block in enumerate(blocks)}
-    counts = [0, 0]
-    pruned: list[str] = []
+    run = _Run(model, checkpoint, writer, config, batches, bar, paths)
+    prefixes = [f"{paths[block]}." for block in blocks]
     try:
         with cal.evaluating(model), torch.no_grad():
             inputs = cal.capture_block_inputs(model, blocks[0], batches)
-            for i in range(len(blocks)):
-                more = i + 1 < len(blocks)
-                inputs = _one_block(
-                    model, blocks, i, prefix[i], checkpoint, writer, config, paths,
-                    (inputs, batches, more, bar, counts, pruned),
-                )  # fmt: skip
-        owned = tuple(prefix.values())
-        for name, s in checkpoint.tensors.items():
-            if not name.startswith(owned):
-                writer.copy(name, s)
+            for i, prefix in enumerate(prefixes):
+                inputs = _one_block(run, blocks, i, prefix, inputs)
+        for name, stored in checkpoint.tensors.items():
+            if not name.startswith(tuple(prefixes)):
+                writer.copy(name, stored)
         writer.commit()
     except BaseException:
         writer.abort()
         raise
-    return counts[0], counts[1], sum(writer.sizes.values()), pruned
+    return run.numel, run.zeros, sum(writer.sizes.values()), run.pruned
 
 
 def _one_block(
-    model: nn.Module,
-    blocks: nn.ModuleList,
-    i: int,
-    prefix: str,
-    checkpoint: Checkpoint,
-    writer: Writer,
-    config: Config,
-    paths: dict[nn.Module, str],
-    state: tuple[list[cal.Inputs], Sequence[Any], bool, Progress, list[int], list[str]],
+    run: _Run, blocks: nn.ModuleList, i: int, prefix: str, inputs: list[cal.Inputs]
 ) -> list[cal.Inputs]:
-    """Map block `i` from the shards, prune it, write it, let it go; returns its outputs
-    (the next block's inputs) if there is a next block."""
-    inputs, batches, more, bar, counts, pruned = state
-    block = blocks[i]
+    """Map block `i` (its tensors named `prefix`...) from the shards, prune it on its
+    `inputs`, write it, let it go; returns its outputs (the next block's inputs) if there
+    is a next block."""
+    block, tensors = blocks[i], run.checkpoint.tensors
     for name, _ in list(block.named_parameters()):
-        _put(model, prefix + name, checkpoint.tensors[prefix + name])
+        _put(run.model, prefix + name, tensors[prefix + name])
     targets = _targets(block)
-    plan = make_plan(block, targets, config, batches, None)
-    plan.paths = paths  # errors name the module's path in the model
-    outputs = prune_block(plan, block, targets, inputs, bar, more)
-    del inputs
+    plan = make_plan(block, targets, run.config, run.batches, None)
+    plan.paths = run.paths  # errors name the module's path in the model
+    outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
     done = {(id(m), leaf) for m, leaf in targets}
-    for name, stored in checkpoint.tensors.items():
+    for name, stored in tensors.items():
         if not name.startswith(prefix):
             continue
         path, _, leaf = name[len(prefix) :].rpartition(".")
         module = block.get_submodule(path)
         if (id(module), leaf) not in done:
-            writer.copy(name, stored)
+            run.writer.copy(name, stored)
             continue
         values = current_values(module, leaf)
         assert values.dtype == stored.dtype, (name, values.dtype, stored.dtype)
-        writer.write(name, 0, values.reshape(-1))
-        counts[0] += values.numel()
-        counts[1] += int((values == 0).sum())
-        pruned.append(name)
+        run.writer.write(name, 0, values.reshape(-1))
+        run.numel += values.numel()
+        run.zeros += int((values == 0).sum())
+        run.pruned.append(name)
     blocks[i] = _let_go(block)
     del block, plan, targets
     _trim()
