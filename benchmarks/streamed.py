@@ -7,7 +7,7 @@ imported), dequantized to float32 by transformers and written once as a sharded 
 Face folder (save_pretrained with max_shard_size). Each case runs twice, each time in a
 fresh process: `whole` loads the folder with from_pretrained and calls
 ``prune_model(model, amount, method=..., calibration=...)``; `streamed` calls
-``prune_streamed(folder, out, ...)``. Peak RSS is the process's ru_maxrss at the end of the
+``prune_streamed(folder, out, ...)``. Peak RSS is the process's VmHWM at the end of the
 pruning (before anything is saved); *base* is the RSS after the imports (the calibration
 token ids are made once, by the parent, and read by each child: no tokenizer in the runs).
 The whole run's pruned weights are then saved, and every tensor of the two outputs compared
@@ -69,6 +69,13 @@ def calibration(folder: Path, count: int, length: int) -> torch.Tensor:
 
 
 def rss_mib() -> float:
+    """This process's peak RSS since its exec (VmHWM). Not ru_maxrss: Linux folds the
+    parent's resident set at the fork into the child's ru_maxrss, and the parent here held
+    the GGUF model."""
+    with open("/proc/self/status") as stream:
+        for line in stream:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
