@@ -133,7 +133,9 @@ def compare(first: Path, second: Path) -> tuple[int, int]:
     return len(one), differ
 
 
-def run(case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace) -> dict[str, float]:
+def run(
+    case: str, mode: str, folder: Path, out: Path, args: argparse.Namespace
+) -> dict[str, float]:
     argv = [
         sys.executable,
         __file__,
