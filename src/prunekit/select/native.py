@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -89,6 +91,37 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 os.register_at_fork(after_in_child=POOL.clear)  # the pool's threads do not survive a fork
 
+R = TypeVar("R")
+
+
+def share(run: Callable[..., R], jobs: Sequence[tuple[Any, ...]], threads: int) -> list[R]:
+    """``[run(*job) for job in jobs]`` on up to `threads` threads, this one included. The
+    pool's threads take jobs as they get to run; this one takes whatever is left, and waits
+    only for jobs another thread has begun: on a machine whose other cores are busy, a pool
+    thread that is not scheduled costs nothing (this one does its jobs) instead of the
+    wait for a time slice."""
+    results: list[R | None] = [None] * len(jobs)
+    order = iter(range(len(jobs)))
+    lock = threading.Lock()
+
+    def take() -> None:
+        while True:
+            with lock:
+                index = next(order, None)
+            if index is None:
+                return
+            results[index] = run(*jobs[index])
+
+    helpers = min(threads, len(jobs)) - 1
+    pending = [_pool(helpers).submit(take) for _ in range(helpers)] if helpers > 0 else []
+    try:
+        take()
+    finally:
+        for future in pending:
+            if not future.cancel():  # begun: its job is under way (or done)
+                future.result()
+    return results  # type: ignore[return-value]  # every job ran, or this raised
+
 
 def split(
     scores: Tensor,
@@ -145,8 +178,7 @@ def split(
         )
         return tally
 
-    pending = [_pool(count - 1).submit(run, *part) for part in parts[1:]]
-    tallies = [run(*parts[0]), *(future.result() for future in pending)]
+    tallies = share(run, parts, count)
     end = at
     for (start, _), tally in zip(parts, tallies, strict=True):
         found = tally[1]
@@ -216,13 +248,8 @@ def settle(
             take,
         )
 
-    threads = max(1, min(tuning.get().threads(), len(jobs)))
-    others = [job for i, job in enumerate(jobs) if i % threads]  # for the pool's threads
-    pending = [_pool(threads - 1).submit(run, *job) for job in others]
-    for job in jobs[::threads]:
-        run(*job)
-    for future in pending:
-        future.result()
+    now = tuning.get()  # threads by size: each at least `part` entries in between
+    share(run, jobs, max(1, min(now.threads(), len(jobs), values.numel() // now.part)))
     for entry in gathered:  # here: the caller's modes (inference mode) are per thread
         scores, product = entry.scores, entry.product
         if product is not None and scores is not None and not bits_of(scores, entry.out):

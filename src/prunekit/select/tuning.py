@@ -35,8 +35,11 @@ class Tuning:
     """Entries read at a time by the tensor operations: their work buffers stay in cache (L2)."""
     step: int = 1 << 20
     """Entries per call of the C loop, which blocks them itself (fewer calls: faster)."""
-    part: int = 1 << 16
-    """The C loop splits a step among threads in parts at least this large."""
+    part: int = 1 << 19
+    """The C loop splits a step (and the settling of the entries in between) among threads in
+    parts at least this large: the thread count of a call follows its size. A part is worth
+    a thread's wake-up on a quiet machine, and on a loaded one (where a thread may wait for a
+    time slice) the caller takes the parts no other thread began (native.share)."""
     threads: Callable[[], int] = torch.get_num_threads
     """How many threads the C loop may use: as many as torch, by default."""
     native: bool = True

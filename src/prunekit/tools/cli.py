@@ -18,6 +18,7 @@ from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
 from prunekit.report import Report, report
+from prunekit.tools import calibrate
 from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo import run_demo
@@ -174,9 +175,10 @@ def _prune_parser(commands: Any) -> None:
     )
     prune.add_argument(
         "--method",
-        choices=OFFLINE,
+        choices=(*OFFLINE, *calibrate.METHODS),
         default="l1",
-        help="l1: smallest |value|; random; ln: whole channels by L-n norm (default l1)",
+        help="l1: smallest |value|; random; ln: whole channels by L-n norm; wanda, sparsegpt: "
+        "calibrated on --calibration, a sharded model folder one block at a time (default l1)",
     )
     prune.add_argument(
         "--amount",
@@ -220,6 +222,7 @@ def _prune_parser(commands: Any) -> None:
         help="write <name>_orig and <name>_mask instead of making the pruning permanent",
     )
     prune.add_argument("--seed", type=int, help="seed for the random method")
+    calibrate.add_arguments(prune)
     _trust_argument(prune)
     prune.set_defaults(run=_run_prune)
 
@@ -290,6 +293,8 @@ def _renamed(found: Report, name: Callable[[str], str]) -> Report:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    if calibrate.streamed(args):  # wanda, sparsegpt: a folder block by block
+        return calibrate.run_streamed(args)
     if args.global_pruning:
         if args.scope is not None:
             raise ValueError(

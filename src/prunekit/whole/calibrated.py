@@ -36,7 +36,7 @@ from prunekit.patterns import Unstructured
 from prunekit.progress import Progress
 from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented
 
-__all__ = ["execute"]
+__all__ = ["execute", "prune_block", "wanted"]
 
 
 def execute(model: nn.Module, plan: Plan, bar: Progress) -> None:
@@ -122,9 +122,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
     (with `plan.reduce`, of every rank's batches)."""
     owners = [m for m, _ in plan.targets]
     found = cal.block_list(model, owners) if plan.config.sequential else None
-    want = cal.Wanted(
-        norms=plan.method == "wanda", hessian=plan.method == "sparsegpt", patches=True
-    )
+    want = wanted(plan)
     reduce = plan.reduce
     if plan.config.scope == "global":
         stats = cal.calibrate(model, plan.batches, owners, want, reduce=reduce)
@@ -185,6 +183,35 @@ def _by_blocks(
         mods = [m for m, _ in rest]
         stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce)
         _prune_layers(plan, rest, stats, bar)
+
+
+def wanted(plan: Plan) -> cal.Wanted:
+    """The statistics `plan`'s calibrated method gathers of each layer's input."""
+    return cal.Wanted(
+        norms=plan.method == "wanda", hessian=plan.method == "sparsegpt", patches=True
+    )
+
+
+def prune_block(
+    plan: Plan,
+    block: nn.Module,
+    targets: list[TensorRef],
+    inputs: list[cal.Inputs],
+    bar: Progress,
+    more: bool,
+) -> list[cal.Inputs]:
+    """Prune `targets` (tensors of `block`) from `block`'s `inputs` as the sequential
+    in-memory driver does (one process, no ranks): the same statistics, criteria and
+    order, so the same masks. Returns the pruned block's outputs, the next block's inputs,
+    if there is `more` to calibrate (else none)."""
+    want = wanted(plan)
+    if targets and plan.config.sequential == "layers":
+        return _by_groups(plan, block, inputs, targets, want, bar, more)
+    if targets:
+        stats = cal.block_statistics(block, inputs, [m for m, _ in targets], want)
+        _prune_layers(plan, targets, stats, bar)
+        del stats
+    return cal.next_inputs(block, inputs) if more else []
 
 
 def _by_groups(

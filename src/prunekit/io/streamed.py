@@ -1,0 +1,368 @@
+"""Calibrated pruning (Wanda, SparseGPT) of a sharded Hugging Face folder, one decoder block
+in memory at a time.
+
+The model is built from the folder's config with its parameters on the meta device (no
+memory); its embeddings are mapped from the shards (pages read as tokens touch them). The
+calibration batches run up to the first block once; their hidden states are kept. Then each
+block in turn is mapped from the shards, calibrated on the hidden states, pruned by the
+in-memory engine's own step (whole.calibrated.prune_block: the same statistics, criteria and
+order, so the same masks and SparseGPT updates), run to give the next block's hidden states,
+written to the output shards and let go. Every other tensor is copied as it is stored.
+
+Memory (bytes), with b bytes per weight, d the hidden size, S x T calibration tokens:
+about ``S*T*d*b * 2`` (the hidden states, in and out of one block) + one block's weights
+x 3 (values, mask, the masked product) + its statistics (Wanda: a float64 per input feature;
+SparseGPT: a float32 d_in x d_in Hessian of one input) + SparseGPT's work on the matrices
+reading that input (float32) + the embedding rows the tokens use. The output is staged beside
+its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it as it was.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunekit._extras import require
+from prunekit.core.errors import value_error
+from prunekit.criteria import calibration as cal
+from prunekit.criteria.layers import calibrates
+from prunekit.io.atomic import atomic_folder
+from prunekit.io.files import CheckpointError, writable_folder
+from prunekit.io.folders import copy_companions
+from prunekit.io.mapped import Planned, Stored, Writer
+from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
+from prunekit.progress import Progress
+from prunekit.whole.calibrated import prune_block
+from prunekit.whole.config import Config
+from prunekit.whole.plan import TensorRef, current_values, make_plan
+
+__all__ = ["FAMILIES", "METHODS", "StreamedResult", "prune_streamed"]
+
+OWNER = "prune_streamed"
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+"""The config ``model_type``s streamed: decoder-only models whose blocks are
+``model.layers.<i>``, each taking the previous one's hidden states."""
+METHODS = ("wanda", "sparsegpt")
+
+
+@dataclass(frozen=True)
+class StreamedResult:
+    """What a streamed pruning wrote: the index, the tensors pruned, how many entries they
+    hold, how many of those are zero now, and how many blocks were streamed."""
+
+    index: Path
+    pruned: list[str]
+    numel: int
+    zeros: int
+    blocks: int
+
+
+def prune_streamed(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    method: str,
+    amount: float,
+    *,
+    calibration: Iterable[Any],
+    pattern: Any = None,
+    sequential: bool | str | None = None,
+    damp: float = 0.01,
+    blocksize: int = 128,
+    progress: bool | None = None,
+) -> StreamedResult:
+    """Prune the weight matrices of every decoder block of the sharded Hugging Face folder
+    `path` with Wanda or SparseGPT, block by block, into the folder `out`: what
+    ``prune_model(model, amount, method=..., calibration=...)`` gives the whole model in
+    memory (the same masks; SparseGPT's updated weights), the pruning made permanent.
+
+    Args:
+        path: a folder as ``save_pretrained`` writes it: config.json and safetensors shards
+            with ``model.safetensors.index.json``, of a family in FAMILIES.
+        out: the output folder (made if missing): the same shards and index, and every
+            other file of `path` (config, tokenizer, ...).
+        method: 'wanda' or 'sparsegpt'.
+        amount: the fraction of each matrix to prune (for 'N:M', (M-N)/M).
+        calibration: batches for the model's forward (tensors of token ids, or mappings
+            such as ``{"input_ids": ...}``).
+        pattern: 'unstructured', 'row', 'N:M' or a Pattern; None: the method's own, as
+            prune_model's.
+        sequential: True (block by block) or 'layers' (in each block, group by group);
+            None: the method's own, as prune_model's. False (one pass of the whole
+            model) cannot stream.
+        damp: SparseGPT's dampening; blocksize: its columns updated at a time.
+        progress: a bar on stderr (default: when stderr is a terminal).
+
+    Returns:
+        The index written, the names pruned, their entries and zeros, the blocks.
+
+    Raises:
+        TypeError, ValueError: a bad argument or batch, or a model family not streamed;
+            CheckpointError: a folder that cannot be read or written. The output is left
+            as it was.
+    """
+    config = _config(method, amount, pattern, sequential, damp, blocksize, progress)
+    batches = cal.batch_list(calibration, OWNER)
+    checkpoint = open_checkpoint(path)
+    source = checkpoint.index.parent
+    model, blocks = _skeleton(source, checkpoint)
+    folder = writable_folder(out, "the shards", source)
+    need = sum(s.nbytes for s in checkpoint.tensors.values())
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
+    total = sum(len(_targets(block)) for block in blocks)
+    bar = Progress(f"{config.method} {config.pattern!r} streamed", total, config.progress)
+    try:
+        with atomic_folder(folder) as stage:
+            done = _stream(model, blocks, checkpoint, stage, config, batches, bar)
+            index = write_index(stage, checkpoint.metadata, _weight_map(checkpoint), done[2])
+            copy_companions(source, stage)
+    finally:
+        bar.close()
+    return StreamedResult(folder / index.name, done[3], done[0], done[1], len(blocks))
+
+
+def _config(
+    method: str,
+    amount: float,
+    pattern: Any,
+    sequential: bool | str | None,
+    damp: float,
+    blocksize: int,
+    progress: bool | None,
+) -> Config:
+    """The checked arguments; the methods and modes that stream, else a clear refusal."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise value_error(
+            f"{OWNER}: invalid method={method!r}; expected one of {', '.join(METHODS)} "
+            "(the magnitude methods prune shards without the model: prune_sharded)"
+        )
+    config = Config(
+        method=method,
+        amount=amount,
+        pattern=pattern,
+        sequential=sequential,
+        progress=progress,
+        damp=damp,
+        blocksize=blocksize,
+        owner=OWNER,
+    )
+    if config.sequential is False:
+        raise value_error(
+            f"{OWNER}: sequential=False calibrates the whole model in one pass, which needs "
+            "all of it in memory; expected True (block by block) or 'layers'"
+        )
+    return config
+
+
+def _skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.ModuleList]:
+    """The model of the folder's config, its parameters on the meta device, and its blocks;
+    the tensors outside the blocks mapped from the shards. Refuses a family not streamed
+    and shards that do not hold the model's parameters."""
+    transformers = require("transformers", "hf", "streamed pruning")
+    accelerate = require("accelerate", "hf", "streamed pruning")
+    if not (source / "config.json").is_file():
+        raise CheckpointError(
+            f"{source}: no config.json; expected a Hugging Face model folder as "
+            "save_pretrained writes it (the model is built from its config)"
+        )
+    config = transformers.AutoConfig.from_pretrained(source)
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        raise value_error(
+            f"{OWNER}: {source} holds a model of model_type={family!r}, which streamed "
+            f"pruning does not know; expected one of {', '.join(FAMILIES)} (decoder-only "
+            "models whose blocks are model.layers.<i>); prune it in memory with prune_model"
+        )
+    dtype = _dtype(checkpoint)
+    with accelerate.init_empty_weights(include_buffers=False):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # a tied head is the embeddings' parameter, not stored apart
+    blocks = model.model.layers
+    inside = {id(p) for p in blocks.parameters()}
+    for name, param in model.named_parameters():
+        stored = _stored(checkpoint, name, param)
+        if id(param) not in inside:
+            _put(model, name, stored)
+    return model, blocks
+
+
+def _dtype(checkpoint: Checkpoint) -> torch.dtype:
+    """The floating dtype of the shards' tensors (the model is built in it)."""
+    for stored in checkpoint.tensors.values():
+        if stored.dtype.is_floating_point:
+            return stored.dtype
+    raise CheckpointError(f"{checkpoint.index}: no floating-point tensor; expected weights")
+
+
+def _stored(checkpoint: Checkpoint, name: str, param: torch.Tensor) -> Stored:
+    """The stored tensor of the model's parameter `name`, checked against its shape."""
+    stored = checkpoint.tensors.get(name)
+    if stored is None:
+        raise CheckpointError(
+            f"{checkpoint.index}: the model of its config.json has a parameter {name!r} "
+            "that the shards do not hold; expected shards written with that config"
+        )
+    if stored.shape != tuple(param.shape) or not stored.dtype.is_floating_point:
+        raise CheckpointError(
+            f"{checkpoint.index}: {name!r} is stored as {list(stored.shape)} of "
+            f"{stored.code}; the config makes it {list(param.shape)} of floats"
+        )
+    return stored
+
+
+def _put(root: nn.Module, name: str, stored: Stored) -> None:
+    """Make the parameter `name` of `root` the stored tensor (mapped, not read)."""
+    path, _, leaf = name.rpartition(".")
+    module = root.get_submodule(path)
+    module._parameters[leaf] = nn.Parameter(stored.load())
+
+
+def _targets(block: nn.Module) -> list[TensorRef]:
+    """The weight matrices prune_model's calibrated methods take in a block, in its order."""
+    return [
+        (module, leaf)
+        for module in block.modules()
+        for leaf, _ in module.named_parameters(recurse=False)
+        if calibrates(module, leaf)
+    ]
+
+
+@dataclass
+class _Run:
+    """One streamed pruning's state: where it reads and writes, what it prunes with, and
+    what it pruned so far."""
+
+    model: nn.Module
+    checkpoint: Checkpoint
+    writer: Writer
+    config: Config
+    batches: Sequence[Any]
+    bar: Progress
+    paths: dict[nn.Module, str]
+    numel: int = 0
+    zeros: int = 0
+    pruned: list[str] = field(default_factory=list)
+
+
+def _stream(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    checkpoint: Checkpoint,
+    stage: Path,
+    config: Config,
+    batches: Sequence[Any],
+    bar: Progress,
+) -> tuple[int, int, int, list[str]]:
+    """Write every tensor into `stage`: the blocks pruned one at a time, the rest copied.
+    Returns the pruned entries, their zeros, the bytes written and the names pruned."""
+    plans: dict[str, list[Planned]] = {}
+    for name, s in checkpoint.tensors.items():
+        plans.setdefault(s.path.name, []).append(Planned(name, s.code, s.shape))
+    writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
+    paths = {m: p for p, m in model.named_modules()}
+    run = _Run(model, checkpoint, writer, config, batches, bar, paths)
+    prefixes = [f"{paths[block]}." for block in blocks]
+    try:
+        with cal.evaluating(model), torch.no_grad():
+            inputs = cal.capture_block_inputs(model, blocks[0], batches)
+            for i, prefix in enumerate(prefixes):
+                inputs = _one_block(run, blocks, i, prefix, inputs)
+        for name, stored in checkpoint.tensors.items():
+            if not name.startswith(tuple(prefixes)):
+                writer.copy(name, stored)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return run.numel, run.zeros, sum(writer.sizes.values()), run.pruned
+
+
+def _one_block(
+    run: _Run, blocks: nn.ModuleList, i: int, prefix: str, inputs: list[cal.Inputs]
+) -> list[cal.Inputs]:
+    """Map block `i` (its tensors named `prefix`...) from the shards, prune it on its
+    `inputs`, write it, let it go; returns its outputs (the next block's inputs) if there
+    is a next block."""
+    block, tensors = blocks[i], run.checkpoint.tensors
+    for name, _ in list(block.named_parameters()):
+        _put(run.model, prefix + name, tensors[prefix + name])
+    targets = _targets(block)
+    plan = make_plan(block, targets, run.config, run.batches, None)
+    plan.paths = run.paths  # errors name the module's path in the model
+    outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
+    done = {(id(m), leaf) for m, leaf in targets}
+    for name, stored in tensors.items():
+        if not name.startswith(prefix):
+            continue
+        path, _, leaf = name[len(prefix) :].rpartition(".")
+        module = block.get_submodule(path)
+        if (id(module), leaf) not in done:
+            run.writer.copy(name, stored)
+            continue
+        values = current_values(module, leaf)
+        assert values.dtype == stored.dtype, (name, values.dtype, stored.dtype)
+        run.writer.write(name, 0, values.reshape(-1))
+        run.numel += values.numel()
+        run.zeros += int((values == 0).sum())
+        run.pruned.append(name)
+    blocks[i] = _let_go(block)
+    del block, plan, targets
+    _trim()
+    return outputs
+
+
+def _let_go(block: nn.Module) -> nn.Module:
+    """`block` with its tensors back on the meta device (masks and the masked weights
+    the pruning added included) and without hooks (a pruning's hook keeps the last masked
+    weight it made): its memory is freed once nothing else holds it. It never runs again."""
+    for module in block.modules():
+        module._forward_pre_hooks.clear()
+        module._forward_hooks.clear()
+        for key in list(module.__dict__):
+            if isinstance(module.__dict__[key], torch.Tensor):
+                del module.__dict__[key]  # a pruned weight, recomputed by its hook
+        for key, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[key] = buffer.to("meta")
+        for key, param in list(module._parameters.items()):
+            if param is not None:
+                module._parameters[key] = nn.Parameter(param.to("meta"), False)
+    return block
+
+
+def _trim() -> None:
+    """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing): without it, glibc keeps some of each block's freed memory in its heaps, and the
+    peak grows by about half a block's weights per block."""
+    if not _LIBC:
+        _LIBC.append(_libc())
+    if _LIBC[0] is not None:
+        _LIBC[0].malloc_trim(0)
+
+
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC: list[Any] = []  # the C library, once looked up (None: no malloc_trim)
+
+
+def _weight_map(checkpoint: Checkpoint) -> dict[str, str]:
+    """The index's map of the output: every tensor in its file, in the input's order."""
+    found = json.loads(checkpoint.index.read_text())["weight_map"]
+    return {name: found.get(name, s.path.name) for name, s in checkpoint.tensors.items()}
