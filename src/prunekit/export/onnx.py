@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.install import pruning_hooks
+from prunekit.criteria.calibration import evaluating
 from prunekit.export.request import ExportReport, Request
 
 __all__ = ["DTYPES", "TOLERANCE", "write"]
@@ -75,7 +76,7 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
         model = copy.deepcopy(model).float()
         args, kwargs = _float32(args), _float32(kwargs)
     names = _input_names(model, args, kwargs)
-    with _eval(model), torch.no_grad():
+    with evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
         proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
     Path(target).write_bytes(proto.SerializeToString())
@@ -89,7 +90,7 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     except ImportError:
         notes.append("not checked: onnxruntime is not installed")
         return ExportReport("onnx", request.path, (request.path.name,), notes=tuple(notes))
-    with _eval(model), torch.no_grad():
+    with evaluating(model), torch.no_grad():
         diff, absolute = _verify(ort, model, Path(target), args, kwargs, names)
     notes.append(f"largest absolute difference {absolute:.3g}")
     version = f"onnxruntime {ort.__version__}"
@@ -328,15 +329,3 @@ def _quiet(name: str) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-@contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    """`model` in eval mode for the block, each module's mode restored after."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, mode in modes:
-            module.training = mode
