@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import prunekit
+from prunekit.io.streamed import METHODS as STREAMED
 from prunekit.schedule.pruner import CRITERIA
 from prunekit.tools.cli import build_parser
 from prunekit.whole import Config, select_targets
@@ -33,7 +34,9 @@ def test_every_entry_point_reads_the_registry() -> None:
     assert list(CRITERIA) == list(names(("l1", "random"), aliases=True))  # GradualPruner
     prune = build_parser()._subparsers._group_actions[0].choices["prune"]  # type: ignore[union-attr]
     choices = {a.dest: a.choices for a in prune._actions}
-    assert tuple(choices["method"]) == OFFLINE and tuple(choices["scope"]) == SCOPES
+    # the file methods, then the calibrated ones a folder is pruned by block by block
+    assert tuple(choices["method"]) == OFFLINE + STREAMED and tuple(choices["scope"]) == SCOPES
+    assert set(STREAMED) <= set(CALIBRATED)
 
 
 def test_scopes_are_written_once() -> None:
