@@ -30,6 +30,7 @@ import signal
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,8 +237,16 @@ def summary(rows: list[Row]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def sweep(
+    description: str,
+    measure: Callable[[str, str], Any],
+    failed: Callable[[str, str], Any],
+    render: Callable[[list[Any]], str],
+    summary: Callable[[list[Any]], str],
+) -> None:
+    """Every causal-LM family of transformers through `measure` (model type, class name), each
+    within --timeout seconds; a family that raises gets `failed`'s row (model type, why)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--only", help="comma-separated model types")
     parser.add_argument("--timeout", type=int, default=120)
     args = parser.parse_args()
@@ -258,14 +267,19 @@ def main() -> None:
             with time_limit(args.timeout):
                 row = measure(model_type, class_name)
         except TimeoutError as error:
-            row = Row(model_type, built="?", note=_why(error))
+            row = failed(model_type, _why(error))
         except Exception:
-            row = Row(model_type, built="?", note=traceback.format_exc(limit=1)[-110:])
+            row = failed(model_type, traceback.format_exc(limit=1)[-110:])
         rows.append(row)
         print(render([row]).splitlines()[-1], flush=True)
     print()
     print(render(rows))
     print(summary(rows))
+
+
+def main() -> None:
+    sweep(__doc__.splitlines()[0], measure, lambda kind, why: Row(kind, built="?", note=why),
+          render, summary)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,10 +20,8 @@ max |output|), and the reload. One process, one thread; a family that takes long
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prunekit
-from families import SMALL, small_config, time_limit
-from helpers.vision import define_torchvision_ops
+from families import SMALL, small_config, sweep
 
 LAYERS = 4
 REMOVED = 1
@@ -159,35 +156,8 @@ def summary(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated model types")
-    parser.add_argument("--timeout", type=int, default=120)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    define_torchvision_ops()
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    wanted = set(args.only.split(",")) if args.only else None
-    rows = []
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}", flush=True)
-    for model_type, class_name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
-        if wanted is not None and model_type not in wanted:
-            continue
-        try:
-            with time_limit(args.timeout):
-                row = measure(model_type, class_name)
-        except TimeoutError as error:
-            row = Row(model_type, built="?", note=_why(error))
-        except Exception:
-            row = Row(model_type, built="?", note=traceback.format_exc(limit=1)[-110:])
-        rows.append(row)
-        print(render([row]).splitlines()[-1], flush=True)
-    print()
-    print(render(rows))
-    print(summary(rows))
+    sweep(__doc__.splitlines()[0], measure, lambda kind, why: Row(kind, built="?", note=why),
+          render, summary)  # fmt: skip
 
 
 if __name__ == "__main__":
