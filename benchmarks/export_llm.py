@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-import prunekit
-from prunekit.export import export
-from prunekit.export.api import WRITERS
 from prunekit.structure import count_macs
 
 CONTEXT = 512  # llama-perplexity's chunk (-c) and llama-bench's prompt
@@ -57,18 +54,15 @@ def load(gguf: Path) -> tuple[nn.Module, Any]:
     return model.float().eval(), tokenizer
 
 
-def texts(tokenizer: Any, windows: int, chunks: int) -> tuple[list[dict[str, Tensor]], str]:
-    """`windows` calibration windows of 256 tokens from the first half of pydoc's topics (by
-    name), and the text to measure perplexity on from the second half."""
+def texts(chunks: int) -> tuple[str, str]:
+    """The first half of pydoc's topics (by name) to calibrate on, and enough of the second
+    half for `chunks` perplexity chunks."""
     from pydoc_data.topics import topics
 
     names = sorted(topics)
     cut = len(names) // 2
-    first = "\n\n".join(topics[n] for n in names[:cut])
-    ids = tokenizer(first, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    calibration = [{"input_ids": ids[i * 256 : (i + 1) * 256].unsqueeze(0)} for i in range(windows)]
     second = "\n\n".join(topics[n] for n in names[cut:])
-    return calibration, second[: (chunks + 2) * CONTEXT * 5]
+    return "\n\n".join(topics[n] for n in names[:cut]), second[: (chunks + 2) * CONTEXT * 5]
 
 
 def run(command: list[str], timeout: float = 3600, logs: bool = False) -> str:
@@ -172,53 +166,85 @@ def converted(model: nn.Module, tokenizer: Any, converter: Path, work: Path) -> 
     return files
 
 
-def pruned(dense: nn.Module, calibration: list[dict[str, Tensor]], round_to: int) -> nn.Module:
-    model = copy.deepcopy(dense)
-    example = {"input_ids": calibration[0]["input_ids"][:, :32]}
-    start = time.perf_counter()
-    report = prunekit.prune_channels(
-        model, example, budget=prunekit.Budget(params=0.25), criterion="activation",
-        calibration=calibration, compensate=True, round_to=round_to,
-    )  # fmt: skip
-    prunekit.compact(model, example, latency_runs=0)
-    widths = [layer.mlp.up_proj.out_features for layer in model.model.layers]  # type: ignore[union-attr]
-    heads = [layer.self_attn.o_proj.in_features // 64 for layer in model.model.layers]  # type: ignore[union-attr]
-    print(f"pruned: Budget(params=0.25), 'activation', compensate, round_to={round_to}, "
-          f"{sum(b['input_ids'].numel() for b in calibration)} calibration tokens, "
-          f"{time.perf_counter() - start:.0f} s; {len(report)} groups; MLP widths {widths}; "
-          f"query heads {heads}", flush=True)  # fmt: skip
-    return model
+def shrunk(source: Path, work: Path, args: argparse.Namespace) -> tuple[nn.Module, dict[str, Path]]:
+    """SmolLM2 shrunk by a quarter of its non-embedding parameters by the command a user runs,
+    `prunekit shrink`, calibrated on the first half of pydoc's topics: once to GGUF F32 and
+    ``hf``, once more (the same seed, so the same pruning) to GGUF Q8_0. The PyTorch model
+    measured is the ``hf`` folder as stock transformers loads it."""
+    files = {}
+    for kind, formats in (("f32", "gguf,hf"), ("q8_0", "gguf")):
+        out = work / f"shrunk-{kind}"
+        command = [sys.executable, "-m", "prunekit", "shrink", str(source), "-o", str(out),
+                   "--params", "0.25", "--calibration", str(work / "calibration.txt"), "--eval",
+                   str(work / "eval.txt"), "--calibration-tokens", str(256 * args.calibration),
+                   "--round-to", str(args.round_to), "--format", formats, "--gguf-type",
+                   kind]  # fmt: skip
+        start = time.perf_counter()
+        printed = run(command)
+        print(f"$ prunekit shrink SmolLM2-135M -o {out.name} --params 0.25 --round-to "
+              f"{args.round_to} --format {formats} --gguf-type {kind} "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+        if kind == "f32":
+            print("  " + printed.strip().replace("\n", "\n  "), flush=True)
+        files[kind] = out / "model.gguf"
+    from transformers import AutoModelForCausalLM
+
+    hf = work / "shrunk-f32" / "hf"
+    model = AutoModelForCausalLM.from_pretrained(str(hf), trust_remote_code=True)
+    return model.float().eval(), files
 
 
-def hf_check(model: nn.Module, source: Path, work: Path) -> str:
-    """The ``hf`` folder loaded where prunekit cannot be imported; its logits against the
-    compacted model's."""
-    if "hf" not in WRITERS:
-        return "hf: the hf writer is not in this branch: not measured"
-    folder = work / "pruned-hf"
-    export(model, folder, "hf", source=source)
-    ids = torch.randint(0, 1000, (2, 48), generator=torch.Generator().manual_seed(0))
-    torch.save(ids, work / "ids.pt")
-    code = (
-        "import sys, torch; sys.modules['prunekit'] = None\n"
-        "for n in ('nms', 'qnms'):\n"
-        "    try: torch.library.define(f'torchvision::{n}', "
-        "'(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
-        "    except RuntimeError: pass\n"
-        "from transformers import AutoModelForCausalLM\n"
-        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).float()\n"
-        "with torch.no_grad(): torch.save(m.eval()(input_ids=torch.load(sys.argv[2])).logits, "
-        "sys.argv[3])\n"
-    )
-    run([sys.executable, "-c", code, str(folder), str(work / "ids.pt"), str(work / "hf.pt")])
-    found = torch.load(work / "hf.pt")
-    with torch.no_grad():
-        expected = model.eval()(input_ids=ids).logits
-    rel = float((found - expected).abs().max() / expected.abs().max())
-    verdict = "yes" if rel <= 1e-5 else "NO"
+def hf_line(work: Path) -> str:
+    """What `prunekit shrink` measured of its ``hf`` folder: loaded by stock transformers in a
+    process where `import prunekit` fails, its logits against the compacted model's."""
+    found = json.loads((work / "shrunk-f32" / "report.json").read_text())
+    record = next(e for e in found["exports"] if e["format"] == "hf")
+    rel = record["difference"]
+    verdict = "yes" if rel is not None and rel <= 1e-5 else "NO"
     return (
-        "hf folder, loaded by stock transformers in a process where `import prunekit` fails: "
-        f"logits max rel difference {rel:.2e} from the compacted model (<= 1e-5: {verdict})"
+        f"hf folder, checked by {record['verified_by']}: logits max rel difference "
+        f"{rel:.2e} from the compacted model (<= 1e-5: {verdict})"
+    )
+
+
+def deci_line(source: Path, work: Path, args: argparse.Namespace) -> str:
+    """`prunekit shrink --format deci`, and every layer's widths as the readers derive them from
+    its ``block_configs``: llama.cpp's converter by its own function (imported from its
+    source), vLLM's nemotron_nas by its rule restated (``int(2 * m * h / 3)`` rounded up to a
+    multiple of 256; the key/value heads ``num_attention_heads // n_heads_in_group``), both
+    against the tensors of the written folder."""
+    from safetensors import safe_open
+
+    out = work / "shrunk-deci"
+    run([sys.executable, "-m", "prunekit", "shrink", str(source), "-o", str(out), "--params",
+         "0.25", "--calibration", str(work / "calibration.txt"), "--eval",
+         str(work / "eval.txt"), "--calibration-tokens", str(256 * args.calibration),
+         "--format", "deci"])  # fmt: skip
+    sys.path.insert(0, str(args.converter.parent))
+    from conversion.deci import DeciModel
+
+    config = json.loads((out / "config.json").read_text())
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = hidden // heads
+    shapes = {}
+    for file in out.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as tensors:
+            shapes |= {k: tensors.get_slice(k).get_shape() for k in tensors.keys()}  # noqa: SIM118
+    wrong, ffn = [], []
+    for index, block in enumerate(config["block_configs"]):
+        mult, group = block["ffn"]["ffn_mult"], block["attention"]["n_heads_in_group"]
+        theirs_ffn = DeciModel._ffn_mult_to_intermediate_size(mult, hidden)
+        vllm_ffn = -(-int(2 * mult * hidden / 3) // 256) * 256
+        ours_ffn = shapes[f"model.layers.{index}.mlp.up_proj.weight"][0]
+        ours_kv = shapes[f"model.layers.{index}.self_attn.k_proj.weight"][0] // head_dim
+        ffn.append(ours_ffn)
+        if not theirs_ffn == vllm_ffn == ours_ffn or heads // group != ours_kv:
+            wrong.append(index)
+    verdict = "yes" if not wrong else f"NO (layers {wrong})"
+    return (
+        f"deci folder by prunekit shrink --format deci: {len(ffn)} block_configs; MLP widths "
+        f"{ffn}; llama.cpp's converter and vLLM's rule derive every layer's MLP width and "
+        f"key/value heads exactly as the tensors are: {verdict}"
     )
 
 
@@ -226,23 +252,15 @@ Models = dict[str, tuple[nn.Module, dict[str, Path]]]
 
 
 def prepare(args: argparse.Namespace, work: Path) -> tuple[Models, Path]:
-    """The dense model and its GGUF files by llama.cpp's converter; the pruned model and its
-    GGUF files by prunekit (where the gguf writer is present); the text to measure on."""
+    """The dense model and its GGUF files by llama.cpp's converter; the model `prunekit shrink`
+    wrote and its GGUF files; the text to calibrate on and to measure on."""
     source = smollm()
     dense, tokenizer = load(source)
-    calibration, text = texts(tokenizer, args.calibration, args.chunks)
-    (work / "eval.txt").write_text(text, encoding="utf-8")
+    calibration, evaluation = texts(args.chunks)
+    (work / "calibration.txt").write_text(calibration, encoding="utf-8")
+    (work / "eval.txt").write_text(evaluation, encoding="utf-8")
     models: Models = {"dense": (dense, converted(dense, tokenizer, args.converter, work))}
-    if "gguf" not in WRITERS:
-        print("pruned: the gguf writer is not in this branch: dense model only", flush=True)
-        return models, source
-    model = pruned(dense, calibration, args.round_to)
-    files = {}
-    for kind in ("f32", "q8_0"):
-        files[kind] = work / f"pruned-{kind}.gguf"
-        report = export(model, files[kind], "gguf", source=source, dtype=kind)
-        print(f"  {report}".replace("\n", "\n  "), flush=True)
-    models["pruned"] = (model, files)
+    models["pruned"] = shrunk(source, work, args)
     return models, source
 
 
@@ -272,7 +290,8 @@ def measure(args: argparse.Namespace, work: Path, models: Models, source: Path) 
                   f"{speed:.2f}x (median of {args.rounds} runs of both) against {ratio:.2f}x "
                   f"fewer MACs per token: {speed / ratio:.2f} of it (>= 0.9: "
                   f"{'yes' if speed / ratio >= 0.9 else 'NO'})", flush=True)  # fmt: skip
-    print(hf_check(models["pruned"][0], source, work), flush=True)
+    print(hf_line(work), flush=True)
+    print(deci_line(source, work, args), flush=True)
 
 
 def llm_part(args: argparse.Namespace, work: Path) -> None:

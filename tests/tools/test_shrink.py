@@ -190,6 +190,31 @@ def test_gguf_format_is_a_folder_of_the_file_and_the_report_replaced_whole(to_gg
     assert [(r.format, r.path) for r in to_gguf.report.exports] == [("gguf", "model.gguf")]
 
 
+def test_the_command_writes_several_formats_with_the_gguf_type_asked_for(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    needs("gguf")
+    needs("hf")
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = main(["shrink", str(folder), "-o", str(out), "--params", "0.25",
+                       "--calibration", str(text), "--format", "gguf,hf", "--gguf-type",
+                       "q8_0", *FAST])  # fmt: skip
+    assert status == 0
+    assert sorted(p.name for p in out.iterdir()) == ["hf", "model.gguf", "report.json",
+                                                     "report.md"]  # fmt: skip
+    tensors = gguf.GGUFReader(out / "model.gguf").tensors
+    # vectors stay F32; a matrix is Q8_0 where its rows are a multiple of Q8_0's block of 32
+    expected = ["F32" if len(t.shape) == 1 else "Q8_0" if t.shape[0] % 32 == 0 else "F16"
+                for t in tensors]  # fmt: skip
+    assert [t.tensor_type.name for t in tensors] == expected
+    assert "Q8_0" in expected
+    found = json.loads((out / "report.json").read_text())
+    assert [e["format"] for e in found["exports"]] == ["gguf", "hf"]
+    transformers.AutoModelForCausalLM.from_pretrained(str(out / "hf"), trust_remote_code=True)
+
+
 def test_the_report_files_say_what_the_run_measured(by_command: Run) -> None:
     found = json.loads((by_command.out / "report.json").read_text())
     assert found["target"] == {"measure": "params", "share": 0.25}
@@ -366,6 +391,8 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
         ({"calibration": 3}, r"invalid calibration=3"),
         ({"formats": ("deci",), "round_to": 8}, r"round_to=8 with format 'deci'; expected"),
         ({"formats": ("deci",), "kinds": ("channels", "heads")}, r"with format 'deci'"),
+        ({"formats": ("gguf",), "gguf_type": "q4_k"}, r"invalid gguf_type='q4_k'"),
+        ({"gguf_type": "f16"}, r"gguf_type='f16' with formats=\('hf',\)"),
     ],
 )
 def test_config_is_checked_on_creation(

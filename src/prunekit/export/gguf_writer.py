@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.export.gguf import TYPES
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
@@ -43,12 +44,9 @@ from prunekit.functional import is_pruned
 
 __all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "write"]
 
-# the tensor types it writes, by the names `dtype` takes
+# the tensor types it writes (``gguf.TYPES``), by the names `dtype` takes
 DTYPES: dict[str, gg.GGMLQuantizationType] = {
-    "f32": gg.GGMLQuantizationType.F32,
-    "f16": gg.GGMLQuantizationType.F16,
-    "bf16": gg.GGMLQuantizationType.BF16,
-    "q8_0": gg.GGMLQuantizationType.Q8_0,
+    name: gg.GGMLQuantizationType[name.upper()] for name in TYPES
 }
 _FILE_TYPES = {
     "f32": gg.LlamaFileType.ALL_F32,

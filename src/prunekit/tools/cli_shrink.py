@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prunekit.export.api import FORMATS
+from prunekit.export.gguf import TYPES as GGUF_TYPES
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
 from prunekit.tools.shrink import CRITERIA, ShrinkConfig, shrink
@@ -58,10 +59,17 @@ def add_shrink_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=tuple(FORMATS),
-        default="hf",
-        help="hf: a Hugging Face folder; deci: DeciLM block_configs; gguf: "
-        "llama.cpp; onnx (default hf)",
+        type=_formats,
+        default=("hf",),
+        metavar="FORMAT[,FORMAT]",
+        help="hf: a Hugging Face folder; deci: DeciLM block_configs; gguf: llama.cpp; onnx; "
+        "several comma-separated, each then in OUT/<format> or OUT/model.<format> "
+        "(default hf)",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        choices=GGUF_TYPES,
+        help="tensor type of the gguf format (default: the model's own float type)",
     )
     parser.add_argument(
         "--compensate",
@@ -121,6 +129,18 @@ def add_shrink_parser(commands: Any) -> None:
     parser.set_defaults(run=_run_shrink)
 
 
+def _formats(text: str) -> tuple[str, ...]:
+    """``--format``'s value: one format or several, comma-separated, each known once."""
+    names = tuple(name.strip() for name in text.split(","))
+    wrong = [name for name in names if name not in FORMATS]
+    if wrong or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(
+            f"invalid format list {text!r}; expected distinct formats among "
+            f"{', '.join(FORMATS)}, comma-separated"
+        )
+    return names
+
+
 def _run_shrink(args: argparse.Namespace) -> int:
     config = ShrinkConfig(
         Path(args.source),
@@ -130,7 +150,8 @@ def _run_shrink(args: argparse.Namespace) -> int:
         latency=args.latency,
         calibration=args.calibration,
         evaluation=args.eval,
-        formats=(args.format,),
+        formats=args.format,
+        gguf_type=args.gguf_type,
         compensate=args.compensate,
         round_to=args.round_to,
         distill=args.distill,

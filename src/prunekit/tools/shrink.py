@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import FORMATS, WRITERS
+from prunekit.export.gguf import TYPES as GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.structure.budget import Budget, BudgetReport
@@ -70,6 +71,8 @@ class ShrinkConfig:
         formats: the formats to write (``prunekit.export.FORMATS``), at least one. With one
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
+        gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.gguf.TYPES``:
+            f32, f16, bf16, q8_0); None: the model's own float type.
         compensate: the least-squares update of the layers that read removed units.
         round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
             ``deci`` format (whose readers derive MLP widths rounded to 256).
@@ -93,6 +96,7 @@ class ShrinkConfig:
     calibration: Path | tuple[str, ...] | None = None
     evaluation: Path | tuple[str, ...] | None = None
     formats: tuple[str, ...] = ("hf",)
+    gguf_type: str | None = None
     compensate: bool = True
     round_to: int | None = None
     distill: float = 0.0
@@ -121,6 +125,16 @@ class ShrinkConfig:
                 f"{', '.join(FORMATS)}, at least one"
             )
         object.__setattr__(self, "formats", tuple(formats))
+        if self.gguf_type is not None and self.gguf_type not in GGUF_TYPES:
+            raise value_error(
+                f"ShrinkConfig: invalid gguf_type={self.gguf_type!r}; expected one of "
+                f"{', '.join(GGUF_TYPES)}, or None for the model's own float type"
+            )
+        if self.gguf_type is not None and "gguf" not in self.formats:
+            raise value_error(
+                f"ShrinkConfig: gguf_type={self.gguf_type!r} with formats={self.formats!r}; "
+                "gguf_type is the tensor type of the 'gguf' format: add 'gguf' to formats"
+            )
         self._defaults()
         if not isinstance(self.compensate, bool):
             raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")

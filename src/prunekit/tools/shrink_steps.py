@@ -189,7 +189,10 @@ def export_all(
     alone = len(config.formats) == 1 and FORMATS[config.formats[0]]
     for number, form in enumerate(config.formats):
         target = stage if alone else stage / (form if FORMATS[form] else f"model.{form}")
-        done = export(model, target, form, source=config.source, example_inputs=example)
+        dtype = config.gguf_type if form == "gguf" else None
+        done = export(
+            model, target, form, source=config.source, dtype=dtype, example_inputs=example
+        )
         if FORMATS[form] and not any((target / n).exists() for n in _TOKENIZER_FILES):
             tokenizer.save_pretrained(str(target))
         files = model_files(target)
