@@ -287,14 +287,27 @@ def register_module_handler(
         ValueError: `handler` is an unknown behaviour name, or the class is handled already
             and `replace` is False.
     """
+    _check_class(module_class)
+    trace = _module_trace(handler)
+    _check_replace("register_module_handler", replace)
+    _check_free(module_class, replace)
+    cls = module_class
+    blind = isinstance(handler, str)  # the graph's own behaviours read no value
+    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace, blind)
+    return HandlerRegistration(_insert(cls, entry))
+
+
+def _check_class(module_class: object) -> None:
     if not isinstance(module_class, type) or not issubclass(module_class, nn.Module):
         shown = module_class if isinstance(module_class, type) else type(module_class).__name__
         raise TypeError(
             f"register_module_handler: invalid module_class of type {shown}; expected an "
             "nn.Module subclass (the class, not an instance)"
         )
-    trace = _module_trace(handler)
-    _check_replace("register_module_handler", replace)
+
+
+def _check_free(module_class: type[nn.Module], replace: bool) -> None:
+    """Refuse a class registered here before, or one the graph traces, unless `replace`."""
     known = module_class.__module__.startswith("torch.nn.") or module_class.__name__ in RMS_NORMS
     if (module_class in _USER_MODULES or known) and not replace:
         why = "has a handler already" if module_class in _USER_MODULES else "is traced already"
@@ -302,9 +315,11 @@ def register_module_handler(
             f"register_module_handler: module_class={module_class.__name__} {why}; pass "
             "replace=True to trace it with yours instead"
         )
-    cls = module_class
-    blind = isinstance(handler, str)  # the graph's own behaviours read no value
-    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace, blind)
+
+
+def _insert(cls: type[nn.Module], entry: ModuleHandler) -> Callable[[], None]:
+    """Put `entry` first among the module handlers, in place of the one registered here for
+    `cls` before; return what undoes it."""
     previous = _USER_MODULES.get(cls)
     if previous is not None:
         HANDLERS.modules.remove(previous)
@@ -321,7 +336,7 @@ def register_module_handler(
             _USER_MODULES[cls] = previous
             HANDLERS.modules.insert(0, previous)
 
-    return HandlerRegistration(undo)
+    return undo
 
 
 def _module_trace(handler: object) -> ModuleTrace:
