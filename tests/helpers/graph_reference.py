@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.tracer import Record, Tracer
+from prunekit.structure.trace.tracer import Record, Tracer
 
 
 def _roots(parent: list[int]) -> list[int]:

@@ -51,7 +51,7 @@ from prunekit.structure.compensation.reconstruct import reconstruct_blocks
 
 # isort: split
 # One's own ops and modules in the channel graph, registered process-wide.
-from prunekit.structure.handlers.custom import (
+from prunekit.structure.graph.custom import (
     HandlerRegistration,
     register_module_handler,
     register_op_handler,

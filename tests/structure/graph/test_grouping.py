@@ -17,7 +17,8 @@ from prunekit.structure.graph import grouping
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.tracer import Tracer, compressed, run_traced
+from prunekit.structure.graph.tables import HANDLERS
+from prunekit.structure.trace.tracer import Tracer, compressed, run_traced
 
 
 def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:
@@ -33,7 +34,7 @@ def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:
 
 def _check(model: nn.Module, inputs: Any, gqa: str = "query") -> list[ChannelGroup]:
     args, kwargs = split_inputs(inputs, "test")
-    tracer, _ = run_traced(model, args, kwargs, {"gqa": gqa})
+    tracer, _ = run_traced(model, args, kwargs, HANDLERS, {"gqa": gqa})
     fast = build_groups(tracer)
     assert _form(fast) == _form(reference_groups(tracer))
     assert _form(fast) == _form(prunekit.channel_groups(model, inputs, gqa=gqa))

@@ -9,7 +9,8 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers import graph_frozen
-from prunekit.structure.graph.tracer import Tracer, compressed, run_traced
+from prunekit.structure.graph.tables import HANDLERS
+from prunekit.structure.trace.tracer import Tracer, compressed, run_traced
 
 
 class _Grouped(nn.Module):
@@ -28,7 +29,7 @@ class _Grouped(nn.Module):
 
 
 def _roots(model: nn.Module, x: Tensor) -> Tensor:
-    tr, _ = run_traced(model, (x,), {})
+    tr, _ = run_traced(model, (x,), {}, HANDLERS)
     return compressed(tr.parents().clone())
 
 

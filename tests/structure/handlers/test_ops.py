@@ -11,8 +11,9 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers import graph_frozen
-from prunekit.structure.graph.tracer import run_traced
+from prunekit.structure.graph.tables import HANDLERS
 from prunekit.structure.handlers import ops
+from prunekit.structure.trace.tracer import run_traced
 
 
 class _Dense(nn.Module):
@@ -40,7 +41,7 @@ def _labels_into(model: nn.Module, layer: nn.Module, x: Tensor) -> Tensor:
         seen["x"] = args[0]
 
     handle = layer.register_forward_pre_hook(keep)
-    tr, _ = run_traced(model, (x,), {})
+    tr, _ = run_traced(model, (x,), {}, HANDLERS)
     handle.remove()
     found = tr.label(seen["x"])
     assert found is not None

@@ -22,12 +22,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from prunekit.core.errors import warn_caller
 from prunekit.core.transaction import Transaction, transaction
+from prunekit.structure.compaction.fromconfig import pretrained_mismatches
 from prunekit.structure.compaction.hfconfig import update_config
 from prunekit.structure.compaction.surgery import Capture, apply, folds, narrow, plan
 from prunekit.structure.families.experts import unaligned_experts
 from prunekit.structure.graph.graph import ChannelGroup, check_model, split_inputs, traced_groups
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
-from prunekit.structure.saving.hfbuild import pretrained_mismatches
 
 
 @dataclass(frozen=True)

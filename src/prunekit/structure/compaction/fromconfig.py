@@ -211,3 +211,21 @@ def fold_embed_scales(model: nn.Module, fresh: nn.Module) -> None:
             for held in embed_scales(module):
                 set_embed_scale(module, held, new)
             break
+
+
+def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
+    """What ``type(model).from_pretrained`` would build differently from `model` out of its
+    config: one line per tensor whose shape differs and per float attribute whose value
+    does (an embedding scale a tied weight could not take), or why it cannot build; empty
+    when a save_pretrained / from_pretrained round trip rebuilds it. Built on the meta
+    device (no memory) by the builder that checks the compacted config
+    (``build_fresh``)."""
+    config = getattr(model, "config", None)
+    built = None if config is None else build_fresh(model, config)
+    if built is None:
+        return ()
+    if isinstance(built, str):  # the config or the model's own constructor refuses it
+        return (built,)
+    found = shape_mismatches(model, built, buffers=True)
+    shapes = [f"{key} is {mine}, built as {expected}" for key, expected, mine in found]
+    return (*shapes, *float_differences(model, built))

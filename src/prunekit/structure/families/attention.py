@@ -17,78 +17,17 @@ free of transformers; a family with the same structure is added to ``ADAPTERS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.families import mha
+from prunekit.structure.families.heads import Adapter, Follow, Heads, Proj, first
 from prunekit.structure.handlers.layers import is_norm_module
-
-
-@dataclass(frozen=True)
-class Proj:
-    """A projection: ``module.<weight>`` (rows along `out_dim`), from row `offset` of a
-    fused weight; `op` says how the weight is applied ('linear' or Conv1D's 'addmm')."""
-
-    module: nn.Module
-    weight: str = "weight"
-    bias: str | None = "bias"
-    out_dim: int = 0
-    offset: int = 0
-    op: str = "linear"
-    bias_offset: int | None = None  # where the bias rows start, if not at `offset`
-
-
-@dataclass(frozen=True)
-class Follow:
-    """A per-channel parameter inside the attention that follows the query (`side` 'q') or
-    key (`side` 'k') heads along `dim`: per row of the projection (`per_head` False; with
-    `whole` True it is a norm's weight over the whole projected width, whose statistics then
-    exclude the masked heads) or one entry per head (`per_head` True)."""
-
-    module: nn.Module
-    weight: str
-    side: str
-    per_head: bool = False
-    whole: bool = False
-
-
-@dataclass(frozen=True)
-class Heads:
-    """What an adapter reads off one call of an attention module."""
-
-    q: Proj
-    k: Proj
-    v: Proj
-    o: Proj | None  # None: the module returns the heads, a consumer projects them
-    heads: int
-    kv_heads: int
-    head_dim: int
-    inputs: tuple[Any, Any, Any]  # the tensors the query, key and value projections read
-    out: Any  # the tensor carrying o's output (or the heads when o is None)
-    follows: tuple[Follow, ...] = ()
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """`read(module, args, kwargs, out)` -> Heads, or why the module is not understood;
-    `sync(module)` sets its head counts and widths from its tensors (after compaction) and
-    returns them: (heads, key/value heads, head_dim, hidden width it reads)."""
-
-    read: Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Heads | str]
-    sync: Callable[[nn.Module], tuple[int, int, int, int]]
-
-
-ADAPTERS: dict[str, Adapter] = {}
-
-
-def first(out: Any) -> Any:
-    return out[0] if isinstance(out, (tuple, list)) else out
+from prunekit.structure.trace.labels import along, channel_ids
+from prunekit.structure.trace.tracer import ModuleHandler, Tracer
 
 
 def _input(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "hidden_states") -> Any:
@@ -310,8 +249,6 @@ QKV_OUT = (
     "PegasusAttention", "MarianAttention", "BlenderbotAttention", "BlenderbotSmallAttention",
     "MvpAttention", "BigBirdPegasusDecoderAttention",
 )  # fmt: skip
-ADAPTERS.update({name: Adapter(_read_qkvo, _update_qkvo) for name in QKVO + QKV_OUT})
-ADAPTERS["Phi3Attention"] = Adapter(_read_fused, _update_fused)
 
 
 def _read_input_width(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -325,10 +262,16 @@ def _read_input_width(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     )
 
 
-# QKV_OUT's layout, but its output width is its input's
-ADAPTERS["TrOCRAttention"] = Adapter(_read_input_width, _update_qkvo)
-ADAPTERS["BertSelfAttention"] = Adapter(_read_bert, _update_bert)
-ADAPTERS["GPT2Attention"] = Adapter(_read_gpt2, _update_gpt2)
+# the one table of attention families, by class name (torch's MHA by type: ``adapter_of``)
+ADAPTERS: dict[str, Adapter] = {
+    **dict.fromkeys(QKVO + QKV_OUT, Adapter(_read_qkvo, _update_qkvo)),
+    "Phi3Attention": Adapter(_read_fused, _update_fused),
+    # QKV_OUT's layout, but its output width is its input's
+    "TrOCRAttention": Adapter(_read_input_width, _update_qkvo),
+    "BertSelfAttention": Adapter(_read_bert, _update_bert),
+    "GPT2Attention": Adapter(_read_gpt2, _update_gpt2),
+    "MultiheadAttention": mha.ADAPTER,
+}
 
 
 def adapter_of(module: nn.Module) -> Adapter | None:
@@ -475,6 +418,11 @@ def update_modules(model: nn.Module) -> None:
             _set(module, num_heads=attention.num_heads)
 
 
-MODULE_HANDLERS.append(
-    ModuleHandler("attention", lambda m: adapter_of(m) is not None, _trace, blind=True)
-)
+def is_attention(module: nn.Module) -> bool:
+    """Whether an adapter knows `module` (it is then traced whole)."""
+    return adapter_of(module) is not None
+
+
+# an attention module an adapter knows, traced whole (in the module handlers of
+# ``structure.graph.tables``)
+ATTENTION_HANDLER = ModuleHandler("attention", is_attention, _trace, blind=True)

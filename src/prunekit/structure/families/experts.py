@@ -30,8 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer
+from prunekit.structure.trace.labels import along, channel_ids
+from prunekit.structure.trace.tracer import ModuleHandler, Tracer
 
 # routers whose logits are linear(x, weight), then softmax and top-k (renormalized or not),
 # or top-k of the logits, then softmax or sigmoid over the chosen (Cohere2-MoE)
@@ -139,8 +139,9 @@ def _trace_experts(tr: Tracer, module: nn.Module, args: tuple[Any, ...],
     tr.set(out, along(made, out.dim() - 1, out.shape))
 
 
-MODULE_HANDLERS.append(ModuleHandler("router", is_router, _trace_router))
-MODULE_HANDLERS.append(ModuleHandler("experts", is_experts, _trace_experts))
+# a router and its experts, each traced whole (in the module handlers of ``structure.graph.tables``)
+ROUTER_HANDLER = ModuleHandler("router", is_router, _trace_router)
+EXPERTS_HANDLER = ModuleHandler("experts", is_experts, _trace_experts)
 
 
 class _MaskedLogits(TorchFunctionMode):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prunekit.structure.families.attention import ADAPTERS, Adapter, Heads, Proj, first
+from prunekit.structure.families.heads import Adapter, Heads, Proj, first
 
 
 def _read(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> (
@@ -61,7 +61,8 @@ def _update(module: Any) -> tuple[int, int, int, int]:
     return module.num_heads, module.num_heads, module.head_dim, module.embed_dim
 
 
-ADAPTERS["MultiheadAttention"] = Adapter(_read, _update)
+# torch's MultiheadAttention (in the table of ``attention.ADAPTERS``)
+ADAPTER = Adapter(_read, _update)
 
 
 class CompactMultiheadAttention(nn.MultiheadAttention):

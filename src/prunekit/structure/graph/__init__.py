@@ -1,10 +1,10 @@
 """The channel dependency graph: one traced forward pass resolved into groups of coupled channels.
 
 The first stage of structural pruning (trace -> groups -> score -> mask -> compensate ->
-compact -> save). ``trace`` labels every value with the channels it carries (``labels`` holds
-the helpers on label tensors; ``skim`` lets the traced forward skip the arithmetic the graph
-never reads), ``grouping`` resolves the trace into units, ``groups`` holds
-``Slice`` and ``ChannelGroup``, and ``graph`` is the entry point ``channel_groups`` with the
-argument checks the other entry points share. The handlers the tracer dispatches to live in
-``structure.handlers`` and ``structure.families``; ``graph`` imports them so they register.
+compact -> save), over ``structure.trace`` (the traced forward) and what it dispatches to
+(``structure.handlers``, ``structure.families``). ``tables`` declares that dispatch: every op
+name with its handler, and the module handlers in the order they are tried; ``custom`` lets a
+user add to it (``register_op_handler``, ``register_module_handler``). ``grouping`` resolves
+the trace into units, ``groups`` holds ``Slice`` and ``ChannelGroup``, and ``graph`` is the
+entry point ``channel_groups`` with the argument checks the other entry points share.
 """

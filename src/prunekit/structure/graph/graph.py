@@ -13,11 +13,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit.structure.families import attention, experts, mha  # noqa: F401
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
-from prunekit.structure.graph.tracer import run_traced
-from prunekit.structure.handlers import layers, norms, ops  # noqa: F401
+from prunekit.structure.graph.tables import HANDLERS
+from prunekit.structure.trace.tracer import run_traced
 
 __all__ = ["GQA_UNITS", "ChannelGroup", "Slice", "channel_groups", "traced_groups"]
 
@@ -51,7 +50,7 @@ def traced_groups(model: nn.Module, example_inputs: Any, gqa: str, owner: str) -
     """The groups, `gqa` unchecked: 'auto' (compact) takes whole key/value groups in the
     attention modules where some are masked whole, query heads elsewhere."""
     args, kwargs = split_inputs(example_inputs, owner)
-    tracer, _ = run_traced(model, args, kwargs, {"gqa": gqa})
+    tracer, _ = run_traced(model, args, kwargs, HANDLERS, {"gqa": gqa})
     return build_groups(tracer)
 
 

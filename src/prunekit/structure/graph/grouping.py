@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from prunekit.structure.graph.groups import ChannelGroup, Pending, Slice, Units
-from prunekit.structure.graph.tracer import Record, Tracer, compressed
+from prunekit.structure.trace.tracer import Record, Tracer, compressed
 
 
 def build_groups(tr: Tracer) -> list[ChannelGroup]:

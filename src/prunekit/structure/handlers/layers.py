@@ -9,15 +9,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from prunekit.structure.graph.labels import along, channel_ids
-from prunekit.structure.graph.tracer import Call, Tracer, describe_op, register
+from prunekit.structure.trace.labels import along, channel_ids
+from prunekit.structure.trace.tracer import Call, Tracer, describe_op
 
 Owner = tuple[str, nn.Module, str, bool] | None
 """What ``Tracer.claim`` says of a tensor: the parameter of the model it is, or None."""
 
 
-@register("conv1d", "conv2d", "conv3d", blind="all")
-def _conv(tr: Tracer, call: Call) -> None:
+def conv(tr: Tracer, call: Call) -> None:
     x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
     groups = int(call.arg(6, "groups", 1))
     spatial = int(call.name[-2])
@@ -57,8 +56,7 @@ def _conv(tr: Tracer, call: Call) -> None:
     tr.set(out, tr.along(new, cdim, out.shape), held=True)
 
 
-@register("linear", blind="all")
-def _linear(tr: Tracer, call: Call) -> None:
+def linear(tr: Tracer, call: Call) -> None:
     x, weight, bias = call.arg(0, "input"), call.arg(1, "weight"), call.arg(2, "bias")
     owner = tr.claim(weight)
     if owner is None:
@@ -100,8 +98,7 @@ def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> T
     return chan
 
 
-@register("batch_norm", "instance_norm", blind="all")
-def _batch_norm(tr: Tracer, call: Call) -> None:
+def batch_norm(tr: Tracer, call: Call) -> None:
     tensors = [(call.arg(1, "running_mean"), "buffer"), (call.arg(2, "running_var"), "buffer"),
                (call.arg(3, "weight"), "norm"), (call.arg(4, "bias"), "norm")]  # fmt: skip
     chan = _per_channel(tr, call, tensors)
@@ -109,8 +106,7 @@ def _batch_norm(tr: Tracer, call: Call) -> None:
         tr.set(call.out, tr.along(chan, 1, call.out.shape))
 
 
-@register("group_norm", blind="all")
-def _group_norm(tr: Tracer, call: Call) -> None:
+def group_norm(tr: Tracer, call: Call) -> None:
     x, groups = call.arg(0, "input"), int(call.arg(1, "num_groups"))
     labels = tr.label(x)
     chan = _per_channel(tr, call, [(call.arg(2, "weight"), "norm"), (call.arg(3, "bias"), "norm")])
@@ -123,8 +119,7 @@ def _group_norm(tr: Tracer, call: Call) -> None:
     tr.set(call.out, along(chan, 1, call.out.shape))
 
 
-@register("layer_norm", "rms_norm", blind="all")
-def _layer_norm(tr: Tracer, call: Call) -> None:
+def layer_norm(tr: Tracer, call: Call) -> None:
     x, shape = call.arg(0, "input"), call.arg(1, "normalized_shape")
     weight = call.arg(2, "weight")
     bias = call.arg(3, "bias") if call.name == "layer_norm" else None
@@ -200,8 +195,7 @@ RMS_NORMS = {
 }  # fmt: skip
 
 
-@register("addmm", blind="all")
-def _addmm(tr: Tracer, call: Call) -> None:
+def addmm(tr: Tracer, call: Call) -> None:
     """``addmm(bias, x, weight)`` with a model weight of shape (in, out): Hugging Face's
     Conv1D (GPT-2), a linear layer with its weight transposed."""
     bias, x, weight = call.arg(0, "input"), call.arg(1, "mat1"), call.arg(2, "mat2")
@@ -216,8 +210,7 @@ def _addmm(tr: Tracer, call: Call) -> None:
     _matrix_product(tr, call, x, weight, (owner, bias_owner), 0)
 
 
-@register("prelu", blind="all")
-def _prelu(tr: Tracer, call: Call) -> None:
+def prelu(tr: Tracer, call: Call) -> None:
     x, weight = call.arg(0, "input"), call.arg(1, "weight")
     labels = tr.label(x)
     owner = tr.claim(weight)
@@ -230,8 +223,7 @@ def _prelu(tr: Tracer, call: Call) -> None:
     tr.set(call.out, labels)
 
 
-@register("embedding")
-def _embedding(tr: Tracer, call: Call) -> None:
+def embedding(tr: Tracer, call: Call) -> None:
     weight = call.arg(1, "weight")
     owner = tr.claim(weight)
     if owner is None:

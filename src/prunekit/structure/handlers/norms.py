@@ -21,9 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import stored_parameter
-from prunekit.structure.graph.labels import channel_ids
-from prunekit.structure.graph.tracer import MODULE_HANDLERS, TRACING, ModuleHandler, Tracer
 from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
+from prunekit.structure.trace.labels import channel_ids
+from prunekit.structure.trace.tracer import TRACING, ModuleHandler, Tracer
 
 
 def _match_rms(module: nn.Module) -> bool:
@@ -51,7 +51,8 @@ def _trace_rms(tr: Tracer, module: nn.Module, args: tuple[Any, ...], kwargs: dic
     tr.set(out, labels if out.shape == labels.shape else None)
 
 
-MODULE_HANDLERS.append(ModuleHandler("rms_norm", _match_rms, _trace_rms, blind=True))
+# RMSNorm traced whole (in the module handlers of ``structure.graph.tables``)
+RMS_NORM_HANDLER = ModuleHandler("rms_norm", _match_rms, _trace_rms, blind=True)
 
 
 def kept_norm_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

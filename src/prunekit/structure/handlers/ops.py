@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.structure.graph.labels import along, core, either, one_dim, positive, varying
-from prunekit.structure.graph.tracer import Call, Tracer, describe_op, register
+from prunekit.structure.trace.labels import along, core, either, one_dim, positive, varying
+from prunekit.structure.trace.tracer import Call, Tracer, describe_op
 
-_UNARY = [
+UNARY = [
     "relu",
     "relu6",
     "leaky_relu",
@@ -78,8 +78,7 @@ _UNARY = [
 ]
 
 
-@register(*_UNARY, blind="all")
-def _unary(tr: Tracer, call: Call) -> None:
+def unary(tr: Tracer, call: Call) -> None:
     labels = tr.label(call.arg(0, "input"))
     others = [a for a in call.args[1:] + tuple(call.kwargs.values()) if isinstance(a, Tensor)]
     if any(tr.label(a) is not None for a in others):
@@ -91,7 +90,7 @@ def _unary(tr: Tracer, call: Call) -> None:
 
 
 # name -> (kind, operands swapped)
-_BINARY = {
+BINARY = {
     "add": ("add", False), "__add__": ("add", False), "__radd__": ("add", True),
     "__iadd__": ("add", False), "sub": ("add", False), "__sub__": ("add", False),
     "__rsub__": ("add", True), "__isub__": ("add", False), "rsub": ("add", False),
@@ -104,9 +103,8 @@ _BINARY = {
 }  # fmt: skip
 
 
-@register(*_BINARY, blind="all")
-def _binary(tr: Tracer, call: Call) -> None:
-    kind, swapped = _BINARY[call.name]
+def binary(tr: Tracer, call: Call) -> None:
+    kind, swapped = BINARY[call.name]
     a, b = call.arg(0, "input"), call.arg(1, "other")
     if swapped:
         a, b = b, a
@@ -191,7 +189,7 @@ def _sliced_against(labels: Tensor, other: Any, out: Tensor) -> bool:
     return any(shape[d] > 1 for d in varying(labels))
 
 
-_MOVES = [
+MOVES = [
     "permute",
     "transpose",
     "swapaxes",
@@ -231,8 +229,7 @@ _MOVES = [
 ]
 
 
-@register(*_MOVES, blind="first")
-def _move(tr: Tracer, call: Call) -> None:
+def move(tr: Tracer, call: Call) -> None:
     data = _data(call)
     found = [(t, tr.labels_of(t)) for t in data]
     if all(lab is None for _, lab in found):
@@ -449,7 +446,7 @@ def _reshape(before: torch.Size, after: torch.Size, dims: list[int], dims_after:
     return ""
 
 
-_POOLS = [
+POOLS = [
     "max_pool1d",
     "max_pool2d",
     "max_pool3d",
@@ -478,8 +475,7 @@ _POOLS = [
 ]
 
 
-@register(*_POOLS, blind="all")
-def _pool(tr: Tracer, call: Call) -> None:
+def pool(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
     if labels is None:
@@ -501,7 +497,7 @@ def _pool(tr: Tracer, call: Call) -> None:
             tr.set(t, kept.reshape(kept.shape + (1,) * spatial).expand(t.shape))
 
 
-_REDUCE = [
+REDUCE = [
     "mean",
     "sum",
     "amax",
@@ -518,8 +514,7 @@ _REDUCE = [
 ]
 
 
-@register(*_REDUCE, blind="all")
-def _reduce(tr: Tracer, call: Call) -> None:
+def reduce(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
     if labels is None:
@@ -545,8 +540,11 @@ def _reduce(tr: Tracer, call: Call) -> None:
             tr.set(t, kept)
 
 
-@register("softmax", "log_softmax", "normalize", "cumsum", "cumprod", blind="all")
-def _along_dim(tr: Tracer, call: Call) -> None:
+# the ops along one dim (a softmax over the channels' dim blocks them)
+ALONG_DIM = ("softmax", "log_softmax", "normalize", "cumsum", "cumprod")
+
+
+def along_dim(tr: Tracer, call: Call) -> None:
     x = call.arg(0, "input")
     labels = tr.label(x)
     if labels is None:
@@ -559,9 +557,14 @@ def _along_dim(tr: Tracer, call: Call) -> None:
     tr.set(call.out, labels)
 
 
-@register("matmul", "mm", "bmm", "einsum", "baddbmm", "scaled_dot_product_attention",
-          "multi_head_attention_forward", "__matmul__", "bilinear", blind="all")  # fmt: skip
-def _contracts(tr: Tracer, call: Call) -> None:
+# the products that contract over a dim (outside an attention module the graph knows)
+CONTRACTS = (
+    "matmul", "mm", "bmm", "einsum", "baddbmm", "scaled_dot_product_attention",
+    "multi_head_attention_forward", "__matmul__", "bilinear",
+)  # fmt: skip
+
+
+def contracts(tr: Tracer, call: Call) -> None:
     for t in _tensors(call):
         tr.block(
             tr.label(t),

@@ -1,6 +1,6 @@
-"""Hugging Face models built from a config: the class and config of a compacted save, and
-what ``from_pretrained`` would build from a compacted model's config (transformers is imported
-only when a class or config is looked up).
+"""Hugging Face models built from a config: the class and config of a compacted save
+(transformers is imported only when a class or config is looked up; what ``from_pretrained``
+would build differently from a compacted model is ``compaction.fromconfig``'s).
 
 A compacted model's config holds the widths that are one across layers; the modules hold
 the rest. Built anew from that config, a model can differ (per-layer widths, heads cut
@@ -13,21 +13,15 @@ config its saved fields.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.structure.compaction.fromconfig import (
-    build_fresh,
-    float_differences,
-    shape_mismatches,
-)
-from prunekit.structure.saving.skeleton import Factory
 
-__all__ = ["building_config", "pretrained_mismatches", "transformers_factory"]
+__all__ = ["building_config", "transformers_factory"]
 
 # the config fields that count heads
 _HEAD_COUNTS = ("num_attention_heads", "num_key_value_heads", "n_head", "num_heads")
@@ -108,25 +102,9 @@ def _config_class(kind: Any, where: Path) -> Any:
         ) from None
 
 
-def transformers_factory(root: str, saved: Mapping[str, Any], where: Path) -> Factory:
+def transformers_factory(
+    root: str, saved: Mapping[str, Any], where: Path
+) -> Callable[[Any], nn.Module]:
     """Builds the transformers class of the saved model from the config it is given."""
     cls = model_class(root, saved, where)
     return lambda config: cls(config)
-
-
-def pretrained_mismatches(model: nn.Module) -> tuple[str, ...]:
-    """What ``type(model).from_pretrained`` would build differently from `model` out of its
-    config: one line per tensor whose shape differs and per float attribute whose value
-    does (an embedding scale a tied weight could not take), or why it cannot build; empty
-    when a save_pretrained / from_pretrained round trip rebuilds it. Built on the meta
-    device (no memory) by the builder that checks the compacted config
-    (fromconfig.build_fresh)."""
-    config = getattr(model, "config", None)
-    built = None if config is None else build_fresh(model, config)
-    if built is None:
-        return ()
-    if isinstance(built, str):  # the config or the model's own constructor refuses it
-        return (built,)
-    found = shape_mismatches(model, built, buffers=True)
-    shapes = [f"{key} is {mine}, built as {expected}" for key, expected, mine in found]
-    return (*shapes, *float_differences(model, built))

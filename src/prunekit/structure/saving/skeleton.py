@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunekit.structure.saving.hfbuild import building_config, transformers_factory
+
 __all__ = ["FACTORIES", "Factory", "build_skeleton", "empty_parameters", "register_factory"]
 
 Factory = Callable[[Any], nn.Module]
@@ -98,14 +100,9 @@ def build_skeleton(manifest: Mapping[str, Any], where: Path, factory: Factory | 
                 "prunekit.register_compacted_factory(Model, factory) first, or "
                 "load_compacted(model, folder) with a freshly built model"
             )
-        # A cycle, as below: hfbuild builds on this module's Factory and empty_parameters.
-        from prunekit.structure.saving.hfbuild import transformers_factory  # noqa: PLC0415
-
         factory = transformers_factory(root, saved, where)
     config = None
     if saved is not None:
-        from prunekit.structure.saving.hfbuild import building_config  # noqa: PLC0415
-
         config = building_config(manifest, where)
     with empty_parameters():  # an error of the model's own code propagates as it is
         model = factory(config)

@@ -22,15 +22,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from prunekit.core.checks import is_attention_out_proj
-from prunekit.structure.graph.labels import along, channel_ids, core, varying
-from prunekit.structure.graph.skim import REAL_OUTPUT, Blind, Fakes, autocast
+from prunekit.structure.trace.labels import along, channel_ids, core, varying
+from prunekit.structure.trace.skim import REAL_OUTPUT, Blind, Fakes, autocast
 
 # A handler gets the tracer and the call (its output included); it sets the output's labels.
 Handler = Callable[["Tracer", "Call"], None]
-HANDLERS: dict[str, Handler] = {}
-# the graph's own handlers, each with what it and its op's output shape are blind to (see
-# `register`); a handler registered otherwise is taken to read every value
-BLIND: dict[str, tuple[Handler, Blind]] = {}
 
 # Ops whose output is no tensor or only metadata; never a use of the channels.
 METADATA = {"size", "dim", "numel", "__get__", "_assert", "__len__", "is_floating_point"}
@@ -39,7 +35,7 @@ _PARAM_ELEMENTS_LIMIT = 1 << 20  # a parameter used outside a layer gets one id 
 STRICT_SKIM = False
 """Whether a skimmed trace that fails by anything but `NeedValues`, where the trace computing
 every op then succeeds, raises AssertionError (chained to the first failure) instead of
-passing unseen: such a failure is a bug of ``graph.skim`` (a wrong shape made for a skipped
+passing unseen: such a failure is a bug of ``trace.skim`` (a wrong shape made for a skipped
 op, say), which would else only make the trace slower. The test suite turns it on."""
 # True while a forward runs under the tracer (hooks that only fix values stand aside then)
 TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("prunekit_tracing", default=False)
@@ -52,7 +48,7 @@ class ModuleHandler:
     `match(module, tracer)` says whether it applies; `trace(tracer, module, args, kwargs,
     out)` then records the module's slices and sets the labels of its outputs. `blind`: the
     module's output shape and `trace` depend on no value of its inputs (the graph's own
-    handlers of attention and RMSNorm), so they may be fake (see ``graph.skim``).
+    handlers of attention and RMSNorm), so they may be fake (see ``trace.skim``).
     """
 
     name: str
@@ -61,22 +57,22 @@ class ModuleHandler:
     blind: bool = False
 
 
-MODULE_HANDLERS: list[ModuleHandler] = []
+@dataclass
+class Handlers:
+    """What the tracer dispatches to (the graph's tables: ``structure.graph.tables``).
 
+    `ops`: the handler of each (normalized) op name, the graph's own and the ones users
+    registered. `own`: the graph's own op handlers, each with the operands whose values
+    neither it nor the op's output shape depend on, which may be fake while tracing (see
+    ``trace.skim``): 'all', 'first' (the first argument, a tensor or a list of them: a move
+    replays its other tensors, indices) or 'none'; a handler in `ops` that is not its op's
+    own is taken to read every value. `modules`: the module handlers, the first that matches
+    a module traces it.
+    """
 
-def register(*names: str, blind: Blind = "none") -> Callable[[Handler], Handler]:
-    """Register a handler for the ops of these (normalized) names. `blind`: the operands
-    whose values neither the handler nor the op's output shape depend on, which may be fake
-    while tracing (see ``graph.skim``): 'all', 'first' (the first argument, a tensor or a list
-    of them: a move replays its other tensors, indices) or 'none'."""
-
-    def add(handler: Handler) -> Handler:
-        for name in names:
-            HANDLERS[name] = handler
-            BLIND[name] = (handler, blind)
-        return handler
-
-    return add
+    ops: dict[str, Handler] = field(default_factory=dict)
+    own: dict[str, tuple[Handler, Blind]] = field(default_factory=dict)
+    modules: list[ModuleHandler] = field(default_factory=list)
 
 
 def op_name(func: Any) -> str:
@@ -134,6 +130,7 @@ class Tracer:
     where: list[str] = field(default_factory=list)
     claimed: set[int] = field(default_factory=set)
     options: dict[str, Any] = field(default_factory=dict)
+    handlers: Handlers = field(default_factory=Handlers)  # what each op and module goes to
     names: dict[int, str] = field(default_factory=dict)  # id of each module -> its name
     suspended: int = 0  # > 0: inside a module a ModuleHandler traces as a whole
     heads: set[int] = field(default_factory=set)  # ids of attention heads (kind 'heads')
@@ -515,7 +512,7 @@ class _Mode(TorchFunctionMode):
             out = func(*args, **kwargs)
         else:
             inputs = _inputs(args, kwargs)
-            out = fakes.run(func, name, args, kwargs, inputs, _blind(name))
+            out = fakes.run(func, name, args, kwargs, inputs, _blind(name, tr.handlers))
         if name in METADATA or tr.suspended:
             return out
         if inputs is None:
@@ -525,7 +522,7 @@ class _Mode(TorchFunctionMode):
             return out  # no channels and no model tensor: nothing for a handler to see
         call = Call(name, tuple(args), dict(kwargs), out, tr.where[-1] if tr.where else "")
         tr.claimed = claimed = set[int]()
-        handler = HANDLERS.get(name)
+        handler = tr.handlers.ops.get(name)
         if handler is not None:
             handler(tr, call)
         else:
@@ -542,11 +539,11 @@ class _Mode(TorchFunctionMode):
 _NAMES: dict[Any, str] = {}
 
 
-def _blind(name: str) -> Blind:
+def _blind(name: str, handlers: Handlers) -> Blind:
     """What the op of this name and its handler are blind to (a handler a user registered
     in place of the graph's own: nothing)."""
-    found = BLIND.get(name)
-    if found is not None and HANDLERS.get(name) is found[0]:
+    found = handlers.own.get(name)
+    if found is not None and handlers.ops.get(name) is found[0]:
         return found[1]
     if name in REAL_OUTPUT:  # the shape of the first argument only (not a fill value)
         return "first"
@@ -600,12 +597,14 @@ def describe_op(call: Call) -> str:
 
 
 def run_traced(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], handlers: Handlers,
     options: dict[str, Any] | None = None, skim: bool = True,
 ) -> tuple[Tracer, Any]:  # fmt: skip
     """Run `model` once under the tracer (eval mode, no grad); return the tracer and outputs.
 
-    `skim`: the costly ops are first skipped (``graph.skim``; not under autocast): the outputs
+    `handlers`: what each op and module goes to (``structure.graph.tables.HANDLERS``).
+
+    `skim`: the costly ops are first skipped (``trace.skim``; not under autocast): the outputs
     are then fake, and when an op could read fake values (or they made the forward fail), the
     model runs again computing every op; the tracer is the same either way (`STRICT_SKIM`:
     a failure of the skimmed run other than `NeedValues` raises AssertionError then).
@@ -614,7 +613,7 @@ def run_traced(
     if skim and not autocast():
         fakes = Fakes()
         try:
-            tracer, out = _run_traced(model, args, kwargs, options, fakes)
+            tracer, out = _run_traced(model, args, kwargs, handlers, options, fakes)
         except Exception as error:  # NeedValues, or values the model needs were fake
             # an error after NeedValues (which the model may catch, and answer with an error
             # of its own) follows from that signal; any other is the skim's (STRICT_SKIM)
@@ -623,7 +622,7 @@ def run_traced(
         else:
             if not fakes.stopped:  # no NeedValues, even one the model caught
                 return tracer, out
-    found = _run_traced(model, args, kwargs, options, None)
+    found = _run_traced(model, args, kwargs, handlers, options, None)
     if failed is not None and STRICT_SKIM:
         raise AssertionError(
             f"the skimmed trace of {type(model).__name__} failed where computing every op "
@@ -633,11 +632,12 @@ def run_traced(
 
 
 def _run_traced(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], handlers: Handlers,
     options: dict[str, Any] | None, fakes: Fakes | None,
 ) -> tuple[Tracer, Any]:  # fmt: skip
     named = list(model.named_modules())
-    tracer = Tracer(owners=tensor_owners(model, named), options=dict(options or {}))
+    owners = tensor_owners(model, named)
+    tracer = Tracer(owners=owners, options=dict(options or {}), handlers=handlers)
     tracer.fakes = fakes
     names = tracer.names = {id(m): n for n, m in named}
 
@@ -679,7 +679,7 @@ def _attach_module_handlers(tracer: Tracer, modules: list[nn.Module]) -> list[An
     whole call to it when the module returns."""
     handles: list[Any] = []
     for module in modules:
-        for handler in MODULE_HANDLERS:
+        for handler in tracer.handlers.modules:
             if handler.match(module):
                 break
         else:

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.graph import skim
-from prunekit.structure.graph import tracer as tracer_module
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup
-from prunekit.structure.graph.tracer import MODULE_HANDLERS, ModuleHandler, Tracer, run_traced
+from prunekit.structure.graph.tables import HANDLERS
+from prunekit.structure.trace import skim
+from prunekit.structure.trace import tracer as tracer_module
+from prunekit.structure.trace.tracer import ModuleHandler, Tracer, run_traced
 
 
 def _form(groups: list[ChannelGroup]) -> list[tuple[Any, ...]]:
@@ -44,8 +45,8 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[skim.Fakes]]:
 
 def _both(model: nn.Module, x: Tensor) -> tuple[list[Any], list[Any]]:
     """The groups traced skimming, and computing every op."""
-    skimmed, _ = run_traced(model, (x,), {})
-    full, _ = run_traced(model, (x,), {}, skim=False)
+    skimmed, _ = run_traced(model, (x,), {}, HANDLERS)
+    full, _ = run_traced(model, (x,), {}, HANDLERS, skim=False)
     return _form(build_groups(skimmed)), _form(build_groups(full))
 
 
@@ -82,7 +83,7 @@ def test_a_skimmed_trace_gives_the_groups_of_a_full_one(runs: list[skim.Fakes]) 
 
 def test_under_autocast_every_op_is_computed(runs: list[skim.Fakes]) -> None:
     with torch.autocast("cpu"):  # the ops' dtypes are not their inputs'
-        run_traced(_Mixed().eval(), (torch.randn(2, 3, 16, 16),), {})
+        run_traced(_Mixed().eval(), (torch.randn(2, 3, 16, 16),), {}, HANDLERS)
     assert not runs
 
 
@@ -233,11 +234,11 @@ def _reading_module(tr: Tracer, module: nn.Module, args: tuple[Any, ...],
 def test_a_module_handler_that_reads_values_gets_real_ones(runs: list[skim.Fakes]) -> None:
     torch.manual_seed(0)
     entry = ModuleHandler("reads", lambda m: isinstance(m, _Gate), _reading_module)
-    MODULE_HANDLERS.insert(0, entry)
+    HANDLERS.modules.insert(0, entry)
     try:
         skimmed, full = _both(_Gated().eval(), torch.randn(1, 3, 5, 5))
     finally:
-        MODULE_HANDLERS.remove(entry)
+        HANDLERS.modules.remove(entry)
     assert skimmed == full  # the groups of values computed
     assert runs[0].stopped
 

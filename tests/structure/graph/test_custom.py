@@ -12,16 +12,16 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers.model_state import fingerprint
-from prunekit.structure.graph.tracer import HANDLERS, MODULE_HANDLERS
+from prunekit.structure.graph.tables import HANDLERS
 
 
 @pytest.fixture(autouse=True)
 def registries_restored() -> Iterator[None]:
     """Every test leaves the process-wide registries exactly as it found them."""
-    handlers, modules = dict(HANDLERS), list(MODULE_HANDLERS)
+    handlers, modules = dict(HANDLERS.ops), list(HANDLERS.modules)
     yield
-    assert handlers == HANDLERS
-    assert modules == MODULE_HANDLERS
+    assert handlers == HANDLERS.ops
+    assert modules == HANDLERS.modules
 
 
 class Swish(nn.Module):
@@ -115,14 +115,14 @@ def test_op_registered_by_name_and_raw_handler() -> None:
 def test_blocked_op_over_a_builtin_needs_replace_and_is_restored() -> None:
     torch.manual_seed(0)
     model, x = Net(), torch.randn(5, 8)
-    relu = HANDLERS["relu"]
+    relu = HANDLERS.ops["relu"]
     with pytest.raises(ValueError, match=r"register_op_handler: op='relu' has a handler alr"):
         prunekit.register_op_handler(torch.relu, "blocked")
     with prunekit.register_op_handler(torch.relu, "blocked", replace=True):
         assert "relu (in Net) is registered as blocking them" in str(
             reasons(model, x)["mid.weight"]
         )
-    assert HANDLERS["relu"] is relu
+    assert HANDLERS.ops["relu"] is relu
     assert reasons(model, x)["mid.weight"] is None
 
 
@@ -247,7 +247,7 @@ def test_register_module_handler_refuses(
 
 def test_a_class_registered_twice_needs_replace() -> None:
     with prunekit.register_module_handler(Swish, "elementwise"):
-        modules = list(MODULE_HANDLERS)
+        modules = list(HANDLERS.modules)
         with pytest.raises(ValueError, match=r"module_class=Swish has a handler already"):
             prunekit.register_module_handler(Swish, "blocked")
-        assert modules == MODULE_HANDLERS
+        assert modules == HANDLERS.modules

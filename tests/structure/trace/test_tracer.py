@@ -10,11 +10,12 @@ from torch import Tensor, nn
 
 import prunekit
 from helpers import graph_frozen
-from prunekit.structure.graph import skim
-from prunekit.structure.graph import tracer as tracer_module
 from prunekit.structure.graph.grouping import build_groups
-from prunekit.structure.graph.tracer import Tracer, run_traced
+from prunekit.structure.graph.tables import HANDLERS
 from prunekit.structure.handlers import ops
+from prunekit.structure.trace import skim
+from prunekit.structure.trace import tracer as tracer_module
+from prunekit.structure.trace.tracer import Tracer, run_traced
 
 
 class _Tokens(nn.Module):
@@ -54,7 +55,7 @@ def _label_of_input(name: str) -> Tensor | None:
         seen["input"] = args[0]
 
     model.get_submodule(name).register_forward_pre_hook(keep)
-    tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {})
+    tr, _ = run_traced(model, (torch.randn(2, 4, 6),), {}, HANDLERS)
     return tr.label(seen["input"])
 
 
@@ -115,7 +116,7 @@ def test_records_apart_give_the_groups_a_table_of_positions_gives(
     forcing the table for every second record gives the same groups."""
     torch.manual_seed(0)
     model, x = _Shared().eval(), torch.randn(1, 3, 4)
-    tr, _ = run_traced(model, (x,), {})
+    tr, _ = run_traced(model, (x,), {}, HANDLERS)
     tabled = {name for _, name, _ in tr._positions}
     assert "in_proj_weight" not in tabled and "weight" in tabled  # mix's, read twice
     apart = _groups(model, x)
@@ -147,7 +148,7 @@ def test_ids_read_back_as_made_give_the_groups_of_fresh_tensors(
     every record give."""
     torch.manual_seed(0)
     model, x = _Block().eval(), torch.randn(1, 3, 5, 5)
-    tr, _ = run_traced(model, (x,), {})
+    tr, _ = run_traced(model, (x,), {}, HANDLERS)
     stem_rows = next(r for r in tr.records if r.module_name == "stem" and r.role == "out")
     norm = next(r for r in tr.records if r.module_name == "norm")
     assert norm.ids is stem_rows.ids and norm.positions is stem_rows.positions
@@ -222,5 +223,5 @@ def test_a_failure_following_a_value_read_traces_again_strictly_too(
     assert tracer_module.STRICT_SKIM
     groups = _groups(model, x)
     assert made[0].skipped == 1 and made[0].stopped  # the skim ran, and stopped
-    full, _ = run_traced(model, (x,), {}, skim=False)
+    full, _ = run_traced(model, (x,), {}, HANDLERS, skim=False)
     assert groups == graph_frozen.summary(model, build_groups(full))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prunekit.structure.graph.tracer import Tracer
+from prunekit.structure.trace.tracer import Tracer
 
 
 def _roots(tracer: Tracer) -> list[int]:

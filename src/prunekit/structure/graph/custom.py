@@ -1,7 +1,7 @@
 """Handlers registered by users: how their own ops and modules map channels through the graph.
 
-``register_op_handler`` and ``register_module_handler`` add to the tracer's registries
-(``structure.graph.tracer``), process-wide; each returns a ``HandlerRegistration`` whose
+``register_op_handler`` and ``register_module_handler`` add to the graph's tables
+(``structure.graph.tables.HANDLERS``), process-wide; each returns a ``HandlerRegistration`` whose
 ``remove()`` (or the end of its ``with`` block) puts back what was there before.
 """
 
@@ -14,18 +14,16 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-import prunekit.structure.handlers.ops  # noqa: F401  (the built-in op handlers, registered)
-from prunekit.structure.graph.tracer import (
-    HANDLERS,
+from prunekit.structure.graph.tables import HANDLERS
+from prunekit.structure.handlers.layers import RMS_NORMS, linear
+from prunekit.structure.trace.tracer import (
     METADATA,
-    MODULE_HANDLERS,
     Call,
     Handler,
     ModuleHandler,
     Tracer,
     describe_op,
 )
-from prunekit.structure.handlers.layers import RMS_NORMS  # the linear handler, registered
 
 __all__ = ["HandlerRegistration", "register_module_handler", "register_op_handler"]
 
@@ -36,7 +34,6 @@ ModuleTrace = Callable[[Tracer, nn.Module, tuple[Any, ...], dict[str, Any], Any]
 _OP_BEHAVIOURS = ("elementwise", "blocked")
 _MODULE_BEHAVIOURS = ("elementwise", "blocked", "linear")
 _USER_MODULES: dict[type, ModuleHandler] = {}  # the module handlers registered here, by class
-_LINEAR = HANDLERS["linear"]  # the graph's own, even if a user replaced it
 
 
 class HandlerRegistration:
@@ -167,21 +164,21 @@ def register_op_handler(
     name = _name_of(op)
     chosen = _handler(handler)
     _check_replace("register_op_handler", replace)
-    if name in HANDLERS and not replace:
+    if name in HANDLERS.ops and not replace:
         raise ValueError(
             f"register_op_handler: op={name!r} has a handler already; pass replace=True to "
             "trace it with yours instead"
         )
-    previous = HANDLERS.get(name)
-    HANDLERS[name] = chosen
+    previous = HANDLERS.ops.get(name)
+    HANDLERS.ops[name] = chosen
 
     def undo() -> None:
-        if HANDLERS.get(name) is not chosen:
+        if HANDLERS.ops.get(name) is not chosen:
             return  # replaced since: that registration's own remove() restores
         if previous is None:
-            del HANDLERS[name]
+            del HANDLERS.ops[name]
         else:
-            HANDLERS[name] = previous
+            HANDLERS.ops[name] = previous
 
     return HandlerRegistration(undo)
 
@@ -251,7 +248,7 @@ def _linear_module(tr: Tracer, module: nn.Module, args: tuple[Any, ...],
         )
         return
     call = Call("linear", (x, weight, bias), {}, out, tr.names.get(id(module), ""))
-    _LINEAR(tr, call)
+    linear(tr, call)  # the graph's own, even if a user replaced it
 
 
 def register_module_handler(
@@ -290,14 +287,27 @@ def register_module_handler(
         ValueError: `handler` is an unknown behaviour name, or the class is handled already
             and `replace` is False.
     """
+    _check_class(module_class)
+    trace = _module_trace(handler)
+    _check_replace("register_module_handler", replace)
+    _check_free(module_class, replace)
+    cls = module_class
+    blind = isinstance(handler, str)  # the graph's own behaviours read no value
+    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace, blind)
+    return HandlerRegistration(_insert(cls, entry))
+
+
+def _check_class(module_class: object) -> None:
     if not isinstance(module_class, type) or not issubclass(module_class, nn.Module):
         shown = module_class if isinstance(module_class, type) else type(module_class).__name__
         raise TypeError(
             f"register_module_handler: invalid module_class of type {shown}; expected an "
             "nn.Module subclass (the class, not an instance)"
         )
-    trace = _module_trace(handler)
-    _check_replace("register_module_handler", replace)
+
+
+def _check_free(module_class: type[nn.Module], replace: bool) -> None:
+    """Refuse a class registered here before, or one the graph traces, unless `replace`."""
     known = module_class.__module__.startswith("torch.nn.") or module_class.__name__ in RMS_NORMS
     if (module_class in _USER_MODULES or known) and not replace:
         why = "has a handler already" if module_class in _USER_MODULES else "is traced already"
@@ -305,26 +315,28 @@ def register_module_handler(
             f"register_module_handler: module_class={module_class.__name__} {why}; pass "
             "replace=True to trace it with yours instead"
         )
-    cls = module_class
-    blind = isinstance(handler, str)  # the graph's own behaviours read no value
-    entry = ModuleHandler(f"user:{cls.__qualname__}", lambda m: isinstance(m, cls), trace, blind)
+
+
+def _insert(cls: type[nn.Module], entry: ModuleHandler) -> Callable[[], None]:
+    """Put `entry` first among the module handlers, in place of the one registered here for
+    `cls` before; return what undoes it."""
     previous = _USER_MODULES.get(cls)
     if previous is not None:
-        MODULE_HANDLERS.remove(previous)
+        HANDLERS.modules.remove(previous)
     _USER_MODULES[cls] = entry
-    MODULE_HANDLERS.insert(0, entry)
+    HANDLERS.modules.insert(0, entry)
 
     def undo() -> None:
         if _USER_MODULES.get(cls) is not entry:
             return  # replaced since: that registration's own remove() restores
-        MODULE_HANDLERS.remove(entry)
+        HANDLERS.modules.remove(entry)
         if previous is None:
             del _USER_MODULES[cls]
         else:
             _USER_MODULES[cls] = previous
-            MODULE_HANDLERS.insert(0, previous)
+            HANDLERS.modules.insert(0, previous)
 
-    return HandlerRegistration(undo)
+    return undo
 
 
 def _module_trace(handler: object) -> ModuleTrace:

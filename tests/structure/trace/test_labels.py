@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from prunekit.structure.graph.labels import channel_ids, one_dim
-from prunekit.structure.graph.tracer import Tracer
+from prunekit.structure.trace.labels import channel_ids, one_dim
+from prunekit.structure.trace.tracer import Tracer
 
 
 def test_one_dim_is_the_only_dim_the_labels_are_stored_along() -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from prunekit.structure.graph.tracer import Tracer
+    from prunekit.structure.trace.tracer import Tracer
 
 
 def channel_ids(tr: Tracer, labels: Tensor | None, dim: int, size: int, why: str) -> Tensor:
