@@ -112,7 +112,7 @@ def _report(found: dict[str, Any]) -> ShrinkReport:
         exports=tuple(ExportRecord(**{**e, "files": tuple(e["files"]), "notes": tuple(e["notes"])})
                       for e in found["exports"]),
         text=(found["text"]["calibration"], found["text"]["evaluation"]),
-        seconds=tuple(found["seconds"].items()), **before,
+        seconds=tuple(found["seconds"].items()), storage=tuple(found["storage"]), **before,
     )  # fmt: skip
 
 
@@ -177,6 +177,7 @@ def test_a_sharded_folder_shrinks(from_shards: Run, sharded: Path) -> None:
 def test_a_gguf_file_shrinks(from_gguf: Run) -> None:
     report = from_gguf.report
     assert report.bytes.before == from_gguf.config.source.stat().st_size
+    assert report.storage == ("GGUF F32", "safetensors F32")
     assert (from_gguf.out / "tokenizer.json").is_file()  # from the GGUF file's own
     assert loaded_perplexity(from_gguf.out, from_gguf.config) == pytest.approx(
         report.perplexity.after, rel=1e-4
@@ -212,6 +213,7 @@ def test_the_command_writes_several_formats_with_the_gguf_type_asked_for(
     assert "Q8_0" in expected
     found = json.loads((out / "report.json").read_text())
     assert [e["format"] for e in found["exports"]] == ["gguf", "hf"]
+    assert found["storage"] == ["safetensors F32", "GGUF Q8_0"]  # the first format written
     transformers.AutoModelForCausalLM.from_pretrained(str(out / "hf"), trust_remote_code=True)
 
 
@@ -227,6 +229,8 @@ def test_the_report_files_say_what_the_run_measured(by_command: Run) -> None:
     assert found["text"]["evaluation"].startswith("the held-out end of")
     assert [e["format"] for e in found["exports"]] == ["hf"]
     assert found["exports"][0]["verified_by"] is not None
+    # the source and the output alike: tiny_llm saves float32 safetensors
+    assert found["storage"] == ["safetensors F32", "safetensors F32"]
     assert set(found["seconds"]) >= {"load model", "prune (budget)", "compact", "export"}
     report = by_command.report
     markdown = (by_command.out / "report.md").read_text()

@@ -269,7 +269,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     with atomic_folder(out) as stage:
         _empty(stage)
         with clock("export", 1):
-            records, size = export_all(model, tokenizer, stage, config, example)
+            records, size, storage = export_all(model, tokenizer, stage, config, example)
         report = ShrinkReport(
             source=str(config.source),
             out=str(out),
@@ -292,6 +292,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
             exports=records,
             text=texts.names,
             seconds=tuple(clock.seconds.items()),
+            storage=(source.storage, storage),
         )
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")

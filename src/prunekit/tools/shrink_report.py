@@ -76,6 +76,9 @@ class ShrinkReport:
         exports: the formats written.
         text: where the calibration and evaluation text came from.
         seconds: wall time of each stage.
+        storage: how the weights are stored before (the source) and after (the first format
+            written), such as ``("GGUF Q4_1", "GGUF F32")``: bytes on disk compare only
+            where they are alike.
     """
 
     source: str
@@ -99,6 +102,7 @@ class ShrinkReport:
     exports: tuple[ExportRecord, ...]
     text: tuple[str, str]
     seconds: tuple[tuple[str, float], ...]
+    storage: tuple[str, str] = ("", "")
 
     @property
     def faster(self) -> str:
@@ -135,7 +139,8 @@ class ShrinkReport:
             f"parameters  {s.before:10,.0f} -> {s.after:10,.0f}  ({1 - s.ratio:.1%} fewer)",
             f"MACs/token  {self.macs.before:10,.0f} -> {self.macs.after:10,.0f}  "
             f"({1 - self.macs.ratio:.1%} fewer)",
-            f"on disk     {human_bytes(int(b.before)):>10} -> {human_bytes(int(b.after)):>10}",
+            f"on disk     {human_bytes(int(b.before)):>10} -> {human_bytes(int(b.after)):>10}  "
+            f"({self.storage[0]} -> {self.storage[1]})",
             f"latency     {t.before:8.2f} ms -> {t.after:8.2f} ms  ({self.faster}, median of "
             f"{self.latency_pairs} alternated pairs, 1 x {self.evaluation[1]} tokens)",
         ]
@@ -156,8 +161,8 @@ class ShrinkReport:
             ("MACs per token", f"{self.macs.before:,.0f}", f"{self.macs.after:,.0f}"),
             (
                 "weights on disk",
-                human_bytes(int(self.bytes.before)),
-                human_bytes(int(self.bytes.after)),
+                f"{human_bytes(int(self.bytes.before))} ({self.storage[0]})",
+                f"{human_bytes(int(self.bytes.after))} ({self.storage[1]})",
             ),
             ("latency (ms)", f"{self.latency_ms.before:.2f}", f"{self.latency_ms.after:.2f}"),
         ]

@@ -17,6 +17,7 @@ from prunekit.export.api import FORMATS, export
 from prunekit.io.text import read_texts, windows
 from prunekit.schedule.distill import Distiller
 from prunekit.tools.shrink_report import ExportRecord
+from prunekit.tools.sources import storage_of
 
 if TYPE_CHECKING:
     from prunekit.tools.shrink import ShrinkConfig
@@ -177,15 +178,15 @@ def distill(
 
 def export_all(
     model: nn.Module, tokenizer: Any, stage: Path, config: ShrinkConfig, example: Any
-) -> tuple[tuple[ExportRecord, ...], int]:
+) -> tuple[tuple[ExportRecord, ...], int, str]:
     """Write every format of `config` into `stage`; the records, and the bytes of the first
-    format's weight files.
+    format's weight files and how they store their tensors (``sources.storage_of``).
 
     With one folder format the stage is the model folder; otherwise each folder format goes
     to ``<format>/`` and each file format to ``model.<format>``. A folder gets the tokenizer
     where its writer copied none (a GGUF source's, say).
     """
-    records, size = [], 0
+    records, size, storage = [], 0, ""
     alone = len(config.formats) == 1 and FORMATS[config.formats[0]]
     for number, form in enumerate(config.formats):
         target = stage if alone else stage / (form if FORMATS[form] else f"model.{form}")
@@ -197,7 +198,7 @@ def export_all(
             tokenizer.save_pretrained(str(target))
         files = model_files(target)
         if number == 0:
-            size = sum(path.stat().st_size for path in files)
+            size, storage = sum(path.stat().st_size for path in files), storage_of(files)
         relative = "." if target == stage else target.name
         records.append(
             ExportRecord(
@@ -215,7 +216,7 @@ def export_all(
                 done.notes,
             )
         )
-    return tuple(records), size
+    return tuple(records), size, storage
 
 
 def model_files(target: Path) -> list[Path]:

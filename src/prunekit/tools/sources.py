@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Source:
         gguf_file: the GGUF file's name in `folder` (None for a Hugging Face folder).
         model_type: the architecture (``config.model_type``; for GGUF ``general.architecture``).
         weights: the files holding the weights.
+        storage: how the weights are stored, the element type holding most of their bytes
+            (``"GGUF Q4_1"``, ``"safetensors BF16"``), so that sizes on disk compare.
     """
 
     path: Path
@@ -49,6 +52,7 @@ class Source:
     gguf_file: str | None
     model_type: str
     weights: tuple[Path, ...]
+    storage: str = ""
 
     @property
     def bytes(self) -> int:
@@ -106,7 +110,7 @@ def _check_folder(folder: Path) -> Source:
             f"{folder}: has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); expected "
             "the tokenizer saved beside the model (tokenizer.save_pretrained(folder))"
         )
-    return Source(folder, folder, None, str(kind), weights)
+    return Source(folder, folder, None, str(kind), weights, storage_of(weights))
 
 
 def _check_gguf(path: Path) -> Source:
@@ -130,7 +134,41 @@ def _check_gguf(path: Path) -> Source:
             f"{path}: has no tokenizer (no tokenizer.ggml.model in its metadata); expected a "
             "GGUF file that carries its tokenizer, as llama.cpp's converter writes it"
         )
-    return Source(path, path.parent, path.name, str(kind), (path,))
+    return Source(path, path.parent, path.name, str(kind), (path,), storage_of((path,)))
+
+
+def storage_of(weights: tuple[Path, ...] | list[Path]) -> str:
+    """How weight files store their tensors: the format and the element type that holds most
+    of their bytes (``"GGUF Q4_1"``, ``"safetensors BF16"``, ``"ONNX"``), read from headers."""
+    suffixes = {path.suffix for path in weights}
+    if suffixes == {".gguf"}:
+        gguf = require("gguf", "llm", "a GGUF file's tensor types")
+        sizes: Counter[str] = Counter()
+        for path in weights:
+            for tensor in gguf.GGUFReader(str(path)).tensors:
+                sizes[tensor.tensor_type.name] += int(tensor.n_bytes)
+        return f"GGUF {sizes.most_common(1)[0][0]}" if sizes else "GGUF"
+    if suffixes == {".safetensors"}:
+        return _safetensors_storage(weights)
+    return "ONNX" if suffixes == {".onnx"} else "torch"
+
+
+def _safetensors_storage(weights: tuple[Path, ...] | list[Path]) -> str:
+    """ "safetensors <dtype>" of the element type holding most bytes, read from the headers."""
+    sizes: Counter[str] = Counter()
+    for path in weights:
+        fd, _ = open_regular(path)
+        with os.fdopen(fd, "rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            try:  # only a label: a damaged header is refused when the weights are read
+                header = json.loads(file.read(min(length, 100_000_000)))
+                for name, entry in header.items():
+                    if name != "__metadata__":
+                        start, end = entry["data_offsets"]
+                        sizes[str(entry["dtype"])] += int(end) - int(start)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return "safetensors"
+    return f"safetensors {sizes.most_common(1)[0][0]}" if sizes else "safetensors"
 
 
 def _field(reader: Any, key: str) -> str | None:
