@@ -150,7 +150,7 @@ def test_a_bad_saved_mask_is_named() -> None:
     state = {"w_orig": torch.ones(2, 2), "w_mask": torch.full((2, 2), 0.5)}
     with pytest.raises(
         ValueError,
-        match=r"tensor 'w': CustomFromMask: the mask holds 4 value\(s\) other than 0 and 1",
+        match=r"tensor 'w': the mask holds 4 value\(s\) other than 0 and 1",
     ):
         prune_state_dict(state, "l1", 0.5)
 
