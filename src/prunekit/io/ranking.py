@@ -143,9 +143,11 @@ class Ranking:
             competing = t if mask is None else torch.where(mask == 1, t, torch.zeros_like(t))
             check_finite(competing, f"tensor {e.name!r}", "scores")
         merged = torch.cat([t.reshape(-1) for t in values])
-        alive = torch.cat(
-            [torch.ones(t.numel()) if m is None else m.reshape(-1) for t, m in zip(values, masks)]
-        ).to(dtype=merged.dtype)
+        flat = [
+            torch.ones(t.numel()) if m is None else m.reshape(-1)
+            for t, m in zip(values, masks, strict=True)
+        ]
+        alive = torch.cat(flat).to(dtype=merged.dtype)
         final = self.further(merged, alive)
         out, offset = [], 0
         for t in values:

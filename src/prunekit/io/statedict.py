@@ -18,8 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.core.amount import Amount, validate_pruning_amount_init
-from prunekit.core.errors import naming, type_error, value_error
+from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
