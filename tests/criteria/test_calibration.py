@@ -14,7 +14,22 @@ from helpers import distributed_calibration
 from helpers.model_state import fingerprint
 from prunekit.criteria import calibration as cal
 from prunekit.criteria.grouped import GroupedRuns
-from prunekit.whole.oneshot import oneshot
+from prunekit.whole import Config
+from prunekit.whole.oneshot import run
+from prunekit.whole.plan import Loss, TensorRef
+
+
+def oneshot(
+    model: nn.Module,
+    targets: list[TensorRef],
+    amount: float,
+    *,
+    calibration: Any = None,
+    loss: Loss | None = None,
+    **fields: Any,
+) -> None:
+    """The one-shot engine on `targets`, with a Config of `amount` and `fields`."""
+    run(model, targets, Config(amount=amount, **fields), calibration, loss)
 
 
 class Block(nn.Module):

@@ -132,7 +132,7 @@ def test_the_config_reads_as_vllm_reads_it(tmp_path: Path) -> None:
 
 def test_removed_blocks_are_absent(tmp_path: Path) -> None:
     model = per_layer(llama(num_hidden_layers=4))
-    prunekit.prune_blocks(model, [IDS], n=1)
+    prunekit.prune_blocks(model, [IDS], count=1)
     prunekit.remove_blocks(model)
     export(model, tmp_path / "out", "deci")
     config = json.loads((tmp_path / "out" / "config.json").read_text())

@@ -150,7 +150,7 @@ def test_a_bad_saved_mask_is_named() -> None:
     state = {"w_orig": torch.ones(2, 2), "w_mask": torch.full((2, 2), 0.5)}
     with pytest.raises(
         ValueError,
-        match=r"tensor 'w': CustomFromMask: the mask holds 4 value\(s\) other than 0 and 1",
+        match=r"tensor 'w': the mask holds 4 value\(s\) other than 0 and 1",
     ):
         prune_state_dict(state, "l1", 0.5)
 
@@ -173,3 +173,52 @@ def test_a_mask_without_its_orig_is_refused_by_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "out.safetensors"
     assert main(["prune", str(path), "-o", str(out), "--amount", "0.5"]) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "amount", "options"),
+    [
+        ("l1", 0.4, {}),
+        ("l1", 7, {"scope": "global"}),
+        ("random", 0.5, {"seed": 3}),
+        ("random", 0.3, {"seed": 4, "scope": "global"}),
+        ("ln", 1, {"n": 1, "dim": 1}),
+        ("ln", 0.5, {}),
+    ],
+)
+def test_the_masks_are_the_ones_a_models_parameters_get(
+    method: str, amount: float, options: dict[str, object]
+) -> None:
+    """Tensors ranked as plain tensors get the masks prunekit gives a model's parameters,
+    bit for bit: saved masks resumed, ties (integer values) broken alike, the same draws."""
+    import prunekit
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Linear(8, 4))
+    with torch.no_grad():
+        model[1].weight.copy_(torch.randint(-2, 3, (4, 8)).float())  # many ties
+    prunekit.random_unstructured(model[0], "weight", amount=0.25)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    result = prune_state_dict(state, method, amount, keep_masks=True, **options)  # type: ignore[arg-type]
+    pairs = [(model[0], "weight"), (model[1], "weight")]
+    seed = options.get("seed")
+    with torch.random.fork_rng(devices=[]):
+        if isinstance(seed, int):
+            torch.manual_seed(seed)
+        if options.get("scope") == "global":
+            cls = {"l1": prunekit.L1Unstructured, "random": prunekit.RandomUnstructured}[method]
+            prunekit.global_unstructured(pairs, cls, amount=amount)
+        else:
+            for module, name in pairs:
+                if method == "ln":
+                    n, dim = options.get("n", 2), options.get("dim", 0)
+                    prunekit.ln_structured(module, name, amount=amount, n=n, dim=dim)
+                else:
+                    pruning = {
+                        "l1": prunekit.l1_unstructured,
+                        "random": prunekit.random_unstructured,
+                    }
+                    pruning[method](module, name, amount=amount)
+    for key, value in model.state_dict().items():
+        assert torch.equal(result.state[key], value), key
+        assert result.state[key].dtype == value.dtype, key

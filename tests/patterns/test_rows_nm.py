@@ -215,7 +215,7 @@ def test_per_row_of_a_tensor_without_rows(pattern: Any, shape: tuple[int, ...]) 
 
 
 def test_rows_of_many_blocks_and_uneven_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prunekit.patterns import rowwise
+    from prunekit.select import rows as rowwise
 
     monkeypatch.setattr(rowwise, "_BLOCK", 16)  # rows ranked a few at a time
     w = torch.randint(0, 3, (10, 7)).float()  # many ties

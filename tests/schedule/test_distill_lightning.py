@@ -43,7 +43,7 @@ def test_lightning_distils_while_pruning_and_saves_no_teacher(tmp_path: Path) ->
     data = torch.randn(128, 8, generator=torch.Generator().manual_seed(0))
     model = Student(net, prune.Distiller(teacher))
     pruner = prune.GradualPruner(net, 0.5, start_step=0, end_step=8, every=4,
-                                 pattern="channels", include=["0.weight"])  # fmt: skip
+                                 method="ln", include=["0.weight"])  # fmt: skip
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=16)
     trainer = pl.Trainer(
         max_steps=24, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,

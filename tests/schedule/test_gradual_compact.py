@@ -49,7 +49,7 @@ def train(model: nn.Module, pruner: prune.GradualPruner, steps: int) -> None:
 
 def _pruner(model: nn.Module, **kwargs: Any) -> prune.GradualPruner:
     return prune.GradualPruner(
-        model, 0.5, start_step=1, end_step=5, every=2, pattern="channels",
+        model, 0.5, start_step=1, end_step=5, every=2, method="ln",
         include=["conv1.weight", "conv2.weight", "conv3.weight"], **kwargs,
     )  # fmt: skip
 
@@ -105,10 +105,10 @@ def test_the_bias_and_norm_of_an_emptied_channel_are_masked_and_resume_alike() -
     ("kwargs", "error", "words"),
     [
         ({"pattern": "unstructured", "example_inputs": X}, ValueError,
-         "example_inputs is for pattern='channels'"),
+         "example_inputs is for method='ln'"),
         ({"pattern": prune.Channels(dim=1), "example_inputs": X}, ValueError,
-         "example_inputs is for pattern='channels'"),
-        ({"pattern": "channels", "example_inputs": "x"}, TypeError, "example_inputs=str"),
+         "example_inputs is for method='ln'"),
+        ({"method": "ln", "example_inputs": "x"}, TypeError, "example_inputs=str"),
     ],
 )  # fmt: skip
 def test_bad_example_inputs_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
@@ -125,7 +125,7 @@ def test_channels_keep_one_unit_per_layer_and_compact_removes_the_rest() -> None
     prune_channels does, and compact then removes all the others."""
     model = Padded()
     pruner = prune.GradualPruner(
-        model, 0.99, start_step=1, end_step=5, every=2, pattern="channels", example_inputs=X,
+        model, 0.99, start_step=1, end_step=5, every=2, method="ln", example_inputs=X,
         include=["conv1.weight", "conv2.weight", "conv3.weight"],
     )  # fmt: skip
     train(model, pruner, 6)

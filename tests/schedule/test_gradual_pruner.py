@@ -6,6 +6,9 @@ import copy
 import io
 import itertools
 import pickle
+import re
+import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -121,15 +124,17 @@ def test_global_scope_is_global_unstructured_of_the_extra_entries() -> None:
     assert sparsities[0] < 0.9 < sparsities[-1]  # one ranking, unequal shares
 
 
-@pytest.mark.parametrize("method", ["l1", "random"])
-def test_channels_prune_whole_output_channels(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "pattern"), [("ln", "unstructured"), ("random", prune.Channels(dim=0))]
+)
+def test_channels_prune_whole_output_channels(method: str, pattern: Any) -> None:
     model = Small()
     pruner = prune.GradualPruner(
         model,
         0.5,
         start_step=1,
         end_step=5,
-        pattern="channels",
+        pattern=pattern,
         method=method,
         include=("conv.weight", "fc1.weight"),
     )
@@ -144,7 +149,7 @@ def test_channels_prune_whole_output_channels(method: str) -> None:
         assert all(bool((late[k] <= early[k]).all()) for k in early)
     assert (
         prune.report(model)["conv.weight"].method
-        == f"Gradual({'L2' if method == 'l1' else 'Random'} channels, 0.5)"
+        == f"Gradual({'L2' if method == 'ln' else 'Random'} channels, 0.5)"
     )
 
 
@@ -287,13 +292,49 @@ def test_rewind_puts_weights_back_and_keeps_masks() -> None:
 
 
 @pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        ({"pattern": "channels"}, {"method": "ln"}, "pattern='channels' .* write method='ln'"),
+        ({"method": "magnitude"}, {"method": "l1"}, "method='magnitude' is named 'l1'"),
+        (
+            {"pattern": "channels", "method": "random"},
+            {"pattern": prune.Channels(dim=0, norm=2), "method": "random"},
+            r"write pattern=prunekit.Channels\(dim=0, norm=2\)",
+        ),
+    ],
+)
+def test_old_spellings_warn_and_prune_alike(
+    old: dict[str, Any], new: dict[str, Any], words: str
+) -> None:
+    """GradualPruner speaks whole.Config's vocabulary; its old spellings still work, each
+    with a FutureWarning naming the new one, and give the same masks and label."""
+    found = []
+    for kwargs in (old, new):
+        torch.manual_seed(0)
+        model = Small()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pruner = prune.GradualPruner(model, 0.5, start_step=1, end_step=3, seed=0, **kwargs)
+            run(pruner, model, 3)
+        futures = [str(w.message) for w in caught if w.category is FutureWarning]
+        found.append((model.state_dict(), pruner.label, futures))
+    (state, label, warned), (want, want_label, none) = found
+    assert label == want_label and not none and len(warned) == 1
+    assert re.search(words, warned[0])
+    assert state.keys() == want.keys()
+    assert all(torch.equal(state[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize(
     "kw, error, words",
     [
-        ({"method": "l2"}, ValueError, "method='l2'; expected one of 'l1', 'magnitude', 'random'"),
-        ({"pattern": "rows"}, ValueError, "pattern='rows'; expected one of 'unstructured'"),
+        ({"method": "l2"}, ValueError, "method='l2'; expected one of 'l1', 'random', 'ln'"),
+        ({"method": "wanda"}, ValueError, "method='wanda'; expected one of 'l1', 'random'"),
+        ({"pattern": "rows"}, ValueError, "pattern='rows'; expected 'unstructured', 'row'"),
+        ({"method": "ln", "pattern": "row"}, ValueError, "method='ln' prunes whole output"),
         ({"scope": "model"}, ValueError, "scope='model'; expected 'layer'"),
-        ({"scope": "global", "pattern": "channels"}, ValueError, "so scope must be 'layer'"),
-        ({"pattern": "channels", "include": "conv.bias"}, ValueError, "(conv.bias): pattern="),
+        ({"scope": "global", "method": "ln"}, ValueError, "so scope must be 'layer'"),
+        ({"method": "ln", "include": "conv.bias"}, ValueError, "(conv.bias): pattern="),
         ({"include": "enc*"}, ValueError, "the pattern 'enc*' matches no floating-point tensor"),
         ({"exclude": ["*"]}, ValueError, "no tensor left to prune after include/exclude"),
         ({"include": 3}, TypeError, "include=3; expected globs"),

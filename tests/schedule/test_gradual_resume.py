@@ -51,7 +51,7 @@ def checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, pruner: Any) 
         {"scope": "global"},
         {"method": "random"},
         {"method": "random", "scope": "global"},
-        {"pattern": "channels", "include": ("conv.weight", "fc1.weight")},
+        {"method": "ln", "include": ("conv.weight", "fc1.weight")},
     ],
     ids=["l1", "l1-global", "random", "random-global", "channels"],
 )

@@ -40,8 +40,8 @@ from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
 from prunekit.criteria.hessian import inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
-from prunekit.patterns.rowwise import smallest_per_row
 from prunekit.select import smallest_k
+from prunekit.select.rows import smallest_per_row
 
 __all__ = ["SparseGPT", "sparsegpt_prune", "sparsegpt_prune_shared"]
 

@@ -1,8 +1,10 @@
 """Pruning the tensors of a state_dict without the model's code.
 
-Each tensor is wrapped in a one-parameter module, so the very methods,
-composition and global selection that prune models do the work here. A
-tensor saved as ``<name>_orig`` + ``<name>_mask`` resumes from its mask.
+Each tensor is ranked by the method's criterion and pattern (prunekit.patterns, which rank
+through prunekit.select) as a plain tensor: no module, no hook. The masks are the very ones
+the same methods give a model's parameters, composition and global selection included. A
+tensor saved as ``<name>_orig`` + ``<name>_mask`` resumes from its mask; an error about a
+tensor names it (``tensor 'fc.weight': ...``).
 """
 
 from __future__ import annotations
@@ -14,18 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from prunekit.core.amount import validate_pruning_amount_init
-from prunekit.core.errors import describe, type_error, value_error
-from prunekit.core.install import find_pruning_hook
-from prunekit.core.method import BasePruningMethod
+from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
-from prunekit.functional import custom_from_mask, global_unstructured
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
-from prunekit.methods import LnStructured
-from prunekit.whole.registry import OFFLINE, find
+from prunekit.io.ranking import Ranking, ranking, saved_mask
 from prunekit.whole.targets import ALL, select_names
 from prunekit.whole.vocabulary import scope_from
 
@@ -86,33 +83,25 @@ def prune_state_dict(
         TypeError, ValueError: a bad argument, glob or tensor (nothing changed).
     """
     scope = scope_from("prune_state_dict", scope, global_pruning)
-    cls, kwargs = check_method(method, amount, n, dim, scope)
+    rank = ranking(method, amount, n, dim, scope)
     found = entries(state)
     targets = set(select_names(found, include, exclude))
     _refuse_stray_masks(found, targets)
-    holders = {e.name: _holder(e) for e in found if e.name in targets or e.mask is not None}
+    saved = {e.name: saved_mask(e) for e in found if e.mask is not None}
+    chosen = [e for e in found if e.name in targets]
     with seeded(seed, "prune_state_dict"):
-        if scope == "global":
-            pairs = [(holders[e.name], "tensor") for e in found if e.name in targets]
-            global_unstructured(pairs, cls, **kwargs)
-        else:
-            for e in found:
-                if e.name in targets:
-                    _reworded(e.name, holders[e.name], cls.apply, **kwargs)
+        masks = rank.masks(chosen, saved, scope)
     out: dict[str, Tensor] = {}
     for e in found:
-        holder = holders.get(e.name)
-        if holder is None:
+        mask = masks.get(e.name, saved.get(e.name))
+        if mask is None:
             out[e.name] = e.tensor
-            continue
-        if keep_masks:
+        elif keep_masks:
             out[orig_name(e.name)] = e.tensor
-            out[mask_name(e.name)] = holder.get_buffer("tensor_mask")
+            out[mask_name(e.name)] = mask
         else:
-            _, hook = find_pruning_hook(holder, "tensor")
-            assert hook is not None
-            out[e.name] = hook.apply_mask(holder).detach()
-    return PruneResult(out, [e.name for e in found if e.name in targets])
+            out[e.name] = mask.to(dtype=e.tensor.dtype) * e.tensor.detach()
+    return PruneResult(out, [e.name for e in chosen])
 
 
 def prune_file(
@@ -144,47 +133,13 @@ def prune_file(
     return result
 
 
-class _Tensor(nn.Module):
-    """A module holding one tensor of a state_dict as its parameter ``tensor``."""
+def check_method(method: str, amount: float, n: Any, dim: int | None, scope: str) -> Ranking:
+    """The ranking of `method` (see io.ranking.ranking), checked before anything is read.
 
-    def __init__(self, tensor: Tensor) -> None:
-        super().__init__()
-        self.tensor = nn.Parameter(tensor.detach(), requires_grad=False)
-
-
-def _holder(entry: Entry) -> _Tensor:
-    holder = _Tensor(entry.tensor)
-    if entry.mask is not None:
-        _reworded(entry.name, holder, custom_from_mask, mask=entry.mask)
-    return holder
-
-
-def _reworded(name: str, holder: _Tensor, call: Any, **kwargs: Any) -> None:
-    """Run ``call(holder, 'tensor', ...)``, naming the state_dict entry in its errors."""
-    try:
-        call(holder, "tensor", **kwargs)
-    except (TypeError, ValueError, IndexError) as error:
-        text = str(error).replace(describe(holder, "tensor"), f"tensor {name!r}")
-        raise type(error)(text) from None
-
-
-def check_method(
-    method: str, amount: float, n: Any, dim: int | None, scope: str
-) -> tuple[type[BasePruningMethod], dict[str, Any]]:
-    """The method class and its keyword arguments, after checking they fit together
-    (prune_state_dict's and prune_sharded's checks, made before anything is read)."""
-    found = find(method, OFFLINE)
-    if found is None or found.pruning is None:
-        raise ValueError(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")
-    cls = found.pruning
-    validate_pruning_amount_init(amount, owner="amount")
-    if cls is not LnStructured:
-        if n is not None or dim is not None:
-            raise ValueError(f"n and dim apply to method 'ln' only, not {method!r}")
-        return cls, {"amount": amount}
-    if scope not in found.scopes:
-        raise ValueError("global pruning ranks single entries: use method 'l1' or 'random'")
-    return cls, {"amount": amount, "n": 2 if n is None else n, "dim": 0 if dim is None else dim}
+    Raises:
+        TypeError, ValueError: an unknown method, a bad amount, norm order or dim.
+    """
+    return ranking(method, amount, n, dim, scope)
 
 
 def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> None:

@@ -6,14 +6,14 @@ import math
 import numbers
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import framework
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.method import TensorRef
-from prunekit.patterns.rowwise import RowwisePattern, competing_scores, smallest_per_row
+from prunekit.patterns.rowwise import RowwisePattern, competing_scores
+from prunekit.select.rows import smallest_in_short_rows, smallest_per_row
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
     from prunekit.criteria.base import Criterion
@@ -100,7 +100,7 @@ class NM(RowwisePattern):
         competing ones beyond the `n` largest of each group."""
         if alive is None:
             if self.m <= _RANKED and framework(groups) == "torch":
-                return _smallest_in_groups(groups, self.m - self.n)
+                return smallest_in_short_rows(groups, self.m - self.n)
             return smallest_per_row(groups, self.m - self.n, None)
         extra = (alive.sum(dim=1) - self.n).clamp(min=0)
         return smallest_per_row(groups, extra, alive)
@@ -108,24 +108,3 @@ class NM(RowwisePattern):
     def __repr__(self) -> str:
         dim = "" if self.dim == 1 else f", dim={self.dim}"
         return f"NM({self.n}, {self.m}{dim})"
-
-
-def _smallest_in_groups(groups: Tensor, k: int) -> Tensor:
-    """`smallest_per_row(groups, k, None)` for short rows (torch): an entry is among its
-    row's k smallest when fewer than k entries come before it in the row's stable order
-    (smaller, or equal and in a lower column). Each pair of columns is compared once
-    (m * (m - 1) / 2 comparisons, read in place as strided columns: no transposed copy),
-    the result counted for both: elementwise work, about 5x quicker than a per-row top-k
-    of 4 entries."""
-    rows, m = groups.shape
-    columns = groups.unbind(1)
-    before = [torch.zeros(rows, dtype=torch.uint8, device=groups.device) for _ in range(m)]
-    for i in range(m):
-        for j in range(i + 1, m):
-            first = columns[i] <= columns[j]  # column i comes before column j
-            before[j] += first
-            before[i] += ~first
-    chosen = torch.empty((rows, m), dtype=torch.bool, device=groups.device)
-    for i in range(m):
-        torch.lt(before[i], k, out=chosen[:, i])
-    return chosen

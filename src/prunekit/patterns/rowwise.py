@@ -1,10 +1,5 @@
-"""Exact k-smallest selection along the rows of a score matrix (the kernel of PerRow and NM).
-
-Each row of `scores` (shape rows x cols) loses its `k[r]` smallest entries; among equal
-scores the lower column goes first, so every input gives one mask. The k-th smallest value
-of a row is found with ``kthvalue`` (``sort`` where rows need different counts), then
-entries below it are chosen and the ties at it are filled in column order. Rows are read
-a block at a time, so the work memory stays a few bytes per entry of one block.
+"""What PerRow and NM share: masks made tensor by tensor (RowwisePattern), and the scores
+they rank (competing_scores); the ranking itself is prunekit.select.rows's.
 """
 
 from __future__ import annotations
@@ -25,9 +20,7 @@ from prunekit.patterns.base import Pattern, all_ones
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
     from prunekit.criteria.base import Criterion
 
-__all__ = ["RowwisePattern", "competing_scores", "smallest_per_row"]
-
-_BLOCK = 1 << 22  # entries ranked at a time
+__all__ = ["RowwisePattern", "competing_scores"]
 
 
 class RowwisePattern(Pattern):
@@ -101,53 +94,3 @@ def competing_scores(
             "expected finite scores"
         )
     return scores
-
-
-def smallest_per_row(scores: Tensor, k: Tensor | int, alive: Tensor | None) -> Tensor:
-    """A bool matrix shaped like `scores`: True at each row's `k` smallest competing entries.
-
-    `alive` (bool, same shape, or None for all) says which entries compete; `k` is one
-    count for every row or one per row (each at most its row's competing entries).
-    """
-    ns = namespace(scores)
-    rows, cols = scores.shape
-    if rows == 0 or cols == 0:
-        none: Tensor = ns.zeros((rows, cols), dtype=ns.bool, device=scores.device)
-        return none
-    step = max(1, _BLOCK // cols)
-    if step >= rows:
-        return _block(ns, scores, k, alive)
-    out: Tensor = ns.empty((rows, cols), dtype=ns.bool, device=scores.device)
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        part_k = k if isinstance(k, int) else k[start:stop]
-        part_alive = None if alive is None else alive[start:stop]
-        out[start:stop] = _block(ns, scores[start:stop], part_k, part_alive)
-    return out
-
-
-def _block(ns: Any, scores: Tensor, k: Tensor | int, alive: Tensor | None) -> Tensor:
-    if alive is not None:
-        scores = scores.masked_fill(~alive, float("inf"))  # never below a competing k-th
-    if isinstance(k, int):
-        if k == 0:
-            none: Tensor = ns.zeros(scores.shape, dtype=ns.bool, device=scores.device)
-            return none
-        # The k-th smallest of each row: the largest of its k smallest (topk is the
-        # quickest way there, but orders ties arbitrarily, so only its value is used).
-        kth = scores.topk(k, dim=1, largest=False, sorted=False)[0].amax(dim=1, keepdim=True)
-    else:
-        k = k.reshape(-1, 1)
-        ordered = scores.sort(dim=1)[0]
-        kth = ordered.gather(1, (k - 1).clamp(min=0))
-        kth = kth.masked_fill(k == 0, -float("inf"))  # nothing is below -inf
-    upto = scores <= kth
-    # Each row has at least k entries up to its k-th value: equal totals mean exactly k each.
-    wanted = k * scores.shape[0] if isinstance(k, int) else int(k.sum())
-    if int(upto.count_nonzero()) == wanted:
-        return upto  # no row has more than one entry at its k-th value
-    below = scores < kth
-    at = upto & ~below
-    need = k - below.sum(dim=1, keepdim=True)
-    chosen: Tensor = below | (at & (at.to(ns.int32).cumsum(dim=1) <= need))
-    return chosen

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.core.transaction import transaction
 from prunekit.criteria.base import Criterion
 from prunekit.criteria.magnitude import Magnitude
@@ -27,7 +27,9 @@ from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.schedules import Timetable
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
 from prunekit.structure.graph.graph import split_inputs
-from prunekit.whole.registry import check_scope, find, names
+from prunekit.whole.plan import PATTERNS as PATTERN_NAMES
+from prunekit.whole.plan import parse_pattern
+from prunekit.whole.registry import ALIASES, check_scope, find, names
 from prunekit.whole.targets import Place, Target, select_targets
 
 __all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
@@ -46,7 +48,8 @@ PATTERNS: dict[str, Callable[[], Pattern]] = {
     "unstructured": Unstructured,
     "channels": lambda: Channels(dim=0, norm=2),
 }
-"""Patterns by the names `pattern` takes: entries, or output channels (dim 0) by L2 norm."""
+"""The patterns GradualPruner took by name before it spoke whole.Config's vocabulary
+('channels' is now method 'ln'); kept for the code that reads it."""
 
 
 class GradualPruner:
@@ -57,18 +60,23 @@ class GradualPruner:
     after it, and `end_step`. Call ``step()`` once after each optimizer step; the t-th
     call is step t (a `start_step` of 0 updates when the pruner is made).
 
-    `method` ranks (``'l1'``/``'magnitude'``, ``'random'`` or a prunekit.Criterion),
-    `pattern` says what is pruned (``'unstructured'``: entries; ``'channels'``: output
-    channels by L2 norm; or a prunekit.Pattern); amounts count the pattern's units. A
+    `method` and `pattern` speak the vocabulary of every whole-model entry point
+    (prune_model's, whole.Config's): `method` ranks (``'l1'``, ``'random'``, ``'ln'``:
+    whole output channels by their L2 norm, or a prunekit.Criterion), `pattern` says what
+    is pruned (``'unstructured'``: entries; ``'row'``: the same share of each row;
+    ``'N:M'``; or a prunekit.Pattern, ``prunekit.Channels(dim=0)`` for channels ranked by
+    another criterion); amounts count the pattern's units. The old spellings
+    ``method='magnitude'`` and ``pattern='channels'`` still work, with a FutureWarning. A
     tensor pruned by channels keeps at least one (as prune_channels does), so that
     ``compact`` can remove the others.
     `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
     (entries ranked across tensors). `include`/`exclude` select parameters by name as
     prune_model does. Random choices come from the pruner's own generator, seeded with
     `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
-    `example_inputs` (with ``pattern='channels'``): inputs of the model's forward, traced
-    once into channel groups; a channel whose weight rows are all masked then has its bias
-    and norm parameters masked too, so it carries exactly 0 and ``compact`` removes it.
+    `example_inputs` (with ``method='ln'`` or a Channels pattern): inputs of the model's
+    forward, traced once into channel groups; a channel whose weight rows are all masked
+    then has its bias and norm parameters masked too, so it carries exactly 0 and
+    ``compact`` removes it.
     """
 
     def __init__(
@@ -92,8 +100,7 @@ class GradualPruner:
         self.timetable = Timetable.checked(
             final_amount, initial_amount, start_step, end_step, every, schedule, OWNER
         )
-        self.criterion = _criterion(method)
-        self.pattern = _pattern(pattern)
+        self.criterion, self.pattern = _ranking(method, pattern)
         check_scope(scope, OWNER)
         if scope == "global" and self.pattern.PRUNING_TYPE != "unstructured":
             raise value_error(
@@ -233,7 +240,7 @@ class GradualPruner:
             return None
         if self.pattern.PRUNING_TYPE != "structured" or getattr(self.pattern, "dim", 0) != 0:
             raise value_error(
-                f"{OWNER}: example_inputs is for pattern='channels' (output channels, dim 0), "
+                f"{OWNER}: example_inputs is for method='ln' (output channels, dim 0), "
                 f"whose emptied channels it masks whole; got pattern={self.pattern!r}"
             )
         split_inputs(example_inputs, OWNER)
@@ -335,26 +342,59 @@ def checked_pruner(pruner: Any) -> GradualPruner:
     return pruner
 
 
-def _criterion(method: Any) -> Criterion:
+def _ranking(method: Any, pattern: Any) -> tuple[Criterion, Pattern]:
+    """The criterion and pattern `method` and `pattern` name, in the vocabulary of every
+    whole-model entry point (whole.Config's): methods of the registry ('l1', 'random',
+    'ln'), patterns of whole.plan.parse_pattern ('unstructured', 'row', 'N:M'), or
+    instances. The old spellings ('magnitude', pattern 'channels') still work, each with a
+    FutureWarning naming the new one."""
+    if isinstance(method, str) and method in ALIASES:
+        warn_caller(
+            f"{OWNER}: method={method!r} is named {ALIASES[method]!r} in every prunekit entry "
+            f"point; write method={ALIASES[method]!r}. The old name will be removed in a "
+            "future version.",
+            FutureWarning,
+        )
+        method = ALIASES[method]
+    if isinstance(pattern, str) and pattern == "channels":
+        pattern = _old_channels(method)
+        if method == "l1":
+            method = "ln"
+    if isinstance(method, str) and method == "ln":
+        if not (isinstance(pattern, str) and pattern == "unstructured"):
+            raise value_error(
+                f"{OWNER}: method='ln' prunes whole output channels, so it takes no "
+                f"pattern={pattern!r}; expected pattern='unstructured' (the default)"
+            )
+        return Magnitude(), Channels(dim=0, norm=2)
     if isinstance(method, Criterion):
-        return method
-    if isinstance(method, str) and method in CRITERIA:
-        return CRITERIA[method]()
-    raise value_error(
-        f"{OWNER}: invalid method={method!r}; expected one of "
-        f"{', '.join(map(repr, CRITERIA))} or a prunekit.Criterion instance"
-    )
+        criterion = method
+    elif isinstance(method, str) and method in CRITERIA and method not in ALIASES:
+        criterion = CRITERIA[method]()
+    else:
+        raise value_error(
+            f"{OWNER}: invalid method={method!r}; expected one of 'l1', 'random', 'ln' (whole "
+            "output channels by their L2 norm) or a prunekit.Criterion instance"
+        )
+    if not isinstance(pattern, Pattern) and not isinstance(pattern, str):
+        raise value_error(
+            f"{OWNER}: invalid pattern={pattern!r}; expected {PATTERN_NAMES} or a "
+            "prunekit.Pattern instance"
+        )
+    return criterion, parse_pattern(pattern, OWNER)
 
 
-def _pattern(pattern: Any) -> Pattern:
-    if isinstance(pattern, Pattern):
-        return pattern
-    if isinstance(pattern, str) and pattern in PATTERNS:
-        return PATTERNS[pattern]()
-    raise value_error(
-        f"{OWNER}: invalid pattern={pattern!r}; expected one of "
-        f"{', '.join(map(repr, PATTERNS))} or a prunekit.Pattern instance"
+def _old_channels(method: Any) -> Any:
+    """What pattern='channels' becomes, with the FutureWarning saying how to write it."""
+    channels = method in ("l1", "ln") if isinstance(method, str) else False
+    instead = "method='ln'" if channels else "pattern=prunekit.Channels(dim=0, norm=2)"
+    warn_caller(
+        f"{OWNER}: pattern='channels' (output channels by their L2 norm) is written "
+        f"{instead} in every prunekit entry point; write {instead}. The old spelling will be "
+        "removed in a future version.",
+        FutureWarning,
     )
+    return "unstructured" if channels else Channels(dim=0, norm=2)
 
 
 def _label(criterion: Criterion, pattern: Pattern, scope: str) -> str:

@@ -7,8 +7,9 @@ goes through it.
   parameters each once (tied weights, an attention's out_proj, the output head).
 - ``config``: ``Config``, the frozen, checked arguments of one call.
 - ``model``: ``prune_model``, the front door.
-- ``oneshot`` (with ``plan`` and ``calibrated``): the one-shot engine, calibrated or not,
-  run inside the one transaction of ``prunekit.core.transaction``.
+- ``oneshot`` (with ``plan`` and ``calibrated``): ``run``, the one-shot engine, calibrated
+  or not, run inside the one transaction of ``prunekit.core.transaction`` (prune_model is
+  its one caller).
 - ``vocabulary``: the argument names every entry point shares (``scope=``, ``include=``,
   ``exclude=``), and the old spellings that still work with a FutureWarning.
 

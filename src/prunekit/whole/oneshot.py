@@ -1,10 +1,10 @@
 """One-shot pruning of chosen tensors of a model: magnitude, random, or calibrated (Wanda,
 SparseGPT, Taylor), with any pattern, layer by layer or block by block.
 
-``oneshot(model, targets, amount, method=..., pattern=..., calibration=...)`` checks every
-argument, target and batch first (plan.py), then prunes (calibrated.py) inside one
-transaction: if anything fails (a batch the model cannot take, an interrupt), the model is
-put back as it was, SparseGPT's weight updates included. prunekit.prune_model is the front
+``run(model, targets, config, calibration)`` (a whole.Config says what and how) checks
+every target and batch first (plan.py), then prunes (calibrated.py) inside one
+transaction: if anything fails (a batch the model cannot take, an interrupt), the model
+is put back as it was, SparseGPT's weight updates included. prunekit.prune_model is the front
 door; this is its engine. SparseGPT's weights keep their previous values, for that undo,
 until the call returns.
 """
@@ -24,63 +24,7 @@ from prunekit.whole.calibrated import execute
 from prunekit.whole.config import Config
 from prunekit.whole.plan import Loss, TensorRef, make_plan
 
-__all__ = ["oneshot", "run"]
-
-
-def oneshot(
-    model: nn.Module,
-    targets: Iterable[TensorRef],
-    amount: float,
-    *,
-    method: str = "l1",
-    pattern: Any = None,
-    scope: str = "layer",
-    calibration: Iterable[Any] | None = None,
-    sequential: bool | str | None = None,
-    loss: Loss | None = None,
-    damp: float = 0.01,
-    blocksize: int = 128,
-    progress: bool | None = None,
-) -> None:
-    """Prune `amount` of each of `targets` ((module, name) pairs inside `model`).
-
-    Args:
-        model: the model holding the targets (the transaction covers all of it).
-        targets: (module, name) pairs of the tensors to prune.
-        amount: a fraction in [0, 1] or a count of entries, of each target (scope
-            'layer') or of all of them ('global').
-        method: 'l1' (magnitude), 'random', 'wanda' (|W| x input norm), 'sparsegpt'
-            (OBS with weight updates, written into ``<name>_orig``), 'taylor' (|W x grad|
-            summed over the batches of `loss(output, batch)`, default ``output.loss``).
-        pattern: None for the method's own (Wanda per row in scope 'layer', the others
-            unstructured), 'unstructured', 'row', 'N:M' or a Pattern.
-        scope: 'layer' or 'global' (unstructured only).
-        calibration: the batches the calibrated methods run (tensors, mappings of
-            keyword arguments or tuples).
-        sequential: calibrate block by block, each on the outputs of the pruned blocks
-            before it (Wanda and SparseGPT; Taylor always takes the whole model's
-            gradient); 'layers': in each block, its layers too, group by group (see
-            prunekit.prune_model); None: the method's own ('layers' for SparseGPT,
-            True for the others).
-        loss: Taylor's loss of the model's output and the batch.
-        damp: SparseGPT's dampening, a share of the Hessian diagonal's mean.
-        blocksize: SparseGPT's columns updated at a time.
-        progress: a bar on stderr (default: when stderr is a terminal).
-
-    Raises:
-        TypeError, ValueError: a bad argument, target or batch (nothing changed).
-    """
-    config = Config(
-        method=method,
-        amount=amount,
-        pattern=pattern,
-        scope=scope,
-        sequential=sequential,
-        progress=progress,
-        damp=damp,
-        blocksize=blocksize,
-    )
-    run(model, list(targets), config, calibration, loss)
+__all__ = ["run"]
 
 
 def run(

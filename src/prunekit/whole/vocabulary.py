@@ -9,6 +9,8 @@ prune_sharded and the command line:
   prune_sharded, and ``--global`` on the command line.
 - ``include=`` / ``exclude=``: globs of names to prune or to leave out; ``exclude`` was
   ``ignore=`` in prune_channels.
+- ``n`` is a norm order (prune_channels, the 'ln' method); prune_blocks' number of blocks
+  is ``count=`` (was ``n=``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ RENAMED = {"global_pruning": "scope", "ignore": "exclude"}
 T = TypeVar("T")
 
 
-def warn_renamed(owner: str, old: str, instead: str) -> None:
-    """The FutureWarning of an old argument name: what to write instead."""
+def warn_renamed(owner: str, old: str, instead: str, new: str | None = None) -> None:
+    """The FutureWarning of an old argument name: what to write instead (`new`: the new
+    name, default RENAMED's)."""
     warn_caller(
-        f"{owner}: {old}= is renamed {RENAMED[old]}= (the name every prunekit entry point "
-        f"uses); write {instead}. The old name will be removed in a future version.",
+        f"{owner}: {old}= is renamed {new or RENAMED[old]}= (the name every prunekit entry "
+        f"point uses); write {instead}. The old name will be removed in a future version.",
         FutureWarning,
     )
 
@@ -69,7 +72,7 @@ def renamed(owner: str, new: str, value: T, old: str, given: T | None, set_too: 
     """
     if given is None:
         return value
-    warn_renamed(owner, old, f"{new}={given!r}")
+    warn_renamed(owner, old, f"{new}={given!r}", new)
     if set_too:
         raise value_error(
             f"{owner}: {old}= is the old name of {new}=; expected one of them, got both "

@@ -3,6 +3,7 @@ map, saved and reloaded; bad arguments refused with the model unchanged."""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -268,29 +269,29 @@ def test_a_plain_module_list_given_by_name_with_a_linear_map() -> None:
 
 
 BAD: list[tuple[dict[str, Any], str]] = [
-    ({"n": 6}, r"invalid n=6; expected an int in \[1, 6\)"),
-    ({"n": 7}, r"invalid n=7"),
-    ({"n": 0}, r"invalid n=0"),
-    ({"n": -1}, r"invalid n=-1"),
-    ({"n": 2.0}, r"invalid n=2\.0"),
-    ({"n": True}, r"invalid n=True"),
+    ({"count": 6}, r"invalid count=6; expected an int in \[1, 6\)"),
+    ({"count": 7}, r"invalid count=7"),
+    ({"count": 0}, r"invalid count=0"),
+    ({"count": -1}, r"invalid count=-1"),
+    ({"count": 2.0}, r"invalid count=2\.0"),
+    ({"count": True}, r"invalid count=True"),
     ({"amount": 1.0}, r"invalid amount=1\.0"),
     ({"amount": 0.05}, r"amount=0\.05 of the 6 blocks of model\.layers rounds to 0"),
-    ({"amount": 0.5, "n": 2}, r"n=2, amount=0\.5; expected exactly one"),
-    ({}, r"n=None, amount=None; expected exactly one"),
-    ({"n": 2, "criterion": "cosine"}, r"unknown criterion='cosine'"),
-    ({"n": 2, "criterion": 3}, r"invalid criterion=3"),
-    ({"n": 2, "calibration": None}, r"calibration=None, but criterion='angular'"),
-    ({"n": 2, "calibration": []}, r"calibration holds no batch"),
-    ({"n": 2, "calibration": IDS}, r"invalid calibration of type Tensor"),
-    ({"n": 2, "replace": "mlp"}, r"invalid replace='mlp'"),
-    ({"n": 2, "ridge": -1.0}, r"invalid ridge=-1\.0"),
-    ({"n": 2, "ridge": math.inf}, r"invalid ridge=inf; expected a finite float >= 0"),
-    ({"n": 2, "ridge": math.nan}, r"invalid ridge=nan"),
-    ({"n": 2, "blocks": "model.nothing"}, r"invalid blocks='model\.nothing'"),
-    ({"n": 2, "blocks": "lm_head"}, r"invalid blocks='lm_head'"),
-    ({"n": 2, "criterion": "loss"}, r"criterion='loss' needs one loss value per batch"),
-    ({"n": 2, "criterion": lambda a, b: "x"}, r"criterion returned str for model\.layers\.0"),
+    ({"amount": 0.5, "count": 2}, r"count=2, amount=0\.5; expected exactly one"),
+    ({}, r"count=None, amount=None; expected exactly one"),
+    ({"count": 2, "criterion": "cosine"}, r"unknown criterion='cosine'"),
+    ({"count": 2, "criterion": 3}, r"invalid criterion=3"),
+    ({"count": 2, "calibration": None}, r"calibration=None, but criterion='angular'"),
+    ({"count": 2, "calibration": []}, r"calibration holds no batch"),
+    ({"count": 2, "calibration": IDS}, r"invalid calibration of type Tensor"),
+    ({"count": 2, "replace": "mlp"}, r"invalid replace='mlp'"),
+    ({"count": 2, "ridge": -1.0}, r"invalid ridge=-1\.0"),
+    ({"count": 2, "ridge": math.inf}, r"invalid ridge=inf; expected a finite float >= 0"),
+    ({"count": 2, "ridge": math.nan}, r"invalid ridge=nan"),
+    ({"count": 2, "blocks": "model.nothing"}, r"invalid blocks='model\.nothing'"),
+    ({"count": 2, "blocks": "lm_head"}, r"invalid blocks='lm_head'"),
+    ({"count": 2, "criterion": "loss"}, r"criterion='loss' needs one loss value per batch"),
+    ({"count": 2, "criterion": lambda a, b: "x"}, r"criterion returned str for model\.layers\.0"),
     (
         {"n": 2, "calibration": [{"input_ids": torch.full((1, 4), 500)}]},
         r"the model cannot take calibration batch 0: IndexError",
@@ -309,6 +310,21 @@ def test_bad_arguments_are_refused_and_change_nothing(kwargs: dict[str, Any],
     assert str(caught.value).startswith("prune_blocks: ")
     assert fingerprint(model) == before and model.config.to_dict() == saved
     assert prunekit.skipped_blocks(model) == {}
+
+
+def test_the_old_name_n_of_count_warns_and_gives_the_same_blocks() -> None:
+    """`n` is a norm order elsewhere: prune_blocks' number of blocks is `count`, and the old
+    `n=` still works, with a FutureWarning naming the new one."""
+    one = llama()
+    two = copy.deepcopy(one)
+    with pytest.warns(FutureWarning, match=r"prune_blocks: n= is renamed count=.*count=2"):
+        old = prunekit.prune_blocks(one, calibration(), n=2, criterion="influence")
+    new = prunekit.prune_blocks(two, calibration(), count=2, criterion="influence")
+    assert old.skipped == new.skipped and old.scores == new.scores
+    with pytest.raises(ValueError, match=r"prune_blocks: n= is the old name of count="):
+        prunekit.prune_blocks(llama(), calibration(), 2, n=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"prune_blocks: unexpected keyword argument 'm'"):
+        prunekit.prune_blocks(llama(), calibration(), 2, m=2)  # type: ignore[call-arg]
 
 
 def test_remove_and_skip_refuse_what_they_cannot_do() -> None:

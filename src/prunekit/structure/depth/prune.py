@@ -30,6 +30,7 @@ from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
 from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
 from prunekit.structure.depth.states import check_inputs, check_tokens
 from prunekit.structure.depth.style import style_for
+from prunekit.whole.vocabulary import renamed as renamed_argument
 
 __all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
 
@@ -59,7 +60,7 @@ class BlockPruning:
 def prune_blocks(
     model: nn.Module,
     calibration: Iterable[Any] | None,
-    n: int | None = None,
+    count: int | None = None,
     *,
     amount: float | None = None,
     criterion: str | BlockCriterion = "angular",
@@ -67,8 +68,9 @@ def prune_blocks(
     blocks: str | None = None,
     loss: Loss | None = None,
     ridge: float = 1e-4,
+    **renamed: int | None,
 ) -> BlockPruning:
-    """Skip the `n` least important blocks of `model` (masks first; ``remove_blocks`` then
+    """Skip the `count` least important blocks of `model` (masks first; ``remove_blocks`` then
     deletes them).
 
     Args:
@@ -76,8 +78,8 @@ def prune_blocks(
             ``model.layers``, BERT's ``encoder.layer``, any list named by `blocks`).
         calibration: batches the criteria run (tensors, mappings of keyword arguments or
             tuples, as ``prune_model`` takes them).
-        n: how many blocks to skip, an int in [1, number of blocks).
-        amount: instead of `n`, the share of the blocks, a float in (0, 1); rounded.
+        count: how many blocks to skip, an int in [1, number of blocks).
+        amount: instead of `count`, the share of the blocks, a float in (0, 1); rounded.
         criterion: 'angular' (the span of `n` consecutive blocks whose input and output
             hidden states are closest in angle), 'influence' (the `n` blocks of lowest
             ``1 - cos``, ShortGPT), 'loss' (the `n` blocks whose skipping alone raises the
@@ -90,6 +92,7 @@ def prune_blocks(
         blocks: the name of the ModuleList; None finds it.
         loss: for criterion='loss'.
         ridge: the damping of the linear fit, relative to the mean of ``diag(M^T M)``.
+        **renamed: ``n=``, the old name of `count` (a FutureWarning).
 
     Returns:
         A ``BlockPruning``.
@@ -101,8 +104,9 @@ def prune_blocks(
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
+    count = _renamed_count(count, renamed)
     found = find_blocks(model, blocks, _OWNER)
-    count = _count(found, n, amount)
+    count = _count(found, count, amount)
     name = _criterion(criterion)
     linear = _replace(replace)
     if not isinstance(ridge, float | int) or isinstance(ridge, bool) or not 0 <= ridge < math.inf:
@@ -209,12 +213,28 @@ def unskip_blocks(model: nn.Module) -> None:
         drop(module)
 
 
+def _renamed_count(count: int | None, renamed: dict[str, int | None]) -> int | None:
+    """`count`, or what the old ``n=`` gave, with a FutureWarning (``n`` is a norm order
+    elsewhere, as in prune_channels).
+
+    Raises:
+        TypeError: another keyword argument; ValueError: both `count` and `n` given.
+    """
+    unknown = sorted(set(renamed) - {"n"})
+    if unknown:
+        raise type_error(
+            f"{_OWNER}: unexpected keyword argument {unknown[0]!r}; expected count, amount, "
+            "criterion, replace, blocks, loss or ridge"
+        )
+    return renamed_argument(_OWNER, "count", count, "n", renamed.get("n"), count is not None)
+
+
 def _count(found: BlockList, n: Any, amount: Any) -> int:
     total = len(found)
     if (n is None) == (amount is None):
         raise value_error(
-            f"{_OWNER}: n={n!r}, amount={amount!r}; expected exactly one of them: n blocks of "
-            f"{found.name} ({total}) or their share"
+            f"{_OWNER}: count={n!r}, amount={amount!r}; expected exactly one of them: count "
+            f"blocks of {found.name} ({total}) or their share"
         )
     if amount is not None:
         if isinstance(amount, bool) or not isinstance(amount, float) or not 0 < amount < 1:
@@ -230,7 +250,7 @@ def _count(found: BlockList, n: Any, amount: Any) -> int:
             )
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < total:
         raise value_error(
-            f"{_OWNER}: invalid n={n!r}; expected an int in [1, {total}): {found.name} has "
+            f"{_OWNER}: invalid count={n!r}; expected an int in [1, {total}): {found.name} has "
             f"{total} blocks and keeps at least one"
         )
     return n
