@@ -74,7 +74,8 @@ def _fingerprint(model: nn.Module) -> Any:
     objects, shapes and dtypes."""
     if not any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         return fingerprint(model)
-    return [(k, id(v), tuple(v.shape), v.dtype, v.device) for k, v in model.state_dict().items()]
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return [(k, id(v), tuple(v.shape), v.dtype, v.device) for k, v in named]
 
 
 def unchanged(model: nn.Module) -> Any:
@@ -89,9 +90,17 @@ _MODELS: dict[str, nn.Module] = {}
 
 def llama(kind: str = "dense") -> nn.Module:
     """A fresh copy of a tiny Llama: 'dense', 'uniform' (compacted at one width for all
-    layers), 'per-layer' (compacted at widths of its own a layer) or 'masked'."""
+    layers), 'per-layer' (compacted at widths of its own a layer), 'masked', or 'deci'
+    (dense, with an MLP 256 wide: what DeciLM states)"""
     if kind not in _MODELS:
         model = tiny_llm.llama(layers=3)
+        if kind == "deci":  # MLP widths DeciLM's readers derive (multiples of 256)
+            import transformers
+
+            config = model.config
+            config.intermediate_size = 256
+            torch.manual_seed(0)
+            model = transformers.LlamaForCausalLM(config).eval()
         ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
         import prunekit
 

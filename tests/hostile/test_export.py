@@ -45,7 +45,8 @@ BAD_ARGUMENTS: list[tuple[str, dict[str, Any], type[BaseException], str]] = [
     ("deci-dtype-int8", {"format": "deci", "dtype": "int8"}, ValueError, r"dtype='int8'"),
     ("gguf-dtype-q4", {"format": "gguf", "dtype": "q4_0"}, ValueError, r"dtype='q4_0'"),
     ("gguf-dtype-int", {"format": "gguf", "dtype": 16}, ValueError, r"dtype=16"),
-    ("onnx-dtype-f16", {"format": "onnx", "dtype": "float16", "example_inputs": IDS}, ValueError, r"dtype='float16'"),
+    ("onnx-dtype-f16", {"format": "onnx", "dtype": "float16", "example_inputs": IDS},
+     ValueError, r"dtype='float16'"),
     ("source-missing", {"source": "<tmp>/nowhere"}, ValueError, r"source=.*no such file"),
     ("source-not-gguf", {"source": "<tmp>/notes.txt"}, ValueError, r"source=.*not \.gguf"),
     ("gguf-no-source", {"format": "gguf"}, ValueError, r"source"),
@@ -149,7 +150,8 @@ UNSUPPORTED: list[tuple[str, Callable[[], nn.Module], str, type[BaseException], 
     ("bert-deci", _bert, "deci", TypeError, r"BertModel"),
     ("qwen3-gguf", _qwen3, "gguf", ValueError, r"qwen3"),
     ("qwen3-deci", _qwen3, "deci", ValueError, r"q/k norms"),
-    ("per-layer-deci", lambda: llama("per-layer"), "deci", ValueError, r"round_to=256"),
+    ("per-layer-deci", lambda: llama("per-layer"), "deci", ValueError, r"one count of query"),
+    ("uniform-48-deci", lambda: llama("uniform"), "deci", ValueError, r"round_to=256"),
     ("meta-hf", _meta, "hf", ValueError, r"meta"),
     ("meta-gguf", _meta, "gguf", ValueError, r"meta"),
     ("meta-deci", _meta, "deci", ValueError, r"meta"),
@@ -191,7 +193,7 @@ DESTINATIONS = [
     ("hf-inside-the-source", "hf", "inside-source", ValueError, r"path=.*source"),
     ("gguf-inside-the-source", "gguf", "inside-source", ValueError, r"path=.*source"),
     ("hf-holds-the-source", "hf", "holds-source", ValueError, r"path=.*source"),
-    ("hf-empty-path", "hf", "empty", ValueError, r"path=''"),
+    ("hf-empty-path", "hf", "empty", ValueError, r"path='\.' names no"),
     ("hf-not-writable", "hf", "proc", (ValueError, OSError), r"out|proc"),
     ("gguf-not-writable", "gguf", "proc", (ValueError, OSError), r"out|proc"),
 ]  # fmt: skip
@@ -226,7 +228,7 @@ def test_a_destination_it_cannot_take_is_refused(
         path = Path("")
     elif where == "proc":
         path = Path("/proc") / name
-    model = llama("uniform")
+    model = llama("deci" if form == "deci" else "uniform")
     watched = (source, path) if where not in ("empty", "proc") else (source, tmp_path / "place")
     refused(lambda: _export_to(model, form, path, source), error, match, model=model,
             paths=watched)  # fmt: skip
@@ -263,7 +265,7 @@ def test_a_write_that_fails_half_way_leaves_the_old_output(
 
         monkeypatch.setattr(hf_writer, "save_weights", half_weights)
         monkeypatch.setattr("prunekit.export.deci.save_weights", half_weights)
-    model = llama("uniform")
+    model = llama("deci" if form == "deci" else "uniform")
     refused(lambda: export(model, path, form, source=folder, verify=False), type(fault), "",
             model=model, paths=(path, folder))  # fmt: skip
 
@@ -328,7 +330,7 @@ def test_extra_files_of_the_source_do_not_shadow_the_weights(
 def test_a_success_changes_no_model_and_a_repeat_writes_the_same(
     form: str, tmp_path: Path, folder: Path
 ) -> None:
-    model = llama("uniform")
+    model = llama("deci" if form == "deci" else "uniform")
     model.train()  # a mode the writer must give back
     before = unchanged(model)
     path = tmp_path / ("out.gguf" if form == "gguf" else "out")

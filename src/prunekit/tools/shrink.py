@@ -121,6 +121,11 @@ class ShrinkConfig:
                 f"{', '.join(FORMATS)}, at least one"
             )
         object.__setattr__(self, "formats", tuple(formats))
+        if isinstance(self.kinds, str | bytes):  # tuple() would split it into letters
+            raise type_error(
+                f"ShrinkConfig: invalid kinds={self.kinds!r}; expected a tuple of kinds such "
+                "as ('channels',) or ('channels', 'heads'), or None"
+            )
         self._defaults()
         if not isinstance(self.compensate, bool):
             raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
@@ -188,11 +193,12 @@ def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
         return None
     if isinstance(value, str | os.PathLike):
         return Path(value)
-    if isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value):
+    if (isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value)
+            and any(t.strip() for t in value)):  # fmt: skip
         return tuple(value)
     raise type_error(
         f"ShrinkConfig: invalid {name}={value!r}; expected a path (a text file, a folder of "
-        "them or JSON lines) or a non-empty sequence of passages"
+        "them or JSON lines) or a sequence of passages, not all blank"
     )
 
 
