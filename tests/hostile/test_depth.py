@@ -200,7 +200,7 @@ def test_an_interrupt_inside_prune_blocks_restores_the_model(
             KeyboardInterrupt, "", model=model)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["dense", "uniform", "per-layer"])
+@pytest.mark.parametrize("kind", ["dense", "per-layer"])
 def test_blocks_removed_compute_what_the_skipped_model_did_and_repeat(kind: str) -> None:
     model = llama(kind)
     prunekit.prune_blocks(model, calibration(), 1)

@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -323,12 +324,25 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
             "expected an output folder apart from it (the source is never changed)"
         )
     out = writable_folder(out, "the shrunk model and its report")
+    _probe(out)
     if out.is_dir() and any(out.iterdir()) and not (out / REPORT_JSON).is_file():
         raise CheckpointError(
             f"{out}: holds files but no {REPORT_JSON}, so it is no output of shrink; expected "
             "a new or empty folder, or one an earlier shrink wrote (which is replaced whole)"
         )
     return source, out
+
+
+def _probe(out: Path) -> None:
+    """Refuse, before the heavy work, an output whose folder takes no new folder: the result
+    is staged beside it."""
+    try:
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.probe.", dir=out.absolute().parent)).rmdir()
+    except OSError as error:
+        raise CheckpointError(
+            f"{out}: its folder {out.absolute().parent} takes no new folder ({error.strerror}); "
+            "expected an output in a folder that can be written"
+        ) from None
 
 
 def _prune(
