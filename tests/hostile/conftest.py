@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import tiny_llm
-from hostile.catalog import BROKE, ENTRY_POINTS, entry_point
+from hostile.catalog import ENTRY_POINTS, broke, entry_point
 
 # --- tiny models and folders -----------------------------------------------------------------
 
@@ -60,7 +60,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     row = _TALLY.setdefault(entry_point(report.nodeid), {"run": 0, "held": 0, "broke": 0})
     row["run"] += 1
     row["held"] += report.outcome == "passed"
-    row["broke"] += any(key in report.nodeid for key in BROKE)
+    row["broke"] += broke(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -193,6 +193,7 @@ DESTINATIONS = [
     ("hf-inside-the-source", "hf", "inside-source", ValueError, r"path=.*source"),
     ("gguf-inside-the-source", "gguf", "inside-source", ValueError, r"path=.*source"),
     ("hf-holds-the-source", "hf", "holds-source", ValueError, r"path=.*source"),
+    ("hf-links-to-the-source", "hf", "link-source", ValueError, r"path=.*source"),
     ("hf-empty-path", "hf", "empty", ValueError, r"path='\.' names no"),
     ("hf-not-writable", "hf", "proc", (ValueError, OSError), r"out|proc"),
     ("gguf-not-writable", "gguf", "proc", (ValueError, OSError), r"out|proc"),
@@ -223,6 +224,8 @@ def test_a_destination_it_cannot_take_is_refused(
         path = source / name
     elif where == "holds-source":
         path = tmp_path
+    elif where == "link-source":
+        path.symlink_to(source)
     elif where == "empty":
         monkeypatch.chdir(tmp_path / "place")
         path = Path("")

@@ -166,6 +166,7 @@ OUTPUTS = [
     ("out-links-to-the-source", r"is, holds or lies inside the input folder"),
     ("out-is-a-file", r"is a file; expected a folder"),
     ("out-no-parent", r"does not exist"),
+    ("out-not-writable", r"/proc/prunekit-out: the output needs .* bytes, 0 are free"),
 ]  # fmt: skip
 
 
@@ -188,6 +189,8 @@ def test_an_output_it_cannot_take_is_refused(
         out.write_text("mine")
     elif case == "out-no-parent":
         out = tmp_path / "missing" / "out"
+    elif case == "out-not-writable":
+        out = Path("/proc/prunekit-out")
     refused(lambda: prune_streamed(source, out, "wanda", 0.5, calibration=GOOD),
             CheckpointError, match, paths=(source, out))  # fmt: skip
 
