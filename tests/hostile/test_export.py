@@ -5,6 +5,7 @@ every success writes what loads and computes the model's outputs, and changes no
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
@@ -398,3 +399,21 @@ def test_a_symlinked_destination_is_replaced_at_its_target(tmp_path: Path, folde
     assert link.is_symlink() and (real / "config.json").is_file()
     assert not (real / "old.txt").exists()
     shutil.rmtree(real)
+
+
+def test_a_model_of_values_not_ids_takes_its_own_example_inputs(tmp_path: Path) -> None:
+    """The token-id check is for models whose main input is input_ids: pixel values pass."""
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config).eval()
+    pixels = torch.randn(1, 3, 8, 8)
+    export(model, tmp_path / "vit", "hf", example_inputs=pixels, verify=False)
+    loaded = transformers.ViTModel.from_pretrained(tmp_path / "vit").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(pixels).last_hidden_state, model(pixels).last_hidden_state)
+    refused(lambda: export(model, tmp_path / "vit2", "hf",
+                           example_inputs=torch.full((1, 3, 8, 8), math.nan), verify=False),
+            ValueError, r"example_inputs is holding NaN or inf", model=model,
+            paths=(tmp_path,))  # fmt: skip

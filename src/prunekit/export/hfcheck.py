@@ -63,17 +63,27 @@ def check_inputs(model: nn.Module, inputs: Any) -> Tensor | dict[str, Tensor]:
 
     Raises:
         TypeError: `inputs` is neither None, a tensor nor a dict of tensors.
+        ValueError: a tensor that is sparse, on the meta device, empty or not finite, or
+            token ids outside the model's vocabulary (see ``check_ids``).
     """
-    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
+    found = getattr(getattr(model, "config", None), "vocab_size", None)
+    known = isinstance(found, int) and found > 0
+    vocab = int(found) if known else 2  # type: ignore[arg-type]
     if inputs is None:
         return (torch.arange(1, 9).reshape(1, 8) * 7919 % max(vocab - 1, 1) + 1) % vocab
+    if not known:  # no vocabulary to check ids against: any non-negative id
+        vocab = 2**62
+    takes_ids = getattr(model, "main_input_name", "input_ids") == "input_ids"
     if isinstance(inputs, Tensor):
+        if not takes_ids:  # pixel values, features...: values, not ids
+            _check_tensor(inputs, "example_inputs")
+            return inputs
         return check_ids(inputs, vocab, "example_inputs")
     if isinstance(inputs, dict) and all(
         isinstance(k, str) and isinstance(v, Tensor) for k, v in inputs.items()
     ):
         for key, value in inputs.items():
-            if key == "input_ids":
+            if key == "input_ids" and takes_ids:
                 check_ids(value, vocab, "example_inputs['input_ids']")
             else:
                 _check_tensor(value, f"example_inputs[{key!r}]")
