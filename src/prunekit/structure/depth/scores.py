@@ -105,7 +105,7 @@ def _own_score(criterion: BlockCriterion, before: Tensor, after: Tensor, where: 
 def _kind(value: object) -> str:
     if isinstance(value, Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
-    return f"{type(value).__name__} ({value!r})"[:80]
+    return type(value).__name__
 
 
 def _loss_scores(model: nn.Module, blocks: BlockList, batches: Sequence[Any], loss: Loss | None,
