@@ -19,7 +19,7 @@ from torch import nn
 from prunekit.core.errors import type_error, value_error
 from prunekit.export import deci, gguf, hf, onnx
 from prunekit.export.request import ExportReport, Request
-from prunekit.io.atomic import atomic_folder, atomic_path
+from prunekit.io.atomic import atomic_folder, atomic_path, overlaps
 
 __all__ = ["FORMATS", "WRITERS", "ExportReport", "Request", "export"]
 
@@ -67,8 +67,11 @@ def export(
 
     Raises:
         TypeError: `model` is not a module.
-        ValueError: an unknown format, or a model the format cannot express (the message
-            names the layer and what would fit); nothing is written.
+        ValueError: an unknown format, a model the format cannot express (the message
+            names the layer and what would fit), weights on the meta device or not finite,
+            or a `path` that cannot take the output (a file where a folder goes or the
+            reverse, no parent folder, the source or a folder holding it); nothing is
+            written.
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"export: model is a {type(model).__name__}; expected an nn.Module")
@@ -80,6 +83,8 @@ def export(
         )
     request = Request(format, Path(path), None if source is None else Path(source), dtype,
                       example_inputs, bool(verify))  # fmt: skip
+    _check_path(path, request)
+    _check_weights(model)
     if FORMATS[format]:
         with atomic_folder(request.path) as stage:
             report = writer(model, stage, request)
@@ -87,3 +92,44 @@ def export(
         with atomic_path(request.path) as staged:
             report = writer(model, Path(staged), request)
     return report
+
+
+def _check_path(given: object, request: Request) -> None:
+    """Refuse a destination the output cannot take: it is written whole beside it and
+    swapped in, so an existing one of the other kind, a missing parent or the source
+    itself (or a folder holding it) would be lost or never reached."""
+    path, folder = request.path, FORMATS[request.format]
+    kind = "folder" if folder else "file"
+    wrong = None
+    if str(given) in ("", "."):
+        wrong = "names no file or folder of its own"
+    elif folder and path.exists() and not path.is_dir():
+        wrong = "is a file; expected a folder (the format writes one)"
+    elif not folder and path.is_dir():
+        wrong = "is a folder; expected a file (the format writes one)"
+    elif not path.absolute().parent.is_dir():
+        wrong = f"is in {str(path.absolute().parent)!r}, which does not exist"
+    elif request.source is not None and request.source.exists() \
+            and overlaps(request.source, path):  # fmt: skip
+        wrong = f"is, holds or lies inside source={str(request.source)!r}"
+    if wrong is not None:
+        raise value_error(
+            f"export: path={str(given)!r} {wrong}; expected a new {kind}, or an existing "
+            f"{kind} to replace whole, apart from the source"
+        )
+
+
+def _check_weights(model: nn.Module) -> None:
+    """Refuse weights a written model cannot hold: on the meta device (no values) or not
+    finite (the written model would compute NaN, and no check could pass)."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise value_error(
+                f"export: model's {name} is on the meta device (it has no values); expected "
+                "a model with its weights loaded"
+            )
+        if tensor.is_floating_point() and not bool(tensor.detach().isfinite().all()):
+            raise value_error(
+                f"export: model's {name} holds NaN or inf; expected finite weights (the "
+                "written model would compute NaN)"
+            )

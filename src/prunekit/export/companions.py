@@ -36,7 +36,10 @@ def check_source(source: Path | None) -> Path | None:
     """
     if source is None:
         return None
-    if source.is_dir() or (source.is_file() and source.suffix.lower() == ".gguf"):
+    if source.is_dir():
+        return source
+    if source.is_file() and source.suffix.lower() == ".gguf":
+        _check_gguf(source)
         return source
     what = "no such file or folder" if not source.exists() else "a file that is not .gguf"
     raise value_error(
@@ -44,6 +47,21 @@ def check_source(source: Path | None) -> Path | None:
         "or the GGUF file the model was loaded from (its tokenizer and generation config "
         "are written beside the model), or None"
     )
+
+
+def _check_gguf(source: Path) -> None:
+    """Refuse a GGUF source its reader cannot read (checked before anything is written)."""
+    try:
+        gguf: Any = require("gguf", "llm", "export: the tokenizer of a GGUF file")
+    except ImportError:
+        return  # transformers reads it later and says what is missing
+    try:
+        gguf.GGUFReader(str(source))
+    except (ValueError, OSError, IndexError, KeyError, TypeError) as error:
+        raise value_error(
+            f"export: source={str(source)!r} is not a readable GGUF file ({error}); expected "
+            "the GGUF file the model was loaded from, whole"
+        ) from None
 
 
 def clear(folder: Path) -> None:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import value_error
+from prunekit.export.hfcheck import check_ids
 from prunekit.export.request import Request
 
 if TYPE_CHECKING:
@@ -91,14 +92,13 @@ def example_ids(inputs: Any, vocab: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(0)
         return torch.randint(0, vocab, (1, 16), generator=generator)
     ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
-    if (not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64)
-            or ids.dim() not in (1, 2) or ids.numel() == 0
-            or int(ids.min()) < 0 or int(ids.max()) >= vocab):  # fmt: skip
+    if not isinstance(ids, torch.Tensor):
         raise value_error(
             f"export: example_inputs is {type(ids).__name__}; expected token ids (an integer "
             f"tensor of shape (tokens,) or (batch, tokens), each below {vocab}) or a mapping "
             f"with 'input_ids'"
         )
+    check_ids(ids, vocab, "example_inputs")
     return ids.view(1, -1) if ids.dim() == 1 else ids
 
 

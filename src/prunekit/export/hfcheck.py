@@ -20,9 +20,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import type_error
+from prunekit.core.errors import type_error, value_error
 
-__all__ = ["check_inputs", "loaded_output", "model_output", "relative_difference", "rounded_copy"]
+__all__ = [
+    "check_ids",
+    "check_inputs",
+    "loaded_output",
+    "model_output",
+    "relative_difference",
+    "rounded_copy",
+]
 
 # Run in the fresh process: argv is folder, inputs file, output file, class name, trust flag.
 _LOADER = """
@@ -56,20 +63,77 @@ def check_inputs(model: nn.Module, inputs: Any) -> Tensor | dict[str, Tensor]:
 
     Raises:
         TypeError: `inputs` is neither None, a tensor nor a dict of tensors.
+        ValueError: a tensor that is sparse, on the meta device, empty or not finite, or
+            token ids outside the model's vocabulary (see ``check_ids``).
     """
+    found = getattr(getattr(model, "config", None), "vocab_size", None)
+    known = isinstance(found, int) and found > 0
+    vocab = int(found) if known else 2  # type: ignore[arg-type]
     if inputs is None:
-        vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 2)
         return (torch.arange(1, 9).reshape(1, 8) * 7919 % max(vocab - 1, 1) + 1) % vocab
+    if not known:  # no vocabulary to check ids against: any non-negative id
+        vocab = 2**62
+    takes_ids = getattr(model, "main_input_name", "input_ids") == "input_ids"
     if isinstance(inputs, Tensor):
-        return inputs
+        if not takes_ids:  # pixel values, features...: values, not ids
+            _check_tensor(inputs, "example_inputs")
+            return inputs
+        return check_ids(inputs, vocab, "example_inputs")
     if isinstance(inputs, dict) and all(
         isinstance(k, str) and isinstance(v, Tensor) for k, v in inputs.items()
     ):
+        for key, value in inputs.items():
+            if key == "input_ids" and takes_ids:
+                check_ids(value, vocab, "example_inputs['input_ids']")
+            else:
+                _check_tensor(value, f"example_inputs[{key!r}]")
         return dict(inputs)
     raise type_error(
         f"export: example_inputs is a {type(inputs).__name__}; expected a tensor of token ids, "
         "a dict of tensors (keyword arguments of the model) or None"
     )
+
+
+def check_ids(ids: Tensor, vocab: int, where: str) -> Tensor:
+    """`ids` checked to be token ids the model can embed: a dense integer tensor on a real
+    device, not empty, each in [0, `vocab`).
+
+    Raises:
+        ValueError: anything else (the message names `where` and the bad value).
+    """
+    _check_tensor(ids, where)
+    wrong = None
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        wrong = f"of dtype {ids.dtype}"
+    elif ids.dim() not in (1, 2):
+        wrong = f"of shape {tuple(ids.shape)}"
+    elif int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        wrong = f"with ids from {int(ids.min())} to {int(ids.max())}"
+    if wrong is not None:
+        raise value_error(
+            f"export: {where} is a tensor {wrong}; expected token ids: integers in "
+            f"[0, {vocab}) (the model's vocabulary), of shape (tokens,) or (batch, tokens)"
+        )
+    return ids
+
+
+def _check_tensor(value: Tensor, where: str) -> None:
+    """Refuse a tensor no model can be run on to compare: sparse, on the meta device,
+    empty, or floating with NaN or inf."""
+    wrong = None
+    if value.layout != torch.strided:
+        wrong = f"a {value.layout} tensor"
+    elif value.is_meta:
+        wrong = "on the meta device (it has no values)"
+    elif value.numel() == 0:
+        wrong = f"empty (shape {tuple(value.shape)})"
+    elif (value.is_floating_point() or value.is_complex()) and not bool(value.isfinite().all()):
+        wrong = "holding NaN or inf"
+    if wrong is not None:
+        raise value_error(
+            f"export: {where} is {wrong}; expected a dense tensor of values on which the "
+            "written model's outputs are compared with the model's"
+        )
 
 
 def model_output(model: nn.Module, inputs: Tensor | dict[str, Tensor]) -> Tensor:

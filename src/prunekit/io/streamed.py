@@ -23,7 +23,7 @@ import ctypes.util
 import json
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,7 @@ def prune_streamed(
     """
     config = _config(method, amount, pattern, sequential, damp, blocksize, progress)
     batches = cal.batch_list(calibration, OWNER)
+    _check_tokens(batches)
     checkpoint = open_checkpoint(path)
     source = checkpoint.index.parent
     model, blocks = _skeleton(source, checkpoint)
@@ -129,6 +130,18 @@ def prune_streamed(
     finally:
         bar.close()
     return StreamedResult(folder / index.name, done[3], done[0], done[1], len(blocks))
+
+
+def _check_tokens(batches: Sequence[Any]) -> None:
+    """Refuse batches whose every ``attention_mask`` keeps no token: nothing the caller
+    counts as text would be calibrated on."""
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    if masks and all(isinstance(m, torch.Tensor) and not bool((m != 0).any()) for m in masks):
+        raise value_error(
+            f"{OWNER}: every attention_mask of the {len(batches)} calibration batches is all "
+            "zero, so no token is left to calibrate on; expected batches whose attention_mask "
+            "keeps at least one token"
+        )
 
 
 def _config(
@@ -175,7 +188,14 @@ def _skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Modul
             f"{source}: no config.json; expected a Hugging Face model folder as "
             "save_pretrained writes it (the model is built from its config)"
         )
-    config = transformers.AutoConfig.from_pretrained(source)
+    try:
+        config = transformers.AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as error:  # not JSON, or a config transformers cannot read
+        raise CheckpointError(
+            f"{source / 'config.json'}: cannot be read as a model config "
+            f"({' '.join(str(error).split())[:200]}); expected the config.json save_pretrained "
+            "writes"
+        ) from None
     family = getattr(config, "model_type", None)
     if family not in FAMILIES:
         raise value_error(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -196,7 +196,26 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
             f"prune_channels: compensate={compensate!r} needs calibration data; expected "
             "calibration= an iterable of batches the model's forward takes"
         )
-    return batch_list(calibration, "prune_channels")
+    batches = batch_list(calibration, "prune_channels")
+    _check_rows(batches)
+    return batches
+
+
+def _check_rows(batches: list[Any]) -> None:
+    """Refuse calibration with nothing to fit on: every batch empty, or every
+    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing)."""
+    firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
+              b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    empty = all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts)
+    unmasked = not all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks)
+    if empty or not unmasked:
+        what = "is empty" if empty else "has an attention_mask that is all zero"
+        raise value_error(
+            f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "
+            "compensation has no row to fit on; expected batches with at least one row "
+            "(token) the update is fitted on"
+        )
 
 
 def _damping(damping: object, compensate: object) -> float | str:

@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -125,15 +126,11 @@ class ShrinkConfig:
                 f"{', '.join(FORMATS)}, at least one"
             )
         object.__setattr__(self, "formats", tuple(formats))
-        if self.gguf_type is not None and self.gguf_type not in GGUF_TYPES:
-            raise value_error(
-                f"ShrinkConfig: invalid gguf_type={self.gguf_type!r}; expected one of "
-                f"{', '.join(GGUF_TYPES)}, or None for the model's own float type"
-            )
-        if self.gguf_type is not None and "gguf" not in self.formats:
-            raise value_error(
-                f"ShrinkConfig: gguf_type={self.gguf_type!r} with formats={self.formats!r}; "
-                "gguf_type is the tensor type of the 'gguf' format: add 'gguf' to formats"
+        self._check_gguf_type()
+        if isinstance(self.kinds, str | bytes):  # tuple() would split it into letters
+            raise type_error(
+                f"ShrinkConfig: invalid kinds={self.kinds!r}; expected a tuple of kinds such "
+                "as ('channels',) or ('channels', 'heads'), or None"
             )
         self._defaults()
         if not isinstance(self.compensate, bool):
@@ -146,6 +143,20 @@ class ShrinkConfig:
         self._check_numbers()
         _ = self.budget  # one target, checked by Budget
         self._check_deci()
+
+    def _check_gguf_type(self) -> None:
+        if self.gguf_type is None:
+            return
+        if self.gguf_type not in GGUF_TYPES:
+            raise value_error(
+                f"ShrinkConfig: invalid gguf_type={self.gguf_type!r}; expected one of "
+                f"{', '.join(GGUF_TYPES)}, or None for the model's own float type"
+            )
+        if "gguf" not in self.formats:
+            raise value_error(
+                f"ShrinkConfig: gguf_type={self.gguf_type!r} with formats={self.formats!r}; "
+                "gguf_type is the tensor type of the 'gguf' format: add 'gguf' to formats"
+            )
 
     def _defaults(self) -> None:
         """Defaults that fit every format asked for (``deci``: channels in steps of 256)."""
@@ -202,11 +213,12 @@ def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
         return None
     if isinstance(value, str | os.PathLike):
         return Path(value)
-    if isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value):
+    if (isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value)
+            and any(t.strip() for t in value)):  # fmt: skip
         return tuple(value)
     raise type_error(
         f"ShrinkConfig: invalid {name}={value!r}; expected a path (a text file, a folder of "
-        "them or JSON lines) or a non-empty sequence of passages"
+        "them or JSON lines) or a sequence of passages, not all blank"
     )
 
 
@@ -332,12 +344,25 @@ def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
             "expected an output folder apart from it (the source is never changed)"
         )
     out = writable_folder(out, "the shrunk model and its report")
+    _probe(out)
     if out.is_dir() and any(out.iterdir()) and not (out / REPORT_JSON).is_file():
         raise CheckpointError(
             f"{out}: holds files but no {REPORT_JSON}, so it is no output of shrink; expected "
             "a new or empty folder, or one an earlier shrink wrote (which is replaced whole)"
         )
     return source, out
+
+
+def _probe(out: Path) -> None:
+    """Refuse, before the heavy work, an output whose folder takes no new folder: the result
+    is staged beside it."""
+    try:
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.probe.", dir=out.absolute().parent)).rmdir()
+    except OSError as error:
+        raise CheckpointError(
+            f"{out}: its folder {out.absolute().parent} takes no new folder ({error.strerror}); "
+            "expected an output in a folder that can be written"
+        ) from None
 
 
 def _prune(

@@ -24,7 +24,8 @@ from prunekit._extras import require
 from prunekit.export.layers import LLAMA_FAMILY
 from prunekit.io.files import CheckpointError, open_regular
 from prunekit.io.folders import WEIGHTS
-from prunekit.io.sharded import index_of
+from prunekit.io.mapped import read_header
+from prunekit.io.sharded import index_of, open_checkpoint
 
 __all__ = ["Source", "check_source", "load_source"]
 
@@ -71,7 +72,8 @@ def check_source(path: str | os.PathLike[str]) -> Source:
         What was found.
 
     Raises:
-        CheckpointError: no such file or folder, no weights or config, an architecture
+        CheckpointError: no such file or folder, no weights or config, an index or a
+            weights file whose header is damaged or that is cut short, an architecture
             outside the Llama family, no tokenizer, a file that is not GGUF.
     """
     where = Path(path)
@@ -92,9 +94,9 @@ def _check_folder(folder: Path) -> Source:
             "as save_pretrained writes it, or a GGUF file"
         )
     index = index_of(folder)
-    if index is not None:
-        names = sorted(set(_read_json(index).get("weight_map", {}).values()))
-        weights = tuple(folder / name for name in names)
+    if index is not None:  # the index and every shard's header, checked (no data read)
+        checkpoint = open_checkpoint(folder)
+        weights = tuple(sorted({stored.path for stored in checkpoint.tensors.values()}))
     else:
         weights = (folder / WEIGHTS,)
     missing = [str(p.name) for p in weights if not p.is_file()]
@@ -103,6 +105,8 @@ def _check_folder(folder: Path) -> Source:
             f"{folder}: its weights are missing ({', '.join(missing) or 'an empty index'}); "
             f"expected {WEIGHTS}, or the shards that model.safetensors.index.json names"
         )
+    if index is None:
+        read_header(weights[0])  # a file cut short or not safetensors is refused here
     kind = _read_json(config).get("model_type")
     _check_family(folder, kind)
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):

@@ -91,14 +91,21 @@ def block_scores(
 def _own_score(criterion: BlockCriterion, before: Tensor, after: Tensor, where: str,
                owner: str) -> float:  # fmt: skip
     value = criterion(before, after)
-    if isinstance(value, Tensor) and value.numel() == 1:
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_complex() \
+            and not value.is_meta:  # fmt: skip
         return float(value)
     if isinstance(value, float | int) and not isinstance(value, bool):
         return float(value)
     raise type_error(
-        f"{owner}: criterion returned {type(value).__name__} for {where}; expected a scalar "
-        "(a number or a one-element tensor)"
+        f"{owner}: criterion returned {_kind(value)} for {where}; expected a real scalar "
+        "(a number or a one-element real tensor with a value)"
     )
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    return type(value).__name__
 
 
 def _loss_scores(model: nn.Module, blocks: BlockList, batches: Sequence[Any], loss: Loss | None,

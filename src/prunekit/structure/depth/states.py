@@ -133,3 +133,12 @@ def check_inputs(inputs: Any, owner: str) -> None:
             "tensor, a mapping of keyword arguments or a tuple of positional arguments for "
             "the model"
         )
+    values = inputs.values() if isinstance(inputs, Mapping) else \
+        inputs if isinstance(inputs, tuple | list) else [inputs]  # fmt: skip
+    for value in values:
+        if isinstance(value, Tensor) and (value.is_meta or value.layout != torch.strided):
+            kind = "on the meta device (no values)" if value.is_meta else f"{value.layout}"
+            raise value_error(
+                f"{owner}: example_inputs holds a tensor {kind}; expected dense tensors with "
+                "values, on which the outputs are compared"
+            )

@@ -1,0 +1,74 @@
+"""Which entry point each hostile case exercises (by its test file), and the cases that broke
+before their fixes, each with the bug it showed (kept: the tally at the end of a run prints
+them, and a case listed here must pass now)."""
+
+from __future__ import annotations
+
+# test file -> the entry point its cases call
+ENTRY_POINTS = {
+    "test_export": "export",
+    "test_shrink": "shrink / prunekit shrink",
+    "test_streamed": "prune_streamed / prunekit prune",
+    "test_damping": "prune_channels(damping='auto')",
+    "test_depth": "blocks / load_compacted",
+}
+
+# "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
+# the suite against the sources before the fixes
+BROKE: dict[str, str] = {
+    # export (prunekit.export.api, hfcheck, gguf_check, companions)
+    "test_export::[hf-inputs-float-nan]": "raw torch error from the check's forward (float ids)",
+    "test_export::[hf-inputs-out-of-vocab]": "raw IndexError 'index out of range in self'",
+    "test_export::[hf-inputs-negative]": "raw IndexError 'index out of range in self'",
+    "test_export::[hf-inputs-empty]": "raw reshape error from the model",
+    "test_export::[hf-inputs-complex]": "raw torch error (complex ids)",
+    "test_export::[hf-inputs-meta]": "wrong diagnosis: 'outputs differ by inf' (meta ids)",
+    "test_export::[hf-inputs-sparse]": "raw 'reshape is not implemented for sparse tensors'",
+    "test_export::[gguf-inputs-meta]": "raw 'Tensor.item() cannot be called on meta tensors'",
+    "test_export::[gguf-inputs-sparse]": "raw 'Could not run aten::min ... SparseCPU'",
+    "test_export::[meta-hf]": "raw 'Cannot copy out of meta tensor' from safetensors",
+    "test_export::[meta-gguf]": "raw 'Cannot copy out of meta tensor' from the writer",
+    "test_export::[meta-deci]": "raw 'Cannot copy out of meta tensor'",
+    "test_export::[nan-weights-gguf]": "misdiagnosed: 'read back has other values' (NaN weights)",
+    "test_export::[hf-over-a-file]": "a file at path silently replaced by the folder",
+    "test_export::[deci-over-a-file]": "a file at path silently replaced by the folder",
+    "test_export::[gguf-over-a-folder]": "raw IsADirectoryError after all the work",
+    "test_export::[hf-no-parent]": "raw FileNotFoundError from tempfile",
+    "test_export::[gguf-no-parent]": "raw FileNotFoundError from tempfile",
+    "test_export::[hf-is-the-source]": "the source folder silently replaced by the export",
+    "test_export::[hf-inside-the-source]": "output written inside the source folder",
+    "test_export::[gguf-inside-the-source]": "output written inside the source folder",
+    "test_export::[hf-holds-the-source]": "the folder holding the source replaced whole",
+    "test_export::[hf-empty-path]": "raw 'Device or resource busy' (path '' is the working folder)",
+    "test_export::test_a_damaged_gguf_source_is_refused": "a GGUF reader's error, no source=",
+    # shrink (prunekit.tools.shrink, sources)
+    "test_shrink::[kinds-str]": "kinds='channels' split into letters, the message showing them",
+    "test_shrink::[calibration-blank]": "blank passages accepted, refused after loading",
+    "test_shrink::[index-map-a-list]": "raw AttributeError 'list' object has no attribute 'values'",
+    "test_shrink::[index-map-not-str]": "raw TypeError from a path join",
+    "test_shrink::[shard-truncated]": "raw SafetensorError from transformers",
+    "test_shrink::[weights-truncated]": "raw SafetensorError from transformers",
+    "test_shrink::[weights-empty]": "raw SafetensorError from transformers",
+    "test_shrink::[out-not-writable]": "raw OSError, after the whole pruning",
+    # streamed (prunekit.io.streamed)
+    "test_streamed::[batch-mask-all-zero]": "calibration with every attention_mask zero accepted",
+    "test_streamed::[config-garbage]": "transformers' OSError, not a CheckpointError",
+    # prune_channels (prunekit.structure.prune)
+    "test_damping::[auto-empty-batch]": "compensation from an empty batch: silently no update",
+    "test_damping::[mask-all-zero]": "compensation with every attention_mask zero accepted",
+    # depth (prunekit.structure.depth.scores, states)
+    "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
+    "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",
+}
+
+
+def broke(nodeid: str) -> bool:
+    """Whether the case `nodeid` is one of BROKE."""
+    name = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return any(key.split("::")[0] == name and key.split("::")[1] in nodeid for key in BROKE)
+
+
+def entry_point(nodeid: str) -> str:
+    """The entry point of the case `nodeid` (its test file's)."""
+    name = nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return ENTRY_POINTS.get(name, name)

@@ -1,0 +1,419 @@
+"""Hostile calls of prunekit.export.export: every refusal names the bad argument and leaves
+the model (bit for bit, config, mode), the source's files and the destination as they were;
+every success writes what loads and computes the model's outputs, and changes no model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+from hostile.support import llama, refused, tree, unchanged
+from prunekit.export import export
+from prunekit.export import hf as hf_writer
+
+transformers = pytest.importorskip("transformers")
+
+IDS = torch.randint(0, 300, (1, 10), generator=torch.Generator().manual_seed(0))
+
+
+def logits(model: nn.Module, ids: torch.Tensor = IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+# --- arguments of a wrong type or value --------------------------------------------------------
+
+BAD_ARGUMENTS: list[tuple[str, dict[str, Any], type[BaseException], str]] = [
+    ("model-str", {"model": "model"}, TypeError, r"export: model is a str"),
+    ("model-none", {"model": None}, TypeError, r"export: model is a NoneType"),
+    ("format-upper", {"format": "HF"}, ValueError, r"format='HF'.*expected one of"),
+    ("format-unknown", {"format": "tflite"}, ValueError, r"format='tflite'"),
+    ("format-none", {"format": None}, ValueError, r"format=None"),
+    ("format-list", {"format": ["hf"]}, ValueError, r"format=\['hf'\]"),
+    ("hf-dtype-float64", {"dtype": "float64"}, ValueError, r"dtype='float64'.*expected one of"),
+    ("hf-dtype-gguf-name", {"dtype": "f16"}, ValueError, r"dtype='f16'"),
+    ("hf-dtype-torch", {"dtype": torch.float16}, ValueError, r"dtype=torch\.float16"),
+    ("deci-dtype-int8", {"format": "deci", "dtype": "int8"}, ValueError, r"dtype='int8'"),
+    ("gguf-dtype-q4", {"format": "gguf", "dtype": "q4_0"}, ValueError, r"dtype='q4_0'"),
+    ("gguf-dtype-int", {"format": "gguf", "dtype": 16}, ValueError, r"dtype=16"),
+    ("onnx-dtype-f16", {"format": "onnx", "dtype": "float16", "example_inputs": IDS},
+     ValueError, r"dtype='float16'"),
+    ("source-missing", {"source": "<tmp>/nowhere"}, ValueError, r"source=.*no such file"),
+    ("source-not-gguf", {"source": "<tmp>/notes.txt"}, ValueError, r"source=.*not \.gguf"),
+    ("gguf-no-source", {"format": "gguf"}, ValueError, r"source"),
+    ("hf-inputs-list", {"example_inputs": [[1, 2, 3]]}, TypeError, r"example_inputs is a list"),
+    ("hf-inputs-dict-int", {"example_inputs": {"input_ids": 3}}, TypeError, r"example_inputs"),
+    ("hf-inputs-float-nan", {"example_inputs": torch.full((1, 4), float("nan"))},
+     (ValueError, TypeError), r"example_inputs"),
+    ("hf-inputs-out-of-vocab", {"example_inputs": torch.tensor([[1, 2, 100000]])},
+     ValueError, r"example_inputs.*vocab"),
+    ("hf-inputs-negative", {"example_inputs": torch.tensor([[1, -2, 3]])},
+     ValueError, r"example_inputs"),
+    ("hf-inputs-empty", {"example_inputs": torch.zeros((1, 0), dtype=torch.long)},
+     ValueError, r"example_inputs"),
+    ("hf-inputs-complex", {"example_inputs": torch.ones((1, 4), dtype=torch.complex64)},
+     (ValueError, TypeError), r"example_inputs"),
+    ("hf-inputs-meta", {"example_inputs": torch.ones((1, 4), dtype=torch.long, device="meta")},
+     (ValueError, TypeError), r"example_inputs"),
+    ("hf-inputs-sparse", {"example_inputs": torch.ones((1, 4), dtype=torch.long).to_sparse()},
+     (ValueError, TypeError), r"example_inputs"),
+    ("gguf-inputs-meta", {"format": "gguf", "source": "<folder>",
+                          "example_inputs": torch.ones((1, 4), dtype=torch.long, device="meta")},
+     (ValueError, TypeError), r"example_inputs"),
+    ("gguf-inputs-sparse", {"format": "gguf", "source": "<folder>",
+                            "example_inputs": torch.ones((1, 4), dtype=torch.long).to_sparse()},
+     (ValueError, TypeError), r"example_inputs"),
+    ("gguf-inputs-out-of-vocab", {"format": "gguf", "source": "<folder>",
+                                  "example_inputs": torch.tensor([[1, 300]])},
+     ValueError, r"example_inputs"),
+    ("onnx-no-inputs", {"format": "onnx"}, ValueError, r"example_inputs=None"),
+    ("onnx-inputs-str", {"format": "onnx", "example_inputs": "ids"}, TypeError,
+     r"example_inputs is a str"),
+]  # fmt: skip
+
+
+def _fill(value: Any, tmp_path: Path, folder: Path) -> Any:
+    if isinstance(value, str) and value.startswith("<tmp>/"):
+        return tmp_path / value.removeprefix("<tmp>/")
+    return folder if value == "<folder>" else value
+
+
+@pytest.mark.parametrize(("case", "options", "error", "match"), BAD_ARGUMENTS,
+                         ids=[c[0] for c in BAD_ARGUMENTS])  # fmt: skip
+def test_a_bad_argument_is_named_and_changes_nothing(
+    case: str, options: dict[str, Any], error: type[BaseException], match: str,
+    tmp_path: Path, folder: Path,
+) -> None:  # fmt: skip
+    (tmp_path / "notes.txt").write_text("mine")
+    model = llama("uniform")
+    arguments: dict[str, Any] = {"model": model, "path": tmp_path / "out", "format": "hf"}
+    arguments.update({k: _fill(v, tmp_path, folder) for k, v in options.items()})
+    if arguments["format"] == "gguf" and arguments["path"].suffix != ".gguf":
+        arguments["path"] = tmp_path / "out.gguf"
+    given = arguments.pop("model")
+    refused(lambda: export(given, **arguments), error, match,
+            model=given if isinstance(given, nn.Module) else None,
+            paths=(tmp_path, folder))  # fmt: skip
+
+
+# --- models a format cannot express ----------------------------------------------------------
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=300)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _bert() -> nn.Module:
+    config = transformers.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, vocab_size=300)  # fmt: skip
+    return transformers.BertModel(config).eval()
+
+
+def _meta() -> nn.Module:
+    return llama("uniform").to("meta")
+
+
+def _nan() -> nn.Module:
+    model = llama("uniform")
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    return model
+
+
+def _qwen3() -> nn.Module:
+    config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      vocab_size=300)  # fmt: skip
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+UNSUPPORTED: list[tuple[str, Callable[[], nn.Module], str, type[BaseException], str]] = [
+    ("masked-hf", lambda: llama("masked"), "hf", ValueError, r"pruning masks.*compact"),
+    ("masked-deci", lambda: llama("masked"), "deci", ValueError, r"pruning masks"),
+    ("masked-gguf", lambda: llama("masked"), "gguf", ValueError, r"pruning masks"),
+    ("masked-onnx", lambda: llama("masked"), "onnx", ValueError, r"pruning masks"),
+    ("plain-module-hf", lambda: nn.Sequential(nn.Linear(4, 4)), "hf", TypeError,
+     r"expected a Hugging Face model"),
+    ("gpt2-gguf", _gpt2, "gguf", TypeError, r"model_type 'gpt2'"),
+    ("gpt2-deci", _gpt2, "deci", TypeError, r"GPT2LMHeadModel"),
+    ("bert-gguf", _bert, "gguf", TypeError, r"model_type 'bert'"),
+    ("bert-deci", _bert, "deci", TypeError, r"BertModel"),
+    ("qwen3-gguf", _qwen3, "gguf", ValueError, r"qwen3"),
+    ("qwen3-deci", _qwen3, "deci", ValueError, r"q/k norms"),
+    ("per-layer-deci", lambda: llama("per-layer"), "deci", ValueError, r"one count of query"),
+    ("uniform-48-deci", lambda: llama("uniform"), "deci", ValueError, r"round_to=256"),
+    ("meta-hf", _meta, "hf", ValueError, r"meta"),
+    ("meta-gguf", _meta, "gguf", ValueError, r"meta"),
+    ("meta-deci", _meta, "deci", ValueError, r"meta"),
+    ("nan-weights-gguf", _nan, "gguf", (ValueError, RuntimeError), r"NaN|nan|differ"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "build", "form", "error", "match"), UNSUPPORTED,
+                         ids=[c[0] for c in UNSUPPORTED])  # fmt: skip
+def test_a_model_the_format_cannot_express_is_refused(
+    case: str, build: Callable[[], nn.Module], form: str, error: type[BaseException],
+    match: str, tmp_path: Path, folder: Path,
+) -> None:  # fmt: skip
+    model = build()
+    path = tmp_path / ("out.gguf" if form == "gguf" else "out.onnx" if form == "onnx" else "out")
+    options: dict[str, Any] = {"source": folder} if form in ("gguf", "hf", "deci") else {}
+    if form == "onnx":
+        options["example_inputs"] = {"input_ids": IDS}
+    refused(lambda: export(model, path, form, **options), error, match, model=model,
+            paths=(tmp_path, folder))  # fmt: skip
+
+
+# --- destinations -----------------------------------------------------------------------------
+
+
+def _export_to(
+    model: nn.Module, form: str, path: Path, source: Path | None = None
+) -> prunekit.export.ExportReport:
+    return export(model, path, form, source=source, verify=False)
+
+
+DESTINATIONS = [
+    ("hf-over-a-file", "hf", "file", ValueError, r"path=.*is a file; expected a folder"),
+    ("deci-over-a-file", "deci", "file", ValueError, r"path=.*is a file; expected a folder"),
+    ("gguf-over-a-folder", "gguf", "folder", ValueError, r"path=.*is a folder; expected a file"),
+    ("hf-no-parent", "hf", "no-parent", ValueError, r"path=.*does not exist"),
+    ("gguf-no-parent", "gguf", "no-parent", ValueError, r"path=.*does not exist"),
+    ("hf-is-the-source", "hf", "source", ValueError, r"path=.*source"),
+    ("hf-inside-the-source", "hf", "inside-source", ValueError, r"path=.*source"),
+    ("gguf-inside-the-source", "gguf", "inside-source", ValueError, r"path=.*source"),
+    ("hf-holds-the-source", "hf", "holds-source", ValueError, r"path=.*source"),
+    ("hf-links-to-the-source", "hf", "link-source", ValueError, r"path=.*source"),
+    ("hf-empty-path", "hf", "empty", ValueError, r"path='\.' names no"),
+    ("hf-not-writable", "hf", "proc", (ValueError, OSError), r"out|proc"),
+    ("gguf-not-writable", "gguf", "proc", (ValueError, OSError), r"out|proc"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "form", "where", "error", "match"), DESTINATIONS,
+                         ids=[c[0] for c in DESTINATIONS])  # fmt: skip
+def test_a_destination_it_cannot_take_is_refused(
+    case: str, form: str, where: str, error: type[BaseException], match: str,
+    tmp_path: Path, copy_of: Callable[[Path], Path], folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    source = copy_of(folder)
+    name = "out.gguf" if form == "gguf" else "out"
+    path = tmp_path / "place" / name
+    path.parent.mkdir()
+    if where == "file":
+        path.write_text("a file of mine")
+    elif where == "folder":
+        path.mkdir()
+        (path / "mine.txt").write_text("mine")
+    elif where == "no-parent":
+        path = tmp_path / "missing" / name
+    elif where == "source":
+        path = source
+    elif where == "inside-source":
+        path = source / name
+    elif where == "holds-source":
+        path = tmp_path
+    elif where == "link-source":
+        path.symlink_to(source)
+    elif where == "empty":
+        monkeypatch.chdir(tmp_path / "place")
+        path = Path("")
+    elif where == "proc":
+        path = Path("/proc") / name
+    model = llama("deci" if form == "deci" else "uniform")
+    watched = (source, path) if where not in ("empty", "proc") else (source, tmp_path / "place")
+    refused(lambda: _export_to(model, form, path, source), error, match, model=model,
+            paths=watched)  # fmt: skip
+
+
+# --- writes that fail half way ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["hf", "deci", "gguf"])
+@pytest.mark.parametrize("fault", [OSError("No space left on device"), KeyboardInterrupt()],
+                         ids=["oserror", "interrupt"])  # fmt: skip
+def test_a_write_that_fails_half_way_leaves_the_old_output(
+    form: str, fault: BaseException, tmp_path: Path, folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    path = tmp_path / ("out.gguf" if form == "gguf" else "out")
+    if form == "gguf":
+        path.write_bytes(b"an old file")
+    else:
+        path.mkdir()
+        (path / "old.txt").write_text("old")
+    if form == "gguf":
+        import gguf
+
+        def half(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise fault
+
+        monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", half)
+    else:
+
+        def half_weights(model: nn.Module, target: Path, dtype: Any) -> None:
+            (target / "model.safetensors").write_bytes(b"half")
+            raise fault
+
+        monkeypatch.setattr(hf_writer, "save_weights", half_weights)
+        monkeypatch.setattr("prunekit.export.deci.save_weights", half_weights)
+    model = llama("deci" if form == "deci" else "uniform")
+    refused(lambda: export(model, path, form, source=folder, verify=False), type(fault), "",
+            model=model, paths=(path, folder))  # fmt: skip
+
+
+def test_a_failed_check_leaves_nothing(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def wrong(*args: Any) -> torch.Tensor:
+        return torch.zeros(1, 10, 300)
+
+    monkeypatch.setattr(hf_writer, "loaded_output", wrong)
+    model = llama("uniform")
+    refused(lambda: export(model, tmp_path / "out", "hf", source=folder, example_inputs=IDS),
+            RuntimeError, r"differ", model=model, paths=(tmp_path, folder))  # fmt: skip
+
+
+# --- sources of the tokenizer, damaged or odd -------------------------------------------------
+
+
+def test_a_damaged_gguf_source_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF" + b"\x00" * 20)
+    model = llama("uniform")
+    refused(lambda: export(model, tmp_path / "out", "hf", source=source, verify=False),
+            ValueError, r"source=.*model\.gguf", model=model, paths=(tmp_path,))  # fmt: skip
+
+
+def test_a_sharded_source_lends_no_index(tmp_path: Path, sharded: Path) -> None:
+    """The sharded source's index must not come along: it would name shards the output does
+    not have, and from_pretrained reads the index first."""
+    model = llama("uniform")
+    out = tmp_path / "out"
+    export(model, out, "hf", source=sharded, verify=False)
+    assert not list(out.glob("*.index.json"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(logits(loaded), logits(model))
+
+
+def test_extra_files_of_the_source_do_not_shadow_the_weights(
+    tmp_path: Path, copy_of: Callable[[Path], Path]
+) -> None:
+    source = copy_of(tmp_path.parent / "x") if False else None
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 999}))
+    (source / "pytorch_model.bin").write_bytes(b"stale weights")
+    (source / "notes").mkdir()
+    (source / "notes" / "readme.txt").write_text("kept")
+    model = llama("uniform")
+    out = tmp_path / "out"
+    export(model, out, "hf", source=source, verify=False)
+    assert not (out / "pytorch_model.bin").exists()
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(logits(loaded), logits(model))
+
+
+# --- successes: right, repeatable, and the model untouched -----------------------------------
+
+
+@pytest.mark.parametrize("form", ["hf", "deci", "gguf"])
+def test_a_success_changes_no_model_and_a_repeat_writes_the_same(
+    form: str, tmp_path: Path, folder: Path
+) -> None:
+    model = llama("deci" if form == "deci" else "uniform")
+    model.train()  # a mode the writer must give back
+    before = unchanged(model)
+    path = tmp_path / ("out.gguf" if form == "gguf" else "out")
+    first = export(model, path, form, source=folder, verify=form == "gguf")
+    written = tree(path)
+    assert unchanged(model) == before
+    second = export(model, path, form, source=folder, verify=form == "gguf")
+    assert tree(path) == written and first.files == second.files
+    assert unchanged(model) == before
+
+
+def test_hf_in_float16_loads_as_the_rounded_model(tmp_path: Path, folder: Path) -> None:
+    model = llama("per-layer")
+    out = tmp_path / "out"
+    export(model, out, "hf", source=folder, dtype="float16", verify=False)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, dtype=torch.float32
+    ).eval()
+    rounded = hf_writer.rounded_copy(model, torch.float16)
+    assert torch.allclose(logits(loaded), logits(rounded), atol=1e-5, rtol=1e-5)
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.float32
+
+
+def test_a_model_with_blocks_removed_exports_right(tmp_path: Path, folder: Path) -> None:
+    model = llama("uniform")
+    prunekit.skip_blocks(model, [1])
+    prunekit.remove_blocks(model)
+    out = tmp_path / "out.gguf"
+    report = export(model, out, "gguf", source=folder, example_inputs=IDS)
+    assert report.difference is not None and report.difference < 1e-4
+    hf = tmp_path / "hf"
+    export(model, hf, "hf", source=folder, verify=False)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(hf).eval()
+    assert loaded.config.num_hidden_layers == 2
+    assert torch.equal(logits(loaded), logits(model))
+
+
+def test_onnx_of_a_plain_network_is_checked(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    net.eval()
+    before = unchanged(net)
+    path = tmp_path / "net.onnx"
+    report = export(net, path, "onnx", example_inputs=torch.randn(2, 3, 8, 8))
+    assert path.is_file() and unchanged(net) == before
+    if report.verified_by is not None:
+        assert report.difference is not None and report.difference <= 1e-4
+    hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert hidden == []
+
+
+def test_a_symlinked_destination_is_replaced_at_its_target(tmp_path: Path, folder: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old.txt").write_text("old")
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    model = llama("uniform")
+    export(model, link, "hf", source=folder, verify=False)
+    assert link.is_symlink() and (real / "config.json").is_file()
+    assert not (real / "old.txt").exists()
+    shutil.rmtree(real)
+
+
+def test_a_model_of_values_not_ids_takes_its_own_example_inputs(tmp_path: Path) -> None:
+    """The token-id check is for models whose main input is input_ids: pixel values pass."""
+    config = transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16,
+                                    num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.ViTModel(config).eval()
+    pixels = torch.randn(1, 3, 8, 8)
+    export(model, tmp_path / "vit", "hf", example_inputs=pixels, verify=False)
+    loaded = transformers.ViTModel.from_pretrained(tmp_path / "vit").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(pixels).last_hidden_state, model(pixels).last_hidden_state)
+    refused(lambda: export(model, tmp_path / "vit2", "hf",
+                           example_inputs=torch.full((1, 3, 8, 8), math.nan), verify=False),
+            ValueError, r"example_inputs is holding NaN or inf", model=model,
+            paths=(tmp_path,))  # fmt: skip
