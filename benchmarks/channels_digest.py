@@ -124,32 +124,62 @@ CASES: dict[str, tuple[Callable[[], Case], dict[str, Any]]] = {
     "cnn-reference": (cnn, {"amount": 0.5, "compensate": "reference", "calibration": True}),
     "cnn-budget-macs": (cnn, {"budget": B(macs=0.3)}),
     "cnn-budget-units": (cnn, {"budget": B(units=0.4, floor=0.25)}),
-    "mlp-taylor": (mlp, {"amount": 0.5, "criterion": "taylor", "calibration": True,
-                         "loss": lambda out, batch: out.square().mean()}),  # fmt: skip
-    "mlp-obs-damp": (mlp, {"amount": 0.5, "criterion": "obs", "calibration": True,
-                           "compensate": True, "damping": 0.1}),  # fmt: skip
+    "mlp-taylor": (
+        mlp,
+        {
+            "amount": 0.5,
+            "criterion": "taylor",
+            "calibration": True,
+            "loss": lambda out, batch: out.square().mean(),
+        },
+    ),
+    "mlp-obs-damp": (
+        mlp,
+        {
+            "amount": 0.5,
+            "criterion": "obs",
+            "calibration": True,
+            "compensate": True,
+            "damping": 0.1,
+        },
+    ),
     "mlp-callable": (mlp, {"amount": 0.5, "criterion": lambda g: torch.arange(g.size) % 3}),
     "bert-heads": (bert, {"amount": 0.25, "heads": 0.5}),
     "bert-hidden": (bert, {"hidden": 0.25, "criterion": "l1"}),
-    "bert-activation": (bert, {"amount": 0.5, "heads": 0.25, "criterion": "activation",
-                               "calibration": True}),  # fmt: skip
+    "bert-activation": (
+        bert,
+        {"amount": 0.5, "heads": 0.25, "criterion": "activation", "calibration": True},
+    ),
     "bert-budget": (bert, {"budget": B(params=0.2, kinds=("channels", "heads", "hidden"))}),
-    "bert-compensate": (bert, {"amount": 0.5, "heads": 0.5, "compensate": True,
-                               "calibration": True}),  # fmt: skip
+    "bert-compensate": (
+        bert,
+        {"amount": 0.5, "heads": 0.5, "compensate": True, "calibration": True},
+    ),
     "llama-budget": (llama, {"budget": B(params=0.25)}),
     "llama-budget-floor": (llama, {"budget": B(macs=0.2, floor={"*mlp*": 0.5, "*": 0.2})}),
     "llama-group-heads": (llama, {"heads": 0.5, "gqa": "group", "amount": 0.25}),
     "llama-global": (llama, {"amount": 0.3, "heads": 0.5, "scope": "global"}),
-    "llama-compensate": (llama, {"amount": 0.5, "heads": 0.5, "criterion": "activation",
-                                 "calibration": True, "compensate": True}),  # fmt: skip
-    "llama-auto": (llama, {"amount": 0.5, "compensate": True, "damping": "auto",
-                           "calibration": True}),  # fmt: skip
+    "llama-compensate": (
+        llama,
+        {
+            "amount": 0.5,
+            "heads": 0.5,
+            "criterion": "activation",
+            "calibration": True,
+            "compensate": True,
+        },
+    ),
+    "llama-auto": (
+        llama,
+        {"amount": 0.5, "compensate": True, "damping": "auto", "calibration": True},
+    ),
     "llama-taylor": (llama, {"amount": 0.5, "criterion": "taylor", "calibration": True}),
     "mixtral-experts": (mixtral, {"experts": 0.5}),
-    "mixtral-frequency": (mixtral, {"experts": 0.5, "criterion": "frequency",
-                                    "calibration": True}),  # fmt: skip
-    "mixtral-reap-global": (mixtral, {"experts": 0.5, "criterion": "reap", "scope": "global",
-                                      "calibration": True}),  # fmt: skip
+    "mixtral-frequency": (mixtral, {"experts": 0.5, "criterion": "frequency", "calibration": True}),
+    "mixtral-reap-global": (
+        mixtral,
+        {"experts": 0.5, "criterion": "reap", "scope": "global", "calibration": True},
+    ),
     "mixtral-width": (mixtral, {"amount": 0.5, "heads": 0.5}),
 }
 
@@ -169,15 +199,21 @@ BAD: dict[str, tuple[Callable[[], Case], dict[str, Any]]] = {
     "compensate-type": (mlp, {"amount": 0.5, "compensate": 1}),
     "compensate-no-data": (mlp, {"amount": 0.5, "compensate": True}),
     "damping-alone": (mlp, {"amount": 0.5, "damping": 0.1}),
-    "damping-bad": (mlp, {"amount": 0.5, "damping": -1.0, "compensate": True,
-                          "calibration": True}),  # fmt: skip
+    "damping-bad": (mlp, {"amount": 0.5, "damping": -1.0, "compensate": True, "calibration": True}),
     "criterion": (mlp, {"amount": 0.5, "criterion": "l3"}),
     "criterion-type": (mlp, {"amount": 0.5, "criterion": 3}),
     "criterion-needs-data": (mlp, {"amount": 0.5, "criterion": "activation"}),
     "criterion-no-data": (mlp, {"amount": 0.5, "criterion": "l2", "calibration": True}),
     "loss-alone": (mlp, {"amount": 0.5, "loss": lambda o, b: o.sum()}),
-    "loss-wrong-criterion": (mlp, {"amount": 0.5, "criterion": "activation", "calibration": True,
-                                   "loss": lambda o, b: o.sum()}),  # fmt: skip
+    "loss-wrong-criterion": (
+        mlp,
+        {
+            "amount": 0.5,
+            "criterion": "activation",
+            "calibration": True,
+            "loss": lambda o, b: o.sum(),
+        },
+    ),
     "exclude-missing": (mlp, {"amount": 0.5, "exclude": ["nothing*"]}),
     "exclude-type": (mlp, {"amount": 0.5, "exclude": [3]}),
     "exclude-foreign": (mlp, {"amount": 0.5, "exclude": [nn.Linear(1, 1)]}),
