@@ -222,13 +222,42 @@ def score_groups(
 ) -> list[Tensor]:
     """The scores of each of `groups`, the criterion prepared on `calibration` first."""
     found = group_criterion(criterion)
+    batches = criterion_batches(found, criterion, calibration, loss)
+    return rank(model, groups, found, batches, loss)
+
+
+def criterion_batches(
+    found: GroupCriterion | Callable[[ChannelGroup], Tensor],
+    criterion: Any,
+    calibration: Any,
+    loss: Loss | None,
+) -> list[Any] | None:
+    """The calibration batches the criterion `found` (resolved from `criterion`) is
+    prepared on: checked against what it takes, with `loss`.
+
+    Raises:
+        ValueError: `loss` for a criterion that uses none, or without batches; batches
+            for a criterion that uses none, or none for one that needs them.
+        TypeError: `calibration` is no iterable of batches.
+    """
     wants = found.calibrated if isinstance(found, GroupCriterion) else False
     if loss is not None and not getattr(found, "uses_loss", False):
         raise ValueError(
             f"prune_channels: loss is for criterion='taylor' (from calibration batches); got "
             f"criterion={criterion!r}"
         )
-    batches = _batches(found, wants, calibration, loss)
+    return _batches(found, wants, calibration, loss)
+
+
+def rank(
+    model: nn.Module,
+    groups: Sequence[ChannelGroup],
+    found: GroupCriterion | Callable[[ChannelGroup], Tensor],
+    batches: list[Any] | None,
+    loss: Loss | None,
+) -> list[Tensor]:
+    """The checked scores of each of `groups` by `found`, prepared on `batches` first (as
+    ``criterion_batches`` gave them)."""
     if isinstance(found, GroupCriterion):
         found.prepare(model, groups, batches, loss)
     return [checked(g, found, found(g)) for g in groups]

@@ -1,0 +1,259 @@
+"""``ChannelConfig``: every option of ``prune_channels``, checked once when it is made.
+
+The stages read it and check nothing of it again; only what needs the model (the modules
+`exclude` names, the kinds of groups the model has, the experts a router must keep) is
+checked by the stage that meets the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.criteria.calibration import batch_list
+from prunekit.structure.budget import Budget
+from prunekit.structure.compensation.damping import DAMP, check_damping
+from prunekit.structure.graph.graph import ChannelGroup, check_gqa
+from prunekit.structure.scoring.criteria import (
+    GroupCriterion,
+    Loss,
+    criterion_batches,
+    group_criterion,
+)
+from prunekit.whole.registry import check_scope
+from prunekit.whole.vocabulary import renamed
+
+DAMPING: float | str = DAMP
+"""What `damping` is where not given: the constant 0.3. 'auto' (the held-out choice per layer)
+did not lift the worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
+
+Criterion = str | GroupCriterion | Callable[[ChannelGroup], Tensor]
+Excluded = Iterable[nn.Module | str]
+
+OWNER = "prune_channels"
+
+_WHAT = {
+    "channels": ("amount", "channels of each group"),
+    "heads": ("heads", "heads of each attention module"),
+    "hidden": ("hidden", "channels of the hidden width"),
+    "experts": ("experts", "routed experts of each mixture-of-experts block"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ChannelConfig:
+    """Every option of ``prune_channels``, checked when made (``prune_channels(model,
+    example_inputs, config=ChannelConfig(...))``); ``dataclasses.replace`` makes a changed
+    copy, checked again.
+
+    Args:
+        amount: the share of the units of every group of kind 'channels' to mask, in [0, 1).
+        criterion: 'l1', 'l2', 'bn_scale', 'taylor', 'activation', 'obs', 'fluctuation',
+            'frequency', 'reap', a ``GroupCriterion`` or a callable(group) -> one score per
+            unit.
+        scope: 'layer' (each group loses its share) or 'global' (the units of all groups of
+            a kind ranked together).
+        exclude: modules, or their names (globs allowed), whose output channels stay; kept
+            as a tuple (one str is one glob).
+        round_to: the kept channels of a group a multiple of it (an int >= 1), or None: what
+            the model's kernels need.
+        heads: the share of the heads of each attention module to mask, in [0, 1).
+        hidden: the share of the hidden (residual) width to mask, in [0, 1).
+        experts: the share of the routed experts of each mixture-of-experts block, in [0, 1).
+        gqa: 'query' or 'group': the head unit of an attention with grouped-query heads.
+        calibration: batches for the criteria that learn from data and for `compensate`;
+            kept as a tuple.
+        loss: ``loss(output, batch)`` for criterion 'taylor' (default ``output.loss``).
+        budget: one target for the whole model instead of `amount`, `heads`, `hidden` and
+            `experts`.
+        compensate: False, True (the least-squares update of the layers that read removed
+            units) or 'reference' (the refit towards the model as it was).
+        ignore: the old name of `exclude` (warns).
+        damping: the damping of `compensate=True`'s solve: a number > 0 or 'auto'; None:
+            ``DAMPING``.
+
+    Attributes:
+        excluded: the modules and globs excluded, from `exclude` or `ignore`.
+        excluded_as: which of the two named them ('exclude' or 'ignore'), for the messages.
+        level: the damping compensation uses (`damping`, or ``DAMPING``).
+        scoring: the batches the criterion is prepared on (None: none).
+
+    Raises:
+        ValueError: a share outside [0, 1), an unknown scope, gqa, criterion or compensate,
+            a budget beside shares or scope='global', compensation without calibration,
+            damping without compensate=True, calibration or loss where the criterion takes
+            none (or none where it needs them), both `exclude` and `ignore`.
+        TypeError: a budget, criterion, compensate, calibration or damping of the wrong type.
+    """
+
+    amount: float = 0.0
+    criterion: Criterion = "l2"
+    scope: str = "layer"
+    exclude: Excluded = ()
+    round_to: int | None = None
+    heads: float = 0.0
+    hidden: float = 0.0
+    experts: float = 0.0
+    gqa: str = "query"
+    calibration: Iterable[Any] | None = field(default=None, repr=False)
+    loss: Loss | None = None
+    budget: Budget | None = None
+    compensate: bool | str = False
+    ignore: Excluded | None = None
+    damping: float | str | None = None
+    excluded: tuple[nn.Module | str, ...] = field(init=False, repr=False)
+    excluded_as: str = field(init=False, repr=False)
+    level: float | str = field(init=False, repr=False)
+    scoring: tuple[Any, ...] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_amounts(self.amounts, self.scope, self.round_to)
+        if self.budget is not None:
+            _check_budget(self.budget, self.amounts, self.scope)
+        check_gqa(self.gqa, OWNER)
+        batches = _compensation_batches(self.compensate, self.calibration)
+        self._set("level", _damping(self.damping, self.compensate))
+        self._exclusions()
+        found = group_criterion(self.criterion)
+        given: Iterable[Any] | None = self.calibration
+        if batches is not None:  # for the criterion too where it takes them
+            wants = isinstance(found, GroupCriterion) and found.calibrated is not False
+            given = batches if wants else None
+        scoring = criterion_batches(found, self.criterion, given, self.loss)
+        if batches is None and scoring is not None:
+            batches = scoring
+        self._set("calibration", None if batches is None else tuple(batches))
+        self._set("scoring", None if scoring is None else tuple(scoring))
+
+    @property
+    def amounts(self) -> dict[str, float]:
+        """The share of each kind of group: 'channels', 'heads', 'hidden', 'experts'."""
+        return {
+            "channels": self.amount,
+            "heads": self.heads,
+            "hidden": self.hidden,
+            "experts": self.experts,
+        }
+
+    @property
+    def batches(self) -> list[Any] | None:
+        """The calibration batches compensation runs on (None: no compensation)."""
+        if not self.compensate or self.calibration is None:
+            return None
+        return list(self.calibration)
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _exclusions(self) -> None:
+        given = _listed(self.exclude)
+        excluded, what = given, "exclude"
+        if self.ignore is not None:  # the old name
+            old = _listed(self.ignore)
+            excluded = renamed(OWNER, "exclude", excluded, "ignore", old, bool(excluded))
+            what = "ignore"
+            self._set("ignore", tuple(old))
+        self._set("exclude", tuple(given))
+        self._set("excluded", tuple(excluded))
+        self._set("excluded_as", what)
+
+
+class ChannelOptions(TypedDict, total=False):
+    """The keywords of ``prune_channels`` beside `amount`: the fields of ``ChannelConfig``."""
+
+    criterion: Criterion
+    scope: str
+    exclude: Excluded
+    round_to: int | None
+    heads: float
+    hidden: float
+    experts: float
+    gqa: str
+    calibration: Iterable[Any] | None
+    loss: Loss | None
+    budget: Budget | None
+    compensate: bool | str
+    ignore: Excluded | None
+    damping: float | str | None
+
+
+def _check_amounts(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
+    for kind, value in amounts.items():
+        name, what = _WHAT[kind]
+        number = isinstance(value, float) or (name != "amount" and isinstance(value, int))
+        if isinstance(value, bool) or not number or not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"prune_channels: invalid {name}={value!r}; expected a float in [0, 1): the "
+                f"fraction of the {what} to mask"
+            )
+    check_scope(scope, OWNER)
+    if round_to is not None and (
+        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+    ):
+        raise ValueError(
+            f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1, or None "
+            "(what the model's kernels need)"
+        )
+
+
+def _check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
+    """`budget` is a Budget and replaces `amount`/`heads`/`hidden`/`experts` and `scope`."""
+    if not isinstance(budget, Budget):
+        raise type_error(
+            f"prune_channels: invalid budget={budget!r}; expected a prunekit.Budget such as "
+            "Budget(params=0.2), or None"
+        )
+    given = {k: v for k, v in amounts.items() if v}
+    if given:
+        names = {"channels": "amount", "heads": "heads", "hidden": "hidden", "experts": "experts"}
+        shown = ", ".join(f"{names[k]}={v!r}" for k, v in given.items())
+        raise value_error(
+            f"prune_channels: budget={budget!r} chooses the share of every kind itself; got "
+            f"{shown} too; expected amount, heads, hidden and experts left at 0 (the kinds go "
+            "in Budget(kinds=...))"
+        )
+    if scope != "layer":
+        raise value_error(
+            f"prune_channels: budget={budget!r} ranks all groups together already; expected "
+            f"scope='layer' (the default), got scope={scope!r}"
+        )
+
+
+def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None:
+    """The calibration batches as a list when `compensate` (which needs them), else None."""
+    if not (isinstance(compensate, bool) or compensate == "reference"):
+        raise (ValueError if isinstance(compensate, str) else TypeError)(
+            f"prune_channels: invalid compensate={compensate!r}; expected True (update the "
+            "layers that read removed units from calibration data), 'reference' (the same, "
+            "towards the outputs of the model as it was before the call) or False"
+        )
+    if not compensate:
+        return None
+    if calibration is None:
+        raise ValueError(
+            f"prune_channels: compensate={compensate!r} needs calibration data; expected "
+            "calibration= an iterable of batches the model's forward takes"
+        )
+    return batch_list(calibration, OWNER)
+
+
+def _damping(damping: object, compensate: object) -> float | str:
+    """The damping compensation uses: `damping` checked, or the default where None."""
+    if damping is None:
+        return DAMPING
+    if compensate is not True:
+        raise value_error(
+            f"prune_channels: damping={damping!r} needs compensate=True (it damps that "
+            f"least-squares update), not compensate={compensate!r}; expected compensate=True "
+            "or no damping"
+        )
+    return check_damping(damping, OWNER)
+
+
+def _listed(names: Excluded | str) -> list[nn.Module | str]:
+    """Modules or globs as a list; a str is one glob."""
+    return [names] if isinstance(names, str) else list(names)
