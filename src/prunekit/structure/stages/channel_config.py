@@ -46,35 +46,69 @@ _WHAT = {
 
 @dataclass(frozen=True, eq=False)
 class ChannelConfig:
-    """Every option of ``prune_channels``, checked when made (``prune_channels(model,
-    example_inputs, config=ChannelConfig(...))``); ``dataclasses.replace`` makes a changed
-    copy, checked again.
+    """Every option of ``prune_channels``, checked when made: ``prune_channels(model,
+    example_inputs, config=ChannelConfig(...))`` masks as the same keywords do;
+    ``dataclasses.replace`` makes a changed copy, checked again.
 
     Args:
-        amount: the share of the units of every group of kind 'channels' to mask, in [0, 1).
-        criterion: 'l1', 'l2', 'bn_scale', 'taylor', 'activation', 'obs', 'fluctuation',
-            'frequency', 'reap', a ``GroupCriterion`` or a callable(group) -> one score per
-            unit.
-        scope: 'layer' (each group loses its share) or 'global' (the units of all groups of
-            a kind ranked together).
-        exclude: modules, or their names (globs allowed), whose output channels stay; kept
-            as a tuple (one str is one glob).
-        round_to: the kept channels of a group a multiple of it (an int >= 1), or None: what
-            the model's kernels need.
-        heads: the share of the heads of each attention module to mask, in [0, 1).
-        hidden: the share of the hidden (residual) width to mask, in [0, 1).
-        experts: the share of the routed experts of each mixture-of-experts block, in [0, 1).
-        gqa: 'query' or 'group': the head unit of an attention with grouped-query heads.
-        calibration: batches for the criteria that learn from data and for `compensate`;
-            kept as a tuple.
+        amount: the share of the units of every group of kind 'channels' (conv and linear
+            outputs, MLP widths) to mask, a float in [0, 1). `scope='layer'`: each group
+            loses round(amount x its units). Units already masked score 0, so pruning again
+            to the same amount changes nothing.
+        criterion: how units rank (lowest go first): 'l1', 'l2' (the default), 'bn_scale',
+            'taylor', 'activation', 'obs' and 'fluctuation' (these two rank by the error
+            that removal leaves), 'frequency' and 'reap' (routed experts), a
+            ``GroupCriterion`` or a callable(group) -> one score per unit.
+        scope: 'layer', or 'global': the units of all groups of a kind are ranked together
+            (scores divided by their group's mean) and that share of all of them goes
+            (heads with key/value groups are always counted per module).
+        exclude: modules, or their names (globs allowed; a block stands for its layers),
+            whose output channels stay (those of a norm or a depthwise conv are its input
+            channels too); their input channels still follow their producers. Kept as a
+            tuple; one str is one glob.
+        round_to: channel and hidden groups keep a multiple of it (an int >= 1); None: of
+            what the model's own kernels need where they constrain a width (the widths a
+            mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
+            channels, which grouped_mm needs), else of 1. A group keeps at least one unit
+            (one query head per key/value group).
+        heads: the share of the heads of each attention module (kind 'heads') to mask.
+        hidden: the share of the widths that LayerNorm/RMSNorm normalize over (kind
+            'hidden': the embedding width through every residual). The norms of a masked
+            hidden width then normalize over its kept channels, so the masked model computes
+            what ``compact`` makes of it; a hidden width that reaches the model's output
+            makes that output narrower once compacted.
+        experts: the share of the routed experts of each mixture-of-experts block (kind
+            'experts'; shared experts are no such unit): a masked expert's router logit is
+            -inf while masked, so the masked model routes as the compacted one will.
+        gqa: the head unit of an attention with grouped-query heads, as in
+            ``channel_groups``: 'query' or 'group'.
+        calibration: batches for the criteria that learn from data ('activation', 'obs',
+            'fluctuation', 'frequency', 'reap'; 'taylor' with `loss`) and for `compensate`,
+            as prune_model takes them; kept as a tuple.
         loss: ``loss(output, batch)`` for criterion 'taylor' (default ``output.loss``).
         budget: one target for the whole model instead of `amount`, `heads`, `hidden` and
-            `experts`.
-        compensate: False, True (the least-squares update of the layers that read removed
-            units) or 'reference' (the refit towards the model as it was).
+            `experts` (a ``Budget``: a share of the parameters, MACs, measured latency or
+            units), met by removing the units of lowest score for their cost across all
+            groups of its kinds (see ``prunekit.structure.budget``); ``prune_channels`` then
+            returns a ``BudgetReport``, the same list with what each group kept.
+        compensate: True: the layers that read removed channels or heads get the
+            least-squares update of their kept input columns (and bias) that keeps their
+            output on the `calibration` batches (needed then), taken in forward order on the
+            model as masked so far (``prunekit.structure.compensation.compensate``);
+            'reference': those layers and every Linear or convolution that runs after the
+            first of them are refitted towards the outputs they had in the model as it was
+            before the call, from their inputs in the model as pruned so far
+            (``prunekit.structure.compensation.refit``; it holds a copy of the model while
+            it runs, and runs the model up to each layer for each batch: meant for CNNs);
+            False (the default): neither.
         ignore: the old name of `exclude` (warns).
-        damping: the damping of `compensate=True`'s solve: a number > 0 or 'auto'; None:
-            ``DAMPING``.
+        damping: with `compensate=True` only: the damping of its least-squares solve, a
+            number > 0 relative to the mean diagonal of the input's second moment (None:
+            ``DAMPING``, 0.3), or 'auto': for each layer, the damping of a log-scale grid
+            whose update, fitted on alternate calibration batches, best keeps the layer's
+            output on the others (both ways round), then fitted on all of them; a layer
+            where no damping beats leaving it is left, with a warning
+            (``prunekit.structure.compensation.damping``).
 
     Attributes:
         excluded: the modules and globs excluded, from `exclude` or `ignore`.
