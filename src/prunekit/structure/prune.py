@@ -19,7 +19,7 @@ from prunekit.structure.graph.graph import check_model
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.stages.allocate_units import allocate
 from prunekit.structure.stages.channel_config import DAMPING, ChannelConfig, ChannelOptions
-from prunekit.structure.stages.compensate_layers import prepare
+from prunekit.structure.stages.compensate_layers import plan_compensation
 from prunekit.structure.stages.install_masks import install
 from prunekit.structure.stages.score_units import score
 from prunekit.structure.stages.trace_groups import trace
@@ -90,7 +90,7 @@ def run_stages(model: nn.Module, example_inputs: Any, config: ChannelConfig) -> 
     with transaction(model) as recorded:  # the traced and calibrating forwards write buffers
         scored = score(model, trace(model, example_inputs, config), config)
         chosen = allocate(model, example_inputs, scored, config)
-        compensation = prepare(model, chosen, config, recorded)
+        compensation = plan_compensation(model, chosen, config, recorded)
         install(model, chosen)
         if compensation is not None:
             compensation.apply(model)

@@ -57,7 +57,7 @@ class Compensation:
             compensate_groups(model, self.pairs, self.openings, self.batches, self.level)
 
 
-def prepare(
+def plan_compensation(
     model: nn.Module, chosen: list[PrunedGroup], config: ChannelConfig, recorded: Transaction
 ) -> Compensation | None:
     """Ready the compensation of `chosen` before the install stage (None: no compensation).
