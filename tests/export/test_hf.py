@@ -264,7 +264,8 @@ def test_a_family_it_cannot_describe_is_refused_naming_what_is(tmp_path: Path) -
     with pytest.warns(UserWarning):
         prunekit.compact(model, IDS, latency_runs=0)
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir()  # an earlier model folder
+    (out / "config.json").write_text("{}")
     (out / "keep.txt").write_text("old")
     before = digest(out)
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*'gpt2'.*Llama\*.*Bert\*"):
@@ -293,9 +294,20 @@ def test_bad_arguments_are_named_and_nothing_is_written(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_of_other_files_is_refused_not_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "Documents"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds files but no config.json: not a model folder"):
+        export(causal_lm("llama"), out, "hf", verify=False)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Documents"]
+
+
 def test_an_existing_folder_is_replaced_whole_and_the_model_left_as_it_was(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir()  # an earlier model folder
+    (out / "config.json").write_text("{}")
     (out / "model-00001-of-00002.safetensors").write_bytes(b"stale")
     kept = out / "keep.txt"
     kept.write_text("old")
@@ -305,6 +317,7 @@ def test_an_existing_folder_is_replaced_whole_and_the_model_left_as_it_was(tmp_p
     assert (
         not (out / "keep.txt").exists() and not (out / "model-00001-of-00002.safetensors").exists()
     )
+    assert json.loads((out / "config.json").read_text()) != {}
     assert model.config.to_dict() == config
 
 

@@ -188,6 +188,8 @@ DESTINATIONS = [
     ("hf-over-a-file", "hf", "file", ValueError, r"path=.*is a file; expected a folder"),
     ("deci-over-a-file", "deci", "file", ValueError, r"path=.*is a file; expected a folder"),
     ("gguf-over-a-folder", "gguf", "folder", ValueError, r"path=.*is a folder; expected a file"),
+    ("hf-over-a-folder-of-other-files", "hf", "folder", ValueError,
+     r"path=.*holds files but no config.json"),
     ("hf-no-parent", "hf", "no-parent", ValueError, r"path=.*does not exist"),
     ("gguf-no-parent", "gguf", "no-parent", ValueError, r"path=.*does not exist"),
     ("hf-is-the-source", "hf", "source", ValueError, r"path=.*source"),
@@ -252,7 +254,8 @@ def test_a_write_that_fails_half_way_leaves_the_old_output(
     if form == "gguf":
         path.write_bytes(b"an old file")
     else:
-        path.mkdir()
+        path.mkdir()  # an earlier model folder, replaced whole
+        (path / "config.json").write_text("{}")
         (path / "old.txt").write_text("old")
     if form == "gguf":
         import gguf
@@ -390,7 +393,8 @@ def test_onnx_of_a_plain_network_is_checked(tmp_path: Path) -> None:
 
 def test_a_symlinked_destination_is_replaced_at_its_target(tmp_path: Path, folder: Path) -> None:
     real = tmp_path / "real"
-    real.mkdir()
+    real.mkdir()  # an earlier model folder
+    (real / "config.json").write_text("{}")
     (real / "old.txt").write_text("old")
     link = tmp_path / "link"
     os.symlink(real, link)

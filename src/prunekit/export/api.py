@@ -52,7 +52,8 @@ def export(
     Args:
         model: the model, compacted (``compact``) where it was pruned structurally.
         path: the folder (``hf``, ``deci``) or file (``gguf``, ``onnx``) to write; an existing
-            one is replaced whole, and only once everything is written and checked.
+            one (a folder: empty or a model folder, with its config.json) is replaced whole,
+            and only once everything is written and checked.
         format: ``"hf"``, ``"deci"``, ``"gguf"`` or ``"onnx"``.
         source: the Hugging Face folder or GGUF file the model was loaded from; its tokenizer
             and generation config are written beside the model.
@@ -70,8 +71,8 @@ def export(
         ValueError: an unknown format, a model the format cannot express (the message
             names the layer and what would fit), weights on the meta device or not finite,
             or a `path` that cannot take the output (a file where a folder goes or the
-            reverse, no parent folder, the source or a folder holding it); nothing is
-            written.
+            reverse, a folder of other files, no parent folder, the source or a folder
+            holding it); nothing is written.
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"export: model is a {type(model).__name__}; expected an nn.Module")
@@ -105,6 +106,8 @@ def _check_path(given: object, request: Request) -> None:
         wrong = "names no file or folder of its own"
     elif folder and path.exists() and not path.is_dir():
         wrong = "is a file; expected a folder (the format writes one)"
+    elif folder and path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        wrong = "holds files but no config.json: not a model folder, and it would be replaced whole"
     elif not folder and path.is_dir():
         wrong = "is a folder; expected a file (the format writes one)"
     elif not path.absolute().parent.is_dir():

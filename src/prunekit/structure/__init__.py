@@ -30,6 +30,10 @@ from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 from prunekit.structure.budget import Budget, BudgetReport, BudgetRow
 
 # isort: split
+# Every option of prune_channels in one frozen, checked config.
+from prunekit.structure.stages import ChannelConfig
+
+# isort: split
 # Depth: whole blocks ranked, skipped and removed.
 from prunekit.structure.depth import (
     BlockPruning,
@@ -66,6 +70,7 @@ __all__ = [
     "Budget",
     "BudgetReport",
     "BudgetRow",
+    "ChannelConfig",
     "ChannelGroup",
     "CompactReport",
     "GroupCriterion",

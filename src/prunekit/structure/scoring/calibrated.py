@@ -19,16 +19,17 @@ from prunekit.criteria import calibration as cal
 from prunekit.criteria.taylor import taylor_product
 from prunekit.criteria.wanda import wanda_scores
 from prunekit.structure.graph.graph import ChannelGroup, Slice
-from prunekit.structure.scoring.criteria import (
+from prunekit.structure.scoring.protocol import (
+    Calibration,
     GroupCriterion,
     Loss,
-    WeightNorm,
     consumer_modules,
     parameter_slices,
     per_unit,
     unit_sums,
     values,
 )
+from prunekit.structure.scoring.weights import WeightNorm
 
 __all__ = ["Activation", "GroupTaylor"]
 
@@ -49,16 +50,10 @@ class Activation(GroupCriterion):
     def __init__(self) -> None:
         self.norms: dict[int, Tensor] = {}
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        assert batches is not None
-        modules = consumer_modules(groups)
-        stats = cal.calibrate(model, batches, modules, cal.Wanted(norms=True, hessian=False))
+    def gather(self, calibration: Calibration) -> None:
+        modules = consumer_modules(calibration.groups)
+        wanted = cal.Wanted(norms=True, hessian=False)
+        stats = cal.calibrate(calibration.model, calibration.required(), modules, wanted)
         self.norms = {id(m): stats.norms(m).double() for m in modules if stats.seen(m)}
 
     def scores(self, group: ChannelGroup) -> Tensor:
@@ -110,18 +105,13 @@ class GroupTaylor(GroupCriterion):
     def __init__(self) -> None:
         self.totals: dict[int, Tensor] | None = None
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        if batches is None:
+    def gather(self, calibration: Calibration) -> None:
+        if calibration.batches is None:
             self.totals = None
             return
-        default = cal.output_loss("prune_channels", "criterion='taylor'")
-        self.totals = _from_batches(model, groups, batches, loss or default)
+        loss = calibration.loss or cal.output_loss("prune_channels", "criterion='taylor'")
+        self.totals = _from_batches(calibration.model, calibration.groups, calibration.batches,
+                                    loss)  # fmt: skip
 
     def scores(self, group: ChannelGroup) -> Tensor:
         if self.totals is not None:

@@ -17,7 +17,6 @@ for all consumers at once (one n x n float32 matrix each) and dropped after scor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,13 +24,13 @@ from torch import Tensor, nn
 from prunekit.criteria import calibration as cal
 from prunekit.criteria.hessian import damped_inverse
 from prunekit.structure.graph.graph import ChannelGroup, Slice
-from prunekit.structure.scoring.criteria import (
+from prunekit.structure.scoring.protocol import (
+    Calibration,
     GroupCriterion,
-    Loss,
-    WeightNorm,
     consumer_modules,
     values,
 )
+from prunekit.structure.scoring.weights import WeightNorm
 
 __all__ = ["OBS", "OBS_DAMP", "Fluctuation"]
 
@@ -51,17 +50,11 @@ class _PerConsumer(GroupCriterion):
     def __init__(self) -> None:
         self.totals: dict[int, Tensor] = {}
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        assert batches is not None
+    def gather(self, calibration: Calibration) -> None:
         self.totals = {}
+        groups = calibration.groups
         modules = [m for m in consumer_modules(groups) if self._calibrates(m)]
-        stats = cal.calibrate(model, batches, modules, self.wanted)
+        stats = cal.calibrate(calibration.model, calibration.required(), modules, self.wanted)
         for module in modules:
             if not stats.seen(module) or not self._measures(module):
                 continue

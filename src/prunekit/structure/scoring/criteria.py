@@ -1,7 +1,10 @@
-"""Importance of each unit of a channel group, aggregated over all of the group's slices.
+"""The group criteria by name (``TABLE``, filled here and nowhere else), and the scoring of
+groups every caller goes through: the criterion resolved, its batches and loss checked, it
+prepared once and its scores checked.
 
 Built in, by name: 'l1' and 'l2' (norm of every parameter entry the unit owns), 'bn_scale'
-(|gamma| of the group's norm layers; a group without one falls back to 'l2'), 'taylor'
+(|gamma| of the group's norm layers; a group without one falls back to 'l2'; these three in
+``prunekit.structure.scoring.weights``), 'taylor'
 (|sum of w x grad| over the unit's entries: the first-order change of the loss when the unit
 is removed; from the gradients already in ``.grad``, or from calibration batches),
 'activation' (Wanda-style: |W| x the input norm of every consumer column that reads the unit,
@@ -16,6 +19,7 @@ plain callable ``criterion(group) -> Tensor`` of one score per unit is used as g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,107 +27,75 @@ from torch import Tensor, nn
 
 from prunekit.core.checks import check_kind
 from prunekit.criteria.calibration import batch_list
-from prunekit.structure.graph.graph import ChannelGroup, Slice
-
-CRITERIA = (
-    "l1",
-    "l2",
-    "bn_scale",
-    "taylor",
-    "activation",
-    "obs",
-    "fluctuation",
-    "frequency",
-    "reap",
+from prunekit.structure.graph.graph import ChannelGroup
+from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
+from prunekit.structure.scoring.consequence import OBS, Fluctuation
+from prunekit.structure.scoring.expert_criteria import ExpertSaliency, RoutingFrequency
+from prunekit.structure.scoring.protocol import (
+    Calibration,
+    GroupCriterion,
+    Loss,
+    consumer_modules,
+    parameter_slices,
+    per_unit,
+    unit_sums,
+    values,
 )
-Loss = Callable[[Any, Any], Tensor]
+from prunekit.structure.scoring.weights import BNScale, WeightNorm
 
+__all__ = [
+    "CRITERIA",
+    "TABLE",
+    "BNScale",
+    "Calibration",
+    "GroupCriterion",
+    "Loss",
+    "WeightNorm",
+    "builtin",
+    "checked",
+    "consumer_modules",
+    "criterion_batches",
+    "group_criterion",
+    "group_scores",
+    "parameter_slices",
+    "per_unit",
+    "rank",
+    "score_groups",
+    "unit_sums",
+    "values",
+]
 
-class GroupCriterion:
-    """Ranks the units of channel groups: ``scores(group)`` gives one score per unit (higher:
-    more important, kept longer).
+TABLE: dict[str, Callable[[], GroupCriterion]] = {
+    "l1": partial(WeightNorm, 1),
+    "l2": partial(WeightNorm, 2),
+    "bn_scale": BNScale,
+    "taylor": GroupTaylor,
+    "activation": Activation,
+    "obs": OBS,
+    "fluctuation": Fluctuation,
+    "frequency": RoutingFrequency,
+    "reap": ExpertSaliency,
+}
+"""The built-in group criteria by name, each a maker of a new instance: the one place they
+are listed."""
 
-    A criterion that learns from data sets ``calibrated = True``: ``prune_channels`` then
-    calls ``prepare(model, groups, batches, loss)`` once, before any score, with the
-    calibration batches it was given (``calibrated = None``: they are optional). ``prepare``
-    must leave the model as it was.
-    """
-
-    calibrated: bool | None = False
-    uses_loss = False  # whether `loss` (of the model's output and the batch) means anything
-
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        """Gather what the scores need (nothing, for a criterion of the weights alone)."""
-
-    def scores(self, group: ChannelGroup) -> Tensor:
-        raise NotImplementedError(f"{type(self).__name__} defines no scores(group)")
-
-    def __call__(self, group: ChannelGroup) -> Tensor:
-        return self.scores(group)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class WeightNorm(GroupCriterion):
-    """'l1' (p=1: sum of |w|) or 'l2' (p=2: root of the sum of w^2) over each unit's entries."""
-
-    def __init__(self, p: int = 2) -> None:
-        if p not in (1, 2):
-            raise ValueError(f"WeightNorm: invalid p={p!r}; expected 1 or 2")
-        self.p = p
-
-    def scores(self, group: ChannelGroup) -> Tensor:
-        params = parameter_slices(group)
-        if self.p == 1:
-            return unit_sums(group, params, lambda s: values(s).abs())
-        return unit_sums(group, params, lambda s: values(s).square()).sqrt()
-
-    def __repr__(self) -> str:
-        return f"WeightNorm(p={self.p})"
-
-
-class BNScale(GroupCriterion):
-    """|gamma| of the group's norm layers, summed; 'l2' for a group without one."""
-
-    def scores(self, group: ChannelGroup) -> Tensor:
-        norms = [s for s in parameter_slices(group) if s.role == "norm" and s.name == "weight"]
-        if norms:
-            return unit_sums(group, norms, lambda s: values(s).abs())
-        return WeightNorm(2).scores(group)
+CRITERIA = tuple(TABLE)
+"""The names of the built-in group criteria."""
 
 
 def builtin(name: str) -> GroupCriterion:
-    """A new instance of the built-in criterion `name`."""
-    if name == "l1":
-        return WeightNorm(1)
-    if name == "l2":
-        return WeightNorm(2)
-    if name == "bn_scale":
-        return BNScale()
-    if name in ("taylor", "activation"):
-        # A cycle, as for the two below: these criteria are GroupCriterion subclasses.
-        from prunekit.structure.scoring.calibrated import Activation, GroupTaylor  # noqa: PLC0415
+    """A new instance of the built-in criterion `name`.
 
-        return GroupTaylor() if name == "taylor" else Activation()
-    if name in ("frequency", "reap"):
-        from prunekit.structure.scoring.expert_criteria import ExpertSaliency, RoutingFrequency  # noqa: PLC0415
-
-        return RoutingFrequency() if name == "frequency" else ExpertSaliency()
-    if name in ("obs", "fluctuation"):
-        from prunekit.structure.scoring.consequence import OBS, Fluctuation  # noqa: PLC0415
-
-        return OBS() if name == "obs" else Fluctuation()
-    raise ValueError(
-        f"prune_channels: unknown criterion={name!r}; expected one of {list(CRITERIA)}, a "
-        "GroupCriterion or a callable(group) -> Tensor of one score per unit"
-    )
+    Raises:
+        ValueError: no built-in criterion has that name.
+    """
+    make = TABLE.get(name)
+    if make is None:
+        raise ValueError(
+            f"prune_channels: unknown criterion={name!r}; expected one of {list(CRITERIA)}, a "
+            "GroupCriterion or a callable(group) -> Tensor of one score per unit"
+        )
+    return make()
 
 
 def group_criterion(criterion: Any) -> GroupCriterion | Callable[[ChannelGroup], Tensor]:
@@ -177,42 +149,6 @@ def checked(group: ChannelGroup, criterion: Any, scores: Any) -> Tensor:
     return result
 
 
-def parameter_slices(group: ChannelGroup) -> list[Slice]:
-    return [s for s in group.slices if not s.is_buffer]
-
-
-def consumer_modules(groups: Sequence[ChannelGroup]) -> list[nn.Module]:
-    """The modules that read the groups' units (their slices of role 'in'), each once, in
-    the order the groups name them."""
-    return list(
-        {id(s.module): s.module for g in groups for s in g.slices if s.role == "in"}.values()
-    )
-
-
-def values(s: Slice) -> Tensor:
-    """The slice's tensor as the model computes with it (masked where pruned), float64."""
-    value: Tensor = getattr(s.module, s.name)
-    return value.detach().to(torch.float64)
-
-
-def unit_sums(group: ChannelGroup, slices: list[Slice], entry: Callable[[Slice], Tensor]) -> Tensor:
-    """Sum of `entry` over the positions each unit owns, over all slices."""
-    total = torch.zeros(group.size, dtype=torch.float64)
-    for s in slices:
-        total += per_unit(s, entry(s), group.size)
-    return total
-
-
-def per_unit(s: Slice, entries: Tensor, size: int) -> Tensor:
-    """`entries` (shaped like the slice's tensor) summed over the positions of each unit."""
-    moved = entries.movedim(s.dim, 0)
-    per_position = moved.reshape(moved.shape[0], -1).sum(1)
-    units = [u for u, positions in enumerate(s.indices) for _ in positions]
-    flat = [p for positions in s.indices for p in positions]
-    total = torch.zeros(size, dtype=torch.float64)
-    return total.index_add_(0, torch.tensor(units, dtype=torch.long), per_position[flat])
-
-
 def score_groups(
     model: nn.Module,
     groups: Sequence[ChannelGroup],
@@ -222,13 +158,42 @@ def score_groups(
 ) -> list[Tensor]:
     """The scores of each of `groups`, the criterion prepared on `calibration` first."""
     found = group_criterion(criterion)
+    batches = criterion_batches(found, criterion, calibration, loss)
+    return rank(model, groups, found, batches, loss)
+
+
+def criterion_batches(
+    found: GroupCriterion | Callable[[ChannelGroup], Tensor],
+    criterion: Any,
+    calibration: Any,
+    loss: Loss | None,
+) -> list[Any] | None:
+    """The calibration batches the criterion `found` (resolved from `criterion`) is
+    prepared on: checked against what it takes, with `loss`.
+
+    Raises:
+        ValueError: `loss` for a criterion that uses none, or without batches; batches
+            for a criterion that uses none, or none for one that needs them.
+        TypeError: `calibration` is no iterable of batches.
+    """
     wants = found.calibrated if isinstance(found, GroupCriterion) else False
     if loss is not None and not getattr(found, "uses_loss", False):
         raise ValueError(
             f"prune_channels: loss is for criterion='taylor' (from calibration batches); got "
             f"criterion={criterion!r}"
         )
-    batches = _batches(found, wants, calibration, loss)
+    return _batches(found, wants, calibration, loss)
+
+
+def rank(
+    model: nn.Module,
+    groups: Sequence[ChannelGroup],
+    found: GroupCriterion | Callable[[ChannelGroup], Tensor],
+    batches: list[Any] | None,
+    loss: Loss | None,
+) -> list[Tensor]:
+    """The checked scores of each of `groups` by `found`, prepared on `batches` first (as
+    ``criterion_batches`` gave them)."""
     if isinstance(found, GroupCriterion):
         found.prepare(model, groups, batches, loss)
     return [checked(g, found, found(g)) for g in groups]

@@ -10,7 +10,6 @@ as masked); an expert no token reached scores 0. Neither changes the model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from torch import Tensor, nn
 
 from prunekit.criteria.calibration import evaluating, run_batch
 from prunekit.structure.graph.graph import ChannelGroup, Slice
-from prunekit.structure.scoring.criteria import GroupCriterion, Loss
+from prunekit.structure.scoring.protocol import Calibration, GroupCriterion
 
 __all__ = ["ExpertSaliency", "RoutingFrequency"]
 
@@ -63,16 +62,10 @@ class _ExpertCriterion(GroupCriterion):
     def __init__(self) -> None:
         self.tallies: dict[int, _Tally] = {}
 
-    def prepare(
-        self,
-        model: nn.Module,
-        groups: Sequence[ChannelGroup],
-        batches: list[Any] | None,
-        loss: Loss | None,
-    ) -> None:
-        assert batches is not None
+    def gather(self, calibration: Calibration) -> None:
+        model, batches = calibration.model, calibration.required()
         self.tallies = {}
-        for g in groups:
+        for g in calibration.groups:
             s = self._experts_slice(g)
             if id(s.module) not in self.tallies:
                 count = int(getattr(s.module, s.name).shape[0])

@@ -1,0 +1,312 @@
+"""``ChannelConfig``: every option of ``prune_channels``, checked once when it is made.
+
+The stages read it and check nothing of it again; only what needs the model (the modules
+`exclude` names, the kinds of groups the model has, the experts a router must keep) is
+checked by the stage that meets the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import type_error, value_error
+from prunekit.criteria.calibration import batch_list
+from prunekit.structure.budget import Budget
+from prunekit.structure.compensation.damping import DAMP, check_damping
+from prunekit.structure.graph.graph import ChannelGroup, check_gqa
+from prunekit.structure.scoring.criteria import (
+    GroupCriterion,
+    Loss,
+    criterion_batches,
+    group_criterion,
+)
+from prunekit.whole.registry import check_scope
+from prunekit.whole.vocabulary import renamed
+
+DAMPING: float | str = DAMP
+"""What `damping` is where not given: the constant 0.3. 'auto' (the held-out choice per layer)
+did not lift the worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
+
+Criterion = str | GroupCriterion | Callable[[ChannelGroup], Tensor]
+Excluded = Iterable[nn.Module | str]
+
+OWNER = "prune_channels"
+
+_WHAT = {
+    "channels": ("amount", "channels of each group"),
+    "heads": ("heads", "heads of each attention module"),
+    "hidden": ("hidden", "channels of the hidden width"),
+    "experts": ("experts", "routed experts of each mixture-of-experts block"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ChannelConfig:
+    """Every option of ``prune_channels``, checked when made: ``prune_channels(model,
+    example_inputs, config=ChannelConfig(...))`` masks as the same keywords do;
+    ``dataclasses.replace`` makes a changed copy, checked again.
+
+    Args:
+        amount: the share of the units of every group of kind 'channels' (conv and linear
+            outputs, MLP widths) to mask, a float in [0, 1). `scope='layer'`: each group
+            loses round(amount x its units). Units already masked score 0, so pruning again
+            to the same amount changes nothing.
+        criterion: how units rank (lowest go first): 'l1', 'l2' (the default), 'bn_scale',
+            'taylor', 'activation', 'obs' and 'fluctuation' (these two rank by the error
+            that removal leaves), 'frequency' and 'reap' (routed experts), a
+            ``GroupCriterion`` or a callable(group) -> one score per unit.
+        scope: 'layer', or 'global': the units of all groups of a kind are ranked together
+            (scores divided by their group's mean) and that share of all of them goes
+            (heads with key/value groups are always counted per module).
+        exclude: modules, or their names (globs allowed; a block stands for its layers),
+            whose output channels stay (those of a norm or a depthwise conv are its input
+            channels too); their input channels still follow their producers. Kept as a
+            tuple; one str is one glob.
+        round_to: channel and hidden groups keep a multiple of it (an int >= 1); None: of
+            what the model's own kernels need where they constrain a width (the widths a
+            mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
+            channels, which grouped_mm needs), else of 1. A group keeps at least one unit
+            (one query head per key/value group).
+        heads: the share of the heads of each attention module (kind 'heads') to mask.
+        hidden: the share of the widths that LayerNorm/RMSNorm normalize over (kind
+            'hidden': the embedding width through every residual). The norms of a masked
+            hidden width then normalize over its kept channels, so the masked model computes
+            what ``compact`` makes of it; a hidden width that reaches the model's output
+            makes that output narrower once compacted.
+        experts: the share of the routed experts of each mixture-of-experts block (kind
+            'experts'; shared experts are no such unit): a masked expert's router logit is
+            -inf while masked, so the masked model routes as the compacted one will.
+        gqa: the head unit of an attention with grouped-query heads, as in
+            ``channel_groups``: 'query' or 'group'.
+        calibration: batches for the criteria that learn from data ('activation', 'obs',
+            'fluctuation', 'frequency', 'reap'; 'taylor' with `loss`) and for `compensate`,
+            as prune_model takes them; kept as a tuple.
+        loss: ``loss(output, batch)`` for criterion 'taylor' (default ``output.loss``).
+        budget: one target for the whole model instead of `amount`, `heads`, `hidden` and
+            `experts` (a ``Budget``: a share of the parameters, MACs, measured latency or
+            units), met by removing the units of lowest score for their cost across all
+            groups of its kinds (see ``prunekit.structure.budget``); ``prune_channels`` then
+            returns a ``BudgetReport``, the same list with what each group kept.
+        compensate: True: the layers that read removed channels or heads get the
+            least-squares update of their kept input columns (and bias) that keeps their
+            output on the `calibration` batches (needed then), taken in forward order on the
+            model as masked so far (``prunekit.structure.compensation.compensate``);
+            'reference': those layers and every Linear or convolution that runs after the
+            first of them are refitted towards the outputs they had in the model as it was
+            before the call, from their inputs in the model as pruned so far
+            (``prunekit.structure.compensation.refit``; it holds a copy of the model while
+            it runs, and runs the model up to each layer for each batch: meant for CNNs);
+            False (the default): neither.
+        ignore: the old name of `exclude` (warns).
+        damping: with `compensate=True` only: the damping of its least-squares solve, a
+            number > 0 relative to the mean diagonal of the input's second moment (None:
+            ``DAMPING``, 0.3), or 'auto': for each layer, the damping of a log-scale grid
+            whose update, fitted on alternate calibration batches, best keeps the layer's
+            output on the others (both ways round), then fitted on all of them; a layer
+            where no damping beats leaving it is left, with a warning
+            (``prunekit.structure.compensation.damping``).
+
+    Attributes:
+        excluded: the modules and globs excluded, from `exclude` or `ignore`.
+        excluded_as: which of the two named them ('exclude' or 'ignore'), for the messages.
+        level: the damping compensation uses (`damping`, or ``DAMPING``).
+        scoring: the batches the criterion is prepared on (None: none).
+
+    Raises:
+        ValueError: a share outside [0, 1), an unknown scope, gqa, criterion or compensate,
+            a budget beside shares or scope='global', compensation without calibration,
+            damping without compensate=True, calibration or loss where the criterion takes
+            none (or none where it needs them), both `exclude` and `ignore`.
+        TypeError: a budget, criterion, compensate, calibration or damping of the wrong type.
+    """
+
+    amount: float = 0.0
+    criterion: Criterion = "l2"
+    scope: str = "layer"
+    exclude: Excluded = ()
+    round_to: int | None = None
+    heads: float = 0.0
+    hidden: float = 0.0
+    experts: float = 0.0
+    gqa: str = "query"
+    calibration: Iterable[Any] | None = field(default=None, repr=False)
+    loss: Loss | None = None
+    budget: Budget | None = None
+    compensate: bool | str = False
+    ignore: Excluded | None = None
+    damping: float | str | None = None
+    excluded: tuple[nn.Module | str, ...] = field(init=False, repr=False)
+    excluded_as: str = field(init=False, repr=False)
+    level: float | str = field(init=False, repr=False)
+    scoring: tuple[Any, ...] | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_amounts(self.amounts, self.scope, self.round_to)
+        if self.budget is not None:
+            _check_budget(self.budget, self.amounts, self.scope)
+        check_gqa(self.gqa, OWNER)
+        batches = _compensation_batches(self.compensate, self.calibration)
+        self._set("level", _damping(self.damping, self.compensate))
+        self._exclusions()
+        found = group_criterion(self.criterion)
+        given: Iterable[Any] | None = self.calibration
+        if batches is not None:  # for the criterion too where it takes them
+            wants = isinstance(found, GroupCriterion) and found.calibrated is not False
+            given = batches if wants else None
+        scoring = criterion_batches(found, self.criterion, given, self.loss)
+        if batches is None and scoring is not None:
+            batches = scoring
+        self._set("calibration", None if batches is None else tuple(batches))
+        self._set("scoring", None if scoring is None else tuple(scoring))
+
+    @property
+    def amounts(self) -> dict[str, float]:
+        """The share of each kind of group: 'channels', 'heads', 'hidden', 'experts'."""
+        return {
+            "channels": self.amount,
+            "heads": self.heads,
+            "hidden": self.hidden,
+            "experts": self.experts,
+        }
+
+    @property
+    def batches(self) -> list[Any] | None:
+        """The calibration batches compensation runs on (None: no compensation)."""
+        if not self.compensate or self.calibration is None:
+            return None
+        return list(self.calibration)
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _exclusions(self) -> None:
+        given = _listed(self.exclude)
+        excluded, what = given, "exclude"
+        if self.ignore is not None:  # the old name
+            old = _listed(self.ignore)
+            excluded = renamed(OWNER, "exclude", excluded, "ignore", old, bool(excluded))
+            what = "ignore"
+            self._set("ignore", tuple(old))
+        self._set("exclude", tuple(given))
+        self._set("excluded", tuple(excluded))
+        self._set("excluded_as", what)
+
+
+class ChannelOptions(TypedDict, total=False):
+    """The keywords of ``prune_channels`` beside `amount`: the fields of ``ChannelConfig``."""
+
+    criterion: Criterion
+    scope: str
+    exclude: Excluded
+    round_to: int | None
+    heads: float
+    hidden: float
+    experts: float
+    gqa: str
+    calibration: Iterable[Any] | None
+    loss: Loss | None
+    budget: Budget | None
+    compensate: bool | str
+    ignore: Excluded | None
+    damping: float | str | None
+
+
+def _check_amounts(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
+    for kind, value in amounts.items():
+        name, what = _WHAT[kind]
+        number = isinstance(value, float) or (name != "amount" and isinstance(value, int))
+        if isinstance(value, bool) or not number or not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"prune_channels: invalid {name}={value!r}; expected a float in [0, 1): the "
+                f"fraction of the {what} to mask"
+            )
+    check_scope(scope, OWNER)
+    if round_to is not None and (
+        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+    ):
+        raise ValueError(
+            f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1, or None "
+            "(what the model's kernels need)"
+        )
+
+
+def _check_budget(budget: Any, amounts: dict[str, Any], scope: str) -> None:
+    """`budget` is a Budget and replaces `amount`/`heads`/`hidden`/`experts` and `scope`."""
+    if not isinstance(budget, Budget):
+        raise type_error(
+            f"prune_channels: invalid budget={budget!r}; expected a prunekit.Budget such as "
+            "Budget(params=0.2), or None"
+        )
+    given = {k: v for k, v in amounts.items() if v}
+    if given:
+        names = {"channels": "amount", "heads": "heads", "hidden": "hidden", "experts": "experts"}
+        shown = ", ".join(f"{names[k]}={v!r}" for k, v in given.items())
+        raise value_error(
+            f"prune_channels: budget={budget!r} chooses the share of every kind itself; got "
+            f"{shown} too; expected amount, heads, hidden and experts left at 0 (the kinds go "
+            "in Budget(kinds=...))"
+        )
+    if scope != "layer":
+        raise value_error(
+            f"prune_channels: budget={budget!r} ranks all groups together already; expected "
+            f"scope='layer' (the default), got scope={scope!r}"
+        )
+
+
+def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None:
+    """The calibration batches as a list when `compensate` (which needs them), else None."""
+    if not (isinstance(compensate, bool) or compensate == "reference"):
+        raise (ValueError if isinstance(compensate, str) else TypeError)(
+            f"prune_channels: invalid compensate={compensate!r}; expected True (update the "
+            "layers that read removed units from calibration data), 'reference' (the same, "
+            "towards the outputs of the model as it was before the call) or False"
+        )
+    if not compensate:
+        return None
+    if calibration is None:
+        raise ValueError(
+            f"prune_channels: compensate={compensate!r} needs calibration data; expected "
+            "calibration= an iterable of batches the model's forward takes"
+        )
+    batches = batch_list(calibration, OWNER)
+    _check_rows(batches)
+    return batches
+
+
+def _check_rows(batches: list[Any]) -> None:
+    """Refuse calibration with nothing to fit on: every batch empty, or every
+    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing)."""
+    firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
+              b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    empty = all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts)
+    unmasked = not all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks)
+    if empty or not unmasked:
+        what = "is empty" if empty else "has an attention_mask that is all zero"
+        raise value_error(
+            f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "
+            "compensation has no row to fit on; expected batches with at least one row "
+            "(token) the update is fitted on"
+        )
+
+
+def _damping(damping: object, compensate: object) -> float | str:
+    """The damping compensation uses: `damping` checked, or the default where None."""
+    if damping is None:
+        return DAMPING
+    if compensate is not True:
+        raise value_error(
+            f"prune_channels: damping={damping!r} needs compensate=True (it damps that "
+            f"least-squares update), not compensate={compensate!r}; expected compensate=True "
+            "or no damping"
+        )
+    return check_damping(damping, OWNER)
+
+
+def _listed(names: Excluded | str) -> list[nn.Module | str]:
+    """Modules or globs as a list; a str is one glob."""
+    return [names] if isinstance(names, str) else list(names)

@@ -1,0 +1,88 @@
+"""The compensate stage: the layers that read removed units updated to keep their outputs.
+
+It runs around the install stage. Before the masks go on, it refuses units whose readers
+cannot be updated, declares to the call's transaction the tensors it will write in place
+(or copies the model, for the refit towards it), and records the producers' masks as they
+were (``Openings``); after, ``Compensation.apply`` runs the least-squares update
+(``prunekit.structure.compensation.compensate``) or the refit towards the model as it was
+(``prunekit.structure.compensation.refit``) on the calibration batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from prunekit.core.transaction import Transaction
+from prunekit.structure.compensation.compensate import (
+    Openings,
+    compensate_groups,
+    refuse_uncompensable,
+    written,
+)
+from prunekit.structure.compensation.refit import refit_groups
+from prunekit.structure.compensation.refit import written as refitted
+from prunekit.structure.graph.graph import ChannelGroup
+from prunekit.structure.pruned import PrunedGroup
+from prunekit.structure.stages.channel_config import ChannelConfig
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """What the compensate stage hands on to run after the install stage.
+
+    Attributes:
+        pairs: each group and the units of it removed.
+        openings: the producers' masks as they were before the install stage.
+        batches: the calibration batches.
+        level: the damping of the least-squares update.
+        reference: a copy of the model as it was (the refit), or None (the update).
+    """
+
+    pairs: list[tuple[ChannelGroup, Sequence[int]]]
+    openings: Openings
+    batches: list[Any]
+    level: float | str
+    reference: nn.Module | None
+
+    def apply(self, model: nn.Module) -> None:
+        """Update the layers of `model` (masked by now) that read the removed units."""
+        if self.reference is not None:
+            refit_groups(model, self.reference, self.pairs, self.openings, self.batches)
+        else:
+            compensate_groups(model, self.pairs, self.openings, self.batches, self.level)
+
+
+def plan_compensation(
+    model: nn.Module, chosen: list[PrunedGroup], config: ChannelConfig, recorded: Transaction
+) -> Compensation | None:
+    """Ready the compensation of `chosen` before the install stage (None: no compensation).
+
+    Args:
+        model: the model, not masked yet.
+        chosen: the groups and the units of each to mask.
+        config: the checked options.
+        recorded: the call's transaction, told of the tensors compensation writes in place.
+
+    Returns:
+        What to apply after the install stage, or None where the config compensates nothing.
+
+    Raises:
+        ValueError: a removed unit is read by a layer that cannot be updated.
+    """
+    batches = config.batches
+    if batches is None:
+        return None
+    pairs: list[tuple[ChannelGroup, Sequence[int]]] = [(p.group, p.units) for p in chosen]
+    refuse_uncompensable(pairs, config.compensate)
+    reference = None
+    if config.compensate == "reference":
+        recorded.keep(refitted(model))  # the refit updates them in place
+        reference = copy.deepcopy(model)
+    else:
+        recorded.keep(written(pairs))  # compensation updates them in place
+    return Compensation(pairs, Openings(model, pairs), batches, config.level, reference)

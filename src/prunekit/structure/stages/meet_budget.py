@@ -1,0 +1,226 @@
+"""The budget half of the allocate stage: the units to mask so that a ``Budget`` is met.
+
+Each unit's score is divided by its group's mean, then by its cost relative to the mean unit
+of its kind (``ledger``); every group offers its removals in steps that keep its constraints,
+and the steps of lowest value for their cost go first, all groups at once, until the target
+is met (see ``prunekit.structure.budget``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, NoReturn
+
+from torch import Tensor, nn
+
+from prunekit.core.errors import value_error
+from prunekit.structure.budget import COUNTED, KINDS, Budget, BudgetReport, BudgetRow
+from prunekit.structure.families.experts import width_step
+from prunekit.structure.graph.graph import ChannelGroup
+from prunekit.structure.probe import Probe
+from prunekit.structure.pruned import PrunedGroup
+from prunekit.structure.stages.ledger import (
+    Ledger,
+    TensorCost,
+    costed,
+    costed_parameter,
+    entry_weights,
+    in_skipped_blocks,
+    tensor_key,
+    unique_parameters,
+    unit_costs,
+)
+
+
+def meet(
+    model: nn.Module, example_inputs: Any, groups: list[ChannelGroup], scores: list[Tensor],
+    budget: Budget, round_to: int | None, probe: Probe | None = None,
+) -> BudgetReport:  # fmt: skip
+    """The units of `groups` to mask so that `budget` is met (nothing is changed; a latency
+    budget times the model through `probe`, which leaves it as it was).
+
+    Args:
+        model: the model the groups are of.
+        example_inputs: its example inputs (MACs are counted on them).
+        groups: the candidate groups.
+        scores: one score per unit of each group.
+        budget: the target.
+        round_to: the step of the channel and hidden widths kept (None: the model's own).
+        probe: times the model without given units (a latency budget only).
+
+    Returns:
+        The units to mask, with what each group kept and the share achieved.
+
+    Raises:
+        ValueError: the model has nothing to count, or the budget cannot be met within the
+            groups' constraints.
+    """
+    weights, total, depth = _counted(model, example_inputs, groups, budget)
+    tensors = {
+        tensor_key(s): TensorCost(tuple(costed_parameter(s).shape), weights.get(tensor_key(s), 0.0))
+        for g in groups for s in costed(g)
+    }  # fmt: skip
+    floors = [budget.floor_of(g.name) for g in groups]
+    by_units = budget.measure == "units"
+    unit_cost = [[1.0] * g.size if by_units else unit_costs(g, tensors) for g in groups]
+    rates: dict[str, float] = {}
+    if budget.measure == "latency":
+        assert probe is not None, "a latency budget needs a probe"
+        chains = _chains(groups, scores, unit_cost, round_to, floors)
+        total, rates = _rates(groups, chains, tensors, probe)
+        unit_cost = [
+            [c * rates[g.kind] for c in cs] for g, cs in zip(groups, unit_cost, strict=True)
+        ]
+        depth = 0.0  # skipped blocks no longer run: the time measured is without them
+    pooled = budget.measure == "latency"
+    chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled)
+    ledger = Ledger(tensors, units=by_units)
+    ledger.removed = depth
+    taken = _take(groups, chains, ledger, rates, budget.share * total)
+    if taken is None:
+        _unreachable(budget, total, ledger.removed, round_to)
+    pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
+    rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
+            for g, u in zip(groups, taken, strict=True)]  # fmt: skip
+    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates)
+
+
+def _counted(
+    model: nn.Module, example_inputs: Any, groups: list[ChannelGroup], budget: Budget
+) -> tuple[dict[int, float], float, float]:
+    """What one entry of each parameter counts for (by its id), the model's total, and how
+    much of it the skipped blocks hold."""
+    weights: dict[int, float] = {}
+    if budget.measure == "units":  # each candidate unit counts one; skipped blocks hold none
+        total, depth = float(sum(g.size for g in groups)), 0.0
+    else:
+        weights = entry_weights(model, example_inputs, budget)
+        total = sum(p.numel() * weights.get(id(p), 0.0) for p in unique_parameters(model))
+        gone = in_skipped_blocks(model)
+        depth = sum(p.numel() * weights.pop(id(p), 0.0) for p in gone)  # not saved again
+    if total <= 0:
+        raise value_error(
+            f"prune_channels: budget={budget!r}, but {type(model).__name__} has no "
+            f"{COUNTED[budget.measure]} to count (see Budget); expected a model that has some"
+        )
+    return weights, total, depth
+
+
+def _take(
+    groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
+    ledger: Ledger, rates: dict[str, float], goal: float,
+) -> list[list[int]] | None:  # fmt: skip
+    """The units each group loses, the steps of lowest priority first, until `ledger` has
+    removed `goal` (None: the steps ran out first)."""
+    heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
+    heapq.heapify(heap)
+    taken: list[list[int]] = [[] for _ in groups]
+    while ledger.removed < goal * (1 - 1e-12):
+        if not heap:
+            return None
+        _, k, step = heapq.heappop(heap)
+        units = chains[k][step][1]
+        ledger.remove(groups[k], units, rates.get(groups[k].kind, 1.0))
+        taken[k] += units
+        if step + 1 < len(chains[k]):
+            heapq.heappush(heap, (chains[k][step + 1][0], k, step + 1))
+    return taken
+
+
+def _rates(
+    groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
+    tensors: dict[int, TensorCost], probe: Probe,
+) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """The model's measured milliseconds and, per kind, the milliseconds saved per MAC: each
+    kind's probe removes the first half of every group's steps (at least one)."""
+    rates: dict[str, float] = {}
+    times: list[float] = []
+    for kind in dict.fromkeys(g.kind for g in groups):
+        cut = [
+            PrunedGroup(g, tuple(sorted(u for _, units in chain[: max(1, len(chain) // 2)]
+                                        for u in units)))
+            for g, chain in zip(groups, chains, strict=True) if g.kind == kind and chain
+        ]  # fmt: skip
+        if not cut:
+            rates[kind] = 0.0
+            continue
+        ledger = Ledger({k: TensorCost(t.shape, t.weight) for k, t in tensors.items()})
+        for p in cut:
+            ledger.remove(p.group, p.units)
+        timed = probe(cut)
+        saved = timed.before_ms * (1 - 1 / timed.ratio) if timed.ratio > 0 else 0.0
+        times.append(timed.before_ms)
+        rates[kind] = max(saved, 0.0) / ledger.removed if ledger.removed > 0 else 0.0
+    return (sorted(times)[len(times) // 2] if times else 0.0), rates
+
+
+def _unreachable(budget: Budget, total: float, most: float, round_to: int | None) -> NoReturn:
+    share = most / total if total else 0.0
+    rounding = f", a multiple of round_to={round_to} channels" if (round_to or 1) > 1 else ""
+    least = f" and floor={budget.floor!r} of its units" if budget.floor else ""
+    raise value_error(
+        f"prune_channels: budget={budget!r} cannot be met: the groups of kinds "
+        f"{list(budget.kinds)} can remove at most {share:.2%} of the {COUNTED[budget.measure]} "
+        f"counted (each group keeps at least one unit{least}{rounding}); expected a smaller "
+        "share, a lower floor, or more kinds in Budget(kinds=...)"
+    )
+
+
+def _chains(
+    groups: list[ChannelGroup],
+    scores: list[Tensor],
+    costs: list[list[float]],
+    round_to: int | None,
+    floors: list[float] | None = None,
+    pooled: bool = False,
+) -> list[list[tuple[float, tuple[int, ...]]]]:
+    """Per group, the removals it allows in order, each (priority, units): lowest relative
+    score per relative cost first, in steps that keep its constraints (at least its share
+    in `floors` of its units kept). Costs are relative to the mean unit of their kind, or
+    with `pooled` of all kinds (milliseconds compare)."""
+    mean_cost: dict[str, float] = {}
+    every = [c for cs in costs for c in cs if c > 0]
+    for kind in KINDS:
+        mine = [c for g, cs in zip(groups, costs, strict=True) if g.kind == kind for c in cs]
+        mine = every if pooled else mine
+        mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
+    chains = []
+    floors = floors if floors is not None else [0.0] * len(groups)
+    for g, s, cs, floor in zip(groups, scores, costs, floors, strict=True):
+        mean = float(s.mean()) if len(s) else 0.0
+        relative = (s / mean if mean > 0 else s).tolist()
+        value = [
+            r / (c / mean_cost[g.kind]) if c > 0 else math.inf
+            for r, c in zip(relative, cs, strict=True)
+        ]
+        steps = _steps(g, value, width_step(g, round_to), floor)
+        chain = [(sum(value[u] for u in units) / len(units), units) for units in steps]
+        chains.append([(p, units) for p, units in chain if p < math.inf])
+    return chains
+
+
+def _steps(
+    group: ChannelGroup, value: list[float], round_to: int, floor: float = 0.0
+) -> list[tuple[int, ...]]:
+    """The successive sets of units a group may lose, lowest value first, down to what
+    `floor` keeps."""
+    if group.blocks:  # the same count from every key/value group, the floor left in each
+        ordered = [sorted(b, key=lambda u: (value[u], u)) for b in group.blocks]
+        depth = min(len(b) - _least(len(b), floor) for b in ordered)
+        return [tuple(b[i] for b in ordered) for i in range(depth)]
+    order = sorted(range(group.size), key=lambda u: (value[u], u))
+    least = _least(group.size, floor)
+    keeps = [m * round_to for m in range((group.size - 1) // round_to, 0, -1)]
+    keeps = [k for k in keeps if k >= least]
+    steps, gone = [], 0
+    for keep in keeps:
+        steps.append(tuple(order[gone : group.size - keep]))
+        gone = group.size - keep
+    return steps
+
+
+def _least(size: int, floor: float) -> int:
+    """The fewest units a group of `size` keeps: ceil(floor x size), at least one (a product
+    that lands a hair above a whole number is taken as that number)."""
+    return max(1, math.ceil(floor * size - 1e-9))

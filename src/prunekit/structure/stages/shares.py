@@ -1,0 +1,119 @@
+"""The share half of the allocate stage: the units to mask when each kind of group loses a
+share of its units (`amount`, `heads`, `hidden`, `experts`), group by group or all groups
+of a kind ranked together.
+
+A group keeps at least one unit (per key/value group for grouped-query heads) and a number
+of units that is a multiple of its step (``round_to``, or what the model's kernels need); a
+mixture-of-experts block keeps at least the experts its router picks per token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from prunekit.structure.families.experts import check_expert_counts, experts_limit, width_step
+from prunekit.structure.graph.graph import ChannelGroup
+from prunekit.structure.pruned import PrunedGroup
+
+
+def by_shares(
+    groups: list[ChannelGroup],
+    scores: list[Tensor],
+    amounts: dict[str, float],
+    scope: str,
+    round_to: int | None,
+) -> list[PrunedGroup]:
+    """The units to mask: `amounts[kind]` of the units of each group of that kind (in
+    `scope`), lowest scores first.
+
+    Args:
+        groups: the candidate groups.
+        scores: one score per unit of each group.
+        amounts: the share of each kind to mask.
+        scope: 'layer' or 'global'.
+        round_to: the step of the widths kept (None: the model's own).
+
+    Returns:
+        The groups that lose units, kind by kind in the order of `amounts`.
+
+    Raises:
+        ValueError: a mixture-of-experts block would keep fewer experts than its router
+            picks per token.
+    """
+    chosen: list[PrunedGroup] = []
+    for kind, share in amounts.items():
+        mine = [k for k, g in enumerate(groups) if g.kind == kind]
+        if not share or not mine:
+            continue
+        kept = [groups[k] for k in mine]
+        ranked = [scores[k] for k in mine]
+        steps = [width_step(g, round_to) for g in kept]
+        found = _choose(kept, ranked, float(share), scope, steps)
+        if kind == "experts":
+            order = _ranked(ranked) if scope == "global" else None
+            masked = [(g, _masked(g, found)) for g in kept]
+            check_expert_counts(masked, share, experts_limit(kept, order), scope)
+        chosen += found
+    return chosen
+
+
+def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
+            steps: list[int]) -> list[PrunedGroup]:  # fmt: skip
+    """The units to mask in each group: the lowest scores (per block where it has blocks),
+    the kept ones a multiple of the group's step."""
+    plain = [k for k, g in enumerate(groups) if not g.blocks]
+    found = _counts([groups[k] for k in plain], [scores[k] for k in plain], amount, scope,
+                    [steps[k] for k in plain])  # fmt: skip
+    counts = dict(zip(plain, found, strict=True))
+    chosen = []
+    for k, (g, s) in enumerate(zip(groups, scores, strict=False)):
+        if g.blocks:
+            units: list[int] = []
+            for block in g.blocks:
+                n = _rounded(len(block), round(amount * len(block)), 1)
+                order = torch.argsort(s[list(block)], stable=True)[:n].tolist()
+                units += [block[i] for i in order]
+        else:
+            units = torch.argsort(s, stable=True)[: counts[k]].tolist()
+        if units:
+            chosen.append(PrunedGroup(g, tuple(sorted(units))))
+    return chosen
+
+
+def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
+    return next((len(p.units) for p in chosen if p.group is group), 0)
+
+
+def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
+            steps: list[int]) -> list[int]:  # fmt: skip
+    """Units to mask per group."""
+    if scope == "layer":
+        counts = [round(amount * g.size) for g in groups]
+    else:
+        counts = [0] * len(groups)
+        order = _ranked(scores)
+        for k in order[: round(amount * len(order))]:
+            counts[k] += 1
+    return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+
+
+def _ranked(scores: list[Tensor]) -> list[int]:
+    """The units of all groups ranked together, lowest first (scores divided by their
+    group's mean), as the index of each unit's group."""
+    ranked: list[tuple[float, int]] = []
+    for k, s in enumerate(scores):
+        mean = float(s.mean()) if len(s) else 0.0
+        normal = s / mean if mean > 0 else s
+        ranked.extend((float(v), k) for v in normal)
+    ranked.sort()
+    return [k for _, k in ranked]
+
+
+def _rounded(size: int, count: int, round_to: int) -> int:
+    """At most `count` units masked such that the kept ones are >= 1 and a multiple of round_to."""
+    keep = max(size - count, 1)
+    keep = min(size, math.ceil(keep / round_to) * round_to)
+    return size - keep
