@@ -185,14 +185,6 @@ def test_report_is_the_function() -> None:
     assert isinstance(resolve("prunekit.report"), griffe.Function)
 
 
-def _parsed(source: str, name: str) -> griffe.Object:
-    module = griffe.visit("sample", Path("sample.py"), textwrap.dedent(source))
-    module.docstring_parser = griffe.Parser.google  # type: ignore[assignment]
-    found = module[name]
-    assert isinstance(found, griffe.Object)
-    return found
-
-
 def test_the_checks_see_what_lacks() -> None:
     """The checks fail where they should: on a sample module rather than on prunekit."""
     source = '''
@@ -222,7 +214,10 @@ def test_the_checks_see_what_lacks() -> None:
                 raise ValueError(size)
             self.size = size
     '''
-    bare = _parsed(source, "bare")
+    with griffe.temporary_visited_module(
+        textwrap.dedent(source), docstring_parser="google"
+    ) as module:
+        bare, full, holder = module["bare"], module["full"], module["Holder"]
     assert isinstance(bare, griffe.Function)
     assert function_problems(bare) == [
         "no Args section",
@@ -230,13 +225,11 @@ def test_the_checks_see_what_lacks() -> None:
         "returns int but has no Returns section",
         "raises but has no Raises section",
     ]
-    full = _parsed(source, "full")
     assert isinstance(full, griffe.Function)
     assert function_problems(full) == [
         "Args names what the signature has not: ['z']",
         "returns nothing but has a Returns section",
     ]
-    holder = _parsed(source, "Holder")
     assert isinstance(holder, griffe.Class)
     assert class_problems(holder) == [
         "neither an Args nor an Attributes section",

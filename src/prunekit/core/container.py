@@ -20,6 +20,13 @@ class PruningContainer(BasePruningMethod):
 
     Its mask is the last method's mask computed on the part of the tensor the
     previous ones left, as that method's PRUNING_TYPE defines.
+
+    Args:
+        *methods: the methods already applied to the tensor, oldest first; all must prune
+            the same tensor (``add_pruning_method`` checks each).
+
+    Attributes:
+        PRUNING_TYPE: ``"global"``: a pruning added later sees the whole tensor.
     """
 
     PRUNING_TYPE = "global"

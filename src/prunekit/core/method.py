@@ -44,6 +44,12 @@ class BasePruningMethod(BoundToModule, ABC):
     PRUNING_TYPE tells a PruningContainer which entries a later pruning ranks:
     'unstructured' the entries still unpruned, 'structured' the channels (along
     ``self.dim``) not yet fully pruned, 'global' all entries.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``, ``"structured"`` or ``"global"``, set by each
+            subclass.
+        reuse_masked: whether a forward without gradients may reuse the product mask x orig
+            it made before (True by default; ``prunekit.forward_reuse`` sets it).
     """
 
     PRUNING_TYPE: str
@@ -232,6 +238,7 @@ class BasePruningMethod(BoundToModule, ABC):
 
 
 PruningBase = BasePruningMethod
+"""Another name of ``BasePruningMethod``, the same class."""
 
 
 def construct(cls: type[BasePruningMethod], args: Any, kwargs: Any, where: str) -> Any:

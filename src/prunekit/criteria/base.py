@@ -31,6 +31,10 @@ class Criterion(ABC):
     (or when the scores are never negative, where it is the same). Either way the
     selection reads them chunk by chunk, without sorting and without concatenating
     tensors; with negative scores ranked by signed value it first checks that there are.
+
+    Attributes:
+        by_magnitude: True when the entries rank by the absolute value of their scores,
+            False (the default) by the signed value.
     """
 
     by_magnitude: ClassVar[bool] = False

@@ -24,6 +24,11 @@ class Pattern(ABC):
     PRUNING_TYPE says how a later pruning composes with this one's mask (see
     PruningContainer): 'unstructured' patterns rank the entries still unpruned,
     'structured' ones (with a ``dim``) the channels not yet fully pruned.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"`` or ``"structured"``, set by each subclass; a
+            ``Pruning`` with this pattern takes it as its own.
+        fuses_products: whether ``select`` can write scores x mask in its own pass.
     """
 
     PRUNING_TYPE: ClassVar[str]

@@ -34,6 +34,19 @@ class NM(RowwisePattern):
     pruned: a group keeps at most `n` of the entries it still has, so a group with `n` or
     fewer left loses nothing more. Ties go to the lower index within the group. Every group
     of the result holds at most `n` non-zero entries.
+
+    Args:
+        n: the entries kept in every group, an int with ``1 <= n < m``.
+        m: the size of a group of consecutive entries (4 for 2:4).
+        dim: the axis along which the groups run (1 by default: a Linear weight's input
+            features).
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``: a later pruning ranks the entries still unpruned.
+
+    Raises:
+        TypeError: `n`, `m` or `dim` is not an int (a bool is not one).
+        ValueError: not ``1 <= n < m``.
     """
 
     PRUNING_TYPE = "unstructured"  # a later pruning ranks the entries still unpruned
