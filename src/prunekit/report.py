@@ -80,7 +80,15 @@ class TensorRow:
 
 @dataclass(frozen=True)
 class Report:
-    """The rows of a report, one per tensor, and their totals."""
+    """The rows of a report, one per tensor, and their totals.
+
+    ``str()`` is a text table; ``to_dict()``, ``to_json()``, ``rich_table()`` and ``plot()`` are
+    the other renderings.
+
+    Attributes:
+        rows: one row per tensor (name, shape, dtype, entries, zeros, whether masked, the
+            method), in the model's or state_dict's order.
+    """
 
     rows: tuple[TensorRow, ...]
 

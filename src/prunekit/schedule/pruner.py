@@ -57,18 +57,48 @@ class GradualPruner:
     after it, and `end_step`. Call ``step()`` once after each optimizer step; the t-th
     call is step t (a `start_step` of 0 updates when the pruner is made).
 
-    `method` ranks (``'l1'``/``'magnitude'``, ``'random'`` or a prunekit.Criterion),
-    `pattern` says what is pruned (``'unstructured'``: entries; ``'channels'``: output
-    channels by L2 norm; or a prunekit.Pattern); amounts count the pattern's units. A
-    tensor pruned by channels keeps at least one (as prune_channels does), so that
-    ``compact`` can remove the others.
-    `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
-    (entries ranked across tensors). `include`/`exclude` select parameters by name as
-    prune_model does. Random choices come from the pruner's own generator, seeded with
-    `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
-    `example_inputs` (with ``pattern='channels'``): inputs of the model's forward, traced
-    once into channel groups; a channel whose weight rows are all masked then has its bias
-    and norm parameters masked too, so it carries exactly 0 and ``compact`` removes it.
+    Args:
+        model: the model trained; its parameters selected by `include` and `exclude` get a
+            ``Gradual`` hook whose mask each update rewrites in place.
+        final_amount: the sparsity reached at `end_step` and kept after it, in [0, 1].
+        start_step: the first update step (0: when the pruner is made).
+        end_step: the last update step, at or after `start_step`.
+        every: the steps between two updates, an int >= 1.
+        schedule: ``'cubic'`` (fast first, slow near the end), ``'linear'``, ``'constant'``
+            (`final_amount` from `start_step` on) or a callable from step to sparsity.
+        initial_amount: the sparsity at `start_step`, at most `final_amount` (0 with a
+            callable schedule).
+        method: what ranks the entries: ``'l1'`` (alias ``'magnitude'``), ``'random'`` or a
+            ``prunekit.Criterion``.
+        pattern: what is pruned: ``'unstructured'`` (entries), ``'channels'`` (output
+            channels, dim 0, by L2 norm) or a ``prunekit.Pattern``; amounts count the
+            pattern's units. A tensor pruned by channels keeps at least one (as
+            ``prune_channels`` does), so that ``compact`` can remove the others.
+        scope: ``'layer'`` brings each tensor to the sparsity, ``'global'`` all of them
+            together (entries ranked across tensors; unstructured patterns only).
+        include: glob patterns of the parameter names to prune, as ``prune_model`` takes
+            them.
+        exclude: glob patterns of parameter names left alone.
+        seed: the seed of the pruner's own generator, which makes its random choices
+            without disturbing torch's global one (None: ``torch.initial_seed()``).
+        example_inputs: with ``pattern='channels'``, inputs of the model's forward, traced
+            once into channel groups: a channel whose weight rows are all masked then has
+            its bias and norm parameters masked too, so it carries exactly 0 and
+            ``compact`` removes it. None: weights only.
+
+    Attributes:
+        timetable: the checked schedule: which steps update, and the sparsity at each.
+        criterion: the criterion `method` names.
+        pattern: the pattern `pattern` names.
+        scope: as given.
+        model: the model pruned.
+        targets: the tensors pruned, in the model's order.
+
+    Raises:
+        TypeError: `model` is no torch module, `seed` is not an int, or `method`,
+            `pattern` or `schedule` is of no accepted type.
+        ValueError: an amount, step or name is out of range or matches nothing, or
+            ``scope='global'`` is asked with a channel pattern.
     """
 
     def __init__(

@@ -47,6 +47,12 @@ class GroupCriterion:
     calls ``prepare(model, groups, batches, loss)`` once, before any score, with the
     calibration batches it was given (``calibrated = None``: they are optional). ``prepare``
     must leave the model as it was.
+
+    Attributes:
+        calibrated: True when the criterion needs calibration batches, None when they are
+            optional, False (the default) when it scores the weights alone.
+        uses_loss: whether the `loss` ``prune_channels`` passes to ``prepare`` means anything
+            to it (a gradient-based criterion); False by default.
     """
 
     calibrated: bool | None = False
