@@ -70,52 +70,75 @@ def prune_channels(
 ) -> list[PrunedGroup]:
     """Mask `amount` of the channels of every prunable group of `model` (whole units).
 
-    `amount` applies to the groups of kind 'channels' (conv and linear outputs, MLP widths),
-    `heads` to the heads of each attention module (kind 'heads'), `hidden` to the widths
-    that LayerNorm/RMSNorm normalize over (kind 'hidden': the embedding width through every
-    residual). The norms of a masked hidden width then normalize over its kept channels, so
-    the masked model computes what ``compact`` makes of it; a hidden width that reaches the
-    model's output makes that output narrower once compacted. `experts`: the routed experts
-    of each mixture-of-experts block (kind 'experts'; shared experts are no such unit): a
-    masked expert's router logit is -inf while masked, so the masked model routes as the
-    compacted one will. `gqa`: the head unit of an attention with grouped-query heads, as in
-    ``channel_groups``.
+    Masks go on every parameter slice of a chosen unit, so the masked model computes what
+    ``compact`` makes of it: the norms of a masked hidden width normalize over its kept
+    channels, a masked expert's router logit is -inf. Units already masked score 0, so
+    pruning again to the same amount changes nothing. A group keeps at least one unit (one
+    query head per key/value group). If anything fails, the model is left as it was.
 
-    `scope='layer'`: each group loses round(amount x its units); 'global': the units of all
-    groups of a kind are ranked together (scores divided by their group's mean), and that
-    share of all of them goes (heads with key/value groups are always counted per module).
-    Units already masked score 0, so pruning again to the same amount changes nothing. A
-    group keeps at least one unit (one query head per key/value group), and channel and
-    hidden groups a number of units that is a multiple of `round_to`; without it, of what
-    the model's own kernels need where they constrain a width, else of 1 (the widths a
-    mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
-    channels, which grouped_mm needs). `exclude`: modules
-    (or their names, globs allowed; a block stands for its layers) whose output channels
-    stay (those of a norm or a depthwise conv are its input channels too); their input
-    channels still follow their producers (``ignore=``, its old name, warns). `calibration`:
-    batches for the criteria that learn from data ('activation'; 'taylor' with
-    `loss(output, batch)`, default ``output.loss``), as prune_model takes them. `budget`:
-    one target for the whole model instead of `amount`, `heads` and `hidden` (a ``Budget``:
-    a share of the parameters, MACs, measured latency or units), met by removing the units
-    of lowest score for their cost across all groups of its kinds (see
-    ``prunekit.structure.budget``); the result is then a ``BudgetReport``, the same list
-    with what each group kept.
-    `compensate=True`: the layers that read removed channels or heads get the least-squares
-    update of their kept input columns (and bias) that keeps their output on the
-    `calibration` batches (needed then), taken in forward order on the model as masked so
-    far (``prunekit.structure.compensation.compensate``); `compensate='reference'`: those layers and
-    every Linear or convolution that runs after the first of them are refitted towards the
-    outputs they had in the model as it was before the call, from their inputs in the model
-    as pruned so far, which also corrects the error that the layers before them left
-    (``prunekit.structure.compensation.refit``; it holds a copy of the model while it runs,
-    and runs the model up to each layer for each batch: meant for CNNs). `damping` (with
-    `compensate=True` only): the damping of that least-squares solve, a number > 0 relative
-    to the mean diagonal of the input's second moment (default 0.3, ``damping.DAMP``), or
-    'auto': for each layer, the damping of a log-scale grid whose update, fitted on
-    alternate calibration batches, best keeps the layer's output on the others (both ways
-    round), then fitted on all of them; a layer where no damping beats leaving it is left,
-    with a warning (``prunekit.structure.compensation.damping``). 'obs' and 'fluctuation'
-    rank by the error that removal leaves. Returns the groups pruned.
+    Args:
+        model: the torch module to prune in place.
+        example_inputs: what one forward takes (a tensor, a tuple of positional arguments or
+            a dict of keyword arguments), traced into channel groups as ``channel_groups``
+            traces it.
+        amount: the share of the units of each group of kind ``'channels'`` (conv and
+            linear outputs, MLP widths) to mask, in [0, 1).
+        criterion: what ranks the units: ``'l1'``, ``'l2'`` (the default), ``'bn_scale'``,
+            ``'taylor'``, ``'activation'``, ``'obs'``, ``'fluctuation'`` (the last two rank
+            by the error that removal leaves), ``'frequency'`` or ``'reap'`` (routed
+            experts), a ``GroupCriterion``, or a callable ``criterion(group)`` returning one
+            score per unit (higher: kept longer).
+        scope: ``'layer'``: each group loses round(amount x its units); ``'global'``: the
+            units of all the groups of a kind are ranked together (scores divided by their
+            group's mean), and that share of all of them goes (heads with key/value groups
+            are always counted per module).
+        exclude: modules, or their names (globs allowed; a block stands for its layers),
+            whose output channels stay (those of a norm or a depthwise conv are its input
+            channels too); their input channels still follow their producers.
+        round_to: channel and hidden groups keep a multiple of this many units. None: of
+            what the model's own kernels need where they constrain a width (the widths a
+            mixture-of-experts block's fused experts span: multiples of 16 bytes, 4 float32
+            channels, which grouped_mm needs), else of 1.
+        heads: the share of the heads of each attention module (kind ``'heads'``) to mask.
+        hidden: the share of the widths that LayerNorm/RMSNorm normalize over (kind
+            ``'hidden'``: the embedding width through every residual); a hidden width that
+            reaches the model's output makes that output narrower once compacted.
+        experts: the share of the routed experts of each mixture-of-experts block (kind
+            ``'experts'``; shared experts are no such unit).
+        gqa: the head unit of an attention with grouped-query heads, as in
+            ``channel_groups``: ``'query'`` or ``'group'``.
+        calibration: batches for the criteria that learn from data (``'activation'``,
+            ``'taylor'``, ``'obs'``, ...) and for `compensate`, as ``prune_model`` takes
+            them.
+        loss: for ``'taylor'``, ``loss(output, batch)`` whose gradients rank the units;
+            None: ``output.loss``.
+        budget: one target for the whole model instead of `amount`, `heads` and `hidden`
+            (a share of the parameters, MACs, measured latency or units), met by removing
+            the units of lowest score for their cost across all the groups of its kinds.
+        compensate: False (the default); True: the layers that read removed channels or
+            heads get the least-squares update of their kept input columns (and bias) that
+            keeps their output on the `calibration` batches (needed then), in forward order
+            on the model as masked so far; ``'reference'``: those layers and every Linear or
+            convolution that runs after the first of them are refitted towards the outputs
+            they had before the call, which also corrects the error the layers before them
+            left (it holds a copy of the model and runs it up to each layer for each batch:
+            meant for CNNs).
+        ignore: the old name of `exclude` (a FutureWarning).
+        damping: with ``compensate=True`` only: the damping of the least-squares solve, a
+            number > 0 relative to the mean diagonal of the input's second moment (None:
+            ``DAMPING``, 0.3), or ``'auto'``: per layer, the damping of a log-scale grid
+            whose update, fitted on alternate calibration batches, best keeps the layer's
+            output on the others, then fitted on all of them (a layer where no damping beats
+            leaving it is left, with a warning).
+
+    Returns:
+        The groups pruned, each with its masked units; with a `budget`, a ``BudgetReport``:
+        the same list with what each group kept and the share achieved.
+
+    Raises:
+        TypeError: `model` is no torch module, or an argument of the wrong type.
+        ValueError: an amount, scope, criterion, budget or name out of range or matching
+            nothing, or `compensate` without `calibration`.
     """
     check_model(model, "prune_channels")
     amounts = {"channels": amount, "heads": heads, "hidden": hidden, "experts": experts}
