@@ -1,4 +1,4 @@
-"""Every public name says in its docstring what its signature cannot: the reference is built from them.
+"""Every public name says in its docstring what its signature cannot: the reference is made of them.
 
 The names: ``prunekit.__all__`` and every entry a page of docs/reference/ documents
 (``::: prunekit.export.export``). The docstrings are read as the site reads them (griffe, Google
@@ -37,7 +37,10 @@ _RETURNS = {griffe.DocstringSectionKind.returns, griffe.DocstringSectionKind.yie
 @cache
 def _package() -> griffe.Module:
     loaded = griffe.load(
-        "prunekit", search_paths=[str(ROOT / "src")], docstring_parser="google", resolve_aliases=False
+        "prunekit",
+        search_paths=[str(ROOT / "src")],
+        docstring_parser="google",
+        resolve_aliases=False,
     )
     assert isinstance(loaded, griffe.Module)
     return loaded
