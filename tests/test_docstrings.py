@@ -10,7 +10,10 @@ style, from the source without importing it), and:
 - a class documents each parameter of its constructor (a dataclass: its fields) under Args or
   Attributes, has at least one of the two when it takes parameters or has public attributes of
   its own, and a Raises section when its constructor raises;
-- an attribute (an alias, a constant) has a docstring.
+- an attribute (an alias, a constant) has a docstring;
+- a public method of such a class is a function as above, unless a base class defines it
+  (documented there: ``Identity.apply`` is ``BasePruningMethod.apply``) or the class derives
+  from another library's class (a Trainer's or Lightning's hooks, documented by them).
 """
 
 from __future__ import annotations
@@ -158,6 +161,26 @@ def class_problems(cls: griffe.Class) -> list[str]:
     return problems
 
 
+# bases from the standard library that define no methods a subclass overrides in prunekit
+_PLAIN_BASES = {"ABC", "object", "Exception", "RuntimeError", "ValueError", "TypeError"}
+
+
+def public_methods(cls: griffe.Class) -> list[griffe.Function]:
+    """The methods of `cls` its own docstrings must document (see the module's docstring)."""
+    external = [b for b in cls.bases if str(b).split("[")[0] not in _PLAIN_BASES]
+    if len(external) > len(cls.resolved_bases):  # another library's class: its hooks
+        return []
+    inherited = {name for base in cls.mro() for name in base.members}
+    return [
+        member
+        for name, member in cls.members.items()
+        if isinstance(member, griffe.Function)
+        and not name.startswith("_")
+        and "property" not in member.labels
+        and name not in inherited
+    ]
+
+
 def problems_of(dotted: str) -> list[str]:
     """What the public name's docstring lacks; [] when it has all it should."""
     obj = resolve(dotted)
@@ -166,7 +189,13 @@ def problems_of(dotted: str) -> list[str]:
     if isinstance(obj, griffe.Function):
         return function_problems(obj)
     if isinstance(obj, griffe.Class):
-        return class_problems(obj)
+        problems = class_problems(obj)
+        for method in public_methods(obj):
+            if method.docstring is None:
+                problems.append(f"{method.name}: no docstring")
+            else:
+                problems += [f"{method.name}: {problem}" for problem in function_problems(method)]
+        return problems
     return []
 
 

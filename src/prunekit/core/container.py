@@ -39,7 +39,15 @@ class PruningContainer(BasePruningMethod):
             self.add_pruning_method(method)
 
     def add_pruning_method(self, method: BasePruningMethod) -> None:
-        """Append `method`, which must prune the same tensor as the container."""
+        """Append `method`, which must prune the same tensor as the container.
+
+        Args:
+            method: a pruning method applied to the container's tensor after the others.
+
+        Raises:
+            TypeError: `method` is no BasePruningMethod.
+            ValueError: `method` prunes another tensor than the container's.
+        """
         if not isinstance(method, BasePruningMethod):
             raise type_error(
                 f"PruningContainer: invalid method of type {type(method).__name__}; "

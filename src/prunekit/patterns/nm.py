@@ -67,7 +67,19 @@ class NM(RowwisePattern):
         return (self.m - self.n) / self.m
 
     def check(self, shape: tuple[int, ...], amount: Amount) -> int:
-        """Check `amount` and a tensor's `shape` for this pattern; return the axis of the groups."""
+        """Check `amount` and a tensor's `shape` for this pattern.
+
+        Args:
+            shape: the shape of the tensor to prune.
+            amount: the amount asked, which must be ``(m - n) / m``.
+
+        Returns:
+            The axis of the groups, made non-negative.
+
+        Raises:
+            ValueError: the amount is not ``(m - n) / m``, the tensor is a scalar, `dim` is
+                out of its range, or its size along `dim` is not a multiple of `m`.
+        """
         owner = amount.owner
         value = amount.value
         if isinstance(value, numbers.Integral) or not math.isclose(
@@ -110,7 +122,16 @@ class NM(RowwisePattern):
 
     def pruned_groups(self, groups: Tensor, alive: Tensor | None) -> Tensor:
         """True where groups x m finite `groups` of scores lose an entry: the smallest
-        competing ones beyond the `n` largest of each group."""
+        competing ones beyond the `n` largest of each group.
+
+        Args:
+            groups: a (groups, m) tensor of finite scores, one row per group.
+            alive: bool flags of the entries still unpruned, shaped like `groups`; None:
+                all of them.
+
+        Returns:
+            Bool flags shaped like `groups`, True where the entry is pruned now.
+        """
         if alive is None:
             if self.m <= _RANKED and framework(groups) == "torch":
                 return _smallest_in_groups(groups, self.m - self.n)

@@ -168,7 +168,14 @@ class GradualPruner:
         return _label(self.criterion, self.pattern, self.scope)
 
     def amount_at(self, step: int) -> float:
-        """The schedule's sparsity at `step`, by its formula (0 before start_step)."""
+        """The schedule's sparsity at `step`, by its formula (0 before start_step).
+
+        Args:
+            step: a training step, an int >= 0.
+
+        Returns:
+            The sparsity the schedule gives at `step`, in [0, 1].
+        """
         return self.timetable.amount_at(step, OWNER)
 
     def prepare(self) -> None:
@@ -308,7 +315,11 @@ class GradualPruner:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs: step, amount, generator, masks, and the set-up
         (checked on load). Plain tensors and numbers: ``torch.load(weights_only=True)``
-        reads it."""
+        reads it.
+
+        Returns:
+            A dict for ``torch.save`` and ``load_state_dict``.
+        """
         masks = {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
         return pruner_state(self, masks, self._generator.get_state())
 
@@ -318,6 +329,9 @@ class GradualPruner:
         Load it before the model's state_dict, which then finds its ``_orig``/``_mask``
         keys. The state must come from a pruner set up the same way on the same model;
         if it does not fit, nothing changes.
+
+        Args:
+            state: what ``state_dict()`` returned (or ``torch.load`` read back).
         """
         checked = check_state(self, state, [_shape(t) for t in self.targets], OWNER)
         steps, amount, generator, masks = checked
@@ -349,6 +363,9 @@ class GradualPruner:
 
         An unpruned tensor ``fc.weight`` of `state_dict` is loaded into ``fc.weight_orig``;
         every other entry (biases, buffers) is loaded as it is, strictly.
+
+        Args:
+            state_dict: the model's state_dict taken earlier (before pruning, or pruned).
         """
         state = rewound_state(self.model, state_dict, OWNER)  # keys and shapes checked
         with transaction(self.model, writes=list(self.model.parameters())):

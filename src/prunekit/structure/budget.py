@@ -155,7 +155,16 @@ class Budget:
         object.__setattr__(self, "kinds", tuple(kinds))
 
     def floor_of(self, name: str) -> float:
-        """The least share of its units that the group called `name` keeps."""
+        """The least share of its units that the group called `name` keeps.
+
+        Args:
+            name: a group's name (``ChannelGroup.name``), matched against the globs of a
+                ``floor`` given per name.
+
+        Returns:
+            The share, in [0, 1]: the one ``floor`` number, or the first glob's that
+            matches `name` (0 when none does).
+        """
         if not isinstance(self.floor, tuple):
             return float(self.floor)  # type: ignore[arg-type]  # checked: a number
         return next((float(v) for k, v in self.floor if fnmatchcase(name, k)), 0.0)

@@ -65,9 +65,27 @@ class GroupCriterion:
         batches: list[Any] | None,
         loss: Loss | None,
     ) -> None:
-        """Gather what the scores need (nothing, for a criterion of the weights alone)."""
+        """Gather what the scores need (nothing, for a criterion of the weights alone).
+
+        Args:
+            model: the model being pruned; it must be left as it was.
+            groups: the groups that will be scored.
+            batches: the calibration batches, or None where none were given.
+            loss: ``loss(output, batch)`` for criteria of gradients (``uses_loss``), or None.
+        """
 
     def scores(self, group: ChannelGroup) -> Tensor:
+        """One score per unit of `group`; every subclass writes it.
+
+        Args:
+            group: a channel group of the model ``prepare`` saw.
+
+        Returns:
+            A 1-D tensor of ``group.size`` scores, higher for units kept longer.
+
+        Raises:
+            NotImplementedError: the subclass defines no ``scores``.
+        """
         raise NotImplementedError(f"{type(self).__name__} defines no scores(group)")
 
     def __call__(self, group: ChannelGroup) -> Tensor:
