@@ -25,9 +25,11 @@ _RANKED = 8
 
 
 class NM(RowwisePattern):
-    """In every group of `m` consecutive entries along `dim` (default 1: the input features
+    """Keeps `n` of every `m` consecutive entries: the layout sparse tensor cores run (2:4).
+
+    In every group of `m` consecutive entries along `dim` (default 1: the input features
     of a Linear weight, the input channels of a convolution's), the `m - n` of smallest
-    score are pruned and `n` are kept: the layout sparse tensor cores run (2:4).
+    score are pruned and `n` are kept.
 
     The amount is fixed by the pattern: it must be the fraction ``(m - n) / m`` (0.5 for
     2:4 and 4:8). The size along `dim` must be a multiple of `m`. Entries pruned before stay

@@ -32,14 +32,15 @@ from prunekit.structure.saving.hfbuild import pretrained_mismatches
 
 @dataclass(frozen=True)
 class CompactReport:
-    """What compaction removed and what it changed (latencies: median ms of one forward on
-    the example inputs, on this CPU, the masked and the compacted model run alternately;
-    `latency` holds their paired ratio and its spread; all None when not measured).
-    `not_rebuilt`: for a Hugging Face model, the tensors whose shapes ``from_pretrained``
-    would not rebuild from the updated config, and the float attributes it would build with
-    other values (an embedding scale kept where a tied weight could not take the ratio)
-    (compact then warns: save_compacted and load_compacted(folder) rebuild it); empty when
-    a save_pretrained round trip works.
+    """What compaction removed and what it changed; ``str()`` is a short table.
+
+    Latencies: median ms of one forward on the example inputs, on this CPU, the masked and
+    the compacted model run alternately; `latency` holds their paired ratio and its spread;
+    all None when not measured. `not_rebuilt`: for a Hugging Face model, the tensors whose
+    shapes ``from_pretrained`` would not rebuild from the updated config, and the float
+    attributes it would build with other values (an embedding scale kept where a tied weight
+    could not take the ratio) (compact then warns: save_compacted and load_compacted(folder)
+    rebuild it); empty when a save_pretrained round trip works.
 
     Attributes:
         groups: how many channel groups lost units.

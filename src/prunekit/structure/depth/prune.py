@@ -38,9 +38,7 @@ _OWNER = "prune_blocks"
 
 @dataclass(frozen=True)
 class BlockPruning:
-    """What ``prune_blocks`` skipped: the ModuleList's name, the blocks (indices), the
-    scores (one per block, or per span start for 'angular'; lower goes first), and each
-    span replaced by a linear map with the projection it folds into.
+    """What ``prune_blocks`` skipped; ``str()`` says it in a few lines.
 
     Attributes:
         blocks: the dotted name of the ModuleList of blocks (``'model.layers'``).

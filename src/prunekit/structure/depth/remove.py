@@ -38,10 +38,7 @@ _OWNER = "remove_blocks"
 
 @dataclass(frozen=True)
 class BlockRemoval:
-    """What ``remove_blocks`` did: the ModuleList, the indices removed (as they were), the
-    projections a replacement map was folded into, parameters, the config fields set, and
-    the output check on the example inputs (the largest difference from the skipped model
-    and the largest output; None where no example inputs ran).
+    """What ``remove_blocks`` did; ``str()`` says it in a few lines.
 
     Attributes:
         blocks: the dotted name of the ModuleList the blocks were removed from.
