@@ -181,7 +181,7 @@ def _documented() -> list[str]:
         for path in re.findall(r"^::: (prunekit(?:\.\w+)+)\s*$", page.read_text("utf-8"), re.M):
             module, _, name = path.rpartition(".")
             found = getattr(importlib.import_module(module), name)
-            if found is getattr(prunekit, name, None):
+            if name in prunekit.__all__ and found is getattr(prunekit, name):
                 names.append(name)
     return names
 
