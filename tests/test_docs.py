@@ -14,11 +14,15 @@ twice, by two different readings of the page).
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+import yaml
 
 import prunekit
 
@@ -169,9 +173,16 @@ def test_readme_keeps_the_test_command() -> None:
 
 
 def _documented() -> list[str]:
+    """The names of prunekit the reference's ``::: prunekit.<path>`` lines document: the
+    path's last name where the object there is ``prunekit.<name>`` itself (``report`` for
+    ``prunekit.report.report``, the function over the module of that name)."""
     names: list[str] = []
     for page in sorted((DOCS / "reference").glob("*.md")):
-        names += re.findall(r"^::: prunekit\.(\w+)\s*$", page.read_text(encoding="utf-8"), re.M)
+        for path in re.findall(r"^::: (prunekit(?:\.\w+)+)\s*$", page.read_text("utf-8"), re.M):
+            module, _, name = path.rpartition(".")
+            found = getattr(importlib.import_module(module), name)
+            if name in prunekit.__all__ and found is getattr(prunekit, name):
+                names.append(name)
     return names
 
 
@@ -182,6 +193,46 @@ def test_reference_lists_every_public_name() -> None:
     assert sorted(public - set(documented)) == [], "add them to a page of docs/reference/"
     assert sorted(set(documented) - public) == []
     assert len(documented) == len(set(documented))
+
+
+def _hook() -> ModuleType:
+    """docs/hooks/reference_index.py, the build's hook that writes the reference's index."""
+    spec = importlib.util.spec_from_file_location(
+        "reference_index", DOCS / "hooks" / "reference_index.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_index_is_generated() -> None:
+    """The index's tables are made from the pages and the docstrings: one row per entry of
+    every reference page, named as prunekit exports it, with the docstring's first words."""
+    hook = _hook()
+    config = yaml.load((ROOT / "mkdocs.yml").read_text("utf-8"), Loader=yaml.BaseLoader)
+    assert "docs/hooks/reference_index.py" in config["hooks"]
+    index = (DOCS / "reference" / "index.md").read_text("utf-8")
+    assert hook.MARKER in index and "| --- |" not in index, "the index's table is generated"
+    pages = hook.reference_pages(config["nav"])
+    assert sorted(pages) == sorted(
+        f"reference/{p.name}" for p in (DOCS / "reference").glob("*.md") if p.name != "index.md"
+    )
+    tables = hook.index_tables(ROOT, DOCS, config["nav"])
+    rows = [line for line in tables.splitlines() if line.startswith("| [`")]
+    entries = [e for p in pages for e in hook.entries((DOCS / p).read_text("utf-8"))]
+    assert len(rows) == len(entries)
+    for name in set(prunekit.__all__) - {"__version__"}:
+        found = getattr(prunekit, name)
+        own = getattr(found, "__name__", name) == name  # PruningBase: the class's own doc
+        first = " ".join((found.__doc__ or "").split())[:30] if own else ""
+        assert any(row.startswith(f"| [`{name}`]") and first in row for row in rows), name
+    assert any(
+        row.startswith("| [`report`](model.md#prunekit.report.report) | function") for row in rows
+    )
+    assert any(
+        row.startswith("| [`export.export`](export.md#prunekit.export.export)") for row in rows
+    )
 
 
 def test_expected_output_reads_loops() -> None:

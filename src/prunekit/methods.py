@@ -34,7 +34,12 @@ __all__ = [
 
 
 class Identity(BasePruningMethod):
-    """Prunes nothing: installs the reparameterization with a mask of ones."""
+    """Prunes nothing: installs the reparameterization with a mask of ones.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``: a later pruning of the same tensor ranks all its
+            entries.
+    """
 
     PRUNING_TYPE = "unstructured"
 
@@ -55,6 +60,23 @@ class Pruning(BasePruningMethod):
     PruningContainer compositions and in global_unstructured (which then ranks all
     tensors together without concatenating them). `amount` is a fraction in [0, 1] or a
     count of units (entries, or channels for Channels).
+
+    Args:
+        amount: the share of the tensor to prune, a float in [0, 1], or a count of units (an
+            int: entries, or channels under ``Channels``).
+        criterion: what ranks the entries (lowest pruned first); ``None`` means
+            ``Magnitude()``.
+        pattern: how the scores and the amount become a mask; ``None`` means
+            ``Unstructured()``.
+
+    Attributes:
+        PRUNING_TYPE: the pattern's: how a later pruning of the same tensor in a
+            PruningContainer sees what this one left.
+
+    Raises:
+        TypeError: `criterion` is not a ``prunekit.Criterion`` or `pattern` not a
+            ``prunekit.Pattern``, or `amount` is neither an int nor a float.
+        ValueError: `amount` is a negative int or a float outside [0, 1].
     """
 
     PRUNING_TYPE = "unstructured"  # instances take their pattern's
@@ -129,7 +151,12 @@ class Pruning(BasePruningMethod):
 
 
 class RandomUnstructured(Pruning):
-    """Prunes `amount` entries chosen uniformly at random (Random x Unstructured)."""
+    """Prunes `amount` entries chosen uniformly at random (Random x Unstructured).
+
+    Args:
+        amount: a fraction of the entries in [0, 1], or a count of them (an int); the same
+            rules as ``Pruning``. The draw follows ``torch.manual_seed``.
+    """
 
     PRUNING_TYPE = "unstructured"
 
@@ -143,7 +170,11 @@ class RandomUnstructured(Pruning):
 
 
 class L1Unstructured(Pruning):
-    """Prunes the `amount` entries of smallest absolute value (Magnitude x Unstructured)."""
+    """Prunes the `amount` entries of smallest absolute value (Magnitude x Unstructured).
+
+    Args:
+        amount: a fraction of the entries in [0, 1], or a count of them (an int).
+    """
 
     PRUNING_TYPE = "unstructured"
 
@@ -163,7 +194,13 @@ class L1Unstructured(Pruning):
 
 
 class RandomStructured(Pruning):
-    """Prunes `amount` channels along `dim` chosen uniformly at random (Random x Channels)."""
+    """Prunes `amount` channels along `dim` chosen uniformly at random (Random x Channels).
+
+    Args:
+        amount: a fraction of the channels in [0, 1], or a count of them (an int).
+        dim: the axis whose slices are the channels (``0``: the output channels of a Linear
+            or Conv weight; ``-1``, the default, the last axis).
+    """
 
     PRUNING_TYPE = "structured"
 
@@ -187,6 +224,19 @@ class LnStructured(Pruning):
     `n` is a positive number, ``inf``, ``-inf``, ``'fro'`` or ``'nuc'`` (the
     nuclear norm needs a 3-D tensor: two axes besides `dim`). ``'fro'`` works
     on tensors of any rank, as the 2-norm of each channel.
+
+    Args:
+        amount: a fraction of the channels in [0, 1], or a count of them (an int).
+        n: the norm order that ranks the channels (``1``, ``2``, ``inf``, ``-inf``, ``'fro'``,
+            ``'nuc'``).
+        dim: the axis whose slices are the channels (``-1`` by default, the last one).
+
+    Attributes:
+        n: the norm order, as given.
+
+    Raises:
+        TypeError: `dim` is not an int, or `amount` neither an int nor a float.
+        ValueError: `n` is not a norm order torch accepts, or `amount` is out of range.
     """
 
     PRUNING_TYPE = "structured"
@@ -216,7 +266,15 @@ class LnStructured(Pruning):
 
 
 class CustomFromMask(BasePruningMethod):
-    """Prunes the entries where a given mask of 0s and 1s holds 0."""
+    """Prunes the entries where a given mask of 0s and 1s holds 0.
+
+    Args:
+        mask: a tensor of the pruned tensor's shape, holding only 0 and 1 (or a bool
+            tensor); it is checked here and against the tensor's shape when applied.
+
+    Attributes:
+        mask: the mask as given (not copied).
+    """
 
     PRUNING_TYPE = "global"
 

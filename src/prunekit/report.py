@@ -80,7 +80,15 @@ class TensorRow:
 
 @dataclass(frozen=True)
 class Report:
-    """The rows of a report, one per tensor, and their totals."""
+    """The rows of a report, one per tensor, and their totals.
+
+    ``str()`` is a text table; ``to_dict()``, ``to_json()``, ``rich_table()`` and ``plot()`` are
+    the other renderings.
+
+    Attributes:
+        rows: one row per tensor (name, shape, dtype, entries, zeros, whether masked, the
+            method), in the model's or state_dict's order.
+    """
 
     rows: tuple[TensorRow, ...]
 
@@ -116,6 +124,12 @@ class Report:
         raise KeyError(f"no tensor named {name!r} in this report")
 
     def totals(self) -> dict[str, Any]:
+        """The sums over all rows.
+
+        Returns:
+            ``tensors``, ``masked`` (how many carry a mask), ``numel``, ``zeros``,
+            ``nonzeros``, ``sparsity``, ``dense_bytes`` and ``sparse_bytes``, by name.
+        """
         return {
             "tensors": len(self.rows),
             "masked": sum(r.masked for r in self.rows),
@@ -128,9 +142,22 @@ class Report:
         }
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data, for JSON or a table of your own.
+
+        Returns:
+            ``{"tensors": [one dict per row], "totals": self.totals()}``.
+        """
         return {"tensors": [r.to_dict() for r in self.rows], "totals": self.totals()}
 
     def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text.
+
+        Args:
+            indent: the indent of ``json.dumps``; None writes one line.
+
+        Returns:
+            ``to_dict()`` as JSON.
+        """
         return json.dumps(self.to_dict(), indent=indent)
 
     def __str__(self) -> str:
@@ -158,7 +185,17 @@ class Report:
         return "\n".join(lines)
 
     def rich_table(self, title: str | None = None) -> Any:
-        """The report as a ``rich.table.Table`` (needs the 'cli' extra)."""
+        """The report as a ``rich.table.Table`` (needs the 'cli' extra).
+
+        Args:
+            title: the table's title (shown as it is, never read as rich markup); None: none.
+
+        Returns:
+            A ``rich.table.Table`` with a footer of totals and a caption of the sizes.
+
+        Raises:
+            ImportError: rich is not installed (``pip install 'prunekit[cli]'``).
+        """
         table_mod = require("rich.table", "cli", "Report.rich_table")
         text = require("rich.text", "cli", "Report.rich_table").Text  # names are no markup
         table = table_mod.Table(
@@ -180,7 +217,18 @@ class Report:
         return table
 
     def plot(self, path: str | os.PathLike[str], title: str | None = None) -> Path:
-        """Draw the sparsity of each tensor as horizontal bars into the PNG `path`."""
+        """Draw the sparsity of each tensor as horizontal bars into the PNG `path`.
+
+        Args:
+            path: the PNG file to write (replaced if it exists).
+            title: the chart's title; None: the overall sparsity.
+
+        Returns:
+            `path`, as a ``Path``.
+
+        Raises:
+            ImportError: matplotlib is not installed (``pip install 'prunekit[cli]'``).
+        """
         figure_mod = require("matplotlib.figure", "cli", "Report.plot")
         names = [r.name for r in self.rows]
         values = [100 * r.sparsity for r in self.rows]

@@ -20,6 +20,13 @@ class PruningContainer(BasePruningMethod):
 
     Its mask is the last method's mask computed on the part of the tensor the
     previous ones left, as that method's PRUNING_TYPE defines.
+
+    Args:
+        *methods: the methods already applied to the tensor, oldest first; all must prune
+            the same tensor (``add_pruning_method`` checks each).
+
+    Attributes:
+        PRUNING_TYPE: ``"global"``: a pruning added later sees the whole tensor.
     """
 
     PRUNING_TYPE = "global"
@@ -32,7 +39,15 @@ class PruningContainer(BasePruningMethod):
             self.add_pruning_method(method)
 
     def add_pruning_method(self, method: BasePruningMethod) -> None:
-        """Append `method`, which must prune the same tensor as the container."""
+        """Append `method`, which must prune the same tensor as the container.
+
+        Args:
+            method: a pruning method applied to the container's tensor after the others.
+
+        Raises:
+            TypeError: `method` is no BasePruningMethod.
+            ValueError: `method` prunes another tensor than the container's.
+        """
         if not isinstance(method, BasePruningMethod):
             raise type_error(
                 f"PruningContainer: invalid method of type {type(method).__name__}; "

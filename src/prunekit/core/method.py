@@ -44,6 +44,12 @@ class BasePruningMethod(BoundToModule, ABC):
     PRUNING_TYPE tells a PruningContainer which entries a later pruning ranks:
     'unstructured' the entries still unpruned, 'structured' the channels (along
     ``self.dim``) not yet fully pruned, 'global' all entries.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``, ``"structured"`` or ``"global"``, set by each
+            subclass.
+        reuse_masked: whether a forward without gradients may reuse the product mask x orig
+            it made before (True by default; ``prunekit.forward_reuse`` sets it).
     """
 
     PRUNING_TYPE: str
@@ -85,10 +91,26 @@ class BasePruningMethod(BoundToModule, ABC):
 
     @abstractmethod
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
-        """Return the mask for scores `t`; entries zero in `default_mask` stay zero."""
+        """Return the mask for scores `t`; entries zero in `default_mask` stay zero.
+
+        Args:
+            t: the scores: the tensor's values, or the importance scores given for it.
+            default_mask: the mask so far (ones for a tensor not pruned yet), shaped like
+                `t`.
+
+        Returns:
+            A mask of 0s and 1s shaped like `t`, in the dtype of `default_mask`.
+        """
 
     def apply_mask(self, module: nn.Module) -> Tensor:
-        """Return mask * orig for the tensor this method prunes in `module`."""
+        """Return mask * orig for the tensor this method prunes in `module`.
+
+        Args:
+            module: the module holding ``<name>_orig`` and ``<name>_mask``.
+
+        Returns:
+            The masked tensor, in the dtype of ``<name>_orig``.
+        """
         name = self._require_name()
         mask = getattr(module, mask_name(name))
         orig = getattr(module, orig_name(name))
@@ -108,6 +130,18 @@ class BasePruningMethod(BoundToModule, ABC):
 
         If the tensor is already pruned, the new method is composed with the
         old one in a PruningContainer, which is returned instead.
+
+        Args:
+            module: the module holding the tensor.
+            name: the tensor's name in `module` (``'weight'``).
+            *args: the method's constructor arguments (``amount``, ...).
+            importance_scores: scores to rank by instead of the tensor's values, shaped
+                like it; None ranks the values.
+            **kwargs: the method's constructor arguments by name.
+
+        Returns:
+            The hook installed on `module`: the method, or the PruningContainer that holds
+            it.
         """
         from prunekit.core.install import install  # noqa: PLC0415 (a cycle: install builds on this module)
 
@@ -120,7 +154,19 @@ class BasePruningMethod(BoundToModule, ABC):
         default_mask: Tensor | None = None,
         importance_scores: Tensor | None = None,
     ) -> Tensor:
-        """Return `t` pruned by this method, without touching any module."""
+        """Return `t` pruned by this method, without touching any module.
+
+        Args:
+            t: the tensor to prune.
+            default_mask: the mask so far, shaped like `t`; None: ones.
+            importance_scores: scores to rank by instead of `t`'s values, shaped like `t`.
+
+        Returns:
+            `t` times the mask computed.
+
+        Raises:
+            ValueError: `importance_scores` is not shaped like `t`.
+        """
         ns = common_namespace(
             f"{type(self).__name__}.prune",
             t=t,
@@ -201,6 +247,12 @@ class BasePruningMethod(BoundToModule, ABC):
         The Parameter object is the one that was pruned, so optimizers holding it
         keep working. ``<name>_orig`` and ``<name>_mask`` are dropped; the hook is
         not (functional.remove() drops it).
+
+        Args:
+            module: the module holding the tensor this method pruned.
+
+        Raises:
+            ValueError: `module` holds no ``<name>_orig`` and ``<name>_mask``.
         """
         name = self._require_name()
         orig = module._parameters.get(orig_name(name))
@@ -232,6 +284,7 @@ class BasePruningMethod(BoundToModule, ABC):
 
 
 PruningBase = BasePruningMethod
+"""Another name of ``BasePruningMethod``, the same class."""
 
 
 def construct(cls: type[BasePruningMethod], args: Any, kwargs: Any, where: str) -> Any:

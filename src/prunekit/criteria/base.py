@@ -31,6 +31,10 @@ class Criterion(ABC):
     (or when the scores are never negative, where it is the same). Either way the
     selection reads them chunk by chunk, without sorting and without concatenating
     tensors; with negative scores ranked by signed value it first checks that there are.
+
+    Attributes:
+        by_magnitude: True when the entries rank by the absolute value of their scores,
+            False (the default) by the signed value.
     """
 
     by_magnitude: ClassVar[bool] = False
@@ -42,11 +46,29 @@ class Criterion(ABC):
 
     @abstractmethod
     def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
-        """One score per entry of `values`, shaped like it."""
+        """One score per entry of `values`, shaped like it.
+
+        Args:
+            values: the tensor's current values, or the importance scores a caller gave.
+            target: the tensor's ``(module, name)`` where known (None in
+                ``method.prune(t)``), for criteria that keep what they learned per module.
+
+        Returns:
+            A floating-point tensor shaped like `values`; the lowest scores are pruned first.
+        """
 
     def channel_scores(self, values: Tensor, dim: int, target: TensorRef = None) -> Tensor | None:
         """One score per channel along `dim`, for patterns that prune whole channels; None
-        (the default) lets the pattern reduce the entries' scores with its norm."""
+        (the default) lets the pattern reduce the entries' scores with its norm.
+
+        Args:
+            values: the tensor's current values, or the importance scores a caller gave.
+            dim: the axis of the channels.
+            target: the tensor's ``(module, name)`` where known.
+
+        Returns:
+            A 1-D tensor of ``values.shape[dim]`` scores, or None.
+        """
         return None
 
     def _source(self, values: Tensor, alive: Tensor | None, target: TensorRef) -> Source:

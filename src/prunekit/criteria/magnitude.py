@@ -12,7 +12,11 @@ __all__ = ["Magnitude"]
 
 class Magnitude(Criterion):
     """The entries of smallest absolute value go first; channels by the norm of their
-    entries (the pattern's norm order)."""
+    entries (the pattern's norm order).
+
+    Attributes:
+        by_magnitude: True: the tensor's values are the scores, ranked by absolute value.
+    """
 
     by_magnitude = True
     _values_are_scores = True

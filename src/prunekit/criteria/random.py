@@ -18,7 +18,11 @@ __all__ = ["Random"]
 
 class Random(Criterion):
     """Uniform noise as scores, drawn from the framework's global generator, so
-    ``torch.manual_seed`` makes a pruning repeatable."""
+    ``torch.manual_seed`` makes a pruning repeatable.
+
+    Attributes:
+        by_magnitude: True: noise in [0, 1) is never negative.
+    """
 
     by_magnitude = True  # noise is never negative
     _compact = True

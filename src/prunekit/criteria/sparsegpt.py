@@ -61,7 +61,18 @@ least loss (`_least_loss`); larger ones by each column's saliency."""
 class SparseGPT:
     """SparseGPT's settings: `damp` adds ``damp * mean(diag(H))`` to the Hessian's diagonal
     (it must be positive definite); `blocksize` columns are pruned and updated at a time
-    (a multiple of m for an NM pattern)."""
+    (a multiple of m for an NM pattern).
+
+    Args:
+        damp: the share of the Hessian's mean diagonal added to its diagonal, a finite
+            float >= 0 (0.01 by default); raise it when the Hessian is reported singular.
+        blocksize: how many columns are pruned and compensated at a time, an int >= 1 (128 by
+            default); larger blocks choose the mask over more columns at once.
+
+    Raises:
+        TypeError: `damp` or `blocksize` is not a number (`blocksize` not an int).
+        ValueError: `damp` is negative or not finite, or `blocksize` is below 1.
+    """
 
     damp: float = 0.01
     blocksize: int = 128

@@ -17,7 +17,16 @@ __all__ = ["Taylor", "taylor_product", "taylor_step"]
 
 class Taylor(Criterion):
     """Scores given as accumulated ``|W * grad|``: one tensor, or a mapping from
-    ``(module, name)`` to each tensor's, as ``prunekit.calibrate`` collects them."""
+    ``(module, name)`` to each tensor's (``prune_model(..., method="taylor")`` collects them
+    itself).
+
+    Args:
+        saliency: the accumulated ``|W * grad|`` of the tensor ranked, shaped like it; or a
+            mapping from ``(module, name)`` to each tensor's.
+
+    Attributes:
+        saliency: the scores as given; ``release()`` empties it once the masks are made.
+    """
 
     by_magnitude = True
 

@@ -21,8 +21,16 @@ class Wanda(Criterion):
     a convolution's or a transposed weight: see criteria.layers.entry_norms).
 
     `norms` is one tensor (for whatever tensor is ranked) or a mapping from modules to
-    theirs, as ``prunekit.calibrate`` collects them. Pair it with PerRow for Wanda as
-    published (every output row loses the same share), or with NM for 2:4.
+    theirs (``prune_model(..., method="wanda")`` collects them itself). Pair it with PerRow
+    for Wanda as published (every output row loses the same share), or with NM for 2:4.
+
+    Args:
+        norms: the L2 norm of each input feature over the calibration data: one tensor, or a
+            mapping from each module to its own (a tensor ranked without its module, as in
+            ``method.prune(t)``, then has no norms). A norm must not be negative.
+
+    Attributes:
+        norms: the norms as given (not copied).
     """
 
     by_magnitude = True  # |W| * norm is never negative

@@ -25,6 +25,7 @@ __all__ = ["FORMATS", "WRITERS", "ExportReport", "Request", "export"]
 
 # every format, and whether it is a folder (True) or one file (False)
 FORMATS: dict[str, bool] = {"hf": True, "deci": True, "gguf": False, "onnx": False}
+"""The formats ``export`` writes, each with whether it writes a folder (True) or one file."""
 
 
 Writer = Callable[[nn.Module, Path, Request], ExportReport]

@@ -174,15 +174,41 @@ def prune_sharded(
     global_pruning: bool | None = None,
 ) -> ShardedResult:
     """Prune the sharded checkpoint at `path` into the folder `out` (made if missing): the
-    same shard files and an index, with the options of prune_state_dict (`scope`,
-    `include`, `exclude`, ...; ``global_pruning=`` is the old name of ``scope='global'``).
+    same shard files and an index, with the options of ``prune_state_dict``.
+
+    The tensors are read from the shards as they are needed (a checkpoint larger than memory
+    prunes), and the output folder is swapped in whole once written: a failure or a kill
+    leaves it as it was. Every argument is checked before a shard is read.
+
+    Args:
+        path: a sharded safetensors checkpoint: its folder, or its
+            ``model.safetensors.index.json``. ``<name>_orig`` + ``<name>_mask`` pairs are
+            pruned further.
+        out: the output folder, apart from the input one (its parent must exist): the
+            same shard files and the index are written there.
+        method: ``'l1'``, ``'random'`` (unstructured) or ``'ln'`` (channels along `dim`,
+            ranked by the L`n` norm).
+        amount: a fraction in [0, 1] or a count (entries; channels for ``'ln'``).
+        n: ``'ln'`` only: the norm order (2 by default).
+        dim: ``'ln'`` only: the axis of the channels (0 by default).
+        scope: ``'layer'`` (`amount` of each tensor) or ``'global'`` (of all the selected
+            tensors together; ``'l1'`` and ``'random'``).
+        include: globs of the tensors to prune (``('*',)``: every floating-point tensor of
+            2 or more dims).
+        exclude: globs of the tensors to leave out.
+        keep_masks: write each pruned tensor as ``<name>_orig`` and ``<name>_mask``, as a
+            pruned model saves it, instead of making the pruning permanent.
+        seed: seeds the ``'random'`` method (torch's generator is left as it was).
+        global_pruning: the old name of ``scope='global'`` (a FutureWarning).
 
     Returns:
         The index written, the names pruned, their entries and zeros.
 
     Raises:
-        TypeError, ValueError: a bad argument or glob; CheckpointError: a checkpoint or
-            folder that cannot be read or written (the output left as it was).
+        TypeError: an argument or glob of the wrong type.
+        ValueError: an argument or glob out of range, or a method the arguments do not fit.
+        CheckpointError: a checkpoint or folder that cannot be read or written, or too
+            little free disk for the output (the output left as it was).
     """
     scope = scope_from("prune_sharded", scope, global_pruning)
     check_method(method, amount, n, dim, scope)  # before any shard is read

@@ -98,16 +98,21 @@ def prune_streamed(
         sequential: True (block by block) or 'layers' (in each block, group by group);
             None: the method's own, as prune_model's. False (one pass of the whole
             model) cannot stream.
-        damp: SparseGPT's dampening; blocksize: its columns updated at a time.
+        damp: SparseGPT's dampening, the share of the Hessian's mean diagonal added to its
+            diagonal (see ``prunekit.SparseGPT``); Wanda ignores it.
+        blocksize: SparseGPT's columns pruned and updated at a time; Wanda ignores it.
         progress: a bar on stderr (default: when stderr is a terminal).
 
     Returns:
         The index written, the names pruned, their entries and zeros, the blocks.
 
     Raises:
-        TypeError, ValueError: a bad argument or batch, or a model family not streamed;
-            CheckpointError: a folder that cannot be read or written. The output is left
-            as it was.
+        TypeError: an argument or batch of the wrong type.
+        ValueError: a bad argument or batch, or a model family not streamed.
+        CheckpointError: a folder that cannot be read or written, or too little free disk
+            for the output.
+
+    The output is left as it was on any error.
     """
     config = _config(method, amount, pattern, sequential, damp, blocksize, progress)
     batches = cal.batch_list(calibration, OWNER)

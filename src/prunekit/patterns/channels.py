@@ -34,6 +34,16 @@ class Channels(Pattern):
     L`norm` norm of its entries' scores: `norm` is a positive number, ``inf``, ``-inf``,
     ``'fro'`` (the 2-norm, any rank) or ``'nuc'`` (the nuclear norm: two axes besides
     `dim`).
+
+    Args:
+        dim: the axis whose slices are the channels (``0``: a Linear's or convolution's output
+            channels; the default ``-1``, the last axis).
+        norm: the norm order that reduces a channel's entry scores to one score (2 by
+            default).
+
+    Raises:
+        TypeError: `dim` is not an int.
+        ValueError: `norm` is not a norm order torch accepts.
     """
 
     PRUNING_TYPE = "structured"

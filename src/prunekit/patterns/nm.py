@@ -25,15 +25,30 @@ _RANKED = 8
 
 
 class NM(RowwisePattern):
-    """In every group of `m` consecutive entries along `dim` (default 1: the input features
+    """Keeps `n` of every `m` consecutive entries: the layout sparse tensor cores run (2:4).
+
+    In every group of `m` consecutive entries along `dim` (default 1: the input features
     of a Linear weight, the input channels of a convolution's), the `m - n` of smallest
-    score are pruned and `n` are kept: the layout sparse tensor cores run (2:4).
+    score are pruned and `n` are kept.
 
     The amount is fixed by the pattern: it must be the fraction ``(m - n) / m`` (0.5 for
     2:4 and 4:8). The size along `dim` must be a multiple of `m`. Entries pruned before stay
     pruned: a group keeps at most `n` of the entries it still has, so a group with `n` or
     fewer left loses nothing more. Ties go to the lower index within the group. Every group
     of the result holds at most `n` non-zero entries.
+
+    Args:
+        n: the entries kept in every group, an int with ``1 <= n < m``.
+        m: the size of a group of consecutive entries (4 for 2:4).
+        dim: the axis along which the groups run (1 by default: a Linear weight's input
+            features).
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``: a later pruning ranks the entries still unpruned.
+
+    Raises:
+        TypeError: `n`, `m` or `dim` is not an int (a bool is not one).
+        ValueError: not ``1 <= n < m``.
     """
 
     PRUNING_TYPE = "unstructured"  # a later pruning ranks the entries still unpruned
@@ -54,7 +69,19 @@ class NM(RowwisePattern):
         return (self.m - self.n) / self.m
 
     def check(self, shape: tuple[int, ...], amount: Amount) -> int:
-        """Check `amount` and a tensor's `shape` for this pattern; return the axis of the groups."""
+        """Check `amount` and a tensor's `shape` for this pattern.
+
+        Args:
+            shape: the shape of the tensor to prune.
+            amount: the amount asked, which must be ``(m - n) / m``.
+
+        Returns:
+            The axis of the groups, made non-negative.
+
+        Raises:
+            ValueError: the amount is not ``(m - n) / m``, the tensor is a scalar, `dim` is
+                out of its range, or its size along `dim` is not a multiple of `m`.
+        """
         owner = amount.owner
         value = amount.value
         if isinstance(value, numbers.Integral) or not math.isclose(
@@ -97,7 +124,16 @@ class NM(RowwisePattern):
 
     def pruned_groups(self, groups: Tensor, alive: Tensor | None) -> Tensor:
         """True where groups x m finite `groups` of scores lose an entry: the smallest
-        competing ones beyond the `n` largest of each group."""
+        competing ones beyond the `n` largest of each group.
+
+        Args:
+            groups: a (groups, m) tensor of finite scores, one row per group.
+            alive: bool flags of the entries still unpruned, shaped like `groups`; None:
+                all of them.
+
+        Returns:
+            Bool flags shaped like `groups`, True where the entry is pruned now.
+        """
         if alive is None:
             if self.m <= _RANKED and framework(groups) == "torch":
                 return smallest_in_short_rows(groups, self.m - self.n)

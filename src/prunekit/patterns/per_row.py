@@ -30,6 +30,13 @@ class PerRow(RowwisePattern):
     has fewer entries left. Entries pruned before stay pruned. Ties go to the lower index
     within the row. Several tensors given at once (global pruning) are pruned row by row
     all the same: a row is a row, whichever tensor holds it.
+
+    Args:
+        dim: the axis of the rows (0 by default); each slice along it is pruned on its own,
+            and tensors of fewer than 2 dims are refused when pruned.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``: a later pruning ranks the entries still unpruned.
     """
 
     PRUNING_TYPE = "unstructured"  # a later pruning ranks the entries still unpruned

@@ -28,6 +28,10 @@ class Unstructured(Pattern):
     Several tensors rank together as if concatenated, without being concatenated: the
     selection reads them chunk by chunk (global pruning). Ties go to the earlier tensor,
     then the lower flat index.
+
+    Attributes:
+        PRUNING_TYPE: ``"unstructured"``: a later pruning ranks the entries still unpruned.
+        fuses_products: True: scores x mask are written in the selection's own pass.
     """
 
     PRUNING_TYPE = "unstructured"

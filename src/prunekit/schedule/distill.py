@@ -175,7 +175,18 @@ class Distiller:
         self.hidden_weight = float(hidden_weight)
 
     def teacher_output(self, inputs: Any, device: torch.device | None = None) -> Any:
-        """The teacher's output on `inputs` (no gradients, eval mode)."""
+        """The teacher's output on `inputs` (no gradients, eval mode).
+
+        Args:
+            inputs: a batch as the student takes it: a tensor, a tuple of positional
+                arguments or a mapping of keyword ones (``labels`` is left out).
+            device: where the teacher runs; it is moved there first if it is elsewhere.
+                None: where it is.
+
+        Returns:
+            The teacher's output, as its forward returns it (with the hidden states when
+            ``hidden_weight`` is set); the teacher's modes are put back afterwards.
+        """
         args, kwargs = _split(inputs)
         kwargs.pop("labels", None)
         if self.hidden_weight:

@@ -18,7 +18,21 @@ __all__ = ["Gradual", "find_gradual"]
 
 
 class Gradual(CustomFromMask):
-    """Prunes where the mask is 0; the mask is rewritten in place by its GradualPruner."""
+    """Prunes where the mask is 0; the mask is rewritten in place by its GradualPruner.
+
+    A ``GradualPruner`` installs one on each tensor it prunes; a report names it
+    ``Gradual(L1, 0.62)`` (`label`, `amount`).
+
+    Args:
+        mask: the tensor's mask of 0s and 1s; once installed, the hook holds the module's
+            ``<name>_mask`` buffer itself, which the pruner rewrites.
+        label: what prunes, as a report shows it (``'L1'``, ``'L2 channels'``).
+        amount: the sparsity the mask holds now.
+
+    Attributes:
+        label: as given.
+        amount: as given; the pruner updates it at each update step.
+    """
 
     PRUNING_TYPE = "global"
 

@@ -41,7 +41,21 @@ STATE_KEY = "prunekit.GradualPruner"
 
 
 class GradualPruningCallback(TrainerCallback):
-    """Steps `pruner` with the Trainer's optimizer steps and checkpoints its state."""
+    """Steps `pruner` with the Trainer's optimizer steps and checkpoints its state.
+
+    The pruner's state goes into every checkpoint's ``trainer_state.json`` (and
+    ``gradual_pruner.pt`` beside it), so that ``trainer.train(resume_from_checkpoint=...)``
+    resumes the schedule where it was.
+
+    Args:
+        pruner: the ``prunekit.GradualPruner`` of the model the Trainer trains.
+
+    Attributes:
+        pruner: as given.
+
+    Raises:
+        TypeError: `pruner` is not a ``prunekit.GradualPruner``.
+    """
 
     def __init__(self, pruner: GradualPruner) -> None:
         self.pruner = checked_pruner(pruner)
@@ -112,6 +126,18 @@ class DistillationTrainer(Trainer):
 
     ``DistillationTrainer(model=pruned, args=..., train_dataset=..., distiller=Distiller(
     dense), callbacks=[GradualPruningCallback(pruner)])`` prunes gradually while distilling.
+
+    Args:
+        *args: the ``transformers.Trainer``'s positional arguments.
+        distiller: the teacher and the weights of the loss, a ``prunekit.Distiller``.
+        **kwargs: the ``transformers.Trainer``'s keyword arguments (``model``, ``args``,
+            ``train_dataset``, ``callbacks``, ...).
+
+    Attributes:
+        distiller: as given.
+
+    Raises:
+        TypeError: `distiller` is not a ``prunekit.Distiller``.
     """
 
     def __init__(self, *args: Any, distiller: Distiller, **kwargs: Any) -> None:

@@ -18,7 +18,18 @@ __all__ = ["GradualPruningCallback"]
 
 
 class GradualPruningCallback(pl.Callback):
-    """Steps `pruner` with the Trainer's optimizer steps; saved and restored with it."""
+    """Steps `pruner` with the Trainer's optimizer steps; saved and restored with it.
+
+    Args:
+        pruner: the ``prunekit.GradualPruner`` of the LightningModule's model; its state
+            travels in the Trainer's checkpoints as this callback's.
+
+    Attributes:
+        pruner: as given.
+
+    Raises:
+        TypeError: `pruner` is not a ``prunekit.GradualPruner``.
+    """
 
     def __init__(self, pruner: GradualPruner) -> None:
         self.pruner = checked_pruner(pruner)

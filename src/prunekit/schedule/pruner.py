@@ -60,23 +60,52 @@ class GradualPruner:
     after it, and `end_step`. Call ``step()`` once after each optimizer step; the t-th
     call is step t (a `start_step` of 0 updates when the pruner is made).
 
-    `method` and `pattern` speak the vocabulary of every whole-model entry point
-    (prune_model's, whole.Config's): `method` ranks (``'l1'``, ``'random'``, ``'ln'``:
-    whole output channels by their L2 norm, or a prunekit.Criterion), `pattern` says what
-    is pruned (``'unstructured'``: entries; ``'row'``: the same share of each row;
-    ``'N:M'``; or a prunekit.Pattern, ``prunekit.Channels(dim=0)`` for channels ranked by
-    another criterion); amounts count the pattern's units. The old spellings
-    ``method='magnitude'`` and ``pattern='channels'`` still work, with a FutureWarning. A
-    tensor pruned by channels keeps at least one (as prune_channels does), so that
-    ``compact`` can remove the others.
-    `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
-    (entries ranked across tensors). `include`/`exclude` select parameters by name as
-    prune_model does. Random choices come from the pruner's own generator, seeded with
-    `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
-    `example_inputs` (with ``method='ln'`` or a Channels pattern): inputs of the model's
-    forward, traced once into channel groups; a channel whose weight rows are all masked
-    then has its bias and norm parameters masked too, so it carries exactly 0 and
-    ``compact`` removes it.
+    Args:
+        model: the model trained; its parameters selected by `include` and `exclude` get a
+            ``Gradual`` hook whose mask each update rewrites in place.
+        final_amount: the sparsity reached at `end_step` and kept after it, in [0, 1].
+        start_step: the first update step (0: when the pruner is made).
+        end_step: the last update step, at or after `start_step`.
+        every: the steps between two updates, an int >= 1.
+        schedule: ``'cubic'`` (fast first, slow near the end), ``'linear'``, ``'constant'``
+            (`final_amount` from `start_step` on) or a callable from step to sparsity.
+        initial_amount: the sparsity at `start_step`, at most `final_amount` (0 with a
+            callable schedule).
+        method: what ranks, in the vocabulary of every whole-model entry point
+            (``prune_model``'s): ``'l1'``, ``'random'``, ``'ln'`` (whole output channels by
+            their L2 norm) or a ``prunekit.Criterion``; ``'magnitude'`` still works, with a
+            FutureWarning.
+        pattern: what is pruned: ``'unstructured'`` (entries), ``'row'`` (the same share of
+            each row), ``'N:M'``, or a ``prunekit.Pattern`` (``prunekit.Channels(dim=0)``
+            for channels ranked by another criterion); amounts count the pattern's units.
+            ``'channels'`` still works (``method='ln'``), with a FutureWarning. A tensor
+            pruned by channels keeps at least one (as ``prune_channels`` does), so that
+            ``compact`` can remove the others.
+        scope: ``'layer'`` brings each tensor to the sparsity, ``'global'`` all of them
+            together (entries ranked across tensors; unstructured patterns only).
+        include: glob patterns of the parameter names to prune, as ``prune_model`` takes
+            them.
+        exclude: glob patterns of parameter names left alone.
+        seed: the seed of the pruner's own generator, which makes its random choices
+            without disturbing torch's global one (None: ``torch.initial_seed()``).
+        example_inputs: with ``method='ln'`` or a Channels pattern, inputs of the model's
+            forward, traced once into channel groups: a channel whose weight rows are all
+            masked then has its bias and norm parameters masked too, so it carries exactly 0
+            and ``compact`` removes it. None: weights only.
+
+    Attributes:
+        timetable: the checked schedule: which steps update, and the sparsity at each.
+        criterion: the criterion `method` names.
+        pattern: the pattern `pattern` names.
+        scope: as given.
+        model: the model pruned.
+        targets: the tensors pruned, in the model's order.
+
+    Raises:
+        TypeError: `model` is no torch module, `seed` is not an int, or `method`,
+            `pattern` or `schedule` is of no accepted type.
+        ValueError: an amount, step or name is out of range or matches nothing, or
+            ``scope='global'`` is asked with a channel pattern.
     """
 
     def __init__(
@@ -145,7 +174,14 @@ class GradualPruner:
         return _label(self.criterion, self.pattern, self.scope)
 
     def amount_at(self, step: int) -> float:
-        """The schedule's sparsity at `step`, by its formula (0 before start_step)."""
+        """The schedule's sparsity at `step`, by its formula (0 before start_step).
+
+        Args:
+            step: a training step, an int >= 0.
+
+        Returns:
+            The sparsity the schedule gives at `step`, in [0, 1].
+        """
         return self.timetable.amount_at(step, OWNER)
 
     def prepare(self) -> None:
@@ -285,7 +321,11 @@ class GradualPruner:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs: step, amount, generator, masks, and the set-up
         (checked on load). Plain tensors and numbers: ``torch.load(weights_only=True)``
-        reads it."""
+        reads it.
+
+        Returns:
+            A dict for ``torch.save`` and ``load_state_dict``.
+        """
         masks = {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
         return pruner_state(self, masks, self._generator.get_state())
 
@@ -295,6 +335,9 @@ class GradualPruner:
         Load it before the model's state_dict, which then finds its ``_orig``/``_mask``
         keys. The state must come from a pruner set up the same way on the same model;
         if it does not fit, nothing changes.
+
+        Args:
+            state: what ``state_dict()`` returned (or ``torch.load`` read back).
         """
         checked = check_state(self, state, [_shape(t) for t in self.targets], OWNER)
         steps, amount, generator, masks = checked
@@ -326,6 +369,9 @@ class GradualPruner:
 
         An unpruned tensor ``fc.weight`` of `state_dict` is loaded into ``fc.weight_orig``;
         every other entry (biases, buffers) is loaded as it is, strictly.
+
+        Args:
+            state_dict: the model's state_dict taken earlier (before pruning, or pruned).
         """
         state = rewound_state(self.model, state_dict, OWNER)  # keys and shapes checked
         with transaction(self.model, writes=list(self.model.parameters())):

@@ -146,7 +146,16 @@ class Budget:
         object.__setattr__(self, "kinds", tuple(kinds))
 
     def floor_of(self, name: str) -> float:
-        """The least share of its units that the group called `name` keeps."""
+        """The least share of its units that the group called `name` keeps.
+
+        Args:
+            name: a group's name (``ChannelGroup.name``), matched against the globs of a
+                ``floor`` given per name.
+
+        Returns:
+            The share, in [0, 1]: the one ``floor`` number, or the first glob's that
+            matches `name` (0 when none does).
+        """
         if not isinstance(self.floor, tuple):
             return float(self.floor)  # type: ignore[arg-type]  # checked: a number
         return next((float(v) for k, v in self.floor if fnmatchcase(name, k)), 0.0)
@@ -214,6 +223,24 @@ class BudgetReport(list[PrunedGroup]):
     `achieved` = removed / total, at least `target`. For a latency budget, `total` is the
     measured milliseconds, `removed` the estimate from the probes, and `rates` each kind's
     milliseconds saved per MAC removed (empty otherwise).
+
+    Args:
+        pruned: the groups pruned, as ``prune_channels`` returns them; the report is this
+            list.
+        budget: the budget met.
+        total: the parameters, MACs or milliseconds counted over the model.
+        removed: how many of them the masked units and skipped blocks remove once compacted.
+        rows: what each candidate group kept.
+        depth: how many of `removed` the skipped blocks make (0 without depth).
+        rates: for a latency budget, each kind's milliseconds saved per MAC removed.
+
+    Attributes:
+        budget: the budget met.
+        total: as given.
+        removed: as given.
+        rows: what each candidate group kept (name, kind, units before and after).
+        depth: as given.
+        rates: as given (empty but for a latency budget).
     """
 
     def __init__(

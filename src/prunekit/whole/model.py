@@ -58,55 +58,68 @@ def prune_model(
 ) -> Report:
     """Prune the parameters of `model` selected by name; return ``report(model)``.
 
-    `method`: ``'l1'`` (smallest magnitudes), ``'random'``, ``'ln'`` (whole output
-    channels, dim 0, by their L2 norm; layer scope only), or, from `calibration` batches
-    (tensors, mappings of keyword arguments or tuples for the model's forward):
-    ``'wanda'`` (|W| x the L2 norm of each input feature), ``'sparsegpt'`` (OBS with
-    updates of the weights left, written into ``<name>_orig``), ``'taylor'`` (|W x grad|
-    summed over the batches of ``loss(output, batch)``, default ``output.loss``); the
-    names are prunekit.whole.registry's.
-    `pattern`: ``'unstructured'``, ``'row'`` (the same share of each output row),
-    ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim; `amount`
-    must be (M-N)/M) or a Pattern; None (the default): ``'row'`` for ``'wanda'`` in scope
-    ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
-    ``'unstructured'`` otherwise. `scope`: ``'layer'`` prunes `amount` of each tensor,
-    ``'global'`` `amount` of all selected tensors ranked together (unstructured only).
-    `sequential`: calibrate block by block, each on the outputs of the pruned blocks
-    before it (only one block's statistics in memory); ``'layers'``: in each block too,
-    its layers group by group in the order the block calls them (query, key and value;
-    the attention's output; gate and up; down), each group on the outputs of the groups
-    pruned before it, as SparseGPT's paper prunes layer by layer (each run of the block
-    stops at the group's input and takes the outputs the run before computed from
-    memory: each layer runs about once a batch, where True runs each block twice; as
-    True for a model without blocks); False: one pass of the whole model; None (the default): the
-    method's own, ``'layers'`` for ``'sparsegpt'`` (the better scores on SmolLM2-135M
-    and all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py; pass True for block by
-    block only) unless with `process_group`, True otherwise. `progress`: a bar on stderr for
-    calibrated runs (default: when stderr is a terminal).
-    `include`/`exclude` are globs of parameter names, as the CLI's: the default
-    ``('*',)`` takes every floating-point parameter of two or more dims (weights, not
-    biases or norms), and for the calibrated methods every Linear weight but the output
-    head (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
-    other `include` selects by name, any number of dims. Tensors pruned before are
-    pruned further (their entries already pruned stay so). A tied parameter is ranked
-    once and masked under each of its names: remove() each name to make it permanent.
-    `process_group` (a torch.distributed group): for 'l1' and 'random' (scope 'global'
-    only) the ranks hold parts of the model, ranked as one (see prunekit.distributed);
-    for the calibrated methods every rank holds the whole model and calibrates on its
-    own batches, and the statistics (Taylor: saliencies) are reduced over the ranks, so
-    every rank gets the masks (and SparseGPT's updates) of one process calibrating on
-    all the batches. The ranks compare their arguments once each has checked its own,
-    and an error on any rank makes every rank raise the same error, each model left as
-    it was (see prunekit/distributed/agree.py); no rank waits for the others longer than
-    the group's timeout (prunekit.distributed.TorchGroup). Every argument, tensor and
-    batch is checked first; if anything fails, the model is left exactly as it was.
+    Tensors pruned before are pruned further (their entries already pruned stay so). A tied
+    parameter is ranked once and masked under each of its names: ``remove()`` each name to
+    make it permanent. Every argument, tensor and batch is checked first; if anything fails,
+    the model is left exactly as it was.
+
+    Args:
+        model: the torch module to prune in place (masks installed as ``prune`` installs
+            them: ``<name>_orig``, ``<name>_mask``).
+        amount: the fraction to prune, in [0, 1], of each tensor (scope ``'layer'``) or of
+            all of them together (``'global'``); for ``'N:M'`` it must be (M-N)/M.
+        method: ``'l1'`` (smallest magnitudes), ``'random'``, ``'ln'`` (whole output
+            channels, dim 0, by their L2 norm; layer scope only), or, from `calibration`:
+            ``'wanda'`` (|W| x the L2 norm of each input feature), ``'sparsegpt'`` (OBS,
+            with updates of the weights left, written into ``<name>_orig``), ``'taylor'``
+            (|W x grad| summed over the batches of `loss`); the names are
+            ``prunekit.whole.registry``'s.
+        pattern: ``'unstructured'``, ``'row'`` (the same share of each output row),
+            ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim) or a
+            ``prunekit.Pattern``. None (the default): ``'row'`` for ``'wanda'`` in scope
+            ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on
+            LLMs), ``'unstructured'`` otherwise.
+        scope: ``'layer'`` prunes `amount` of each tensor, ``'global'`` `amount` of all the
+            selected tensors ranked together (unstructured only).
+        calibration: the batches of the calibrated methods, for the model's forward
+            (tensors, mappings of keyword arguments, or tuples of positional ones); None for
+            the others.
+        include: globs of parameter names, as the CLI's. The default ``('*',)`` takes every
+            floating-point parameter of two or more dims (weights, not biases or norms), and
+            for the calibrated methods every Linear weight but the output head
+            (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
+            other `include` selects by name, any number of dims.
+        exclude: globs of parameter names left alone.
+        process_group: a torch.distributed group, or None. For ``'l1'`` and ``'random'``
+            (scope ``'global'`` only) the ranks hold parts of the model, ranked as one (see
+            ``prunekit.distributed``); for the calibrated methods every rank holds the whole
+            model and calibrates on its own batches, and the statistics (Taylor:
+            saliencies) are reduced over the ranks, so every rank gets the masks (and
+            SparseGPT's updates) of one process calibrating on all the batches. An error on
+            any rank makes every rank raise it, each model left as it was; no rank waits for
+            the others longer than the group's timeout (``prunekit.distributed.TorchGroup``).
+        sequential: True calibrates block by block, each on the outputs of the pruned blocks
+            before it (one block's statistics in memory). ``'layers'``: in each block too,
+            its layers group by group in the order the block calls them (query, key and
+            value; the attention's output; gate and up; down), each on the outputs of the
+            groups pruned before it, as SparseGPT's paper prunes (each layer runs about once
+            a batch, where True runs each block twice; as True for a model without blocks).
+            False: one pass of the whole model. None (the default): ``'layers'`` for
+            ``'sparsegpt'`` without `process_group` (the better scores on SmolLM2-135M and
+            all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py), True otherwise.
+        loss: for ``'taylor'``, the loss of ``loss(output, batch)`` whose gradients rank the
+            entries; None: ``output.loss``.
+        progress: a bar on stderr for calibrated runs; None (the default): when stderr is a
+            terminal.
 
     Returns:
         The Report of the whole model after pruning.
 
     Raises:
-        TypeError, ValueError: a bad argument, glob, tensor or batch, naming it (the
-            model unchanged).
+        TypeError: an argument, glob, tensor or batch of the wrong type, naming it (the model
+            unchanged).
+        ValueError: an argument, glob, tensor or batch out of range or matching nothing,
+            naming it (the model unchanged).
     """
 
     def checked() -> Config:

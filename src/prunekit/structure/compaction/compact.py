@@ -32,14 +32,36 @@ from prunekit.structure.measure import Paired, count_macs, count_params, paired_
 
 @dataclass(frozen=True)
 class CompactReport:
-    """What compaction removed and what it changed (latencies: median ms of one forward on
-    the example inputs, on this CPU, the masked and the compacted model run alternately;
-    `latency` holds their paired ratio and its spread; all None when not measured).
-    `not_rebuilt`: for a Hugging Face model, the tensors whose shapes ``from_pretrained``
-    would not rebuild from the updated config, and the float attributes it would build with
-    other values (an embedding scale kept where a tied weight could not take the ratio)
-    (compact then warns: save_compacted and load_compacted(folder) rebuild it); empty when
-    a save_pretrained round trip works."""
+    """What compaction removed and what it changed; ``str()`` is a short table.
+
+    Latencies: median ms of one forward on the example inputs, on this CPU, the masked and
+    the compacted model run alternately; `latency` holds their paired ratio and its spread;
+    all None when not measured. `not_rebuilt`: for a Hugging Face model, the tensors whose
+    shapes ``from_pretrained`` would not rebuild from the updated config, and the float
+    attributes it would build with other values (an embedding scale kept where a tied weight
+    could not take the ratio) (compact then warns: save_compacted and load_compacted(folder)
+    rebuild it); empty when a save_pretrained round trip works.
+
+    Attributes:
+        groups: how many channel groups lost units.
+        channels: how many units (channels, heads, hidden channels, experts) were removed.
+        params_before: the model's parameter count before compaction.
+        params_after: the count after it.
+        macs_before: multiply-accumulates of one forward on the example inputs, before.
+        macs_after: the same after compaction.
+        latency_before_ms: median milliseconds of one forward of the masked model; None
+            when not timed (``latency_runs=0``).
+        latency_after_ms: the same for the compacted model.
+        max_abs_diff: the largest absolute difference between the outputs of the masked
+            and the compacted model on the example inputs.
+        max_abs_output: the largest absolute output (the scale of `max_abs_diff`).
+        config: the Hugging Face config fields set to the new widths, by name.
+        stale: the config fields left as they were because the widths differ per layer, or
+            a model built from the config would differ (save with ``save_compacted``).
+        latency: the paired ratio of the two latencies and its spread; None when not timed.
+        not_rebuilt: what ``from_pretrained`` would not rebuild from the updated config
+            (empty when a ``save_pretrained`` round trip works).
+    """
 
     groups: int
     channels: int
@@ -108,10 +130,29 @@ def compact(
     in float64, such as experts computed by grouped_mm, is refused, the error naming the
     difference and why float64 could not check it). A model asked for its routers' logits
     (``output_router_logits``) is checked without them: they are one per expert, and the
-    load-balancing loss made of them counts the experts. `latency_runs`: forwards
-    of the masked and of the
-    compacted model, alternated (both states stay in memory until the call returns
-    anyway); 0 skips timing.
+    load-balancing loss made of them counts the experts. Both states stay in memory until
+    the call returns.
+
+    Args:
+        model: the model whose units ``prune_channels`` (or masks of your own over whole
+            units) masked.
+        example_inputs: what one forward takes (a tensor, a tuple of positional arguments or
+            a dict of keyword arguments): the groups are traced on it, and the outputs before
+            and after compared on it.
+        tolerance: the largest difference allowed between the outputs, as a share of the
+            largest output (a float >= 0).
+        latency_runs: forwards of the masked and of the compacted model to time, alternated;
+            0 skips timing.
+
+    Returns:
+        What was removed, the parameters and MACs before and after, the output check and the
+        latencies; ``str()`` of it is a short table.
+
+    Raises:
+        TypeError: `model` is no torch module, or `example_inputs` none of the three forms.
+        ValueError: `tolerance` or `latency_runs` is out of range.
+        RuntimeError: the compacted model's outputs differ beyond `tolerance`; the model is
+            then restored as it was.
     """
     check_model(model, "compact")
     if not isinstance(tolerance, float) or not tolerance >= 0:

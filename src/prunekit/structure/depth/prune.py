@@ -39,9 +39,18 @@ _OWNER = "prune_blocks"
 
 @dataclass(frozen=True)
 class BlockPruning:
-    """What ``prune_blocks`` skipped: the ModuleList's name, the blocks (indices), the
-    scores (one per block, or per span start for 'angular'; lower goes first), and each
-    span replaced by a linear map with the projection it folds into."""
+    """What ``prune_blocks`` skipped; ``str()`` says it in a few lines.
+
+    Attributes:
+        blocks: the dotted name of the ModuleList of blocks (``'model.layers'``).
+        skipped: the indices of the blocks skipped, ascending.
+        criterion: the name of the criterion that ranked them (``'angular'``, ...).
+        scores: one score per block, or per start of a span for ``'angular'``; the lowest
+            were skipped.
+        replaced: for each span replaced by a linear map (``replace=``), its first index, the
+            index past its end, and the name of the projection the map folds into on removal;
+            empty without ``replace``.
+    """
 
     blocks: str
     skipped: tuple[int, ...]

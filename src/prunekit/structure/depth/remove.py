@@ -38,10 +38,22 @@ _OWNER = "remove_blocks"
 
 @dataclass(frozen=True)
 class BlockRemoval:
-    """What ``remove_blocks`` did: the ModuleList, the indices removed (as they were), the
-    projections a replacement map was folded into, parameters, the config fields set, and
-    the output check on the example inputs (the largest difference from the skipped model
-    and the largest output; None where no example inputs ran)."""
+    """What ``remove_blocks`` did; ``str()`` says it in a few lines.
+
+    Attributes:
+        blocks: the dotted name of the ModuleList the blocks were removed from.
+        removed: the indices removed, as they were numbered before the removal.
+        folded: the names of the projections a replacement linear map was folded into.
+        params_before: the model's parameter count before the removal.
+        params_after: the count after it.
+        config: the config fields set to the new depth (``num_hidden_layers``, per-layer
+            lists), by name.
+        max_abs_diff: the largest absolute difference between the outputs of the skipped
+            model and of the one with the blocks removed, on the example inputs; None
+            without example inputs.
+        max_abs_output: the largest absolute output on the example inputs (the scale of
+            `max_abs_diff`); None without example inputs.
+    """
 
     blocks: str
     removed: tuple[int, ...]

@@ -38,7 +38,15 @@ _USER_MODULES: dict[type, ModuleHandler] = {}  # the module handlers registered 
 
 class HandlerRegistration:
     """A registered handler: ``remove()`` (or leaving its ``with`` block) unregisters it and
-    puts back the handler it replaced, if any. Removing twice does nothing more."""
+    puts back the handler it replaced, if any. Removing twice does nothing more.
+
+    ``register_op_handler`` and ``register_module_handler`` return one; there is no need to
+    make one yourself.
+
+    Args:
+        undo: what unregisters the handler and puts back the one it replaced; called at most
+            once.
+    """
 
     def __init__(self, undo: Callable[[], None]) -> None:
         self._undo: Callable[[], None] | None = undo

@@ -29,15 +29,27 @@ def channel_groups(model: nn.Module, example_inputs: Any, *, gqa: str = "query")
 ]:  # fmt: skip
     """The groups of coupled channels of `model`, traced from one forward on `example_inputs`.
 
-    `example_inputs`: a tensor, a tuple of positional arguments or a dict of keyword
-    arguments. The forward runs in eval mode without gradients (the model's mode is
-    restored), first without computing its costly ops (their outputs are zeros: the graph
-    reads shapes, not values); where the model's code or a handler could read those values,
-    it runs again computing every op. Prunable groups come first; the others carry the reason
-    they are left alone.
-    `gqa`: the unit of an attention with grouped-query heads: 'query' (query heads, the same
-    count from every key/value group) or 'group' (whole key/value groups with their query
-    heads).
+    The forward runs in eval mode without gradients (the model's mode is restored), first
+    without computing its costly ops (their outputs are zeros: the graph reads shapes, not
+    values); where the model's code or a handler could read those values, it runs again
+    computing every op. The model is not changed.
+
+    Args:
+        model: the torch module to trace.
+        example_inputs: what one forward takes: a tensor, a tuple of positional arguments or
+            a dict of keyword arguments (a small batch is enough).
+        gqa: the unit of an attention with grouped-query heads: ``'query'`` (query heads,
+            the same count from every key/value group) or ``'group'`` (whole key/value
+            groups with their query heads).
+
+    Returns:
+        Every group of coupled channels, prunable ones first; the others carry the reason
+        they are left alone (``ChannelGroup.reason``).
+
+    Raises:
+        TypeError: `model` is no ``torch.nn.Module``, or `example_inputs` is none of a
+            tensor, a tuple or a dict.
+        ValueError: `gqa` is neither ``'query'`` nor ``'group'``.
     """
     check_model(model, "channel_groups")
     check_gqa(gqa, "channel_groups")

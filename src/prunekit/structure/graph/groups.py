@@ -107,6 +107,19 @@ class ChannelGroup:
     `blocks`: units that must each lose the same count (the query heads of each key/value
     group). `outputs`: (output index, dim, positions per unit) of the model's outputs that
     carry these channels (a pruned hidden width makes those outputs narrower).
+
+    Attributes:
+        slices: every tensor slice the channels touch: the rows that make them (role
+            ``'out'``), the consumers' weights that read them (``'in'``), biases, norms,
+            running statistics, depthwise rows; each gives the positions of each unit.
+        size: the number of units (channels, heads, hidden channels or experts).
+        reason: why the group is left alone (its channels reach an op or output whose width
+            must not change, ...), or None when it is prunable.
+        kind: ``'channels'``, ``'heads'``, ``'hidden'`` or ``'experts'``.
+        blocks: the units that must each lose the same count (the query heads of each
+            key/value group); empty when the units are free.
+        outputs: the model's outputs that carry these channels: (output index, dim,
+            positions per unit) each.
     """
 
     slices: tuple[Slice, ...]

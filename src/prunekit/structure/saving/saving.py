@@ -59,7 +59,7 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     ``embed_scale``: the values the model computes with, which a model rebuilt from the
     compacted config would not have) and config to ``compacted.json``. The folder is
     written as a whole (staged beside it and swapped in; its other files kept), so a
-    failure or a kill leaves the old save, loadable, or the new one. Returns the folder.
+    failure or a kill leaves the old save, loadable, or the new one.
 
     Weight masks are saved and come back exactly, but three masked states act through
     forward hooks that no file holds: masked experts (their router's hook keeps them out of
@@ -68,10 +68,22 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     refused before anything is written: compact it first (``prunekit.compact(model,
     inputs)``; ``prunekit.remove_blocks(model)`` for skipped blocks), then save it.
 
+    Args:
+        model: the model to save, compacted or with masks still on; ``load_compacted``
+            rebuilds it from the saved class name, config and shapes (a Hugging Face class,
+            or the factory ``register_compacted_factory`` registered), or loads into a model
+            built fresh by the same code.
+        path: the folder to write; made with its parents if missing, and its other files
+            kept.
+
+    Returns:
+        The folder, as a ``Path``.
+
     Raises:
+        TypeError: `model` is no torch module.
         ValueError: the model holds masked experts, a masked hidden width or skipped blocks
-            (naming the routers, norms or blocks, and what to call first); the folder and
-            the model are left as they were.
+            (naming the routers, norms or blocks, and what to call first), or `path` is a
+            file; the folder and the model are left as they were.
     """
     check_model(model, "save_compacted")
     _refuse_unsaved_hooks(model)
