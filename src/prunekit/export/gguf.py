@@ -14,10 +14,7 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.export.request import ExportReport, Request
 
-__all__ = ["TYPES", "write"]
-
-# the tensor types a GGUF file is written in, by the names `dtype` takes
-TYPES = ("f32", "f16", "bf16", "q8_0")
+__all__ = ["write"]
 
 
 def write(model: nn.Module, target: Path, request: Request) -> ExportReport:

@@ -35,18 +35,17 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.gguf import TYPES
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
-from prunekit.export.request import ExportReport, Request
+from prunekit.export.request import GGUF_TYPES, ExportReport, Request
 from prunekit.functional import is_pruned
 
 __all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "write"]
 
-# the tensor types it writes (``gguf.TYPES``), by the names `dtype` takes
+# the tensor types it writes (``request.GGUF_TYPES``), by the names `dtype` takes
 DTYPES: dict[str, gg.GGMLQuantizationType] = {
-    name: gg.GGMLQuantizationType[name.upper()] for name in TYPES
+    name: gg.GGMLQuantizationType[name.upper()] for name in GGUF_TYPES
 }
 _FILE_TYPES = {
     "f32": gg.LlamaFileType.ALL_F32,

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExportReport", "Request"]
+__all__ = ["GGUF_TYPES", "ExportReport", "Request"]
+
+# the tensor types a GGUF file is written in, by the names `dtype` takes for it
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prunekit.export.api import FORMATS
-from prunekit.export.gguf import TYPES as GGUF_TYPES
+from prunekit.export.request import GGUF_TYPES
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
 from prunekit.tools.shrink import CRITERIA, ShrinkConfig, shrink

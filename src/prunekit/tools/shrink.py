@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.export.api import FORMATS, WRITERS
-from prunekit.export.gguf import TYPES as GGUF_TYPES
+from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.structure.budget import Budget, BudgetReport
@@ -72,7 +72,7 @@ class ShrinkConfig:
         formats: the formats to write (``prunekit.export.FORMATS``), at least one. With one
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
-        gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.gguf.TYPES``:
+        gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.request.GGUF_TYPES``:
             f32, f16, bf16, q8_0); None: the model's own float type.
         compensate: the least-squares update of the layers that read removed units.
         round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
