@@ -170,6 +170,8 @@ class GroupedRuns:
                 run.keeping = False
             group.append(module)
             stats.take(module, args, kwargs)
+            if len(group) == len(modules):
+                raise cal.Stop  # every module asked for is in: none is left to join
 
         handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
         try:
