@@ -226,6 +226,10 @@ class Transaction:
         its weights in memory (the file holds them, and goes when the transaction ends).
         Tensors already kept, and those the transaction did not record, are skipped.
 
+        Args:
+            tensors: parameters or buffers of the recorded modules, about to change in
+                place.
+
         Raises:
             RuntimeError: a tensor was written in place already (an internal error).
             OSError: the temporary file cannot be written (a full disk).
@@ -244,7 +248,11 @@ class Transaction:
             yield kept
 
     def held(self) -> int:
-        """Bytes of the values this transaction holds in memory (clones; not the journal's)."""
+        """The memory this transaction's copies take.
+
+        Returns:
+            Bytes of the values it holds in memory (its clones; not the journal's file).
+        """
         return sum(
             k.copy.numel() * k.copy.element_size()
             for k in self._tensors.values()

@@ -338,8 +338,16 @@ def _settle(plan: Plan, targets: Sequence[TensorRef]) -> None:
 
 def make_permanent(targets: Sequence[TensorRef], journal: Transaction | None) -> None:
     """Make the pruning of each of `targets` permanent (prunekit.remove: mask x orig written
-    into the Parameter, in place), its values written ahead to `journal` first, if any
-    (the transaction of the call, which puts them back if the call fails)."""
+    into the Parameter, in place).
+
+    Args:
+        targets: (module, name) pairs of pruned tensors.
+        journal: the call's transaction, which each tensor's values are written ahead to
+            first (and which puts them back if the call fails); None: no undo.
+
+    Raises:
+        ValueError: a target is not pruned.
+    """
     for module, name in targets:
         if journal is not None:
             journal.write_ahead([cal.parameter(module, name)])

@@ -66,7 +66,11 @@ class Plan:
 
     def write_ahead(self, tensors: list[Tensor]) -> None:
         """Before `tensors` change in place: their values to the journal, if there is one
-        (in a streamed run there is none: its output folder is swapped in whole)."""
+        (in a streamed run there is none: its output folder is swapped in whole).
+
+        Args:
+            tensors: the parameters about to be written in place.
+        """
         if self.journal is not None:
             self.journal.write_ahead(tensors)
 
