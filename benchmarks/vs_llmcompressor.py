@@ -28,6 +28,9 @@ sequential='layers') also each group of a block's layers on the outputs of the g
 pruned before it, where llm-compressor calibrates all of a block's layers on one run of
 the dense block.
 
+prunekit's call passes ``keep_masks=False``: like llm-compressor's, its result is the plain
+model with zeros where pruned, no mask kept beside the weights.
+
 *s* is the wall time of the pruning call alone (llm-compressor: its `oneshot`, timed in
 the worker; loading models and scoring not counted), the median over --rounds; *MiB* is
 the growth of the process's peak resident set during that call, the allocator's free pages
@@ -182,6 +185,7 @@ def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool |
             calibration=subject.batches,
             include=subject.include,
             progress=False,
+            keep_masks=False,  # a plain pruned model, as llm-compressor's oneshot leaves
             **({} if sequential is None else {"sequential": sequential}),
         )
 

@@ -26,11 +26,16 @@ Cost. Attribute dicts and containers are copied shallowly; tensors by reference,
   place). Every other parameter is watched through its version counter (``_version``): a
   parameter changed in place that was not cloned cannot be restored, and the error raised
   says so in a note. prunekit's own calls never write an undeclared parameter in place, so
-  a large model costs no copy of its weights.
+  a large model costs no copy of its weights;
+- a call that writes parameters in place block by block (SparseGPT's updates, a pruning made
+  permanent) declares each block's tensors just before it writes them (``write_ahead``): their
+  values go to a temporary file, not to memory, so undo costs disk, not a copy of the model,
+  and the values come back from the file if the call fails.
 """
 
 from __future__ import annotations
 
+import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -45,11 +50,47 @@ _Containers = list[tuple[Any, Any]]
 _Saved = dict[int, tuple[Any, dict[str, Any], _Containers]]
 
 
+class _Journal:
+    """Values written ahead to an anonymous temporary file (made on first use, gone when
+    closed), each read back by its offset."""
+
+    def __init__(self) -> None:
+        self._file: Any = None
+        self._end = 0
+
+    def save(self, tensor: Tensor) -> int:
+        """Append `tensor`'s values; returns where they start."""
+        if self._file is None:
+            # held open across calls until close(): no `with` fits
+            self._file = tempfile.TemporaryFile(prefix="prunekit-undo-")  # noqa: SIM115
+        values = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        start = self._end
+        self._file.seek(start)
+        self._file.write(values.numpy().data)
+        self._end = start + values.numel()
+        return start
+
+    def load(self, start: int, into: Tensor) -> None:
+        """Write the values saved at `start` into `into` (in place)."""
+        assert self._file is not None
+        flat = torch.empty(into.numel() * into.element_size(), dtype=torch.uint8)
+        self._file.seek(start)
+        got = self._file.readinto(flat.numpy().data)
+        assert got == flat.numel(), (got, flat.numel())
+        with torch.no_grad():
+            into.copy_(flat.view(into.dtype).reshape(into.shape))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 class _Tensor:
     """One parameter or buffer: its data (an alias: no copy), version and, where kept, a
-    clone of its values."""
+    clone of its values (`copy`) or where the journal holds them (`start`)."""
 
-    __slots__ = ("alias", "copy", "name", "tensor", "version")
+    __slots__ = ("alias", "copy", "name", "start", "tensor", "version")
 
     def __init__(self, tensor: Tensor, name: str, copy: bool) -> None:
         self.tensor = tensor
@@ -57,11 +98,19 @@ class _Tensor:
         self.alias = tensor.detach()
         self.version = -1 if tensor.is_inference() else tensor._version  # -1: not counted
         self.copy = tensor.detach().clone() if copy else None
+        self.start: int | None = None
 
-    def restore(self) -> str | None:
+    @property
+    def kept(self) -> bool:
+        return self.copy is not None or self.start is not None
+
+    def restore(self, journal: _Journal) -> str | None:
         """Put the data back; the name of a tensor whose values could not be, else None."""
         self.tensor.data = self.alias  # undoes a replaced .data; no copy, no version bump
         if self.version >= 0 and self.alias._version == self.version:
+            return None
+        if self.start is not None:
+            journal.load(self.start, self.alias)
             return None
         if self.copy is None:
             return self.name if self.version >= 0 else None
@@ -140,6 +189,7 @@ class Transaction:
         buffers = (buffers - {id(t) for t in untouched}) | written  # writes win
         self._objects: _Saved = {}
         self._tensors: dict[int, _Tensor] = {}
+        self._journal = _Journal()
         for module, _ in self._modules.values():
             _keep_object(module, self._objects)
             for hooks in _hook_dicts(module):
@@ -167,13 +217,51 @@ class Transaction:
             RuntimeError: a tensor was written in place already (an internal error: its
                 values from the start are gone).
         """
+        for kept in self._unkept(tensors, "keep()"):
+            kept.copy = kept.alias.clone()
+
+    def write_ahead(self, tensors: Iterable[Tensor]) -> None:
+        """Save `tensors`' values to a temporary file now, before the call writes them in
+        place: the undo of a call that changes a model block by block holds no copy of
+        its weights in memory (the file holds them, and goes when the transaction ends).
+        Tensors already kept, and those the transaction did not record, are skipped.
+
+        Args:
+            tensors: parameters or buffers of the recorded modules, about to change in
+                place.
+
+        Raises:
+            RuntimeError: a tensor was written in place already (an internal error).
+            OSError: the temporary file cannot be written (a full disk).
+        """
+        for kept in self._unkept(tensors, "write_ahead()"):
+            kept.start = self._journal.save(kept.alias)
+
+    def _unkept(self, tensors: Iterable[Tensor], how: str) -> Iterator[_Tensor]:
+        """The records of `tensors` whose values are not kept yet, unchanged so far."""
         for tensor in tensors:
             kept = self._tensors.get(id(tensor))
-            if kept is None or kept.copy is not None:
+            if kept is None or kept.kept:
                 continue
             if kept.version >= 0 and kept.alias._version != kept.version:
-                raise RuntimeError(f"transaction: {kept.name} was written before keep()")
-            kept.copy = kept.alias.clone()
+                raise RuntimeError(f"transaction: {kept.name} was written before {how}")
+            yield kept
+
+    def held(self) -> int:
+        """The memory this transaction's copies take.
+
+        Returns:
+            Bytes of the values it holds in memory (its clones; not the journal's file).
+        """
+        return sum(
+            k.copy.numel() * k.copy.element_size()
+            for k in self._tensors.values()
+            if k.copy is not None
+        )
+
+    def close(self) -> None:
+        """Let go of the journal's file (the call is over: nothing left to undo from it)."""
+        self._journal.close()
 
     def rollback(self) -> list[str]:
         """Put everything back; returns the tensors written in place that were not cloned."""
@@ -183,7 +271,7 @@ class Transaction:
                 module.__class__ = cls
         lost = []
         for kept in self._tensors.values():
-            name = kept.restore()
+            name = kept.restore(self._journal)
             if name is not None:
                 lost.append(name)
         return lost
@@ -235,3 +323,5 @@ def transaction(
             else:
                 warnings.warn(note, RuntimeWarning, stacklevel=3)
         raise
+    finally:
+        recorded.close()

@@ -76,7 +76,8 @@ class _Run:
 class GroupedRuns:
     """Runs of `block` on `inputs` (the arguments of each call, as
     calibration.capture_block_inputs gives them) for its `targets`, a group at a time;
-    inside ``with``, where the submodules holding a target have their forward wrapped."""
+    inside ``with``, where the submodules holding a target have their forward wrapped.
+    `numbers`: the calibration batch of each input, as errors name it (default: its index)."""
 
     def __init__(
         self,
@@ -84,9 +85,11 @@ class GroupedRuns:
         inputs: Sequence[cal.Inputs],
         targets: Sequence[nn.Module],
         wanted: cal.Wanted,
+        numbers: Sequence[int] | None = None,
     ) -> None:
         self.block = block
         self.inputs = list(inputs)
+        self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
         self.wanted = wanted
         held = {id(m) for m in targets}
         self._holders = [
@@ -167,6 +170,8 @@ class GroupedRuns:
                 run.keeping = False
             group.append(module)
             stats.take(module, args, kwargs)
+            if len(group) == len(modules):
+                raise cal.Stop  # every module asked for is in: none is left to join
 
         handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
         try:
@@ -202,7 +207,8 @@ class GroupedRuns:
                 self.block(*call[0], **call[1])
             return call
         except Exception as error:
-            raise cal._batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            number = self.numbers[index]
+            raise cal._batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
         finally:
             self._run = None
             if keep:

@@ -11,7 +11,8 @@ written to the output shards and let go. Every other tensor is copied as it is s
 
 Memory (bytes), with b bytes per weight, d the hidden size, S x T calibration tokens:
 about ``S*T*d*b * 2`` (the hidden states, in and out of one block) + one block's weights
-x 3 (values, mask, the masked product) + its statistics (Wanda: a float64 per input feature;
+(each pruning made permanent in place as soon as its layer is pruned: one layer's mask and
+masked product at a time) + its statistics (Wanda: a float64 per input feature;
 SparseGPT: a float32 d_in x d_in Hessian of one input) + SparseGPT's work on the matrices
 reading that input (float32) + the embedding rows the tokens use. The output is staged beside
 its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it as it was.
@@ -324,6 +325,7 @@ def _one_block(
     targets = _targets(block)
     plan = make_plan(block, targets, run.config, run.batches, None)
     plan.paths = run.paths  # errors name the module's path in the model
+    plan.keep_masks = False  # written as mask x orig: no mask kept beside a layer's values
     outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
     done = {(id(m), leaf) for m, leaf in targets}
     for name, stored in tensors.items():

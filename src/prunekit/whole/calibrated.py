@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
 from prunekit.core.errors import naming, value_error
+from prunekit.core.transaction import Transaction
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.base import Criterion
@@ -30,13 +31,13 @@ from prunekit.criteria.grouped import GroupedRuns
 from prunekit.criteria.sparsegpt import sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
-from prunekit.functional import custom_from_mask, rank_together
+from prunekit.functional import custom_from_mask, rank_together, remove
 from prunekit.methods import Pruning
 from prunekit.patterns import Unstructured
 from prunekit.progress import Progress
 from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented
 
-__all__ = ["execute", "prune_block", "wanted"]
+__all__ = ["execute", "make_permanent", "prune_block", "wanted"]
 
 
 def execute(model: nn.Module, plan: Plan, bar: Progress) -> None:
@@ -63,6 +64,7 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
         joint = _Joint(made)
         kwargs = {"amount": plan.amount, "criterion": joint}
         rank_together(plan.targets, Pruning, None, kwargs, plan.paths, plan.config.owner)
+        _settle(plan, plan.targets)
         bar.advance(len(plan.targets))
         return
     for target in plan.targets:
@@ -73,6 +75,7 @@ def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar
             Pruning.apply(module, name, plan.amount, criterion=ranks, pattern=pattern)
         if isinstance(ranks, Taylor):
             ranks.release()  # the hook keeps the criterion: not its weight-sized scores
+        _settle(plan, [target])
         bar.advance()
 
 
@@ -267,6 +270,7 @@ def _prune_layers(
                 criterion=Wanda(_entry_norms(stats, module, name)),
                 pattern=oriented(module, name, plan.pattern),
             )
+        _settle(plan, [(module, name)])
         bar.advance()
 
 
@@ -317,9 +321,37 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
         keep = layers.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
         updated = layers.from_matrices(module, torch.stack([u for _, u in each]), value.shape)
         param = cal.parameter(module, name)
-        old = param.data
-        param.data = torch.where(keep, updated, old)  # pruned entries keep their values
-        custom_from_mask(module, name, keep.to(dtype=old.dtype))
+        plan.write_ahead([param])  # undo keeps no copy of the weights in memory
+        with torch.no_grad():  # pruned entries keep their values
+            param.copy_(torch.where(keep, updated, param))
+        custom_from_mask(module, name, keep.to(dtype=param.dtype))
+        _settle(plan, [(module, name)])
+
+
+def _settle(plan: Plan, targets: Sequence[TensorRef]) -> None:
+    """Without `plan.keep_masks`: the pruning of each of `targets` made permanent now, in
+    place (the values written ahead first), so that no layer keeps its mask and its
+    original values beside the pruned ones while the call goes on."""
+    if not plan.keep_masks:
+        make_permanent(targets, plan.journal)
+
+
+def make_permanent(targets: Sequence[TensorRef], journal: Transaction | None) -> None:
+    """Make the pruning of each of `targets` permanent (prunekit.remove: mask x orig written
+    into the Parameter, in place).
+
+    Args:
+        targets: (module, name) pairs of pruned tensors.
+        journal: the call's transaction, which each tensor's values are written ahead to
+            first (and which puts them back if the call fails); None: no undo.
+
+    Raises:
+        ValueError: a target is not pruned.
+    """
+    for module, name in targets:
+        if journal is not None:
+            journal.write_ahead([cal.parameter(module, name)])
+        remove(module, name)
 
 
 def _group_counts(amount: float, matrices: Tensor, live: Tensor | None) -> list[Amount]:

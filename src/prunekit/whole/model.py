@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from prunekit.core.errors import naming, value_error
+from prunekit.core.errors import naming, type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.layers import calibrates
 from prunekit.distributed.agree import collective
@@ -22,6 +22,7 @@ from prunekit.distributed.stats import Reducer
 from prunekit.functional import custom_from_mask, rank_together
 from prunekit.methods import LnStructured
 from prunekit.report import Report, report
+from prunekit.whole.calibrated import make_permanent
 from prunekit.whole.config import Config
 from prunekit.whole.oneshot import run
 from prunekit.whole.plan import Loss
@@ -55,6 +56,7 @@ def prune_model(
     sequential: bool | str | None = None,
     loss: Callable[[Any, Any], Any] | None = None,
     progress: bool | None = None,
+    keep_masks: bool = True,
 ) -> Report:
     """Prune the parameters of `model` selected by name; return ``report(model)``.
 
@@ -111,6 +113,10 @@ def prune_model(
             entries; None: ``output.loss``.
         progress: a bar on stderr for calibrated runs; None (the default): when stderr is a
             terminal.
+        keep_masks: True (the default) leaves the masks installed; False makes each
+            tensor's pruning permanent (as ``prunekit.remove``), the one-shot methods layer
+            by layer as they go: the model ends with its plain weights, zeros where pruned,
+            and never holds the masks and the original values of all its layers at once.
 
     Returns:
         The Report of the whole model after pruning.
@@ -136,15 +142,22 @@ def prune_model(
             ranks=process_group is not None,
         )
 
+    if not isinstance(keep_masks, bool):
+        raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
     if process_group is None:
-        return _prune(model, checked(), calibration, loss, None)
+        return _prune(model, checked(), calibration, loss, None, keep_masks)
     group = collective(process_group, OWNER)
     with group.telling():  # an error on this rank reaches the others at their next step
-        return _prune(model, checked(), calibration, loss, group)
+        return _prune(model, checked(), calibration, loss, group, keep_masks)
 
 
 def _prune(
-    model: nn.Module, config: Config, calibration: Any, loss: Loss | None, group: Any
+    model: nn.Module,
+    config: Config,
+    calibration: Any,
+    loss: Loss | None,
+    group: Any,
+    keep_masks: bool = True,
 ) -> Report:
     """prune_model's work; with `group` (an agree.Collective), the steps of its protocol."""
     method = config.method
@@ -152,12 +165,13 @@ def _prune(
         **config.compared(),
         "calibration given": calibration is not None,
         "loss given": loss is not None,
+        "keep_masks": keep_masks,
     }
     if method in CALIBRATED or (method in ("l1", "random") and not config.plain):
         reduce = None
         if group is not None:
             reduce = _reducer(method, group, arguments)
-        _oneshot(model, config, calibration, loss, reduce)
+        _oneshot(model, config, calibration, loss, reduce, keep_masks)
         return report(model)
     if not config.plain or calibration is not None:
         raise value_error(
@@ -184,7 +198,7 @@ def _prune(
     targets = select_targets(model, config.include, config.exclude, OWNER)
     if group is not None:
         group.start(OWNER, arguments)
-    with transaction(model):
+    with transaction(model) as recorded:
         if config.scope == "global":
             pairs = [(t.first.module, t.first.leaf) for t in targets]
             paths = {m: p for p, m in model.named_modules()}  # errors name '1.weight'
@@ -193,7 +207,10 @@ def _prune(
             for target in targets:
                 with naming(repr(target.name)):  # errors name the path: '1.weight'
                     pruning.apply(target.first.module, target.first.leaf, **kwargs)
-        _mask_ties(targets)
+        if keep_masks:
+            _mask_ties(targets)
+        else:  # a tied name holds the same Parameter, made permanent once
+            make_permanent([(t.first.module, t.first.leaf) for t in targets], recorded)
         if group is not None:
             group.finish()  # a rank failing since the last step: every rank undoes
     return report(model)
@@ -209,7 +226,12 @@ def _mask_ties(targets: Sequence[Target]) -> None:
 
 
 def _oneshot(
-    model: nn.Module, config: Config, calibration: Any, loss: Loss | None, reduce: Any
+    model: nn.Module,
+    config: Config,
+    calibration: Any,
+    loss: Loss | None,
+    reduce: Any,
+    keep_masks: bool = True,
 ) -> None:
     """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
     natural = None
@@ -232,8 +254,9 @@ def _oneshot(
         config,
         calibration,
         loss,
-        then=lambda: _mask_ties(targets),
+        then=(lambda: _mask_ties(targets)) if keep_masks else None,
         reduce=reduce,
+        keep_masks=keep_masks,
     )
 
 

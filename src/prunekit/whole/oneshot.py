@@ -5,8 +5,9 @@ SparseGPT, Taylor), with any pattern, layer by layer or block by block.
 every target and batch first (plan.py), then prunes (calibrated.py) inside one
 transaction: if anything fails (a batch the model cannot take, an interrupt), the model
 is put back as it was, SparseGPT's weight updates included. prunekit.prune_model is the front
-door; this is its engine. SparseGPT's weights keep their previous values, for that undo,
-until the call returns.
+door; this is its engine. Before a weight changes in place (SparseGPT's update, a pruning
+made permanent without `keep_masks`), its values are written ahead to a temporary file for
+that undo, not kept in memory.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def run(
     *,
     then: Callable[[], None] | None = None,
     reduce: cal.Reduce | None = None,
+    keep_masks: bool = True,
 ) -> None:
     """The one-shot engine: check (see plan.make_plan), then prune `targets` as `config`
     says, in one transaction over all of `model`.
@@ -46,6 +48,9 @@ def run(
     the saliencies) of every data-parallel rank's batches, each rank holding the whole
     model; the ranks settle once the arguments are checked and once more inside the
     transaction, at the end, so that a failure on any rank undoes the call on every rank.
+    Without `keep_masks`, each target's pruning is made permanent as soon as it is pruned
+    (as prunekit.remove would after the call), so that the call never holds a mask and
+    the original values of more than one layer beside the pruned ones.
     """
     try:
         if reduce is not None and config.sequential == "layers":
@@ -63,9 +68,11 @@ def run(
     if reduce is not None:
         reduce.settle(None)  # every rank's checks passed, and the arguments agree
     plan.reduce = reduce
+    plan.keep_masks = keep_masks
     bar = Progress(f"{plan.method} {plan.pattern!r}", len(plan.targets), config.progress)
     try:
-        with transaction(model):
+        with transaction(model) as recorded:
+            plan.journal = recorded
             execute(model, plan, bar)
             if then is not None:
                 then()

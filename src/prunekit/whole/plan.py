@@ -15,6 +15,7 @@ from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.transaction import Transaction
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
 from prunekit.criteria.layers import calibrates
@@ -58,6 +59,20 @@ class Plan:
     sparsegpt: SparseGPT
     paths: dict[nn.Module, str]  # each module's path in the model, for errors
     reduce: cal.Reduce | None = None  # sums statistics over data-parallel ranks
+    # False: each target's pruning made permanent as soon as it is pruned (no mask kept)
+    keep_masks: bool = True
+    # the call's transaction: tensors are written ahead to it before they change in place
+    journal: Transaction | None = None
+
+    def write_ahead(self, tensors: list[Tensor]) -> None:
+        """Before `tensors` change in place: their values to the journal, if there is one
+        (in a streamed run there is none: its output folder is swapped in whole).
+
+        Args:
+            tensors: the parameters about to be written in place.
+        """
+        if self.journal is not None:
+            self.journal.write_ahead(tensors)
 
     @property
     def method(self) -> str:

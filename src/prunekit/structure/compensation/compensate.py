@@ -32,7 +32,9 @@ batch, and a copy of each compensated weight (taken by the caller's transaction,
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ from prunekit.core.errors import value_error
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
 from prunekit.criteria import layers
+from prunekit.criteria.grouped import GroupedRuns
 from prunekit.structure.compensation.damping import (
     DAMP,
     Moments,
@@ -209,7 +212,8 @@ def compensate_groups(
     if not found:
         return []
     names = {id(m): n for n, m in model.named_modules()}
-    order = _forward_order(model, [c.module for c in found], batches[0])
+    producers = {id(p): p for c in found for p in _producers(c)}
+    order = _forward_order(model, [*(c.module for c in found), *producers.values()], batches[0])
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
     tuning = Tuning(damping, len(batches), DAMP)
@@ -227,16 +231,86 @@ def compensate_groups(
         inputs = cal.capture_block_inputs(model, sequence[0], batches)
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
-            for one in (c for c in found if where[id(c.module)] == index):
+            here = [c for c in found if where[id(c.module)] == index]
+            if _replayable(here, order):
+                inputs = _block(block, here, inputs, openings, names, tuning, done, index < last)
+                continue
+            for one in here:  # each consumer on runs of the block of its own
                 measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers)
                             for part, numbers in tuning.folds(inputs)]  # fmt: skip
                 if _measured_update(one, openings, measures, names[id(one.module)], tuning):
                     done.append(names[id(one.module)])
+            if index < last:
+                inputs = cal.next_inputs(block, inputs)
             if index == last:
                 break
-            inputs = cal.next_inputs(block, inputs)
     tuning.warn(names)
     return done
+
+
+def _block(
+    block: nn.Module,
+    here: Sequence[_Consumer],
+    inputs: list[cal.Inputs],
+    openings: Openings,
+    names: dict[int, str],
+    tuning: Tuning,
+    done: list[str],
+    more: bool,
+) -> list[cal.Inputs]:
+    """Update the consumers `here` of `block` in forward order, each measured on the
+    outputs of those updated before it, and return the block's outputs (the next block's
+    inputs) if there are `more` blocks to go: each sublayer of the block runs once per input.
+    A run for one consumer stops at its input; the next run takes the outputs of the calls
+    the run before finished from memory (criteria.grouped: every submodule with weights is
+    kept), and the last run gives the outputs. A call kept while an earlier consumer's
+    producers were opened holds values of removed units, which reach only the consumers of
+    those units, whose weights are masked there: what they compute is the same."""
+    if not here:
+        return cal.next_inputs(block, inputs) if more else []
+    weighted = [m for m in block.modules() if m is not block and bool(m._parameters)]
+    folds = tuning.folds(inputs)
+    wanted = cal.Wanted(norms=False, hessian=True, means=True)
+    with contextlib.ExitStack() as stack:
+        runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers))
+                for part, numbers in folds]  # fmt: skip
+        for one in here:
+            measures = [functools.partial(_grouped, r) for r in runs]
+            if _measured_update(one, openings, measures, names[id(one.module)], tuning):
+                done.append(names[id(one.module)])
+        if not more:
+            return []
+        outputs = [r.outputs() for r in runs]
+    found: list[cal.Inputs] = list(inputs)
+    for (_, numbers), out in zip(folds, outputs, strict=True):
+        for number, item in zip(numbers, out, strict=True):
+            found[number] = item
+    return found
+
+
+def _producers(one: _Consumer) -> list[nn.Module]:
+    """The modules whose masks `Openings.open` lifts for `one` (its groups' producers)."""
+    return [s.module for g in one.groups for s in g.slices if s.role != "in" and not s.is_buffer]
+
+
+def _replayable(here: Sequence[_Consumer], order: dict[int, int]) -> bool:
+    """Whether the consumers `here` (of one block, in forward order) can be measured on
+    one block's grouped runs: each one's producers all first run after the consumer before
+    it, so that no call kept before that consumer holds their output computed while they
+    were masked."""
+    for before, one in itertools.pairwise(here):
+        if any(order.get(id(p), -1) <= order[id(before.module)] for p in _producers(one)):
+            return False
+    return True
+
+
+def _grouped(
+    runs: GroupedRuns, modules: Sequence[nn.Module], wanted: cal.Wanted
+) -> cal.InputStatistics:
+    """`Measure` by the next grouped run of a block (the one module of `modules`)."""
+    runs.wanted = wanted
+    stats, _ = runs.next_group(modules)
+    return stats
 
 
 # Input statistics of some modules, taken one way or another (the whole model over the
