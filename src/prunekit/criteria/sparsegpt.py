@@ -73,9 +73,9 @@ class SparseGPT:
         TypeError, ValueError: a setting of the wrong type or out of range.
     """
 
-    damp: float = 0.01
+    damp: float = 0.1
     blocksize: int = 128
-    refit: int = 0
+    refit: int = 10
 
     def __post_init__(self) -> None:
         check_number(self.damp, "damp", "SparseGPT", "a finite float >= 0",

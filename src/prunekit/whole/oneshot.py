@@ -38,7 +38,7 @@ def oneshot(
     calibration: Iterable[Any] | None = None,
     sequential: bool | str | None = None,
     loss: Loss | None = None,
-    damp: float = 0.01,
+    damp: float = 0.1,
     blocksize: int = 128,
     progress: bool | None = None,
 ) -> None:
