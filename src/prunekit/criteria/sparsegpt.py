@@ -38,12 +38,12 @@ from torch import Tensor
 from prunekit.core.amount import Amount
 from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
-from prunekit.criteria.hessian import inverse_factor
+from prunekit.criteria.hessian import damped, inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.select import smallest_k
 from prunekit.select.rows import smallest_per_row
 
-__all__ = ["SparseGPT", "sparsegpt_prune", "sparsegpt_prune_shared"]
+__all__ = ["SparseGPT", "refit", "sparsegpt_prune", "sparsegpt_prune_shared"]
 
 Chooser = Callable[[Tensor, Tensor | None, int], Tensor]
 """(saliency of a block, its alive flags or None for all, the block's first column) ->
@@ -61,29 +61,41 @@ least loss (`_least_loss`); larger ones by each column's saliency."""
 class SparseGPT:
     """SparseGPT's settings: `damp` adds ``damp * mean(diag(H))`` to the Hessian's diagonal
     (it must be positive definite); `blocksize` columns are pruned and updated at a time
-    (a multiple of m for an NM pattern).
+    (a multiple of m for an NM pattern); `refit` steps then move the kept weights toward
+    the least error their mask allows.
 
     Args:
         damp: the share of the Hessian's mean diagonal added to its diagonal, a finite
-            float >= 0 (0.01 by default); raise it when the Hessian is reported singular.
+            float >= 0 (0.1 by default: on 16 x 128 calibration tokens a smaller one fits
+            the calibration text's noise and costs other texts); raise it when the Hessian
+            is reported singular.
         blocksize: how many columns are pruned and compensated at a time, an int >= 1 (128 by
             default); larger blocks choose the mask over more columns at once.
+        refit: steps of conjugate gradients after the sweep, an int >= 0 (10 by default),
+            which move the weights kept toward the least error ``(W - W0) H (W - W0)^T``
+            (H damped) that their mask allows; 0: the sweep's weights as they are.
 
     Raises:
-        TypeError: `damp` or `blocksize` is not a number (`blocksize` not an int).
-        ValueError: `damp` is negative or not finite, or `blocksize` is below 1.
+        TypeError: `damp`, `blocksize` or `refit` is not a number (`blocksize` and `refit`
+            not ints).
+        ValueError: `damp` is negative or not finite, `blocksize` is below 1, or `refit`
+            below 0.
     """
 
-    damp: float = 0.01
+    damp: float = 0.1
     blocksize: int = 128
+    refit: int = 10
 
     def __post_init__(self) -> None:
         check_number(self.damp, "damp", "SparseGPT", "a finite float >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         check_number(self.blocksize, "blocksize", "SparseGPT", "an int >= 1", lambda v: v >= 1,
                      integral=True)  # fmt: skip
+        check_number(self.refit, "refit", "SparseGPT", "an int >= 0", lambda v: v >= 0,
+                     integral=True)  # fmt: skip
         object.__setattr__(self, "damp", float(self.damp))
         object.__setattr__(self, "blocksize", int(self.blocksize))
+        object.__setattr__(self, "refit", int(self.refit))
 
 
 def sparsegpt_prune(
@@ -144,6 +156,10 @@ def sparsegpt_prune_shared(
         stop = min(cols, start + settings.blocksize)
         _sweep_block(sweep, start, stop)
     keep = live & ~pruned  # the others are 0 in `w` (each block zeroes those it drops)
+    if settings.refit:
+        dense = torch.cat([weight.detach().to(dtype=hessian.dtype) for weight in weights])
+        dense.masked_fill_(~live, 0)
+        refit(w, dense, keep, damped(hessian, settings.damp), settings.refit)
     sizes = [weight.shape[0] for weight in weights]
     return [
         (k, u.to(dtype=weight.dtype))
@@ -151,6 +167,40 @@ def sparsegpt_prune_shared(
             torch.split(keep, sizes), torch.split(w, sizes), weights, strict=True
         )
     ]
+
+
+def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
+    """Move the entries of `w` (rows, columns) that `keep` marks toward the least error
+    ``(w - dense) H (w - dense)^T`` of each row with the others fixed at their values in `w`,
+    by `steps` of conjugate gradients preconditioned with H's diagonal, every row at once
+    (its own step sizes). `hessian` H (columns x columns) must be positive definite (damped).
+    Each step costs one product (rows x columns) by H; with as many steps as a row keeps
+    entries the least error is reached, up to rounding. In place; the other entries of `w`
+    do not change.
+
+    Args:
+        w: the pruned weights, updated in place (the dtype of `hessian`).
+        dense: the weights before pruning (the target).
+        keep: bool flags of the entries that may move, the shape of `w`.
+        hessian: the damped Hessian.
+        steps: the number of conjugate gradient steps.
+    """
+    free = keep.to(dtype=w.dtype)
+    scale = hessian.diagonal().reciprocal()
+    residual = torch.mm(dense - w, hessian).mul_(free)  # minus the gradient, halved
+    direction = residual * scale
+    along = (residual * direction).sum(dim=1, keepdim=True)
+    for _ in range(steps):
+        moved = torch.mm(direction, hessian).mul_(free)
+        curve = (direction * moved).sum(dim=1, keepdim=True)
+        size = torch.where(curve > 0, along / curve, torch.zeros_like(curve))
+        w.addcmul_(size, direction)
+        residual.addcmul_(size, moved, value=-1)
+        preconditioned = residual * scale
+        after = (residual * preconditioned).sum(dim=1, keepdim=True)
+        ratio = torch.where(along > 0, after / along, torch.zeros_like(along))
+        direction = preconditioned.add_(direction.mul_(ratio))
+        along = after
 
 
 def _named(label: str) -> AbstractContextManager[None]:

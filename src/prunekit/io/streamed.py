@@ -76,7 +76,7 @@ def prune_streamed(
     calibration: Iterable[Any],
     pattern: Any = None,
     sequential: bool | str | None = None,
-    damp: float = 0.01,
+    damp: float = 0.1,
     blocksize: int = 128,
     progress: bool | None = None,
 ) -> StreamedResult:

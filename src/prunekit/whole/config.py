@@ -61,7 +61,7 @@ class Config:
     exclude: tuple[str, ...] = ()
     sequential: bool | str | None = None
     progress: bool | None = None
-    damp: float = 0.01
+    damp: float = 0.1
     blocksize: int = 128
     owner: str = field(default="prune_model", compare=False)
     ranks: bool = field(default=False, compare=False)
