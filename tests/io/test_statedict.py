@@ -268,7 +268,7 @@ def test_the_method_first_still_works_with_a_future_warning() -> None:
         (("l1", 0.5), {"method": "l1"}, TypeError, "got the method twice"),
         ((0.5,), {"amount": 0.5}, TypeError, "got the amount twice"),
         ((), {"config": Config(amount=0.5, method="wanda")}, ValueError, "'wanda' is not known"),
-        ((), {"config": Config(amount=0.5, pattern="row")}, ValueError, "pattern='row'"),
+        ((), {"config": Config(amount=0.5, pattern="row")}, ValueError, "^prune_state_dict: inv"),
         ((0.5,), {"n": 2}, ValueError, "prune_state_dict: n and dim apply to method 'ln' only"),
         ((0.5,), {"method": "ln", "dim": "0"}, TypeError, "prune_state_dict: invalid dim='0'"),
     ],
@@ -280,6 +280,14 @@ def test_bad_calls(
         warnings.simplefilter("ignore", FutureWarning)
         with pytest.raises(error, match=message):
             prune_state_dict(_state(), *args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_old_keywords_still_work_and_a_config_made_by_hand_is_named() -> None:
+    want = prune_state_dict(_state(), 0.5, method="l1").state
+    got = prune_state_dict(_state(), method="l1", amount=0.5).state
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(ValueError, match=r"^Config: invalid scope='model'"):
+        Config(amount=0.5, scope="model")
 
 
 def test_prune_file_takes_a_config(tmp_path: Path) -> None:

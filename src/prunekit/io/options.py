@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TypedDict, cast
 
 if sys.version_info >= (3, 11):
@@ -84,7 +85,7 @@ def config_of(
                 f"{owner}: invalid config of type {type(config).__name__}; expected a "
                 "prunekit.whole.Config"
             )
-        return config
+        return config if config.owner == owner else replace(config, owner=owner)
     method, amount = _method_and_amount(owner, args, options)
     if not isinstance(method, str) or method not in OFFLINE:
         raise value_error(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")

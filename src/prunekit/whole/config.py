@@ -50,7 +50,8 @@ class Config:
         blocksize: SparseGPT's columns updated at a time.
         n: 'ln' only: the norm order its channels are ranked by (None: 2).
         dim: 'ln' only: the axis of its channels (None: 0, the output channels).
-        owner: the entry point the errors name.
+        owner: the entry point the errors name ('Config' when made by hand; the entry
+            point that takes it names itself).
         ranks: whether the pruning runs over data-parallel ranks (for the default of
             `sequential`).
 
@@ -71,7 +72,7 @@ class Config:
     blocksize: int = 128
     n: float | str | None = None
     dim: int | None = None
-    owner: str = field(default="prune_model", compare=False)
+    owner: str = field(default="Config", compare=False)
     ranks: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
