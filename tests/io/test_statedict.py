@@ -264,6 +264,7 @@ def test_the_method_first_still_works_with_a_future_warning() -> None:
         ((), {"config": Config(amount=0.5), "scope": "global"}, TypeError, "scope="),
         ((), {"config": {"amount": 0.5}}, TypeError, "invalid config of type dict"),
         ((), {"method": "l1"}, TypeError, "prune_state_dict: missing the amount"),
+        ((0.5,), {"global": True}, TypeError, "prune_state_dict: unexpected keyword global="),
         ((0.5, 0.2), {}, TypeError, "takes the amount as its one positional argument"),
         (("l1", 0.5), {"method": "l1"}, TypeError, "got the method twice"),
         ((0.5,), {"amount": 0.5}, TypeError, "got the amount twice"),

@@ -477,6 +477,11 @@ def test_a_config_is_the_keywords_in_one_object(kw: dict[str, Any]) -> None:
         ((), {"config": {"final_amount": 0.5}}, "invalid config of type dict"),
         ((0.5,), {"start_step": 0}, "missing end_step"),
         ((), {}, "missing final_amount and start_step and end_step"),
+        (
+            (0.5,),
+            {"start_step": 0, "end_step": 2, "every_step": 1},
+            "unexpected keyword every_step=",
+        ),
     ],
 )
 def test_bad_calls(args: tuple[Any, ...], kw: dict[str, Any], words: str) -> None:

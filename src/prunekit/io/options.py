@@ -73,6 +73,12 @@ def config_of(
         ValueError: a method a state_dict cannot be pruned with, or a bad argument (see
             whole.Config).
     """
+    unknown = [key for key in options if key not in Options.__annotations__]
+    if unknown:
+        raise type_error(
+            f"{owner}: unexpected keyword {unknown[0]}=; expected one of "
+            f"{', '.join(Options.__annotations__)}, config=, keep_masks=, seed="
+        )
     if config is not None:
         if args or options:
             given = ", ".join([*(repr(a) for a in args), *(f"{k}=" for k in options)])

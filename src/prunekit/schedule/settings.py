@@ -147,6 +147,12 @@ def config_of(
             `final_amount`, `start_step` or `end_step`.
         TypeError, ValueError: a bad argument (see GradualConfig).
     """
+    unknown = [key for key in options if key not in GradualOptions.__annotations__]
+    if unknown:
+        raise type_error(
+            f"{OWNER}: unexpected keyword {unknown[0]}=; expected one of "
+            f"{', '.join(GradualOptions.__annotations__)}, config=, example_inputs="
+        )
     if config is not None:
         if final_amount is not None or options:
             given = [*(["final_amount"] if final_amount is not None else []), *options]
