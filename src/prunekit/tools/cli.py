@@ -189,6 +189,21 @@ def _prune_parser(commands: Any) -> None:
         help="fraction to prune, such as 0.9, or a count of entries (channels for ln), "
         "such as 1000",
     )
+    _config_arguments(prune)
+    prune.add_argument(
+        "--keep-masks",
+        action="store_true",
+        help="write <name>_orig and <name>_mask instead of making the pruning permanent",
+    )
+    prune.add_argument("--seed", type=int, help="seed for the random method")
+    calibrate.add_arguments(prune)
+    _trust_argument(prune)
+    prune.set_defaults(run=_run_prune)
+
+
+def _config_arguments(prune: argparse.ArgumentParser) -> None:
+    """The options of the prune command that make its Config beside --method and --amount:
+    the scope, the norm and axis of 'ln', the globs."""
     prune.add_argument(
         "--scope",
         choices=SCOPES,
@@ -218,15 +233,6 @@ def _prune_parser(commands: Any) -> None:
         metavar="GLOB",
         help="leave out tensors whose name, or a module name above it, matches GLOB (repeatable)",
     )
-    prune.add_argument(
-        "--keep-masks",
-        action="store_true",
-        help="write <name>_orig and <name>_mask instead of making the pruning permanent",
-    )
-    prune.add_argument("--seed", type=int, help="seed for the random method")
-    calibrate.add_arguments(prune)
-    _trust_argument(prune)
-    prune.set_defaults(run=_run_prune)
 
 
 def _trust_argument(parser: argparse.ArgumentParser) -> None:
