@@ -410,7 +410,7 @@ def test_prune_sharded_fails_leaving_every_file(
 ) -> None:
     write_sharded(tmp_path / "ckpt")
     out = tmp_path / "out"
-    prunekit.prune_sharded(tmp_path / "ckpt", out, "l1", 0.25)  # an earlier output
+    prunekit.prune_sharded(tmp_path / "ckpt", out, 0.25, method="l1")  # an earlier output
     if spoil is not None:
         spoil(tmp_path)
     options = dict(options)
@@ -418,7 +418,7 @@ def test_prune_sharded_fails_leaving_every_file(
     method, amount = options.pop("method", "l1"), options.pop("amount", 0.5)
     before = files(tmp_path)
     with pytest.raises((ValueError, TypeError, OSError)):
-        prunekit.prune_sharded(tmp_path / "ckpt", target, method, amount, **options)
+        prunekit.prune_sharded(tmp_path / "ckpt", target, amount, method=method, **options)
     assert files(tmp_path) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -441,7 +441,7 @@ def test_cli_prune_fails_leaving_every_file(
 ) -> None:
     ckpt = write_sharded(tmp_path / "ckpt")
     out = tmp_path / "out"
-    prunekit.prune_sharded(ckpt, out, "l1", 0.25)
+    prunekit.prune_sharded(ckpt, out, 0.25, method="l1")
     before = files(tmp_path)
     args = ["prune", str(ckpt)] + [a.format(ckpt=ckpt, out=out) for a in argv]
     assert main(args) != 0

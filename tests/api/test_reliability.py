@@ -368,7 +368,7 @@ def test_prune_sharded_refuses_an_output_that_overlaps_its_input(
     out = {"same": source, "link": tmp_path / "alias", "inside": source / "sub",
            "parent": tmp_path}[where]  # fmt: skip
     with pytest.raises(CheckpointError, match="input"):
-        prune_sharded(source, out, "l1", 0.5)
+        prune_sharded(source, out, 0.5, method="l1")
     assert main(["prune", str(source), "-o", str(out), "--amount", "0.5"]) != 0
     assert files_of(tmp_path) == before
 
@@ -378,7 +378,7 @@ def test_a_sharded_output_is_swapped_in_whole(
 ) -> None:
     source = write_sharded(tmp_path / "ckpt")
     out = tmp_path / "out"
-    prune_sharded(source, out, "l1", 0.5)
+    prune_sharded(source, out, 0.5, method="l1")
     (out / "config.json").write_text("{}")  # the user's file beside the shards
     before = files_of(out)
     import prunekit.io.sharded as sharded
@@ -388,11 +388,11 @@ def test_a_sharded_output_is_swapped_in_whole(
 
     monkeypatch.setattr(sharded, "_write_index", killed)
     with pytest.raises(KeyboardInterrupt):
-        prune_sharded(source, out, "l1", 0.75)
+        prune_sharded(source, out, 0.75, method="l1")
     assert files_of(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]
     monkeypatch.undo()
-    prune_sharded(source, out, "l1", 0.75)
+    prune_sharded(source, out, 0.75, method="l1")
     assert (out / "config.json").read_text() == "{}"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
@@ -402,7 +402,7 @@ def test_a_fifo_shard_is_refused_without_blocking(tmp_path: Path) -> None:
     (source / "model-2.safetensors").unlink()
     os.mkfifo(source / "model-2.safetensors")
     with pytest.raises(CheckpointError, match="regular file"):
-        prune_sharded(source, tmp_path / "out", "l1", 0.5)
+        prune_sharded(source, tmp_path / "out", 0.5, method="l1")
     assert main(["prune", str(source), "-o", str(tmp_path / "o2"), "--amount", "0.5"]) != 0
     assert not (tmp_path / "out").exists() and not (tmp_path / "o2").exists()
 

@@ -98,8 +98,8 @@ CASES = [
 def test_equals_the_state_dict_pruned_in_memory(
     checkpoint: Path, tmp_path: Path, method: str, amount: float, options: dict[str, object]
 ) -> None:
-    want = prune_state_dict(read_sharded(checkpoint), method, amount, **options)  # type: ignore[arg-type]
-    done = prune_sharded(checkpoint, tmp_path / "out", method, amount, **options)  # type: ignore[arg-type]
+    want = prune_state_dict(read_sharded(checkpoint), amount, method=method, **options)  # type: ignore[arg-type]
+    done = prune_sharded(checkpoint, tmp_path / "out", amount, method=method, **options)  # type: ignore[arg-type]
     got = read_sharded(tmp_path / "out")
     assert_same(got, want.state)
     assert done.pruned == want.pruned
@@ -110,8 +110,8 @@ def test_small_checkpoint_and_count_amount(tmp_path: Path) -> None:
     folder = write_sharded(tmp_path / "in", model_state(large=False), per_file=4)
     for amount in (0, 1, 700, 0.0, 1.0):
         out = tmp_path / f"out{amount}"
-        want = prune_state_dict(read_sharded(folder), "l1", amount, global_pruning=True)
-        prune_sharded(folder, out, "l1", amount, global_pruning=True)
+        want = prune_state_dict(read_sharded(folder), amount, method="l1", global_pruning=True)
+        prune_sharded(folder, out, amount, method="l1", global_pruning=True)
         assert_same(read_sharded(out), want.state)
 
 
@@ -120,14 +120,14 @@ def test_ties_everywhere_are_taken_in_index_order(tmp_path: Path) -> None:
     state = {f"w{i}": torch.randint(-3, 4, (400, 300)).to(torch.bfloat16) for i in range(4)}
     folder = write_sharded(tmp_path / "in", state, per_file=1)
     for amount in (0.2, 0.5, 0.77):
-        want = prune_state_dict(read_sharded(folder), "l1", amount, global_pruning=True)
-        prune_sharded(folder, tmp_path / "out", "l1", amount, global_pruning=True)
+        want = prune_state_dict(read_sharded(folder), amount, method="l1", global_pruning=True)
+        prune_sharded(folder, tmp_path / "out", amount, method="l1", global_pruning=True)
         assert_same(read_sharded(tmp_path / "out"), want.state)
 
 
 def test_output_files_and_index(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    prune_sharded(checkpoint, out, "l1", 0.5, global_pruning=True, keep_masks=True)
+    prune_sharded(checkpoint, out, 0.5, method="l1", global_pruning=True, keep_masks=True)
     index = json.loads((out / INDEX).read_text())
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted([INDEX, *set(index["weight_map"].values())])  # no temporary left
@@ -147,21 +147,21 @@ def test_output_files_and_index(checkpoint: Path, tmp_path: Path) -> None:
 
 def test_prunes_further_from_its_own_output(checkpoint: Path, tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
-    prune_sharded(checkpoint, first, "l1", 0.5, global_pruning=True, keep_masks=True)
-    want = prune_state_dict(read_sharded(first), "l1", 0.5, global_pruning=True)
-    prune_sharded(first / INDEX, second, "l1", 0.5, global_pruning=True)
+    prune_sharded(checkpoint, first, 0.5, method="l1", global_pruning=True, keep_masks=True)
+    want = prune_state_dict(read_sharded(first), 0.5, method="l1", global_pruning=True)
+    prune_sharded(first / INDEX, second, 0.5, method="l1", global_pruning=True)
     assert_same(read_sharded(second), want.state)
 
 
 def test_a_failure_leaves_the_output_as_it_was(checkpoint: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    prune_sharded(checkpoint, out, "l1", 0.5)
+    prune_sharded(checkpoint, out, 0.5, method="l1")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(ValueError, match=r"'head\.weight'"):
-        prune_sharded(checkpoint, out, "l1", 3001)  # more entries than head.weight holds
+        prune_sharded(checkpoint, out, 3001, method="l1")  # more entries than head.weight holds
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     with pytest.raises(ValueError, match="amount"):
-        prune_sharded(checkpoint, tmp_path / "new", "l1", 10**9, global_pruning=True)
+        prune_sharded(checkpoint, tmp_path / "new", 10**9, method="l1", global_pruning=True)
     assert not (tmp_path / "new").exists()
 
 
@@ -170,28 +170,28 @@ def test_scores_that_cannot_be_ranked(tmp_path: Path) -> None:
     state["layers.0.attn.weight"][3, 4] = float("nan")
     folder = write_sharded(tmp_path / "in", state, per_file=3)
     with pytest.raises(CheckpointError, match=r"'layers\.0\.attn\.weight'.*NaN"):
-        prune_sharded(folder, tmp_path / "out", "l1", 0.5, global_pruning=True)
+        prune_sharded(folder, tmp_path / "out", 0.5, method="l1", global_pruning=True)
 
 
 def test_bad_checkpoints_and_options(checkpoint: Path, tmp_path: Path) -> None:
     assert is_sharded(checkpoint) and index_of(checkpoint / INDEX) == checkpoint / INDEX
     assert not is_sharded(tmp_path) and not is_sharded(tmp_path / "missing")
     with pytest.raises(CheckpointError, match=r"no model\.safetensors\.index\.json"):
-        prune_sharded(tmp_path, tmp_path / "out", "l1", 0.5)
+        prune_sharded(tmp_path, tmp_path / "out", 0.5, method="l1")
     with pytest.raises(ValueError, match="global pruning ranks single entries"):
-        prune_sharded(checkpoint, tmp_path / "out", "ln", 0.5, global_pruning=True)
+        prune_sharded(checkpoint, tmp_path / "out", 0.5, method="ln", global_pruning=True)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / INDEX).write_text(json.dumps({"weight_map": {"w": "../elsewhere.safetensors"}}))
     with pytest.raises(CheckpointError, match="expected a file name"):
-        prune_sharded(bad, tmp_path / "out", "l1", 0.5)
+        prune_sharded(bad, tmp_path / "out", 0.5, method="l1")
     (bad / INDEX).write_text(json.dumps({"weight_map": {"w": "x.safetensors"}}))
     (bad / "x.safetensors").write_bytes(b'\x08\x00\x00\x00\x00\x00\x00\x00{"a":1} ')
     with pytest.raises(CheckpointError, match="malformed"):
-        prune_sharded(bad, tmp_path / "out", "l1", 0.5)
+        prune_sharded(bad, tmp_path / "out", 0.5, method="l1")
     (tmp_path / "file").write_text("")
     with pytest.raises(CheckpointError, match="is a file"):
-        prune_sharded(checkpoint, tmp_path / "file", "l1", 0.5)
+        prune_sharded(checkpoint, tmp_path / "file", 0.5, method="l1")
 
 
 def test_command_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -200,7 +200,7 @@ def test_command_line(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert status == 0
     printed = capsys.readouterr().out
     assert "Pruned 6 tensors" in printed and "globally" in printed and str(out) in printed
-    want = prune_state_dict(read_sharded(checkpoint), "l1", 0.75, global_pruning=True)
+    want = prune_state_dict(read_sharded(checkpoint), 0.75, method="l1", global_pruning=True)
     assert_same(read_sharded(out), want.state)
 
 
@@ -234,7 +234,7 @@ def test_shard_metadata_that_is_not_strings_is_refused(
     (bad / INDEX).write_text(json.dumps({"weight_map": {"w": "x.safetensors"}}))
     raw_safetensors(bad / "x.safetensors", metadata)
     with pytest.raises(CheckpointError, match=r"x\.safetensors: the header's " + words):
-        prune_sharded(bad, tmp_path / "out", "l1", 0.5, include=["w"])
+        prune_sharded(bad, tmp_path / "out", 0.5, method="l1", include=["w"])
     assert not (tmp_path / "out").exists()
     raw_safetensors(bad / "x.safetensors", {"format": "pt"})
     assert read_header(bad / "x.safetensors")[1] == {"format": "pt"}
@@ -246,7 +246,7 @@ def test_an_index_that_is_a_fifo_is_not_a_regular_file(tmp_path: Path) -> None:
     os.mkfifo(folder / INDEX)
     for where in (folder, folder / INDEX):
         with pytest.raises(CheckpointError, match=r"index\.json: is not a regular file; expected"):
-            prune_sharded(where, tmp_path / "out", "l1", 0.5)
+            prune_sharded(where, tmp_path / "out", 0.5, method="l1")
     assert not (tmp_path / "out").exists()
 
 
@@ -262,8 +262,8 @@ def test_tensors_copied_as_they_are_across_filesystems(
         raise OSError(refusal, os.strerror(refusal))
 
     monkeypatch.setattr(os, "copy_file_range", refused, raising=False)
-    want = prune_state_dict(read_sharded(checkpoint), "l1", 0.5, include=["layers.*"])
-    prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5, include=["layers.*"])
+    want = prune_state_dict(read_sharded(checkpoint), 0.5, method="l1", include=["layers.*"])
+    prune_sharded(checkpoint, tmp_path / "out", 0.5, method="l1", include=["layers.*"])
     assert_same(read_sharded(tmp_path / "out"), want.state)
 
 
@@ -274,7 +274,7 @@ def test_the_output_gets_the_permissions_of_any_new_folder_and_file(
     temporary files are: another user or group the umask lets read can load the shards."""
     before = os.umask(0o022)
     try:
-        prune_sharded(checkpoint, tmp_path / "out", "l1", 0.5)
+        prune_sharded(checkpoint, tmp_path / "out", 0.5, method="l1")
         (tmp_path / "plain").mkdir()
         (tmp_path / "plain" / "file").write_bytes(b"")
     finally:
@@ -286,3 +286,19 @@ def test_the_output_gets_the_permissions_of_any_new_folder_and_file(
     assert mode(tmp_path / "out") == mode(tmp_path / "plain") == 0o755
     for path in (tmp_path / "out").iterdir():
         assert mode(path) == mode(tmp_path / "plain" / "file") == 0o644, path.name
+
+
+def test_a_config_is_the_keywords_in_one_object(checkpoint: Path, tmp_path: Path) -> None:
+    from prunekit.whole import Config
+
+    config = Config(method="random", amount=0.3, scope="global", exclude=("embed.*",))
+    done = prune_sharded(checkpoint, tmp_path / "a", config=config, seed=3, keep_masks=True)
+    want = prune_sharded(
+        checkpoint, tmp_path / "b", 0.3, method="random", scope="global", exclude=["embed.*"],
+        seed=3, keep_masks=True,
+    )  # fmt: skip
+    assert (done.pruned, done.numel, done.zeros) == (want.pruned, want.numel, want.zeros)
+    assert_same(read_sharded(tmp_path / "a"), read_sharded(tmp_path / "b"))
+    with pytest.warns(FutureWarning, match="prune_sharded: the method as a positional"):
+        prune_sharded(checkpoint, tmp_path / "c", "l1", 0.5)  # type: ignore[arg-type]
+    assert_same(read_sharded(tmp_path / "c"), prune_state_dict(read_sharded(checkpoint), 0.5).state)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -10,8 +12,9 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunekit.io.files import save_state_dict
-from prunekit.io.statedict import entries, prune_state_dict
+from prunekit.io.statedict import entries, prune_file, prune_state_dict
 from prunekit.tools.cli import main
+from prunekit.whole import Config
 from prunekit.whole.targets import select_names
 
 
@@ -60,7 +63,7 @@ def test_select_errors(include: list[str], exclude: list[str], message: str) -> 
 
 def test_l1_matches_torch_per_tensor() -> None:
     state = _state()
-    result = prune_state_dict(state, "l1", 0.6)
+    result = prune_state_dict(state, 0.6, method="l1")
     model = _model()
     for module in (model[0], model[3]):
         torch_prune.l1_unstructured(module, "weight", amount=0.6)
@@ -71,7 +74,7 @@ def test_l1_matches_torch_per_tensor() -> None:
 
 
 def test_global_matches_torch() -> None:
-    result = prune_state_dict(_state(), "l1", 50, global_pruning=True, keep_masks=True)
+    result = prune_state_dict(_state(), 50, method="l1", global_pruning=True, keep_masks=True)
     model = _model()
     pairs = [(model[0], "weight"), (model[3], "weight")]
     torch_prune.global_unstructured(pairs, torch_prune.L1Unstructured, amount=50)
@@ -83,7 +86,7 @@ def test_global_matches_torch() -> None:
 
 
 def test_ln_matches_torch() -> None:
-    result = prune_state_dict(_state(), "ln", 2, n=1, dim=1, include=["3.weight"])
+    result = prune_state_dict(_state(), 2, method="ln", n=1, dim=1, include=["3.weight"])
     model = _model()
     torch_prune.ln_structured(model[3], "weight", amount=2, n=1, dim=1)
     assert torch.equal(result.state["3.weight"], model[3].weight)
@@ -94,11 +97,11 @@ def test_masks_in_the_input_are_resumed() -> None:
     model = _model()
     torch_prune.l1_unstructured(model[3], "weight", amount=0.5)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    result = prune_state_dict(saved, "l1", 0.5, include=["3.weight"], keep_masks=True)
+    result = prune_state_dict(saved, 0.5, method="l1", include=["3.weight"], keep_masks=True)
     torch_prune.l1_unstructured(model[3], "weight", amount=0.5)
     assert torch.equal(result.state["3.weight_mask"], model[3].weight_mask)
     assert int((result.state["3.weight_mask"] == 0).sum()) == 24 + 12
-    permanent = prune_state_dict(saved, "l1", 0.5, include=["0.weight"])
+    permanent = prune_state_dict(saved, 0.5, method="l1", include=["0.weight"])
     assert "3.weight_mask" not in permanent.state  # the old mask is made permanent too
     assert torch.equal(permanent.state["3.weight"], saved["3.weight_orig"] * saved["3.weight_mask"])
 
@@ -106,8 +109,8 @@ def test_masks_in_the_input_are_resumed() -> None:
 def test_the_input_is_not_changed() -> None:
     state = _state()
     copy = {k: v.clone() for k, v in state.items()}
-    prune_state_dict(state, "l1", 0.9)
-    prune_state_dict(state, "random", 0.9, global_pruning=True, seed=1)
+    prune_state_dict(state, 0.9, method="l1")
+    prune_state_dict(state, 0.9, method="random", global_pruning=True, seed=1)
     for key, value in copy.items():
         assert torch.equal(state[key], value)
 
@@ -116,9 +119,9 @@ def test_random_is_reproducible_with_a_seed_and_leaves_the_global_generator() ->
     state = _state()
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
-    first = prune_state_dict(state, "random", 0.5, seed=7)
-    second = prune_state_dict(state, "random", 0.5, seed=7)
-    other = prune_state_dict(state, "random", 0.5, seed=8)
+    first = prune_state_dict(state, 0.5, method="random", seed=7)
+    second = prune_state_dict(state, 0.5, method="random", seed=7)
+    other = prune_state_dict(state, 0.5, method="random", seed=8)
     assert torch.equal(torch.random.get_rng_state(), before)
     assert torch.equal(first.state["3.weight"], second.state["3.weight"])
     assert not torch.equal(first.state["3.weight"], other.state["3.weight"])
@@ -143,7 +146,7 @@ def test_errors(
     method: str, amount: float, options: dict[str, object], error: type, message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        prune_state_dict(_state(), method, amount, **options)  # type: ignore[arg-type]
+        prune_state_dict(_state(), amount, method=method, **options)  # type: ignore[arg-type]
 
 
 def test_a_bad_saved_mask_is_named() -> None:
@@ -152,7 +155,7 @@ def test_a_bad_saved_mask_is_named() -> None:
         ValueError,
         match=r"tensor 'w': the mask holds 4 value\(s\) other than 0 and 1",
     ):
-        prune_state_dict(state, "l1", 0.5)
+        prune_state_dict(state, 0.5, method="l1")
 
 
 @pytest.mark.parametrize("extra", [{}, {"fc.weight": torch.ones(3, 3)}])
@@ -160,10 +163,10 @@ def test_a_mask_without_its_orig_is_not_pruned_as_a_weight(extra: dict[str, torc
     state = {**extra, "fc.weight_mask": torch.ones(3, 3), "fc.bias": torch.ones(3)}
     copies = {k: v.clone() for k, v in state.items()}
     with pytest.raises(ValueError, match=r"'fc.weight_mask' is named as the mask of a pruned "):
-        prune_state_dict(state, "l1", 0.5)
+        prune_state_dict(state, 0.5, method="l1")
     assert all(torch.equal(state[k], copies[k]) for k in copies)
     if extra:
-        done = prune_state_dict(state, "l1", 0.5, exclude=["fc.weight_mask"])
+        done = prune_state_dict(state, 0.5, method="l1", exclude=["fc.weight_mask"])
         assert done.pruned == ["fc.weight"]
         assert torch.equal(done.state["fc.weight_mask"], copies["fc.weight_mask"])
 
@@ -199,7 +202,7 @@ def test_the_masks_are_the_ones_a_models_parameters_get(
         model[1].weight.copy_(torch.randint(-2, 3, (4, 8)).float())  # many ties
     prunekit.random_unstructured(model[0], "weight", amount=0.25)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    result = prune_state_dict(state, method, amount, keep_masks=True, **options)  # type: ignore[arg-type]
+    result = prune_state_dict(state, amount, method=method, keep_masks=True, **options)  # type: ignore[arg-type]
     pairs = [(model[0], "weight"), (model[1], "weight")]
     seed = options.get("seed")
     with torch.random.fork_rng(devices=[]):
@@ -222,3 +225,76 @@ def test_the_masks_are_the_ones_a_models_parameters_get(
     for key, value in model.state_dict().items():
         assert torch.equal(result.state[key], value), key
         assert result.state[key].dtype == value.dtype, key
+
+
+@pytest.mark.parametrize(
+    ("amount", "options"),
+    [
+        (0.6, {}),
+        (50, {"scope": "global"}),
+        (0.5, {"method": "random", "scope": "global"}),
+        (2, {"method": "ln", "n": 1, "dim": 1, "include": ("3.weight",)}),
+        (0.7, {"include": ("0",), "exclude": ("3.*",)}),
+    ],
+)
+def test_a_config_is_the_keywords_in_one_object(amount: float, options: dict[str, Any]) -> None:
+    """``config=Config(...)`` prunes as the same keywords do, bit for bit."""
+    torch.manual_seed(5)
+    want = prune_state_dict(_state(), amount, keep_masks=True, seed=2, **options)
+    config = Config(amount=amount, **options)
+    got = prune_state_dict(_state(), config=config, keep_masks=True, seed=2)
+    assert want.pruned == got.pruned and list(want.state) == list(got.state)
+    assert all(torch.equal(want.state[k], got.state[k]) for k in want.state)
+
+
+def test_the_method_first_still_works_with_a_future_warning() -> None:
+    want = prune_state_dict(_state(), 0.5, method="random", seed=3).state
+    with pytest.warns(FutureWarning, match=r"prune_state_dict: the method as a positional"):
+        old = prune_state_dict(_state(), "random", 0.5, seed=3).state  # type: ignore[arg-type]
+    with pytest.warns(FutureWarning, match=r"write prune_state_dict\(\.\.\., 0\.5, method="):
+        mixed = prune_state_dict(_state(), "random", amount=0.5, seed=3).state
+    for got in (old, mixed):
+        assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        ((0.5,), {"config": Config(amount=0.5)}, TypeError, r"config= is given with 0\.5"),
+        ((), {"config": Config(amount=0.5), "scope": "global"}, TypeError, "scope="),
+        ((), {"config": {"amount": 0.5}}, TypeError, "invalid config of type dict"),
+        ((), {"method": "l1"}, TypeError, "prune_state_dict: missing the amount"),
+        ((0.5,), {"global": True}, TypeError, "prune_state_dict: unexpected keyword global="),
+        ((0.5, 0.2), {}, TypeError, "takes the amount as its one positional argument"),
+        (("l1", 0.5), {"method": "l1"}, TypeError, "got the method twice"),
+        ((0.5,), {"amount": 0.5}, TypeError, "got the amount twice"),
+        ((), {"config": Config(amount=0.5, method="wanda")}, ValueError, "'wanda' is not known"),
+        ((), {"config": Config(amount=0.5, pattern="row")}, ValueError, "^prune_state_dict: inv"),
+        ((0.5,), {"n": 2}, ValueError, "prune_state_dict: n and dim apply to method 'ln' only"),
+        ((0.5,), {"method": "ln", "dim": "0"}, TypeError, "prune_state_dict: invalid dim='0'"),
+    ],
+)
+def test_bad_calls(
+    args: tuple[object, ...], kwargs: dict[str, object], error: type, message: str
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(error, match=message):
+            prune_state_dict(_state(), *args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_old_keywords_still_work_and_a_config_made_by_hand_is_named() -> None:
+    want = prune_state_dict(_state(), 0.5, method="l1").state
+    got = prune_state_dict(_state(), method="l1", amount=0.5).state
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    with pytest.raises(ValueError, match=r"^Config: invalid scope='model'"):
+        Config(amount=0.5, scope="model")
+
+
+def test_prune_file_takes_a_config(tmp_path: Path) -> None:
+    source = save_state_dict(_state(), tmp_path / "in.safetensors")
+    config = Config(method="ln", amount=1, n=1)
+    done = prune_file(source, tmp_path / "out.safetensors", config=config, keep_masks=True)
+    want = prune_state_dict(_state(), 1, method="ln", n=1, keep_masks=True)
+    assert done.pruned == want.pruned
+    assert all(torch.equal(done.state[k], want.state[k]) for k in want.state)

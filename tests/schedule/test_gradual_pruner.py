@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import itertools
 import pickle
@@ -16,6 +17,7 @@ from torch import nn
 
 import prunekit as prune
 from helpers.gradual_models import Small, masks, train_step
+from prunekit.schedule import GradualConfig
 
 WEIGHTS = ("conv.weight", "fc1.weight", "fc2.weight")
 
@@ -437,3 +439,65 @@ def test_import_prunekit_imports_no_trainer_library(imported_by: dict[str, froze
         )
         == []
     )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"method": "random", "scope": "global", "schedule": "linear", "every": 2},
+        {"method": "ln", "initial_amount": 0.1, "exclude": ("fc2.*",)},
+        {"pattern": "row", "include": ("conv",)},
+    ],
+)
+def test_a_config_is_the_keywords_in_one_object(kw: dict[str, Any]) -> None:
+    """``config=GradualConfig(...)`` prunes as the same keywords do, bit for bit."""
+    found = []
+    for make in (
+        lambda m: prune.GradualPruner(m, 0.6, start_step=1, end_step=5, seed=3, **kw),
+        lambda m: prune.GradualPruner(
+            m, config=GradualConfig(0.6, start_step=1, end_step=5, seed=3, **kw)
+        ),
+    ):
+        torch.manual_seed(0)
+        model = Small()
+        pruner = make(model)
+        run(pruner, model, 5)
+        found.append((model.state_dict(), pruner.label, pruner.state_dict()["setup"]))
+    (state, label, setup), (want, want_label, want_setup) = found
+    assert (label, setup) == (want_label, want_setup)
+    assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "words"),
+    [
+        ((0.5,), {"config": GradualConfig(0.5, 0, 2)}, "config= is given with final_amount"),
+        ((), {"config": GradualConfig(0.5, 0, 2), "seed": 1}, "config= is given with seed"),
+        ((), {"config": {"final_amount": 0.5}}, "invalid config of type dict"),
+        ((0.5,), {"start_step": 0}, "missing end_step"),
+        ((), {}, "missing final_amount and start_step and end_step"),
+        (
+            (0.5,),
+            {"start_step": 0, "end_step": 2, "every_step": 1},
+            "unexpected keyword every_step=",
+        ),
+    ],
+)
+def test_bad_calls(args: tuple[Any, ...], kw: dict[str, Any], words: str) -> None:
+    with pytest.raises(TypeError, match=r"^GradualPruner: " + re.escape(words)):
+        prune.GradualPruner(Small(), *args, **kw)
+
+
+def test_a_config_is_checked_when_made_and_speaks_the_new_names() -> None:
+    with pytest.raises(ValueError, match=r"^GradualPruner: invalid scope='model'"):
+        GradualConfig(0.5, 0, 2, scope="model")
+    with pytest.warns(FutureWarning) as caught:
+        config = GradualConfig(0.5, 0, 2, pattern="channels", method="magnitude", include="fc")
+    told = [str(w.message) for w in caught]
+    assert len(told) == 2 and "'magnitude' is named 'l1'" in told[0] and "method='ln'" in told[1]
+    assert all(w.filename == __file__ for w in caught)  # the user's line, not the dataclass's
+    assert (config.method, config.pattern, config.include) == ("ln", "unstructured", ("fc",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # checked once: a config made again warns of nothing
+        assert dataclasses.replace(config, seed=1).method == "ln"

@@ -293,7 +293,7 @@ def test_a_sharded_folder_in_one_process(tmp_path: Path) -> None:
     total = sum(t.numel() for t in tensors)
     for k in (1, total // 3, total - 1):
         out = tmp_path / f"out{k}"
-        prune_sharded(folder, out, "l1", k, scope="global", keep_masks=True)
+        prune_sharded(folder, out, k, method="l1", scope="global", keep_masks=True)
         written: dict[str, torch.Tensor] = {}
         for file in sorted(out.glob("*.safetensors")):
             written.update(st.load_file(str(file)))

@@ -377,7 +377,7 @@ def test_a_seed_torch_cannot_take_is_one_line(
 def test_prune_state_dict_names_a_seed_out_of_range() -> None:
     state = {"w": torch.ones(4)}
     with pytest.raises(ValueError, match=r"prune_state_dict: invalid seed=-9223372036854775809"):
-        prune_state_dict(state, "random", 0.5, include=["w"], seed=-(2**63) - 1)
+        prune_state_dict(state, 0.5, method="random", include=["w"], seed=-(2**63) - 1)
     with pytest.raises(TypeError, match=r"invalid seed='3' of type str; expected an int in"):
-        prune_state_dict(state, "random", 0.5, include=["w"], seed="3")  # type: ignore[arg-type]
+        prune_state_dict(state, 0.5, method="random", include=["w"], seed="3")  # type: ignore[arg-type]
     assert torch.equal(state["w"], torch.ones(4))

@@ -167,5 +167,5 @@ def test_select_names_on_a_state_dict() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning where a glob narrows
         select_names(found, ["layers.0.*"])
-    result = prune_state_dict(state, "l1", 0.5, include=["layers.*"])
+    result = prune_state_dict(state, 0.5, method="l1", include=["layers.*"])
     assert result.pruned == ["layers.0.attn.weight"]

@@ -36,14 +36,14 @@ def same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
 def test_prune_state_dict_global_pruning_warns_and_means_scope_global() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new spelling warns of nothing
-        want = prune_state_dict(state(), "l1", 0.5, scope="global").state
-        layer = prune_state_dict(state(), "l1", 0.5, scope="layer").state
+        want = prune_state_dict(state(), 0.5, method="l1", scope="global").state
+        layer = prune_state_dict(state(), 0.5, method="l1", scope="layer").state
     assert not same(want, layer)  # the two scopes differ on this state
     with pytest.warns(FutureWarning, match=r"global_pruning= is renamed scope=.*scope='global'"):
-        got = prune_state_dict(state(), "l1", 0.5, global_pruning=True).state
+        got = prune_state_dict(state(), 0.5, method="l1", global_pruning=True).state
     assert same(got, want)
     with pytest.warns(FutureWarning, match=r"scope='layer'"):
-        got = prune_state_dict(state(), "l1", 0.5, global_pruning=False).state
+        got = prune_state_dict(state(), 0.5, method="l1", global_pruning=False).state
     assert same(got, layer)
 
 
@@ -62,15 +62,15 @@ def test_prune_state_dict_bad_scope(kwargs: dict[str, object], error: type, matc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         with pytest.raises(error, match=match):
-            prune_state_dict(state(), method, 0.5, **options)  # type: ignore[arg-type]
+            prune_state_dict(state(), 0.5, method=method, **options)  # type: ignore[arg-type]
 
 
 def test_prune_file_global_pruning(tmp_path: Path) -> None:
     source = tmp_path / "in.pt"
     torch.save(state(), source)
-    prune_file(source, tmp_path / "new.pt", "l1", 0.5, scope="global")
+    prune_file(source, tmp_path / "new.pt", 0.5, method="l1", scope="global")
     with pytest.warns(FutureWarning, match="prune_file: global_pruning= is renamed scope="):
-        prune_file(source, tmp_path / "old.pt", "l1", 0.5, global_pruning=True)
+        prune_file(source, tmp_path / "old.pt", 0.5, method="l1", global_pruning=True)
     new, old = torch.load(tmp_path / "new.pt"), torch.load(tmp_path / "old.pt")
     assert same(old, new)
 
@@ -89,15 +89,15 @@ def write_shards(folder: Path) -> Path:
 
 def test_prune_sharded_global_pruning(tmp_path: Path) -> None:
     folder = write_shards(tmp_path / "in")
-    new = prune_sharded(folder, tmp_path / "new", "l1", 0.5, scope="global")
+    new = prune_sharded(folder, tmp_path / "new", 0.5, method="l1", scope="global")
     with pytest.warns(FutureWarning, match="prune_sharded: global_pruning= is renamed scope="):
-        old = prune_sharded(folder, tmp_path / "old", "l1", 0.5, global_pruning=True)
+        old = prune_sharded(folder, tmp_path / "old", 0.5, method="l1", global_pruning=True)
     assert (old.numel, old.zeros, old.pruned) == (new.numel, new.zeros, new.pruned)
     for file in sorted(p.name for p in (tmp_path / "new").glob("*.safetensors")):
         a = st.load_file(str(tmp_path / "new" / file))
         b = st.load_file(str(tmp_path / "old" / file))
         assert same(b, a)
-    layer = prune_sharded(folder, tmp_path / "layer", "l1", 0.5)
+    layer = prune_sharded(folder, tmp_path / "layer", 0.5, method="l1")
     assert layer.zeros != new.zeros or any(
         not same(st.load_file(str(tmp_path / "layer" / f.name)), st.load_file(str(f)))
         for f in (tmp_path / "new").glob("*.safetensors")

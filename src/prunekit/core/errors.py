@@ -97,14 +97,18 @@ def naming(where: str) -> Iterator[None]:
         raise with_context(error, where) from None
 
 
+def _inside(filename: str) -> bool:
+    """Whether code of `filename` is prunekit's: its files, and the code generated for its
+    classes (a dataclass's ``__init__``, named ``<string>``)."""
+    return filename.startswith("<") or os.path.abspath(filename).startswith(_PACKAGE)
+
+
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """Warn (a `category`), pointing at the first line outside prunekit: the user's call,
     however deep."""
     frame = sys._getframe(1)
     level = 2  # stacklevel 2 is this function's caller
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        _PACKAGE
-    ):
+    while frame.f_back is not None and _inside(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)

@@ -17,19 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.core.amount import (
-    Amount,
-    validate_dim,
-    validate_dim_type,
-    validate_norm_order,
-    validate_pruning_amount_init,
-)
+from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.backend import multiply_
 from prunekit.core.checks import check_binary_mask, check_finite
 from prunekit.core.errors import naming, value_error
 from prunekit.core.naming import Entry, mask_name
 from prunekit.criteria import Criterion, Magnitude
 from prunekit.patterns import Channels, Pattern, Unstructured
+from prunekit.whole.config import Config
 from prunekit.whole.registry import OFFLINE, find
 
 __all__ = ["Ranking", "ranking", "saved_mask"]
@@ -156,29 +151,37 @@ class Ranking:
         return out
 
 
-def ranking(method: str, amount: float, n: Any, dim: int | None, scope: str) -> Ranking:
-    """The ranking of `method` ('l1', 'random' or 'ln' with its norm order `n`, default 2,
-    along `dim`, default 0), after checking that the arguments fit together.
+def ranking(config: Config) -> Ranking:
+    """The ranking of `config`'s method on plain tensors: 'l1' and 'random' entry by entry,
+    'ln' by channels (its norm order `config.n`, default 2, along `config.dim`, default 0).
+
+    Args:
+        config: the checked arguments of the call (see whole.Config).
+
+    Returns:
+        The criterion, pattern and amount the tensors are ranked with.
 
     Raises:
-        TypeError, ValueError: an unknown method, a bad amount, norm order or dim, `n` or
-            `dim` for a method other than 'ln', 'ln' in scope 'global'.
+        ValueError: a method that needs a model or calibration data (only the methods of
+            whole.registry.OFFLINE prune a state_dict), a pattern other than
+            'unstructured', or 'ln' in scope 'global'.
     """
-    found = find(method, OFFLINE)
+    found = find(config.method, OFFLINE)
     if found is None or found.pruning is None:
-        raise value_error(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")
+        raise value_error(
+            f"method={config.method!r} is not known; expected one of {', '.join(OFFLINE)}"
+        )
+    if not config.plain:
+        raise value_error(
+            f"{config.owner}: invalid pattern={config.pattern!r}; a state_dict is pruned "
+            "with pattern='unstructured' (whole channels: method 'ln')"
+        )
     owner = found.pruning.__name__
-    validate_pruning_amount_init(amount, owner="amount")
     if found.criterion is not None:
-        if n is not None or dim is not None:
-            raise value_error(f"n and dim apply to method 'ln' only, not {method!r}")
-        return Ranking(found.criterion(), Unstructured(), amount, owner)
-    if scope not in found.scopes:
+        return Ranking(found.criterion(), Unstructured(), config.amount, owner)
+    if config.scope not in found.scopes:
         raise value_error("global pruning ranks single entries: use method 'l1' or 'random'")
-    n = 2 if n is None else n
-    validate_norm_order(n, owner=owner)
-    axis = validate_dim_type(0 if dim is None else dim, owner=owner)
-    return Ranking(Magnitude(), Channels(axis, n), amount, owner)
+    return Ranking(Magnitude(), Channels(config.axis, config.norm), config.amount, owner)
 
 
 def saved_mask(entry: Entry) -> Tensor:

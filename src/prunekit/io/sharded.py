@@ -22,8 +22,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,15 @@ from prunekit.criteria import Random
 from prunekit.io.atomic import atomic_folder, umask
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
-from prunekit.io.statedict import check_method, prune_state_dict, seeded
+from prunekit.io.options import Options, Unpack, config_of
+from prunekit.io.ranking import ranking
+from prunekit.io.statedict import prune_config, seeded
 from prunekit.select import Source
 from prunekit.select.group import Alone
 from prunekit.select.pieces import Piece, Unrankable, select
+from prunekit.whole.config import Config
 from prunekit.whole.registry import METHODS
-from prunekit.whole.targets import ALL, select_names
-from prunekit.whole.vocabulary import scope_from
+from prunekit.whole.targets import select_names
 
 __all__ = [
     "INDEX",
@@ -161,45 +163,35 @@ def write_index(
 def prune_sharded(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    method: str,
-    amount: float,
-    *,
-    n: Any = None,
-    dim: int | None = None,
-    scope: str = "layer",
-    include: Sequence[str] = ALL,
-    exclude: Sequence[str] = (),
+    *args: str | float,
+    config: Config | None = None,
     keep_masks: bool = False,
     seed: int | None = None,
-    global_pruning: bool | None = None,
+    **options: Unpack[Options],
 ) -> ShardedResult:
     """Prune the sharded checkpoint at `path` into the folder `out` (made if missing): the
-    same shard files and an index, with the options of ``prune_state_dict``.
+    same shard files and an index, pruned as prune_state_dict prunes all its tensors in
+    one dict. The tensors are read from the shards as they are needed (a checkpoint larger
+    than memory prunes), and the output folder is swapped in whole once written: a failure
+    or a kill leaves it as it was. Every argument is checked before a shard is read.
 
-    The tensors are read from the shards as they are needed (a checkpoint larger than memory
-    prunes), and the output folder is swapped in whole once written: a failure or a kill
-    leaves it as it was. Every argument is checked before a shard is read.
+    ``prune_sharded(folder, out, 0.5, method="l1", scope="global")`` or, the same,
+    ``prune_sharded(folder, out, config=Config(method="l1", amount=0.5, scope="global"))``.
 
     Args:
         path: a sharded safetensors checkpoint: its folder, or its
             ``model.safetensors.index.json``. ``<name>_orig`` + ``<name>_mask`` pairs are
             pruned further.
-        out: the output folder, apart from the input one (its parent must exist): the
-            same shard files and the index are written there.
-        method: ``'l1'``, ``'random'`` (unstructured) or ``'ln'`` (channels along `dim`,
-            ranked by the L`n` norm).
-        amount: a fraction in [0, 1] or a count (entries; channels for ``'ln'``).
-        n: ``'ln'`` only: the norm order (2 by default).
-        dim: ``'ln'`` only: the axis of the channels (0 by default).
-        scope: ``'layer'`` (`amount` of each tensor) or ``'global'`` (of all the selected
-            tensors together; ``'l1'`` and ``'random'``).
-        include: globs of the tensors to prune (``('*',)``: every floating-point tensor of
-            2 or more dims).
-        exclude: globs of the tensors to leave out.
-        keep_masks: write each pruned tensor as ``<name>_orig`` and ``<name>_mask``, as a
-            pruned model saves it, instead of making the pruning permanent.
-        seed: seeds the ``'random'`` method (torch's generator is left as it was).
-        global_pruning: the old name of ``scope='global'`` (a FutureWarning).
+        out: the output folder, apart from the input one (its parent must exist); it gets
+            the same shard files and the index, or, on any failure, stays as it was.
+        *args: the amount (the old order, the method before it, with a FutureWarning).
+        config: every argument of the pruning in one prunekit.whole.Config, instead of
+            the amount and `options`.
+        keep_masks: write ``<name>_orig`` and ``<name>_mask`` (see prune_state_dict).
+        seed: seeds the 'random' method.
+        **options: the fields of the Config by keyword, as prune_state_dict takes them
+            (`method`, `amount`, `n`, `dim`, `scope`, `include`, `exclude`, and
+            ``global_pruning=``, the old name of ``scope='global'``).
 
     Returns:
         The index written, the names pruned, their entries and zeros.
@@ -210,11 +202,11 @@ def prune_sharded(
         CheckpointError: a checkpoint or folder that cannot be read or written, or too
             little free disk for the output (the output left as it was).
     """
-    scope = scope_from("prune_sharded", scope, global_pruning)
-    check_method(method, amount, n, dim, scope)  # before any shard is read
+    checked = config_of("prune_sharded", args, config, options)
+    ranking(checked)  # before any shard is read
     checkpoint = _open(path)
     found = entries({name: s.meta() for name, s in checkpoint.tensors.items()})
-    targets = set(select_names(found, include, exclude))
+    targets = set(select_names(found, checked.include, checked.exclude))
     folder = writable_folder(out, "the shards", checkpoint.index.parent)
     plans, weight_map = _plan(checkpoint, found, targets, keep_masks)
     need = sum(p.nbytes for file in plans.values() for p in file)
@@ -225,8 +217,7 @@ def prune_sharded(
         writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
         try:
             with seeded(seed, "prune_sharded"):
-                options = {"n": n, "dim": dim, "keep_masks": keep_masks}
-                done = _write(checkpoint, found, targets, writer, method, amount, scope, options)
+                done = _write(checkpoint, found, targets, writer, checked, keep_masks)
             writer.commit()
         except BaseException:
             writer.abort()
@@ -267,15 +258,16 @@ def _write(
     found: list[Entry],
     targets: set[str],
     writer: Writer,
-    method: str,
-    amount: float,
-    scope: str,
-    options: dict[str, Any],
+    config: Config,
+    keep_masks: bool,
 ) -> tuple[int, int]:
     """Write every output tensor, in the order of `found`; returns how many entries the
     pruned tensors hold and how many of them are zero."""
     stored = checkpoint.tensors
-    chosen = _global(stored, found, targets, method, amount) if scope == "global" else None
+    chosen = None
+    if config.scope == "global":
+        chosen = _global(stored, found, targets, config.method, config.amount)
+    one = replace(config, scope="layer")  # a tensor of scope 'layer', alone
     numel = zeros = 0
     for e in found:
         values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
@@ -285,9 +277,8 @@ def _write(
             continue
         if e.name in targets and chosen is None:
             state = _loaded(e.name, values, mask)
-            result = prune_state_dict(
-                state, method, amount, include=[glob.escape(e.name)], **options
-            )
+            alone = replace(one, include=(glob.escape(e.name),), exclude=())
+            result = prune_config(state, alone, keep_masks)
             for key, tensor in result.state.items():
                 writer.write(key, 0, tensor.reshape(-1))
             final = result.state.get(e.name)
@@ -296,7 +287,7 @@ def _write(
             numel, zeros = numel + final.numel(), zeros + int((final == 0).sum())
             continue
         kept = chosen(e.name) if chosen is not None and e.name in targets else None
-        z = _apply(e.name, values, mask, kept, writer, options["keep_masks"])
+        z = _apply(e.name, values, mask, kept, writer, keep_masks)
         if e.name in targets:
             numel, zeros = numel + values.numel, zeros + z
     return numel, zeros

@@ -22,9 +22,10 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
-from prunekit.io.ranking import Ranking, ranking, saved_mask
-from prunekit.whole.targets import ALL, select_names
-from prunekit.whole.vocabulary import scope_from
+from prunekit.io.options import Options, Unpack, config_of
+from prunekit.io.ranking import ranking, saved_mask
+from prunekit.whole.config import Config
+from prunekit.whole.targets import select_names
 
 __all__ = [
     "Entry",
@@ -45,36 +46,36 @@ class PruneResult:
 
 def prune_state_dict(
     state: Mapping[str, Tensor],
-    method: str,
-    amount: float,
-    *,
-    n: Any = None,
-    dim: int | None = None,
-    scope: str = "layer",
-    include: Sequence[str] = ALL,
-    exclude: Sequence[str] = (),
+    *args: str | float,
+    config: Config | None = None,
     keep_masks: bool = False,
     seed: int | None = None,
-    global_pruning: bool | None = None,
+    **options: Unpack[Options],
 ) -> PruneResult:
     """Return a copy of `state` with its selected tensors pruned; `state` is not changed.
 
+    ``prune_state_dict(state, 0.5, method="l1", scope="global")`` or, the same,
+    ``prune_state_dict(state, config=Config(method="l1", amount=0.5, scope="global"))``.
+
     Args:
         state: the state_dict; ``<name>_orig`` + ``<name>_mask`` pairs are pruned further.
-        method: 'l1', 'random' (unstructured) or 'ln' (channels along `dim`, default 0,
-            ranked by the L`n` norm, default 2).
-        amount: a fraction in [0, 1] or a count (entries; channels for 'ln').
-        n: 'ln' only: the norm order.
-        dim: 'ln' only: the axis of the channels.
-        scope: 'layer' (`amount` of each tensor) or 'global' (of all selected tensors
-            together; 'l1' and 'random').
-        include: globs of the tensors to prune (see prunekit.whole.targets.select_names;
-            ``('*',)``: every floating-point tensor of 2 or more dims).
-        exclude: globs of the tensors to leave out.
+        *args: the amount: a fraction in [0, 1] or a count (entries; channels for 'ln').
+            The old order, the method before it (``state, 'l1', 0.5``), still works, with
+            a FutureWarning.
+        config: every argument of the pruning in one prunekit.whole.Config, instead of
+            the amount and `options` (its method one of 'l1', 'random', 'ln'; its pattern
+            'unstructured').
         keep_masks: save each pruned tensor as ``<name>_orig`` and ``<name>_mask``, as a
             pruned model saves it, instead of making the pruning permanent.
         seed: seeds the 'random' method (torch's generator is left as it was).
-        global_pruning: the old name of ``scope='global'`` (a FutureWarning).
+        **options: the fields of the Config, by keyword (see io.options.Options):
+            `method` ('l1' by default, 'random', or 'ln': channels along `dim`, default
+            0, ranked by the L`n` norm, default 2), `amount`, `n`, `dim`, `scope` ('layer':
+            `amount` of each tensor; 'global': of all selected tensors together, 'l1' and
+            'random'), `include` (globs of the tensors to prune, see
+            prunekit.whole.targets.select_names; ``('*',)``: every floating-point tensor
+            of 2 or more dims), `exclude` (globs of the tensors to leave out), and
+            `global_pruning` (the old name of ``scope='global'``, a FutureWarning).
 
     Returns:
         The new state_dict and the names pruned in it.
@@ -82,15 +83,41 @@ def prune_state_dict(
     Raises:
         TypeError, ValueError: a bad argument, glob or tensor (nothing changed).
     """
-    scope = scope_from("prune_state_dict", scope, global_pruning)
-    rank = ranking(method, amount, n, dim, scope)
+    return prune_config(state, config_of(OWNER, args, config, options), keep_masks, seed)
+
+
+OWNER = "prune_state_dict"
+
+
+def prune_config(
+    state: Mapping[str, Tensor],
+    config: Config,
+    keep_masks: bool = False,
+    seed: int | None = None,
+) -> PruneResult:
+    """prune_state_dict's work, on a checked Config (see prune_state_dict).
+
+    Args:
+        state: the state_dict (not changed).
+        config: what to prune, and how.
+        keep_masks: save each pruned tensor as ``<name>_orig`` and ``<name>_mask``.
+        seed: seeds the 'random' method (None: torch's generator as it is).
+
+    Returns:
+        The new state_dict and the names pruned in it.
+
+    Raises:
+        TypeError, ValueError: a method or pattern a state_dict cannot take, a bad glob
+            or tensor.
+    """
+    rank = ranking(config)
     found = entries(state)
-    targets = set(select_names(found, include, exclude))
+    targets = set(select_names(found, config.include, config.exclude))
     _refuse_stray_masks(found, targets)
     saved = {e.name: saved_mask(e) for e in found if e.mask is not None}
     chosen = [e for e in found if e.name in targets]
-    with seeded(seed, "prune_state_dict"):
-        masks = rank.masks(chosen, saved, scope)
+    with seeded(seed, OWNER):
+        masks = rank.masks(chosen, saved, config.scope)
     out: dict[str, Tensor] = {}
     for e in found:
         mask = masks.get(e.name, saved.get(e.name))
@@ -107,20 +134,37 @@ def prune_state_dict(
 def prune_file(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    method: str,
-    amount: float,
-    *,
+    *args: str | float,
+    config: Config | None = None,
     trust_pickle: bool = False,
-    **options: Any,
+    keep_masks: bool = False,
+    seed: int | None = None,
+    **options: Unpack[Options],
 ) -> PruneResult:
     """Load the state_dict in `path`, prune it (see prune_state_dict), write it to `out`.
 
-    `path` is only read: `out` may not be the same file. `out` gets the whole result or,
-    on any failure, stays as it was.
+    Args:
+        path: the file to read (a PyTorch state_dict file or .safetensors); only read.
+        out: the file to write (.safetensors by its suffix, else torch.save); not `path`.
+            It gets the whole result or, on any failure, stays as it was.
+        *args: the amount (the old order, the method before it, with a FutureWarning).
+        config: every argument of the pruning in one prunekit.whole.Config, instead of
+            the amount and `options`.
+        trust_pickle: allow a PyTorch file holding pickled objects (loading runs code
+            from the file).
+        keep_masks: write ``<name>_orig`` and ``<name>_mask`` (see prune_state_dict).
+        seed: seeds the 'random' method.
+        **options: the fields of the Config by keyword, as prune_state_dict takes them.
+
+    Returns:
+        The new state_dict and the names pruned in it.
+
+    Raises:
+        TypeError, ValueError: a bad argument, glob or tensor; CheckpointError: `out` is
+            `path`, or a file that cannot be read or written (`out` left as it was).
     """
-    old = options.pop("global_pruning", None)
-    scope = scope_from("prune_file", options.pop("scope", "layer"), old)
-    check_method(method, amount, options.get("n"), options.get("dim"), scope)
+    checked = config_of("prune_file", args, config, options)
+    ranking(checked)  # before anything is read
     if same_file(path, out):
         raise CheckpointError(
             f"{out}: is the input file itself; expected another output file (the input is "
@@ -128,18 +172,9 @@ def prune_file(
         )
     # Beside the tensors: their masks, and the pruned tensors to write.
     loaded = load_state_dict(path, trust_pickle=trust_pickle, headroom=3.0)
-    result = prune_state_dict(loaded, method, amount, scope=scope, **options)
+    result = prune_config(loaded, checked, keep_masks, seed)
     save_state_dict(result.state, out)
     return result
-
-
-def check_method(method: str, amount: float, n: Any, dim: int | None, scope: str) -> Ranking:
-    """The ranking of `method` (see io.ranking.ranking), checked before anything is read.
-
-    Raises:
-        TypeError, ValueError: an unknown method, a bad amount, norm order or dim.
-    """
-    return ranking(method, amount, n, dim, scope)
 
 
 def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> None:

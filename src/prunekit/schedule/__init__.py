@@ -9,11 +9,13 @@ from prunekit.schedule.distill import Distiller, distillation_loss, hidden_state
 from prunekit.schedule.gradual import Gradual
 from prunekit.schedule.pruner import GradualPruner
 from prunekit.schedule.schedules import SCHEDULES, constant, cubic, linear
+from prunekit.schedule.settings import GradualConfig
 
 __all__ = [
     "SCHEDULES",
     "Distiller",
     "Gradual",
+    "GradualConfig",
     "GradualPruner",
     "constant",
     "cubic",

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.errors import type_error, value_error, warn_caller
+from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.base import Criterion
 from prunekit.criteria.magnitude import Magnitude
@@ -24,25 +24,20 @@ from prunekit.patterns.unstructured import Unstructured
 from prunekit.schedule.companions import Companions
 from prunekit.schedule.gradual import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
-from prunekit.schedule.schedules import Timetable
+from prunekit.schedule.settings import (
+    CRITERIA,
+    GradualConfig,
+    GradualOptions,
+    Unpack,
+    config_of,
+)
 from prunekit.schedule.state import check_state, pruner_state, rewound_state
 from prunekit.structure.graph.graph import split_inputs
-from prunekit.whole.plan import PATTERNS as PATTERN_NAMES
-from prunekit.whole.plan import parse_pattern
-from prunekit.whole.registry import ALIASES, check_scope, find, names
 from prunekit.whole.targets import Place, Target, select_targets
 
-__all__ = ["CRITERIA", "PATTERNS", "GradualPruner"]
+__all__ = ["CRITERIA", "PATTERNS", "GradualConfig", "GradualPruner"]
 
 OWNER = "GradualPruner"
-
-CRITERIA: dict[str, Callable[[], Criterion]] = {
-    name: made
-    for name in names(("l1", "random"), aliases=True)
-    if (found := find(name)) is not None and (made := found.criterion) is not None
-}
-"""Criteria by the names `method` takes: the registry's methods that rank entries by a
-criterion of their values ('l1', alias 'magnitude'; 'random')."""
 
 PATTERNS: dict[str, Callable[[], Pattern]] = {
     "unstructured": Unstructured,
@@ -60,95 +55,77 @@ class GradualPruner:
     after it, and `end_step`. Call ``step()`` once after each optimizer step; the t-th
     call is step t (a `start_step` of 0 updates when the pruner is made).
 
+    `method` and `pattern` speak the vocabulary of every whole-model entry point
+    (prune_model's, whole.Config's): `method` ranks (``'l1'``, ``'random'``, ``'ln'``:
+    whole output channels by their L2 norm, or a prunekit.Criterion), `pattern` says what
+    is pruned (``'unstructured'``: entries; ``'row'``: the same share of each row;
+    ``'N:M'``; or a prunekit.Pattern, ``prunekit.Channels(dim=0)`` for channels ranked by
+    another criterion); amounts count the pattern's units. The old spellings
+    ``method='magnitude'`` and ``pattern='channels'`` still work, with a FutureWarning. A
+    tensor pruned by channels keeps at least one (as prune_channels does), so that
+    ``compact`` can remove the others.
+    `scope='layer'` brings each tensor to the sparsity, ``'global'`` all of them together
+    (entries ranked across tensors). `include`/`exclude` select parameters by name as
+    prune_model does. Random choices come from the pruner's own generator, seeded with
+    `seed` (default: ``torch.initial_seed()``), and never disturb torch's global one.
+    `example_inputs` (with ``method='ln'`` or a Channels pattern): inputs of the model's
+    forward, traced once into channel groups; a channel whose weight rows are all masked
+    then has its bias and norm parameters masked too, so it carries exactly 0 and
+    ``compact`` removes it.
+
+    The set-up is one GradualConfig: ``GradualPruner(model, 0.8, start_step=0,
+    end_step=100)`` makes it from the keywords, ``GradualPruner(model,
+    config=GradualConfig(0.8, start_step=0, end_step=100))`` takes it made.
+
     Args:
         model: the model trained; its parameters selected by `include` and `exclude` get a
             ``Gradual`` hook whose mask each update rewrites in place.
-        final_amount: the sparsity reached at `end_step` and kept after it, in [0, 1].
-        start_step: the first update step (0: when the pruner is made).
-        end_step: the last update step, at or after `start_step`.
-        every: the steps between two updates, an int >= 1.
-        schedule: ``'cubic'`` (fast first, slow near the end), ``'linear'``, ``'constant'``
-            (`final_amount` from `start_step` on) or a callable from step to sparsity.
-        initial_amount: the sparsity at `start_step`, at most `final_amount` (0 with a
-            callable schedule).
-        method: what ranks, in the vocabulary of every whole-model entry point
-            (``prune_model``'s): ``'l1'``, ``'random'``, ``'ln'`` (whole output channels by
-            their L2 norm) or a ``prunekit.Criterion``; ``'magnitude'`` still works, with a
-            FutureWarning.
-        pattern: what is pruned: ``'unstructured'`` (entries), ``'row'`` (the same share of
-            each row), ``'N:M'``, or a ``prunekit.Pattern`` (``prunekit.Channels(dim=0)``
-            for channels ranked by another criterion); amounts count the pattern's units.
-            ``'channels'`` still works (``method='ln'``), with a FutureWarning. A tensor
-            pruned by channels keeps at least one (as ``prune_channels`` does), so that
-            ``compact`` can remove the others.
-        scope: ``'layer'`` brings each tensor to the sparsity, ``'global'`` all of them
-            together (entries ranked across tensors; unstructured patterns only).
-        include: glob patterns of the parameter names to prune, as ``prune_model`` takes
-            them.
-        exclude: glob patterns of parameter names left alone.
-        seed: the seed of the pruner's own generator, which makes its random choices
-            without disturbing torch's global one (None: ``torch.initial_seed()``).
-        example_inputs: with ``method='ln'`` or a Channels pattern, inputs of the model's
-            forward, traced once into channel groups: a channel whose weight rows are all
-            masked then has its bias and norm parameters masked too, so it carries exactly 0
-            and ``compact`` removes it. None: weights only.
+        final_amount: the sparsity reached at `end_step` (without `config`).
+        config: the whole set-up in one GradualConfig, instead of `final_amount` and
+            `options`.
+        example_inputs: inputs of the model's forward, for channels (see above).
+        **options: the fields of GradualConfig by keyword (see
+            prunekit.schedule.settings.GradualOptions): `start_step` and `end_step`
+            (needed), `every`, `schedule`, `initial_amount`, `method`, `pattern`,
+            `scope`, `include`, `exclude`, `seed`.
 
     Attributes:
-        timetable: the checked schedule: which steps update, and the sparsity at each.
-        criterion: the criterion `method` names.
-        pattern: the pattern `pattern` names.
-        scope: as given.
+        config: the checked GradualConfig.
         model: the model pruned.
-        targets: the tensors pruned, in the model's order.
+        targets: the parameters pruned, each once.
+        timetable: the update steps and their sparsities.
+        criterion: what ranks the entries; pattern: what is pruned (a Pattern).
+        scope: 'layer' or 'global'.
 
     Raises:
-        TypeError: `model` is no torch module, `seed` is not an int, or `method`,
-            `pattern` or `schedule` is of no accepted type.
-        ValueError: an amount, step or name is out of range or matches nothing, or
-            ``scope='global'`` is asked with a channel pattern.
+        TypeError, ValueError: a bad argument, naming it (see GradualConfig); `config`
+            with other arguments; a model that is not a module, globs that select
+            nothing, tensors the pattern cannot prune.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        final_amount: float,
+        final_amount: float | None = None,
         *,
-        start_step: int,
-        end_step: int,
-        every: int = 1,
-        schedule: str | Callable[[int], float] = "cubic",
-        initial_amount: float = 0.0,
-        method: str | Criterion = "l1",
-        pattern: str | Pattern = "unstructured",
-        scope: str = "layer",
-        include: Sequence[str] | str = ("*",),
-        exclude: Sequence[str] | str = (),
-        seed: int | None = None,
-        example_inputs: Any = None,
+        config: GradualConfig | None = None,
+        example_inputs: object = None,
+        **options: Unpack[GradualOptions],
     ) -> None:
-        self.timetable = Timetable.checked(
-            final_amount, initial_amount, start_step, end_step, every, schedule, OWNER
-        )
-        self.criterion, self.pattern = _ranking(method, pattern)
-        check_scope(scope, OWNER)
-        if scope == "global" and self.pattern.PRUNING_TYPE != "unstructured":
-            raise value_error(
-                f"{OWNER}: pattern={self.pattern!r} prunes channels of each tensor, so "
-                "scope must be 'layer'; scope='global' ranks entries across tensors"
-            )
-        self.scope = scope
+        checked = config_of(final_amount, config, options)
+        self.config = checked
+        self.timetable = checked.timetable
+        self.criterion, self.pattern = checked.criterion, checked.units
+        self.scope = checked.scope
         self.model = model
         if not isinstance(model, nn.Module):
             raise type_error(
                 f"{OWNER}: invalid model of type {type(model).__name__}; expected a torch nn.Module"
             )
-        self.targets: list[Target] = select_targets(model, include, exclude, OWNER)
+        self.targets: list[Target] = select_targets(model, checked.include, checked.exclude, OWNER)
         self._check_shapes()
         self._companions = self._traced(example_inputs)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise type_error(f"{OWNER}: invalid seed={seed!r}; expected an int or None")
-        if seed is not None and not -(2**63) <= seed < 2**64:  # what a Generator takes
-            raise value_error(f"{OWNER}: invalid seed={seed!r}; expected an int in [-2**63, 2**64)")
+        seed = checked.seed
         self._generator = torch.Generator().manual_seed(
             torch.initial_seed() if seed is None else seed
         )
@@ -386,61 +363,6 @@ def checked_pruner(pruner: Any) -> GradualPruner:
             "expected a prunekit.GradualPruner"
         )
     return pruner
-
-
-def _ranking(method: Any, pattern: Any) -> tuple[Criterion, Pattern]:
-    """The criterion and pattern `method` and `pattern` name, in the vocabulary of every
-    whole-model entry point (whole.Config's): methods of the registry ('l1', 'random',
-    'ln'), patterns of whole.plan.parse_pattern ('unstructured', 'row', 'N:M'), or
-    instances. The old spellings ('magnitude', pattern 'channels') still work, each with a
-    FutureWarning naming the new one."""
-    if isinstance(method, str) and method in ALIASES:
-        warn_caller(
-            f"{OWNER}: method={method!r} is named {ALIASES[method]!r} in every prunekit entry "
-            f"point; write method={ALIASES[method]!r}. The old name will be removed in a "
-            "future version.",
-            FutureWarning,
-        )
-        method = ALIASES[method]
-    if isinstance(pattern, str) and pattern == "channels":
-        pattern = _old_channels(method)
-        if method == "l1":
-            method = "ln"
-    if isinstance(method, str) and method == "ln":
-        if not (isinstance(pattern, str) and pattern == "unstructured"):
-            raise value_error(
-                f"{OWNER}: method='ln' prunes whole output channels, so it takes no "
-                f"pattern={pattern!r}; expected pattern='unstructured' (the default)"
-            )
-        return Magnitude(), Channels(dim=0, norm=2)
-    if isinstance(method, Criterion):
-        criterion = method
-    elif isinstance(method, str) and method in CRITERIA and method not in ALIASES:
-        criterion = CRITERIA[method]()
-    else:
-        raise value_error(
-            f"{OWNER}: invalid method={method!r}; expected one of 'l1', 'random', 'ln' (whole "
-            "output channels by their L2 norm) or a prunekit.Criterion instance"
-        )
-    if not isinstance(pattern, Pattern) and not isinstance(pattern, str):
-        raise value_error(
-            f"{OWNER}: invalid pattern={pattern!r}; expected {PATTERN_NAMES} or a "
-            "prunekit.Pattern instance"
-        )
-    return criterion, parse_pattern(pattern, OWNER)
-
-
-def _old_channels(method: Any) -> Any:
-    """What pattern='channels' becomes, with the FutureWarning saying how to write it."""
-    channels = method in ("l1", "ln") if isinstance(method, str) else False
-    instead = "method='ln'" if channels else "pattern=prunekit.Channels(dim=0, norm=2)"
-    warn_caller(
-        f"{OWNER}: pattern='channels' (output channels by their L2 norm) is written "
-        f"{instead} in every prunekit entry point; write {instead}. The old spelling will be "
-        "removed in a future version.",
-        FutureWarning,
-    )
-    return "unstructured" if channels else Channels(dim=0, norm=2)
 
 
 def _label(criterion: Criterion, pattern: Pattern, scope: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from prunekit.io.atomic import atomic_folder, atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
+from prunekit.io.options import Options, config_of
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import check_seed, prune_file
 from prunekit.report import Report, report
@@ -22,6 +23,7 @@ from prunekit.tools import calibrate
 from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo import run_demo
+from prunekit.whole.config import Config
 from prunekit.whole.registry import OFFLINE, SCOPES
 
 __all__ = ["build_parser", "main"]
@@ -187,6 +189,21 @@ def _prune_parser(commands: Any) -> None:
         help="fraction to prune, such as 0.9, or a count of entries (channels for ln), "
         "such as 1000",
     )
+    _config_arguments(prune)
+    prune.add_argument(
+        "--keep-masks",
+        action="store_true",
+        help="write <name>_orig and <name>_mask instead of making the pruning permanent",
+    )
+    prune.add_argument("--seed", type=int, help="seed for the random method")
+    calibrate.add_arguments(prune)
+    _trust_argument(prune)
+    prune.set_defaults(run=_run_prune)
+
+
+def _config_arguments(prune: argparse.ArgumentParser) -> None:
+    """The options of the prune command that make its Config beside --method and --amount:
+    the scope, the norm and axis of 'ln', the globs."""
     prune.add_argument(
         "--scope",
         choices=SCOPES,
@@ -216,15 +233,6 @@ def _prune_parser(commands: Any) -> None:
         metavar="GLOB",
         help="leave out tensors whose name, or a module name above it, matches GLOB (repeatable)",
     )
-    prune.add_argument(
-        "--keep-masks",
-        action="store_true",
-        help="write <name>_orig and <name>_mask instead of making the pruning permanent",
-    )
-    prune.add_argument("--seed", type=int, help="seed for the random method")
-    calibrate.add_arguments(prune)
-    _trust_argument(prune)
-    prune.set_defaults(run=_run_prune)
 
 
 def _trust_argument(parser: argparse.ArgumentParser) -> None:
@@ -342,19 +350,26 @@ def _run_prune_folder(args: argparse.Namespace) -> int:
     return status
 
 
-def _run_prune_file(args: argparse.Namespace, path: Any, out: Any, shown: Any = None) -> int:
-    """Prune the file `path` into `out` (named `shown` when it is written to a stage)."""
-    result = prune_file(
-        path,
-        out,
-        args.method,
-        args.amount,
-        trust_pickle=args.trust_pickle,
+def _config(args: argparse.Namespace) -> Config:
+    """The Config the command line's options make (errors name prune_file)."""
+    options = Options(
+        method=args.method,
         n=args.n,
         dim=args.dim,
         scope=args.scope,
         include=args.include,
         exclude=args.exclude,
+    )
+    return config_of("prune_file", (args.amount,), None, options)
+
+
+def _run_prune_file(args: argparse.Namespace, path: Any, out: Any, shown: Any = None) -> int:
+    """Prune the file `path` into `out` (named `shown` when it is written to a stage)."""
+    result = prune_file(
+        path,
+        out,
+        config=_config(args),
+        trust_pickle=args.trust_pickle,
         keep_masks=args.keep_masks,
         seed=args.seed,
     )
@@ -371,15 +386,9 @@ def _run_prune_file(args: argparse.Namespace, path: Any, out: Any, shown: Any = 
 
 def _run_prune_sharded(args: argparse.Namespace, stage: Path, out: Path) -> int:
     """Prune the sharded checkpoint into `stage`, which becomes the folder `out`."""
-    options = {k: getattr(args, k) for k in ("n", "dim", "include", "exclude", "seed")}
+    config = dataclasses.replace(_config(args), owner="prune_sharded")
     done = prune_sharded(
-        args.path,
-        stage,
-        args.method,
-        args.amount,
-        scope=args.scope,
-        keep_masks=args.keep_masks,
-        **options,
+        args.path, stage, config=config, keep_masks=args.keep_masks, seed=args.seed
     )
     print(
         f"Pruned {len(done.pruned)} tensors ({done.numel:,} entries) with {args.method}"

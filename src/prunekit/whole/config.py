@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prunekit.core.amount import validate_pruning_amount_init
+from prunekit.core.amount import (
+    validate_dim_type,
+    validate_norm_order,
+    validate_pruning_amount_init,
+)
 from prunekit.core.errors import type_error, value_error
 from prunekit.patterns import Pattern
 from prunekit.whole.registry import (
@@ -44,7 +48,10 @@ class Config:
         progress: a bar on stderr (None: when stderr is a terminal).
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
-        owner: the entry point the errors name.
+        n: 'ln' only: the norm order its channels are ranked by (None: 2).
+        dim: 'ln' only: the axis of its channels (None: 0, the output channels).
+        owner: the entry point the errors name ('Config' when made by hand; the entry
+            point that takes it names itself).
         ranks: whether the pruning runs over data-parallel ranks (for the default of
             `sequential`).
 
@@ -63,7 +70,9 @@ class Config:
     progress: bool | None = None
     damp: float = 0.1
     blocksize: int = 128
-    owner: str = field(default="prune_model", compare=False)
+    n: float | str | None = None
+    dim: int | None = None
+    owner: str = field(default="Config", compare=False)
     ranks: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +83,7 @@ class Config:
                 f"{owner}: invalid method={self.method!r}; expected one of {', '.join(METHODS)}"
             )
         check_scope(self.scope, owner)
+        self._check_norm()
         # Globs given as one str are one glob: kept as tuples.
         object.__setattr__(self, "include", globs(self.include, "include", owner))
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
@@ -94,6 +104,29 @@ class Config:
                 f"{owner}: invalid progress={self.progress!r}; expected True, False or None "
                 "(a bar when stderr is a terminal)"
             )
+
+    def _check_norm(self) -> None:
+        """Refuse `n` and `dim` but for 'ln', and a bad norm order or axis."""
+        if self.n is None and self.dim is None:
+            return
+        if self.method != "ln":
+            raise value_error(
+                f"{self.owner}: n and dim apply to method 'ln' only, not {self.method!r}"
+            )
+        if self.n is not None:
+            validate_norm_order(self.n, owner=self.owner)
+        if self.dim is not None:
+            validate_dim_type(self.dim, owner=self.owner)
+
+    @property
+    def norm(self) -> float | str:
+        """The norm order of 'ln' (`n`, default 2)."""
+        return 2 if self.n is None else self.n
+
+    @property
+    def axis(self) -> int:
+        """The axis of the channels of 'ln' (`dim`, default 0)."""
+        return 0 if self.dim is None else self.dim
 
     @property
     def entry(self) -> Method:

@@ -187,7 +187,7 @@ def _prune(
         )
     kwargs: dict[str, Any] = {"amount": config.amount}
     if pruning is LnStructured:
-        kwargs.update(n=2, dim=0)
+        kwargs.update(n=config.norm, dim=config.axis)
     if group is not None:
         if config.scope != "global":
             raise value_error(
