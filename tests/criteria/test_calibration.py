@@ -652,10 +652,10 @@ def test_layers_groups_layers_reading_one_input_and_computes_each_layer_once_a_b
     first = model.blocks[0]
     assert groups[:2] == [[first.q, first.k, first.v], [first.o]] and len(groups) == 4
     # q, k, v: finding their group on the first batch (each later run stops before q),
-    # then pruned, for o's input; o: finding its group, then pruned, for the next
-    # block's inputs (q, k and v's outputs kept from o's runs).
+    # then pruned, for o's input; o, the only layer left, is its group without a run, then
+    # pruned, for the next block's inputs (q, k and v's outputs kept from o's runs).
     n = len(data)
-    assert computed == {"q": 1 + n, "k": 1 + n, "v": 1 + n, "o": 1 + n}
+    assert computed == {"q": 1 + n, "k": 1 + n, "v": 1 + n, "o": n}
     for name in "qkvo":
         assert float(getattr(first, name).weight_mask.mean()) == 0.5
         assert "forward" in vars(getattr(first, name))  # its own forward, given back

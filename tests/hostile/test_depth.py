@@ -39,13 +39,13 @@ def logits(model: nn.Module) -> Tensor:
 
 
 BAD_PRUNE: list[tuple[str, dict[str, Any], type[BaseException] | tuple[Any, ...], str]] = [
-    ("n-zero", {"n": 0}, ValueError, r"n=0"),
-    ("n-all", {"n": 3}, ValueError, r"n=3"),
-    ("n-negative", {"n": -1}, ValueError, r"n=-1"),
-    ("n-bool", {"n": True}, ValueError, r"n=True"),
-    ("n-float", {"n": 1.5}, ValueError, r"n=1\.5"),
-    ("n-nan", {"n": math.nan}, ValueError, r"n=nan"),
-    ("n-str", {"n": "1"}, ValueError, r"n='1'"),
+    ("n-zero", {"n": 0}, ValueError, r"count=0"),
+    ("n-all", {"n": 3}, ValueError, r"count=3"),
+    ("n-negative", {"n": -1}, ValueError, r"count=-1"),
+    ("n-bool", {"n": True}, ValueError, r"count=True"),
+    ("n-float", {"n": 1.5}, ValueError, r"count=1\.5"),
+    ("n-nan", {"n": math.nan}, ValueError, r"count=nan"),
+    ("n-str", {"n": "1"}, ValueError, r"count='1'"),
     ("n-and-amount", {"n": 1, "amount": 0.3}, ValueError, r"exactly one"),
     ("amount-one", {"n": None, "amount": 1.0}, ValueError, r"amount=1\.0"),
     ("amount-nan", {"n": None, "amount": math.nan}, ValueError, r"amount=nan"),

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure import prune as structure_prune
+from prunekit.structure.stages import compensate_layers as structure_prune
 from prunekit.structure.compensation import compensate as compensation
 
 transformers = pytest.importorskip("transformers")
