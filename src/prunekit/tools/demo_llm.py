@@ -41,7 +41,7 @@ def run_llm_demo(
 
     The first half of Python's help topics (sorted by name) calibrates (4,096 tokens), the
     second half gives the perplexity (2,048 tokens): disjoint passages. `out` gets
-    ``model.gguf``, ``hf/`` and the report.
+    ``model.gguf`` (Q8_0, as llama.cpp serves it), ``hf/`` and the report.
 
     Args:
         out: the output folder (its parent must exist).
@@ -64,6 +64,7 @@ def run_llm_demo(
         calibration=passages[:half],
         evaluation=passages[half:],
         formats=("gguf", "hf"),
+        gguf_type="q8_0",
         seed=seed,
         distill=distill,
     )

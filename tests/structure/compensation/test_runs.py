@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
-from prunekit.structure.stages import compensate_layers as structure_prune
 from prunekit.structure.compensation import compensate as compensation
+from prunekit.structure.stages import compensate_layers as structure_prune
 
 transformers = pytest.importorskip("transformers")
 
