@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import prunekit
+from helpers import tiny_llm
 from helpers.model_state import fingerprint
 from prunekit.core import transaction as transactions
 from prunekit.core.transaction import Transaction, transaction
@@ -28,18 +29,7 @@ CASES = [
 
 
 def llama(layers: int = 3) -> Any:
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llm.llama(vocab=64, layers=layers)
 
 
 def batches() -> list[Any]:

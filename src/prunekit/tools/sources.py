@@ -138,7 +138,7 @@ def _check_gguf(path: Path) -> Source:
             f"{path}: has no tokenizer (no tokenizer.ggml.model in its metadata); expected a "
             "GGUF file that carries its tokenizer, as llama.cpp's converter writes it"
         )
-    return Source(path, path.parent, path.name, str(kind), (path,), storage_of((path,)))
+    return Source(path, path.parent, path.name, str(kind), (path,), _gguf_storage([reader]))
 
 
 def storage_of(weights: tuple[Path, ...] | list[Path]) -> str:
@@ -147,14 +147,19 @@ def storage_of(weights: tuple[Path, ...] | list[Path]) -> str:
     suffixes = {path.suffix for path in weights}
     if suffixes == {".gguf"}:
         gguf = require("gguf", "llm", "a GGUF file's tensor types")
-        sizes: Counter[str] = Counter()
-        for path in weights:
-            for tensor in gguf.GGUFReader(str(path)).tensors:
-                sizes[tensor.tensor_type.name] += int(tensor.n_bytes)
-        return f"GGUF {sizes.most_common(1)[0][0]}" if sizes else "GGUF"
+        return _gguf_storage([gguf.GGUFReader(str(path)) for path in weights])
     if suffixes == {".safetensors"}:
         return _safetensors_storage(weights)
     return "ONNX" if suffixes == {".onnx"} else "torch"
+
+
+def _gguf_storage(readers: list[Any]) -> str:
+    """ "GGUF <type>" of the tensor type holding most bytes of the GGUF files `readers` read."""
+    sizes: Counter[str] = Counter()
+    for reader in readers:
+        for tensor in reader.tensors:
+            sizes[tensor.tensor_type.name] += int(tensor.n_bytes)
+    return f"GGUF {sizes.most_common(1)[0][0]}" if sizes else "GGUF"
 
 
 def _safetensors_storage(weights: tuple[Path, ...] | list[Path]) -> str:
