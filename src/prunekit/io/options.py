@@ -10,9 +10,8 @@ The amount comes first, the method by keyword, as in prune_model:
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypedDict, cast
+from typing import cast
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -22,13 +21,13 @@ else:  # typing_extensions: a dependency of torch
 from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.whole.config import Config
 from prunekit.whole.registry import OFFLINE
-from prunekit.whole.targets import ALL, globs
+from prunekit.whole.targets import ALL, TargetOptions, globs
 from prunekit.whole.vocabulary import scope_from
 
 __all__ = ["Options", "Unpack", "config_of"]
 
 
-class Options(TypedDict, total=False):
+class Options(TargetOptions, total=False):
     """The keywords that make a state_dict entry point's Config (see whole.Config).
 
     Attributes:
@@ -46,9 +45,6 @@ class Options(TypedDict, total=False):
     amount: float
     n: float | str | None
     dim: int | None
-    scope: str
-    include: Sequence[str] | str
-    exclude: Sequence[str] | str
     global_pruning: bool | None
 
 

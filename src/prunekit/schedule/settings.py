@@ -11,9 +11,8 @@ the same vocabulary (whole.registry, whole.plan.parse_pattern, whole.targets.glo
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.criteria.base import Criterion
@@ -24,7 +23,7 @@ from prunekit.schedule.schedules import Timetable
 from prunekit.whole.plan import PATTERNS as PATTERN_NAMES
 from prunekit.whole.plan import parse_pattern
 from prunekit.whole.registry import ALIASES, check_scope, find, names
-from prunekit.whole.targets import ALL, globs
+from prunekit.whole.targets import ALL, TargetOptions, globs
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -119,7 +118,7 @@ class GradualConfig:
             object.__setattr__(self, name, value)
 
 
-class GradualOptions(TypedDict, total=False):
+class GradualOptions(TargetOptions, total=False):
     """GradualPruner's keywords besides `config`: the fields of GradualConfig (the
     schedule's steps `start_step` and `end_step` are needed)."""
 
@@ -130,9 +129,6 @@ class GradualOptions(TypedDict, total=False):
     initial_amount: float
     method: str | Criterion
     pattern: str | Pattern
-    scope: str
-    include: Sequence[str] | str
-    exclude: Sequence[str] | str
     seed: int | None
 
 

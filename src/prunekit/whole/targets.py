@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from torch import Tensor, nn
 
@@ -26,6 +26,7 @@ __all__ = [
     "RANKABLE",
     "Place",
     "Target",
+    "TargetOptions",
     "globs",
     "matches",
     "output_heads",
@@ -33,6 +34,22 @@ __all__ = [
     "select_targets",
     "unpruned_name",
 ]
+
+
+class TargetOptions(TypedDict, total=False):
+    """The keywords every whole-model entry point takes to choose its tensors (the shared
+    part of io.options.Options and schedule.settings.GradualOptions).
+
+    Attributes:
+        scope: 'layer' (each tensor) or 'global' (the selected tensors ranked together).
+        include: globs of the tensors to prune.
+        exclude: globs of the tensors to leave out.
+    """
+
+    scope: str
+    include: Sequence[str] | str
+    exclude: Sequence[str] | str
+
 
 ALL = ("*",)
 """The default `include`: every tensor the method prunes (the same as no include)."""
