@@ -117,20 +117,50 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(f"{'dense (perplexity)':<24}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
         for label in args.damping:
-            started = time.perf_counter()
-            pruned = copy.deepcopy(model)
-            budget = prunekit.Budget(params=target, kinds=("channels", "heads"))
-            prunekit.prune_channels(
-                pruned, example, budget=budget, criterion=args.criterion, calibration=batches,
-                round_to=args.round_to, **damping_kwargs(label),
-            )  # fmt: skip
-            ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
-            worst = max(names, key=lambda n: ratios[n])
-            row = f"{f'{target:.0%} damping {label}':<24}"
-            row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
-            row += f"{ratios[worst]:>8.2f}x {worst:<9}"
-            print(row + f" ({time.perf_counter() - started:.0f} s)", flush=True)
-            del pruned
+            for steps in args.steps:
+                started = time.perf_counter()
+                pruned = copy.deepcopy(model)
+                for k in range(1, steps + 1):  # several smaller cuts, compensated after each
+                    share = target * k / steps
+                    budget = prunekit.Budget(params=share, kinds=("channels", "heads"))
+                    prunekit.prune_channels(
+                        pruned, example, budget=budget, criterion=args.criterion,
+                        calibration=batches, round_to=args.round_to, **damping_kwargs(label),
+                    )  # fmt: skip
+                name = f"{target:.0%} damping {label}" + (f" {steps} steps" if steps > 1 else "")
+                _row(name, pruned, tests, dense, started)
+                for seconds in args.recover:
+                    student = copy.deepcopy(pruned)
+                    done = _recover(student, model, batches, seconds, args)
+                    what = f"{name} +{seconds:.0f} s" + (" h" if args.hidden_weight else "")
+                    ppl = f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s"
+                    _row(what, student, tests, dense, started, ppl)
+                    del student
+                del pruned
+
+
+def _row(
+    name: str, pruned: nn.Module, tests: dict[str, list[Tensor]], dense: dict[str, float],
+    started: float, note: str = "",
+) -> None:  # fmt: skip
+    """One printed row: each domain's perplexity over dense, the worst, the seconds."""
+    names = list(tests)
+    ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
+    worst = max(names, key=lambda n: ratios[n])
+    row = f"{name:<24}"
+    row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
+    row += f"{ratios[worst]:>8.2f}x {worst:<9}"
+    print(row + f" ({time.perf_counter() - started:.0f} s{note})", flush=True)
+
+
+def _recover(
+    student: nn.Module, teacher: nn.Module, batches: list[dict[str, Tensor]], seconds: float,
+    args: argparse.Namespace,
+) -> prunekit.Recovery:  # fmt: skip
+    """--recover: the pruned model distilled from the dense one on the calibration windows
+    (``prunekit.recover``) for `seconds` of wall time."""
+    distiller = prunekit.Distiller(teacher, temperature=1.0, hidden_weight=args.hidden_weight)
+    return prunekit.recover(student, distiller, batches, seconds=seconds, lr=args.lr)
 
 
 def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -196,9 +226,15 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-windows", type=int, default=8)
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
+    parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
+    parser.add_argument("--recover", default="", help="SmolLM2: seconds of distillation rows")
+    parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
+    parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
     args = parser.parse_args()
     args.targets = [float(t) for t in args.targets.split(",")]
     args.damping = args.damping.split(",")
+    args.steps = [int(n) for n in args.steps.split(",")]
+    args.recover = [float(t) for t in args.recover.split(",") if t]
     args.names = tuple(args.domains.split(","))
     if args.calibrate not in ("mixture", *args.names):
         sys.exit(f"--calibrate: 'mixture' or one of {args.names}")
