@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
 import sys
 import time
@@ -116,27 +117,29 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(header + "\n" + "-" * len(header))
     print(f"{'dense (perplexity)':<24}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
-        for label in args.damping:
-            for steps in args.steps:
-                started = time.perf_counter()
-                pruned = copy.deepcopy(model)
-                for k in range(1, steps + 1):  # several smaller cuts, compensated after each
-                    share = target * k / steps
-                    budget = prunekit.Budget(params=share, kinds=("channels", "heads"))
-                    prunekit.prune_channels(
-                        pruned, example, budget=budget, criterion=args.criterion,
-                        calibration=batches, round_to=args.round_to, **damping_kwargs(label),
-                    )  # fmt: skip
-                name = f"{target:.0%} damping {label}" + (f" {steps} steps" if steps > 1 else "")
-                _row(name, pruned, tests, dense, started)
-                for seconds in args.recover:
-                    student = copy.deepcopy(pruned)
-                    done = _recover(student, model, batches, seconds, args)
-                    what = f"{name} +{seconds:.0f} s" + (" h" if args.hidden_weight else "")
-                    ppl = f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s"
-                    _row(what, student, tests, dense, started, ppl)
-                    del student
-                del pruned
+        for label, steps, level in itertools.product(args.damping, args.steps, args.sensitivity):
+            started = time.perf_counter()
+            pruned = copy.deepcopy(model)
+            for k in range(1, steps + 1):  # several smaller cuts, compensated after each
+                budget = prunekit.Budget(params=target * k / steps, kinds=("channels", "heads"),
+                                         sensitivity=level)  # fmt: skip
+                prunekit.prune_channels(
+                    pruned, example, budget=budget, criterion=args.criterion,
+                    calibration=batches, round_to=args.round_to, **damping_kwargs(label),
+                )  # fmt: skip
+            name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
+            short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
+            short += f" s{level:g}" if level else ""
+            name = name if short == f"{target:.0%} {label}" else short
+            _row(name, pruned, tests, dense, started)
+            for seconds in args.recover:
+                student = copy.deepcopy(pruned)
+                done = _recover(student, model, batches, seconds, args)
+                what = f"{short} +{seconds:.0f}s" + (" h" if args.hidden_weight else "")
+                _row(what, student, tests, dense, started,
+                     f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s")  # fmt: skip
+                del student
+            del pruned
 
 
 def _row(
@@ -228,12 +231,14 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--paragraphs", type=int, default=64)
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: seconds of distillation rows")
+    parser.add_argument("--sensitivity", default="0", help="SmolLM2: Budget(sensitivity=)")
     parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
     parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
     args = parser.parse_args()
     args.targets = [float(t) for t in args.targets.split(",")]
     args.damping = args.damping.split(",")
     args.steps = [int(n) for n in args.steps.split(",")]
+    args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
     args.recover = [float(t) for t in args.recover.split(",") if t]
     args.names = tuple(args.domains.split(","))
     if args.calibrate not in ("mixture", *args.names):
