@@ -198,8 +198,9 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
                                         budget=prunekit.Budget(params=0.01))  # fmt: skip
         uniform = prunekit.prune_channels(copy.deepcopy(dense), example, 0.25, heads=0.25)
         assert isinstance(probe, prunekit.BudgetReport)
-        budget = prunekit.Budget(params=_removed(uniform, probe))
-        for label in args.damping:
+        removed = _removed(uniform, probe)
+        for label, level in itertools.product(args.damping, args.sensitivity):
+            budget = prunekit.Budget(params=removed, sensitivity=level)
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
                 model, example, budget=budget, criterion=args.criterion, calibration=batches,
@@ -207,7 +208,7 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             )  # fmt: skip
             values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
-            row = f"{f'{source}, damping {label}':<26}"
+            row = f"{f'{source}, damping {label}' + (f' s{level:g}' if level else ''):<26}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
 
@@ -231,7 +232,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--paragraphs", type=int, default=64)
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: seconds of distillation rows")
-    parser.add_argument("--sensitivity", default="0", help="SmolLM2: Budget(sensitivity=)")
+    parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
     parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
     parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
     args = parser.parse_args()
