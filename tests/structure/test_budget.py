@@ -499,3 +499,30 @@ def test_a_floor_per_glob_keeps_each_matching_group_its_share() -> None:
     assert kept["c2.weight"] == 24
     assert kept["c1.weight"] >= 8 and kept["c3.weight"] >= 12
     assert sum(r.before - r.after for r in report.rows) == math.ceil(0.3 * 72)
+
+
+@pytest.mark.filterwarnings("ignore:compact.*cannot rebuild")
+def test_cuts_in_steps_with_compensation_between_meet_the_target_and_compact_exactly() -> None:
+    """Several smaller cuts, each compensated (``Budget(params=t x k / n)`` for k = 1..n):
+    each call counts the units masked before as removed, so the last meets t, keeps what
+    the first masked, and the compacted model computes what the masked one does."""
+    model = _llama(intermediate_size=64)
+    calibration = [{"input_ids": torch.randint(0, 100, (2, 12), generator=torch.Generator()
+                                               .manual_seed(k))} for k in range(3)]  # fmt: skip
+    example = {"input_ids": IDS}
+    first = prunekit.prune_channels(model, example, budget=prunekit.Budget(params=0.15),
+                                    criterion="activation", calibration=calibration,
+                                    compensate=True, round_to=4)  # fmt: skip
+    masked_first = {n: b.clone() for n, b in model.named_buffers() if n.endswith("_mask")}
+    second = prunekit.prune_channels(model, example, budget=prunekit.Budget(params=0.3),
+                                     criterion="activation", calibration=calibration,
+                                     compensate=True, round_to=4)  # fmt: skip
+    assert 0.15 <= first.achieved < second.achieved and 0.3 <= second.achieved < 0.4
+    for name, mask in model.named_buffers():
+        if name in masked_first:
+            assert bool((mask <= masked_first[name]).all())  # what went stays gone
+    with torch.no_grad():
+        masked = model(input_ids=IDS).logits
+        compacted = prunekit.compact(model, example)
+        torch.testing.assert_close(model(input_ids=IDS).logits, masked, atol=1e-4, rtol=1e-4)
+    assert compacted.params_before - compacted.params_after == second.removed
