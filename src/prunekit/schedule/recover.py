@@ -34,7 +34,7 @@ _OWNER = "recover"
 
 @dataclass(frozen=True)
 class Recovery:
-    """What ``recover`` did.
+    """What a run of recover did: its steps, their seconds and losses.
 
     Attributes:
         steps: the optimizer steps taken.
@@ -59,7 +59,7 @@ def recover(
     lr: float = 1e-4,
     warmup: int = 10,
 ) -> Recovery:
-    """Distil `student` from ``distiller.teacher`` on `batches` within a budget of time or steps.
+    """Distil a pruned student from the dense teacher within a budget of time or steps.
 
     Args:
         student: the pruned model (masked or compacted); trained in place, left in eval mode.
