@@ -8,7 +8,7 @@ trainer library; this package does not.
 from prunekit.schedule.distill import Distiller, distillation_loss, hidden_state_loss
 from prunekit.schedule.gradual import Gradual
 from prunekit.schedule.pruner import GradualPruner
-from prunekit.schedule.recover import Recovery, recover
+from prunekit.schedule.recovery import Recovery, recover
 from prunekit.schedule.schedules import SCHEDULES, constant, cubic, linear
 from prunekit.schedule.settings import GradualConfig
 

@@ -12,7 +12,7 @@ from tests.helpers.gguf_models import tiny_llama
 from torch import nn
 
 import prunekit as prune
-from prunekit.schedule.recover import _Plan
+from prunekit.schedule.recovery import _Plan
 
 
 def _pruned_pair() -> tuple[nn.Module, nn.Module, list[dict[str, torch.Tensor]]]:
