@@ -25,6 +25,16 @@ over --paragraphs evaluation paragraphs of every domain.
 relative to the mean diagonal of the input's second moment, the same for every layer),
 'auto' (chosen per layer on held-out calibration batches), 'default' (what
 ``prune_channels`` does without the argument) or 'none' (``compensate=False``).
+
+Allocation and recovery, each value a row beside the default's (rows of the new options
+are named shorter: '20% 0.3 x2 s0.5 +600s'):
+--steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
+each compensated on the model the steps before left ('xN').
+--sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
+--recover SECONDS: each pruned SmolLM2 also distilled from the dense model on the
+calibration windows for that many wall seconds (``prunekit.recover``, KL at temperature 1,
+--lr, --hidden-weight; '+SECONDSs', 'h' with the hidden-state term); its note gives the
+steps and the CPU seconds.
 """
 
 from __future__ import annotations
