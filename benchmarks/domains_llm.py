@@ -31,7 +31,7 @@ are named shorter: '20% 0.3 x2 s0.5 +600s'):
 --steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
 each compensated on the model the steps before left ('xN').
 --sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
---recover SECONDS: each pruned SmolLM2 also distilled from the dense model on the
+--recover SECONDS: each pruned SmolLM2, compacted, also distilled from the dense model on the
 calibration windows for that many wall seconds (``prunekit.recover``, KL at temperature 1,
 --lr, --hidden-weight; '+SECONDSs', 'h' with the hidden-state term); its note gives the
 steps and the CPU seconds.
@@ -144,6 +144,7 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             _row(name, pruned, tests, dense, started)
             for seconds in args.recover:
                 student = copy.deepcopy(pruned)
+                prunekit.compact(student, example)  # smaller: less memory to train it
                 done = _recover(student, model, batches, seconds, args)
                 what = f"{short} +{seconds:.0f}s" + (" h" if args.hidden_weight else "")
                 _row(what, student, tests, dense, started,

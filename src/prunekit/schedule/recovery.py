@@ -78,6 +78,10 @@ def recover(
     Returns:
         The steps taken, their wall and CPU seconds and the loss of each.
 
+    Memory beyond the two models: a copy of the trained parameters (put back on an error),
+    their gradients and AdamW's two moments, so about five times the student's parameters
+    (compact the student first: it is smaller, and its masks and stored weights go).
+
     Raises:
         TypeError: a student that is no nn.Module, a distiller that is no Distiller,
             batches that are no iterable of batches, a budget or rate of the wrong type.
