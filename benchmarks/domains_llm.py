@@ -25,12 +25,23 @@ over --paragraphs evaluation paragraphs of every domain.
 relative to the mean diagonal of the input's second moment, the same for every layer),
 'auto' (chosen per layer on held-out calibration batches), 'default' (what
 ``prune_channels`` does without the argument) or 'none' (``compensate=False``).
+
+Allocation and recovery, each value a row beside the default's (rows of the new options
+are named shorter: '20% 0.3 x2 s0.5 +600s'):
+--steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
+each compensated on the model the steps before left ('xN').
+--sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
+--recover SECONDS: each pruned SmolLM2, compacted, also distilled from the dense model on the
+calibration windows for that many wall seconds (``prunekit.recover``, KL at temperature 1,
+--lr, --hidden-weight; '+SECONDSs', 'h' with the hidden-state term); its note gives the
+steps and the CPU seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
 import sys
 import time
@@ -116,21 +127,54 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(header + "\n" + "-" * len(header))
     print(f"{'dense (perplexity)':<24}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
-        for label in args.damping:
+        for label, steps, level in itertools.product(args.damping, args.steps, args.sensitivity):
             started = time.perf_counter()
             pruned = copy.deepcopy(model)
-            budget = prunekit.Budget(params=target, kinds=("channels", "heads"))
-            prunekit.prune_channels(
-                pruned, example, budget=budget, criterion=args.criterion, calibration=batches,
-                round_to=args.round_to, **damping_kwargs(label),
-            )  # fmt: skip
-            ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
-            worst = max(names, key=lambda n: ratios[n])
-            row = f"{f'{target:.0%} damping {label}':<24}"
-            row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
-            row += f"{ratios[worst]:>8.2f}x {worst:<9}"
-            print(row + f" ({time.perf_counter() - started:.0f} s)", flush=True)
+            for k in range(1, steps + 1):  # several smaller cuts, compensated after each
+                budget = prunekit.Budget(params=target * k / steps, kinds=("channels", "heads"),
+                                         sensitivity=level)  # fmt: skip
+                prunekit.prune_channels(
+                    pruned, example, budget=budget, criterion=args.criterion,
+                    calibration=batches, round_to=args.round_to, **damping_kwargs(label),
+                )  # fmt: skip
+            name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
+            short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
+            short += f" s{level:g}" if level else ""
+            name = name if short == f"{target:.0%} {label}" else short
+            _row(name, pruned, tests, dense, started)
+            for seconds in args.recover:
+                student = copy.deepcopy(pruned)
+                prunekit.compact(student, example)  # smaller: less memory to train it
+                done = _recover(student, model, batches, seconds, args)
+                what = f"{short} +{seconds:.0f}s" + (" h" if args.hidden_weight else "")
+                _row(what, student, tests, dense, started,
+                     f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s")  # fmt: skip
+                del student
             del pruned
+
+
+def _row(
+    name: str, pruned: nn.Module, tests: dict[str, list[Tensor]], dense: dict[str, float],
+    started: float, note: str = "",
+) -> None:  # fmt: skip
+    """One printed row: each domain's perplexity over dense, the worst, the seconds."""
+    names = list(tests)
+    ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
+    worst = max(names, key=lambda n: ratios[n])
+    row = f"{name:<24}"
+    row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
+    row += f"{ratios[worst]:>8.2f}x {worst:<9}"
+    print(row + f" ({time.perf_counter() - started:.0f} s{note})", flush=True)
+
+
+def _recover(
+    student: nn.Module, teacher: nn.Module, batches: list[dict[str, Tensor]], seconds: float,
+    args: argparse.Namespace,
+) -> prunekit.Recovery:  # fmt: skip
+    """--recover: the pruned model distilled from the dense one on the calibration windows
+    (``prunekit.recover``) for `seconds` of wall time."""
+    distiller = prunekit.Distiller(teacher, temperature=1.0, hidden_weight=args.hidden_weight)
+    return prunekit.recover(student, distiller, batches, seconds=seconds, lr=args.lr)
 
 
 def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -165,8 +209,9 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
                                         budget=prunekit.Budget(params=0.01))  # fmt: skip
         uniform = prunekit.prune_channels(copy.deepcopy(dense), example, 0.25, heads=0.25)
         assert isinstance(probe, prunekit.BudgetReport)
-        budget = prunekit.Budget(params=_removed(uniform, probe))
-        for label in args.damping:
+        removed = _removed(uniform, probe)
+        for label, level in itertools.product(args.damping, args.sensitivity):
+            budget = prunekit.Budget(params=removed, sensitivity=level)
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
                 model, example, budget=budget, criterion=args.criterion, calibration=batches,
@@ -174,7 +219,7 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             )  # fmt: skip
             values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
-            row = f"{f'{source}, damping {label}':<26}"
+            row = f"{f'{source}, damping {label}' + (f' s{level:g}' if level else ''):<26}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
 
@@ -196,9 +241,17 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-windows", type=int, default=8)
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
+    parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
+    parser.add_argument("--recover", default="", help="SmolLM2: seconds of distillation rows")
+    parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
+    parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
+    parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
     args = parser.parse_args()
     args.targets = [float(t) for t in args.targets.split(",")]
     args.damping = args.damping.split(",")
+    args.steps = [int(n) for n in args.steps.split(",")]
+    args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
+    args.recover = [float(t) for t in args.recover.split(",") if t]
     args.names = tuple(args.domains.split(","))
     if args.calibrate not in ("mixture", *args.names):
         sys.exit(f"--calibrate: 'mixture' or one of {args.names}")

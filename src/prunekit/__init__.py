@@ -51,7 +51,14 @@ from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 
 # Gradual pruning.
-from prunekit.schedule import Distiller, Gradual, GradualPruner, distillation_loss
+from prunekit.schedule import (
+    Distiller,
+    Gradual,
+    GradualPruner,
+    Recovery,
+    distillation_loss,
+    recover,
+)
 
 # Structural pruning: channel groups, their masks, group criteria (calibrated ones too),
 # compaction, compacted models saved and rebuilt with their per-layer shapes, one budget for
@@ -127,6 +134,7 @@ __all__ = [
     "Random",
     "RandomStructured",
     "RandomUnstructured",
+    "Recovery",
     "Report",
     "SparseGPT",
     "Taylor",
@@ -158,6 +166,7 @@ __all__ = [
     "random_unstructured",
     "recalibrate_norms",
     "reconstruct_blocks",
+    "recover",
     "refresh_pruned",
     "register_compacted_factory",
     "register_module_handler",

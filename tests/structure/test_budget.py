@@ -189,6 +189,12 @@ def test_embeddings_counted_when_asked() -> None:
         ({"units": 0.3, "floor": math.nan}, ValueError, "invalid floor=nan"),
         ({"params": 0.3, "floor": "half"}, TypeError, "invalid floor='half'"),
         ({"params": 0.3, "floor": True}, TypeError, "invalid floor=True"),
+        ({"params": 0.3, "sensitivity": 1.5}, ValueError,
+         "Budget: invalid sensitivity=1.5; expected a float in [0, 1]: how much a group's"),
+        ({"params": 0.3, "sensitivity": -0.1}, ValueError, "invalid sensitivity=-0.1"),
+        ({"params": 0.3, "sensitivity": math.nan}, ValueError, "invalid sensitivity=nan"),
+        ({"params": 0.3, "sensitivity": "1"}, TypeError, "invalid sensitivity='1' of type str"),
+        ({"params": 0.3, "sensitivity": True}, TypeError, "invalid sensitivity=True"),
     ],
 )  # fmt: skip
 def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str) -> None:
@@ -409,6 +415,33 @@ def test_a_unit_budget_ranks_units_by_their_score_over_their_group_mean() -> Non
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("sensitivity", "after"),
+    [(0.0, [("c1.weight", 12), ("c2.weight", 25), ("c3.weight", 19)]),
+     (0.5, [("c1.weight", 10), ("c2.weight", 32), ("c3.weight", 14)]),
+     (1.0, [("c1.weight", 10), ("c2.weight", 32), ("c3.weight", 14)])],
+)  # fmt: skip
+def test_sensitivity_lets_a_group_whose_units_all_score_high_keep_them(
+    sensitivity: float, after: list[tuple[str, int]]
+) -> None:
+    """Within each group the scores are spread alike; c2's are 4x those of the others.
+    Compared within their groups only (0), every group loses about the same share (a
+    quarter); with their levels (0.5, 1), c2 keeps all its units and the others lose more."""
+    model = Convs()
+
+    def scores(group: Any) -> Tensor:
+        spread = torch.linspace(1.0, 2.0, group.size, dtype=torch.float64)
+        return spread * (4.0 if group.name == "c2.weight" else 1.0)
+
+    budget = prunekit.Budget(units=16 / 72, sensitivity=sensitivity)
+    report = prunekit.prune_channels(model, X, criterion=scores, budget=budget)
+    assert [(r.name, r.after) for r in report.rows] == after
+    with torch.no_grad():
+        masked = model(X)
+        prunekit.compact(model, X)
+        torch.testing.assert_close(model(X), masked, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("measure", ["params", "units"])
 def test_a_floor_keeps_that_share_of_every_group(measure: str) -> None:
     """31 of c2's 32 channels score nearly nothing next to their group's mean: without a
@@ -466,3 +499,30 @@ def test_a_floor_per_glob_keeps_each_matching_group_its_share() -> None:
     assert kept["c2.weight"] == 24
     assert kept["c1.weight"] >= 8 and kept["c3.weight"] >= 12
     assert sum(r.before - r.after for r in report.rows) == math.ceil(0.3 * 72)
+
+
+@pytest.mark.filterwarnings("ignore:compact.*cannot rebuild")
+def test_cuts_in_steps_with_compensation_between_meet_the_target_and_compact_exactly() -> None:
+    """Several smaller cuts, each compensated (``Budget(params=t x k / n)`` for k = 1..n):
+    each call counts the units masked before as removed, so the last meets t, keeps what
+    the first masked, and the compacted model computes what the masked one does."""
+    model = _llama(intermediate_size=64)
+    calibration = [{"input_ids": torch.randint(0, 100, (2, 12), generator=torch.Generator()
+                                               .manual_seed(k))} for k in range(3)]  # fmt: skip
+    example = {"input_ids": IDS}
+    first = prunekit.prune_channels(model, example, budget=prunekit.Budget(params=0.15),
+                                    criterion="activation", calibration=calibration,
+                                    compensate=True, round_to=4)  # fmt: skip
+    masked_first = {n: b.clone() for n, b in model.named_buffers() if n.endswith("_mask")}
+    second = prunekit.prune_channels(model, example, budget=prunekit.Budget(params=0.3),
+                                     criterion="activation", calibration=calibration,
+                                     compensate=True, round_to=4)  # fmt: skip
+    assert 0.15 <= first.achieved < second.achieved and 0.3 <= second.achieved < 0.4
+    for name, mask in model.named_buffers():
+        if name in masked_first:
+            assert bool((mask <= masked_first[name]).all())  # what went stays gone
+    with torch.no_grad():
+        masked = model(input_ids=IDS).logits
+        compacted = prunekit.compact(model, example)
+        torch.testing.assert_close(model(input_ids=IDS).logits, masked, atol=1e-4, rtol=1e-4)
+    assert compacted.params_before - compacted.params_after == second.removed

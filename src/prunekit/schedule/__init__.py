@@ -8,6 +8,7 @@ trainer library; this package does not.
 from prunekit.schedule.distill import Distiller, distillation_loss, hidden_state_loss
 from prunekit.schedule.gradual import Gradual
 from prunekit.schedule.pruner import GradualPruner
+from prunekit.schedule.recovery import Recovery, recover
 from prunekit.schedule.schedules import SCHEDULES, constant, cubic, linear
 from prunekit.schedule.settings import GradualConfig
 
@@ -17,9 +18,11 @@ __all__ = [
     "Gradual",
     "GradualConfig",
     "GradualPruner",
+    "Recovery",
     "constant",
     "cubic",
     "distillation_loss",
     "hidden_state_loss",
     "linear",
+    "recover",
 ]

@@ -22,7 +22,14 @@ from torch import Tensor, nn
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 
-__all__ = ["Distiller", "distillation_loss", "hidden_state_loss"]
+__all__ = ["Distiller", "Inputs", "Output", "distillation_loss", "hidden_state_loss"]
+
+Inputs = Tensor | tuple[object, ...] | list[object] | Mapping[str, object]
+"""A batch as a model's forward takes it: one tensor, positional arguments or keywords."""
+
+Output = object
+"""A model's output as its forward returns it: logits, or an object or mapping holding
+``logits`` (and ``loss``, ``hidden_states``)."""
 
 
 def distillation_loss(
@@ -174,7 +181,7 @@ class Distiller:
         self.alpha = float(alpha)
         self.hidden_weight = float(hidden_weight)
 
-    def teacher_output(self, inputs: Any, device: torch.device | None = None) -> Any:
+    def teacher_output(self, inputs: Inputs, device: torch.device | None = None) -> Output:
         """The teacher's output on `inputs` (no gradients, eval mode).
 
         Args:
@@ -186,6 +193,9 @@ class Distiller:
         Returns:
             The teacher's output, as its forward returns it (with the hidden states when
             ``hidden_weight`` is set); the teacher's modes are put back afterwards.
+
+        Raises:
+            TypeError: `inputs` of another kind.
         """
         args, kwargs = _split(inputs)
         kwargs.pop("labels", None)
@@ -198,12 +208,15 @@ class Distiller:
         self.teacher.eval()
         try:
             with torch.no_grad():
-                return self.teacher(*args, **kwargs)
+                found: Output = self.teacher(*args, **kwargs)
+                return found
         finally:
             for module, mode in modes:  # each its own: a frozen norm stays in eval mode
                 module.training = mode
 
-    def loss(self, student_output: Any, inputs: Any, *, teacher_output: Any = None) -> Tensor:
+    def loss(
+        self, student_output: Output, inputs: Inputs, *, teacher_output: Output | None = None
+    ) -> Tensor:
         """The student's loss for `student_output`, its output on `inputs`.
 
         Args:
@@ -239,34 +252,47 @@ class Distiller:
                 [student], [teacher], attention_mask=mask
             )
         if self.alpha < 1:
-            own = _field(student_output, "loss")
-            if not isinstance(own, Tensor):
-                raise value_error(
-                    f"Distiller: alpha={self.alpha} mixes in the student's own loss, but its "
-                    "output has no `loss`; expected a model given labels, or alpha=1.0"
-                )
-            total = total + (1 - self.alpha) * own
+            total = total + (1 - self.alpha) * self._own_loss(student_output)
         if self.hidden_weight:
-            states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
-            if states[0] is None:
-                raise value_error(
-                    f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
-                    "but the student's output has none; expected the student called with "
-                    "output_hidden_states=True"
-                )
-            if states[1] is None:
-                raise value_error(
-                    f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
-                    "but the teacher_output given has none; expected the teacher's output "
-                    "with hidden_states"
-                )
-            # hidden states over tokens are masked even where the logits are not (a
-            # classifier's logits are per sequence, its hidden states per token)
-            over_tokens = all(isinstance(s, Tensor) and s.dim() == 3 for s in states[0])
-            total = total + self.hidden_weight * hidden_state_loss(
-                states[0], states[1], attention_mask=given if over_tokens else None
+            total = total + self.hidden_weight * self._hidden_term(
+                student_output, teacher_output, given
             )
         return total
+
+    def _own_loss(self, student_output: Output) -> Tensor:
+        """The student's own ``loss`` (mixed in where `alpha` < 1)."""
+        own = _field(student_output, "loss")
+        if not isinstance(own, Tensor):
+            raise value_error(
+                f"Distiller: alpha={self.alpha} mixes in the student's own loss, but its "
+                "output has no `loss`; expected a model given labels, or alpha=1.0"
+            )
+        return own
+
+    def _hidden_term(
+        self, student_output: Output, teacher_output: Output, given: Tensor | None
+    ) -> Tensor:
+        """``hidden_state_loss`` over both outputs' hidden states."""
+        states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
+        for found, whose, expected in (
+            (
+                states[0],
+                "the student's output",
+                "the student called with output_hidden_states=True",
+            ),
+            (states[1], "the teacher_output given", "the teacher's output with hidden_states"),
+        ):
+            if found is None:
+                raise value_error(
+                    f"Distiller: hidden_weight={self.hidden_weight} compares hidden states, "
+                    f"but {whose} has none; expected {expected}"
+                )
+        # hidden states over tokens are masked even where the logits are not (a
+        # classifier's logits are per sequence, its hidden states per token)
+        over_tokens = all(isinstance(s, Tensor) and s.dim() == 3 for s in states[0])
+        return hidden_state_loss(
+            states[0], states[1], attention_mask=given if over_tokens else None
+        )
 
     def __repr__(self) -> str:
         return (

@@ -89,13 +89,20 @@ class Budget:
             mapping from globs over group names (as ``BudgetReport.rows`` names them) to
             such shares: a group takes the share of the first glob that matches its name,
             0 where none does (``"*"`` sets the rest); kept as a tuple of pairs.
+        sensitivity: how much a group's level of scores counts, in [0, 1]. Each unit's
+            score is divided by group_mean^(1 - sensitivity) x kind_mean^sensitivity (the
+            means of its group's scores and of all units of its kind): 0 (the default)
+            compares units within their group only, so every group's units average 1; 1
+            compares the scores as they are across the groups of a kind, so a layer whose
+            units all score high (its removals leave more error) keeps more of them.
 
     Raises:
         ValueError: a share outside (0, 1), not exactly one of `params`, `macs`, `latency`
             and `units`, an unknown or repeated kind, `embeddings=True` without `params`,
-            `runs` below 1, a `floor` share outside [0, 1) or an empty mapping.
-        TypeError: a share, `floor` (or one of its globs), `embeddings` or `runs` of the
-            wrong type.
+            `runs` below 1, a `floor` share outside [0, 1) or an empty mapping, a
+            `sensitivity` outside [0, 1].
+        TypeError: a share, `floor` (or one of its globs), `embeddings`, `runs` or
+            `sensitivity` of the wrong type.
     """
 
     params: float | None = None
@@ -106,6 +113,7 @@ class Budget:
     runs: int = 5
     units: float | None = None
     floor: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 0.0
+    sensitivity: float = 0.0
 
     def __post_init__(self) -> None:
         for name in MEASURES:
@@ -133,6 +141,9 @@ class Budget:
         wanted = "an int >= 1: the alternated pairs of forwards timed per kind (latency= only)"
         check_number(self.runs, "runs", "Budget", wanted, lambda v: v >= 1, integral=True)
         object.__setattr__(self, "runs", int(self.runs))
+        wanted = "a float in [0, 1]: how much a group's level of scores counts"
+        check_number(self.sensitivity, "sensitivity", "Budget", wanted, lambda v: 0 <= v <= 1)
+        object.__setattr__(self, "sensitivity", float(self.sensitivity))
         kinds = self.kinds
         if isinstance(kinds, str) or not isinstance(kinds, tuple | list):
             raise type_error(

@@ -102,6 +102,24 @@ def reconstruct_blocks(
             model without a sequence of blocks, or a reference without the same one. On any
             error the model is left as it was.
     """
+    batches = _checked(model, reference, calibration, steps, lr, ends)
+    blocks, theirs = _blocks(model, reference)
+    fit = _Fit(int(steps), float(lr))
+    with cal.evaluating(model), cal.evaluating(reference):
+        stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
+        trained = [p for block in blocks for p in _trainable(block)] + stem + head
+        with transaction(model, writes=trained):
+            errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
+            if ends:
+                errors.append(_fit_head(model, reference, blocks, batches, head, fit))
+    return errors
+
+
+def _checked(
+    model: object, reference: object, calibration: object, steps: object, lr: object,
+    ends: object,
+) -> list[Any]:  # fmt: skip
+    """reconstruct_blocks' arguments checked; the calibration batches as a list."""
     owner = "reconstruct_blocks"
     check_model(model, owner)
     check_model(reference, owner, "reference")
@@ -109,35 +127,35 @@ def reconstruct_blocks(
     check_number(lr, "lr", owner, "a finite float > 0", lambda v: 0 < v < math.inf)
     if not isinstance(ends, bool):
         raise type_error(f"{owner}: invalid ends={ends!r}; expected True or False")
-    batches = cal.batch_list(calibration, owner)
-    blocks, theirs = _blocks(model, reference)
-    fit = _Fit(int(steps), float(lr))
-    with cal.evaluating(model), cal.evaluating(reference):
-        stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
-        trained = [p for block in blocks for p in _trainable(block)] + stem + head
-        with transaction(model, writes=trained):
+    return cal.batch_list(calibration, owner)
+
+
+def _fit_blocks(
+    models: tuple[nn.Module, nn.Module], pairs: tuple[nn.ModuleList, nn.ModuleList],
+    batches: Sequence[Any], stem: list[nn.Parameter], fit: _Fit,
+) -> list[tuple[float, float]]:  # fmt: skip
+    """Each block of the model (the first with `stem`) fitted in turn towards the
+    reference's same block, from the inputs the blocks before it now give."""
+    (model, reference), (blocks, theirs) = models, pairs
+    with torch.no_grad():
+        ours_in = cal.capture_block_inputs(model, blocks[0], batches)
+        theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+    _check_widths(ours_in, theirs_in)
+    errors = []
+    for block, their_block in zip(blocks, theirs, strict=True):
+        with torch.no_grad():
+            targets = [_output(their_block, one) for one in theirs_in]
+        if block is blocks[0] and stem:
+            params = _trainable(block) + stem
+            with cal.requiring_grad(model, params):  # no graph through the others
+                errors.append(fit(params, _through_stem(model, block, batches), targets))
             with torch.no_grad():
-                ours_in = cal.capture_block_inputs(model, blocks[0], batches)
-                theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
-            _check_widths(ours_in, theirs_in)
-            errors = []
-            for block, their_block in zip(blocks, theirs, strict=True):
-                with torch.no_grad():
-                    targets = [_output(their_block, one) for one in theirs_in]
-                if block is blocks[0] and stem:
-                    run = _through_stem(model, block, batches)
-                    params = _trainable(block) + stem
-                    with cal.requiring_grad(model, params):  # no graph through the others
-                        errors.append(fit(params, run, targets))
-                    with torch.no_grad():
-                        ours_in = cal.capture_block_inputs(model, block, batches)
-                else:
-                    errors.append(fit(_trainable(block), _runner(block, ours_in), targets))
-                with torch.no_grad():
-                    ours_in = cal.next_inputs(block, ours_in)
-                    theirs_in = cal.next_inputs(their_block, theirs_in)
-            if ends:
-                errors.append(_fit_head(model, reference, blocks, batches, head, fit))
+                ours_in = cal.capture_block_inputs(model, block, batches)
+        else:
+            errors.append(fit(_trainable(block), _runner(block, ours_in), targets))
+        with torch.no_grad():
+            ours_in = cal.next_inputs(block, ours_in)
+            theirs_in = cal.next_inputs(their_block, theirs_in)
     return errors
 
 

@@ -74,7 +74,8 @@ def meet(
         ]
         depth = 0.0  # skipped blocks no longer run: the time measured is without them
     pooled = budget.measure == "latency"
-    chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled)
+    levels = _levels(groups, scores, budget.sensitivity)
+    chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled, levels=levels)
     ledger = Ledger(tensors, units=by_units)
     ledger.removed = depth
     taken = _take(groups, chains, ledger, rates, budget.share * total)
@@ -84,6 +85,23 @@ def meet(
     rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
             for g, u in zip(groups, taken, strict=True)]  # fmt: skip
     return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates)
+
+
+def _levels(groups: list[ChannelGroup], scores: list[Tensor], sensitivity: float) -> list[float]:
+    """Per group, (its mean score / its kind's mean score)^sensitivity: what its units'
+    scores relative to their group's mean are multiplied by (``Budget.sensitivity``)."""
+    if not sensitivity:
+        return [1.0] * len(groups)
+    kind_means: dict[str, float] = {}
+    for kind in dict.fromkeys(g.kind for g in groups):
+        mine = [s for g, s in zip(groups, scores, strict=True) if g.kind == kind and len(s)]
+        count = sum(len(s) for s in mine)
+        kind_means[kind] = sum(float(s.sum()) for s in mine) / count if count else 0.0
+    levels = []
+    for g, s in zip(groups, scores, strict=True):
+        mean, of_kind = (float(s.mean()) if len(s) else 0.0), kind_means[g.kind]
+        levels.append((mean / of_kind) ** sensitivity if mean > 0 and of_kind > 0 else 1.0)
+    return levels
 
 
 def _counted(
@@ -174,11 +192,13 @@ def _chains(
     round_to: int | None,
     floors: list[float] | None = None,
     pooled: bool = False,
+    levels: list[float] | None = None,
 ) -> list[list[tuple[float, tuple[int, ...]]]]:
     """Per group, the removals it allows in order, each (priority, units): lowest relative
     score per relative cost first, in steps that keep its constraints (at least its share
     in `floors` of its units kept). Costs are relative to the mean unit of their kind, or
-    with `pooled` of all kinds (milliseconds compare)."""
+    with `pooled` of all kinds (milliseconds compare); relative scores are multiplied by
+    their group's entry of `levels` (1 where None)."""
     mean_cost: dict[str, float] = {}
     every = [c for cs in costs for c in cs if c > 0]
     for kind in KINDS:
@@ -187,9 +207,10 @@ def _chains(
         mean_cost[kind] = sum(mine) / len(mine) if mine else 1.0
     chains = []
     floors = floors if floors is not None else [0.0] * len(groups)
-    for g, s, cs, floor in zip(groups, scores, costs, floors, strict=True):
+    levels = levels if levels is not None else [1.0] * len(groups)
+    for g, s, cs, floor, level in zip(groups, scores, costs, floors, levels, strict=True):
         mean = float(s.mean()) if len(s) else 0.0
-        relative = (s / mean if mean > 0 else s).tolist()
+        relative = ((s / mean if mean > 0 else s) * level).tolist()
         value = [
             r / (c / mean_cost[g.kind]) if c > 0 else math.inf
             for r, c in zip(relative, cs, strict=True)

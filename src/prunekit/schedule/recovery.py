@@ -1,0 +1,185 @@
+"""Recovery in a budget of time: a pruned student distilled from the dense teacher for so many
+seconds (or steps), with a learning rate that follows the budget.
+
+``recover`` runs AdamW over the student's trainable parameters, one batch per step in turn,
+with the loss a ``Distiller`` makes. The learning rate warms up linearly over the first
+`warmup` steps and then decays along a cosine from `lr` to 0 over the *share of the budget
+used*: elapsed seconds over `seconds`, or steps taken over `steps`, whichever is further on.
+So a short budget is not cut off at its highest learning rate, and a long one is not spent
+at its lowest: the schedule is the one for the time given, however fast the machine is.
+Masked entries stay masked (a mask multiplies the stored weight, so their gradient is zero
+and no weight decay moves them): the student compacts exactly afterwards, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from prunekit.core.checks import check_number
+from prunekit.core.errors import type_error, value_error
+from prunekit.core.transaction import transaction
+from prunekit.criteria.calibration import batch_list
+from prunekit.schedule.distill import Distiller, Inputs, Output, _split
+
+__all__ = ["Recovery", "recover"]
+
+_OWNER = "recover"
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a run of recover did: its steps, their seconds and losses.
+
+    Attributes:
+        steps: the optimizer steps taken.
+        seconds: their wall-clock time.
+        cpu_seconds: the CPU time of this process meanwhile (all its threads).
+        losses: the loss of each step, before its update.
+    """
+
+    steps: int
+    seconds: float
+    cpu_seconds: float
+    losses: tuple[float, ...]
+
+
+def recover(
+    student: nn.Module,
+    distiller: Distiller,
+    batches: Iterable[Inputs],
+    *,
+    seconds: float | None = None,
+    steps: int | None = None,
+    lr: float = 1e-4,
+    warmup: int = 10,
+) -> Recovery:
+    """Distil a pruned student from the dense teacher within a budget of time or steps.
+
+    Args:
+        student: the pruned model (masked or compacted); trained in place, left in eval mode.
+        distiller: the teacher and the loss (its `hidden_weight` asks both forwards for
+            their hidden states).
+        batches: what the student's forward takes (a tensor, a tuple of positional
+            arguments or a mapping of keywords each), used one per step in turn.
+        seconds: stop once this much wall-clock time has passed (a float > 0); the cosine
+            follows elapsed time over it.
+        steps: stop after this many steps (an int >= 1); the cosine follows the steps over
+            it. At least one of `seconds` and `steps` is given; with both, whichever ends
+            first.
+        lr: AdamW's peak learning rate, finite and > 0.
+        warmup: steps of linear warm-up to `lr` (an int >= 0).
+
+    Returns:
+        The steps taken, their wall and CPU seconds and the loss of each.
+
+    Memory beyond the two models: a copy of the trained parameters (put back on an error),
+    their gradients and AdamW's two moments, so about five times the student's parameters
+    (compact the student first: it is smaller, and its masks and stored weights go).
+
+    Raises:
+        TypeError: a student that is no nn.Module, a distiller that is no Distiller,
+            batches that are no iterable of batches, a budget or rate of the wrong type.
+        ValueError: neither `seconds` nor `steps`, one out of range, no batch, a loss that
+            is not finite (the student is then left as it was).
+    """
+    _check(student, distiller, seconds, steps, lr, warmup)
+    found = batch_list(batches, _OWNER)
+    trained = [p for p in student.parameters() if p.requires_grad]
+    if not trained:
+        raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
+                          "expected some to train")  # fmt: skip
+    with transaction(student, writes=trained):
+        return _run(student, distiller, found, trained, _Plan(seconds, steps, lr, warmup))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    seconds: float | None
+    steps: int | None
+    lr: float
+    warmup: int
+
+    def used(self, step: int, elapsed: float) -> float:
+        """The share of the budget used, in [0, 1]."""
+        shares = [elapsed / self.seconds if self.seconds else 0.0]
+        shares.append(step / self.steps if self.steps else 0.0)
+        return min(1.0, max(shares))
+
+    def rate(self, step: int, elapsed: float) -> float:
+        """The learning rate of step `step` (from 0)."""
+        warm = min(1.0, (step + 1) / self.warmup) if self.warmup else 1.0
+        return self.lr * warm * 0.5 * (1 + math.cos(math.pi * self.used(step, elapsed)))
+
+
+def _run(
+    student: nn.Module, distiller: Distiller, batches: list[Inputs],
+    trained: list[nn.Parameter], plan: _Plan,
+) -> Recovery:  # fmt: skip
+    optimizer = torch.optim.AdamW(trained, lr=plan.lr, weight_decay=0.0)
+    losses: list[float] = []
+    student.train()
+    started, cpu = time.perf_counter(), time.process_time()
+    try:
+        while plan.used(len(losses), time.perf_counter() - started) < 1.0:
+            step = len(losses)
+            for group in optimizer.param_groups:
+                group["lr"] = plan.rate(step, time.perf_counter() - started)
+            batch = batches[step % len(batches)]
+            loss = distiller.loss(_forward(student, batch, distiller), batch)
+            if not bool(torch.isfinite(loss)):
+                raise value_error(
+                    f"{_OWNER}: the loss of step {step} is {float(loss.detach())}; expected "
+                    "a finite loss (a smaller lr)"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        student.eval()
+        for p in trained:
+            p.grad = None
+    wall, used = time.perf_counter() - started, time.process_time() - cpu
+    return Recovery(len(losses), wall, used, tuple(losses))
+
+
+def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
+    args, kwargs = _split(batch)
+    if distiller.hidden_weight:
+        kwargs["output_hidden_states"] = True
+    if distiller.alpha == 1:
+        kwargs.pop("labels", None)
+    found: Output = student(*args, **kwargs)
+    return found
+
+
+def _check(
+    student: object, distiller: object, seconds: object, steps: object, lr: object,
+    warmup: object,
+) -> None:  # fmt: skip
+    if not isinstance(student, nn.Module):
+        raise type_error(f"{_OWNER}: invalid student of type {type(student).__name__}; "
+                         "expected the pruned torch.nn.Module")  # fmt: skip
+    if not isinstance(distiller, Distiller):
+        raise type_error(f"{_OWNER}: invalid distiller of type {type(distiller).__name__}; "
+                         "expected a prunekit.Distiller")  # fmt: skip
+    if seconds is None and steps is None:
+        raise value_error(f"{_OWNER}: neither seconds nor steps given; expected a budget of "
+                          "time (seconds=...) or of steps (steps=...), or both")  # fmt: skip
+    if seconds is not None:
+        check_number(seconds, "seconds", _OWNER, "a finite float > 0", _positive)
+    if steps is not None:
+        check_number(steps, "steps", _OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
+    check_number(lr, "lr", _OWNER, "a finite float > 0", _positive)
+    check_number(warmup, "warmup", _OWNER, "an int >= 0", lambda v: v >= 0, integral=True)
+
+
+def _positive(value: float) -> bool:
+    return 0 < value < math.inf
