@@ -347,20 +347,30 @@ def eval_child(folder: Path, ids: Path, generate: int, count: bool) -> dict[str,
 # -- the parent ------------------------------------------------------------------------------
 
 
-def child(argv: list[str], prelude: str = "", nice: int = 0, log: Path | None = None) -> Any:
-    """Run this file with `argv` in a fresh Python process; its last stdout line (JSON)."""
+def spawn(argv: list[str], prelude: str = "", nice: int = 0, log: Path | None = None) -> Any:
+    """Start this file with `argv` in a fresh Python process (stderr to `log`)."""
     code = prelude + f"import sys\nsys.argv = {[__file__, *argv]!r}\n"
     code += f"path = {__file__!r}\n"
-    code += "exec(compile(open(path).read(), path, 'exec'), {'__name__': '__main__', '__file__': path})\n"
+    code += "where = {'__name__': '__main__', '__file__': path}\n"
+    code += "exec(compile(open(path).read(), path, 'exec'), where)\n"
     command = [sys.executable, "-c", code]
     if nice:
         command = ["nice", "-n", str(nice), *command]
-    with open(log or os.devnull, "w") as errors:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=errors, text=True)
-    if done.returncode:
-        tail = log.read_text()[-3000:] if log else ""
-        raise SystemExit(f"{argv[:2]} failed ({done.returncode}):\n{tail}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    errors = open(log or os.devnull, "w")  # noqa: SIM115 (closed by finish)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    process.errors = errors  # type: ignore[attr-defined]
+    process.log = log  # type: ignore[attr-defined]
+    return process
+
+
+def finish(process: Any) -> Any:
+    """The last stdout line (JSON) of a process `spawn` began, once it ends."""
+    out, _ = process.communicate()
+    process.errors.close()
+    if process.returncode:
+        tail = process.log.read_text()[-3000:] if process.log else ""
+        raise SystemExit(f"{process.args[-1][:200]} failed ({process.returncode}):\n{tail}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def room(root: Path, need: int) -> None:
@@ -391,8 +401,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=BLOCKS)
     parser.add_argument("--root", type=Path, default=ROOT)
-    parser.add_argument("--generate", type=int, default=3)
+    parser.add_argument("--generate", type=int, default=2)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--small", action="store_true", help="a narrow model (hidden 256)")
     parser.add_argument("--child", choices=("prune", "eval"))
     parser.add_argument("--folder", type=Path)
     parser.add_argument("--out", type=Path)
@@ -405,10 +416,12 @@ def main() -> None:
     if args.child == "eval":
         print(json.dumps(eval_child(args.folder, args.ids, args.generate, args.count)))
         return
-    config = llama_config(args.layers)
+    small = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+    small |= {"num_key_value_heads": 2}
+    config = llama_config(args.layers, **(small if args.small else {}))
     size = model_bytes(config)
     room(args.root, 2 * size)
-    work = args.root / f"llama-{args.layers}"
+    work = args.root / f"llama-{config.hidden_size}-{args.layers}"
     if work.exists():
         raise SystemExit(f"{work} exists: remove it (a run left it with --keep or was killed)")
     try:
@@ -426,14 +439,15 @@ def run(work: Path, config: Any, args: argparse.Namespace) -> None:
     written = time.perf_counter() - start
     calibration, evaluation, prompt = token_ids(config.vocab_size)
     torch.save({"calibration": calibration, "evaluation": evaluation, "prompt": prompt}, ids)
-    common = ["--ids", str(ids), "--generate", str(args.generate)]
-    got = child(["--child", "prune", "--folder", str(dense), "--out", str(pruned), *common],
-                nice=10, log=work / "prune.log")  # fmt: skip
-    evals = {}
-    for label, folder, count in (("dense", dense, []), ("pruned", pruned, ["--count"])):
-        steps = common if label == "pruned" else ["--ids", str(ids), "--generate", "1"]
-        argv = ["--child", "eval", "--folder", str(folder), *steps, *count]
-        evals[label] = child(argv, NO_PRUNEKIT, nice=10, log=work / f"{label}.log")
+    # the dense folder is read while the pruning runs (it needs nothing of it)
+    argv = ["--child", "eval", "--folder", str(dense), "--ids", str(ids), "--generate", "1"]
+    reading = spawn(argv, NO_PRUNEKIT, nice=10, log=work / "dense.log")
+    argv = ["--child", "prune", "--folder", str(dense), "--out", str(pruned), "--ids", str(ids)]
+    got = finish(spawn(argv, nice=10, log=work / "prune.log"))
+    evals = {"dense": finish(reading)}
+    argv = ["--child", "eval", "--folder", str(pruned), "--ids", str(ids), "--count"]
+    argv += ["--generate", str(args.generate)]
+    evals["pruned"] = finish(spawn(argv, NO_PRUNEKIT, nice=10, log=work / "pruned.log"))
     report(config, size, written, got, evals, time.perf_counter() - began)
 
 
