@@ -10,6 +10,8 @@
    model, never a shard in memory). Weights are seeded normal * 0.02; the two matrices that
    write into the residual stream (o_proj, down_proj) * 0.02 / sqrt(2 x blocks), so the
    residual stays of order one through every block (no overflow in bf16); norms are 1.
+   (Each chunk of 2**24 entries is a slice of 2**26 seeded normals from a seeded random
+   offset: drawing 15 billion normals takes longer than the pruning on this machine.)
 2. A fresh process (`nice -n 10`) calls ``prune_streamed(folder, out, "wanda", 0.5,
    calibration=...)`` on 4 x 128 token ids (the bytes of pydoc's topics, stdlib text, each
    byte a token): its wall time and its peak resident set (VmHWM, its own since exec).
@@ -52,7 +54,8 @@ SHARD = 5 * GB
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 5120, 13824, 40, 8, 32000
 BLOCKS = 54  # the fewest blocks of this width over 30e9 bytes in bf16
 ROOT = Path("/work/scratch-big")
-CHUNK = 1 << 24  # entries generated at a time
+CHUNK = 1 << 24  # entries written at a time
+POOL = 1 << 26  # seeded normal numbers the weights are drawn from
 CALIBRATION = (4, 128)  # windows x tokens: 512 calibration tokens
 EVALUATION = (2, 128)
 PROMPT = 8
@@ -122,9 +125,12 @@ def write_folder(folder: Path, config: Any, seed: int = 0, shard: int = SHARD) -
     writer = Writer(folder, named, {file: {"format": "pt"} for file in named})
     try:
         generator = torch.Generator().manual_seed(seed)
+        pool = torch.randn(
+            min(POOL, max(_numel(s) for _, s, _ in layout(config))), generator=generator
+        )
         for plans in named.values():
             for plan in plans:
-                _fill(writer, plan.name, _numel(plan.shape), stds[plan.name], generator)
+                _fill(writer, plan.name, _numel(plan.shape), stds[plan.name], pool, generator)
         writer.commit()
     except BaseException:
         writer.abort()
@@ -137,11 +143,17 @@ def write_folder(folder: Path, config: Any, seed: int = 0, shard: int = SHARD) -
     return total
 
 
-def _fill(writer: Any, name: str, n: int, std: float, generator: torch.Generator) -> None:
+def _fill(
+    writer: Any, name: str, n: int, std: float, pool: Tensor, generator: torch.Generator
+) -> None:
+    """Tensor `name`'s entries, CHUNK at a time: each chunk the pool's entries from a seeded
+    random offset on (drawing every entry anew takes longer than the pruning here), times
+    `std`; all ones where `std` is 0."""
     for start in range(0, n, CHUNK):
         count = min(CHUNK, n - start)
         if std:
-            part = torch.randn(count, generator=generator).mul_(std).to(torch.bfloat16)
+            at = int(torch.randint(0, pool.numel() - count + 1, (1,), generator=generator))
+            part = pool[at : at + count].mul(std).to(torch.bfloat16)
         else:
             part = torch.ones(count, dtype=torch.bfloat16)
         writer.write(name, start, part)
