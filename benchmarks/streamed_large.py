@@ -397,14 +397,15 @@ def room(root: Path, need: int) -> None:
 
 
 def formula(config: Any, base: int) -> dict[str, float]:
-    """The guide's peak-memory formula for this shape (bytes): the process before the
-    call, the embedding rows the calibration reads, the hidden states into and out of one
-    block, one block three times over (weights, mask, masked weights), Wanda's norms."""
-    d, layers = config.hidden_size, config.num_hidden_layers
+    """The guide's peak-memory formula for this shape (GiB): the process before the call,
+    the embedding rows the calibration reads (bf16, mapped), the hidden states into and out
+    of one block, one block three times over (weights, mask, masked weights), Wanda's norms;
+    b = 4, a bf16 folder's blocks being computed in float32."""
+    d, layers, b = config.hidden_size, config.num_hidden_layers, 4
     block = (model_bytes(config) - 2 * 2 * config.vocab_size * d - 2 * d) // 2 // layers
     n, t = CALIBRATION
     rows = 256 * d * 2  # at most 256 distinct byte tokens
-    terms = {"R0": base, "E": rows, "hidden": 2 * n * t * d * 2, "3Pb": 3 * block * 2}
+    terms = {"R0": base, "E": rows, "hidden": 2 * n * t * d * b, "3Pb": 3 * block * b}
     terms["H"] = 8 * max(d, config.intermediate_size)
     return {k: v / GIB for k, v in terms.items()}
 
@@ -451,12 +452,11 @@ def run(work: Path, config: Any, args: argparse.Namespace) -> None:
     written = time.perf_counter() - start
     calibration, evaluation, prompt = token_ids(config.vocab_size)
     torch.save({"calibration": calibration, "evaluation": evaluation, "prompt": prompt}, ids)
-    # the dense folder is read while the pruning runs (it needs nothing of it)
-    argv = ["--child", "eval", "--folder", str(dense), "--ids", str(ids), "--generate", "1"]
-    reading = spawn(argv, NO_PRUNEKIT, nice=10, log=work / "dense.log")
+    # one process at a time: the machine is shared, and its memory with it
     argv = ["--child", "prune", "--folder", str(dense), "--out", str(pruned), "--ids", str(ids)]
     got = finish(spawn(argv, nice=10, log=work / "prune.log"))
-    evals = {"dense": finish(reading)}
+    argv = ["--child", "eval", "--folder", str(dense), "--ids", str(ids), "--generate", "1"]
+    evals = {"dense": finish(spawn(argv, NO_PRUNEKIT, nice=10, log=work / "dense.log"))}
     argv = ["--child", "eval", "--folder", str(pruned), "--ids", str(ids), "--count"]
     argv += ["--generate", str(args.generate)]
     evals["pruned"] = finish(spawn(argv, NO_PRUNEKIT, nice=10, log=work / "pruned.log"))
