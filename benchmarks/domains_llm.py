@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import domains_rotate
 import prunekit
 from domains import NAMES, Domain, domains
 
@@ -131,6 +132,9 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             row += f"{ratios[worst]:>8.2f}x {worst:<9}"
             print(row + f" ({time.perf_counter() - started:.0f} s)", flush=True)
             del pruned
+    if args.rotate:
+        measure = lambda m: {n: perplexity(m, tests[n]) / dense[n] for n in names}  # noqa: E731
+        domains_rotate.rows(args, model, batches, measure, names, damping_kwargs(args.damping[0]))
 
 
 def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -196,8 +200,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-windows", type=int, default=8)
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
+    parser.add_argument("--rotate", default="", help="hidden shares for rotate_hidden rows")
+    parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
+    parser.add_argument("--rotate-round-to", type=int, default=1)
     args = parser.parse_args()
-    args.targets = [float(t) for t in args.targets.split(",")]
+    args.rotate_targets = [float(t) for t in (args.rotate_targets or args.targets).split(",") if t]
+    args.rotate = [float(t) for t in args.rotate.split(",") if t]
+    args.targets = [float(t) for t in args.targets.split(",") if t]  # '': no channel rows
     args.damping = args.damping.split(",")
     args.names = tuple(args.domains.split(","))
     if args.calibrate not in ("mixture", *args.names):
