@@ -48,7 +48,7 @@ from prunekit.structure.rotation.pca import principal_directions, second_moment
 
 @dataclass(frozen=True)
 class RotationReport:
-    """What ``rotate_hidden`` did.
+    """What rotate_hidden did: the widths, the share of energy kept, the parameters.
 
     Attributes:
         width_before: the hidden width before.
