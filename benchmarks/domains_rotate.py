@@ -40,10 +40,12 @@ def rows(
     for share in args.rotate:
         started = time.perf_counter()
         rotated = copy.deepcopy(model)
-        report = prunekit.rotate_hidden(rotated, batches, share, round_to=args.rotate_round_to)
+        report = prunekit.rotate_hidden(rotated, batches, share, round_to=args.rotate_round_to,
+                                        compensate=args.rotate_compensate)  # fmt: skip
         seconds = time.perf_counter() - started
         gone = 1.0 - body_params(rotated) / dense
-        label = f"rot {report.width_after}/{report.width_before} ({gone:.0%})"
+        fit = "+fit" if args.rotate_compensate else ""
+        label = f"rot{fit} {report.width_after}/{report.width_before} ({gone:.0%})"
         _print(label, measure(rotated), names, started)
         print(f"    energy kept {report.energy:.4f}; params {report.params_before:,} "
               f"-> {report.params_after:,} (untied: {report.untied}); {seconds:.0f} s")  # fmt: skip
@@ -63,7 +65,7 @@ def rows(
             )  # fmt: skip
             prunekit.compact(pruned, example)
             total = 1.0 - body_params(pruned) / dense
-            label = f"{target:.0%} rot {report.width_after} ({total:.1%})"
+            label = f"{target:.0%} rot{fit} {report.width_after} ({total:.1%})"
             _print(label, measure(pruned), names, started)
             del pruned
         del rotated

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 import prunekit
 from helpers import tiny_llm
 from helpers.model_state import fingerprint
+from prunekit.structure.rotation.rotate import DAMPING, refit_map
 
 T = pytest.importorskip("transformers")
 
@@ -196,3 +197,37 @@ def test_a_failure_inside_leaves_the_model_as_it_was() -> None:
         prunekit.rotate_hidden(m, [torch.full((1, 4), 300)], 0.25)
     assert fingerprint(m) == before
     copy.deepcopy(m)  # still a whole model
+
+
+def test_the_refit_is_the_damped_least_squares_fit() -> None:
+    """Brute force: lstsq over the tokens, with rows sqrt(damping) x (W' - W_k) appended."""
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randn(200, 6, generator=generator, dtype=torch.float64)
+    tokens[:, 1] += tokens[:, 4]  # a dropped direction the kept ones predict
+    full, _ = torch.linalg.qr(torch.randn(6, 6, generator=generator, dtype=torch.float64))
+    weight = torch.randn(3, 6, generator=generator, dtype=torch.float64) @ full.T
+    kept = 4
+    fitted = (weight @ full) @ refit_map(full, kept, tokens.T @ tokens)
+    inputs, target = tokens @ full[:, :kept], tokens @ weight.T
+    damping = DAMPING * float((inputs.T @ inputs).diagonal().mean())
+    own = (weight @ full)[:, :kept]
+    rows = torch.cat([inputs, damping**0.5 * torch.eye(kept, dtype=torch.float64)])
+    wanted = torch.cat([target, damping**0.5 * own.T])
+    solved = torch.linalg.lstsq(rows, wanted).solution.T
+    assert torch.allclose(fitted, solved, atol=1e-9)
+
+
+def test_compensation_refits_the_readers_only_when_directions_go() -> None:
+    alone, fitted = model(), model()
+    want = logits(alone)
+    prunekit.rotate_hidden(fitted, CALIBRATION, compensate=True)
+    assert close(logits(fitted), want)
+    sliced, fitted = model(), model()
+    prunekit.rotate_hidden(sliced, CALIBRATION, 0.25, compensate=True)
+    prunekit.rotate_hidden(fitted, CALIBRATION, 0.25)
+    first = sliced.model.layers[0].self_attn.q_proj.weight
+    assert first.shape == (32, 24) and bool(torch.isfinite(first).all())
+    assert not torch.equal(first, fitted.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(sliced.model.embed_tokens.weight, fitted.model.embed_tokens.weight)
+    with pytest.raises(TypeError, match=r"rotate_hidden: invalid compensate=1; expected a bool"):
+        prunekit.rotate_hidden(model(), CALIBRATION, 0.25, compensate=1)  # type: ignore[arg-type]

@@ -20,23 +20,27 @@ from prunekit.criteria.calibration import evaluating, run_batch
 from prunekit.structure.rotation.family import Stream
 
 
-def second_moment(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> Tensor:
-    """The sum of x x^T (float64, width x width) of the unit-length token vectors at every
-    norm's input, over `batches` (tokens an ``attention_mask`` of a mapping batch masks
-    out are left out)."""
+def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> list[Tensor]:
+    """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
+    unit-length token vectors at its input, over `batches` (tokens an ``attention_mask`` of a
+    mapping batch masks out are left out)."""
     width = stream.width
-    total = torch.zeros(width, width, dtype=torch.float64)
+    totals = [torch.zeros(width, width, dtype=torch.float64) for _ in stream.readings]
     weights: list[Tensor | None] = [None]
 
-    def gather(_module: nn.Module, args: tuple[Any, ...]) -> None:
-        x = args[0].detach().reshape(-1, width).to(torch.float64)
-        x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        kept = weights[0]
-        if kept is not None and kept.numel() == x.shape[0]:
-            x = x * kept.reshape(-1, 1)
-        total.addmm_(x.T, x)
+    def gather(total: Tensor) -> Any:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach().reshape(-1, width).to(torch.float64)
+            x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            kept = weights[0]
+            if kept is not None and kept.numel() == x.shape[0]:
+                x = x * kept.reshape(-1, 1)
+            total.addmm_(x.T, x)
 
-    handles = [r.norm.register_forward_pre_hook(gather) for r in stream.readings]
+        return hook
+
+    pairs = zip(stream.readings, totals, strict=True)
+    handles = [r.norm.register_forward_pre_hook(gather(t)) for r, t in pairs]
     try:
         with torch.no_grad(), evaluating(model):
             for batch in batches:
@@ -45,7 +49,7 @@ def second_moment(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> T
     finally:
         for handle in handles:
             handle.remove()
-    return total
+    return totals
 
 
 def _token_weights(batch: Any) -> Tensor | None:

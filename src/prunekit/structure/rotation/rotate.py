@@ -39,11 +39,11 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.checks import check_number
-from prunekit.core.errors import value_error
+from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.rotation.family import OWNER, Stream, find_stream
-from prunekit.structure.rotation.pca import principal_directions, second_moment
+from prunekit.structure.rotation.pca import principal_directions, second_moments
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,12 @@ class RotationReport:
 
 
 def rotate_hidden(
-    model: nn.Module, calibration: Iterable[object], hidden: float = 0.0, *, round_to: int = 1
+    model: nn.Module,
+    calibration: Iterable[object],
+    hidden: float = 0.0,
+    *,
+    round_to: int = 1,
+    compensate: bool = False,
 ) -> RotationReport:
     """Rotate the residual stream of a causal LM by its principal directions, in place, and
     remove the `hidden` share of the width along the least used of them.
@@ -90,6 +95,12 @@ def rotate_hidden(
             out of the principal directions.
         hidden: the share of the hidden width to remove, a float in [0, 1); 0 rotates only.
         round_to: the width kept is a multiple of it (an int >= 1), and at least one.
+        compensate: True: each reader's weight over the kept directions is the least-squares
+            fit of what it read from all of them, on the calibration tokens at its norm's
+            input (``W_k + W_d R_dk (R_kk + damping)^-1``, R their second moment in the
+            rotated basis, damped by ``DAMPING`` of its mean diagonal); the sliced model then
+            no longer equals the masked one. False (the default): the readers lose their
+            dropped columns as they are.
 
     Returns:
         A RotationReport: the widths, the share of the second moment kept, the parameters.
@@ -98,19 +109,23 @@ def rotate_hidden(
         ValueError: `hidden` outside [0, 1), `round_to` below 1, an unsupported family or a
             missing part, masks installed, no calibration batch, or calibration hidden
             states that are not finite. The model is left as it was.
-        TypeError: `model`, `hidden`, `round_to` or `calibration` of the wrong type.
+        TypeError: `model`, `hidden`, `round_to`, `compensate` or `calibration` of the
+            wrong type.
     """
     wanted = "a float in [0, 1): the share of the hidden width to remove"
     check_number(hidden, "hidden", OWNER, wanted, lambda v: 0.0 <= v < 1.0)
     wanted = "an int >= 1: the width kept is a multiple of it"
     check_number(round_to, "round_to", OWNER, wanted, lambda v: v >= 1, integral=True)
+    if not isinstance(compensate, bool):
+        raise type_error(f"{OWNER}: invalid compensate={compensate!r}; expected a bool")
     stream = find_stream(model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
     kept = kept_width(width, float(hidden), int(round_to))
     before = _count(model)
     with transaction(model):
-        moment = second_moment(model, stream, batches)
+        moments = second_moments(model, stream, batches)
+        moment = torch.stack(moments).sum(0)
         if not bool(torch.isfinite(moment).all()):
             raise value_error(
                 f"{OWNER}: the hidden states of the {len(batches)} calibration batches are not "
@@ -121,7 +136,7 @@ def rotate_hidden(
         if untied:
             _untie(model, stream)
         fold_norms(stream)
-        rotate_stream(stream, rotation[:, :kept])
+        rotate_stream(stream, rotation, kept, moments if compensate else None)
         _set_norms(stream, width, kept)
         _set_config(model, stream, width, kept, untied)
     energy = float(values[:kept].clamp_min(0).sum() / values.clamp_min(0).sum().clamp_min(1e-300))
@@ -145,23 +160,45 @@ def fold_norms(stream: Stream) -> None:
             weight.data = torch.ones_like(weight)
 
 
-def rotate_stream(stream: Stream, rotation: Tensor) -> None:
-    """The stream rotated by `rotation` (width x kept, orthonormal columns, float64): the
-    embedding and every reader by it on their input side, every writer by its transpose."""
-    kept = rotation.shape[1]
+def rotate_stream(
+    stream: Stream, full: Tensor, kept: int, moments: list[Tensor] | None = None
+) -> None:
+    """The stream rotated by the first `kept` columns of `full` (orthogonal, float64): the
+    embedding and every reader by them on their input side, every writer by their transpose;
+    with `moments` (each norm's second moment), each reader refitted on the kept directions."""
+    rotation = full[:, :kept]
     with torch.no_grad():
         embedding = stream.embedding
         embedding.weight = _like(embedding.weight, embedding.weight.to(torch.float64) @ rotation)
         embedding.embedding_dim = kept
-        for reading in stream.readings:
+        for index, reading in enumerate(stream.readings):
+            fit = None if moments is None else refit_map(full, kept, moments[index])
             for linear in reading.readers:
-                linear.weight = _like(linear.weight, linear.weight.to(torch.float64) @ rotation)
+                rotated = linear.weight.to(torch.float64) @ full
+                weight = rotated[:, :kept] if fit is None else rotated @ fit
+                linear.weight = _like(linear.weight, weight)
                 linear.in_features = kept
         for linear in stream.writers:
             linear.weight = _like(linear.weight, rotation.T @ linear.weight.to(torch.float64))
             if linear.bias is not None:
                 linear.bias = _like(linear.bias, rotation.T @ linear.bias.to(torch.float64))
             linear.out_features = kept
+
+
+DAMPING = 0.01
+"""The damping of ``rotate_hidden(..., compensate=True)``'s fit, relative to the mean
+diagonal of the kept directions' second moment."""
+
+
+def refit_map(full: Tensor, kept: int, moment: Tensor) -> Tensor:
+    """The (width x kept) map from a reader's rotated weight to its refitted kept columns:
+    the identity on the kept directions, over the dropped ones their least-squares
+    prediction from the kept ones."""
+    rotated = full.T @ moment @ full
+    inner = rotated[:kept, :kept]
+    damped = inner + DAMPING * float(inner.diagonal().mean()) * torch.eye(kept, dtype=inner.dtype)
+    predicted = torch.linalg.solve(damped, rotated[:kept, kept:])  # kept x dropped
+    return torch.cat([torch.eye(kept, dtype=inner.dtype), predicted.T], dim=0)
 
 
 def _like(old: Tensor, values: Tensor) -> nn.Parameter:
