@@ -94,7 +94,9 @@ def rotate_hidden(
             such as a tokenizer's output); tokens an ``attention_mask`` masks out are left
             out of the principal directions.
         hidden: the share of the hidden width to remove, a float in [0, 1); 0 rotates only.
-        round_to: the width kept is a multiple of it (an int >= 1), and at least one.
+        round_to: the width kept is a multiple of it (an int >= 1) and of
+            ``config.num_attention_heads`` (which the family's config requires of
+            ``hidden_size`` for ``from_pretrained`` to build it), and at least one of them.
         compensate: True: each reader's weight over the kept directions is the least-squares
             fit of what it read from all of them, on the calibration tokens at its norm's
             input (``W_k + W_d R_dk (R_kk + damping)^-1``, R their second moment in the
@@ -121,7 +123,8 @@ def rotate_hidden(
     stream = find_stream(model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
-    kept = kept_width(width, float(hidden), int(round_to))
+    heads = getattr(getattr(model, "config", None), "num_attention_heads", 1)
+    kept = kept_width(width, float(hidden), math.lcm(int(round_to), int(heads)))
     before = _count(model)
     with transaction(model):
         moments = second_moments(model, stream, batches)
