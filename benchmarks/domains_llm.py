@@ -204,6 +204,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
     parser.add_argument("--rotate-round-to", type=int, default=1)
     parser.add_argument("--rotate-compensate", action="store_true", help="rotate_hidden's fit")
+    parser.add_argument("--rotate-raw", action="store_true", help="tokens as they are in the PCA")
     args = parser.parse_args()
     args.rotate_targets = [float(t) for t in (args.rotate_targets or args.targets).split(",") if t]
     args.rotate = [float(t) for t in args.rotate.split(",") if t]

@@ -37,6 +37,7 @@ def rows(
 ) -> None:
     """Print one row per rotation and per rotation + channel budget."""
     dense = body_params(model)
+    prunekit.structure.rotation.pca.UNIT_TOKENS = not args.rotate_raw
     for share in args.rotate:
         started = time.perf_counter()
         rotated = copy.deepcopy(model)
@@ -44,7 +45,7 @@ def rows(
                                         compensate=args.rotate_compensate)  # fmt: skip
         seconds = time.perf_counter() - started
         gone = 1.0 - body_params(rotated) / dense
-        fit = "+fit" if args.rotate_compensate else ""
+        fit = ("+fit" if args.rotate_compensate else "") + ("+raw" if args.rotate_raw else "")
         label = f"rot{fit} {report.width_after}/{report.width_before} ({gone:.0%})"
         _print(label, measure(rotated), names, started)
         print(f"    energy kept {report.energy:.4f}; params {report.params_before:,} "

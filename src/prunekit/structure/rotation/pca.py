@@ -19,6 +19,10 @@ from torch import Tensor, nn
 from prunekit.criteria.calibration import evaluating, run_batch
 from prunekit.structure.rotation.family import Stream
 
+UNIT_TOKENS = True
+"""Each token's vector scaled to unit length before it is counted (False: as it is, the
+large tokens weighing more, as SliceGPT counts them); a switch for benchmarks."""
+
 
 def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> list[Tensor]:
     """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
@@ -31,7 +35,8 @@ def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> 
     def gather(total: Tensor) -> Any:
         def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, width).to(torch.float64)
-            x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            if UNIT_TOKENS:
+                x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
             kept = weights[0]
             if kept is not None and kept.numel() == x.shape[0]:
                 x = x * kept.reshape(-1, 1)
