@@ -22,6 +22,9 @@ by ``sqrt(||x||^2 / k + eps)``, the rotated one by ``sqrt(||x||^2 / d + eps)``; 
 ``eps x d / k`` and a weight of ``sqrt(d / k)``, which makes the two the same, so the sliced
 model computes exactly what the rotated model computes with the dropped directions masked
 (zeroed) in the embedding and the writers' outputs. The approximation is only that masking.
+With ``compensate=True`` each reader is refitted instead (``refit_map``): over the kept
+directions, the damped least-squares fit of what it read along all of them at its norm's input
+on the calibration tokens; the sliced model is then no longer the masked one.
 
 A head tied to the embedding cannot stay tied: the final norm's weight is folded into the head
 and not into the embedding. The head gets its own copy (``config.tie_word_embeddings`` becomes
