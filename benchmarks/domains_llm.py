@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import domains_rotate
 import prunekit
 from domains import NAMES, Domain, domains
 
@@ -151,6 +152,9 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
                      f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s")  # fmt: skip
                 del student
             del pruned
+    if args.rotate:
+        measure = lambda m: {n: perplexity(m, tests[n]) / dense[n] for n in names}  # noqa: E731
+        domains_rotate.rows(args, model, batches, measure, names, damping_kwargs(args.damping[0]))
 
 
 def _row(
@@ -246,8 +250,15 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
     parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
     parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
+    parser.add_argument("--rotate", default="", help="hidden shares for rotate_hidden rows")
+    parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
+    parser.add_argument("--rotate-round-to", type=int, default=1)
+    parser.add_argument("--rotate-compensate", action="store_true", help="rotate_hidden's fit")
+    parser.add_argument("--rotate-raw", action="store_true", help="tokens as they are in the PCA")
     args = parser.parse_args()
-    args.targets = [float(t) for t in args.targets.split(",")]
+    args.rotate_targets = [float(t) for t in (args.rotate_targets or args.targets).split(",") if t]
+    args.rotate = [float(t) for t in args.rotate.split(",") if t]
+    args.targets = [float(t) for t in args.targets.split(",") if t]  # '': no channel rows
     args.damping = args.damping.split(",")
     args.steps = [int(n) for n in args.steps.split(",")]
     args.sensitivity = [float(v) for v in args.sensitivity.split(",")]

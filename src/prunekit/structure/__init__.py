@@ -46,6 +46,10 @@ from prunekit.structure.depth import (
 )
 
 # isort: split
+# The residual (hidden) width by rotation: norms folded, the stream rotated, directions cut.
+from prunekit.structure.rotation import RotationReport, rotate_hidden
+
+# isort: split
 # BatchNorm statistics re-estimated on calibration data after pruning.
 from prunekit.structure.compensation.recalibrate import recalibrate_norms
 
@@ -77,6 +81,7 @@ __all__ = [
     "GroupTaylor",
     "HandlerRegistration",
     "PrunedGroup",
+    "RotationReport",
     "Slice",
     "WeightNorm",
     "channel_groups",
@@ -94,6 +99,7 @@ __all__ = [
     "register_module_handler",
     "register_op_handler",
     "remove_blocks",
+    "rotate_hidden",
     "save_compacted",
     "skip_blocks",
     "skipped_blocks",

@@ -1,0 +1,70 @@
+"""The principal directions of the residual stream on calibration data.
+
+Every norm's input (each block's two, and the final norm's) is one point where the stream is
+read. Each token's vector there is scaled to unit length first, as the norm divides it by
+its own size: a direction's share of the error a reader sees is relative to the token's
+size, so a token of large norm (the first token's outliers) counts as much as any other.
+The sum of x x^T over every token at every point, in float64, is decomposed once: its
+eigenvectors, by decreasing eigenvalue, are the columns of the one rotation of the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.criteria.calibration import evaluating, run_batch
+from prunekit.structure.rotation.family import Stream
+
+UNIT_TOKENS = True
+"""Each token's vector scaled to unit length before it is counted (False: as it is, the
+large tokens weighing more, as SliceGPT counts them); a switch for benchmarks."""
+
+
+def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> list[Tensor]:
+    """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
+    unit-length token vectors at its input, over `batches` (tokens an ``attention_mask`` of a
+    mapping batch masks out are left out)."""
+    width = stream.width
+    totals = [torch.zeros(width, width, dtype=torch.float64) for _ in stream.readings]
+    weights: list[Tensor | None] = [None]
+
+    def gather(total: Tensor) -> Any:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            x = args[0].detach().reshape(-1, width).to(torch.float64)
+            if UNIT_TOKENS:
+                x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
+            kept = weights[0]
+            if kept is not None and kept.numel() == x.shape[0]:
+                x = x * kept.reshape(-1, 1)
+            total.addmm_(x.T, x)
+
+        return hook
+
+    pairs = zip(stream.readings, totals, strict=True)
+    handles = [r.norm.register_forward_pre_hook(gather(t)) for r, t in pairs]
+    try:
+        with torch.no_grad(), evaluating(model):
+            for batch in batches:
+                weights[0] = _token_weights(batch)
+                run_batch(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return totals
+
+
+def _token_weights(batch: Any) -> Tensor | None:
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    return mask.to(torch.float64) if isinstance(mask, Tensor) else None
+
+
+def principal_directions(moment: Tensor) -> tuple[Tensor, Tensor]:
+    """The eigenvalues of `moment` (decreasing) and its eigenvectors as the columns of an
+    orthogonal matrix in the same order, both float64."""
+    values, vectors = torch.linalg.eigh(moment)
+    order = torch.argsort(values, descending=True)
+    return values[order], vectors[:, order]
