@@ -161,7 +161,7 @@ def ln_structured(
     module: M,
     name: str,
     amount: float,
-    n: Any,
+    n: float | str,
     dim: int,
     importance_scores: Tensor | None = None,
 ) -> M:
@@ -265,7 +265,7 @@ def global_unstructured(
     parameters: Iterable[tuple[nn.Module, str]],
     pruning_method: type[BasePruningMethod],
     importance_scores: dict[tuple[nn.Module, str], Tensor] | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> None:
     """Prune the listed tensors jointly: `amount` (in kwargs) counts over all of them.
 

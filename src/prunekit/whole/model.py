@@ -99,13 +99,12 @@ def prune_model(
     """
     if not isinstance(keep_masks, bool):
         raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
-    ranks = process_group is not None
     if process_group is None:
-        return _prune(model, _config(amount, config, options, ranks), calibration, loss, None,
-                      keep_masks)  # fmt: skip
+        checked = _config(amount, config, options, ranks=False)
+        return _prune(model, checked, calibration, loss, None, keep_masks)
     group = collective(process_group, OWNER)
     with group.telling():  # an error on this rank reaches the others at their next step
-        checked = _config(amount, config, options, ranks)
+        checked = _config(amount, config, options, ranks=True)
         return _prune(model, checked, calibration, loss, group, keep_masks)
 
 

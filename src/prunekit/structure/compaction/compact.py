@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from prunekit.core.errors import warn_caller
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.fromconfig import pretrained_mismatches
 from prunekit.structure.compaction.hfconfig import update_config
@@ -108,7 +109,7 @@ def _row(label: str, before: int, after: int) -> str:
 
 def compact(
     model: nn.Module,
-    example_inputs: Any,
+    example_inputs: ExampleInputs,
     *,
     tolerance: float = 1e-4,
     latency_runs: int = 10,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.block_config import BlockConfig, BlockOptions, block_config
@@ -142,7 +143,7 @@ def _calibration(
 
 
 def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None,
-                example_inputs: Any = None) -> None:  # fmt: skip
+                example_inputs: ExampleInputs | None = None) -> None:  # fmt: skip
     """Skip the given blocks by hand, as ``prune_blocks`` would: each contributes nothing
     (it gives back its input where the parent takes its output as the hidden state, zeros
     where the parent adds its output to the hidden state).

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skipped, unskip
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
@@ -83,7 +84,7 @@ class BlockRemoval:
 
 
 def remove_blocks(model: nn.Module, *, blocks: str | None = None,
-                  example_inputs: Any = None) -> BlockRemoval:  # fmt: skip
+                  example_inputs: ExampleInputs | None = None) -> BlockRemoval:  # fmt: skip
     """Remove the blocks ``prune_blocks`` (or ``skip_blocks``) skipped, in place, and check
     the result.
 
