@@ -116,16 +116,7 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
         raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
     found = find_blocks(model, blocks, _OWNER)
     check_inputs(example_inputs, _OWNER)
-    removed = tuple(i for i, block in enumerate(found.modules) if is_skipped(block))
-    if not removed:
-        raise value_error(
-            f"{_OWNER}: no block of {found.name} is skipped; expected prune_blocks (or "
-            "skip_blocks) first"
-        )
-    if len(removed) == len(found):
-        raise value_error(
-            f"{_OWNER}: every block of {found.name} is skipped; expected at least one kept"
-        )
+    removed = _removed(found)
     count = len(found)
     kept = [i for i in range(count) if i not in removed]
     before = count_params(model)
@@ -146,6 +137,21 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
         diff, scale = check_outputs(model, inputs, reference, found.name, removed)
     after = count_params(model)
     return BlockRemoval(found.name, removed, folded, before, after, changes, diff, scale)
+
+
+def _removed(found: BlockList) -> tuple[int, ...]:
+    """The indices of the skipped blocks, at least one and not all of them."""
+    removed = tuple(i for i, block in enumerate(found.modules) if is_skipped(block))
+    if not removed:
+        raise value_error(
+            f"{_OWNER}: no block of {found.name} is skipped; expected prune_blocks (or "
+            "skip_blocks) first"
+        )
+    if len(removed) == len(found):
+        raise value_error(
+            f"{_OWNER}: every block of {found.name} is skipped; expected at least one kept"
+        )
+    return removed
 
 
 def _built_before(model: nn.Module, config: Any, path: str, count: int) -> nn.Module | None:
