@@ -158,17 +158,21 @@ def compact(
     check_model(model, "compact")
     _check_options(tolerance, latency_runs)
     inputs = split_inputs(example_inputs, "compact")
+    # the transaction holds the traced forward too: it may write buffers
+    with _modes_kept(model), _without_router_logits(model), transaction(model) as masked:
+        run = _compacted(model, example_inputs, inputs, masked, tolerance, latency_runs)
+    return _report(model, run)
+
+
+@contextlib.contextmanager
+def _modes_kept(model: nn.Module) -> Iterator[None]:
+    """Put every module back in its training mode (compact runs the model in eval)."""
     modes = [(m, m.training) for m in model.modules()]
     try:
-        with (
-            _without_router_logits(model),
-            transaction(model) as masked,
-        ):  # the traced forward too: it may write buffers
-            run = _compacted(model, example_inputs, inputs, masked, tolerance, latency_runs)
+        yield
     finally:
         for m, mode in modes:
             m.training = mode
-    return _report(model, run)
 
 
 def _check_options(tolerance: object, latency_runs: object) -> None:
@@ -209,7 +213,7 @@ def _compacted(
     args, kwargs = inputs
     found = traced_groups(model, example_inputs, "auto", "compact")
     result = plan(found)
-    model.eval()  # the modes come back in compact's `finally`; the masked model is timed in eval
+    model.eval()  # _modes_kept puts the modes back; the masked model is timed in eval
     capture = Capture(result)
     ran: set[int] = set()
     with torch.no_grad(), capture, _running(ran):
