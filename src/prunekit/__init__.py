@@ -65,6 +65,7 @@ from prunekit.schedule import (
 # the whole model, BatchNorm statistics re-estimated after pruning; depth pruning: whole
 # blocks ranked on calibration data, skipped, removed.
 from prunekit.structure import (
+    BlockConfig,
     BlockPruning,
     BlockRemoval,
     Budget,
@@ -108,6 +109,7 @@ __version__ = "0.1.0"
 __all__ = [
     "NM",
     "BasePruningMethod",
+    "BlockConfig",
     "BlockPruning",
     "BlockRemoval",
     "Budget",

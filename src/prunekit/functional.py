@@ -161,7 +161,7 @@ def ln_structured(
     module: M,
     name: str,
     amount: float,
-    n: Any,
+    n: float | str,
     dim: int,
     importance_scores: Tensor | None = None,
 ) -> M:
@@ -265,7 +265,7 @@ def global_unstructured(
     parameters: Iterable[tuple[nn.Module, str]],
     pruning_method: type[BasePruningMethod],
     importance_scores: dict[tuple[nn.Module, str], Tensor] | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> None:
     """Prune the listed tensors jointly: `amount` (in kwargs) counts over all of them.
 
@@ -320,13 +320,7 @@ def rank_together(
             "expected an iterable of (module, name) pairs"
         )
     params = list(parameters)
-    if importance_scores is None:
-        importance_scores = {}
-    if not isinstance(importance_scores, dict):
-        raise type_error(
-            f"{caller}: invalid importance_scores of type "
-            f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
-        )
+    importance_scores = _scores_given(importance_scores, caller)
     method = _global_method(pruning_method, kwargs, caller)
     if not params:
         return
@@ -348,16 +342,7 @@ def rank_together(
         if kept is None:
             products = [None] * len(products)
             if isinstance(method, Pruning) and method._own_mask():
-                # It found NaN or infinity (its one check) in the criterion's scores: name
-                # the tensor that holds it (its values may be finite: Wanda's, Taylor's).
-                criterion = method.criterion
-                for ranked, mask, where, target in zip(scores, masks, wheres, targets, strict=True):
-                    if not criterion._values_are_scores:
-                        ranked = criterion._checked_scores(ranked, target)
-                    if mask is not None:  # pruned entries do not compete: never ranked
-                        ns = namespace(ranked)
-                        ranked = ns.where(mask == 1, ranked, ns.zeros_like(ranked))
-                    check_finite(ranked, where, "scores")
+                _name_nonfinite(method, scores, masks, wheres, targets)
             methods = [CustomFromMask(k) for k in _global_generic(method, scores, masks)]
         else:
             # One tensor at a time: the model is never concatenated nor copied.
@@ -370,6 +355,39 @@ def rank_together(
     with transaction(touched):
         for (module, name), share, product in zip(params, methods, products, strict=True):
             install(module, name, share, masked=product)
+
+
+def _scores_given(
+    importance_scores: dict[tuple[nn.Module, str], Tensor] | None, caller: str
+) -> dict[tuple[nn.Module, str], Tensor]:
+    """The importance scores given (None: none), checked to be a dict."""
+    if importance_scores is None:
+        return {}
+    if not isinstance(importance_scores, dict):
+        raise type_error(
+            f"{caller}: invalid importance_scores of type "
+            f"{type(importance_scores).__name__}; expected a dict keyed by (module, name)"
+        )
+    return importance_scores
+
+
+def _name_nonfinite(
+    method: Pruning,
+    scores: list[Tensor],
+    masks: list[Tensor | None],
+    wheres: list[str],
+    targets: list[tuple[nn.Module, str]],
+) -> None:
+    """The method found NaN or infinity (its one check) in the criterion's scores: name the
+    tensor that holds it (its values may be finite: Wanda's, Taylor's)."""
+    criterion = method.criterion
+    for ranked, mask, where, target in zip(scores, masks, wheres, targets, strict=True):
+        if not criterion._values_are_scores:
+            ranked = criterion._checked_scores(ranked, target)
+        if mask is not None:  # pruned entries do not compete: never ranked
+            ns = namespace(ranked)
+            ranked = ns.where(mask == 1, ranked, ns.zeros_like(ranked))
+        check_finite(ranked, where, "scores")
 
 
 def _products(

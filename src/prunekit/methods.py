@@ -241,7 +241,7 @@ class LnStructured(Pruning):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount: float, n: Any, dim: int = -1) -> None:
+    def __init__(self, amount: float, n: float | str, dim: int = -1) -> None:
         owner = type(self).__name__
         validate_pruning_amount_init(amount, owner=owner)
         dim = validate_dim_type(dim, owner=owner)
@@ -255,7 +255,7 @@ class LnStructured(Pruning):
         module: nn.Module,
         name: str,
         amount: float,
-        n: Any,
+        n: float | str,
         dim: int,
         importance_scores: Tensor | None = None,
     ) -> BasePruningMethod:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
@@ -25,6 +25,9 @@ from prunekit.core.counting import zero_count
 from prunekit.core.install import find_pruning_hook
 from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
+
+if TYPE_CHECKING:  # the 'cli' extra
+    from rich.table import Table
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]
 
@@ -184,7 +187,7 @@ class Report:
         )
         return "\n".join(lines)
 
-    def rich_table(self, title: str | None = None) -> Any:
+    def rich_table(self, title: str | None = None) -> Table:
         """The report as a ``rich.table.Table`` (needs the 'cli' extra).
 
         Args:
@@ -214,7 +217,8 @@ class Report:
             )
         for row in self.rows:
             table.add_row(*(text(cell) for cell in _cells(row)[:columns]))
-        return table
+        made: Table = table
+        return made
 
     def plot(self, path: str | os.PathLike[str], title: str | None = None) -> Path:
         """Draw the sparsity of each tensor as horizontal bars into the PNG `path`.

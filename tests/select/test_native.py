@@ -51,7 +51,8 @@ def run(
     gather = onepass.Gather(scores.numel() + 5, scores.dtype)
     gather.size = 5  # after entries gathered before
     bounds = (lower, lower if mid is None else mid, upper)
-    competing, below, finite = binding.split(scores, alive, out, (chosen, other), bounds, gather, 0)
+    marks = binding.Marks(chosen, other, bounds)
+    competing, below, finite = binding.split(scores, alive, out, marks, gather, 0)
     found = slice(5, gather.size)
     return competing, below, gather.positions[found], gather.values[found], finite
 

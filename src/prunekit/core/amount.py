@@ -25,7 +25,7 @@ AMOUNT_RULE = "a float in [0, 1] (a fraction) or an int >= 0 (a count)"
 NORM_RULE = "a positive number, float('inf'), float('-inf'), 'fro' or 'nuc'"
 
 
-def validate_pruning_amount_init(amount: Any, owner: str = "amount") -> None:
+def validate_pruning_amount_init(amount: object, owner: str = "amount") -> None:
     """Check an amount before the tensor it applies to is known.
 
     Args:

@@ -58,7 +58,7 @@ class BasePruningMethod(BoundToModule, ABC):
     """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
     _reuse: Reuse | None = None
 
-    def __call__(self, module: nn.Module, inputs: Any) -> None:
+    def __call__(self, module: nn.Module, inputs: object) -> None:
         """Forward pre-hook: make ``module.<name>`` equal mask * orig.
 
         When no gradient is needed (``no_grad``, ``inference_mode``, or neither
@@ -122,9 +122,9 @@ class BasePruningMethod(BoundToModule, ABC):
         cls,
         module: nn.Module,
         name: str,
-        *args: Any,
+        *args: object,
         importance_scores: Tensor | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> BasePruningMethod:
         """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; return the hook installed.
 

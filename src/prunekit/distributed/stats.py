@@ -28,7 +28,7 @@ _OWNER = "all_reduce_statistics"
 
 def all_reduce_statistics(
     statistics: Mapping[str, Tensor],
-    process_group: Any = None,
+    process_group: object = None,
     *,
     weight: float | Mapping[str, float] | None = None,
 ) -> dict[str, Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
@@ -21,6 +21,9 @@ from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.methods import CustomFromMask
+
+if TYPE_CHECKING:  # what nn.Module.load_state_dict returns
+    from torch.nn.modules.module import _IncompatibleKeys
 
 __all__ = [
     "load_pruned",
@@ -79,7 +82,9 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def load_pruned_state_dict(model: nn.Module, state_dict: StateDict, strict: bool = True) -> Any:
+def load_pruned_state_dict(
+    model: nn.Module, state_dict: StateDict, strict: bool = True
+) -> _IncompatibleKeys:
     """Load a state_dict with ``_orig``/``_mask`` entries, pruning `model` to match.
 
     Tensors of `model` not yet pruned get the saved mask exactly (through CustomFromMask);
@@ -113,7 +118,7 @@ def load_pruned_state_dict(model: nn.Module, state_dict: StateDict, strict: bool
     with transaction(m for target, _, _, owner in installs.values() for m in (target, owner)):
         for target, name, mask, _ in installs.values():
             install(target, name, CustomFromMask(mask))
-        result = model.load_state_dict(state_dict, strict=strict)
+        result: _IncompatibleKeys = model.load_state_dict(state_dict, strict=strict)
     refresh_pruned(model)
     return result
 
@@ -222,7 +227,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     return save_state_dict(state, path)
 
 
-def load_pruned(model: nn.Module, path: str | os.PathLike[str], strict: bool = True) -> Any:
+def load_pruned(
+    model: nn.Module, path: str | os.PathLike[str], strict: bool = True
+) -> _IncompatibleKeys:
     """Load a file written by save_pruned (or any state_dict file) into `model`.
 
     PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -209,22 +210,33 @@ def prune_sharded(
     targets = set(select_names(found, checked.include, checked.exclude))
     folder = writable_folder(out, "the shards", checkpoint.index.parent)
     plans, weight_map = _plan(checkpoint, found, targets, keep_masks)
+    _check_room(plans, folder)
+    with atomic_folder(folder) as stage:  # the shards and index swapped in whole
+        writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
+        with _committing(writer), seeded(seed, "prune_sharded"):
+            done = _write(checkpoint, found, targets, writer, checked, keep_masks)
+        _write_index(stage, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
+    pruned = [e.name for e in found if e.name in targets]
+    return ShardedResult(folder / INDEX, pruned, done[0], done[1])
+
+
+@contextmanager
+def _committing(writer: Writer) -> Iterator[None]:
+    """Commit what `writer` wrote once the block ends, or abort it on any failure."""
+    try:
+        yield
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _check_room(plans: dict[str, list[Planned]], folder: Path) -> None:
+    """Refuse an output larger than the free disk beside `folder`."""
     need = sum(p.nbytes for file in plans.values() for p in file)
     free = shutil.disk_usage(folder.parent).free
     if need > free:
         raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
-    with atomic_folder(folder) as stage:  # the shards and index swapped in whole
-        writer = Writer(stage, plans, {f: checkpoint.files.get(f, {}) for f in plans})
-        try:
-            with seeded(seed, "prune_sharded"):
-                done = _write(checkpoint, found, targets, writer, checked, keep_masks)
-            writer.commit()
-        except BaseException:
-            writer.abort()
-            raise
-        _write_index(stage, checkpoint.metadata, weight_map, sum(writer.sizes.values()))
-    pruned = [e.name for e in found if e.name in targets]
-    return ShardedResult(folder / INDEX, pruned, done[0], done[1])
 
 
 def _plan(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
@@ -65,7 +66,7 @@ class Pattern(ABC):
         values: Sequence[Tensor],
         masks: Sequence[Tensor | None],
         amount: Amount,
-        keep_dtype: Any = None,
+        keep_dtype: torch.dtype | None = None,
         products: Sequence[Tensor | None] | None = None,
         targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:
@@ -91,7 +92,12 @@ class Pattern(ABC):
         return None
 
     def first_mask(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef = None
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        dtype: torch.dtype,
+        amount: Amount,
+        target: TensorRef = None,
     ) -> Tensor | None:
         """``mask(criterion, t, ones)`` in `dtype` without building the ones; None where
         the pattern has no such shortcut.

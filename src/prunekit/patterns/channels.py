@@ -3,8 +3,9 @@ entries' scores."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from prunekit.core.amount import (
@@ -48,7 +49,7 @@ class Channels(Pattern):
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, dim: int = -1, norm: Any = 2) -> None:
+    def __init__(self, dim: int = -1, norm: float | str = 2) -> None:
         self.dim = validate_dim_type(dim, owner="Channels")
         validate_norm_order(norm, owner="Channels")
         self.norm = norm
@@ -69,7 +70,12 @@ class Channels(Pattern):
         return default_mask * kept
 
     def first_mask(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef = None
+        self,
+        criterion: Criterion,
+        t: Tensor,
+        dtype: torch.dtype,
+        amount: Amount,
+        target: TensorRef = None,
     ) -> Tensor | None:
         kept = self._kept(criterion, t, dtype, amount, target)
         if kept is None:
@@ -78,7 +84,7 @@ class Channels(Pattern):
         return kept.expand(t.shape).contiguous()
 
     def _kept(
-        self, criterion: Criterion, t: Tensor, dtype: Any, amount: Amount, target: TensorRef
+        self, criterion: Criterion, t: Tensor, dtype: torch.dtype, amount: Amount, target: TensorRef
     ) -> Tensor | None:
         """1 (kept) or 0 per channel in `dtype`, shaped to broadcast; None if none is pruned."""
         validate_structured_tensor(tuple(t.shape), amount.owner)

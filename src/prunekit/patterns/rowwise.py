@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
@@ -57,7 +58,7 @@ class RowwisePattern(Pattern):
         values: Sequence[Tensor],
         masks: Sequence[Tensor | None],
         amount: Amount,
-        keep_dtype: Any = None,
+        keep_dtype: torch.dtype | None = None,
         products: Sequence[Tensor | None] | None = None,
         targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:

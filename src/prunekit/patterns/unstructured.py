@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
 from torch import Tensor
 
 from prunekit.core.amount import Amount
@@ -60,7 +61,7 @@ class Unstructured(Pattern):
         values: Sequence[Tensor],
         masks: Sequence[Tensor | None],
         amount: Amount,
-        keep_dtype: Any = None,
+        keep_dtype: torch.dtype | None = None,
         products: Sequence[Tensor | None] | None = None,
         targets: Sequence[TensorRef] | None = None,
     ) -> Iterator[Tensor] | None:

@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,7 +33,18 @@ try:  # the one pass as a C loop (_native.c); without it, tensor operations do t
 except ImportError:  # pragma: no cover - not built here
     _native = None
 
-__all__ = ["UNSIGNED", "Gather", "bits_of", "loaded", "makes", "nth", "one_bits", "settle", "split"]
+__all__ = [
+    "UNSIGNED",
+    "Gather",
+    "Marks",
+    "bits_of",
+    "loaded",
+    "makes",
+    "nth",
+    "one_bits",
+    "settle",
+    "split",
+]
 
 UNSIGNED = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -123,31 +135,43 @@ def share(run: Callable[..., R], jobs: Sequence[tuple[Any, ...]], threads: int) 
     return results  # type: ignore[return-value]  # every job ran, or this raised
 
 
+@dataclass(frozen=True)
+class Marks:
+    """What the C loop writes and compares in one count pass.
+
+    Attributes:
+        chosen: the bits `out` gets where chosen, read as an unsigned integer.
+        other: the bits `out` gets where not chosen.
+        bounds: (lower, mid, upper), see ``onepass.CountPass``.
+        signed: the scores themselves are compared and gathered, not their magnitudes.
+    """
+
+    chosen: int
+    other: int
+    bounds: tuple[float, float, float]
+    signed: bool = False
+
+
 def split(
     scores: Tensor,
     flags: Tensor | None,
     out: Tensor,
-    marks: tuple[int, int],
-    bounds: tuple[float, float, float],
+    marks: Marks,
     gather: Gather,
     base: int,
     product: tuple[Tensor, Tensor] | None = None,
-    signed: bool = False,
 ) -> tuple[int, int, bool]:
     """One chunk through the C loop, in as many parts as `tuning.threads()` allows (each
-    at least `tuning.part` entries): the parts run at once, the GIL released. `marks`:
-    the bits `out` gets where chosen and where not, read as unsigned integers. `bounds`:
-    (lower, mid, upper), see onepass.split. The entries in between are appended to
-    `gather`, their positions counted from `base` (which must have room for the chunk).
-    With `product`, (orig, into): writes orig x out into `into`, both of out's dtype.
-    With `signed`, the scores themselves are compared and gathered, not their magnitudes.
+    at least `tuning.part` entries): the parts run at once, the GIL released. The entries
+    between `marks`' lower and upper bounds are appended to `gather`, their positions
+    counted from `base` (which must have room for the chunk). With `product`, (orig, into):
+    writes orig x out into `into`, both of out's dtype.
 
     Returns how many entries compete, how many are below, and whether all scores are
     finite.
     """
     c = loaded()
     assert c is not None
-    chosen, other = marks
     now = tuning.get()
     n = scores.numel()
     count = max(1, min(now.threads(), n // now.part))
@@ -165,37 +189,45 @@ def split(
             alive_one,
             out.data_ptr() + start * out.element_size(),
             out.element_size(),
-            chosen,
-            other,
+            marks.chosen,
+            marks.other,
             0 if product is None else product[0].data_ptr() + start * out.element_size(),
             0 if product is None else product[1].data_ptr() + start * out.element_size(),
             end - start,
-            *bounds,
+            *marks.bounds,
             positions.data_ptr() + (at + start) * positions.element_size(),
             values.data_ptr() + (at + start) * values.element_size(),
             base + start,
-            *((True,) if signed else ()),  # magnitudes: the call as before signed ranking
+            *((True,) if marks.signed else ()),  # magnitudes: the call as before signed ranking
         )
         return tally
 
     tallies = share(run, parts, count)
-    end = at
-    for (start, _), tally in zip(parts, tallies, strict=True):
-        found = tally[1]
-        if found and at + start != end:  # move down next to the part before
-            source = slice(at + start, at + start + found)
-            overlap = end + found > at + start
-            positions[end : end + found] = (
-                positions[source].clone() if overlap else positions[source]
-            )
-            values[end : end + found] = values[source].clone() if overlap else values[source]
-        end += found
-    gather.size = end
+    _close_ranks(
+        gather, at, [(start, tally[1]) for (start, _), tally in zip(parts, tallies, strict=True)]
+    )
     return (
         sum(tally[2] for tally in tallies),
         sum(tally[0] for tally in tallies),
         all(tally[3] for tally in tallies),
     )
+
+
+def _close_ranks(gather: Gather, at: int, found: list[tuple[int, int]]) -> None:
+    """Move what each part gathered (from `at` + its start: (start, how many)) down next to
+    what the part before it gathered, and set the gather's size past the last."""
+    positions, values = gather.positions, gather.values
+    end = at
+    for start, size in found:
+        if size and at + start != end:  # move down next to the part before
+            source = slice(at + start, at + start + size)
+            overlap = end + size > at + start
+            positions[end : end + size] = (
+                positions[source].clone() if overlap else positions[source]
+            )
+            values[end : end + size] = values[source].clone() if overlap else values[source]
+        end += size
+    gather.size = end
 
 
 def nth(values: Tensor, rank: int, signed: bool = False) -> tuple[float, int]:

@@ -24,7 +24,28 @@ from prunekit.select.chunks import Chunks, ones, write
 from prunekit.select.native import Gather
 from prunekit.select.ties import select_sorted
 
-__all__ = ["Gather", "Gathered", "Part", "settle", "split"]
+__all__ = ["CountPass", "Gather", "Gathered", "Part", "settle", "split"]
+
+
+@dataclass(frozen=True)
+class CountPass:
+    """How one count pass over a source marks and gathers.
+
+    Attributes:
+        bounds: (lower, mid, upper): entries below lower are chosen, those above upper not,
+            those in between gathered (the C loop marks those below mid as chosen at once).
+        hit: the mark of an entry chosen (1 - `hit` elsewhere).
+        gather: where the entries in between go, with their positions.
+        product: where scores x selection is written, if wanted.
+        window: `out` is only a chunk's room, reused (the marks are not wanted: the
+            threshold is not known yet).
+    """
+
+    bounds: tuple[float, float, float]
+    hit: bool
+    gather: Gather
+    product: Tensor | None = None
+    window: bool = False
 
 
 @dataclass
@@ -64,66 +85,48 @@ def settle(
 
 
 def split(
-    chunks: Chunks,
-    scores: Tensor,
-    alive: Tensor | None,
-    out: Tensor,
-    bounds: tuple[float, float, float],
-    hit: bool,
-    product: Tensor | None,
-    gather: Gather,
-    window: bool = False,
+    chunks: Chunks, scores: Tensor, alive: Tensor | None, out: Tensor, sweep: CountPass
 ) -> Iterator[Part]:
-    """The count pass over one source, chunk by chunk, given (lower, mid, upper): writes
-    the entries chosen into `out` (`hit` where chosen, else 1 - `hit`), and scores x
-    out into `product` if given; gathers the entries between lower and upper into
-    `gather` and yields counts per chunk. With `window`, `out` is only a chunk's room,
-    reused (the marks are not wanted: the threshold is not known yet).
+    """The count pass over one source, chunk by chunk, as `sweep` says: writes the entries
+    chosen into `out`, and scores x out into its product if given; gathers the entries
+    between its lower and upper bounds and yields counts per chunk.
 
     Chosen are the entries below mid in the C loop, below lower in the tensor operations:
     `settle` finishes either.
     """
     if not native.makes(out.dtype):
-        parts = _split_tensors(chunks, scores, alive, out, bounds, hit, product, gather, window)
-        yield from parts
+        yield from _split_tensors(chunks, scores, alive, out, sweep)
         return
     flat = scores.reshape(-1)
     # The C loop writes the product from the scores' bits: scores of the mask's dtype,
     # contiguous.
+    product = sweep.product
     fused = product if product is not None and native.bits_of(flat, out) else None
     one = native.one_bits(out.dtype)
-    chosen, other = (one, 0) if hit else (0, one)
+    marks = native.Marks(*((one, 0) if sweep.hit else (0, one)), sweep.bounds, chunks.plan.signed)
     for start, part, flags in chunks.read(scores, alive, chunks.step):
         n = part.numel()
         if part.dtype not in (torch.float32, torch.float64):
             part = chunks.wide[:n].copy_(part)  # 16-bit: widened (exactly)
         if flags is not None and not (native.makes(flags.dtype) and flags.is_contiguous()):
             flags = torch.eq(flags, 1, out=chunks.live[:n])  # the C loop reads 1s as bits
-        piece = out[:n] if window else out[start : start + n]
+        piece = out[:n] if sweep.window else out[start : start + n]
         into = None if fused is None else (flat[start : start + n], fused[start : start + n])
-        competing, below, finite = native.split(
-            part, flags, piece, (chosen, other), bounds, gather, start, into, chunks.plan.signed
-        )
+        competing, below, finite = native.split(part, flags, piece, marks, sweep.gather, start,
+                                                into)  # fmt: skip
         if product is not None and fused is None:
             torch.mul(flat[start : start + n].detach(), piece, out=product[start : start + n])
         yield Part(start, n, below, competing, finite)
 
 
 def _split_tensors(
-    chunks: Chunks,
-    scores: Tensor,
-    alive: Tensor | None,
-    out: Tensor,
-    bounds: tuple[float, float, float],
-    hit: bool,
-    product: Tensor | None,
-    gather: Gather,
-    window: bool,
+    chunks: Chunks, scores: Tensor, alive: Tensor | None, out: Tensor, sweep: CountPass
 ) -> Iterator[Part]:
     """`split` as tensor operations, a few per chunk (choosing below the lower bound)."""
-    lower, _, upper = bounds
+    lower, _, upper = sweep.bounds
+    hit, product, gather = sweep.hit, sweep.product, sweep.gather
     flat = scores.reshape(-1)
-    for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out, window):
+    for start, piece, magnitudes, competing in chunks.magnitudes(scores, alive, out, sweep.window):
         n = piece.numel()
         # NaN stands for the entries that do not compete, so only without flags does
         # the chunk's largest magnitude (signed: its least and greatest score) say

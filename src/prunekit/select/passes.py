@@ -164,9 +164,8 @@ def between(
             product = None if marks.products is None else marks.products[i]
         first = gather.size
         peaks: list[Tensor | bool] | None = []  # per chunk: finite? (None: not known)
-        parts = onepass.split(
-            chunks, scores, alive, out, bounds, hit, product, gather, window=marks is None
-        )
+        sweep = onepass.CountPass(bounds, hit, gather, product, window=marks is None)
+        parts = onepass.split(chunks, scores, alive, out, sweep)
         for part in parts:
             below += part.below
             competing += part.competing

@@ -205,7 +205,8 @@ class Selection:
         chunks = self._reader()
         gather = Gather(min(max(chunks.step, chunks.chunk), piece.numel), self.route.work)
         scores, alive = piece.source()
-        parts = onepass.split(chunks, scores, alive, out, bounds, hit, None, gather, window)
+        sweep = onepass.CountPass(bounds, hit, gather, window=window)
+        parts = onepass.split(chunks, scores, alive, out, sweep)
         for part in parts:
             found = gather.positions[: gather.size]
             gather.size = 0

@@ -36,6 +36,7 @@ from prunekit.structure.stages import ChannelConfig
 # isort: split
 # Depth: whole blocks ranked, skipped and removed.
 from prunekit.structure.depth import (
+    BlockConfig,
     BlockPruning,
     BlockRemoval,
     prune_blocks,
@@ -69,6 +70,7 @@ __all__ = [
     "CRITERIA",
     "Activation",
     "BNScale",
+    "BlockConfig",
     "BlockPruning",
     "BlockRemoval",
     "Budget",

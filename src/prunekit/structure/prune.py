@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.pruned import PrunedGroup
@@ -32,7 +33,7 @@ __all__ = ["DAMPING", "ChannelConfig", "prune_channels", "run_stages"]
 
 def prune_channels(
     model: nn.Module,
-    example_inputs: Any,
+    example_inputs: ExampleInputs,
     amount: float = 0.0,
     *,
     config: ChannelConfig | None = None,

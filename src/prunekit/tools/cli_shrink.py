@@ -46,6 +46,14 @@ def add_shrink_parser(commands: Any) -> None:
         target.add_argument(
             f"--{name}", type=float, metavar="S", help=f"share of the {what} to remove, in (0, 1)"
         )
+    _text_and_formats(parser)
+    _pruning_options(parser)
+    _run_options(parser)
+    parser.set_defaults(run=_run_shrink)
+
+
+def _text_and_formats(parser: argparse.ArgumentParser) -> None:
+    """The text it calibrates and evaluates on, and the formats it writes."""
     parser.add_argument(
         "--calibration",
         metavar="FILE|DIR|JSONL",
@@ -71,6 +79,10 @@ def add_shrink_parser(commands: Any) -> None:
         choices=GGUF_TYPES,
         help="tensor type of the gguf format (default: the model's own float type)",
     )
+
+
+def _pruning_options(parser: argparse.ArgumentParser) -> None:
+    """How it prunes, compensates and distils, and on how many tokens."""
     parser.add_argument(
         "--compensate",
         action=argparse.BooleanOptionalAction,
@@ -105,6 +117,10 @@ def add_shrink_parser(commands: Any) -> None:
         metavar="N",
         help="tokens the perplexity is measured on (default 2048)",
     )
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    """The window length, the criterion, the latency runs and the seed."""
     parser.add_argument(
         "--length",
         type=int,
@@ -126,7 +142,6 @@ def add_shrink_parser(commands: Any) -> None:
         help="alternated pairs timed, before against after (default 5)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.set_defaults(run=_run_shrink)
 
 
 def _formats(text: str) -> tuple[str, ...]:

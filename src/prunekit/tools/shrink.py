@@ -37,8 +37,8 @@ from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.prune import prune_channels
-from prunekit.tools.shrink_report import Before, ShrinkReport
-from prunekit.tools.shrink_steps import distill, export_all, read_passages, text_windows
+from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
+from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 from prunekit.tools.sources import Source, check_source, load_source
 
 __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
@@ -241,12 +241,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     """
     tick = progress or (lambda label, done, total: None)
     source, out = _checked_paths(config)
-    missing = [f for f in config.formats if f not in WRITERS]
-    if missing:
-        raise value_error(
-            f"shrink: format {missing[0]!r} has no writer in this installation; expected one "
-            f"of {', '.join(sorted(WRITERS)) or '(none)'}"
-        )
+    _check_writers(config)
     passages = read_passages(config)
     clock = _Clock(tick)
     with clock("load model", 1):
@@ -263,59 +258,105 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     window = {"input_ids": texts.calibration[0][None]}
     example = window if config.latency else {"input_ids": window["input_ids"][:, :_TRACED]}
     with clock("prune (budget)", 1):
-        found = _prune(model, config, texts.calibration, example)
+        measured.found = _prune(model, config, texts.calibration, example)
     with clock("compact", 1):
-        compacted = _compact(model, example)
-    steps, seconds = 0, 0.0
-    if config.distill:
-        measured.ppl_pruned = perplexity(model, texts.evaluation)
-        steps, seconds = distill(model, dense, texts.calibration, config, tick)
-    with clock("perplexity after", 1):
-        measured.ppl_after = perplexity(model, texts.evaluation)
-    if not config.distill:
-        measured.ppl_pruned = measured.ppl_after
+        measured.compacted = _compact(model, example)
+    _distil_and_measure(model, dense, texts, config, clock, measured)
     with clock("latency", 1):
-        timed = _latency(dense, model, window, config.latency_runs)
+        measured.timed = _latency(dense, model, window, config.latency_runs)
     del dense
-    tokens = example["input_ids"].numel()
+    measured.tokens = example["input_ids"].numel()
     with atomic_folder(out) as stage:
         _empty(stage)
         with clock("export", 1):
-            records, size, storage = export_all(model, tokenizer, stage, config, example)
-        report = ShrinkReport(
-            source=str(config.source),
-            out=str(out),
-            target=(found.budget.measure, found.budget.share),
-            achieved=found.achieved,
-            budget_table=str(found),
-            groups=tuple((r.name, r.kind, r.before, r.after) for r in found.rows),
-            params=Before(compacted[0], count_params(model)),
-            macs=Before(compacted[1] / tokens, compacted[2] / tokens),
-            bytes=Before(source.bytes, size),
-            perplexity=Before(measured.ppl_before, measured.ppl_after),
-            perplexity_pruned=measured.ppl_pruned,
-            latency_ms=Before(timed.before_ms, timed.after_ms),
-            latency_pairs=timed.pairs,
-            speedup=timed.ratio,
-            calibration=(len(texts.calibration), config.length),
-            evaluation=(len(texts.evaluation), config.length),
-            distill_steps=steps,
-            distill_seconds=seconds,
-            exports=records,
-            text=texts.names,
-            seconds=tuple(clock.seconds.items()),
-            storage=(source.storage, storage),
-        )
+            exported = export_all(model, tokenizer, stage, config, example)
+        report = _report(config, (source, out), model, texts, measured, exported, clock)
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
 
 
+def _check_writers(config: ShrinkConfig) -> None:
+    """Refuse a format with no writer in this installation."""
+    missing = [f for f in config.formats if f not in WRITERS]
+    if missing:
+        raise value_error(
+            f"shrink: format {missing[0]!r} has no writer in this installation; expected one "
+            f"of {', '.join(sorted(WRITERS)) or '(none)'}"
+        )
+
+
 @dataclass
 class _Measured:
+    """What shrink found and measured on its way, for its report."""
+
     ppl_before: float = math.nan
     ppl_pruned: float = math.nan
     ppl_after: float = math.nan
+    found: BudgetReport | None = None
+    compacted: tuple[int, int, int] = (0, 0, 0)  # parameters before, MACs before and after
+    timed: Any = None  # paired_latency's result
+    tokens: int = 1  # of the example the MACs were counted on
+    steps: int = 0  # of distillation
+    seconds: float = 0.0
+
+
+def _distil_and_measure(
+    model: nn.Module, dense: nn.Module, texts: Texts, config: ShrinkConfig, clock: _Clock,
+    measured: _Measured,
+) -> None:  # fmt: skip
+    """Distil `model` from `dense` where asked (the perplexity measured before it too), then
+    measure the perplexity after."""
+    if config.distill:
+        measured.ppl_pruned = perplexity(model, texts.evaluation)
+        measured.steps, measured.seconds = distill(
+            model, dense, texts.calibration, config, clock.tick
+        )
+    with clock("perplexity after", 1):
+        measured.ppl_after = perplexity(model, texts.evaluation)
+    if not config.distill:
+        measured.ppl_pruned = measured.ppl_after
+
+
+def _report(
+    config: ShrinkConfig, where: tuple[Source, Path], model: nn.Module, texts: Texts,
+    measured: _Measured, exported: tuple[tuple[ExportRecord, ...], int, str], clock: _Clock,
+) -> ShrinkReport:  # fmt: skip
+    """The report of one shrink: `where` is (source, out), `exported` (records, size,
+    storage) as export_all returns them."""
+    source, out = where
+    records, size, storage = exported
+    found, compacted, timed, tokens = (
+        measured.found,
+        measured.compacted,
+        measured.timed,
+        measured.tokens,
+    )
+    assert found is not None
+    return ShrinkReport(
+        source=str(config.source),
+        out=str(out),
+        target=(found.budget.measure, found.budget.share),
+        achieved=found.achieved,
+        budget_table=str(found),
+        groups=tuple((r.name, r.kind, r.before, r.after) for r in found.rows),
+        params=Before(compacted[0], count_params(model)),
+        macs=Before(compacted[1] / tokens, compacted[2] / tokens),
+        bytes=Before(source.bytes, size),
+        perplexity=Before(measured.ppl_before, measured.ppl_after),
+        perplexity_pruned=measured.ppl_pruned,
+        latency_ms=Before(timed.before_ms, timed.after_ms),
+        latency_pairs=timed.pairs,
+        speedup=timed.ratio,
+        calibration=(len(texts.calibration), config.length),
+        evaluation=(len(texts.evaluation), config.length),
+        distill_steps=measured.steps,
+        distill_seconds=measured.seconds,
+        exports=records,
+        text=texts.names,
+        seconds=tuple(clock.seconds.items()),
+        storage=(source.storage, storage),
+    )
 
 
 class _Clock:

@@ -7,8 +7,9 @@ trust what it holds: a known method, a scope, an amount in range, globs as tuple
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from prunekit.core.amount import (
     validate_dim_type,
@@ -26,26 +27,51 @@ from prunekit.whole.registry import (
 )
 from prunekit.whole.targets import ALL, globs
 
-__all__ = ["Config"]
+__all__ = ["Config", "ModelOptions"]
 
 
 @dataclass(frozen=True)
 class Config:
-    """What to prune in a whole model, and how; checked when made.
+    """What to prune in a whole model, and how; checked when made: ``prune_model(model,
+    config=Config(...))`` prunes as the same keywords do (``dataclasses.replace`` makes a
+    changed copy, checked again).
 
-    Attributes:
-        method: a method of the registry (prunekit.whole.registry.METHODS).
-        amount: a fraction in [0, 1], or a count of entries (or channels, for 'ln').
-        pattern: 'unstructured', 'row', 'N:M' or a Pattern; None (when made) becomes the
-            method's own (registry.default_pattern).
-        scope: 'layer' (each tensor) or 'global' (all selected tensors ranked together).
-        include: globs of the names to prune (``('*',)``: every tensor the method prunes).
-        exclude: globs of the names to leave out.
-        sequential: calibrate block by block (the calibrated methods): True, False, or
-            'layers' (in each block, its layers too, group by group: see prune_model);
-            None (when made) becomes the method's own (registry.default_sequential: 'layers'
-            for SparseGPT, unless over `ranks`).
-        progress: a bar on stderr (None: when stderr is a terminal).
+    Args:
+        method: a method of the registry (``prunekit.whole.registry.METHODS``): ``'l1'``
+            (smallest magnitudes), ``'random'``, ``'ln'`` (whole output channels, dim 0, by
+            their L2 norm; layer scope only), or, from calibration batches: ``'wanda'`` (|W|
+            x the L2 norm of each input feature), ``'sparsegpt'`` (OBS, with updates of the
+            weights left, written into ``<name>_orig``), ``'taylor'`` (|W x grad| summed
+            over the batches of a loss).
+        amount: the fraction to prune, in [0, 1], of each tensor (scope ``'layer'``) or of
+            all of them together (``'global'``); for ``'N:M'`` it must be (M-N)/M. A count
+            of entries (or channels, for ``'ln'``) where the entry point takes one.
+        pattern: ``'unstructured'``, ``'row'`` (the same share of each output row),
+            ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim) or a
+            ``prunekit.Pattern``. None becomes the method's own when made
+            (``registry.default_pattern``): ``'row'`` for ``'wanda'`` in scope ``'layer'``
+            (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
+            ``'unstructured'`` otherwise.
+        scope: ``'layer'`` prunes `amount` of each tensor, ``'global'`` `amount` of all the
+            selected tensors ranked together (unstructured only).
+        include: globs of parameter names, as the CLI's. The default ``('*',)`` takes every
+            floating-point parameter of two or more dims (weights, not biases or norms), and
+            for the calibrated methods every Linear weight but the output head
+            (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
+            other `include` selects by name, any number of dims. Kept as a tuple; one str is
+            one glob.
+        exclude: globs of parameter names left alone, kept as a tuple.
+        sequential: True calibrates block by block, each on the outputs of the pruned blocks
+            before it (one block's statistics in memory). ``'layers'``: in each block too,
+            its layers group by group in the order the block calls them (query, key and
+            value; the attention's output; gate and up; down), each on the outputs of the
+            groups pruned before it, as SparseGPT's paper prunes (each layer runs about once
+            a batch, where True runs each block twice; as True for a model without blocks).
+            False: one pass of the whole model. None becomes the method's own when made
+            (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'`` unless over
+            `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
+            benchmarks/vs_llmcompressor.py), True otherwise.
+        progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
         n: 'ln' only: the norm order its channels are ranked by (None: 2).
@@ -56,8 +82,8 @@ class Config:
             `sequential`).
 
     Raises:
-        TypeError, ValueError: when made, for an argument of the wrong type or value,
-            naming `owner`, the argument and the value.
+        TypeError: an argument of the wrong type, naming `owner`, the argument and the value.
+        ValueError: an argument out of range, naming `owner`, the argument and the value.
     """
 
     method: str = "l1"
@@ -149,3 +175,15 @@ class Config:
             "exclude": self.exclude,
             "sequential": self.sequential,
         }
+
+
+class ModelOptions(TypedDict, total=False):
+    """The keywords of ``prune_model`` that are fields of ``Config`` (see there)."""
+
+    method: str
+    pattern: str | Pattern | None
+    scope: str
+    include: Sequence[str] | str
+    exclude: Sequence[str] | str
+    sequential: bool | str | None
+    progress: bool | None

@@ -10,20 +10,21 @@ under every name, and returns the model's Report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from prunekit.core.errors import naming, type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.layers import calibrates
-from prunekit.distributed.agree import collective
+from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.stats import Reducer
 from prunekit.functional import custom_from_mask, rank_together
-from prunekit.methods import LnStructured
+from prunekit.methods import LnStructured, Pruning
 from prunekit.report import Report, report
 from prunekit.whole.calibrated import make_permanent
-from prunekit.whole.config import Config
+from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.plan import Loss
 from prunekit.whole.registry import CALIBRATED
@@ -37,6 +38,9 @@ from prunekit.whole.targets import (
     unpruned_name,
 )
 
+if TYPE_CHECKING:  # Unpack is in typing from Python 3.11 on
+    from typing_extensions import Unpack
+
 __all__ = ["prune_model"]
 
 OWNER = "prune_model"
@@ -44,122 +48,112 @@ OWNER = "prune_model"
 
 def prune_model(
     model: nn.Module,
-    amount: float,
+    amount: float | None = None,
     *,
-    method: str = "l1",
-    pattern: Any = None,
-    scope: str = "layer",
-    calibration: Iterable[Any] | None = None,
-    include: Sequence[str] | str = ALL,
-    exclude: Sequence[str] | str = (),
-    process_group: Any = None,
-    sequential: bool | str | None = None,
-    loss: Callable[[Any, Any], Any] | None = None,
-    progress: bool | None = None,
+    calibration: Iterable[object] | None = None,
+    loss: Loss | None = None,
+    process_group: object = None,
     keep_masks: bool = True,
+    config: Config | None = None,
+    **options: Unpack[ModelOptions],
 ) -> Report:
     """Prune the parameters of `model` selected by name; return ``report(model)``.
 
     Tensors pruned before are pruned further (their entries already pruned stay so). A tied
     parameter is ranked once and masked under each of its names: ``remove()`` each name to
     make it permanent. Every argument, tensor and batch is checked first; if anything fails,
-    the model is left exactly as it was.
+    the model is left exactly as it was. What to prune and how is a ``prunekit.whole.Config``,
+    which says what each option means.
 
     Args:
         model: the torch module to prune in place (masks installed as ``prune`` installs
             them: ``<name>_orig``, ``<name>_mask``).
-        amount: the fraction to prune, in [0, 1], of each tensor (scope ``'layer'``) or of
-            all of them together (``'global'``); for ``'N:M'`` it must be (M-N)/M.
-        method: ``'l1'`` (smallest magnitudes), ``'random'``, ``'ln'`` (whole output
-            channels, dim 0, by their L2 norm; layer scope only), or, from `calibration`:
-            ``'wanda'`` (|W| x the L2 norm of each input feature), ``'sparsegpt'`` (OBS,
-            with updates of the weights left, written into ``<name>_orig``), ``'taylor'``
-            (|W x grad| summed over the batches of `loss`); the names are
-            ``prunekit.whole.registry``'s.
-        pattern: ``'unstructured'``, ``'row'`` (the same share of each output row),
-            ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim) or a
-            ``prunekit.Pattern``. None (the default): ``'row'`` for ``'wanda'`` in scope
-            ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is clearly worse on
-            LLMs), ``'unstructured'`` otherwise.
-        scope: ``'layer'`` prunes `amount` of each tensor, ``'global'`` `amount` of all the
-            selected tensors ranked together (unstructured only).
+        amount: the fraction to prune, in [0, 1] (``Config.amount``); None with `config`.
         calibration: the batches of the calibrated methods, for the model's forward
             (tensors, mappings of keyword arguments, or tuples of positional ones); None for
             the others.
-        include: globs of parameter names, as the CLI's. The default ``('*',)`` takes every
-            floating-point parameter of two or more dims (weights, not biases or norms), and
-            for the calibrated methods every Linear weight but the output head
-            (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
-            other `include` selects by name, any number of dims.
-        exclude: globs of parameter names left alone.
+        loss: for ``'taylor'``, the loss of ``loss(output, batch)`` whose gradients rank the
+            entries; None: ``output.loss``.
         process_group: a torch.distributed group, or None. For ``'l1'`` and ``'random'``
             (scope ``'global'`` only) the ranks hold parts of the model, ranked as one (see
             ``prunekit.distributed``); for the calibrated methods every rank holds the whole
-            model and calibrates on its own batches, and the statistics (Taylor:
-            saliencies) are reduced over the ranks, so every rank gets the masks (and
-            SparseGPT's updates) of one process calibrating on all the batches. An error on
-            any rank makes every rank raise it, each model left as it was; no rank waits for
-            the others longer than the group's timeout (``prunekit.distributed.TorchGroup``).
-        sequential: True calibrates block by block, each on the outputs of the pruned blocks
-            before it (one block's statistics in memory). ``'layers'``: in each block too,
-            its layers group by group in the order the block calls them (query, key and
-            value; the attention's output; gate and up; down), each on the outputs of the
-            groups pruned before it, as SparseGPT's paper prunes (each layer runs about once
-            a batch, where True runs each block twice; as True for a model without blocks).
-            False: one pass of the whole model. None (the default): ``'layers'`` for
-            ``'sparsegpt'`` without `process_group` (the better scores on SmolLM2-135M and
-            all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py), True otherwise.
-        loss: for ``'taylor'``, the loss of ``loss(output, batch)`` whose gradients rank the
-            entries; None: ``output.loss``.
-        progress: a bar on stderr for calibrated runs; None (the default): when stderr is a
-            terminal.
+            model and calibrates on its own batches, and the statistics are reduced over the
+            ranks, so every rank gets the masks (and SparseGPT's updates) of one process
+            calibrating on all the batches. An error on any rank makes every rank raise it,
+            each model left as it was (waits bounded: ``prunekit.distributed.TorchGroup``).
         keep_masks: True (the default) leaves the masks installed; False makes each
             tensor's pruning permanent (as ``prunekit.remove``), the one-shot methods layer
-            by layer as they go: the model ends with its plain weights, zeros where pruned,
-            and never holds the masks and the original values of all its layers at once.
+            by layer as they go, never holding the masks and original values of all layers.
+        config: every option at once, a ``Config`` (then neither `amount` nor `**options`).
+        **options: the other options of ``Config`` by name: `method` (default ``'l1'``),
+            `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress`.
 
     Returns:
         The Report of the whole model after pruning.
 
     Raises:
-        TypeError: an argument, glob, tensor or batch of the wrong type, naming it (the model
-            unchanged).
-        ValueError: an argument, glob, tensor or batch out of range or matching nothing,
-            naming it (the model unchanged).
+        TypeError: an argument, glob, tensor or batch of the wrong type, or an unknown
+            keyword, naming it (the model unchanged).
+        ValueError: an argument, glob, tensor or batch out of range or matching nothing, or
+            a `config` beside `amount` or keywords, naming it (the model unchanged).
     """
-
-    def checked() -> Config:
-        return Config(
-            method=method,
-            amount=amount,
-            pattern=pattern,
-            scope=scope,
-            include=globs(include, "include", OWNER),
-            exclude=globs(exclude, "exclude", OWNER),
-            sequential=sequential,
-            progress=progress,
-            owner=OWNER,
-            ranks=process_group is not None,
-        )
-
     if not isinstance(keep_masks, bool):
         raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
     if process_group is None:
-        return _prune(model, checked(), calibration, loss, None, keep_masks)
+        checked = _config(amount, config, options, ranks=False)
+        return _prune(model, checked, calibration, loss, None, keep_masks)
     group = collective(process_group, OWNER)
     with group.telling():  # an error on this rank reaches the others at their next step
-        return _prune(model, checked(), calibration, loss, group, keep_masks)
+        checked = _config(amount, config, options, ranks=True)
+        return _prune(model, checked, calibration, loss, group, keep_masks)
+
+
+def _config(amount: float | None, config: object, options: ModelOptions, ranks: bool) -> Config:
+    """The Config of a call: `config` alone (named for prune_model), or one made of `amount`
+    and `options`."""
+    unknown = [k for k in options if k not in ModelOptions.__optional_keys__]
+    if unknown:  # as Python words it for a keyword the signature lacks
+        raise TypeError(f"prune_model() got an unexpected keyword argument {unknown[0]!r}")
+    if config is None:
+        if amount is None:
+            raise type_error(
+                f"{OWNER}: amount=None; expected the fraction to prune, a float in [0, 1], "
+                "or config=prunekit.whole.Config(...)"
+            )
+        return Config(
+            method=options.get("method", "l1"),
+            amount=amount,
+            pattern=options.get("pattern"),
+            scope=options.get("scope", "layer"),
+            include=globs(options.get("include", ALL), "include", OWNER),
+            exclude=globs(options.get("exclude", ()), "exclude", OWNER),
+            sequential=options.get("sequential"),
+            progress=options.get("progress"),
+            owner=OWNER,
+            ranks=ranks,
+        )
+    if not isinstance(config, Config):
+        raise type_error(
+            f"{OWNER}: invalid config={config!r}; expected a prunekit.whole.Config, or None"
+        )
+    if amount is not None or options:
+        given = ([f"amount={amount!r}"] if amount is not None else []) + [f"{k}=" for k in options]
+        raise value_error(
+            f"{OWNER}: config= holds every option, but {', '.join(given)} came beside it; "
+            "expected config=dataclasses.replace(config, ...) or the keywords alone"
+        )
+    return replace(config, owner=OWNER, ranks=ranks)
 
 
 def _prune(
     model: nn.Module,
     config: Config,
-    calibration: Any,
+    calibration: Iterable[object] | None,
     loss: Loss | None,
-    group: Any,
+    group: Collective | None,
     keep_masks: bool = True,
 ) -> Report:
-    """prune_model's work; with `group` (an agree.Collective), the steps of its protocol."""
+    """prune_model's work; with `group`, the steps of its protocol."""
     method = config.method
     arguments = {
         **config.compared(),
@@ -178,23 +172,20 @@ def _prune(
             f"{OWNER}: method={method!r} takes no pattern and no calibration; expected "
             f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
         )
-    pruning = config.entry.pruning
-    assert pruning is not None  # l1, random, ln: the registry's methods without data
-    if config.scope not in config.entry.scopes:
-        raise value_error(
-            f"{OWNER}: method={method!r} prunes whole channels of each tensor, so scope must "
-            "be 'layer'; for scope='global' use method 'l1' or 'random'"
-        )
-    kwargs: dict[str, Any] = {"amount": config.amount}
-    if pruning is LnStructured:
-        kwargs.update(n=config.norm, dim=config.axis)
-    if group is not None:
-        if config.scope != "global":
-            raise value_error(
-                f"{OWNER}: process_group applies to scope='global', not {config.scope!r}; "
-                "each rank prunes its own tensors in scope 'layer'"
-            )
-        kwargs["process_group"] = group
+    _prune_plain(model, config, group, arguments, keep_masks)
+    return report(model)
+
+
+def _prune_plain(
+    model: nn.Module,
+    config: Config,
+    group: Collective | None,
+    arguments: dict[str, object],
+    keep_masks: bool,
+) -> None:
+    """The methods without data ('l1', 'random', 'ln'), on every tensor selected, in one
+    transaction."""
+    pruning, kwargs = _plain_method(config, group)
     targets = select_targets(model, config.include, config.exclude, OWNER)
     if group is not None:
         group.start(OWNER, arguments)
@@ -213,7 +204,28 @@ def _prune(
             make_permanent([(t.first.module, t.first.leaf) for t in targets], recorded)
         if group is not None:
             group.finish()  # a rank failing since the last step: every rank undoes
-    return report(model)
+
+
+def _plain_method(config: Config, group: Collective | None) -> tuple[type[Pruning], dict[str, Any]]:
+    """The registry's pruning method of `config` and the keyword arguments of its apply."""
+    pruning = config.entry.pruning
+    assert pruning is not None  # l1, random, ln: the registry's methods without data
+    if config.scope not in config.entry.scopes:
+        raise value_error(
+            f"{OWNER}: method={config.method!r} prunes whole channels of each tensor, so "
+            "scope must be 'layer'; for scope='global' use method 'l1' or 'random'"
+        )
+    kwargs: dict[str, Any] = {"amount": config.amount}
+    if pruning is LnStructured:
+        kwargs.update(n=config.norm, dim=config.axis)
+    if group is not None:
+        if config.scope != "global":
+            raise value_error(
+                f"{OWNER}: process_group applies to scope='global', not {config.scope!r}; "
+                "each rank prunes its own tensors in scope 'layer'"
+            )
+        kwargs["process_group"] = group
+    return pruning, kwargs
 
 
 def _mask_ties(targets: Sequence[Target]) -> None:
@@ -228,9 +240,9 @@ def _mask_ties(targets: Sequence[Target]) -> None:
 def _oneshot(
     model: nn.Module,
     config: Config,
-    calibration: Any,
+    calibration: Iterable[object] | None,
     loss: Loss | None,
-    reduce: Any,
+    reduce: Reducer | None,
     keep_masks: bool = True,
 ) -> None:
     """Calibrated methods and patterns: the one-shot engine on the selected tensors."""
@@ -270,7 +282,7 @@ def _calibrated(heads: list[nn.Module]) -> Callable[[Place], bool]:
     return natural
 
 
-def _reducer(method: str, group: Any, arguments: dict[str, Any]) -> Any:
+def _reducer(method: str, group: Collective, arguments: dict[str, object]) -> Reducer:
     """The calibrated methods' reduction of statistics over `group`'s ranks; `arguments`
     are compared once the engine has checked them."""
     if method not in CALIBRATED:

@@ -21,10 +21,11 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from prunekit.core.errors import warn_caller
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.fromconfig import pretrained_mismatches
 from prunekit.structure.compaction.hfconfig import update_config
-from prunekit.structure.compaction.surgery import Capture, apply, folds, narrow, plan
+from prunekit.structure.compaction.surgery import Capture, Removal, apply, folds, narrow, plan
 from prunekit.structure.families.experts import unaligned_experts
 from prunekit.structure.graph.graph import ChannelGroup, check_model, split_inputs, traced_groups
 from prunekit.structure.measure import Paired, count_macs, count_params, paired_latency
@@ -108,7 +109,7 @@ def _row(label: str, before: int, after: int) -> str:
 
 def compact(
     model: nn.Module,
-    example_inputs: Any,
+    example_inputs: ExampleInputs,
     *,
     tolerance: float = 1e-4,
     latency_runs: int = 10,
@@ -155,45 +156,91 @@ def compact(
             then restored as it was.
     """
     check_model(model, "compact")
+    _check_options(tolerance, latency_runs)
+    inputs = split_inputs(example_inputs, "compact")
+    # the transaction holds the traced forward too: it may write buffers
+    with _modes_kept(model), _without_router_logits(model), transaction(model) as masked:
+        run = _compacted(model, example_inputs, inputs, masked, tolerance, latency_runs)
+    return _report(model, run)
+
+
+@contextlib.contextmanager
+def _modes_kept(model: nn.Module) -> Iterator[None]:
+    """Put every module back in its training mode (compact runs the model in eval)."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def _check_options(tolerance: object, latency_runs: object) -> None:
+    """Refuse a tolerance that is no float >= 0, a latency_runs that is no int >= 0."""
     if not isinstance(tolerance, float) or not tolerance >= 0:
         raise ValueError(f"compact: invalid tolerance={tolerance!r}; expected a float >= 0")
     if isinstance(latency_runs, bool) or not isinstance(latency_runs, int) or latency_runs < 0:
         raise ValueError(
             f"compact: invalid latency_runs={latency_runs!r}; expected an int >= 0 (0: no timing)"
         )
-    args, kwargs = split_inputs(example_inputs, "compact")
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        with (
-            _without_router_logits(model),
-            transaction(model) as masked,
-        ):  # the traced forward too: it may write buffers
-            found = traced_groups(model, example_inputs, "auto", "compact")
-            result = plan(found)
-            model.eval()  # the modes come back in `finally`; the masked model is timed in eval
-            capture = Capture(result)
-            ran: set[int] = set()
-            with torch.no_grad(), capture, _running(ran):
-                reference = model(*args, **kwargs)
-            before = _measures(model, args, kwargs)
-            apply(result, folds(result, capture), model)
-            config, stale = update_config(model)
-            output = _forward(model, args, kwargs)
-            diff, scale = _compare(reference, output, result.outputs)
-            unchecked = None
-            if not diff <= tolerance * scale and math.isfinite(diff) and math.isfinite(scale):
-                again = _in_float64(model, args, kwargs, masked)
-                if isinstance(again, str):
-                    unchecked = again
-                else:
-                    diff, scale = _compare(*again, result.outputs)
-            _check(diff, scale, tolerance, unchecked)
-            after = _measures(model, args, kwargs)
-            timed = _latency(model, args, kwargs, masked, latency_runs)
-    finally:
-        for m, mode in modes:
-            m.training = mode
-    unseen = _unseen(model, found, ran) if result.units else []
+
+
+@dataclass
+class _Run:
+    """What one compaction removed and measured, inside its transaction."""
+
+    found: list[ChannelGroup]
+    result: Removal
+    ran: set[int]  # the modules the reference forward ran
+    before: tuple[int, int]  # parameters, MACs
+    after: tuple[int, int]
+    config: dict[str, int]
+    stale: tuple[str, ...]
+    diff: float
+    scale: float
+    timed: Paired | None
+
+
+def _compacted(
+    model: nn.Module,
+    example_inputs: ExampleInputs,
+    inputs: tuple[tuple[Any, ...], dict[str, Any]],
+    masked: Transaction,
+    tolerance: float,
+    latency_runs: int,
+) -> _Run:
+    """compact's work inside its transaction: trace, remove, check the outputs, measure."""
+    args, kwargs = inputs
+    found = traced_groups(model, example_inputs, "auto", "compact")
+    result = plan(found)
+    model.eval()  # _modes_kept puts the modes back; the masked model is timed in eval
+    capture = Capture(result)
+    ran: set[int] = set()
+    with torch.no_grad(), capture, _running(ran):
+        reference = model(*args, **kwargs)
+    before = _measures(model, args, kwargs)
+    apply(result, folds(result, capture), model)
+    config, stale = update_config(model)
+    output = _forward(model, args, kwargs)
+    diff, scale = _compare(reference, output, result.outputs)
+    unchecked = None
+    if not diff <= tolerance * scale and math.isfinite(diff) and math.isfinite(scale):
+        again = _in_float64(model, args, kwargs, masked)
+        if isinstance(again, str):
+            unchecked = again
+        else:
+            diff, scale = _compare(*again, result.outputs)
+    _check(diff, scale, tolerance, unchecked)
+    after = _measures(model, args, kwargs)
+    timed = _latency(model, args, kwargs, masked, latency_runs)
+    return _Run(found, result, ran, before, after, config, stale, diff, scale, timed)
+
+
+def _report(model: nn.Module, run: _Run) -> CompactReport:
+    """The report of a compaction, with a warning for the units no forward ran and for what
+    a model built from the config would not rebuild."""
+    result, before, after, timed = run.result, run.before, run.after, run.timed
+    unseen = _unseen(model, run.found, run.ran) if result.units else []
     if unseen:
         warn_caller(f"compact: {type(model).__name__}: {_never_ran(unseen)}")
     not_rebuilt = pretrained_mismatches(model)
@@ -201,8 +248,8 @@ def compact(
         warn_caller(f"compact: {type(model).__name__}: {_not_rebuilt(not_rebuilt)}")
     return CompactReport(
         result.groups, result.units, before[0], after[0], before[1], after[1],
-        timed.before_ms if timed else None, timed.after_ms if timed else None, diff, scale,
-        config, stale, timed, not_rebuilt,
+        timed.before_ms if timed else None, timed.after_ms if timed else None, run.diff,
+        run.scale, run.config, run.stale, timed, not_rebuilt,
     )  # fmt: skip
 
 

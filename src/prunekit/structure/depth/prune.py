@@ -7,16 +7,17 @@ gone (``skipped_blocks`` lists them, ``unskip_blocks`` brings them back), and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.criteria.calibration import batch_list
+from prunekit.structure.depth.block_config import BlockConfig, BlockOptions, block_config
 from prunekit.structure.depth.blocks import (
     ADDS,
     BlockList,
@@ -27,12 +28,14 @@ from prunekit.structure.depth.blocks import (
     unskip,
 )
 from prunekit.structure.depth.linear import drop, fit_map, fold_problem, install
-from prunekit.structure.depth.scores import CRITERIA, BlockCriterion, Loss, block_scores
+from prunekit.structure.depth.scores import block_scores
 from prunekit.structure.depth.states import check_inputs, check_tokens
 from prunekit.structure.depth.style import style_for
-from prunekit.whole.vocabulary import renamed as renamed_argument
 
-__all__ = ["BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
+if TYPE_CHECKING:  # Unpack is in typing from Python 3.11 on
+    from typing_extensions import Unpack
+
+__all__ = ["BlockConfig", "BlockPruning", "prune_blocks", "skip_blocks", "unskip_blocks"]
 
 _OWNER = "prune_blocks"
 
@@ -68,16 +71,11 @@ class BlockPruning:
 
 def prune_blocks(
     model: nn.Module,
-    calibration: Iterable[Any] | None,
+    calibration: Iterable[object] | None,
     count: int | None = None,
     *,
-    amount: float | None = None,
-    criterion: str | BlockCriterion = "angular",
-    replace: bool | str = False,
-    blocks: str | None = None,
-    loss: Loss | None = None,
-    ridge: float = 1e-4,
-    **renamed: int | None,
+    config: BlockConfig | None = None,
+    **options: Unpack[BlockOptions],
 ) -> BlockPruning:
     """Skip the `count` least important blocks of `model` (masks first; ``remove_blocks`` then
     deletes them).
@@ -88,41 +86,42 @@ def prune_blocks(
         calibration: batches the criteria run (tensors, mappings of keyword arguments or
             tuples, as ``prune_model`` takes them).
         count: how many blocks to skip, an int in [1, number of blocks).
-        amount: instead of `count`, the share of the blocks, a float in (0, 1); rounded.
-        criterion: 'angular' (the span of `n` consecutive blocks whose input and output
-            hidden states are closest in angle), 'influence' (the `n` blocks of lowest
-            ``1 - cos``, ShortGPT), 'loss' (the `n` blocks whose skipping alone raises the
-            loss least; `loss(output, batch)`, default ``output.loss``), or a callable
-            ``(h_in, h_out) -> scalar`` per block and batch, summed (lowest skipped).
-        replace: False, or 'linear': each run of consecutive skipped blocks is replaced by a
-            least-squares linear map folded into the last projection of the block before it
-            (``prunekit.structure.depth.linear``; pre-norm blocks only, and the first block
-            is then never skipped).
-        blocks: the name of the ModuleList; None finds it.
-        loss: for criterion='loss'.
-        ridge: the damping of the linear fit, relative to the mean of ``diag(M^T M)``.
-        **renamed: ``n=``, the old name of `count` (a FutureWarning).
+        config: every option at once, a ``BlockConfig`` (then neither `count` nor any
+            keyword beside it).
+        **options: the other fields of ``BlockConfig`` by name: `amount` (instead of
+            `count`), `criterion`, `replace`, `blocks`, `loss`, `ridge`; ``n=``, the old name
+            of `count` (a FutureWarning).
 
     Returns:
         A ``BlockPruning``.
 
     Raises:
-        TypeError, ValueError: a bad argument, a batch the model cannot take, a block whose
-            hidden state cannot be told, a model the linear map cannot be folded into. The
-            model is then exactly as it was.
+        TypeError, ValueError: a bad argument or an unknown keyword, a batch the model cannot
+            take, a block whose hidden state cannot be told, a model the linear map cannot be
+            folded into. The model is then exactly as it was.
     """
     if not isinstance(model, nn.Module):
         raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
-    count = _renamed_count(count, renamed)
-    found = find_blocks(model, blocks, _OWNER)
-    count = _count(found, count, amount)
-    name = _criterion(criterion)
-    linear = _replace(replace)
-    if not isinstance(ridge, float | int) or isinstance(ridge, bool) or not 0 <= ridge < math.inf:
-        raise value_error(f"{_OWNER}: invalid ridge={ridge!r}; expected a finite float >= 0")
+    settings = block_config(count, config, options)
+    found = find_blocks(model, settings.blocks, _OWNER)
+    number = _count(found, settings.count, settings.amount)
+    batches, style = _calibration(model, found, calibration, settings)
+    scores = block_scores(model, found, batches, settings.criterion, number, settings.loss,
+                          _OWNER, style)  # fmt: skip
+    fit = settings.fit
+    chosen = _choose(scores, number, settings.name, first=0 if fit is None else 1)
+    with transaction(model):
+        replaced = _apply(model, found, chosen, batches, fit, style)
+    return BlockPruning(found.name, chosen, settings.name, tuple(scores), replaced)
+
+
+def _calibration(
+    model: nn.Module, found: BlockList, calibration: Iterable[object] | None, settings: BlockConfig
+) -> tuple[list[Any], str]:
+    """The calibration batches, checked, and the residual style of the blocks' parent."""
     if calibration is None:
         raise value_error(
-            f"{_OWNER}: calibration=None, but criterion={name!r} ranks the blocks of "
+            f"{_OWNER}: calibration=None, but criterion={settings.name!r} ranks the blocks of "
             f"{found.name} on data; expected an iterable of batches"
         )
     batches = batch_list(calibration, _OWNER)
@@ -134,21 +133,17 @@ def prune_blocks(
             "remove_blocks(model) (or unskip_blocks) before pruning again"
         )
     style = style_for(model, found, batches[0], _OWNER, "calibration batch 0")
-    if linear and style == ADDS:
+    if settings.fit is not None and style == ADDS:
         raise value_error(
             f"{_OWNER}: replace='linear' folds a map into blocks that return the residual "
             f"stream, but the parent of {found.name} adds each block's output to the hidden "
             "state (h = h + block(h)); expected replace=False for this model"
         )
-    scores = block_scores(model, found, batches, criterion, count, loss, _OWNER, style)
-    chosen = _choose(scores, count, name, first=1 if linear else 0)
-    with transaction(model):
-        replaced = _apply(model, found, chosen, batches, float(ridge) if linear else None, style)
-    return BlockPruning(found.name, chosen, name, tuple(scores), replaced)
+    return batches, style
 
 
 def skip_blocks(model: nn.Module, indices: Iterable[int], *, blocks: str | None = None,
-                example_inputs: Any = None) -> None:  # fmt: skip
+                example_inputs: ExampleInputs | None = None) -> None:  # fmt: skip
     """Skip the given blocks by hand, as ``prune_blocks`` would: each contributes nothing
     (it gives back its input where the parent takes its output as the hidden state, zeros
     where the parent adds its output to the hidden state).
@@ -222,22 +217,6 @@ def unskip_blocks(model: nn.Module) -> None:
         drop(module)
 
 
-def _renamed_count(count: int | None, renamed: dict[str, int | None]) -> int | None:
-    """`count`, or what the old ``n=`` gave, with a FutureWarning (``n`` is a norm order
-    elsewhere, as in prune_channels).
-
-    Raises:
-        TypeError: another keyword argument; ValueError: both `count` and `n` given.
-    """
-    unknown = sorted(set(renamed) - {"n"})
-    if unknown:
-        raise type_error(
-            f"{_OWNER}: unexpected keyword argument {unknown[0]!r}; expected count, amount, "
-            "criterion, replace, blocks, loss or ridge"
-        )
-    return renamed_argument(_OWNER, "count", count, "n", renamed.get("n"), count is not None)
-
-
 def _count(found: BlockList, n: Any, amount: Any) -> int:
     total = len(found)
     if (n is None) == (amount is None):
@@ -263,30 +242,6 @@ def _count(found: BlockList, n: Any, amount: Any) -> int:
             f"{total} blocks and keeps at least one"
         )
     return n
-
-
-def _criterion(criterion: Any) -> str:
-    if isinstance(criterion, str):
-        if criterion not in CRITERIA:
-            raise value_error(
-                f"{_OWNER}: unknown criterion={criterion!r}; expected one of {list(CRITERIA)} "
-                "or a callable (h_in, h_out) -> scalar"
-            )
-        return criterion
-    if callable(criterion):
-        return getattr(criterion, "__name__", type(criterion).__name__)
-    raise type_error(
-        f"{_OWNER}: invalid criterion={criterion!r}; expected one of {list(CRITERIA)} or a "
-        "callable (h_in, h_out) -> scalar"
-    )
-
-
-def _replace(replace: Any) -> bool:
-    if replace is False or replace is None:
-        return False
-    if replace == "linear":
-        return True
-    raise value_error(f"{_OWNER}: invalid replace={replace!r}; expected False or 'linear'")
 
 
 def _choose(scores: list[float], n: int, criterion: str, first: int) -> tuple[int, ...]:

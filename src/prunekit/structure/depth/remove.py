@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skipped, unskip
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
@@ -83,7 +84,7 @@ class BlockRemoval:
 
 
 def remove_blocks(model: nn.Module, *, blocks: str | None = None,
-                  example_inputs: Any = None) -> BlockRemoval:  # fmt: skip
+                  example_inputs: ExampleInputs | None = None) -> BlockRemoval:  # fmt: skip
     """Remove the blocks ``prune_blocks`` (or ``skip_blocks``) skipped, in place, and check
     the result.
 
@@ -115,16 +116,7 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
         raise type_error(f"{_OWNER}: model={model!r} is no torch.nn.Module")
     found = find_blocks(model, blocks, _OWNER)
     check_inputs(example_inputs, _OWNER)
-    removed = tuple(i for i, block in enumerate(found.modules) if is_skipped(block))
-    if not removed:
-        raise value_error(
-            f"{_OWNER}: no block of {found.name} is skipped; expected prune_blocks (or "
-            "skip_blocks) first"
-        )
-    if len(removed) == len(found):
-        raise value_error(
-            f"{_OWNER}: every block of {found.name} is skipped; expected at least one kept"
-        )
+    removed = _removed(found)
     count = len(found)
     kept = [i for i in range(count) if i not in removed]
     before = count_params(model)
@@ -145,6 +137,21 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
         diff, scale = check_outputs(model, inputs, reference, found.name, removed)
     after = count_params(model)
     return BlockRemoval(found.name, removed, folded, before, after, changes, diff, scale)
+
+
+def _removed(found: BlockList) -> tuple[int, ...]:
+    """The indices of the skipped blocks, at least one and not all of them."""
+    removed = tuple(i for i, block in enumerate(found.modules) if is_skipped(block))
+    if not removed:
+        raise value_error(
+            f"{_OWNER}: no block of {found.name} is skipped; expected prune_blocks (or "
+            "skip_blocks) first"
+        )
+    if len(removed) == len(found):
+        raise value_error(
+            f"{_OWNER}: every block of {found.name} is skipped; expected at least one kept"
+        )
+    return removed
 
 
 def _built_before(model: nn.Module, config: Any, path: str, count: int) -> nn.Module | None:

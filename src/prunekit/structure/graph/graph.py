@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit.core.inputs import ExampleInputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
 from prunekit.structure.graph.tables import HANDLERS
@@ -24,7 +25,7 @@ __all__ = ["GQA_UNITS", "ChannelGroup", "Slice", "channel_groups", "traced_group
 GQA_UNITS = ("query", "group")
 
 
-def channel_groups(model: nn.Module, example_inputs: Any, *, gqa: str = "query") -> list[
+def channel_groups(model: nn.Module, example_inputs: ExampleInputs, *, gqa: str = "query") -> list[
     ChannelGroup
 ]:  # fmt: skip
     """The groups of coupled channels of `model`, traced from one forward on `example_inputs`.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -291,22 +291,75 @@ def _groups(
     pairs = _distinct(live.unit * kinds + live.content)  # (unit, content) it has entries in
     grouped, all_members, sizes = _signatures(records, by_content, content_keys, pairs // kinds,
                                               pairs % kinds, reasons)  # fmt: skip
-    # each group's records: those of its first unit, 'out' ones first; one slice per key.
-    # Slices of one group whose records have the same contents share their cut ("parts").
     positions, channels = _Cuts(), _Cuts()  # what each part holds: filled in below
+    parts = _parts(records, grouped, content_of, key_ids, kinds, (positions, channels))
+    group_of = torch.full((len(roots),), -1, dtype=torch.long)
+    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    group_of[all_members] = member_group
+    g_entry = group_of[live.unit]  # every live unit is in a group (its pairs made them)
+    unit_of, ranked = _unit_order(live, g_entry, all_members, member_group, parts.lead,
+                                  len(roots))  # fmt: skip
+    # the parts of each live entry: its unit's group with the content of its record
+    which, p_entry = _expand(g_entry * kinds + live.content, parts.table, len(sizes) * kinds)
+    u_entry, position, channel = unit_of[live.unit], live.position, live.channel
+    if which is not None:
+        u_entry, position, channel = u_entry[which], position[which], channel[which]
+    part_sizes = [sizes[g] for g in parts.groups]
+    positions.fill(p_entry, u_entry, position, part_sizes)
+    if all(parts.reads):
+        channels.fill(p_entry, u_entry, channel, part_sizes)
+    elif any(parts.reads):
+        take = torch.tensor(parts.reads, dtype=torch.bool)[p_entry].nonzero().squeeze(1)
+        channels.fill(p_entry[take], u_entry[take], channel[take], part_sizes)
+    reached = _reached(outputs, roots, group_of, unit_of, sizes)
+    blocked = _blocked_members(reasons, group_of, unit_of)
+    kinds_of = extra.kinds(all_members, member_group, len(roots), len(sizes))
+    blocks = _blocks(extra, ranked, sizes)
+    groups = [
+        _group(parts.slices[g], sizes[g], kinds_of[g], blocks[g],
+               [reasons[u] for u in blocked.get(g, ())], reached.get(g, ()))
+        for g in range(len(sizes))
+    ]  # fmt: skip
+    groups.sort(key=lambda g: (g.reason is not None, _order(g)))
+    return groups
+
+
+def _blocks(extra: _Extra, ranked: Tensor, sizes: list[int]) -> list[tuple[tuple[int, ...], ...]]:
+    """Each group's units in order, listed by the blocks they belong to (none: empty)."""
+    blocks: list[tuple[tuple[int, ...], ...]] = [()] * len(sizes)
+    if extra.block_of:
+        flat, at = ranked.tolist(), 0
+        for g, n in enumerate(sizes):
+            blocks[g] = extra.blocks(flat[at : at + n])
+            at += n
+    return blocks
+
+
+@dataclass
+class _Parts:
+    """Each group's slices, and the parts they fall in: the slices of one group whose records
+    have the same contents share their cut (a part)."""
+
+    slices: list[tuple[Slice, ...]] = field(default_factory=list)
+    lead: list[int] = field(default_factory=list)  # each group's lead content: its first record's
+    groups: list[int] = field(default_factory=list)  # each part's group
+    reads: list[bool] = field(default_factory=list)  # whether a slice of the part reads ('in')
+    table: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    # group x kinds + content -> parts
+
+
+def _parts(
+    records: list[Record], grouped: list[list[int]], content_of: list[int], key_ids: list[int],
+    kinds: int, cuts: tuple[_Cuts, _Cuts],
+) -> _Parts:  # fmt: skip
+    """Each group's records: those of its first unit, 'out' ones first; one slice per key,
+    each cut from `cuts` (the positions, and the channels of the parts that read)."""
+    positions, channels = cuts
+    found = _Parts()
     part_of: dict[tuple[int, tuple[int, ...]], int] = {}
-    part_groups: list[int] = []
-    part_in: list[bool] = []
-    part_table: dict[int, list[int]] = defaultdict(list)  # group x kinds + content -> parts
     part_cuts: list[_Cut] = []  # each part's pending positions, shared by its slices
     channel_cuts: dict[int, _Cut] = {}  # and channels, for the parts that read
-    rank = [0] * len(records)  # each record's place: 'out' ones first, then in order
-    later = [r.role != "out" for r in records]
-    placed = [k for k, x in enumerate(later) if not x] + [k for k, x in enumerate(later) if x]
-    for place, k in enumerate(placed):
-        rank[k] = place
-    all_slices: list[tuple[Slice, ...]] = []
-    lead = []  # each group's lead content: that of its first record
+    rank = _places(records)
     for g, rks in enumerate(grouped):
         keys: dict[int, list[int]] = {}
         for k in sorted(rks, key=rank.__getitem__):
@@ -318,56 +371,34 @@ def _groups(
             )  # fmt: skip
             part = part_of.get((g, held))
             if part is None:
-                part = part_of[(g, held)] = len(part_groups)
-                part_groups.append(g)
-                part_in.append(False)
+                part = part_of[(g, held)] = len(found.groups)
+                found.groups.append(g)
+                found.reads.append(False)
                 part_cuts.append(_Cut(positions, part))
                 for c in held:
-                    part_table[g * kinds + c].append(part)
+                    found.table[g * kinds + c].append(part)
             r = records[rs[0]]
             read = None
             if r.role == "in":
-                part_in[part] = True
+                found.reads[part] = True
                 read = channel_cuts.get(part)
                 if read is None:
                     read = channel_cuts[part] = _Cut(channels, part)
             slices.append(Slice.pending(r.module_name, r.module, r.name, r.dim, r.role,
                                         part_cuts[part], read, r.op))  # fmt: skip
-        all_slices.append(tuple(slices))
-        lead.append(content_of[next(iter(keys.values()))[0]])
-    group_of = torch.full((len(roots),), -1, dtype=torch.long)
-    member_group = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
-    group_of[all_members] = member_group
-    g_entry = group_of[live.unit]  # every live unit is in a group (its pairs made them)
-    unit_of, ranked = _unit_order(live, g_entry, all_members, member_group, lead, len(roots))
-    # the parts of each live entry: its unit's group with the content of its record
-    which, p_entry = _expand(g_entry * kinds + live.content, part_table, len(sizes) * kinds)
-    u_entry, position, channel = unit_of[live.unit], live.position, live.channel
-    if which is not None:
-        u_entry, position, channel = u_entry[which], position[which], channel[which]
-    part_sizes = [sizes[g] for g in part_groups]
-    positions.fill(p_entry, u_entry, position, part_sizes)
-    if all(part_in):
-        channels.fill(p_entry, u_entry, channel, part_sizes)
-    elif any(part_in):
-        take = torch.tensor(part_in, dtype=torch.bool)[p_entry].nonzero().squeeze(1)
-        channels.fill(p_entry[take], u_entry[take], channel[take], part_sizes)
-    reached = _reached(outputs, roots, group_of, unit_of, sizes)
-    blocked = _blocked_members(reasons, group_of, unit_of)
-    kinds_of = extra.kinds(all_members, member_group, len(roots), len(sizes))
-    blocks: list[tuple[tuple[int, ...], ...]] = [()] * len(sizes)
-    if extra.block_of:  # each group's units in order, listed
-        flat, at = ranked.tolist(), 0
-        for g, n in enumerate(sizes):
-            blocks[g] = extra.blocks(flat[at : at + n])
-            at += n
-    groups = [
-        _group(all_slices[g], sizes[g], kinds_of[g], blocks[g],
-               [reasons[u] for u in blocked.get(g, ())], reached.get(g, ()))
-        for g in range(len(sizes))
-    ]  # fmt: skip
-    groups.sort(key=lambda g: (g.reason is not None, _order(g)))
-    return groups
+        found.slices.append(tuple(slices))
+        found.lead.append(content_of[next(iter(keys.values()))[0]])
+    return found
+
+
+def _places(records: list[Record]) -> list[int]:
+    """Each record's place: 'out' ones first, then in order."""
+    rank = [0] * len(records)
+    later = [r.role != "out" for r in records]
+    placed = [k for k, x in enumerate(later) if not x] + [k for k, x in enumerate(later) if x]
+    for place, k in enumerate(placed):
+        rank[k] = place
+    return rank
 
 
 def _distinct(codes: Tensor) -> Tensor:

@@ -182,12 +182,23 @@ def load_compacted(
         TypeError: bad arguments (both a folder and `path`, a `factory` with a model).
     """
     if isinstance(model, nn.Module):
-        if path is None or factory is not None:
-            raise TypeError(
-                f"load_compacted: got a model with path={path!r} and factory={factory!r}; "
-                "expected load_compacted(model, folder) or load_compacted(folder, factory=...)"
-            )
-        return _load_into(model, Path(path))
+        return _load_into(model, _path_beside(path, factory))
+    _check_folder_call(model, path, factory)
+    return _load_built(Path(model), factory)
+
+
+def _path_beside(path: str | os.PathLike[str] | None, factory: Factory | None) -> Path:
+    """The folder of ``load_compacted(model, folder)``, which takes no factory."""
+    if path is None or factory is not None:
+        raise TypeError(
+            f"load_compacted: got a model with path={path!r} and factory={factory!r}; "
+            "expected load_compacted(model, folder) or load_compacted(folder, factory=...)"
+        )
+    return Path(path)
+
+
+def _check_folder_call(model: object, path: object, factory: object) -> None:
+    """Refuse a ``load_compacted(folder)`` with a `path` too, or a factory no callable."""
     if not isinstance(model, str | os.PathLike) or path is not None:
         raise TypeError(
             f"load_compacted: invalid arguments ({type(model).__name__}, path={path!r}); "
@@ -197,7 +208,6 @@ def load_compacted(
         raise TypeError(
             f"load_compacted: invalid factory={factory!r}; expected a callable config -> model"
         )
-    return _load_built(Path(model), factory)
 
 
 def _load_into(model: nn.Module, folder: Path) -> nn.Module:
