@@ -179,7 +179,12 @@ class Run:
 
 
 def run_prunekit(
-    subject: Subject, method: str, pattern: str, tmp: str, args: argparse.Namespace
+    subject: Subject,
+    method: str,
+    pattern: str,
+    tmp: str,
+    sequential: bool | str | None = None,
+    threads: int = 1,
 ) -> Run | str:
     """prunekit in a fresh process of this venv (benchmarks/prunekit_worker.py), as
     llm-compressor runs in one of its own; the error's last lines if it failed."""
@@ -189,11 +194,10 @@ def run_prunekit(
     command = [sys.executable, str(OURS), subject.folder, _batches(subject, tmp), include]
     out = os.path.join(tmp, "ours.pt")
     command += [out, "--kind", subject.kind, "--method", method]
-    command += ["--pattern", pattern, "--threads", str(args.threads)]
-    sequential = _sequential(args)
+    command += ["--pattern", pattern, "--threads", str(threads)]
     if sequential is not None:
         command += ["--sequential", str(sequential).lower()]
-    return _child(command, out, subject, tmp, args.threads)
+    return _child(command, out, subject, tmp, threads)
 
 
 def run_peer(
@@ -278,7 +282,9 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
                 sides.reverse()
             for side in sides:
                 if side == "prunekit":
-                    mine = run_prunekit(subject, method, pattern, tmp, args)
+                    mine = run_prunekit(
+                        subject, method, pattern, tmp, _sequential(args), args.threads
+                    )
                     if isinstance(mine, str):
                         sys.exit(f"prunekit's worker failed:\n{mine}")
                     ours.append(mine)
