@@ -89,7 +89,11 @@ def run_case(
     times = [0.0, 0.0]
     for side in ("prunekit", "peer") if index % 2 == 0 else ("peer", "prunekit"):
         if side == "prunekit":
-            run = vs.run_prunekit(item, method, pattern, SEQUENTIAL[args.sequential])
+            run = vs.run_prunekit(
+                item, method, pattern, tmp, SEQUENTIAL[args.sequential], args.threads
+            )
+            if isinstance(run, str):
+                return f"prunekit's worker failed:\n{run}"
             ours, times[0] = scores.last, run.seconds
         else:
             found = _peer(args, tmp, item, scores, method, pattern)

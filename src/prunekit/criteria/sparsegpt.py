@@ -185,22 +185,32 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
         hessian: the damped Hessian.
         steps: the number of conjugate gradient steps.
     """
-    free = keep.to(dtype=w.dtype)
-    scale = hessian.diagonal().reciprocal()
-    residual = torch.mm(dense - w, hessian).mul_(free)  # minus the gradient, halved
-    direction = residual * scale
-    along = (residual * direction).sum(dim=1, keepdim=True)
+    # The entries held fixed are masked once, in the preconditioner (1 / H_jj where free,
+    # 0 where fixed): the directions are 0 there, so w does not move there, and the residual
+    # there is never read. Three buffers of w's shape serve every step.
+    scaled = hessian.diagonal().reciprocal() * keep.to(dtype=w.dtype)
+    residual = torch.mm(dense - w, hessian)  # minus the gradient, halved, where free
+    direction = residual * scaled
+    moved = torch.empty_like(direction)
+    work = torch.empty_like(direction)
+    along = _rows_dot(residual, direction, work)
     for _ in range(steps):
-        moved = torch.mm(direction, hessian).mul_(free)
-        curve = (direction * moved).sum(dim=1, keepdim=True)
+        torch.mm(direction, hessian, out=moved)
+        curve = _rows_dot(direction, moved, work)
         size = torch.where(curve > 0, along / curve, torch.zeros_like(curve))
         w.addcmul_(size, direction)
         residual.addcmul_(size, moved, value=-1)
-        preconditioned = residual * scale
-        after = (residual * preconditioned).sum(dim=1, keepdim=True)
+        preconditioned = torch.mul(residual, scaled, out=moved)
+        after = _rows_dot(residual, preconditioned, work)
         ratio = torch.where(along > 0, after / along, torch.zeros_like(along))
-        direction = preconditioned.add_(direction.mul_(ratio))
+        preconditioned.add_(direction.mul_(ratio))
+        direction, moved = preconditioned, direction
         along = after
+
+
+def _rows_dot(a: Tensor, b: Tensor, work: Tensor) -> Tensor:
+    """Each row's dot product of `a` and `b`, (rows, 1); `work` (their shape) is written."""
+    return torch.mul(a, b, out=work).sum(dim=1, keepdim=True)
 
 
 def _named(label: str) -> AbstractContextManager[None]:
