@@ -205,13 +205,7 @@ def streamed_config(
     if unknown:  # as Python words it for a keyword the signature lacks
         raise TypeError(f"prune_streamed() got an unexpected keyword argument {unknown[0]!r}")
     if config is None:
-        missing = [n for n, v in (("method", method), ("amount", amount)) if v is None]
-        if missing:
-            raise type_error(
-                f"{OWNER}: no {' and no '.join(missing)} given; expected method and amount "
-                "(prune_streamed(path, out, 'wanda', 0.5, calibration=...)) or "
-                "config=StreamedConfig(...)"
-            )
+        # None is refused by the config's own checks, as any bad method or amount
         return StreamedConfig(method, amount, **options)  # type: ignore[arg-type]
     if not isinstance(config, StreamedConfig):
         raise type_error(f"{OWNER}: invalid config={config!r}; expected a StreamedConfig, or None")
@@ -313,6 +307,7 @@ def skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module
         stored = _stored(checkpoint, name, param)
         if id(param) not in inside:
             put(model, name, stored)
+    model.tie_weights()  # a tied head is the mapped embeddings' parameter again
     return model, blocks
 
 
