@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes.util
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
+from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria.layers import calibrates
@@ -253,6 +255,8 @@ def _config(
             f"{OWNER}: invalid method={method!r}; expected one of {', '.join(METHODS)} "
             "(the magnitude methods prune shards without the model: prune_sharded)"
         )
+    check_number(damp, "damp", OWNER, "a finite float >= 0", lambda v: 0 <= v < math.inf)
+    check_number(blocksize, "blocksize", OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
     config = Config(
         method=method,
         amount=amount,

@@ -171,6 +171,10 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
             "--streamed writes the hf format without distillation; expected --format hf "
             f"and --distill 0, got --format {','.join(config.formats)} --distill {config.distill}"
         )
+    options = ShrinkStreamedConfig(
+        config.budget, config.criterion, config.compensate, round_to=config.round_to or 1,
+        progress=progress,
+    )  # fmt: skip
     index = index_of(config.source)
     if index is None:
         raise CheckpointError(
@@ -182,11 +186,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
     holder = nn.Module()  # what text_windows reads of a model: its config's positions
     holder.config = transformers.AutoConfig.from_pretrained(index.parent)
     texts = text_windows(config, tokenizer, holder, read_passages(config))
-    options = ShrinkStreamedConfig(
-        config.budget, config.criterion, config.compensate, round_to=config.round_to,
-        progress=progress,
-    )  # fmt: skip
-    return shrink_streamed(index.parent, config.out, calibration=texts.calibration, config=options)
+    batches = [{"input_ids": w[None]} for w in texts.calibration]  # as prunekit shrink's
+    return shrink_streamed(index.parent, config.out, calibration=batches, config=options)
 
 
 def run_shrink_streamed(config: ShrinkConfig) -> int:
