@@ -113,6 +113,9 @@ BAD_CONFIGS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"criterion": 3}, ValueError, r"invalid criterion=3"),
     ({"compensate": "reference"}, TypeError, r"invalid compensate='reference'"),
     ({"progress": "yes"}, TypeError, r"invalid progress='yes'"),
+    ({"damping": -1.0}, ValueError, r"damping=-1.0"),
+    ({"compensate": False, "damping": 0.1}, ValueError, r"damping"),
+    ({"round_to": 0}, ValueError, r"round_to=0"),
 ]
 
 
@@ -126,9 +129,6 @@ BAD_CALLS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"config": Budget(params=0.2)}, TypeError, r"expected a ShrinkStreamedConfig"),
     ({"calibration": torch.zeros(2, 4, dtype=torch.long)}, TypeError, r"invalid calibration"),
     ({"calibration": []}, ValueError, r"calibration holds no batch"),
-    ({"config": ShrinkStreamedConfig(Budget(params=0.2), damping=-1.0)}, ValueError, "damping"),
-    ({"config": ShrinkStreamedConfig(Budget(params=0.2), compensate=False, damping=0.1)},
-     ValueError, "damping"),
     ({"config": ShrinkStreamedConfig(Budget(params=0.99))}, ValueError, "cannot be met"),
 ]  # fmt: skip
 

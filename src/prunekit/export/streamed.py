@@ -90,7 +90,8 @@ class ShrinkStreamedConfig:
     Raises:
         TypeError: a budget that is no Budget, or an option of the wrong type.
         ValueError: a budget of another measure or of kind 'hidden', a criterion not in
-            ``CRITERIA``.
+            ``CRITERIA``, a damping or round_to ``prune_channels`` refuses (damping without
+            compensation too).
     """
 
     budget: Budget
@@ -126,6 +127,7 @@ class ShrinkStreamedConfig:
             raise type_error(
                 f"{OWNER}: invalid progress={self.progress!r}; expected True, False or None"
             )
+        self.channels([torch.zeros(1, 1, dtype=torch.long)])  # damping, round_to: checked
 
     def channels(self, calibration: Sequence[object]) -> ChannelConfig:
         """The in-memory ``ChannelConfig`` of the same options on the `calibration` batches
