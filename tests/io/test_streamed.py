@@ -3,6 +3,7 @@ time, give the in-memory prune_model's masks and weights; the output folder is w
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 import prunekit as prune
 from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX
-from prunekit.io.streamed import prune_streamed
+from prunekit.io.streamed import StreamedConfig, prune_streamed
 from prunekit.tools.cli import main
 from prunekit.whole.calibrated import prune_block
 
@@ -147,6 +148,50 @@ def test_bad_arguments_are_named(
     for word in words:
         assert word in str(found.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_prunes_as_the_keywords_do(tmp_path: Path) -> None:
+    folder = llama_folder(tmp_path / "dense", layers=2)
+    calibration = batches()
+    prune_streamed(folder, tmp_path / "keywords", "sparsegpt", 0.5, calibration=calibration,
+                   pattern="2:4", blocksize=8)  # fmt: skip
+    config = StreamedConfig("sparsegpt", 0.5, pattern="2:4", blocksize=8)
+    prune_streamed(folder, tmp_path / "config", calibration=calibration, config=config)
+    for shard in sorted((tmp_path / "keywords").glob("*.safetensors")):
+        assert shard.read_bytes() == (tmp_path / "config" / shard.name).read_bytes()
+
+
+def test_at_most_eight_parameters_beside_the_config() -> None:
+    names = list(inspect.signature(prune_streamed).parameters)
+    assert names == ["path", "out", "method", "amount", "calibration", "config", "options"]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda: StreamedConfig("l1", 0.5), ValueError, ["method='l1'"]),
+        (lambda: StreamedConfig("wanda", 1.5), ValueError, ["amount=1.5"]),
+        (lambda: StreamedConfig("wanda", 0.5, sequential=False), ValueError, ["sequential"]),
+        (lambda: StreamedConfig("sparsegpt", 0.5, blocksize=0), ValueError, ["blocksize=0"]),
+        (lambda: StreamedConfig("sparsegpt", 0.5, damp=-1.0), ValueError, ["damp=-1.0"]),
+        (lambda: StreamedConfig("wanda", 0.5, progress="yes"), TypeError, ["progress='yes'"]),
+        (lambda: prune_streamed("x", "y", calibration=[], config=StreamedConfig(), amount=0.5),
+         ValueError, ["config= holds every option", "amount=0.5"]),
+        (lambda: prune_streamed("x", "y", calibration=[], config=StreamedConfig(), damp=0.2),
+         ValueError, ["damp="]),
+        (lambda: prune_streamed("x", "y", calibration=[], config="wanda"), TypeError,
+         ["invalid config='wanda'", "StreamedConfig"]),
+        (lambda: prune_streamed("x", "y", "wanda", 0.5, calibration=[], dampening=0.2),
+         TypeError, ["unexpected keyword argument 'dampening'"]),
+    ],
+)  # fmt: skip
+def test_the_config_is_checked_when_made(
+    call: Any, error: type[Exception], words: list[str]
+) -> None:
+    with pytest.raises(error) as found:
+        call()
+    for word in words:
+        assert word in str(found.value)
 
 
 def test_a_family_it_does_not_stream_is_refused(tmp_path: Path) -> None:

@@ -3,5 +3,15 @@
 
 from prunekit.export.api import FORMATS, ExportReport, export
 from prunekit.export.layers import DecoderLayer, decoder_layers
+from prunekit.export.streamed import ShrinkStreamedConfig, ShrinkStreamedReport, shrink_streamed
 
-__all__ = ["FORMATS", "DecoderLayer", "ExportReport", "decoder_layers", "export"]
+__all__ = [
+    "FORMATS",
+    "DecoderLayer",
+    "ExportReport",
+    "ShrinkStreamedConfig",
+    "ShrinkStreamedReport",
+    "decoder_layers",
+    "export",
+    "shrink_streamed",
+]

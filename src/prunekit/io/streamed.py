@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import ctypes.util
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.core.errors import value_error
+from prunekit.core.checks import check_number
+from prunekit.core.errors import type_error, value_error
 from prunekit.criteria import calibration as cal
 from prunekit.criteria.layers import calibrates
 from prunekit.io.atomic import atomic_folder
@@ -42,12 +44,23 @@ from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Stored, Writer
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
+from prunekit.patterns import Pattern
 from prunekit.progress import Progress
 from prunekit.whole.calibrated import prune_block
 from prunekit.whole.config import Config
 from prunekit.whole.plan import TensorRef, current_values, make_plan
 
-__all__ = ["FAMILIES", "METHODS", "StreamedResult", "prune_streamed"]
+if TYPE_CHECKING:  # Unpack is in typing from Python 3.11 on
+    from typing_extensions import Unpack
+
+__all__ = [
+    "FAMILIES",
+    "METHODS",
+    "StreamedConfig",
+    "StreamedOptions",
+    "StreamedResult",
+    "prune_streamed",
+]
 
 OWNER = "prune_streamed"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -68,84 +81,161 @@ class StreamedResult:
     blocks: int
 
 
+class StreamedOptions(TypedDict, total=False):
+    """The keywords of ``prune_streamed`` beside its config: the fields of ``StreamedConfig``
+    other than `method` and `amount`."""
+
+    pattern: Pattern | str | None
+    sequential: bool | str | None
+    damp: float
+    blocksize: int
+    progress: bool | None
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedConfig:
+    """Every option of ``prune_streamed`` but the folders and the calibration, checked when
+    made: ``prune_streamed(path, out, calibration=batches, config=StreamedConfig(...))``
+    prunes as the same keywords do; ``dataclasses.replace`` makes a changed copy, checked
+    again.
+
+    Args:
+        method: 'wanda' or 'sparsegpt'.
+        amount: the fraction of each matrix to prune (for 'N:M', (M-N)/M).
+        pattern: 'unstructured', 'row', 'N:M' or a Pattern; None: the method's own, as
+            prune_model's.
+        sequential: True (block by block) or 'layers' (in each block, group by group);
+            None: the method's own, as prune_model's. False (one pass of the whole model)
+            cannot stream.
+        damp: SparseGPT's dampening, the share of the Hessian's mean diagonal added to its
+            diagonal (see ``prunekit.SparseGPT``); Wanda ignores it.
+        blocksize: SparseGPT's columns pruned and updated at a time; Wanda ignores it.
+        progress: a bar on stderr (default: when stderr is a terminal).
+
+    Attributes:
+        whole: the same options as the in-memory engine's checked ``whole.Config``.
+
+    Raises:
+        ValueError: a method that does not stream, sequential=False, or any option
+            ``whole.Config`` refuses.
+        TypeError: an option of the wrong type.
+    """
+
+    method: str = "wanda"
+    amount: float = 0.5
+    pattern: Pattern | str | None = None
+    sequential: bool | str | None = None
+    damp: float = 0.1
+    blocksize: int = 128
+    progress: bool | None = None
+    whole: Config = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        made = _config(self.method, self.amount, self.pattern, self.sequential, self.damp,
+                       self.blocksize, self.progress)  # fmt: skip
+        object.__setattr__(self, "whole", made)
+
+
 def prune_streamed(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    method: str,
-    amount: float,
+    method: str | None = None,
+    amount: float | None = None,
     *,
-    calibration: Iterable[Any],
-    pattern: Any = None,
-    sequential: bool | str | None = None,
-    damp: float = 0.1,
-    blocksize: int = 128,
-    progress: bool | None = None,
+    calibration: Iterable[object],
+    config: StreamedConfig | None = None,
+    **options: Unpack[StreamedOptions],
 ) -> StreamedResult:
     """Prune the weight matrices of every decoder block of the sharded Hugging Face folder
     `path` with Wanda or SparseGPT, block by block, into the folder `out`: what
     ``prune_model(model, amount, method=..., calibration=...)`` gives the whole model in
     memory (the same masks; SparseGPT's updated weights), the pruning made permanent.
 
+    ``prune_streamed(path, out, "wanda", 0.5, calibration=batches)`` or, the same,
+    ``prune_streamed(path, out, calibration=batches, config=StreamedConfig("wanda", 0.5))``.
+
     Args:
         path: a folder as ``save_pretrained`` writes it: config.json and safetensors shards
             with ``model.safetensors.index.json``, of a family in FAMILIES.
         out: the output folder (made if missing): the same shards and index, and every
             other file of `path` (config, tokenizer, ...).
-        method: 'wanda' or 'sparsegpt'.
-        amount: the fraction of each matrix to prune (for 'N:M', (M-N)/M).
+        method: 'wanda' or 'sparsegpt' (``StreamedConfig.method``).
+        amount: the fraction of each matrix to prune (``StreamedConfig.amount``).
         calibration: batches for the model's forward (tensors of token ids, or mappings
             such as ``{"input_ids": ...}``).
-        pattern: 'unstructured', 'row', 'N:M' or a Pattern; None: the method's own, as
-            prune_model's.
-        sequential: True (block by block) or 'layers' (in each block, group by group);
-            None: the method's own, as prune_model's. False (one pass of the whole
-            model) cannot stream.
-        damp: SparseGPT's dampening, the share of the Hessian's mean diagonal added to its
-            diagonal (see ``prunekit.SparseGPT``); Wanda ignores it.
-        blocksize: SparseGPT's columns pruned and updated at a time; Wanda ignores it.
-        progress: a bar on stderr (default: when stderr is a terminal).
+        config: every option at once (then neither `method`, `amount` nor a keyword).
+        **options: the other fields of ``StreamedConfig`` by name: `pattern`,
+            `sequential`, `damp`, `blocksize`, `progress`.
 
     Returns:
         The index written, the names pruned, their entries and zeros, the blocks.
 
     Raises:
-        TypeError: an argument or batch of the wrong type.
-        ValueError: a bad argument or batch, or a model family not streamed.
+        TypeError: an argument or batch of the wrong type, or an unknown keyword.
+        ValueError: a bad argument or batch, a model family not streamed, or `config`
+            beside `method`, `amount` or keywords.
         CheckpointError: a folder that cannot be read or written, or too little free disk
             for the output.
 
     The output is left as it was on any error.
     """
-    config = _config(method, amount, pattern, sequential, damp, blocksize, progress)
+    settings = streamed_config(method, amount, config, options).whole
     batches = cal.batch_list(calibration, OWNER)
-    _check_tokens(batches)
+    check_tokens(batches, OWNER)
     checkpoint = open_checkpoint(path)
     source = checkpoint.index.parent
-    model, blocks = _skeleton(source, checkpoint)
+    model, blocks = skeleton(source, checkpoint)
     folder = writable_folder(out, "the shards", source)
-    need = sum(s.nbytes for s in checkpoint.tensors.values())
-    free = shutil.disk_usage(folder.parent).free
-    if need > free:
-        raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
+    check_free(folder, sum(s.nbytes for s in checkpoint.tensors.values()))
     total = sum(len(_targets(block)) for block in blocks)
-    bar = Progress(f"{config.method} {config.pattern!r} streamed", total, config.progress)
+    bar = Progress(f"{settings.method} {settings.pattern!r} streamed", total, settings.progress)
     try:
         with atomic_folder(folder) as stage:
-            done = _stream(model, blocks, checkpoint, stage, config, batches, bar)
-            index = write_index(stage, checkpoint.metadata, _weight_map(checkpoint), done[2])
+            done = _stream(model, blocks, checkpoint, stage, settings, batches, bar)
+            index = write_index(stage, checkpoint.metadata, weight_map(checkpoint), done[2])
             copy_companions(source, stage)
     finally:
         bar.close()
     return StreamedResult(folder / index.name, done[3], done[0], done[1], len(blocks))
 
 
-def _check_tokens(batches: Sequence[Any]) -> None:
+def streamed_config(
+    method: object, amount: object, config: object, options: Mapping[str, object]
+) -> StreamedConfig:
+    """The config of a call: `config` alone, or one made of `method`, `amount` and the
+    keywords `options`."""
+    unknown = [k for k in options if k not in StreamedOptions.__optional_keys__]
+    if unknown:  # as Python words it for a keyword the signature lacks
+        raise TypeError(f"prune_streamed() got an unexpected keyword argument {unknown[0]!r}")
+    if config is None:
+        # None is refused by the config's own checks, as any bad method or amount
+        return StreamedConfig(method, amount, **options)  # type: ignore[arg-type]
+    if not isinstance(config, StreamedConfig):
+        raise type_error(f"{OWNER}: invalid config={config!r}; expected a StreamedConfig, or None")
+    given = [f"{n}={v!r}" for n, v in (("method", method), ("amount", amount)) if v is not None]
+    if given or options:
+        given += [f"{k}=" for k in options]
+        raise value_error(
+            f"{OWNER}: config= holds every option, but {', '.join(given)} came beside it; "
+            "expected config=dataclasses.replace(config, ...) or the arguments alone"
+        )
+    return config
+
+
+def check_free(folder: Path, need: int) -> None:
+    """Refuse an output folder whose file system has fewer than `need` bytes free."""
+    free = shutil.disk_usage(folder.parent).free
+    if need > free:
+        raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
+
+
+def check_tokens(batches: Sequence[object], owner: str) -> None:
     """Refuse batches whose every ``attention_mask`` keeps no token: nothing the caller
     counts as text would be calibrated on."""
     masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
     if masks and all(isinstance(m, torch.Tensor) and not bool((m != 0).any()) for m in masks):
         raise value_error(
-            f"{OWNER}: every attention_mask of the {len(batches)} calibration batches is all "
+            f"{owner}: every attention_mask of the {len(batches)} calibration batches is all "
             "zero, so no token is left to calibrate on; expected batches whose attention_mask "
             "keeps at least one token"
         )
@@ -166,6 +256,8 @@ def _config(
             f"{OWNER}: invalid method={method!r}; expected one of {', '.join(METHODS)} "
             "(the magnitude methods prune shards without the model: prune_sharded)"
         )
+    check_number(damp, "damp", OWNER, "a finite float >= 0", lambda v: 0 <= v < math.inf)
+    check_number(blocksize, "blocksize", OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
     config = Config(
         method=method,
         amount=amount,
@@ -184,7 +276,7 @@ def _config(
     return config
 
 
-def _skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.ModuleList]:
+def skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.ModuleList]:
     """The model of the folder's config, its parameters on the meta device, and its blocks;
     the tensors outside the blocks mapped from the shards. Refuses a family not streamed
     and shards that do not hold the model's parameters."""
@@ -219,7 +311,8 @@ def _skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Modul
     for name, param in model.named_parameters():
         stored = _stored(checkpoint, name, param)
         if id(param) not in inside:
-            _put(model, name, stored)
+            put(model, name, stored)
+    model.tie_weights()  # a tied head is the mapped embeddings' parameter again
     return model, blocks
 
 
@@ -247,7 +340,7 @@ def _stored(checkpoint: Checkpoint, name: str, param: torch.Tensor) -> Stored:
     return stored
 
 
-def _put(root: nn.Module, name: str, stored: Stored, dtype: torch.dtype | None = None) -> None:
+def put(root: nn.Module, name: str, stored: Stored, dtype: torch.dtype | None = None) -> None:
     """Make the parameter `name` of `root` the stored tensor (mapped, not read; with
     `dtype`, a copy in that dtype)."""
     path, _, leaf = name.rpartition(".")
@@ -348,7 +441,7 @@ def _one_block(
     is a next block."""
     block, tensors = blocks[i], run.checkpoint.tensors
     for name, _ in list(block.named_parameters()):
-        _put(run.model, prefix + name, tensors[prefix + name], COMPUTE.get(_dtype(run.checkpoint)))
+        put(run.model, prefix + name, tensors[prefix + name], COMPUTE.get(_dtype(run.checkpoint)))
     targets = _targets(block)
     plan = make_plan(block, targets, run.config, run.batches, None)
     plan.paths = run.paths  # errors name the module's path in the model
@@ -368,13 +461,13 @@ def _one_block(
         run.numel += values.numel()
         run.zeros += int((values == 0).sum())
         run.pruned.append(name)
-    blocks[i] = _let_go(block)
+    blocks[i] = let_go(block)
     del block, plan, targets
-    _trim()
+    trim()
     return outputs
 
 
-def _let_go(block: nn.Module) -> nn.Module:
+def let_go(block: nn.Module) -> nn.Module:
     """`block` with its tensors back on the meta device (masks and the masked weights
     the pruning added included) and without hooks (a pruning's hook keeps the last masked
     weight it made): its memory is freed once nothing else holds it. It never runs again."""
@@ -393,7 +486,7 @@ def _let_go(block: nn.Module) -> nn.Module:
     return block
 
 
-def _trim() -> None:
+def trim() -> None:
     """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; elsewhere
     nothing): without it, glibc keeps some of each block's freed memory in its heaps, and the
     peak grows by about half a block's weights per block."""
@@ -415,7 +508,7 @@ def _libc() -> Any:
 _LIBC: list[Any] = []  # the C library, once looked up (None: no malloc_trim)
 
 
-def _weight_map(checkpoint: Checkpoint) -> dict[str, str]:
+def weight_map(checkpoint: Checkpoint) -> dict[str, str]:
     """The index's map of the output: every tensor in its file, in the input's order."""
     found = json.loads(checkpoint.index.read_text())["weight_map"]
     return {name: found.get(name, s.path.name) for name, s in checkpoint.tensors.items()}

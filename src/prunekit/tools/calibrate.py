@@ -1,6 +1,8 @@
 """``prunekit prune DIR --method wanda|sparsegpt --calibration FILE``: a text file tokenized
 with the folder's tokenizer into windows, and the folder pruned block by block
-(prunekit.io.streamed)."""
+(prunekit.io.streamed); ``prunekit shrink DIR --params S --streamed``: the same budget,
+criterion and compensation as ``prunekit shrink``, block by block
+(prunekit.export.streamed)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from prunekit._extras import require
+from prunekit.export.streamed import ShrinkStreamedConfig, ShrinkStreamedReport, shrink_streamed
 from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX, index_of
 from prunekit.io.streamed import METHODS, prune_streamed
+from prunekit.tools.shrink import ShrinkConfig
+from prunekit.tools.shrink_steps import read_passages, text_windows
 
-__all__ = ["METHODS", "add_arguments", "calibration_windows", "run_streamed", "streamed"]
+__all__ = [
+    "METHODS",
+    "add_arguments",
+    "calibration_windows",
+    "run_shrink_streamed",
+    "run_streamed",
+    "shrink_folder",
+    "streamed",
+]
 
 # Options of the magnitude methods, which the calibrated ones do not take (flag, default).
 _MAGNITUDE_ONLY: tuple[tuple[str, str, object], ...] = (
@@ -133,3 +147,55 @@ def calibration_windows(folder: Path, file: str, window: int, count: int) -> lis
         raise CheckpointError(f"{file}: holds no token to calibrate on; expected some text")
     found = [ids[i : i + window] for i in range(0, ids.numel() - window + 1, window)][:count]
     return [{"input_ids": w[None].clone()} for w in (found or [ids])]
+
+
+def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkStreamedReport:
+    """``prunekit shrink SRC --streamed``: the sharded folder ``config.source`` shrunk by
+    ``shrink_streamed`` to ``config.out`` under the budget, criterion, compensation and
+    rounding of `config`, calibrated on the windows ``prunekit shrink`` takes from the same
+    text (``shrink_steps.text_windows``).
+
+    Args:
+        config: the command's options (format 'hf' only; no distillation).
+        progress: a bar on stderr (default: when stderr is a terminal).
+
+    Returns:
+        What ``shrink_streamed`` wrote.
+
+    Raises:
+        ValueError: an option streaming does not take (see ``ShrinkStreamedConfig``).
+        CheckpointError: not a sharded model folder, or text that cannot be read.
+    """
+    if config.formats != ("hf",) or config.distill:
+        raise ValueError(
+            "--streamed writes the hf format without distillation; expected --format hf "
+            f"and --distill 0, got --format {','.join(config.formats)} --distill {config.distill}"
+        )
+    options = ShrinkStreamedConfig(
+        config.budget, config.criterion, config.compensate, round_to=config.round_to or 1,
+        progress=progress,
+    )  # fmt: skip
+    index = index_of(config.source)
+    if index is None:
+        raise CheckpointError(
+            f"{config.source}: no {INDEX}; --streamed shrinks a sharded Hugging Face folder "
+            "(save_pretrained(..., max_shard_size=...)) one block at a time"
+        )
+    transformers = require("transformers", "hf", "--streamed")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(index.parent)
+    holder = nn.Module()  # what text_windows reads of a model: its config's positions
+    holder.config = transformers.AutoConfig.from_pretrained(index.parent)
+    texts = text_windows(config, tokenizer, holder, read_passages(config))
+    batches = [{"input_ids": w[None]} for w in texts.calibration]  # as prunekit shrink's
+    return shrink_streamed(index.parent, config.out, calibration=batches, config=options)
+
+
+def run_shrink_streamed(config: ShrinkConfig) -> int:
+    """Run ``shrink_folder`` and print the budget table and what was written."""
+    done = shrink_folder(config)
+    print(done.budget)
+    print(
+        f"params {done.params_before:,} -> {done.params_after:,} over {done.blocks} blocks "
+        f"streamed. Wrote {done.index.parent}"
+    )
+    return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from prunekit.export.api import FORMATS
 from prunekit.export.request import GGUF_TYPES
+from prunekit.tools.calibrate import run_shrink_streamed
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
 from prunekit.tools.shrink import CRITERIA, ShrinkConfig, shrink
@@ -142,6 +143,12 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="alternated pairs timed, before against after (default 5)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--streamed",
+        action="store_true",
+        help="a sharded folder one decoder block in memory at a time (--params, hf, no "
+        "perplexity or latency measured)",
+    )
 
 
 def _formats(text: str) -> tuple[str, ...]:
@@ -177,6 +184,8 @@ def _run_shrink(args: argparse.Namespace) -> int:
         seed=args.seed,
         latency_runs=args.latency_runs,
     )
+    if args.streamed:
+        return run_shrink_streamed(config)
     console, errors = consoles()
     with progress_bars(errors) as tick:
         report = shrink(config, tick)
