@@ -8,14 +8,13 @@ from prunekit.core.amount import (
     validate_pruning_amount,
     validate_pruning_amount_init,
 )
-from prunekit.core.container import PruningContainer
-from prunekit.core.method import BasePruningMethod, PruningBase
 from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, Wanda
 
 # Scale: global pruning across torch.distributed ranks (also global_unstructured(...,
 # process_group=...)), statistics reduced over data-parallel ranks.
 from prunekit.distributed import all_reduce_statistics
-from prunekit.functional import (
+from prunekit.dropin.base_method import BasePruningMethod, PruningBase
+from prunekit.dropin.calls import (
     custom_from_mask,
     forward_reuse,
     global_unstructured,
@@ -26,6 +25,16 @@ from prunekit.functional import (
     random_structured,
     random_unstructured,
     remove,
+)
+from prunekit.dropin.container import PruningContainer
+from prunekit.dropin.torch_methods import (
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    Pruning,
+    RandomStructured,
+    RandomUnstructured,
 )
 from prunekit.io.checkpoint import (
     load_pruned,
@@ -38,15 +47,6 @@ from prunekit.io.checkpoint import (
 # Sharded safetensors checkpoints larger than memory.
 from prunekit.io.sharded import prune_sharded
 from prunekit.io.streamed import prune_streamed
-from prunekit.methods import (
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    Pruning,
-    RandomStructured,
-    RandomUnstructured,
-)
 from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 

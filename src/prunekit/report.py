@@ -20,11 +20,11 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
-from prunekit.core.container import PruningContainer
 from prunekit.core.counting import zero_count
-from prunekit.core.install import find_pruning_hook
-from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
+from prunekit.dropin.base_method import BasePruningMethod
+from prunekit.dropin.container import PruningContainer
+from prunekit.dropin.install import find_pruning_hook
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]
 

@@ -124,8 +124,8 @@ def test_an_untouched_buffer_is_not_cloned_but_watched_and_put_back() -> None:
 
 
 def test_pruning_again_does_not_clone_the_mask_it_replaces(monkeypatch: Any) -> None:
-    from prunekit.core import install
     from prunekit.core import transaction as module
+    from prunekit.dropin import install
 
     model = nn.Linear(8, 8)
     prunekit.l1_unstructured(model, "weight", amount=0.25)

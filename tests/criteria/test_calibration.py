@@ -16,7 +16,7 @@ from prunekit.criteria import calibration as cal
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.whole import Config
 from prunekit.whole.oneshot import run
-from prunekit.whole.plan import Loss, TensorRef
+from prunekit.whole.oneshot_plan import Loss, TensorRef
 
 
 def oneshot(

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from prunekit.core.checks import check_kind
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import stored_parameter
-from prunekit.criteria import layers
+from prunekit.criteria import weight_matrices
 
 __all__ = [
     "InputStatistics",
@@ -266,7 +266,7 @@ class InputStatistics:
     def take(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Add the input of one call of `module` (its arguments), as the hooks do: for a
         caller that runs hooks of its own (on `module`, in `modules` or not)."""
-        x = layers.layer_input(module, args, kwargs) if self._patches else args[0]
+        x = weight_matrices.layer_input(module, args, kwargs) if self._patches else args[0]
         acc = self._of.get(module)
         shares = not (self._patches and isinstance(module, nn.modules.conv._ConvNd))
         if acc is None:
@@ -297,7 +297,7 @@ class InputStatistics:
 
     def _features(self, module: nn.Module, x: Tensor) -> Tensor:
         if self._patches:
-            return layers.features(module, x)
+            return weight_matrices.features(module, x)
         moved = _features(module, x)
         return moved.reshape(-1, 1, moved.shape[-1])
 
@@ -392,7 +392,7 @@ class InputStatistics:
     def _empty(self, module: nn.Module) -> _Accumulator:
         """The statistics of no rows, for a module this rank never ran."""
         if self._patches:
-            groups, columns = layers.width(module)
+            groups, columns = weight_matrices.width(module)
             return _Accumulator(columns, *self._want, groups=groups)
         return _Accumulator(_width(module), *self._want)
 

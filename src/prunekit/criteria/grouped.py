@@ -34,7 +34,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
+from prunekit.criteria import weight_matrices
 
 __all__ = ["GroupedRuns"]
 
@@ -160,7 +160,7 @@ class GroupedRuns:
                     stats.take(module, args, kwargs)
                     raise cal.Stop
                 return
-            x = layers.layer_input(module, args, kwargs) if patches else args[0]
+            x = weight_matrices.layer_input(module, args, kwargs) if patches else args[0]
             if group:
                 alike = _shares(module, patches) and _shares(group[0], patches)
                 if not (alike and x is read[0] and all(m is not module for m in group)):

@@ -2,6 +2,6 @@
 ``block_configs``, GGUF files for llama.cpp and ONNX graphs, each checked once written."""
 
 from prunekit.export.api import FORMATS, ExportReport, export
-from prunekit.export.layers import DecoderLayer, decoder_layers
+from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 
 __all__ = ["FORMATS", "DecoderLayer", "ExportReport", "decoder_layers", "export"]

@@ -35,16 +35,16 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.core.errors import value_error
 from prunekit.criteria import calibration as cal
-from prunekit.criteria.layers import calibrates
+from prunekit.criteria.weight_matrices import calibrates
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Stored, Writer
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
 from prunekit.progress import Progress
-from prunekit.whole.calibrated import prune_block
 from prunekit.whole.config import Config
-from prunekit.whole.plan import TensorRef, current_values, make_plan
+from prunekit.whole.oneshot_execute import prune_block
+from prunekit.whole.oneshot_plan import TensorRef, current_values, make_plan
 
 __all__ = ["FAMILIES", "METHODS", "StreamedResult", "prune_streamed"]
 

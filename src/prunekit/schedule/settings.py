@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from prunekit.core.errors import type_error, value_error, warn_caller
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
-from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.pattern import Pattern
 from prunekit.schedule.schedules import Timetable
-from prunekit.whole.plan import PATTERNS as PATTERN_NAMES
-from prunekit.whole.plan import parse_pattern
+from prunekit.whole.oneshot_plan import PATTERNS as PATTERN_NAMES
+from prunekit.whole.oneshot_plan import parse_pattern
 from prunekit.whole.registry import ALIASES, check_scope, find, names
 from prunekit.whole.targets import ALL, globs
 

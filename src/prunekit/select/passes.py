@@ -18,12 +18,12 @@ from torch import Tensor
 
 from prunekit.select import native, onepass, trace, tuning
 from prunekit.select.chunks import Chunks, ones
-from prunekit.select.group import Group
+from prunekit.select.inputs import all_finite
 from prunekit.select.native import Gather
 from prunekit.select.onepass import Gathered
-from prunekit.select.plan import KEYS
+from prunekit.select.process_group import Group
 from prunekit.select.radix import find, top_digits
-from prunekit.select.sources import all_finite
+from prunekit.select.strategy import KEYS
 
 if TYPE_CHECKING:
     from prunekit.select.pieces import Piece

@@ -21,9 +21,9 @@ from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria import calibration as cal
 from prunekit.progress import Progress
-from prunekit.whole.calibrated import execute
 from prunekit.whole.config import Config
-from prunekit.whole.plan import Loss, TensorRef, make_plan
+from prunekit.whole.oneshot_execute import execute
+from prunekit.whole.oneshot_plan import Loss, TensorRef, make_plan
 
 __all__ = ["run"]
 

@@ -10,9 +10,9 @@ which is also the structured optimal-brain-surgeon update for removing whole col
 Hessian of the layer's squared error is H). A consumer with a bias solves the same problem
 with a constant input column added (the mean of x beside H): the bias then absorbs the mean
 contribution of what went, and the columns fit what varies. A convolution other than a
-pointwise one is read as patches (``prunekit.criteria.layers``): per group of channels, x is
-what one output position reads, a removed channel takes its column at every kernel position
-with it, and H (kernel positions x channels per group, squared) is that group's. A
+pointwise one is read as patches (``prunekit.criteria.weight_matrices``): per group of
+channels, x is what one output position reads, a removed channel takes its column at every
+kernel position with it, and H (kernel positions x channels per group, squared) is that group's. A
 depthwise convolution is never a consumer: its channels go with those it reads, and the
 pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from prunekit.core.errors import value_error
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
+from prunekit.criteria import weight_matrices
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.structure.compensation.damping import (
     DAMP,
@@ -89,7 +89,7 @@ def _compensable(s: Slice) -> bool:
 def _by_patches(module: nn.Module) -> bool:
     """Whether `module` is a convolution other than a pointwise one (kernel 1, stride 1, no
     padding, one group: a Linear over the channels at every position), so that its input
-    is seen as patches (``prunekit.criteria.layers``): one matrix per group of channels,
+    is seen as patches (``prunekit.criteria.weight_matrices``): one matrix per group of channels,
     whose columns are (kernel position, input channel) pairs."""
     if not isinstance(module, nn.modules.conv._ConvNd):
         return False
@@ -417,14 +417,14 @@ def _update_patches(
     slice are its channels within a group; the same ones go in every group. One damping
     serves all groups (chosen on their summed held-out error where 'auto')."""
     conv = one.module
-    groups, columns = layers.width(conv)
+    groups, columns = weight_matrices.width(conv)
     weight = openings.weight(conv, one.name)
-    rows = layers.matrices(conv, weight)  # (groups, outputs per group, columns)
+    rows = weight_matrices.matrices(conv, weight)  # (groups, outputs per group, columns)
     mask = getattr(conv, mask_name(one.name), None)
     alive = (
         torch.ones(groups, columns, dtype=torch.bool)
         if not isinstance(mask, Tensor)
-        else layers.matrices(conv, mask).ne(0).any(1)
+        else weight_matrices.matrices(conv, mask).ne(0).any(1)
     )
     per = weight.shape[1]  # input channels per group: a column is position x per + channel
     gone = sorted({p * per + c for p in range(columns // per) for c in one.removed})
@@ -453,7 +453,7 @@ def _update_patches(
             shifts[g] = shift
     stored = _stored(conv, one.name)
     with torch.no_grad():
-        stored.add_(layers.from_matrices(conv, change, stored.shape).to(stored.dtype))
+        stored.add_(weight_matrices.from_matrices(conv, change, stored.shape).to(stored.dtype))
         if bias is not None:
             bias.add_(shifts.reshape(-1).to(bias.dtype))
     return True

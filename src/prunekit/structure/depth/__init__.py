@@ -6,8 +6,13 @@ the block before it); ``remove_blocks`` deletes them, renumbers what follows, up
 Hugging Face config and checks the result (outputs, and a model rebuilt from the config).
 """
 
+from prunekit.structure.depth.block_pruning import (
+    BlockPruning,
+    prune_blocks,
+    skip_blocks,
+    unskip_blocks,
+)
 from prunekit.structure.depth.blocks import skipped_blocks
-from prunekit.structure.depth.prune import BlockPruning, prune_blocks, skip_blocks, unskip_blocks
 from prunekit.structure.depth.remove import BlockRemoval, remove_blocks
 
 __all__ = [

@@ -27,7 +27,7 @@ from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, 
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
 from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.depth.outputs import check_outputs, reference_outputs
-from prunekit.structure.depth.rebuild import built, check_rebuilt, index_attributes
+from prunekit.structure.depth.removal_checks import built, check_rebuilt, index_attributes
 from prunekit.structure.depth.states import check_inputs
 from prunekit.structure.measure import count_params
 

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.attention import watch_out_proj
 from prunekit.core.backend import common_namespace, framework_caveat, namespace
 from prunekit.core.checks import (
     check_scores,
@@ -20,13 +19,14 @@ from prunekit.core.checks import (
     prunable_parameter,
     refuse_ties,
 )
-from prunekit.core.container import PruningContainer, combine_masks
-from prunekit.core.copying import KeepsHookKey
 from prunekit.core.errors import describe, naming, value_error, warn_caller
-from prunekit.core.method import BasePruningMethod, pruning_type
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import made
 from prunekit.core.transaction import transaction
+from prunekit.dropin.base_method import BasePruningMethod, pruning_type
+from prunekit.dropin.container import PruningContainer, combine_masks
+from prunekit.dropin.copying import KeepsHookKey
+from prunekit.dropin.out_proj import watch_out_proj
 
 __all__ = [
     "RefreshAfterLoad",

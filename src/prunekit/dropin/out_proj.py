@@ -53,8 +53,8 @@ def refresh_out_proj(module: nn.Module, inputs: Any) -> None:
     if child is None or not child._forward_pre_hooks or not is_attention_out_proj(child):
         return
     # A cycle: install and method (through copying) watch out_proj with this module.
-    from prunekit.core.install import RefreshSubmodule  # noqa: PLC0415
-    from prunekit.core.method import BasePruningMethod  # noqa: PLC0415
+    from prunekit.dropin.base_method import BasePruningMethod  # noqa: PLC0415
+    from prunekit.dropin.install import RefreshSubmodule  # noqa: PLC0415
 
     done = {
         h.name

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.backend import common_namespace, multiply_, namespace
-from prunekit.core.copying import BoundToModule
 from prunekit.core.errors import (
     attribute_error,
     describe,
@@ -29,6 +28,7 @@ from prunekit.core.errors import (
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.reuse import Reuse
+from prunekit.dropin.copying import BoundToModule
 
 __all__ = ["PRUNING_TYPES", "BasePruningMethod", "PruningBase", "TensorRef", "pruning_type"]
 
@@ -143,7 +143,7 @@ class BasePruningMethod(BoundToModule, ABC):
             The hook installed on `module`: the method, or the PruningContainer that holds
             it.
         """
-        from prunekit.core.install import install  # noqa: PLC0415 (a cycle: install builds on this module)
+        from prunekit.dropin.install import install  # noqa: PLC0415 (a cycle: install builds on this module)
 
         method = construct(cls, args, kwargs, describe(module, name))
         return install(module, name, method, importance_scores)

@@ -22,8 +22,8 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from prunekit.core.attention import watch_out_proj
 from prunekit.core.naming import mask_name, orig_name
+from prunekit.dropin.out_proj import watch_out_proj
 
 __all__ = ["BoundToModule", "KeepsHookKey"]
 
