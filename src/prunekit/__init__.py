@@ -3,6 +3,9 @@
 ``import prunekit as prune`` is a drop-in for ``torch.nn.utils.prune``.
 """
 
+# The old module paths of the drop-in, kept as attributes: prunekit.functional, prunekit.methods
+import prunekit.functional
+import prunekit.methods  # noqa: F401
 from prunekit.core.amount import (
     compute_nparams_to_prune,
     validate_pruning_amount,

@@ -277,7 +277,7 @@ def global_unstructured(
 
     ``process_group=`` (a torch.distributed group, in kwargs so the signature stays
     torch's) ranks the tensors every rank of the group lists as one model: see
-    prunekit.distributed.global_unstructured.
+    prunekit.dropin.across_ranks.global_unstructured.
 
     Args:
         parameters: ``(module, name)`` pairs of the tensors to rank together.

@@ -16,7 +16,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
-from prunekit.core.errors import type_error, value_error, warn_caller
+from prunekit.core.errors import type_error, value_error
 from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.dropin.base_method import BasePruningMethod, TensorRef
 from prunekit.patterns import Channels, Pattern, Unstructured
@@ -316,19 +316,3 @@ class CustomFromMask(BasePruningMethod):
     def apply(cls, module: nn.Module, name: str, mask: Tensor) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``module.<name>`` where `mask` is 0."""
         return super().apply(module, name, mask=mask)
-
-
-def __getattr__(name: str) -> Any:
-    """``METHODS`` (the old registry of methods by short name) reads the one registry,
-    prunekit.whole.registry, with a FutureWarning."""
-    if name != "METHODS":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warn_caller(
-        "prunekit.methods.METHODS moved to prunekit.whole.registry.METHODS (each entry's "
-        "`pruning` is the class); the old name will be removed in a future version",
-        FutureWarning,
-    )
-    # The registry stands above this module and imports it (an ignore of the import contract).
-    from prunekit.whole.registry import METHODS  # noqa: PLC0415
-
-    return {short: m.pruning for short, m in METHODS.items() if m.pruning is not None}
