@@ -24,7 +24,7 @@ from prunekit.core.counting import zero_count
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
 from prunekit.dropin.base_method import BasePruningMethod
 from prunekit.dropin.container import PruningContainer
-from prunekit.dropin.install import find_pruning_hook
+from prunekit.dropin.hooks import find_pruning_hook
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]
 

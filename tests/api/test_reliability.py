@@ -423,7 +423,7 @@ def test_a_loss_that_raises_is_named_as_the_loss() -> None:
 def test_prunekit_s_own_hook_error_is_not_blamed_on_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import prunekit.criteria.calibration as calibration
+    import prunekit.calibrate as calibration
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise ZeroDivisionError("a bug in a statistics hook")

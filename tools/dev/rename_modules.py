@@ -37,11 +37,12 @@ SRC = ROOT / "src"
 
 MOVES: list[tuple[str, str]] = [
     # three prune.py
-    ("prunekit.structure.prune", "prunekit.structure.channel_entry"),
+    ("prunekit.structure.prune", "prunekit.structure.stages.entry"),
     ("prunekit.structure.depth.prune", "prunekit.structure.depth.block_pruning"),
     ("prunekit.distributed.prune", "prunekit.dropin.across_ranks"),
     # three layers.py
-    ("prunekit.criteria.layers", "prunekit.criteria.weight_matrices"),
+    ("prunekit.criteria.layers", "prunekit.calibrate.layer_matrices"),
+    ("prunekit.criteria.weight_matrices", "prunekit.calibrate.layer_matrices"),
     ("prunekit.export.layers", "prunekit.export.layer_widths"),
     ("prunekit.structure.handlers.layers", "prunekit.structure.handlers.module_handlers"),
     # two of each
@@ -73,6 +74,7 @@ MOVES: list[tuple[str, str]] = [
 ]
 
 PACKAGES = {
+    "prunekit.calibrate": '"""The calibration runtime."""\n',
     "prunekit.dropin": (
         '"""The torch.nn.utils.prune drop-in.\n\n'
         "The method protocol and its container, installing masks on modules, the torch-named\n"
@@ -80,6 +82,10 @@ PACKAGES = {
         '"""\n'
     ),
 }
+
+# Modules split into a package whose __init__ re-exports their public names: only the paths
+# are rewritten (the split itself is not a rename).
+SPLIT = [("prunekit.criteria.calibration", "prunekit.calibrate")]
 
 # Old public paths kept importable: a thin module re-exporting the new one's public names.
 COMPAT = {
@@ -96,7 +102,11 @@ from {new} import __all__ as __all__
 '''
 
 # Text that names an old path on purpose (the deprecated alias tests read).
-KEEP = re.compile(r"prunekit\.methods\.(METHODS|NOPE)\b|^import prunekit\.methods$", re.M)
+KEEP = re.compile(
+    r"prunekit\.methods\.(METHODS|NOPE)\b|^import prunekit\.(functional|methods)\b.*$"
+    r"|^# The old module paths.*$|prunekit\.tools \| prunekit\.functional \| prunekit\.methods",
+    re.M,
+)
 SUFFIXES = {".py", ".pyi", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".c"}
 SKIP = {Path(__file__).resolve()}
 
@@ -142,7 +152,7 @@ def write_compat(dry: bool) -> list[str]:
 
 
 def _dotted(text: str) -> str:
-    for old, new in MOVES:
+    for old, new in MOVES + SPLIT:
         text = re.sub(rf"(?<![\w.]){re.escape(old)}(?![\w])", new, text)
     return text
 
@@ -166,7 +176,7 @@ _FROM = re.compile(
 
 def _leaf_imports(text: str) -> str:
     """``from parent import leaf`` where parent.leaf moved."""
-    moved = dict(MOVES)
+    moved = dict(MOVES + SPLIT)
     renames: list[tuple[str, str]] = []
 
     def fix(match: re.Match[str]) -> str:

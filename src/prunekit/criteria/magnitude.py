@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from prunekit.core.naming import TensorRef
 from prunekit.criteria.criterion import Criterion
-from prunekit.dropin.base_method import TensorRef
 
 __all__ = ["Magnitude"]
 

@@ -25,17 +25,15 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
-from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.naming import TensorRef, mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.reuse import Reuse
 from prunekit.dropin.copying import BoundToModule
+from prunekit.dropin.out_proj import watch_out_proj
 
 __all__ = ["PRUNING_TYPES", "BasePruningMethod", "PruningBase", "TensorRef", "pruning_type"]
 
 PRUNING_TYPES = ("unstructured", "structured", "global")
-
-TensorRef = tuple[nn.Module, str] | None
-"""The (module, name) a tensor being ranked belongs to, where known (None in prune())."""
 
 
 class BasePruningMethod(BoundToModule, ABC):
@@ -57,6 +55,12 @@ class BasePruningMethod(BoundToModule, ABC):
     reuse_masked: bool = True
     """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
     _reuse: Reuse | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        module = self._bound_module()
+        if module is not None:
+            watch_out_proj(module)  # in a process that loads a pruned out_proj
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
         """Forward pre-hook: make ``module.<name>`` equal mask * orig.

@@ -10,7 +10,8 @@ from torch import Tensor
 from prunekit.core.amount import validate_dim
 from prunekit.core.backend import multiply_
 from prunekit.core.errors import attribute_error, type_error, value_error
-from prunekit.dropin.base_method import BasePruningMethod, TensorRef, pruning_type
+from prunekit.core.naming import TensorRef
+from prunekit.dropin.base_method import BasePruningMethod, pruning_type
 
 __all__ = ["PruningContainer", "combine_masks"]
 

@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from prunekit.core.naming import mask_name, orig_name
-from prunekit.dropin.out_proj import watch_out_proj
 
 __all__ = ["BoundToModule", "KeepsHookKey"]
 
@@ -72,7 +71,6 @@ class BoundToModule(KeepsHookKey):
         super().__setstate__(state)
         if module is not None:
             self._bind(module)
-            watch_out_proj(module)  # in a process that loads a pruned out_proj
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         module = self._bound_module()

@@ -26,7 +26,8 @@ from prunekit.core.transaction import transaction
 from prunekit.dropin.base_method import BasePruningMethod, pruning_type
 from prunekit.dropin.container import PruningContainer, combine_masks
 from prunekit.dropin.copying import KeepsHookKey
-from prunekit.dropin.out_proj import watch_out_proj
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
+from prunekit.dropin.out_proj import RefreshSubmodule, watch_out_proj
 
 __all__ = [
     "RefreshAfterLoad",
@@ -39,26 +40,6 @@ __all__ = [
     "pruning_hooks",
     "refresh_masked",
 ]
-
-
-def pruning_hooks(module: nn.Module) -> list[BasePruningMethod]:
-    """The pruning hooks installed on `module` itself (not its submodules), in order."""
-    return [h for h in module._forward_pre_hooks.values() if isinstance(h, BasePruningMethod)]
-
-
-def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:
-    """Return (key, hook) of the pruning hook on ``module.<name>``, or (None, None)."""
-    found = [
-        (key, hook)
-        for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, BasePruningMethod) and hook._tensor_name == name
-    ]
-    if len(found) > 1:
-        raise RuntimeError(
-            f"{describe(module, name)} carries {len(found)} pruning hooks; "
-            "successive prunings must share one PruningContainer"
-        )
-    return found[0] if found else (None, None)
 
 
 def install(
@@ -218,26 +199,6 @@ def forget_load_refresh(module: nn.Module) -> None:
     for key, hook in list(module._load_state_dict_post_hooks.items()):
         if isinstance(hook, RefreshAfterLoad):
             del module._load_state_dict_post_hooks[key]
-
-
-class RefreshSubmodule(KeepsHookKey):
-    """Forward pre-hook on a parent: refreshes a pruned tensor of the child at `path`.
-
-    For children whose forward never runs because the parent reads their weights
-    directly (MultiheadAttention.out_proj, pytorch#69353): without it the child's masked
-    tensor, computed once, is reused by every step and its graph freed after the first
-    backward.
-    """
-
-    def __init__(self, path: str, name: str) -> None:
-        self.path = path
-        self.name = name
-
-    def __call__(self, module: nn.Module, inputs: Any) -> None:
-        owner = module.get_submodule(self.path)
-        _, hook = find_pruning_hook(owner, self.name)
-        if hook is not None:
-            hook(owner, inputs)
 
 
 def drop_refresh(module: nn.Module, name: str) -> None:

@@ -17,8 +17,9 @@ from prunekit.core.amount import (
 from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.naming import TensorRef
 from prunekit.criteria import Criterion, Magnitude, Random
-from prunekit.dropin.base_method import BasePruningMethod, TensorRef
+from prunekit.dropin.base_method import BasePruningMethod
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.patterns.pattern import all_ones
 

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
+import prunekit.calibrate as cal
 from prunekit._extras import require
+from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.errors import value_error
-from prunekit.criteria import calibration as cal
-from prunekit.criteria.weight_matrices import calibrates
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions

@@ -16,7 +16,7 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import namespace, norm
 from prunekit.core.errors import value_error
-from prunekit.dropin.base_method import TensorRef
+from prunekit.core.naming import TensorRef
 from prunekit.patterns.pattern import Pattern, all_ones
 from prunekit.patterns.unstructured import unrankable
 from prunekit.select import all_finite, smallest_k

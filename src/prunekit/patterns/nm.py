@@ -11,7 +11,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import framework
 from prunekit.core.errors import type_error, value_error
-from prunekit.dropin.base_method import TensorRef
+from prunekit.core.naming import TensorRef
 from prunekit.patterns.tensorwise import RowwisePattern, competing_scores
 from prunekit.select.rows import smallest_in_short_rows, smallest_per_row
 

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
-from prunekit.dropin.base_method import TensorRef
+from prunekit.core.naming import TensorRef
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
     from prunekit.criteria.criterion import Criterion

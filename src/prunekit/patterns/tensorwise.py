@@ -14,7 +14,7 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
-from prunekit.dropin.base_method import TensorRef
+from prunekit.core.naming import TensorRef
 from prunekit.patterns.pattern import Pattern, all_ones
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns

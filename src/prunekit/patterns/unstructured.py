@@ -11,7 +11,7 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import multiply_, namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
-from prunekit.dropin.base_method import TensorRef
+from prunekit.core.naming import TensorRef
 from prunekit.patterns.pattern import Pattern, all_ones
 from prunekit.select import NotFinite, alive_count, smallest_k_many
 

@@ -81,7 +81,7 @@ def smallest_k_many(
         total = competing(sources)
     count = None if total is None else count_of(k, total)  # a bad k is named before bad scores
     if count is None or count not in (0, total):  # a selection to make
-        marks = Marks(keep_dtype, products, finite)
+        marks = Marks(keep_dtype, products, finite, smallest_k)
         made = _select(sources, chosen, k if count is None else count, total, magnitude, marks)
         assert made.k is not None and made.total is not None
         count, total = made.k, made.total

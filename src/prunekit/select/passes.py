@@ -116,6 +116,9 @@ class Marks:
     keep_dtype: torch.dtype | None
     products: Sequence[Tensor | None] | None
     finite: bool  # refuse non-finite scores (NotFinite) once the count is known
+    # the `k` smallest of the entries gathered between the bounds, when many are and the C
+    # loop cannot settle them: the whole selection again (choose's; passed down, not imported)
+    rank: Callable[[Tensor, int], Tensor]
 
 
 @dataclass

@@ -361,7 +361,8 @@ class Bits:
             return None
         keep = self.marks.keep_dtype is None
         signed = self.route.signed
-        onepass.settle(found.marked, found.values, rank, keep, self.limits[1], signed)
+        limit = self.limits[1]
+        onepass.settle(found.marked, found.values, rank, keep, limit, signed, self.marks.rank)
         trace.note("one pass")
         outs = [entry.out for entry in found.marked]
         return Selection(

@@ -6,7 +6,6 @@
 freshly built model).
 """
 
-from prunekit.structure.channel_entry import prune_channels
 from prunekit.structure.compaction.compact import CompactReport, compact
 from prunekit.structure.graph.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
@@ -18,6 +17,7 @@ from prunekit.structure.scoring.criteria import (
     WeightNorm,
     group_scores,
 )
+from prunekit.structure.stages.entry import prune_channels
 
 # isort: split
 # Criteria that learn from calibration data; compacted models saved with their shapes.

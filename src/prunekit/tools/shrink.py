@@ -34,9 +34,9 @@ from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.structure.budget import Budget, BudgetReport
-from prunekit.structure.channel_entry import prune_channels
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
+from prunekit.structure.stages.entry import prune_channels
 from prunekit.tools.shrink_report import Before, ShrinkReport
 from prunekit.tools.shrink_source import Source, check_source, load_source
 from prunekit.tools.shrink_steps import distill, export_all, read_passages, text_windows

@@ -14,9 +14,9 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.errors import naming, type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.weight_matrices import calibrates
 from prunekit.distributed.agree import collective
 from prunekit.distributed.stats import Reducer
 from prunekit.dropin.calls import custom_from_mask, rank_together

@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import nn
 
+import prunekit.calibrate as cal
 from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria import calibration as cal
 from prunekit.progress import Progress
 from prunekit.whole.config import Config
 from prunekit.whole.oneshot_execute import execute

@@ -14,9 +14,9 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.blocks import (
     ADDS,
     BlockList,

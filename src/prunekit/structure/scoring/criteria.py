@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_kind
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph.graph import ChannelGroup
 from prunekit.structure.scoring.consequence import OBS, Fluctuation
 from prunekit.structure.scoring.data_criteria import Activation, GroupTaylor
