@@ -87,6 +87,23 @@ PACKAGES = {
 # are rewritten (the split itself is not a rename).
 SPLIT = [("prunekit.criteria.calibration", "prunekit.calibrate")]
 
+# Names that moved to another module when the cycles were broken (the old module may still
+# re-export them; an import of one is pointed at its new home): (old module, name, new module).
+MOVED_NAMES = [
+    ("prunekit.dropin.base_method", "TensorRef", "prunekit.core.naming"),
+    ("prunekit.dropin.install", "pruning_hooks", "prunekit.dropin.hooks"),
+    ("prunekit.dropin.install", "find_pruning_hook", "prunekit.dropin.hooks"),
+    ("prunekit.dropin.install", "RefreshSubmodule", "prunekit.dropin.out_proj"),
+    ("prunekit.distributed", "global_unstructured", "prunekit.dropin.across_ranks"),
+]
+
+# Private functions of a split module that its package now exports, in the files that import
+# the package: (package, pattern, replacement).
+RENAMED_NAMES = [
+    ("prunekit.calibrate", r"(?<!\w)_batch_error\b", "batch_error"),
+    ("prunekit.calibrate", r"\bcal\._features\b", "cal.input_features"),
+]
+
 # Old public paths kept importable: a thin module re-exporting the new one's public names.
 COMPAT = {
     "prunekit.functional": "prunekit.dropin.calls",
@@ -257,6 +274,34 @@ def _contracts(text: str) -> str:
     return "".join(out)
 
 
+def _moved_names(text: str) -> str:
+    """``from old import name`` -> ``from new import name`` for the names of MOVED_NAMES."""
+    homes = {(old, name): new for old, name, new in MOVED_NAMES}
+
+    def fix(match: re.Match[str]) -> str:
+        parent, indent = match["parent"], match["indent"]
+        names = [n.strip() for n in (match["many"] or match["one"]).split(",") if n.strip()]
+        kept, extra = [], []
+        for item in names:
+            new = homes.get((parent, item.partition(" as ")[0].strip()))
+            if new is None:
+                kept.append(item)
+            else:
+                extra.append(f"{indent}from {new} import {item}")
+        if not extra:
+            return match[0]
+        lines = [f"{indent}from {parent} import {', '.join(kept)}"] if kept else []
+        if lines and match["comment"]:
+            lines[0] += match["comment"]
+        return "\n".join(lines + extra)
+
+    text = _FROM.sub(fix, text)
+    for package, pattern, new in RENAMED_NAMES:
+        if package in text:
+            text = re.sub(pattern, new, text)
+    return text
+
+
 def rewrite(text: str, path: Path) -> str:
     kept: list[str] = []
 
@@ -268,6 +313,8 @@ def rewrite(text: str, path: Path) -> str:
     if path.suffix in (".py", ".pyi", ".md"):
         text = _leaf_imports(text)
     text = _dotted(text)
+    if path.suffix in (".py", ".pyi"):
+        text = _moved_names(text)
     text = _paths(text)
     if path.name == "pyproject.toml":
         text = _contracts(text)

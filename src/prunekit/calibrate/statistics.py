@@ -180,7 +180,7 @@ class InputStatistics:
             if found is not None and found.groups == 1:  # another layer saw this input already
                 self._of[module] = found
                 return
-            features = self.input_features(module, x)
+            features = self._features(module, x)
             acc = _Accumulator(features.shape[-1], *self._want, groups=features.shape[1])
             self._of[module] = acc
         elif acc.last is x:
@@ -198,10 +198,10 @@ class InputStatistics:
                 "in the first batch but not in this one; expected each batch to run the "
                 "model the same way"
             )
-        acc.add(self.input_features(module, x))
+        acc.add(self._features(module, x))
         acc.last = x
 
-    def input_features(self, module: nn.Module, x: Tensor) -> Tensor:
+    def _features(self, module: nn.Module, x: Tensor) -> Tensor:
         if self._patches:
             return layer_matrices.features(module, x)
         moved = input_features(module, x)

@@ -23,14 +23,8 @@ from prunekit.core.transaction import transaction
 from prunekit.dropin.across_ranks import global_unstructured as across_ranks
 from prunekit.dropin.base_method import PRUNING_TYPES, BasePruningMethod, construct
 from prunekit.dropin.container import PruningContainer
-from prunekit.dropin.install import (
-    current_values,
-    drop_refresh,
-    find_pruning_hook,
-    forget_load_refresh,
-    install,
-    pruning_hooks,
-)
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
+from prunekit.dropin.install import current_values, drop_refresh, forget_load_refresh, install
 from prunekit.dropin.torch_methods import (
     CustomFromMask,
     Identity,
