@@ -16,7 +16,7 @@ from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, W
 # Scale: global pruning across torch.distributed ranks (also global_unstructured(...,
 # process_group=...)), statistics reduced over data-parallel ranks.
 from prunekit.distributed import all_reduce_statistics
-from prunekit.dropin.base_method import BasePruningMethod, PruningBase
+from prunekit.dropin.base_method import BasePruningMethod, PruningBase, PruningContainer
 from prunekit.dropin.calls import (
     custom_from_mask,
     forward_reuse,
@@ -29,7 +29,6 @@ from prunekit.dropin.calls import (
     random_unstructured,
     remove,
 )
-from prunekit.dropin.container import PruningContainer
 from prunekit.dropin.torch_methods import (
     CustomFromMask,
     Identity,

@@ -22,8 +22,7 @@ from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
 from prunekit.core.counting import zero_count
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
-from prunekit.dropin.base_method import BasePruningMethod
-from prunekit.dropin.container import PruningContainer
+from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
 from prunekit.dropin.hooks import find_pruning_hook
 
 __all__ = ["Report", "TensorRow", "human_bytes", "report"]

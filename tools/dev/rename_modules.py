@@ -83,9 +83,12 @@ PACKAGES = {
     ),
 }
 
-# Modules split into a package whose __init__ re-exports their public names: only the paths
-# are rewritten (the split itself is not a rename).
-SPLIT = [("prunekit.criteria.calibration", "prunekit.calibrate")]
+# Modules split into a package whose __init__ re-exports their public names, or merged into
+# another module: only the paths are rewritten (the split or merge itself is not a rename).
+SPLIT = [
+    ("prunekit.criteria.calibration", "prunekit.calibrate"),
+    ("prunekit.dropin.container", "prunekit.dropin.base_method"),
+]
 
 # Names that moved to another module when the cycles were broken (the old module may still
 # re-export them; an import of one is pointed at its new home): (old module, name, new module).

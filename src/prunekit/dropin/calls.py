@@ -21,8 +21,12 @@ from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.transaction import transaction
 from prunekit.dropin.across_ranks import global_unstructured as across_ranks
-from prunekit.dropin.base_method import PRUNING_TYPES, BasePruningMethod, construct
-from prunekit.dropin.container import PruningContainer
+from prunekit.dropin.base_method import (
+    PRUNING_TYPES,
+    BasePruningMethod,
+    PruningContainer,
+    construct,
+)
 from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
 from prunekit.dropin.install import current_values, drop_refresh, forget_load_refresh, install
 from prunekit.dropin.torch_methods import (

@@ -7,7 +7,7 @@ one transaction: on any error the module keeps its parameters, buffers and hooks
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -23,11 +23,12 @@ from prunekit.core.errors import describe, naming, value_error, warn_caller
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import made
 from prunekit.core.transaction import transaction
-from prunekit.dropin.base_method import BasePruningMethod, pruning_type
-from prunekit.dropin.container import PruningContainer, combine_masks
 from prunekit.dropin.copying import KeepsHookKey
-from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks, pruning_type
 from prunekit.dropin.out_proj import RefreshSubmodule, watch_out_proj
+
+if TYPE_CHECKING:  # the method protocol stands above: its apply() installs through here
+    from prunekit.dropin.base_method import BasePruningMethod
 
 __all__ = [
     "RefreshAfterLoad",
@@ -97,8 +98,7 @@ def _install(
             module.register_buffer(mask_name(name), mask)
             method._registered(module.register_forward_pre_hook(method).id)
         else:
-            hook = old if isinstance(old, PruningContainer) else PruningContainer(old)
-            hook.add_pruning_method(method)
+            hook = old._composed(method)
             module._buffers[mask_name(name)] = mask
             # Registered anew, as torch does: after any hook registered since the old one.
             del module._forward_pre_hooks[key]
@@ -145,7 +145,7 @@ def _new_mask(
     method._tensor_name = name
     with naming(where):
         if old is not None:
-            return combine_masks(method, scores, default_mask, target), None, param
+            return method._combined_mask(scores, default_mask, target), None, param
         if masked is None and importance_scores is None:
             mask, masked = method._first_masked(scores, current.dtype, target)
         else:
@@ -167,7 +167,7 @@ def current_values(
     unless `old` computes its values its own way.
     """
     orig: Tensor = getattr(module, orig_name(name)).detach()
-    if alive_only and type(old).apply_mask is BasePruningMethod.apply_mask:
+    if alive_only and old._masks_orig():
         return orig
     values: Tensor = old.apply_mask(module).detach()
     return values

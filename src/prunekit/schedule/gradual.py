@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from prunekit.dropin.base_method import BasePruningMethod
-from prunekit.dropin.container import PruningContainer
+from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
 from prunekit.dropin.torch_methods import CustomFromMask
 
 __all__ = ["Gradual", "find_gradual"]
