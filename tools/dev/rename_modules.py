@@ -17,7 +17,10 @@ What it does, for each (old, new) pair of MOVES:
 - ``from parent import leaf [as alias]`` where ``parent.leaf`` moved: the new import, and,
   without an alias, ``leaf.`` -> ``newleaf.`` in that file;
 - import-linter contracts with ``containers``: a layer named relative to the container;
-- ``COMPAT`` modules (the old public paths users import) are written again as thin re-exports.
+- ``COMPAT`` modules (the old public paths users import) are written again as thin re-exports;
+- ``SPLIT``: a module split into a package (or merged into another): its paths rewritten only;
+- ``MOVED_NAMES``: ``from old import name`` pointed at the module that now defines the name;
+- ``RENAMED_NAMES``: private functions of a split module that its package now exports.
 
 At the end it runs ruff's import sorting and formatting on the files it changed.
 """
