@@ -15,7 +15,7 @@ reduction, where `Reduce.settle` makes every rank raise it (the protocol of
 prunekit/distributed/agree.py). This package imports nothing of torch.distributed.
 
 One job a module: `reduce` (the ranks), `batches` (running and checking batches),
-`statistics` (the hooks and their running sums), `blocks` (a model's blocks and their
+`statistics` (the hooks and their running sums), `block_inputs` (a model's blocks and their
 inputs), `driver` (`calibrate`, `block_statistics`), `gradients` (Taylor's), and
 `layer_matrices` (each layer's weight seen as matrices, the view the statistics take).
 The criteria of `prunekit.criteria` and `prunekit.structure.scoring` read what it gathers.
@@ -28,7 +28,7 @@ from prunekit.calibrate.batches import (
     evaluating,
     run_batch,
 )
-from prunekit.calibrate.blocks import (
+from prunekit.calibrate.block_inputs import (
     Inputs,
     block_list,
     cacheless,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate.batches import batch_error, evaluating, run_batch
-from prunekit.calibrate.blocks import Inputs
+from prunekit.calibrate.block_inputs import Inputs
 from prunekit.calibrate.reduce import Reduce
 from prunekit.calibrate.statistics import InputStatistics, Stop
 
