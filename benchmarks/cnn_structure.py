@@ -134,7 +134,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import prunekit as prune
-from prunekit.criteria.calibration import requiring_grad
+from prunekit.calibrate import requiring_grad
 from prunekit.structure import reconstruct_blocks
 
 

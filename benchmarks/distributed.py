@@ -79,7 +79,7 @@ def rank_main(rank: int, world: int, folder: str, mode: str, rows: int, cols: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/rdv", rank=rank, world_size=world)
     import prunekit
-    from prunekit.distributed import group as groups
+    from prunekit.distributed import collectives as groups
 
     sent = [0]
     for name in ("sum", "gather", "first"):

@@ -53,10 +53,10 @@ def child(mode: str, folder: Path, out: Path, ids: Path, share: float) -> None:
     import transformers
 
     import llm_structure
-    from prunekit.export.streamed import ShrinkStreamedConfig, shrink_streamed
+    from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
     from prunekit.structure.budget import Budget
     from prunekit.structure.compaction.compact import compact
-    from prunekit.structure.prune import prune_channels
+    from prunekit.structure.stages.entry import prune_channels
 
     warnings.simplefilter("ignore", UserWarning)
     found = torch.load(ids)

@@ -3,19 +3,21 @@
 ``import prunekit as prune`` is a drop-in for ``torch.nn.utils.prune``.
 """
 
+# The old module paths of the drop-in, kept as attributes: prunekit.functional, prunekit.methods
+import prunekit.functional
+import prunekit.methods  # noqa: F401
 from prunekit.core.amount import (
     compute_nparams_to_prune,
     validate_pruning_amount,
     validate_pruning_amount_init,
 )
-from prunekit.core.container import PruningContainer
-from prunekit.core.method import BasePruningMethod, PruningBase
 from prunekit.criteria import Criterion, Magnitude, Random, SparseGPT, Taylor, Wanda
 
 # Scale: global pruning across torch.distributed ranks (also global_unstructured(...,
 # process_group=...)), statistics reduced over data-parallel ranks.
 from prunekit.distributed import all_reduce_statistics
-from prunekit.functional import (
+from prunekit.dropin.base_method import BasePruningMethod, PruningBase, PruningContainer
+from prunekit.dropin.calls import (
     custom_from_mask,
     forward_reuse,
     global_unstructured,
@@ -26,6 +28,15 @@ from prunekit.functional import (
     random_structured,
     random_unstructured,
     remove,
+)
+from prunekit.dropin.torch_methods import (
+    CustomFromMask,
+    Identity,
+    L1Unstructured,
+    LnStructured,
+    Pruning,
+    RandomStructured,
+    RandomUnstructured,
 )
 from prunekit.io.checkpoint import (
     load_pruned,
@@ -38,15 +49,6 @@ from prunekit.io.checkpoint import (
 # Sharded safetensors checkpoints larger than memory.
 from prunekit.io.sharded import prune_sharded
 from prunekit.io.streamed import StreamedConfig, prune_streamed
-from prunekit.methods import (
-    CustomFromMask,
-    Identity,
-    L1Unstructured,
-    LnStructured,
-    Pruning,
-    RandomStructured,
-    RandomUnstructured,
-)
 from prunekit.patterns import NM, Channels, Pattern, PerRow, Unstructured
 from prunekit.report import Report, report
 

@@ -20,11 +20,10 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
-from prunekit.core.container import PruningContainer
 from prunekit.core.counting import zero_count
-from prunekit.core.install import find_pruning_hook
-from prunekit.core.method import BasePruningMethod
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
+from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
+from prunekit.dropin.hooks import find_pruning_hook
 
 if TYPE_CHECKING:  # the 'cli' extra
     from rich.table import Table

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import prunekit as prune
 from helpers.frameworks import FRAMEWORK_NAMES, Framework
 from prunekit.core.amount import compute_nparams_to_prune
-from prunekit.core.container import combine_masks
+from prunekit.dropin.base_method import combine_masks
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

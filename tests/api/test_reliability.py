@@ -124,8 +124,8 @@ def test_an_untouched_buffer_is_not_cloned_but_watched_and_put_back() -> None:
 
 
 def test_pruning_again_does_not_clone_the_mask_it_replaces(monkeypatch: Any) -> None:
-    from prunekit.core import install
     from prunekit.core import transaction as module
+    from prunekit.dropin import install
 
     model = nn.Linear(8, 8)
     prunekit.l1_unstructured(model, "weight", amount=0.25)
@@ -423,7 +423,7 @@ def test_a_loss_that_raises_is_named_as_the_loss() -> None:
 def test_prunekit_s_own_hook_error_is_not_blamed_on_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import prunekit.criteria.calibration as calibration
+    import prunekit.calibrate as calibration
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise ZeroDivisionError("a bug in a statistics hook")

@@ -13,7 +13,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunekit as prune
-import prunekit.functional
+import prunekit.dropin.calls
 from helpers.model_state import fingerprint
 
 Case = tuple[nn.Module, Callable[[], Any], type[Exception], list[str]]
@@ -468,7 +468,7 @@ def test_global_rolls_back_when_a_late_install_fails(monkeypatch: pytest.MonkeyP
     a, b = linear(), linear()
     prune.l1_unstructured(a, "weight", 0.25)
     before = [fingerprint(a), fingerprint(b)]
-    real = prunekit.functional.install
+    real = prunekit.dropin.calls.install
     calls = []
 
     def flaky(module: nn.Module, name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -478,7 +478,7 @@ def test_global_rolls_back_when_a_late_install_fails(monkeypatch: pytest.MonkeyP
         return real(module, name, method, *args)
 
     # global_unstructured installs each tensor's share through base.install().
-    monkeypatch.setattr(prunekit.functional, "install", flaky)
+    monkeypatch.setattr(prunekit.dropin.calls, "install", flaky)
     with pytest.raises(RuntimeError, match="interrupted"):
         prune.global_unstructured([(a, "weight"), (b, "weight")], prune.L1Unstructured, amount=0.5)
     assert [fingerprint(a), fingerprint(b)] == before

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 import prunekit as prune
 from helpers.frameworks import Framework
-from prunekit.core.container import combine_masks
+from prunekit.dropin.base_method import combine_masks
 
 
 class Threshold(prune.BasePruningMethod):

@@ -12,7 +12,7 @@ from torch import nn
 
 import prunekit as prune
 from prunekit import select
-from prunekit.core import install as installing
+from prunekit.dropin import install as installing
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 

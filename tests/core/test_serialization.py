@@ -163,7 +163,8 @@ def test_unpickled_in_a_fresh_process_new_hooks_keep_the_refresh_hooks(
     load_state_dict) keep their keys too when new hooks are registered after unpickling."""
     from torch.utils.hooks import RemovableHandle
 
-    from prunekit.core.install import RefreshAfterLoad, RefreshSubmodule
+    from prunekit.dropin.install import RefreshAfterLoad
+    from prunekit.dropin.out_proj import RefreshSubmodule
 
     model = nn.Sequential(nn.Linear(4, 4))
     prune.l1_unstructured(model, "0.weight", amount=0.5)  # a child's tensor, through the parent

@@ -10,13 +10,14 @@ import torch
 from torch import nn
 
 import prunekit as prune
+import prunekit.calibrate as cal
 from helpers import distributed_calibration
 from helpers.model_state import fingerprint
-from prunekit.criteria import calibration as cal
+from prunekit.calibrate import statistics
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.whole import Config
 from prunekit.whole.oneshot import run
-from prunekit.whole.plan import Loss, TensorRef
+from prunekit.whole.oneshot_plan import Loss, TensorRef
 
 
 def oneshot(
@@ -117,7 +118,7 @@ def test_a_wide_input_s_hessian_is_the_mean_of_x_t_x_and_symmetric() -> None:
     """Summed in panels on and below the diagonal (`_PANEL` columns each), the upper
     triangle copied once read, read again after more batches too."""
     generator = torch.Generator().manual_seed(4)
-    layer = nn.Linear(cal._PANEL + 44, 2)  # two panels, the second narrower
+    layer = nn.Linear(statistics._PANEL + 44, 2)  # two panels, the second narrower
     batches = [torch.randn(n, layer.in_features, generator=generator) for n in (5, 3, 7)]
     with cal.InputStatistics([layer], norms=False, hessian=True) as stats:
         for index, x in enumerate(batches):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from prunekit.criteria import calibration as cal
+import prunekit.calibrate as cal
 from prunekit.criteria.grouped import GroupedRuns
 
 WANTED = cal.Wanted(norms=True, hessian=True)

@@ -18,7 +18,7 @@ from helpers.thread_group import on_threads
 from prunekit.core.errors import value_error
 from prunekit.distributed import TorchGroup, all_reduce_statistics
 from prunekit.distributed.agree import canonical, collective
-from prunekit.distributed.group import Group
+from prunekit.distributed.collectives import Group
 
 
 class Stubborn(nn.Linear):

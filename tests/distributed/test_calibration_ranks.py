@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import prunekit
+import prunekit.calibrate as cal
 from helpers import distributed_calibration as calibrated
 from helpers.thread_group import on_threads
-from prunekit.criteria import calibration as cal
 from prunekit.distributed.agree import collective
-from prunekit.distributed.group import Group
+from prunekit.distributed.collectives import Group
 from prunekit.distributed.stats import Reducer
 
 BOTH = cal.Wanted(norms=True, hessian=True)  # the statistics compared across ranks

@@ -1,4 +1,4 @@
-"""prunekit.export.layers: each decoder layer's widths, read off a compacted Llama."""
+"""prunekit.export.layer_widths: each decoder layer's widths, read off a compacted Llama."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import prunekit
-from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
+from prunekit.export.layer_widths import DecoderLayer, decoder_layers, uniform
 
 transformers = pytest.importorskip("transformers")
 

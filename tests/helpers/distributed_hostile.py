@@ -20,7 +20,7 @@ from torch import nn
 
 import prunekit
 from helpers import distributed_calibration as calibrated
-from prunekit.distributed.group import TorchGroup
+from prunekit.distributed.collectives import TorchGroup
 
 BOUND = 20.0  # seconds a rank may wait for the others in these cases
 LATE = 1.5  # the bound of the case where a rank never comes

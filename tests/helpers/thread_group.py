@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from prunekit.distributed.group import Group
+from prunekit.distributed.collectives import Group
 
 
 class ThreadGroup(Group):

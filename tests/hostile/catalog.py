@@ -53,7 +53,7 @@ BROKE: dict[str, str] = {
     # streamed (prunekit.io.streamed)
     "test_streamed::[batch-mask-all-zero]": "calibration with every attention_mask zero accepted",
     "test_streamed::[config-garbage]": "transformers' OSError, not a CheckpointError",
-    # prune_channels (prunekit.structure.prune)
+    # prune_channels (prunekit.structure.stages.entry)
     "test_damping::[auto-empty-batch]": "compensation from an empty batch: silently no update",
     "test_damping::[mask-all-zero]": "compensation with every attention_mask zero accepted",
     # depth (prunekit.structure.depth.scores, states)

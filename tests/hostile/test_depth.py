@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 import prunekit
 from hostile.support import llama, refused, tree, unchanged
-from prunekit.structure.depth import prune as depth_prune
+from prunekit.structure.depth import block_pruning as depth_prune
 
 transformers = pytest.importorskip("transformers")
 

@@ -19,7 +19,7 @@ from torch import nn
 import prunekit
 from hostile.support import llama, refused, tree, unchanged
 from prunekit.export import export
-from prunekit.export import hf as hf_writer
+from prunekit.export import hf_folder as hf_writer
 
 transformers = pytest.importorskip("transformers")
 

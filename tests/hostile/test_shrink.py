@@ -289,8 +289,8 @@ def test_a_repeated_shrink_writes_the_same_checked_model(
     llama.cpp would) give the perplexity the report states."""
     pytest.importorskip("gguf")
     from helpers import gguf_models
+    from prunekit.tools.shrink_source import check_source, load_source
     from prunekit.tools.shrink_steps import text_windows
-    from prunekit.tools.sources import check_source, load_source
 
     out = tmp_path / "out"
     source = tree(folder)

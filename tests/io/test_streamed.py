@@ -16,7 +16,7 @@ from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX
 from prunekit.io.streamed import StreamedConfig, prune_streamed
 from prunekit.tools.cli import main
-from prunekit.whole.calibrated import prune_block
+from prunekit.whole.oneshot_execute import prune_block
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

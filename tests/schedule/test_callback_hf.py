@@ -16,7 +16,7 @@ from torch import Tensor, nn
 import prunekit as prune
 
 transformers = pytest.importorskip("transformers")
-from prunekit.schedule.hf import GradualPruningCallback  # noqa: E402
+from prunekit.schedule.hf_callback import GradualPruningCallback  # noqa: E402
 
 
 class Tiny(nn.Module):

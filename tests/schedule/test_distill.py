@@ -270,7 +270,7 @@ def test_teacher_logits_of_minus_infinity_are_classes_of_probability_zero() -> N
 
 def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from prunekit.schedule.hf import DistillationTrainer
+    from prunekit.schedule.hf_callback import DistillationTrainer
 
     config = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

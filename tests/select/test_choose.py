@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prunekit import select
-from prunekit.select import plan, sample, smallest_k, smallest_k_many, trace, tuning
+from prunekit.select import sample, smallest_k, smallest_k_many, strategy, trace, tuning
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # The one pass as tensor operations, as the C loop, or the C loop with each chunk in
@@ -400,7 +400,7 @@ def test_finite_check_refuses_nan_and_inf_but_not_huge_sums(size: int) -> None:
 
 def test_tensors_off_the_cpu_take_the_plain_path() -> None:
     scores = torch.empty(1 << 20, device="meta")
-    assert not plan.make([lambda: (scores, None)], magnitude=True).fast
+    assert not strategy.make([lambda: (scores, None)], magnitude=True).fast
 
 
 def test_negative_and_signed_zero_scores() -> None:

@@ -222,7 +222,7 @@ def in_key_order(
 @pytest.mark.parametrize("mixed", [False, True], ids=["one dtype", "mixed dtypes"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "zeros"])
 def test_pieces_in_one_process(path: str, mixed: bool, kind: str) -> None:
-    from prunekit.select.group import Alone
+    from prunekit.select.process_group import Alone
 
     groups = [DTYPES] if mixed else [[d] for d in DTYPES]
     for dtypes in groups:

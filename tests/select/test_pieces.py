@@ -16,9 +16,9 @@ from torch import nn
 import prunekit
 from helpers.thread_group import on_threads
 from prunekit.distributed import all_reduce_statistics
-from prunekit.distributed import global_unstructured as across
-from prunekit.distributed.group import Group
+from prunekit.distributed.collectives import Group
 from prunekit.distributed.tensors import _runs
+from prunekit.dropin.across_ranks import global_unstructured as across
 from prunekit.select import passes, sample, smallest_k_many, tuning
 from prunekit.select.pieces import Piece, Unrankable, select
 

@@ -22,8 +22,8 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
+from prunekit.core.finite import all_finite
 from prunekit.core.naming import MASK, ORIG, mask_name, orig_name, pruned_name
-from prunekit.select import all_finite
 
 __all__ = [
     "check_binary_mask",

@@ -15,12 +15,16 @@ __all__ = [
     "MASK",
     "ORIG",
     "Entry",
+    "TensorRef",
     "entries",
     "mask_name",
     "orig_name",
     "pruned_name",
     "stored_parameter",
 ]
+
+TensorRef = tuple[nn.Module, str] | None
+"""The (module, name) a tensor being ranked belongs to, where known (None in prune())."""
 
 ORIG = "_orig"
 MASK = "_mask"

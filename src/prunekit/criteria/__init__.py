@@ -8,7 +8,7 @@ updates, which no score can express). Write a Criterion to rank by anything else
 the patterns' fast selection, global pruning included.
 """
 
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
 from prunekit.criteria.random import Random
 from prunekit.criteria.sparsegpt import SparseGPT

@@ -33,8 +33,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
+import prunekit.calibrate as cal
+from prunekit.calibrate import layer_matrices
 
 __all__ = ["GroupedRuns"]
 
@@ -160,7 +160,7 @@ class GroupedRuns:
                     stats.take(module, args, kwargs)
                     raise cal.Stop
                 return
-            x = layers.layer_input(module, args, kwargs) if patches else args[0]
+            x = layer_matrices.layer_input(module, args, kwargs) if patches else args[0]
             if group:
                 alike = _shares(module, patches) and _shares(group[0], patches)
                 if not (alike and x is read[0] and all(m is not module for m in group)):
@@ -208,7 +208,7 @@ class GroupedRuns:
             return call
         except Exception as error:
             number = self.numbers[index]
-            raise cal._batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
+            raise cal.batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
         finally:
             self._run = None
             if keep:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from prunekit.core.method import TensorRef
-from prunekit.criteria.base import Criterion
+from prunekit.core.naming import TensorRef
+from prunekit.criteria.criterion import Criterion
 
 __all__ = ["Magnitude"]
 

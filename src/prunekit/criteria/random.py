@@ -9,8 +9,8 @@ from typing import Any
 from torch import Tensor
 
 from prunekit.core.backend import namespace, seeded_rand
-from prunekit.core.method import TensorRef
-from prunekit.criteria.base import Criterion
+from prunekit.core.naming import TensorRef
+from prunekit.criteria.criterion import Criterion
 from prunekit.select import Source
 
 __all__ = ["Random"]

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import TensorRef
-from prunekit.criteria.base import Criterion, check_given_tensors
+from prunekit.core.naming import TensorRef
+from prunekit.criteria.criterion import Criterion, check_given_tensors
 
 __all__ = ["Taylor", "taylor_product", "taylor_step"]
 

@@ -49,7 +49,7 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
-from prunekit.distributed.group import Group, RanksTimeout, group_of
+from prunekit.distributed.collectives import Group, RanksTimeout, group_of
 
 __all__ = ["Collective", "canonical", "collective", "is_told"]
 

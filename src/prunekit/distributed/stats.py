@@ -5,7 +5,7 @@ rank calls `all_reduce_statistics`, and all then hold the statistics of all the 
 as if one process had seen them. Tensors of one dtype travel in one flat buffer, so a
 call costs one collective per dtype, whatever the number of statistics, after the start
 of agree.py's protocol (the ranks compare names, shapes, dtypes and weighting first).
-`Reducer` is the same over one collective call, as calibration (criteria.calibration)
+`Reducer` is the same over one collective call, as calibration (prunekit.calibrate)
 takes it.
 """
 
@@ -104,7 +104,7 @@ def _reduced(
 
 
 class Reducer:
-    """criteria.calibration's Reduce over one collective call: statistics reduced with
+    """prunekit.calibrate's Reduce over one collective call: statistics reduced with
     all_reduce_statistics, and the protocol's steps (see agree.py) for the failures.
 
     `digest` (the caller's arguments every rank must give alike) is compared at the

@@ -2,8 +2,12 @@
 ``block_configs``, GGUF files for llama.cpp and ONNX graphs, each checked once written."""
 
 from prunekit.export.api import FORMATS, ExportReport, export
-from prunekit.export.layers import DecoderLayer, decoder_layers
-from prunekit.export.streamed import ShrinkStreamedConfig, ShrinkStreamedReport, shrink_streamed
+from prunekit.export.layer_widths import DecoderLayer, decoder_layers
+from prunekit.export.streamed_shrink import (
+    ShrinkStreamedConfig,
+    ShrinkStreamedReport,
+    shrink_streamed,
+)
 
 __all__ = [
     "FORMATS",

@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.export import deci, gguf, hf, onnx
+from prunekit.export import deci, gguf, hf_folder, onnx
 from prunekit.export.request import ExportReport, Request
 from prunekit.io.atomic import atomic_folder, atomic_path, overlaps
 
@@ -31,7 +31,7 @@ FORMATS: dict[str, bool] = {"hf": True, "deci": True, "gguf": False, "onnx": Fal
 Writer = Callable[[nn.Module, Path, Request], ExportReport]
 # the one table of formats, filled here
 WRITERS: dict[str, Writer] = {
-    "hf": hf.write,
+    "hf": hf_folder.write,
     "deci": deci.write,
     "gguf": gguf.write,
     "onnx": onnx.write,

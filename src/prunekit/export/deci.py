@@ -37,16 +37,16 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.companions import (
+from prunekit.export.hf_folder import save_weights, tensor_type
+from prunekit.export.layer_widths import LLAMA_FAMILY, DecoderLayer, decoder_layers
+from prunekit.export.request import ExportReport, Request
+from prunekit.export.tokenizer_files import (
     check_model,
     check_source,
     clear,
     dequantized,
     write_companions,
 )
-from prunekit.export.hf import save_weights, tensor_type
-from prunekit.export.layers import LLAMA_FAMILY, DecoderLayer, decoder_layers
-from prunekit.export.request import ExportReport, Request
 
 __all__ = ["CONFIG_FILE", "ROUND", "block_configs", "derived_widths", "ffn_mult", "write"]
 

@@ -35,11 +35,11 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.dropin.calls import is_pruned
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
-from prunekit.export.layers import DecoderLayer, decoder_layers, uniform
+from prunekit.export.layer_widths import DecoderLayer, decoder_layers, uniform
 from prunekit.export.request import GGUF_TYPES, ExportReport, Request
-from prunekit.functional import is_pruned
 
 __all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "write"]
 

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from prunekit._extras import require
+from prunekit.calibrate import evaluating
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.install import pruning_hooks
-from prunekit.criteria.calibration import evaluating
+from prunekit.dropin.hooks import pruning_hooks
 from prunekit.export.request import ExportReport, Request
 
 __all__ = ["DTYPES", "TOLERANCE", "write"]

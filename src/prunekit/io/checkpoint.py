@@ -16,11 +16,12 @@ from torch import Tensor, nn
 from prunekit.core.backend import framework, is_module
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
 from prunekit.core.errors import describe
-from prunekit.core.install import install, pruning_hooks, refresh_masked
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
+from prunekit.dropin.hooks import pruning_hooks
+from prunekit.dropin.install import install, refresh_masked
+from prunekit.dropin.torch_methods import CustomFromMask
 from prunekit.io.files import load_state_dict, save_state_dict
-from prunekit.methods import CustomFromMask
 
 if TYPE_CHECKING:  # what nn.Module.load_state_dict returns
     from torch.nn.modules.module import _IncompatibleKeys

@@ -42,8 +42,8 @@ from prunekit.io.options import Options, Unpack, config_of
 from prunekit.io.ranking import ranking
 from prunekit.io.statedict import prune_config, seeded
 from prunekit.select import Source
-from prunekit.select.group import Alone
 from prunekit.select.pieces import Piece, Unrankable, select
+from prunekit.select.process_group import Alone
 from prunekit.whole.config import Config
 from prunekit.whole.registry import METHODS
 from prunekit.whole.targets import select_names

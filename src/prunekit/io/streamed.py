@@ -5,7 +5,7 @@ The model is built from the folder's config with its parameters on the meta devi
 memory); its embeddings are mapped from the shards (pages read as tokens touch them). The
 calibration batches run up to the first block once; their hidden states are kept. Then each
 block in turn is mapped from the shards, calibrated on the hidden states, pruned by the
-in-memory engine's own step (whole.calibrated.prune_block: the same statistics, criteria and
+in-memory engine's own step (whole.oneshot_execute.prune_block: the same statistics, criteria and
 order, so the same masks and SparseGPT updates), run to give the next block's hidden states,
 written to the output shards and let go. Every other tensor is copied as it is stored.
 
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import torch
 from torch import nn
 
+import prunekit.calibrate as cal
 from prunekit._extras import require
+from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria import calibration as cal
-from prunekit.criteria.layers import calibrates
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
@@ -46,9 +46,9 @@ from prunekit.io.mapped import Planned, Stored, Writer
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
 from prunekit.patterns import Pattern
 from prunekit.progress import Progress
-from prunekit.whole.calibrated import prune_block
 from prunekit.whole.config import Config
-from prunekit.whole.plan import TensorRef, current_values, make_plan
+from prunekit.whole.oneshot_execute import prune_block
+from prunekit.whole.oneshot_plan import TensorRef, current_values, make_plan
 
 if TYPE_CHECKING:  # Unpack is in typing from Python 3.11 on
     from typing_extensions import Unpack

@@ -5,9 +5,9 @@ Channels: whole slices along a dim, ranked by a norm of their entries' scores.
 PerRow: the same share of every row. NM: n of every m consecutive entries (2:4).
 """
 
-from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
 from prunekit.patterns.nm import NM
+from prunekit.patterns.pattern import Pattern
 from prunekit.patterns.per_row import PerRow
 from prunekit.patterns.unstructured import Unstructured
 

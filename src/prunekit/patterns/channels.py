@@ -17,13 +17,13 @@ from prunekit.core.amount import (
 )
 from prunekit.core.backend import namespace, norm
 from prunekit.core.errors import value_error
-from prunekit.core.method import TensorRef
-from prunekit.patterns.base import Pattern, all_ones
+from prunekit.core.naming import TensorRef
+from prunekit.patterns.pattern import Pattern, all_ones
 from prunekit.patterns.unstructured import unrankable
 from prunekit.select import all_finite, smallest_k
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
-    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.criterion import Criterion
 
 __all__ = ["Channels"]
 

@@ -11,12 +11,12 @@ from torch import Tensor
 from prunekit.core.amount import Amount, validate_dim, validate_dim_type
 from prunekit.core.backend import framework
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import TensorRef
-from prunekit.patterns.rowwise import RowwisePattern, competing_scores
+from prunekit.core.naming import TensorRef
+from prunekit.patterns.tensorwise import RowwisePattern, competing_scores
 from prunekit.select.rows import smallest_in_short_rows, smallest_per_row
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
-    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.criterion import Criterion
 
 __all__ = ["NM"]
 

@@ -12,12 +12,12 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import multiply_, namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
-from prunekit.core.method import TensorRef
-from prunekit.patterns.base import Pattern, all_ones
+from prunekit.core.naming import TensorRef
+from prunekit.patterns.pattern import Pattern, all_ones
 from prunekit.select import NotFinite, alive_count, smallest_k_many
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
-    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.criterion import Criterion
     from prunekit.criteria.random import Random
 
 __all__ = ["Unstructured"]

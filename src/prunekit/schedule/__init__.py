@@ -1,7 +1,7 @@
 """Gradual pruning: the schedules, the pruner that follows them, its trainer callbacks, and
 recovery by distillation from the dense model.
 
-The callbacks (``prunekit.schedule.hf``, ``prunekit.schedule.lightning``) import their
+The callbacks (``prunekit.schedule.hf_callback``, ``prunekit.schedule.lightning``) import their
 trainer library; this package does not.
 """
 

@@ -5,7 +5,7 @@ student's, scaled by temperature² so its gradients keep their size across tempe
 (Hinton et al., 2015); over token sequences it averages the positions an attention mask
 keeps. ``hidden_state_loss`` is the mean squared error of pairs of hidden states.
 ``Distiller`` holds the teacher and turns a student's output and its inputs into the loss,
-for a plain loop, Lightning's ``training_step`` or ``prunekit.schedule.hf``'s
+for a plain loop, Lightning's ``training_step`` or ``prunekit.schedule.hf_callback``'s
 ``DistillationTrainer``.
 """
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from prunekit.core.container import PruningContainer
-from prunekit.core.method import BasePruningMethod
-from prunekit.methods import CustomFromMask
+from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
+from prunekit.dropin.torch_methods import CustomFromMask
 
 __all__ = ["Gradual", "find_gradual"]
 

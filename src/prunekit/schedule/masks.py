@@ -17,9 +17,9 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.errors import value_error
-from prunekit.criteria.base import Criterion
-from prunekit.patterns.base import Pattern
+from prunekit.criteria.criterion import Criterion
 from prunekit.patterns.nm import NM
+from prunekit.patterns.pattern import Pattern
 from prunekit.patterns.per_row import PerRow
 
 __all__ = ["global_masks", "layer_mask", "pruned_units", "units"]

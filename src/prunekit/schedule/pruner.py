@@ -15,13 +15,13 @@ from torch import Tensor, nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
 from prunekit.io.checkpoint import refresh_pruned
-from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.pattern import Pattern
 from prunekit.patterns.unstructured import Unstructured
-from prunekit.schedule.companions import Companions
+from prunekit.schedule.companion_masks import Companions
 from prunekit.schedule.gradual import Gradual, find_gradual
 from prunekit.schedule.masks import global_masks, layer_mask
 from prunekit.schedule.settings import (

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.calibration import batch_list
 from prunekit.schedule.distill import Distiller, Inputs, Output, _split
 
 __all__ = ["Recovery", "recover"]

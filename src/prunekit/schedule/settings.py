@@ -5,7 +5,7 @@ amount, start, end and period of the updates, the schedule's shape), takes a
 prunekit.Criterion instance as its method, and seeds its own generator, where whole.Config
 holds one amount, the registry's method names and the calibration's settings. The names
 they share (method, pattern, scope, include, exclude) mean the same in both, checked by
-the same vocabulary (whole.registry, whole.plan.parse_pattern, whole.targets.globs).
+the same vocabulary (whole.registry, whole.oneshot_plan.parse_pattern, whole.targets.globs).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prunekit.core.errors import type_error, value_error, warn_caller
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
-from prunekit.patterns.base import Pattern
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.pattern import Pattern
 from prunekit.schedule.schedules import Timetable
-from prunekit.whole.plan import PATTERNS as PATTERN_NAMES
-from prunekit.whole.plan import parse_pattern
+from prunekit.whole.oneshot_plan import PATTERNS as PATTERN_NAMES
+from prunekit.whole.oneshot_plan import parse_pattern
 from prunekit.whole.registry import ALIASES, check_scope, find, names
 from prunekit.whole.targets import ALL, TargetOptions, globs
 
@@ -215,7 +215,7 @@ def _spelled(method: object, pattern: object) -> tuple[object, object]:
 def _ranking(method: object, pattern: object) -> tuple[Criterion, Pattern]:
     """The criterion and pattern `method` and `pattern` name, in the vocabulary of every
     whole-model entry point (whole.Config's): methods of the registry ('l1', 'random',
-    'ln'), patterns of whole.plan.parse_pattern ('unstructured', 'row', 'N:M'), or
+    'ln'), patterns of whole.oneshot_plan.parse_pattern ('unstructured', 'row', 'N:M'), or
     instances."""
     if isinstance(method, str) and method == "ln":
         if not (isinstance(pattern, str) and pattern == "unstructured"):

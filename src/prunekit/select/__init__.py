@@ -73,8 +73,8 @@ The modules, in the order a selection meets them:
 from __future__ import annotations
 
 from prunekit.select.choose import smallest_k, smallest_k_many
+from prunekit.select.inputs import Count, NotFinite, Source, alive_count, all_finite
 from prunekit.select.native import _native as _native
-from prunekit.select.sources import Count, NotFinite, Source, alive_count, all_finite
 
 __all__ = [
     "Count",

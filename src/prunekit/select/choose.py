@@ -8,13 +8,9 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from prunekit.select import engine, plan, trace
+from prunekit.select import engine, strategy, trace
 from prunekit.select.engine import Chosen
-from prunekit.select.group import Alone
-from prunekit.select.passes import Marks
-from prunekit.select.pieces import Piece, select
-from prunekit.select.portable import Portable
-from prunekit.select.sources import (
+from prunekit.select.inputs import (
     Count,
     Source,
     all_or_none,
@@ -24,6 +20,10 @@ from prunekit.select.sources import (
     multiplied,
     refuse_non_finite,
 )
+from prunekit.select.passes import Marks
+from prunekit.select.pieces import Piece, select
+from prunekit.select.portable import Portable
+from prunekit.select.process_group import Alone
 
 __all__ = ["smallest_k", "smallest_k_many"]
 
@@ -76,12 +76,12 @@ def smallest_k_many(
     """
     if products is not None:
         check_products(sources, products, keep_dtype)
-    chosen = plan.make(sources, magnitude)
+    chosen = strategy.make(sources, magnitude)
     if not chosen.fast and total is None:
         total = competing(sources)
     count = None if total is None else count_of(k, total)  # a bad k is named before bad scores
     if count is None or count not in (0, total):  # a selection to make
-        marks = Marks(keep_dtype, products, finite)
+        marks = Marks(keep_dtype, products, finite, smallest_k)
         made = _select(sources, chosen, k if count is None else count, total, magnitude, marks)
         assert made.k is not None and made.total is not None
         count, total = made.k, made.total
@@ -100,7 +100,7 @@ def smallest_k_many(
 
 def _select(
     sources: Sequence[Source],
-    route: plan.Route,
+    route: strategy.Route,
     k: Count,
     total: int | None,
     magnitude: bool,
@@ -117,7 +117,7 @@ def _select(
     return engine.run(Portable(sources, route, magnitude, total), k)
 
 
-def _whole(sources: Sequence[Source], route: plan.Route) -> list[Piece]:
+def _whole(sources: Sequence[Source], route: strategy.Route) -> list[Piece]:
     """Whole tensors as the engine's pieces: one run each, keyed by their order."""
     return [
         Piece(source, numel, dtype, index)

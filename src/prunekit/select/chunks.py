@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from prunekit.select import native, tuning
-from prunekit.select.plan import Route
+from prunekit.select.strategy import Route
 
 __all__ = ["Chunks", "ones", "write"]
 

@@ -23,8 +23,8 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from prunekit.select.inputs import Count, count_of
 from prunekit.select.sample import Bounds
-from prunekit.select.sources import Count, count_of
 
 __all__ = ["Chosen", "Counts", "Cut", "Steps", "run"]
 

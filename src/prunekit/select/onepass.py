@@ -13,7 +13,7 @@ can write scores x mask alongside (`products`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -71,17 +71,24 @@ class Gathered:
 
 
 def settle(
-    gathered: list[Gathered], values: Tensor, rank: int, hit: bool, mid: float, signed: bool
+    gathered: list[Gathered],
+    values: Tensor,
+    rank: int,
+    hit: bool,
+    mid: float,
+    signed: bool,
+    smallest: Callable[[Tensor, int], Tensor],
 ) -> None:
     """Choose the `rank` smallest of the entries the count pass gathered (all sources in
     order, their magnitudes `values`, or with `signed` their scores), each source's
     selection already marked around the guess `mid`: through the C loop where it makes
-    the selections' dtype, else tensor operations."""
+    the selections' dtype, else tensor operations, with `smallest` (the whole selection)
+    ranking them when a sample would not hold them all."""
     trace.note("settle")
     if native.makes(gathered[0].out.dtype):
         native.settle(gathered, values, rank, hit, mid, signed)
     else:
-        _settle_tensors(gathered, values, rank, hit)
+        _settle_tensors(gathered, values, rank, hit, smallest)
 
 
 def split(
@@ -149,11 +156,15 @@ def _split_tensors(
         yield Part(start, n, below, competing, finite)
 
 
-def _settle_tensors(gathered: list[Gathered], values: Tensor, rank: int, hit: bool) -> None:
-    """Choose the `rank` smallest of the entries in between (all sources in order)."""
-    # many in between: the fast path again (a cycle: choose calls this module)
-    from prunekit.select.choose import smallest_k  # noqa: PLC0415
-
+def _settle_tensors(
+    gathered: list[Gathered],
+    values: Tensor,
+    rank: int,
+    hit: bool,
+    smallest_k: Callable[[Tensor, int], Tensor],
+) -> None:
+    """Choose the `rank` smallest of the entries in between (all sources in order); many
+    in between take the fast path again through `smallest_k`."""
     small = values.numel() <= tuning.get().sample  # a sample would hold them all: no guess
     picked = select_sorted(values, rank) if small else smallest_k(values, rank)
     offset = 0

@@ -18,12 +18,12 @@ from torch import Tensor
 
 from prunekit.select import native, onepass, trace, tuning
 from prunekit.select.chunks import Chunks, ones
-from prunekit.select.group import Group
+from prunekit.select.inputs import all_finite
 from prunekit.select.native import Gather
 from prunekit.select.onepass import Gathered
-from prunekit.select.plan import KEYS
+from prunekit.select.process_group import Group
 from prunekit.select.radix import find, top_digits
-from prunekit.select.sources import all_finite
+from prunekit.select.strategy import KEYS
 
 if TYPE_CHECKING:
     from prunekit.select.pieces import Piece
@@ -116,6 +116,9 @@ class Marks:
     keep_dtype: torch.dtype | None
     products: Sequence[Tensor | None] | None
     finite: bool  # refuse non-finite scores (NotFinite) once the count is known
+    # the `k` smallest of the entries gathered between the bounds, when many are and the C
+    # loop cannot settle them: the whole selection again (choose's; passed down, not imported)
+    rank: Callable[[Tensor, int], Tensor]
 
 
 @dataclass

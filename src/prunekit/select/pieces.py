@@ -42,16 +42,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunekit.select import engine, native, onepass, passes, plan, sample, trace, tuning
+from prunekit.select import engine, native, onepass, passes, sample, strategy, trace, tuning
 from prunekit.select.chunks import Chunks
 from prunekit.select.engine import Cut
-from prunekit.select.group import Group
-from prunekit.select.native import Gather
-from prunekit.select.passes import Buffers, Marks
-from prunekit.select.plan import Route
-from prunekit.select.radix import pick
-from prunekit.select.sample import Bounds
-from prunekit.select.sources import (
+from prunekit.select.inputs import (
     Count,
     Source,
     alive_count,
@@ -59,6 +53,12 @@ from prunekit.select.sources import (
     count_of,
     refuse_non_finite,
 )
+from prunekit.select.native import Gather
+from prunekit.select.passes import Buffers, Marks
+from prunekit.select.process_group import Group
+from prunekit.select.radix import pick
+from prunekit.select.sample import Bounds
+from prunekit.select.strategy import Route
 from prunekit.select.ties import first
 
 __all__ = ["Bits", "Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
@@ -328,7 +328,7 @@ class Bits:
             self.limits = (bounds[0], bounds[1], bounds[2])
         route, now = self.route, tuning.get()
         if self.marks is not None:
-            budget = plan.budget(route)
+            budget = strategy.budget(route)
         else:
             size = route.size
             budget = size if size <= now.guess else max(size // now.gather_share, now.guess)
@@ -362,7 +362,8 @@ class Bits:
             return None
         keep = self.marks.keep_dtype is None
         signed = self.route.signed
-        onepass.settle(found.marked, found.values, rank, keep, self.limits[1], signed)
+        limit = self.limits[1]
+        onepass.settle(found.marked, found.values, rank, keep, limit, signed, self.marks.rank)
         trace.note("one pass")
         outs = [entry.out for entry in found.marked]
         return Selection(

@@ -33,10 +33,10 @@ from torch import Tensor
 from prunekit.core.backend import namespace
 from prunekit.select import sample, trace, tuning
 from prunekit.select.engine import Cut
-from prunekit.select.group import Alone
-from prunekit.select.plan import Route
+from prunekit.select.inputs import Count, Source, all_or_none, complement
+from prunekit.select.process_group import Alone
 from prunekit.select.sample import Bounds, coprime, in_question, within
-from prunekit.select.sources import Count, Source, all_or_none, complement
+from prunekit.select.strategy import Route
 from prunekit.select.ties import only_first, select_sorted
 
 __all__ = ["Ordered", "Portable"]

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from prunekit.select.group import Group
-from prunekit.select.plan import KEYS
+from prunekit.select.process_group import Group
+from prunekit.select.strategy import KEYS
 
 __all__ = ["descend", "find", "pick", "top_digits"]
 

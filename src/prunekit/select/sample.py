@@ -23,9 +23,9 @@ from torch import Tensor
 
 from prunekit.core.backend import namespace
 from prunekit.select import tuning
-from prunekit.select.group import Group
-from prunekit.select.plan import Route
-from prunekit.select.sources import Count, Source, count_of
+from prunekit.select.inputs import Count, Source, count_of
+from prunekit.select.process_group import Group
+from prunekit.select.strategy import Route
 
 __all__ = [
     "Bounds",

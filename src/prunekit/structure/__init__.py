@@ -9,7 +9,6 @@ freshly built model).
 from prunekit.structure.compaction.compact import CompactReport, compact
 from prunekit.structure.graph.graph import ChannelGroup, Slice, channel_groups
 from prunekit.structure.measure import count_macs, count_params, latency_ms
-from prunekit.structure.prune import prune_channels
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.scoring.criteria import (
     CRITERIA,
@@ -18,12 +17,13 @@ from prunekit.structure.scoring.criteria import (
     WeightNorm,
     group_scores,
 )
+from prunekit.structure.stages.entry import prune_channels
 
 # isort: split
 # Criteria that learn from calibration data; compacted models saved with their shapes.
 from prunekit.structure.saving.saving import load_compacted, save_compacted
 from prunekit.structure.saving.skeleton import register_factory as register_compacted_factory
-from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
+from prunekit.structure.scoring.data_criteria import Activation, GroupTaylor
 
 # isort: split
 # One target for the whole model: a share of its parameters or MACs.

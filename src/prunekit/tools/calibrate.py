@@ -2,7 +2,7 @@
 with the folder's tokenizer into windows, and the folder pruned block by block
 (prunekit.io.streamed); ``prunekit shrink DIR --params S --streamed``: the same budget,
 criterion and compensation as ``prunekit shrink``, block by block
-(prunekit.export.streamed)."""
+(prunekit.export.streamed_shrink)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.export.streamed import ShrinkStreamedConfig, ShrinkStreamedReport, shrink_streamed
+from prunekit.export.streamed_shrink import (
+    ShrinkStreamedConfig,
+    ShrinkStreamedReport,
+    shrink_streamed,
+)
 from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX, index_of
 from prunekit.io.streamed import METHODS, prune_streamed

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from prunekit._extras import require
 from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.naming import mask_name
-from prunekit.functional import global_unstructured, ln_structured
-from prunekit.methods import L1Unstructured
+from prunekit.dropin.calls import global_unstructured, ln_structured
+from prunekit.dropin.torch_methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
 from prunekit.schedule import GradualPruner
 from prunekit.structure import compact, count_macs, latency_ms, prune_channels

@@ -36,10 +36,10 @@ from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
-from prunekit.structure.prune import prune_channels
+from prunekit.structure.stages.entry import prune_channels
 from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
+from prunekit.tools.shrink_source import Source, check_source, load_source
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
-from prunekit.tools.sources import Source, check_source, load_source
 
 __all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
 

@@ -17,7 +17,7 @@ from prunekit.export.api import FORMATS, export
 from prunekit.io.text import read_texts, windows
 from prunekit.schedule.distill import Distiller
 from prunekit.tools.shrink_report import ExportRecord
-from prunekit.tools.sources import storage_of
+from prunekit.tools.shrink_source import storage_of
 
 if TYPE_CHECKING:
     from prunekit.tools.shrink import ShrinkConfig

@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.errors import naming, type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.layers import calibrates
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.stats import Reducer
-from prunekit.functional import custom_from_mask, rank_together
-from prunekit.methods import LnStructured, Pruning
+from prunekit.dropin.calls import custom_from_mask, rank_together
+from prunekit.dropin.torch_methods import LnStructured, Pruning
 from prunekit.report import Report, report
-from prunekit.whole.calibrated import make_permanent
 from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
-from prunekit.whole.plan import Loss
+from prunekit.whole.oneshot_execute import make_permanent
+from prunekit.whole.oneshot_plan import Loss
 from prunekit.whole.registry import CALIBRATED
 from prunekit.whole.targets import (
     ALL,

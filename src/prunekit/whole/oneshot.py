@@ -17,13 +17,13 @@ from typing import Any
 
 from torch import nn
 
+import prunekit.calibrate as cal
 from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria import calibration as cal
 from prunekit.progress import Progress
-from prunekit.whole.calibrated import execute
 from prunekit.whole.config import Config
-from prunekit.whole.plan import Loss, TensorRef, make_plan
+from prunekit.whole.oneshot_execute import execute
+from prunekit.whole.oneshot_plan import Loss, TensorRef, make_plan
 
 __all__ = ["run"]
 
@@ -44,7 +44,7 @@ def run(
 
     `then` runs last, inside the transaction (a failure anywhere, in a forward, a
     criterion or `then`, leaves the model as it was). `reduce` (see
-    criteria.calibration.Reduce) makes the calibrated methods use the statistics (Taylor:
+    prunekit.calibrate.reduce.Reduce) makes the calibrated methods use the statistics (Taylor:
     the saliencies) of every data-parallel rank's batches, each rank holding the whole
     model; the ranks settle once the arguments are checked and once more inside the
     transaction, at the end, so that a failure on any rank undoes the call on every rank.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prunekit.core.errors import value_error
 from prunekit.criteria import Criterion, Magnitude, Random
-from prunekit.methods import L1Unstructured, LnStructured, Pruning, RandomUnstructured
+from prunekit.dropin.torch_methods import L1Unstructured, LnStructured, Pruning, RandomUnstructured
 
 __all__ = [
     "ALIASES",

@@ -216,7 +216,7 @@ def test_bad_damping_is_refused_and_nothing_changes(
 
 
 def test_without_damping_the_default_is_used() -> None:
-    from prunekit.structure import prune as pruning
+    from prunekit.structure.stages import entry as pruning
 
     dense, calibration = mlp(), batches()
     implicit, explicit = copy.deepcopy(dense), copy.deepcopy(dense)

@@ -11,14 +11,14 @@ from torch import nn
 from prunekit.structure.families import attention, experts, mha
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.tables import HANDLERS, MODULES, OPS
-from prunekit.structure.handlers import layers, norms, ops
+from prunekit.structure.handlers import module_handlers, norms, ops
 from prunekit.structure.trace.tracer import Handlers, ModuleHandler, run_traced
 
 
 def _op_handlers() -> list[object]:
     """The public functions of the handler modules that take (tracer, call)."""
     found = []
-    for module in (layers, ops):
+    for module in (module_handlers, ops):
         for name, value in vars(module).items():
             if name.startswith("_") or not inspect.isfunction(value):
                 continue
@@ -38,7 +38,7 @@ def test_every_op_handler_of_the_graph_is_in_its_table() -> None:
 def test_every_module_handler_of_the_graph_is_in_its_table_in_order() -> None:
     found = [
         value
-        for module in (attention, experts, mha, norms, layers, ops)
+        for module in (attention, experts, mha, norms, module_handlers, ops)
         for value in vars(module).values()
         if isinstance(value, ModuleHandler)
     ]

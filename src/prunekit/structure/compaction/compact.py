@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from prunekit.core.errors import warn_caller
-from prunekit.core.inputs import ExampleInputs
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.fromconfig import pretrained_mismatches
 from prunekit.structure.compaction.hfconfig import update_config

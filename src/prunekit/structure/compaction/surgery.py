@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from prunekit.functional import remove
+from prunekit.dropin.calls import remove
 from prunekit.structure.compaction.widths import implied_widths
 from prunekit.structure.families.attention import update_modules
 from prunekit.structure.families.experts import check_kept, sync_experts

@@ -10,15 +10,15 @@ which is also the structured optimal-brain-surgeon update for removing whole col
 Hessian of the layer's squared error is H). A consumer with a bias solves the same problem
 with a constant input column added (the mean of x beside H): the bias then absorbs the mean
 contribution of what went, and the columns fit what varies. A convolution other than a
-pointwise one is read as patches (``prunekit.criteria.layers``): per group of channels, x is
-what one output position reads, a removed channel takes its column at every kernel position
-with it, and H (kernel positions x channels per group, squared) is that group's. A
+pointwise one is read as patches (``prunekit.calibrate.layer_matrices``): per group of
+channels, x is what one output position reads, a removed channel takes its column at every
+kernel position with it, and H (kernel positions x channels per group, squared) is that group's. A
 depthwise convolution is never a consumer: its channels go with those it reads, and the
 pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped by ``DAMP`` x the mean of the diagonal, through a Cholesky factor.
 
-Statistics come from the calibration machinery of ``prunekit.criteria.calibration`` and are
+Statistics come from the calibration machinery of ``prunekit.calibrate`` and are
 taken in forward order on the model as pruned so far: each consumer sees the outputs of the
 already masked and compensated layers before it, with only its own groups' producers
 opened (their masks lifted) so that the removed inputs are still there to be measured. Where
@@ -42,10 +42,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
+from prunekit.calibrate import layer_matrices
 from prunekit.core.errors import value_error
 from prunekit.core.naming import mask_name, stored_parameter
-from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.structure.compensation.damping import (
     DAMP,
@@ -89,7 +89,7 @@ def _compensable(s: Slice) -> bool:
 def _by_patches(module: nn.Module) -> bool:
     """Whether `module` is a convolution other than a pointwise one (kernel 1, stride 1, no
     padding, one group: a Linear over the channels at every position), so that its input
-    is seen as patches (``prunekit.criteria.layers``): one matrix per group of channels,
+    is seen as patches (``prunekit.calibrate.layer_matrices``): one matrix per group of channels,
     whose columns are (kernel position, input channel) pairs."""
     if not isinstance(module, nn.modules.conv._ConvNd):
         return False
@@ -417,14 +417,14 @@ def _update_patches(
     slice are its channels within a group; the same ones go in every group. One damping
     serves all groups (chosen on their summed held-out error where 'auto')."""
     conv = one.module
-    groups, columns = layers.width(conv)
+    groups, columns = layer_matrices.width(conv)
     weight = openings.weight(conv, one.name)
-    rows = layers.matrices(conv, weight)  # (groups, outputs per group, columns)
+    rows = layer_matrices.matrices(conv, weight)  # (groups, outputs per group, columns)
     mask = getattr(conv, mask_name(one.name), None)
     alive = (
         torch.ones(groups, columns, dtype=torch.bool)
         if not isinstance(mask, Tensor)
-        else layers.matrices(conv, mask).ne(0).any(1)
+        else layer_matrices.matrices(conv, mask).ne(0).any(1)
     )
     per = weight.shape[1]  # input channels per group: a column is position x per + channel
     gone = sorted({p * per + c for p in range(columns // per) for c in one.removed})
@@ -453,7 +453,7 @@ def _update_patches(
             shifts[g] = shift
     stored = _stored(conv, one.name)
     with torch.no_grad():
-        stored.add_(layers.from_matrices(conv, change, stored.shape).to(stored.dtype))
+        stored.add_(layer_matrices.from_matrices(conv, change, stored.shape).to(stored.dtype))
         if bias is not None:
             bias.add_(shifts.reshape(-1).to(bias.dtype))
     return True
@@ -479,7 +479,7 @@ def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -
             try:
                 cal.run_batch(model, batch)
             except Exception as error:
-                raise cal._batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
+                raise cal.batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
     finally:
         for handle in handles:
             handle.remove()

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from prunekit.criteria.calibration import batch_list, run_batch
+from prunekit.calibrate import batch_list, run_batch
 from prunekit.structure.graph.graph import check_model
 
 __all__ = ["recalibrate_norms"]

@@ -45,10 +45,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria import calibration as cal
 from prunekit.structure.graph.graph import check_model
 
 __all__ = ["reconstruct_blocks"]

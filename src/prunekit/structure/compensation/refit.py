@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
+from prunekit.calibrate import layer_matrices
 from prunekit.core.naming import mask_name, stored_parameter
-from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
 from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.compensation import compensate as plain
 from prunekit.structure.graph.graph import ChannelGroup
@@ -114,11 +114,11 @@ class _Paired:
 
     def features(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         """(groups, rows, columns) of the consumer's input, float64."""
-        x = layers.layer_input(self.module, args, kwargs)
+        x = layer_matrices.layer_input(self.module, args, kwargs)
         if self.patches:
-            found = layers.features(self.module, x)
+            found = layer_matrices.features(self.module, x)
         else:
-            moved = cal._features(self.module, x)
+            moved = cal.input_features(self.module, x)
             found = moved.reshape(-1, 1, moved.shape[-1])
         return found.detach().to(torch.float64).transpose(0, 1)
 
@@ -177,7 +177,7 @@ def _paired_statistics(
             x = _first_input(model, module, batch, paired)
             t = _first_input(reference, twin, batch, paired)
         except Exception as error:
-            raise cal._batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            raise cal.batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
         paired.add(x, t)
     return paired
 
@@ -264,7 +264,7 @@ def _refit(one: Any, paired: _Paired, openings: plain.Openings) -> bool:
     else:  # a layer of no chosen group: as it computes (an earlier mask applied)
         weight = getattr(module, one.name).detach().to(torch.float64)
     if paired.patches:
-        rows = layers.matrices(module, weight)
+        rows = layer_matrices.matrices(module, weight)
         per = weight.shape[1]
         gone = {p * per + c for p in range(n // per) for c in one.removed}
     else:
@@ -276,7 +276,7 @@ def _refit(one: Any, paired: _Paired, openings: plain.Openings) -> bool:
     if not isinstance(mask, Tensor):
         alive = torch.ones(groups, n, dtype=torch.bool)
     elif paired.patches:
-        alive = layers.matrices(module, mask).ne(0).any(1)
+        alive = layer_matrices.matrices(module, mask).ne(0).any(1)
     else:
         alive = mask.movedim(one.dim, -1).reshape(-1, n).ne(0).any(0).reshape(1, n)
     bias = stored_parameter(module, "bias")
@@ -294,7 +294,7 @@ def _refit(one: Any, paired: _Paired, openings: plain.Openings) -> bool:
     stored = plain._stored(module, one.name)
     with torch.no_grad():
         if paired.patches:
-            stored.add_(layers.from_matrices(module, change, stored.shape).to(stored.dtype))
+            stored.add_(layer_matrices.from_matrices(module, change, stored.shape).to(stored.dtype))
         else:
             target = stored.movedim(one.dim, -1).view(-1, n)
             target += change[0].to(target.dtype)

@@ -7,8 +7,13 @@ Hugging Face config and checks the result (outputs, and a model rebuilt from the
 """
 
 from prunekit.structure.depth.block_config import BlockConfig
+from prunekit.structure.depth.block_pruning import (
+    BlockPruning,
+    prune_blocks,
+    skip_blocks,
+    unskip_blocks,
+)
 from prunekit.structure.depth.blocks import skipped_blocks
-from prunekit.structure.depth.prune import BlockPruning, prune_blocks, skip_blocks, unskip_blocks
 from prunekit.structure.depth.remove import BlockRemoval, remove_blocks
 
 __all__ = [

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from prunekit.calibrate import block_list
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria.calibration import block_list
 
 __all__ = [
     "ADDS",

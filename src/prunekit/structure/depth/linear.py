@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from prunekit.calibrate import cacheless, evaluating
 from prunekit.core.errors import value_error
 from prunekit.core.naming import mask_name, orig_name, stored_parameter
-from prunekit.criteria.calibration import cacheless, evaluating
 from prunekit.structure.depth.blocks import BlockList, hidden_in, hidden_out
 from prunekit.structure.depth.states import rows, run_one, token_mask
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import evaluating, run_batch
 from prunekit.core.errors import is_explained, value_error
-from prunekit.criteria.calibration import evaluating, run_batch
 
 __all__ = ["TOLERANCE", "check_outputs", "reference_outputs"]
 

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.inputs import ExampleInputs
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, skipped, unskip
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
 from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.depth.outputs import check_outputs, reference_outputs
-from prunekit.structure.depth.rebuild import built, check_rebuilt, index_attributes
+from prunekit.structure.depth.removal_checks import built, check_rebuilt, index_attributes
 from prunekit.structure.depth.states import check_inputs
 from prunekit.structure.measure import count_params
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import evaluating
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria.calibration import evaluating
 from prunekit.structure.depth.blocks import REPLACES, BlockList, skip, unskip
 from prunekit.structure.depth.states import rows, run_boundaries, run_one, token_mask
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import run_batch
 from prunekit.core.errors import is_explained, type_error, value_error
-from prunekit.criteria.calibration import run_batch
 from prunekit.structure.depth.blocks import ADDS, REPLACES, BlockList, hidden_in, hidden_out
 
 __all__ = [

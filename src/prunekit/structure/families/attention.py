@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from prunekit.structure.families import mha
 from prunekit.structure.families.heads import Adapter, Follow, Heads, Proj, first
-from prunekit.structure.handlers.layers import is_norm_module
+from prunekit.structure.handlers.module_handlers import is_norm_module
 from prunekit.structure.trace.labels import along, channel_ids
 from prunekit.structure.trace.tracer import ModuleHandler, Tracer
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.structure.graph.tables import HANDLERS
-from prunekit.structure.handlers.layers import RMS_NORMS, linear
+from prunekit.structure.handlers.module_handlers import RMS_NORMS, linear
 from prunekit.structure.trace.tracer import (
     METADATA,
     Call,

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunekit.core.inputs import ExampleInputs
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
 from prunekit.structure.graph.tables import HANDLERS

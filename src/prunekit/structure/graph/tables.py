@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from prunekit.structure.families.attention import ATTENTION_HANDLER
 from prunekit.structure.families.experts import EXPERTS_HANDLER, ROUTER_HANDLER
-from prunekit.structure.handlers import layers, ops
+from prunekit.structure.handlers import module_handlers, ops
 from prunekit.structure.handlers.norms import RMS_NORM_HANDLER
 from prunekit.structure.trace.skim import Blind
 from prunekit.structure.trace.tracer import Handler, Handlers, ModuleHandler
@@ -31,14 +31,14 @@ def _each(names: Iterable[str], handler: Handler, blind: Blind) -> dict[str, tup
 # are blind to)
 OPS: dict[str, tuple[Handler, Blind]] = {
     # layers, called by their modules or functionally
-    **_each(("conv1d", "conv2d", "conv3d"), layers.conv, "all"),
-    **_each(("linear",), layers.linear, "all"),
-    **_each(("batch_norm", "instance_norm"), layers.batch_norm, "all"),
-    **_each(("group_norm",), layers.group_norm, "all"),
-    **_each(("layer_norm", "rms_norm"), layers.layer_norm, "all"),
-    **_each(("addmm",), layers.addmm, "all"),
-    **_each(("prelu",), layers.prelu, "all"),
-    **_each(("embedding",), layers.embedding, "none"),
+    **_each(("conv1d", "conv2d", "conv3d"), module_handlers.conv, "all"),
+    **_each(("linear",), module_handlers.linear, "all"),
+    **_each(("batch_norm", "instance_norm"), module_handlers.batch_norm, "all"),
+    **_each(("group_norm",), module_handlers.group_norm, "all"),
+    **_each(("layer_norm", "rms_norm"), module_handlers.layer_norm, "all"),
+    **_each(("addmm",), module_handlers.addmm, "all"),
+    **_each(("prelu",), module_handlers.prelu, "all"),
+    **_each(("embedding",), module_handlers.embedding, "none"),
     # tensor ops
     **_each(ops.UNARY, ops.unary, "all"),
     **_each(ops.BINARY, ops.binary, "all"),

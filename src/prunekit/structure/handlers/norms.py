@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import stored_parameter
-from prunekit.structure.handlers.layers import RMS_NORMS, is_norm_module
+from prunekit.structure.handlers.module_handlers import RMS_NORMS, is_norm_module
 from prunekit.structure.trace.labels import channel_ids
 from prunekit.structure.trace.tracer import TRACING, ModuleHandler, Tracer
 

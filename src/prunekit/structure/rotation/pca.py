@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.criteria.calibration import evaluating, run_batch
+from prunekit.calibrate import evaluating, run_batch
 from prunekit.structure.rotation.family import Stream
 
 UNIT_TOKENS = True

@@ -41,10 +41,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.rotation.family import OWNER, Stream, find_stream
 from prunekit.structure.rotation.pca import principal_directions, second_moments
 

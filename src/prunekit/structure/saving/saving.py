@@ -37,7 +37,7 @@ from prunekit.structure.families.experts import drops_experts
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.handlers.norms import narrows_norm
 from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
-from prunekit.structure.saving.rebuild import (
+from prunekit.structure.saving.shapes import (
     Reload,
     apply_reload,
     check_widths,

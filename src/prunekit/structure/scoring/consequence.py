@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from prunekit.criteria import calibration as cal
+import prunekit.calibrate as cal
 from prunekit.criteria.hessian import damped_inverse
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import (

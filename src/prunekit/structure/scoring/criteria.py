@@ -8,7 +8,7 @@ Built in, by name: 'l1' and 'l2' (norm of every parameter entry the unit owns), 
 (|sum of w x grad| over the unit's entries: the first-order change of the loss when the unit
 is removed; from the gradients already in ``.grad``, or from calibration batches),
 'activation' (Wanda-style: |W| x the input norm of every consumer column that reads the unit,
-from calibration batches; see ``prunekit.structure.scoring.calibrated``), 'obs' (the structured
+from calibration batches; see ``prunekit.structure.scoring.data_criteria``), 'obs' (the structured
 optimal-brain-surgeon error that removing the unit leaves in its consumers, from their
 input Hessians) and 'fluctuation' (FLAP: input-channel variance x squared weight-column
 norm; both in ``prunekit.structure.scoring.consequence``); for routed experts, 'frequency' and
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_kind
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.graph.graph import ChannelGroup
-from prunekit.structure.scoring.calibrated import Activation, GroupTaylor
 from prunekit.structure.scoring.consequence import OBS, Fluctuation
+from prunekit.structure.scoring.data_criteria import Activation, GroupTaylor
 from prunekit.structure.scoring.expert_criteria import ExpertSaliency, RoutingFrequency
 from prunekit.structure.scoring.protocol import (
     Calibration,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.criteria.calibration import evaluating, run_batch
+from prunekit.calibrate import evaluating, run_batch
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import Calibration, GroupCriterion
 

@@ -12,7 +12,7 @@ ChannelConfig (channel_config: every option, checked once)
   -> Compensation.apply (the least-squares update, or the refit)
 ```
 
-``prunekit.structure.prune.run_stages`` runs them in one transaction; ``compact`` and
+``prunekit.structure.stages.entry.run_stages`` runs them in one transaction; ``compact`` and
 ``export`` follow on the masked model.
 """
 

@@ -13,8 +13,8 @@ from typing import Any, TypedDict
 
 from torch import Tensor, nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.budget import Budget
 from prunekit.structure.compensation.damping import DAMP, check_damping
 from prunekit.structure.graph.graph import ChannelGroup, check_gqa

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from prunekit.functional import custom_from_mask
+from prunekit.dropin.calls import custom_from_mask
 from prunekit.structure.families.experts import install_router_mask
 from prunekit.structure.handlers.norms import install_kept_norm
 from prunekit.structure.pruned import PrunedGroup

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.criteria import calibration as cal
+import prunekit.calibrate as cal
 from prunekit.criteria.taylor import taylor_product
 from prunekit.criteria.wanda import wanda_scores
 from prunekit.structure.graph.graph import ChannelGroup, Slice

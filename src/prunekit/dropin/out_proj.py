@@ -21,8 +21,10 @@ from torch import nn
 
 from prunekit.core.backend import framework
 from prunekit.core.checks import is_attention_out_proj
+from prunekit.dropin.copying import KeepsHookKey
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
 
-__all__ = ["refresh_out_proj", "watch_out_proj"]
+__all__ = ["RefreshSubmodule", "refresh_out_proj", "watch_out_proj"]
 
 _watching: set[str] = set()
 _lock = threading.Lock()
@@ -52,15 +54,31 @@ def refresh_out_proj(module: nn.Module, inputs: Any) -> None:
     child = module._modules.get("out_proj")
     if child is None or not child._forward_pre_hooks or not is_attention_out_proj(child):
         return
-    # A cycle: install and method (through copying) watch out_proj with this module.
-    from prunekit.core.install import RefreshSubmodule  # noqa: PLC0415
-    from prunekit.core.method import BasePruningMethod  # noqa: PLC0415
-
     done = {
         h.name
         for h in module._forward_pre_hooks.values()
         if isinstance(h, RefreshSubmodule) and h.path == "out_proj"
     }
-    for hook in list(child._forward_pre_hooks.values()):
-        if isinstance(hook, BasePruningMethod) and hook._tensor_name not in done:
+    for hook in pruning_hooks(child):
+        if hook._tensor_name not in done:
             hook(child, inputs)
+
+
+class RefreshSubmodule(KeepsHookKey):
+    """Forward pre-hook on a parent: refreshes a pruned tensor of the child at `path`.
+
+    For children whose forward never runs because the parent reads their weights
+    directly (MultiheadAttention.out_proj, pytorch#69353): without it the child's masked
+    tensor, computed once, is reused by every step and its graph freed after the first
+    backward.
+    """
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        owner = module.get_submodule(self.path)
+        _, hook = find_pruning_hook(owner, self.name)
+        if hook is not None:
+            hook(owner, inputs)

@@ -28,15 +28,15 @@ from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
 from prunekit.core.errors import attribute_error, describe, type_error, value_error
-from prunekit.core.install import install
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
-from prunekit.distributed.group import Group
+from prunekit.distributed.collectives import Group
 from prunekit.distributed.tensors import Placement, local, placement
-from prunekit.methods import CustomFromMask, Pruning
+from prunekit.dropin.install import install
+from prunekit.dropin.torch_methods import CustomFromMask, Pruning
 from prunekit.patterns.unstructured import Unstructured
 from prunekit.select.pieces import Piece, Unrankable, select
 

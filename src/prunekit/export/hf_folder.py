@@ -32,13 +32,6 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
-from prunekit.export.companions import (
-    check_model,
-    check_source,
-    clear,
-    dequantized,
-    write_companions,
-)
 from prunekit.export.hfcheck import (
     check_inputs,
     loaded_output,
@@ -46,8 +39,15 @@ from prunekit.export.hfcheck import (
     relative_difference,
     rounded_copy,
 )
-from prunekit.export.layers import decoder_layers
+from prunekit.export.layer_widths import decoder_layers
 from prunekit.export.request import ExportReport, Request
+from prunekit.export.tokenizer_files import (
+    check_model,
+    check_source,
+    clear,
+    dequantized,
+    write_companions,
+)
 from prunekit.structure.compaction.fromconfig import build_fresh, difference
 
 __all__ = [

@@ -15,11 +15,11 @@ from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import value_error
-from prunekit.core.method import TensorRef
-from prunekit.patterns.base import Pattern, all_ones
+from prunekit.core.naming import TensorRef
+from prunekit.patterns.pattern import Pattern, all_ones
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
-    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.criterion import Criterion
 
 __all__ = ["RowwisePattern", "competing_scores"]
 

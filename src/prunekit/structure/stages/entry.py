@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.inputs import ExampleInputs
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import transaction
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.pruned import PrunedGroup

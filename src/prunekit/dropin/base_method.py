@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.amount import validate_dim
 from prunekit.core.backend import common_namespace, multiply_, namespace
-from prunekit.core.copying import BoundToModule
 from prunekit.core.errors import (
     attribute_error,
     describe,
@@ -26,16 +26,23 @@ from prunekit.core.errors import (
     type_error,
     value_error,
 )
-from prunekit.core.naming import mask_name, orig_name
+from prunekit.core.naming import TensorRef, mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.reuse import Reuse
+from prunekit.dropin.copying import BoundToModule
+from prunekit.dropin.hooks import PRUNING_TYPES, pruning_type
+from prunekit.dropin.install import install
+from prunekit.dropin.out_proj import watch_out_proj
 
-__all__ = ["PRUNING_TYPES", "BasePruningMethod", "PruningBase", "TensorRef", "pruning_type"]
-
-PRUNING_TYPES = ("unstructured", "structured", "global")
-
-TensorRef = tuple[nn.Module, str] | None
-"""The (module, name) a tensor being ranked belongs to, where known (None in prune())."""
+__all__ = [
+    "PRUNING_TYPES",
+    "BasePruningMethod",
+    "PruningBase",
+    "PruningContainer",
+    "TensorRef",
+    "combine_masks",
+    "pruning_type",
+]
 
 
 class BasePruningMethod(BoundToModule, ABC):
@@ -57,6 +64,26 @@ class BasePruningMethod(BoundToModule, ABC):
     reuse_masked: bool = True
     """Whether a forward without gradients may reuse ``module.<name>`` (see __call__)."""
     _reuse: Reuse | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        module = self._bound_module()
+        if module is not None:
+            watch_out_proj(module)  # in a process that loads a pruned out_proj
+
+    def _composed(self, method: BasePruningMethod) -> PruningContainer:
+        """The hook that holds this pruning and `method` after it (a new container)."""
+        container = PruningContainer(self)
+        container.add_pruning_method(method)
+        return container
+
+    def _combined_mask(self, t: Tensor, mask: Tensor, target: TensorRef = None) -> Tensor:
+        """`mask` further pruned by this method on scores `t` (see combine_masks)."""
+        return combine_masks(self, t, mask, target)
+
+    def _masks_orig(self) -> bool:
+        """Whether its masked tensor is mask * orig (``apply_mask`` not overridden)."""
+        return type(self).apply_mask is BasePruningMethod.apply_mask
 
     def __call__(self, module: nn.Module, inputs: object) -> None:
         """Forward pre-hook: make ``module.<name>`` equal mask * orig.
@@ -143,8 +170,6 @@ class BasePruningMethod(BoundToModule, ABC):
             The hook installed on `module`: the method, or the PruningContainer that holds
             it.
         """
-        from prunekit.core.install import install  # noqa: PLC0415 (a cycle: install builds on this module)
-
         method = construct(cls, args, kwargs, describe(module, name))
         return install(module, name, method, importance_scores)
 
@@ -303,17 +328,109 @@ def construct(cls: type[BasePruningMethod], args: Any, kwargs: Any, where: str) 
         raise
 
 
-def pruning_type(method: BasePruningMethod) -> str:
-    """`method`'s PRUNING_TYPE, checked: read when it is composed with another pruning."""
-    kind = getattr(method, "PRUNING_TYPE", None)
-    name = type(method).__name__
-    if kind is None:
+class PruningContainer(BasePruningMethod):
+    """The successive prunings of one tensor, in the order they were applied.
+
+    Its mask is the last method's mask computed on the part of the tensor the
+    previous ones left, as that method's PRUNING_TYPE defines.
+
+    Args:
+        *methods: the methods already applied to the tensor, oldest first; all must prune
+            the same tensor (``add_pruning_method`` checks each).
+
+    Attributes:
+        PRUNING_TYPE: ``"global"``: a pruning added later sees the whole tensor.
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, *methods: BasePruningMethod) -> None:
+        self._pruning_methods: tuple[BasePruningMethod, ...] = ()
+        if methods:
+            self._tensor_name = methods[0]._tensor_name
+        for method in methods:
+            self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: BasePruningMethod) -> None:
+        """Append `method`, which must prune the same tensor as the container.
+
+        Args:
+            method: a pruning method applied to the container's tensor after the others.
+
+        Raises:
+            TypeError: `method` is no BasePruningMethod.
+            ValueError: `method` prunes another tensor than the container's.
+        """
+        if not isinstance(method, BasePruningMethod):
+            raise type_error(
+                f"PruningContainer: invalid method of type {type(method).__name__}; "
+                "expected a BasePruningMethod instance"
+            )
+        if method._tensor_name != self._tensor_name:
+            raise value_error(
+                f"PruningContainer holds methods for {self._tensor_name!r}, "
+                f"cannot add one for {method._tensor_name!r}; expected a method pruning "
+                f"{self._tensor_name!r}"
+            )
+        self._pruning_methods += (method,)
+
+    def _composed(self, method: BasePruningMethod) -> PruningContainer:
+        self.add_pruning_method(method)
+        return self
+
+    def __len__(self) -> int:
+        return len(self._pruning_methods)
+
+    def __iter__(self) -> Iterator[BasePruningMethod]:
+        return iter(self._pruning_methods)
+
+    def __getitem__(self, idx: int) -> BasePruningMethod:
+        return self._pruning_methods[idx]
+
+    def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
+        """Combine `default_mask` with the newest method's mask (see combine_masks).
+
+        The result has the dtype of `t`, as torch's container gives it (installed masks
+        are made by combine_masks directly and keep the parameter's dtype).
+        """
+        if not self._pruning_methods:
+            raise value_error("PruningContainer is empty: add a pruning method first")
+        mask = combine_masks(self._pruning_methods[-1], t, default_mask)
+        return mask if mask.dtype == t.dtype else mask.to(dtype=t.dtype)
+
+
+def combine_masks(
+    method: BasePruningMethod, t: Tensor, mask: Tensor, target: TensorRef = None
+) -> Tensor:
+    """Return a new mask: `mask` further pruned by `method` on scores `t`.
+
+    'unstructured' methods see only the entries where `mask` is 1, 'structured'
+    ones only the channels along ``method.dim`` that still hold a 1, 'global'
+    ones everything. The result has the dtype of `mask`.
+    """
+    kind = pruning_type(method)
+    if kind == "global":
+        return method._compute_mask(t, mask.clone(), target).to(dtype=mask.dtype)
+    if kind == "unstructured":
+        kept = method._choose([t], [mask], keep_dtype=mask.dtype, targets=[target])
+        if kept is not None:
+            return multiply_(next(kept).reshape(t.shape), mask)
+    new_mask = mask.clone()
+    if kind == "unstructured":
+        keep = mask == 1
+        partial = method._compute_mask(t[keep], mask[keep], target)
+        new_mask[keep] = partial.to(dtype=mask.dtype)
+        return new_mask
+    dim = getattr(method, "dim", None)
+    if dim is None:
         raise attribute_error(
-            f"{name} declares no PRUNING_TYPE, which composing it with an earlier pruning "
-            f"needs; expected a class attribute, one of {PRUNING_TYPES}"
+            f"{type(method).__name__} has PRUNING_TYPE 'structured' but no attribute "
+            "'dim' saying which axis holds the channels"
         )
-    if kind not in PRUNING_TYPES:
-        raise value_error(
-            f"{name}.PRUNING_TYPE={kind!r} is not allowed; expected one of {PRUNING_TYPES}"
-        )
-    return str(kind)
+    dim = validate_dim(dim, t.dim(), type(method).__name__)
+    others = [d for d in range(t.dim()) if d != dim]
+    alive = mask.sum(dim=others) != 0
+    index = (slice(None),) * dim + (alive,)
+    partial = method._compute_mask(t[index], mask[index], target)
+    new_mask[index] = partial.to(dtype=mask.dtype)
+    return new_mask

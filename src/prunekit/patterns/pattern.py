@@ -11,10 +11,10 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.backend import namespace
-from prunekit.core.method import TensorRef
+from prunekit.core.naming import TensorRef
 
 if TYPE_CHECKING:  # a pattern ranks by a criterion: criteria stand above patterns
-    from prunekit.criteria.base import Criterion
+    from prunekit.criteria.criterion import Criterion
 
 __all__ = ["Pattern", "all_ones"]
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.inputs import ExampleInputs
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import transaction
-from prunekit.criteria.calibration import batch_list
 from prunekit.structure.depth.block_config import BlockConfig, BlockOptions, block_config
 from prunekit.structure.depth.blocks import (
     ADDS,

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from prunekit.core.errors import type_error, value_error
-from prunekit.select.group import Alone
+from prunekit.select.process_group import Alone
 
 __all__ = ["TIMEOUT", "Group", "RanksTimeout", "TorchGroup", "group_of"]
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from prunekit.core.backend import namespace
 from prunekit.select import tuning
-from prunekit.select.sources import Source, check_flags
+from prunekit.select.inputs import Source, check_flags
 
 __all__ = ["BITS", "KEYS", "Route", "budget", "make"]
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from prunekit.core.backend import is_tensor
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.method import TensorRef
+from prunekit.core.naming import TensorRef
 from prunekit.select import Source
 
 __all__ = ["Criterion"]

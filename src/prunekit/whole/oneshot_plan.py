@@ -11,14 +11,14 @@ from typing import Any
 
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
+from prunekit.calibrate import layer_matrices
+from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import Transaction
-from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
-from prunekit.criteria.layers import calibrates
 from prunekit.criteria.sparsegpt import SparseGPT
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.whole.config import Config
@@ -172,7 +172,7 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             with naming(where):
                 competing = values if live is None else values.masked_fill(~live, 0)
                 check_finite(competing, owner, "weights")
-        groups, _ = layers.width(module)
+        groups, _ = layer_matrices.width(module)
         if method == "sparsegpt" and groups > 1 and isinstance(amount, numbers.Integral):
             raise value_error(
                 f"{owner}: {where} ({groups} groups) is pruned by SparseGPT group by "
@@ -214,7 +214,7 @@ def _check_matrix_dim(pattern: NM | PerRow, ndim: int, owner: str, where: str) -
 
 def oriented(module: nn.Module, name: str, pattern: Pattern) -> Pattern:
     """`pattern`, named for a Linear's weight, as it reads on ``module.<name>``."""
-    return layers.oriented(module, pattern) if calibrates(module, name) else pattern
+    return layer_matrices.oriented(module, pattern) if calibrates(module, name) else pattern
 
 
 def current_values(module: nn.Module, name: str) -> Tensor:

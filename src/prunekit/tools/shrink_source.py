@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
-from prunekit.export.layers import LLAMA_FAMILY
+from prunekit.export.layer_widths import LLAMA_FAMILY
 from prunekit.io.files import CheckpointError, open_regular
 from prunekit.io.folders import WEIGHTS
 from prunekit.io.mapped import read_header

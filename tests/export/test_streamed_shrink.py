@@ -1,5 +1,5 @@
-"""prunekit.export.streamed: a budget with compensation over a sharded folder, block by block,
-gives the in-memory prune_channels + compact: the same units kept, the same weights; the
+"""prunekit.export.streamed_shrink: a budget with compensation over a sharded folder, block
+by block, gives the in-memory prune_channels + compact: the same units kept, the same weights; the
 folder loads without prunekit; bad arguments and failures leave the output as it was."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from prunekit.export.hf import MODELING_FILE
+from prunekit.export.hf_folder import MODELING_FILE
 from prunekit.export.hfcheck import loaded_output
-from prunekit.export.streamed import ShrinkStreamedConfig, shrink_streamed
+from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.io.files import CheckpointError
 from prunekit.structure.budget import Budget
 from prunekit.structure.compaction.compact import compact
-from prunekit.structure.prune import prune_channels
+from prunekit.structure.stages.entry import prune_channels
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -171,7 +171,7 @@ def test_a_failure_midway_leaves_the_output_as_it_was(
             raise RuntimeError("disk on fire")
         return compact(*args, **kwargs)
 
-    monkeypatch.setattr("prunekit.export.streamed.compact", failing)
+    monkeypatch.setattr("prunekit.export.streamed_shrink.compact", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         shrink_streamed(folder, out, calibration=batches(), config=CASES[0])
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]

@@ -22,7 +22,6 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from prunekit.core.attention import watch_out_proj
 from prunekit.core.naming import mask_name, orig_name
 
 __all__ = ["BoundToModule", "KeepsHookKey"]
@@ -72,7 +71,6 @@ class BoundToModule(KeepsHookKey):
         super().__setstate__(state)
         if module is not None:
             self._bind(module)
-            watch_out_proj(module)  # in a process that loads a pruned out_proj
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         module = self._bound_module()

@@ -6,13 +6,13 @@ and products, and turning selections into masks.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from prunekit.core.backend import namespace
+from prunekit.core.finite import all_finite as finite
 from prunekit.select import tuning
 
 __all__ = [
@@ -79,16 +79,8 @@ def competing(sources: Sequence[Source]) -> int:
 
 
 def all_finite(t: Tensor) -> bool:
-    """True if `t` holds no NaN or infinity. Read a chunk at a time: a finite sum clears
-    a chunk quickly, isfinite() settles the rest; no temporary as large as `t`."""
-    chunk = tuning.get().chunk
-    flat = t.reshape(-1)
-    ns = namespace(flat)
-    for start in range(0, flat.numel(), chunk):
-        part = flat[start : start + chunk]
-        if not math.isfinite(float(part.sum())) and not bool(ns.isfinite(part).all()):
-            return False
-    return True
+    """True if `t` holds no NaN or infinity, read in chunks of the tuning's size."""
+    return finite(t, tuning.get().chunk)
 
 
 def refuse_non_finite(sources: Sequence[Source]) -> None:

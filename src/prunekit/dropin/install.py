@@ -7,12 +7,11 @@ one transaction: on any error the module keeps its parameters, buffers and hooks
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.attention import watch_out_proj
 from prunekit.core.backend import common_namespace, framework_caveat, namespace
 from prunekit.core.checks import (
     check_scores,
@@ -20,13 +19,16 @@ from prunekit.core.checks import (
     prunable_parameter,
     refuse_ties,
 )
-from prunekit.core.container import PruningContainer, combine_masks
-from prunekit.core.copying import KeepsHookKey
 from prunekit.core.errors import describe, naming, value_error, warn_caller
-from prunekit.core.method import BasePruningMethod, pruning_type
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import made
 from prunekit.core.transaction import transaction
+from prunekit.dropin.copying import KeepsHookKey
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks, pruning_type
+from prunekit.dropin.out_proj import RefreshSubmodule, watch_out_proj
+
+if TYPE_CHECKING:  # the method protocol stands above: its apply() installs through here
+    from prunekit.dropin.base_method import BasePruningMethod
 
 __all__ = [
     "RefreshAfterLoad",
@@ -39,26 +41,6 @@ __all__ = [
     "pruning_hooks",
     "refresh_masked",
 ]
-
-
-def pruning_hooks(module: nn.Module) -> list[BasePruningMethod]:
-    """The pruning hooks installed on `module` itself (not its submodules), in order."""
-    return [h for h in module._forward_pre_hooks.values() if isinstance(h, BasePruningMethod)]
-
-
-def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:
-    """Return (key, hook) of the pruning hook on ``module.<name>``, or (None, None)."""
-    found = [
-        (key, hook)
-        for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, BasePruningMethod) and hook._tensor_name == name
-    ]
-    if len(found) > 1:
-        raise RuntimeError(
-            f"{describe(module, name)} carries {len(found)} pruning hooks; "
-            "successive prunings must share one PruningContainer"
-        )
-    return found[0] if found else (None, None)
 
 
 def install(
@@ -116,8 +98,7 @@ def _install(
             module.register_buffer(mask_name(name), mask)
             method._registered(module.register_forward_pre_hook(method).id)
         else:
-            hook = old if isinstance(old, PruningContainer) else PruningContainer(old)
-            hook.add_pruning_method(method)
+            hook = old._composed(method)
             module._buffers[mask_name(name)] = mask
             # Registered anew, as torch does: after any hook registered since the old one.
             del module._forward_pre_hooks[key]
@@ -164,7 +145,7 @@ def _new_mask(
     method._tensor_name = name
     with naming(where):
         if old is not None:
-            return combine_masks(method, scores, default_mask, target), None, param
+            return method._combined_mask(scores, default_mask, target), None, param
         if masked is None and importance_scores is None:
             mask, masked = method._first_masked(scores, current.dtype, target)
         else:
@@ -186,7 +167,7 @@ def current_values(
     unless `old` computes its values its own way.
     """
     orig: Tensor = getattr(module, orig_name(name)).detach()
-    if alive_only and type(old).apply_mask is BasePruningMethod.apply_mask:
+    if alive_only and old._masks_orig():
         return orig
     values: Tensor = old.apply_mask(module).detach()
     return values
@@ -218,26 +199,6 @@ def forget_load_refresh(module: nn.Module) -> None:
     for key, hook in list(module._load_state_dict_post_hooks.items()):
         if isinstance(hook, RefreshAfterLoad):
             del module._load_state_dict_post_hooks[key]
-
-
-class RefreshSubmodule(KeepsHookKey):
-    """Forward pre-hook on a parent: refreshes a pruned tensor of the child at `path`.
-
-    For children whose forward never runs because the parent reads their weights
-    directly (MultiheadAttention.out_proj, pytorch#69353): without it the child's masked
-    tensor, computed once, is reused by every step and its graph freed after the first
-    backward.
-    """
-
-    def __init__(self, path: str, name: str) -> None:
-        self.path = path
-        self.name = name
-
-    def __call__(self, module: nn.Module, inputs: Any) -> None:
-        owner = module.get_submodule(self.path)
-        _, hook = find_pruning_hook(owner, self.name)
-        if hook is not None:
-            hook(owner, inputs)
 
 
 def drop_refresh(module: nn.Module, name: str) -> None:

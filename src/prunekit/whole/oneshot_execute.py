@@ -21,21 +21,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
+from prunekit.calibrate import layer_matrices
 from prunekit.core.amount import Amount
 from prunekit.core.errors import naming, value_error
 from prunekit.core.transaction import Transaction
-from prunekit.criteria import calibration as cal
-from prunekit.criteria import layers
-from prunekit.criteria.base import Criterion
+from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.criteria.sparsegpt import sparsegpt_prune_shared
 from prunekit.criteria.taylor import Taylor, taylor_step
 from prunekit.criteria.wanda import Wanda
-from prunekit.functional import custom_from_mask, rank_together, remove
-from prunekit.methods import Pruning
+from prunekit.dropin.calls import custom_from_mask, rank_together, remove
+from prunekit.dropin.torch_methods import Pruning
 from prunekit.patterns import Unstructured
 from prunekit.progress import Progress
-from prunekit.whole.plan import Plan, TensorRef, alive, current_values, oriented
+from prunekit.whole.oneshot_plan import Plan, TensorRef, alive, current_values, oriented
 
 __all__ = ["execute", "make_permanent", "prune_block", "wanted"]
 
@@ -287,16 +287,16 @@ def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Te
     if isinstance(module, nn.Linear):
         return norms
     shape = current_values(module, name).shape
-    return layers.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
+    return layer_matrices.entry_norms(module, norms.reshape(-1, norms.shape[-1]), shape)
 
 
 def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor) -> None:
     """SparseGPT on the layers' matrices (criteria.layers), one per group; layers that
     read one input (`hessian` theirs) are swept together."""
     values = [current_values(module, name) for module, name in targets]
-    weights = [layers.matrices(m, v) for (m, _), v in zip(targets, values, strict=True)]
+    weights = [layer_matrices.matrices(m, v) for (m, _), v in zip(targets, values, strict=True)]
     lives = [
-        None if a is None else layers.matrices(m, a)
+        None if a is None else layer_matrices.matrices(m, a)
         for (m, _), a in zip(targets, (alive(m, n) for m, n in targets), strict=True)
     ]
     hessians = hessian.reshape(-1, *hessian.shape[-2:])
@@ -318,8 +318,10 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
         for each, result in zip(found, results, strict=True):
             each.append(result)
     for (module, name), value, each in zip(targets, values, found, strict=True):
-        keep = layers.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
-        updated = layers.from_matrices(module, torch.stack([u for _, u in each]), value.shape)
+        keep = layer_matrices.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
+        updated = layer_matrices.from_matrices(
+            module, torch.stack([u for _, u in each]), value.shape
+        )
         param = cal.parameter(module, name)
         plan.write_ahead([param])  # undo keeps no copy of the weights in memory
         with torch.no_grad():  # pruned entries keep their values

@@ -20,7 +20,7 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
-from prunekit.functional import is_pruned
+from prunekit.dropin.calls import is_pruned
 from prunekit.io.folders import copy_companions
 
 __all__ = ["check_model", "check_source", "clear", "dequantized", "write_companions"]

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+import prunekit.calibrate as cal
 from prunekit.core.errors import type_error, value_error
-from prunekit.criteria import calibration as cal
-from prunekit.export.hf import MODELING_FILE, plan_folder
-from prunekit.export.layers import DecoderLayer, decoder_layers
+from prunekit.export.hf_folder import MODELING_FILE, plan_folder
+from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import writable_folder
 from prunekit.io.folders import copy_companions

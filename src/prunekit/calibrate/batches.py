@@ -1,0 +1,181 @@
+"""Calibration batches: run through the model, checked, and an error in one named by its index
+(and told apart from an error of prunekit's own hooks)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from types import CodeType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunekit.core.checks import check_kind
+from prunekit.core.errors import type_error, value_error
+
+
+def run_batch(model: nn.Module, batch: Any) -> Any:
+    """``model(batch)`` for a tensor, ``model(**batch)`` for a mapping (a tokenizer's output),
+    ``model(*batch)`` for a tuple or list."""
+    if isinstance(batch, Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    raise type_error(
+        f"calibration: invalid batch of type {type(batch).__name__}; expected a tensor, a "
+        "mapping of keyword arguments or a tuple of positional arguments for the model"
+    )
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Run the block with every submodule in eval mode (no dropout); modes restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def _check_loss(value: Any, index: int) -> None:
+    """Raise unless `value`, what the caller's loss returned on batch `index`, is a tensor
+    a gradient can flow back from: one floating element, computed from the model."""
+    if not isinstance(value, Tensor):
+        found = f"a {type(value).__name__} ({value!r:.60})"
+    elif value.numel() != 1:
+        found = f"a tensor of shape {tuple(value.shape)}"
+    elif not value.is_floating_point():
+        found = f"a tensor of dtype {value.dtype}"
+    elif not value.requires_grad:
+        found = "a tensor that does not require grad (detached, or not computed from the output)"
+    elif value.is_meta:
+        found = "a meta tensor (a shape without a value)"
+    else:
+        return
+    raise value_error(
+        f"calibration: loss(output, batch) returned {found} on batch {index}; expected "
+        "loss to return a scalar floating tensor that requires grad (computed from the "
+        "model's output)"
+    )
+
+
+def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) -> None:
+    """Raise if the loss on batch `index` is NaN or infinite while the model's parameters and
+    the batch are finite: the loss is then the cause, and its gradients would make every
+    score unrankable. Where they are not finite, the scores' own check names the tensor."""
+    if bool(torch.isfinite(value.detach()).all()):
+        return
+    tensors = [*model.parameters(), *_tensors(batch, 0)]
+    if all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
+        raise value_error(
+            f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
+            "with finite parameters and inputs; expected a finite loss (its gradients would "
+            "make every score unrankable)"
+        )
+
+
+def _tensors(value: Any, depth: int) -> list[Tensor]:
+    """The tensors of a batch, in mappings, lists and tuples a few levels deep."""
+    if isinstance(value, Tensor):
+        return [value.detach()]
+    if depth >= 3:
+        return []
+    items = value.values() if isinstance(value, Mapping) else value
+    if not isinstance(value, Mapping | list | tuple):
+        return []
+    return [t for item in items for t in _tensors(item, depth + 1)]
+
+
+def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
+    """The error to raise for `error`, met on batch `index`: an error prunekit explained
+    already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
+    else the caller's `what` ('model' or 'loss') is named as the one that failed."""
+    if getattr(error, "_prunekit_explained", False) or _raised_by_prunekit(error):
+        return error
+    if what == "loss":
+        found = value_error(
+            f"calibration: the loss raised on batch {index}: {type(error).__name__}: "
+            f"{error}; expected loss(output, batch) to return a scalar tensor"
+        )
+    else:
+        found = value_error(
+            f"calibration: the model cannot take batch {index}: {type(error).__name__}: "
+            f"{error}; expected batches the model's forward accepts"
+        )
+    found.__cause__ = error
+    return found
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+_THROUGH: set[CodeType] = set()
+
+
+"""The code of prunekit's functions that stand in a model's own call and call on into the
+model (a wrapped forward): an error passing through them is not prunekit's."""
+
+
+def calls_back(function: Callable[..., Any]) -> None:
+    """Mark `function` as standing in the model's call and calling on into it: an error
+    raised further in (by the model) is the model's, not prunekit's."""
+    _THROUGH.add(function.__code__)
+
+
+def _raised_by_prunekit(error: BaseException) -> bool:
+    """Whether `error` came from prunekit's own code run inside the model's call (a hook of
+    prunekit's, torch calling back into it) rather than from the caller's model or loss."""
+    left = False  # the traceback went from prunekit into other code (torch, the model)
+    trace = error.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code in _THROUGH and trace.tb_next is not None:
+            trace = trace.tb_next  # passed through on its way into the model
+            continue
+        ours = os.path.abspath(code.co_filename).startswith(_PACKAGE)
+        if ours and left:
+            return True
+        left = left or not ours
+        trace = trace.tb_next
+    return False
+
+
+def batch_list(calibration: Any, owner: str) -> list[Any]:
+    """`calibration` as a list of batches; refused (the message names `owner`) unless it is
+    a non-empty iterable other than a tensor, a mapping (one batch of keyword arguments: a
+    tokenizer's output) or a string."""
+    one = isinstance(calibration, Tensor | Mapping | str | bytes)  # one batch, or no batches
+    if one or not isinstance(calibration, Iterable):
+        raise type_error(
+            f"{owner}: invalid calibration of type {type(calibration).__name__}; "
+            "expected an iterable of batches (a list of tensors, say)"
+        )
+    batches = list(calibration)
+    if not batches:
+        raise value_error(f"{owner}: calibration holds no batch; expected at least one")
+    for index, batch in enumerate(batches):
+        _check_batch(batch, f"{owner}: calibration batch {index}", "", 0)
+    return batches
+
+
+def _check_batch(value: Any, where: str, path: str, depth: int) -> None:
+    """Refuse a tensor of a batch that holds no values (meta): a forward on it computes
+    nothing that can be ranked. Looks into mappings, lists and tuples, a few levels deep."""
+    if isinstance(value, Tensor):
+        if value.is_meta:
+            check_kind(value, where, f"the tensor{' at ' + path if path else ''}", real=False)
+        return
+    if depth >= 3:
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_batch(item, where, f"{path}[{key!r}]", depth + 1)
+    elif isinstance(value, list | tuple):
+        for k, item in enumerate(value):
+            _check_batch(item, where, f"{path}[{k}]", depth + 1)

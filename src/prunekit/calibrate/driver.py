@@ -1,0 +1,115 @@
+"""The calibration driver: the statistics a set of modules wants, gathered over a whole model
+or one block at a time, reduced over ranks where asked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunekit.calibrate.batches import batch_error, evaluating, run_batch
+from prunekit.calibrate.block_inputs import Inputs
+from prunekit.calibrate.reduce import Reduce
+from prunekit.calibrate.statistics import InputStatistics, Stop
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """Which statistics of their inputs the modules gather (see InputStatistics)."""
+
+    norms: bool
+    hessian: bool
+    means: bool = False
+    patches: bool = False
+
+    def gather(self, modules: Sequence[nn.Module], *, early: bool = False) -> InputStatistics:
+        """Statistics of these kinds for `modules`, gathered while the returned context is
+        entered (`early`: see InputStatistics)."""
+        return InputStatistics(
+            modules,
+            norms=self.norms,
+            hessian=self.hessian,
+            means=self.means,
+            patches=self.patches,
+            early=early,
+        )
+
+
+def calibrate(
+    model: nn.Module,
+    batches: Sequence[Any],
+    modules: Sequence[nn.Module],
+    wanted: Wanted,
+    *,
+    reduce: Reduce | None = None,
+    numbers: Sequence[int] | None = None,
+) -> InputStatistics:
+    """One pass of the whole model over `batches`, the `wanted` statistics for `modules`
+    (with `reduce`: of every rank's batches). After the first batch, each run ends once
+    every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
+    index in the caller's calibration (an error names it), where a subset is run."""
+    with evaluating(model), torch.no_grad(), wanted.gather(modules, early=True) as stats:
+        run = lambda batch: run_batch(model, batch)  # noqa: E731
+        failed = _run_each(stats, batches, run, reduce, numbers)
+    return _finish(stats, reduce, failed)
+
+
+def block_statistics(
+    block: nn.Module,
+    inputs: Sequence[Inputs],
+    modules: Sequence[nn.Module],
+    wanted: Wanted,
+    *,
+    reduce: Reduce | None = None,
+    failed: BaseException | None = None,
+    numbers: Sequence[int] | None = None,
+) -> InputStatistics:
+    """The `wanted` statistics for `modules` (inside `block`) from running `block` on
+    `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
+    before (the block is not run then), is raised here once every rank has learnt of it.
+    After the first input, each run ends once every module has taken its input. `numbers`:
+    each input's batch index in the calibration (an error names it), where a subset runs."""
+    with wanted.gather(modules, early=True) as stats:
+        if failed is None:
+            run = lambda call: block(*call[0], **call[1])  # noqa: E731
+            failed = _run_each(stats, inputs, run, reduce, numbers)
+    return _finish(stats, reduce, failed)
+
+
+def _run_each(
+    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
+    reduce: Reduce | None, numbers: Sequence[int] | None = None,
+) -> BaseException | None:  # fmt: skip
+    """Run each item as a batch of `stats`. An error names its batch (its entry of
+    `numbers` where given); with `reduce` it is returned (every rank must learn of it in
+    the reduction) instead of raised."""
+    try:
+        for index, item in enumerate(items):
+            stats.new_batch()
+            try:
+                run(item)
+            except Stop:
+                pass  # every module took its input: the rest of the run is not needed
+            except Exception as error:
+                number = index if numbers is None else numbers[index]
+                raise batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
+    except Exception as error:
+        if reduce is None:
+            raise
+        return error
+    return None
+
+
+def _finish(
+    stats: InputStatistics, reduce: Reduce | None, failed: BaseException | None
+) -> InputStatistics:
+    """Reduce the statistics over the ranks (raising an error any rank met), or raise this
+    rank's own error."""
+    if reduce is not None:
+        stats.reduce(reduce, failed)
+    elif failed is not None:
+        raise failed
+    return stats
