@@ -26,6 +26,7 @@ from prunekit.core.transaction import transaction
 from prunekit.dropin.copying import KeepsHookKey
 from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks, pruning_type
 from prunekit.dropin.out_proj import RefreshSubmodule, watch_out_proj
+from prunekit.select import tuning
 
 if TYPE_CHECKING:  # the method protocol stands above: its apply() installs through here
     from prunekit.dropin.base_method import BasePruningMethod
@@ -64,7 +65,9 @@ def install(
         warn_caller(f"{where}: {caveat}")
     if owner is not module and (param := owner._parameters.get(leaf)) is not None:
         refuse_ties(module.named_parameters(remove_duplicate=False), name, param, where)
-    hook = _install(owner, leaf, method, importance_scores, where, masked)
+    tensor = getattr(owner, leaf, None)
+    with tuning.threads_for(tensor.numel() if isinstance(tensor, Tensor) else None):
+        hook = _install(owner, leaf, method, importance_scores, where, masked)
     if owner is module:
         watch_out_proj(owner)  # MultiheadAttention.out_proj: refreshed when its parent runs
     else:
