@@ -40,11 +40,10 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
-from prunekit.io.files import writable_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Writer
-from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
-from prunekit.io.streamed import check_free, check_tokens, let_go, put, skeleton, trim, weight_map
+from prunekit.io.sharded import Checkpoint, write_index
+from prunekit.io.streamed import check_tokens, let_go, open_streamed, put, trim, weight_map
 from prunekit.progress import Progress
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
@@ -204,11 +203,8 @@ def shrink_streamed(
     batches = cal.batch_list(calibration, OWNER)
     check_tokens(batches, OWNER)
     channel = config.channels(batches)
-    checkpoint = open_checkpoint(path)
+    checkpoint, model, blocks, folder = open_streamed(path, out)
     source = checkpoint.index.parent
-    model, blocks = skeleton(source, checkpoint)
-    folder = writable_folder(out, "the shards", source)
-    check_free(folder, sum(s.nbytes for s in checkpoint.tensors.values()))
     before = sum(p.numel() for p in _unique(model))
     run = _Run(model, blocks, checkpoint, channel, batches,
                Progress("shrink streamed", 2 * len(blocks), config.progress))  # fmt: skip

@@ -182,11 +182,8 @@ def prune_streamed(
     settings = streamed_config(method, amount, config, options).whole
     batches = cal.batch_list(calibration, OWNER)
     check_tokens(batches, OWNER)
-    checkpoint = open_checkpoint(path)
+    checkpoint, model, blocks, folder = open_streamed(path, out)
     source = checkpoint.index.parent
-    model, blocks = skeleton(source, checkpoint)
-    folder = writable_folder(out, "the shards", source)
-    check_free(folder, sum(s.nbytes for s in checkpoint.tensors.values()))
     total = sum(len(_targets(block)) for block in blocks)
     bar = Progress(f"{settings.method} {settings.pattern!r} streamed", total, settings.progress)
     try:
@@ -220,6 +217,19 @@ def streamed_config(
             "expected config=dataclasses.replace(config, ...) or the arguments alone"
         )
     return config
+
+
+def open_streamed(
+    path: str | os.PathLike[str], out: str | os.PathLike[str]
+) -> tuple[Checkpoint, nn.Module, nn.ModuleList, Path]:
+    """The sharded folder `path` opened to stream: its checkpoint (index and shard headers
+    checked), its model on the meta device and its blocks (see `skeleton`), and the output
+    folder `out`, checked to be writable and to have room for as many bytes as the shards."""
+    checkpoint = open_checkpoint(path)
+    model, blocks = skeleton(checkpoint.index.parent, checkpoint)
+    folder = writable_folder(out, "the shards", checkpoint.index.parent)
+    check_free(folder, sum(s.nbytes for s in checkpoint.tensors.values()))
+    return checkpoint, model, blocks, folder
 
 
 def check_free(folder: Path, need: int) -> None:

@@ -82,13 +82,11 @@ def rotate_hidden(
     """Rotate the residual stream of a causal LM by its principal directions, in place, and
     remove the `hidden` share of the width along the least used of them.
 
-    The norms' weights are folded into the layers that read them, one orthogonal matrix
-    rotates the stream (see the module's docstring for what is exact: all of it before any
-    removal, and the removal is the same as masking the dropped directions), and the
-    embedding, every linear layer reading or writing the stream, the norms, the head and
-    ``config.hidden_size`` (``head_dim`` kept, ``rms_norm_eps`` scaled) take the new width:
-    the result is an ordinary model of its family. ``prune_channels`` and ``compact`` then
-    work on it as on any model.
+    The norms' weights are folded into their readers, one orthogonal matrix rotates the
+    stream (exact before any removal; the removal equals masking the dropped directions: see
+    the module's docstring), and the embedding, the stream's readers and writers, the norms,
+    the head and ``config.hidden_size`` (``head_dim`` kept, ``rms_norm_eps`` scaled) take the
+    new width: an ordinary model of its family, for ``prune_channels`` and ``compact``.
 
     Args:
         model: a causal language model of the Llama family (``config.model_type`` 'llama',
@@ -117,36 +115,50 @@ def rotate_hidden(
         TypeError: `model`, `hidden`, `round_to`, `compensate` or `calibration` of the
             wrong type.
     """
-    wanted = "a float in [0, 1): the share of the hidden width to remove"
-    check_number(hidden, "hidden", OWNER, wanted, lambda v: 0.0 <= v < 1.0)
-    wanted = "an int >= 1: the width kept is a multiple of it"
-    check_number(round_to, "round_to", OWNER, wanted, lambda v: v >= 1, integral=True)
-    if not isinstance(compensate, bool):
-        raise type_error(f"{OWNER}: invalid compensate={compensate!r}; expected a bool")
+    _check_options(hidden, round_to, compensate)
     stream = find_stream(model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
-    heads = getattr(getattr(model, "config", None), "num_attention_heads", 1)
-    kept = kept_width(width, float(hidden), math.lcm(int(round_to), int(heads)))
+    kept = _kept(model, width, hidden, round_to)
     before = _count(model)
     with transaction(model):
         moments = second_moments(model, stream, batches)
-        moment = torch.stack(moments).sum(0)
-        if not bool(torch.isfinite(moment).all()):
-            raise value_error(
-                f"{OWNER}: the hidden states of the {len(batches)} calibration batches are not "
-                "all finite; expected batches on which the model computes finite values"
-            )
-        values, rotation = principal_directions(moment)
-        untied = stream.tied
-        if untied:
-            _untie(model, stream)
+        values, rotation = principal_directions(_finite_sum(moments, len(batches)))
+        untied = _untie(stream)
         fold_norms(stream)
         rotate_stream(stream, rotation, kept, moments if compensate else None)
         _set_norms(stream, width, kept)
         _set_config(model, stream, width, kept, untied)
     energy = float(values[:kept].clamp_min(0).sum() / values.clamp_min(0).sum().clamp_min(1e-300))
     return RotationReport(width, kept, energy, before, _count(model), untied)
+
+
+def _kept(model: nn.Module, width: int, hidden: float, round_to: int) -> int:
+    """The width kept: `hidden` of `width` removed, a multiple of `round_to` and of the
+    config's query heads."""
+    heads = getattr(getattr(model, "config", None), "num_attention_heads", 1)
+    return kept_width(width, float(hidden), math.lcm(int(round_to), int(heads)))
+
+
+def _check_options(hidden: float, round_to: int, compensate: bool) -> None:
+    """rotate_hidden's options, each of its type and in its range."""
+    wanted = "a float in [0, 1): the share of the hidden width to remove"
+    check_number(hidden, "hidden", OWNER, wanted, lambda v: 0.0 <= v < 1.0)
+    wanted = "an int >= 1: the width kept is a multiple of it"
+    check_number(round_to, "round_to", OWNER, wanted, lambda v: v >= 1, integral=True)
+    if not isinstance(compensate, bool):
+        raise type_error(f"{OWNER}: invalid compensate={compensate!r}; expected a bool")
+
+
+def _finite_sum(moments: list[Tensor], batches: int) -> Tensor:
+    """The second moments of the norms' inputs, summed; refused unless finite."""
+    moment = torch.stack(moments).sum(0)
+    if not bool(torch.isfinite(moment).all()):
+        raise value_error(
+            f"{OWNER}: the hidden states of the {batches} calibration batches are not "
+            "all finite; expected batches on which the model computes finite values"
+        )
+    return moment
 
 
 def kept_width(width: int, hidden: float, round_to: int) -> int:
@@ -222,11 +234,15 @@ def _set_norms(stream: Stream, width: int, kept: int) -> None:
         norm.variance_epsilon = float(norm.variance_epsilon) * width / kept
 
 
-def _untie(model: nn.Module, stream: Stream) -> None:
+def _untie(stream: Stream) -> bool:
+    """Give the head a weight of its own where it shares the embedding's; whether it did."""
+    if not stream.tied:
+        return False
     head = stream.head
     head.weight = nn.Parameter(
         head.weight.detach().clone(), requires_grad=head.weight.requires_grad
     )
+    return True
 
 
 def _set_config(model: nn.Module, stream: Stream, width: int, kept: int, untied: bool) -> None:
