@@ -472,6 +472,17 @@ class Follower:
         for sub in _walk_values(node):
             if isinstance(sub, ast.Name) and sub.id in direct:
                 return Carried("")
+            if (  # holder.get("field", default): a mapping's field read
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr == "get"
+                and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id in holders
+                and sub.args
+                and isinstance(sub.args[0], ast.Constant)
+                and sub.args[0].value == holders[sub.func.value.id]
+            ):
+                return Carried("")
             chain = _chain(sub)
             if chain is None or chain[0] not in holders:
                 continue
@@ -721,7 +732,11 @@ FLOWS = [
         {Carried("budget"), Carried("options", "budget"), Carried("config", "budget")},
     ),
     ("calibration", "prunekit.prune_model", {Carried("calibration")}),
-    ("method", "prunekit.prune_model", {Carried("method")}),
+    (
+        "method",
+        "prunekit.prune_model",
+        {Carried("method"), Carried("options", "method"), Carried("config", "method")},
+    ),
 ]
 
 
