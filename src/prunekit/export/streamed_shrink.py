@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.heap import trim
 from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
@@ -44,7 +45,7 @@ from prunekit.io.files import writable_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Writer
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
-from prunekit.io.streamed import check_free, check_tokens, let_go, put, skeleton, trim, weight_map
+from prunekit.io.streamed import check_free, check_tokens, let_go, put, skeleton, weight_map
 from prunekit.progress import Progress
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
