@@ -85,7 +85,9 @@ def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Te
     h = damped(h, damp)
     try:
         lower = torch.linalg.cholesky(h)
+        del h  # each in x in matrix let go once the next is made: two held at a time
         inverse = torch.cholesky_inverse(lower)
+        del lower
         upper: Tensor = torch.linalg.cholesky(inverse, upper=True)
     except RuntimeError:  # torch.linalg.LinAlgError
         raise value_error(

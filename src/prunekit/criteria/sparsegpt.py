@@ -156,10 +156,10 @@ def sparsegpt_prune_shared(
         stop = min(cols, start + settings.blocksize)
         _sweep_block(sweep, start, stop)
     keep = live & ~pruned  # the others are 0 in `w` (each block zeroes those it drops)
-    if settings.refit:
-        dense = torch.cat([weight.detach().to(dtype=hessian.dtype) for weight in weights])
-        dense.masked_fill_(~live, 0)
-        refit(w, dense, keep, damped(hessian, settings.damp), settings.refit)
+    del sweep, upper, pruned  # the refit reads none of them
+    if settings.refit:  # the target made in the call: refit lets it go after one product
+        refit(w, _targets(weights, live, hessian.dtype), keep, damped(hessian, settings.damp),
+              settings.refit)  # fmt: skip
     sizes = [weight.shape[0] for weight in weights]
     return [
         (k, u.to(dtype=weight.dtype))
@@ -167,6 +167,12 @@ def sparsegpt_prune_shared(
             torch.split(keep, sizes), torch.split(w, sizes), weights, strict=True
         )
     ]
+
+
+def _targets(weights: Sequence[Tensor], live: Tensor, dtype: torch.dtype) -> Tensor:
+    """The weights before pruning, stacked in `dtype`, 0 where not `live`."""
+    dense = torch.cat([weight.detach().to(dtype=dtype) for weight in weights])
+    return dense.masked_fill_(~live, 0)
 
 
 def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
@@ -190,6 +196,7 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
     # there is never read. Three buffers of w's shape serve every step.
     scaled = hessian.diagonal().reciprocal() * keep.to(dtype=w.dtype)
     residual = torch.mm(dense - w, hessian)  # minus the gradient, halved, where free
+    del dense  # not read again (the caller's own reference, if any, keeps it)
     direction = residual * scaled
     moved = torch.empty_like(direction)
     work = torch.empty_like(direction)

@@ -37,13 +37,14 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.heap import trim
 from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Writer
 from prunekit.io.sharded import Checkpoint, write_index
-from prunekit.io.streamed import check_tokens, let_go, open_streamed, put, trim, weight_map
+from prunekit.io.streamed import check_tokens, let_go, open_streamed, put, weight_map
 from prunekit.progress import Progress
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact

@@ -21,7 +21,6 @@ its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it a
 
 from __future__ import annotations
 
-import ctypes.util
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from prunekit._extras import require
 from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
@@ -494,28 +494,6 @@ def let_go(block: nn.Module) -> nn.Module:
             if param is not None:
                 module._parameters[key] = nn.Parameter(param.to("meta"), False)
     return block
-
-
-def trim() -> None:
-    """Give the allocator's free pages back to the system (glibc's ``malloc_trim``; elsewhere
-    nothing): without it, glibc keeps some of each block's freed memory in its heaps, and the
-    peak grows by about half a block's weights per block."""
-    if not _LIBC:
-        _LIBC.append(_libc())
-    if _LIBC[0] is not None:
-        _LIBC[0].malloc_trim(0)
-
-
-def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
-_LIBC: list[Any] = []  # the C library, once looked up (None: no malloc_trim)
 
 
 def weight_map(checkpoint: Checkpoint) -> dict[str, str]:

@@ -25,6 +25,7 @@ import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
 from prunekit.core.amount import Amount
 from prunekit.core.errors import naming, value_error
+from prunekit.core.heap import trim
 from prunekit.core.transaction import Transaction
 from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.grouped import GroupedRuns
@@ -258,6 +259,7 @@ def _prune_layers(
         _check_seen(plan, stats, module, name)
     if plan.method == "sparsegpt":
         for shared in stats.sharing(targets):  # layers reading one input: one Hessian
+            trim()  # the pages freed by the sweep before, not kept resident beside this one
             _sparsegpt_layers(plan, shared, stats.hessian(shared[0][0]))
             bar.advance(len(shared))
         return
@@ -324,8 +326,8 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
         )
         param = cal.parameter(module, name)
         plan.write_ahead([param])  # undo keeps no copy of the weights in memory
-        with torch.no_grad():  # pruned entries keep their values
-            param.copy_(torch.where(keep, updated, param))
+        with torch.no_grad():  # pruned entries keep their values (merged in `updated`'s own memory)
+            param.copy_(torch.where(keep, updated, param, out=updated))
         custom_from_mask(module, name, keep.to(dtype=param.dtype))
         _settle(plan, [(module, name)])
 
