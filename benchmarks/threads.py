@@ -5,7 +5,8 @@ prunekit, on a quiet machine and with a spinning process beside it, in one run.
 Each round times every library quiet, then beside a process that spins (a Python loop, one
 core) started in a session of its own, then beside one started in this process's session,
 stopping each spinner after its timings; the libraries take turns going first. *slowdown*
-is the median busy time over the median quiet time; *cpu* is the process's CPU time (all
+is the median busy time over the median quiet time (*rounds*: the least and greatest of
+each round's own busy over quiet, the spread); *cpu* is the process's CPU time (all
 its threads) in the same calls, so a slowdown with the same CPU time is time spent waiting
 for a core, not work. Both libraries run with torch's thread count
 (``torch.get_num_threads()``), which prunekit takes for large tensors and cuts to one for
@@ -41,6 +42,11 @@ from prunekit.select.tuning import torch_threads
 
 Prune = Callable[..., object]
 STATES = {"quiet": None, "busy": True, "same session": False}  # spinner: own session?
+# torch's OpenMP threads spin for a while after each parallel operation (libgomp's default
+# wait policy; about 7 ms of CPU on this project's machine) before they sleep. The copy made
+# before each timing is such an operation, and no library's work: its threads would spin
+# inside the timing and, with one core busy, take the free core's time from the library's.
+SETTLE = 0.1
 
 
 def resnet18_shapes() -> nn.Sequential:
@@ -63,6 +69,7 @@ def torch_one_thread(module: nn.Module, name: str, amount: float) -> None:
 def timed(prune: Prune, base: nn.Sequential) -> tuple[float, float]:
     """Wall and CPU seconds of pruning a copy of `base`, layer by layer."""
     model = copy.deepcopy(base)
+    time.sleep(SETTLE)  # the copy's own OpenMP threads spin down first (see SETTLE)
     wall, cpu = time.perf_counter(), time.process_time()
     for layer in model:
         prune(layer, "weight", amount=0.3)
@@ -98,6 +105,12 @@ def measure(
     return times
 
 
+def spread(busy: list[tuple[float, float]], quiet: list[tuple[float, float]]) -> str:
+    """The least and the greatest of the rounds' own slowdowns (busy over quiet, wall)."""
+    ratios = [b / q for (b, _), (q, _) in zip(busy, quiet, strict=True)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -121,6 +134,7 @@ def main() -> None:
     print(
         f"{'library':<17}{'quiet s':>8}{'busy s':>8}{'slowdown':>9}"
         f"{'same session s':>16}{'slowdown':>9}{'cpu quiet s':>12}{'cpu busy s':>11}"
+        f"{'rounds':>12}"
     )
     for name in libraries:
         wall = {s: statistics.median(w for w, _ in times[(name, s)]) for s in STATES}
@@ -129,6 +143,7 @@ def main() -> None:
             f"{name:<17}{wall['quiet']:>8.3f}{wall['busy']:>8.3f}"
             f"{wall['busy'] / wall['quiet']:>9.2f}{wall['same session']:>16.3f}"
             f"{wall['same session'] / wall['quiet']:>9.2f}{cpu['quiet']:>12.3f}{cpu['busy']:>11.3f}"
+            f"{spread(times[(name, 'busy')], times[(name, 'quiet')]):>12}"
         )
 
 
