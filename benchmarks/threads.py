@@ -19,7 +19,11 @@ of the CPU out of the benchmark's group, and on a machine that other sessions lo
 halves what a one-thread process gets. A spinner in a session of its own is another
 program's busy core, the case the figures are for; the other is printed beside it.
 
-    python benchmarks/threads.py [--rounds 7]
+Each timing prunes as many copies of the model one after the other as make it last about
+`--least` seconds (times are per copy), so that prunekit's short calls are not timed by the
+luck of a few time slices on a loaded machine.
+
+    python benchmarks/threads.py [--rounds 7] [--least 1.0]
 """
 
 from __future__ import annotations
@@ -66,14 +70,16 @@ def torch_one_thread(module: nn.Module, name: str, amount: float) -> None:
         torch_prune.l1_unstructured(module, name, amount=amount)
 
 
-def timed(prune: Prune, base: nn.Sequential) -> tuple[float, float]:
-    """Wall and CPU seconds of pruning a copy of `base`, layer by layer."""
-    model = copy.deepcopy(base)
-    time.sleep(SETTLE)  # the copy's own OpenMP threads spin down first (see SETTLE)
+def timed(prune: Prune, base: nn.Sequential, repeat: int = 1) -> tuple[float, float]:
+    """Wall and CPU seconds of pruning a copy of `base`, layer by layer: the mean over
+    `repeat` copies pruned one after the other in one timing."""
+    models = [copy.deepcopy(base) for _ in range(repeat)]
+    time.sleep(SETTLE)  # the copies' own OpenMP threads spin down first (see SETTLE)
     wall, cpu = time.perf_counter(), time.process_time()
-    for layer in model:
-        prune(layer, "weight", amount=0.3)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    for model in models:
+        for layer in model:
+            prune(layer, "weight", amount=0.3)
+    return (time.perf_counter() - wall) / repeat, (time.process_time() - cpu) / repeat
 
 
 def spinner(own_session: bool | None) -> subprocess.Popen[bytes] | None:
@@ -87,7 +93,7 @@ def spinner(own_session: bool | None) -> subprocess.Popen[bytes] | None:
 
 
 def measure(
-    libraries: dict[str, Prune], base: nn.Sequential, rounds: int
+    libraries: dict[str, Prune], repeats: dict[str, int], base: nn.Sequential, rounds: int
 ) -> dict[tuple[str, str], list[tuple[float, float]]]:
     times: dict[tuple[str, str], list[tuple[float, float]]] = {}
     names = list(libraries)
@@ -97,7 +103,8 @@ def measure(
             process = spinner(own_session)
             try:
                 for name in turn:
-                    times.setdefault((name, state), []).append(timed(libraries[name], base))
+                    sample = timed(libraries[name], base, repeats[name])
+                    times.setdefault((name, state), []).append(sample)
             finally:
                 if process is not None:
                     process.kill()
@@ -114,6 +121,7 @@ def spread(busy: list[tuple[float, float]], quiet: list[tuple[float, float]]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--least", type=float, default=1.0, help="seconds per timing, about")
     args = parser.parse_args()
     base = resnet18_shapes()
     libraries: dict[str, Prune] = {
@@ -121,15 +129,18 @@ def main() -> None:
         "torch, 1 thread": torch_one_thread,
         "prunekit": prunekit.l1_unstructured,
     }
-    for prune in libraries.values():  # warm: pools, caches
-        timed(prune, base)
+    # warm (pools, caches), then as many copies per timing as make it last about `--least`
+    # seconds: a short timing on a loaded machine is mostly the luck of its time slices
+    warm = {name: timed(prune, base)[0] for name, prune in libraries.items()}
+    repeats = {name: max(1, round(args.least / seconds)) for name, seconds in warm.items()}
     load = os.getloadavg()[0]
-    times = measure(libraries, base, args.rounds)
+    times = measure(libraries, repeats, base, args.rounds)
     weights = sum(p.numel() for n, p in base.named_parameters() if n.endswith("weight"))
     print(
         f"ResNet-18 shapes: {len(base)} layers, {weights:,} weights; torch threads "
         f"{torch.get_num_threads()}; median of {args.rounds} rounds; load average "
-        f"{load:.1f} before, {os.getloadavg()[0]:.1f} after"
+        f"{load:.1f} before, {os.getloadavg()[0]:.1f} after; copies per timing "
+        + ", ".join(f"{name} {count}" for name, count in repeats.items())
     )
     print(
         f"{'library':<17}{'quiet s':>8}{'busy s':>8}{'slowdown':>9}"
