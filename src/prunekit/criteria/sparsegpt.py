@@ -27,8 +27,8 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from prunekit.criteria.hessian import damped, inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.select import smallest_k
 from prunekit.select.rows import smallest_per_row
+from prunekit.select.tuning import torch_threads
 
 __all__ = ["SparseGPT", "refit", "sparsegpt_prune", "sparsegpt_prune_shared"]
 
@@ -283,7 +284,9 @@ def _sweep_block(sweep: _Sweep, start: int, stop: int) -> None:
     subsets = sweep.subsets
     ways = None if subsets is None else _ways(factor, subsets[0], group)
     deadless = not bool(quiet.any())
-    with _one_thread():
+    # one thread: the sweep's many small operations lose far more to waking threads than
+    # they gain (about 6x on a busy 2-core machine)
+    with torch_threads(1):
         for a in range(0, width, step):
             b = min(width, a + step)
             for i in range(a, b):
@@ -375,18 +378,6 @@ def _shares(chosen: Tensor, alive: Tensor | None, diagonal: Tensor, out: Tensor)
     now, or no longer alive), else 0."""
     dropped = chosen if alive is None else chosen | ~alive
     torch.div(dropped.T, diagonal.unsqueeze(1), out=out)
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run the block on one thread: its many small operations lose far more to waking
-    threads than they gain (about 6x on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _stacked_chooser(

@@ -30,6 +30,7 @@ from prunekit.dropin.calls import global_unstructured, ln_structured
 from prunekit.dropin.torch_methods import L1Unstructured
 from prunekit.report import Report, human_bytes, report
 from prunekit.schedule import GradualPruner
+from prunekit.select.tuning import torch_threads
 from prunekit.structure import compact, count_macs, latency_ms, prune_channels
 
 __all__ = ["DemoResult", "DemoRow", "DigitsCNN", "StructuredResult", "run_demo", "run_structured"]
@@ -192,14 +193,9 @@ def _checked(sparsities: Sequence[float], epochs: int, finetune_epochs: int) -> 
 @contextmanager
 def _deterministic(seed: int) -> Iterator[None]:
     """Seed torch and use one thread (sums then add up the same way), restoring both after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            yield
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(1), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 @dataclass(frozen=True)
