@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from prunekit.calibrate import evaluating, run_batch
 from prunekit.structure.rotation.family import Stream
 
+
 def second_moments(
     model: nn.Module, stream: Stream, batches: Sequence[Any], unit_tokens: bool = True
 ) -> list[Tensor]:
