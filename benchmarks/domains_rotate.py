@@ -37,12 +37,12 @@ def rows(
 ) -> None:
     """Print one row per rotation and per rotation + channel budget."""
     dense = body_params(model)
-    prunekit.structure.rotation.pca.UNIT_TOKENS = not args.rotate_raw
     for share in args.rotate:
         started = time.perf_counter()
         rotated = copy.deepcopy(model)
         report = prunekit.rotate_hidden(rotated, batches, share, round_to=args.rotate_round_to,
-                                        compensate=args.rotate_compensate)  # fmt: skip
+                                        compensate=args.rotate_compensate,
+                                        unit_tokens=not args.rotate_raw)  # fmt: skip
         seconds = time.perf_counter() - started
         gone = 1.0 - body_params(rotated) / dense
         fit = ("+fit" if args.rotate_compensate else "") + ("+raw" if args.rotate_raw else "")

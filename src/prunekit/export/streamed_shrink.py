@@ -44,7 +44,15 @@ from prunekit.io.atomic import atomic_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Writer
 from prunekit.io.sharded import Checkpoint, write_index
-from prunekit.io.streamed import check_tokens, let_go, open_streamed, put, weight_map
+from prunekit.io.streamed import (
+    COMPUTE,
+    check_tokens,
+    computed_inputs,
+    let_go,
+    open_streamed,
+    put,
+    weight_map,
+)
 from prunekit.progress import Progress
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
@@ -240,10 +248,12 @@ class _Run:
         return f"model.layers.{i}"
 
     def load(self, i: int) -> _Holder:
-        """Map block `i`'s tensors from the shards; the block at its path in the model."""
+        """Map block `i`'s tensors from the shards (a half-precision folder's as float32
+        copies: io.streamed.COMPUTE); the block at its path in the model."""
         prefix = self.prefix(i)
         for name, _ in list(self.blocks[i].named_parameters()):
-            put(self.model, f"{prefix}.{name}", self.checkpoint.tensors[f"{prefix}.{name}"])
+            stored = self.checkpoint.tensors[f"{prefix}.{name}"]
+            put(self.model, f"{prefix}.{name}", stored, COMPUTE.get(stored.dtype))
         return _Holder(prefix, self.blocks[i])
 
     def release(self, i: int) -> None:
@@ -285,7 +295,7 @@ def _calls(inputs: Sequence[cal.Inputs]) -> list[dict[str, object]]:
 def _score_pass(run: _Run) -> Scored:
     """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
     channel = run.channel
-    inputs = cal.capture_block_inputs(run.model, run.blocks[0], run.batches)
+    inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
     groups, scores = [], []
     for i in range(len(run.blocks)):
         holder = run.load(i)
@@ -312,7 +322,7 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
     files = {f: run.checkpoint.files.get(f, {}) for f in plans}
     writer = Writer(stage, plans, files)
     try:
-        inputs = cal.capture_block_inputs(run.model, run.blocks[0], run.batches)
+        inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
         for i in range(len(run.blocks)):
             inputs = _prune_block(run, i, chosen, inputs, writer)
         inside = tuple(f"{run.prefix(i)}." for i in range(len(run.blocks)))
@@ -347,7 +357,7 @@ def _prune_block(
     if mine:
         compact(holder, calls[0], latency_runs=0)
     for name, param in run.blocks[i].named_parameters():
-        values = param.detach()
+        values = param.detach().to(run.checkpoint.tensors[prefix + name].dtype)
         want = writer.where[prefix + name][2]
         assert tuple(values.shape) == want.shape, (prefix + name, values.shape, want.shape)
         writer.write(prefix + name, 0, values.reshape(-1))

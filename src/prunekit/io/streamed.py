@@ -368,7 +368,7 @@ bfloat16); the pruned weights are written back in the stored dtype: Wanda's kept
 for bit (the cast round-trips exactly), SparseGPT's updates rounded once."""
 
 
-def _computed(inputs: list[cal.Inputs]) -> list[cal.Inputs]:
+def computed_inputs(inputs: list[cal.Inputs]) -> list[cal.Inputs]:
     """The first block's inputs with their half-precision tensors in COMPUTE's dtype."""
 
     def cast(value: Any) -> Any:
@@ -430,7 +430,7 @@ def _stream(
     prefixes = [f"{paths[block]}." for block in blocks]
     try:
         with cal.evaluating(model), torch.no_grad():
-            inputs = _computed(cal.capture_block_inputs(model, blocks[0], batches))
+            inputs = computed_inputs(cal.capture_block_inputs(model, blocks[0], batches))
             for i, prefix in enumerate(prefixes):
                 inputs = _one_block(run, blocks, i, prefix, inputs)
         for name, stored in checkpoint.tensors.items():

@@ -19,15 +19,14 @@ from torch import Tensor, nn
 from prunekit.calibrate import evaluating, run_batch
 from prunekit.structure.rotation.family import Stream
 
-UNIT_TOKENS = True
-"""Each token's vector scaled to unit length before it is counted (False: as it is, the
-large tokens weighing more, as SliceGPT counts them); a switch for benchmarks."""
 
-
-def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> list[Tensor]:
+def second_moments(
+    model: nn.Module, stream: Stream, batches: Sequence[Any], unit_tokens: bool = True
+) -> list[Tensor]:
     """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
-    unit-length token vectors at its input, over `batches` (tokens an ``attention_mask`` of a
-    mapping batch masks out are left out)."""
+    token vectors at its input, over `batches` (tokens an ``attention_mask`` of a mapping
+    batch masks out are left out); each vector scaled to unit length first when
+    `unit_tokens`, else as it is (the large tokens weighing more)."""
     width = stream.width
     totals = [torch.zeros(width, width, dtype=torch.float64) for _ in stream.readings]
     weights: list[Tensor | None] = [None]
@@ -35,7 +34,7 @@ def second_moments(model: nn.Module, stream: Stream, batches: Sequence[Any]) -> 
     def gather(total: Tensor) -> Any:
         def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, width).to(torch.float64)
-            if UNIT_TOKENS:
+            if unit_tokens:
                 x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
             kept = weights[0]
             if kept is not None and kept.numel() == x.shape[0]:

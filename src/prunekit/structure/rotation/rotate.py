@@ -78,6 +78,7 @@ def rotate_hidden(
     *,
     round_to: int = 1,
     compensate: bool = False,
+    unit_tokens: bool = True,
 ) -> RotationReport:
     """Rotate the residual stream of a causal LM by its principal directions, in place, and
     remove the `hidden` share of the width along the least used of them.
@@ -104,6 +105,10 @@ def rotate_hidden(
             rotated basis, damped by ``DAMPING`` of its mean diagonal); the sliced model then
             no longer equals the masked one. False (the default): the readers lose their
             dropped columns as they are.
+        unit_tokens: True (the default): each token's vector at a norm's input is scaled to
+            unit length before it counts towards the principal directions, as the norm
+            divides it by its own size. False: the vectors as they are, so tokens of large
+            norm (the first token's outliers) weigh more.
 
     Returns:
         A RotationReport: the widths, the share of the second moment kept, the parameters.
@@ -112,17 +117,17 @@ def rotate_hidden(
         ValueError: `hidden` outside [0, 1), `round_to` below 1, an unsupported family or a
             missing part, masks installed, no calibration batch, or calibration hidden
             states that are not finite. The model is left as it was.
-        TypeError: `model`, `hidden`, `round_to`, `compensate` or `calibration` of the
-            wrong type.
+        TypeError: `model`, `hidden`, `round_to`, `compensate`, `unit_tokens` or
+            `calibration` of the wrong type.
     """
-    _check_options(hidden, round_to, compensate)
+    _check_options(hidden, round_to, compensate, unit_tokens)
     stream = find_stream(model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
     kept = _kept(model, width, hidden, round_to)
     before = _count(model)
     with transaction(model):
-        moments = second_moments(model, stream, batches)
+        moments = second_moments(model, stream, batches, unit_tokens)
         values, rotation = principal_directions(_finite_sum(moments, len(batches)))
         untied = _untie(stream)
         fold_norms(stream)
@@ -140,14 +145,15 @@ def _kept(model: nn.Module, width: int, hidden: float, round_to: int) -> int:
     return kept_width(width, float(hidden), math.lcm(int(round_to), int(heads)))
 
 
-def _check_options(hidden: float, round_to: int, compensate: bool) -> None:
+def _check_options(hidden: float, round_to: int, compensate: bool, unit_tokens: bool) -> None:
     """rotate_hidden's options, each of its type and in its range."""
     wanted = "a float in [0, 1): the share of the hidden width to remove"
     check_number(hidden, "hidden", OWNER, wanted, lambda v: 0.0 <= v < 1.0)
     wanted = "an int >= 1: the width kept is a multiple of it"
     check_number(round_to, "round_to", OWNER, wanted, lambda v: v >= 1, integral=True)
-    if not isinstance(compensate, bool):
-        raise type_error(f"{OWNER}: invalid compensate={compensate!r}; expected a bool")
+    for name, value in (("compensate", compensate), ("unit_tokens", unit_tokens)):
+        if not isinstance(value, bool):
+            raise type_error(f"{OWNER}: invalid {name}={value!r}; expected a bool")
 
 
 def _finite_sum(moments: list[Tensor], batches: int) -> Tensor:
