@@ -277,7 +277,6 @@ def _config(
         damp=damp,
         blocksize=blocksize,
         owner=OWNER,
-        causal=True,  # every family streamed is a decoder (FAMILIES)
     )
     if config.sequential is False:
         raise value_error(

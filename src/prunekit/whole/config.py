@@ -68,9 +68,9 @@ class Config:
             groups pruned before it, as SparseGPT's paper prunes (each layer runs about once
             a batch, where True runs each block twice; as True for a model without blocks).
             False: one pass of the whole model. None becomes the method's own when made
-            (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'``, and for
-            ``'wanda'`` when `causal`, unless over `ranks` (the better scores measured, see
-            benchmarks/vs_llmcompressor.py and domains_llmcompressor.py), True otherwise.
+            (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'`` unless over
+            `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
+            benchmarks/vs_llmcompressor.py), True otherwise.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
         blocksize: SparseGPT's columns updated at a time.
@@ -80,8 +80,6 @@ class Config:
             point that takes it names itself).
         ranks: whether the pruning runs over data-parallel ranks (for the default of
             `sequential`).
-        causal: whether the model's attention is causal, a decoder's (for the default of
-            `sequential`; prune_model sets it from the model's modules).
 
     Raises:
         TypeError: an argument of the wrong type, naming `owner`, the argument and the value.
@@ -102,7 +100,6 @@ class Config:
     dim: int | None = None
     owner: str = field(default="Config", compare=False)
     ranks: bool = field(default=False, compare=False)
-    causal: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = self.owner
@@ -118,11 +115,8 @@ class Config:
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
         if self.pattern is None:
             object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
-        if not isinstance(self.causal, bool):
-            raise type_error(f"{owner}: invalid causal={self.causal!r}; expected True or False")
         if self.sequential is None:
-            made = default_sequential(self.method, self.ranks, self.causal)
-            object.__setattr__(self, "sequential", made)
+            object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error

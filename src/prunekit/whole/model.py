@@ -100,26 +100,17 @@ def prune_model(
     if not isinstance(keep_masks, bool):
         raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
     if process_group is None:
-        checked = _config(amount, config, options, ranks=False, causal=_causal(model))
+        checked = _config(amount, config, options, ranks=False)
         return _prune(model, checked, calibration, loss, None, keep_masks)
     group = collective(process_group, OWNER)
     with group.telling():  # an error on this rank reaches the others at their next step
-        checked = _config(amount, config, options, ranks=True, causal=_causal(model))
+        checked = _config(amount, config, options, ranks=True)
         return _prune(model, checked, calibration, loss, group, keep_masks)
 
 
-def _causal(model: object) -> bool:
-    """Whether `model`'s attention is causal (a decoder): a submodule marked
-    ``is_causal=True``, as transformers marks a decoder's attention."""
-    modules = model.modules() if isinstance(model, nn.Module) else ()
-    return any(getattr(m, "is_causal", None) is True for m in modules)
-
-
-def _config(
-    amount: float | None, config: object, options: ModelOptions, ranks: bool, causal: bool
-) -> Config:
-    """The Config of a call: `config` alone (named for prune_model; as it was made), or one
-    made of `amount` and `options` for a model whose attention is `causal` or not."""
+def _config(amount: float | None, config: object, options: ModelOptions, ranks: bool) -> Config:
+    """The Config of a call: `config` alone (named for prune_model), or one made of `amount`
+    and `options`."""
     unknown = [k for k in options if k not in ModelOptions.__optional_keys__]
     if unknown:  # as Python words it for a keyword the signature lacks
         raise TypeError(f"prune_model() got an unexpected keyword argument {unknown[0]!r}")
@@ -140,7 +131,6 @@ def _config(
             progress=options.get("progress"),
             owner=OWNER,
             ranks=ranks,
-            causal=causal,
         )
     if not isinstance(config, Config):
         raise type_error(

@@ -111,19 +111,18 @@ def default_pattern(method: object, scope: object) -> str:
     return "row" if method == "wanda" and scope == "layer" else "unstructured"
 
 
-def default_sequential(method: object, ranks: bool, causal: bool = False) -> bool | str:
-    """How a method calibrates when `sequential` is not given: 'layers' (block by block,
-    and in each block layer group by layer group, each on the outputs of the groups pruned
-    before it) for SparseGPT, as its paper prunes, and for Wanda on a model whose attention
-    is `causal` (a decoder); unless over data-parallel `ranks` (which 'layers' refuses);
-    otherwise True (block by block). Measured at 50 % (benchmarks/vs_llmcompressor.py,
-    benchmarks/domains_llmcompressor.py): 'layers' gave SparseGPT the better score on
-    SmolLM2-135M and all-MiniLM-L6-v2 alike, and Wanda on SmolLM2-135M the lower perplexity
-    on every one of five text domains, row and 2:4; on all-MiniLM-L6-v2, an encoder, Wanda
-    lost 0.002-0.003 cosine with it, so Wanda stays block by block there. 'layers' also runs
-    each layer about once a batch, where True runs each block twice."""
-    layered = method == "sparsegpt" or (method == "wanda" and causal)
-    return "layers" if layered and not ranks else True
+def default_sequential(method: object, ranks: bool) -> bool | str:
+    """How a method calibrates when `sequential` is not given: SparseGPT 'layers' (block by
+    block, and in each block layer group by layer group, each on the outputs of the groups
+    pruned before it), as its paper prunes, unless over data-parallel `ranks` (which
+    'layers' refuses); every other method True (block by block). On SmolLM2-135M and
+    all-MiniLM-L6-v2 at 50 % (benchmarks/vs_llmcompressor.py), 'layers' gave SparseGPT the
+    better score in unstructured and 2:4 alike (and, its runs stopping at each group's
+    input and reusing what the run before computed, less forward work). For Wanda it did
+    not: on SmolLM2-135M it moved the perplexity on five text domains both ways (per row
+    0.990-1.009 x, 2:4 0.874-1.044 x llm-compressor's, benchmarks/domains_llmcompressor.py)
+    and lowered all-MiniLM-L6-v2's cosine, so Wanda ranks as llm-compressor does."""
+    return "layers" if method == "sparsegpt" and not ranks else True
 
 
 def check_scope(scope: object, owner: str) -> str:
