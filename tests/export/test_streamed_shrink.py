@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +35,14 @@ def _quiet() -> Any:
         yield
 
 
-def llama_folder(folder: Path, *, tied: bool = False, layers: int = 3) -> Path:
+@pytest.fixture
+def llama_folder(tiny_llama: Callable[..., Path]) -> Callable[..., Path]:
     """A tiny random Llama (4 query heads in 2 key/value groups, MLP 64) written as shards
-    of about one matrix each."""
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=tied,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder, max_shard_size="20KB")
-    assert len(list(folder.glob("*.safetensors"))) > layers
+    of about one matrix each (shared: read only)."""
+
+    def folder(*, tied: bool = False, layers: int = 3) -> Path:
+        return tiny_llama(VOCAB, layers, tied)
+
     return folder
 
 
@@ -67,42 +66,68 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("config", CASES, ids=["activation-compensated", "l2", "units"])
-def test_streamed_is_the_in_memory_result(tmp_path: Path, config: ShrinkStreamedConfig) -> None:
-    folder = llama_folder(tmp_path / "src", tied=config.criterion == "l2")
+@dataclass(frozen=True)
+class Shrunk:
+    """One config run streamed (into `out`) and in memory, on the same folder and batches."""
+
+    out: Path
+    done: Any
+    model: Any
+    chosen: Any
+    calibration: list[Any]
+
+
+def shrunk(folder: Path, out: Path, config: ShrinkStreamedConfig) -> Shrunk:
     calibration = batches()
-    done = shrink_streamed(folder, tmp_path / "out", calibration=calibration, config=config)
+    done = shrink_streamed(folder, out, calibration=calibration, config=config)
     model, chosen = in_memory(folder, config, calibration)
+    return Shrunk(out, done, model, chosen, calibration)
+
+
+@pytest.fixture(scope="module")
+def compensated(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Any) -> Shrunk:
+    """CASES[0] (activation scores, compensated) run once for the two tests that read it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return shrunk(tiny_llama(VOCAB, 3), tmp_path_factory.mktemp("compensated") / "out",
+                      CASES[0])  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["activation-compensated", "l2", "units"])
+def test_streamed_is_the_in_memory_result(
+    tmp_path: Path, llama_folder: Callable[..., Path], request: pytest.FixtureRequest, case: int
+) -> None:
+    config = CASES[case]
+    if case == 0:
+        run: Shrunk = request.getfixturevalue("compensated")
+    else:
+        run = shrunk(llama_folder(tied=config.criterion == "l2"), tmp_path / "out", config)
+    done, model, chosen, out = run.done, run.model, run.chosen, run.out
     assert [(p.group.name, p.units) for p in done.budget] == [
         (p.group.name, p.units) for p in chosen
     ]
     assert done.budget.rows == chosen.rows and done.budget.removed == chosen.removed
     assert done.params_after == sum(p.numel() for p in model.parameters())
-    got = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out",
-                                                            trust_remote_code=True)  # fmt: skip
+    got = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
     want = model.state_dict()
     assert set(got.state_dict()) == set(want)
     for name, tensor in got.state_dict().items():
         torch.testing.assert_close(tensor, want[name], rtol=1e-6, atol=1e-7, msg=name)
-    ids = calibration[0]
+    ids = run.calibration[0]
     with torch.no_grad():
         torch.testing.assert_close(got.eval()(ids).logits, model(ids).logits)
 
 
-def test_the_folder_loads_without_prunekit(tmp_path: Path) -> None:
-    folder = llama_folder(tmp_path / "src")
-    config = CASES[0]
-    calibration = batches()
-    done = shrink_streamed(folder, tmp_path / "out", calibration=calibration, config=config)
+def test_the_folder_loads_without_prunekit(compensated: Shrunk) -> None:
+    done, out = compensated.done, compensated.out
     assert len({(layer.heads, layer.ffn) for layer in done.layers}) > 1  # widths differ
-    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    written = json.loads((out / "config.json").read_text())
     assert written["layer_intermediate_sizes"] == [layer.ffn for layer in done.layers]
-    assert (tmp_path / "out" / MODELING_FILE).is_file()
-    model, _ = in_memory(folder, config, calibration)
-    ids = calibration[0]
-    found = loaded_output(tmp_path / "out", "AutoModelForCausalLM", True, ids)
+    assert (out / MODELING_FILE).is_file()
+    ids = compensated.calibration[0]
+    found = loaded_output(out, "AutoModelForCausalLM", True, ids)
     with torch.no_grad():
-        torch.testing.assert_close(found, model(ids).logits)
+        torch.testing.assert_close(found, compensated.model(ids).logits)
 
 
 BAD_CONFIGS: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -135,9 +160,13 @@ BAD_CALLS: list[tuple[dict[str, Any], type[Exception], str]] = [
 
 @pytest.mark.parametrize(("options", "error", "match"), BAD_CALLS)
 def test_a_bad_call_leaves_no_output(
-    tmp_path: Path, options: dict[str, Any], error: type[Exception], match: str
+    tmp_path: Path,
+    llama_folder: Callable[..., Path],
+    options: dict[str, Any],
+    error: type[Exception],
+    match: str,
 ) -> None:
-    folder = llama_folder(tmp_path / "src", layers=2)
+    folder = llama_folder(layers=2)
     arguments = {"calibration": batches(), "config": CASES[0], **options}
     with pytest.raises(error, match=match):
         shrink_streamed(folder, tmp_path / "out", **arguments)
@@ -157,9 +186,9 @@ def test_not_a_streamed_family_or_folder(tmp_path: Path) -> None:
 
 
 def test_a_failure_midway_leaves_the_output_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = llama_folder(tmp_path / "src")
+    folder = llama_folder()
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("before")
@@ -176,4 +205,4 @@ def test_a_failure_midway_leaves_the_output_as_it_was(
         shrink_streamed(folder, out, calibration=batches(), config=CASES[0])
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert (out / "keep.txt").read_text() == "before"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # nothing staged left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing staged left

@@ -27,24 +27,35 @@ def tokenizer(vocab: int = 300) -> Any:
                                    bos_token="<|endoftext|>")  # fmt: skip
 
 
-def llama(vocab: int = 300, layers: int = 2, seed: int = 0) -> Any:
+def llama(vocab: int = 300, layers: int = 2, seed: int = 0, tied: bool = False) -> Any:
     """A tiny LlamaForCausalLM (hidden 32, 4 query heads in 2 key/value groups, MLP 64)."""
     import transformers
 
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )  # fmt: skip
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def sharded_folder(folder: Path, vocab: int = 300, layers: int = 2, tied: bool = False) -> Path:
+    """The tiny Llama of `llama(vocab, layers, tied=tied)` saved in `folder` as shards of
+    about 20 kB (about one matrix each, so more shards than blocks), without a tokenizer;
+    returns the folder."""
+    llama(vocab, layers, tied=tied).save_pretrained(str(folder), max_shard_size="20KB")
+    assert len(list(folder.glob("*.safetensors"))) > layers  # sharded across the blocks
+    return folder
+
+
 def save_folder(folder: Path, sharded: bool = False, with_tokenizer: bool = True) -> Path:
     """A tiny Llama saved in `folder` (in shards of about 20 kB when `sharded`), with its
     tokenizer; returns the folder."""
-    model = llama()
-    model.save_pretrained(str(folder), max_shard_size="20KB" if sharded else "1GB")
+    if sharded:
+        sharded_folder(folder)
+    else:
+        llama().save_pretrained(str(folder), max_shard_size="1GB")
     if with_tokenizer:
         tokenizer().save_pretrained(str(folder))
     return folder
