@@ -38,6 +38,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount
 from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
+from prunekit.core.heap import trim
 from prunekit.criteria.hessian import damped, inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.select import smallest_k
@@ -51,6 +52,9 @@ pruned flags."""
 
 _STEP = 16
 """Columns swept one by one between two matrix products (see _sweep_block)."""
+
+_ROWS = 256
+"""Rows of the refit's dot products done at a time (their products' buffer)."""
 
 _SUBSETS = 70
 """NM groups with at most this many ways to prune (4:8 has 70) are pruned the way of
@@ -156,10 +160,12 @@ def sparsegpt_prune_shared(
         stop = min(cols, start + settings.blocksize)
         _sweep_block(sweep, start, stop)
     keep = live & ~pruned  # the others are 0 in `w` (each block zeroes those it drops)
-    del sweep, upper, pruned  # the refit reads none of them
-    if settings.refit:  # the target made in the call: refit lets it go after one product
-        refit(w, _targets(weights, live, hessian.dtype), keep, damped(hessian, settings.damp),
-              settings.refit)  # fmt: skip
+    del sweep, upper, pruned, lives  # the refit reads none of them
+    if settings.refit:
+        gap = _gap(weights, w, live)
+        del live
+        trim()  # the sweep's freed pages, not kept resident beside the refit's buffers
+        _refit(w, gap, keep, damped(hessian, settings.damp), settings.refit)
     sizes = [weight.shape[0] for weight in weights]
     return [
         (k, u.to(dtype=weight.dtype))
@@ -169,10 +175,20 @@ def sparsegpt_prune_shared(
     ]
 
 
-def _targets(weights: Sequence[Tensor], live: Tensor, dtype: torch.dtype) -> Tensor:
-    """The weights before pruning, stacked in `dtype`, 0 where not `live`."""
-    dense = torch.cat([weight.detach().to(dtype=dtype) for weight in weights])
-    return dense.masked_fill_(~live, 0)
+def _gap(weights: Sequence[Tensor], w: Tensor, live: Tensor) -> Tensor:
+    """The weights before pruning (stacked, 0 where not `live`) minus `w`, made in one
+    buffer of `w`'s shape and dtype, without a stacked copy of the weights. Where not
+    `live`, `w` is 0 (each block of the sweep zeroes what it drops), so 0 as the
+    difference of the stacked copy would be."""
+    gap = torch.empty_like(w)
+    first = 0
+    for weight in weights:
+        last = first + weight.shape[0]
+        torch.sub(weight.detach().to(dtype=w.dtype), w[first:last], out=gap[first:last])
+        first = last
+    if not bool(live.all()):
+        gap.masked_fill_(~live, 0)
+    return gap
 
 
 def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
@@ -191,15 +207,20 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
         hessian: the damped Hessian.
         steps: the number of conjugate gradient steps.
     """
+    _refit(w, dense - w, keep, hessian, steps)
+
+
+def _refit(w: Tensor, gap: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
+    """`refit` from ``gap = dense - w``, a buffer of w's shape it takes over (written)."""
     # The entries held fixed are masked once, in the preconditioner (1 / H_jj where free,
     # 0 where fixed): the directions are 0 there, so w does not move there, and the residual
-    # there is never read. Three buffers of w's shape serve every step.
-    scaled = hessian.diagonal().reciprocal() * keep.to(dtype=w.dtype)
-    residual = torch.mm(dense - w, hessian)  # minus the gradient, halved, where free
-    del dense  # not read again (the caller's own reference, if any, keeps it)
-    direction = residual * scaled
+    # there is never read. Four buffers of w's shape serve every step (`gap` becomes the
+    # first direction), and a few rows of work for the dot products.
+    scaled = keep.to(dtype=w.dtype).mul_(hessian.diagonal().reciprocal())
+    residual = torch.mm(gap, hessian)  # minus the gradient, halved, where free
+    direction = torch.mul(residual, scaled, out=gap)
     moved = torch.empty_like(direction)
-    work = torch.empty_like(direction)
+    work = torch.empty((min(_ROWS, w.shape[0]), w.shape[1]), dtype=w.dtype)
     along = _rows_dot(residual, direction, work)
     for _ in range(steps):
         torch.mm(direction, hessian, out=moved)
@@ -216,8 +237,16 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
 
 
 def _rows_dot(a: Tensor, b: Tensor, work: Tensor) -> Tensor:
-    """Each row's dot product of `a` and `b`, (rows, 1); `work` (their shape) is written."""
-    return torch.mul(a, b, out=work).sum(dim=1, keepdim=True)
+    """Each row's dot product of `a` and `b`, (rows, 1), `work.shape[0]` rows at a time
+    (`work`, as wide as they are, is written): each row's sum is the one over all rows
+    at once, as each row is summed alone either way."""
+    found = torch.empty((a.shape[0], 1), dtype=a.dtype)
+    step = work.shape[0]
+    for top in range(0, a.shape[0], step):
+        bottom = min(a.shape[0], top + step)
+        products = torch.mul(a[top:bottom], b[top:bottom], out=work[: bottom - top])
+        torch.sum(products, dim=1, keepdim=True, out=found[top:bottom])
+    return found
 
 
 def _named(label: str) -> AbstractContextManager[None]:
