@@ -116,3 +116,24 @@ def sweep_float(
         alives,
         SparseGPT(refit=0),
     )
+
+
+@pytest.mark.parametrize("pattern", [NM(2, 4), Unstructured()])
+def test_a_spent_hessian_gives_the_same_bits_and_is_left_damped(
+    pattern: NM | Unstructured,
+) -> None:
+    """`spend_hessian`: the Hessian damped in place and read by the refit, not copied;
+    the same masks and weights as a call that leaves it as it was."""
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(64, 24, generator=generator)
+    x[:, 3] = 0  # an input that never fired: 1 on its diagonal once damped
+    h = x.T @ x
+    weights = [torch.randn(r, 24, generator=generator) for r in (30, 9)]
+    kept = h.clone()
+    expected = sparsegpt_prune_shared(weights, h, Amount(0.5, "t"), pattern)
+    assert torch.equal(h, kept)  # not spent: unchanged
+    found = sparsegpt_prune_shared(weights, h, Amount(0.5, "t"), pattern, spend_hessian=True)
+    for (k, u), (k0, u0) in zip(found, expected, strict=True):
+        assert torch.equal(k, k0)
+        assert torch.equal(u, u0)
+    assert torch.equal(h, damped(kept, 0.1))

@@ -128,6 +128,7 @@ def sparsegpt_prune_shared(
     alives: Sequence[Tensor | None] | None = None,
     settings: SparseGPT = SparseGPT(),
     names: Sequence[str] | None = None,
+    spend_hessian: bool = False,
 ) -> list[tuple[Tensor, Tensor]]:
     """`sparsegpt_prune` of several weights that read the same input (query, key and
     value; gate and up), so share `hessian`: it is factored once, and one sweep over the
@@ -136,7 +137,9 @@ def sparsegpt_prune_shared(
 
     Returns (keep, updated) per weight, in order. `names` (one per weight) go in front of
     the errors about one weight (its shape, its amount), and all of them in front of the
-    errors about the Hessian.
+    errors about the Hessian. With `spend_hessian`, `hessian` is damped in place and the
+    refit reads it (one in x in matrix fewer; the same results): its values are the
+    damped ones after the call, so pass it only when nothing reads it again.
     """
     labels = list(names) if names is not None else [""] * len(weights)
     found = alives if alives is not None else [None] * len(weights)
@@ -152,7 +155,7 @@ def sparsegpt_prune_shared(
     if any(alive is not None for alive in found):
         w.masked_fill_(~live, 0)
     with _named(" and ".join(label for label in labels if label)):
-        upper, dead = inverse_factor(hessian, settings.damp, amount.owner)
+        upper, dead = inverse_factor(hessian, settings.damp, amount.owner, spend_hessian)
     pruned = torch.zeros(w.shape, dtype=torch.bool)
     sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern, _subsets(pattern))
     cols = hessian.shape[1]
@@ -165,7 +168,8 @@ def sparsegpt_prune_shared(
         gap = _gap(weights, w, live)
         del live
         trim()  # the sweep's freed pages, not kept resident beside the refit's buffers
-        _refit(w, gap, keep, damped(hessian, settings.damp), settings.refit)
+        h = hessian if spend_hessian else damped(hessian, settings.damp)  # damped in place
+        _refit(w, gap, keep, h, settings.refit)
     sizes = [weight.shape[0] for weight in weights]
     return [
         (k, u.to(dtype=weight.dtype))

@@ -320,6 +320,7 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
             [None if live is None else live[group] for live in lives],
             plan.sparsegpt,
             names=[plan.describe(module, name) for module, name in targets],
+            spend_hessian=True,  # the statistics' own, read by no one after this group
         )
         for each, result in zip(found, results, strict=True):
             each.append(result)
