@@ -17,7 +17,7 @@ from torch import Tensor
 
 from prunekit.core.errors import value_error
 
-__all__ = ["damped", "damped_cholesky", "damped_inverse", "inverse_factor"]
+__all__ = ["damp_", "damped", "damped_cholesky", "damped_inverse", "inverse_factor"]
 
 
 def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
@@ -55,17 +55,32 @@ def damped(hessian: Tensor, damp: float) -> Tensor:
     Returns:
         A new matrix; `hessian` is not changed.
     """
-    h = hessian.detach().clone()
-    diagonal = h.diagonal()
+    return damp_(hessian.detach().clone(), damp)
+
+
+def damp_(hessian: Tensor, damp: float) -> Tensor:
+    """``damped`` in place: `hessian` itself damped (the same values as ``damped``'s).
+
+    Args:
+        hessian: a symmetric positive semi-definite matrix, overwritten.
+        damp: the share of the mean diagonal added to the diagonal.
+
+    Returns:
+        `hessian`.
+    """
+    diagonal = hessian.diagonal()
     dead = diagonal == 0
-    h[dead, dead] = 1
+    hessian[dead, dead] = 1
     diagonal.add_(damp * float(diagonal.mean()))
-    return h
+    return hessian
 
 
-def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Tensor]:
+def inverse_factor(
+    hessian: Tensor, damp: float, owner: str, in_place: bool = False
+) -> tuple[Tensor, Tensor]:
     """The upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, and which inputs
-    never fired (a zero diagonal: their weights cost nothing to prune).
+    never fired (a zero diagonal: their weights cost nothing to prune). With `in_place`,
+    `hessian` is damped in place (``damp_``: no copy of it made), else not changed.
 
     Raises:
         ValueError: `hessian` holds a NaN or inf, or is not positive definite damped.
@@ -82,7 +97,7 @@ def inverse_factor(hessian: Tensor, damp: float, owner: str) -> tuple[Tensor, Te
             f"{h.dtype} (largest finite {torch.finfo(h.dtype).max:.3g})"
         )
     dead = h.diagonal() == 0
-    h = damped(h, damp)
+    h = damp_(h, damp) if in_place else damped(h, damp)
     try:
         lower = torch.linalg.cholesky(h)
         del h  # each in x in matrix let go once the next is made: two held at a time

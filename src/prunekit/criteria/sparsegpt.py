@@ -38,6 +38,7 @@ from torch import Tensor
 from prunekit.core.amount import Amount
 from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
+from prunekit.core.heap import trim
 from prunekit.criteria.hessian import damped, inverse_factor
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.select import smallest_k
@@ -52,6 +53,9 @@ pruned flags."""
 
 _STEP = 16
 """Columns swept one by one between two matrix products (see _sweep_block)."""
+
+_ROWS = 256
+"""Rows of the refit's dot products done at a time (their products' buffer)."""
 
 _SUBSETS = 70
 """NM groups with at most this many ways to prune (4:8 has 70) are pruned the way of
@@ -125,6 +129,7 @@ def sparsegpt_prune_shared(
     alives: Sequence[Tensor | None] | None = None,
     settings: SparseGPT = SparseGPT(),
     names: Sequence[str] | None = None,
+    spend_hessian: bool = False,
 ) -> list[tuple[Tensor, Tensor]]:
     """`sparsegpt_prune` of several weights that read the same input (query, key and
     value; gate and up), so share `hessian`: it is factored once, and one sweep over the
@@ -133,7 +138,9 @@ def sparsegpt_prune_shared(
 
     Returns (keep, updated) per weight, in order. `names` (one per weight) go in front of
     the errors about one weight (its shape, its amount), and all of them in front of the
-    errors about the Hessian.
+    errors about the Hessian. With `spend_hessian`, `hessian` is damped in place and the
+    refit reads it (one in x in matrix fewer; the same results): its values are the
+    damped ones after the call, so pass it only when nothing reads it again.
     """
     labels = list(names) if names is not None else [""] * len(weights)
     found = alives if alives is not None else [None] * len(weights)
@@ -149,7 +156,7 @@ def sparsegpt_prune_shared(
     if any(alive is not None for alive in found):
         w.masked_fill_(~live, 0)
     with _named(" and ".join(label for label in labels if label)):
-        upper, dead = inverse_factor(hessian, settings.damp, amount.owner)
+        upper, dead = inverse_factor(hessian, settings.damp, amount.owner, spend_hessian)
     pruned = torch.zeros(w.shape, dtype=torch.bool)
     sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern, _subsets(pattern))
     cols = hessian.shape[1]
@@ -157,10 +164,13 @@ def sparsegpt_prune_shared(
         stop = min(cols, start + settings.blocksize)
         _sweep_block(sweep, start, stop)
     keep = live & ~pruned  # the others are 0 in `w` (each block zeroes those it drops)
-    del sweep, upper, pruned  # the refit reads none of them
-    if settings.refit:  # the target made in the call: refit lets it go after one product
-        refit(w, _targets(weights, live, hessian.dtype), keep, damped(hessian, settings.damp),
-              settings.refit)  # fmt: skip
+    del sweep, upper, pruned, lives  # the refit reads none of them
+    if settings.refit:
+        gap = _gap(weights, w, live)
+        del live
+        trim()  # the sweep's freed pages, not kept resident beside the refit's buffers
+        h = hessian if spend_hessian else damped(hessian, settings.damp)  # damped in place
+        _refit(w, gap, keep, h, settings.refit)
     sizes = [weight.shape[0] for weight in weights]
     return [
         (k, u.to(dtype=weight.dtype))
@@ -170,10 +180,20 @@ def sparsegpt_prune_shared(
     ]
 
 
-def _targets(weights: Sequence[Tensor], live: Tensor, dtype: torch.dtype) -> Tensor:
-    """The weights before pruning, stacked in `dtype`, 0 where not `live`."""
-    dense = torch.cat([weight.detach().to(dtype=dtype) for weight in weights])
-    return dense.masked_fill_(~live, 0)
+def _gap(weights: Sequence[Tensor], w: Tensor, live: Tensor) -> Tensor:
+    """The weights before pruning (stacked, 0 where not `live`) minus `w`, made in one
+    buffer of `w`'s shape and dtype, without a stacked copy of the weights. Where not
+    `live`, `w` is 0 (each block of the sweep zeroes what it drops), so 0 as the
+    difference of the stacked copy would be."""
+    gap = torch.empty_like(w)
+    first = 0
+    for weight in weights:
+        last = first + weight.shape[0]
+        torch.sub(weight.detach().to(dtype=w.dtype), w[first:last], out=gap[first:last])
+        first = last
+    if not bool(live.all()):
+        gap.masked_fill_(~live, 0)
+    return gap
 
 
 def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
@@ -192,15 +212,20 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
         hessian: the damped Hessian.
         steps: the number of conjugate gradient steps.
     """
+    _refit(w, dense - w, keep, hessian, steps)
+
+
+def _refit(w: Tensor, gap: Tensor, keep: Tensor, hessian: Tensor, steps: int) -> None:
+    """`refit` from ``gap = dense - w``, a buffer of w's shape it takes over (written)."""
     # The entries held fixed are masked once, in the preconditioner (1 / H_jj where free,
     # 0 where fixed): the directions are 0 there, so w does not move there, and the residual
-    # there is never read. Three buffers of w's shape serve every step.
-    scaled = hessian.diagonal().reciprocal() * keep.to(dtype=w.dtype)
-    residual = torch.mm(dense - w, hessian)  # minus the gradient, halved, where free
-    del dense  # not read again (the caller's own reference, if any, keeps it)
-    direction = residual * scaled
+    # there is never read. Four buffers of w's shape serve every step (`gap` becomes the
+    # first direction), and a few rows of work for the dot products.
+    scaled = keep.to(dtype=w.dtype).mul_(hessian.diagonal().reciprocal())
+    residual = torch.mm(gap, hessian)  # minus the gradient, halved, where free
+    direction = torch.mul(residual, scaled, out=gap)
     moved = torch.empty_like(direction)
-    work = torch.empty_like(direction)
+    work = torch.empty((min(_ROWS, w.shape[0]), w.shape[1]), dtype=w.dtype)
     along = _rows_dot(residual, direction, work)
     for _ in range(steps):
         torch.mm(direction, hessian, out=moved)
@@ -217,8 +242,16 @@ def refit(w: Tensor, dense: Tensor, keep: Tensor, hessian: Tensor, steps: int) -
 
 
 def _rows_dot(a: Tensor, b: Tensor, work: Tensor) -> Tensor:
-    """Each row's dot product of `a` and `b`, (rows, 1); `work` (their shape) is written."""
-    return torch.mul(a, b, out=work).sum(dim=1, keepdim=True)
+    """Each row's dot product of `a` and `b`, (rows, 1), `work.shape[0]` rows at a time
+    (`work`, as wide as they are, is written): each row's sum is the one over all rows
+    at once, as each row is summed alone either way."""
+    found = torch.empty((a.shape[0], 1), dtype=a.dtype)
+    step = work.shape[0]
+    for top in range(0, a.shape[0], step):
+        bottom = min(a.shape[0], top + step)
+        products = torch.mul(a[top:bottom], b[top:bottom], out=work[: bottom - top])
+        torch.sum(products, dim=1, keepdim=True, out=found[top:bottom])
+    return found
 
 
 def _named(label: str) -> AbstractContextManager[None]:

@@ -233,6 +233,7 @@ def _by_groups(
     groups pruned before it (criteria.grouped). Returns the block's outputs, the next
     block's inputs, if there is `more` to calibrate (else none)."""
     left = list(targets)
+    trim()  # the runs of the block before: their pages, not kept beside this block's
     with GroupedRuns(block, inputs, [m for m, _ in targets], wanted) as runs:
         while left:
             stats, group = runs.next_group([m for m, _ in left])
@@ -259,9 +260,12 @@ def _prune_layers(
         _check_seen(plan, stats, module, name)
     if plan.method == "sparsegpt":
         for shared in stats.sharing(targets):  # layers reading one input: one Hessian
-            trim()  # the pages freed by the sweep before, not kept resident beside this one
-            _sparsegpt_layers(plan, shared, stats.hessian(shared[0][0]))
+            hessian = stats.hessian(shared[0][0])
+            trim()  # the pages freed before (runs, sweeps, writes), not kept beside this one
+            _sparsegpt_layers(plan, shared, hessian)
+            del hessian
             bar.advance(len(shared))
+        trim()  # the last sweep's and writes' pages, not kept beside the next runs
         return
     for module, name in targets:
         with naming(_path(plan, module, name)):
@@ -316,20 +320,24 @@ def _sparsegpt_layers(plan: Plan, targets: Sequence[TensorRef], hessian: Tensor)
             [None if live is None else live[group] for live in lives],
             plan.sparsegpt,
             names=[plan.describe(module, name) for module, name in targets],
+            spend_hessian=True,  # the statistics' own, read by no one after this group
         )
         for each, result in zip(found, results, strict=True):
             each.append(result)
     for (module, name), value, each in zip(targets, values, found, strict=True):
-        keep = layer_matrices.from_matrices(module, torch.stack([k for k, _ in each]), value.shape)
-        updated = layer_matrices.from_matrices(
-            module, torch.stack([u for _, u in each]), value.shape
-        )
+        keep = layer_matrices.from_matrices(module, _stacked([k for k, _ in each]), value.shape)
+        updated = layer_matrices.from_matrices(module, _stacked([u for _, u in each]), value.shape)
         param = cal.parameter(module, name)
         plan.write_ahead([param])  # undo keeps no copy of the weights in memory
         with torch.no_grad():  # pruned entries keep their values (merged in `updated`'s own memory)
             param.copy_(torch.where(keep, updated, param, out=updated))
         custom_from_mask(module, name, keep.to(dtype=param.dtype))
         _settle(plan, [(module, name)])
+
+
+def _stacked(parts: list[Tensor]) -> Tensor:
+    """`parts` stacked; one part (a Linear's one matrix) as a view, not copied."""
+    return parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)
 
 
 def _settle(plan: Plan, targets: Sequence[TensorRef]) -> None:
