@@ -12,10 +12,11 @@ import torch
 from safetensors import safe_open
 
 import prunekit.export.streamed_shrink as streamed_shrink
+from helpers import tiny_llm
 from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.structure.budget import Budget
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 VOCAB = 96
@@ -23,12 +24,7 @@ VOCAB = 96
 
 def folders(root: Path) -> tuple[Path, Path]:
     """The same tiny random Llama twice: in bfloat16, and its bfloat16 values in float32."""
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model = tiny_llm.llama(vocab=VOCAB, layers=2).to(torch.bfloat16)
     model.save_pretrained(root / "half", max_shard_size="20KB")
     model.float().save_pretrained(root / "full", max_shard_size="20KB")
     return root / "half", root / "full"

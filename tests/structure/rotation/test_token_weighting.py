@@ -10,10 +10,11 @@ import torch
 from torch import Tensor, nn
 
 import prunekit
+from helpers import tiny_llm
 from prunekit.structure.rotation.family import find_stream
 from prunekit.structure.rotation.pca import second_moments
 
-T = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 BATCHES = [torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(k))
            for k in range(3)]  # fmt: skip
@@ -21,11 +22,7 @@ IDS = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(5))
 
 
 def model() -> Any:
-    config = T.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=8)  # fmt: skip
-    torch.manual_seed(0)
-    return T.LlamaForCausalLM(config).eval()
+    return tiny_llm.llama(vocab=300, layers=2)
 
 
 def norm_inputs(built: nn.Module) -> list[Tensor]:
