@@ -160,10 +160,12 @@ def _by_blocks(
             if reduce is None:
                 raise
             pending = error
-        for i, block in enumerate(blocks):
+        last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
+        for i, block in enumerate(blocks[: last + 1]):  # none after the last pruned one
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
+            more = i < last
             if here and plan.config.sequential == "layers":  # refused with `reduce`
-                inputs = _by_groups(plan, block, inputs, here, want, bar, i + 1 < len(blocks))
+                inputs = _by_groups(plan, block, inputs, here, want, bar, more)
                 continue
             if here:
                 mods = [m for m, _ in here]
@@ -172,7 +174,7 @@ def _by_blocks(
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
-            if i + 1 < len(blocks) and pending is None:
+            if more and pending is None:
                 try:
                     inputs = cal.next_inputs(block, inputs)
                 except Exception as error:
@@ -240,8 +242,11 @@ def _by_groups(
             if not group:
                 _check_seen(plan, stats, *left[0])  # raises: it never ran
             members = {id(m) for m in group}
-            _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
+            pruned = [t for t in left if id(t[0]) in members]
             left = [t for t in left if id(t[0]) not in members]
+            if not left:  # the last group: its pruning needs no kept output
+                runs.forget()
+            _prune_layers(plan, pruned, stats, bar)
         return runs.outputs() if more else []
 
 
