@@ -237,6 +237,7 @@ class Writer:
         self._fds: dict[str, int] = {}
         self.where: dict[str, tuple[str, int, Planned]] = {}  # name -> file, offset, plan
         self.sizes: dict[str, int] = {}
+        self._written: dict[str, int] = {}  # name -> bytes written into it so far
         try:
             for file, plans in files.items():
                 self._lay_out(file, plans, metadata.get(file, {}))
@@ -273,6 +274,7 @@ class Writer:
         assert values.dtype == DTYPES[plan.code], (values.dtype, plan.code)
         raw = values.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         at = offset + start * values.element_size()
+        self._written[name] = self._written.get(name, 0) + raw.nbytes
         view: memoryview = raw.data
         while view:
             done = os.pwrite(self._fds[file], view, at)
@@ -295,9 +297,21 @@ class Writer:
                 done += step
         finally:
             os.close(source)
+        self._written[name] = self._written.get(name, 0) + stored.nbytes
 
     def commit(self) -> None:
-        """Flush every file to disk and rename each into place."""
+        """Flush every file to disk and rename each into place.
+
+        Raises:
+            RuntimeError: a tensor laid out was not written in full (its bytes would be
+                zeros on disk): a bug of the caller, the files are left uncommitted.
+        """
+        short = [n for n, (_, _, p) in self.where.items() if self._written.get(n, 0) < p.nbytes]
+        if short:
+            raise RuntimeError(
+                f"Writer.commit: {len(short)} tensors laid out in {self.folder} were not "
+                f"written in full ({', '.join(repr(n) for n in short[:5])}); not committed"
+            )
         for fd in self._fds.values():
             os.fsync(fd)
             os.close(fd)

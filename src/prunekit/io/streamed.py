@@ -451,22 +451,23 @@ def _one_block(
     is a next block."""
     block, tensors = blocks[i], run.checkpoint.tensors
     for name, _ in list(block.named_parameters()):
-        put(run.model, prefix + name, tensors[prefix + name], COMPUTE.get(_dtype(run.checkpoint)))
+        stored = tensors[prefix + name]  # each in its own compute dtype (folders mix dtypes)
+        put(run.model, prefix + name, stored, COMPUTE.get(stored.dtype))
     targets = _targets(block)
     plan = make_plan(block, targets, run.config, run.batches, None)
     plan.paths = run.paths  # errors name the module's path in the model
     plan.keep_masks = False  # written as mask x orig: no mask kept beside a layer's values
     outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
-    done = {(id(m), leaf) for m, leaf in targets}
+    paths = {m: p for p, m in block.named_modules()}
+    done = {prefix + (f"{paths[m]}.{leaf}" if paths[m] else leaf): (m, leaf) for m, leaf in targets}
     for name, stored in tensors.items():
         if not name.startswith(prefix):
             continue
-        path, _, leaf = name[len(prefix) :].rpartition(".")
-        module = block.get_submodule(path)
-        if (id(module), leaf) not in done:
+        if name not in done:  # a norm, or a tensor that is no parameter (rotary frequencies)
             run.writer.copy(name, stored)
             continue
-        values = current_values(module, leaf).to(stored.dtype)  # computed in COMPUTE's
+        module, leaf = done[name]
+        values = stored_values(name, current_values(module, leaf), stored.dtype, OWNER)
         run.writer.write(name, 0, values.reshape(-1))
         run.numel += values.numel()
         run.zeros += int((values == 0).sum())
@@ -475,6 +476,29 @@ def _one_block(
     del block, plan, targets
     trim()
     return outputs
+
+
+def stored_values(name: str, values: torch.Tensor, dtype: torch.dtype, owner: str) -> torch.Tensor:
+    """`values` of the tensor `name` (computed in COMPUTE's dtype) cast to its stored
+    `dtype`.
+
+    Raises:
+        ValueError: a finite value lies beyond `dtype`'s range (it would be written as inf).
+    """
+    cast = values.to(dtype)
+    if cast.dtype == values.dtype or not dtype.is_floating_point:
+        return cast
+    beyond = torch.isinf(cast) & torch.isfinite(values)
+    if bool(beyond.any()):
+        largest = float(values[beyond].abs().max())
+        raise value_error(
+            f"{owner}: {name!r} is computed with {int(beyond.sum())} values beyond the range "
+            f"of its stored dtype {str(dtype).removeprefix('torch.')} (largest "
+            f"{largest:.6g}, the dtype holds up to {torch.finfo(dtype).max:.6g}), which would "
+            "be written as inf; expected weights that fit it (save the folder in float32 or "
+            "bfloat16 first)"
+        )
+    return cast
 
 
 def let_go(block: nn.Module) -> nn.Module:
