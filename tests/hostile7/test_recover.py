@@ -183,7 +183,7 @@ def test_a_failed_run_keeps_the_gradients_the_student_held(
     for param in student.parameters():
         param.grad = torch.ones_like(param)
     monkeypatch.setattr(prune.Distiller, "loss", _Failing(1, "nan").method())
-    with pytest.raises(ValueError, match="not finite|nan"):
+    with pytest.raises(ValueError, match=r"step 1 is nan"):
         prune.recover(student, prune.Distiller(teacher), batches(), steps=3, lr=1e-2)
     grads = [p.grad for p in student.parameters()]
     assert all(g is not None and bool((g == 1).all()) for g in grads)

@@ -20,8 +20,12 @@ from prunekit.criteria.sparsegpt import SparseGPT, sparsegpt_prune, sparsegpt_pr
 from prunekit.patterns import NM, Unstructured
 from prunekit.whole.config import Config
 
+Pair = tuple[torch.Tensor, torch.Tensor]
 
-def hessian_of(cols: int, rows: int = 64, dead: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
+
+def hessian_of(
+    cols: int, rows: int = 64, dead: tuple[int, ...] = (), seed: int = 0
+) -> torch.Tensor:
     """The mean of X^T X of `rows` random inputs (float64), the `dead` inputs always 0."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
@@ -31,7 +35,7 @@ def hessian_of(cols: int, rows: int = 64, dead: tuple[int, ...] = (), seed: int 
 
 def reference(
     weight: torch.Tensor, hessian: torch.Tensor, per_block: int, blocksize: int, damp: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Pair:
     """SparseGPT as its paper states it, one column at a time in float64: H damped (an input
     that never fired gets 1 on the diagonal first), U the upper Cholesky factor of H^-1; at
     the start of each block the `per_block` entries of least w^2 / U_jj^2 (0 for a dead
@@ -58,7 +62,7 @@ def reference(
 
 
 def run(weight: torch.Tensor, hessian: torch.Tensor, amount: float, blocksize: int,
-        refit: int = 0, damp: float = 0.1, pattern: Any = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        refit: int = 0, damp: float = 0.1, pattern: Any = None) -> Pair:  # fmt: skip
     settings = SparseGPT(damp=damp, blocksize=blocksize, refit=refit)
     return sparsegpt_prune(weight, hessian, Amount(amount, "SparseGPT"),
                            pattern or Unstructured(), settings=settings)  # fmt: skip
@@ -66,9 +70,7 @@ def run(weight: torch.Tensor, hessian: torch.Tensor, amount: float, blocksize: i
 
 @pytest.mark.parametrize("dead", [(), (5,), (0, 11)])
 @pytest.mark.parametrize("blocksize", [4, 12])
-def test_the_sweep_is_the_column_by_column_reference(
-    dead: tuple[int, ...], blocksize: int
-) -> None:
+def test_the_sweep_is_the_column_by_column_reference(dead: tuple[int, ...], blocksize: int) -> None:
     torch.manual_seed(1)
     weight = torch.randn(6, 12, dtype=torch.float64)
     hessian = hessian_of(12, dead=dead)
@@ -199,7 +201,7 @@ def test_prune_model_s_in_place_path_is_the_copying_one_on_its_own_hessian(
     for batch in batches:
         batch[:, 7] = 0  # an input that never fires
     real = oneshot_execute.sparsegpt_prune_shared
-    seen: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]] = []
+    seen: list[tuple[list[Pair], list[Pair]]] = []
 
     def spy(weights: Any, hessian: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         assert kwargs.get("spend_hessian") is True
