@@ -222,3 +222,18 @@ def test_a_failure_midway_leaves_an_earlier_half_output_byte_for_byte(
     assert any(name.startswith("model.layers.0.") for name in writes)
     assert digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing staged left
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_weight_that_is_not_finite_is_named_by_its_path_in_the_model(
+    tmp_path: Path, method: str
+) -> None:
+    model = tiny_llm.llama(vocab=VOCAB, layers=2).to(torch.bfloat16)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+    source = save(model, tmp_path / "src")
+    with pytest.raises(ValueError) as raised:
+        prune_streamed(source, tmp_path / "out", method, 0.5, calibration=batches())
+    assert "'model.layers.1.mlp.down_proj.weight'" in str(raised.value)
+    assert "inf" in str(raised.value)
+    assert not (tmp_path / "out").exists()

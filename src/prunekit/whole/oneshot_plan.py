@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,8 +93,12 @@ def make_plan(
     config: Config,
     calibration: Iterable[Any] | None,
     loss: Loss | None,
+    paths: Mapping[nn.Module, str] | None = None,
 ) -> Plan:
     """Check every argument against the others and against each target.
+
+    `paths` names each module in errors (default: its path in `model`; a block streamed
+    alone passes the paths in the whole model).
 
     Raises:
         TypeError, ValueError: naming `config.owner`, the argument (or the target) and
@@ -119,8 +123,8 @@ def make_plan(
         chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
     batches = _batches(config, calibration, loss)
     settings = SparseGPT(config.damp, config.blocksize)
-    paths = {m: p for p, m in model.named_modules()}
-    plan = Plan(targets, config, chosen, batches, loss, settings, paths)
+    found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)
+    plan = Plan(targets, config, chosen, batches, loss, settings, found)
     for module, name in targets:
         _check_target(model, plan, module, name)
     return plan
