@@ -252,3 +252,28 @@ def test_prune_model_names_the_layer_of_a_bad_hessian_and_leaves_the_model(
     assert set(after) == set(before)
     assert all(torch.equal(after[k], before[k]) for k in before)
     assert not prune.is_pruned(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])
+def test_a_hessian_of_a_dtype_the_sweep_cannot_use_is_named_not_blamed_on_damp(
+    dtype: torch.dtype,
+) -> None:
+    """A float16 Hessian is positive definite; torch cannot factor it on a CPU. That is no
+    reason to ask the caller for a larger damp."""
+    hessian = (hessian_of(8) * 10).round().to(dtype)
+    with pytest.raises(TypeError) as raised:
+        run(torch.randn(4, 8), hessian, 0.5, 8)
+    message = str(raised.value)
+    assert "SparseGPT" in message and str(dtype).removeprefix("torch.") in message
+    assert "float32" in message and "damp" not in message
+
+
+def test_an_internal_error_of_the_factorization_is_not_rewrapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("internal: kernel missing")
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", broken)
+    with pytest.raises(RuntimeError, match="internal: kernel missing"):
+        inverse_factor(hessian_of(4).float(), 0.1, "x")
