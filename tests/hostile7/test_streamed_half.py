@@ -237,3 +237,19 @@ def test_a_weight_that_is_not_finite_is_named_by_its_path_in_the_model(
     assert "'model.layers.1.mlp.down_proj.weight'" in str(raised.value)
     assert "inf" in str(raised.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shrunk_folder_of_mixed_dtypes_keeps_its_config_dtype(
+    half: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The config written names the dtype of the folder (bfloat16, as its config.json says
+    and most of its bytes are), not that of the first tensor its index lists (the float32
+    head), and every tensor keeps its stored dtype."""
+    shrink(half("mixed"), tmp_path / "out")
+    source = json.loads((half("mixed") / "config.json").read_text())
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert source["dtype"] == "bfloat16"
+    assert written["dtype"] == source["dtype"]
+    stored = tensors(half("mixed"))
+    for name, tensor in tensors(tmp_path / "out").items():
+        assert tensor.dtype == stored[name].dtype, name

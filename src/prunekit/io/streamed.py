@@ -327,11 +327,16 @@ def skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module
 
 
 def _dtype(checkpoint: Checkpoint) -> torch.dtype:
-    """The floating dtype of the shards' tensors (the model is built in it)."""
+    """The floating dtype most of the shards' bytes are stored in (the model is built in
+    it, and its config names it): a folder may keep a few tensors in another (a float32
+    head beside bfloat16 blocks), whichever its index lists first."""
+    sizes: dict[torch.dtype, int] = {}
     for stored in checkpoint.tensors.values():
         if stored.dtype.is_floating_point:
-            return stored.dtype
-    raise CheckpointError(f"{checkpoint.index}: no floating-point tensor; expected weights")
+            sizes[stored.dtype] = sizes.get(stored.dtype, 0) + stored.nbytes
+    if not sizes:
+        raise CheckpointError(f"{checkpoint.index}: no floating-point tensor; expected weights")
+    return max(sizes, key=lambda dtype: sizes[dtype])  # the first of the largest on a tie
 
 
 def _stored(checkpoint: Checkpoint, name: str, param: torch.Tensor) -> Stored:
