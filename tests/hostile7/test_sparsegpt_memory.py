@@ -189,14 +189,19 @@ def test_half_precision_weights_are_computed_in_the_hessian_s_dtype_and_returned
     assert torch.equal(updated, want.to(dtype))
 
 
+@pytest.mark.parametrize("earlier", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prune_model_s_in_place_path_is_the_copying_one_on_its_own_hessian(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, earlier: bool
 ) -> None:
     """prune_model spends the statistics' Hessian; the copying call on a copy of that very
-    Hessian gives the same masks and weights bit for bit, and the model holds them."""
+    Hessian gives the same masks and weights bit for bit, and the model holds them (also
+    over masks of an earlier pruning, whose entries stay pruned)."""
     torch.manual_seed(6)
     model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 6)).to(dtype)
+    if earlier:
+        prune.prune_model(model, 0.25, method="l1")
+    first = [layer.weight.eq(0) for layer in (model[0], model[2])]
     batches = [torch.randn(5, 12).to(dtype) for _ in range(3)]
     for batch in batches:
         batch[:, 7] = 0  # an input that never fires
@@ -220,6 +225,10 @@ def test_prune_model_s_in_place_path_is_the_copying_one_on_its_own_hessian(
         ((keep, updated),), ((keep2, updated2),) = got, copied
         assert torch.equal(keep, keep2) and torch.equal(updated, updated2)
         assert torch.equal(layer.weight, updated)  # pruned entries are 0 in `updated`
+    for layer, zero in zip((model[0], model[2]), first, strict=True):
+        assert bool(layer.weight[zero].eq(0).all())
+        before = int(zero.sum())  # an amount counts the entries still unpruned, as torch's
+        assert int(layer.weight.eq(0).sum()) == before + (layer.weight.numel() - before) // 2
     assert not bool(model[0].weight[:, 7].ne(0).any())  # the dead input's weights pruned first
 
 
