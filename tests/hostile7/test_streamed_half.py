@@ -253,3 +253,43 @@ def test_a_shrunk_folder_of_mixed_dtypes_keeps_its_config_dtype(
     stored = tensors(half("mixed"))
     for name, tensor in tensors(tmp_path / "out").items():
         assert tensor.dtype == stored[name].dtype, name
+
+
+@pytest.mark.parametrize("call", ["prune_streamed", "shrink_streamed", "prune_sharded"])
+def test_an_earlier_single_file_output_does_not_shadow_the_new_shards(
+    tiny_llama: Callable[..., Path], tmp_path: Path, call: str
+) -> None:
+    """`out` holds an earlier save_pretrained of another model in one file: loaders read
+    model.safetensors before an index, so left there it would be loaded instead of what
+    the call wrote. Files that are no weights of a model stay."""
+    import prunekit
+
+    source = tiny_llama(VOCAB, 2)
+    out = tmp_path / "out"
+    save_single = tiny_llm.llama(vocab=VOCAB, layers=2, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save_single.save_pretrained(out)
+    (out / "notes.txt").write_text("mine")
+    (out / "adapter_model.safetensors").write_bytes(b"not ours")
+    if call == "prune_streamed":
+        prune_streamed(source, out, "wanda", 0.5, calibration=batches())
+    elif call == "shrink_streamed":
+        shrink(source, out)
+    else:
+        prunekit.prune_sharded(source, out, 0.5, method="l1")
+    assert not (out / "model.safetensors").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "adapter_model.safetensors").read_bytes() == b"not ours"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = {p.name for p in out.glob("model-*.safetensors")}
+    assert shards == set(index["weight_map"].values())
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+    written = {}
+    for file in shards:
+        with safe_open(str(out / file), "pt") as opened:
+            written.update({n: opened.get_tensor(n) for n in opened.keys()})  # noqa: SIM118
+    assert len(written) == len(index["weight_map"])
+    for name, tensor in loaded.state_dict().items():
+        if name in written:
+            assert torch.equal(tensor, written[name]), name
