@@ -486,6 +486,15 @@ def stored_values(name: str, values: torch.Tensor, dtype: torch.dtype, owner: st
     """`values` of the tensor `name` (computed in COMPUTE's dtype) cast to its stored
     `dtype`.
 
+    Args:
+        name: the tensor's name in the folder (errors name it).
+        values: its values as computed.
+        dtype: the dtype it is stored in.
+        owner: the function errors name.
+
+    Returns:
+        `values` in `dtype`.
+
     Raises:
         ValueError: a finite value lies beyond `dtype`'s range (it would be written as inf).
     """
