@@ -42,7 +42,7 @@ from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.folders import copy_companions
-from prunekit.io.mapped import Planned, Writer
+from prunekit.io.mapped import Planned, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, write_index
 from prunekit.io.streamed import (
     COMPUTE,
@@ -51,7 +51,6 @@ from prunekit.io.streamed import (
     let_go,
     open_streamed,
     put,
-    stored_values,
     weight_map,
 )
 from prunekit.progress import Progress

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import value_error
 from prunekit.io.atomic import umask
 from prunekit.io.files import CheckpointError, open_regular
 
-__all__ = ["DTYPES", "Stored", "Writer", "read_header"]
+__all__ = ["DTYPES", "Stored", "Writer", "read_header", "stored_values"]
 
 DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -328,3 +329,35 @@ class Writer:
         for temp in self._temps.values():
             Path(temp).unlink(missing_ok=True)
         self._temps.clear()
+
+
+def stored_values(name: str, values: torch.Tensor, dtype: torch.dtype, owner: str) -> torch.Tensor:
+    """`values` of the tensor `name` (computed in COMPUTE's dtype) cast to its stored
+    `dtype`.
+
+    Args:
+        name: the tensor's name in the folder (errors name it).
+        values: its values as computed.
+        dtype: the dtype it is stored in.
+        owner: the function errors name.
+
+    Returns:
+        `values` in `dtype`.
+
+    Raises:
+        ValueError: a finite value lies beyond `dtype`'s range (it would be written as inf).
+    """
+    cast = values.to(dtype)
+    if cast.dtype == values.dtype or not dtype.is_floating_point:
+        return cast
+    beyond = torch.isinf(cast) & torch.isfinite(values)
+    if bool(beyond.any()):
+        largest = float(values[beyond].abs().max())
+        raise value_error(
+            f"{owner}: {name!r} is computed with {int(beyond.sum())} values beyond the range "
+            f"of its stored dtype {str(dtype).removeprefix('torch.')} (largest "
+            f"{largest:.6g}, the dtype holds up to {torch.finfo(dtype).max:.6g}), which would "
+            "be written as inf; expected weights that fit it (save the folder in float32 or "
+            "bfloat16 first)"
+        )
+    return cast

@@ -42,7 +42,7 @@ from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
-from prunekit.io.mapped import Planned, Stored, Writer
+from prunekit.io.mapped import Planned, Stored, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
 from prunekit.patterns import Pattern
 from prunekit.progress import Progress
@@ -480,38 +480,6 @@ def _one_block(
     del block, plan, targets
     trim()
     return outputs
-
-
-def stored_values(name: str, values: torch.Tensor, dtype: torch.dtype, owner: str) -> torch.Tensor:
-    """`values` of the tensor `name` (computed in COMPUTE's dtype) cast to its stored
-    `dtype`.
-
-    Args:
-        name: the tensor's name in the folder (errors name it).
-        values: its values as computed.
-        dtype: the dtype it is stored in.
-        owner: the function errors name.
-
-    Returns:
-        `values` in `dtype`.
-
-    Raises:
-        ValueError: a finite value lies beyond `dtype`'s range (it would be written as inf).
-    """
-    cast = values.to(dtype)
-    if cast.dtype == values.dtype or not dtype.is_floating_point:
-        return cast
-    beyond = torch.isinf(cast) & torch.isfinite(values)
-    if bool(beyond.any()):
-        largest = float(values[beyond].abs().max())
-        raise value_error(
-            f"{owner}: {name!r} is computed with {int(beyond.sum())} values beyond the range "
-            f"of its stored dtype {str(dtype).removeprefix('torch.')} (largest "
-            f"{largest:.6g}, the dtype holds up to {torch.finfo(dtype).max:.6g}), which would "
-            "be written as inf; expected weights that fit it (save the folder in float32 or "
-            "bfloat16 first)"
-        )
-    return cast
 
 
 def let_go(block: nn.Module) -> nn.Module:
