@@ -105,18 +105,21 @@ class _Tensor:
         return self.copy is not None or self.start is not None
 
     def restore(self, journal: _Journal) -> str | None:
-        """Put the data back; the name of a tensor whose values could not be, else None."""
+        """Put the data back; the name of a tensor whose values could not be, else None.
+
+        Values kept are always written back: some kernels write in place without counting
+        a version (batch norm's running statistics in training mode), so an unchanged
+        version does not prove unchanged values."""
         self.tensor.data = self.alias  # undoes a replaced .data; no copy, no version bump
-        if self.version >= 0 and self.alias._version == self.version:
-            return None
         if self.start is not None:
             journal.load(self.start, self.alias)
             return None
-        if self.copy is None:
-            return self.name if self.version >= 0 else None
-        with torch.no_grad():
-            self.alias.copy_(self.copy)
-        return None
+        if self.copy is not None:
+            with torch.no_grad():
+                self.alias.copy_(self.copy)
+            return None
+        changed = self.version >= 0 and self.alias._version != self.version
+        return self.name if changed else None
 
 
 def _is_config(value: Any) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from prunekit.core.errors import value_error
+from prunekit.core.errors import type_error, value_error
 
 __all__ = ["damp_", "damped", "damped_cholesky", "damped_inverse", "inverse_factor"]
 
@@ -83,9 +83,16 @@ def inverse_factor(
     `hessian` is damped in place (``damp_``: no copy of it made), else not changed.
 
     Raises:
+        TypeError: `hessian` is not float32 or float64 (torch factors no other on a CPU).
         ValueError: `hessian` holds a NaN or inf, or is not positive definite damped.
     """
     h = hessian.detach()
+    if h.dtype not in (torch.float32, torch.float64):
+        raise type_error(
+            f"{owner}: the layer's Hessian is {str(h.dtype).removeprefix('torch.')}; expected "
+            "float32 or float64 (its factors are computed, and the weights updated, in its "
+            "dtype)"
+        )
     # The sum is finite only where every entry is (an inf or a NaN makes it inf or NaN),
     # and takes a 30th of the time of isfinite over all entries, checked only if it is not.
     if not bool(torch.isfinite(h.sum())) and not bool(torch.isfinite(h).all()):
@@ -98,15 +105,19 @@ def inverse_factor(
         )
     dead = h.diagonal() == 0
     h = damp_(h, damp) if in_place else damped(h, damp)
-    try:
-        lower = torch.linalg.cholesky(h)
-        del h  # each in x in matrix let go once the next is made: two held at a time
-        inverse = torch.cholesky_inverse(lower)
-        del lower
-        upper: Tensor = torch.linalg.cholesky(inverse, upper=True)
-    except RuntimeError:  # torch.linalg.LinAlgError
+    # cholesky_ex: a matrix that is not positive definite is told by `info`; any error
+    # torch raises is no user's and propagates as it is
+    found = torch.linalg.cholesky_ex(h)
+    del h  # each in x in matrix let go once the next is made: two held at a time
+    if int(found.info) == 0:
+        inverse = torch.cholesky_inverse(found.L)
+        del found
+        found = torch.linalg.cholesky_ex(inverse, upper=True)
+        del inverse
+    if int(found.info) != 0:
         raise value_error(
             f"{owner}: the layer's Hessian is not positive definite with damp={damp}; "
             "expected a larger damp (or more calibration data)"
-        ) from None
+        )
+    upper: Tensor = found.L
     return upper, dead

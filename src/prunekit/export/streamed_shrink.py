@@ -42,7 +42,7 @@ from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.folders import copy_companions
-from prunekit.io.mapped import Planned, Writer
+from prunekit.io.mapped import Planned, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, write_index
 from prunekit.io.streamed import (
     COMPUTE,
@@ -356,11 +356,18 @@ def _prune_block(
         inputs = cal.next_inputs(run.blocks[i], inputs)
     if mine:
         compact(holder, calls[0], latency_runs=0)
-    for name, param in run.blocks[i].named_parameters():
-        values = param.detach().to(run.checkpoint.tensors[prefix + name].dtype)
-        want = writer.where[prefix + name][2]
-        assert tuple(values.shape) == want.shape, (prefix + name, values.shape, want.shape)
-        writer.write(prefix + name, 0, values.reshape(-1))
+    params = dict(run.blocks[i].named_parameters())
+    for name, stored in run.checkpoint.tensors.items():
+        if not name.startswith(prefix):
+            continue
+        param = params.get(name[len(prefix) :])
+        if param is None:  # no parameter of the model (rotary frequencies): as stored
+            writer.copy(name, stored)
+            continue
+        values = stored_values(name, param.detach(), stored.dtype, OWNER)
+        want = writer.where[name][2]
+        assert tuple(values.shape) == want.shape, (name, values.shape, want.shape)
+        writer.write(name, 0, values.reshape(-1))
     del holder, openings
     run.release(i)
     return inputs

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import value_error
 from prunekit.io.atomic import umask
 from prunekit.io.files import CheckpointError, open_regular
 
-__all__ = ["DTYPES", "Stored", "Writer", "read_header"]
+__all__ = ["DTYPES", "Stored", "Writer", "read_header", "stored_values"]
 
 DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -237,6 +238,7 @@ class Writer:
         self._fds: dict[str, int] = {}
         self.where: dict[str, tuple[str, int, Planned]] = {}  # name -> file, offset, plan
         self.sizes: dict[str, int] = {}
+        self._written: dict[str, int] = {}  # name -> bytes written into it so far
         try:
             for file, plans in files.items():
                 self._lay_out(file, plans, metadata.get(file, {}))
@@ -273,6 +275,7 @@ class Writer:
         assert values.dtype == DTYPES[plan.code], (values.dtype, plan.code)
         raw = values.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         at = offset + start * values.element_size()
+        self._written[name] = self._written.get(name, 0) + raw.nbytes
         view: memoryview = raw.data
         while view:
             done = os.pwrite(self._fds[file], view, at)
@@ -295,9 +298,21 @@ class Writer:
                 done += step
         finally:
             os.close(source)
+        self._written[name] = self._written.get(name, 0) + stored.nbytes
 
     def commit(self) -> None:
-        """Flush every file to disk and rename each into place."""
+        """Flush every file to disk and rename each into place.
+
+        Raises:
+            RuntimeError: a tensor laid out was not written in full (its bytes would be
+                zeros on disk): a bug of the caller, the files are left uncommitted.
+        """
+        short = [n for n, (_, _, p) in self.where.items() if self._written.get(n, 0) < p.nbytes]
+        if short:
+            raise RuntimeError(
+                f"Writer.commit: {len(short)} tensors laid out in {self.folder} were not "
+                f"written in full ({', '.join(repr(n) for n in short[:5])}); not committed"
+            )
         for fd in self._fds.values():
             os.fsync(fd)
             os.close(fd)
@@ -314,3 +329,35 @@ class Writer:
         for temp in self._temps.values():
             Path(temp).unlink(missing_ok=True)
         self._temps.clear()
+
+
+def stored_values(name: str, values: torch.Tensor, dtype: torch.dtype, owner: str) -> torch.Tensor:
+    """`values` of the tensor `name` (computed in COMPUTE's dtype) cast to its stored
+    `dtype`.
+
+    Args:
+        name: the tensor's name in the folder (errors name it).
+        values: its values as computed.
+        dtype: the dtype it is stored in.
+        owner: the function errors name.
+
+    Returns:
+        `values` in `dtype`.
+
+    Raises:
+        ValueError: a finite value lies beyond `dtype`'s range (it would be written as inf).
+    """
+    cast = values.to(dtype)
+    if cast.dtype == values.dtype or not dtype.is_floating_point:
+        return cast
+    beyond = torch.isinf(cast) & torch.isfinite(values)
+    if bool(beyond.any()):
+        largest = float(values[beyond].abs().max())
+        raise value_error(
+            f"{owner}: {name!r} is computed with {int(beyond.sum())} values beyond the range "
+            f"of its stored dtype {str(dtype).removeprefix('torch.')} (largest "
+            f"{largest:.6g}, the dtype holds up to {torch.finfo(dtype).max:.6g}), which would "
+            "be written as inf; expected weights that fit it (save the folder in float32 or "
+            "bfloat16 first)"
+        )
+    return cast

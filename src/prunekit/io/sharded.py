@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"  # one-file weights, which loaders read before an index
 ORIG, MASK = "_orig", "_mask"
 _STEP = 1 << 22  # entries of a large tensor handled at a time when writing
 
@@ -429,7 +431,24 @@ def _write_index(
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    _drop_stale_weights(folder, set(weight_map.values()))
     return target
+
+
+_SHARD = re.compile(r"model-\d+-of-\d+\.safetensors")
+"""The names save_pretrained (and the writers here) give shards."""
+
+
+def _drop_stale_weights(folder: Path, shards: set[str]) -> None:
+    """Remove from `folder` (a stage holding an earlier output's files) the weights of an
+    earlier model beside the index just written: ``model.safetensors``, which loaders read
+    before any index (it would be loaded instead of the new shards), and shards of
+    save_pretrained's names that the index does not list. Other files stay."""
+    for path in folder.iterdir():
+        name = path.name
+        stale = name == SINGLE or (_SHARD.fullmatch(name) is not None and name not in shards)
+        if stale and name not in shards and path.is_file():
+            path.unlink()
 
 
 def open_tensors(path: str | os.PathLike[str]) -> Iterator[dict[str, Tensor]]:

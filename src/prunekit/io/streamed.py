@@ -42,7 +42,7 @@ from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.folders import copy_companions
-from prunekit.io.mapped import Planned, Stored, Writer
+from prunekit.io.mapped import Planned, Stored, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
 from prunekit.patterns import Pattern
 from prunekit.progress import Progress
@@ -327,11 +327,16 @@ def skeleton(source: Path, checkpoint: Checkpoint) -> tuple[nn.Module, nn.Module
 
 
 def _dtype(checkpoint: Checkpoint) -> torch.dtype:
-    """The floating dtype of the shards' tensors (the model is built in it)."""
+    """The floating dtype most of the shards' bytes are stored in (the model is built in
+    it, and its config names it): a folder may keep a few tensors in another (a float32
+    head beside bfloat16 blocks), whichever its index lists first."""
+    sizes: dict[torch.dtype, int] = {}
     for stored in checkpoint.tensors.values():
         if stored.dtype.is_floating_point:
-            return stored.dtype
-    raise CheckpointError(f"{checkpoint.index}: no floating-point tensor; expected weights")
+            sizes[stored.dtype] = sizes.get(stored.dtype, 0) + stored.nbytes
+    if not sizes:
+        raise CheckpointError(f"{checkpoint.index}: no floating-point tensor; expected weights")
+    return max(sizes, key=lambda dtype: sizes[dtype])  # the first of the largest on a tie
 
 
 def _stored(checkpoint: Checkpoint, name: str, param: torch.Tensor) -> Stored:
@@ -451,22 +456,22 @@ def _one_block(
     is a next block."""
     block, tensors = blocks[i], run.checkpoint.tensors
     for name, _ in list(block.named_parameters()):
-        put(run.model, prefix + name, tensors[prefix + name], COMPUTE.get(_dtype(run.checkpoint)))
+        stored = tensors[prefix + name]  # each in its own compute dtype (folders mix dtypes)
+        put(run.model, prefix + name, stored, COMPUTE.get(stored.dtype))
     targets = _targets(block)
-    plan = make_plan(block, targets, run.config, run.batches, None)
-    plan.paths = run.paths  # errors name the module's path in the model
+    plan = make_plan(block, targets, run.config, run.batches, None, paths=run.paths)
     plan.keep_masks = False  # written as mask x orig: no mask kept beside a layer's values
     outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
-    done = {(id(m), leaf) for m, leaf in targets}
+    paths = {m: p for p, m in block.named_modules()}
+    done = {prefix + (f"{paths[m]}.{leaf}" if paths[m] else leaf): (m, leaf) for m, leaf in targets}
     for name, stored in tensors.items():
         if not name.startswith(prefix):
             continue
-        path, _, leaf = name[len(prefix) :].rpartition(".")
-        module = block.get_submodule(path)
-        if (id(module), leaf) not in done:
+        if name not in done:  # a norm, or a tensor that is no parameter (rotary frequencies)
             run.writer.copy(name, stored)
             continue
-        values = current_values(module, leaf).to(stored.dtype)  # computed in COMPUTE's
+        module, leaf = done[name]
+        values = stored_values(name, current_values(module, leaf), stored.dtype, OWNER)
         run.writer.write(name, 0, values.reshape(-1))
         run.numel += values.numel()
         run.zeros += int((values == 0).sum())

@@ -7,17 +7,19 @@ trust what it holds: a known method, a scope, an amount in range, globs as tuple
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from prunekit.core.amount import (
+    Amount,
     validate_dim_type,
     validate_norm_order,
     validate_pruning_amount_init,
 )
 from prunekit.core.errors import type_error, value_error
-from prunekit.patterns import Pattern
+from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.whole.registry import (
     METHODS,
     Method,
@@ -27,7 +29,23 @@ from prunekit.whole.registry import (
 )
 from prunekit.whole.targets import ALL, globs
 
-__all__ = ["Config", "ModelOptions"]
+__all__ = ["PATTERNS", "Config", "ModelOptions", "parse_pattern"]
+
+PATTERNS = "'unstructured', 'row', or 'N:M' such as '2:4' and '4:8'"
+
+
+def parse_pattern(pattern: Any, owner: str = "prune_model") -> Pattern:
+    """A Pattern from its name ('unstructured', 'row', '2:4', ...) or as given."""
+    if isinstance(pattern, Pattern):
+        return pattern
+    if pattern == "unstructured":
+        return Unstructured()
+    if pattern == "row":
+        return PerRow()
+    found = re.fullmatch(r"(\d+):(\d+)", pattern) if isinstance(pattern, str) else None
+    if found is None:
+        raise value_error(f"{owner}: invalid pattern={pattern!r}; expected {PATTERNS}")
+    return NM(int(found[1]), int(found[2]))
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,9 @@ class Config:
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
         if self.pattern is None:
             object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
+        chosen = parse_pattern(self.pattern, owner)
+        if isinstance(chosen, NM):  # its amount is the pattern's own
+            chosen.check((chosen.m,) * 2, Amount(self.amount, owner))
         if self.sequential is None:
             object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
         layered = isinstance(self.sequential, str) and self.sequential == "layers"

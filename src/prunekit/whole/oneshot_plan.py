@@ -4,8 +4,7 @@ before anything changes, and the helpers that read a target's tensors."""
 from __future__ import annotations
 
 import numbers
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,30 +20,15 @@ from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import Transaction
 from prunekit.criteria.sparsegpt import SparseGPT
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
-from prunekit.whole.config import Config
+from prunekit.whole.config import PATTERNS, Config, parse_pattern
 from prunekit.whole.registry import CALIBRATED
 
 __all__ = ["ENGINE", "PATTERNS", "Loss", "Plan", "TensorRef", "make_plan", "parse_pattern"]
 
 ENGINE = ("l1", "random", *CALIBRATED)  # the methods the one-shot engine runs
-PATTERNS = "'unstructured', 'row', or 'N:M' such as '2:4' and '4:8'"
 
 TensorRef = tuple[nn.Module, str]  # (module, name): one tensor to prune
 Loss = Callable[[Any, Any], Tensor]
-
-
-def parse_pattern(pattern: Any, owner: str = "prune_model") -> Pattern:
-    """A Pattern from its name ('unstructured', 'row', '2:4', ...) or as given."""
-    if isinstance(pattern, Pattern):
-        return pattern
-    if pattern == "unstructured":
-        return Unstructured()
-    if pattern == "row":
-        return PerRow()
-    found = re.fullmatch(r"(\d+):(\d+)", pattern) if isinstance(pattern, str) else None
-    if found is None:
-        raise value_error(f"{owner}: invalid pattern={pattern!r}; expected {PATTERNS}")
-    return NM(int(found[1]), int(found[2]))
 
 
 @dataclass
@@ -93,8 +77,12 @@ def make_plan(
     config: Config,
     calibration: Iterable[Any] | None,
     loss: Loss | None,
+    paths: Mapping[nn.Module, str] | None = None,
 ) -> Plan:
     """Check every argument against the others and against each target.
+
+    `paths` names each module in errors (default: its path in `model`; a block streamed
+    alone passes the paths in the whole model).
 
     Raises:
         TypeError, ValueError: naming `config.owner`, the argument (or the target) and
@@ -119,8 +107,8 @@ def make_plan(
         chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
     batches = _batches(config, calibration, loss)
     settings = SparseGPT(config.damp, config.blocksize)
-    paths = {m: p for p, m in model.named_modules()}
-    plan = Plan(targets, config, chosen, batches, loss, settings, paths)
+    found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)
+    plan = Plan(targets, config, chosen, batches, loss, settings, found)
     for module, name in targets:
         _check_target(model, plan, module, name)
     return plan

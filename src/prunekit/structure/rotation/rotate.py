@@ -115,8 +115,9 @@ def rotate_hidden(
 
     Raises:
         ValueError: `hidden` outside [0, 1), `round_to` below 1, an unsupported family or a
-            missing part, masks installed, no calibration batch, or calibration hidden
-            states that are not finite. The model is left as it was.
+            missing part, masks installed, no calibration batch, calibration whose every
+            token an attention_mask masks out, or calibration hidden states that are not
+            finite. The model is left as it was.
         TypeError: `model`, `hidden`, `round_to`, `compensate`, `unit_tokens` or
             `calibration` of the wrong type.
     """
@@ -157,12 +158,19 @@ def _check_options(hidden: float, round_to: int, compensate: bool, unit_tokens: 
 
 
 def _finite_sum(moments: list[Tensor], batches: int) -> Tensor:
-    """The second moments of the norms' inputs, summed; refused unless finite."""
+    """The second moments of the norms' inputs, summed; refused unless finite and measuring
+    some direction (a zero sum: no token counted, and any basis would be cut)."""
     moment = torch.stack(moments).sum(0)
     if not bool(torch.isfinite(moment).all()):
         raise value_error(
             f"{OWNER}: the hidden states of the {batches} calibration batches are not "
             "all finite; expected batches on which the model computes finite values"
+        )
+    if not bool(moment.diagonal().gt(0).any()):
+        raise value_error(
+            f"{OWNER}: no token of the {batches} calibration batches was counted (every "
+            "attention_mask is all zero, or every hidden state is zero), so no direction of "
+            "the stream is measured; expected batches whose attention_mask keeps a token"
         )
     return moment
 
