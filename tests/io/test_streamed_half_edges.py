@@ -70,7 +70,7 @@ def shrink(path: Path, out: Path) -> Any:
 def half(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Folders of the same tiny Llama (read only): 'bf16' all bfloat16; 'mixed' the same
     with its (untied) head stored in float32; 'fp16-tied' float16 with tied embeddings."""
-    root = tmp_path_factory.mktemp("hostile7-half")
+    root = tmp_path_factory.mktemp("streamed-half")
     model = tiny_llm.llama(vocab=VOCAB, layers=2).to(torch.bfloat16)
     save(model, root / "bf16")
     model.lm_head.float()
