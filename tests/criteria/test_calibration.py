@@ -625,7 +625,7 @@ def test_layers_calibrates_each_layer_on_the_pruned_one_before() -> None:
     assert not torch.equal(block.b.weight_mask, twin.blocks[0].b.weight_mask)
 
 
-def test_layers_groups_layers_reading_one_input_and_computes_no_call_in_vain() -> None:
+def test_layers_groups_layers_reading_one_input_and_computes_each_layer_once_a_batch() -> None:
     model = Attentive()
     computed = {name: 0 for name in "qkvo"}
     for name in "qkvo":  # counts each forward computed (not the calls answered from memory)
@@ -654,10 +654,9 @@ def test_layers_groups_layers_reading_one_input_and_computes_no_call_in_vain() -
     assert groups[:2] == [[first.q, first.k, first.v], [first.o]] and len(groups) == 4
     # q, k, v: finding their group on the first batch (each later run stops before q),
     # then pruned, for o's input; o, the only layer left, is its group without a run, then
-    # pruned, for the next block's inputs. Their outputs, kept from o's runs, are dropped
-    # before o is pruned (its group is the last), so that run computes them again.
+    # pruned, for the next block's inputs (q, k and v's outputs kept from o's runs).
     n = len(data)
-    assert computed == {"q": 1 + 2 * n, "k": 1 + 2 * n, "v": 1 + 2 * n, "o": n}
+    assert computed == {"q": 1 + n, "k": 1 + n, "v": 1 + n, "o": n}
     for name in "qkvo":
         assert float(getattr(first, name).weight_mask.mean()) == 0.5
         assert "forward" in vars(getattr(first, name))  # its own forward, given back

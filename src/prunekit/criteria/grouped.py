@@ -16,10 +16,8 @@ Kept: the outputs of the calls of the block's submodules that hold a target (a L
 prune, or a module around some: an attention, an MLP), each call's only while no call
 around it has finished (its output then holds what was needed). Memory: per calibration
 input, at most the outputs of the block's sublayers that run before its last group (a
-LLaMA block's: the attention's, gate's and up's), and none while the last group is pruned
-once `forget` has dropped them (the block's final run computes them again). A kept
-output changed in place after it was kept (a tensor's version counter moved) is computed
-again.
+LLaMA block's: the attention's, gate's and up's). A kept output changed in place after it
+was kept (a tensor's version counter moved) is computed again.
 
 The block's code must run the same way on the same input (as block by block, each batch
 runs the model the same way): the group and its sharing of one input are found on the
@@ -187,12 +185,6 @@ class GroupedRuns:
             for handle in handles:
                 handle.remove()
         return stats, group
-
-    def forget(self) -> None:
-        """Drop the outputs kept from the last run: the block's last run, `outputs()`,
-        then computes every call again. For the last group, whose pruning would otherwise
-        hold them beside its own work (the Hessian and its factor): memory for time."""
-        self._kept = [[] for _ in self.inputs]
 
     def outputs(self) -> list[cal.Inputs]:
         """The block's outputs on each input, as the next block's inputs."""

@@ -242,11 +242,8 @@ def _by_groups(
             if not group:
                 _check_seen(plan, stats, *left[0])  # raises: it never ran
             members = {id(m) for m in group}
-            pruned = [t for t in left if id(t[0]) in members]
+            _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
             left = [t for t in left if id(t[0]) not in members]
-            if not left:  # the last group: its pruning needs no kept output
-                runs.forget()
-            _prune_layers(plan, pruned, stats, bar)
         return runs.outputs() if more else []
 
 
