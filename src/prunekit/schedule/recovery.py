@@ -135,7 +135,11 @@ def _run(
     losses: list[float] = []
     student.train()
     started, cpu = time.perf_counter(), time.process_time()
-    clocks = lambda: (time.perf_counter() - started, time.process_time() - cpu)  # noqa: E731
+
+    def clocks() -> tuple[float, float]:
+        """Wall and CPU seconds since the start."""
+        return time.perf_counter() - started, time.process_time() - cpu
+
     try:
         while plan.used(len(losses), *clocks()) < 1.0:
             step = len(losses)
