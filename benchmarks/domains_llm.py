@@ -31,10 +31,10 @@ are named shorter: '20% 0.3 x2 s0.5 +600s'):
 --steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
 each compensated on the model the steps before left ('xN').
 --sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
---recover SECONDS: each pruned SmolLM2, compacted, also distilled from the dense model on the
-calibration windows for that many wall seconds (``prunekit.recover``, KL at temperature 1,
---lr, --hidden-weight; '+SECONDSs', 'h' with the hidden-state term); its note gives the
-steps and the CPU seconds.
+--recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
+text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
+the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct); its row
+'+SECONDSs RATE', its note the steps, the CPU seconds and the wall seconds.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import domains_recover
 import domains_rotate
 import prunekit
 from domains import NAMES, Domain, domains
@@ -117,6 +118,11 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     }  # fmt: skip
     windows = calibration_windows(tokenizer, found, args.calibrate, args.calibration, args.length)
     batches = [{"input_ids": w[None]} for w in windows]
+    more = args.recover_windows  # the recovery's own windows, of the calibration documents too
+    recovery = batches if not more else [
+        {"input_ids": w[None]}
+        for w in calibration_windows(tokenizer, found, args.calibrate, more, args.length)
+    ]  # fmt: skip
     example = {"input_ids": windows[0][None, :32]}
     dense = {name: perplexity(model, parts) for name, parts in tests.items()}
     names = list(tests)
@@ -124,9 +130,9 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
           f"round_to {args.round_to}, activation, compensate=True; calibration "
           f"{args.calibrate}, {len(windows)} x {args.length} tokens; perplexity over "
           f"{args.windows} x 512 tokens of each domain's evaluation documents")  # fmt: skip
-    header = f"{'model':<24}" + "".join(f"{n:>10}" for n in names) + f"{'worst':>18}"
+    header = f"{'model':<{args.width}}" + "".join(f"{n:>10}" for n in names) + f"{'worst':>18}"
     print(header + "\n" + "-" * len(header))
-    print(f"{'dense (perplexity)':<24}" + "".join(f"{dense[n]:>10.2f}" for n in names))
+    print(f"{'dense (perplexity)':<{args.width}}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
         for label, steps, level in itertools.product(args.damping, args.steps, args.sensitivity):
             started = time.perf_counter()
@@ -142,15 +148,9 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
             short += f" s{level:g}" if level else ""
             name = name if short == f"{target:.0%} {label}" else short
-            _row(name, pruned, tests, dense, started)
-            for seconds in args.recover:
-                student = copy.deepcopy(pruned)
-                prunekit.compact(student, example)  # smaller: less memory to train it
-                done = _recover(student, model, batches, seconds, args)
-                what = f"{short} +{seconds:.0f}s" + (" h" if args.hidden_weight else "")
-                _row(what, student, tests, dense, started,
-                     f"; {done.steps} steps, {done.cpu_seconds:.0f} CPU s")  # fmt: skip
-                del student
+            _row(name, pruned, tests, dense, started, width=args.width)
+            emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
+            domains_recover.rows(args, pruned, model, example, recovery, emit, short)
             del pruned
     if args.rotate:
         measure = lambda m: {n: perplexity(m, tests[n]) / dense[n] for n in names}  # noqa: E731
@@ -159,26 +159,16 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
 
 def _row(
     name: str, pruned: nn.Module, tests: dict[str, list[Tensor]], dense: dict[str, float],
-    started: float, note: str = "",
+    started: float, note: str = "", width: int = 24,
 ) -> None:  # fmt: skip
     """One printed row: each domain's perplexity over dense, the worst, the seconds."""
     names = list(tests)
     ratios = {n: perplexity(pruned, tests[n]) / dense[n] for n in names}
     worst = max(names, key=lambda n: ratios[n])
-    row = f"{name:<24}"
+    row = f"{name:<{width}}"
     row += "".join(f"{ratios[n]:>9.2f}x" for n in names)
     row += f"{ratios[worst]:>8.2f}x {worst:<9}"
     print(row + f" ({time.perf_counter() - started:.0f} s{note})", flush=True)
-
-
-def _recover(
-    student: nn.Module, teacher: nn.Module, batches: list[dict[str, Tensor]], seconds: float,
-    args: argparse.Namespace,
-) -> prunekit.Recovery:  # fmt: skip
-    """--recover: the pruned model distilled from the dense one on the calibration windows
-    (``prunekit.recover``) for `seconds` of wall time."""
-    distiller = prunekit.Distiller(teacher, temperature=1.0, hidden_weight=args.hidden_weight)
-    return prunekit.recover(student, distiller, batches, seconds=seconds, lr=args.lr)
 
 
 def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -246,10 +236,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
-    parser.add_argument("--recover", default="", help="SmolLM2: seconds of distillation rows")
+    parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
-    parser.add_argument("--lr", type=float, default=1e-4, help="--recover's peak rate")
-    parser.add_argument("--hidden-weight", type=float, default=0.0, help="--recover's")
+    parser.add_argument("--lr", default="1e-4", help="--recover's peak rates, rows")
+    parser.add_argument("--hidden-weight", default="0", help="--recover's, rows")
+    parser.add_argument("--recover-windows", type=int, default=0, help="0: the pruning's")
+    parser.add_argument("--reconstruct", type=int, default=0, help="steps per block, first")
+    parser.add_argument("--reconstruct-lr", type=float, default=1e-3)
     parser.add_argument("--rotate", default="", help="hidden shares for rotate_hidden rows")
     parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
     parser.add_argument("--rotate-round-to", type=int, default=1)
@@ -263,6 +256,9 @@ def arguments() -> argparse.Namespace:
     args.steps = [int(n) for n in args.steps.split(",")]
     args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
     args.recover = [float(t) for t in args.recover.split(",") if t]
+    args.lr = [float(v) for v in args.lr.split(",")]
+    args.hidden_weight = [float(v) for v in args.hidden_weight.split(",")]
+    args.width = 34 if args.recover else 24  # the recovery rows' names are longer
     args.names = tuple(args.domains.split(","))
     if args.calibrate not in ("mixture", *args.names):
         sys.exit(f"--calibrate: 'mixture' or one of {args.names}")

@@ -1,10 +1,12 @@
 """Recovery in a budget of time: a pruned student distilled from the dense teacher for so many
-seconds (or steps), with a learning rate that follows the budget.
+seconds, CPU seconds or steps, with a learning rate that follows the budget.
 
 ``recover`` runs AdamW over the student's trainable parameters, one batch per step in turn,
 with the loss a ``Distiller`` makes. The learning rate warms up linearly over the first
 `warmup` steps and then decays along a cosine from `lr` to 0 over the *share of the budget
-used*: elapsed seconds over `seconds`, or steps taken over `steps`, whichever is further on.
+used*: elapsed seconds over `seconds`, the process's CPU seconds over `cpu_seconds`, or
+steps taken over `steps`, whichever is furthest on. A budget of CPU time does not shrink
+when other processes share the cores (the wall clock runs on while the process waits).
 So a short budget is not cut off at its highest learning rate, and a long one is not spent
 at its lowest: the schedule is the one for the time given, however fast the machine is.
 Masked entries stay masked (a mask multiplies the stored weight, so their gradient is zero
@@ -58,6 +60,7 @@ def recover(
     steps: int | None = None,
     lr: float = 1e-4,
     warmup: int = 10,
+    cpu_seconds: float | None = None,
 ) -> Recovery:
     """Distil a pruned student from the dense teacher within a budget of time or steps.
 
@@ -70,10 +73,12 @@ def recover(
         seconds: stop once this much wall-clock time has passed (a float > 0); the cosine
             follows elapsed time over it.
         steps: stop after this many steps (an int >= 1); the cosine follows the steps over
-            it. At least one of `seconds` and `steps` is given; with both, whichever ends
-            first.
+            it. At least one of `seconds`, `cpu_seconds` and `steps` is given; with several,
+            whichever ends first.
         lr: AdamW's peak learning rate, finite and > 0.
         warmup: steps of linear warm-up to `lr` (an int >= 0).
+        cpu_seconds: stop once this process has used this much CPU time meanwhile (all
+            its threads; a finite float > 0); the cosine follows it.
 
     Returns:
         The steps taken, their wall and CPU seconds and the loss of each.
@@ -85,17 +90,18 @@ def recover(
     Raises:
         TypeError: a student that is no nn.Module, a distiller that is no Distiller,
             batches that are no iterable of batches, a budget or rate of the wrong type.
-        ValueError: neither `seconds` nor `steps`, one out of range, no batch, a loss that
-            is not finite (the student is then left as it was).
+        ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
+            batch, a loss that is not finite (the student is then left as it was).
     """
-    _check(student, distiller, seconds, steps, lr, warmup)
+    _check(student, distiller, (seconds, cpu_seconds, steps), lr, warmup)
     found = batch_list(batches, _OWNER)
     trained = [p for p in student.parameters() if p.requires_grad]
     if not trained:
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
     with transaction(student, writes=trained):
-        return _run(student, distiller, found, trained, _Plan(seconds, steps, lr, warmup))
+        plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
+        return _run(student, distiller, found, trained, plan)
 
 
 @dataclass(frozen=True)
@@ -104,17 +110,21 @@ class _Plan:
     steps: int | None
     lr: float
     warmup: int
+    cpu_seconds: float | None = None
 
-    def used(self, step: int, elapsed: float) -> float:
-        """The share of the budget used, in [0, 1]."""
+    def used(self, step: int, elapsed: float, cpu: float = 0.0) -> float:
+        """The share of the budget used, in [0, 1], after `step` steps, `elapsed` wall
+        seconds and `cpu` CPU seconds."""
         shares = [elapsed / self.seconds if self.seconds else 0.0]
         shares.append(step / self.steps if self.steps else 0.0)
+        shares.append(cpu / self.cpu_seconds if self.cpu_seconds else 0.0)
         return min(1.0, max(shares))
 
-    def rate(self, step: int, elapsed: float) -> float:
+    def rate(self, step: int, elapsed: float, cpu: float = 0.0) -> float:
         """The learning rate of step `step` (from 0)."""
         warm = min(1.0, (step + 1) / self.warmup) if self.warmup else 1.0
-        return self.lr * warm * 0.5 * (1 + math.cos(math.pi * self.used(step, elapsed)))
+        share = self.used(step, elapsed, cpu)
+        return self.lr * warm * 0.5 * (1 + math.cos(math.pi * share))
 
 
 def _run(
@@ -125,11 +135,16 @@ def _run(
     losses: list[float] = []
     student.train()
     started, cpu = time.perf_counter(), time.process_time()
+
+    def clocks() -> tuple[float, float]:
+        """Wall and CPU seconds since the start."""
+        return time.perf_counter() - started, time.process_time() - cpu
+
     try:
-        while plan.used(len(losses), time.perf_counter() - started) < 1.0:
+        while plan.used(len(losses), *clocks()) < 1.0:
             step = len(losses)
             for group in optimizer.param_groups:
-                group["lr"] = plan.rate(step, time.perf_counter() - started)
+                group["lr"] = plan.rate(step, *clocks())
             batch = batches[step % len(batches)]
             loss = distiller.loss(_forward(student, batch, distiller), batch)
             if not bool(torch.isfinite(loss)):
@@ -161,7 +176,7 @@ def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
 
 
 def _check(
-    student: object, distiller: object, seconds: object, steps: object, lr: object,
+    student: object, distiller: object, budgets: tuple[object, object, object], lr: object,
     warmup: object,
 ) -> None:  # fmt: skip
     if not isinstance(student, nn.Module):
@@ -170,11 +185,16 @@ def _check(
     if not isinstance(distiller, Distiller):
         raise type_error(f"{_OWNER}: invalid distiller of type {type(distiller).__name__}; "
                          "expected a prunekit.Distiller")  # fmt: skip
-    if seconds is None and steps is None:
-        raise value_error(f"{_OWNER}: neither seconds nor steps given; expected a budget of "
-                          "time (seconds=...) or of steps (steps=...), or both")  # fmt: skip
-    if seconds is not None:
-        check_number(seconds, "seconds", _OWNER, "a finite float > 0", _positive)
+    seconds, cpu_seconds, steps = budgets
+    if seconds is None and cpu_seconds is None and steps is None:
+        raise value_error(
+            f"{_OWNER}: neither seconds nor steps given, nor cpu_seconds; expected a budget "
+            "of wall time (seconds=...), of CPU time (cpu_seconds=...) or of steps "
+            "(steps=...), or several"
+        )
+    for name, value in (("seconds", seconds), ("cpu_seconds", cpu_seconds)):
+        if value is not None:
+            check_number(value, name, _OWNER, "a finite float > 0", _positive)
     if steps is not None:
         check_number(steps, "steps", _OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
     check_number(lr, "lr", _OWNER, "a finite float > 0", _positive)

@@ -1,0 +1,87 @@
+"""recover's budget of CPU time: it ends the run, the schedule follows it, it is checked."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit as prune
+from prunekit.schedule.recovery import _Plan
+
+
+class _Slow(nn.Module):
+    """A teacher that waits (wall time, no CPU time) before each answer."""
+
+    def __init__(self, wait: float) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 4)
+        self.wait = wait
+
+    def forward(self, x: Tensor) -> Tensor:
+        time.sleep(self.wait)
+        out: Tensor = self.layer(x)
+        return out
+
+
+def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it() -> None:
+    torch.manual_seed(0)
+    student = nn.Linear(3, 4)
+    distiller = prune.Distiller(_Slow(0.02))
+    done = prune.recover(student, distiller, [torch.randn(2, 3)], cpu_seconds=0.05)
+    assert done.steps >= 2 and done.cpu_seconds >= 0.05, done
+    # each step waits 20 ms of wall time that costs no CPU: the wall clock runs far ahead,
+    # and a wall budget of the same size would have stopped long before
+    assert done.seconds > 2 * done.cpu_seconds, done
+
+
+def test_with_a_wall_budget_as_well_the_first_to_end_stops_it() -> None:
+    student = nn.Linear(3, 4)
+    distiller = prune.Distiller(_Slow(0.02))
+    done = prune.recover(student, distiller, [torch.randn(2, 3)], seconds=0.1, cpu_seconds=60.0)
+    assert 0.1 <= done.seconds < 30.0 and done.cpu_seconds < 60.0, done
+
+
+def test_the_rate_follows_the_share_of_cpu_time_used() -> None:
+    plan = _Plan(seconds=None, steps=None, lr=1.0, warmup=0, cpu_seconds=10.0)
+    assert plan.used(3, 1000.0, 5.0) == pytest.approx(0.5)  # wall time does not count
+    assert plan.rate(3, 1000.0, 5.0) == pytest.approx(0.5)
+    assert plan.rate(3, 0.0, 10.0) == pytest.approx(0.0)
+    both = _Plan(seconds=10.0, steps=100, lr=1.0, warmup=0, cpu_seconds=20.0)
+    assert both.used(10, 1.0, 15.0) == pytest.approx(0.75)  # the furthest on of the three
+    assert both.used(10, 9.0, 15.0) == pytest.approx(0.9)
+    assert both.used(80, 1.0, 1.0) == pytest.approx(0.8)
+
+
+_M = nn.Linear(2, 2)
+_D = prune.Distiller(nn.Linear(2, 2))
+_B = [torch.zeros(1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        (0.0, ValueError, r"recover: invalid cpu_seconds=0.0; expected a finite float > 0"),
+        (-1.0, ValueError, r"recover: invalid cpu_seconds=-1.0"),
+        (math.inf, ValueError, r"recover: invalid cpu_seconds=inf"),
+        (math.nan, ValueError, r"recover: invalid cpu_seconds=nan"),
+        (True, TypeError, r"recover: invalid cpu_seconds=True of type bool"),
+        ("60", TypeError, r"recover: invalid cpu_seconds='60' of type str"),
+    ],
+)
+def test_a_bad_cpu_budget_is_refused(value: Any, error: type, words: str) -> None:
+    before = {n: p.detach().clone() for n, p in _M.named_parameters()}
+    with pytest.raises(error, match=words):
+        prune.recover(_M, _D, _B, cpu_seconds=value)
+    for name, p in _M.named_parameters():
+        assert torch.equal(p, before[name])
+
+
+def test_no_budget_at_all_names_all_three() -> None:
+    with pytest.raises(ValueError, match=r"recover: neither seconds nor steps given, nor "
+                       r"cpu_seconds; expected a budget of wall time"):  # fmt: skip
+        prune.recover(_M, _D, _B)
