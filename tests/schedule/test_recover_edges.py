@@ -156,12 +156,6 @@ def test_a_bad_distiller_option_is_named(
     assert "Distiller" in str(raised.value) and words in str(raised.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schedule/recovery.py (recovery branch): recover does not check that the "
-    "Distiller's teacher shares no parameter with the student; distilling a model from "
-    "itself trains the teacher along with the student, silently",
-)
 def test_a_teacher_that_shares_the_student_s_parameters_is_refused() -> None:
     _, student = pair()
     before = state(student)
@@ -170,12 +164,6 @@ def test_a_teacher_that_shares_the_student_s_parameters_is_refused() -> None:
     assert_same(student, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schedule/recovery.py (recovery branch): recover's `finally` sets every trained "
-    "parameter's .grad to None, also when the call fails, and the transaction does not "
-    "record .grad: a failed call drops the gradients the student held",
-)
 def test_a_failed_run_keeps_the_gradients_the_student_held(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -28,15 +28,53 @@ class _Slow(nn.Module):
         return out
 
 
-def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it() -> None:
+class _Clocks:
+    """recover's clocks, made up: each answer of the teacher below takes 1 s of wall time
+    and 0.1 s of CPU time, and nothing else takes any."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def process_time(self) -> float:
+        return self.cpu
+
+
+class _Waiting(nn.Module):
+    def __init__(self, clocks: _Clocks) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 4)
+        self.clocks = clocks
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.clocks.wall += 1.0
+        self.clocks.cpu += 0.1
+        out: Tensor = self.layer(x)
+        return out
+
+
+def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import prunekit.schedule.recovery as recovery
+
+    clocks = _Clocks()
+    monkeypatch.setattr(recovery, "time", clocks)
     torch.manual_seed(0)
     student = nn.Linear(3, 4)
-    distiller = prune.Distiller(_Slow(0.02))
-    done = prune.recover(student, distiller, [torch.randn(2, 3)], cpu_seconds=0.05)
-    assert done.steps >= 2 and done.cpu_seconds >= 0.05, done
-    # each step waits 20 ms of wall time that costs no CPU: the wall clock runs far ahead,
-    # and a wall budget of the same size would have stopped long before
-    assert done.seconds > 2 * done.cpu_seconds, done
+    distiller = prune.Distiller(_Waiting(clocks))
+    done = prune.recover(student, distiller, [torch.randn(2, 3)], cpu_seconds=0.5)
+    # 0.1 CPU s a step: the fifth reaches the budget (to rounding, the fifth or sixth),
+    # while the wall clock, 1 s a step, ran ten times as far
+    assert done.steps in (5, 6), done
+    assert done.cpu_seconds == pytest.approx(0.1 * done.steps)
+    assert done.seconds == pytest.approx(1.0 * done.steps)
+    # a wall budget of the same size stops after the first step
+    clocks.wall = clocks.cpu = 0.0
+    walled = prune.recover(nn.Linear(3, 4), distiller, [torch.randn(2, 3)], seconds=0.5)
+    assert walled.steps == 1, walled
 
 
 def test_with_a_wall_budget_as_well_the_first_to_end_stops_it() -> None:

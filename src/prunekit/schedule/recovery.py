@@ -91,7 +91,8 @@ def recover(
         TypeError: a student that is no nn.Module, a distiller that is no Distiller,
             batches that are no iterable of batches, a budget or rate of the wrong type.
         ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
-            batch, a loss that is not finite (the student is then left as it was).
+            batch, a teacher that shares a parameter with the student, a loss that is
+            not finite (the student is then left as it was, its gradients too).
     """
     _check(student, distiller, (seconds, cpu_seconds, steps), lr, warmup)
     found = batch_list(batches, _OWNER)
@@ -99,6 +100,7 @@ def recover(
     if not trained:
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
+    _check_apart(student, distiller.teacher)
     with transaction(student, writes=trained):
         plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
         return _run(student, distiller, found, trained, plan)
@@ -140,6 +142,8 @@ def _run(
         """Wall and CPU seconds since the start."""
         return time.perf_counter() - started, time.process_time() - cpu
 
+    held = [p.grad for p in trained]  # put back if the call fails
+    done = False
     try:
         while plan.used(len(losses), *clocks()) < 1.0:
             step = len(losses)
@@ -157,12 +161,27 @@ def _run(
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             losses.append(float(loss.detach()))
+        done = True
     finally:
         student.eval()
-        for p in trained:
-            p.grad = None
+        for p, grad in zip(trained, held, strict=True):
+            p.grad = None if done else grad
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     return Recovery(len(losses), wall, used, tuple(losses))
+
+
+def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
+    """Refuse a teacher that holds one of the student's parameters: training the student
+    would move the teacher too (a model distilled from itself, not from a copy)."""
+    own = {id(p): name for name, p in student.named_parameters()}
+    for name, p in teacher.named_parameters():
+        if id(p) in own:
+            raise value_error(
+                f"{_OWNER}: the distiller's teacher shares the parameter {own[id(p)]!r} with "
+                "the student (as its "
+                f"{name!r}); expected a separate teacher, e.g. copy.deepcopy(model) made "
+                "before pruning"
+            )
 
 
 def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
