@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors import safe_open
 
 import prunekit.export.streamed_shrink as streamed_shrink
 from helpers import tiny_llm
+from helpers.tiny_llm import folder_tensors as weights
 from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.structure.budget import Budget
 
@@ -28,14 +28,6 @@ def folders(root: Path) -> tuple[Path, Path]:
     model.save_pretrained(root / "half", max_shard_size="20KB")
     model.float().save_pretrained(root / "full", max_shard_size="20KB")
     return root / "half", root / "full"
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    found = {}
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), "pt") as opened:
-            found.update({name: opened.get_tensor(name) for name in opened.keys()})  # noqa: SIM118
-    return found
 
 
 def test_a_half_folder_is_computed_in_float32_and_written_in_its_dtype(
@@ -59,7 +51,10 @@ def test_a_half_folder_is_computed_in_float32_and_written_in_its_dtype(
         want = shrink_streamed(full, tmp_path / "out-full", calibration=calibration, config=config)
     assert seen and set(seen) == {torch.float32}
     assert [p.units for p in got.budget] == [p.units for p in want.budget]
-    written, reference = weights(tmp_path / "out-half"), weights(tmp_path / "out-full")
+    written, reference = (
+        weights(tmp_path / "out-half"),
+        weights(tmp_path / "out-full"),
+    )
     assert set(written) == set(reference)
     for name, tensor in written.items():
         assert tensor.dtype == torch.bfloat16, name

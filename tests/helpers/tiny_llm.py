@@ -65,3 +65,14 @@ def text_file(path: Path, repeats: int = 60) -> Path:
     """A text file of TEXT repeated (a few thousand tokens)."""
     path.write_text(TEXT * repeats, encoding="utf-8")
     return path
+
+
+def folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files of `folder`, by name."""
+    from safetensors import safe_open
+
+    found = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as opened:
+            found.update({name: opened.get_tensor(name) for name in opened.keys()})  # noqa: SIM118
+    return found

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers import tiny_llm
+from helpers.tiny_llm import folder_tensors as tensors
 from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.io.streamed import prune_streamed
 from prunekit.structure.budget import Budget
@@ -28,14 +29,6 @@ safe_open = pytest.importorskip("safetensors").safe_open
 
 VOCAB = 96
 INV_FREQ = "model.layers.0.self_attn.rotary_emb.inv_freq"
-
-
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    found = {}
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), "pt") as opened:
-            found.update({name: opened.get_tensor(name) for name in opened.keys()})  # noqa: SIM118
-    return found
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -85,11 +78,17 @@ def test_a_folder_of_mixed_dtypes_prunes_its_blocks_as_the_uniform_one(
 ) -> None:
     """A float32 head beside bfloat16 blocks: the blocks are computed as in the all-bf16
     folder (float32), not in the dtype of whichever tensor the index lists first."""
-    assert {t.dtype for t in tensors(half("mixed")).values()} == {torch.bfloat16, torch.float32}
+    assert {t.dtype for t in tensors(half("mixed")).values()} == {
+        torch.bfloat16,
+        torch.float32,
+    }
     got = prune_streamed(half("mixed"), tmp_path / "mixed", method, 0.5, calibration=batches())
     want = prune_streamed(half("bf16"), tmp_path / "bf16", method, 0.5, calibration=batches())
     assert got.pruned == want.pruned and got.zeros == want.zeros
-    written, reference = tensors(tmp_path / "mixed"), tensors(tmp_path / "bf16")
+    written, reference = (
+        tensors(tmp_path / "mixed"),
+        tensors(tmp_path / "bf16"),
+    )
     source = tensors(half("mixed"))
     for name in got.pruned:
         assert written[name].dtype == torch.bfloat16, name
