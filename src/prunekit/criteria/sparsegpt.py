@@ -157,6 +157,7 @@ def sparsegpt_prune_shared(
         w.masked_fill_(~live, 0)
     with _named(" and ".join(label for label in labels if label)):
         upper, dead = inverse_factor(hessian, settings.damp, amount.owner, spend_hessian)
+    trim()  # the factorization's two freed in x in matrices, not kept beside the sweep's
     pruned = torch.zeros(w.shape, dtype=torch.bool)
     sweep = _Sweep(w, upper, live, dead, pruned, choose, pattern, _subsets(pattern))
     cols = hessian.shape[1]
