@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import pytest
@@ -12,20 +11,6 @@ from torch import Tensor, nn
 
 import prunekit as prune
 from prunekit.schedule.recovery import _Plan
-
-
-class _Slow(nn.Module):
-    """A teacher that waits (wall time, no CPU time) before each answer."""
-
-    def __init__(self, wait: float) -> None:
-        super().__init__()
-        self.layer = nn.Linear(3, 4)
-        self.wait = wait
-
-    def forward(self, x: Tensor) -> Tensor:
-        time.sleep(self.wait)
-        out: Tensor = self.layer(x)
-        return out
 
 
 class _Clocks:
@@ -55,13 +40,17 @@ class _Waiting(nn.Module):
         return out
 
 
-def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def clocks(monkeypatch: pytest.MonkeyPatch) -> _Clocks:
+    """recover's clocks replaced by made-up ones."""
     import prunekit.schedule.recovery as recovery
 
-    clocks = _Clocks()
-    monkeypatch.setattr(recovery, "time", clocks)
+    made_up = _Clocks()
+    monkeypatch.setattr(recovery, "time", made_up)
+    return made_up
+
+
+def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it(clocks: _Clocks) -> None:
     torch.manual_seed(0)
     student = nn.Linear(3, 4)
     distiller = prune.Distiller(_Waiting(clocks))
@@ -77,11 +66,16 @@ def test_a_cpu_budget_ends_the_run_and_waiting_does_not_spend_it(
     assert walled.steps == 1, walled
 
 
-def test_with_a_wall_budget_as_well_the_first_to_end_stops_it() -> None:
-    student = nn.Linear(3, 4)
-    distiller = prune.Distiller(_Slow(0.02))
-    done = prune.recover(student, distiller, [torch.randn(2, 3)], seconds=0.1, cpu_seconds=60.0)
-    assert 0.1 <= done.seconds < 30.0 and done.cpu_seconds < 60.0, done
+@pytest.mark.parametrize(("seconds", "cpu_seconds"), [(3.0, 60.0), (100.0, 0.3)])
+def test_with_a_wall_budget_as_well_the_first_to_end_stops_it(
+    clocks: _Clocks, seconds: float, cpu_seconds: float
+) -> None:
+    distiller = prune.Distiller(_Waiting(clocks))
+    done = prune.recover(
+        nn.Linear(3, 4), distiller, [torch.randn(2, 3)], seconds=seconds, cpu_seconds=cpu_seconds
+    )
+    assert done.steps == 3, done  # 3 s of wall time, or 0.3 s of CPU time
+    assert done.seconds < seconds + 1 and done.cpu_seconds < cpu_seconds + 0.1, done
 
 
 def test_the_rate_follows_the_share_of_cpu_time_used() -> None:

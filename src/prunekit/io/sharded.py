@@ -446,8 +446,8 @@ def _drop_stale_weights(folder: Path, shards: set[str]) -> None:
     save_pretrained's names that the index does not list. Other files stay."""
     for path in folder.iterdir():
         name = path.name
-        stale = name == SINGLE or (_SHARD.fullmatch(name) is not None and name not in shards)
-        if stale and name not in shards and path.is_file():
+        weights = name == SINGLE or _SHARD.fullmatch(name) is not None
+        if weights and name not in shards and path.is_file():
             path.unlink()
 
 

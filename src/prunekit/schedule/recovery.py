@@ -178,9 +178,8 @@ def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
         if id(p) in own:
             raise value_error(
                 f"{_OWNER}: the distiller's teacher shares the parameter {own[id(p)]!r} with "
-                "the student (as its "
-                f"{name!r}); expected a separate teacher, e.g. copy.deepcopy(model) made "
-                "before pruning"
+                f"the student (as its {name!r}); expected a separate teacher, e.g. "
+                "copy.deepcopy(model) made before pruning"
             )
 
 
