@@ -90,12 +90,13 @@ def test_stacked_call_refits_its_sweep_as_the_plain_refit(
     swept = sparsegpt_prune_shared(
         weights, h, Amount(0.5, "t"), pattern, alives, SparseGPT(refit=0)
     )
-    found = sparsegpt_prune_shared(weights, h, Amount(0.5, "t"), pattern, alives, SparseGPT())
+    settings = SparseGPT()  # the defaults' steps, whatever their number
+    found = sparsegpt_prune_shared(weights, h, Amount(0.5, "t"), pattern, alives, settings)
     live = torch.cat(alives)
     keep = torch.cat([k for k, _ in swept])
     w = torch.cat([u.float() for _, u in sweep_float(weights, h, pattern, alives)])
     dense = torch.cat([weight.float() for weight in weights]).masked_fill(~live, 0)
-    plain_refit(w, dense, keep, damped(h, 0.1), 10)
+    plain_refit(w, dense, keep, damped(h, settings.damp), settings.refit)
     assert torch.equal(torch.cat([k for k, _ in found]), keep)
     assert torch.equal(torch.cat([u for _, u in found]), w.to(dtype))
 
