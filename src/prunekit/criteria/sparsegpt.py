@@ -79,8 +79,8 @@ class SparseGPT:
         refit: steps of conjugate gradients after the sweep, an int >= 0 (7 by default),
             which move the weights kept toward the least error ``(W - W0) H (W - W0)^T``
             (H damped) that their mask allows; 0: the sweep's weights as they are. Each
-            step costs one product by H; 7 steps reach within about 0.6 % of the error
-            that 10 reach, for 3/11 less of the refit's time.
+            step costs one product by H; 7 steps leave about 0.6 % more of the starting
+            error than 10 do (the mean over SmolLM2-135M's layers) for 3/11 less time.
 
     Raises:
         TypeError: `damp`, `blocksize` or `refit` is not a number (`blocksize` and `refit`
