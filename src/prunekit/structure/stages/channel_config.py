@@ -158,6 +158,8 @@ class ChannelConfig:
             wants = isinstance(found, GroupCriterion) and found.calibrated is not False
             given = batches if wants else None
         scoring = criterion_batches(found, self.criterion, given, self.loss)
+        if scoring is not None and scoring is not batches:
+            _check_rows(scoring, f"criterion={self.criterion!r} has no row to score on")
         if batches is None and scoring is not None:
             batches = scoring
         self._set("calibration", None if batches is None else tuple(batches))
@@ -273,13 +275,14 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
             "calibration= an iterable of batches the model's forward takes"
         )
     batches = batch_list(calibration, OWNER)
-    _check_rows(batches)
+    _check_rows(batches, "compensation has no row to fit on")
     return batches
 
 
-def _check_rows(batches: list[Any]) -> None:
-    """Refuse calibration with nothing to fit on: every batch empty, or every
-    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing)."""
+def _check_rows(batches: list[Any], why: str) -> None:
+    """Refuse calibration with nothing to fit or score on: every batch empty, or every
+    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing;
+    a criterion would rank on nothing). `why`: what has no row."""
     firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
               b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
     masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
@@ -289,8 +292,7 @@ def _check_rows(batches: list[Any]) -> None:
         what = "is empty" if empty else "has an attention_mask that is all zero"
         raise value_error(
             f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "
-            "compensation has no row to fit on; expected batches with at least one row "
-            "(token) the update is fitted on"
+            f"{why}; expected batches with at least one row (token)"
         )
 
 
