@@ -7,7 +7,7 @@ checked by the stage that meets the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.example_inputs import rowless
 from prunekit.structure.budget import Budget
 from prunekit.structure.compensation.damping import DAMP, check_damping
 from prunekit.structure.graph.graph import ChannelGroup, check_gqa
@@ -283,13 +284,8 @@ def _check_rows(batches: list[Any], why: str) -> None:
     """Refuse calibration with nothing to fit or score on: every batch empty, or every
     ``attention_mask`` all zero (the update would be fitted on no row, and change nothing;
     a criterion would rank on nothing). `why`: what has no row."""
-    firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
-              b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
-    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
-    empty = all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts)
-    unmasked = not all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks)
-    if empty or not unmasked:
-        what = "is empty" if empty else "has an attention_mask that is all zero"
+    what = rowless(batches)
+    if what is not None:
         raise value_error(
             f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "
             f"{why}; expected batches with at least one row (token)"
