@@ -20,11 +20,17 @@ keyword arguments."""
 
 
 def rowless(batches: Sequence[Any]) -> str | None:
-    """Why no batch of `batches` holds a row (a sample, a token) a calibration can use:
-    ``'is empty'`` (every batch's first tensor has no entry) or ``'has an attention_mask
-    that is all zero'`` (every batch masks out every token); None where some batch has a row.
-    A batch is a tensor, a tuple or list of positional arguments, or a mapping of keyword
-    arguments (its first value is the one looked at)."""
+    """Why no batch of `batches` holds a row (a sample, a token) a calibration can use.
+
+    Args:
+        batches: each a tensor, a tuple or list of positional arguments, or a mapping of
+            keyword arguments (its first value is the one looked at).
+
+    Returns:
+        ``'is empty'`` (every batch's first tensor has no entry), ``'has an attention_mask
+        that is all zero'`` (every batch masks out every token), or None where some batch
+        has a row.
+    """
     firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
               b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
     if all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts):
