@@ -131,7 +131,7 @@ def test_the_folder_loads_without_prunekit(compensated: Shrunk) -> None:
 
 
 BAD_CONFIGS: list[tuple[dict[str, Any], type[Exception], str]] = [
-    ({"budget": 0.2}, TypeError, r"shrink_streamed: invalid budget=0.2"),
+    ({"budget": 0.2}, TypeError, r"ShrinkStreamedConfig: invalid budget=0.2"),
     ({"budget": Budget(macs=0.2)}, ValueError, r"invalid budget=Budget\(.*macs=0.2"),
     ({"budget": Budget(params=0.2, kinds=("hidden",))}, ValueError, r"hidden width"),
     ({"criterion": "taylor"}, ValueError, r"invalid criterion='taylor'"),

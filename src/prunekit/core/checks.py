@@ -174,8 +174,9 @@ def check_free_names(module: nn.Module, name: str, where: str) -> None:
             )
 
 
-def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
-    """Check importance scores against the tensor they rank; return them detached."""
+def check_scores(scores: Any, current: Tensor, where: str, mask: Tensor | None = None) -> Tensor:
+    """Check importance scores against the tensor they rank; return them detached. With the
+    tensor's `mask`, NaN only counts where it is 1: pruned entries never compete."""
     if not is_tensor(scores):
         raise type_error(
             f"{where}: invalid importance_scores of type {type(scores).__name__}; "
@@ -200,7 +201,8 @@ def check_scores(scores: Any, current: Tensor, where: str) -> Tensor:
     check_kind(scores, where, "importance_scores")
     result: Tensor = scores.detach()
     if result.is_floating_point():
-        check_finite(result, where, "importance_scores", allow_inf=True)
+        competing = result if mask is None else result.masked_fill(mask == 0, 0)
+        check_finite(competing, where, "importance_scores", allow_inf=True)
     return result
 
 

@@ -10,6 +10,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from prunekit.core.backend import is_tensor
+from prunekit.core.checks import check_kind
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import TensorRef
 from prunekit.select import Source
@@ -99,12 +100,14 @@ class Criterion(ABC):
 
 def check_given_tensors(given: object, owner: str, what: str, expected: str) -> None:
     """Refuse a criterion's given `what` (one tensor, or a mapping to tensors) that holds
-    something else, naming its type (and, for a mapping, its key) and `expected`."""
+    something else, naming its type (and, for a mapping, its key) and `expected`, or a
+    tensor without values a ranking reads (meta, sparse or complex: ``check_kind``)."""
     each = given.items() if isinstance(given, Mapping) else [(None, given)]
     for key, found in each:
+        where = "" if key is None else f" for {key!r:.60}"
         if not is_tensor(found):
-            where = "" if key is None else f" for {key!r:.60}"
             raise type_error(
                 f"{owner}: invalid {what}{where} of type {type(found).__name__}; expected "
                 f"{expected}, or a mapping to such tensors (as prunekit.calibrate collects them)"
             )
+        check_kind(found, owner, f"{what}{where}")

@@ -501,7 +501,7 @@ def _global_targets(
                 f"on one device, the first is on {device}"
             )
         given = importance_scores.get((module, name))
-        ranked = current if given is None else check_scores(given, current, where)
+        ranked = current if given is None else check_scores(given, current, where, mask)
         scores.append(ranked)
         wheres.append(where)
         masks.append(mask)

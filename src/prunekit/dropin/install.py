@@ -142,8 +142,11 @@ def _new_mask(
             kind = pruning_type(method)
         alive_only = kind == "unstructured" or importance_scores is not None
         current = current_values(module, name, old, alive_only)
+    alive = None if old is None else default_mask
     scores = (
-        current if importance_scores is None else check_scores(importance_scores, current, where)
+        current
+        if importance_scores is None
+        else check_scores(importance_scores, current, where, alive)
     )
     method._tensor_name = name
     with naming(where):

@@ -58,6 +58,7 @@ from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.compaction.hfconfig import update_config
 from prunekit.structure.compensation.compensate import Openings, compensate_groups
+from prunekit.structure.compensation.damping import check_damping
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.scoring.criteria import group_criterion, rank
 from prunekit.structure.stages.channel_config import ChannelConfig
@@ -69,6 +70,7 @@ from prunekit.structure.stages.trace_groups import trace
 __all__ = ["CRITERIA", "ShrinkStreamedConfig", "ShrinkStreamedReport", "shrink_streamed"]
 
 OWNER = "shrink_streamed"
+CONFIG = "ShrinkStreamedConfig"
 CRITERIA = ("activation", "l1", "l2")
 """The criteria streamed: each scores a block's units from that block alone (and its inputs)."""
 MEASURES = ("params", "units")
@@ -90,8 +92,8 @@ class ShrinkStreamedConfig:
         compensate: True (the default): the layers reading removed units (``o_proj``,
             ``down_proj``) get the least-squares update of ``prune_channels(...,
             compensate=True)``; False: none.
-        damping: the compensation's damping (None: ``prune_channels``' default); only with
-            `compensate`.
+        damping: the compensation's damping, a number > 0 or 'auto' (None: ``prune_channels``'
+            default); only with `compensate`.
         round_to: MLP widths kept as a multiple of it (an int >= 1; None: 1).
         progress: a bar on stderr (default: when stderr is a terminal).
 
@@ -105,7 +107,7 @@ class ShrinkStreamedConfig:
     budget: Budget
     criterion: str = "activation"
     compensate: bool = True
-    damping: float | None = None
+    damping: float | str | None = None
     round_to: int | None = None
     progress: bool | None = None
 
@@ -113,29 +115,30 @@ class ShrinkStreamedConfig:
         budget = self.budget
         if not isinstance(budget, Budget):
             raise type_error(
-                f"{OWNER}: invalid budget={budget!r}; expected a prunekit.Budget such as "
+                f"{CONFIG}: invalid budget={budget!r}; expected a prunekit.Budget such as "
                 "Budget(params=0.2)"
             )
         if budget.measure not in MEASURES or "hidden" in budget.kinds:
             raise value_error(
-                f"{OWNER}: invalid budget={budget!r}; expected a Budget of params= or units= "
+                f"{CONFIG}: invalid budget={budget!r}; expected a Budget of params= or units= "
                 "over the kinds 'channels' and 'heads' (MACs and latency need the whole model "
                 "run, and the hidden width runs through every block)"
             )
         if not isinstance(self.criterion, str) or self.criterion not in CRITERIA:
             raise value_error(
-                f"{OWNER}: invalid criterion={self.criterion!r}; expected one of "
+                f"{CONFIG}: invalid criterion={self.criterion!r}; expected one of "
                 f"{', '.join(CRITERIA)} (criteria that score a block from its own inputs)"
             )
         if not isinstance(self.compensate, bool):
             raise type_error(
-                f"{OWNER}: invalid compensate={self.compensate!r}; expected True or False"
+                f"{CONFIG}: invalid compensate={self.compensate!r}; expected True or False"
             )
         if self.progress is not None and not isinstance(self.progress, bool):
             raise type_error(
-                f"{OWNER}: invalid progress={self.progress!r}; expected True, False or None"
+                f"{CONFIG}: invalid progress={self.progress!r}; expected True, False or None"
             )
-        self.channels([torch.zeros(1, 1, dtype=torch.long)])  # damping, round_to: checked
+        _check_compensation(self.compensate, self.damping, self.round_to)
+        self.channels([torch.zeros(1, 1, dtype=torch.long)])  # the rest, as prune_channels
 
     def channels(self, calibration: Sequence[object]) -> ChannelConfig:
         """The in-memory ``ChannelConfig`` of the same options on the `calibration` batches
@@ -149,6 +152,25 @@ class ShrinkStreamedConfig:
             round_to=self.round_to,
             calibration=calibration if wanted else None,
         )
+
+
+def _check_compensation(compensate: bool, damping: object, round_to: object) -> None:
+    """Refuse, in the config's name, a damping or round_to ``prune_channels`` refuses."""
+    if round_to is not None and (
+        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+    ):
+        raise value_error(
+            f"{CONFIG}: invalid round_to={round_to!r}; expected an int >= 1, or None (the MLP "
+            "widths are kept as a multiple of it)"
+        )
+    if damping is None:
+        return
+    if not compensate:
+        raise value_error(
+            f"{CONFIG}: damping={damping!r} needs compensate=True (it damps that "
+            "least-squares update), not compensate=False; expected compensate=True or no damping"
+        )
+    check_damping(damping, CONFIG)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["Tuning", "get", "overridden", "threads_for", "torch_threads"]
+__all__ = ["MOST_THREADS", "Tuning", "get", "overridden", "threads_for", "torch_threads"]
+
+MOST_THREADS = 2**31 - 1
+"""The largest thread count torch takes (it holds the count in a C int)."""
 
 
 @dataclass(frozen=True)
@@ -102,22 +105,25 @@ def torch_threads(count: int) -> Iterator[int]:
     block that ends last.
 
     Args:
-        count: the thread count inside the block, at least 1.
+        count: the thread count inside the block, from 1 to ``MOST_THREADS``.
 
     Returns:
         A context manager; ``with`` binds the count it found (the one restored on exit).
 
     Raises:
         TypeError: `count` is not an int.
-        ValueError: `count` is below 1.
+        ValueError: `count` is below 1 or above ``MOST_THREADS``.
     """
     if not isinstance(count, int) or isinstance(count, bool):
         raise TypeError(
             f"tuning.torch_threads: count={count!r} of type {type(count).__name__}; "
-            "expected an int of at least 1"
+            f"expected an int of at least 1 and at most {MOST_THREADS}"
         )
-    if count < 1:
-        raise ValueError(f"tuning.torch_threads: count={count}; expected an int of at least 1")
+    if not 1 <= count <= MOST_THREADS:
+        raise ValueError(
+            f"tuning.torch_threads: count={count}; expected an int of at least 1 and at most "
+            f"{MOST_THREADS} (torch holds the count in a C int)"
+        )
     found = torch.get_num_threads()
     if count != found:
         torch.set_num_threads(count)

@@ -15,6 +15,7 @@ from torch import nn
 
 from prunekit._extras import require
 from prunekit.export.streamed_shrink import (
+    CRITERIA,
     ShrinkStreamedConfig,
     ShrinkStreamedReport,
     shrink_streamed,
@@ -167,14 +168,11 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         What ``shrink_streamed`` wrote.
 
     Raises:
-        ValueError: an option streaming does not take (see ``ShrinkStreamedConfig``).
+        ValueError: an option streaming does not take (another format, distillation,
+            --macs or --latency, a criterion not in ``export.streamed_shrink.CRITERIA``).
         CheckpointError: not a sharded model folder, or text that cannot be read.
     """
-    if config.formats != ("hf",) or config.distill:
-        raise ValueError(
-            "--streamed writes the hf format without distillation; expected --format hf "
-            f"and --distill 0, got --format {','.join(config.formats)} --distill {config.distill}"
-        )
+    _check_streamed_flags(config)
     options = ShrinkStreamedConfig(
         config.budget, config.criterion, config.compensate, round_to=config.round_to or 1,
         progress=progress,
@@ -192,6 +190,26 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
     texts = text_windows(config, tokenizer, holder, read_passages(config))
     batches = [{"input_ids": w[None]} for w in texts.calibration]  # as prunekit shrink's
     return shrink_streamed(index.parent, config.out, calibration=batches, config=options)
+
+
+def _check_streamed_flags(config: ShrinkConfig) -> None:
+    """Refuse, in the command line's words, a flag that ``--streamed`` does not take."""
+    if config.formats != ("hf",) or config.distill:
+        raise ValueError(
+            "--streamed writes the hf format without distillation; expected --format hf "
+            f"and --distill 0, got --format {','.join(config.formats)} --distill {config.distill}"
+        )
+    for flag, value in (("--macs", config.macs), ("--latency", config.latency)):
+        if value is not None:
+            raise ValueError(
+                f"--streamed removes a share of the parameters (MACs and latency need the "
+                f"whole model run); expected --params S, got {flag} {value}"
+            )
+    if config.criterion not in CRITERIA:
+        raise ValueError(
+            "--streamed scores each block from its own inputs; expected --criterion "
+            f"{', '.join(CRITERIA[:-1])} or {CRITERIA[-1]}, got --criterion {config.criterion}"
+        )
 
 
 def run_shrink_streamed(config: ShrinkConfig) -> int:

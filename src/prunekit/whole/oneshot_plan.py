@@ -16,6 +16,7 @@ from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
+from prunekit.core.example_inputs import rowless
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import Transaction
 from prunekit.criteria.sparsegpt import SparseGPT
@@ -137,6 +138,13 @@ def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | Non
             )
     if method != "taylor" and loss is not None:
         raise value_error(f"{owner}: loss is for method='taylor'; got method={method!r}")
+    empty = rowless(batches)
+    if empty is not None:  # Taylor would rank on gradients of zero, the others on nothing
+        raise value_error(
+            f"{owner}: every one of the {len(batches)} calibration batches {empty}, so "
+            f"method={method!r} has no row to calibrate on; expected batches with at least "
+            "one row (token)"
+        )
     return batches
 
 

@@ -7,7 +7,7 @@ checked by the stage that meets the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.example_inputs import rowless
 from prunekit.structure.budget import Budget
 from prunekit.structure.compensation.damping import DAMP, check_damping
 from prunekit.structure.graph.graph import ChannelGroup, check_gqa
@@ -158,6 +159,8 @@ class ChannelConfig:
             wants = isinstance(found, GroupCriterion) and found.calibrated is not False
             given = batches if wants else None
         scoring = criterion_batches(found, self.criterion, given, self.loss)
+        if scoring is not None and scoring is not batches:
+            _check_rows(scoring, f"criterion={self.criterion!r} has no row to score on")
         if batches is None and scoring is not None:
             batches = scoring
         self._set("calibration", None if batches is None else tuple(batches))
@@ -273,24 +276,19 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
             "calibration= an iterable of batches the model's forward takes"
         )
     batches = batch_list(calibration, OWNER)
-    _check_rows(batches)
+    _check_rows(batches, "compensation has no row to fit on")
     return batches
 
 
-def _check_rows(batches: list[Any]) -> None:
-    """Refuse calibration with nothing to fit on: every batch empty, or every
-    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing)."""
-    firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
-              b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
-    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
-    empty = all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts)
-    unmasked = not all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks)
-    if empty or not unmasked:
-        what = "is empty" if empty else "has an attention_mask that is all zero"
+def _check_rows(batches: list[Any], why: str) -> None:
+    """Refuse calibration with nothing to fit or score on: every batch empty, or every
+    ``attention_mask`` all zero (the update would be fitted on no row, and change nothing;
+    a criterion would rank on nothing). `why`: what has no row."""
+    what = rowless(batches)
+    if what is not None:
         raise value_error(
             f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "
-            "compensation has no row to fit on; expected batches with at least one row "
-            "(token) the update is fitted on"
+            f"{why}; expected batches with at least one row (token)"
         )
 
 

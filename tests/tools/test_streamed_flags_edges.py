@@ -1,0 +1,38 @@
+"""`prunekit shrink SRC --streamed` refuses a flag it does not stream in the words of the
+command line (the flag and its value, and what --streamed takes), not in those of the
+library's ShrinkStreamedConfig, which the user never wrote; nothing is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import tiny_llm
+from prunekit.tools.cli import main
+
+pytest.importorskip("transformers")
+
+REFUSED = [
+    (["--macs", "0.2"], "expected --params S, got --macs 0.2"),
+    (["--latency", "0.3"], "expected --params S, got --latency 0.3"),
+    (["--params", "0.2", "--criterion", "taylor"],
+     "expected --criterion activation, l1 or l2, got --criterion taylor"),
+    (["--params", "0.2", "--criterion", "obs", "--no-compensate"],
+     "expected --criterion activation, l1 or l2, got --criterion obs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "words"), REFUSED)
+def test_a_flag_it_does_not_stream_is_named_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], words: str
+) -> None:
+    folder = tiny_llm.sharded_folder(tmp_path / "model")
+    before = sorted(p.name for p in folder.iterdir())
+    status = main(["shrink", str(folder), "-o", str(tmp_path / "out"), "--streamed", *flags])
+    assert status == 1
+    error = capsys.readouterr().err
+    assert "prunekit shrink: error: --streamed" in error and words in error, error
+    assert "ShrinkStreamedConfig" not in error and "Budget(" not in error
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in folder.iterdir()) == before
