@@ -8,7 +8,7 @@ arguments, or a mapping of keyword arguments, as ``channel_groups``, ``prune_cha
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from torch import Tensor
 
@@ -19,7 +19,7 @@ ExampleInputs: TypeAlias = Tensor | Sequence[object] | Mapping[str, object]
 keyword arguments."""
 
 
-def rowless(batches: Sequence[Any]) -> str | None:
+def rowless(batches: Sequence[object]) -> str | None:
     """Why no batch of `batches` holds a row (a sample, a token) a calibration can use.
 
     Args:
@@ -31,11 +31,19 @@ def rowless(batches: Sequence[Any]) -> str | None:
         that is all zero'`` (every batch masks out every token), or None where some batch
         has a row.
     """
-    firsts = [next(iter(b.values()), None) if isinstance(b, Mapping) else
-              b[0] if isinstance(b, tuple | list) and b else b for b in batches]  # fmt: skip
-    if all(isinstance(t, Tensor) and t.numel() == 0 for t in firsts):
+    if all(isinstance(t, Tensor) and t.numel() == 0 for t in map(_first, batches)):
         return "is empty"
     masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
     if all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks):
         return "has an attention_mask that is all zero"
     return None
+
+
+def _first(batch: object) -> object:
+    """A batch's first input: a mapping's first value, a tuple's or list's first item, or
+    the batch itself."""
+    if isinstance(batch, Mapping):
+        return next(iter(batch.values()), None)
+    if isinstance(batch, tuple | list):
+        return batch[0] if batch else None
+    return batch
