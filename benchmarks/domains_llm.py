@@ -243,6 +243,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--recover-windows", type=int, default=0, help="0: the pruning's")
     parser.add_argument("--reconstruct", type=int, default=0, help="steps per block, first")
     parser.add_argument("--reconstruct-lr", type=float, default=1e-3)
+    parser.add_argument("--reconstruct-seconds", type=float, default=0, help="CPU s, first")
     parser.add_argument("--rotate", default="", help="hidden shares for rotate_hidden rows")
     parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
     parser.add_argument("--rotate-round-to", type=int, default=1)

@@ -3,14 +3,16 @@
 For each budget B of --recover (CPU seconds of this process: the issue's budget is of CPU
 time, and a wall-clock budget would shrink whenever other processes share the cores), each
 peak rate of --lr and each share of the hidden-state term of --hidden-weight: the pruned
-SmolLM2, before compaction, optionally trained block by block towards the dense model's
-blocks (``prunekit.reconstruct_blocks``, --reconstruct steps per block at
---reconstruct-lr), then compacted and distilled from the dense model
-(``prunekit.recover(cpu_seconds=...)``, KL at temperature 1) for what is left of B. Both
-use the recovery windows: --recover-windows windows of the calibration documents (the
-pruning's own 8 when 0), never the evaluation documents. The note of each row gives the
-distillation's steps, the CPU seconds of reconstruction and distillation together, and
-their wall seconds.
+SmolLM2, compacted (its hidden width is not cut, so its blocks still take the dense
+model's shapes, and a compacted block's step costs less than a masked one's), optionally
+trained block by block towards the dense model's blocks (``prunekit.reconstruct_blocks``,
+--reconstruct steps per block at --reconstruct-lr; with --reconstruct-seconds S, S CPU
+seconds spread over the blocks, --reconstruct then only a cap), then distilled from the
+dense model (``prunekit.recover(cpu_seconds=...)``, KL at temperature 1) for what is left
+of B. Both use the recovery windows: --recover-windows windows of the calibration
+documents (the pruning's own 8 when 0), never the evaluation documents. The note of each
+row gives the distillation's steps, the reconstruction's steps per block and CPU seconds,
+the CPU seconds of reconstruction and distillation together, and their wall seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def name(short: str, budget: float, lr: float, hidden: float, args: argparse.Nam
     what = f"{short} +{budget:.0f}s {rate}"
     what += f" w{args.recover_windows}" if args.recover_windows else ""
     what += f" h{hidden:g}" if hidden else ""
+    if args.reconstruct_seconds:
+        return what + f" r{args.reconstruct_seconds:g}s"
     return what + (f" r{args.reconstruct}" if args.reconstruct else "")
 
 
@@ -51,10 +55,10 @@ def rows(
         started = time.perf_counter()
         student = copy.deepcopy(pruned)
         wall, cpu = time.perf_counter(), time.process_time()
-        if args.reconstruct:  # masked, with the dense model's shapes: before compaction
-            prunekit.reconstruct_blocks(student, dense, batches, steps=args.reconstruct,
-                                        lr=args.reconstruct_lr)  # fmt: skip
-        prunekit.compact(student, example)  # smaller: less memory to train it
+        prunekit.compact(student, example)  # smaller: less time and memory to train it
+        rebuilt = ""
+        if args.reconstruct or args.reconstruct_seconds:
+            rebuilt = reconstruct(args, student, dense, batches)
         left = budget - (time.process_time() - cpu)
         steps = 0
         if left > 0:
@@ -62,6 +66,27 @@ def rows(
             done = prunekit.recover(student, distiller, batches, cpu_seconds=left, lr=lr)
             steps = done.steps
         used, spent = time.process_time() - cpu, time.perf_counter() - wall
-        note = f"; {steps} steps, {used:.0f} CPU s, {spent:.0f} wall s"
+        note = f"; {steps} steps{rebuilt}, {used:.0f} CPU s, {spent:.0f} wall s"
         emit(name(short, budget, lr, hidden, args), student, started, note)
         del student
+
+
+def reconstruct(args: argparse.Namespace, student: nn.Module, dense: nn.Module,
+                batches: Batches) -> str:  # fmt: skip
+    """reconstruct_blocks on the compacted student; its steps per block and CPU seconds."""
+    blocks = student.get_submodule("model.layers")
+    assert isinstance(blocks, nn.ModuleList)
+    calls = [0]
+    hooks = [b.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+             for b in blocks]  # fmt: skip
+    cpu = time.process_time()
+    try:
+        prunekit.reconstruct_blocks(
+            student, dense, batches, steps=args.reconstruct or 1_000_000,
+            lr=args.reconstruct_lr, cpu_seconds=args.reconstruct_seconds or None,
+        )  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per = calls[0] / len(blocks) - 2 * len(batches)  # a pass before and after the steps
+    return f", r {per:.0f} steps/block in {time.process_time() - cpu:.0f} CPU s"

@@ -38,6 +38,7 @@ the block's targets, and the optimizer's two moments of one block's parameters.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -64,6 +65,7 @@ def reconstruct_blocks(
     steps: int = 200,
     lr: float = 1e-3,
     ends: bool = False,
+    cpu_seconds: float | None = None,
 ) -> list[tuple[float, float]]:
     """Train each block of `model` towards the output of `reference`'s same block.
 
@@ -71,10 +73,13 @@ def reconstruct_blocks(
     copy of the model taken before pruning. Each block gets `steps` Adam steps (one
     calibration batch per step, in turn; the learning rate decays from `lr` to 0 along a
     cosine) on its relative squared error to the reference block's output; see the module
-    docstring.
+    docstring. With `cpu_seconds`, the call's CPU time is spread over the blocks instead:
+    each block trains until an even share of what is left is used (or `steps`), the
+    cosine following that share.
 
     Args:
-        model: the pruned (masked, not yet compacted) model; changed in place.
+        model: the pruned model, masked, or compacted if its hidden width (the blocks'
+            inputs and outputs) was not cut; changed in place.
         reference: the model before pruning, with the same sequence of blocks at the same
             path; not changed.
         calibration: batches both models' forward takes (a tensor, a mapping of keyword
@@ -87,6 +92,11 @@ def reconstruct_blocks(
             Face output's logits). A classifier head holds many parameters: on few
             calibration samples it fits their outputs exactly and generalises worse (give
             it hundreds of samples, not tens).
+        cpu_seconds: a budget of this process's CPU time (all its threads; a finite
+            float > 0) for the whole call, its passes over the batches included: each
+            block (and with `ends` the head) in turn gets the time left over the number
+            of them left, and takes steps while its share lasts and `steps` is not
+            reached. None: `steps` per block, whatever time they take.
 
     Returns:
         Per block, in order: its relative squared error on the calibration batches before
@@ -96,15 +106,18 @@ def reconstruct_blocks(
 
     Raises:
         TypeError: a model or reference that is no nn.Module, calibration that is no
-            iterable of batches, `steps` that is no int, `lr` that is no real number, or
-            `ends` that is no bool (a bool is no int or number here either).
-        ValueError: `steps` < 1, `lr` <= 0 or not finite, calibration without batches, a
+            iterable of batches, `steps` that is no int, `lr` or `cpu_seconds` that is no
+            real number, or `ends` that is no bool (a bool is no int or number here
+            either).
+        ValueError: `steps` < 1, `lr` or `cpu_seconds` <= 0 or not finite, calibration
+            without batches, a
             model without a sequence of blocks, or a reference without the same one. On any
             error the model is left as it was.
     """
-    batches = _checked(model, reference, calibration, steps, lr, ends)
+    batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
-    fit = _Fit(int(steps), float(lr))
+    budget = None if cpu_seconds is None else float(cpu_seconds)
+    fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends))
     with cal.evaluating(model), cal.evaluating(reference):
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
         trained = [p for block in blocks for p in _trainable(block)] + stem + head
@@ -117,14 +130,18 @@ def reconstruct_blocks(
 
 def _checked(
     model: object, reference: object, calibration: object, steps: object, lr: object,
-    ends: object,
+    flags: tuple[object, object],
 ) -> list[Any]:  # fmt: skip
     """reconstruct_blocks' arguments checked; the calibration batches as a list."""
     owner = "reconstruct_blocks"
+    ends, cpu_seconds = flags
     check_model(model, owner)
     check_model(reference, owner, "reference")
     check_number(steps, "steps", owner, "an int >= 1", lambda v: v >= 1, integral=True)
     check_number(lr, "lr", owner, "a finite float > 0", lambda v: 0 < v < math.inf)
+    if cpu_seconds is not None:
+        check_number(cpu_seconds, "cpu_seconds", owner, "a finite float > 0 (or None)",
+                     lambda v: 0 < v < math.inf)  # fmt: skip
     if not isinstance(ends, bool):
         raise type_error(f"{owner}: invalid ends={ends!r}; expected True or False")
     return cal.batch_list(calibration, owner)
@@ -135,7 +152,9 @@ def _fit_blocks(
     batches: Sequence[Any], stem: list[nn.Parameter], fit: _Fit,
 ) -> list[tuple[float, float]]:  # fmt: skip
     """Each block of the model (the first with `stem`) fitted in turn towards the
-    reference's same block, from the inputs the blocks before it now give."""
+    reference's same block, from the inputs the blocks before it now give. Each block of
+    either model runs once per batch outside the steps: the reference's outputs are the
+    targets and its next inputs, the model's last pass gives its error and its next inputs."""
     (model, reference), (blocks, theirs) = models, pairs
     with torch.no_grad():
         ours_in = cal.capture_block_inputs(model, blocks[0], batches)
@@ -148,15 +167,33 @@ def _fit_blocks(
         if block is blocks[0] and stem:
             params = _trainable(block) + stem
             with cal.requiring_grad(model, params):  # no graph through the others
-                errors.append(fit(params, _through_stem(model, block, batches), targets))
-            with torch.no_grad():
+                before, after, outputs = fit(params, _through_stem(model, block, batches),
+                                             targets, keep=True)  # fmt: skip
+            with torch.no_grad():  # the stem's other outputs (a mask, positions) too
                 ours_in = cal.capture_block_inputs(model, block, batches)
         else:
-            errors.append(fit(_trainable(block), _runner(block, ours_in), targets))
-        with torch.no_grad():
-            ours_in = cal.next_inputs(block, ours_in)
-            theirs_in = cal.next_inputs(their_block, theirs_in)
+            before, after, outputs = fit(_trainable(block), _runner(block, ours_in), targets,
+                                         keep=True)  # fmt: skip
+        errors.append((before, after))
+        ours_in = [_with_hidden(one, out, block) for one, out in zip(ours_in, outputs, strict=True)]
+        theirs_in = [
+            _with_hidden(one, out, block) for one, out in zip(theirs_in, targets, strict=True)
+        ]
     return errors
+
+
+def _with_hidden(inputs: _Inputs, hidden: Tensor, block: nn.Module) -> _Inputs:
+    """The next block's inputs: `inputs` with the hidden states (the first positional
+    argument, or ``hidden_states=``) replaced by `block`'s output."""
+    args, kwargs = inputs
+    if args:
+        return (hidden, *args[1:]), kwargs
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": hidden}
+    raise value_error(
+        f"reconstruct_blocks: cannot tell which argument of {type(block).__name__} carries "
+        "the hidden states; expected a first positional argument or hidden_states="
+    )
 
 
 def _check_widths(ours: Sequence[_Inputs], theirs: Sequence[_Inputs]) -> None:
@@ -287,13 +324,16 @@ def _fit_head(
                 skip = False
     with cal.requiring_grad(model, head):
         if not skip:
-            return fit(head, lambda k: _final(cal.run_batch(model, batches[k])), targets)
+            before, after, _ = fit(head, lambda k: _final(cal.run_batch(model, batches[k])),
+                                   targets)  # fmt: skip
+            return before, after
 
         def run(k: int) -> Tensor:
             with _replaying(blocks, last[k]):
                 return _final(cal.run_batch(model, batches[k]))
 
-        return fit(head, run, targets)
+        before, after, _ = fit(head, run, targets)
+        return before, after
 
 
 @contextmanager
@@ -341,43 +381,90 @@ def _output(block: nn.Module, inputs: _Inputs) -> Tensor:
 
 
 class _Fit:
-    """Adam steps of some parameters towards targets, one batch per step (cosine decay)."""
+    """Adam steps of some parameters towards targets, one batch per step, the rate decaying
+    along a cosine over the share of the call's budget used: `steps`, and with
+    `cpu_seconds` an even share of the CPU time left over the `parts` calls left."""
 
-    def __init__(self, steps: int, lr: float) -> None:
+    def __init__(self, steps: int, lr: float, cpu_seconds: float | None, parts: int) -> None:
         self.steps = steps
         self.lr = lr
+        self.cpu_seconds = cpu_seconds
+        self.parts = parts
+        self.started = time.process_time()
+
+    def _share(self, passes: float) -> float:
+        """This call's CPU seconds for its steps, once its first pass over the batches took
+        `passes`: what is left of the budget, less the passes still to come (one more of
+        this call, three of each call after it: targets, error before and after), over
+        the calls left; inf without a budget."""
+        if self.cpu_seconds is None:
+            return math.inf
+        left = self.cpu_seconds - (time.process_time() - self.started)
+        to_come = passes * (1 + 3 * (self.parts - 1))
+        share = (left - to_come) / max(self.parts, 1)
+        self.parts -= 1
+        return share
 
     def __call__(
-        self, params: list[nn.Parameter], run: Callable[[int], Tensor], targets: Sequence[Tensor]
-    ) -> tuple[float, float]:
+        self, params: list[nn.Parameter], run: Callable[[int], Tensor],
+        targets: Sequence[Tensor], keep: bool = False,
+    ) -> tuple[float, float, list[Tensor]]:  # fmt: skip
         """The relative squared error of ``run(k)`` to ``targets[k]`` over the batches
-        before and after the steps (`params` put back when it did not fall)."""
+        before and after the steps (`params` put back when it did not fall), and with
+        `keep` the outputs that gave the second."""
+        begun = time.process_time()
         scale = sum(float(t.double().square().sum()) for t in targets) or 1.0
-        before = _error(run, targets) / scale
+        error, first = _error(run, targets, keep)
+        before = error / scale
+        seconds = self._share(time.process_time() - begun)
         if not params:
-            return before, before
+            return before, before, first
         saved = [p.detach().clone() for p in params]
-        optimizer = torch.optim.Adam(params, lr=self.lr)
-        with torch.enable_grad():
-            for step in range(self.steps):
-                k = step % len(targets)
-                loss = (run(k) - targets[k]).square().sum() * (len(targets) / scale)
-                for group in optimizer.param_groups:
-                    group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * step / self.steps))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
-        for p in params:
-            p.grad = None
-        after = _error(run, targets) / scale
+        self._steps(params, run, targets, scale, seconds)
+        error, outputs = _error(run, targets, keep)
+        after = error / scale
         if not after < before:  # NaN too
             with torch.no_grad():
                 for p, old in zip(params, saved, strict=True):
                     p.copy_(old)
-            after = before
-        return before, after
+            after, outputs = before, first
+        return before, after, outputs
+
+    def _steps(
+        self, params: list[nn.Parameter], run: Callable[[int], Tensor],
+        targets: Sequence[Tensor], scale: float, seconds: float,
+    ) -> None:  # fmt: skip
+        """Steps while both `self.steps` and `seconds` of CPU time last."""
+        optimizer = torch.optim.Adam(params, lr=self.lr)
+        begun, step = time.process_time(), 0
+        with torch.enable_grad():
+            while (used := self._used(step, time.process_time() - begun, seconds)) < 1.0:
+                k = step % len(targets)
+                loss = (run(k) - targets[k]).square().sum() * (len(targets) / scale)
+                for group in optimizer.param_groups:
+                    group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * used))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+                step += 1
+        for p in params:
+            p.grad = None
+
+    def _used(self, step: int, spent: float, seconds: float) -> float:
+        """The share of the budget used after `step` steps and `spent` CPU seconds."""
+        timed = spent / seconds if seconds > 0 else 1.0
+        return min(1.0, max(step / self.steps, timed))
 
 
-def _error(run: Callable[[int], Tensor], targets: Sequence[Tensor]) -> float:
+def _error(
+    run: Callable[[int], Tensor], targets: Sequence[Tensor], keep: bool
+) -> tuple[float, list[Tensor]]:
+    """The squared error of ``run(k)`` to each target, summed, and with `keep` the outputs."""
+    total, kept = 0.0, []
     with torch.no_grad():
-        return sum(float((run(k) - t).double().square().sum()) for k, t in enumerate(targets))
+        for k, target in enumerate(targets):
+            out = run(k)
+            total += float((out - target).double().square().sum())
+            if keep:
+                kept.append(out)
+    return total, kept
