@@ -1,9 +1,9 @@
 """Shared fixtures: seeded RNGs for every test; `framework` runs a test on both frameworks;
-`one_pass` records whether each call of the selection's one pass held; `imported_by` tells which
-modules a fresh interpreter holds after importing prunekit; `tiny_llama` gives the tiny sharded
-Llama folders that several files read. Every test runs with the channel
-graph's skimmed trace strict: a failure of it that is not a value read raises (a bug of
-``trace.skim`` would else only slow the trace)."""
+`two_torch_threads` runs a test at two torch threads; `one_pass` records whether each call of
+the selection's one pass held; `imported_by` tells which modules a fresh interpreter holds
+after importing prunekit; `tiny_llama` gives the tiny sharded Llama folders that several
+files read. Every test runs with the channel graph's skimmed trace strict: a failure of it
+that is not a value read raises (a bug of ``trace.skim`` would else only slow the trace)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def _threads_kept(request: pytest.FixtureRequest) -> Iterator[None]:
         torch.set_num_threads(before)
         warnings.warn(f"{request.node.nodeid} left torch at {after} threads, not {before}",
                       stacklevel=1)  # fmt: skip
+
+
+@pytest.fixture
+def two_torch_threads() -> Iterator[None]:
+    """torch at two threads for the test (so each chunk of a parallel loop runs in two
+    parts), the count before put back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)

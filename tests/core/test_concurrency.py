@@ -15,7 +15,7 @@ import faulthandler
 import hashlib
 import multiprocessing
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -26,13 +26,7 @@ import prunekit as prune
 ROUNDS = 2
 
 
-@pytest.fixture(autouse=True)
-def _two_threads() -> Iterator[None]:
-    """Two torch threads, so each chunk of the C loop runs in two parts."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 def model(seed: int) -> nn.Sequential:

@@ -3,8 +3,6 @@ with its own error, naming the count and the range, and leaves torch's count as 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,12 +11,7 @@ from prunekit.select import tuning
 LARGEST = 2**31 - 1
 
 
-@pytest.fixture(autouse=True)
-def _two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 @pytest.mark.parametrize("count", [LARGEST + 1, 2**32, 2**63, 2**64 + 5, 10**30])
