@@ -35,6 +35,7 @@ from prunekit.calibrate.block_inputs import (
     capture_block_inputs,
     next_inputs,
     run_block,
+    with_hidden,
 )
 from prunekit.calibrate.driver import Wanted, block_statistics, calibrate
 from prunekit.calibrate.gradients import (
@@ -72,4 +73,5 @@ __all__ = [
     "requiring_grad",
     "run_batch",
     "run_block",
+    "with_hidden",
 ]

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from prunekit.calibrate.batches import batch_error, run_batch
 from prunekit.calibrate.statistics import Stop
@@ -103,14 +103,27 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
     args, kwargs = inputs
     out = block(*args, **kwargs)
     hidden = out[0] if isinstance(out, tuple | list) else out
+    return with_hidden(inputs, hidden, block, "calibration", " (or pass sequential=False)")
+
+
+def with_hidden(
+    inputs: Inputs, hidden: Tensor, block: nn.Module, owner: str, hint: str = ""
+) -> Inputs:
+    """`inputs` (those `block` was called with) with the hidden states (the first
+    positional argument, or ``hidden_states=``) replaced by `hidden`: the next block's.
+
+    Raises:
+        ValueError: `block` takes neither, so its hidden states cannot be told (the
+            message starts with `owner` and ends with `hint`).
+    """
+    args, kwargs = inputs
     if args:
         return (hidden, *args[1:]), kwargs
     if "hidden_states" in kwargs:
         return args, {**kwargs, "hidden_states": hidden}
     raise value_error(
-        f"calibration: cannot tell which argument of {type(block).__name__} carries the "
-        "hidden states; expected a first positional argument or hidden_states= (or pass "
-        "sequential=False)"
+        f"{owner}: cannot tell which argument of {type(block).__name__} carries the hidden "
+        f"states; expected a first positional argument or hidden_states={hint}"
     )
 
 

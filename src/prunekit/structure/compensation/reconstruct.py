@@ -57,6 +57,9 @@ __all__ = ["reconstruct_blocks"]
 _Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
+_OWNER = "reconstruct_blocks"
+
+
 def reconstruct_blocks(
     model: nn.Module,
     reference: nn.Module,
@@ -133,7 +136,7 @@ def _checked(
     flags: tuple[object, object],
 ) -> list[Any]:  # fmt: skip
     """reconstruct_blocks' arguments checked; the calibration batches as a list."""
-    owner = "reconstruct_blocks"
+    owner = _OWNER
     ends, cpu_seconds = flags
     check_model(model, owner)
     check_model(reference, owner, "reference")
@@ -175,25 +178,15 @@ def _fit_blocks(
             before, after, outputs = fit(_trainable(block), _runner(block, ours_in), targets,
                                          keep=True)  # fmt: skip
         errors.append((before, after))
-        ours_in = [_with_hidden(one, out, block) for one, out in zip(ours_in, outputs, strict=True)]
+        ours_in = [
+            cal.with_hidden(one, out, block, _OWNER)
+            for one, out in zip(ours_in, outputs, strict=True)
+        ]
         theirs_in = [
-            _with_hidden(one, out, block) for one, out in zip(theirs_in, targets, strict=True)
+            cal.with_hidden(one, out, block, _OWNER)
+            for one, out in zip(theirs_in, targets, strict=True)
         ]
     return errors
-
-
-def _with_hidden(inputs: _Inputs, hidden: Tensor, block: nn.Module) -> _Inputs:
-    """The next block's inputs: `inputs` with the hidden states (the first positional
-    argument, or ``hidden_states=``) replaced by `block`'s output."""
-    args, kwargs = inputs
-    if args:
-        return (hidden, *args[1:]), kwargs
-    if "hidden_states" in kwargs:
-        return args, {**kwargs, "hidden_states": hidden}
-    raise value_error(
-        f"reconstruct_blocks: cannot tell which argument of {type(block).__name__} carries "
-        "the hidden states; expected a first positional argument or hidden_states="
-    )
 
 
 def _check_widths(ours: Sequence[_Inputs], theirs: Sequence[_Inputs]) -> None:
