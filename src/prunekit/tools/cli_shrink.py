@@ -107,9 +107,9 @@ def _pruning_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calibration-tokens",
         type=int,
-        default=4096,
+        default=16384,
         metavar="N",
-        help="tokens calibrated on (default 4096)",
+        help="tokens calibrated on (default 16384)",
     )
     parser.add_argument(
         "--eval-tokens",

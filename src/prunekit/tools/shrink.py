@@ -78,7 +78,10 @@ class ShrinkConfig:
         round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
             ``deci`` format (whose readers derive MLP widths rounded to 256).
         distill: seconds of distillation from the dense model on the calibration text (0: none).
-        calibration_tokens, evaluation_tokens: tokens of each (>= `length`).
+        calibration_tokens, evaluation_tokens: tokens of each (>= `length`). 16384 by
+            default: SmolLM2-135M at 20 %, calibrated on a mixture of five kinds of text,
+            was 2.04x dense perplexity on the worst of them held out with 4096 tokens,
+            1.67x with 16384 and 1.69x with 32768.
         length: tokens per window (>= 2); also the latency's input length.
         criterion: the group criterion that ranks units (``prunekit.structure.scoring``).
         kinds: what the budget may remove ('channels', 'heads', 'hidden'); None: channels
@@ -101,7 +104,7 @@ class ShrinkConfig:
     compensate: bool = True
     round_to: int | None = None
     distill: float = 0.0
-    calibration_tokens: int = 4096
+    calibration_tokens: int = 16384
     evaluation_tokens: int = 2048
     length: int = 256
     criterion: str = "activation"
