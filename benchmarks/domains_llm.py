@@ -31,6 +31,7 @@ are named shorter: '20% 0.3 x2 s0.5 +600s'):
 --steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
 each compensated on the model the steps before left ('xN').
 --sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
+--floor F: SmolLM2's ``Budget(floor=F)``, every group keeping at least that share ('fF').
 --recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
 text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
 the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct); its row
@@ -134,12 +135,13 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(header + "\n" + "-" * len(header))
     print(f"{'dense (perplexity)':<{args.width}}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
-        for label, steps, level in itertools.product(args.damping, args.steps, args.sensitivity):
+        rows = itertools.product(args.damping, args.steps, args.sensitivity, args.floor)
+        for label, steps, level, floor in rows:
             started = time.perf_counter()
             pruned = copy.deepcopy(model)
             for k in range(1, steps + 1):  # several smaller cuts, compensated after each
                 budget = prunekit.Budget(params=target * k / steps, kinds=("channels", "heads"),
-                                         sensitivity=level)  # fmt: skip
+                                         sensitivity=level, floor=floor)  # fmt: skip
                 prunekit.prune_channels(
                     pruned, example, budget=budget, criterion=args.criterion,
                     calibration=batches, round_to=args.round_to, **damping_kwargs(label),
@@ -147,6 +149,7 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
             short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
             short += f" s{level:g}" if level else ""
+            short += f" f{floor:g}" if floor else ""
             name = name if short == f"{target:.0%} {label}" else short
             _row(name, pruned, tests, dense, started, width=args.width)
             emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
@@ -238,6 +241,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
+    parser.add_argument("--floor", default="0", help="SmolLM2: Budget(floor=), rows")
     parser.add_argument("--lr", default="1e-4", help="--recover's peak rates, rows")
     parser.add_argument("--hidden-weight", default="0", help="--recover's, rows")
     parser.add_argument("--recover-windows", type=int, default=0, help="0: the pruning's")
@@ -256,6 +260,7 @@ def arguments() -> argparse.Namespace:
     args.damping = args.damping.split(",")
     args.steps = [int(n) for n in args.steps.split(",")]
     args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
+    args.floor = [float(v) for v in args.floor.split(",")]
     args.recover = [float(t) for t in args.recover.split(",") if t]
     args.lr = [float(v) for v in args.lr.split(",")]
     args.hidden_weight = [float(v) for v in args.hidden_weight.split(",")]
