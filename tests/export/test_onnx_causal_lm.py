@@ -22,7 +22,8 @@ IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
 def llama() -> Any:
     torch.manual_seed(0)
     config = T.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=48)  # fmt: skip
+                           num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48)  # fmt: skip
     return T.LlamaForCausalLM(config).eval()
 
 
