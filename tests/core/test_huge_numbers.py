@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 import prunekit
 from prunekit.core.checks import check_number
 
