@@ -66,3 +66,16 @@ def test_a_rounding_wider_than_the_stream_is_refused(round_to: int) -> None:
 def test_rotation_alone_takes_any_rounding() -> None:
     report = prunekit.rotate_hidden(model(), [A], 0.0, round_to=48)
     assert report.width_after == report.width_before == 32
+
+
+@pytest.mark.parametrize(
+    ("batch", "cause"),
+    [(A.float(), "RuntimeError"), (A + VOCAB, "IndexError"), (A[:, :0], "RuntimeError")],
+)
+def test_a_batch_the_model_cannot_take_is_named(batch: torch.Tensor, cause: str) -> None:
+    built = model()
+    before, config = fingerprint(built), built.config.to_dict()
+    with pytest.raises(ValueError, match=rf"the model cannot take batch 1: {cause}: .*; "
+                       r"expected batches the model's forward accepts"):  # fmt: skip
+        prunekit.rotate_hidden(built, [B, batch], 0.25)
+    assert fingerprint(built) == before and built.config.to_dict() == config

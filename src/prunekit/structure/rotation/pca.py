@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.calibrate import evaluating, run_batch
+from prunekit.calibrate import batch_error, evaluating, run_batch
 from prunekit.core.errors import value_error
 from prunekit.structure.rotation.family import OWNER, Stream
 
@@ -53,7 +53,10 @@ def second_moments(
         with torch.no_grad(), evaluating(model):
             for index[0], batch in enumerate(batches):
                 weights[0] = _token_weights(batch)
-                run_batch(model, batch)
+                try:
+                    run_batch(model, batch)
+                except Exception as error:  # the model's own, named; prunekit's as they are
+                    raise batch_error(index[0], error)  # noqa: B904 (its cause is set)
     finally:
         for handle in handles:
             handle.remove()

@@ -116,7 +116,8 @@ def rotate_hidden(
     Raises:
         ValueError: `hidden` outside [0, 1), `round_to` below 1 or (with `hidden` > 0) one
             whose multiples with the heads' count are no narrower than the width, an
-            attention_mask without one entry per token, an unsupported family or a
+            attention_mask without one entry per token, a batch the model cannot take
+            (naming it and the model's error), an unsupported family or a
             missing part, masks installed, no calibration batch, calibration whose every
             token an attention_mask masks out, or calibration hidden states that are not
             finite. The model is left as it was.
