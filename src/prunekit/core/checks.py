@@ -229,7 +229,7 @@ def check_number(
         raise value_error(f"{owner}: invalid {name}={value!r:.80}; expected {expected}")
 
 
-def _as_float(value: numbers.Real) -> float:
+def _as_float(value: Any) -> float:
     """`value` as a float; one too large for a float (an int of hundreds of digits) as the
     infinity of its sign, which the range checks compare as they would it."""
     try:

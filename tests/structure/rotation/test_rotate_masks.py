@@ -56,9 +56,10 @@ def test_a_mask_that_does_not_fit_the_tokens_is_refused() -> None:
 def test_a_rounding_wider_than_the_stream_is_refused(round_to: int) -> None:
     built = model()
     before, config = fingerprint(built), built.config.to_dict()
-    with pytest.raises(ValueError, match=rf"rotate_hidden: round_to={round_to} with the 4 "
-                       rf"attention heads keeps multiples of {round_to} but the hidden width "
-                       r"is 32, so hidden=0.25 would remove nothing; expected round_to"):  # fmt: skip
+    message = (rf"rotate_hidden: round_to={round_to} with the 4 attention heads keeps "
+               rf"multiples of {round_to} but the hidden width is 32, so hidden=0.25 would "
+               r"remove nothing; expected round_to")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
         prunekit.rotate_hidden(built, [A], 0.25, round_to=round_to)
     assert fingerprint(built) == before and built.config.to_dict() == config
 
