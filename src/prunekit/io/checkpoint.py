@@ -73,7 +73,15 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
     Returns:
         The state_dict, keyed as the unpruned model's.
+
+    Raises:
+        ValueError: the model holds skipped blocks, masked experts or a masked hidden
+            width, which act through forward hooks no state_dict holds (loaded into an
+            unpruned copy, it would compute something else): naming them and the call to
+            make first (``prunekit.remove_blocks(model)``, ``prunekit.compact(model,
+            inputs)``).
     """
+    refuse_unsaved(model, "permanent_state_dict")
     state = dict(model.state_dict())
     for prefix, _, name in pruned_tensors(model):
         key = prefix + name

@@ -69,3 +69,15 @@ def test_unskipped_blocks_save_again(tmp_path: Path) -> None:
     prunekit.load_pruned(fresh, tmp_path / "model.pt")
     with torch.no_grad():
         assert torch.equal(fresh(X), model(X))
+
+
+def test_permanent_state_dict_refuses_skipped_blocks() -> None:
+    """Its promise is a state_dict that loads into an unpruned copy and computes the same:
+    a skip is no tensor, so it cannot keep it."""
+    model = Residual()
+    prunekit.skip_blocks(model, [2], blocks="body", example_inputs=X)
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"permanent_state_dict: .*skipped block body\.2.*"
+                       r"prunekit\.remove_blocks\(model\)"):  # fmt: skip
+        prunekit.permanent_state_dict(model)
+    assert fingerprint(model) == before
