@@ -3,9 +3,11 @@
 Skipped blocks, masked experts and a masked hidden width act through hooks of prunekit's;
 a file of tensors alone would reload such a model computing something else. The module that
 installs each hook registers here what it is, how to tell a module holds one and which call
-leaves plain weights; every writer of model files (``save_pruned``, ``save_compacted``)
-refuses a model that holds any, before writing. A hook can only be installed by code that
-was imported, and that import registered it.
+leaves plain weights; every call that writes a model's tensors for it to be rebuilt
+without those hooks (``save_pruned``, ``permanent_state_dict``, ``save_compacted``,
+``export`` to ``hf``, ``deci`` and ``gguf``) refuses a model that holds any, before
+writing. A hook can only be installed by code that was imported, and that import
+registered it.
 """
 
 from __future__ import annotations
