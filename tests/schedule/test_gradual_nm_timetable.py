@@ -79,3 +79,16 @@ def test_a_callable_schedule_is_still_checked_at_the_step() -> None:
     with pytest.raises(ValueError, match=r"NM\(2, 4\) prunes 0\.5 .* scheduled sparsity 0\.25"):
         pruner.step()
     assert pruner.steps == 0 and fingerprint(model) == before
+
+
+def test_a_tensor_the_nm_groups_do_not_divide_is_refused_when_made() -> None:
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"GradualPruner \(4\.weight\): NM\(2, 4\) groups 4 "
+                       r"consecutive entries along dim 1, whose size 6 \(shape \(2, 6\)\) is not "
+                       r"a multiple of 4"):  # fmt: skip
+        prune.GradualPruner(model, 0.5, pattern="2:4", schedule="constant", start_step=5,
+                            end_step=9)  # fmt: skip
+    assert fingerprint(model) == before
+    prune.GradualPruner(model, 0.5, pattern="2:4", schedule="constant", start_step=5,
+                        end_step=9, exclude=("4.*",))  # fmt: skip
