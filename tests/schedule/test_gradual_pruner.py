@@ -187,7 +187,9 @@ def test_per_row_brings_every_row_to_the_scheduled_sparsity(scope: str) -> None:
 
 def test_nm_prunes_at_its_own_sparsity_and_refuses_others() -> None:
     """N:M has one sparsity, (m - n) / m: a schedule holding it gives the N:M mask (also over
-    entries pruned before); one asking for another sparsity is an error naming both."""
+    entries pruned before); one asking for another sparsity is an error naming both. A
+    built-in schedule is refused when the pruner is made (test_gradual_nm_timetable.py);
+    a callable's values are known only at the step, which refuses them."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 8, bias=False))
     prune.l1_unstructured(model[0], "weight", 0.3)
@@ -201,8 +203,9 @@ def test_nm_prunes_at_its_own_sparsity_and_refuses_others() -> None:
     assert torch.equal(groups.sum(1), before.reshape(-1, 4).sum(1).clamp(max=2))
     assert bool((model[0].weight_mask <= before).all())
     other = prune.GradualPruner(
-        nn.Linear(16, 8), 0.5, start_step=1, end_step=3, schedule="linear", pattern=prune.NM(2, 4)
-    )
+        nn.Linear(16, 8), 0.5, start_step=1, end_step=3, schedule=lambda step: 0.25 * (step - 1),
+        pattern=prune.NM(2, 4),
+    )  # fmt: skip
     other.step()
     with pytest.raises(ValueError, match=r"NM\(2, 4\) prunes 0\.5 .* scheduled sparsity 0\.25"):
         other.step()

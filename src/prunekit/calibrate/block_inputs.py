@@ -102,7 +102,16 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
     hidden states (the first positional one, or ``hidden_states=``) replaced."""
     args, kwargs = inputs
     out = block(*args, **kwargs)
-    hidden = out[0] if isinstance(out, tuple | list) else out
+    hidden = out[0] if isinstance(out, tuple | list) and out else out
+    if not isinstance(hidden, Tensor):
+        shown = f"a {type(out).__name__}"
+        if out is not hidden:
+            shown += f" starting with a {type(hidden).__name__}"
+        raise value_error(
+            f"calibration: {type(block).__name__} returned {shown}, whose hidden states the "
+            "next block cannot be given; expected a tensor (or a tuple or list starting with "
+            "one) (or pass sequential=False)"
+        )
     return with_hidden(inputs, hidden, block, "calibration", " (or pass sequential=False)")
 
 

@@ -8,6 +8,7 @@ prunes 0 entries and a count must be 0.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -224,8 +225,17 @@ def check_number(
         raise type_error(
             f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
         )
-    if not allowed(float(value)):
-        raise value_error(f"{owner}: invalid {name}={value!r}; expected {expected}")
+    if not allowed(_as_float(value)):
+        raise value_error(f"{owner}: invalid {name}={value!r:.80}; expected {expected}")
+
+
+def _as_float(value: Any) -> float:
+    """`value` as a float; one too large for a float (an int of hundreds of digits) as the
+    infinity of its sign, which the range checks compare as they would it."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:

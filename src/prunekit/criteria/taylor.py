@@ -20,9 +20,14 @@ class Taylor(Criterion):
     ``(module, name)`` to each tensor's (``prune_model(..., method="taylor")`` collects them
     itself).
 
+    Entries rank by the absolute value of the saliency: a signed one (``W * grad``
+    accumulated without the absolute value, as ``taylor_product`` gives it) is the
+    first-order change of the loss, whose size ranks the entry; a negative value is no error.
+
     Args:
-        saliency: the accumulated ``|W * grad|`` of the tensor ranked, shaped like it; or a
-            mapping from ``(module, name)`` to each tensor's.
+        saliency: the accumulated ``|W * grad|`` of the tensor ranked, shaped like it (or
+            the signed ``W * grad``, ranked by its absolute value); or a mapping from
+            ``(module, name)`` to each tensor's.
 
     Attributes:
         saliency: the scores as given; ``release()`` empties it once the masks are made.

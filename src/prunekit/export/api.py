@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.unsaved import refuse_unsaved
 from prunekit.export import deci, gguf, hf_folder, onnx
 from prunekit.export.request import ExportReport, Request
 from prunekit.io.atomic import atomic_folder, atomic_path, overlaps
@@ -71,6 +72,9 @@ def export(
         TypeError: `model` is not a module.
         ValueError: an unknown format, a model the format cannot express (the message
             names the layer and what would fit), weights on the meta device or not finite,
+            skipped blocks, masked experts or a masked hidden width (forward hooks that
+            ``hf``, ``deci`` and ``gguf`` files do not hold; naming them and the call to
+            make first),
             or a `path` that cannot take the output (a file where a folder goes or the
             reverse, a folder of other files, no parent folder, the source or a folder
             holding it); nothing is written.
@@ -87,6 +91,8 @@ def export(
                       example_inputs, bool(verify))  # fmt: skip
     _check_path(path, request)
     _check_weights(model)
+    if format != "onnx":  # rebuilt from weights and config; an ONNX graph holds the hooks
+        refuse_unsaved(model, "export")
     if FORMATS[format]:
         with atomic_folder(request.path) as stage:
             report = writer(model, stage, request)

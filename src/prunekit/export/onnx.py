@@ -7,7 +7,9 @@ first axis of every input that shares the first input's batch size is dynamic (`
 so is the second axis of integer inputs of rank 2 or more, such as token ids and attention
 masks (``sequence``). Once written, the file is read back by ONNX Runtime (where installed)
 and run on the example inputs and on them twice over along the batch axis: every output must
-be within ``TOLERANCE`` x its largest magnitude of the model's, or nothing lands.
+be within ``TOLERANCE`` x its largest magnitude of the model's, or nothing lands. A causal
+LM is traced without its key/value cache (``use_cache`` off for the call): the graph gives
+the logits.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     Returns:
         The report: the file, and ONNX Runtime's largest relative difference where checked.
 
+    A config asking for a key/value cache (a causal LM's ``use_cache=True``) has it off
+    while the graph is traced and checked (the cache is no tensor: the graph outputs the
+    logits), and on again afterwards, also on an error.
+
     Raises:
         ValueError: no example inputs, a dtype it does not write, a model still holding
             pruning masks (compact it first), or one too large for one ONNX file; nothing is
@@ -76,13 +82,22 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
         model = copy.deepcopy(model).float()
         args, kwargs = _float32(args), _float32(kwargs)
     names = _input_names(model, args, kwargs)
-    with evaluating(model), torch.no_grad():
+    with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
         proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
-    Path(target).write_bytes(proto.SerializeToString())
-    notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
-    if request.source is not None:
-        notes.append("source: an ONNX file holds no tokenizer; none was written")
+        Path(target).write_bytes(proto.SerializeToString())
+        notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
+        if cached:
+            notes.append("traced with use_cache=False: the graph keeps no key/value cache")
+        if request.source is not None:
+            notes.append("source: an ONNX file holds no tokenizer; none was written")
+        return _checked(model, Path(target), request, (args, kwargs, names), notes)
+
+
+def _checked(model: nn.Module, target: Path, request: Request,
+             inputs: tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]],
+             notes: list[str]) -> ExportReport:  # fmt: skip
+    """The report, after ONNX Runtime ran the file written (where asked and installed)."""
     if not request.verify:
         return ExportReport("onnx", request.path, (request.path.name,), notes=tuple(notes))
     try:
@@ -90,11 +105,26 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     except ImportError:
         notes.append("not checked: onnxruntime is not installed")
         return ExportReport("onnx", request.path, (request.path.name,), notes=tuple(notes))
-    with evaluating(model), torch.no_grad():
-        diff, absolute = _verify(ort, model, Path(target), args, kwargs, names)
+    diff, absolute = _verify(ort, model, target, *inputs)
     notes.append(f"largest absolute difference {absolute:.3g}")
     version = f"onnxruntime {ort.__version__}"
     return ExportReport("onnx", request.path, (request.path.name,), version, diff, tuple(notes))
+
+
+@contextmanager
+def _without_cache(model: nn.Module) -> Iterator[bool]:
+    """Every config of `model`'s modules with ``use_cache`` on (a causal LM's: its forward
+    would return a key/value cache, no tensor ONNX can output) has it off for the block,
+    and back as it was after it, also on an error; yields whether one had it on."""
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    changed = [c for c in configs.values() if getattr(c, "use_cache", None) is True]
+    try:
+        for config in changed:
+            config.use_cache = False
+        yield bool(changed)
+    finally:
+        for config in changed:
+            config.use_cache = True
 
 
 def _inputs(example_inputs: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor]]:

@@ -18,6 +18,7 @@ from prunekit.core.checks import check_binary_mask, is_attention_out_proj
 from prunekit.core.errors import describe
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
+from prunekit.core.unsaved import refuse_unsaved
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.dropin.install import install, refresh_masked
 from prunekit.dropin.torch_methods import CustomFromMask
@@ -72,7 +73,15 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
     Returns:
         The state_dict, keyed as the unpruned model's.
+
+    Raises:
+        ValueError: the model holds skipped blocks, masked experts or a masked hidden
+            width, which act through forward hooks no state_dict holds (loaded into an
+            unpruned copy, it would compute something else): naming them and the call to
+            make first (``prunekit.remove_blocks(model)``, ``prunekit.compact(model,
+            inputs)``).
     """
+    refuse_unsaved(model, "permanent_state_dict")
     state = dict(model.state_dict())
     for prefix, _, name in pruned_tensors(model):
         key = prefix + name
@@ -208,6 +217,8 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
 
     With ``permanent=True`` the pruning is made permanent in the file (for deployment:
     loads into an unpruned model with load_state_dict); `model` itself is not changed.
+    A model that computes through hooks no file holds (skipped blocks, masked experts, a
+    masked hidden width) is refused: remove or compact those first.
 
     Args:
         model: a torch model, pruned or not.
@@ -222,8 +233,14 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     Raises:
         TypeError: `model` is a TensorPlay model (save its state_dict with
             ``tensorplay.save`` instead).
+        ValueError: the model holds skipped blocks, masked experts or a masked hidden
+            width, which act through forward hooks no state_dict holds (reloaded, the
+            model would compute something else): naming them and the call to make first
+            (``prunekit.remove_blocks(model)``, ``prunekit.compact(model, inputs)``);
+            nothing is written.
     """
     _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
+    refuse_unsaved(model, "save_pruned")
     state = permanent_state_dict(model) if permanent else model.state_dict()
     return save_state_dict(state, path)
 

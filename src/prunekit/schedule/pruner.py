@@ -13,12 +13,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.amount import Amount
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
 from prunekit.io.checkpoint import refresh_pruned
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.nm import NM
 from prunekit.patterns.pattern import Pattern
 from prunekit.patterns.unstructured import Unstructured
 from prunekit.schedule.companion_masks import Companions
@@ -282,6 +284,9 @@ class GradualPruner:
             refresh_pruned(p.holder)
 
     def _check_shapes(self) -> None:
+        if isinstance(self.pattern, NM) and self.timetable.final_amount > 0:
+            for t in self.targets:  # its groups must divide every tensor, known now
+                self.pattern.check(tuple(_shape(t)), Amount(self.pattern.fraction, _where(t)))
         if self.pattern.PRUNING_TYPE != "structured":
             return
         for t in self.targets:

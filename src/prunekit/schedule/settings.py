@@ -10,6 +10,7 @@ the same vocabulary (whole.registry, whole.oneshot_plan.parse_pattern, whole.tar
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
 from prunekit.patterns.channels import Channels
+from prunekit.patterns.nm import NM
 from prunekit.patterns.pattern import Pattern
 from prunekit.schedule.schedules import Timetable
 from prunekit.whole.oneshot_plan import PATTERNS as PATTERN_NAMES
@@ -68,7 +70,9 @@ class GradualConfig:
 
     Raises:
         TypeError, ValueError: when made, for an argument of the wrong type or value,
-            naming GradualPruner, the argument and the value.
+            naming GradualPruner, the argument and the value; for an N:M pattern with a
+            built-in schedule that reaches, at an update step, a sparsity other than 0
+            and the pattern's one (naming the step and both sparsities).
     """
 
     final_amount: float
@@ -106,6 +110,7 @@ class GradualConfig:
                 "scope must be 'layer'; scope='global' ranks entries across tensors"
             )
         _check_seed(self.seed)
+        _check_nm_timetable(units, timetable)
         for name, value in (
             ("method", method),
             ("pattern", pattern),
@@ -185,6 +190,28 @@ def config_of(
         exclude=globs(options.get("exclude", ()), "exclude", OWNER),
         seed=options.get("seed"),
     )
+
+
+def _check_nm_timetable(units: Pattern, timetable: Timetable) -> None:
+    """Refuse a built-in schedule that reaches, at an update step, a sparsity other than
+    0 and the one an N:M pattern prunes (a callable's values are known only when called:
+    the update refuses those). Updates never lower the sparsity, and once at the final one
+    they stay: the steps are walked until then."""
+    if not isinstance(units, NM) or timetable.by_step is not None:
+        return
+    reached, step = 0.0, timetable.start_step
+    while True:
+        reached = max(reached, timetable.amount_at(step, OWNER))
+        if reached != 0 and not math.isclose(reached, units.fraction, rel_tol=0, abs_tol=1e-9):
+            raise value_error(
+                f"{OWNER}: pattern={units!r} prunes {units.fraction:g} of every group of "
+                f"{units.m}, but the schedule gives {reached:g} at update step {step}; expected "
+                f"a schedule that gives {units.fraction:g} alone (schedule='constant', "
+                f"final_amount={units.fraction:g}), or 0 before it"
+            )
+        if reached >= timetable.final_amount or step >= timetable.end_step:
+            return
+        step = min(step + timetable.every, timetable.end_step)
 
 
 def _check_seed(seed: object) -> None:

@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from prunekit.calibrate import block_list
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.unsaved import register_unsaved
 
 __all__ = [
     "ADDS",
@@ -178,6 +179,9 @@ def skipped(block: nn.Module) -> Skipped | None:
 
 def is_skipped(block: nn.Module) -> bool:
     return skipped(block) is not None
+
+
+register_unsaved("the skipped block", is_skipped, "prunekit.remove_blocks(model)")
 
 
 def unskip(block: nn.Module) -> None:

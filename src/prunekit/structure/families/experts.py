@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from prunekit.core.unsaved import register_unsaved
 from prunekit.structure.trace.labels import along, channel_ids
 from prunekit.structure.trace.tracer import ModuleHandler, Tracer
 
@@ -204,6 +205,10 @@ def drops_experts(router: nn.Module) -> bool:
     and its weight's mask removes whole experts (what a state_dict alone does not bring
     back)."""
     return _hooked(router) and _gone(router) is not None
+
+
+register_unsaved("the masked experts of the router", drops_experts,
+                 "prunekit.compact(model, inputs)")  # fmt: skip
 
 
 def install_router_mask(module: nn.Module) -> None:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.naming import stored_parameter
+from prunekit.core.unsaved import register_unsaved
 from prunekit.structure.handlers.module_handlers import RMS_NORMS, is_norm_module
 from prunekit.structure.trace.labels import channel_ids
 from prunekit.structure.trace.tracer import TRACING, ModuleHandler, Tracer
@@ -83,6 +84,10 @@ def narrows_norm(module: nn.Module) -> bool:
     """Whether the norm now computes over kept channels only: its hook is installed and its
     weight's mask has zeros (what a state_dict alone does not bring back)."""
     return _hooked(module) and _kept(module) is not None
+
+
+register_unsaved("the masked hidden width of the norm", narrows_norm,
+                 "prunekit.compact(model, inputs)")  # fmt: skip
 
 
 @contextmanager

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.calibrate import evaluating, run_batch
-from prunekit.structure.rotation.family import Stream
+from prunekit.calibrate import batch_error, evaluating, run_batch
+from prunekit.core.errors import value_error
+from prunekit.structure.rotation.family import OWNER, Stream
 
 
 def second_moments(
@@ -25,11 +26,13 @@ def second_moments(
 ) -> list[Tensor]:
     """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
     token vectors at its input, over `batches` (tokens an ``attention_mask`` of a mapping
-    batch masks out are left out); each vector scaled to unit length first when
+    batch masks out are left out; a mask that does not give one entry per token is
+    refused); each vector scaled to unit length first when
     `unit_tokens`, else as it is (the large tokens weighing more)."""
     width = stream.width
     totals = [torch.zeros(width, width, dtype=torch.float64) for _ in stream.readings]
     weights: list[Tensor | None] = [None]
+    index = [0]
 
     def gather(total: Tensor) -> Any:
         def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -37,7 +40,8 @@ def second_moments(
             if unit_tokens:
                 x = x / x.norm(dim=1, keepdim=True).clamp_min(1e-30)
             kept = weights[0]
-            if kept is not None and kept.numel() == x.shape[0]:
+            if kept is not None:
+                _check_fits(kept, x.shape[0], index[0])
                 x = x * kept.reshape(-1, 1)
             total.addmm_(x.T, x)
 
@@ -47,9 +51,12 @@ def second_moments(
     handles = [r.norm.register_forward_pre_hook(gather(t)) for r, t in pairs]
     try:
         with torch.no_grad(), evaluating(model):
-            for batch in batches:
+            for index[0], batch in enumerate(batches):
                 weights[0] = _token_weights(batch)
-                run_batch(model, batch)
+                try:
+                    run_batch(model, batch)
+                except Exception as error:  # the model's own, named; prunekit's as they are
+                    raise batch_error(index[0], error)  # noqa: B904 (its cause is set)
     finally:
         for handle in handles:
             handle.remove()
@@ -57,8 +64,21 @@ def second_moments(
 
 
 def _token_weights(batch: Any) -> Tensor | None:
+    """1 for each token the batch's ``attention_mask`` keeps (any nonzero value), 0 for
+    the others; None: no mask, every token counts."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    return mask.to(torch.float64) if isinstance(mask, Tensor) else None
+    return mask.ne(0).to(torch.float64) if isinstance(mask, Tensor) else None
+
+
+def _check_fits(mask: Tensor, tokens: int, index: int) -> None:
+    """Refuse a mask that does not give one entry per token seen at a norm: which tokens it
+    leaves out could not be told."""
+    if mask.numel() != tokens:
+        raise value_error(
+            f"{OWNER}: calibration batch {index} has an attention_mask of shape "
+            f"{tuple(mask.shape)} ({mask.numel()} entries) for {tokens} tokens; expected one "
+            "entry per token (the shape of its input_ids)"
+        )
 
 
 def principal_directions(moment: Tensor) -> tuple[Tensor, Tensor]:

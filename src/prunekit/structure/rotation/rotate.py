@@ -114,7 +114,10 @@ def rotate_hidden(
         A RotationReport: the widths, the share of the second moment kept, the parameters.
 
     Raises:
-        ValueError: `hidden` outside [0, 1), `round_to` below 1, an unsupported family or a
+        ValueError: `hidden` outside [0, 1), `round_to` below 1 or (with `hidden` > 0) one
+            whose multiples with the heads' count are no narrower than the width, an
+            attention_mask without one entry per token, a batch the model cannot take
+            (naming it and the model's error), an unsupported family or a
             missing part, masks installed, no calibration batch, calibration whose every
             token an attention_mask masks out, or calibration hidden states that are not
             finite. The model is left as it was.
@@ -141,9 +144,18 @@ def rotate_hidden(
 
 def _kept(model: nn.Module, width: int, hidden: float, round_to: int) -> int:
     """The width kept: `hidden` of `width` removed, a multiple of `round_to` and of the
-    config's query heads."""
+    config's query heads; refused where no such multiple is narrower than `width` (the call
+    would remove nothing of the share asked)."""
     heads = getattr(getattr(model, "config", None), "num_attention_heads", 1)
-    return kept_width(width, float(hidden), math.lcm(int(round_to), int(heads)))
+    step = math.lcm(int(round_to), int(heads))
+    if hidden > 0 and step >= width:
+        raise value_error(
+            f"{OWNER}: round_to={round_to!r:.40} with the {heads} attention heads keeps "
+            f"multiples of {step} but the hidden width is {width}, so hidden={hidden!r} would "
+            f"remove nothing; expected round_to whose least common multiple with {heads} is "
+            f"below {width} (or hidden=0 to rotate only)"
+        )
+    return kept_width(width, float(hidden), step)
 
 
 def _check_options(hidden: float, round_to: int, compensate: bool, unit_tokens: bool) -> None:

@@ -29,13 +29,11 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.transaction import transaction
+from prunekit.core.unsaved import refuse_unsaved
 from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
 from prunekit.io.files import load_state_dict, save_state_dict
-from prunekit.structure.depth.blocks import is_skipped
-from prunekit.structure.families.experts import drops_experts
 from prunekit.structure.graph.graph import check_model
-from prunekit.structure.handlers.norms import narrows_norm
 from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
 from prunekit.structure.saving.shapes import (
     Reload,
@@ -86,7 +84,7 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
             file; the folder and the model are left as they were.
     """
     check_model(model, "save_compacted")
-    _refuse_unsaved_hooks(model)
+    refuse_unsaved(model, "save_compacted")
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_compacted: path={str(path)!r} is a file; expected a folder")
@@ -105,32 +103,6 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         with atomic_path(stage / MANIFEST) as temp, open(temp, "w", encoding="utf-8") as out:
             json.dump(manifest, out, indent=1)  # replaces the linked old file, never into it
     return folder
-
-
-# the masked states a module computes through a forward hook of prunekit's, which no file
-# holds: what the modules are, the test for one, and the call that leaves plain weights
-_HOOKED = (
-    ("the masked experts of the router", drops_experts, "prunekit.compact(model, inputs)"),
-    ("the masked hidden width of the norm", narrows_norm, "prunekit.compact(model, inputs)"),
-    ("the skipped block", is_skipped, "prunekit.remove_blocks(model)"),
-)
-
-
-def _refuse_unsaved_hooks(model: nn.Module) -> None:
-    """Raise if a mask of `model` acts through a hook save_compacted cannot write."""
-    found, remedies = [], []
-    for what, holds, remedy in _HOOKED:
-        names = [name or "(the model)" for name, m in model.named_modules() if holds(m)]
-        if names:
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            found.append(f"{what}{'s' if len(names) > 1 else ''} {', '.join(names[:3])}{more}")
-            remedies += [remedy] if remedy not in remedies else []
-    if found:
-        raise ValueError(
-            f"save_compacted: the model computes through forward hooks that no file holds for "
-            f"{'; '.join(found)}: reloaded, it would compute something else; expected "
-            f"{' and '.join(remedies)} first, then save_compacted"
-        )
 
 
 def load_compacted(
