@@ -28,11 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.checks import check_number
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import is_explained, type_error, value_error, with_context
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
+from prunekit.io.statedict import check_seed
 from prunekit.structure.budget import Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
@@ -135,6 +136,8 @@ class ShrinkConfig:
                 f"ShrinkConfig: invalid kinds={self.kinds!r}; expected a tuple of kinds such "
                 "as ('channels',) or ('channels', 'heads'), or None"
             )
+        if isinstance(self.kinds, list):  # held as a tuple: the frozen config stays hashable
+            object.__setattr__(self, "kinds", tuple(self.kinds))
         self._defaults()
         if not isinstance(self.compensate, bool):
             raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
@@ -187,6 +190,7 @@ class ShrinkConfig:
         for name, low in least.items():
             check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
                          _at_least(low), integral=True)  # fmt: skip
+        check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
@@ -204,7 +208,9 @@ class ShrinkConfig:
         try:
             return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs)
         except (ValueError, TypeError) as error:
-            raise type(error)(f"ShrinkConfig: {error}") from None
+            if not is_explained(error):
+                raise
+            raise with_context(error, "ShrinkConfig") from None
 
 
 def _at_least(low: int) -> Callable[[float], bool]:

@@ -1,0 +1,43 @@
+"""ShrinkConfig's checks: a seed torch cannot take is refused when made, a list of kinds is
+held as a tuple (the config stays hashable), and Budget's refusals keep their mark as the
+user's errors with the config named in front."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prunekit.core.errors import is_explained
+from prunekit.tools.shrink import ShrinkConfig
+
+
+def made(tmp_path: Path, **options: object) -> ShrinkConfig:
+    return ShrinkConfig(tmp_path / "model", tmp_path / "out", **{"params": 0.25, **options})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70])
+def test_a_seed_beyond_what_torch_takes_is_refused_when_made(tmp_path: Path, seed: int) -> None:
+    with pytest.raises(ValueError, match=rf"ShrinkConfig: invalid seed={seed}"):
+        made(tmp_path, seed=seed)
+
+
+def test_the_largest_seed_torch_takes_is_accepted(tmp_path: Path) -> None:
+    assert made(tmp_path, seed=2**64 - 1).seed == 2**64 - 1
+
+
+def test_a_list_of_kinds_is_held_as_a_tuple(tmp_path: Path) -> None:
+    config = made(tmp_path, kinds=["channels"])
+    assert config.kinds == ("channels",)
+    hash(config)
+
+
+def test_a_list_of_kinds_passes_the_deci_check(tmp_path: Path) -> None:
+    config = made(tmp_path, kinds=["channels"], formats=("deci",))
+    assert config.kinds == ("channels",) and config.round_to == 256
+
+
+def test_budget_refusals_stay_the_users_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^ShrinkConfig: .*params") as caught:
+        made(tmp_path, params=1.5)
+    assert is_explained(caught.value)
