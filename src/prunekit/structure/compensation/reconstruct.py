@@ -114,11 +114,13 @@ def reconstruct_blocks(
             either).
         ValueError: `steps` < 1, `lr` or `cpu_seconds` <= 0 or not finite, calibration
             without batches, a
-            model without a sequence of blocks, or a reference without the same one. On any
-            error the model is left as it was.
+            model without a sequence of blocks, or a reference without the same one (or
+            the model itself), float16 parameters in the blocks, or batches on which a
+            block's error is not finite. On any error the model is left as it was.
     """
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
+    _check_trainable(model, blocks)
     budget = None if cpu_seconds is None else float(cpu_seconds)
     fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends))
     with cal.evaluating(model), cal.evaluating(reference):
@@ -140,6 +142,12 @@ def _checked(
     ends, cpu_seconds = flags
     check_model(model, owner)
     check_model(reference, owner, "reference")
+    if reference is model:
+        raise value_error(
+            f"{owner}: the reference is the model itself, so there is nothing to train "
+            "towards; expected the model as it was before pruning (a copy taken first, "
+            "such as copy.deepcopy(model))"
+        )
     check_number(steps, "steps", owner, "an int >= 1", lambda v: v >= 1, integral=True)
     check_number(lr, "lr", owner, "a finite float > 0", lambda v: 0 < v < math.inf)
     if cpu_seconds is not None:
@@ -177,6 +185,12 @@ def _fit_blocks(
         else:
             before, after, outputs = fit(_trainable(block), _runner(block, ours_in), targets,
                                          keep=True)  # fmt: skip
+        if not math.isfinite(before):
+            raise value_error(
+                f"{_OWNER}: the error of {_name(model, block)} on the calibration batches is "
+                "not finite (the batches, or what either model computes from them, hold NaN "
+                "or inf); expected batches on which both models compute finite outputs"
+            )
         errors.append((before, after))
         ours_in = [
             cal.with_hidden(one, out, block, _OWNER)
@@ -187,6 +201,10 @@ def _fit_blocks(
             for one, out in zip(theirs_in, targets, strict=True)
         ]
     return errors
+
+
+def _name(model: nn.Module, module: nn.Module) -> str:
+    return next((n for n, m in model.named_modules() if m is module), type(module).__name__)
 
 
 def _check_widths(ours: Sequence[_Inputs], theirs: Sequence[_Inputs]) -> None:
@@ -224,6 +242,19 @@ def _through_stem(
 ) -> Callable[[int], Tensor]:
     """The first block's output on batch k, from the stem's output (with its graph)."""
     return lambda k: _output(block, cal.capture_block_inputs(model, block, [batches[k]])[0])
+
+
+def _check_trainable(model: nn.Module, blocks: nn.ModuleList) -> None:
+    """Refuse float16 parameters in the blocks: Adam's squared gradients underflow to 0
+    there, its steps turn to inf and every block would be put back as it was."""
+    held = {id(p) for block in blocks for p in _trainable(block)}
+    for name, p in model.named_parameters():
+        if id(p) in held and p.dtype == torch.float16:
+            raise value_error(
+                f"{_OWNER}: float16 parameters such as {name} cannot be trained here (Adam's "
+                "squared gradients underflow to 0 in float16 and its steps turn to inf); "
+                "expected float32 or bfloat16 parameters (model.float() first)"
+            )
 
 
 def _blocks(model: nn.Module, reference: nn.Module) -> tuple[nn.ModuleList, nn.ModuleList]:
