@@ -41,3 +41,35 @@ def test_budget_refusals_stay_the_users_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^ShrinkConfig: .*params") as caught:
         made(tmp_path, params=1.5)
     assert is_explained(caught.value)
+
+
+def test_no_floor_unless_given(tmp_path: Path) -> None:
+    assert made(tmp_path, params=0.5).budget.floor == 0.0
+
+
+def test_a_floor_given_is_the_budgets(tmp_path: Path) -> None:
+    assert made(tmp_path, params=0.5, floor=0.0).budget.floor == 0.0
+    assert made(tmp_path, params=0.2, floor=0.3).budget.floor == 0.3
+
+
+@pytest.mark.parametrize("floor", [-0.1, 1.0, float("nan"), "0.5", True])
+def test_a_bad_floor_is_refused_by_name(tmp_path: Path, floor: object) -> None:
+    with pytest.raises((ValueError, TypeError), match=r"ShrinkConfig: invalid floor="):
+        made(tmp_path, floor=floor)
+
+
+def test_the_floor_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import prunekit.tools.cli_shrink as cli_shrink
+    from prunekit.tools.cli import main
+
+    seen: list[ShrinkConfig] = []
+
+    def capture(config: ShrinkConfig, tick: object) -> None:
+        seen.append(config)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_shrink, "shrink", capture)
+    with pytest.raises(SystemExit):
+        main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
+              "--floor", "0.5"])  # fmt: skip
+    assert seen[0].floor == 0.5 and seen[0].budget.floor == 0.5

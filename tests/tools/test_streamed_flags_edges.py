@@ -20,6 +20,7 @@ REFUSED = [
      "expected --criterion activation, l1 or l2, got --criterion taylor"),
     (["--params", "0.2", "--criterion", "obs", "--no-compensate"],
      "expected --criterion activation, l1 or l2, got --criterion obs"),
+    (["--params", "0.2", "--floor", "0.5"], "expected no --floor, got --floor 0.5"),
 ]  # fmt: skip
 
 

@@ -205,6 +205,11 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
                 f"--streamed removes a share of the parameters (MACs and latency need the "
                 f"whole model run); expected --params S, got {flag} {value}"
             )
+    if config.floor:
+        raise ValueError(
+            "--streamed allocates the budget without a floor; expected no --floor, got "
+            f"--floor {config.floor}"
+        )
     if config.criterion not in CRITERIA:
         raise ValueError(
             "--streamed scores each block from its own inputs; expected --criterion "

@@ -88,6 +88,12 @@ class ShrinkConfig:
         kinds: what the budget may remove ('channels', 'heads', 'hidden'); None: channels
             and heads, or channels alone with the ``deci`` format (whose query heads are
             the same in every layer).
+        floor: the least share of its units every group (a layer's MLP width, its query
+            heads) keeps, in [0, 1) (``Budget(floor=...)``; 0: none). A cut spread more
+            evenly kept held-out text better: SmolLM2-135M at 20 %, calibrated on a mixture
+            of five kinds of text, was 1.67x dense perplexity on the worst of them without a
+            floor, 1.58x at 0.5 and 1.55x at 0.65; at 35 %, 2.64x without one and 2.40x at
+            0.5. A floor too high for the share asked is refused when the budget is met.
         seed: seeds torch for the run.
         latency_runs: alternated pairs timed for the latency before and after (>= 1).
         lr: the distillation's learning rate.
@@ -110,6 +116,7 @@ class ShrinkConfig:
     length: int = 256
     criterion: str = "activation"
     kinds: tuple[str, ...] | None = None
+    floor: float = 0.0
     seed: int = 0
     latency_runs: int = 5
     lr: float = 5e-5
@@ -191,6 +198,8 @@ class ShrinkConfig:
             check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
                          _at_least(low), integral=True)  # fmt: skip
         check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
+        check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1)",
+                     lambda v: 0 <= v < 1)  # fmt: skip
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
@@ -206,7 +215,8 @@ class ShrinkConfig:
                 f"latency={self.latency!r}; expected exactly one of them, such as params=0.25"
             )
         try:
-            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs)
+            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs,
+                          floor=self.floor)  # fmt: skip
         except (ValueError, TypeError) as error:
             if not is_explained(error):
                 raise
