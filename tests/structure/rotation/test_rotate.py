@@ -193,8 +193,9 @@ def test_a_failure_inside_leaves_the_model_as_it_was() -> None:
     with pytest.raises(ValueError, match="hidden states of the 1 calibration batches are not"):
         prunekit.rotate_hidden(m, _nan_calibration(), 0.25)
     assert fingerprint(m) == before
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match="cannot take batch 0") as caught:
         prunekit.rotate_hidden(m, [torch.full((1, 4), 300)], 0.25)
+    assert isinstance(caught.value.__cause__, IndexError)  # the model's own error, kept
     assert fingerprint(m) == before
     copy.deepcopy(m)  # still a whole model
 
