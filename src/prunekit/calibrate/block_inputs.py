@@ -97,6 +97,10 @@ def capture_block_inputs(
     return captured
 
 
+_SEQUENTIAL = " (or pass sequential=False)"
+"""What run_block's refusals end with: a calibrated call can run the whole model instead."""
+
+
 def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
     """Call `block` and return the inputs of the next one: the same arguments with the
     hidden states (the first positional one, or ``hidden_states=``) replaced."""
@@ -110,9 +114,9 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
         raise value_error(
             f"calibration: {type(block).__name__} returned {shown}, whose hidden states the "
             "next block cannot be given; expected a tensor (or a tuple or list starting with "
-            "one) (or pass sequential=False)"
+            f"one){_SEQUENTIAL}"
         )
-    return with_hidden(inputs, hidden, block, "calibration", " (or pass sequential=False)")
+    return with_hidden(inputs, hidden, block, "calibration", _SEQUENTIAL)
 
 
 def with_hidden(

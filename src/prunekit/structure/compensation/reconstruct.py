@@ -58,6 +58,7 @@ _Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 _OWNER = "reconstruct_blocks"
+_HEAD = "the head (the modules run after the last block)"
 
 
 def reconstruct_blocks(
@@ -179,18 +180,12 @@ def _fit_blocks(
             params = _trainable(block) + stem
             with cal.requiring_grad(model, params):  # no graph through the others
                 before, after, outputs = fit(params, _through_stem(model, block, batches),
-                                             targets, keep=True)  # fmt: skip
+                                             targets, _name(model, block), keep=True)  # fmt: skip
             with torch.no_grad():  # the stem's other outputs (a mask, positions) too
                 ours_in = cal.capture_block_inputs(model, block, batches)
         else:
             before, after, outputs = fit(_trainable(block), _runner(block, ours_in), targets,
-                                         keep=True)  # fmt: skip
-        if not math.isfinite(before):
-            raise value_error(
-                f"{_OWNER}: the error of {_name(model, block)} on the calibration batches is "
-                "not finite (the batches, or what either model computes from them, hold NaN "
-                "or inf); expected batches on which both models compute finite outputs"
-            )
+                                         _name(model, block), keep=True)  # fmt: skip
         errors.append((before, after))
         ours_in = [
             cal.with_hidden(one, out, block, _OWNER)
@@ -349,14 +344,14 @@ def _fit_head(
     with cal.requiring_grad(model, head):
         if not skip:
             before, after, _ = fit(head, lambda k: _final(cal.run_batch(model, batches[k])),
-                                   targets)  # fmt: skip
+                                   targets, _HEAD)  # fmt: skip
             return before, after
 
         def run(k: int) -> Tensor:
             with _replaying(blocks, last[k]):
                 return _final(cal.run_batch(model, batches[k]))
 
-        before, after, _ = fit(head, run, targets)
+        before, after, _ = fit(head, run, targets, _HEAD)
         return before, after
 
 
@@ -431,15 +426,22 @@ class _Fit:
 
     def __call__(
         self, params: list[nn.Parameter], run: Callable[[int], Tensor],
-        targets: Sequence[Tensor], keep: bool = False,
+        targets: Sequence[Tensor], what: str, keep: bool = False,
     ) -> tuple[float, float, list[Tensor]]:  # fmt: skip
         """The relative squared error of ``run(k)`` to ``targets[k]`` over the batches
         before and after the steps (`params` put back when it did not fall), and with
-        `keep` the outputs that gave the second."""
+        `keep` the outputs that gave the second. An error that is not finite is refused
+        before any step, naming `what` is trained."""
         begun = time.process_time()
         scale = sum(float(t.double().square().sum()) for t in targets) or 1.0
         error, first = _error(run, targets, keep)
         before = error / scale
+        if not math.isfinite(before):
+            raise value_error(
+                f"{_OWNER}: the error of {what} on the calibration batches is not finite (the "
+                "batches, or what either model computes from them, hold NaN or inf); expected "
+                "batches on which both models compute finite outputs"
+            )
         seconds = self._share(time.process_time() - begun)
         if not params:
             return before, before, first
