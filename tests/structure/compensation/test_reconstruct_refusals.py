@@ -86,3 +86,74 @@ def test_finite_batches_still_train() -> None:
     model, reference = _pair()
     errors = reconstruct_blocks(model, reference, [torch.randn(5, 4) for _ in range(3)], steps=5)
     assert errors[0][1] < errors[0][0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_reference_of_another_dtype_is_named_with_both_dtypes(dtype: torch.dtype) -> None:
+    model, reference = _pair()
+    reference = reference.to(dtype)
+    before = _state(model)
+    with pytest.raises(ValueError) as caught:
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2)
+    message = str(caught.value)
+    assert message.startswith("reconstruct_blocks: "), message
+    assert "reference" in message and "'stem.weight'" in message, message
+    assert str(dtype) in message and "torch.float32" in message, message
+    assert not message.startswith("calibration"), message
+    assert isinstance(caught.value.__cause__, RuntimeError)  # what torch said, kept
+    assert _same(model, before)
+
+
+class _Ends(nn.Module):
+    """A stem and a head of their own dtypes around float32 blocks (each casts its input)."""
+
+    def __init__(self, stem: torch.dtype, head: torch.dtype) -> None:
+        super().__init__()
+        self.stem = nn.Linear(4, 6).to(stem)
+        self.blocks = nn.ModuleList(_Block(6) for _ in range(2))
+        self.head = nn.Linear(6, 3).to(head)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.stem(x.to(self.stem.weight.dtype)).float()
+        for block in self.blocks:
+            h = block(h)
+        out: Tensor = self.head(h.to(self.head.weight.dtype)).float()
+        return out
+
+
+@pytest.mark.parametrize("half", ["stem", "head"])
+def test_float16_ends_are_refused_with_ends(half: str) -> None:
+    torch.manual_seed(0)
+    dtypes = {"stem": torch.float32, "head": torch.float32, half: torch.float16}
+    reference = _Ends(dtypes["stem"], dtypes["head"])
+    model = copy.deepcopy(reference)
+    with torch.no_grad():
+        model.blocks[0].up.weight[:3] = 0
+    before = _state(model)
+    with pytest.raises(ValueError, match=rf"reconstruct_blocks: .*float16.*{half}\.weight"):
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2, ends=True)
+    assert _same(model, before)
+    # without ends the float16 end is not trained, and the blocks are
+    errors = reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=3)
+    assert len(errors) == 2
+
+
+def test_a_reference_block_of_another_dtype_is_named() -> None:
+    model, reference = _pair()
+    reference.blocks[1].double()
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"reconstruct_blocks: invalid reference: its parameter "
+                       r"'blocks\.1\.up\.weight' is torch\.float64 where the model's is "
+                       r"torch\.float32"):  # fmt: skip
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2)
+    assert _same(model, before)
+
+
+def test_a_batch_the_model_cannot_take_with_ends_is_named_as_calibration() -> None:
+    model, reference = _pair()
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"calibration: the model cannot take batch 0: "
+                       r"RuntimeError") as caught:  # fmt: skip
+        reconstruct_blocks(model, reference, [torch.randn(5, 7)], steps=2, ends=True)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert _same(model, before)
