@@ -73,3 +73,34 @@ def test_the_floor_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.M
         main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
               "--floor", "0.5"])  # fmt: skip
     assert seen[0].floor == 0.5 and seen[0].budget.floor == 0.5
+
+
+@pytest.mark.parametrize(
+    ("options", "exceeded"),
+    [
+        ({"length": 10**400}, "calibration_tokens=16384"),
+        ({"length": 4096}, "evaluation_tokens=2048"),
+        ({"length": 64, "calibration_tokens": 32}, "calibration_tokens=32"),
+    ],
+)
+def test_a_length_beyond_the_tokens_names_length_and_the_tokens_it_exceeds(
+    tmp_path: Path, options: dict[str, int], exceeded: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        made(tmp_path, **options)
+    message = str(caught.value)
+    shown = str(options["length"])[:20]
+    assert message.startswith(f"ShrinkConfig: length={shown}"), message
+    assert exceeded in message and "expected length" in message, message
+    assert "invalid calibration_tokens=16384" not in message
+    assert len(message) < 400  # a value of hundreds of digits is cut short
+    assert is_explained(caught.value)
+
+
+@pytest.mark.parametrize("name", ["calibration_tokens", "evaluation_tokens"])
+@pytest.mark.parametrize("value", [1, 0, -5])
+def test_too_few_tokens_are_refused_by_their_own_name(
+    tmp_path: Path, name: str, value: int
+) -> None:
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: invalid {name}={value}; expected"):
+        made(tmp_path, **{name: value})

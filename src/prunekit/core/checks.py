@@ -20,6 +20,7 @@ from prunekit.core.backend import common_namespace, is_module, is_tensor, namesp
 from prunekit.core.errors import (
     attribute_error,
     describe,
+    shown,
     type_error,
     value_error,
 )
@@ -223,10 +224,11 @@ def check_number(
     kind = numbers.Integral if integral else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
         raise type_error(
-            f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
+            f"{owner}: invalid {name}={shown(value)} of type {type(value).__name__}; "
+            f"expected {expected}"
         )
     if not allowed(_as_float(value)):
-        raise value_error(f"{owner}: invalid {name}={value!r:.80}; expected {expected}")
+        raise value_error(f"{owner}: invalid {name}={shown(value)}; expected {expected}")
 
 
 def _as_float(value: Any) -> float:
