@@ -28,6 +28,7 @@ from prunekit.core.finite import all_finite
 from prunekit.core.naming import MASK, ORIG, mask_name, orig_name, pruned_name
 
 __all__ = [
+    "as_float",
     "check_binary_mask",
     "check_finite",
     "check_free_names",
@@ -227,11 +228,11 @@ def check_number(
             f"{owner}: invalid {name}={shown(value)} of type {type(value).__name__}; "
             f"expected {expected}"
         )
-    if not allowed(_as_float(value)):
+    if not allowed(as_float(value)):
         raise value_error(f"{owner}: invalid {name}={shown(value)}; expected {expected}")
 
 
-def _as_float(value: Any) -> float:
+def as_float(value: Any) -> float:
     """`value` as a float; one too large for a float (an int of hundreds of digits) as the
     infinity of its sign, which the range checks compare as they would it."""
     try:

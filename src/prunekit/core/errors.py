@@ -95,7 +95,11 @@ def shown(value: Any) -> str:
             digits += 1
         sign = "-" if value < 0 else ""
         return f"{sign}{size // 10 ** (digits - 20)}... ({digits} digits)"
-    return f"{value!r:.{_LONG}}"
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding an int too long to print
+        text = f"<a {type(value).__name__} holding an int too long to print>"
+    return f"{text:.{_LONG}}"
 
 
 def with_context(error: E, where: str) -> E:
