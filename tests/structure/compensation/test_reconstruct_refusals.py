@@ -157,3 +157,25 @@ def test_a_batch_the_model_cannot_take_with_ends_is_named_as_calibration() -> No
         reconstruct_blocks(model, reference, [torch.randn(5, 7)], steps=2, ends=True)
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert _same(model, before)
+
+
+def test_a_shallow_copy_as_reference_is_refused() -> None:
+    model, _ = _pair()
+    reference = copy.copy(model)  # shares every module, so it changes as the model is trained
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"reconstruct_blocks: invalid reference: it shares "
+                       r"the parameter 'blocks\.0\.up\.weight' with the model"):  # fmt: skip
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2)
+    assert _same(model, before)
+
+
+def test_a_reference_sharing_an_end_is_refused_only_where_that_end_trains() -> None:
+    model, reference = _pair()
+    reference.stem = model.stem  # the stem is trained with ends=True only
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"invalid reference: it shares the parameter "
+                       r"'stem\.weight'"):  # fmt: skip
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2, ends=True)
+    assert _same(model, before)
+    errors = reconstruct_blocks(model, reference, [torch.randn(5, 4) for _ in range(3)], steps=5)
+    assert errors[0][1] < errors[0][0]

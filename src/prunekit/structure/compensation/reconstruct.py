@@ -117,11 +117,11 @@ def reconstruct_blocks(
         ValueError: `steps` < 1, `lr` or `cpu_seconds` <= 0 or not finite, calibration
             without batches, a
             model without a sequence of blocks, or a reference without the same one (or
-            the model itself), float16 parameters among those trained (the blocks', with
-            `ends` the stem's and the head's too), a reference with parameters of another
-            dtype than the model's on which its forward fails (the parameter and both
-            dtypes named), or batches on which a block's error is not finite. On any
-            error the model is left as it was.
+            the model itself), a parameter trained (the blocks', with `ends` the stem's
+            and the head's too) that is float16 or that the reference shares, a
+            reference with parameters of another dtype than the model's on which its
+            forward fails (the parameter and both dtypes named), or batches on which a
+            block's error is not finite. On any error the model is left as it was.
     """
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
@@ -130,7 +130,7 @@ def reconstruct_blocks(
     with cal.evaluating(model), cal.evaluating(reference):
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
         trained = [p for block in blocks for p in _trainable(block)] + stem + head
-        _check_trainable(model, trained)
+        _check_trained(model, reference, trained)
         with transaction(model, writes=trained):
             errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
             if ends:
@@ -289,11 +289,21 @@ def _through_stem(
     return lambda k: _output(block, cal.capture_block_inputs(model, block, [batches[k]])[0])
 
 
-def _check_trainable(model: nn.Module, trained: list[nn.Parameter]) -> None:
-    """Refuse float16 parameters among those `trained` (the blocks', with `ends` the stem's
-    and the head's too): Adam's squared gradients underflow to 0 there, its steps turn to
-    inf and every part would be put back as it was."""
+def _check_trained(model: nn.Module, reference: nn.Module, trained: list[nn.Parameter]) -> None:
+    """Refuse, among the parameters `trained` (the blocks', with `ends` the stem's and the
+    head's too), one the reference holds too (a shallow copy: its targets would move with
+    the steps) and float16 ones (Adam's squared gradients underflow to 0 there, its steps
+    turn to inf and every part would be put back as it was)."""
     held = {id(p) for p in trained}
+    theirs = {id(p) for p in reference.parameters()}
+    for name, p in model.named_parameters():
+        if id(p) in held and id(p) in theirs:
+            raise value_error(
+                f"{_OWNER}: invalid reference: it shares the parameter {name!r} with the "
+                "model, which is trained here, so its targets would move with it; expected "
+                "a copy of the model taken before pruning (copy.deepcopy(model): "
+                "copy.copy shares the modules)"
+            )
     for name, p in model.named_parameters():
         if id(p) in held and p.dtype == torch.float16:
             raise value_error(
