@@ -175,3 +175,23 @@ def test_a_failed_run_keeps_the_gradients_the_student_held(
         prune.recover(student, prune.Distiller(teacher), batches(), steps=3, lr=1e-2)
     grads = [p.grad for p in student.parameters()]
     assert all(g is not None and bool((g == 1).all()) for g in grads)
+
+
+def test_a_last_step_that_leaves_a_parameter_not_finite_is_refused() -> None:
+    # an earlier step's would show in the next step's loss, refused as such
+    teacher, student = pair()
+    student.train()
+    before = state(student)
+    with pytest.raises(ValueError, match=r"^recover: step 0, the last, left the parameter "
+                       r"'.*' holding (inf|nan|-inf) .*; expected .*smaller lr"):  # fmt: skip
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=1, lr=1e308,
+                      warmup=0)  # fmt: skip
+    assert_same(student, before)
+    assert student.training
+
+
+def test_a_parameter_the_forward_never_uses_is_not_blamed_on_the_steps() -> None:
+    teacher, student = pair()
+    student.unused = nn.Parameter(torch.full((2,), math.nan))
+    done = prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e-2)
+    assert done.steps == 2

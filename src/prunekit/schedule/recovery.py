@@ -26,6 +26,7 @@ from torch import nn
 from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.finite import all_finite
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import Distiller, Inputs, Output, _split
 
@@ -92,7 +93,8 @@ def recover(
             batches that are no iterable of batches, a budget or rate of the wrong type.
         ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
             batch, a teacher that shares a parameter with the student, a loss that is
-            not finite (the student is then left as it was, its gradients too).
+            not finite or a last step that leaves a parameter NaN or inf (the student is
+            then left as it was, its gradients too).
     """
     _check(student, distiller, (seconds, cpu_seconds, steps), lr, warmup)
     found = batch_list(batches, _OWNER)
@@ -161,6 +163,8 @@ def _run(
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             losses.append(float(loss.detach()))
+        if losses:
+            _check_finite(student, trained, len(losses) - 1)
         done = True
     finally:
         student.eval()
@@ -168,6 +172,22 @@ def _run(
             p.grad = None if done else grad
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     return Recovery(len(losses), wall, used, tuple(losses))
+
+
+def _check_finite(student: nn.Module, trained: list[nn.Parameter], step: int) -> None:
+    """Refuse a run whose last update left a trained parameter holding NaN or inf (an lr
+    too large): an earlier step's shows in the next step's loss, which is refused. Only
+    those the step updated (with a gradient) are read: one the forward never uses is
+    none of the run's doing."""
+    held = {id(p) for p in trained}
+    for name, p in student.named_parameters():
+        if id(p) in held and p.grad is not None and not all_finite(p.detach()):
+            bad = p.detach()[~torch.isfinite(p.detach())].reshape(-1)[0]
+            raise value_error(
+                f"{_OWNER}: step {step}, the last, left the parameter {name!r} holding "
+                f"{float(bad)} (its update overflowed); expected finite parameters (a "
+                "smaller lr)"
+            )
 
 
 def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
