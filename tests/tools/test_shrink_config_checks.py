@@ -104,3 +104,22 @@ def test_too_few_tokens_are_refused_by_their_own_name(
 ) -> None:
     with pytest.raises(ValueError, match=rf"^ShrinkConfig: invalid {name}={value}; expected"):
         made(tmp_path, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["source", "out", "calibration", "evaluation"])
+def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
+    tmp_path: Path, name: str
+) -> None:
+    # Path("") is ".": an unset variable in `-o "$OUT"` would make the current folder the output
+    paths = {"source": tmp_path / "model", "out": tmp_path / "out", name: ""}
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: invalid {name}=''; expected a path"):
+        ShrinkConfig(**paths, params=0.25)  # type: ignore[arg-type]
+
+
+def test_the_command_refuses_an_empty_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prunekit.tools.cli import main
+
+    assert main(["shrink", str(tmp_path / "m"), "-o", "", "--params", "0.2"]) == 1
+    assert "invalid out=''" in capsys.readouterr().err
