@@ -179,3 +179,25 @@ def test_a_reference_sharing_an_end_is_refused_only_where_that_end_trains() -> N
     assert _same(model, before)
     errors = reconstruct_blocks(model, reference, [torch.randn(5, 4) for _ in range(3)], steps=5)
     assert errors[0][1] < errors[0][0]
+
+
+class _Counting(_Ends):
+    """_Ends counting its forwards in a buffer (as a model's own statistics would)."""
+
+    def __init__(self, stem: torch.dtype, head: torch.dtype) -> None:
+        super().__init__(stem, head)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.seen += 1
+        return super().forward(x)
+
+
+def test_a_refusal_after_the_forward_that_finds_the_ends_leaves_its_buffers() -> None:
+    torch.manual_seed(0)
+    reference = _Counting(torch.float32, torch.float16)
+    model = copy.deepcopy(reference)
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"float16.*head\.weight"):
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2, ends=True)
+    assert int(model.seen) == 0 and _same(model, before)

@@ -127,14 +127,20 @@ def reconstruct_blocks(
     blocks, theirs = _blocks(model, reference)
     budget = None if cpu_seconds is None else float(cpu_seconds)
     fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends))
-    with cal.evaluating(model), cal.evaluating(reference):
+    inner = [p for block in blocks for p in _trainable(block)]
+    # the forward that finds the ends runs inside the transaction: a refusal after it
+    # leaves what it wrote (a buffer, an attribute) as it was
+    with (
+        cal.evaluating(model),
+        cal.evaluating(reference),
+        transaction(model, writes=inner) as undo,
+    ):
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
-        trained = [p for block in blocks for p in _trainable(block)] + stem + head
-        _check_trained(model, reference, trained)
-        with transaction(model, writes=trained):
-            errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
-            if ends:
-                errors.append(_fit_head(model, reference, blocks, batches, head, fit))
+        undo.keep(stem + head)
+        _check_trained(model, reference, inner + stem + head)
+        errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
+        if ends:
+            errors.append(_fit_head(model, reference, blocks, batches, head, fit))
     return errors
 
 
