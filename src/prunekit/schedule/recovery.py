@@ -33,6 +33,7 @@ from prunekit.schedule.distill import Distiller, Inputs, Output, _split
 __all__ = ["Recovery", "recover"]
 
 _OWNER = "recover"
+_FIRST = "batches on which both models compute finite outputs"
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,11 @@ def _run(
             batch = batches[step % len(batches)]
             loss = distiller.loss(_forward(student, batch, distiller), batch)
             if not bool(torch.isfinite(loss)):
+                # the first loss comes before any update: the lr is not its cause
+                cause = _FIRST if step == 0 else "a smaller lr"
                 raise value_error(
                     f"{_OWNER}: the loss of step {step} is {float(loss.detach())}; expected "
-                    "a finite loss (a smaller lr)"
+                    f"a finite loss ({cause})"
                 )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -185,8 +188,7 @@ def _check_finite(student: nn.Module, trained: list[nn.Parameter], step: int) ->
             bad = p.detach()[~torch.isfinite(p.detach())].reshape(-1)[0]
             raise value_error(
                 f"{_OWNER}: step {step}, the last, left the parameter {name!r} holding "
-                f"{float(bad)} (its update overflowed); expected finite parameters (a "
-                "smaller lr)"
+                f"{float(bad)}; expected finite parameters (a smaller lr, or {_FIRST})"
             )
 
 
