@@ -205,3 +205,14 @@ def test_batches_holding_nan_are_refused_at_the_first_step_and_named() -> None:
                        r"batches on which both models compute finite outputs"):  # fmt: skip
         prune.recover(student, prune.Distiller(teacher), bad, steps=3, lr=1e-2)
     assert_same(student, before)
+
+
+def test_a_float16_student_is_refused_before_any_step() -> None:
+    teacher, student = pair()
+    student, teacher = student.half(), teacher.half()
+    before = state(student)
+    refused = r"^recover: float16 parameters such as '0\.(bias|weight_orig)' cannot be trained"
+    with pytest.raises(ValueError, match=refused):
+        prune.recover(student, prune.Distiller(teacher), [b.half() for b in batches()], steps=3,
+                      lr=1e-3)  # fmt: skip
+    assert_same(student, before)

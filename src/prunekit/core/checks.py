@@ -38,6 +38,7 @@ __all__ = [
     "is_attention_out_proj",
     "owner_of",
     "prunable_parameter",
+    "refuse_float16",
     "refuse_ties",
 ]
 
@@ -239,6 +240,24 @@ def as_float(value: Any) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def refuse_float16(owner: str, model: nn.Module, trained: Iterable[Tensor]) -> None:
+    """Refuse float16 parameters among those a call trains with Adam (or AdamW): their
+    squared gradients underflow to 0 in float16, the steps turn to inf and the weights to
+    NaN. The message starts with `owner` and names the first one by its name in `model`.
+
+    Raises:
+        ValueError: a float16 parameter among `trained`.
+    """
+    held = {id(p) for p in trained}
+    for name, p in model.named_parameters():
+        if id(p) in held and p.dtype == torch.float16:
+            raise value_error(
+                f"{owner}: float16 parameters such as {name!r} cannot be trained here (Adam's "
+                "squared gradients underflow to 0 in float16 and its steps turn to inf); "
+                "expected float32 or bfloat16 parameters (model.float() first)"
+            )
 
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, refuse_float16
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.finite import all_finite
 from prunekit.core.transaction import transaction
@@ -93,7 +93,8 @@ def recover(
         TypeError: a student that is no nn.Module, a distiller that is no Distiller,
             batches that are no iterable of batches, a budget or rate of the wrong type.
         ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
-            batch, a teacher that shares a parameter with the student, a loss that is
+            batch, a teacher that shares a parameter with the student, float16
+            parameters to train (AdamW's steps turn to inf there), a loss that is
             not finite or a last step that leaves a parameter NaN or inf (the student is
             then left as it was, its gradients too).
     """
@@ -104,6 +105,7 @@ def recover(
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
     _check_apart(student, distiller.teacher)
+    refuse_float16(_OWNER, student, trained)
     with transaction(student, writes=trained):
         plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
         return _run(student, distiller, found, trained, plan)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, refuse_float16
 from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.core.naming import orig_name
 from prunekit.core.transaction import transaction
@@ -310,13 +310,7 @@ def _check_trained(model: nn.Module, reference: nn.Module, trained: list[nn.Para
                 "a copy of the model taken before pruning (copy.deepcopy(model): "
                 "copy.copy shares the modules)"
             )
-    for name, p in model.named_parameters():
-        if id(p) in held and p.dtype == torch.float16:
-            raise value_error(
-                f"{_OWNER}: float16 parameters such as {name} cannot be trained here (Adam's "
-                "squared gradients underflow to 0 in float16 and its steps turn to inf); "
-                "expected float32 or bfloat16 parameters (model.float() first)"
-            )
+    refuse_float16(_OWNER, model, trained)
 
 
 def _blocks(model: nn.Module, reference: nn.Module) -> tuple[nn.ModuleList, nn.ModuleList]:
