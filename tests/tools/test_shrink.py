@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -448,6 +449,17 @@ def test_the_calibration_file_as_evaluation_text_warns_links_resolved(
     assert len(found) == 1 and re.search(NOT_HELD_OUT, found[0]), found
     assert str(link) in found[0] and str(text) in found[0] and "--eval" in found[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_hard_link_of_the_calibration_file_as_evaluation_text_warns(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "own.txt"
+    own.write_text(text.read_text())
+    link = tmp_path / "hard.txt"
+    os.link(own, link)
+    found = _warned(config(folder, tmp_path / "out", own, evaluation=link, **TOO_LONG))
+    assert len(found) == 1 and "one file" in found[0], found
 
 
 def test_evaluation_text_inside_the_calibration_folder_warns(
