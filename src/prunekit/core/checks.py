@@ -39,6 +39,7 @@ __all__ = [
     "owner_of",
     "prunable_parameter",
     "refuse_float16",
+    "refuse_not_finite",
     "refuse_ties",
 ]
 
@@ -257,6 +258,27 @@ def refuse_float16(owner: str, model: nn.Module, trained: Iterable[Tensor]) -> N
                 f"{owner}: float16 parameters such as {name!r} cannot be trained here (Adam's "
                 "squared gradients underflow to 0 in float16 and its steps turn to inf); "
                 "expected float32 or bfloat16 parameters (model.float() first)"
+            )
+
+
+def refuse_not_finite(owner: str, model: nn.Module, trained: Iterable[Tensor], when: str,
+                      hint: str) -> None:  # fmt: skip
+    """Refuse a training run whose last update left a parameter among `trained` holding
+    NaN or inf (a learning rate too large, or NaN from the batches): an earlier update's
+    shows in the next loss, which the run refuses. Only those the last step updated (with
+    a gradient) are read: one the forward never uses is none of the run's doing.
+
+    Raises:
+        ValueError: starting with `owner`, naming the parameter (its name in `model`),
+            `when` ("step 3, the last,") and ending with `hint`.
+    """
+    held = {id(p) for p in trained}
+    for name, p in model.named_parameters():
+        if id(p) in held and p.grad is not None and not all_finite(p.detach()):
+            bad = p.detach()[~torch.isfinite(p.detach())].reshape(-1)[0]
+            raise value_error(
+                f"{owner}: {when} left the parameter {name!r} holding {float(bad)}; expected "
+                f"finite parameters ({hint})"
             )
 
 

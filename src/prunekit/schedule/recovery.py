@@ -24,9 +24,8 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number, refuse_float16
+from prunekit.core.checks import check_number, refuse_float16, refuse_not_finite
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.finite import all_finite
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import Distiller, Inputs, Output, _split
 
@@ -169,7 +168,8 @@ def _run(
             optimizer.step()
             losses.append(float(loss.detach()))
         if losses:
-            _check_finite(student, trained, len(losses) - 1)
+            last = f"step {len(losses) - 1}, the last,"
+            refuse_not_finite(_OWNER, student, trained, last, f"a smaller lr, or {_FIRST}")
         done = True
     finally:
         student.eval()
@@ -177,21 +177,6 @@ def _run(
             p.grad = None if done else grad
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     return Recovery(len(losses), wall, used, tuple(losses))
-
-
-def _check_finite(student: nn.Module, trained: list[nn.Parameter], step: int) -> None:
-    """Refuse a run whose last update left a trained parameter holding NaN or inf (an lr
-    too large): an earlier step's shows in the next step's loss, which is refused. Only
-    those the step updated (with a gradient) are read: one the forward never uses is
-    none of the run's doing."""
-    held = {id(p) for p in trained}
-    for name, p in student.named_parameters():
-        if id(p) in held and p.grad is not None and not all_finite(p.detach()):
-            bad = p.detach()[~torch.isfinite(p.detach())].reshape(-1)[0]
-            raise value_error(
-                f"{_OWNER}: step {step}, the last, left the parameter {name!r} holding "
-                f"{float(bad)}; expected finite parameters (a smaller lr, or {_FIRST})"
-            )
 
 
 def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
