@@ -177,15 +177,26 @@ def test_a_failed_run_keeps_the_gradients_the_student_held(
     assert all(g is not None and bool((g == 1).all()) for g in grads)
 
 
+class _Root(nn.Module):
+    """sqrt(x) where x > 0, else 0: its output is finite, its gradient NaN wherever x <= 0
+    (0 x the NaN of the branch not taken)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, x.sqrt(), torch.zeros_like(x))
+
+
 def test_a_last_step_that_leaves_a_parameter_not_finite_is_refused() -> None:
-    # an earlier step's would show in the next step's loss, refused as such
-    teacher, student = pair()
+    # a finite loss with NaN gradients: the update makes the weights NaN; an earlier step's
+    # would show in the next step's loss, refused as such
+    torch.manual_seed(3)
+    teacher = nn.Sequential(nn.Linear(6, 8), _Root(), nn.Linear(8, 4))
+    student = copy.deepcopy(teacher)
+    prune.l1_unstructured(student[0], "weight", amount=0.5)
     student.train()
     before = state(student)
     with pytest.raises(ValueError, match=r"^recover: step 0, the last, left the parameter "
-                       r"'.*' holding (inf|nan|-inf); expected .*smaller lr"):  # fmt: skip
-        prune.recover(student, prune.Distiller(teacher), batches(), steps=1, lr=1e308,
-                      warmup=0)  # fmt: skip
+                       r"'0\.\w+' holding nan; expected .*smaller lr"):  # fmt: skip
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=1, lr=1e-2)
     assert_same(student, before)
     assert student.training
 
@@ -215,4 +226,13 @@ def test_a_float16_student_is_refused_before_any_step() -> None:
     with pytest.raises(ValueError, match=refused):
         prune.recover(student, prune.Distiller(teacher), [b.half() for b in batches()], steps=3,
                       lr=1e-3)  # fmt: skip
+    assert_same(student, before)
+
+
+def test_an_lr_beyond_what_the_parameters_dtype_holds_is_refused_by_name() -> None:
+    teacher, student = pair()
+    before = state(student)
+    refused = r"^recover: invalid lr=1e\+300; expected .*torch\.float32"
+    with pytest.raises(ValueError, match=refused):
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e300)
     assert_same(student, before)

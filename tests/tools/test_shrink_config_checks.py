@@ -123,3 +123,10 @@ def test_the_command_refuses_an_empty_output(
 
     assert main(["shrink", str(tmp_path / "m"), "-o", "", "--params", "0.2"]) == 1
     assert "invalid out=''" in capsys.readouterr().err
+
+
+def test_an_lr_beyond_float32_is_refused_when_made(tmp_path: Path) -> None:
+    # the model is float32 while shrunk: its optimizer cannot take a larger step size
+    with pytest.raises(ValueError, match=r"^ShrinkConfig: invalid lr=1e\+300; expected"):
+        made(tmp_path, lr=1e300)
+    assert made(tmp_path, lr=1.0).lr == 1.0

@@ -34,6 +34,7 @@ __all__ = [
     "check_free_names",
     "check_kind",
     "check_module",
+    "check_rate",
     "check_scores",
     "is_attention_out_proj",
     "owner_of",
@@ -259,6 +260,26 @@ def refuse_float16(owner: str, model: nn.Module, trained: Iterable[Tensor]) -> N
                 "squared gradients underflow to 0 in float16 and its steps turn to inf); "
                 "expected float32 or bfloat16 parameters (model.float() first)"
             )
+
+
+def check_rate(owner: str, lr: float, trained: Iterable[Tensor]) -> None:
+    """Refuse a learning rate (checked finite and > 0 already) larger than the parameters
+    `trained` hold: the optimizer's step size is stored in their dtype, and torch raises
+    an overflow of its own in the middle of a step.
+
+    Raises:
+        ValueError: starting with `owner`, naming `lr`, the dtype and its largest value.
+    """
+    kinds = {p.dtype for p in trained if p.is_floating_point()}
+    if not kinds:
+        return
+    narrowest = min(kinds, key=lambda kind: torch.finfo(kind).max)
+    largest = torch.finfo(narrowest).max
+    if as_float(lr) > largest:
+        raise value_error(
+            f"{owner}: invalid lr={shown(lr)}; expected a finite float > 0 that the "
+            f"parameters trained ({narrowest}) hold: at most {largest:.4g}"
+        )
 
 
 def refuse_not_finite(owner: str, model: nn.Module, trained: Iterable[Tensor], when: str,

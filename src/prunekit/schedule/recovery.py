@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number, refuse_float16, refuse_not_finite
+from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_not_finite
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import Distiller, Inputs, Output, _split
@@ -105,6 +105,7 @@ def recover(
                           "expected some to train")  # fmt: skip
     _check_apart(student, distiller.teacher)
     refuse_float16(_OWNER, student, trained)
+    check_rate(_OWNER, lr, trained)
     with transaction(student, writes=trained):
         plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
         return _run(student, distiller, found, trained, plan)

@@ -59,6 +59,7 @@ REPORT_JSON = "report.json"  # what marks a folder as an output of shrink (repla
 DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
 _TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
+_FLOAT32 = torch.finfo(torch.float32).max  # the largest lr the distillation's steps take
 
 
 @dataclass(frozen=True)
@@ -211,8 +212,8 @@ class ShrinkConfig:
                      lambda v: 0 <= v < 1)  # fmt: skip
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
-        check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
-                     lambda v: 0 < v < math.inf)  # fmt: skip
+        rate = f"a finite float > 0, at most {_FLOAT32:.4g} (the model is float32 while shrunk)"
+        check_number(self.lr, "lr", "ShrinkConfig", rate, lambda v: 0 < v <= _FLOAT32)
 
     def _check_windows(self) -> None:
         """One window of each text at least: `length` at most both token counts (the message

@@ -201,3 +201,12 @@ def test_a_refusal_after_the_forward_that_finds_the_ends_leaves_its_buffers() ->
     with pytest.raises(ValueError, match=r"float16.*head\.weight"):
         reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2, ends=True)
     assert int(model.seen) == 0 and _same(model, before)
+
+
+def test_an_lr_beyond_what_the_parameters_dtype_holds_is_refused_by_name() -> None:
+    model, reference = _pair()
+    before = _state(model)
+    with pytest.raises(ValueError, match=r"^reconstruct_blocks: invalid lr=1e\+300; expected "
+                       r".*torch\.float32"):  # fmt: skip
+        reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2, lr=1e300)
+    assert _same(model, before)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
-from prunekit.core.checks import check_number, refuse_float16
+from prunekit.core.checks import check_number, check_rate, refuse_float16
 from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.core.naming import orig_name
 from prunekit.core.transaction import transaction
@@ -138,6 +138,7 @@ def reconstruct_blocks(
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
         undo.keep(stem + head)
         _check_trained(model, reference, inner + stem + head)
+        check_rate(_OWNER, lr, inner + stem + head)
         errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
         if ends:
             errors.append(_fit_head(model, reference, blocks, batches, head, fit))
