@@ -5,11 +5,13 @@ OverflowError from inside the check."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 import prunekit
 from prunekit.core.checks import check_number
+from prunekit.core.errors import is_explained
 
 HUGE = 10**400
 
@@ -28,3 +30,23 @@ def test_a_huge_int_inside_an_open_range_passes() -> None:
 def test_a_public_call_names_the_huge_argument() -> None:
     with pytest.raises(ValueError, match=r"SparseGPT: invalid damp=1000.*; expected a finite"):
         prunekit.SparseGPT(damp=HUGE)
+
+
+LONGER = 10**5000  # past Python's limit on the digits an int is printed with (4300)
+
+
+@pytest.mark.parametrize("value", [LONGER, -LONGER], ids=["long", "long-negative"])
+def test_an_int_too_long_to_print_is_refused_by_name_with_its_size(value: int) -> None:
+    with pytest.raises(ValueError, match=r"^owner: invalid low=.*5001 digits.*; expected an int"):
+        check_number(value, "low", "owner", "an int in [1, 10]", lambda v: 1 <= v <= 10,
+                     integral=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["seed", "length", "floor", "params", "lr"])
+def test_a_config_names_an_int_too_long_to_print(name: str, tmp_path: Path) -> None:
+    from prunekit.tools.shrink import ShrinkConfig
+
+    options = {"params": 0.25, name: LONGER}
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: .*\b{name}=.*5001 digits") as caught:
+        ShrinkConfig(tmp_path / "model", tmp_path / "out", **options)  # type: ignore[arg-type]
+    assert is_explained(caught.value)

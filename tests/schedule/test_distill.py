@@ -268,6 +268,22 @@ def test_teacher_logits_of_minus_infinity_are_classes_of_probability_zero() -> N
     )
 
 
+@pytest.mark.parametrize("where", ["one", "row", "all"])
+def test_teacher_logits_of_nan_make_the_loss_nan_not_zero(where: str) -> None:
+    # a NaN counts as a difference: a teacher that computes NaN is no teacher ruling out
+    torch.manual_seed(0)
+    student = torch.randn(4, 5)
+    teacher = torch.randn(4, 5)
+    if where == "one":
+        teacher[1, 2] = math.nan
+    elif where == "row":
+        teacher[1] = math.nan
+    else:
+        teacher[:] = math.nan
+        student[:] = math.nan  # a NaN input gives both
+    assert math.isnan(float(prune.distillation_loss(student, teacher)))
+
+
 def test_hugging_face_trainer_distils_into_a_pruned_llama(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from prunekit.schedule.hf_callback import DistillationTrainer

@@ -175,3 +175,64 @@ def test_a_failed_run_keeps_the_gradients_the_student_held(
         prune.recover(student, prune.Distiller(teacher), batches(), steps=3, lr=1e-2)
     grads = [p.grad for p in student.parameters()]
     assert all(g is not None and bool((g == 1).all()) for g in grads)
+
+
+class _Root(nn.Module):
+    """sqrt(x) where x > 0, else 0: its output is finite, its gradient NaN wherever x <= 0
+    (0 x the NaN of the branch not taken)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, x.sqrt(), torch.zeros_like(x))
+
+
+def test_a_last_step_that_leaves_a_parameter_not_finite_is_refused() -> None:
+    # a finite loss with NaN gradients: the update makes the weights NaN; an earlier step's
+    # would show in the next step's loss, refused as such
+    torch.manual_seed(3)
+    teacher = nn.Sequential(nn.Linear(6, 8), _Root(), nn.Linear(8, 4))
+    student = copy.deepcopy(teacher)
+    prune.l1_unstructured(student[0], "weight", amount=0.5)
+    student.train()
+    before = state(student)
+    with pytest.raises(ValueError, match=r"^recover: step 0, the last, left the parameter "
+                       r"'0\.\w+' holding nan; expected .*smaller lr"):  # fmt: skip
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=1, lr=1e-2)
+    assert_same(student, before)
+    assert student.training
+
+
+def test_a_parameter_the_forward_never_uses_is_not_blamed_on_the_steps() -> None:
+    teacher, student = pair()
+    student.unused = nn.Parameter(torch.full((2,), math.nan))
+    done = prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e-2)
+    assert done.steps == 2
+
+
+def test_batches_holding_nan_are_refused_at_the_first_step_and_named() -> None:
+    teacher, student = pair()
+    before = state(student)
+    bad = [torch.full((5, 6), math.nan)]
+    with pytest.raises(ValueError, match=r"^recover: the loss of step 0 is nan; expected .*"
+                       r"batches on which both models compute finite outputs"):  # fmt: skip
+        prune.recover(student, prune.Distiller(teacher), bad, steps=3, lr=1e-2)
+    assert_same(student, before)
+
+
+def test_a_float16_student_is_refused_before_any_step() -> None:
+    teacher, student = pair()
+    student, teacher = student.half(), teacher.half()
+    before = state(student)
+    refused = r"^recover: float16 parameters such as '0\.(bias|weight_orig)' cannot be trained"
+    with pytest.raises(ValueError, match=refused):
+        prune.recover(student, prune.Distiller(teacher), [b.half() for b in batches()], steps=3,
+                      lr=1e-3)  # fmt: skip
+    assert_same(student, before)
+
+
+def test_an_lr_beyond_what_the_parameters_dtype_holds_is_refused_by_name() -> None:
+    teacher, student = pair()
+    before = state(student)
+    refused = r"^recover: invalid lr=1e\+300; expected .*torch\.float32"
+    with pytest.raises(ValueError, match=refused):
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e300)
+    assert_same(student, before)

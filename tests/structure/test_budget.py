@@ -202,6 +202,17 @@ def test_bad_budgets_are_refused(kwargs: dict[str, Any], error: type, words: str
         prunekit.Budget(**kwargs)
 
 
+HUGE_FLOORS = [10**400, -(10**400), 10**5000, {"c*": 10**400}, {"c*": 10**5000}]
+
+
+@pytest.mark.parametrize("floor", HUGE_FLOORS, ids=["huge", "huge-negative", "too-long-to-print",
+                                                    "glob-huge", "glob-too-long"])  # fmt: skip
+def test_a_floor_of_a_huge_int_is_refused_by_name(floor: Any) -> None:
+    refused = r"^Budget: invalid floor=.*; expected a float in \[0, 1\)"
+    with pytest.raises(ValueError, match=refused):
+        prunekit.Budget(params=0.2, floor=floor)
+
+
 def test_numpy_numbers_are_taken() -> None:
     np = pytest.importorskip("numpy")
     budget = prunekit.Budget(

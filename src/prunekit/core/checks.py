@@ -20,6 +20,7 @@ from prunekit.core.backend import common_namespace, is_module, is_tensor, namesp
 from prunekit.core.errors import (
     attribute_error,
     describe,
+    shown,
     type_error,
     value_error,
 )
@@ -27,15 +28,19 @@ from prunekit.core.finite import all_finite
 from prunekit.core.naming import MASK, ORIG, mask_name, orig_name, pruned_name
 
 __all__ = [
+    "as_float",
     "check_binary_mask",
     "check_finite",
     "check_free_names",
     "check_kind",
     "check_module",
+    "check_rate",
     "check_scores",
     "is_attention_out_proj",
     "owner_of",
     "prunable_parameter",
+    "refuse_float16",
+    "refuse_not_finite",
     "refuse_ties",
 ]
 
@@ -223,19 +228,79 @@ def check_number(
     kind = numbers.Integral if integral else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
         raise type_error(
-            f"{owner}: invalid {name}={value!r} of type {type(value).__name__}; expected {expected}"
+            f"{owner}: invalid {name}={shown(value)} of type {type(value).__name__}; "
+            f"expected {expected}"
         )
-    if not allowed(_as_float(value)):
-        raise value_error(f"{owner}: invalid {name}={value!r:.80}; expected {expected}")
+    if not allowed(as_float(value)):
+        raise value_error(f"{owner}: invalid {name}={shown(value)}; expected {expected}")
 
 
-def _as_float(value: Any) -> float:
+def as_float(value: Any) -> float:
     """`value` as a float; one too large for a float (an int of hundreds of digits) as the
     infinity of its sign, which the range checks compare as they would it."""
     try:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def refuse_float16(owner: str, model: nn.Module, trained: Iterable[Tensor]) -> None:
+    """Refuse float16 parameters among those a call trains with Adam (or AdamW): their
+    squared gradients underflow to 0 in float16, the steps turn to inf and the weights to
+    NaN. The message starts with `owner` and names the first one by its name in `model`.
+
+    Raises:
+        ValueError: a float16 parameter among `trained`.
+    """
+    held = {id(p) for p in trained}
+    for name, p in model.named_parameters():
+        if id(p) in held and p.dtype == torch.float16:
+            raise value_error(
+                f"{owner}: float16 parameters such as {name!r} cannot be trained here (Adam's "
+                "squared gradients underflow to 0 in float16 and its steps turn to inf); "
+                "expected float32 or bfloat16 parameters (model.float() first)"
+            )
+
+
+def check_rate(owner: str, lr: float, trained: Iterable[Tensor]) -> None:
+    """Refuse a learning rate (checked finite and > 0 already) larger than the parameters
+    `trained` hold: the optimizer's step size is stored in their dtype, and torch raises
+    an overflow of its own in the middle of a step.
+
+    Raises:
+        ValueError: starting with `owner`, naming `lr`, the dtype and its largest value.
+    """
+    kinds = {p.dtype for p in trained if p.is_floating_point()}
+    if not kinds:
+        return
+    narrowest = min(kinds, key=lambda kind: torch.finfo(kind).max)
+    largest = torch.finfo(narrowest).max
+    if as_float(lr) > largest:
+        raise value_error(
+            f"{owner}: invalid lr={shown(lr)}; expected a finite float > 0 that the "
+            f"parameters trained ({narrowest}) hold: at most {largest:.4g}"
+        )
+
+
+def refuse_not_finite(owner: str, model: nn.Module, trained: Iterable[Tensor], when: str,
+                      hint: str) -> None:  # fmt: skip
+    """Refuse a training run whose last update left a parameter among `trained` holding
+    NaN or inf (a learning rate too large, or NaN from the batches): an earlier update's
+    shows in the next loss, which the run refuses. Only those the last step updated (with
+    a gradient) are read: one the forward never uses is none of the run's doing.
+
+    Raises:
+        ValueError: starting with `owner`, naming the parameter (its name in `model`),
+            `when` ("step 3, the last,") and ending with `hint`.
+    """
+    held = {id(p) for p in trained}
+    for name, p in model.named_parameters():
+        if id(p) in held and p.grad is not None and not all_finite(p.detach()):
+            bad = p.detach()[~torch.isfinite(p.detach())].reshape(-1)[0]
+            raise value_error(
+                f"{owner}: {when} left the parameter {name!r} holding {float(bad)}; expected "
+                f"finite parameters ({hint})"
+            )
 
 
 def check_finite(t: Tensor, where: str, what: str, allow_inf: bool = False) -> None:

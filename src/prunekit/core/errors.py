@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+_LONG = 80  # the characters of a value an error shows at most
+
 __all__ = [
     "attribute_error",
     "describe",
@@ -24,6 +26,7 @@ __all__ = [
     "is_explained",
     "naming",
     "runtime_error",
+    "shown",
     "type_error",
     "value_error",
     "warn_caller",
@@ -79,6 +82,24 @@ def describe(module: Any, name: Any, path: str | None = None) -> str:
     if path is None:
         return found
     return f"{(path + '.' if path else '') + str(name)!r}, {found}"
+
+
+def shown(value: Any) -> str:
+    """`value` as an error shows it: its repr, at most _LONG characters; an int of more
+    digits as its first digits and its count of digits (Python refuses to print an int of
+    more than 4300 digits, and reading hundreds helps no one)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**_LONG:
+        size = abs(value)
+        digits = max(1, int((size.bit_length() - 1) * 0.30102999566398120))
+        while 10**digits <= size:  # the estimate is at most one short: no str() needed
+            digits += 1
+        sign = "-" if value < 0 else ""
+        return f"{sign}{size // 10 ** (digits - 20)}... ({digits} digits)"
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding an int too long to print
+        text = f"<a {type(value).__name__} holding an int too long to print>"
+    return f"{text:.{_LONG}}"
 
 
 def with_context(error: E, where: str) -> E:

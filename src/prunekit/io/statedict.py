@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import shown, type_error, value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
@@ -207,9 +207,9 @@ def check_seed(seed: Any, where: str, what: str = "seed") -> None:
     allowed = f"expected an int in [-2**63, 2**64 - 1] = [{low}, {high}]"
     head = f"{where}: invalid {what}" if where else f"invalid {what}"
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise type_error(f"{head}={seed!r} of type {type(seed).__name__}; {allowed}")
+        raise type_error(f"{head}={shown(seed)} of type {type(seed).__name__}; {allowed}")
     if not low <= seed <= high:
-        raise value_error(f"{head}={seed}, out of range; {allowed}")
+        raise value_error(f"{head}={shown(seed)}, out of range; {allowed}")
 
 
 @contextmanager

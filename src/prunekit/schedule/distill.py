@@ -74,8 +74,9 @@ def distillation_loss(
     log_teacher = F.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
     teacher_p = log_teacher.exp()
     # 0 x log 0 = 0: a class the teacher rules out (a logit of -inf) adds nothing, even
-    # where the student rules it out too (where keeps NaN out of the gradient as well)
-    terms = torch.where(teacher_p > 0, teacher_p * (log_teacher - log_student), 0.0)
+    # where the student rules it out too (where keeps NaN out of the gradient as well);
+    # a NaN of the teacher's is no such class: it makes the loss NaN (`!= 0`, not `> 0`)
+    terms = torch.where(teacher_p != 0, teacher_p * (log_teacher - log_student), 0.0)
     per_position = terms.sum(-1)
     of = "the logits' shape without the class dim"
     return _mean(per_position, attention_mask, "distillation_loss", of) * temperature**2

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_not_finite
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import Distiller, Inputs, Output, _split
@@ -32,6 +32,7 @@ from prunekit.schedule.distill import Distiller, Inputs, Output, _split
 __all__ = ["Recovery", "recover"]
 
 _OWNER = "recover"
+_FIRST = "batches on which both models compute finite outputs"
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,10 @@ def recover(
         TypeError: a student that is no nn.Module, a distiller that is no Distiller,
             batches that are no iterable of batches, a budget or rate of the wrong type.
         ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
-            batch, a teacher that shares a parameter with the student, a loss that is
-            not finite (the student is then left as it was, its gradients too).
+            batch, a teacher that shares a parameter with the student, float16
+            parameters to train (AdamW's steps turn to inf there), a loss that is
+            not finite or a last step that leaves a parameter NaN or inf (the student is
+            then left as it was, its gradients too).
     """
     _check(student, distiller, (seconds, cpu_seconds, steps), lr, warmup)
     found = batch_list(batches, _OWNER)
@@ -101,6 +104,8 @@ def recover(
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
     _check_apart(student, distiller.teacher)
+    refuse_float16(_OWNER, student, trained)
+    check_rate(_OWNER, lr, trained)
     with transaction(student, writes=trained):
         plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
         return _run(student, distiller, found, trained, plan)
@@ -152,15 +157,20 @@ def _run(
             batch = batches[step % len(batches)]
             loss = distiller.loss(_forward(student, batch, distiller), batch)
             if not bool(torch.isfinite(loss)):
+                # the first loss comes before any update: the lr is not its cause
+                cause = _FIRST if step == 0 else "a smaller lr"
                 raise value_error(
                     f"{_OWNER}: the loss of step {step} is {float(loss.detach())}; expected "
-                    "a finite loss (a smaller lr)"
+                    f"a finite loss ({cause})"
                 )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             losses.append(float(loss.detach()))
+        if losses:
+            last = f"step {len(losses) - 1}, the last,"
+            refuse_not_finite(_OWNER, student, trained, last, f"a smaller lr, or {_FIRST}")
         done = True
     finally:
         student.eval()

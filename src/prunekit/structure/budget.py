@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from prunekit.core.checks import check_number
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.checks import as_float, check_number
+from prunekit.core.errors import shown, type_error, value_error
 from prunekit.structure.pruned import PrunedGroup
 
 KINDS = ("channels", "heads", "hidden")
@@ -192,21 +192,23 @@ def _checked_floor(floor: Any) -> float | tuple[tuple[str, float], ...]:
     if isinstance(floor, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in floor):
         pairs = list(floor)
     if pairs is None:
-        _check_share(floor, f"floor={floor!r}", wanted)
+        _check_share(floor, f"floor={shown(floor)}", wanted)
         return float(floor)
     if not pairs:
-        raise value_error(f"Budget: invalid floor={floor!r}; {wanted}, not an empty one")
+        raise value_error(f"Budget: invalid floor={shown(floor)}; {wanted}, not an empty one")
     for glob, share in pairs:
         if not isinstance(glob, str):
-            raise type_error(f"Budget: invalid floor={floor!r}: glob {glob!r} is no str; {wanted}")
-        _check_share(share, f"floor={floor!r}: {glob!r} -> {share!r}", wanted)
+            raise type_error(
+                f"Budget: invalid floor={shown(floor)}: glob {shown(glob)} is no str; {wanted}"
+            )
+        _check_share(share, f"floor={shown(floor)}: {glob!r} -> {shown(share)}", wanted)
     return tuple((glob, float(share)) for glob, share in pairs)
 
 
 def _check_share(share: Any, what: str, wanted: str) -> None:
     if isinstance(share, bool) or not isinstance(share, numbers.Real):
         raise type_error(f"Budget: invalid {what}; {wanted}")
-    if not 0.0 <= float(share) < 1.0:
+    if not 0.0 <= as_float(share) < 1.0:  # an int too large for a float: its infinity
         raise value_error(f"Budget: invalid {what}; {wanted}")
 
 

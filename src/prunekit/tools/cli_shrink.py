@@ -173,8 +173,8 @@ def _formats(text: str) -> tuple[str, ...]:
 
 def _run_shrink(args: argparse.Namespace) -> int:
     config = ShrinkConfig(
-        Path(args.source),
-        Path(args.out),
+        args.source,  # as typed: ShrinkConfig refuses an empty one (Path("") is ".")
+        args.out,
         params=args.params,
         macs=args.macs,
         latency=args.latency,

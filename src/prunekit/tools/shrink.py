@@ -28,7 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.checks import check_number
-from prunekit.core.errors import is_explained, type_error, value_error, with_context
+from prunekit.core.errors import (
+    is_explained,
+    shown,
+    type_error,
+    value_error,
+    warn_caller,
+    with_context,
+)
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
@@ -52,6 +59,7 @@ REPORT_JSON = "report.json"  # what marks a folder as an output of shrink (repla
 DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
 _TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
+_FLOAT32 = torch.finfo(torch.float32).max  # the largest lr the distillation's steps take
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,7 @@ class ShrinkConfig:
             value = getattr(self, name)
             if not isinstance(value, str | os.PathLike):
                 raise type_error(f"ShrinkConfig: invalid {name}={value!r}; expected a path")
+            _check_not_empty(name, value)
             object.__setattr__(self, name, Path(value))
         for name in ("calibration", "evaluation"):
             object.__setattr__(self, name, _text_source(name, getattr(self, name)))
@@ -193,17 +202,32 @@ class ShrinkConfig:
         check_number(self.length, "length", "ShrinkConfig", "an int >= 2: tokens per window",
                      lambda v: v >= 2, integral=True)  # fmt: skip
         least = {"round_to": 1, "latency_runs": 1, "seed": 0,
-                 "calibration_tokens": self.length, "evaluation_tokens": self.length}  # fmt: skip
+                 "calibration_tokens": 2, "evaluation_tokens": 2}  # fmt: skip
         for name, low in least.items():
             check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
                          _at_least(low), integral=True)  # fmt: skip
+        self._check_windows()
         check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
         check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1)",
                      lambda v: 0 <= v < 1)  # fmt: skip
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
-        check_number(self.lr, "lr", "ShrinkConfig", "a finite float > 0",
-                     lambda v: 0 < v < math.inf)  # fmt: skip
+        rate = f"a finite float > 0, at most {_FLOAT32:.4g} (the model is float32 while shrunk)"
+        check_number(self.lr, "lr", "ShrinkConfig", rate, lambda v: 0 < v <= _FLOAT32)
+
+    def _check_windows(self) -> None:
+        """One window of each text at least: `length` at most both token counts (the message
+        names both sides, as either may be the one given wrong)."""
+        for name in ("calibration_tokens", "evaluation_tokens"):
+            tokens = getattr(self, name)
+            if self.length > tokens:
+                raise value_error(
+                    f"ShrinkConfig: length={shown(self.length)} (tokens per window) is more "
+                    f"than {name}={shown(tokens)}; expected length at most calibration_tokens="
+                    f"{shown(self.calibration_tokens)} and evaluation_tokens="
+                    f"{shown(self.evaluation_tokens)} (one window of each): a smaller length "
+                    "or more tokens"
+                )
 
     @property
     def budget(self) -> Budget:
@@ -227,10 +251,21 @@ def _at_least(low: int) -> Callable[[float], bool]:
     return lambda value: value >= low
 
 
+def _check_not_empty(name: str, path: str | os.PathLike[str]) -> None:
+    """Refuse an empty path: Path('') is the current folder, which an unset variable in
+    ``-o "$OUT"`` would make the output (replaced whole) or the text read."""
+    if not os.fspath(path):
+        raise value_error(
+            f"ShrinkConfig: invalid {name}={path!r}; expected a path, not an empty one (give "
+            "'.' for the current folder)"
+        )
+
+
 def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str | os.PathLike):
+        _check_not_empty(name, value)
         return Path(value)
     if (isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value)
             and any(t.strip() for t in value)):  # fmt: skip
@@ -262,6 +297,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     source, out = _checked_paths(config)
     _check_writers(config)
     passages = read_passages(config)
+    _warn_unless_held_out(config)
     clock = _Clock(tick)
     with clock("load model", 1):
         model, tokenizer = load_source(source)
@@ -293,6 +329,41 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
+
+
+def _warn_unless_held_out(config: ShrinkConfig) -> None:
+    """Warn where the evaluation text is calibration text (the same file with links
+    resolved, a file of the calibration folder or the folder holding the calibration file,
+    or the same passages): the perplexity after is then measured on what was calibrated on,
+    and reads better than on text the model has not seen."""
+    calibration, evaluation = config.calibration, config.evaluation
+    if isinstance(calibration, Path) and isinstance(evaluation, Path):
+        if not (overlaps(calibration, evaluation) or _same_file(calibration, evaluation)):
+            return
+        found = f"the evaluation text {evaluation} and the calibration text {calibration} are "
+        found += "one file" if _same_file(calibration, evaluation) else "one inside the other"
+        found += " (links resolved)"
+    elif isinstance(calibration, tuple) and isinstance(evaluation, tuple):
+        common = len(set(evaluation) & set(calibration))
+        if not common:
+            return
+        found = f"{common} of the {len(evaluation)} evaluation passages are calibration passages"
+    else:
+        return
+    warn_caller(
+        f"shrink: {found}: the perplexity is then measured on text calibrated on, not held "
+        "out, and reads better than on new text; expected evaluation text apart from the "
+        "calibration text (evaluation=, --eval), or none for the held-out end of the "
+        "calibration text"
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one file (links, hard ones too, resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _check_writers(config: ShrinkConfig) -> None:

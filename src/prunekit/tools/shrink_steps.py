@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.checks import refuse_not_finite
 from prunekit.core.errors import value_error
 from prunekit.export.api import FORMATS, export
 from prunekit.io.text import read_texts, windows
@@ -33,6 +34,7 @@ __all__ = [
     "text_windows",
 ]
 
+_SMALLER_LR = "a smaller --lr (lr= of ShrinkConfig)"
 # the files of an output that hold a model's weights (what "on disk" counts)
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".bin", ".data")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -164,11 +166,18 @@ def distill(
             for group in optimizer.param_groups:  # a short warm-up of the learning rate
                 group["lr"] = config.lr * min(1.0, (steps + 1) / 10)
             loss = distiller.loss(student(input_ids=x), {"input_ids": x})
+            if not bool(torch.isfinite(loss)):
+                raise value_error(
+                    f"shrink: the distillation loss of step {steps} is {float(loss.detach())}; "
+                    f"expected a finite loss ({_SMALLER_LR})"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimizer.step()
             steps += 1
+        if steps:
+            refuse_not_finite("shrink", student, trained, "the distillation", _SMALLER_LR)
     finally:
         student.eval()
         optimizer.zero_grad(set_to_none=True)

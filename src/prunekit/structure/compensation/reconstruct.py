@@ -47,8 +47,9 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
-from prunekit.core.checks import check_number
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.checks import check_number, check_rate, refuse_float16
+from prunekit.core.errors import is_explained, type_error, value_error
+from prunekit.core.naming import orig_name
 from prunekit.core.transaction import transaction
 from prunekit.structure.graph.graph import check_model
 
@@ -116,22 +117,77 @@ def reconstruct_blocks(
         ValueError: `steps` < 1, `lr` or `cpu_seconds` <= 0 or not finite, calibration
             without batches, a
             model without a sequence of blocks, or a reference without the same one (or
-            the model itself), float16 parameters in the blocks, or batches on which a
+            the model itself), a parameter trained (the blocks', with `ends` the stem's
+            and the head's too) that is float16 or that the reference shares, a
+            reference with parameters of another dtype than the model's on which its
+            forward fails (the parameter and both dtypes named), or batches on which a
             block's error is not finite. On any error the model is left as it was.
     """
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
-    _check_trainable(model, blocks)
     budget = None if cpu_seconds is None else float(cpu_seconds)
     fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends))
-    with cal.evaluating(model), cal.evaluating(reference):
+    inner = [p for block in blocks for p in _trainable(block)]
+    # the forward that finds the ends runs inside the transaction: a refusal after it
+    # leaves what it wrote (a buffer, an attribute) as it was
+    with (
+        cal.evaluating(model),
+        cal.evaluating(reference),
+        transaction(model, writes=inner) as undo,
+    ):
         stem, head = _ends(model, blocks, batches[0]) if ends else ([], [])
-        trained = [p for block in blocks for p in _trainable(block)] + stem + head
-        with transaction(model, writes=trained):
-            errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
-            if ends:
-                errors.append(_fit_head(model, reference, blocks, batches, head, fit))
+        undo.keep(stem + head)
+        _check_trained(model, reference, inner + stem + head)
+        check_rate(_OWNER, lr, inner + stem + head)
+        errors = _fit_blocks((model, reference), (blocks, theirs), batches, stem, fit)
+        if ends:
+            errors.append(_fit_head(model, reference, blocks, batches, head, fit))
     return errors
+
+
+@contextmanager
+def _reference_named(model: nn.Module, reference: nn.Module) -> Iterator[None]:
+    """An error of the reference's forward (or of a block of it) raised in the block, where
+    a parameter of the reference is of another floating dtype than the model's of the same
+    name, is named as that: the reference and its parameter with both dtypes (what the
+    forward raised kept as the cause). Left as it is otherwise, and so is one of prunekit's
+    own code: a reference of another dtype whose forward runs (one that casts its inputs,
+    as Hugging Face models do after their embeddings) is taken."""
+    try:
+        yield
+    except Exception as error:
+        if is_explained(error):  # a batch the model cannot take: what the model raised
+            cause = error.__cause__
+            if not isinstance(cause, Exception) or is_explained(cause):
+                raise
+        elif cal.batch_error(0, error) is error:  # raised by prunekit's own code: a bug
+            raise
+        else:
+            cause = error
+        found = _other_dtype(model, reference)
+        if found is None:
+            raise
+        name, mine, theirs = found
+        raise value_error(
+            f"{_OWNER}: invalid reference: its parameter {name!r} is {theirs} where the "
+            f"model's is {mine}, and a forward on the calibration batches failed "
+            f"({type(cause).__name__}: {cause}); expected the reference in the model's "
+            f"dtype (reference.to({mine}))"
+        ) from cause
+
+
+def _other_dtype(
+    model: nn.Module, reference: nn.Module
+) -> tuple[str, torch.dtype, torch.dtype] | None:
+    """The first floating parameter of `reference` whose namesake in `model` (its pruned
+    values, where masked) is of another floating dtype: (name, the model's, the reference's)."""
+    ours = dict(model.named_parameters())
+    for name, theirs in reference.named_parameters():
+        mine = ours.get(orig_name(name), ours.get(name))
+        floating = mine is not None and mine.is_floating_point() and theirs.is_floating_point()
+        if floating and mine is not None and mine.dtype != theirs.dtype:
+            return name, mine.dtype, theirs.dtype
+    return None
 
 
 def _checked(
@@ -170,11 +226,12 @@ def _fit_blocks(
     (model, reference), (blocks, theirs) = models, pairs
     with torch.no_grad():
         ours_in = cal.capture_block_inputs(model, blocks[0], batches)
-        theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+        with _reference_named(model, reference):
+            theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
     _check_widths(ours_in, theirs_in)
     errors = []
     for block, their_block in zip(blocks, theirs, strict=True):
-        with torch.no_grad():
+        with torch.no_grad(), _reference_named(model, reference):
             targets = [_output(their_block, one) for one in theirs_in]
         if block is blocks[0] and stem:
             params = _trainable(block) + stem
@@ -239,17 +296,22 @@ def _through_stem(
     return lambda k: _output(block, cal.capture_block_inputs(model, block, [batches[k]])[0])
 
 
-def _check_trainable(model: nn.Module, blocks: nn.ModuleList) -> None:
-    """Refuse float16 parameters in the blocks: Adam's squared gradients underflow to 0
-    there, its steps turn to inf and every block would be put back as it was."""
-    held = {id(p) for block in blocks for p in _trainable(block)}
+def _check_trained(model: nn.Module, reference: nn.Module, trained: list[nn.Parameter]) -> None:
+    """Refuse, among the parameters `trained` (the blocks', with `ends` the stem's and the
+    head's too), one the reference holds too (a shallow copy: its targets would move with
+    the steps) and float16 ones (Adam's squared gradients underflow to 0 there, its steps
+    turn to inf and every part would be put back as it was)."""
+    held = {id(p) for p in trained}
+    theirs = {id(p) for p in reference.parameters()}
     for name, p in model.named_parameters():
-        if id(p) in held and p.dtype == torch.float16:
+        if id(p) in held and id(p) in theirs:
             raise value_error(
-                f"{_OWNER}: float16 parameters such as {name} cannot be trained here (Adam's "
-                "squared gradients underflow to 0 in float16 and its steps turn to inf); "
-                "expected float32 or bfloat16 parameters (model.float() first)"
+                f"{_OWNER}: invalid reference: it shares the parameter {name!r} with the "
+                "model, which is trained here, so its targets would move with it; expected "
+                "a copy of the model taken before pruning (copy.deepcopy(model): "
+                "copy.copy shares the modules)"
             )
+    refuse_float16(_OWNER, model, trained)
 
 
 def _blocks(model: nn.Module, reference: nn.Module) -> tuple[nn.ModuleList, nn.ModuleList]:
@@ -300,6 +362,8 @@ def _ends(
     try:
         with torch.no_grad():
             cal.run_batch(model, batch)
+    except Exception as error:
+        raise cal.batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
     finally:
         for handle in handles:
             handle.remove()
@@ -328,7 +392,8 @@ def _fit_head(
     """The head's steps towards the reference's outputs (the model's output error before
     and after), the blocks skipped when that gives the same output."""
     with torch.no_grad():
-        targets = [_final(cal.run_batch(reference, batch)) for batch in batches]
+        with _reference_named(model, reference):
+            targets = [_final(cal.run_batch(reference, batch)) for batch in batches]
         last: list[Any] = []
         handle = blocks[-1].register_forward_hook(lambda *args: last.append(args[2]))
         try:

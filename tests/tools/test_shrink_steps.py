@@ -1,0 +1,39 @@
+"""shrink's stages on their own: the distillation refuses a loss or weights that are not
+finite (a learning rate too large) rather than hand NaN weights on to the export."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_llm
+from prunekit.tools.shrink import ShrinkConfig
+from prunekit.tools.shrink_steps import distill
+
+pytest.importorskip("transformers")
+
+
+def _run(tmp_path: Path, lr: float) -> tuple[torch.nn.Module, int]:
+    teacher = tiny_llm.llama()
+    student = copy.deepcopy(teacher)
+    with torch.no_grad():
+        student.model.layers[0].mlp.up_proj.weight[:8] = 0
+    config = ShrinkConfig(tmp_path / "m", tmp_path / "o", params=0.25, distill=0.3, lr=lr)
+    parts = [torch.randint(0, 300, (16,)) for _ in range(2)]
+    steps, _ = distill(student, teacher, parts, config, lambda *_: None)
+    return student, steps
+
+
+def test_a_learning_rate_that_overflows_the_weights_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^shrink: the distillation .*(nan|inf).*; expected "
+                       r".*smaller --lr"):  # fmt: skip
+        _run(tmp_path, 1e30)
+
+
+def test_a_usual_learning_rate_distils(tmp_path: Path) -> None:
+    student, steps = _run(tmp_path, 1e-4)
+    assert steps >= 1 and not student.training
+    assert all(bool(torch.isfinite(p).all()) for p in student.parameters())
