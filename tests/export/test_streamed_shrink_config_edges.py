@@ -13,7 +13,11 @@ from prunekit.core.errors import is_explained
 from prunekit.export import ShrinkStreamedConfig
 
 REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
-    ({"damping": -1.0}, ValueError, "invalid damping=-1.0; expected 'rows', 'auto' or a finite number > 0"),
+    (
+        {"damping": -1.0},
+        ValueError,
+        "invalid damping=-1.0; expected 'rows', 'auto' or a finite number > 0",
+    ),
     ({"damping": 0.0}, ValueError, "invalid damping=0.0; expected"),
     ({"damping": float("nan")}, ValueError, "invalid damping=nan; expected"),
     ({"damping": float("inf")}, ValueError, "invalid damping=inf; expected"),
