@@ -167,6 +167,21 @@ def test_the_default_damping_follows_the_rows_per_feature(count: int, rows: int)
     assert (level < DAMP) == (not torch.equal(implicit[2].weight_orig, strong[2].weight_orig))
 
 
+def test_the_default_damping_of_a_convolution_read_as_patches_is_the_lightest() -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Tanh(), nn.Conv2d(8, 4, 3))
+    g = torch.Generator().manual_seed(5)
+    calibration = [torch.randn(2, 3, 6, 6, generator=g) for _ in range(2)]
+    implicit, light, stronger = (copy.deepcopy(dense) for _ in range(3))
+    for model, given in ((implicit, {}), (light, {"damping": LIGHTEST}),
+                         (stronger, {"damping": 0.1})):  # fmt: skip
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=True, **given)  # fmt: skip
+    torch.testing.assert_close(implicit[2].weight_orig, light[2].weight_orig, rtol=0, atol=0)
+    assert not torch.equal(implicit[2].weight_orig, stronger[2].weight_orig)
+    assert not torch.equal(implicit[2].weight_orig, dense[2].weight)
+
+
 def test_a_layer_no_damping_helps_is_left_with_a_warning() -> None:
     # the removed input copies a kept one on the even batches and its negative on the odd:
     # fitted on one fold, the update doubles the error on the other; left as it was

@@ -442,7 +442,7 @@ def _update_patches(
                                           bias is not None)  # fmt: skip
             errors = found if errors is None else errors + found
             untouched += none
-    level = tuning.damping(conv, errors, untouched, whole.rows, columns)
+    level = tuning.damping(conv, errors, untouched, whole.rows, columns, patches=True)
     if level is None:
         return False
     change = torch.zeros_like(rows)

@@ -31,8 +31,9 @@ from prunekit.whole.vocabulary import renamed
 DAMPING: float | str = ROWS
 """What `damping` is where not given: 'rows', from each layer's calibration rows per input
 feature (``prunekit.structure.compensation.damping.by_rows``: 0.3 with a few rows per
-feature, down to 0.01 with many). 'auto' (the held-out choice per layer) did not lift the
-worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
+feature, down to 0.01 with many; 0.01 for a convolution read as patches). 'auto' (the
+held-out choice per layer) did not lift the worst text domain in
+``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
 
 Criterion = str | GroupCriterion | Callable[[ChannelGroup], Tensor]
 Excluded = Iterable[nn.Module | str]
@@ -108,8 +109,9 @@ class ChannelConfig:
         damping: with `compensate=True` only: the damping of its least-squares solve, a
             number > 0 relative to the mean diagonal of the input's second moment; 'rows'
             (None: ``DAMPING``): for each layer, 0.6 x its input features / the calibration
-            rows (tokens, positions) measured, between 0.01 and 0.3, so that a few rows per
-            feature are damped strongly and many lightly; or 'auto': for each layer, the
+            rows (tokens) measured, between 0.01 and 0.3, so that a few rows per feature are
+            damped strongly and many lightly (a convolution read as patches: 0.01); or
+            'auto': for each layer, the
             damping of a log-scale grid
             whose update, fitted on alternate calibration batches, best keeps the layer's
             output on the others (both ways round), then fitted on all of them; a layer
