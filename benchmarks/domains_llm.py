@@ -23,7 +23,8 @@ over --paragraphs evaluation paragraphs of every domain.
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
-'auto' (chosen per layer on held-out calibration batches), 'default' (what
+'rows' (from each layer's calibration rows per feature, the default), 'auto' (chosen per
+layer on held-out calibration batches), 'default' (what
 ``prune_channels`` does without the argument) or 'none' (``compensate=False``).
 
 Allocation and recovery, each value a row beside the default's (rows of the new options
@@ -31,7 +32,8 @@ are named shorter: '20% 0.3 x2 s0.5 +600s'):
 --steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
 each compensated on the model the steps before left ('xN').
 --sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
---floor F: SmolLM2's ``Budget(floor=F)``, every group keeping at least that share ('fF').
+--floor F: SmolLM2's ``Budget(floor=F)``, every group keeping at least that share ('fF'), or
+'auto' (0.9 of the highest floor the budget allows).
 --recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
 text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
 the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct); its row
@@ -105,7 +107,7 @@ def damping_kwargs(label: str) -> dict[str, Any]:
         return {"compensate": False}
     if label == "default":
         return {"compensate": True}
-    return {"compensate": True, "damping": label if label == "auto" else float(label)}
+    return {"compensate": True, "damping": label if label in ("auto", "rows") else float(label)}
 
 
 def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
@@ -149,7 +151,7 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
             short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
             short += f" s{level:g}" if level else ""
-            short += f" f{floor:g}" if floor else ""
+            short += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
             name = name if short == f"{target:.0%} {label}" else short
             _row(name, pruned, tests, dense, started, width=args.width)
             emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
@@ -260,7 +262,7 @@ def arguments() -> argparse.Namespace:
     args.damping = args.damping.split(",")
     args.steps = [int(n) for n in args.steps.split(",")]
     args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
-    args.floor = [float(v) for v in args.floor.split(",")]
+    args.floor = [v if v == "auto" else float(v) for v in args.floor.split(",")]
     args.recover = [float(t) for t in args.recover.split(",") if t]
     args.lr = [float(v) for v in args.lr.split(",")]
     args.hidden_weight = [float(v) for v in args.hidden_weight.split(",")]

@@ -13,13 +13,17 @@ from prunekit.core.errors import is_explained
 from prunekit.export import ShrinkStreamedConfig
 
 REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
-    ({"damping": -1.0}, ValueError, "invalid damping=-1.0; expected 'auto' or a finite number > 0"),
+    (
+        {"damping": -1.0},
+        ValueError,
+        "invalid damping=-1.0; expected 'rows', 'auto' or a finite number > 0",
+    ),
     ({"damping": 0.0}, ValueError, "invalid damping=0.0; expected"),
     ({"damping": float("nan")}, ValueError, "invalid damping=nan; expected"),
     ({"damping": float("inf")}, ValueError, "invalid damping=inf; expected"),
-    ({"damping": "often"}, ValueError, "invalid damping='often'; expected 'auto'"),
-    ({"damping": True}, TypeError, "damping must be 'auto' or a number > 0, not bool"),
-    ({"damping": [0.1]}, TypeError, "damping must be 'auto' or a number > 0, not list"),
+    ({"damping": "often"}, ValueError, "invalid damping='often'; expected 'rows'"),
+    ({"damping": True}, TypeError, "damping must be 'rows', 'auto' or a number > 0, not bool"),
+    ({"damping": [0.1]}, TypeError, "damping must be 'rows', 'auto' or a number > 0, not list"),
     ({"compensate": False, "damping": 0.1}, ValueError, "damping=0.1 needs compensate=True"),
     ({"round_to": 0}, ValueError, "invalid round_to=0; expected an int >= 1, or None"),
     ({"round_to": -8}, ValueError, "invalid round_to=-8; expected an int >= 1"),

@@ -187,7 +187,7 @@ def test_embeddings_counted_when_asked() -> None:
         ({"units": 0.3, "floor": [0.5]}, TypeError, "invalid floor=[0.5]; expected a float"),
         ({"units": 0.3, "floor": -0.1}, ValueError, "invalid floor=-0.1"),
         ({"units": 0.3, "floor": math.nan}, ValueError, "invalid floor=nan"),
-        ({"params": 0.3, "floor": "half"}, TypeError, "invalid floor='half'"),
+        ({"params": 0.3, "floor": "half"}, ValueError, "invalid floor='half'; expected a float"),
         ({"params": 0.3, "floor": True}, TypeError, "invalid floor=True"),
         ({"params": 0.3, "sensitivity": 1.5}, ValueError,
          "Budget: invalid sensitivity=1.5; expected a float in [0, 1]: how much a group's"),
@@ -490,6 +490,52 @@ def test_a_floor_holds_in_every_key_value_group() -> None:
     with pytest.raises(ValueError, match=re.escape("at most 50.00% of the units")):
         prunekit.prune_channels(_llama(), {"input_ids": IDS}, budget=prunekit.Budget(
             units=0.6, kinds=("heads",), floor=0.5))  # fmt: skip
+
+
+@pytest.mark.parametrize(("measure", "share"), [("params", 0.3), ("params", 0.55), ("units", 0.4)])
+def test_an_auto_floor_is_that_share_of_the_highest_floor_the_budget_allows(
+    measure: str, share: float
+) -> None:
+    """The highest floor found by the call against a search over floors by hand: the budget
+    is met at it and refused a little above it; every group keeps its auto floor."""
+
+    def scores(group: Any) -> Tensor:  # c2's units score nearly nothing: it would lose most
+        if group.name == "c2.weight":
+            return torch.tensor([1e-6] * 31 + [1.0])
+        return torch.arange(1.0, group.size + 1) + 100
+
+    def met(floor: float) -> bool:
+        try:
+            prunekit.prune_channels(Convs(), X, criterion=scores, budget=prunekit.Budget(
+                **{measure: share}, floor=floor))  # fmt: skip
+        except ValueError:
+            return False
+        return True
+
+    budget = prunekit.Budget(**{measure: share}, floor="auto")
+    assert budget.floor == "auto"
+    report = prunekit.prune_channels(Convs(), X, criterion=scores, budget=budget)
+    assert report.floor is not None and report.achieved >= share
+    highest = report.floor / prunekit.structure.budget.AUTO_FLOOR
+    assert met(highest) and not met(highest + 2e-3)
+    assert all(r.after >= math.ceil(report.floor * r.before - 1e-9) for r in report.rows)
+    bare = prunekit.prune_channels(Convs(), X, criterion=scores,
+                                   budget=prunekit.Budget(**{measure: share}))  # fmt: skip
+    c2 = {r.name: r.after for r in bare.rows}["c2.weight"]
+    assert {r.name: r.after for r in report.rows}["c2.weight"] > c2  # spread more evenly
+    assert f"floor 'auto': {report.floor:.3f}" in str(report)
+
+
+def test_an_auto_floor_on_a_budget_no_floor_can_meet_is_refused_and_the_model_kept() -> None:
+    model = Convs()
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=r"cannot be met: .* \(each group keeps at least one "
+                                         r"unit\); expected a smaller share"):  # fmt: skip
+        prunekit.prune_channels(model, X, criterion="l1", budget=prunekit.Budget(
+            units=0.97, floor="auto"))  # fmt: skip
+    assert fingerprint(model) == before
+    with pytest.raises(ValueError, match=r"floor_of\('c1'\): floor='auto' is found when"):
+        prunekit.Budget(params=0.3, floor="auto").floor_of("c1")
 
 
 def test_a_floor_per_glob_keeps_each_matching_group_its_share() -> None:

@@ -33,9 +33,10 @@ def test_streamed_shrink_writes_what_shrink_writes(tmp_path: Path) -> None:
         warnings.simplefilter("ignore", UserWarning)
         status = main(["shrink", str(folder), "-o", str(tmp_path / "streamed"), "--params",
                        "0.25", "--calibration", str(text), "--streamed", *FAST])  # fmt: skip
+        # floor 0: the streamed budget is allocated block by block, without one
         config = ShrinkConfig(folder, tmp_path / "memory", params=0.25, calibration=text,
                               calibration_tokens=256, evaluation_tokens=128, length=32,
-                              latency_runs=1)  # fmt: skip
+                              latency_runs=1, floor=0.0)  # fmt: skip
         shrink(config)
     assert status == 0
     assert "blocks streamed" in printed.getvalue() and "budget 25.0%" in printed.getvalue()

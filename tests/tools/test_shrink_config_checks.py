@@ -43,16 +43,18 @@ def test_budget_refusals_stay_the_users_errors(tmp_path: Path) -> None:
     assert is_explained(caught.value)
 
 
-def test_no_floor_unless_given(tmp_path: Path) -> None:
-    assert made(tmp_path, params=0.5).budget.floor == 0.0
+def test_the_floor_is_auto_unless_given(tmp_path: Path) -> None:
+    assert made(tmp_path, params=0.5).floor is None
+    assert made(tmp_path, params=0.5).budget.floor == "auto"
 
 
 def test_a_floor_given_is_the_budgets(tmp_path: Path) -> None:
     assert made(tmp_path, params=0.5, floor=0.0).budget.floor == 0.0
     assert made(tmp_path, params=0.2, floor=0.3).budget.floor == 0.3
+    assert made(tmp_path, params=0.2, floor="auto").budget.floor == "auto"
 
 
-@pytest.mark.parametrize("floor", [-0.1, 1.0, float("nan"), "0.5", True])
+@pytest.mark.parametrize("floor", [-0.1, 1.0, float("nan"), "0.5", "half", True])
 def test_a_bad_floor_is_refused_by_name(tmp_path: Path, floor: object) -> None:
     with pytest.raises((ValueError, TypeError), match=r"ShrinkConfig: invalid floor="):
         made(tmp_path, floor=floor)
@@ -73,6 +75,26 @@ def test_the_floor_flag_reaches_the_config(tmp_path: Path, monkeypatch: pytest.M
         main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
               "--floor", "0.5"])  # fmt: skip
     assert seen[0].floor == 0.5 and seen[0].budget.floor == 0.5
+    with pytest.raises(SystemExit):
+        main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
+              "--floor", "auto"])  # fmt: skip
+    assert seen[1].floor == "auto" and seen[1].budget.floor == "auto"
+    with pytest.raises(SystemExit):
+        main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2"])
+    assert seen[2].floor is None and seen[2].budget.floor == "auto"
+
+
+def test_a_floor_flag_that_is_no_number_is_refused_by_the_parser(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prunekit.tools.cli import main
+
+    status = main(["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "o"), "--params", "0.2",
+                   "--floor", "half"])  # fmt: skip
+    assert status == 2
+    assert "argument --floor: invalid value 'half'; expected a float in [0, 1) or 'auto'" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(

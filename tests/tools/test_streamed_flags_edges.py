@@ -21,6 +21,8 @@ REFUSED = [
     (["--params", "0.2", "--criterion", "obs", "--no-compensate"],
      "expected --criterion activation, l1 or l2, got --criterion obs"),
     (["--params", "0.2", "--floor", "0.5"], "expected no --floor, got --floor 0.5"),
+    (["--params", "0.2", "--floor", "auto"], "expected no --floor, got --floor auto"),
+    (["--params", "0.2", "--floor", "0"], "expected no --floor, got --floor 0.0"),
 ]  # fmt: skip
 
 

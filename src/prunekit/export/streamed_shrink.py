@@ -92,8 +92,8 @@ class ShrinkStreamedConfig:
         compensate: True (the default): the layers reading removed units (``o_proj``,
             ``down_proj``) get the least-squares update of ``prune_channels(...,
             compensate=True)``; False: none.
-        damping: the compensation's damping, a number > 0 or 'auto' (None: ``prune_channels``'
-            default); only with `compensate`.
+        damping: the compensation's damping, a number > 0, 'rows' or 'auto' (None:
+            ``prune_channels``' default); only with `compensate`.
         round_to: MLP widths kept as a multiple of it (an int >= 1; None: 1).
         progress: a bar on stderr (default: when stderr is a terminal).
 

@@ -20,7 +20,10 @@ one, so the units of lowest relative score go first, all groups ranked together 
 scores are spread widely (a narrow residual width of a CNN, say) can lose most of its units
 to the wide groups' average ones; ``floor=0.5`` keeps half of every group, and
 ``floor={"*proj*": 0.8, "*": 0.3}`` 80 % of the groups whose name matches ``*proj*`` and
-30 % of the others.
+30 % of the others. ``floor="auto"`` follows the share asked: every group keeps at least
+``AUTO_FLOOR`` of the share of its units that a uniform cut meeting the budget would leave
+it (the highest floor at which the budget can still be met), so no layer is cut far beyond
+the average, and a larger share lowers the floor with it.
 
 Depth and width in one budget: blocks that ``prune_blocks`` (or ``skip_blocks``) skipped
 count as removed, both in what goes and in the total, and their groups are no candidates
@@ -53,6 +56,13 @@ from prunekit.core.errors import shown, type_error, value_error
 from prunekit.structure.pruned import PrunedGroup
 
 KINDS = ("channels", "heads", "hidden")
+AUTO = "auto"
+AUTO_FLOOR = 0.9
+"""``floor="auto"``: the share of the uniform cut's width that every group keeps at least.
+On SmolLM2-135M (a budget of its parameters over MLP widths and query heads, round_to 64,
+five text domains) the floors that gave the best worst domain, 0.65 at 20 %, 0.5-0.55 at
+35 % and 0.35 at 50 %, keep the widths that 0.9 of the highest floor the budget allows
+(0.71, 0.58, 0.375) keeps (docs/benchmarks.md)."""
 MEASURES = ("params", "macs", "latency", "units")
 """What a Budget can count, one of them per Budget."""
 
@@ -88,7 +98,9 @@ class Budget:
             `round_to`; per key/value group for grouped-query heads); 0 keeps one. Or a
             mapping from globs over group names (as ``BudgetReport.rows`` names them) to
             such shares: a group takes the share of the first glob that matches its name,
-            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs.
+            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs. Or
+            ``"auto"``: ``AUTO_FLOOR`` (0.9) of the highest floor for all groups at which
+            the budget can be met, found when it is (``BudgetReport.floor`` says which).
         sensitivity: how much a group's level of scores counts, in [0, 1]. Each unit's
             score is divided by group_mean^(1 - sensitivity) x kind_mean^sensitivity (the
             means of its group's scores and of all units of its kind): 0 (the default)
@@ -99,7 +111,8 @@ class Budget:
     Raises:
         ValueError: a share outside (0, 1), not exactly one of `params`, `macs`, `latency`
             and `units`, an unknown or repeated kind, `embeddings=True` without `params`,
-            `runs` below 1, a `floor` share outside [0, 1) or an empty mapping, a
+            `runs` below 1, a `floor` share outside [0, 1), an empty mapping or another
+            string than 'auto', a
             `sensitivity` outside [0, 1].
         TypeError: a share, `floor` (or one of its globs), `embeddings`, `runs` or
             `sensitivity` of the wrong type.
@@ -112,7 +125,7 @@ class Budget:
     latency: float | None = None
     runs: int = 5
     units: float | None = None
-    floor: float | Mapping[str, float] | tuple[tuple[str, float], ...] = 0.0
+    floor: float | str | Mapping[str, float] | tuple[tuple[str, float], ...] = 0.0
     sensitivity: float = 0.0
 
     def __post_init__(self) -> None:
@@ -166,7 +179,16 @@ class Budget:
         Returns:
             The share, in [0, 1]: the one ``floor`` number, or the first glob's that
             matches `name` (0 when none does).
+
+        Raises:
+            ValueError: ``floor="auto"``, which depends on the model (``BudgetReport.floor``
+                holds what it was).
         """
+        if self.floor == AUTO:
+            raise value_error(
+                f"Budget.floor_of({name!r}): floor='auto' is found when the budget is met, "
+                "from the model's groups; expected a numeric floor, or BudgetReport.floor"
+            )
         if not isinstance(self.floor, tuple):
             return float(self.floor)  # type: ignore[arg-type]  # checked: a number
         return next((float(v) for k, v in self.floor if fnmatchcase(name, k)), 0.0)
@@ -182,12 +204,16 @@ class Budget:
         return float(getattr(self, self.measure))
 
 
-def _checked_floor(floor: Any) -> float | tuple[tuple[str, float], ...]:
-    """`floor` as Budget keeps it: a share in [0, 1), or (glob, share) pairs."""
+def _checked_floor(floor: Any) -> float | str | tuple[tuple[str, float], ...]:
+    """`floor` as Budget keeps it: a share in [0, 1), 'auto', or (glob, share) pairs."""
     wanted = (
-        "expected a float in [0, 1) (the least share of its units that every group keeps) "
-        "or a mapping from globs over group names to such floats"
+        "expected a float in [0, 1) (the least share of its units that every group keeps), "
+        "'auto' or a mapping from globs over group names to such floats"
     )
+    if isinstance(floor, str):
+        if floor != AUTO:
+            raise value_error(f"Budget: invalid floor={floor!r}; {wanted}")
+        return floor
     pairs = list(floor.items()) if isinstance(floor, Mapping) else None
     if isinstance(floor, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in floor):
         pairs = list(floor)
@@ -246,6 +272,7 @@ class BudgetReport(list[PrunedGroup]):
         rows: what each candidate group kept.
         depth: how many of `removed` the skipped blocks make (0 without depth).
         rates: for a latency budget, each kind's milliseconds saved per MAC removed.
+        floor: the floor every group kept where ``floor="auto"`` found it (None otherwise).
 
     Attributes:
         budget: the budget met.
@@ -254,11 +281,13 @@ class BudgetReport(list[PrunedGroup]):
         rows: what each candidate group kept (name, kind, units before and after).
         depth: as given.
         rates: as given (empty but for a latency budget).
+        floor: as given.
     """
 
     def __init__(
         self, pruned: list[PrunedGroup], budget: Budget, total: float, removed: float,
         rows: list[BudgetRow], depth: float = 0.0, rates: dict[str, float] | None = None,
+        floor: float | None = None,
     ) -> None:  # fmt: skip
         super().__init__(pruned)
         self.budget = budget
@@ -267,6 +296,7 @@ class BudgetReport(list[PrunedGroup]):
         self.rows = tuple(rows)
         self.depth = depth
         self.rates = dict(rates or {})
+        self.floor = floor
 
     @property
     def target(self) -> float:
@@ -286,7 +316,8 @@ class BudgetReport(list[PrunedGroup]):
         lines = [
             f"budget {self.target:.1%} of {self.total:,.{digits}f} {what}: removed "
             f"{self.removed:,.{digits}f} ({self.achieved:.2%})"
-            + (f", of which {self.depth:,.0f} in skipped blocks" if self.depth else ""),
+            + (f", of which {self.depth:,.0f} in skipped blocks" if self.depth else "")
+            + (f"; floor 'auto': {self.floor:.3f}" if self.floor is not None else ""),
             f"{'group':<{width}}  {'kind':<8}  {'units':>6}  {'kept':>6}",
         ]
         lines += [f"{n:<{width}}  {r.kind:<8}  {r.before:>6}  {r.after:>6}"

@@ -7,6 +7,7 @@ criterion and compensation as ``prunekit shrink``, block by block
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,9 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         CheckpointError: not a sharded model folder, or text that cannot be read.
     """
     _check_streamed_flags(config)
+    budget = dataclasses.replace(config.budget, floor=0.0)  # block by block: no floor
     options = ShrinkStreamedConfig(
-        config.budget, config.criterion, config.compensate, round_to=config.round_to or 1,
+        budget, config.criterion, config.compensate, round_to=config.round_to or 1,
         progress=progress,
     )  # fmt: skip
     index = index_of(config.source)
@@ -205,7 +207,7 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
                 f"--streamed removes a share of the parameters (MACs and latency need the "
                 f"whole model run); expected --params S, got {flag} {value}"
             )
-    if config.floor:
+    if config.floor is not None:
         raise ValueError(
             "--streamed allocates the budget without a floor; expected no --floor, got "
             f"--floor {config.floor}"

@@ -92,11 +92,12 @@ def _pruning_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--floor",
-        type=float,
-        default=0.0,
+        type=_floor,
+        default=None,
         metavar="F",
-        help="the least share of its units each layer's MLP width and query heads keep "
-        "(default 0: none; 0.5-0.65 kept held-out text better at 20-35 %%)",
+        help="the least share of its units each layer's MLP width and query heads keep, in "
+        "[0, 1), or 'auto' (the default: 0.9 of the highest floor the share allows; none "
+        "with --streamed)",
     )
     parser.add_argument(
         "--round-to",
@@ -157,6 +158,18 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         help="a sharded folder one decoder block in memory at a time (--params, hf, no "
         "perplexity or latency measured)",
     )
+
+
+def _floor(text: str) -> float | str:
+    """--floor's value: 'auto' or a number (ShrinkConfig checks its range)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}; expected a float in [0, 1) or 'auto'"
+        ) from None
 
 
 def _formats(text: str) -> tuple[str, ...]:

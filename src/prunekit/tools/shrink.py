@@ -41,7 +41,7 @@ from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
 from prunekit.io.statedict import check_seed
-from prunekit.structure.budget import Budget, BudgetReport
+from prunekit.structure.budget import AUTO, Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.stages.entry import prune_channels
@@ -97,9 +97,11 @@ class ShrinkConfig:
             and heads, or channels alone with the ``deci`` format (whose query heads are
             the same in every layer).
         floor: the least share of its units every group (a layer's MLP width, its query
-            heads) keeps, in [0, 1) (``Budget(floor=...)``; 0: none). A cut spread more
-            evenly kept held-out text better: SmolLM2-135M at 20 %, calibrated on a mixture
-            of five kinds of text, was 1.67x dense perplexity on the worst of them without a
+            heads) keeps: a float in [0, 1) (``Budget(floor=...)``; 0: none), or 'auto'
+            (None, the default: 0.9 of the highest floor the share asked allows; without
+            one with `--streamed`, which allocates block by block). A cut spread more evenly
+            keeps held-out text better: SmolLM2-135M at 20 %, calibrated on a mixture of
+            five kinds of text, was 1.67x dense perplexity on the worst of them without a
             floor, 1.58x at 0.5 and 1.55x at 0.65; at 35 %, 2.64x without one and 2.40x at
             0.5. A floor too high for the share asked is refused when the budget is met.
         seed: seeds torch for the run.
@@ -124,7 +126,7 @@ class ShrinkConfig:
     length: int = 256
     criterion: str = "activation"
     kinds: tuple[str, ...] | None = None
-    floor: float = 0.0
+    floor: float | str | None = None
     seed: int = 0
     latency_runs: int = 5
     lr: float = 5e-5
@@ -208,8 +210,9 @@ class ShrinkConfig:
                          _at_least(low), integral=True)  # fmt: skip
         self._check_windows()
         check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
-        check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1)",
-                     lambda v: 0 <= v < 1)  # fmt: skip
+        if self.floor not in (None, AUTO):
+            check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1) or 'auto'",
+                         lambda v: 0 <= v < 1)  # fmt: skip
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         rate = f"a finite float > 0, at most {_FLOAT32:.4g} (the model is float32 while shrunk)"
@@ -240,7 +243,7 @@ class ShrinkConfig:
             )
         try:
             return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs,
-                          floor=self.floor)  # fmt: skip
+                          floor=AUTO if self.floor is None else self.floor)  # fmt: skip
         except (ValueError, TypeError) as error:
             if not is_explained(error):
                 raise

@@ -17,7 +17,9 @@ from helpers.model_state import fingerprint
 from prunekit.structure.compensation.damping import (
     DAMP,
     GRID,
+    LIGHTEST,
     Moments,
+    by_rows,
     choose,
     held_out_errors,
     least_squares_update,
@@ -139,6 +141,47 @@ def test_auto_picks_the_damping_a_brute_force_search_picks(bias: bool) -> None:
     assert not torch.equal(auto[2].weight_orig, dense[2].weight)
 
 
+def test_by_rows_damps_few_rows_per_feature_strongly_and_many_lightly() -> None:
+    assert by_rows(1024, 1536) == DAMP  # fewer rows than features: the strongest
+    assert by_rows(4096, 1536) == pytest.approx(0.225)  # 2.7 rows per feature
+    assert by_rows(16384, 1536) == pytest.approx(0.6 * 1536 / 16384)
+    assert by_rows(32768, 1536) == pytest.approx(0.6 * 1536 / 32768)
+    assert by_rows(10**7, 16) == LIGHTEST
+    assert by_rows(0, 16) == DAMP
+    levels = [by_rows(rows, 64) for rows in (64, 256, 1024, 4096, 16384)]
+    assert levels == sorted(levels, reverse=True)  # never lighter with fewer rows
+
+
+@pytest.mark.parametrize(("count", "rows"), [(6, 10), (40, 100)])
+def test_the_default_damping_follows_the_rows_per_feature(count: int, rows: int) -> None:
+    # 16 hidden features read by the last layer on count x rows calibration rows: the default
+    # is the constant by_rows gives, and differs from the old constant 0.3 where it is lighter
+    dense, calibration = mlp(), batches(count, rows)
+    implicit, explicit, strong = (copy.deepcopy(dense) for _ in range(3))
+    level = by_rows(count * rows, 16)
+    for model, damping in ((implicit, None), (explicit, level), (strong, DAMP)):
+        given = {} if damping is None else {"damping": damping}
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=True, **given)  # fmt: skip
+    torch.testing.assert_close(implicit[2].weight_orig, explicit[2].weight_orig, rtol=0, atol=0)
+    assert (level < DAMP) == (not torch.equal(implicit[2].weight_orig, strong[2].weight_orig))
+
+
+def test_the_default_damping_of_a_convolution_read_as_patches_is_the_lightest() -> None:
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Tanh(), nn.Conv2d(8, 4, 3))
+    g = torch.Generator().manual_seed(5)
+    calibration = [torch.randn(2, 3, 6, 6, generator=g) for _ in range(2)]
+    implicit, light, stronger = (copy.deepcopy(dense) for _ in range(3))
+    for model, given in ((implicit, {}), (light, {"damping": LIGHTEST}),
+                         (stronger, {"damping": 0.1})):  # fmt: skip
+        prunekit.prune_channels(model, calibration[0], 0.5, criterion="activation",
+                                calibration=calibration, compensate=True, **given)  # fmt: skip
+    torch.testing.assert_close(implicit[2].weight_orig, light[2].weight_orig, rtol=0, atol=0)
+    assert not torch.equal(implicit[2].weight_orig, stronger[2].weight_orig)
+    assert not torch.equal(implicit[2].weight_orig, dense[2].weight)
+
+
 def test_a_layer_no_damping_helps_is_left_with_a_warning() -> None:
     # the removed input copies a kept one on the even batches and its negative on the odd:
     # fitted on one fold, the update doubles the error on the other; left as it was
@@ -163,12 +206,12 @@ def test_a_layer_no_damping_helps_is_left_with_a_warning() -> None:
 def test_one_batch_cannot_be_held_out_so_the_constant_is_used_with_a_warning() -> None:
     dense, calibration = mlp(), batches(1, rows=40)
     auto, constant = copy.deepcopy(dense), copy.deepcopy(dense)
-    with pytest.warns(UserWarning, match=r"one batch cannot be split: used damping=0.3"):
+    with pytest.warns(UserWarning, match=r"one batch cannot be split: used damping='rows'"):
         prunekit.prune_channels(auto, calibration[0], 0.5, criterion="activation",
                                 calibration=calibration, compensate=True,
                                 damping="auto")  # fmt: skip
     prunekit.prune_channels(constant, calibration[0], 0.5, criterion="activation",
-                            calibration=calibration, compensate=True, damping=DAMP)  # fmt: skip
+                            calibration=calibration, compensate=True, damping="rows")  # fmt: skip
     torch.testing.assert_close(auto[2].weight_orig, constant[2].weight_orig, rtol=0, atol=0)
 
 
@@ -191,12 +234,12 @@ def test_compaction_is_exact_after_compensation_of_any_damping(damping: Any) -> 
     ("options", "error", "match"),
     [
         ({"damping": "fast"}, ValueError, r"prune_channels: invalid damping='fast'; expected "
-                                          r"'auto'"),
-        ({"damping": 0.0}, ValueError, r"invalid damping=0.0; expected 'auto' or a finite"),
+                                          r"'rows' .*'auto'"),
+        ({"damping": 0.0}, ValueError, r"invalid damping=0.0; expected 'rows', 'auto' or a finite"),
         ({"damping": -1}, ValueError, r"invalid damping=-1"),
         ({"damping": math.nan}, ValueError, r"invalid damping=nan"),
         ({"damping": math.inf}, ValueError, r"invalid damping=inf"),
-        ({"damping": True}, TypeError, r"damping must be 'auto' or a number > 0, not bool"),
+        ({"damping": True}, TypeError, r"damping must be 'rows', 'auto' or a number > 0, not bool"),
         ({"damping": [0.3]}, TypeError, r"not list"),
         ({"damping": 0.3, "compensate": False}, ValueError,
          r"damping=0.3 needs compensate=True .*not compensate=False"),

@@ -16,7 +16,8 @@ kernel position with it, and H (kernel positions x channels per group, squared) 
 depthwise convolution is never a consumer: its channels go with those it reads, and the
 pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
-is in float64, damped by ``DAMP`` x the mean of the diagonal, through a Cholesky factor.
+is in float64, damped (``prunekit.structure.compensation.damping``: by default from the
+rows per feature the statistics hold) x the mean of the diagonal, through a Cholesky factor.
 
 Statistics come from the calibration machinery of ``prunekit.calibrate`` and are
 taken in forward order on the model as pruned so far: each consumer sees the outputs of the
@@ -49,6 +50,7 @@ from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.structure.compensation.damping import (
     DAMP,
+    ROWS,
     Moments,
     Tuning,
     held_out_errors,
@@ -201,12 +203,13 @@ def compensate_groups(
     chosen: Sequence[tuple[ChannelGroup, Sequence[int]]],
     openings: Openings,
     batches: Sequence[Any],
-    damping: float | str = DAMP,
+    damping: float | str = ROWS,
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
     keeps to undo a failure. `damping`: the solve's damping relative to the mean diagonal,
-    or 'auto', chosen per consumer on held-out batches (``damping``; with one batch, DAMP).
+    'rows' (from each consumer's rows per feature) or 'auto', chosen per consumer on held-out
+    batches (``damping``; with one batch, 'rows').
     Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
@@ -216,7 +219,7 @@ def compensate_groups(
     order = _forward_order(model, [*(c.module for c in found), *producers.values()], batches[0])
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
-    tuning = Tuning(damping, len(batches), DAMP)
+    tuning = Tuning(damping, len(batches))
     done: list[str] = []
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
@@ -393,7 +396,7 @@ def _update(
     errors, untouched = None, 0.0
     if tuning.auto and len(folds) > 1 and kept and removed:
         errors, untouched = held_out_errors(rows, folds, removed, kept, bias is not None)
-    level = tuning.damping(one.module, errors, untouched)
+    level = tuning.damping(one.module, errors, untouched, whole.rows, n)
     if level is None:
         return False
     mean = whole.mean if bias is not None else None
@@ -439,7 +442,7 @@ def _update_patches(
                                           bias is not None)  # fmt: skip
             errors = found if errors is None else errors + found
             untouched += none
-    level = tuning.damping(conv, errors, untouched)
+    level = tuning.damping(conv, errors, untouched, whole.rows, columns, patches=True)
     if level is None:
         return False
     change = torch.zeros_like(rows)

@@ -17,7 +17,7 @@ from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.example_inputs import rowless
 from prunekit.structure.budget import Budget
-from prunekit.structure.compensation.damping import DAMP, check_damping
+from prunekit.structure.compensation.damping import ROWS, check_damping
 from prunekit.structure.graph.graph import ChannelGroup, check_gqa
 from prunekit.structure.scoring.criteria import (
     GroupCriterion,
@@ -28,9 +28,12 @@ from prunekit.structure.scoring.criteria import (
 from prunekit.whole.registry import check_scope
 from prunekit.whole.vocabulary import renamed
 
-DAMPING: float | str = DAMP
-"""What `damping` is where not given: the constant 0.3. 'auto' (the held-out choice per layer)
-did not lift the worst text domain in ``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
+DAMPING: float | str = ROWS
+"""What `damping` is where not given: 'rows', from each layer's calibration rows per input
+feature (``prunekit.structure.compensation.damping.by_rows``: 0.3 with a few rows per
+feature, down to 0.01 with many; 0.01 for a convolution read as patches). 'auto' (the
+held-out choice per layer) did not lift the worst text domain in
+``benchmarks/domains_llm.py`` (docs/benchmarks.md)."""
 
 Criterion = str | GroupCriterion | Callable[[ChannelGroup], Tensor]
 Excluded = Iterable[nn.Module | str]
@@ -104,8 +107,12 @@ class ChannelConfig:
             False (the default): neither.
         ignore: the old name of `exclude` (warns).
         damping: with `compensate=True` only: the damping of its least-squares solve, a
-            number > 0 relative to the mean diagonal of the input's second moment (None:
-            ``DAMPING``, 0.3), or 'auto': for each layer, the damping of a log-scale grid
+            number > 0 relative to the mean diagonal of the input's second moment; 'rows'
+            (None: ``DAMPING``): for each layer, 0.6 x its input features / the calibration
+            rows (tokens) measured, between 0.01 and 0.3, so that a few rows per feature are
+            damped strongly and many lightly (a convolution read as patches: 0.01); or
+            'auto': for each layer, the
+            damping of a log-scale grid
             whose update, fitted on alternate calibration batches, best keeps the layer's
             output on the others (both ways round), then fitted on all of them; a layer
             where no damping beats leaving it is left, with a warning

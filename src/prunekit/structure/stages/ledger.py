@@ -32,6 +32,12 @@ class TensorCost:
         return self.weight * (math.prod(self.shape) - kept)
 
 
+def untouched(tensors: dict[int, TensorCost]) -> dict[int, TensorCost]:
+    """A copy of `tensors` with nothing removed, for a ledger of its own (a ledger's
+    removals are kept in its tensors)."""
+    return {k: TensorCost(t.shape, t.weight) for k, t in tensors.items()}
+
+
 class Ledger:
     """What the units chosen so far remove, counted per tensor as compact slices them."""
 

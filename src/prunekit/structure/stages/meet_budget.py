@@ -15,7 +15,15 @@ from typing import Any, NoReturn
 from torch import Tensor, nn
 
 from prunekit.core.errors import value_error
-from prunekit.structure.budget import COUNTED, KINDS, Budget, BudgetReport, BudgetRow
+from prunekit.structure.budget import (
+    AUTO,
+    AUTO_FLOOR,
+    COUNTED,
+    KINDS,
+    Budget,
+    BudgetReport,
+    BudgetRow,
+)
 from prunekit.structure.families.experts import width_step
 from prunekit.structure.graph.graph import ChannelGroup
 from prunekit.structure.probe import Probe
@@ -30,6 +38,7 @@ from prunekit.structure.stages.ledger import (
     tensor_key,
     unique_parameters,
     unit_costs,
+    untouched,
 )
 
 
@@ -61,7 +70,8 @@ def meet(
         tensor_key(s): TensorCost(tuple(costed_parameter(s).shape), weights.get(tensor_key(s), 0.0))
         for g in groups for s in costed(g)
     }  # fmt: skip
-    floors = [budget.floor_of(g.name) for g in groups]
+    auto = budget.floor == AUTO
+    floors = [0.0 if auto else budget.floor_of(g.name) for g in groups]
     by_units = budget.measure == "units"
     unit_cost = [[1.0] * g.size if by_units else unit_costs(g, tensors) for g in groups]
     rates: dict[str, float] = {}
@@ -73,18 +83,50 @@ def meet(
             [c * rates[g.kind] for c in cs] for g, cs in zip(groups, unit_cost, strict=True)
         ]
         depth = 0.0  # skipped blocks no longer run: the time measured is without them
+    goal = budget.share * total
+    found = None
+    if auto:
+        found = AUTO_FLOOR * _highest_floor(groups, scores, unit_cost, round_to, tensors,
+                                            by_units, rates, depth, goal)  # fmt: skip
+        floors = [found] * len(groups)
     pooled = budget.measure == "latency"
     levels = _levels(groups, scores, budget.sensitivity)
     chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled, levels=levels)
     ledger = Ledger(tensors, units=by_units)
     ledger.removed = depth
-    taken = _take(groups, chains, ledger, rates, budget.share * total)
+    taken = _take(groups, chains, ledger, rates, goal)
     if taken is None:
         _unreachable(budget, total, ledger.removed, round_to)
     pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
     rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
             for g, u in zip(groups, taken, strict=True)]  # fmt: skip
-    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates)
+    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates, found)
+
+
+def _highest_floor(
+    groups: list[ChannelGroup], scores: list[Tensor], costs: list[list[float]],
+    round_to: int | None, tensors: dict[int, TensorCost], by_units: bool,
+    rates: dict[str, float], depth: float, goal: float,
+) -> float:  # fmt: skip
+    """The highest floor, the same for every group, at which `goal` can still be removed
+    (to 1e-4, by bisection: what a floor allows grows as it falls); 0 where none can."""
+
+    def reachable(floor: float) -> bool:
+        chains = _chains(groups, scores, costs, round_to, [floor] * len(groups))
+        ledger = Ledger(untouched(tensors), units=by_units)
+        ledger.removed = depth
+        for g, chain in zip(groups, chains, strict=True):
+            for _, units in chain:
+                ledger.remove(g, units, rates.get(g.kind, 1.0))
+        return ledger.removed >= goal * (1 - 1e-12)
+
+    low, high = 0.0, 1.0
+    if not reachable(low):
+        return 0.0
+    while high - low > 1e-4:
+        middle = (low + high) / 2
+        low, high = (middle, high) if reachable(middle) else (low, middle)
+    return low
 
 
 def _levels(groups: list[ChannelGroup], scores: list[Tensor], sensitivity: float) -> list[float]:
@@ -163,7 +205,7 @@ def _rates(
         if not cut:
             rates[kind] = 0.0
             continue
-        ledger = Ledger({k: TensorCost(t.shape, t.weight) for k, t in tensors.items()})
+        ledger = Ledger(untouched(tensors))
         for p in cut:
             ledger.remove(p.group, p.units)
         timed = probe(cut)
@@ -176,7 +218,7 @@ def _rates(
 def _unreachable(budget: Budget, total: float, most: float, round_to: int | None) -> NoReturn:
     share = most / total if total else 0.0
     rounding = f", a multiple of round_to={round_to} channels" if (round_to or 1) > 1 else ""
-    least = f" and floor={budget.floor!r} of its units" if budget.floor else ""
+    least = f" and floor={budget.floor!r} of its units" if budget.floor not in (0, AUTO) else ""
     raise value_error(
         f"prune_channels: budget={budget!r} cannot be met: the groups of kinds "
         f"{list(budget.kinds)} can remove at most {share:.2%} of the {COUNTED[budget.measure]} "
