@@ -17,7 +17,8 @@ reads, the second half gives the perplexity (--windows windows of 512 tokens): d
 Each target removes a share of the non-embedding parameters. --allocation uniform: one query
 head of every key/value group (heads=1/3) and the MLP share that makes up the rest, every
 block alike. --allocation budget: ``Budget(params=target, kinds=--kinds)``, the units of
-lowest score for their cost across all blocks and kinds (what each block kept is printed);
+lowest score for their cost across all blocks and kinds (what each block kept is printed;
+--floor F: ``Budget(floor=F)``, a share or 'auto');
 with --measure latency, ``Budget(latency=target, kinds=--kinds)`` instead: each kind probed
 on 1 x 512 tokens (--probe-runs pairs), the share of that forward's time (the table's
 'removed' column still says the non-embedding parameters masked). Criteria: 'l2' (the
@@ -179,10 +180,11 @@ def prune(
     if args.allocation == "budget":
         kinds = tuple(args.kinds.split(","))
         if args.measure == "latency":  # probed on 1 x 512 tokens, what the latency times
-            budget = prunekit.Budget(latency=target, kinds=kinds, runs=args.probe_runs)
+            budget = prunekit.Budget(latency=target, kinds=kinds, runs=args.probe_runs,
+                                     floor=args.floor)  # fmt: skip
             example = args.timing_example
         else:
-            budget = prunekit.Budget(params=target, kinds=kinds)
+            budget = prunekit.Budget(params=target, kinds=kinds, floor=args.floor)
         found = prunekit.prune_channels(pruned, example, budget=budget, **common)
     else:
         mlp, heads, _ = shares(model, target, args.heads)
@@ -292,6 +294,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--criteria", default=",".join(CRITERIA), help="comma-separated")
     parser.add_argument("--allocation", choices=("uniform", "budget"), default="uniform")
     parser.add_argument("--kinds", default="channels,heads", help="Budget kinds (budget only)")
+    parser.add_argument("--floor", default="0", help="Budget floor: a share or 'auto' (budget)")
     parser.add_argument(
         "--measure",
         choices=("params", "latency"),
@@ -314,6 +317,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
+    args.floor = args.floor if args.floor == "auto" else float(args.floor)
     names = [n for n in args.criteria.split(",") if n]
     if any(n not in CRITERIA for n in names):
         sys.exit(f"--criteria: some of {', '.join(CRITERIA)}")
