@@ -112,8 +112,7 @@ class Budget:
         ValueError: a share outside (0, 1), not exactly one of `params`, `macs`, `latency`
             and `units`, an unknown or repeated kind, `embeddings=True` without `params`,
             `runs` below 1, a `floor` share outside [0, 1), an empty mapping or another
-            string than 'auto', a
-            `sensitivity` outside [0, 1].
+            string than 'auto', a `sensitivity` outside [0, 1].
         TypeError: a share, `floor` (or one of its globs), `embeddings`, `runs` or
             `sensitivity` of the wrong type.
     """

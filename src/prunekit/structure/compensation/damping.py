@@ -49,8 +49,9 @@ ROWS = "rows"
 ROWS_SCALE = 0.6
 """``by_rows``' damping per feature a row serves: 0.6 x features / rows. On SmolLM2-135M
 with 16-32 k calibration tokens (10-21 rows per feature of a down projection) it gives the
-0.06-0.03 that won on every text domain there (``benchmarks/domains_llm.py``), and with the
-2-4 k tokens a call is often given (1.3-2.7 rows per feature) the constant ``DAMP``."""
+0.06-0.03 that did best on its worst text domain at 20 % and 35 % (``benchmarks/domains_llm.py``),
+and with the 2-4 k tokens a call is often given (1.3-2.7 rows per feature) 0.3-0.22, near
+the constant ``DAMP`` chosen for them."""
 LIGHTEST = 0.01
 """The least damping ``by_rows`` gives, however many rows, and a convolution's read as
 patches. EfficientNet-Lite0, 30 % of its expansion widths, ``compensate=True``, 64
