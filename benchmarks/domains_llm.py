@@ -32,8 +32,8 @@ are named shorter: '20% 0.3 x2 s0.5 +600s'):
 --steps N: SmolLM2's target cut in N steps, ``Budget(params=target x k / N)`` for k = 1..N,
 each compensated on the model the steps before left ('xN').
 --sensitivity S: ``Budget(sensitivity=S)`` (both models; 'sS').
---floor F: SmolLM2's ``Budget(floor=F)``, every group keeping at least that share ('fF'), or
-'auto' (0.9 of the highest floor the budget allows).
+--floor F: ``Budget(floor=F)`` (both models), every group keeping at least that share
+('fF'), or 'auto' (0.9 of the highest floor the budget allows).
 --recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
 text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
 the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct); its row
@@ -209,8 +209,8 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
         uniform = prunekit.prune_channels(copy.deepcopy(dense), example, 0.25, heads=0.25)
         assert isinstance(probe, prunekit.BudgetReport)
         removed = _removed(uniform, probe)
-        for label, level in itertools.product(args.damping, args.sensitivity):
-            budget = prunekit.Budget(params=removed, sensitivity=level)
+        for label, level, floor in itertools.product(args.damping, args.sensitivity, args.floor):
+            budget = prunekit.Budget(params=removed, sensitivity=level, floor=floor)
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
                 model, example, budget=budget, criterion=args.criterion, calibration=batches,
@@ -218,7 +218,9 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             )  # fmt: skip
             values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
-            row = f"{f'{source}, damping {label}' + (f' s{level:g}' if level else ''):<26}"
+            name = f"{source}, damping {label}" + (f" s{level:g}" if level else "")
+            name += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
+            row = f"{name:<26}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
 
@@ -243,7 +245,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
-    parser.add_argument("--floor", default="0", help="SmolLM2: Budget(floor=), rows")
+    parser.add_argument("--floor", default="0", help="Budget(floor=), rows")
     parser.add_argument("--lr", default="1e-4", help="--recover's peak rates, rows")
     parser.add_argument("--hidden-weight", default="0", help="--recover's, rows")
     parser.add_argument("--recover-windows", type=int, default=0, help="0: the pruning's")
