@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prunekit.core.checks import check_seed
 from prunekit.io.atomic import atomic_folder, atomic_path, same_file
 from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.options import Options, config_of
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
-from prunekit.io.statedict import check_seed, prune_file
+from prunekit.io.statedict import prune_file
 from prunekit.report import Report, report
 from prunekit.tools import calibrate
 from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command

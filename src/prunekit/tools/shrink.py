@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, check_seed
 from prunekit.core.errors import (
     is_explained,
     shown,
@@ -40,7 +40,6 @@ from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
 from prunekit.io.files import CheckpointError, writable_folder
-from prunekit.io.statedict import check_seed
 from prunekit.structure.budget import AUTO, Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
@@ -210,6 +209,7 @@ class ShrinkConfig:
                          _at_least(low), integral=True)  # fmt: skip
         self._check_windows()
         check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
+        object.__setattr__(self, "seed", int(self.seed))  # a numpy one: torch.Generator's
         if self.floor not in (None, AUTO):
             check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1) or 'auto'",
                          lambda v: 0 <= v < 1)  # fmt: skip
