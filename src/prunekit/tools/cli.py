@@ -246,10 +246,10 @@ def _trust_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    if args.out is None:  # an empty one is refused, not taken for the default
+        args.out = "demo-llm-out" if args.llm else "demo-out"
     if args.llm:
-        args.out = args.out or "demo-llm-out"
         return run_llm_demo_command(args)
-    args.out = args.out or "demo-out"
     console, errors = consoles()
     with progress_bars(errors) as tick:
         result = run_demo(
