@@ -350,6 +350,53 @@ def test_demo_refuses_an_empty_out(
     assert not (tmp_path / default).exists()
 
 
+@pytest.mark.parametrize("method", ["l1", "wanda"])
+@pytest.mark.parametrize("source", ["file", "folder"])
+def test_prune_refuses_an_empty_out(
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    method: str,
+) -> None:
+    # Path("") is ".": a model folder's copy was staged, then the current folder renamed away
+    # to swap it in (refused by the system, a stray '..old.*' folder left in it)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "kept.txt").write_text("kept")
+    monkeypatch.chdir(here)
+    given = str(checkpoint if source == "file" else folder)
+    status, out, err = run(capsys, "prune", given, "-o", "", "--amount", "0.5", "--method", method)
+    assert status == 1 and out == ""
+    one_line_error(err, "prunekit prune: error: invalid --out=''; expected a path, not an empty")
+    assert [p.name for p in here.iterdir()] == ["kept.txt"]
+
+
+def test_prune_writes_a_folder_into_the_current_one_given_as_a_dot(
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # what the refusal of an empty --out advises: the system refused to rename '.' itself
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "kept.txt").write_text("kept")
+    monkeypatch.chdir(here)
+    status, _, err = run(capsys, "prune", str(folder), "-o", ".", "--amount", "0.5")
+    assert status == 0, err
+    assert sorted(p.name for p in here.iterdir()) == ["kept.txt", "model.safetensors"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stage left
+    assert report(load_state_dict(here / "model.safetensors")).sparsity > 0
+
+
 @pytest.mark.parametrize("demo", [run_demo, run_llm_demo], ids=["run_demo", "run_llm_demo"])
 def test_the_demos_refuse_an_empty_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo: Any

@@ -204,17 +204,18 @@ def refuse_empty_path(owner: str, name: str, path: str | os.PathLike[str]) -> No
     Check the path as given: once made a Path, an empty one reads '.'.
 
     Args:
-        owner: what the error begins with ("ShrinkConfig").
-        name: the argument the path was given as ("out").
+        owner: what the error begins with ("ShrinkConfig"; "": nothing, as on the command
+            line, where the command is put in front).
+        name: the argument the path was given as ("out", "--out").
         path: the path as given.
 
     Raises:
         ValueError: an empty `path`, naming `owner` and `name`.
     """
     if not os.fspath(path):
+        head = f"{owner}: invalid {name}" if owner else f"invalid {name}"
         raise value_error(
-            f"{owner}: invalid {name}={path!r}; expected a path, not an empty one (give "
-            "'.' for the current folder)"
+            f"{head}={path!r}; expected a path, not an empty one (give '.' for the current folder)"
         )
 
 

@@ -14,7 +14,13 @@ from typing import Any
 
 from prunekit.core.checks import check_seed
 from prunekit.io.atomic import atomic_folder, atomic_path, same_file
-from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
+from prunekit.io.files import (
+    CheckpointError,
+    load_state_dict,
+    refuse_empty_path,
+    writable_file,
+    writable_folder,
+)
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.options import Options, config_of
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
@@ -302,6 +308,7 @@ def _renamed(found: Report, name: Callable[[str], str]) -> Report:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    refuse_empty_path("", "--out", args.out)  # Path("") is ".": the current folder
     if calibrate.streamed(args):  # wanda, sparsegpt: a folder block by block
         return calibrate.run_streamed(args)
     if args.global_pruning:
