@@ -59,6 +59,10 @@ def test_options_it_does_not_stream_are_refused(tmp_path: Path) -> None:
         (ShrinkConfig(folder, tmp_path / "out", params=0.2, distill=1.0), "--distill 0"),
         (ShrinkConfig(folder, tmp_path / "out", macs=0.2), "expected --params S"),
         (ShrinkConfig(folder, tmp_path / "out", params=0.2, criterion="taylor"), "taylor"),
+        (
+            ShrinkConfig(folder, tmp_path / "out", params=0.2, evaluation=("a b", "c d")),
+            r"expected no --eval, got --eval \(2 passages\)",
+        ),
         (ShrinkConfig(single, tmp_path / "out", params=0.2), "model.safetensors.index.json"),
     ]
     for config, words in cases:

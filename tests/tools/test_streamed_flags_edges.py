@@ -1,6 +1,8 @@
 """`prunekit shrink SRC --streamed` refuses a flag it does not stream in the words of the
 command line (the flag and its value, and what --streamed takes), not in those of the
-library's ShrinkStreamedConfig, which the user never wrote; nothing is written."""
+library's ShrinkStreamedConfig, which the user never wrote; nothing is written. --eval is
+refused (no perplexity is measured); --eval-tokens is taken, as it sizes the held-out end of
+the calibration text, hence the calibration windows, as prunekit shrink's (test_calibrate)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ REFUSED = [
     (["--params", "0.2", "--floor", "0.5"], "expected no --floor, got --floor 0.5"),
     (["--params", "0.2", "--floor", "auto"], "expected no --floor, got --floor auto"),
     (["--params", "0.2", "--floor", "0"], "expected no --floor, got --floor 0.0"),
+    # refused before it is read: the file does not exist
+    (["--params", "0.2", "--eval", "held.txt"], "expected no --eval, got --eval held.txt"),
 ]  # fmt: skip
 
 

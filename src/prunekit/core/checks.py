@@ -36,6 +36,7 @@ __all__ = [
     "check_module",
     "check_rate",
     "check_scores",
+    "check_seed",
     "is_attention_out_proj",
     "owner_of",
     "prunable_parameter",
@@ -233,6 +234,30 @@ def check_number(
         )
     if not allowed(as_float(value)):
         raise value_error(f"{owner}: invalid {name}={shown(value)}; expected {expected}")
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
+
+
+def check_seed(seed: Any, where: str, what: str = "seed") -> None:
+    """Raise unless `seed` is None or an integer torch.manual_seed takes: an int or a numpy
+    integer scalar, as check_number's integral arguments (a bool is neither). A caller that
+    hands it to ``torch.Generator.manual_seed``, which takes no numpy integer, holds
+    ``int(seed)``. The error begins with `where` (if any) and calls the seed `what`.
+
+    Raises:
+        TypeError: not an integer; ValueError: out of SEED_RANGE (both name `where` and
+            `what`).
+    """
+    if seed is None:
+        return
+    low, high = SEED_RANGE
+    allowed = f"expected an int in [-2**63, 2**64 - 1] = [{low}, {high}]"
+    head = f"{where}: invalid {what}" if where else f"invalid {what}"
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise type_error(f"{head}={shown(seed)} of type {type(seed).__name__}; {allowed}")
+    if not low <= int(seed) <= high:
+        raise value_error(f"{head}={shown(seed)}, out of range; {allowed}")
 
 
 def as_float(value: Any) -> float:

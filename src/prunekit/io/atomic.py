@@ -63,7 +63,8 @@ def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
     folder or the new one at `target`; elsewhere two renames, between which a kill leaves
     the old folder under a hidden name beside it. The parent folder must exist.
     """
-    final = Path(os.path.realpath(target)) if Path(target).is_symlink() else Path(target)
+    # by its full name: the system refuses to rename '.', and 'a/..' stages inside itself
+    final = Path((os.path.realpath if Path(target).is_symlink() else os.path.abspath)(target))
     stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         if final.is_dir():  # its files, and its permissions (copytree copies them)
@@ -109,7 +110,11 @@ def _swap(stage: Path, final: Path) -> None:
     if _exchange(stage, final):
         return
     old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
-    os.rename(final, old / "x")
+    try:
+        os.rename(final, old / "x")
+    except OSError:  # `final` stays where it was: nothing of the swap is left beside it
+        old.rmdir()
+        raise
     os.rename(stage, final)
     os.rename(old / "x", stage)
     old.rmdir()

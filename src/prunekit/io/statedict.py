@@ -13,12 +13,12 @@ import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from prunekit.core.errors import shown, type_error, value_error
+from prunekit.core.checks import check_seed
+from prunekit.core.errors import value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.io.atomic import same_file
 from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
@@ -189,27 +189,6 @@ def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> Non
                 f"weights, not a weight to prune; expected the pair {orig_name(base)!r} "
                 f"and {e.name!r}, or leave it out (exclude={e.name!r})"
             )
-
-
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed takes
-
-
-def check_seed(seed: Any, where: str, what: str = "seed") -> None:
-    """Raise unless `seed` is None or an int torch.manual_seed takes; the error begins with
-    `where` (if any) and calls the seed `what`.
-
-    Raises:
-        TypeError: not an int; ValueError: out of SEED_RANGE (both name `where` and `what`).
-    """
-    if seed is None:
-        return
-    low, high = SEED_RANGE
-    allowed = f"expected an int in [-2**63, 2**64 - 1] = [{low}, {high}]"
-    head = f"{where}: invalid {what}" if where else f"invalid {what}"
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise type_error(f"{head}={shown(seed)} of type {type(seed).__name__}; {allowed}")
-    if not low <= seed <= high:
-        raise value_error(f"{head}={shown(seed)}, out of range; {allowed}")
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prunekit.core.checks import check_seed
 from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.criteria.criterion import Criterion
 from prunekit.criteria.magnitude import Magnitude
@@ -109,7 +110,7 @@ class GradualConfig:
                 f"{OWNER}: pattern={units!r} prunes channels of each tensor, so "
                 "scope must be 'layer'; scope='global' ranks entries across tensors"
             )
-        _check_seed(self.seed)
+        check_seed(self.seed, OWNER)
         _check_nm_timetable(units, timetable)
         for name, value in (
             ("method", method),
@@ -119,6 +120,7 @@ class GradualConfig:
             ("timetable", timetable),
             ("criterion", criterion),
             ("units", units),
+            ("seed", None if self.seed is None else int(self.seed)),  # torch.Generator's
         ):
             object.__setattr__(self, name, value)
 
@@ -212,13 +214,6 @@ def _check_nm_timetable(units: Pattern, timetable: Timetable) -> None:
         if reached >= timetable.final_amount or step >= timetable.end_step:
             return
         step = min(step + timetable.every, timetable.end_step)
-
-
-def _check_seed(seed: object) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise type_error(f"{OWNER}: invalid seed={seed!r}; expected an int or None")
-    if seed is not None and not -(2**63) <= seed < 2**64:  # what a Generator takes
-        raise value_error(f"{OWNER}: invalid seed={seed!r}; expected an int in [-2**63, 2**64)")
 
 
 def _spelled(method: object, pattern: object) -> tuple[object, object]:

@@ -170,7 +170,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
 
     Raises:
         ValueError: an option streaming does not take (another format, distillation,
-            --macs or --latency, a criterion not in ``export.streamed_shrink.CRITERIA``).
+            --macs or --latency, a floor, a criterion not in
+            ``export.streamed_shrink.CRITERIA``, evaluation text).
         CheckpointError: not a sharded model folder, or text that cannot be read.
     """
     _check_streamed_flags(config)
@@ -216,6 +217,12 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
         raise ValueError(
             "--streamed scores each block from its own inputs; expected --criterion "
             f"{', '.join(CRITERIA[:-1])} or {CRITERIA[-1]}, got --criterion {config.criterion}"
+        )
+    if config.evaluation is not None:  # --eval-tokens is taken: it sizes the held-out end
+        given = config.evaluation
+        named = given if isinstance(given, Path) else f"({len(given)} passages)"
+        raise ValueError(
+            f"--streamed measures no perplexity; expected no --eval, got --eval {named}"
         )
 
 

@@ -12,12 +12,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prunekit.core.checks import check_seed
 from prunekit.io.atomic import atomic_folder, atomic_path, same_file
-from prunekit.io.files import CheckpointError, load_state_dict, writable_file, writable_folder
+from prunekit.io.files import (
+    CheckpointError,
+    load_state_dict,
+    refuse_empty_path,
+    writable_file,
+    writable_folder,
+)
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.options import Options, config_of
 from prunekit.io.sharded import index_of, is_sharded, prune_sharded
-from prunekit.io.statedict import check_seed, prune_file
+from prunekit.io.statedict import prune_file
 from prunekit.report import Report, report
 from prunekit.tools import calibrate
 from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command
@@ -245,10 +252,10 @@ def _trust_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    if args.out is None:  # an empty one is refused, not taken for the default
+        args.out = "demo-llm-out" if args.llm else "demo-out"
     if args.llm:
-        args.out = args.out or "demo-llm-out"
         return run_llm_demo_command(args)
-    args.out = args.out or "demo-out"
     console, errors = consoles()
     with progress_bars(errors) as tick:
         result = run_demo(
@@ -301,6 +308,7 @@ def _renamed(found: Report, name: Callable[[str], str]) -> Report:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    refuse_empty_path("", "--out", args.out)  # Path("") is ".": the current folder
     if calibrate.streamed(args):  # wanda, sparsegpt: a folder block by block
         return calibrate.run_streamed(args)
     if args.global_pruning:

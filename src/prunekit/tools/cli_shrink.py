@@ -4,7 +4,6 @@ into a ``ShrinkConfig``, the pipeline run with progress bars, the results printe
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from prunekit.export.api import FORMATS
@@ -232,6 +231,7 @@ def run_llm_demo_command(args: argparse.Namespace) -> int:
     """``prunekit demo --llm``: shrink the packaged SmolLM2-135M and print the outcome."""
     console, errors = consoles()
     with progress_bars(errors) as tick:
-        report = run_llm_demo(Path(args.out), progress=tick, seed=args.seed, distill=args.distill)
+        # as typed: run_llm_demo refuses an empty one (Path("") is ".")
+        report = run_llm_demo(args.out, progress=tick, seed=args.seed, distill=args.distill)
     print_shrink(report, console)
     return 0

@@ -28,6 +28,7 @@ from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.naming import mask_name
 from prunekit.dropin.calls import global_unstructured, ln_structured
 from prunekit.dropin.torch_methods import L1Unstructured
+from prunekit.io.files import refuse_empty_path
 from prunekit.report import Report, human_bytes, report
 from prunekit.schedule import GradualPruner
 from prunekit.select.tuning import torch_threads
@@ -134,6 +135,7 @@ def run_demo(
     ``sparsity_per_layer.png``). `gradual_epochs` of training prune a copy of the dense
     model gradually to `gradual_amount` (0 epochs: no gradual run).
     """
+    refuse_empty_path("run_demo", "out", out)  # Path("") would be the current folder
     steps = _checked(sparsities, epochs, finetune_epochs)
     _checked_gradual(gradual_epochs, gradual_amount)
     folder = Path(out)

