@@ -350,6 +350,21 @@ def test_demo_refuses_an_empty_out(
     assert not (tmp_path / default).exists()
 
 
+def _folder_and_working_one(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Path]:
+    """A model folder holding `checkpoint`'s weights, and a working folder (made current)
+    holding one file of its own."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "kept.txt").write_text("kept")
+    monkeypatch.chdir(here)
+    return folder, here
+
+
 @pytest.mark.parametrize("method", ["l1", "wanda"])
 @pytest.mark.parametrize("source", ["file", "folder"])
 def test_prune_refuses_an_empty_out(
@@ -362,13 +377,7 @@ def test_prune_refuses_an_empty_out(
 ) -> None:
     # Path("") is ".": a model folder's copy was staged, then the current folder renamed away
     # to swap it in (refused by the system, a stray '..old.*' folder left in it)
-    folder = tmp_path / "model"
-    folder.mkdir()
-    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
-    here = tmp_path / "here"
-    here.mkdir()
-    (here / "kept.txt").write_text("kept")
-    monkeypatch.chdir(here)
+    folder, here = _folder_and_working_one(checkpoint, tmp_path, monkeypatch)
     given = str(checkpoint if source == "file" else folder)
     status, out, err = run(capsys, "prune", given, "-o", "", "--amount", "0.5", "--method", method)
     assert status == 1 and out == ""
@@ -383,13 +392,7 @@ def test_prune_writes_a_folder_into_the_current_one_given_as_a_dot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # what the refusal of an empty --out advises: the system refused to rename '.' itself
-    folder = tmp_path / "model"
-    folder.mkdir()
-    save_state_dict(load_state_dict(checkpoint), folder / "model.safetensors")
-    here = tmp_path / "here"
-    here.mkdir()
-    (here / "kept.txt").write_text("kept")
-    monkeypatch.chdir(here)
+    folder, here = _folder_and_working_one(checkpoint, tmp_path, monkeypatch)
     status, _, err = run(capsys, "prune", str(folder), "-o", ".", "--amount", "0.5")
     assert status == 0, err
     assert sorted(p.name for p in here.iterdir()) == ["kept.txt", "model.safetensors"]
