@@ -38,7 +38,7 @@ from prunekit.core.errors import (
 )
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.request import GGUF_TYPES
-from prunekit.io.atomic import atomic_folder, overlaps
+from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.structure.budget import AUTO, Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
@@ -331,10 +331,11 @@ def _warn_unless_held_out(config: ShrinkConfig) -> None:
     and reads better than on text the model has not seen."""
     calibration, evaluation = config.calibration, config.evaluation
     if isinstance(calibration, Path) and isinstance(evaluation, Path):
-        if not (overlaps(calibration, evaluation) or _same_file(calibration, evaluation)):
+        one = same_file(calibration, evaluation)
+        if not (one or overlaps(calibration, evaluation)):
             return
         found = f"the evaluation text {evaluation} and the calibration text {calibration} are "
-        found += "one file" if _same_file(calibration, evaluation) else "one inside the other"
+        found += "one file" if one else "one inside the other"
         found += " (links resolved)"
     elif isinstance(calibration, tuple) and isinstance(evaluation, tuple):
         common = len(set(evaluation) & set(calibration))
@@ -349,14 +350,6 @@ def _warn_unless_held_out(config: ShrinkConfig) -> None:
         "calibration text (evaluation=, --eval), or none for the held-out end of the "
         "calibration text"
     )
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether `a` and `b` are one file (links, hard ones too, resolved)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _check_writers(config: ShrinkConfig) -> None:
