@@ -31,6 +31,7 @@ __all__ = [
     "METHODS",
     "add_arguments",
     "calibration_windows",
+    "refuse_unstreamed",
     "run_shrink_streamed",
     "run_streamed",
     "shrink_folder",
@@ -224,6 +225,27 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
         raise ValueError(
             f"--streamed measures no perplexity; expected no --eval, got --eval {named}"
         )
+
+
+# Options of prunekit shrink that --streamed does not use (flag, attribute, why): the parser
+# leaves them None when not given.
+_UNSTREAMED: tuple[tuple[str, str, str], ...] = (
+    ("--latency-runs", "latency_runs", "measures no latency"),
+    ("--seed", "seed", "draws nothing at random (no distillation)"),
+)
+
+
+def refuse_unstreamed(args: argparse.Namespace) -> None:
+    """Refuse, in the command line's words, an option of ``prunekit shrink`` given with
+    ``--streamed``, which would ignore it (``args``: as parsed, None where not given).
+
+    Raises:
+        ValueError: --latency-runs or --seed given.
+    """
+    for flag, key, why in _UNSTREAMED:
+        value = getattr(args, key)
+        if value is not None:
+            raise ValueError(f"--streamed {why}; expected no {flag}, got {flag} {value}")
 
 
 def run_shrink_streamed(config: ShrinkConfig) -> int:
