@@ -251,7 +251,13 @@ def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -
 
     `path` holds either its old content or the complete new one, even if the process is
     killed mid-write (see atomic_path). A .safetensors file is made in memory first.
+
+    Raises:
+        ValueError: an empty `path` (Path('') is the current folder).
+        CheckpointError: a `path` no file can be written at (a folder, or in a folder that
+            does not exist).
     """
+    refuse_empty_path("save_state_dict", "path", path)
     target = writable_file(path)
     if target.suffix == ".safetensors":
         st = require("safetensors.torch", "cli", "writing .safetensors files")
