@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "is_attention_out_proj",
     "owner_of",
     "prunable_parameter",
+    "refuse_empty_path",
     "refuse_float16",
     "refuse_not_finite",
     "refuse_ties",
@@ -258,6 +260,27 @@ def check_seed(seed: Any, where: str, what: str = "seed") -> None:
         raise type_error(f"{head}={shown(seed)} of type {type(seed).__name__}; {allowed}")
     if not low <= int(seed) <= high:
         raise value_error(f"{head}={shown(seed)}, out of range; {allowed}")
+
+
+def refuse_empty_path(owner: str, name: str, path: str | os.PathLike[str]) -> None:
+    """Refuse an empty path: Path('') is the current folder, which an unset variable in
+    ``-o "$OUT"`` would make the output (shrink's is replaced whole) or the input read.
+    Check the path as given: once made a Path, an empty one reads '.'.
+
+    Args:
+        owner: what the error begins with ("ShrinkConfig"; "": nothing, as on the command
+            line, where the command is put in front).
+        name: the argument the path was given as ("out", "--out").
+        path: the path as given.
+
+    Raises:
+        ValueError: an empty `path`, naming `owner` and `name`.
+    """
+    if not os.fspath(path):
+        head = f"{owner}: invalid {name}" if owner else f"invalid {name}"
+        raise value_error(
+            f"{head}={path!r}; expected a path, not an empty one (give '.' for the current folder)"
+        )
 
 
 def as_float(value: Any) -> float:
