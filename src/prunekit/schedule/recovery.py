@@ -25,7 +25,13 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list, is_callers
-from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_not_finite
+from prunekit.core.checks import (
+    check_number,
+    check_rate,
+    refuse_float16,
+    refuse_not_finite,
+    refuse_shared,
+)
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import Distiller, Inputs, Output, _logits, _split
@@ -34,6 +40,12 @@ __all__ = ["Recovery", "recover"]
 
 _OWNER = "recover"
 _FIRST = "batches on which both models compute finite outputs"
+# a teacher sharing a parameter with the student, refused (core.checks.refuse_shared)
+_TEACHER = f"{_OWNER}: invalid distiller: its teacher"
+_APART = (
+    "which is trained here, so the teacher would move with it (a model distilled from "
+    "itself); expected a separate teacher, e.g. copy.deepcopy(model) made before pruning"
+)
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ def recover(
     if not trained:
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
-    _check_apart(student, distiller.teacher)
+    refuse_shared(student, distiller.teacher, "student", _TEACHER, _APART)
     refuse_float16(_OWNER, student, trained)
     check_rate(_OWNER, lr, trained)
     with transaction(student, writes=trained):
@@ -186,19 +198,6 @@ def _run(
             p.grad = None if done else grad
     wall, used = time.perf_counter() - started, time.process_time() - cpu
     return Recovery(len(losses), wall, used, tuple(losses))
-
-
-def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
-    """Refuse a teacher that holds one of the student's parameters: training the student
-    would move the teacher too (a model distilled from itself, not from a copy)."""
-    own = {id(p): name for name, p in student.named_parameters()}
-    for name, p in teacher.named_parameters():
-        if id(p) in own:
-            raise value_error(
-                f"{_OWNER}: the distiller's teacher shares the parameter {own[id(p)]!r} with "
-                f"the student (as its {name!r}); expected a separate teacher, e.g. "
-                "copy.deepcopy(model) made before pruning"
-            )
 
 
 def _forwards(
