@@ -76,3 +76,20 @@ def test_latency_runs_and_seed_left_out_take_their_defaults(
         build_parser().parse_args(["shrink", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "before against after (default 5)" in text and "random seed (default 0)" in text
+
+
+def test_calibration_text_holding_the_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As prunekit shrink's (test_shrink): the output, replaced whole, lies inside the folder
+    of texts, which the next run would read its report.md from."""
+    folder = tiny_llm.sharded_folder(tmp_path / "model")
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "mine.txt").write_text(tiny_llm.TEXT * 20)
+    out = texts / "out"
+    argv = ["shrink", str(folder), "-o", str(out), "--streamed", "--params", "0.2"]
+    assert main([*argv, "--calibration", str(texts)]) == 1
+    error = capsys.readouterr().err
+    assert f"{texts}: the calibration text is, holds or lies inside the output {out}" in error
+    assert sorted(p.name for p in texts.iterdir()) == ["mine.txt"]

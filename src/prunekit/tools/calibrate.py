@@ -173,7 +173,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         ValueError: an option streaming does not take (another format, distillation,
             --macs or --latency, a floor, a criterion not in
             ``export.streamed_shrink.CRITERIA``, evaluation text).
-        CheckpointError: not a sharded model folder, or text that cannot be read.
+        CheckpointError: not a sharded model folder, or text that cannot be read, or that
+            is, holds or lies inside the output.
     """
     _check_streamed_flags(config)
     budget = dataclasses.replace(config.budget, floor=0.0)  # block by block: no floor
@@ -187,11 +188,12 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
             f"{config.source}: no {INDEX}; --streamed shrinks a sharded Hugging Face folder "
             "(save_pretrained(..., max_shard_size=...)) one block at a time"
         )
+    passages = read_passages(config)  # before the model is, as prunekit shrink reads it
     transformers = require("transformers", "hf", "--streamed")
     tokenizer = transformers.AutoTokenizer.from_pretrained(index.parent)
     holder = nn.Module()  # what text_windows reads of a model: its config's positions
     holder.config = transformers.AutoConfig.from_pretrained(index.parent)
-    texts = text_windows(config, tokenizer, holder, read_passages(config))
+    texts = text_windows(config, tokenizer, holder, passages)
     batches = [{"input_ids": w[None]} for w in texts.calibration]  # as prunekit shrink's
     return shrink_streamed(index.parent, config.out, calibration=batches, config=options)
 
