@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
+from prunekit.core.checks import refuse_empty_path
 from prunekit.core.counting import zero_count
 from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
 from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
@@ -230,8 +231,10 @@ class Report:
             `path`, as a ``Path``.
 
         Raises:
+            ValueError: an empty `path` (Path('') is the current folder).
             ImportError: matplotlib is not installed (``pip install 'prunekit[cli]'``).
         """
+        refuse_empty_path("Report.plot", "path", path)  # Path("") is ".": the current folder
         figure_mod = require("matplotlib.figure", "cli", "Report.plot")
         names = [r.name for r in self.rows]
         values = [100 * r.sparsity for r in self.rows]

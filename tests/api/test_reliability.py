@@ -173,6 +173,48 @@ def test_compact_refuses_an_output_that_became_nan() -> None:
     assert model.a.out_features == 8
 
 
+class MaskedLogits(nn.Module):
+    """Logits with a class ruled out (-inf), as constrained decoding masks them; once
+    compacted, `shift` is added to the others where `wrong` is set (a compaction gone wrong
+    beside an infinity that stays equal), or the ruled-out class turns +inf (`flip`)."""
+
+    def __init__(self, wrong: float = 0.0, flip: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 8)
+        self.b = nn.Linear(8, 4)
+        self.wrong, self.flip = wrong, flip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(torch.relu(self.a(x)))
+        narrow = self.a.out_features != 8
+        y = y + (self.wrong if narrow else 0.0)
+        ruled_out = torch.tensor([False, False, True, False])
+        return y.masked_fill(ruled_out, float("inf") if narrow and self.flip else float("-inf"))
+
+
+def test_compact_takes_outputs_of_equal_infinities() -> None:
+    """-inf in both outputs at one place is no difference (it was NaN: inf - inf)."""
+    model = MaskedLogits()
+    prunekit.prune_channels(model, X, 0.5)
+    expected = model(X)
+    prunekit.compact(model, X, latency_runs=0)
+    assert model.a.out_features == 4
+    torch.testing.assert_close(model(X), expected)
+
+
+@pytest.mark.parametrize(("wrong", "flip"), [(1.0, False), (0.0, True)])
+def test_compact_refuses_a_difference_beside_an_infinity(wrong: float, flip: bool) -> None:
+    """An infinite output sets no infinite scale: a finite difference beside it is still
+    one, as is an infinity of the other sign."""
+    model = MaskedLogits(wrong, flip)
+    prunekit.prune_channels(model, X, 0.5)
+    before = state(model)
+    with pytest.raises(RuntimeError, match=r"differs from the masked one by (1|inf)"):
+        prunekit.compact(model, X, latency_runs=0)
+    assert_same(model, before)
+    assert model.a.out_features == 8
+
+
 # -- point 7: the Hugging Face config is restored -------------------------------------------
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,3 +235,14 @@ def test_user_defined_model_classes() -> None:
     found = report(model)
     assert [r.name for r in found.rows] == ["layer.bias", "layer.weight"]
     assert found["layer.weight"].zeros == 2
+
+
+def test_plot_refuses_an_empty_path_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder: refused as such, not as '[Errno 21] Is a directory'."""
+    monkeypatch.chdir(tmp_path)
+    found = report({"w": torch.ones(4, 4)})
+    with pytest.raises(ValueError, match=r"^Report.plot: invalid path=''; expected a path"):
+        found.plot("")
+    assert list(tmp_path.iterdir()) == []

@@ -206,3 +206,16 @@ def test_a_failure_midway_leaves_the_output_as_it_was(
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert (out / "keep.txt").read_text() == "before"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing staged left
+
+
+def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
+    tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder, which took the shrunk model unasked."""
+    folder = llama_folder(layers=1)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    config = ShrinkStreamedConfig(Budget(params=0.2))
+    with pytest.raises(ValueError, match=r"^shrink_streamed: invalid out=''; expected a path"):
+        shrink_streamed(folder, "", calibration=batches(), config=config)
+    assert list((tmp_path / "here").iterdir()) == []

@@ -215,3 +215,12 @@ def test_an_integer_parameter_to_reinstall_is_named_by_its_path() -> None:
     with pytest.raises(TypeError, match=r"^'0\.weight', parameter 'weight' of Linear has dtype"):
         prune.load_pruned_state_dict(model, saved)
     assert fingerprint(model) == before
+
+
+def test_an_empty_path_is_refused_by_name_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^save_pruned: invalid path=''; expected a path"):
+        prune.save_pruned(mlp(), "")
+    assert list(tmp_path.iterdir()) == []

@@ -142,3 +142,13 @@ def test_save_needs_an_existing_folder(tmp_path: Path) -> None:
         save_state_dict(_state(), tmp_path / "missing" / "m.pt")
     with pytest.raises(CheckpointError, match="is a directory"):
         save_state_dict(_state(), tmp_path)
+
+
+def test_an_empty_path_is_refused_by_name_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder: the error names the call, the parameter and ''."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^save_state_dict: invalid path=''; expected a path"):
+        save_state_dict(_state(), "")
+    assert list(tmp_path.iterdir()) == []

@@ -302,3 +302,17 @@ def test_a_config_is_the_keywords_in_one_object(checkpoint: Path, tmp_path: Path
     with pytest.warns(FutureWarning, match="prune_sharded: the method as a positional"):
         prune_sharded(checkpoint, tmp_path / "c", "l1", 0.5)  # type: ignore[arg-type]
     assert_same(read_sharded(tmp_path / "c"), prune_state_dict(read_sharded(checkpoint), 0.5).state)
+
+
+def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder, which took the shards and index unasked."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "kept.txt").write_text("kept")
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ValueError, match=r"^prune_sharded: invalid out=''; expected a path"):
+        prune_sharded(checkpoint, "", 0.5)
+    with pytest.raises(ValueError, match=r"^prune_sharded: invalid out=''"):
+        prune_sharded(tmp_path / "missing", "", 0.5)  # before the input is read
+    assert [p.name for p in (tmp_path / "here").iterdir()] == ["kept.txt"]

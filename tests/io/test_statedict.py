@@ -298,3 +298,17 @@ def test_prune_file_takes_a_config(tmp_path: Path) -> None:
     want = prune_state_dict(_state(), 1, method="ln", n=1, keep_masks=True)
     assert done.pruned == want.pruned
     assert all(torch.equal(done.state[k], want.state[k]) for k in want.state)
+
+
+def test_an_empty_out_is_refused_by_name_before_the_input_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder; it was refused only as '.: is a directory'."""
+    source = save_state_dict(_state(), tmp_path / "in.pt")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ValueError, match=r"^prune_file: invalid out=''; expected a path"):
+        prune_file(source, "", 0.5)
+    with pytest.raises(ValueError, match=r"^prune_file: invalid out=''"):
+        prune_file(tmp_path / "missing.pt", "", 0.5)  # before the input is read
+    assert list((tmp_path / "here").iterdir()) == []

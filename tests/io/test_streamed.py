@@ -294,3 +294,15 @@ def test_the_command_line_needs_a_sharded_folder(tmp_path: Path, capsys: Any) ->
     assert "no model.safetensors.index.json; --method wanda prunes a sharded" in (
         capsys.readouterr().err
     )
+
+
+def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
+    tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder, which took the pruned shards unasked."""
+    folder = llama_folder(layers=1)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(ValueError, match=r"^prune_streamed: invalid out=''; expected a path"):
+        prune_streamed(folder, "", "wanda", 0.5, calibration=batches())
+    assert list((tmp_path / "here").iterdir()) == []

@@ -16,6 +16,7 @@ from torch import nn
 
 import prunekit as prune
 from prunekit.core.transaction import transaction
+from prunekit.dropin.base_method import BasePruningMethod
 
 
 def pair() -> tuple[nn.Module, nn.Module]:
@@ -159,7 +160,9 @@ def test_a_bad_distiller_option_is_named(
 def test_a_teacher_that_shares_the_student_s_parameters_is_refused() -> None:
     _, student = pair()
     before = state(student)
-    with pytest.raises(ValueError, match="teacher"):
+    with pytest.raises(ValueError, match=r"^recover: invalid distiller: its teacher shares the "
+                       r"parameter '(0\.\w+)' with the student \(as its '\1'\), which is "
+                       r"trained here.*; expected a separate teacher"):  # fmt: skip
         prune.recover(student, prune.Distiller(student), batches(), steps=3, lr=1e-2)
     assert_same(student, before)
 
@@ -235,4 +238,99 @@ def test_an_lr_beyond_what_the_parameters_dtype_holds_is_refused_by_name() -> No
     refused = r"^recover: invalid lr=1e\+300; expected .*torch\.float32"
     with pytest.raises(ValueError, match=refused):
         prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e300)
+    assert_same(student, before)
+
+
+class _Steps:
+    """Counts the optimizer steps recover takes (AdamW.step patched)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = torch.optim.AdamW.step
+
+        def step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return real(optimizer, *args, **kwargs)
+
+        monkeypatch.setattr(torch.optim.AdamW, "step", step)
+
+
+def test_a_batch_the_student_cannot_take_is_named_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    teacher, student = pair()
+    student.train()
+    before, teacher_before = state(student), state(teacher)
+    steps = _Steps(monkeypatch)
+    wide = [torch.randn(5, 7)]  # the student's first Linear takes 6 features
+    with pytest.raises(ValueError) as raised:
+        prune.recover(student, prune.Distiller(teacher), wide, steps=3, lr=1e-2)
+    message = str(raised.value)
+    assert message.startswith(
+        "recover: invalid batches: batch 0 (a tensor of shape (5, 7), torch.float32) fails "
+        "in the student's forward: "
+    ), message
+    assert "expected batches the student's forward takes" in message
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert str(raised.value.__cause__) in message  # torch's words, chained and quoted
+    assert steps.count == 0
+    assert_same(student, before) and assert_same(teacher, teacher_before)
+    assert student.training and prune.is_pruned(student)
+
+
+def test_a_later_batch_the_student_cannot_take_leaves_the_student_as_it_was() -> None:
+    teacher, student = pair()
+    before = state(student)
+    given: list[Any] = [*batches()[:2], {"x": torch.randn(5, 6)}]  # no keyword x
+    with pytest.raises(ValueError, match=r"^recover: invalid batches: batch 2 \(x: a tensor "
+                       r"of shape \(5, 6\), torch.float32\) fails in the student's forward: "
+                       r".*forward\(\) got an unexpected keyword argument 'x'"):  # fmt: skip
+        prune.recover(student, prune.Distiller(teacher), given, steps=5, lr=1e-2)
+    assert_same(student, before)
+
+
+def test_a_teacher_of_another_dtype_is_named_with_both_dtypes_before_any_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    teacher, student = pair()
+    teacher = teacher.double()
+    before, teacher_before = state(student), state(teacher)
+    steps = _Steps(monkeypatch)
+    with pytest.raises(ValueError) as raised:
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=3, lr=1e-2)
+    message = str(raised.value)
+    assert message.startswith(
+        "recover: invalid distiller: its teacher is torch.float64 and the student "
+        "torch.float32; the teacher's forward fails on batch 0 (a tensor of shape (5, 6), "
+        "torch.float32): "
+    ), message
+    assert "expected a teacher of the student's dtype, e.g. teacher.to(torch.float32)" in message
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert steps.count == 0
+    assert_same(student, before) and assert_same(teacher, teacher_before)
+
+
+def test_a_teacher_of_another_dtype_that_takes_the_batches_is_used() -> None:
+    """Token ids go through a bfloat16 teacher: the loss promotes its logits."""
+    torch.manual_seed(5)
+    teacher = nn.Sequential(nn.Embedding(12, 8), nn.Linear(8, 12))
+    student = copy.deepcopy(teacher)
+    prune.l1_unstructured(student[1], "weight", amount=0.5)
+    ids = [torch.randint(0, 12, (2, 5)) for _ in range(2)]
+    done = prune.recover(student, prune.Distiller(teacher.bfloat16()), ids, steps=2, lr=1e-2)
+    assert done.steps == 2 and all(math.isfinite(x) for x in done.losses)
+
+
+def test_an_error_of_prunekit_s_own_hook_stays_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug of prunekit's mask hook, met in the student's forward, is not the batch's."""
+    teacher, student = pair()
+    before = state(student)
+
+    def broken(method: Any, module: nn.Module) -> torch.Tensor:
+        raise RuntimeError("a bug of the mask hook")
+
+    monkeypatch.setattr(BasePruningMethod, "apply_mask", broken)
+    with pytest.raises(RuntimeError, match=r"^a bug of the mask hook$"):
+        prune.recover(student, prune.Distiller(teacher), batches(), steps=2, lr=1e-2)
+    monkeypatch.undo()
     assert_same(student, before)

@@ -4,6 +4,7 @@ the config of a Hugging Face model put back with everything else when compaction
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 
@@ -198,3 +199,11 @@ def test_perplexity_refuses_windows_it_cannot_measure(windows: list[torch.Tensor
         ValueError, match=r"perplexity: windows of lengths .* expected at least one"
     ):
         perplexity(_Logits(torch.zeros(5, 5)), windows)
+
+
+def test_a_perplexity_beyond_a_float_is_inf_not_an_overflow_error() -> None:
+    """A model sure of the wrong token: a mean loss of 1e9 per token, exp of which no float
+    holds (math.exp raised OverflowError: 'math range error')."""
+    table = torch.full((3, 3), -1e9)
+    table[:, 0] = 0.0  # always 0 next; the windows never go to 0
+    assert perplexity(_Logits(table), [torch.tensor([1, 2, 1, 2])]) == math.inf

@@ -21,6 +21,7 @@ import torch
 
 from helpers import gguf_models, tiny_llm
 from prunekit.export.api import WRITERS, ExportReport, Request
+from prunekit.io.files import CheckpointError
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
 from prunekit.tools.shrink import ShrinkConfig, shrink
@@ -495,3 +496,33 @@ def test_the_command_warns_on_the_same_file_for_eval_and_calibration(
     with pytest.warns(UserWarning, match=NOT_HELD_OUT):
         assert main(args) == 1
     assert "max_position_embeddings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which", ["calibration", "evaluation"])
+@pytest.mark.parametrize("where", ["inside the output", "holding the output"])
+def test_text_that_the_output_would_replace_or_be_read_as_is_refused(
+    folder: Path, text: Path, tmp_path: Path, which: str, where: str
+) -> None:
+    """The output is replaced whole: a text file inside it would be deleted by the run that
+    reads it, and a folder of texts holding it would read the earlier output's report.md as
+    text on the next run. Both are refused before anything is read or written."""
+    out = tmp_path / "texts" / "out"
+    out.mkdir(parents=True)
+    (out / "report.json").write_text("{}")  # an earlier output, which a run replaces whole
+    (out / "report.md").write_text("# an earlier report, text by its suffix")
+    if where == "inside the output":
+        given = out / "mine.txt"
+        given.write_text(text.read_text())
+    else:
+        given = tmp_path / "texts"
+        (given / "mine.txt").write_text(text.read_text())
+    made = (config(folder, out, given) if which == "calibration"
+            else config(folder, out, text, evaluation=given))  # fmt: skip
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    with pytest.raises(CheckpointError) as raised:
+        shrink(made)
+    message = str(raised.value)
+    assert message.startswith(f"{given}: the {which} text is, holds or lies inside the output "
+                              f"{out} (links resolved)"), message  # fmt: skip
+    assert "expected text apart from the output" in message
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before

@@ -26,6 +26,7 @@ from prunekit.calibrate.batches import (
     batch_list,
     calls_back,
     evaluating,
+    is_callers,
     run_batch,
 )
 from prunekit.calibrate.block_inputs import (
@@ -67,6 +68,7 @@ __all__ = [
     "gradient_targets",
     "gradients",
     "input_features",
+    "is_callers",
     "next_inputs",
     "output_loss",
     "parameter",

@@ -96,7 +96,7 @@ def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
     """The error to raise for `error`, met on batch `index`: an error prunekit explained
     already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
     else the caller's `what` ('model' or 'loss') is named as the one that failed."""
-    if getattr(error, "_prunekit_explained", False) or _raised_by_prunekit(error):
+    if not is_callers(error):
         return error
     if what == "loss":
         found = value_error(
@@ -110,6 +110,13 @@ def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
         )
     found.__cause__ = error
     return found
+
+
+def is_callers(error: BaseException) -> bool:
+    """Whether `error`, met running the caller's model, is the caller's to be told of in
+    words of the caller's input: neither explained by prunekit already nor raised in
+    prunekit's own code inside the model's call (a hook of prunekit's: a bug, kept as it is)."""
+    return not (getattr(error, "_prunekit_explained", False) or _raised_by_prunekit(error))
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

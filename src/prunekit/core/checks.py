@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,8 +41,10 @@ __all__ = [
     "is_attention_out_proj",
     "owner_of",
     "prunable_parameter",
+    "refuse_empty_path",
     "refuse_float16",
     "refuse_not_finite",
+    "refuse_shared",
     "refuse_ties",
 ]
 
@@ -258,6 +261,65 @@ def check_seed(seed: Any, where: str, what: str = "seed") -> None:
         raise type_error(f"{head}={shown(seed)} of type {type(seed).__name__}; {allowed}")
     if not low <= int(seed) <= high:
         raise value_error(f"{head}={shown(seed)}, out of range; {allowed}")
+
+
+def refuse_empty_path(owner: str, name: str, path: str | os.PathLike[str]) -> None:
+    """Refuse an empty path: Path('') is the current folder, which an unset variable in
+    ``-o "$OUT"`` would make the output (shrink's is replaced whole) or the input read.
+    Check the path as given: once made a Path, an empty one reads '.'.
+
+    Args:
+        owner: what the error begins with ("ShrinkConfig"; "": nothing, as on the command
+            line, where the command is put in front).
+        name: the argument the path was given as ("out", "--out").
+        path: the path as given.
+
+    Raises:
+        ValueError: an empty `path`, naming `owner` and `name`.
+    """
+    if not os.fspath(path):
+        head = f"{owner}: invalid {name}" if owner else f"invalid {name}"
+        raise value_error(
+            f"{head}={path!r}; expected a path, not an empty one (give '.' for the current folder)"
+        )
+
+
+def refuse_shared(
+    model: nn.Module,
+    other: nn.Module,
+    whose: str,
+    head: str,
+    tail: str,
+    trained: Iterable[Tensor] | None = None,
+) -> None:
+    """Refuse a second model a call reads while it trains `model` (a teacher, a reference)
+    that holds one of the parameters trained: each step would move it too. The one check of
+    ``recover`` and ``reconstruct_blocks``, each naming itself and its parameter.
+
+    Args:
+        model: the model trained.
+        other: the second model.
+        whose: what the caller calls `model` ("student", "model").
+        head: the error's start: the caller, its parameter and `other` in it
+            ("recover: invalid distiller: its teacher").
+        tail: the error's end: why, then what is expected ("which is trained here, ...;
+            expected a copy ...").
+        trained: the parameters trained; None: all of `model`'s.
+
+    Raises:
+        ValueError: ``<head> shares the parameter <name> with the <whose> (as its <name in
+            other>), <tail>``, for the first shared parameter in `model`'s order.
+    """
+    held = None if trained is None else {id(p) for p in trained}
+    theirs: dict[int, str] = {}
+    for name, p in other.named_parameters():
+        theirs.setdefault(id(p), name)
+    for name, p in model.named_parameters():
+        if id(p) in theirs and (held is None or id(p) in held):
+            raise value_error(
+                f"{head} shares the parameter {name!r} with the {whose} (as its "
+                f"{theirs[id(p)]!r}), {tail}"
+            )
 
 
 def as_float(value: Any) -> float:

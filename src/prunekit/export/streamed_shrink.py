@@ -41,6 +41,7 @@ from prunekit.core.heap import trim
 from prunekit.export.hf_folder import MODELING_FILE, plan_folder
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers
 from prunekit.io.atomic import atomic_folder
+from prunekit.io.files import refuse_empty_path
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, write_index
@@ -229,6 +230,7 @@ def shrink_streamed(
 
     The output is left as it was on any error.
     """
+    refuse_empty_path(OWNER, "out", out)  # Path("") is ".": the current folder
     if not isinstance(config, ShrinkStreamedConfig):
         raise type_error(f"{OWNER}: invalid config={config!r}; expected a ShrinkStreamedConfig")
     batches = cal.batch_list(calibration, OWNER)

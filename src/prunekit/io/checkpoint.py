@@ -22,7 +22,7 @@ from prunekit.core.unsaved import refuse_unsaved
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.dropin.install import install, refresh_masked
 from prunekit.dropin.torch_methods import CustomFromMask
-from prunekit.io.files import load_state_dict, save_state_dict
+from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
 
 if TYPE_CHECKING:  # what nn.Module.load_state_dict returns
     from torch.nn.modules.module import _IncompatibleKeys
@@ -237,9 +237,10 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
             width, which act through forward hooks no state_dict holds (reloaded, the
             model would compute something else): naming them and the call to make first
             (``prunekit.remove_blocks(model)``, ``prunekit.compact(model, inputs)``);
-            nothing is written.
+            nothing is written; or an empty `path` (Path('') is the current folder).
     """
     _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
+    refuse_empty_path("save_pruned", "path", path)
     refuse_unsaved(model, "save_pruned")
     state = permanent_state_dict(model) if permanent else model.state_dict()
     return save_state_dict(state, path)

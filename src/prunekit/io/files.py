@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit._extras import require
-from prunekit.core.errors import value_error
+from prunekit.core.checks import refuse_empty_path  # re-exported: where callers find it
 from prunekit.io.atomic import atomic_path, overlaps
 
 try:
@@ -198,27 +198,6 @@ def load_state_dict(
     return _as_state_dict(obj, str(path))
 
 
-def refuse_empty_path(owner: str, name: str, path: str | os.PathLike[str]) -> None:
-    """Refuse an empty path: Path('') is the current folder, which an unset variable in
-    ``-o "$OUT"`` would make the output (shrink's is replaced whole) or the input read.
-    Check the path as given: once made a Path, an empty one reads '.'.
-
-    Args:
-        owner: what the error begins with ("ShrinkConfig"; "": nothing, as on the command
-            line, where the command is put in front).
-        name: the argument the path was given as ("out", "--out").
-        path: the path as given.
-
-    Raises:
-        ValueError: an empty `path`, naming `owner` and `name`.
-    """
-    if not os.fspath(path):
-        head = f"{owner}: invalid {name}" if owner else f"invalid {name}"
-        raise value_error(
-            f"{head}={path!r}; expected a path, not an empty one (give '.' for the current folder)"
-        )
-
-
 def writable_file(path: str | os.PathLike[str]) -> Path:
     """`path` as a Path, refused unless a file can be written there: no directory of that
     name, and its directory exists."""
@@ -251,7 +230,13 @@ def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -
 
     `path` holds either its old content or the complete new one, even if the process is
     killed mid-write (see atomic_path). A .safetensors file is made in memory first.
+
+    Raises:
+        ValueError: an empty `path` (Path('') is the current folder).
+        CheckpointError: a `path` no file can be written at (a folder, or in a folder that
+            does not exist).
     """
+    refuse_empty_path("save_state_dict", "path", path)
     target = writable_file(path)
     if target.suffix == ".safetensors":
         st = require("safetensors.torch", "cli", "writing .safetensors files")

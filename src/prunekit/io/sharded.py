@@ -37,7 +37,7 @@ from prunekit.core.counting import zero_count
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
 from prunekit.io.atomic import atomic_folder, umask
-from prunekit.io.files import CheckpointError, writable_folder
+from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.io.mapped import Planned, Stored, Writer, read_header
 from prunekit.io.options import Options, Unpack, config_of
 from prunekit.io.ranking import ranking
@@ -205,6 +205,7 @@ def prune_sharded(
         CheckpointError: a checkpoint or folder that cannot be read or written, or too
             little free disk for the output (the output left as it was).
     """
+    refuse_empty_path("prune_sharded", "out", out)  # Path("") is ".": the current folder
     checked = config_of("prune_sharded", args, config, options)
     ranking(checked)  # before any shard is read
     checkpoint = _open(path)

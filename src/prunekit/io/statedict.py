@@ -21,7 +21,12 @@ from prunekit.core.checks import check_seed
 from prunekit.core.errors import value_error
 from prunekit.core.naming import MASK, Entry, entries, mask_name, orig_name, pruned_name
 from prunekit.io.atomic import same_file
-from prunekit.io.files import CheckpointError, load_state_dict, save_state_dict
+from prunekit.io.files import (
+    CheckpointError,
+    load_state_dict,
+    refuse_empty_path,
+    save_state_dict,
+)
 from prunekit.io.options import Options, Unpack, config_of
 from prunekit.io.ranking import ranking, saved_mask
 from prunekit.whole.config import Config
@@ -163,6 +168,7 @@ def prune_file(
         TypeError, ValueError: a bad argument, glob or tensor; CheckpointError: `out` is
             `path`, or a file that cannot be read or written (`out` left as it was).
     """
+    refuse_empty_path("prune_file", "out", out)  # Path("") is ".": the current folder
     checked = config_of("prune_file", args, config, options)
     ranking(checked)  # before anything is read
     if same_file(path, out):

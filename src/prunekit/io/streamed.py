@@ -40,7 +40,7 @@ from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
-from prunekit.io.files import CheckpointError, writable_folder
+from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.io.folders import copy_companions
 from prunekit.io.mapped import Planned, Stored, Writer, stored_values
 from prunekit.io.sharded import Checkpoint, open_checkpoint, write_index
@@ -179,6 +179,7 @@ def prune_streamed(
 
     The output is left as it was on any error.
     """
+    refuse_empty_path(OWNER, "out", out)  # Path("") is ".": the current folder
     settings = streamed_config(method, amount, config, options).whole
     batches = cal.batch_list(calibration, OWNER)
     check_tokens(batches, OWNER)

@@ -17,22 +17,35 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_not_finite
+from prunekit.calibrate import batch_list, is_callers
+from prunekit.core.checks import (
+    check_number,
+    check_rate,
+    refuse_float16,
+    refuse_not_finite,
+    refuse_shared,
+)
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.schedule.distill import Distiller, Inputs, Output, _split
+from prunekit.schedule.distill import Distiller, Inputs, Output, _logits, _split
 
 __all__ = ["Recovery", "recover"]
 
 _OWNER = "recover"
 _FIRST = "batches on which both models compute finite outputs"
+# a teacher sharing a parameter with the student, refused (core.checks.refuse_shared)
+_TEACHER = f"{_OWNER}: invalid distiller: its teacher"
+_APART = (
+    "which is trained here, so the teacher would move with it (a model distilled from "
+    "itself); expected a separate teacher, e.g. copy.deepcopy(model) made before pruning"
+)
 
 
 @dataclass(frozen=True)
@@ -94,8 +107,12 @@ def recover(
         ValueError: no budget (`seconds`, `cpu_seconds`, `steps`), one out of range, no
             batch, a teacher that shares a parameter with the student, float16
             parameters to train (AdamW's steps turn to inf there), a loss that is
-            not finite or a last step that leaves a parameter NaN or inf (the student is
-            then left as it was, its gradients too).
+            not finite or a last step that leaves a parameter NaN or inf, a batch whose
+            first forward through the student or the teacher fails (named with its
+            shapes and dtypes, torch's error quoted and chained), a teacher of another
+            dtype whose forward fails (both dtypes named); the student is then left as it
+            was, its gradients too (batch 0's errors come before any step). An error of
+            prunekit's own hooks in a forward is raised as it is.
     """
     _check(student, distiller, (seconds, cpu_seconds, steps), lr, warmup)
     found = batch_list(batches, _OWNER)
@@ -103,7 +120,7 @@ def recover(
     if not trained:
         raise value_error(f"{_OWNER}: the student has no parameter that requires grad; "
                           "expected some to train")  # fmt: skip
-    _check_apart(student, distiller.teacher)
+    refuse_shared(student, distiller.teacher, "student", _TEACHER, _APART)
     refuse_float16(_OWNER, student, trained)
     check_rate(_OWNER, lr, trained)
     with transaction(student, writes=trained):
@@ -155,7 +172,10 @@ def _run(
             for group in optimizer.param_groups:
                 group["lr"] = plan.rate(step, *clocks())
             batch = batches[step % len(batches)]
-            loss = distiller.loss(_forward(student, batch, distiller), batch)
+            # a batch's first forwards, before any step for batch 0: their errors name it
+            number = step if step < len(batches) else None
+            output, teacher = _forwards(student, distiller, batch, number)
+            loss = distiller.loss(output, batch, teacher_output=teacher)
             if not bool(torch.isfinite(loss)):
                 # the first loss comes before any update: the lr is not its cause
                 cause = _FIRST if step == 0 else "a smaller lr"
@@ -180,17 +200,71 @@ def _run(
     return Recovery(len(losses), wall, used, tuple(losses))
 
 
-def _check_apart(student: nn.Module, teacher: nn.Module) -> None:
-    """Refuse a teacher that holds one of the student's parameters: training the student
-    would move the teacher too (a model distilled from itself, not from a copy)."""
-    own = {id(p): name for name, p in student.named_parameters()}
-    for name, p in teacher.named_parameters():
-        if id(p) in own:
-            raise value_error(
-                f"{_OWNER}: the distiller's teacher shares the parameter {own[id(p)]!r} with "
-                f"the student (as its {name!r}); expected a separate teacher, e.g. "
-                "copy.deepcopy(model) made before pruning"
-            )
+def _forwards(
+    student: nn.Module, distiller: Distiller, batch: Inputs, number: int | None
+) -> tuple[Output, Output]:
+    """The student's output on `batch` and the teacher's. On a batch's first use (`number`
+    its index; None after) an error of either forward that is the caller's (``is_callers``:
+    not an error of prunekit's own hooks, which stays as it is) is raised as a ValueError
+    naming the batch, or the two dtypes where the teacher's differs, chained from it."""
+    try:
+        output = _forward(student, batch, distiller)
+    except Exception as error:
+        if number is None or not is_callers(error):
+            raise
+        raise value_error(
+            f"{_OWNER}: invalid batches: batch {number} ({_described(batch)}) fails in the "
+            f"student's forward: {type(error).__name__}: {error}; expected batches the "
+            "student's forward takes"
+        ) from error
+    try:
+        return output, distiller.teacher_output(batch, _logits(output, "student").device)
+    except Exception as error:
+        if number is None or not is_callers(error):
+            raise
+        raise _teacher_error(student, distiller.teacher, batch, number, error) from error
+
+
+def _teacher_error(
+    student: nn.Module, teacher: nn.Module, batch: Inputs, number: int, error: Exception
+) -> ValueError:
+    """The teacher's forward failed on batch `number`, which the student's took: the dtypes
+    named where they differ (a float64 teacher of a float32 student), else the batch."""
+    failed = f"{type(error).__name__}: {error}"
+    found = {whose: _dtypes(model) for whose, model in (("teacher", teacher), ("student", student))}
+    if found["teacher"] != found["student"]:
+        own = found["student"]
+        fix = f", e.g. teacher.to({own[0]})" if len(own) == 1 else ""
+        return value_error(
+            f"{_OWNER}: invalid distiller: its teacher is {' and '.join(found['teacher'])} and "
+            f"the student {' and '.join(own)}; the teacher's forward fails on batch {number} "
+            f"({_described(batch)}): {failed}; expected a teacher of the student's dtype{fix}"
+        )
+    return value_error(
+        f"{_OWNER}: invalid batches: batch {number} ({_described(batch)}) goes through the "
+        f"student but fails in the distiller's teacher's forward: {failed}; expected batches "
+        "both models' forwards take"
+    )
+
+
+def _dtypes(model: nn.Module) -> list[str]:
+    """The floating dtypes of `model`'s parameters, as torch names them."""
+    return sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
+
+
+def _described(batch: Any, depth: int = 0) -> str:
+    """A batch as errors name it: its tensors' shapes and dtypes (a few, a level deep)."""
+    if isinstance(batch, torch.Tensor):
+        return f"a tensor of shape {tuple(batch.shape)}, {batch.dtype}"
+    if depth or not isinstance(batch, Mapping | tuple | list):
+        return f"a {type(batch).__name__}"
+    items = list(batch.items()) if isinstance(batch, Mapping) else list(enumerate(batch))
+    shown = [
+        f"{key if isinstance(batch, Mapping) else f'argument {key}'}: {_described(value, 1)}"
+        for key, value in items[:4]
+    ]
+    more = [f"{len(items) - 4} more"] if len(items) > 4 else []
+    return "; ".join(shown + more) or f"an empty {type(batch).__name__}"
 
 
 def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:

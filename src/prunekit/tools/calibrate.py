@@ -31,6 +31,7 @@ __all__ = [
     "METHODS",
     "add_arguments",
     "calibration_windows",
+    "refuse_unstreamed",
     "run_shrink_streamed",
     "run_streamed",
     "shrink_folder",
@@ -172,7 +173,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         ValueError: an option streaming does not take (another format, distillation,
             --macs or --latency, a floor, a criterion not in
             ``export.streamed_shrink.CRITERIA``, evaluation text).
-        CheckpointError: not a sharded model folder, or text that cannot be read.
+        CheckpointError: not a sharded model folder, or text that cannot be read, or that
+            is, holds or lies inside the output.
     """
     _check_streamed_flags(config)
     budget = dataclasses.replace(config.budget, floor=0.0)  # block by block: no floor
@@ -186,11 +188,12 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
             f"{config.source}: no {INDEX}; --streamed shrinks a sharded Hugging Face folder "
             "(save_pretrained(..., max_shard_size=...)) one block at a time"
         )
+    passages = read_passages(config)  # before the model is, as prunekit shrink reads it
     transformers = require("transformers", "hf", "--streamed")
     tokenizer = transformers.AutoTokenizer.from_pretrained(index.parent)
     holder = nn.Module()  # what text_windows reads of a model: its config's positions
     holder.config = transformers.AutoConfig.from_pretrained(index.parent)
-    texts = text_windows(config, tokenizer, holder, read_passages(config))
+    texts = text_windows(config, tokenizer, holder, passages)
     batches = [{"input_ids": w[None]} for w in texts.calibration]  # as prunekit shrink's
     return shrink_streamed(index.parent, config.out, calibration=batches, config=options)
 
@@ -224,6 +227,27 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
         raise ValueError(
             f"--streamed measures no perplexity; expected no --eval, got --eval {named}"
         )
+
+
+# Options of prunekit shrink that --streamed does not use (flag, attribute, why): the parser
+# leaves them None when not given.
+_UNSTREAMED: tuple[tuple[str, str, str], ...] = (
+    ("--latency-runs", "latency_runs", "measures no latency"),
+    ("--seed", "seed", "draws nothing at random (no distillation)"),
+)
+
+
+def refuse_unstreamed(args: argparse.Namespace) -> None:
+    """Refuse, in the command line's words, an option of ``prunekit shrink`` given with
+    ``--streamed``, which would ignore it (``args``: as parsed, None where not given).
+
+    Raises:
+        ValueError: --latency-runs or --seed given.
+    """
+    for flag, key, why in _UNSTREAMED:
+        value = getattr(args, key)
+        if value is not None:
+            raise ValueError(f"--streamed {why}; expected no {flag}, got {flag} {value}")
 
 
 def run_shrink_streamed(config: ShrinkConfig) -> int:

@@ -74,7 +74,8 @@ class ShrinkConfig:
             non-embedding parameters, of the multiply-accumulates, or of the measured CPU time
             of one forward (``prunekit.Budget``).
         calibration: a text file, a folder of text files or JSON lines (``"text"``), or the
-            passages themselves; None: Python's help topics (``pydoc_data.topics``).
+            passages themselves; None: Python's help topics (``pydoc_data.topics``). A path
+            apart from `out` (neither inside it nor holding it: `out` is replaced whole).
         evaluation: text for the perplexity, as `calibration`; None: the held-out end of the
             calibration text (never calibrated on).
         formats: the formats to write (``prunekit.export.FORMATS``), at least one. With one

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from prunekit.core.checks import refuse_not_finite
 from prunekit.core.errors import value_error
 from prunekit.export.api import FORMATS, export
+from prunekit.io.atomic import overlaps
+from prunekit.io.files import CheckpointError
 from prunekit.io.text import read_texts, windows
 from prunekit.schedule.distill import Distiller
 from prunekit.tools.shrink_report import ExportRecord
@@ -71,8 +73,18 @@ def read_passages(config: ShrinkConfig) -> Passages:
     """The passages `config` names, read (before the model is: a bad path fails at once).
 
     Raises:
-        CheckpointError: a text path that cannot be read (see ``read_texts``).
+        CheckpointError: a text path that cannot be read (see ``read_texts``), or that is,
+            holds or lies inside the output folder: replaced whole, it would delete the
+            text read, or a folder of texts would read an earlier output's report.md.
     """
+    for which in ("calibration", "evaluation"):
+        given = getattr(config, which)
+        if isinstance(given, Path) and overlaps(given, config.out):
+            raise CheckpointError(
+                f"{given}: the {which} text is, holds or lies inside the output {config.out} "
+                "(links resolved); expected text apart from the output, which is replaced "
+                "whole (a text inside it would be deleted, an earlier report in it read)"
+            )
     calibration, name = _passages(config.calibration, "Python's help topics (pydoc_data)")
     if config.evaluation is None:
         return Passages(calibration, None, (name, f"the held-out end of {name}"))

@@ -163,8 +163,9 @@ def test_a_shallow_copy_as_reference_is_refused() -> None:
     model, _ = _pair()
     reference = copy.copy(model)  # shares every module, so it changes as the model is trained
     before = _state(model)
-    with pytest.raises(ValueError, match=r"reconstruct_blocks: invalid reference: it shares "
-                       r"the parameter 'blocks\.0\.up\.weight' with the model"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^reconstruct_blocks: invalid reference: it shares "
+                       r"the parameter 'blocks\.0\.up\.weight' with the model \(as its "
+                       r"'blocks\.0\.up\.weight'\), which is trained here"):  # fmt: skip
         reconstruct_blocks(model, reference, [torch.randn(5, 4)], steps=2)
     assert _same(model, before)
 

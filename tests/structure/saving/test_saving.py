@@ -429,3 +429,14 @@ def test_a_failed_folder_load_leaves_the_factorys_model_as_it_was(tmp_path: Path
     with pytest.raises(ValueError, match=r"'fc2' \(Linear\) was saved with in_features=999"):
         prunekit.load_compacted(tmp_path, factory=lambda config: existing)
     assert fingerprint(existing) == before and widths(existing) == shapes
+
+
+def test_an_empty_path_is_refused_by_name_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path('') is the current folder, which took compacted.* unasked."""
+    monkeypatch.chdir(tmp_path)
+    model = nn.Linear(4, 3)
+    with pytest.raises(ValueError, match=r"^save_compacted: invalid path=''; expected a path"):
+        prunekit.save_compacted(model, "")
+    assert list(tmp_path.iterdir()) == []

@@ -410,7 +410,8 @@ def _compare(
     reference: Any, output: Any, narrowed: dict[int, dict[int, set[int]]]
 ) -> tuple[float, float]:
     """Largest |difference| and |reference| over all floating outputs (the reference on the
-    kept channels where compaction made an output narrower)."""
+    kept channels where compaction made an output narrower): equal infinities differ by 0,
+    and only finite references make the scale."""
     ref, out = tree_flatten(reference)[0], tree_flatten(output)[0]
     for leaf, dims in narrowed.items():
         if leaf < len(ref) and isinstance(ref[leaf], Tensor):
@@ -429,8 +430,12 @@ def _compare(
                 f"compact: output {k} of the compacted model has shape {found}, not "
                 f"{tuple(a.shape)}; the model was restored"
             )
-        diff = _largest(diff, (a.double() - b.double()).abs())
-        scale = _largest(scale, a.double().abs())
+        x, y = a.double(), b.double()
+        # an infinity on both sides, of one sign, is no difference (inf - inf is NaN); NaN on
+        # either side stays one, and the scale is of the finite outputs (an infinite one
+        # would let any difference pass)
+        diff = _largest(diff, torch.where(torch.isinf(x) & (x == y), 0.0, (x - y).abs()))
+        scale = _largest(scale, x[torch.isfinite(x)].abs())
     return diff, scale
 
 

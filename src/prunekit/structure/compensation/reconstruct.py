@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
-from prunekit.core.checks import check_number, check_rate, refuse_float16
+from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_shared
 from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.core.naming import orig_name
 from prunekit.core.transaction import transaction
@@ -301,16 +301,11 @@ def _check_trained(model: nn.Module, reference: nn.Module, trained: list[nn.Para
     head's too), one the reference holds too (a shallow copy: its targets would move with
     the steps) and float16 ones (Adam's squared gradients underflow to 0 there, its steps
     turn to inf and every part would be put back as it was)."""
-    held = {id(p) for p in trained}
-    theirs = {id(p) for p in reference.parameters()}
-    for name, p in model.named_parameters():
-        if id(p) in held and id(p) in theirs:
-            raise value_error(
-                f"{_OWNER}: invalid reference: it shares the parameter {name!r} with the "
-                "model, which is trained here, so its targets would move with it; expected "
-                "a copy of the model taken before pruning (copy.deepcopy(model): "
-                "copy.copy shares the modules)"
-            )
+    why = (
+        "which is trained here, so its targets would move with it; expected a copy of the "
+        "model taken before pruning (copy.deepcopy(model): copy.copy shares the modules)"
+    )
+    refuse_shared(model, reference, "model", f"{_OWNER}: invalid reference: it", why, trained)
     refuse_float16(_OWNER, model, trained)
 
 

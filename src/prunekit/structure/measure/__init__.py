@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from torch.overrides import TorchFunctionMode
 
 from prunekit.core.checks import check_number
 from prunekit.core.errors import value_error
+
+_LARGEST_EXPONENT = math.log(sys.float_info.max)  # math.exp overflows beyond it
 
 
 def count_params(model: nn.Module) -> int:
@@ -188,7 +191,8 @@ def perplexity(model: nn.Module, windows: Sequence[Tensor]) -> float:
         windows: 1-D tensors of token ids, each of at least 2 tokens.
 
     Returns:
-        The perplexity (tokens weigh alike across windows).
+        The perplexity (tokens weigh alike across windows): inf beyond the largest float
+        (a mean loss above about 709), NaN where a loss is NaN.
 
     Raises:
         ValueError: no window, or a window of fewer than 2 tokens.
@@ -205,4 +209,5 @@ def perplexity(model: nn.Module, windows: Sequence[Tensor]) -> float:
             logits = output if isinstance(output, Tensor) else output.logits
             losses = F.cross_entropy(logits[0, :-1].float(), ids[1:], reduction="sum")
             total, count = total + float(losses), count + len(ids) - 1
-    return math.exp(total / count)
+    mean = total / count
+    return math.exp(mean) if mean < _LARGEST_EXPONENT else mean * math.inf  # NaN stays NaN

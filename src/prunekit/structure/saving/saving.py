@@ -32,7 +32,7 @@ from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
 from prunekit.io.atomic import atomic_folder, atomic_path
 from prunekit.io.checkpoint import load_pruned_state_dict
-from prunekit.io.files import load_state_dict, save_state_dict
+from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
 from prunekit.structure.saving.shapes import (
@@ -81,10 +81,12 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         TypeError: `model` is no torch module.
         ValueError: the model holds masked experts, a masked hidden width or skipped blocks
             (naming the routers, norms or blocks, and what to call first), or `path` is a
-            file; the folder and the model are left as they were.
+            file or empty (Path('') is the current folder); the folder and the model are
+            left as they were.
     """
     check_model(model, "save_compacted")
     refuse_unsaved(model, "save_compacted")
+    refuse_empty_path("save_compacted", "path", path)  # Path("") is ".": the current folder
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_compacted: path={str(path)!r} is a file; expected a folder")
