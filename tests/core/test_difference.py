@@ -55,5 +55,5 @@ def test_every_output_check_uses_it() -> None:
     pytest.importorskip("gguf")
     from prunekit.export import gguf_check, hf_folder
 
-    assert hf_folder.relative_difference is relative_difference
-    assert gguf_check.relative_difference is relative_difference
+    assert vars(hf_folder)["relative_difference"] is relative_difference
+    assert vars(gguf_check)["relative_difference"] is relative_difference
