@@ -583,3 +583,81 @@ def test_cuts_in_steps_with_compensation_between_meet_the_target_and_compact_exa
         compacted = prunekit.compact(model, example)
         torch.testing.assert_close(model(input_ids=IDS).logits, masked, atol=1e-4, rtol=1e-4)
     assert compacted.params_before - compacted.params_after == second.removed
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+MLP_X = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+
+
+def spread(b_scale: float = 1.0, b_shift: float = 0.0) -> Callable[[Any], Tensor]:
+    """Scores 1..2 in each group, b's scaled and shifted."""
+
+    def scores(group: Any) -> Tensor:
+        found = torch.linspace(1.0, 2.0, group.size, dtype=torch.float64)
+        return found * b_scale + b_shift if group.name == "b.weight" else found
+
+    scores.__name__ = "spread"
+    return scores
+
+
+@pytest.mark.parametrize(
+    ("b_scale", "b_shift", "worst"),
+    [
+        (-1.0, 0.0, "-2 (unit 15)"),
+        (1.0, -1.49, "-0.49 (unit 0)"),
+        (1.0, -1.0 - 1e-6, "-1e-06 (unit 0)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "options", [{"budget": prunekit.Budget(units=0.25)}, {"amount": 0.25, "scope": "global"}]
+)
+def test_negative_scores_compared_across_groups_are_refused(
+    options: dict[str, Any], b_scale: float, b_shift: float, worst: str
+) -> None:
+    """Each unit's score is divided by its group's mean to compare groups: b's negative
+    scores (a mean below 0 left them undivided, a mean near 0 made them huge) took all 8
+    units from b, none from a, where the same spread of scores takes 4 from each."""
+    model = Mlp()
+    before = fingerprint(model)
+    with pytest.raises(ValueError, match=(
+        rf"prune_channels: criterion <function spread.* gave a negative score for group "
+        rf"b\.weight: {re.escape(worst)}; expected scores >= 0 with "
+        rf"(a budget|scope='global')"
+    )):  # fmt: skip
+        prunekit.prune_channels(model, MLP_X, criterion=spread(b_scale, b_shift), **options)
+    assert fingerprint(model) == before
+
+
+@pytest.mark.parametrize(
+    "options", [{"budget": prunekit.Budget(units=0.25)}, {"amount": 0.25, "scope": "global"}]
+)
+def test_scores_of_one_spread_take_alike_from_each_group(options: dict[str, Any]) -> None:
+    found = prunekit.prune_channels(Mlp(), MLP_X, criterion=spread(), **options)
+    assert [(p.group.name, len(p.units)) for p in found] == [("a.weight", 4), ("b.weight", 4)]
+
+
+def test_a_negative_of_rounding_counts_as_zero() -> None:
+    """A score below 0 by less than 1e-9 of its group's largest (as 'obs' may round one)
+    is 0: with b's lowest at -1e-12 b loses what it loses at 0."""
+    budget = prunekit.Budget(units=0.25)
+    rounded = prunekit.prune_channels(Mlp(), MLP_X, criterion=spread(1.0, -1.0 - 1e-12),
+                                      budget=budget)  # fmt: skip
+    exact = prunekit.prune_channels(Mlp(), MLP_X, criterion=spread(1.0, -1.0), budget=budget)
+    assert [r.after for r in rounded.rows] == [r.after for r in exact.rows]
+
+
+def test_negative_scores_within_one_group_only_still_rank() -> None:
+    """scope='layer' without a budget compares a group's units among themselves only."""
+    found = prunekit.prune_channels(Mlp(), MLP_X, 0.25, criterion=spread(-1.0))
+    assert [(p.group.name, sorted(p.units)) for p in found] == [
+        ("a.weight", [0, 1, 2, 3]), ("b.weight", [12, 13, 14, 15])
+    ]  # fmt: skip

@@ -64,7 +64,13 @@ def test_options_it_does_not_stream_are_refused(tmp_path: Path) -> None:
             r"expected no --eval, got --eval \(2 passages\)",
         ),
         (ShrinkConfig(single, tmp_path / "out", params=0.2), "model.safetensors.index.json"),
-    ]
+        # nothing is timed nor drawn at random block by block: given, even at their
+        # defaults, they would be ignored
+        (ShrinkConfig(folder, tmp_path / "out", params=0.2, seed=0),
+         "draws nothing at random .*; expected no --seed, got --seed 0"),
+        (ShrinkConfig(folder, tmp_path / "out", params=0.2, latency_runs=5),
+         "measures no latency; expected no --latency-runs, got --latency-runs 5"),
+    ]  # fmt: skip
     for config, words in cases:
         with pytest.raises(Exception, match=words) as found:
             shrink_folder(config)

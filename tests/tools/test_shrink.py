@@ -25,7 +25,7 @@ from prunekit.io.files import CheckpointError
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
 from prunekit.tools.shrink import ShrinkConfig, shrink
-from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
+from prunekit.tools.shrink_report import ShrinkReport
 from prunekit.tools.shrink_steps import text_windows
 
 transformers = pytest.importorskip("transformers")
@@ -95,28 +95,7 @@ def by_command(folder: Path, text: Path, tmp_path_factory: pytest.TempPathFactor
     assert status == 0, printed.getvalue()
     found = json.loads((out / "report.json").read_text())
     cfg = config(folder, out, text, distill=1.0)
-    return Run(cfg, _report(found), out, printed.getvalue())
-
-
-def _report(found: dict[str, Any]) -> ShrinkReport:
-    """The report read back from its JSON (the fields the tests compare)."""
-    before = {k: Before(found[k]["before"], found[k]["after"]) for k in
-              ("params", "macs", "bytes", "perplexity", "latency_ms")}  # fmt: skip
-    return ShrinkReport(
-        source=found["source"], out=found["out"],
-        target=(found["target"]["measure"], found["target"]["share"]),
-        achieved=found["achieved"], budget_table=found["budget_table"],
-        groups=tuple((g["name"], g["kind"], g["before"], g["after"]) for g in found["groups"]),
-        perplexity_pruned=found["perplexity_pruned"], latency_pairs=found["latency_pairs"],
-        speedup=found["speedup"],
-        calibration=(found["calibration"]["windows"], found["calibration"]["tokens"]),
-        evaluation=(found["evaluation"]["windows"], found["evaluation"]["tokens"]),
-        distill_steps=found["distill_steps"], distill_seconds=found["distill_seconds"],
-        exports=tuple(ExportRecord(**{**e, "files": tuple(e["files"]), "notes": tuple(e["notes"])})
-                      for e in found["exports"]),
-        text=(found["text"]["calibration"], found["text"]["evaluation"]),
-        seconds=tuple(found["seconds"].items()), storage=tuple(found["storage"]), **before,
-    )  # fmt: skip
+    return Run(cfg, ShrinkReport.from_dict(found), out, printed.getvalue())
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,8 @@ def test_a_flag_it_does_not_stream_is_named_as_written(
 def test_latency_runs_and_seed_left_out_take_their_defaults(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Not given, --latency-runs and --seed are None to the parser (so --streamed can tell
-    them given), and 5 and 0 to the run, as --help shows."""
+    """Not given, --latency-runs and --seed are None to the parser and to ShrinkConfig (so
+    --streamed can tell them given), and 5 and 0 to the run, as --help shows."""
     made: list[ShrinkConfig] = []
 
     def caught(config: ShrinkConfig, progress: object = None) -> None:
@@ -71,7 +71,8 @@ def test_latency_runs_and_seed_left_out_take_their_defaults(
     base = ["shrink", str(folder), "-o", str(tmp_path / "out"), "--params", "0.2"]
     assert main(base) == 1
     assert main([*base, "--latency-runs", "3", "--seed", "7"]) == 1
-    assert [(c.latency_runs, c.seed) for c in made] == [(5, 0), (3, 7)]
+    assert [(c.latency_runs, c.seed) for c in made] == [(None, None), (3, 7)]
+    assert [(c.runs, c.run_seed) for c in made] == [(5, 0), (3, 7)]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["shrink", "--help"])
     text = " ".join(capsys.readouterr().out.split())

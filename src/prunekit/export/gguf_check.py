@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from prunekit.core.difference import relative_difference
 from prunekit.core.errors import value_error
 from prunekit.export.hfcheck import check_ids
 from prunekit.export.request import Request
@@ -71,14 +72,6 @@ def check_file(
             f"{plan.dtype}"
         )
     return f"gguf.GGUFReader and {by}", difference, ()
-
-
-def relative_difference(found: torch.Tensor, expected: torch.Tensor) -> float:
-    """The largest absolute difference over the largest absolute expected value (NaN: inf)."""
-    gap = (found.float() - expected.float()).abs().max()
-    scale = expected.float().abs().max().clamp_min(1e-12)
-    value = float(gap / scale)
-    return value if value == value else float("inf")
 
 
 def example_ids(inputs: Any, vocab: int) -> torch.Tensor:

@@ -31,12 +31,12 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
+from prunekit.core.difference import relative_difference
 from prunekit.core.errors import type_error, value_error
 from prunekit.export.hfcheck import (
     check_inputs,
     loaded_output,
     model_output,
-    relative_difference,
     rounded_copy,
 )
 from prunekit.export.layer_widths import decoder_layers

@@ -9,7 +9,6 @@ model's output (NaN, or outputs of different shapes, count as an infinite differ
 from __future__ import annotations
 
 import copy
-import math
 import os
 import subprocess
 import sys
@@ -27,7 +26,6 @@ __all__ = [
     "check_inputs",
     "loaded_output",
     "model_output",
-    "relative_difference",
     "rounded_copy",
 ]
 
@@ -200,16 +198,3 @@ def loaded_output(
             )
         found: Tensor = torch.load(out)
         return found.float()
-
-
-def relative_difference(found: Tensor, expected: Tensor) -> float:
-    """max |found - expected| / max |expected|; infinite for other shapes or any NaN."""
-    if found.shape != expected.shape:
-        return math.inf
-    if bool(torch.isnan(found).any()) or bool(torch.isnan(expected).any()):
-        return math.inf
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
-    gap = float((found - expected).abs().max()) if expected.numel() else 0.0
-    if gap == 0.0:
-        return 0.0
-    return gap / scale if scale > 0 else math.inf

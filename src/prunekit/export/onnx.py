@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.calibrate import evaluating
+from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import type_error, value_error
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.export.request import ExportReport, Request
@@ -310,7 +311,7 @@ def _verify(
         for (name, reference), result in zip(expected, found, strict=True):
             diff, scale = _difference(reference, np.asarray(result), name)
             relative = diff / scale if scale else diff
-            worst, absolute = _larger(worst, relative), _larger(absolute, diff)
+            worst, absolute = larger(worst, relative), larger(absolute, diff)
             if not relative <= TOLERANCE:
                 raise RuntimeError(
                     f"export(format='onnx'): ONNX Runtime's output {name!r} differs from the "
@@ -318,11 +319,6 @@ def _verify(
                     f"x that{', batch doubled' if twice else ''}); nothing was written"
                 )
     return worst, absolute
-
-
-def _larger(a: float, b: float) -> float:
-    """The larger of two differences; NaN where either is (max would drop one)."""
-    return float("nan") if a != a or b != b else max(a, b)
 
 
 def _doubled(tensor: Tensor, axes: dict[int, Any], twice: bool) -> Tensor:
@@ -334,19 +330,15 @@ def _doubled(tensor: Tensor, axes: dict[int, Any], twice: bool) -> Tensor:
 
 
 def _difference(reference: Tensor, found: np.ndarray[Any, Any], name: str) -> tuple[float, float]:
-    """Largest |difference| and largest |reference| of one output; NaN on either side is a
-    difference."""
+    """Largest |difference| and largest finite |reference| of one output (``core.difference``:
+    NaN on either side is a difference, equal infinities are none)."""
     expected = reference.detach().double()
     if tuple(found.shape) != tuple(expected.shape):
         raise RuntimeError(
             f"export(format='onnx'): ONNX Runtime's output {name!r} has shape "
             f"{tuple(found.shape)}, not {tuple(expected.shape)}; nothing was written"
         )
-    result = torch.from_numpy(np.array(found, dtype=np.float64))
-    gap = (expected - result).abs()
-    if bool(gap.isnan().any()) or not gap.numel():
-        return (float("nan"), 1.0) if gap.numel() else (0.0, 0.0)
-    return float(gap.max()), float(expected.abs().max())
+    return largest_difference(expected, torch.from_numpy(np.array(found, dtype=np.float64)))
 
 
 @contextmanager

@@ -327,7 +327,7 @@ def _score_pass(run: _Run) -> Scored:
         traced = trace(holder, calls[0], channel)
         scoring = None if channel.scoring is None else list(calls)
         found = group_criterion(channel.criterion)
-        scores += rank(holder, traced.groups, found, scoring, None)
+        scores += rank(holder, traced.groups, found, scoring, None, "a budget")
         groups += traced.groups
         if i + 1 < len(run.blocks):
             inputs = cal.next_inputs(run.blocks[i], inputs)

@@ -31,7 +31,6 @@ __all__ = [
     "METHODS",
     "add_arguments",
     "calibration_windows",
-    "refuse_unstreamed",
     "run_shrink_streamed",
     "run_streamed",
     "shrink_folder",
@@ -172,7 +171,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
     Raises:
         ValueError: an option streaming does not take (another format, distillation,
             --macs or --latency, a floor, a criterion not in
-            ``export.streamed_shrink.CRITERIA``, evaluation text).
+            ``export.streamed_shrink.CRITERIA``, evaluation text, a seed or latency runs
+            given, even at their defaults: nothing is drawn at random nor timed).
         CheckpointError: not a sharded model folder, or text that cannot be read, or that
             is, holds or lies inside the output.
     """
@@ -227,27 +227,18 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
         raise ValueError(
             f"--streamed measures no perplexity; expected no --eval, got --eval {named}"
         )
+    for flag, key, why in _UNSTREAMED:  # None where not given, even at their defaults
+        value = getattr(config, key)
+        if value is not None:
+            raise ValueError(f"--streamed {why}; expected no {flag}, got {flag} {value}")
 
 
-# Options of prunekit shrink that --streamed does not use (flag, attribute, why): the parser
-# leaves them None when not given.
+# Options of prunekit shrink that --streamed does not use (flag, ShrinkConfig field, why):
+# None where not given (the command line's parser leaves them so too).
 _UNSTREAMED: tuple[tuple[str, str, str], ...] = (
     ("--latency-runs", "latency_runs", "measures no latency"),
     ("--seed", "seed", "draws nothing at random (no distillation)"),
 )
-
-
-def refuse_unstreamed(args: argparse.Namespace) -> None:
-    """Refuse, in the command line's words, an option of ``prunekit shrink`` given with
-    ``--streamed``, which would ignore it (``args``: as parsed, None where not given).
-
-    Raises:
-        ValueError: --latency-runs or --seed given.
-    """
-    for flag, key, why in _UNSTREAMED:
-        value = getattr(args, key)
-        if value is not None:
-            raise ValueError(f"--streamed {why}; expected no {flag}, got {flag} {value}")
 
 
 def run_shrink_streamed(config: ShrinkConfig) -> int:

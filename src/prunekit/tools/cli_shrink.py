@@ -8,17 +8,13 @@ from typing import Any
 
 from prunekit.export.api import FORMATS
 from prunekit.export.request import GGUF_TYPES
-from prunekit.tools.calibrate import refuse_unstreamed, run_shrink_streamed
+from prunekit.tools.calibrate import run_shrink_streamed
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
-from prunekit.tools.shrink import CRITERIA, ShrinkConfig, shrink
+from prunekit.tools.shrink import CRITERIA, LATENCY_RUNS, SEED, ShrinkConfig, shrink
 from prunekit.tools.shrink_report import ShrinkReport
 
 __all__ = ["add_shrink_parser", "print_shrink", "run_llm_demo_command"]
-
-# The options --streamed does not use, None on the command line when left out: their values
-# then, ShrinkConfig's defaults.
-_DEFAULTS = {"latency_runs": ShrinkConfig.latency_runs, "seed": ShrinkConfig.seed}
 
 
 def add_shrink_parser(commands: Any) -> None:
@@ -147,14 +143,14 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
         default="activation",
         help="what ranks the units (default activation)",
     )
-    # None when not given (--streamed refuses them given), _DEFAULTS's values otherwise
+    # None when not given: ShrinkConfig's defaults, and --streamed refuses them given
     parser.add_argument(
         "--latency-runs",
         type=int,
         metavar="N",
-        help=f"alternated pairs timed, before against after (default {_DEFAULTS['latency_runs']})",
+        help=f"alternated pairs timed, before against after (default {LATENCY_RUNS})",
     )
-    parser.add_argument("--seed", type=int, help=f"random seed (default {_DEFAULTS['seed']})")
+    parser.add_argument("--seed", type=int, help=f"random seed (default {SEED})")
     parser.add_argument(
         "--streamed",
         action="store_true",
@@ -188,11 +184,6 @@ def _formats(text: str) -> tuple[str, ...]:
 
 
 def _run_shrink(args: argparse.Namespace) -> int:
-    if args.streamed:  # before the defaults fill them in: given, they would be ignored
-        refuse_unstreamed(args)
-    for name, default in _DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
     config = ShrinkConfig(
         args.source,  # as typed: ShrinkConfig refuses an empty one (Path("") is ".")
         args.out,

@@ -48,7 +48,12 @@ from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
 from prunekit.tools.shrink_source import Source, check_source, load_source
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 
-__all__ = ["CRITERIA", "Progress", "ShrinkConfig", "shrink"]
+__all__ = ["CRITERIA", "LATENCY_RUNS", "SEED", "Progress", "ShrinkConfig", "shrink"]
+
+SEED = 0
+"""The seed of a run whose ``ShrinkConfig.seed`` is None."""
+LATENCY_RUNS = 5
+"""The pairs timed where ``ShrinkConfig.latency_runs`` is None."""
 
 # tick(stage label, steps done in it, steps in it): how progress is shown
 Progress = Callable[[str, int, int], None]
@@ -104,8 +109,11 @@ class ShrinkConfig:
             five kinds of text, was 1.67x dense perplexity on the worst of them without a
             floor, 1.58x at 0.5 and 1.55x at 0.65; at 35 %, 2.64x without one and 2.40x at
             0.5. A floor too high for the share asked is refused when the budget is met.
-        seed: seeds torch for the run.
-        latency_runs: alternated pairs timed for the latency before and after (>= 1).
+        seed: seeds torch for the run; None: ``SEED`` (0). ``shrink_folder`` (streamed)
+            draws nothing at random and refuses one given.
+        latency_runs: alternated pairs timed for the latency before and after (>= 1); None:
+            ``LATENCY_RUNS`` (5). ``shrink_folder`` (streamed) times nothing and refuses
+            one given.
         lr: the distillation's learning rate.
     """
 
@@ -127,8 +135,8 @@ class ShrinkConfig:
     criterion: str = "activation"
     kinds: tuple[str, ...] | None = None
     floor: float | str | None = None
-    seed: int = 0
-    latency_runs: int = 5
+    seed: int | None = None
+    latency_runs: int | None = None
     lr: float = 5e-5
 
     def __post_init__(self) -> None:
@@ -206,11 +214,13 @@ class ShrinkConfig:
         least = {"round_to": 1, "latency_runs": 1, "seed": 0,
                  "calibration_tokens": 2, "evaluation_tokens": 2}  # fmt: skip
         for name, low in least.items():
-            check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
-                         _at_least(low), integral=True)  # fmt: skip
+            if getattr(self, name) is not None:
+                check_number(getattr(self, name), name, "ShrinkConfig", f"an int >= {low}",
+                             _at_least(low), integral=True)  # fmt: skip
         self._check_windows()
-        check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
-        object.__setattr__(self, "seed", int(self.seed))  # a numpy one: torch.Generator's
+        if self.seed is not None:
+            check_seed(self.seed, "ShrinkConfig")  # and at most what torch takes
+            object.__setattr__(self, "seed", int(self.seed))  # a numpy one: torch's
         if self.floor not in (None, AUTO):
             check_number(self.floor, "floor", "ShrinkConfig", "a float in [0, 1) or 'auto'",
                          lambda v: 0 <= v < 1)  # fmt: skip
@@ -234,6 +244,16 @@ class ShrinkConfig:
                 )
 
     @property
+    def run_seed(self) -> int:
+        """The seed the run uses: `seed`, or ``SEED`` where None."""
+        return SEED if self.seed is None else self.seed
+
+    @property
+    def runs(self) -> int:
+        """The pairs the run times: `latency_runs`, or ``LATENCY_RUNS`` where None."""
+        return LATENCY_RUNS if self.latency_runs is None else self.latency_runs
+
+    @property
     def budget(self) -> Budget:
         """The budget the config asks for."""
         given = {name: getattr(self, name) for name in _TARGETS if getattr(self, name) is not None}
@@ -243,7 +263,7 @@ class ShrinkConfig:
                 f"latency={self.latency!r}; expected exactly one of them, such as params=0.25"
             )
         try:
-            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.latency_runs,
+            return Budget(**given, kinds=tuple(self.kinds or ()), runs=self.runs,
                           floor=AUTO if self.floor is None else self.floor)  # fmt: skip
         except (ValueError, TypeError) as error:
             if not is_explained(error):
@@ -297,7 +317,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         model, tokenizer = load_source(source)
     with clock("tokenize", 1):
         texts = text_windows(config, tokenizer, model, passages)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.run_seed)
     dense = copy.deepcopy(model)
     measured = _Measured()
     with clock("perplexity before", 1):
@@ -312,7 +332,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         measured.compacted = _compact(model, example)
     _distil_and_measure(model, dense, texts, config, clock, measured)
     with clock("latency", 1):
-        measured.timed = _latency(dense, model, window, config.latency_runs)
+        measured.timed = _latency(dense, model, window, config.runs)
     del dense
     measured.tokens = example["input_ids"].numel()
     with atomic_folder(out) as stage:

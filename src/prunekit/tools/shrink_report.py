@@ -4,12 +4,20 @@ files and as lines for the terminal."""
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from prunekit.report import human_bytes
 
-__all__ = ["Before", "ExportRecord", "ShrinkReport"]
+__all__ = ["NOT_FINITE", "Before", "ExportRecord", "ShrinkReport"]
+
+NOT_FINITE = "not_finite"
+"""The key of report.json under which each value that is not finite (null in its place) is
+named with what it was."""
+
+_MEASURES = ("params", "macs", "bytes", "perplexity", "latency_ms")
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,17 @@ class ShrinkReport:
         return f"{1.0 / self.speedup:.2f}x slower"
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON values."""
+        """The report as standard JSON values.
+
+        Returns:
+            The fields as plain values (the before-and-after measures with their ratio); a
+            value that is not finite (an infinite perplexity: a mean loss beyond what exp can
+            hold) is None, and ``not_finite`` maps where it was (``'perplexity.after'``,
+            ``'exports.0.difference'``) to what it was (``'inf'``, ``'-inf'`` or ``'nan'``,
+            which ``float`` reads back); empty where every value is finite.
+        """
         found = asdict(self)
-        for name in ("params", "macs", "bytes", "perplexity", "latency_ms"):
+        for name in _MEASURES:
             found[name]["ratio"] = getattr(self, name).ratio
         found["target"] = {"measure": self.target[0], "share": self.target[1]}
         found["groups"] = [
@@ -124,11 +140,60 @@ class ShrinkReport:
         found["evaluation"] = dict(zip(("windows", "tokens"), self.evaluation, strict=True))
         found["text"] = dict(zip(("calibration", "evaluation"), self.text, strict=True))
         found["seconds"] = dict(self.seconds)
-        return found
+        not_finite: dict[str, str] = {}
+        standard: dict[str, Any] = _standard(found, "", not_finite)
+        standard[NOT_FINITE] = not_finite
+        return standard
 
     def to_json(self) -> str:
-        """The report as a JSON document."""
-        return json.dumps(self.to_dict(), indent=2) + "\n"
+        """The report as a standard JSON document (``to_dict``: no Infinity or NaN)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, found: Mapping[str, Any]) -> ShrinkReport:
+        """The report `to_dict` (or report.json, read) describes, its values that are not
+        finite restored.
+
+        Args:
+            found: what ``to_dict`` gave, or report.json as ``json.load`` reads it.
+
+        Returns:
+            The report.
+
+        Raises:
+            KeyError: a field is missing.
+        """
+        values: dict[str, Any] = json.loads(json.dumps(found))  # a copy to restore into
+        for where, value in values.pop(NOT_FINITE, {}).items():
+            *path, last = where.split(".")
+            inner: Any = values
+            for key in path:
+                inner = inner[int(key)] if isinstance(inner, list) else inner[key]
+            inner[int(last) if isinstance(inner, list) else last] = float(value)
+        pairs = {n: Before(values[n]["before"], values[n]["after"]) for n in _MEASURES}
+        return cls(
+            source=values["source"],
+            out=values["out"],
+            target=(values["target"]["measure"], values["target"]["share"]),
+            achieved=values["achieved"],
+            budget_table=values["budget_table"],
+            groups=tuple((g["name"], g["kind"], g["before"], g["after"]) for g in values["groups"]),
+            perplexity_pruned=values["perplexity_pruned"],
+            latency_pairs=values["latency_pairs"],
+            speedup=values["speedup"],
+            calibration=(values["calibration"]["windows"], values["calibration"]["tokens"]),
+            evaluation=(values["evaluation"]["windows"], values["evaluation"]["tokens"]),
+            distill_steps=values["distill_steps"],
+            distill_seconds=values["distill_seconds"],
+            exports=tuple(
+                ExportRecord(**{**e, "files": tuple(e["files"]), "notes": tuple(e["notes"])})
+                for e in values["exports"]
+            ),
+            text=(values["text"]["calibration"], values["text"]["evaluation"]),
+            seconds=tuple(values["seconds"].items()),
+            storage=(values["storage"][0], values["storage"][1]),
+            **pairs,
+        )
 
     def summary(self) -> list[str]:
         """The before-and-after lines the command prints."""
@@ -193,3 +258,17 @@ class ShrinkReport:
             lines.append(f"- {record.format}: `{record.path}` ({record.checked})")
         lines += ["", "## Budget", "", "```text", self.budget_table, "```", ""]
         return "\n".join(lines)
+
+
+def _standard(value: Any, where: str, not_finite: dict[str, str]) -> Any:
+    """`value` with each float that is not finite None, its place (keys and list indices
+    joined by dots) and value (``'inf'``, ``'-inf'``, ``'nan'``) put in `not_finite`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        not_finite[where] = repr(value)
+        return None
+    inner = f"{where}." if where else ""
+    if isinstance(value, dict):
+        return {k: _standard(v, f"{inner}{k}", not_finite) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_standard(v, f"{inner}{i}", not_finite) for i, v in enumerate(value)]
+    return value

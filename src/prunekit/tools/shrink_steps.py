@@ -167,7 +167,7 @@ def distill(
     distiller = Distiller(teacher, temperature=1.0)
     trained = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.run_seed)
     seconds = max(int(config.distill), 1)
     student.train()
     started, steps = time.perf_counter(), 0

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import warn_caller
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
@@ -410,8 +411,8 @@ def _compare(
     reference: Any, output: Any, narrowed: dict[int, dict[int, set[int]]]
 ) -> tuple[float, float]:
     """Largest |difference| and |reference| over all floating outputs (the reference on the
-    kept channels where compaction made an output narrower): equal infinities differ by 0,
-    and only finite references make the scale."""
+    kept channels where compaction made an output narrower), as ``core.difference`` compares
+    them: equal infinities differ by 0, and only finite references make the scale."""
     ref, out = tree_flatten(reference)[0], tree_flatten(output)[0]
     for leaf, dims in narrowed.items():
         if leaf < len(ref) and isinstance(ref[leaf], Tensor):
@@ -430,19 +431,6 @@ def _compare(
                 f"compact: output {k} of the compacted model has shape {found}, not "
                 f"{tuple(a.shape)}; the model was restored"
             )
-        x, y = a.double(), b.double()
-        # an infinity on both sides, of one sign, is no difference (inf - inf is NaN); NaN on
-        # either side stays one, and the scale is of the finite outputs (an infinite one
-        # would let any difference pass)
-        diff = _largest(diff, torch.where(torch.isinf(x) & (x == y), 0.0, (x - y).abs()))
-        scale = _largest(scale, x[torch.isfinite(x)].abs())
+        one, largest = largest_difference(a, b)
+        diff, scale = larger(diff, one), larger(scale, largest)
     return diff, scale
-
-
-def _largest(so_far: float, values: Tensor) -> float:
-    """The larger of `so_far` and the largest of `values`; NaN if either holds one (Python's
-    max drops a NaN in its second argument)."""
-    if not values.numel():
-        return so_far
-    found = float(values.max()) if not bool(values.isnan().any()) else float("nan")
-    return found if found != found or so_far != so_far else max(so_far, found)

@@ -4,8 +4,9 @@ removed must compute what it computed with them skipped.
 Both forwards run in eval mode without gradients, a Hugging Face model's without its
 key/value cache (``use_cache=False`` where its forward takes it). Compared: each floating
 tensor the model returns (itself, or the tensors of a tuple or mapping at its top level: a
-Hugging Face output's loss and logits), within 1e-4 of the largest output; a NaN on either
-side is a difference.
+Hugging Face output's loss and logits), within 1e-4 of the largest finite output, as
+``core.difference`` compares them: a NaN on either side is a difference, an infinity at one
+place on both sides is none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.calibrate import evaluating, run_batch
+from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import is_explained, value_error
 
 __all__ = ["TOLERANCE", "check_outputs", "reference_outputs"]
@@ -70,8 +72,8 @@ def check_outputs(model: nn.Module, inputs: Any, reference: list[Tensor] | None,
         )
     diff = scale = 0.0
     for a, b in zip(reference, outputs, strict=True):
-        diff = _largest(diff, (a.double() - b.double()).abs())
-        scale = _largest(scale, a.double().abs())
+        one, largest = largest_difference(a, b)
+        diff, scale = larger(diff, one), larger(scale, largest)
     if not diff <= TOLERANCE * scale:  # NaN is a difference
         raise value_error(
             f"{_OWNER}: the model {where} differs from the model with them skipped by "
@@ -105,11 +107,3 @@ def _takes_cache(model: nn.Module) -> bool:
         return "use_cache" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _largest(so_far: float, values: Tensor) -> float:
-    """The larger of `so_far` and the largest of `values`; NaN if either holds one."""
-    if not values.numel():
-        return so_far
-    found = float(values.max()) if not bool(values.isnan().any()) else float("nan")
-    return found if found != found or so_far != so_far else max(so_far, found)

@@ -45,6 +45,7 @@ from prunekit.structure.scoring.weights import BNScale, WeightNorm
 
 __all__ = [
     "CRITERIA",
+    "ROUNDING",
     "TABLE",
     "BNScale",
     "Calibration",
@@ -57,6 +58,7 @@ __all__ = [
     "criterion_batches",
     "group_criterion",
     "group_scores",
+    "nonnegative",
     "parameter_slices",
     "per_unit",
     "rank",
@@ -127,8 +129,12 @@ def group_scores(
     return checked(group, found, found(group))
 
 
-def checked(group: ChannelGroup, criterion: Any, scores: Any) -> Tensor:
-    """`scores` as float64 on the CPU, after checking its shape and values."""
+def checked(
+    group: ChannelGroup, criterion: Any, scores: Any, compared: str | None = None
+) -> Tensor:
+    """`scores` as float64 on the CPU, after checking its shape and values; with `compared`
+    (what compares them across groups: 'a budget', "scope='global'"), none below 0 (those of
+    rounding made 0, see ``nonnegative``)."""
     if not isinstance(scores, Tensor) or tuple(scores.shape) != (group.size,):
         found = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(
@@ -146,7 +152,48 @@ def checked(group: ChannelGroup, criterion: Any, scores: Any) -> Tensor:
             f"prune_channels: criterion {criterion!r} gave non-finite scores for group "
             f"{group.name}; expected finite numbers"
         )
-    return result
+    return result if compared is None else nonnegative(group, criterion, result, compared)
+
+
+ROUNDING = 1e-9
+"""A score below 0 by at most this share of its group's largest |score| is 0 (rounding: a
+quadratic form such as 'obs' computes may come out at -1e-12 of its group's scale)."""
+
+
+def nonnegative(group: ChannelGroup, criterion: Any, scores: Tensor, compared: str) -> Tensor:
+    """`scores` with those below 0 by rounding alone (``ROUNDING``) made 0.
+
+    Scores compared across groups are divided by their group's mean first: a negative
+    group mean would leave them undivided, and one near 0 make them huge, so that group's
+    units would go first, however its scores are spread.
+
+    Args:
+        group: the group scored.
+        criterion: the criterion that scored it (named by the error).
+        scores: its float64 scores.
+        compared: what compares them across groups ('a budget', "scope='global'").
+
+    Returns:
+        The scores, none below 0.
+
+    Raises:
+        ValueError: a score is below 0 by more than rounding (the lowest named).
+    """
+    negative = scores < 0
+    if not bool(negative.any()):
+        return scores
+    rounding = negative & (scores >= -ROUNDING * float(scores.abs().max()))
+    found = torch.where(rounding, 0.0, scores)
+    lowest = int(found.argmin())
+    if found[lowest] < 0:
+        raise ValueError(
+            f"prune_channels: criterion {criterion!r} gave a negative score for group "
+            f"{group.name}: {float(found[lowest]):.6g} (unit {lowest}); expected scores >= 0 "
+            f"with {compared}, which divides each unit's score by its group's mean to "
+            f"compare groups (a negative or near-zero mean would skew what each group "
+            f"loses); a score above -{ROUNDING:g} x its group's largest |score| counts as 0"
+        )
+    return found
 
 
 def score_groups(
@@ -191,12 +238,14 @@ def rank(
     found: GroupCriterion | Callable[[ChannelGroup], Tensor],
     batches: list[Any] | None,
     loss: Loss | None,
+    compared: str | None = None,
 ) -> list[Tensor]:
     """The checked scores of each of `groups` by `found`, prepared on `batches` first (as
-    ``criterion_batches`` gave them)."""
+    ``criterion_batches`` gave them); with `compared` (what compares them across groups),
+    none below 0 (``nonnegative``)."""
     if isinstance(found, GroupCriterion):
         found.prepare(model, groups, batches, loss)
-    return [checked(g, found, found(g)) for g in groups]
+    return [checked(g, found, found(g), compared) for g in groups]
 
 
 def _batches(criterion: Any, wants: bool | None, calibration: Any, loss: Any) -> list[Any] | None:

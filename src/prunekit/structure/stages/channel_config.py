@@ -62,7 +62,9 @@ class ChannelConfig:
         criterion: how units rank (lowest go first): 'l1', 'l2' (the default), 'bn_scale',
             'taylor', 'activation', 'obs' and 'fluctuation' (these two rank by the error
             that removal leaves), 'frequency' and 'reap' (routed experts), a
-            ``GroupCriterion`` or a callable(group) -> one score per unit.
+            ``GroupCriterion`` or a callable(group) -> one score per unit. Under a budget
+            or scope='global' the scores must be >= 0 (one above -1e-9 x its group's
+            largest |score| counts as 0); a lower one is refused by group and value.
         scope: 'layer', or 'global': the units of all groups of a kind are ranked together
             (scores divided by their group's mean) and that share of all of them goes
             (heads with key/value groups are always counted per module).

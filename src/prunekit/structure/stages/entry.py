@@ -65,8 +65,9 @@ def prune_channels(
 
     Raises:
         ValueError: an option out of range or in conflict with another (``ChannelConfig``),
-            a kind of group the model does not have, a budget that cannot be met, or a
-            `config` beside keywords.
+            a kind of group the model does not have, a budget that cannot be met, a
+            criterion's scores of the wrong shape, not finite, or below 0 under a budget or
+            scope='global', or a `config` beside keywords.
         TypeError: a `model` that is no torch module, an option of the wrong type or an
             unknown keyword.
     """

@@ -41,8 +41,19 @@ def score(model: nn.Module, traced: Traced, config: ChannelConfig) -> Scored:
         The groups and their scores.
 
     Raises:
-        ValueError: the criterion gave scores of the wrong shape or non-finite ones.
+        ValueError: the criterion gave scores of the wrong shape or non-finite ones, or
+            negative ones where a budget or scope='global' compares them across groups.
     """
     found = group_criterion(config.criterion)
     batches = None if config.scoring is None else list(config.scoring)
-    return Scored(traced.groups, rank(model, traced.groups, found, batches, config.loss))
+    compared = across_groups(config)
+    scores = rank(model, traced.groups, found, batches, config.loss, compared)
+    return Scored(traced.groups, scores)
+
+
+def across_groups(config: ChannelConfig) -> str | None:
+    """What compares the scores across groups, dividing each by its group's mean ('a
+    budget', "scope='global'"); None where each group's are compared among themselves."""
+    if config.budget is not None:
+        return "a budget"
+    return "scope='global'" if config.scope == "global" else None
