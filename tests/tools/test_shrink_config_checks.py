@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prunekit.core.errors import is_explained
-from prunekit.tools.shrink import ShrinkConfig
+from prunekit.tools.shrink import LR, ShrinkConfig
 
 
 def made(tmp_path: Path, **options: object) -> ShrinkConfig:
@@ -150,5 +150,50 @@ def test_the_command_refuses_an_empty_output(
 def test_an_lr_beyond_float32_is_refused_when_made(tmp_path: Path) -> None:
     # the model is float32 while shrunk: its optimizer cannot take a larger step size
     with pytest.raises(ValueError, match=r"^ShrinkConfig: invalid lr=1e\+300; expected"):
-        made(tmp_path, lr=1e300)
-    assert made(tmp_path, lr=1.0).lr == 1.0
+        made(tmp_path, lr=1e300, distill=1.0)
+    assert made(tmp_path, lr=1.0, distill=1.0).lr == 1.0
+
+
+def test_an_lr_is_none_until_given_and_the_run_takes_the_default(tmp_path: Path) -> None:
+    left_out = made(tmp_path, distill=1.0)
+    assert left_out.lr is None and left_out.run_lr == LR == 5e-5
+    given = made(tmp_path, distill=1.0, lr=1e-3)
+    assert given.lr == given.run_lr == 1e-3
+
+
+@pytest.mark.parametrize("lr", [1e-3, LR])
+def test_an_lr_without_distillation_is_refused_when_made(tmp_path: Path, lr: float) -> None:
+    """Nothing is distilled with distill=0, so an lr would be ignored: refused, even at its
+    default (the streamed path, which never distils, takes only distill=0: refused there too)."""
+    with pytest.raises(ValueError, match=rf"^ShrinkConfig: distill=0\.0 distils nothing .*; "
+                       rf"expected no lr \(--lr\) .*, got lr={lr}$") as caught:  # fmt: skip
+        made(tmp_path, lr=lr)
+    assert is_explained(caught.value)
+
+
+def test_the_command_refuses_lr_without_distill_and_help_shows_its_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prunekit.tools import cli_shrink
+    from prunekit.tools.cli import build_parser, main
+
+    made_: list[ShrinkConfig] = []
+
+    def caught(config: ShrinkConfig, progress: object = None) -> None:
+        made_.append(config)
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(cli_shrink, "shrink", caught)
+    base = ["shrink", str(tmp_path / "m"), "-o", str(tmp_path / "out"), "--params", "0.2"]
+    for extra in ([], ["--streamed"]):
+        assert main([*base, *extra, "--lr", "0.001"]) == 1
+        error = capsys.readouterr().err
+        assert "distils nothing" in error and "got lr=0.001" in error, error
+    assert main([*base, "--distill", "2", "--lr", "0.001"]) == 1
+    assert main([*base, "--distill", "2"]) == 1
+    assert [(c.lr, c.run_lr) for c in made_] == [(0.001, 0.001), (None, LR)]
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["shrink", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "learning rate, with --distill (default 5e-05)" in text, text

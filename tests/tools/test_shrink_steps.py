@@ -16,12 +16,12 @@ from prunekit.tools.shrink_steps import distill
 pytest.importorskip("transformers")
 
 
-def _run(tmp_path: Path, lr: float) -> tuple[torch.nn.Module, int]:
+def _run(tmp_path: Path, lr: float, seconds: float = 0.3) -> tuple[torch.nn.Module, int]:
     teacher = tiny_llm.llama()
     student = copy.deepcopy(teacher)
     with torch.no_grad():
         student.model.layers[0].mlp.up_proj.weight[:8] = 0
-    config = ShrinkConfig(tmp_path / "m", tmp_path / "o", params=0.25, distill=0.3, lr=lr)
+    config = ShrinkConfig(tmp_path / "m", tmp_path / "o", params=0.25, distill=seconds, lr=lr)
     parts = [torch.randint(0, 300, (16,)) for _ in range(2)]
     steps, _ = distill(student, teacher, parts, config, lambda *_: None)
     return student, steps
@@ -30,7 +30,10 @@ def _run(tmp_path: Path, lr: float) -> tuple[torch.nn.Module, int]:
 def test_a_learning_rate_that_overflows_the_weights_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^shrink: the distillation .*(nan|inf).*; expected "
                        r".*smaller --lr"):  # fmt: skip
-        _run(tmp_path, 1e30)
+        # the second step meets the overflow: 0.3 s held one step on a loaded machine (its
+        # first took 0.8 s), which left the weights near 4e28 and finite; refused at the
+        # second step, the run ends there, long before the 30 s
+        _run(tmp_path, 1e30, seconds=30.0)
 
 
 def test_a_usual_learning_rate_distils(tmp_path: Path) -> None:

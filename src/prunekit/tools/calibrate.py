@@ -172,7 +172,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         ValueError: an option streaming does not take (another format, distillation,
             --macs or --latency, a floor, a criterion not in
             ``export.streamed_shrink.CRITERIA``, evaluation text, a seed or latency runs
-            given, even at their defaults: nothing is drawn at random nor timed).
+            given, even at their defaults: nothing is drawn at random nor timed; an lr is
+            refused by ``ShrinkConfig`` itself, with distill 0).
         CheckpointError: not a sharded model folder, or text that cannot be read, or that
             is, holds or lies inside the output.
     """

@@ -11,7 +11,7 @@ from prunekit.export.request import GGUF_TYPES
 from prunekit.tools.calibrate import run_shrink_streamed
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
-from prunekit.tools.shrink import CRITERIA, LATENCY_RUNS, SEED, ShrinkConfig, shrink
+from prunekit.tools.shrink import CRITERIA, LATENCY_RUNS, LR, SEED, ShrinkConfig, shrink
 from prunekit.tools.shrink_report import ShrinkReport
 
 __all__ = ["add_shrink_parser", "print_shrink", "run_llm_demo_command"]
@@ -112,6 +112,12 @@ def _pruning_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="distil from the dense model on the calibration text (default 0)",
     )
+    parser.add_argument(  # None when not given: ShrinkConfig refuses it given without --distill
+        "--lr",
+        type=float,
+        metavar="RATE",
+        help=f"the distillation's learning rate, with --distill (default {LR:g})",
+    )
     parser.add_argument(
         "--calibration-tokens",
         type=int,
@@ -203,6 +209,7 @@ def _run_shrink(args: argparse.Namespace) -> int:
         criterion=args.criterion,
         seed=args.seed,
         latency_runs=args.latency_runs,
+        lr=args.lr,
         floor=args.floor,
     )
     if args.streamed:

@@ -11,7 +11,6 @@ schedule). Seeded and single-threaded, so two runs give the same numbers.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from torch import Tensor, nn
 from prunekit._extras import require
 from prunekit.core.amount import validate_pruning_amount_init
 from prunekit.core.naming import mask_name
+from prunekit.core.standard_json import dumps, standard
 from prunekit.dropin.calls import global_unstructured, ln_structured
 from prunekit.dropin.torch_methods import L1Unstructured
 from prunekit.io.files import refuse_empty_path
@@ -286,7 +286,8 @@ def _write(
     report_json = folder / "report.json"
     report_json.write_text(final.to_json() + "\n")
     results = folder / "results.json"
-    results.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    # standard JSON: a value that is not finite is null, named under its row's not_finite
+    results.write_text(dumps([standard(asdict(r)) for r in rows]))
     accuracy_png = _plot_accuracy(rows, folder / "accuracy_vs_sparsity.png")
     layers_png = final.plot(
         folder / "sparsity_per_layer.png",

@@ -48,12 +48,14 @@ from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
 from prunekit.tools.shrink_source import Source, check_source, load_source
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 
-__all__ = ["CRITERIA", "LATENCY_RUNS", "SEED", "Progress", "ShrinkConfig", "shrink"]
+__all__ = ["CRITERIA", "LATENCY_RUNS", "LR", "SEED", "Progress", "ShrinkConfig", "shrink"]
 
 SEED = 0
 """The seed of a run whose ``ShrinkConfig.seed`` is None."""
 LATENCY_RUNS = 5
 """The pairs timed where ``ShrinkConfig.latency_runs`` is None."""
+LR = 5e-5
+"""The distillation's learning rate where ``ShrinkConfig.lr`` is None."""
 
 # tick(stage label, steps done in it, steps in it): how progress is shown
 Progress = Callable[[str, int, int], None]
@@ -114,7 +116,9 @@ class ShrinkConfig:
         latency_runs: alternated pairs timed for the latency before and after (>= 1); None:
             ``LATENCY_RUNS`` (5). ``shrink_folder`` (streamed) times nothing and refuses
             one given.
-        lr: the distillation's learning rate.
+        lr: the distillation's learning rate; None: ``LR`` (5e-5). Refused given with
+            `distill` 0, which distils nothing (hence with ``shrink_folder``, streamed,
+            which takes only `distill` 0).
     """
 
     source: Path
@@ -137,7 +141,7 @@ class ShrinkConfig:
     floor: float | str | None = None
     seed: int | None = None
     latency_runs: int | None = None
-    lr: float = 5e-5
+    lr: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("source", "out"):
@@ -227,7 +231,14 @@ class ShrinkConfig:
         check_number(self.distill, "distill", "ShrinkConfig", "a finite number of seconds >= 0",
                      lambda v: 0 <= v < math.inf)  # fmt: skip
         rate = f"a finite float > 0, at most {_FLOAT32:.4g} (the model is float32 while shrunk)"
-        check_number(self.lr, "lr", "ShrinkConfig", rate, lambda v: 0 < v <= _FLOAT32)
+        if self.lr is not None:
+            check_number(self.lr, "lr", "ShrinkConfig", rate, lambda v: 0 < v <= _FLOAT32)
+            if not self.distill:  # given, even at its default, it would be ignored
+                raise value_error(
+                    f"ShrinkConfig: distill={shown(self.distill)} distils nothing (no learning "
+                    "rate is used); expected no lr (--lr) unless distill > 0 (--distill "
+                    f"SECONDS), got lr={shown(self.lr)}"
+                )
 
     def _check_windows(self) -> None:
         """One window of each text at least: `length` at most both token counts (the message
@@ -252,6 +263,11 @@ class ShrinkConfig:
     def runs(self) -> int:
         """The pairs the run times: `latency_runs`, or ``LATENCY_RUNS`` where None."""
         return LATENCY_RUNS if self.latency_runs is None else self.latency_runs
+
+    @property
+    def run_lr(self) -> float:
+        """The distillation's learning rate: `lr`, or ``LR`` where None."""
+        return LR if self.lr is None else self.lr
 
     @property
     def budget(self) -> Budget:

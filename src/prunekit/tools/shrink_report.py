@@ -3,19 +3,14 @@ files and as lines for the terminal."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from prunekit.core.standard_json import NOT_FINITE, dumps, restored, standard
 from prunekit.report import human_bytes
 
 __all__ = ["NOT_FINITE", "Before", "ExportRecord", "ShrinkReport"]
-
-NOT_FINITE = "not_finite"
-"""The key of report.json under which each value that is not finite (null in its place) is
-named with what it was."""
 
 _MEASURES = ("params", "macs", "bytes", "perplexity", "latency_ms")
 
@@ -140,14 +135,11 @@ class ShrinkReport:
         found["evaluation"] = dict(zip(("windows", "tokens"), self.evaluation, strict=True))
         found["text"] = dict(zip(("calibration", "evaluation"), self.text, strict=True))
         found["seconds"] = dict(self.seconds)
-        not_finite: dict[str, str] = {}
-        standard: dict[str, Any] = _standard(found, "", not_finite)
-        standard[NOT_FINITE] = not_finite
-        return standard
+        return standard(found)  # not_finite named (core.standard_json)
 
     def to_json(self) -> str:
         """The report as a standard JSON document (``to_dict``: no Infinity or NaN)."""
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        return dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, found: Mapping[str, Any]) -> ShrinkReport:
@@ -163,13 +155,7 @@ class ShrinkReport:
         Raises:
             KeyError: a field is missing.
         """
-        values: dict[str, Any] = json.loads(json.dumps(found))  # a copy to restore into
-        for where, value in values.pop(NOT_FINITE, {}).items():
-            *path, last = where.split(".")
-            inner: Any = values
-            for key in path:
-                inner = inner[int(key)] if isinstance(inner, list) else inner[key]
-            inner[int(last) if isinstance(inner, list) else last] = float(value)
+        values = restored(found)
         pairs = {n: Before(values[n]["before"], values[n]["after"]) for n in _MEASURES}
         return cls(
             source=values["source"],
@@ -258,17 +244,3 @@ class ShrinkReport:
             lines.append(f"- {record.format}: `{record.path}` ({record.checked})")
         lines += ["", "## Budget", "", "```text", self.budget_table, "```", ""]
         return "\n".join(lines)
-
-
-def _standard(value: Any, where: str, not_finite: dict[str, str]) -> Any:
-    """`value` with each float that is not finite None, its place (keys and list indices
-    joined by dots) and value (``'inf'``, ``'-inf'``, ``'nan'``) put in `not_finite`."""
-    if isinstance(value, float) and not math.isfinite(value):
-        not_finite[where] = repr(value)
-        return None
-    inner = f"{where}." if where else ""
-    if isinstance(value, dict):
-        return {k: _standard(v, f"{inner}{k}", not_finite) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_standard(v, f"{inner}{i}", not_finite) for i, v in enumerate(value)]
-    return value

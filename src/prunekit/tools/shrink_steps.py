@@ -166,7 +166,7 @@ def distill(
     windows of `parts` drawn at random, for ``config.distill`` seconds; (steps, seconds)."""
     distiller = Distiller(teacher, temperature=1.0)
     trained = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=config.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trained, lr=config.run_lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(config.run_seed)
     seconds = max(int(config.distill), 1)
     student.train()
@@ -176,7 +176,7 @@ def distill(
             tick("distill", min(int(elapsed), seconds), seconds)
             x = parts[int(torch.randint(len(parts), (1,), generator=generator))][None]
             for group in optimizer.param_groups:  # a short warm-up of the learning rate
-                group["lr"] = config.lr * min(1.0, (steps + 1) / 10)
+                group["lr"] = config.run_lr * min(1.0, (steps + 1) / 10)
             loss = distiller.loss(student(input_ids=x), {"input_ids": x})
             if not bool(torch.isfinite(loss)):
                 raise value_error(
