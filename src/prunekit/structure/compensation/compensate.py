@@ -17,7 +17,8 @@ depthwise convolution is never a consumer: its channels go with those it reads, 
 pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped (``prunekit.structure.compensation.damping``: by default from the
-rows per feature the statistics hold) x the mean of the diagonal, through a Cholesky factor.
+rows per feature the statistics hold) x the median of the diagonal, through a Cholesky
+factor.
 
 Statistics come from the calibration machinery of ``prunekit.calibrate`` and are
 taken in forward order on the model as pruned so far: each consumer sees the outputs of the
@@ -207,7 +208,7 @@ def compensate_groups(
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
-    keeps to undo a failure. `damping`: the solve's damping relative to the mean diagonal,
+    keeps to undo a failure. `damping`: the solve's damping relative to the median diagonal,
     'rows' (from each consumer's rows per feature) or 'auto', chosen per consumer on held-out
     batches (``damping``; with one batch, 'rows').
     Returns the names of the consumers updated, in the order they were."""

@@ -8,7 +8,7 @@ and ``DAMP`` (``by_rows``). A convolution read as patches takes ``LIGHTEST``: it
 output positions, and a light damping did best at every depth measured.
 
 Held out: the calibration batches are split in two folds (alternate batches). For each damping of
-``GRID`` (relative to the mean diagonal of the kept block, as ``least_squares_update``
+``GRID`` (relative to the median diagonal of the kept block, as ``least_squares_update``
 takes it), the update is fitted on one fold's input moments and its output error measured
 on the other fold's, and the other way round; the errors add up. The error of a change
 needs no tokens, only the held-out fold's second moment: the layer's output moves by
@@ -38,12 +38,14 @@ __all__ = [
 ]  # fmt: skip
 
 DAMP = 0.3
-"""Damping of the solve, relative to the mean of the Hessian's diagonal. Strong on purpose:
+"""Damping of the solve, relative to the median of the Hessian's diagonal (a scale that the
+few features of huge second moment some models have, such as the channels an attention sink
+uses, do not set; see ``least_squares_update``). Strong on purpose:
 with a few thousand calibration tokens for an input of 1536 features (a small LLM's MLP),
 a light damping fits the calibration tokens and raises the error on other tokens (measured
 on SmolLM2-135M's down projections: see ``benchmarks/llm_structure.py``); a third of the
-mean diagonal lowered the held-out error at every calibration size tried (512 to 4096
-tokens), 1 % raised it below 4096. The most that ``by_rows`` gives."""
+mean diagonal (the scale then) lowered the held-out error at every calibration size tried
+(512 to 4096 tokens), 1 % raised it below 4096. The most that ``by_rows`` gives."""
 
 ROWS = "rows"
 ROWS_SCALE = 0.6
@@ -62,7 +64,7 @@ at 0.3, 43.4 % by rows, 49.2 % at 0.01 (50.8 % at 0.003); on photos never calibr
 
 AUTO = "auto"
 GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
-"""The dampings tried, relative to the mean diagonal of the kept block of the input's second
+"""The dampings tried, relative to the median diagonal of the kept block of the input's second
 moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
 that shrinks the update strongly (3: about a quarter of it where the inputs are white)."""
 T = TypeVar("T")
@@ -110,7 +112,11 @@ def least_squares_update(
         kept: the columns that stay (the others are neither used nor changed).
         mean: (n,), the mean input; given, a constant input column is fitted too and the
             second value returned is the change of the bias.
-        damp: added to the diagonal of the kept block, relative to its mean.
+        damp: added to the diagonal of the kept block, relative to its median (its mean
+            where the median is 0). The median: in a layer where a few features carry most
+            of the input's energy (SmolLM2's down projections read 99.9 % of it from one
+            token in one block), a share of the mean would damp every other feature
+            heavily.
 
     Returns:
         (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
@@ -146,8 +152,9 @@ def by_rows(rows: int, features: int) -> float:
 
 
 def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
-    """x with (a + damping) x = b, a symmetric positive semi-definite: a Cholesky solve."""
-    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation"))
+    """x with (a + damp x the median of a's diagonal) x = b, `a` symmetric positive
+    semi-definite: a Cholesky solve."""
+    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation", median=True))
 
 
 def check_damping(damping: object, owner: str) -> float | str:
@@ -173,7 +180,7 @@ def check_damping(damping: object, owner: str) -> float | str:
     if not math.isfinite(damping) or damping <= 0:
         raise value_error(
             f"{owner}: invalid damping={damping!r}; expected 'rows', 'auto' or a finite number "
-            "> 0 (relative to the mean diagonal of the input's second moment)"
+            "> 0 (relative to the median diagonal of the input's second moment)"
         )
     return float(damping)
 
@@ -198,7 +205,7 @@ def held_out_errors(
         removed: the columns that go.
         kept: the columns that stay and change.
         bias: whether the bias moves too (the constant column of ``least_squares_update``).
-        grid: the dampings, relative to the mean diagonal of the kept block.
+        grid: the dampings, relative to the median diagonal of the kept block.
 
     Returns:
         (len(grid),) float64 errors, and the error of leaving the weights as they are.

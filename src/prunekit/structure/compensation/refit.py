@@ -44,7 +44,7 @@ from prunekit.structure.graph.graph import ChannelGroup
 __all__ = ["DAMP", "refit_groups", "refit_update", "written"]
 
 DAMP = 0.01
-"""Damping of the refit's solve, relative to the mean of the diagonal of E[x x^T]. Lighter
+"""Damping of the refit's solve, relative to the median of the diagonal of E[x x^T]. Lighter
 than plain compensation's (``prunekit.structure.compensation.compensate.DAMP``, chosen on an
 LLM's few thousand tokens for 1536 features): a convolution has a row per output position of every
 calibration image, many per feature. Measured on EfficientNet-Lite0, 30 % of every
@@ -68,7 +68,7 @@ def refit_update(
         cross: (n, n), the mean of t x^T, t the reference's input on the same rows.
         kept: the columns of x that stay (the others are not used).
         means: (mean of x, mean of t); given, a constant column is fitted too (the bias).
-        damp: added to the diagonal, relative to its mean (default ``DAMP``).
+        damp: added to the diagonal, relative to its median (default ``DAMP``).
 
     Returns:
         (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
@@ -92,7 +92,7 @@ def refit_update(
         own = torch.tensor(list(kept), dtype=torch.long)
         right = c[:, k].T @ w.T - h[own][:, k].T @ w[:, own].T  # (|K'|, rows)
         level = DAMP if damp is None else damp
-        factor = damped_cholesky(h[k][:, k], level, "compensation")
+        factor = damped_cholesky(h[k][:, k], level, "compensation", median=True)
         delta = torch.cholesky_solve(right, factor).T
     if means is None:
         return delta, None
