@@ -19,6 +19,7 @@ from prunekit.structure.compensation.damping import (
     GRID,
     LIGHTEST,
     Moments,
+    by_median,
     by_rows,
     choose,
     held_out_errors,
@@ -291,3 +292,19 @@ def test_the_damping_is_a_share_of_the_median_diagonal_not_of_the_mean(bias: boo
     if bias:
         assert shift is not None
         torch.testing.assert_close(shift, expected[:, -1])
+
+
+def test_linear_consumers_take_the_median_and_convolutions_the_mean() -> None:
+    assert by_median(nn.Linear(4, 3))
+    assert not by_median(nn.Conv2d(4, 3, 1))
+    assert not by_median(nn.Conv1d(4, 3, 3))
+    x = tokens(300, 8, 7)
+    x[:3, 2] *= 400.0
+    h = x.T @ x / len(x)
+    w = torch.randn(5, 8, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    removed, kept = [1, 6], [0, 2, 3, 4, 5, 7]
+    by_mean, _ = least_squares_update(w, h, removed, kept, damp=0.1, median=False)
+    a = h[kept][:, kept]
+    damped = a + 0.1 * a.diagonal().mean() * torch.eye(len(kept), dtype=a.dtype)
+    expected = torch.linalg.solve(damped, h[kept][:, removed] @ w[:, removed].T).T
+    torch.testing.assert_close(by_mean, expected)

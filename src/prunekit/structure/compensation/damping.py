@@ -33,14 +33,14 @@ from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.criteria.hessian import damped_cholesky
 
 __all__ = [
-    "AUTO", "DAMP", "GRID", "LIGHTEST", "ROWS", "ROWS_SCALE", "Moments", "Tuning", "by_rows",
+    "AUTO", "DAMP", "GRID", "LIGHTEST", "ROWS", "ROWS_SCALE", "Moments", "Tuning", "by_median",
+    "by_rows",
     "check_damping", "choose", "held_out_errors", "least_squares_update", "pooled",
 ]  # fmt: skip
 
 DAMP = 0.3
-"""Damping of the solve, relative to the median of the Hessian's diagonal (a scale that the
-few features of huge second moment some models have, such as the channels an attention sink
-uses, do not set; see ``least_squares_update``). Strong on purpose:
+"""Damping of the solve, relative to the median of the Hessian's diagonal (a convolution's: its
+mean; see ``by_median``). Strong on purpose:
 with a few thousand calibration tokens for an input of 1536 features (a small LLM's MLP),
 a light damping fits the calibration tokens and raises the error on other tokens (measured
 on SmolLM2-135M's down projections: see ``benchmarks/llm_structure.py``); a third of the
@@ -64,7 +64,8 @@ at 0.3, 43.4 % by rows, 49.2 % at 0.01 (50.8 % at 0.003); on photos never calibr
 
 AUTO = "auto"
 GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
-"""The dampings tried, relative to the median diagonal of the kept block of the input's second
+"""The dampings tried, relative to the median (``by_median``) diagonal of the kept block of the
+input's second
 moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
 that shrinks the update strongly (3: about a quarter of it where the inputs are white)."""
 T = TypeVar("T")
@@ -102,6 +103,7 @@ def least_squares_update(
     kept: Sequence[int],
     mean: Tensor | None = None,
     damp: float = DAMP,
+    median: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The change of the kept columns (and of the bias) that best replaces removed columns.
 
@@ -113,10 +115,8 @@ def least_squares_update(
         mean: (n,), the mean input; given, a constant input column is fitted too and the
             second value returned is the change of the bias.
         damp: added to the diagonal of the kept block, relative to its median (its mean
-            where the median is 0). The median: in a layer where a few features carry most
-            of the input's energy (SmolLM2's down projections read 99.9 % of it from one
-            token in one block), a share of the mean would damp every other feature
-            heavily.
+            where the median is 0), or with `median` False to its mean.
+        median: the scale of `damp` (``by_median`` says which a consumer takes).
 
     Returns:
         (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
@@ -136,7 +136,7 @@ def least_squares_update(
         delta = torch.zeros(rows, len(k), dtype=torch.float64)
     else:
         right = h[k][:, r] @ w[:, r].T  # (|K|, rows)
-        delta = _damped_solve(h[k][:, k], right, damp).T
+        delta = _damped_solve(h[k][:, k], right, damp, median).T
     if mean is None:
         return delta, None
     return delta[:, :-1], delta[:, -1]
@@ -151,10 +151,23 @@ def by_rows(rows: int, features: int) -> float:
     return min(DAMP, max(LIGHTEST, ROWS_SCALE * features / rows))
 
 
-def _damped_solve(a: Tensor, b: Tensor, damp: float) -> Tensor:
-    """x with (a + damp x the median of a's diagonal) x = b, `a` symmetric positive
-    semi-definite: a Cholesky solve."""
-    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation", median=True))
+def by_median(module: nn.Module) -> bool:
+    """Whether a consumer's damping is a share of the median of its input's diagonal (a
+    Linear-like layer reading tokens' features) or of the mean (a convolution). The median
+    is a scale a few features of huge energy do not set: in one block of SmolLM2-135M the
+    down projection reads 99.9 % of its input's energy from one token of each window (its
+    attention sink), its mean diagonal is 1,034 times its median, and a share of the mean
+    damped every other feature that much more (with the median the worst text domain gained
+    2-3 % at 20, 35 and 50 %; all-MiniLM-L6-v2 moved by 0.005 at most). A convolution's
+    channels hold no such tokens, and EfficientNet-Lite0 lost with the median (top-1
+    agreement 49.2 % -> 46.1 %), so it keeps the mean."""
+    return not isinstance(module, nn.modules.conv._ConvNd)
+
+
+def _damped_solve(a: Tensor, b: Tensor, damp: float, median: bool) -> Tensor:
+    """x with (a + damp x the median, or mean, of a's diagonal) x = b, `a` symmetric
+    positive semi-definite: a Cholesky solve."""
+    return torch.cholesky_solve(b, damped_cholesky(a, damp, "compensation", median=median))
 
 
 def check_damping(damping: object, owner: str) -> float | str:
@@ -180,7 +193,8 @@ def check_damping(damping: object, owner: str) -> float | str:
     if not math.isfinite(damping) or damping <= 0:
         raise value_error(
             f"{owner}: invalid damping={damping!r}; expected 'rows', 'auto' or a finite number "
-            "> 0 (relative to the median diagonal of the input's second moment)"
+            "> 0 (relative to the median diagonal of the input's second moment; a convolution's "
+            "mean)"
         )
     return float(damping)
 
@@ -192,6 +206,7 @@ def held_out_errors(
     kept: Sequence[int],
     bias: bool,
     grid: Sequence[float] = GRID,
+    median: bool = True,
 ) -> tuple[Tensor, float]:
     """The held-out output error of the update at each damping of `grid`, and without it.
 
@@ -205,7 +220,8 @@ def held_out_errors(
         removed: the columns that go.
         kept: the columns that stay and change.
         bias: whether the bias moves too (the constant column of ``least_squares_update``).
-        grid: the dampings, relative to the median diagonal of the kept block.
+        grid: the dampings, relative to the median (or mean) diagonal of the kept block.
+        median: the scale of the dampings, as ``least_squares_update`` takes it.
 
     Returns:
         (len(grid),) float64 errors, and the error of leaving the weights as they are.
@@ -222,7 +238,8 @@ def held_out_errors(
         untouched += _error(base, h)
         for g, level in enumerate(grid):
             mean = fit.mean if bias else None
-            delta, shift = least_squares_update(w, fit.hessian, removed, kept, mean, level)
+            delta, shift = least_squares_update(w, fit.hessian, removed, kept, mean, level,
+                                                median)  # fmt: skip
             change = base.clone()
             change[:, len(removed) : len(removed) + len(kept)] = -delta
             if shift is not None:
