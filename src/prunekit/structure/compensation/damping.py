@@ -34,8 +34,7 @@ from prunekit.criteria.hessian import damped_cholesky
 
 __all__ = [
     "AUTO", "DAMP", "GRID", "LIGHTEST", "ROWS", "ROWS_SCALE", "Moments", "Tuning", "by_median",
-    "by_rows",
-    "check_damping", "choose", "held_out_errors", "least_squares_update", "pooled",
+    "by_rows", "check_damping", "choose", "held_out_errors", "least_squares_update", "pooled",
 ]  # fmt: skip
 
 DAMP = 0.3
@@ -64,9 +63,8 @@ at 0.3, 43.4 % by rows, 49.2 % at 0.01 (50.8 % at 0.003); on photos never calibr
 
 AUTO = "auto"
 GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
-"""The dampings tried, relative to the median (``by_median``) diagonal of the kept block of the
-input's second
-moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
+"""The dampings tried, relative to the median (``by_median``) diagonal of the kept block of
+the input's second moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
 that shrinks the update strongly (3: about a quarter of it where the inputs are white)."""
 T = TypeVar("T")
 MAX_ROWS = 64
