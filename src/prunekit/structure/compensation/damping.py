@@ -64,8 +64,9 @@ at 0.3, 43.4 % by rows, 49.2 % at 0.01 (50.8 % at 0.003); on photos never calibr
 AUTO = "auto"
 GRID = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 """The dampings tried, relative to the median (``by_median``) diagonal of the kept block of
-the input's second moment: a log scale from a light touch (1e-3: nearly the plain least-squares fit) to one
-that shrinks the update strongly (3: about a quarter of it where the inputs are white)."""
+the input's second moment: a log scale from a light touch (1e-3: nearly the plain
+least-squares fit) to one that shrinks the update strongly (3: about a quarter of it where
+the inputs are white)."""
 T = TypeVar("T")
 MAX_ROWS = 64
 """At most this many output rows (evenly spaced) measure the error of each damping: the
