@@ -4,10 +4,10 @@ inverse.
 
 The Hessian is the mean of X^T X over a layer's calibration inputs
 (``calibration.InputStatistics.hessian``). Two damping policies, as the callers need:
-``damped_cholesky`` adds damp x the mean diagonal and raises it tenfold where factoring
-fails (compensation and 'obs' only rank or solve, and must not stop on a borderline
-matrix); ``inverse_factor`` (SparseGPT) damps once, sets the inputs that never fired apart,
-and tells the caller to raise its damp when that is not enough.
+``damped_cholesky`` adds damp x the mean diagonal (compensation: the median) and raises it
+tenfold where factoring fails (compensation and 'obs' only rank or solve, and must not stop
+on a borderline matrix); ``inverse_factor`` (SparseGPT) damps once, sets the inputs that
+never fired apart, and tells the caller to raise its damp when that is not enough.
 """
 
 from __future__ import annotations
@@ -17,17 +17,21 @@ from torch import Tensor
 
 from prunekit.core.errors import type_error, value_error
 
-__all__ = ["damp_", "damped", "damped_cholesky", "damped_inverse", "inverse_factor"]
+__all__ = [
+    "damp_", "damped", "damped_cholesky", "damped_inverse", "diagonal_scale", "inverse_factor",
+]  # fmt: skip
 
 
-def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
+def damped_cholesky(a: Tensor, damp: float, owner: str, *, median: bool = False) -> Tensor:
     """The Cholesky factor of `a` + damp x its mean diagonal x I (`a` symmetric positive
     semi-definite), the damping raised tenfold (up to 1e6 times) where factorization fails.
+    With `median`, damp x the median of the diagonal instead (its mean where the median is
+    0): a scale that a few features of huge second moment do not set.
 
     Raises:
         RuntimeError: `a` is not positive definite even then (a NaN or inf in it).
     """
-    scale = float(a.diagonal().mean()) if a.numel() else 0.0
+    scale = diagonal_scale(a, median)
     eye = torch.eye(a.shape[0], dtype=a.dtype)
     level = damp * scale if scale > 0 else damp
     for _ in range(7):
@@ -37,6 +41,16 @@ def damped_cholesky(a: Tensor, damp: float, owner: str) -> Tensor:
             return factor
         level = max(level, 1e-12) * 10
     raise RuntimeError(f"{owner}: the input Hessian is not positive definite even damped")
+
+
+def diagonal_scale(a: Tensor, median: bool = False) -> float:
+    """The mean of `a`'s diagonal, or with `median` its median (the mean where that is 0);
+    0 for an empty `a`."""
+    if not a.numel():
+        return 0.0
+    diagonal = a.diagonal()
+    middle = float(diagonal.median()) if median else 0.0
+    return middle if middle > 0 else float(diagonal.mean())
 
 
 def damped_inverse(hessian: Tensor, damp: float, owner: str) -> Tensor:

@@ -19,6 +19,7 @@ from prunekit.structure.compensation.damping import (
     GRID,
     LIGHTEST,
     Moments,
+    by_median,
     by_rows,
     choose,
     held_out_errors,
@@ -269,3 +270,41 @@ def test_without_damping_the_default_is_used() -> None:
                             calibration=calibration, compensate=True,
                             damping=pruning.DAMPING)  # fmt: skip
     torch.testing.assert_close(implicit[2].weight_orig, explicit[2].weight_orig, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_damping_is_a_share_of_the_median_diagonal_not_of_the_mean(bias: bool) -> None:
+    x = tokens(300, 8, 5)
+    x[:3, 2] *= 400.0  # a few rows (an attention sink's) put nearly all the energy in one feature
+    h, mean = x.T @ x / len(x), x.mean(0)
+    w = torch.randn(5, 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    removed, kept = [1, 6], [0, 2, 3, 4, 5, 7]
+    delta, shift = least_squares_update(w, h, removed, kept, mean if bias else None, damp=0.1)
+    columns = [*kept, 8] if bias else kept
+    full = torch.cat([torch.cat([h, mean[:, None]], 1),
+                      torch.cat([mean[None], torch.ones(1, 1, dtype=h.dtype)], 1)])  # fmt: skip
+    a = (full if bias else h)[columns][:, columns]
+    assert float(a.diagonal().mean()) > 50 * float(a.diagonal().median())
+    damped = a + 0.1 * a.diagonal().median() * torch.eye(len(columns), dtype=a.dtype)
+    right = (full if bias else h)[columns][:, removed] @ w[:, removed].T
+    expected = torch.linalg.solve(damped, right).T
+    torch.testing.assert_close(delta, expected[:, : len(kept)])
+    if bias:
+        assert shift is not None
+        torch.testing.assert_close(shift, expected[:, -1])
+
+
+def test_linear_consumers_take_the_median_and_convolutions_the_mean() -> None:
+    assert by_median(nn.Linear(4, 3))
+    assert not by_median(nn.Conv2d(4, 3, 1))
+    assert not by_median(nn.Conv1d(4, 3, 3))
+    x = tokens(300, 8, 7)
+    x[:3, 2] *= 400.0
+    h = x.T @ x / len(x)
+    w = torch.randn(5, 8, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    removed, kept = [1, 6], [0, 2, 3, 4, 5, 7]
+    by_mean, _ = least_squares_update(w, h, removed, kept, damp=0.1, median=False)
+    a = h[kept][:, kept]
+    damped = a + 0.1 * a.diagonal().mean() * torch.eye(len(kept), dtype=a.dtype)
+    expected = torch.linalg.solve(damped, h[kept][:, removed] @ w[:, removed].T).T
+    torch.testing.assert_close(by_mean, expected)

@@ -17,7 +17,8 @@ depthwise convolution is never a consumer: its channels go with those it reads, 
 pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped (``prunekit.structure.compensation.damping``: by default from the
-rows per feature the statistics hold) x the mean of the diagonal, through a Cholesky factor.
+rows per feature the statistics hold) x the median of the diagonal (a convolution's: the
+mean; ``damping.by_median``), through a Cholesky factor.
 
 Statistics come from the calibration machinery of ``prunekit.calibrate`` and are
 taken in forward order on the model as pruned so far: each consumer sees the outputs of the
@@ -53,6 +54,7 @@ from prunekit.structure.compensation.damping import (
     ROWS,
     Moments,
     Tuning,
+    by_median,
     held_out_errors,
     least_squares_update,
     pooled,
@@ -207,9 +209,9 @@ def compensate_groups(
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
-    keeps to undo a failure. `damping`: the solve's damping relative to the mean diagonal,
-    'rows' (from each consumer's rows per feature) or 'auto', chosen per consumer on held-out
-    batches (``damping``; with one batch, 'rows').
+    keeps to undo a failure. `damping`: the solve's damping relative to the median (or mean)
+    diagonal, 'rows' (from each consumer's rows per feature) or 'auto', chosen per consumer on
+    held-out batches (``damping``; with one batch, 'rows').
     Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
@@ -395,12 +397,14 @@ def _update(
     removed = sorted(one.removed)
     errors, untouched = None, 0.0
     if tuning.auto and len(folds) > 1 and kept and removed:
-        errors, untouched = held_out_errors(rows, folds, removed, kept, bias is not None)
+        errors, untouched = held_out_errors(rows, folds, removed, kept, bias is not None,
+                                            median=by_median(one.module))  # fmt: skip
     level = tuning.damping(one.module, errors, untouched, whole.rows, n)
     if level is None:
         return False
     mean = whole.mean if bias is not None else None
-    delta, shift = least_squares_update(rows, whole.hessian, removed, kept, mean, level)
+    delta, shift = least_squares_update(rows, whole.hessian, removed, kept, mean, level,
+                                        by_median(one.module))  # fmt: skip
     stored = _stored(one.module, one.name)
     with torch.no_grad():  # in place on the Parameter: its version moves, so cached
         target = stored.movedim(one.dim, -1).view(-1, n)  # masked products are recomputed
@@ -439,7 +443,7 @@ def _update_patches(
     if tuning.auto and len(folds) > 1 and gone and all(kept):
         for g in range(groups):
             found, none = held_out_errors(rows[g], [p[g] for p in parts[1:]], gone, kept[g],
-                                          bias is not None)  # fmt: skip
+                                          bias is not None, median=False)  # fmt: skip
             errors = found if errors is None else errors + found
             untouched += none
     level = tuning.damping(conv, errors, untouched, whole.rows, columns, patches=True)
@@ -450,7 +454,7 @@ def _update_patches(
     for g in range(groups):
         mean = parts[0][g].mean if bias is not None else None
         delta, shift = least_squares_update(rows[g], parts[0][g].hessian, gone, kept[g], mean,
-                                            level)  # fmt: skip
+                                            level, median=False)  # fmt: skip
         change[g][:, kept[g]] = delta
         if shift is not None:
             shifts[g] = shift

@@ -39,12 +39,14 @@ from prunekit.calibrate import layer_matrices
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.compensation import compensate as plain
+from prunekit.structure.compensation.damping import by_median
 from prunekit.structure.graph.graph import ChannelGroup
 
 __all__ = ["DAMP", "refit_groups", "refit_update", "written"]
 
 DAMP = 0.01
-"""Damping of the refit's solve, relative to the mean of the diagonal of E[x x^T]. Lighter
+"""Damping of the refit's solve, relative to the median of the diagonal of E[x x^T] (a
+convolution's: the mean, ``damping.by_median``). Lighter
 than plain compensation's (``prunekit.structure.compensation.compensate.DAMP``, chosen on an
 LLM's few thousand tokens for 1536 features): a convolution has a row per output position of every
 calibration image, many per feature. Measured on EfficientNet-Lite0, 30 % of every
@@ -59,6 +61,7 @@ def refit_update(
     kept: Sequence[int],
     means: tuple[Tensor, Tensor] | None = None,
     damp: float | None = None,
+    median: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """The change of the kept columns (and bias) that best reproduces the reference output.
 
@@ -68,7 +71,9 @@ def refit_update(
         cross: (n, n), the mean of t x^T, t the reference's input on the same rows.
         kept: the columns of x that stay (the others are not used).
         means: (mean of x, mean of t); given, a constant column is fitted too (the bias).
-        damp: added to the diagonal, relative to its mean (default ``DAMP``).
+        damp: added to the diagonal, relative to its median (default ``DAMP``).
+        median: False: `damp` relative to the diagonal's mean instead (a convolution's; see
+            ``damping.by_median``).
 
     Returns:
         (rows, len(kept)) to add to ``weight[:, kept]`` and (rows,) to add to the bias (None
@@ -92,7 +97,7 @@ def refit_update(
         own = torch.tensor(list(kept), dtype=torch.long)
         right = c[:, k].T @ w.T - h[own][:, k].T @ w[:, own].T  # (|K'|, rows)
         level = DAMP if damp is None else damp
-        factor = damped_cholesky(h[k][:, k], level, "compensation")
+        factor = damped_cholesky(h[k][:, k], level, "compensation", median=median)
         delta = torch.cholesky_solve(right, factor).T
     if means is None:
         return delta, None
@@ -287,7 +292,7 @@ def _refit(one: Any, paired: _Paired, openings: plain.Openings) -> bool:
         kept = [c for c in range(n) if bool(alive[g, c]) and c not in gone]
         means = (paired.sx[g] / count, paired.st[g] / count) if bias is not None else None
         delta, shift = refit_update(rows[g], paired.xx[g] / count, paired.tx[g] / count, kept,
-                                    means)  # fmt: skip
+                                    means, median=by_median(module))  # fmt: skip
         change[g][:, kept] = delta
         if shift is not None:
             shifts[g] = shift

@@ -109,7 +109,7 @@ class ChannelConfig:
             False (the default): neither.
         ignore: the old name of `exclude` (warns).
         damping: with `compensate=True` only: the damping of its least-squares solve, a
-            number > 0 relative to the mean diagonal of the input's second moment; 'rows'
+            number > 0 relative to the median diagonal of the input's second moment; 'rows'
             (None: ``DAMPING``): for each layer, 0.6 x its input features / the calibration
             rows (tokens) measured, between 0.01 and 0.3, so that a few rows per feature are
             damped strongly and many lightly (a convolution read as patches: 0.01); or
