@@ -124,3 +124,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return made[key]
 
     return folder
+
+
+@pytest.fixture
+def empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new empty folder made the working folder (where an empty path would write)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    return here

@@ -209,13 +209,11 @@ def test_a_failure_midway_leaves_the_output_as_it_was(
 
 
 def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
-    tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    empty_cwd: Path, llama_folder: Callable[..., Path]
 ) -> None:
     """Path('') is the current folder, which took the shrunk model unasked."""
     folder = llama_folder(layers=1)
-    (tmp_path / "here").mkdir()
-    monkeypatch.chdir(tmp_path / "here")
     config = ShrinkStreamedConfig(Budget(params=0.2))
     with pytest.raises(ValueError, match=r"^shrink_streamed: invalid out=''; expected a path"):
         shrink_streamed(folder, "", calibration=batches(), config=config)
-    assert list((tmp_path / "here").iterdir()) == []
+    assert list(empty_cwd.iterdir()) == []

@@ -297,12 +297,10 @@ def test_the_command_line_needs_a_sharded_folder(tmp_path: Path, capsys: Any) ->
 
 
 def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
-    tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    empty_cwd: Path, llama_folder: Callable[..., Path]
 ) -> None:
     """Path('') is the current folder, which took the pruned shards unasked."""
     folder = llama_folder(layers=1)
-    (tmp_path / "here").mkdir()
-    monkeypatch.chdir(tmp_path / "here")
     with pytest.raises(ValueError, match=r"^prune_streamed: invalid out=''; expected a path"):
         prune_streamed(folder, "", "wanda", 0.5, calibration=batches())
-    assert list((tmp_path / "here").iterdir()) == []
+    assert list(empty_cwd.iterdir()) == []
