@@ -11,11 +11,12 @@ largest finite reference value, so an infinite output never lets a difference pa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
-__all__ = ["larger", "largest_difference", "relative_difference"]
+__all__ = ["larger", "largest_difference", "largest_over", "relative_difference"]
 
 
 def largest_difference(expected: Tensor, found: Tensor) -> tuple[float, float]:
@@ -45,6 +46,23 @@ def largest_difference(expected: Tensor, found: Tensor) -> tuple[float, float]:
     diff = float("nan") if bool(gap.isnan().any()) else float(gap.max())
     finite = x[torch.isfinite(x)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return diff, scale
+
+
+def largest_over(pairs: Iterable[tuple[Tensor, Tensor]]) -> tuple[float, float]:
+    """``largest_difference`` over several outputs: the largest difference and the largest
+    finite magnitude of any of them (NaN where any difference is NaN).
+
+    Args:
+        pairs: (expected, found) per output, each pair of one shape.
+
+    Returns:
+        (largest difference, largest finite expected magnitude); (0.0, 0.0) for no pairs.
+    """
+    diff = scale = 0.0
+    for expected, found in pairs:
+        one, largest = largest_difference(expected, found)
+        diff, scale = larger(diff, one), larger(scale, largest)
     return diff, scale
 
 

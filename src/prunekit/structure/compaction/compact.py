@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from prunekit.core.difference import larger, largest_difference
+from prunekit.core.difference import largest_over
 from prunekit.core.errors import warn_caller
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
@@ -421,7 +421,7 @@ def _compare(
         raise RuntimeError(
             f"compact: the compacted model returns {len(out)} values, not {len(ref)}"
         )
-    diff = scale = 0.0
+    pairs = []
     for k, (a, b) in enumerate(zip(ref, out, strict=False)):
         if not isinstance(a, Tensor) or not a.is_floating_point():
             continue
@@ -431,6 +431,5 @@ def _compare(
                 f"compact: output {k} of the compacted model has shape {found}, not "
                 f"{tuple(a.shape)}; the model was restored"
             )
-        one, largest = largest_difference(a, b)
-        diff, scale = larger(diff, one), larger(scale, largest)
-    return diff, scale
+        pairs.append((a, b))
+    return largest_over(pairs)

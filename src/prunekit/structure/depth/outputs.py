@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.calibrate import evaluating, run_batch
-from prunekit.core.difference import larger, largest_difference
+from prunekit.core.difference import largest_over
 from prunekit.core.errors import is_explained, value_error
 
 __all__ = ["TOLERANCE", "check_outputs", "reference_outputs"]
@@ -70,10 +70,7 @@ def check_outputs(model: nn.Module, inputs: Any, reference: list[Tensor] | None,
             f"{[tuple(t.shape) for t in outputs]}) than with them skipped "
             f"({[tuple(t.shape) for t in reference]}); the model and its config are unchanged"
         )
-    diff = scale = 0.0
-    for a, b in zip(reference, outputs, strict=True):
-        one, largest = largest_difference(a, b)
-        diff, scale = larger(diff, one), larger(scale, largest)
+    diff, scale = largest_over(zip(reference, outputs, strict=True))
     if not diff <= TOLERANCE * scale:  # NaN is a difference
         raise value_error(
             f"{_OWNER}: the model {where} differs from the model with them skipped by "
