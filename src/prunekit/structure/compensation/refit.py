@@ -46,10 +46,10 @@ __all__ = ["DAMP", "refit_groups", "refit_update", "written"]
 
 DAMP = 0.01
 """Damping of the refit's solve, relative to the median of the diagonal of E[x x^T] (a
-convolution's: the mean, ``damping.by_median``). Lighter
-than plain compensation's (``prunekit.structure.compensation.compensate.DAMP``, chosen on an
-LLM's few thousand tokens for 1536 features): a convolution has a row per output position of every
-calibration image, many per feature. Measured on EfficientNet-Lite0, 30 % of every
+convolution's: the mean, ``damping.by_median``). Lighter than plain compensation's
+(``prunekit.structure.compensation.compensate.DAMP``, chosen on an LLM's few thousand tokens
+for 1536 features): a convolution has a row per output position of every calibration image,
+many per feature. Measured on EfficientNet-Lite0, 30 % of every
 expansion width, 64 calibration crops, plain compensation: top-1 agreement 48.4 % at 0.3,
 59.4 % at 0.01, 57.8 % at 0.001 (``benchmarks/cnn_structure.py``)."""
 
