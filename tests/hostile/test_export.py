@@ -421,3 +421,57 @@ def test_a_model_of_values_not_ids_takes_its_own_example_inputs(tmp_path: Path) 
                            example_inputs=torch.full((1, 3, 8, 8), math.nan), verify=False),
             ValueError, r"example_inputs is holding NaN or inf", model=model,
             paths=(tmp_path,))  # fmt: skip
+
+
+# --- half-precision models and what llama.cpp loads -------------------------------------------
+
+
+@pytest.mark.parametrize(("half", "dtype"), [(torch.bfloat16, None), (torch.float16, "float32")],
+                         ids=["bfloat16-own", "float16-as-float32"])  # fmt: skip
+def test_hf_of_a_half_model_is_checked_as_its_weights_compute(
+    half: torch.dtype, dtype: str | None, tmp_path: Path
+) -> None:
+    """The check loads the folder in float32: it must compare with the model's weights
+    computing in float32, not with the model's half-precision arithmetic (which no float32
+    folder reproduces, so every half model was refused)."""
+    model = llama("uniform").to(half)
+    before = unchanged(model)
+    out = tmp_path / "out"
+    report = export(model, out, "hf", dtype=dtype, example_inputs=IDS)
+    assert report.difference is not None and report.difference <= 1e-5
+    assert unchanged(model) == before
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, dtype=torch.float32
+    ).eval()
+    wider = llama("uniform").to(half).float()  # the rotary buffer rounded too: not equal
+    torch.testing.assert_close(logits(loaded), logits(wider), rtol=1e-5, atol=1e-5)
+
+
+def _qwen2_heads_cut(budget: bool) -> nn.Module:
+    config = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      vocab_size=300, max_position_embeddings=128)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    if budget:
+        prunekit.prune_channels(model, IDS, budget=prunekit.Budget(params=0.3))
+        with pytest.warns(UserWarning):
+            prunekit.compact(model, IDS, latency_runs=0)
+    else:
+        prunekit.prune_channels(model, IDS, heads=0.5)
+        prunekit.compact(model, IDS, latency_runs=0)
+    assert model.model.layers[0].self_attn.q_proj.bias.numel() < 32  # query heads were cut
+    return model
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["uniform", "per-layer"])
+def test_gguf_refuses_a_query_bias_llama_cpp_cannot_load(
+    budget: bool, tmp_path: Path, folder: Path
+) -> None:
+    """llama.cpp's llama and deci architectures read attn_q.bias as {n_embd} (the hidden
+    width): a query bias of the heads left after a cut fails its load ("wrong shape"), and
+    no logits are compared here without llama_cpp to see it."""
+    model = _qwen2_heads_cut(budget)
+    refused(lambda: export(model, tmp_path / "out.gguf", "gguf", source=folder), ValueError,
+            r"model\.layers\.0\.self_attn\.q_proj\.bias has 1?\d entries.*hidden width 32"
+            r".*format='hf'", model=model, paths=(tmp_path, folder))  # fmt: skip

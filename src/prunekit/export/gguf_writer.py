@@ -7,7 +7,9 @@ llama.cpp's ``llama`` architecture when every decoder layer has the same widths,
 entry a layer. Both architectures rotate query and key pairs of consecutive values (llama.cpp's
 "normal" rotary embedding), so the rows of every ``q_proj`` and ``k_proj`` (weights and
 biases) are reordered within each head from Hugging Face's two halves into interleaved pairs.
-Qwen2's query/key/value biases are read by both architectures. Qwen3's per-head query/key
+Qwen2's query/key/value biases are read by both architectures, the query bias only at the
+hidden width (llama.cpp's shape for it), so a model with attention biases whose query heads
+were cut is refused. Qwen3's per-head query/key
 norms need llama.cpp's ``qwen3`` architecture, which cannot say per-layer widths: it is
 refused. Rotary scalings that only divide the frequencies (``linear``, ``llama3``) are written
 as llama.cpp's ``rope_freqs`` factors; those that also scale attention or depend on the length
@@ -167,6 +169,7 @@ def plan(model: nn.Module, request: Request) -> Plan:
     _check_layers(config, layers)
     arch = "llama" if uniform(layers) else "deci"
     tensors, tied = _tensors(model, layers, dtype)
+    _check_query_biases(tensors, int(_embedding(model).shape[1]))
     rope = _rope_factors(model)
     if rope is not None:
         tensors = {gg.TENSOR_NAMES[_T.ROPE_FREQS] + ".weight": (rope, DTYPES["f32"]), **tensors}
@@ -222,6 +225,25 @@ def _check_layers(config: Any, layers: list[DecoderLayer]) -> None:
                 f"export: model.layers.{i}.mlp has no units left; llama.cpp's deci skips the "
                 f"rest of such a layer, so it would lose its attention output: prune with "
                 f"a smaller amount or a Budget that keeps at least one unit"
+            )
+
+
+def _check_query_biases(
+    tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]], hidden: int
+) -> None:
+    """Refuse a query bias llama.cpp cannot load: its llama and deci architectures read
+    ``attn_q.bias`` as a vector of the hidden width, whatever the layer's query heads, so a
+    bias of the heads left after a cut fails the file's load ("wrong shape")."""
+    suffix = gg.TENSOR_NAMES[_T.ATTN_Q].removeprefix("blk.{bid}") + ".bias"
+    for name, (tensor, _) in tensors.items():
+        if name.endswith(suffix) and tensor.numel() != hidden:
+            layer = name.split(".")[1]
+            raise value_error(
+                f"export: model.layers.{layer}.self_attn.q_proj.bias has {tensor.numel()} "
+                f"entries and the hidden width {hidden}; llama.cpp's llama and deci "
+                f"architectures read a query bias of the hidden width only, so the file would "
+                f"not load: export with format='hf', or prune a model with attention biases "
+                f"without cutting its query heads (Budget(kinds=('channels',)), or heads=0)"
             )
 
 

@@ -270,7 +270,7 @@ def _check(
     Raises:
         RuntimeError: the folder does not load, or the difference is above ``TOLERANCE``.
     """
-    reference = model if dtype is None else rounded_copy(model, dtype)
+    reference = rounded_copy(model, dtype)
     expected = model_output(reference, inputs)
     found = loaded_output(target, plan.loader, plan.module is not None, inputs)
     gap = relative_difference(found, expected)

@@ -147,14 +147,22 @@ def model_output(model: nn.Module, inputs: Tensor | dict[str, Tensor]) -> Tensor
     return _main_tensor(found).detach().float()
 
 
-def rounded_copy(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A copy of `model` whose floating parameters are rounded to `dtype` and back: what a
-    folder written in `dtype` computes once loaded in float32."""
+def rounded_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """What a folder written in `dtype` (None: each tensor in the model's own type) computes
+    once loaded in float32, as the check loads it: `model` itself where it is float32 and
+    `dtype` is None, else a float32 copy whose floating parameters are rounded to `dtype`
+    first. A float16 or bfloat16 model is compared by its weights computing in float32: its
+    own half-precision arithmetic is no output a float32 load reproduces."""
+    floating = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    if dtype is None and all(t.dtype == torch.float32 for t in floating):
+        return model
     twin = copy.deepcopy(model)
     with torch.no_grad():
-        for param in twin.parameters():
-            if param.is_floating_point():
-                param.copy_(param.to(dtype).to(param.dtype))
+        if dtype is not None:
+            for param in twin.parameters():
+                if param.is_floating_point():
+                    param.copy_(param.to(dtype).to(param.dtype))
+        twin.float()
     return twin
 
 
