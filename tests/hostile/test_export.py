@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -475,3 +476,41 @@ def test_gguf_refuses_a_query_bias_llama_cpp_cannot_load(
     refused(lambda: export(model, tmp_path / "out.gguf", "gguf", source=folder), ValueError,
             r"model\.layers\.0\.self_attn\.q_proj\.bias has 1?\d entries.*hidden width 32"
             r".*format='hf'", model=model, paths=(tmp_path, folder))  # fmt: skip
+
+
+def _half_cnn(dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    return net.eval().to(dtype), torch.randn(2, 3, 8, 8).to(dtype)
+
+
+def test_onnx_of_a_float16_network_is_checked_at_half_precision(tmp_path: Path) -> None:
+    """ONNX Runtime and torch round a float16 graph's sums apart by a few of its ulps: the
+    float32 tolerance (1e-4 of the largest output) refused every float16 network."""
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    net, pixels = _half_cnn(torch.float16)
+    before = unchanged(net)
+    path = tmp_path / "net.onnx"
+    report = export(net, path, "onnx", example_inputs=pixels)
+    assert report.difference is not None and report.difference <= 1e-2
+    assert unchanged(net) == before
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (found,) = session.run(None, {"input": pixels.numpy()})
+    assert found.dtype == np.float16 and found.shape == (2, 2)
+
+
+def test_onnx_of_a_bfloat16_network_onnx_runtime_cannot_run_is_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """ONNX Runtime's CPU kernels take no bfloat16: the check failed with its raw
+    INVALID_GRAPH error after the tracing; now refused first, naming what runs."""
+    pytest.importorskip("onnxscript")
+    pytest.importorskip("onnxruntime")
+    net, pixels = _half_cnn(torch.bfloat16)
+    path = tmp_path / "net.onnx"
+    refused(lambda: export(net, path, "onnx", example_inputs=pixels), ValueError,
+            r"export\(format='onnx'\): model's 0\.weight is bfloat16.*ONNX Runtime.*"
+            r"dtype='float32'.*verify=False", model=net, paths=(tmp_path,))  # fmt: skip
+    export(net, path, "onnx", example_inputs=pixels, verify=False)
+    assert path.is_file()

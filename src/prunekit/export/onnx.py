@@ -7,7 +7,9 @@ first axis of every input that shares the first input's batch size is dynamic (`
 so is the second axis of integer inputs of rank 2 or more, such as token ids and attention
 masks (``sequence``). Once written, the file is read back by ONNX Runtime (where installed)
 and run on the example inputs and on them twice over along the batch axis: every output must
-be within ``TOLERANCE`` x its largest magnitude of the model's, or nothing lands. A causal
+be within ``TOLERANCE`` x its largest magnitude of the model's (``HALF_TOLERANCE`` for an
+output in float16 or bfloat16), or nothing lands. A bfloat16 graph, which ONNX Runtime's CPU
+kernels do not run, is refused unless written as float32 or unchecked. A causal
 LM is traced without its key/value cache (``use_cache`` off for the call): the graph gives
 the logits.
 """
@@ -15,6 +17,7 @@ the logits.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import logging
 import warnings
@@ -34,11 +37,14 @@ from prunekit.core.errors import type_error, value_error
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.export.request import ExportReport, Request
 
-__all__ = ["DTYPES", "TOLERANCE", "write"]
+__all__ = ["DTYPES", "HALF_TOLERANCE", "TOLERANCE", "write"]
 
 TOLERANCE = 1e-4
 """The largest difference allowed between ONNX Runtime's outputs and the model's, as a share
 of the largest magnitude of each output."""
+HALF_TOLERANCE = 1e-2
+"""``TOLERANCE`` for an output in float16 or bfloat16 (an ulp of float16 is about 1e-3 of
+the value: ONNX Runtime and torch round the sums of a half graph apart by a few)."""
 
 DTYPES = (None, "float32")
 """The values of ``dtype`` it takes: None keeps the model's own (float32 for ONNX Runtime's
@@ -69,8 +75,9 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
 
     Raises:
         ValueError: no example inputs, a dtype it does not write, a model still holding
-            pruning masks (compact it first), or one too large for one ONNX file; nothing is
-            written.
+            pruning masks (compact it first), one too large for one ONNX file, or weights or
+            inputs in bfloat16 that the check would run (ONNX Runtime's CPU kernels take
+            none; dtype='float32' or verify=False); nothing is written.
         TypeError: example inputs or outputs that are not tensors.
         RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
     """
@@ -82,6 +89,8 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     if request.dtype == "float32" and any(p.dtype != torch.float32 for p in model.parameters()):
         model = copy.deepcopy(model).float()
         args, kwargs = _float32(args), _float32(kwargs)
+    elif request.verify and importlib.util.find_spec("onnxruntime") is not None:
+        _refuse_unrunnable(model, args, kwargs)
     names = _input_names(model, args, kwargs)
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
@@ -183,6 +192,24 @@ def _refuse_masked(model: nn.Module) -> None:
                 f"export(format='onnx'): module {path or type(model).__name__!r} still holds the "
                 f"pruning masks of {tensors}; call prunekit.compact(model, example_inputs) "
                 "first (or prunekit.remove for masks that stay as zeros)"
+            )
+
+
+def _refuse_unrunnable(
+    model: nn.Module, args: tuple[Tensor, ...], kwargs: dict[str, Tensor]
+) -> None:
+    """Refuse, before tracing, a graph in bfloat16 that the check cannot run: ONNX Runtime's
+    CPU kernels take no bfloat16 (it would fail loading the file, after all the work)."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    inputs = [(f"example_inputs[{i}]", t) for i, t in enumerate(args)]
+    inputs += [(f"example_inputs[{k!r}]", t) for k, t in kwargs.items()]
+    for where, tensor in [(f"model's {n}", t) for n, t in named] + inputs:
+        if tensor.dtype == torch.bfloat16:
+            raise value_error(
+                f"export(format='onnx'): {where} is bfloat16, which ONNX Runtime's CPU "
+                "kernels do not run, so the written file could not be checked; expected "
+                "dtype='float32' (a float32 copy is written), or verify=False to write the "
+                "bfloat16 graph unchecked"
             )
 
 
@@ -312,10 +339,12 @@ def _verify(
             diff, scale = _difference(reference, np.asarray(result), name)
             relative = diff / scale if scale else diff
             worst, absolute = larger(worst, relative), larger(absolute, diff)
-            if not relative <= TOLERANCE:
+            half = reference.dtype in (torch.float16, torch.bfloat16)
+            allowed = HALF_TOLERANCE if half else TOLERANCE
+            if not relative <= allowed:
                 raise RuntimeError(
                     f"export(format='onnx'): ONNX Runtime's output {name!r} differs from the "
-                    f"model's by {diff:.3g} (largest output {scale:.3g}, tolerance {TOLERANCE:g} "
+                    f"model's by {diff:.3g} (largest output {scale:.3g}, tolerance {allowed:g} "
                     f"x that{', batch doubled' if twice else ''}); nothing was written"
                 )
     return worst, absolute
