@@ -514,3 +514,16 @@ def test_onnx_of_a_bfloat16_network_onnx_runtime_cannot_run_is_refused_by_name(
             r"dtype='float32'.*verify=False", model=net, paths=(tmp_path,))  # fmt: skip
     export(net, path, "onnx", example_inputs=pixels, verify=False)
     assert path.is_file()
+
+
+def test_gguf_f32_of_a_half_model_is_checked_as_its_weights_compute(
+    tmp_path: Path, folder: Path
+) -> None:
+    """transformers' GGUF loader computes in float32: compared with the model's own bfloat16
+    arithmetic, an f32 file of a bfloat16 model was refused (5e-3 against f32's 1e-4)."""
+    model = llama("uniform").to(torch.bfloat16)
+    before = unchanged(model)
+    report = export(model, tmp_path / "out.gguf", "gguf", source=folder, dtype="f32")
+    assert report.verified_by is not None and "transformers" in report.verified_by
+    assert report.difference is not None and report.difference <= 1e-5
+    assert unchanged(model) == before

@@ -23,7 +23,7 @@ from torch import nn
 
 from prunekit.core.difference import relative_difference
 from prunekit.core.errors import value_error
-from prunekit.export.hfcheck import check_ids
+from prunekit.export.hfcheck import check_ids, rounded_copy
 from prunekit.export.request import Request
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ def check_file(
     if logits is None:
         return ("gguf.GGUFReader (metadata, tensor names, shapes, types, F32 values)", None,
                 (f"logits not compared: {by}",))  # fmt: skip
-    with torch.no_grad():
-        expected = model(input_ids=ids).logits.float()
+    with torch.no_grad():  # its weights computing in float32, as the consumers compute
+        expected = rounded_copy(model, None)(input_ids=ids).logits.float()
     difference = relative_difference(logits, expected[: logits.shape[0]])
     if not difference <= BOUNDS[plan.dtype]:
         raise RuntimeError(
