@@ -527,3 +527,18 @@ def test_gguf_f32_of_a_half_model_is_checked_as_its_weights_compute(
     assert report.verified_by is not None and "transformers" in report.verified_by
     assert report.difference is not None and report.difference <= 1e-5
     assert unchanged(model) == before
+
+
+def test_onnx_of_a_batch_of_one_that_the_trace_fixes_is_refused_by_name(tmp_path: Path) -> None:
+    """A Llama's code specializes a batch of 1 (torch.export's 0/1 rule): the graph came out
+    with the batch fixed at 1, not the dynamic axis the docstring promises, and the check's
+    doubled batch then failed with onnxruntime's raw INVALID_ARGUMENT."""
+    pytest.importorskip("onnxscript")
+    model = llama("uniform")
+    one = {"input_ids": IDS[:1]}
+    path = tmp_path / "lm.onnx"
+    for verify in (True, False):
+        refused(lambda v=verify: export(model, path, "onnx", example_inputs=one, verify=v),
+                ValueError, r"export\(format='onnx'\): the traced graph fixes axis 0 \(batch\) "
+                r"of input 'input_ids' at 1.*example_inputs.*2 or more", model=model,
+                paths=(tmp_path,))  # fmt: skip

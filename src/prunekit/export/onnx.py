@@ -75,9 +75,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
 
     Raises:
         ValueError: no example inputs, a dtype it does not write, a model still holding
-            pruning masks (compact it first), one too large for one ONNX file, or weights or
+            pruning masks (compact it first), one too large for one ONNX file, weights or
             inputs in bfloat16 that the check would run (ONNX Runtime's CPU kernels take
-            none; dtype='float32' or verify=False); nothing is written.
+            none; dtype='float32' or verify=False), or example inputs whose batch or
+            sequence size the trace fixed (a size of 1 the model's code specializes); nothing
+            is written.
         TypeError: example inputs or outputs that are not tensors.
         RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
     """
@@ -95,6 +97,7 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
         proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
+        _check_axes(proto, _dynamic(args, kwargs, names))
         Path(target).write_bytes(proto.SerializeToString())
         notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
         if cached:
@@ -291,6 +294,23 @@ def _dynamic(
             axes[1] = sequence
         shapes[name] = axes
     return shapes
+
+
+def _check_axes(proto: Any, wanted: dict[str, dict[int, Any]]) -> None:
+    """Refuse a graph whose trace fixed an axis meant to be dynamic: the model's code
+    specialized it (torch.export fixes a size of 1 that the code tests or broadcasts), so the
+    file would take that size alone."""
+    for graph_input in proto.graph.input:
+        dims = graph_input.type.tensor_type.shape.dim
+        for axis in wanted.get(graph_input.name, {}):
+            if axis < len(dims) and dims[axis].HasField("dim_value"):
+                label = "batch" if axis == 0 else "sequence"
+                raise value_error(
+                    f"export(format='onnx'): the traced graph fixes axis {axis} ({label}) of "
+                    f"input {graph_input.name!r} at {dims[axis].dim_value}: the model's code "
+                    f"specializes that size, so the file would take no other; expected "
+                    f"example_inputs whose {label} is 2 or more, so that the axis stays dynamic"
+                )
 
 
 def _exported(
