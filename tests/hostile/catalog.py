@@ -57,6 +57,7 @@ BROKE: dict[str, str] = {
     "test_shrink::[weights-truncated]": "raw SafetensorError from transformers",
     "test_shrink::[weights-empty]": "raw SafetensorError from transformers",
     "test_shrink::[out-not-writable]": "raw OSError, after the whole pruning",
+    "test_shrink::test_shrink_to_onnx": "every --format onnx failed at export (batch of one)",
     # streamed (prunekit.io.streamed)
     "test_streamed::[batch-mask-all-zero]": "calibration with every attention_mask zero accepted",
     "test_streamed::[config-garbage]": "transformers' OSError, not a CheckpointError",

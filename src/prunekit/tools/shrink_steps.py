@@ -205,16 +205,16 @@ def export_all(
 
     With one folder format the stage is the model folder; otherwise each folder format goes
     to ``<format>/`` and each file format to ``model.<format>``. A folder gets the tokenizer
-    where its writer copied none (a GGUF source's, say).
+    where its writer copied none (a GGUF source's, say). The ONNX graph is traced on the
+    example twice over (``batch_of_two``): a Llama's code fixes a batch of one.
     """
     records, size, storage = [], 0, ""
     alone = len(config.formats) == 1 and FORMATS[config.formats[0]]
     for number, form in enumerate(config.formats):
         target = stage if alone else stage / (form if FORMATS[form] else f"model.{form}")
         dtype = config.gguf_type if form == "gguf" else None
-        done = export(
-            model, target, form, source=config.source, dtype=dtype, example_inputs=example
-        )
+        inputs = batch_of_two(example) if form == "onnx" else example
+        done = export(model, target, form, source=config.source, dtype=dtype, example_inputs=inputs)
         if FORMATS[form] and not any((target / n).exists() for n in _TOKENIZER_FILES):
             tokenizer.save_pretrained(str(target))
         files = model_files(target)
@@ -238,6 +238,15 @@ def export_all(
             )
         )
     return tuple(records), size, storage
+
+
+def batch_of_two(example: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`example` with a batch of two rows where it has one: the first row, then it rotated by
+    one token (rows that differ), so that a trace keeps the batch axis dynamic."""
+    return {
+        key: torch.cat([value, value.roll(1, dims=-1)]) if value.shape[0] == 1 else value
+        for key, value in example.items()
+    }
 
 
 def model_files(target: Path) -> list[Path]:
