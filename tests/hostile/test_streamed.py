@@ -299,3 +299,22 @@ def test_the_command_refuses_with_a_message_and_no_output(
 
     assert re.search(match, error), error
     assert tree(source, out) == before
+
+
+@pytest.mark.parametrize("method", ["l1", "ln"])
+@pytest.mark.parametrize("kind", ["sharded", "single"])
+def test_the_command_refuses_a_seed_the_method_draws_nothing_with(
+    method: str, kind: str, sharded: Path, folder: Path, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`--seed` seeds the random method alone: with l1 or ln it was read and silently
+    ignored (the run the same with any seed or none)."""
+    source = sharded if kind == "sharded" else folder
+    out = tmp_path / "out"
+    before = tree(source, out)
+    code = main(["prune", str(source), "-o", str(out), "--method", method, "--amount", "0.5",
+                 "--seed", "3"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert code == 1, error
+    assert "--seed 3" in error and "--method random" in error and method in error, error
+    assert tree(source, out) == before

@@ -311,6 +311,11 @@ def _run_prune(args: argparse.Namespace) -> int:
     refuse_empty_path("", "--out", args.out)  # Path("") is ".": the current folder
     if calibrate.streamed(args):  # wanda, sparsegpt: a folder block by block
         return calibrate.run_streamed(args)
+    if args.seed is not None and args.method != "random":  # it would be read and ignored
+        raise ValueError(
+            f"--seed seeds --method random only, which draws the entries to prune; expected "
+            f"no --seed with --method {args.method}, got --seed {args.seed}"
+        )
     if args.global_pruning:
         if args.scope is not None:
             raise ValueError(
