@@ -384,3 +384,25 @@ def test_shrink_to_onnx_writes_a_graph_of_any_batch(
     ids = torch.randint(0, 300, (3, 7), generator=torch.Generator().manual_seed(0)).numpy()
     (logits,) = session.run(None, {"input_ids": ids})
     assert logits.shape == (3, 7, 300)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="design question, reported: shrink computes in float32 "
+    "and writes what it computed, so a bfloat16 source (most causal LMs on the "
+    "Hub) comes out larger on disk; whether to write the source's precision "
+    "(the reported perplexity is then of the float32 model) is the lead's call",
+)
+def test_shrink_of_a_bfloat16_source_writes_a_smaller_model(
+    folder: Path, text: Path, tmp_path: Path
+) -> None:
+    import transformers
+
+    source = tmp_path / "bf16"
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    model.save_pretrained(source)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (source / name).write_bytes((folder / name).read_bytes())
+    report = shrink(config(source, tmp_path / "out", text, kinds=("channels",)))
+    assert report.params.after < report.params.before
+    assert report.bytes.after < report.bytes.before, report.storage
