@@ -542,3 +542,27 @@ def test_onnx_of_a_batch_of_one_that_the_trace_fixes_is_refused_by_name(tmp_path
                 ValueError, r"export\(format='onnx'\): the traced graph fixes axis 0 \(batch\) "
                 r"of input 'input_ids' at 1.*example_inputs.*2 or more", model=model,
                 paths=(tmp_path,))  # fmt: skip
+
+
+class _TenTokens(nn.Module):
+    """A model whose code needs exactly ten tokens (it flattens them into one Linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 4)
+        self.head = nn.Linear(40, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids).reshape(ids.shape[0], 40))
+
+
+def test_onnx_of_a_model_that_needs_its_length_says_the_axis_is_fixed(tmp_path: Path) -> None:
+    """A size the code needs (not a size of 1 it specializes) cannot be made dynamic by other
+    inputs: it is written fixed, and the report says so, rather than refused."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = _TenTokens().eval()
+    ids = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(0))
+    report = export(model, tmp_path / "ten.onnx", "onnx", example_inputs=ids)
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("axis 1 (sequence) of input 'ids' is fixed at 10" in n for n in report.notes)

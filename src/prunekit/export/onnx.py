@@ -5,13 +5,15 @@ The graph is traced by ``torch.onnx.export`` (the exporter built on ``torch.expo
 onnxscript) on the example inputs, in eval mode, with the weights inside the one file. The
 first axis of every input that shares the first input's batch size is dynamic (``batch``), and
 so is the second axis of integer inputs of rank 2 or more, such as token ids and attention
-masks (``sequence``). Once written, the file is read back by ONNX Runtime (where installed)
-and run on the example inputs and on them twice over along the batch axis: every output must
-be within ``TOLERANCE`` x its largest magnitude of the model's (``HALF_TOLERANCE`` for an
-output in float16 or bfloat16), or nothing lands. A bfloat16 graph, which ONNX Runtime's CPU
-kernels do not run, is refused unless written as float32 or unchecked. A causal
-LM is traced without its key/value cache (``use_cache`` off for the call): the graph gives
-the logits.
+masks (``sequence``). An axis the trace fixes stays fixed: at a size the model's code needs,
+the report says so; at 1 (a size torch.export fixes where the code tests or broadcasts it,
+and a larger example keeps dynamic) it is refused. Once written, the file is read back by
+ONNX Runtime (where installed) and run on the example inputs and on them twice over along the
+batch axis (unless the batch is fixed): every output must be within ``TOLERANCE`` x its
+largest magnitude of the model's (``HALF_TOLERANCE`` for an output in float16 or bfloat16),
+or nothing lands. A bfloat16 graph, which ONNX Runtime's CPU kernels do not run, is refused
+unless written as float32 or unchecked. A causal LM is traced without its key/value cache
+(``use_cache`` off for the call): the graph gives the logits.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
             pruning masks (compact it first), one too large for one ONNX file, weights or
             inputs in bfloat16 that the check would run (ONNX Runtime's CPU kernels take
             none; dtype='float32' or verify=False), or example inputs whose batch or
-            sequence size the trace fixed (a size of 1 the model's code specializes); nothing
-            is written.
+            sequence of 1 the trace fixed (the model's code specializes it); nothing is
+            written.
         TypeError: example inputs or outputs that are not tensors.
         RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
     """
@@ -97,9 +99,10 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
         proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
-        _check_axes(proto, _dynamic(args, kwargs, names))
+        fixed = _fixed_axes(proto, _dynamic(args, kwargs, names))
         Path(target).write_bytes(proto.SerializeToString())
         notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
+        notes += fixed
         if cached:
             notes.append("traced with use_cache=False: the graph keeps no key/value cache")
         if request.source is not None:
@@ -296,21 +299,29 @@ def _dynamic(
     return shapes
 
 
-def _check_axes(proto: Any, wanted: dict[str, dict[int, Any]]) -> None:
-    """Refuse a graph whose trace fixed an axis meant to be dynamic: the model's code
-    specialized it (torch.export fixes a size of 1 that the code tests or broadcasts), so the
-    file would take that size alone."""
+def _fixed_axes(proto: Any, wanted: dict[str, dict[int, Any]]) -> list[str]:
+    """Notes on the axes meant to be dynamic that the trace fixed (the model's code needs
+    that size); a size of 1 fixed is refused: torch.export fixes a size of 1 that the code
+    tests or broadcasts, which a larger example keeps dynamic."""
+    notes = []
     for graph_input in proto.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
         for axis in wanted.get(graph_input.name, {}):
-            if axis < len(dims) and dims[axis].HasField("dim_value"):
-                label = "batch" if axis == 0 else "sequence"
+            if axis >= len(dims) or not dims[axis].HasField("dim_value"):
+                continue
+            label, size = ("batch" if axis == 0 else "sequence"), dims[axis].dim_value
+            if size == 1:
                 raise value_error(
                     f"export(format='onnx'): the traced graph fixes axis {axis} ({label}) of "
-                    f"input {graph_input.name!r} at {dims[axis].dim_value}: the model's code "
-                    f"specializes that size, so the file would take no other; expected "
-                    f"example_inputs whose {label} is 2 or more, so that the axis stays dynamic"
+                    f"input {graph_input.name!r} at 1: the model's code specializes a size of "
+                    f"1, so the file would take no other; expected example_inputs whose "
+                    f"{label} is 2 or more, so that the axis stays dynamic"
                 )
+            notes.append(
+                f"axis {axis} ({label}) of input {graph_input.name!r} is fixed at {size}: the "
+                "model's code needs that size"
+            )
+    return notes
 
 
 def _exported(
@@ -348,8 +359,11 @@ def _verify(
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     wanted = [i.name for i in session.get_inputs()]
     shapes = _dynamic(args, kwargs, names)
+    held = {i.name: i.shape for i in session.get_inputs()}
+    fixed = any(0 in axes and isinstance(held.get(name, [None])[0], int)
+                for name, axes in shapes.items())  # fmt: skip
     worst, absolute = 0.0, 0.0
-    for twice in (False, True):
+    for twice in (False,) if fixed else (False, True):  # a fixed batch is not doubled
         feed_args = tuple(_doubled(t, shapes[n], twice) for n, t in zip(names, args, strict=False))
         feed_kwargs = {k: _doubled(t, shapes[k], twice) for k, t in kwargs.items()}
         expected = _outputs(model(*feed_args, **feed_kwargs))
