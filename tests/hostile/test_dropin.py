@@ -66,3 +66,35 @@ def test_what_torch_accepts_and_prunekit_refuses_is_named_and_listed(
     section = GUIDE.read_text(encoding="utf-8").split("## Where prunekit differs")[1]
     section = " ".join(section.split("\n## ")[0].split())
     assert guide in section, f"the drop-in guide's differences do not say {guide!r}"
+
+
+# --- models pruned by torch.nn.utils.prune itself, handed to prunekit ------------------------
+
+
+def _pruned_by_torch() -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
+    torch_prune.l1_unstructured(model[0], "weight", 0.4)
+    torch_prune.ln_structured(model[0], "weight", 1, n=2, dim=0)  # a container of two
+    torch_prune.random_unstructured(model[2], "bias", 0.5)
+    return model
+
+
+@pytest.mark.parametrize("where", ["permanent_state_dict", "save_pruned"])
+def test_a_model_pruned_by_torch_is_made_permanent_too(where: str, tmp_path: Path) -> None:
+    """The drop-in's permanent state dict folded prunekit's own hooks only: a model pruned by
+    torch.nn.utils.prune kept its _orig/_mask entries, which an unpruned copy refuses
+    (strict) or skips, its weights left as they were built (strict=False)."""
+    model = _pruned_by_torch()
+    if where == "permanent_state_dict":
+        state = prunekit.permanent_state_dict(model)
+    else:
+        from prunekit.io.files import load_state_dict
+
+        state = load_state_dict(prunekit.save_pruned(model, tmp_path / "m.pt", permanent=True))
+    fresh = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4))
+    assert sorted(state) == sorted(fresh.state_dict())
+    fresh.load_state_dict(state)
+    x = torch.randn(3, 6)
+    assert torch.equal(fresh(x), model(x))
+    assert torch.equal(state["0.weight"], model[0].weight_orig * model[0].weight_mask)

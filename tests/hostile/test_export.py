@@ -132,6 +132,15 @@ def _nan() -> nn.Module:
     return model
 
 
+def _torch_masked() -> nn.Module:
+    """Masked by torch.nn.utils.prune itself (the library prunekit is a drop-in for)."""
+    import torch.nn.utils.prune as torch_prune
+
+    model = llama("uniform")
+    torch_prune.l1_unstructured(model.model.layers[0].mlp.down_proj, "weight", 0.5)
+    return model
+
+
 def _qwen3() -> nn.Module:
     config = transformers.Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -144,6 +153,9 @@ UNSUPPORTED: list[tuple[str, Callable[[], nn.Module], str, type[BaseException], 
     ("masked-deci", lambda: llama("masked"), "deci", ValueError, r"pruning masks"),
     ("masked-gguf", lambda: llama("masked"), "gguf", ValueError, r"pruning masks"),
     ("masked-onnx", lambda: llama("masked"), "onnx", ValueError, r"pruning masks"),
+    ("torch-masked-hf", _torch_masked, "hf", ValueError, r"pruning masks.*down_proj"),
+    ("torch-masked-gguf", _torch_masked, "gguf", ValueError, r"pruning masks.*down_proj"),
+    ("torch-masked-deci", _torch_masked, "deci", ValueError, r"pruning masks.*down_proj"),
     ("plain-module-hf", lambda: nn.Sequential(nn.Linear(4, 4)), "hf", TypeError,
      r"expected a Hugging Face model"),
     ("gpt2-gguf", _gpt2, "gguf", TypeError, r"model_type 'gpt2'"),

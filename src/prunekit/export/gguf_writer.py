@@ -146,11 +146,13 @@ def plan(model: nn.Module, request: Request) -> Plan:
             and ``deci`` cannot run, an unknown dtype, no or an unreadable tokenizer source.
     """
     dtype = _dtype(model, request.dtype)
-    if is_pruned(model):
+    masked = [name for name, _ in model.named_buffers() if name.endswith("_mask")]
+    if masked or is_pruned(model):  # torch.nn.utils.prune's masks too, as the hf check
+        which = f" ({masked[0]})" if masked else ""
         raise value_error(
-            "export: model still has pruning masks installed; expected a compacted model: "
-            "call prunekit.compact(model, example_inputs) (or prunekit.remove on each masked "
-            "tensor) before format='gguf'"
+            f"export: model still has pruning masks installed{which}; expected a compacted "
+            "model: call prunekit.compact(model, example_inputs) (or remove() on each masked "
+            "tensor, torch.nn.utils.prune's for its own masks) before format='gguf'"
         )
     config: Any = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)

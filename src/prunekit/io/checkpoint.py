@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 from prunekit.core.backend import framework, is_module
@@ -39,12 +40,18 @@ StateDict = Mapping[str, Tensor]
 
 
 def pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
-    """Yield (prefix, module, name) for every pruned tensor, under every prefix it has."""
+    """Yield (prefix, module, name) for every pruned tensor, under every prefix it has:
+    pruned by prunekit, or by torch.nn.utils.prune itself (whose hooks keep the same
+    ``<name>_orig`` and ``<name>_mask``)."""
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
-        for hook in pruning_hooks(module):
-            if hook._tensor_name is not None:
-                yield prefix, module, hook._tensor_name
+        hooks: list[Any] = pruning_hooks(module)
+        hooks += [h for h in module._forward_pre_hooks.values()
+                  if isinstance(h, torch_prune.BasePruningMethod)]  # fmt: skip
+        for hook in hooks:
+            name = getattr(hook, "_tensor_name", None)
+            if isinstance(name, str):
+                yield prefix, module, name
 
 
 def refresh_pruned(model: nn.Module) -> None:
@@ -65,7 +72,8 @@ def permanent_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """A plain state_dict of `model` with every pruning made permanent; `model` is not changed.
 
     Each ``<name>_orig`` / ``<name>_mask`` pair becomes ``<name>`` = mask * orig, so the
-    result loads into an unpruned copy of the model. Other entries are the model's own
+    result loads into an unpruned copy of the model (tensors pruned by
+    torch.nn.utils.prune itself too). Other entries are the model's own
     (detached) tensors, as in state_dict().
 
     Args:
