@@ -98,3 +98,17 @@ def test_a_model_pruned_by_torch_is_made_permanent_too(where: str, tmp_path: Pat
     x = torch.randn(3, 6)
     assert torch.equal(fresh(x), model(x))
     assert torch.equal(state["0.weight"], model[0].weight_orig * model[0].weight_mask)
+
+
+def test_is_pruned_and_remove_take_a_model_pruned_by_torch() -> None:
+    """`import prunekit as prune` over code that pruned with torch: is_pruned said False, and
+    remove said 'is not pruned, so there is nothing to remove', of tensors torch pruned."""
+    model = _pruned_by_torch()
+    assert prunekit.is_pruned(model) and prunekit.is_pruned(model[0])
+    x = torch.randn(3, 6)
+    before = model(x)
+    prunekit.remove(model[0], "weight")
+    prunekit.remove(model, "2.bias")
+    assert not prunekit.is_pruned(model) and not torch_prune.is_pruned(model)
+    assert sorted(dict(model.named_parameters())) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert torch.equal(model(x), before)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 from prunekit.core.backend import common_namespace, namespace
@@ -227,12 +228,18 @@ def remove(module: M, name: str) -> M:
     Returns:
         `module`.
 
+    A tensor pruned by torch.nn.utils.prune itself is made permanent by its ``remove``.
+
     Raises:
         ValueError: ``module.<name>`` is not pruned (the message lists the tensors that are).
         AttributeError: `name` does not lead to a submodule of `module`.
     """
     owner, leaf = owner_of(module, name)
     key, hook = find_pruning_hook(owner, leaf)
+    if hook is None and leaf in _torch_pruned(owner):
+        torch_remove: Any = torch_prune.remove  # untyped in torch
+        torch_remove(owner, leaf)
+        return module
     if hook is None:
         pruned = sorted(h._tensor_name for h in pruning_hooks(owner) if h._tensor_name is not None)
         raise value_error(
@@ -248,7 +255,8 @@ def remove(module: M, name: str) -> M:
 
 
 def is_pruned(module: nn.Module) -> bool:
-    """Whether `module` or any submodule carries a pruning hook.
+    """Whether `module` or any submodule carries a pruning hook (prunekit's, or
+    torch.nn.utils.prune's own).
 
     Args:
         module: any module.
@@ -256,7 +264,13 @@ def is_pruned(module: nn.Module) -> bool:
     Returns:
         True if a pruning hook is installed anywhere in `module`.
     """
-    return any(pruning_hooks(sub) for sub in module.modules())
+    return any(pruning_hooks(sub) or _torch_pruned(sub) for sub in module.modules())
+
+
+def _torch_pruned(module: nn.Module) -> list[str]:
+    """The tensors of `module` itself pruned by torch.nn.utils.prune (its own hooks)."""
+    hooks = module._forward_pre_hooks.values()
+    return [h._tensor_name for h in hooks if isinstance(h, torch_prune.BasePruningMethod)]
 
 
 def global_unstructured(
