@@ -9,11 +9,11 @@ entry a layer. Both architectures rotate query and key pairs of consecutive valu
 biases) are reordered within each head from Hugging Face's two halves into interleaved pairs.
 Qwen2's query/key/value biases are read by both architectures, the query bias only at the
 hidden width (llama.cpp's shape for it), so a model with attention biases whose query heads
-were cut is refused. Qwen3's per-head query/key
-norms need llama.cpp's ``qwen3`` architecture, which cannot say per-layer widths: it is
-refused. Rotary scalings that only divide the frequencies (``linear``, ``llama3``) are written
-as llama.cpp's ``rope_freqs`` factors; those that also scale attention or depend on the length
-(``yarn``, ``longrope``, ``dynamic``) are refused.
+were cut is refused. Qwen3's per-head query/key norms need llama.cpp's ``qwen3``
+architecture, which cannot say per-layer widths: it is refused. Rotary scalings that only
+divide the frequencies (``linear``, ``llama3``) are written as llama.cpp's ``rope_freqs``
+factors; those that also scale attention or depend on the length (``yarn``, ``longrope``,
+``dynamic``) are refused.
 
 Tensor types (``dtype``): ``"f32"``, ``"f16"``, ``"bf16"`` or ``"q8_0"``; None writes the
 model's own float type (f16 for float16, bf16 for bfloat16, else f32). As llama.cpp's own
