@@ -11,7 +11,7 @@ ENTRY_POINTS = {
     "test_streamed": "prune_streamed / prunekit prune",
     "test_damping": "prune_channels(damping='auto')",
     "test_depth": "blocks / load_compacted",
-    "test_dropin": "drop-in (torch.nn.utils.prune)",
+    "test_dropin": "drop-in (torch prune)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
