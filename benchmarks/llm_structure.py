@@ -28,7 +28,8 @@ target), then prunes without and with ``compensate=True``.
 
 Latency (--latency CRITERION, timed first): that criterion's model of the first target,
 compacted, against the dense model: one forward of 1 x 512 tokens, the two models
-alternated (``prunekit.structure.measure.paired_latency``), median of the per-pair ratios.
+alternated (``prunekit.structure.measure.paired_latency``), median of the per-pair ratios;
+then the same with the logits of the last position only, as ``generate`` runs a prompt.
 It is pruned without compensation, which changes values, never shapes: the compensated
 model compacts to the same widths. --compensated names the criteria that get the
 compensated column (all by default, none with 'none'; '-' elsewhere).
@@ -221,13 +222,16 @@ def _block_of(group: prunekit.ChannelGroup) -> int | None:
     return None
 
 
-def latency(dense: nn.Module, small: nn.Module, x: Tensor, runs: int) -> Paired:
-    """Dense and `small` forwards on `x`, alternated (after one warm-up pair)."""
+def latency(dense: nn.Module, small: nn.Module, x: Tensor, runs: int, last: bool = False) -> Paired:
+    """Dense and `small` forwards on `x`, alternated (after one warm-up pair). `last`: the
+    logits of the last position only (``logits_to_keep=1``), as ``generate`` runs a prompt's
+    prefill; otherwise every position's, as scoring a text does."""
     current: list[nn.Module] = [dense]
+    keep = {"logits_to_keep": 1} if last else {}
 
     def forward() -> None:
         with torch.inference_mode():
-            current[0](input_ids=x)
+            current[0](input_ids=x, **keep)
 
     return paired_latency(
         lambda: current.__setitem__(0, dense), lambda: current.__setitem__(0, small), forward,
@@ -242,13 +246,17 @@ def timed_latency(
     """Print the paired latency of --latency's model at `target`, compacted, against dense."""
     small, _ = prune(model, args.latency, target, False, args, criterion, batches, example)
     report = prunekit.compact(small, example, latency_runs=0)
-    timed = latency(model, small, ids[None, :512], 1 if args.quick else args.runs)
+    runs = 1 if args.quick else args.runs
+    timed = latency(model, small, ids[None, :512], runs)
+    prefill = latency(model, small, ids[None, :512], runs, last=True)
     print(f"\ncompacted ({args.latency}, target {target:.0%}, {masked_share_of(report):.1%} "
           f"of all parameters): {report.params_before:,} -> {report.params_after:,} "
           f"parameters, MACs {report.macs_before:,} -> {report.macs_after:,} on 32 tokens "
           f"({1 - report.macs_after / report.macs_before:.1%} fewer)")  # fmt: skip
     print(f"CPU latency, 1 x 512 tokens, {args.threads} threads, dense vs compacted: {timed}",
           flush=True)  # fmt: skip
+    print(f"the same, logits of the last position only (a prompt's prefill in generate): "
+          f"{prefill}", flush=True)  # fmt: skip
 
 
 def masked_share_of(report: Any) -> float:
