@@ -28,7 +28,7 @@ from prunekit.dropin.base_method import (
     PruningContainer,
     construct,
 )
-from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks
+from prunekit.dropin.hooks import find_pruning_hook, pruning_hooks, torch_pruned
 from prunekit.dropin.install import current_values, drop_refresh, forget_load_refresh, install
 from prunekit.dropin.torch_methods import (
     CustomFromMask,
@@ -236,7 +236,7 @@ def remove(module: M, name: str) -> M:
     """
     owner, leaf = owner_of(module, name)
     key, hook = find_pruning_hook(owner, leaf)
-    if hook is None and leaf in _torch_pruned(owner):
+    if hook is None and leaf in torch_pruned(owner):
         torch_remove: Any = torch_prune.remove  # untyped in torch
         torch_remove(owner, leaf)
         return module
@@ -264,13 +264,7 @@ def is_pruned(module: nn.Module) -> bool:
     Returns:
         True if a pruning hook is installed anywhere in `module`.
     """
-    return any(pruning_hooks(sub) or _torch_pruned(sub) for sub in module.modules())
-
-
-def _torch_pruned(module: nn.Module) -> list[str]:
-    """The tensors of `module` itself pruned by torch.nn.utils.prune (its own hooks)."""
-    hooks = module._forward_pre_hooks.values()
-    return [h._tensor_name for h in hooks if isinstance(h, torch_prune.BasePruningMethod)]
+    return any(pruning_hooks(sub) or torch_pruned(sub) for sub in module.modules())
 
 
 def global_unstructured(

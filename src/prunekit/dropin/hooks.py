@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunekit.core.errors import attribute_error, describe, value_error
@@ -17,7 +18,10 @@ from prunekit.dropin.copying import BoundToModule
 if TYPE_CHECKING:  # the protocol stands above: it refreshes out_proj through this module
     from prunekit.dropin.base_method import BasePruningMethod
 
-__all__ = ["PRUNING_TYPES", "find_pruning_hook", "is_pruning_hook", "pruning_hooks", "pruning_type"]
+__all__ = [
+    "PRUNING_TYPES", "find_pruning_hook", "is_pruning_hook", "pruning_hooks", "pruning_type",
+    "torch_pruned",
+]  # fmt: skip
 
 PRUNING_TYPES = ("unstructured", "structured", "global")
 
@@ -30,6 +34,13 @@ def is_pruning_hook(hook: object) -> TypeGuard[BasePruningMethod]:
 def pruning_hooks(module: nn.Module) -> list[BasePruningMethod]:
     """The pruning hooks installed on `module` itself (not its submodules), in order."""
     return [h for h in module._forward_pre_hooks.values() if is_pruning_hook(h)]
+
+
+def torch_pruned(module: nn.Module) -> list[str]:
+    """The tensors of `module` itself pruned by torch.nn.utils.prune (its own hooks, which keep
+    the same ``<name>_orig`` and ``<name>_mask`` as prunekit's)."""
+    hooks = module._forward_pre_hooks.values()
+    return [h._tensor_name for h in hooks if isinstance(h, torch_prune.BasePruningMethod)]
 
 
 def find_pruning_hook(module: nn.Module, name: str) -> tuple[Any, BasePruningMethod | None]:

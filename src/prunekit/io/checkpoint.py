@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch.nn.utils.prune as torch_prune
 from torch import Tensor, nn
 
 from prunekit.core.backend import framework, is_module
@@ -20,7 +19,7 @@ from prunekit.core.errors import describe
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
-from prunekit.dropin.hooks import pruning_hooks
+from prunekit.dropin.hooks import pruning_hooks, torch_pruned
 from prunekit.dropin.install import install, refresh_masked
 from prunekit.dropin.torch_methods import CustomFromMask
 from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
@@ -45,12 +44,9 @@ def pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, str]]:
     ``<name>_orig`` and ``<name>_mask``)."""
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
-        hooks: list[Any] = pruning_hooks(module)
-        hooks += [h for h in module._forward_pre_hooks.values()
-                  if isinstance(h, torch_prune.BasePruningMethod)]  # fmt: skip
-        for hook in hooks:
-            name = getattr(hook, "_tensor_name", None)
-            if isinstance(name, str):
+        names = [h._tensor_name for h in pruning_hooks(module)] + torch_pruned(module)
+        for name in names:
+            if name is not None:
                 yield prefix, module, name
 
 
