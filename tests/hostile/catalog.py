@@ -60,6 +60,7 @@ BROKE: dict[str, str] = {
     "test_shrink::[weights-empty]": "raw SafetensorError from transformers",
     "test_shrink::[out-not-writable]": "raw OSError, after the whole pruning",
     "test_shrink::test_shrink_to_onnx": "every --format onnx failed at export (batch of one)",
+    "test_shrink::test_shrink_of_a_bfloat16": "written in float32: 1.6x the bf16 source's bytes",
     # streamed (prunekit.io.streamed)
     "test_streamed::[batch-mask-all-zero]": "calibration with every attention_mask zero accepted",
     "test_streamed::[config-garbage]": "transformers' OSError, not a CheckpointError",

@@ -77,6 +77,12 @@ BAD_CONFIG: list[tuple[str, dict[str, Any], str]] = [
     ("criterion-upper", {"criterion": "TAYLOR"}, r"criterion='TAYLOR'"),
     ("deci-round-8", {"formats": ("deci",), "round_to": 8}, r"round_to=8"),
     ("deci-heads", {"formats": ("deci",), "kinds": ("heads",)}, r"kinds=\('heads',\)"),
+    ("dtype-unknown", {"dtype": "float64"}, r"dtype='float64'; expected one of 'auto'"),
+    ("dtype-torch", {"dtype": torch.bfloat16}, r"dtype=torch\.bfloat16; expected .*\(by name"),
+    ("dtype-upper", {"dtype": "BF16"}, r"dtype='BF16'"),
+    ("dtype-none", {"dtype": None}, r"dtype=None"),
+    ("dtype-half-onnx", {"dtype": "bfloat16", "formats": ("onnx",)},
+     r"dtype='bfloat16' with formats=\('onnx',\).* float32"),
 ]  # fmt: skip
 
 
@@ -386,13 +392,6 @@ def test_shrink_to_onnx_writes_a_graph_of_any_batch(
     assert logits.shape == (3, 7, 300)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design question, reported: shrink computes in float32 "
-    "and writes what it computed, so a bfloat16 source (most causal LMs on the "
-    "Hub) comes out larger on disk; whether to write the source's precision "
-    "(the reported perplexity is then of the float32 model) is the lead's call",
-)
 def test_shrink_of_a_bfloat16_source_writes_a_smaller_model(
     folder: Path, text: Path, tmp_path: Path
 ) -> None:

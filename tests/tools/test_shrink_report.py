@@ -4,6 +4,7 @@ the report reads back as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -76,3 +77,21 @@ def test_values_not_finite_are_null_with_what_they_were(
 def test_a_finite_report_reads_back_as_it_was() -> None:
     made = report(difference=None)
     assert ShrinkReport.from_dict(json.loads(made.to_json())) == made
+
+
+def test_the_written_dtype_reads_back_and_is_said_with_the_perplexity() -> None:
+    made = dataclasses.replace(report(), dtype="bfloat16")
+    found = json.loads(made.to_json())
+    assert found["dtype"] == "bfloat16"
+    assert ShrinkReport.from_dict(found) == made
+    assert made.summary()[0].endswith("tokens of text.txt; bfloat16 weights as written)")
+    markdown = made.to_markdown()
+    assert "of text.txt; bfloat16 weights as written, computed in float32." in markdown
+
+
+def test_a_report_from_before_the_dtype_was_recorded_reads_back_without_one() -> None:
+    found = json.loads(report().to_json())
+    del found["dtype"]
+    again = ShrinkReport.from_dict(found)
+    assert again.dtype == "" and again == report()
+    assert again.summary()[0].endswith("tokens of text.txt)")

@@ -37,6 +37,8 @@ REFUSED = [
      "expected no --latency-runs, got --latency-runs 5"),
     (["--params", "0.2", "--seed", "7"], "expected no --seed, got --seed 7"),
     (["--params", "0.2", "--seed", "0"], "expected no --seed, got --seed 0"),
+    # each tensor is written in the type it is stored in
+    (["--params", "0.2", "--dtype", "float32"], "expected --dtype auto, got --dtype float32"),
 ]  # fmt: skip
 
 

@@ -172,7 +172,8 @@ def shrink_folder(config: ShrinkConfig, progress: bool | None = None) -> ShrinkS
         ValueError: an option streaming does not take (another format, distillation,
             --macs or --latency, a floor, a criterion not in
             ``export.streamed_shrink.CRITERIA``, evaluation text, a seed or latency runs
-            given, even at their defaults: nothing is drawn at random nor timed; an lr is
+            given, even at their defaults: nothing is drawn at random nor timed; a dtype
+            other than 'auto': each tensor is written in its stored type; an lr is
             refused by ``ShrinkConfig`` itself, with distill 0).
         CheckpointError: not a sharded model folder, or text that cannot be read, or that
             is, holds or lies inside the output.
@@ -227,6 +228,11 @@ def _check_streamed_flags(config: ShrinkConfig) -> None:
         named = given if isinstance(given, Path) else f"({len(given)} passages)"
         raise ValueError(
             f"--streamed measures no perplexity; expected no --eval, got --eval {named}"
+        )
+    if config.dtype != "auto":
+        raise ValueError(
+            "--streamed writes each tensor in the type it is stored in (the source's); "
+            f"expected --dtype auto, got --dtype {config.dtype}"
         )
     for flag, key, why in _UNSTREAMED:  # None where not given, even at their defaults
         value = getattr(config, key)

@@ -11,7 +11,7 @@ from prunekit.export.request import GGUF_TYPES
 from prunekit.tools.calibrate import run_shrink_streamed
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
-from prunekit.tools.shrink import CRITERIA, LATENCY_RUNS, LR, SEED, ShrinkConfig, shrink
+from prunekit.tools.shrink import CRITERIA, DTYPES, LATENCY_RUNS, LR, SEED, ShrinkConfig, shrink
 from prunekit.tools.shrink_report import ShrinkReport
 
 __all__ = ["add_shrink_parser", "print_shrink", "run_llm_demo_command"]
@@ -77,7 +77,16 @@ def _text_and_formats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gguf-type",
         choices=GGUF_TYPES,
-        help="tensor type of the gguf format (default: the model's own float type)",
+        help="tensor type of the gguf format (default: as --dtype: f32, f16 or bf16)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the floating type the model is written in (default auto: the source's, so "
+        "a bfloat16 model stays bfloat16; a quantized GGUF source: float32); pruned in "
+        "float32, rounded to it at the end, its perplexity measured as written; onnx is "
+        "always float32",
     )
 
 
@@ -211,6 +220,7 @@ def _run_shrink(args: argparse.Namespace) -> int:
         latency_runs=args.latency_runs,
         lr=args.lr,
         floor=args.floor,
+        dtype=args.dtype,
     )
     if args.streamed:
         return run_shrink_streamed(config)

@@ -37,6 +37,7 @@ from prunekit.core.errors import (
     with_context,
 )
 from prunekit.export.api import FORMATS, WRITERS
+from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.request import GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
@@ -45,10 +46,19 @@ from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.stages.entry import prune_channels
 from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
-from prunekit.tools.shrink_source import Source, check_source, load_source
+from prunekit.tools.shrink_source import Source, check_source, load_source, source_dtype
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 
-__all__ = ["CRITERIA", "LATENCY_RUNS", "LR", "SEED", "Progress", "ShrinkConfig", "shrink"]
+__all__ = [
+    "CRITERIA",
+    "DTYPES",
+    "LATENCY_RUNS",
+    "LR",
+    "SEED",
+    "Progress",
+    "ShrinkConfig",
+    "shrink",
+]
 
 SEED = 0
 """The seed of a run whose ``ShrinkConfig.seed`` is None."""
@@ -66,6 +76,10 @@ DECI_ROUND = 256  # DeciLM's readers round an MLP width up to a multiple of it
 _TRACED = 32  # tokens of the example the model is traced, compacted and checked on
 CRITERIA = ("activation", "l2", "l1", "taylor", "obs", "fluctuation")
 _FLOAT32 = torch.finfo(torch.float32).max  # the largest lr the distillation's steps take
+DTYPES = ("auto", *TENSOR_TYPES)
+"""The values of ``ShrinkConfig.dtype``: 'auto' (the source's precision), or the floating
+type the shrunk model is written in."""
+_HALF = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ class ShrinkConfig:
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
         gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.request.GGUF_TYPES``:
-            f32, f16, bf16, q8_0); None: the model's own float type.
+            f32, f16, bf16, q8_0); None: as `dtype` (f32, f16 or bf16).
         compensate: the least-squares update of the layers that read removed units.
         round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
             ``deci`` format (whose readers derive MLP widths rounded to 256).
@@ -119,6 +133,16 @@ class ShrinkConfig:
         lr: the distillation's learning rate; None: ``LR`` (5e-5). Refused given with
             `distill` 0, which distils nothing (hence with ``shrink_folder``, streamed,
             which takes only `distill` 0).
+        dtype: the floating type the shrunk model is written in (``DTYPES``): 'auto' (the
+            default) keeps the source's (``shrink_source.source_dtype``: a bfloat16 folder is
+            written in bfloat16, a quantized GGUF file in float32), or 'float32', 'float16',
+            'bfloat16'. The model is pruned, compensated and distilled in float32, then its
+            weights are rounded to `dtype`; the perplexity after is of those weights, as
+            written (computed in float32, as the source's before). It is the type of the
+            ``hf`` and ``deci`` folders and of the ``gguf`` file where `gguf_type` is None;
+            an ``onnx`` file is float32 (the type ONNX Runtime's CPU kernels run), so
+            'float16' or 'bfloat16' with ``onnx`` the only format is refused.
+            ``shrink_folder`` (streamed) writes each tensor in its stored type: 'auto' only.
     """
 
     source: Path
@@ -142,6 +166,7 @@ class ShrinkConfig:
     seed: int | None = None
     latency_runs: int | None = None
     lr: float | None = None
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("source", "out"):
@@ -161,6 +186,7 @@ class ShrinkConfig:
             )
         object.__setattr__(self, "formats", tuple(formats))
         self._check_gguf_type()
+        self._check_dtype()
         if isinstance(self.kinds, str | bytes):  # tuple() would split it into letters
             raise type_error(
                 f"ShrinkConfig: invalid kinds={self.kinds!r}; expected a tuple of kinds such "
@@ -193,6 +219,32 @@ class ShrinkConfig:
                 f"ShrinkConfig: gguf_type={self.gguf_type!r} with formats={self.formats!r}; "
                 "gguf_type is the tensor type of the 'gguf' format: add 'gguf' to formats"
             )
+
+    def _check_dtype(self) -> None:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            raise value_error(
+                f"ShrinkConfig: invalid dtype={self.dtype!r}; expected one of "
+                f"{', '.join(repr(d) for d in DTYPES)} (by name; 'auto': the source's precision)"
+            )
+        if self.dtype in _HALF and self.formats == ("onnx",):
+            raise value_error(
+                f"ShrinkConfig: dtype={self.dtype!r} with formats={self.formats!r}; the onnx "
+                "format is written in float32 (the type ONNX Runtime's CPU kernels run), so "
+                f"nothing would be {self.dtype}: expected dtype 'auto' or 'float32', or a "
+                "format that holds it (hf, deci, gguf)"
+            )
+
+    def written_dtype(self, source: torch.dtype) -> torch.dtype:
+        """The floating type the shrunk model is written in: `dtype`, or `source` (the
+        source's, ``shrink_source.source_dtype``) where it is 'auto'.
+
+        Args:
+            source: the floating type of the source's weights.
+
+        Returns:
+            torch.float32, torch.float16 or torch.bfloat16.
+        """
+        return source if self.dtype == "auto" else TENSOR_TYPES[self.dtype]
 
     def _defaults(self) -> None:
         """Defaults that fit every format asked for (``deci``: channels in steps of 256)."""
@@ -329,13 +381,14 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     passages = read_passages(config)
     _warn_unless_held_out(config)
     clock = _Clock(tick)
+    measured = _Measured(dtype=config.written_dtype(source_dtype(source)))
     with clock("load model", 1):
         model, tokenizer = load_source(source)
+    _refuse_beyond(model, measured.dtype, "the source's")  # at once, not after the pruning
     with clock("tokenize", 1):
         texts = text_windows(config, tokenizer, model, passages)
     torch.manual_seed(config.run_seed)
     dense = copy.deepcopy(model)
-    measured = _Measured()
     with clock("perplexity before", 1):
         measured.ppl_before = perplexity(model, texts.evaluation)
     # traced, compacted and checked on a few tokens; timed (and a latency budget probed) on
@@ -354,7 +407,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     with atomic_folder(out) as stage:
         _empty(stage)
         with clock("export", 1):
-            exported = export_all(model, tokenizer, stage, config, example)
+            exported = export_all(model, tokenizer, stage, config, example, measured.dtype)
         report = _report(config, (source, out), model, texts, measured, exported, clock)
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
@@ -412,6 +465,54 @@ class _Measured:
     tokens: int = 1  # of the example the MACs were counted on
     steps: int = 0  # of distillation
     seconds: float = 0.0
+    dtype: torch.dtype = torch.float32  # the type the model is written in
+
+
+def _saved(model: nn.Module) -> list[tuple[str, Tensor]]:
+    """The floating tensors `model` saves (its state_dict's, sharing their storage)."""
+    return [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+
+
+def _refuse_beyond(model: nn.Module, dtype: torch.dtype, whose: str) -> None:
+    """Refuse a finite value of `model` beyond `dtype`'s range (float16's 65504): written in
+    `dtype`, it would be inf.
+
+    Raises:
+        ValueError: naming the tensor, how many values and the largest.
+    """
+    if dtype == torch.float32:
+        return
+    name = str(dtype).removeprefix("torch.")
+    for key, tensor in _saved(model):
+        beyond = torch.isinf(tensor.to(dtype)) & torch.isfinite(tensor)
+        if bool(beyond.any()):
+            raise value_error(
+                f"shrink: {whose} {key} holds {int(beyond.sum())} values beyond {name}'s range "
+                f"(largest {float(tensor[beyond].abs().max()):.6g}; {name} holds up to "
+                f"{torch.finfo(dtype).max:.6g}), which would be written as inf; expected "
+                "dtype='bfloat16' or 'float32' (--dtype), which hold them"
+            )
+
+
+def _as_written(model: nn.Module, dtype: torch.dtype) -> None:
+    """Round the floating tensors `model` saves to `dtype` in place, kept in their own type:
+    the model then computes as its weights written in `dtype` do, loaded in float32, and is
+    written in `dtype` without a further change.
+
+    Args:
+        model: the shrunk model, in float32.
+        dtype: the floating type it is written in (float32: nothing to do).
+
+    Raises:
+        ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``); the model is
+            left as it was.
+    """
+    if dtype == torch.float32:
+        return
+    _refuse_beyond(model, dtype, "the shrunk model's")
+    with torch.no_grad():
+        for _, tensor in _saved(model):
+            tensor.copy_(tensor.to(dtype))
 
 
 def _distil_and_measure(
@@ -419,12 +520,15 @@ def _distil_and_measure(
     measured: _Measured,
 ) -> None:  # fmt: skip
     """Distil `model` from `dense` where asked (the perplexity measured before it too), then
-    measure the perplexity after."""
+    measure the perplexity after: each of the model in the type it is written in (rounded to
+    it before the distillation and again after)."""
+    _as_written(model, measured.dtype)
     if config.distill:
         measured.ppl_pruned = perplexity(model, texts.evaluation)
         measured.steps, measured.seconds = distill(
             model, dense, texts.calibration, config, clock.tick
         )
+        _as_written(model, measured.dtype)
     with clock("perplexity after", 1):
         measured.ppl_after = perplexity(model, texts.evaluation)
     if not config.distill:
@@ -469,6 +573,7 @@ def _report(
         text=texts.names,
         seconds=tuple(clock.seconds.items()),
         storage=(source.storage, storage),
+        dtype=str(measured.dtype).removeprefix("torch."),
     )
 
 

@@ -69,8 +69,9 @@ class ShrinkReport:
         params: parameters before and after (embeddings included).
         macs: multiply-accumulates per token before and after (linear layers).
         bytes: the weights on disk before (the source's files) and after (the written model).
-        perplexity: before and after, on the evaluation windows.
-        perplexity_pruned: after pruning and compaction, before distillation.
+        perplexity: before and after, on the evaluation windows: of the source's weights and
+            of the shrunk model's as written (in `dtype`), each computed in float32.
+        perplexity_pruned: after pruning and compaction, before distillation (in `dtype`).
         latency_ms: one forward of one window before and after (median of alternated pairs).
         latency_pairs: the alternated pairs timed.
         speedup: the median of the pairs' ratios (above 1: faster).
@@ -82,6 +83,9 @@ class ShrinkReport:
         storage: how the weights are stored before (the source) and after (the first format
             written), such as ``("GGUF Q4_1", "GGUF F32")``: bytes on disk compare only
             where they are alike.
+        dtype: the floating type the shrunk model was written in ('float32', 'float16' or
+            'bfloat16'; the ``onnx`` format is float32, the ``gguf`` format in its
+            ``gguf_type`` where given); '' in a report from before it was recorded.
     """
 
     source: str
@@ -106,6 +110,7 @@ class ShrinkReport:
     text: tuple[str, str]
     seconds: tuple[tuple[str, float], ...]
     storage: tuple[str, str] = ("", "")
+    dtype: str = ""
 
     @property
     def faster(self) -> str:
@@ -178,6 +183,7 @@ class ShrinkReport:
             text=(values["text"]["calibration"], values["text"]["evaluation"]),
             seconds=tuple(values["seconds"].items()),
             storage=(values["storage"][0], values["storage"][1]),
+            dtype=values.get("dtype", ""),  # none in a report written before it was recorded
             **pairs,
         )
 
@@ -186,7 +192,8 @@ class ShrinkReport:
         p, s, b, t = self.perplexity, self.params, self.bytes, self.latency_ms
         lines = [
             f"perplexity  {p.before:10.3f} -> {p.after:10.3f}  ({p.ratio:.3f}x; "
-            f"{self.evaluation[0]} x {self.evaluation[1]} tokens of {self.text[1]})",
+            f"{self.evaluation[0]} x {self.evaluation[1]} tokens of {self.text[1]}"
+            f"{self._written})",
             f"parameters  {s.before:10,.0f} -> {s.after:10,.0f}  ({1 - s.ratio:.1%} fewer)",
             f"MACs/token  {self.macs.before:10,.0f} -> {self.macs.after:10,.0f}  "
             f"({1 - self.macs.ratio:.1%} fewer)",
@@ -202,6 +209,11 @@ class ShrinkReport:
                 f"{self.distill_steps} steps in {self.distill_seconds:.0f} s)",
             )
         return lines
+
+    @property
+    def _written(self) -> str:
+        """'; <dtype> weights as written', or '' where the report does not say."""
+        return f"; {self.dtype} weights as written" if self.dtype else ""
 
     def to_markdown(self) -> str:
         """The report as a Markdown page."""
@@ -231,7 +243,7 @@ class ShrinkReport:
             f"{self.latency_pairs} alternated pairs: {self.faster}.",
             f"Calibration: {self.calibration[0]} x {self.calibration[1]} tokens of "
             f"{self.text[0]}; perplexity on {self.evaluation[0]} x {self.evaluation[1]} tokens "
-            f"of {self.text[1]}.",
+            f"of {self.text[1]}{self._written}, computed in float32.",
         ]
         if self.distill_steps:
             lines.append(

@@ -27,11 +27,15 @@ from prunekit.io.folders import WEIGHTS
 from prunekit.io.mapped import read_header
 from prunekit.io.sharded import index_of, open_checkpoint
 
-__all__ = ["Source", "check_source", "load_source"]
+__all__ = ["Source", "check_source", "load_source", "source_dtype"]
 
 # the files one of which a Hugging Face folder's tokenizer is saved in
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 _GGUF_MAGIC = b"GGUF"
+# the element types of safetensors and GGUF tensors, and the names config.json gives
+# (``dtype``; ``torch_dtype`` before transformers 4.56), of the floating types a model is kept in
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,36 @@ def storage_of(weights: tuple[Path, ...] | list[Path]) -> str:
     if suffixes == {".safetensors"}:
         return _safetensors_storage(weights)
     return "ONNX" if suffixes == {".onnx"} else "torch"
+
+
+def source_dtype(source: Source) -> torch.dtype:
+    """The floating type the source keeps its weights in, which ``shrink`` writes by default.
+
+    The element type holding most of the weights' bytes (``Source.storage``) where it is
+    F32, F16 or BF16; else, for a Hugging Face folder, the one config.json names (``dtype``,
+    or ``torch_dtype`` as older transformers wrote it); else float32: a quantized GGUF file
+    (Q4_1, Q8_0, ...), which transformers dequantizes to float32, or a folder naming none.
+
+    Args:
+        source: from ``check_source``.
+
+    Returns:
+        torch.float32, torch.float16 or torch.bfloat16.
+
+    Raises:
+        CheckpointError: the folder's config.json cannot be read (where the weights name
+            no floating type).
+    """
+    stored = _STORED.get(source.storage.rpartition(" ")[2])
+    if stored is not None:
+        return stored
+    if source.gguf_file is None:
+        values = _read_json(source.folder / "config.json")
+        for key in ("dtype", "torch_dtype"):
+            name = values.get(key)
+            if isinstance(name, str) and name.removeprefix("torch.") in _NAMED:
+                return _NAMED[name.removeprefix("torch.")]
+    return torch.float32
 
 
 def _gguf_storage(readers: list[Any]) -> str:

@@ -40,6 +40,8 @@ _SMALLER_LR = "a smaller --lr (lr= of ShrinkConfig)"
 # the files of an output that hold a model's weights (what "on disk" counts)
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".bin", ".data")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+# the GGUF tensor type of a model written in a half type (float32: the writer's own, f32)
+_GGUF_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,12 @@ def distill(
 
 
 def export_all(
-    model: nn.Module, tokenizer: Any, stage: Path, config: ShrinkConfig, example: Any
+    model: nn.Module,
+    tokenizer: Any,
+    stage: Path,
+    config: ShrinkConfig,
+    example: Any,
+    written: torch.dtype = torch.float32,
 ) -> tuple[tuple[ExportRecord, ...], int, str]:
     """Write every format of `config` into `stage`; the records, and the bytes of the first
     format's weight files and how they store their tensors (``sources.storage_of``).
@@ -206,15 +213,24 @@ def export_all(
     With one folder format the stage is the model folder; otherwise each folder format goes
     to ``<format>/`` and each file format to ``model.<format>``. A folder gets the tokenizer
     where its writer copied none (a GGUF source's, say). The ONNX graph is traced on the
-    example twice over (``batch_of_two``): a Llama's code fixes a batch of one.
+    example twice over (``batch_of_two``): a Llama's code fixes a batch of one. The float32
+    `model` is written in `written` (``ShrinkConfig.written_dtype``), the ``gguf`` format in
+    ``config.gguf_type`` where given, the ``onnx`` format in float32 (what ONNX Runtime's CPU
+    kernels run; its record says so where `written` is another type).
     """
     records, size, storage = [], 0, ""
     alone = len(config.formats) == 1 and FORMATS[config.formats[0]]
     for number, form in enumerate(config.formats):
         target = stage if alone else stage / (form if FORMATS[form] else f"model.{form}")
-        dtype = config.gguf_type if form == "gguf" else None
+        dtype = _format_dtype(form, config, written)
         inputs = batch_of_two(example) if form == "onnx" else example
         done = export(model, target, form, source=config.source, dtype=dtype, example_inputs=inputs)
+        notes = done.notes
+        if form == "onnx" and written != torch.float32:
+            notes += (
+                f"written in float32, not {str(written).removeprefix('torch.')}: the type ONNX "
+                "Runtime's CPU kernels run",
+            )
         if FORMATS[form] and not any((target / n).exists() for n in _TOKENIZER_FILES):
             tokenizer.save_pretrained(str(target))
         files = model_files(target)
@@ -234,10 +250,19 @@ def export_all(
                 ),
                 done.verified_by,
                 done.difference,
-                done.notes,
+                notes,
             )
         )
     return tuple(records), size, storage
+
+
+def _format_dtype(form: str, config: ShrinkConfig, written: torch.dtype) -> str | None:
+    """The `dtype` that ``export`` writes the float32 model in as `form` (None: float32)."""
+    if form == "gguf":
+        return config.gguf_type or _GGUF_HALF.get(written)
+    if form == "onnx" or written == torch.float32:
+        return None
+    return str(written).removeprefix("torch.")
 
 
 def batch_of_two(example: dict[str, Tensor]) -> dict[str, Tensor]:
