@@ -12,6 +12,7 @@ ENTRY_POINTS = {
     "test_damping": "prune_channels(damping='auto')",
     "test_depth": "blocks / load_compacted",
     "test_dropin": "drop-in (torch prune)",
+    "test_sequential_kinds": "prune_model(sequential=True) / prune_streamed",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
