@@ -1,20 +1,28 @@
-"""Sequential calibration (prune_model's default for Wanda and SparseGPT, and what
-prune_streamed does block by block) on models whose blocks are called with different
-arguments by kind: a sliding-window layer gets another attention mask than a full one, and
-Gemma 3's global layers another rotary embedding than its local ones."""
+"""Sequential calibration (prune_model's default for Wanda and SparseGPT, prune_streamed,
+compensation) on models whose blocks are called with different arguments by kind: a
+sliding-window layer gets another attention mask than a full one, and Gemma 3's global
+layers another rotary embedding than its local ones. Each block must be calibrated on the
+arguments the model's own forward gives it, not on the first block's."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 import prunekit
+from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
+from prunekit.io.streamed import prune_streamed
+from prunekit.structure.budget import Budget
+from prunekit.structure.compensation.reconstruct import reconstruct_blocks
 
 T = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
 
 VOCAB = 50
 SMALL = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -36,39 +44,151 @@ def _gemma3() -> Any:  # layer 0 local (window 4, local rope), layer 1 global
     return T.Gemma3ForCausalLM(config)
 
 
-def _block_by_block(model: Any, calibration: list[torch.Tensor]) -> None:
+BUILDERS = [_llama, _qwen2, _gemma3]
+IDS = ["llama", "qwen2-sliding", "gemma3"]
+
+
+def _calibration() -> list[torch.Tensor]:  # 16 tokens: longer than the window
+    return [torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(k))
+            for k in range(2)]  # fmt: skip
+
+
+def _model(builder: Callable[[], Any]) -> Any:
+    torch.manual_seed(1)
+    return builder().eval()
+
+
+def _block_by_block(model: Any, calibration: list[torch.Tensor], **options: Any) -> None:
     """What sequential pruning promises, by hand: each block pruned on the inputs the
     model's own forward gives it, the blocks before it pruned already."""
     for i in range(len(model.model.layers)):
-        prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration,
-                             sequential=False, include=[f"model.layers.{i}.*"])  # fmt: skip
+        prunekit.prune_model(model, 0.5, calibration=calibration, sequential=False,
+                             include=[f"model.layers.{i}.*"], **options)  # fmt: skip
 
 
-def _differing_masks(builder: Callable[[], Any]) -> list[str]:
-    torch.manual_seed(1)
-    model = builder().eval()
+def _differing(model: Any, want: Any) -> list[str]:
+    """The masks and weights in which two pruned models differ."""
+    theirs = {**dict(want.named_buffers()), **dict(want.named_parameters())}
+    ours = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+    return [k for k, v in ours.items() if not torch.equal(v, theirs[k])]
+
+
+@pytest.mark.parametrize("options", [{"method": "wanda"}, {"method": "sparsegpt"}],
+                         ids=["wanda", "sparsegpt"])  # fmt: skip
+@pytest.mark.parametrize("builder", BUILDERS, ids=IDS)
+def test_sequential_equals_block_by_block(
+    builder: Callable[[], Any], options: dict[str, Any]
+) -> None:
+    model = _model(builder)
     want = copy.deepcopy(model)
-    calibration = [torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(k))
-                   for k in range(2)]  # fmt: skip  # 16 tokens: longer than the window
-    prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration, sequential=True)
-    _block_by_block(want, calibration)
-    theirs = dict(want.named_buffers())
-    return [k for k, b in model.named_buffers()
-            if k.endswith("_mask") and not torch.equal(b, theirs[k])]  # fmt: skip
+    prunekit.prune_model(model, 0.5, calibration=_calibration(), sequential=True, **options)
+    _block_by_block(want, _calibration(), **options)
+    assert _differing(model, want) == []
 
 
-def test_sequential_equals_block_by_block_where_every_block_is_called_alike() -> None:
-    assert _differing_masks(_llama) == []
+@pytest.mark.parametrize("builder", BUILDERS[1:], ids=IDS[1:])
+def test_layer_by_layer_uses_each_blocks_own_arguments(builder: Callable[[], Any]) -> None:
+    """sequential='layers' differs from block by block (each group of a block sees the
+    pruned groups before it), but only by that: with the later block's arguments wrong,
+    its masks follow the first block's mask instead. Against the same run with every
+    block given the first block's arguments by hand, the later block's masks differ."""
+    model = _model(builder)
+    first = copy.deepcopy(model)
+    prunekit.prune_model(model, 0.5, method="wanda", calibration=_calibration(),
+                         sequential="layers")  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # the old behaviour: block 0's arguments
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
+        prunekit.prune_model(first, 0.5, method="wanda", calibration=_calibration(),
+                             sequential="layers")  # fmt: skip
+    changed = _differing(model, first)
+    assert changed and all(name.startswith("model.layers.1.") for name in changed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="calibrate.next_inputs gives every block the arguments block 0 was called with "
-    "(its attention mask, and Gemma 3's rotary embedding), not the block's own: a "
-    "full-attention block after a sliding one is calibrated with the sliding mask",
-)
-@pytest.mark.parametrize("builder", [_qwen2, _gemma3], ids=["qwen2-sliding", "gemma3"])
-def test_sequential_equals_block_by_block_where_blocks_are_called_by_kind(
+def test_streamed_equals_block_by_block_with_sliding_layers(tmp_path: Path) -> None:
+    model = _model(_qwen2)
+    model.save_pretrained(tmp_path / "in", max_shard_size="20KB")
+    calibration = _calibration()
+    prune_streamed(tmp_path / "in", tmp_path / "out", "wanda", 0.5, calibration=calibration)
+    got = T.Qwen2ForCausalLM.from_pretrained(tmp_path / "out").eval()
+    _block_by_block(model, calibration, method="wanda")
+    differing = []
+    for name, param in got.named_parameters():  # the pruning made permanent: orig x mask
+        path, _, leaf = name.rpartition(".")
+        if not torch.equal(param, getattr(model.get_submodule(path), leaf)):
+            differing.append(name)
+    assert differing == []
+
+
+def _same(one: Any, other: Any) -> bool:
+    if isinstance(one, tuple | list):
+        return len(one) == len(other) and all(_same(a, b) for a, b in zip(one, other, strict=True))
+    if isinstance(one, torch.Tensor):
+        return isinstance(other, torch.Tensor) and torch.equal(one, other)
+    return bool(one is None and other is None)
+
+
+def _record_calls(model: Any) -> tuple[list[Any], Any]:
+    """What the last block is called with (its mask and rotary embedding), each time."""
+    seen: list[Any] = []
+
+    def hook(_: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        seen.append((kwargs.get("attention_mask"), kwargs.get("position_embeddings")))
+
+    return seen, model.model.layers[-1].register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _own_arguments(builder: Callable[[], Any], run: Callable[[Any, Any], object]) -> None:
+    """Every call `run` makes of a model's last block has the mask and rotary embedding the
+    model's own forward gives that block."""
+    model = _model(builder)
+    reference = copy.deepcopy(model)
+    batch = _calibration()[0]
+    real, handle = _record_calls(model)
+    with torch.no_grad():
+        model(batch)
+    handle.remove()
+    seen, handle = _record_calls(model)
+    run(model, reference)
+    handle.remove()
+    assert seen and all(_same(one, real[0]) for one in seen)
+
+
+@pytest.mark.parametrize("builder", BUILDERS[1:], ids=IDS[1:])
+def test_compensation_runs_each_block_with_its_own_arguments(builder: Callable[[], Any]) -> None:
+    def run(model: Any, _: Any) -> None:
+        batch = _calibration()[0]
+        prunekit.prune_channels(model, batch, 0.5, compensate=True, calibration=[batch],
+                                exclude=["model.layers.0.*"])  # fmt: skip
+
+    _own_arguments(builder, run)
+
+
+@pytest.mark.parametrize("builder", BUILDERS[1:], ids=IDS[1:])
+def test_reconstruction_runs_each_block_with_its_own_arguments(
     builder: Callable[[], Any],
 ) -> None:
-    assert _differing_masks(builder) == []
+    def run(model: Any, reference: Any) -> None:
+        reconstruct_blocks(model, reference, [_calibration()[0]], steps=2)
+
+    _own_arguments(builder, run)
+
+
+def test_a_streamed_shrink_with_sliding_layers_is_the_in_memory_result(tmp_path: Path) -> None:
+    model = _model(_qwen2)
+    model.save_pretrained(tmp_path / "in", max_shard_size="20KB")
+    calibration = _calibration()
+    config = ShrinkStreamedConfig(Budget(params=0.3))
+    with warnings.catch_warnings():  # few calibration rows: compensation warns; compact:
+        warnings.simplefilter("ignore", UserWarning)  # widths its config cannot rebuild
+        done = shrink_streamed(tmp_path / "in", tmp_path / "out", calibration=calibration,
+                               config=config)  # fmt: skip
+        chosen = prunekit.prune_channels(model, calibration[0],
+                                         config=config.channels(calibration))  # fmt: skip
+        prunekit.compact(model, calibration[0], latency_runs=0)
+    assert [(p.group.name, p.units) for p in done.budget] == [
+        (p.group.name, p.units) for p in chosen
+    ]
+    got = T.AutoModelForCausalLM.from_pretrained(tmp_path / "out", trust_remote_code=True)
+    want = model.state_dict()
+    for name, tensor in got.state_dict().items():
+        torch.testing.assert_close(tensor, want[name], rtol=1e-6, atol=1e-7, msg=name)
