@@ -192,3 +192,45 @@ def test_a_streamed_shrink_with_sliding_layers_is_the_in_memory_result(tmp_path:
     want = model.state_dict()
     for name, tensor in got.state_dict().items():
         torch.testing.assert_close(tensor, want[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+class _Passing(torch.nn.Module):
+    """A block that returns (hidden states, a bias the next block takes), as T5's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, hidden: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+        bias = hidden.mean(-1, keepdim=True) if bias is None else bias
+        return hidden + self.down(torch.relu(self.up(hidden))) + bias, bias
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Passing() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None
+        for block in self.blocks:
+            x, bias = block(x, bias=bias)
+        return x
+
+
+def test_a_forward_that_reads_more_than_the_hidden_states_keeps_the_first_blocks_arguments() -> (
+    None
+):
+    """Blocks passed through cannot give what such a forward reads from their outputs: the
+    calls are not recorded (None), and sequential pruning runs as before."""
+    torch.manual_seed(0)
+    model = _Stack()
+    calibration = [torch.randn(2, 5, 8), torch.randn(2, 5, 8)]  # unpacked as two rows
+    assert prunekit.calibrate.block_calls(model, model.blocks, calibration) is None
+    before = copy.deepcopy(model)
+    prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
+        prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
+    assert _differing(model, before) == []
+    assert not any(b._forward_pre_hooks or "forward" in vars(b) for b in model.blocks)

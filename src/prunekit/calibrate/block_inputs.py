@@ -175,16 +175,20 @@ def block_calls(
 
     Returns:
         The calls, or None where the model's forward cannot run with its blocks passed
-        through (then each block is given the first block's arguments, as before), or
-        there is one block.
+        through, or gives a block other hidden states than the first one's shape (it reads
+        more than the hidden states from a block's output: then each block is given the
+        first block's arguments, as before), or there is one block.
     """
     if len(blocks) < 2:  # the first block's inputs are captured apart
         return None
     calls: BlockCalls = [[] for _ in blocks]
+    shapes: list[list[object]] = [[] for _ in blocks]
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
 
     def recorder(index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
             cached = _cache_positions(module)
             kept = tuple(None if i in cached or i == 0 else a for i, a in enumerate(args))
             rest = cacheless(kwargs)
@@ -225,6 +229,8 @@ def block_calls(
                     block.__dict__.pop(key, None)
     if any(len(found) != len(batches) for found in calls):
         return None
+    if any(found != shapes[0] or None in found for found in shapes):
+        return None  # a forward that takes more than the hidden states from a block's output
     return calls
 
 
