@@ -250,7 +250,17 @@ def called_as(inputs: Sequence[Inputs], calls: BlockCalls | None, index: int) ->
     """`inputs` (the hidden states the block before block `index` gave, with that block's
     arguments) with the other arguments block `index` is called with (`calls`, see
     ``block_calls``); as they are where it is called as the first block was, or `calls` is
-    None."""
+    None.
+
+    Args:
+        inputs: per batch, the hidden states for block `index` with the arguments of the
+            block before it.
+        calls: what ``block_calls`` recorded, or None.
+        index: the block the inputs are for.
+
+    Returns:
+        Per batch, the inputs of block `index`.
+    """
     if calls is None:
         return list(inputs)
     found = []
