@@ -12,6 +12,7 @@ ENTRY_POINTS = {
     "test_damping": "prune_channels(damping='auto')",
     "test_depth": "blocks / load_compacted",
     "test_dropin": "drop-in (torch prune)",
+    "test_sequential_kinds": "prune_model(sequential=True) / prune_streamed",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -72,6 +73,24 @@ BROKE: dict[str, str] = {
     # prune_channels (prunekit.structure.stages.entry)
     "test_damping::[auto-empty-batch]": "compensation from an empty batch: silently no update",
     "test_damping::[mask-all-zero]": "compensation with every attention_mask zero accepted",
+    # sequential calibration (prunekit.calibrate.block_calls, called_as)
+    "test_sequential_kinds::[qwen2-sliding-wanda]": "full block calibrated with a sliding mask",
+    "test_sequential_kinds::[qwen2-sliding-sparsegpt]": "full block calibrated with a sliding mask",
+    "test_sequential_kinds::[gemma3-wanda]": "global block given the local mask and rotary",
+    "test_sequential_kinds::[gemma3-sparsegpt]": "global block given the local mask and rotary",
+    "test_sequential_kinds::test_layer_by_layer_uses_each_blocks_own_arguments": "block 0's mask",
+    "test_sequential_kinds::test_streamed_equals_block_by_block_with_sliding_layers": (
+        "prune_streamed: the sliding block pruned on the full block's mask"
+    ),
+    "test_sequential_kinds::test_compensation_runs_each_block_with_its_own_arguments": (
+        "compensate=True ran the later block with block 0's mask"
+    ),
+    "test_sequential_kinds::test_reconstruction_runs_each_block_with_its_own_arguments": (
+        "reconstruct_blocks trained the later block with block 0's mask"
+    ),
+    "test_sequential_kinds::test_a_streamed_shrink_with_sliding_layers": (
+        "shrink_streamed compensated the sliding block on the full block's mask"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

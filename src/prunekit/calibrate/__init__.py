@@ -30,9 +30,12 @@ from prunekit.calibrate.batches import (
     run_batch,
 )
 from prunekit.calibrate.block_inputs import (
+    BlockCalls,
     Inputs,
+    block_calls,
     block_list,
     cacheless,
+    called_as,
     capture_block_inputs,
     next_inputs,
     run_block,
@@ -50,6 +53,7 @@ from prunekit.calibrate.reduce import Reduce, agree
 from prunekit.calibrate.statistics import InputStatistics, Stop, input_features
 
 __all__ = [
+    "BlockCalls",
     "InputStatistics",
     "Inputs",
     "Reduce",
@@ -58,10 +62,12 @@ __all__ = [
     "agree",
     "batch_error",
     "batch_list",
+    "block_calls",
     "block_list",
     "block_statistics",
     "cacheless",
     "calibrate",
+    "called_as",
     "calls_back",
     "capture_block_inputs",
     "evaluating",

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from prunekit.calibrate.batches import batch_error, run_batch
@@ -149,3 +150,140 @@ def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
         except Exception as error:
             raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
     return found
+
+
+BlockCalls = list[list[Inputs]]
+"""Per block, per batch: the arguments the model's forward called the block with, its
+hidden states left out (None in their place)."""
+
+
+def block_calls(
+    model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any]
+) -> BlockCalls | None:
+    """What the model's forward gives each of `blocks` beside its hidden states, for each
+    batch: a block may be called with arguments of its own (a sliding-window layer gets
+    another attention mask than a full-attention one; Gemma 3's global layers another
+    rotary embedding than its local ones), which the inputs captured for the first block
+    do not hold. Each batch runs the model with every block passing its hidden states
+    through, its own hooks set aside (no block computes, its parameters are not read, and
+    no hook sees the call) until the last of `blocks` is called; nothing after it runs.
+
+    Args:
+        model: the model.
+        blocks: its blocks, from the first up to the last one whose calls are wanted.
+        batches: the calibration batches.
+
+    Returns:
+        The calls, or None where the model's forward cannot run with its blocks passed
+        through, or gives a block other hidden states than the first one's shape (it reads
+        more than the hidden states from a block's output: then each block is given the
+        first block's arguments, as before), or there is one block.
+    """
+    if len(blocks) < 2:  # the first block's inputs are captured apart
+        return None
+    calls: BlockCalls = [[] for _ in blocks]
+    shapes: list[list[object]] = [[] for _ in blocks]
+    saved: list[tuple[nn.Module, dict[str, Any]]] = []
+
+    def recorder(index: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
+            cached = _cache_positions(module)
+            kept = tuple(None if i in cached or i == 0 else a for i, a in enumerate(args))
+            rest = cacheless(kwargs)
+            if not args and "hidden_states" in rest:
+                rest["hidden_states"] = None
+            calls[index].append((kept, rest))
+            if index == len(blocks) - 1:
+                raise Stop
+
+        return hook
+
+    def passthrough(*args: Any, **kwargs: Any) -> Any:
+        return args[0] if args else kwargs.get("hidden_states")
+
+    try:
+        for index, block in enumerate(blocks):
+            own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
+            saved.append((block, own))
+            for key, value in own.items():
+                block.__dict__[key] = type(value)()  # empty hooks
+            block.forward = passthrough
+            block.register_forward_pre_hook(recorder(index), with_kwargs=True)
+        with torch.no_grad():
+            for batch in batches:
+                try:
+                    run_batch(model, batch)
+                except Stop:
+                    continue
+                return None
+    except Exception:  # a forward that needs its blocks' outputs: the first block's calls
+        return None
+    finally:
+        for block, own in saved:
+            for key in _SET_ASIDE:
+                if key in own:
+                    block.__dict__[key] = own[key]
+                else:
+                    block.__dict__.pop(key, None)
+    if any(len(found) != len(batches) for found in calls):
+        return None
+    if any(found != shapes[0] or None in found for found in shapes):
+        return None  # a forward that takes more than the hidden states from a block's output
+    return calls
+
+
+_SET_ASIDE = (
+    "forward",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+"""A block's own forward (an instance attribute, where it has one) and hooks, set aside while
+``block_calls`` passes its hidden states through."""
+
+
+def called_as(inputs: Sequence[Inputs], calls: BlockCalls | None, index: int) -> list[Inputs]:
+    """`inputs` (the hidden states the block before block `index` gave, with that block's
+    arguments) with the other arguments block `index` is called with (`calls`, see
+    ``block_calls``); as they are where it is called as the first block was, or `calls` is
+    None.
+
+    Args:
+        inputs: per batch, the hidden states for block `index` with the arguments of the
+            block before it.
+        calls: what ``block_calls`` recorded, or None.
+        index: the block the inputs are for.
+
+    Returns:
+        Per batch, the inputs of block `index`.
+    """
+    if calls is None:
+        return list(inputs)
+    found = []
+    for k, one in enumerate(inputs):
+        own, first = calls[index][k], calls[0][k]
+        if _same_call(own, first):
+            found.append(one)
+            continue
+        args, kwargs = one
+        hidden = args[0] if args else kwargs["hidden_states"]
+        args, kwargs = own
+        found.append(
+            ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+        )
+    return found
+
+
+def _same_call(one: Inputs, other: Inputs) -> bool:
+    """Whether two calls pass the very same objects (hidden states aside, None in both)."""
+    (args, kwargs), (args2, kwargs2) = one, other
+    return (
+        len(args) == len(args2)
+        and all(a is b for a, b in zip(args, args2, strict=True))
+        and kwargs.keys() == kwargs2.keys()
+        and all(kwargs[k] is kwargs2[k] for k in kwargs)
+    )

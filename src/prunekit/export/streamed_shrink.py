@@ -320,6 +320,7 @@ def _score_pass(run: _Run) -> Scored:
     """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
     channel = run.channel
     inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+    own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
     groups, scores = [], []
     for i in range(len(run.blocks)):
         holder = run.load(i)
@@ -330,7 +331,8 @@ def _score_pass(run: _Run) -> Scored:
         scores += rank(holder, traced.groups, found, scoring, None, "a budget")
         groups += traced.groups
         if i + 1 < len(run.blocks):
-            inputs = cal.next_inputs(run.blocks[i], inputs)
+            inputs = cal.called_as(cal.next_inputs(run.blocks[i], inputs), own, i + 1)
+            inputs = computed_inputs(inputs)
         del holder
         run.release(i)
     return Scored(groups, scores)
@@ -347,8 +349,11 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
     writer = Writer(stage, plans, files)
     try:
         inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+        own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
         for i in range(len(run.blocks)):
             inputs = _prune_block(run, i, chosen, inputs, writer)
+            if i + 1 < len(run.blocks):
+                inputs = computed_inputs(cal.called_as(inputs, own, i + 1))
         inside = tuple(f"{run.prefix(i)}." for i in range(len(run.blocks)))
         for name, stored in run.checkpoint.tensors.items():
             if not name.startswith(inside):

@@ -437,8 +437,11 @@ def _stream(
     try:
         with cal.evaluating(model), torch.no_grad():
             inputs = computed_inputs(cal.capture_block_inputs(model, blocks[0], batches))
+            calls = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
             for i, prefix in enumerate(prefixes):
                 inputs = _one_block(run, blocks, i, prefix, inputs)
+                if i + 1 < len(blocks):
+                    inputs = computed_inputs(cal.called_as(inputs, calls, i + 1))
         for name, stored in checkpoint.tensors.items():
             if not name.startswith(tuple(prefixes)):
                 writer.copy(name, stored)

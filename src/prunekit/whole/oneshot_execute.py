@@ -153,19 +153,23 @@ def _by_blocks(
     # Over ranks, an error here is held until the next reduction, where every rank raises.
     pending: BaseException | None = None
     inputs: list[cal.Inputs] = []
+    calls = None
+    last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
     with cal.evaluating(model), torch.no_grad():
         try:
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+            # each block's own arguments (mask, rotary), up to the last pruned one
+            calls = cal.block_calls(model, blocks[: last + 1], plan.batches)
         except Exception as error:
             if reduce is None:
                 raise
             pending = error
-        last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
         for i, block in enumerate(blocks[: last + 1]):  # none after the last pruned one
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             more = i < last
             if here and plan.config.sequential == "layers":  # refused with `reduce`
                 inputs = _by_groups(plan, block, inputs, here, want, bar, more)
+                inputs = cal.called_as(inputs, calls, i + 1) if more else inputs
                 continue
             if here:
                 mods = [m for m, _ in here]
@@ -176,7 +180,7 @@ def _by_blocks(
                 del stats
             if more and pending is None:
                 try:
-                    inputs = cal.next_inputs(block, inputs)
+                    inputs = cal.called_as(cal.next_inputs(block, inputs), calls, i + 1)
                 except Exception as error:
                     if reduce is None:
                         raise

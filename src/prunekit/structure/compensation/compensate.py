@@ -234,11 +234,13 @@ def compensate_groups(
             return done
         sequence, where = blocks
         inputs = cal.capture_block_inputs(model, sequence[0], batches)
+        own = cal.block_calls(model, sequence, batches)  # a block's own mask, rotary
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             here = [c for c in found if where[id(c.module)] == index]
             if _replayable(here, order):
                 inputs = _block(block, here, inputs, openings, names, tuning, done, index < last)
+                inputs = cal.called_as(inputs, own, index + 1) if index < last else inputs
                 continue
             for one in here:  # each consumer on runs of the block of its own
                 measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers)
@@ -246,7 +248,7 @@ def compensate_groups(
                 if _measured_update(one, openings, measures, names[id(one.module)], tuning):
                     done.append(names[id(one.module)])
             if index < last:
-                inputs = cal.next_inputs(block, inputs)
+                inputs = cal.called_as(cal.next_inputs(block, inputs), own, index + 1)
             if index == last:
                 break
     tuning.warn(names)

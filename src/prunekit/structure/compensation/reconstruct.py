@@ -226,11 +226,13 @@ def _fit_blocks(
     (model, reference), (blocks, theirs) = models, pairs
     with torch.no_grad():
         ours_in = cal.capture_block_inputs(model, blocks[0], batches)
+        own = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
         with _reference_named(model, reference):
             theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+            their_own = cal.block_calls(reference, theirs, batches)
     _check_widths(ours_in, theirs_in)
     errors = []
-    for block, their_block in zip(blocks, theirs, strict=True):
+    for index, (block, their_block) in enumerate(zip(blocks, theirs, strict=True)):
         with torch.no_grad(), _reference_named(model, reference):
             targets = [_output(their_block, one) for one in theirs_in]
         if block is blocks[0] and stem:
@@ -252,6 +254,9 @@ def _fit_blocks(
             cal.with_hidden(one, out, block, _OWNER)
             for one, out in zip(theirs_in, targets, strict=True)
         ]
+        if index + 1 < len(blocks):
+            ours_in = cal.called_as(ours_in, own, index + 1)
+            theirs_in = cal.called_as(theirs_in, their_own, index + 1)
     return errors
 
 
