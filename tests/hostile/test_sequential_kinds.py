@@ -234,3 +234,18 @@ def test_a_forward_that_reads_more_than_the_hidden_states_keeps_the_first_blocks
         prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
     assert _differing(model, before) == []
     assert not any(b._forward_pre_hooks or "forward" in vars(b) for b in model.blocks)
+
+
+def test_a_failure_of_the_recording_itself_is_raised_not_taken_for_the_fallback() -> None:
+    """`block_calls` gives None (each block then gets the first block's arguments) where the
+    model's forward cannot run with its blocks passed through; an error of prunekit's own
+    recording is a bug and must surface, not turn into that fallback silently."""
+    model = _model(_qwen2)
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("recording failed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prunekit.calibrate.block_inputs, "cacheless", broken)
+        with pytest.raises(RuntimeError, match="recording failed"):
+            prunekit.calibrate.block_calls(model, model.model.layers, _calibration())

@@ -178,23 +178,32 @@ def block_calls(
         through, or gives a block other hidden states than the first one's shape (it reads
         more than the hidden states from a block's output: then each block is given the
         first block's arguments, as before), or there is one block.
+
+    Raises:
+        Exception: a failure of the recording itself (a bug, never taken for a forward
+            that cannot run with its blocks passed through).
     """
     if len(blocks) < 2:  # the first block's inputs are captured apart
         return None
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
+    bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
-            cached = _cache_positions(module)
-            kept = tuple(None if i in cached or i == 0 else a for i, a in enumerate(args))
-            rest = cacheless(kwargs)
-            if not args and "hidden_states" in rest:
-                rest["hidden_states"] = None
-            calls[index].append((kept, rest))
+            try:
+                hidden = args[0] if args else kwargs.get("hidden_states")
+                shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
+                cached = _cache_positions(module)
+                kept = tuple(None if i in cached or i == 0 else a for i, a in enumerate(args))
+                rest = cacheless(kwargs)
+                if not args and "hidden_states" in rest:
+                    rest["hidden_states"] = None
+                calls[index].append((kept, rest))
+            except Exception as error:
+                bugs.append(error)
+                raise
             if index == len(blocks) - 1:
                 raise Stop
 
@@ -219,6 +228,8 @@ def block_calls(
                     continue
                 return None
     except Exception:  # a forward that needs its blocks' outputs: the first block's calls
+        if bugs:
+            raise bugs[0] from None
         return None
     finally:
         for block, own in saved:
