@@ -21,21 +21,20 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
+from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.layer_widths import LLAMA_FAMILY
 from prunekit.io.files import CheckpointError, open_regular
 from prunekit.io.folders import WEIGHTS
 from prunekit.io.mapped import read_header
 from prunekit.io.sharded import index_of, open_checkpoint
 
-__all__ = ["Source", "check_source", "load_source", "source_dtype"]
+__all__ = ["TOKENIZER_FILES", "Source", "check_source", "load_source", "source_dtype"]
 
-# the files one of which a Hugging Face folder's tokenizer is saved in
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""The files one of which a Hugging Face folder's tokenizer is saved in."""
 _GGUF_MAGIC = b"GGUF"
-# the element types of safetensors and GGUF tensors, and the names config.json gives
-# (``dtype``; ``torch_dtype`` before transformers 4.56), of the floating types a model is kept in
+# the element types of safetensors and GGUF tensors of the floating types a model is kept in
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-_NAMED = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -113,9 +112,9 @@ def _check_folder(folder: Path) -> Source:
         read_header(weights[0])  # a file cut short or not safetensors is refused here
     kind = _read_json(config).get("model_type")
     _check_family(folder, kind)
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(
-            f"{folder}: has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); expected "
+            f"{folder}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); expected "
             "the tokenizer saved beside the model (tokenizer.save_pretrained(folder))"
         )
     return Source(folder, folder, None, str(kind), weights, storage_of(weights))
@@ -182,8 +181,8 @@ def source_dtype(source: Source) -> torch.dtype:
         values = _read_json(source.folder / "config.json")
         for key in ("dtype", "torch_dtype"):
             name = values.get(key)
-            if isinstance(name, str) and name.removeprefix("torch.") in _NAMED:
-                return _NAMED[name.removeprefix("torch.")]
+            if isinstance(name, str) and name.removeprefix("torch.") in TENSOR_TYPES:
+                return TENSOR_TYPES[name.removeprefix("torch.")]
     return torch.float32
 
 

@@ -20,7 +20,7 @@ from prunekit.io.files import CheckpointError
 from prunekit.io.text import read_texts, windows
 from prunekit.schedule.distill import Distiller
 from prunekit.tools.shrink_report import ExportRecord
-from prunekit.tools.shrink_source import storage_of
+from prunekit.tools.shrink_source import TOKENIZER_FILES, storage_of
 
 if TYPE_CHECKING:
     from prunekit.tools.shrink import ShrinkConfig
@@ -39,7 +39,6 @@ __all__ = [
 _SMALLER_LR = "a smaller --lr (lr= of ShrinkConfig)"
 # the files of an output that hold a model's weights (what "on disk" counts)
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".bin", ".data")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 # the GGUF tensor type of a model written in a half type (float32: the writer's own, f32)
 _GGUF_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -231,7 +230,7 @@ def export_all(
                 f"written in float32, not {str(written).removeprefix('torch.')}: the type ONNX "
                 "Runtime's CPU kernels run",
             )
-        if FORMATS[form] and not any((target / n).exists() for n in _TOKENIZER_FILES):
+        if FORMATS[form] and not any((target / n).exists() for n in TOKENIZER_FILES):
             tokenizer.save_pretrained(str(target))
         files = model_files(target)
         if number == 0:
