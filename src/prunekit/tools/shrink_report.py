@@ -86,6 +86,10 @@ class ShrinkReport:
         dtype: the floating type the shrunk model was written in ('float32', 'float16' or
             'bfloat16'; the ``onnx`` format is float32, the ``gguf`` format in its
             ``gguf_type`` where given); '' in a report from before it was recorded.
+        gguf_type: the ``gguf`` format's tensor type where it is block-quantized ('q8_0',
+            'q4_0', ...): the shrunk model's matrices were rounded to it before the
+            perplexity after was measured, and every format holds them so (the folders in
+            `dtype`, within its rounding); '' where none is.
     """
 
     source: str
@@ -111,6 +115,7 @@ class ShrinkReport:
     seconds: tuple[tuple[str, float], ...]
     storage: tuple[str, str] = ("", "")
     dtype: str = ""
+    gguf_type: str = ""
 
     @property
     def faster(self) -> str:
@@ -184,6 +189,7 @@ class ShrinkReport:
             seconds=tuple(values["seconds"].items()),
             storage=(values["storage"][0], values["storage"][1]),
             dtype=values.get("dtype", ""),  # none in a report written before it was recorded
+            gguf_type=values.get("gguf_type", ""),
             **pairs,
         )
 
@@ -212,8 +218,12 @@ class ShrinkReport:
 
     @property
     def _written(self) -> str:
-        """'; <dtype> weights as written', or '' where the report does not say."""
-        return f"; {self.dtype} weights as written" if self.dtype else ""
+        """'; <dtype> weights as written' (', matrices rounded to <type>' where quantized),
+        or '' where the report does not say."""
+        if not self.dtype:
+            return ""
+        rounded = f", matrices rounded to {self.gguf_type.upper()}," if self.gguf_type else ""
+        return f"; {self.dtype} weights{rounded} as written"
 
     def to_markdown(self) -> str:
         """The report as a Markdown page."""
