@@ -416,6 +416,7 @@ def test_a_q4_0_gguf_source_is_requantized_to_q4_0_and_measured_as_written(
     assert gguf_perplexity(out / "model.gguf", out / "hf", cfg) == pytest.approx(ppl, rel=1e-5)
     assert written_perplexity(out / "hf", cfg) == pytest.approx(ppl, rel=1e-3)
     assert "; float16 weights, matrices rounded to Q4_0, as written)" in report.summary()[0]
+    assert "re-quantized to Q4_0, the source's type" in report.exports[0].notes
     assert json.loads((out / "report.json").read_text())["gguf_type"] == "q4_0"
 
 
@@ -428,3 +429,29 @@ def test_a_gguf_type_asked_for_wins_over_the_source_s(
     assert report.gguf_type == "" and report.storage == ("GGUF Q4_0", "GGUF F16")
     types = {t.tensor_type.name for t in gguf.GGUFReader(out / "model.gguf").tensors}
     assert types == {"F32", "F16"}
+
+
+@pytest.mark.parametrize(
+    ("storage", "options", "expected"),
+    [
+        ("GGUF Q4_0", {}, "re-quantized to Q4_0, the source's type"),
+        ("GGUF Q4_K", {}, "written in F16, not the source's Q4_K, which the gguf package "
+         "does not quantize (llama.cpp's llama-quantize makes it from this file)"),
+        ("GGUF Q4_K", {"gguf_type": "q8_0"}, None),  # asked for: nothing to explain
+        ("GGUF Q4_0", {"dtype": "float32"}, None),  # a type asked for: written as asked
+        ("GGUF F16", {}, None),
+        ("safetensors BF16", {}, None),
+    ],
+)  # fmt: skip
+def test_the_gguf_record_says_what_became_of_a_quantized_source_s_type(
+    storage: str, options: dict[str, Any], expected: str | None, float32: Path, tmp_path: Path
+) -> None:
+    from prunekit.tools.shrink import gguf_note
+
+    gguf = storage.startswith("GGUF")
+    source = Source(tmp_path / "m.gguf", tmp_path, "m.gguf" if gguf else None, "llama", (),
+                    storage)  # fmt: skip
+    cfg = ShrinkConfig(float32, tmp_path / "out", params=0.25, formats=("gguf",), **options)
+    written = cfg.written_dtype(torch.float16)
+    quantized = "q4_0" if storage == "GGUF Q4_0" else None
+    assert gguf_note(cfg, source, cfg.written_gguf_type(quantized, written)) == expected

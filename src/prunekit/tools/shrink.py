@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ __all__ = [
     "SEED",
     "Progress",
     "ShrinkConfig",
+    "gguf_note",
     "shrink",
 ]
 
@@ -446,10 +447,46 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         with clock("export", 1):
             exported = export_all(model, tokenizer, stage, config, example,
                                   (measured.dtype, measured.gguf))  # fmt: skip
+        exported = (_noted(exported[0], gguf_note(config, source, measured.gguf)),
+                    *exported[1:])  # fmt: skip
         report = _report(config, (source, out), model, texts, measured, exported, clock)
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
+
+
+def gguf_note(config: ShrinkConfig, source: Source, gguf: str | None) -> str | None:
+    """What the ``gguf`` format's record says of a quantized GGUF source's type where
+    `config` leaves the type to the source (``dtype`` 'auto', no ``gguf_type``): that it
+    was re-quantized to it, or that the type `gguf` (the one written, None: f32) was
+    written instead; None where there is nothing to say.
+
+    Args:
+        config: the run's config.
+        source: the checked source.
+        gguf: the gguf format's tensor type (``ShrinkConfig.written_gguf_type``).
+
+    Returns:
+        The note, or None.
+    """
+    if "gguf" not in config.formats or config.gguf_type is not None or config.dtype != "auto":
+        return None
+    kind = source.storage.rpartition(" ")[2]
+    if source.gguf_file is None or kind in ("", "GGUF", "F32", "F16", "BF16"):
+        return None
+    if gguf == kind.lower():
+        return f"re-quantized to {kind}, the source's type"
+    return (
+        f"written in {(gguf or 'f32').upper()}, not the source's {kind}, which the gguf "
+        "package does not quantize (llama.cpp's llama-quantize makes it from this file)"
+    )
+
+
+def _noted(records: tuple[ExportRecord, ...], note: str | None) -> tuple[ExportRecord, ...]:
+    """`records` with `note` added to the gguf format's (unchanged where None)."""
+    if note is None:
+        return records
+    return tuple(replace(r, notes=(*r.notes, note)) if r.format == "gguf" else r for r in records)
 
 
 def _warn_unless_held_out(config: ShrinkConfig) -> None:
