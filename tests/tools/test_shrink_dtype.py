@@ -455,3 +455,21 @@ def test_the_gguf_record_says_what_became_of_a_quantized_source_s_type(
     written = cfg.written_dtype(torch.float16)
     quantized = "q4_0" if storage == "GGUF Q4_0" else None
     assert gguf_note(cfg, source, cfg.written_gguf_type(quantized, written)) == expected
+
+
+def test_weights_a_quantized_type_cannot_scale_are_refused_and_left_as_they_were() -> None:
+    """Q8_0 keeps a block's scale (its largest value / 127) in float16: a block beyond
+    127 x 65504 would be written with an inf scale. Refused, naming the tensor, before any
+    weight of the model is rounded."""
+    pytest.importorskip("gguf")
+    from prunekit.tools.shrink import _as_written
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 4), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        model[1].weight[2, 7] = 1e7
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^shrink: the shrunk model's 1\.weight holds values "
+                       r"whose q8_0 blocks would be written with an inf scale \(largest 1e\+07"
+                       ):  # fmt: skip
+        _as_written(model, torch.bfloat16, "q8_0")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -340,7 +340,8 @@ def stored(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
     qtype = _qtype("", data, name)
     if qtype == DTYPES["f32"]:
         return data.clone()
-    values = gg.quants.dequantize(_encode(data.contiguous(), qtype), qtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf scale: the caller's to say
+        values = gg.quants.dequantize(_encode(data.contiguous(), qtype), qtype)
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(data.shape)
 
 

@@ -578,10 +578,11 @@ def _refuse_beyond(model: nn.Module, dtype: torch.dtype, whose: str) -> None:
 def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = None) -> None:
     """Round the floating tensors `model` saves to `dtype` in place, kept in their own type:
     the model then computes as its weights written in `dtype` do, loaded in float32, and is
-    written in `dtype` without a further change. With `quantized`, the matrices a GGUF file
-    of that type quantizes are rounded to it instead (``gguf_writer.stored``: quantized and
-    dequantized), exactly the values the file holds (quantizing them again gives them
-    back), and written in `dtype` by the other formats (within its rounding).
+    written in `dtype` without a further change. With `quantized`, the matrices are rounded
+    as a GGUF file of that type holds them instead (``gguf_writer.stored``: quantized and
+    dequantized, F16 where their rows are not whole blocks of 32), exactly the values the
+    file holds (quantizing them again gives them back), and written in `dtype` by the other
+    formats (within its rounding).
 
     Args:
         model: the shrunk model, in float32.
@@ -589,8 +590,9 @@ def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = No
         quantized: the block-quantized GGUF type of the ``gguf`` format, or None.
 
     Raises:
-        ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``); the model is
-            left as it was.
+        ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``), or one
+            `quantized` makes inf (a block's float16 scale overflows); the model is left as
+            it was.
     """
     if dtype == torch.float32 and quantized is None:
         return
@@ -611,9 +613,17 @@ def _quantized(model: nn.Module, quantized: str) -> dict[int, Tensor]:
     from prunekit.export import gguf_writer  # noqa: PLC0415  # gguf: only where written
 
     found: dict[int, Tensor] = {}
-    for _, tensor in _saved(model):
+    for key, tensor in _saved(model):
         if tensor.dim() >= 2 and tensor.data_ptr() not in found:
-            found[tensor.data_ptr()] = gguf_writer.stored(tensor, quantized)
+            values = gguf_writer.stored(tensor, quantized)
+            if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
+                raise value_error(
+                    f"shrink: the shrunk model's {key} holds values whose {quantized} blocks "
+                    f"would be written with an inf scale (largest {float(tensor.abs().max()):.6g}"
+                    f"; a block's scale is a float16); expected gguf_type 'f32' or 'bf16' "
+                    "(--gguf-type) for such weights"
+                )
+            found[tensor.data_ptr()] = values
     return found
 
 
