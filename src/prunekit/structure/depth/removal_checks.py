@@ -14,12 +14,13 @@ compacted earlier (widths its config cannot express) is checked all the same.
 A difference outside the blocks is no refusal by itself: what a model builds once for all
 its layers may follow the kinds of layer left, such as Gemma 3's rotary tables of each
 attention kind or Qwen2's sliding-window mask, and lack what no kept layer uses. Then the
-model built from the updated config is built for real, given this model's state dict
-(strictly: every tensor, none missing, of the same shapes, as ``from_pretrained`` loads
-the saved weights) and run on the example inputs (``check_reloaded``): the removal is
-accepted where it computes what the model computed with the blocks skipped, and refused
-naming the difference otherwise, or where there are no example inputs to run. That build
-holds a second copy of the model's weights while it runs.
+model built from the updated config is built for real on the model's device, given this
+model's state dict (strictly: every tensor, none missing, of the same shapes, as
+``from_pretrained`` loads the saved weights) and run on the example inputs
+(``check_reloaded``): the removal is accepted where it computes what the model computed
+with the blocks skipped, and refused naming the difference otherwise, or where there are
+no example inputs to run. That build holds a second copy of the model's weights while it
+runs.
 """
 
 from __future__ import annotations
@@ -107,14 +108,16 @@ def check_reloaded(model: nn.Module, config: Any, inputs: ExampleInputs | None,
 
 
 def reloaded(model: nn.Module, config: Any) -> nn.Module:
-    """`model`'s class built on the CPU from `config` as from_pretrained reads it, in
-    `model`'s floating type, holding `model`'s state dict (loaded strictly), in eval mode.
+    """`model`'s class built from `config` as from_pretrained reads it, on `model`'s device
+    and in its floating type, holding `model`'s state dict (loaded strictly), in eval mode.
 
     Raises:
         RuntimeError: the state dict does not fit it (missing, unexpected, other shapes).
         ValueError: it cannot be built.
     """
-    fresh = build_fresh(model, config, device="cpu")
+    first = next(iter(model.parameters()), None)
+    device = str(first.device) if first is not None else "cpu"
+    fresh = build_fresh(model, config, device=device)
     if not isinstance(fresh, nn.Module):
         raise value_error(f"{_OWNER}: {fresh or 'no class built from a config alone'}")
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
