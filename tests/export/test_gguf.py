@@ -134,6 +134,28 @@ def test_tensor_types(tmp_path: Path, tokenizer: Path, dtype: str, matrix: str) 
     assert report.difference is not None and 0 < report.difference < 0.06
 
 
+@pytest.mark.parametrize("dtype", ["q5_1", "q5_0", "q4_1", "q4_0"])
+def test_the_legacy_quantized_types(tmp_path: Path, tokenizer: Path, dtype: str) -> None:
+    """llama.cpp's 4- and 5-bit types, as the gguf package quantizes them: the file's
+    matrices hold what ``stored`` says, its logits those of those values."""
+    from prunekit.export.gguf_writer import stored
+
+    model = tiny_llama(320, intermediate_size=80)
+    report = export(model, tmp_path / "m.gguf", "gguf", source=tokenizer, dtype=dtype)
+    found = tensors(tmp_path / "m.gguf")
+    assert found["blk.1.attn_q.weight"][0] == found["blk.1.ffn_up.weight"][0] == dtype.upper()
+    assert found["blk.1.ffn_down.weight"][0] == "F16"  # rows of 80: not blocks of 32
+    assert found["blk.0.attn_norm.weight"][0] == "F32"
+    assert report.difference is not None and 0 < report.difference < 0.25
+    reader = gg.GGUFReader(tmp_path / "m.gguf")
+    up = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
+    held = gg.quants.dequantize(up.data, up.tensor_type).reshape(80, 64)
+    weight = model.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(torch.from_numpy(held.copy()), stored(weight, dtype))
+    again = stored(stored(weight, dtype), dtype)  # written once more, the same values
+    assert torch.equal(again, stored(weight, dtype))
+
+
 def test_no_dtype_keeps_the_model_s_float_type(tmp_path: Path, tokenizer: Path) -> None:
     model = tiny_llama(320).to(torch.bfloat16)
     export(model, tmp_path / "m.gguf", "gguf", source=tokenizer)
@@ -271,8 +293,8 @@ def test_qwen3_and_other_families_are_refused(tmp_path: Path, tokenizer: Path) -
 
 
 def test_unknown_dtype_is_named(tmp_path: Path, tokenizer: Path) -> None:
-    refused(tmp_path, tiny_llama(320), r"dtype='q4_0'.*f32, f16, bf16, q8_0", source=tokenizer,
-            dtype="q4_0")  # fmt: skip
+    refused(tmp_path, tiny_llama(320), r"dtype='q4_k'.*f32, f16, bf16, q8_0, q5_1, q5_0, "
+            r"q4_1, q4_0 \(or None", source=tokenizer, dtype="q4_k")  # fmt: skip
 
 
 def test_no_tokenizer_is_refused(tmp_path: Path, tokenizer: Path) -> None:

@@ -204,3 +204,23 @@ def test_outputs_with_equal_infinities_are_no_difference(tmp_path: Path) -> None
     """-inf at one place in both outputs passes the check (inf - inf made it NaN)."""
     report = export(MaskedLogits(), tmp_path / "m.onnx", "onnx", example_inputs=IMAGES)
     assert report.difference is not None and report.difference <= 1e-4
+
+
+def test_the_dynamic_axes_are_settled_once_for_the_trace_and_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``Dim`` pair, settled once, serves the trace, the note on fixed axes and ONNX
+    Runtime's check (the batch doubled on the axes the trace was given)."""
+    from prunekit.export import onnx
+
+    settled = onnx._dynamic
+    calls: list[object] = []
+
+    def counted(*args: object) -> object:
+        calls.append(args)
+        return settled(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx, "_dynamic", counted)
+    report = export(compacted_cnn(), tmp_path / "cnn.onnx", "onnx", example_inputs=IMAGES)
+    assert report.difference is not None and report.difference <= 1e-4
+    assert len(calls) == 1

@@ -45,7 +45,7 @@ BAD_ARGUMENTS: list[tuple[str, dict[str, Any], type[BaseException], str]] = [
     ("hf-dtype-gguf-name", {"dtype": "f16"}, ValueError, r"dtype='f16'"),
     ("hf-dtype-torch", {"dtype": torch.float16}, ValueError, r"dtype=torch\.float16"),
     ("deci-dtype-int8", {"format": "deci", "dtype": "int8"}, ValueError, r"dtype='int8'"),
-    ("gguf-dtype-q4", {"format": "gguf", "dtype": "q4_0"}, ValueError, r"dtype='q4_0'"),
+    ("gguf-dtype-q4k", {"format": "gguf", "dtype": "q4_k"}, ValueError, r"dtype='q4_k'"),
     ("gguf-dtype-int", {"format": "gguf", "dtype": 16}, ValueError, r"dtype=16"),
     ("onnx-dtype-f16", {"format": "onnx", "dtype": "float16", "example_inputs": IDS},
      ValueError, r"dtype='float16'"),

@@ -298,13 +298,178 @@ def test_the_source_dtype_is_its_weights_then_its_config(
 
 @pytest.mark.parametrize(
     ("storage", "expected"),
-    [("GGUF BF16", torch.bfloat16), ("GGUF F16", torch.float16), ("GGUF F32", torch.float32),
-     ("GGUF Q4_1", torch.float32), ("GGUF Q8_0", torch.float32)],
+    [("GGUF BF16", torch.bfloat16), ("GGUF F16", torch.float16), ("GGUF F32", torch.float32)],
 )  # fmt: skip
-def test_a_gguf_source_dtype_is_its_float_type_or_float32(
+def test_a_gguf_source_dtype_is_its_float_type(
     storage: str, expected: torch.dtype, tmp_path: Path
 ) -> None:
-    """A quantized GGUF file is read dequantized to float32 (as transformers loads it), and
-    written so."""
     source = Source(tmp_path / "m.gguf", tmp_path, "m.gguf", "llama", (), storage)
     assert source_dtype(source) is expected
+
+
+def quantized_file(path: Path, matrix: str) -> Path:
+    """A GGUF file of one Q8_0 matrix (most of its bytes), one `matrix` (F16 or BF16) matrix
+    and one F32 vector: the layout of a quantized file whose embedding stayed a float."""
+    gguf = pytest.importorskip("gguf")
+    types = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), "llama")
+    values = torch.linspace(-1, 1, 64 * 256).reshape(256, 64).numpy()
+    writer.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(values, types.Q8_0),
+                      raw_dtype=types.Q8_0)  # fmt: skip
+    small = values[:4]
+    writer.add_tensor("token_embd.weight", gguf.quants.quantize(small, types[matrix]),
+                      raw_dtype=types[matrix])  # fmt: skip
+    writer.add_tensor("output_norm.weight", values[0].copy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("matrix", "expected"), [("F16", torch.float16),
+                                                  ("BF16", torch.bfloat16)])  # fmt: skip
+def test_a_quantized_gguf_source_dtype_is_a_half_type_not_float32(
+    matrix: str, expected: torch.dtype, tmp_path: Path
+) -> None:
+    """A quantized GGUF file is written in float16 (its blocks' scales are float16), or in
+    bfloat16 where its unquantized matrices are: never in float32, which would take four
+    bytes a weight where Q8_0 takes about one."""
+    path = quantized_file(tmp_path / "m.gguf", matrix)
+    source = Source(path, tmp_path, "m.gguf", "llama", (path,), "GGUF Q8_0")
+    assert source_dtype(source) is expected
+
+
+@pytest.fixture(scope="module")
+def q8_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("gguf")
+    from helpers import gguf_models
+
+    path = tmp_path_factory.mktemp("q8_0") / "tiny.gguf"
+    return gguf_models.tiny_llama_gguf(path, dtype="q8_0")[0]
+
+
+@pytest.fixture(scope="module")
+def q4_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("gguf")
+    from helpers import gguf_models
+
+    path = tmp_path_factory.mktemp("q4_0") / "tiny.gguf"
+    return gguf_models.tiny_llama_gguf(path, dtype="q4_0")[0]
+
+
+class FileLM(torch.nn.Module):
+    """A written GGUF file's logits, computed from its dequantized tensors as llama.cpp's
+    llama and deci graphs compute them (``gguf_models.gguf_logits``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        from helpers import gguf_models
+
+        return gguf_models.gguf_logits(self.path, input_ids)
+
+
+def gguf_perplexity(path: Path, tokenizer_folder: Path, cfg: ShrinkConfig) -> float:
+    """The perplexity of a written GGUF file (its weights as a reader dequantizes them), on
+    the windows the report measured."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_folder))
+    model = FileLM(path)
+    return perplexity(model, text_windows(cfg, tokenizer, model).evaluation)
+
+
+def test_a_q8_0_gguf_source_is_written_in_float16_as_hf(
+    q8_0: Path, text: Path, tmp_path: Path
+) -> None:
+    """--dtype auto no longer inflates a quantized source to float32: float16 (its scales'
+    type), measured as written."""
+    out = tmp_path / "out"
+    cfg = config(q8_0, out, text)
+    report = shrink(cfg)
+    assert report.dtype == "float16" and report.gguf_type == ""
+    assert report.storage == ("GGUF Q8_0", "safetensors F16")
+    assert stored_types(out) == {torch.float16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    assert written_perplexity(out, cfg) == pytest.approx(report.perplexity.after, rel=1e-6)
+
+
+def test_a_q4_0_gguf_source_is_requantized_to_q4_0_and_measured_as_written(
+    q4_0: Path, text: Path, tmp_path: Path
+) -> None:
+    """As gguf, the source's own type: its matrices Q4_0 (its vectors F32; widths kept
+    whole blocks of 32), and the perplexity after that of the file as a reader dequantizes
+    it; the hf folder beside it holds the same weights in float16."""
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / "out"
+    cfg = config(q4_0, out, text, formats=("gguf", "hf"), kinds=("channels",), round_to=32)
+    report = shrink(cfg)
+    assert report.dtype == "float16" and report.gguf_type == "q4_0"
+    assert report.storage == ("GGUF Q4_0", "GGUF Q4_0")
+    tensors = gguf.GGUFReader(out / "model.gguf").tensors
+    assert [t.tensor_type.name for t in tensors] == [
+        "F32" if len(t.shape) == 1 else "Q4_0" for t in tensors
+    ]
+    assert report.bytes.after < report.bytes.before
+    ppl = report.perplexity.after
+    assert gguf_perplexity(out / "model.gguf", out / "hf", cfg) == pytest.approx(ppl, rel=1e-5)
+    assert written_perplexity(out / "hf", cfg) == pytest.approx(ppl, rel=1e-3)
+    assert "; float16 weights, matrices rounded to Q4_0, as written)" in report.summary()[0]
+    assert "re-quantized to Q4_0, the source's type" in report.exports[0].notes
+    assert json.loads((out / "report.json").read_text())["gguf_type"] == "q4_0"
+
+
+def test_a_gguf_type_asked_for_wins_over_the_source_s(
+    q4_0: Path, text: Path, tmp_path: Path
+) -> None:
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / "out"
+    report = shrink(config(q4_0, out, text, formats=("gguf",), gguf_type="f16"))
+    assert report.gguf_type == "" and report.storage == ("GGUF Q4_0", "GGUF F16")
+    types = {t.tensor_type.name for t in gguf.GGUFReader(out / "model.gguf").tensors}
+    assert types == {"F32", "F16"}
+
+
+@pytest.mark.parametrize(
+    ("storage", "options", "expected"),
+    [
+        ("GGUF Q4_0", {}, "re-quantized to Q4_0, the source's type"),
+        ("GGUF Q4_K", {}, "written in F16, not the source's Q4_K, which the gguf package "
+         "does not quantize (llama.cpp's llama-quantize makes it from this file)"),
+        ("GGUF Q4_K", {"gguf_type": "q8_0"}, None),  # asked for: nothing to explain
+        ("GGUF Q4_0", {"dtype": "float32"}, None),  # a type asked for: written as asked
+        ("GGUF F16", {}, None),
+        ("safetensors BF16", {}, None),
+    ],
+)  # fmt: skip
+def test_the_gguf_record_says_what_became_of_a_quantized_source_s_type(
+    storage: str, options: dict[str, Any], expected: str | None, float32: Path, tmp_path: Path
+) -> None:
+    from prunekit.tools.shrink import gguf_note
+
+    gguf = storage.startswith("GGUF")
+    source = Source(tmp_path / "m.gguf", tmp_path, "m.gguf" if gguf else None, "llama", (),
+                    storage)  # fmt: skip
+    cfg = ShrinkConfig(float32, tmp_path / "out", params=0.25, formats=("gguf",), **options)
+    written = cfg.written_dtype(torch.float16)
+    quantized = "q4_0" if storage == "GGUF Q4_0" else None
+    assert gguf_note(cfg, source, cfg.written_gguf_type(quantized, written)) == expected
+
+
+def test_weights_a_quantized_type_cannot_scale_are_refused_and_left_as_they_were() -> None:
+    """Q8_0 keeps a block's scale (its largest value / 127) in float16: a block beyond
+    127 x 65504 would be written with an inf scale. Refused, naming the tensor, before any
+    weight of the model is rounded."""
+    pytest.importorskip("gguf")
+    from prunekit.tools.shrink import _as_written
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 4), torch.nn.Linear(32, 4))
+    with torch.no_grad():
+        model[1].weight[2, 7] = 1e7
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^shrink: the shrunk model's 1\.weight holds values "
+                       r"whose q8_0 blocks would be written with an inf scale \(largest 1e\+07"
+                       ):  # fmt: skip
+        _as_written(model, torch.bfloat16, "q8_0")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

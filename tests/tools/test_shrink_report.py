@@ -95,3 +95,20 @@ def test_a_report_from_before_the_dtype_was_recorded_reads_back_without_one() ->
     again = ShrinkReport.from_dict(found)
     assert again.dtype == "" and again == report()
     assert again.summary()[0].endswith("tokens of text.txt)")
+
+
+def test_the_latency_says_it_was_timed_in_float32_not_in_the_type_written() -> None:
+    """shrink times both models in float32 (PyTorch on the CPU), whatever type it writes:
+    the figures say so, and where the weights are written in a half type, that they were
+    not timed in it."""
+    made = dataclasses.replace(report(), dtype="bfloat16")
+    line = made.summary()[-1]
+    assert line.startswith("latency ") and line.endswith(
+        "median of 3 alternated pairs, 1 x 32 tokens, timed in float32, not bfloat16)"
+    )
+    assert "Latency: one forward of 1 x 32 tokens in float32 (PyTorch on the CPU; the " in (
+        made.to_markdown()
+    )
+    assert "weights as written, not timed in bfloat16)" in made.to_markdown()
+    plain = dataclasses.replace(report(), dtype="float32").summary()[-1]
+    assert plain.endswith("1 x 32 tokens, timed in float32)")

@@ -15,11 +15,12 @@ divide the frequencies (``linear``, ``llama3``) are written as llama.cpp's ``rop
 factors; those that also scale attention or depend on the length (``yarn``, ``longrope``,
 ``dynamic``) are refused.
 
-Tensor types (``dtype``): ``"f32"``, ``"f16"``, ``"bf16"`` or ``"q8_0"``; None writes the
-model's own float type (f16 for float16, bf16 for bfloat16, else f32). As llama.cpp's own
-converter does, 1-D tensors (norms, biases, rotary factors) stay F32 in every file type, and
-under ``q8_0`` a matrix whose rows are not a multiple of Q8_0's block (32 values) is written
-F16.
+Tensor types (``dtype``): ``"f32"``, ``"f16"``, ``"bf16"``, or a block-quantized type
+(``request.GGUF_QUANTIZED``: ``"q8_0"``, ``"q5_1"``, ``"q5_0"``, ``"q4_1"``, ``"q4_0"``); None
+writes the model's own float type (f16 for float16, bf16 for bfloat16, else f32). As
+llama.cpp's own converter does, 1-D tensors (norms, biases, rotary factors) stay F32 in every
+file type, and under a quantized type a matrix whose rows are not a multiple of its block
+(32 values) is written F16. ``stored`` gives the values a tensor holds once so written.
 
 The tokenizer comes from ``source``: a GGUF file (every ``tokenizer.*`` field is copied) or a
 Hugging Face folder (see ``gguf_vocab``); without one the file would not run, so it is refused.
@@ -43,7 +44,7 @@ from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers, uniform
 from prunekit.export.request import GGUF_TYPES, ExportReport, Request
 
-__all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "write"]
+__all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "stored", "write"]
 
 # the tensor types it writes (``request.GGUF_TYPES``), by the names `dtype` takes
 DTYPES: dict[str, gg.GGMLQuantizationType] = {
@@ -54,6 +55,10 @@ _FILE_TYPES = {
     "f16": gg.LlamaFileType.MOSTLY_F16,
     "bf16": gg.LlamaFileType.MOSTLY_BF16,
     "q8_0": gg.LlamaFileType.MOSTLY_Q8_0,
+    "q5_1": gg.LlamaFileType.MOSTLY_Q5_1,
+    "q5_0": gg.LlamaFileType.MOSTLY_Q5_0,
+    "q4_1": gg.LlamaFileType.MOSTLY_Q4_1,
+    "q4_0": gg.LlamaFileType.MOSTLY_Q4_0,
 }
 _OWN = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -195,6 +200,10 @@ def _dtype(model: nn.Module, dtype: object) -> str:
     if dtype is None:
         first = next(iter(model.parameters()), None)
         return _OWN.get(first.dtype, "f32") if first is not None else "f32"
+    return _checked(dtype)
+
+
+def _checked(dtype: object) -> str:
     if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
         raise value_error(
             f"export: dtype={dtype!r} is not a GGUF tensor type it writes; expected one of "
@@ -304,9 +313,36 @@ def _pairs(heads: int, head_dim: int) -> torch.Tensor:
 def _qtype(name: str, data: torch.Tensor, dtype: str) -> gg.GGMLQuantizationType:
     if data.dim() < 2:
         return DTYPES["f32"]
-    if dtype == "q8_0" and data.shape[-1] % gg.GGML_QUANT_SIZES[DTYPES["q8_0"]][0]:
+    if data.shape[-1] % gg.GGML_QUANT_SIZES[DTYPES[dtype]][0]:  # blocks of 32: quantized
         return DTYPES["f16"]
     return DTYPES[dtype]
+
+
+def stored(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The values `tensor` holds once written into a GGUF file of tensor type `dtype`, as
+    float32: its 1-D tensors F32, its matrices in `dtype` (F16 under a quantized type where
+    the rows are not a multiple of the block), quantized and dequantized by the ``gguf``
+    package as the writer and the readers do. The order of the rows does not matter (each
+    row is quantized alone), so the q/k rows need not be reordered first.
+
+    Args:
+        tensor: a floating tensor of the model.
+        dtype: one of ``DTYPES``.
+
+    Returns:
+        A new float32 tensor of `tensor`'s shape.
+
+    Raises:
+        ValueError: `dtype` is not one of ``DTYPES``.
+    """
+    name = _checked(dtype)
+    data = tensor.detach().to("cpu", torch.float32)
+    qtype = _qtype("", data, name)
+    if qtype == DTYPES["f32"]:
+        return data.clone()
+    with np.errstate(over="ignore", invalid="ignore"):  # an inf scale: the caller's to say
+        values = gg.quants.dequantize(_encode(data.contiguous(), qtype), qtype)
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(data.shape)
 
 
 def _encode(tensor: torch.Tensor, qtype: gg.GGMLQuantizationType) -> np.ndarray[Any, Any]:

@@ -56,6 +56,9 @@ CPU kernels), "float32" writes a float32 copy of a model held in another precisi
 _LIMIT = 2**31 - 2**20
 
 Named = list[tuple[str, Tensor]]
+Shapes = dict[str, dict[int, Any]]
+# (positional inputs, keyword inputs, every input's name, their dynamic axes)
+Inputs = tuple[tuple[Tensor, ...], dict[str, Tensor], list[str], Shapes]
 
 
 def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
@@ -96,10 +99,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     elif request.verify and importlib.util.find_spec("onnxruntime") is not None:
         _refuse_unrunnable(model, args, kwargs)
     names = _input_names(model, args, kwargs)
+    shapes = _dynamic(args, kwargs, names)  # the trace's, the note's and the check's
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
-        proto = _exported(model, args, kwargs, names, [n for n, _ in outputs])
-        fixed = _fixed_axes(proto, _dynamic(args, kwargs, names))
+        proto = _exported(model, (args, kwargs, names), shapes, [n for n, _ in outputs])
+        fixed = _fixed_axes(proto, shapes)
         Path(target).write_bytes(proto.SerializeToString())
         notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
         notes += fixed
@@ -107,11 +111,10 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
             notes.append("traced with use_cache=False: the graph keeps no key/value cache")
         if request.source is not None:
             notes.append("source: an ONNX file holds no tokenizer; none was written")
-        return _checked(model, Path(target), request, (args, kwargs, names), notes)
+        return _checked(model, Path(target), request, (args, kwargs, names, shapes), notes)
 
 
-def _checked(model: nn.Module, target: Path, request: Request,
-             inputs: tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]],
+def _checked(model: nn.Module, target: Path, request: Request, inputs: Inputs,
              notes: list[str]) -> ExportReport:  # fmt: skip
     """The report, after ONNX Runtime ran the file written (where asked and installed)."""
     if not request.verify:
@@ -279,16 +282,14 @@ def _outputs(value: Any, prefix: str = "") -> Named:
     )
 
 
-def _dynamic(
-    args: tuple[Tensor, ...], kwargs: dict[str, Tensor], names: list[str]
-) -> dict[str, dict[int, Any]]:
+def _dynamic(args: tuple[Tensor, ...], kwargs: dict[str, Tensor], names: list[str]) -> Shapes:
     """Each input's dynamic axes: ``batch`` (dim 0, where its size is the first input's),
     ``sequence`` (dim 1 of an integer or boolean input of rank >= 2)."""
     tensors = [*args, *kwargs.values()]
     batch = torch.export.Dim("batch")
     sequence = torch.export.Dim("sequence")
     first = tensors[0].shape[0] if tensors[0].dim() else None
-    shapes: dict[str, dict[int, Any]] = {}
+    shapes: Shapes = {}
     for name, tensor in zip(names, tensors, strict=True):
         axes: dict[int, Any] = {}
         if tensor.dim() and tensor.shape[0] == first:
@@ -299,7 +300,7 @@ def _dynamic(
     return shapes
 
 
-def _fixed_axes(proto: Any, wanted: dict[str, dict[int, Any]]) -> list[str]:
+def _fixed_axes(proto: Any, wanted: Shapes) -> list[str]:
     """Notes on the axes meant to be dynamic that the trace fixed (the model's code needs
     that size); a size of 1 fixed is refused: torch.export fixes a size of 1 that the code
     tests or broadcasts, which a larger example keeps dynamic."""
@@ -326,12 +327,13 @@ def _fixed_axes(proto: Any, wanted: dict[str, dict[int, Any]]) -> list[str]:
 
 def _exported(
     model: nn.Module,
-    args: tuple[Tensor, ...],
-    kwargs: dict[str, Tensor],
-    names: list[str],
+    inputs: tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]],
+    shapes: Shapes,
     outputs: list[str],
 ) -> Any:
-    """The ONNX ModelProto of `model` traced on the inputs, weights inside."""
+    """The ONNX ModelProto of `model` traced on the inputs (positional, keyword, their
+    names) with the dynamic axes `shapes`, weights inside."""
+    args, kwargs, names = inputs
     positional = dict(zip(names, args, strict=False))
     with warnings.catch_warnings(), _quiet("torch.onnx"):  # notes on its own internals
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.|copyreg")
@@ -339,7 +341,7 @@ def _exported(
         program = torch.onnx.export(
             model, (), kwargs={**positional, **kwargs}, dynamo=True, external_data=False,
             input_names=names, output_names=outputs, verbose=False,
-            dynamic_shapes=_dynamic(args, kwargs, names),
+            dynamic_shapes=shapes,
         )  # fmt: skip
     if program is None:  # the exporter returns a program whenever dynamo=True
         raise RuntimeError("torch.onnx.export returned no program")
@@ -353,12 +355,13 @@ def _verify(
     args: tuple[Tensor, ...],
     kwargs: dict[str, Tensor],
     names: list[str],
+    shapes: Shapes,
 ) -> tuple[float, float]:
     """ONNX Runtime's largest difference from the model (relative, absolute) on the inputs
-    and on them doubled along the batch axis; raise beyond ``TOLERANCE``."""
+    and on them doubled along the batch axis (of `shapes`, the trace's dynamic axes); raise
+    beyond ``TOLERANCE``."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     wanted = [i.name for i in session.get_inputs()]
-    shapes = _dynamic(args, kwargs, names)
     held = {i.name: i.shape for i in session.get_inputs()}
     fixed = any(0 in axes and isinstance(held.get(name, [None])[0], int)
                 for name, axes in shapes.items())  # fmt: skip

@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GGUF_TYPES", "ExportReport", "Request"]
+__all__ = ["GGUF_QUANTIZED", "GGUF_TYPES", "ExportReport", "Request"]
 
-# the tensor types a GGUF file is written in, by the names `dtype` takes for it
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+GGUF_QUANTIZED = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+"""The block-quantized GGUF tensor types written (those the ``gguf`` package quantizes in
+numpy: llama.cpp's legacy types, blocks of 32 values with a float16 scale), by the names
+`dtype` takes for them."""
+GGUF_TYPES = ("f32", "f16", "bf16", *GGUF_QUANTIZED)
+"""The tensor types a GGUF file is written in, by the names `dtype` takes for them."""
 
 
 @dataclass(frozen=True)

@@ -77,14 +77,17 @@ def _text_and_formats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gguf-type",
         choices=GGUF_TYPES,
-        help="tensor type of the gguf format (default: as --dtype: f32, f16 or bf16)",
+        help="tensor type of the gguf format (default: a quantized GGUF source's own type "
+        "where it is one of these and --dtype is auto, re-quantized; else as --dtype: f32, "
+        "f16 or bf16); under a quantized type the perplexity is of the quantized weights",
     )
     parser.add_argument(
         "--dtype",
         choices=DTYPES,
         default="auto",
         help="the floating type the model is written in (default auto: the source's, so "
-        "a bfloat16 model stays bfloat16; a quantized GGUF source: float32); pruned in "
+        "a bfloat16 model stays bfloat16; a quantized GGUF source: float16, or bfloat16 "
+        "where its float matrices are BF16); pruned in "
         "float32, rounded to it at the end, its perplexity measured as written; onnx is "
         "always float32",
     )

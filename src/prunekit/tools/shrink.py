@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from prunekit.core.errors import (
 )
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
-from prunekit.export.request import GGUF_TYPES
+from prunekit.export.request import GGUF_QUANTIZED, GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.structure.budget import AUTO, Budget, BudgetReport
@@ -46,7 +46,13 @@ from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.stages.entry import prune_channels
 from prunekit.tools.shrink_report import Before, ExportRecord, ShrinkReport
-from prunekit.tools.shrink_source import Source, check_source, load_source, source_dtype
+from prunekit.tools.shrink_source import (
+    Source,
+    check_source,
+    load_source,
+    source_dtype,
+    source_quantization,
+)
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "SEED",
     "Progress",
     "ShrinkConfig",
+    "gguf_note",
     "shrink",
 ]
 
@@ -80,6 +87,8 @@ DTYPES = ("auto", *TENSOR_TYPES)
 """The values of ``ShrinkConfig.dtype``: 'auto' (the source's precision), or the floating
 type the shrunk model is written in."""
 _HALF = ("float16", "bfloat16")
+# the GGUF tensor type of a model written in a half type (float32: the writer's own, f32)
+_GGUF_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,11 @@ class ShrinkConfig:
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
         gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.request.GGUF_TYPES``:
-            f32, f16, bf16, q8_0); None: as `dtype` (f32, f16 or bf16).
+            f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0); None: with `dtype` 'auto' and a
+            GGUF source quantized in one of the quantized types, that type (re-quantized);
+            else as the type written (f32, f16 or bf16). Under a quantized type the model's
+            matrices are rounded to it before the perplexity after is measured, so that the
+            perplexity is of the file's weights; every format written holds them.
         compensate: the least-squares update of the layers that read removed units.
         round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
             ``deci`` format (whose readers derive MLP widths rounded to 256).
@@ -135,11 +148,13 @@ class ShrinkConfig:
             which takes only `distill` 0).
         dtype: the floating type the shrunk model is written in (``DTYPES``): 'auto' (the
             default) keeps the source's (``shrink_source.source_dtype``: a bfloat16 folder is
-            written in bfloat16, a quantized GGUF file in float32), or 'float32', 'float16',
-            'bfloat16'. The model is pruned, compensated and distilled in float32, then its
-            weights are rounded to `dtype`; the perplexity after is of those weights, as
-            written (computed in float32, as the source's before). It is the type of the
-            ``hf`` and ``deci`` folders and of the ``gguf`` file where `gguf_type` is None;
+            written in bfloat16; a quantized GGUF file in float16, or bfloat16 where its
+            unquantized matrices are BF16), or 'float32', 'float16', 'bfloat16'. The model
+            is pruned, compensated and distilled in float32, then its weights are rounded to
+            `dtype` (its matrices to the ``gguf`` format's quantized type, where it has one);
+            the perplexity after is of those weights, as written (computed in float32, as
+            the source's before). It is the type of the ``hf`` and ``deci`` folders and of
+            the ``gguf`` file where `gguf_type` is None and the source is no quantized GGUF;
             an ``onnx`` file is float32 (the type ONNX Runtime's CPU kernels run), so
             'float16' or 'bfloat16' with ``onnx`` the only format is refused.
             ``shrink_folder`` (streamed) writes each tensor in its stored type: 'auto' only.
@@ -245,6 +260,27 @@ class ShrinkConfig:
             torch.float32, torch.float16 or torch.bfloat16.
         """
         return source if self.dtype == "auto" else TENSOR_TYPES[self.dtype]
+
+    def written_gguf_type(self, quantized: str | None, written: torch.dtype) -> str | None:
+        """The tensor type of the ``gguf`` format: `gguf_type`; else, with `dtype` 'auto',
+        `quantized` (the source's quantized type, ``shrink_source.source_quantization``);
+        else f16 or bf16 for a half `written` type, None (f32) for float32. None also
+        without the ``gguf`` format.
+
+        Args:
+            quantized: the source's quantized GGUF type the writer writes, or None.
+            written: the floating type the model is written in (``written_dtype``).
+
+        Returns:
+            One of ``GGUF_TYPES``, or None.
+        """
+        if "gguf" not in self.formats:
+            return None
+        if self.gguf_type is not None:
+            return self.gguf_type
+        if self.dtype == "auto" and quantized is not None:
+            return quantized
+        return _GGUF_HALF.get(written)
 
     def _defaults(self) -> None:
         """Defaults that fit every format asked for (``deci``: channels in steps of 256)."""
@@ -381,7 +417,9 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     passages = read_passages(config)
     _warn_unless_held_out(config)
     clock = _Clock(tick)
-    measured = _Measured(dtype=config.written_dtype(source_dtype(source)))
+    written = config.written_dtype(source_dtype(source))
+    gguf = config.written_gguf_type(source_quantization(source), written)
+    measured = _Measured(dtype=written, gguf=gguf)
     with clock("load model", 1):
         model, tokenizer = load_source(source)
     _refuse_beyond(model, measured.dtype, "the source's")  # at once, not after the pruning
@@ -407,11 +445,48 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     with atomic_folder(out) as stage:
         _empty(stage)
         with clock("export", 1):
-            exported = export_all(model, tokenizer, stage, config, example, measured.dtype)
+            exported = export_all(model, tokenizer, stage, config, example,
+                                  (measured.dtype, measured.gguf))  # fmt: skip
+        exported = (_noted(exported[0], gguf_note(config, source, measured.gguf)),
+                    *exported[1:])  # fmt: skip
         report = _report(config, (source, out), model, texts, measured, exported, clock)
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
+
+
+def gguf_note(config: ShrinkConfig, source: Source, gguf: str | None) -> str | None:
+    """What the ``gguf`` format's record says of a quantized GGUF source's type where
+    `config` leaves the type to the source (``dtype`` 'auto', no ``gguf_type``): that it
+    was re-quantized to it, or that the type `gguf` (the one written, None: f32) was
+    written instead; None where there is nothing to say.
+
+    Args:
+        config: the run's config.
+        source: the checked source.
+        gguf: the gguf format's tensor type (``ShrinkConfig.written_gguf_type``).
+
+    Returns:
+        The note, or None.
+    """
+    if "gguf" not in config.formats or config.gguf_type is not None or config.dtype != "auto":
+        return None
+    kind = source.storage.rpartition(" ")[2]
+    if source.gguf_file is None or kind in ("", "GGUF", "F32", "F16", "BF16"):
+        return None
+    if gguf == kind.lower():
+        return f"re-quantized to {kind}, the source's type"
+    return (
+        f"written in {(gguf or 'f32').upper()}, not the source's {kind}, which the gguf "
+        "package does not quantize (llama.cpp's llama-quantize makes it from this file)"
+    )
+
+
+def _noted(records: tuple[ExportRecord, ...], note: str | None) -> tuple[ExportRecord, ...]:
+    """`records` with `note` added to the gguf format's (unchanged where None)."""
+    if note is None:
+        return records
+    return tuple(replace(r, notes=(*r.notes, note)) if r.format == "gguf" else r for r in records)
 
 
 def _warn_unless_held_out(config: ShrinkConfig) -> None:
@@ -466,6 +541,12 @@ class _Measured:
     steps: int = 0  # of distillation
     seconds: float = 0.0
     dtype: torch.dtype = torch.float32  # the type the model is written in
+    gguf: str | None = None  # the gguf format's tensor type (None: no gguf format, or f32)
+
+    @property
+    def quantized(self) -> str | None:
+        """The gguf format's type where it is block-quantized (its matrices rounded to it)."""
+        return self.gguf if self.gguf in GGUF_QUANTIZED else None
 
 
 def _saved(model: nn.Module) -> list[tuple[str, Tensor]]:
@@ -494,25 +575,56 @@ def _refuse_beyond(model: nn.Module, dtype: torch.dtype, whose: str) -> None:
             )
 
 
-def _as_written(model: nn.Module, dtype: torch.dtype) -> None:
+def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = None) -> None:
     """Round the floating tensors `model` saves to `dtype` in place, kept in their own type:
     the model then computes as its weights written in `dtype` do, loaded in float32, and is
-    written in `dtype` without a further change.
+    written in `dtype` without a further change. With `quantized`, the matrices are rounded
+    as a GGUF file of that type holds them instead (``gguf_writer.stored``: quantized and
+    dequantized, F16 where their rows are not whole blocks of 32), exactly the values the
+    file holds (quantizing them again gives them back), and written in `dtype` by the other
+    formats (within its rounding).
 
     Args:
         model: the shrunk model, in float32.
         dtype: the floating type it is written in (float32: nothing to do).
+        quantized: the block-quantized GGUF type of the ``gguf`` format, or None.
 
     Raises:
-        ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``); the model is
-            left as it was.
+        ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``), or one
+            `quantized` makes inf (a block's float16 scale overflows); the model is left as
+            it was.
     """
-    if dtype == torch.float32:
+    if dtype == torch.float32 and quantized is None:
         return
     _refuse_beyond(model, dtype, "the shrunk model's")
+    rounded = _quantized(model, quantized) if quantized is not None else {}
     with torch.no_grad():
         for _, tensor in _saved(model):
-            tensor.copy_(tensor.to(dtype))
+            if tensor.data_ptr() in rounded:  # a tied weight is one tensor, rounded once
+                tensor.copy_(rounded[tensor.data_ptr()])
+            else:
+                tensor.copy_(tensor.to(dtype))
+
+
+def _quantized(model: nn.Module, quantized: str) -> dict[int, Tensor]:
+    """The matrices `model` saves, by their storage, as a GGUF file of type `quantized`
+    holds them (quantized, or F16 where their rows are not whole blocks), computed before
+    any is changed."""
+    from prunekit.export import gguf_writer  # noqa: PLC0415  # gguf: only where written
+
+    found: dict[int, Tensor] = {}
+    for key, tensor in _saved(model):
+        if tensor.dim() >= 2 and tensor.data_ptr() not in found:
+            values = gguf_writer.stored(tensor, quantized)
+            if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
+                raise value_error(
+                    f"shrink: the shrunk model's {key} holds values whose {quantized} blocks "
+                    f"would be written with an inf scale (largest {float(tensor.abs().max()):.6g}"
+                    f"; a block's scale is a float16); expected gguf_type 'f32' or 'bf16' "
+                    "(--gguf-type) for such weights"
+                )
+            found[tensor.data_ptr()] = values
+    return found
 
 
 def _distil_and_measure(
@@ -522,13 +634,13 @@ def _distil_and_measure(
     """Distil `model` from `dense` where asked (the perplexity measured before it too), then
     measure the perplexity after: each of the model in the type it is written in (rounded to
     it before the distillation and again after)."""
-    _as_written(model, measured.dtype)
+    _as_written(model, measured.dtype, measured.quantized)
     if config.distill:
         measured.ppl_pruned = perplexity(model, texts.evaluation)
         measured.steps, measured.seconds = distill(
             model, dense, texts.calibration, config, clock.tick
         )
-        _as_written(model, measured.dtype)
+        _as_written(model, measured.dtype, measured.quantized)
     with clock("perplexity after", 1):
         measured.ppl_after = perplexity(model, texts.evaluation)
     if not config.distill:
@@ -574,6 +686,7 @@ def _report(
         seconds=tuple(clock.seconds.items()),
         storage=(source.storage, storage),
         dtype=str(measured.dtype).removeprefix("torch."),
+        gguf_type=measured.quantized or "",
     )
 
 

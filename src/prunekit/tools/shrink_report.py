@@ -72,7 +72,9 @@ class ShrinkReport:
         perplexity: before and after, on the evaluation windows: of the source's weights and
             of the shrunk model's as written (in `dtype`), each computed in float32.
         perplexity_pruned: after pruning and compaction, before distillation (in `dtype`).
-        latency_ms: one forward of one window before and after (median of alternated pairs).
+        latency_ms: one forward of one window before and after (median of alternated pairs),
+            timed in float32 (PyTorch on the CPU) whatever `dtype` is: the shrunk model's
+            weights as written, computed in float32, as the perplexity is.
         latency_pairs: the alternated pairs timed.
         speedup: the median of the pairs' ratios (above 1: faster).
         calibration: windows x tokens calibrated on; ``evaluation`` the same for perplexity.
@@ -86,6 +88,10 @@ class ShrinkReport:
         dtype: the floating type the shrunk model was written in ('float32', 'float16' or
             'bfloat16'; the ``onnx`` format is float32, the ``gguf`` format in its
             ``gguf_type`` where given); '' in a report from before it was recorded.
+        gguf_type: the ``gguf`` format's tensor type where it is block-quantized ('q8_0',
+            'q4_0', ...): the shrunk model's matrices were rounded to it before the
+            perplexity after was measured, and every format holds them so (the folders in
+            `dtype`, within its rounding); '' where none is.
     """
 
     source: str
@@ -111,6 +117,7 @@ class ShrinkReport:
     seconds: tuple[tuple[str, float], ...]
     storage: tuple[str, str] = ("", "")
     dtype: str = ""
+    gguf_type: str = ""
 
     @property
     def faster(self) -> str:
@@ -184,6 +191,7 @@ class ShrinkReport:
             seconds=tuple(values["seconds"].items()),
             storage=(values["storage"][0], values["storage"][1]),
             dtype=values.get("dtype", ""),  # none in a report written before it was recorded
+            gguf_type=values.get("gguf_type", ""),
             **pairs,
         )
 
@@ -200,7 +208,8 @@ class ShrinkReport:
             f"on disk     {human_bytes(int(b.before)):>10} -> {human_bytes(int(b.after)):>10}  "
             f"({self.storage[0]} -> {self.storage[1]})",
             f"latency     {t.before:8.2f} ms -> {t.after:8.2f} ms  ({self.faster}, median of "
-            f"{self.latency_pairs} alternated pairs, 1 x {self.evaluation[1]} tokens)",
+            f"{self.latency_pairs} alternated pairs, 1 x {self.evaluation[1]} tokens, timed in "
+            f"float32{', not ' + self._untimed if self._untimed else ''})",
         ]
         if self.distill_steps:
             lines.insert(
@@ -211,9 +220,18 @@ class ShrinkReport:
         return lines
 
     @property
+    def _untimed(self) -> str:
+        """The type the model is written in where it is not float32 (the type timed)."""
+        return self.dtype if self.dtype not in ("", "float32") else ""
+
+    @property
     def _written(self) -> str:
-        """'; <dtype> weights as written', or '' where the report does not say."""
-        return f"; {self.dtype} weights as written" if self.dtype else ""
+        """'; <dtype> weights as written' (', matrices rounded to <type>' where quantized),
+        or '' where the report does not say."""
+        if not self.dtype:
+            return ""
+        rounded = f", matrices rounded to {self.gguf_type.upper()}," if self.gguf_type else ""
+        return f"; {self.dtype} weights{rounded} as written"
 
     def to_markdown(self) -> str:
         """The report as a Markdown page."""
@@ -239,7 +257,9 @@ class ShrinkReport:
             "| --- | ---: | ---: |",
             *[f"| {name} | {a} | {b} |" for name, a, b in rows],
             "",
-            f"Latency: one forward of 1 x {self.evaluation[1]} tokens, median of "
+            f"Latency: one forward of 1 x {self.evaluation[1]} tokens in float32 (PyTorch on "
+            f"the CPU; the weights as written"
+            f"{', not timed in ' + self._untimed if self._untimed else ''}), median of "
             f"{self.latency_pairs} alternated pairs: {self.faster}.",
             f"Calibration: {self.calibration[0]} x {self.calibration[1]} tokens of "
             f"{self.text[0]}; perplexity on {self.evaluation[0]} x {self.evaluation[1]} tokens "

@@ -23,12 +23,20 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.layer_widths import LLAMA_FAMILY
+from prunekit.export.request import GGUF_QUANTIZED
 from prunekit.io.files import CheckpointError, open_regular
 from prunekit.io.folders import WEIGHTS
 from prunekit.io.mapped import read_header
 from prunekit.io.sharded import index_of, open_checkpoint
 
-__all__ = ["TOKENIZER_FILES", "Source", "check_source", "load_source", "source_dtype"]
+__all__ = [
+    "TOKENIZER_FILES",
+    "Source",
+    "check_source",
+    "load_source",
+    "source_dtype",
+    "source_quantization",
+]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 """The files one of which a Hugging Face folder's tokenizer is saved in."""
@@ -161,8 +169,15 @@ def source_dtype(source: Source) -> torch.dtype:
 
     The element type holding most of the weights' bytes (``Source.storage``) where it is
     F32, F16 or BF16; else, for a Hugging Face folder, the one config.json names (``dtype``,
-    or ``torch_dtype`` as older transformers wrote it); else float32: a quantized GGUF file
-    (Q4_1, Q8_0, ...), which transformers dequantizes to float32, or a folder naming none.
+    or ``torch_dtype`` as older transformers wrote it), float32 where it names none. A
+    quantized GGUF file (Q8_0, Q4_1, Q4_K, ...) is written in a half type, not in the
+    float32 transformers dequantizes it to (four bytes a weight where Q8_0 takes 1.06 and
+    Q4_0 0.56): bfloat16 where its unquantized matrices (an embedding or output kept as a
+    float) are BF16, as the model was then made in bfloat16; else float16, the type of the
+    blocks' scales of GGUF's legacy, K and IQ types, so that a dequantized weight (a small
+    integer times that scale) keeps 11 significant bits (bfloat16 would keep 8, close to
+    what Q8_0 itself keeps); a weight beyond float16's range (65504, a scale above 515
+    under Q8_0) is refused by ``shrink``, naming it and ``--dtype bfloat16``.
 
     Args:
         source: from ``check_source``.
@@ -177,13 +192,42 @@ def source_dtype(source: Source) -> torch.dtype:
     stored = _STORED.get(source.storage.rpartition(" ")[2])
     if stored is not None:
         return stored
-    if source.gguf_file is None:
-        values = _read_json(source.folder / "config.json")
-        for key in ("dtype", "torch_dtype"):
-            name = values.get(key)
-            if isinstance(name, str) and name.removeprefix("torch.") in TENSOR_TYPES:
-                return TENSOR_TYPES[name.removeprefix("torch.")]
+    if source.gguf_file is not None:
+        return _gguf_half(source.folder / source.gguf_file)
+    values = _read_json(source.folder / "config.json")
+    for key in ("dtype", "torch_dtype"):
+        name = values.get(key)
+        if isinstance(name, str) and name.removeprefix("torch.") in TENSOR_TYPES:
+            return TENSOR_TYPES[name.removeprefix("torch.")]
     return torch.float32
+
+
+def source_quantization(source: Source) -> str | None:
+    """The block-quantized type of a GGUF source's weights (the one holding most of their
+    bytes), by the name ``ShrinkConfig.gguf_type`` takes, where the GGUF writer writes it
+    (``request.GGUF_QUANTIZED``: q8_0, q5_1, q5_0, q4_1, q4_0); None for any other source,
+    or a type it does not quantize (the K and IQ types: llama.cpp's own tools quantize
+    those).
+
+    Args:
+        source: from ``check_source``.
+
+    Returns:
+        Such as ``"q4_0"``, or None.
+    """
+    if source.gguf_file is None:
+        return None
+    name = source.storage.rpartition(" ")[2].lower()
+    return name if name in GGUF_QUANTIZED else None
+
+
+def _gguf_half(path: Path) -> torch.dtype:
+    """bfloat16 where a quantized GGUF file keeps a matrix in BF16, else float16."""
+    gguf = require("gguf", "llm", "a GGUF file's tensor types")
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        if len(tensor.shape) >= 2 and tensor.tensor_type.name == "BF16":
+            return torch.bfloat16
+    return torch.float16
 
 
 def _gguf_storage(readers: list[Any]) -> str:

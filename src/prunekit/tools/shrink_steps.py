@@ -39,8 +39,6 @@ __all__ = [
 _SMALLER_LR = "a smaller --lr (lr= of ShrinkConfig)"
 # the files of an output that hold a model's weights (what "on disk" counts)
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".onnx", ".bin", ".data")
-# the GGUF tensor type of a model written in a half type (float32: the writer's own, f32)
-_GGUF_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -204,7 +202,7 @@ def export_all(
     stage: Path,
     config: ShrinkConfig,
     example: Any,
-    written: torch.dtype = torch.float32,
+    types: tuple[torch.dtype, str | None] = (torch.float32, None),
 ) -> tuple[tuple[ExportRecord, ...], int, str]:
     """Write every format of `config` into `stage`; the records, and the bytes of the first
     format's weight files and how they store their tensors (``sources.storage_of``).
@@ -212,16 +210,18 @@ def export_all(
     With one folder format the stage is the model folder; otherwise each folder format goes
     to ``<format>/`` and each file format to ``model.<format>``. A folder gets the tokenizer
     where its writer copied none (a GGUF source's, say). The ONNX graph is traced on the
-    example twice over (``batch_of_two``): a Llama's code fixes a batch of one. The float32
-    `model` is written in `written` (``ShrinkConfig.written_dtype``), the ``gguf`` format in
-    ``config.gguf_type`` where given, the ``onnx`` format in float32 (what ONNX Runtime's CPU
-    kernels run; its record says so where `written` is another type).
+    example twice over (``batch_of_two``): a Llama's code fixes a batch of one. `types` is
+    (the floating type written, the ``gguf`` format's tensor type): the float32 `model` is
+    written in the first (``ShrinkConfig.written_dtype``), the ``gguf`` format in the second
+    (``ShrinkConfig.written_gguf_type``; None: f32), the ``onnx`` format in float32 (what
+    ONNX Runtime's CPU kernels run; its record says so where the type written is another).
     """
+    written, gguf = types
     records, size, storage = [], 0, ""
     alone = len(config.formats) == 1 and FORMATS[config.formats[0]]
     for number, form in enumerate(config.formats):
         target = stage if alone else stage / (form if FORMATS[form] else f"model.{form}")
-        dtype = _format_dtype(form, config, written)
+        dtype = gguf if form == "gguf" else _format_dtype(form, written)
         inputs = batch_of_two(example) if form == "onnx" else example
         done = export(model, target, form, source=config.source, dtype=dtype, example_inputs=inputs)
         notes = done.notes
@@ -255,10 +255,9 @@ def export_all(
     return tuple(records), size, storage
 
 
-def _format_dtype(form: str, config: ShrinkConfig, written: torch.dtype) -> str | None:
-    """The `dtype` that ``export`` writes the float32 model in as `form` (None: float32)."""
-    if form == "gguf":
-        return config.gguf_type or _GGUF_HALF.get(written)
+def _format_dtype(form: str, written: torch.dtype) -> str | None:
+    """The `dtype` that ``export`` writes the float32 model in as `form`, a folder format
+    or onnx (None: float32)."""
     if form == "onnx" or written == torch.float32:
         return None
     return str(written).removeprefix("torch.")

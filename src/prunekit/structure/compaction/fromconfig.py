@@ -24,16 +24,17 @@ from torch import nn
 from prunekit.core.naming import MASK, ORIG, stored_parameter
 
 
-def build_fresh(model: nn.Module, config: Any) -> nn.Module | str | None:
-    """`model`'s class built on the meta device from `config` read back as
-    ``from_pretrained`` reads a saved ``config.json`` (through its dict, so the config's own
-    checks run); a line saying why building fails; None for a class not built from a
-    config alone. ``compact`` checks both its config (``CompactReport.stale``) and a
-    save_pretrained / from_pretrained round trip (``not_rebuilt``) with it."""
+def build_fresh(model: nn.Module, config: Any, device: str = "meta") -> nn.Module | str | None:
+    """`model`'s class built on `device` (the meta device: no memory, no weights) from
+    `config` read back as ``from_pretrained`` reads a saved ``config.json`` (through its
+    dict, so the config's own checks run); a line saying why building fails; None for a
+    class not built from a config alone. ``compact`` checks both its config
+    (``CompactReport.stale``) and a save_pretrained / from_pretrained round trip
+    (``not_rebuilt``) with it."""
     if not callable(getattr(type(model), "from_pretrained", None)):
         return None
     try:
-        with torch.device("meta"):
+        with torch.device(device):
             fresh: nn.Module = type(model)(_read_back(config))
     except Exception as error:  # what from_pretrained would meet too: reported, not raised
         return f"building it raises {type(error).__name__}: {error}".replace("\n", " ")

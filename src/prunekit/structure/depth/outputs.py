@@ -22,7 +22,7 @@ from prunekit.calibrate import evaluating, run_batch
 from prunekit.core.difference import largest_over
 from prunekit.core.errors import is_explained, value_error
 
-__all__ = ["TOLERANCE", "check_outputs", "reference_outputs"]
+__all__ = ["TOLERANCE", "check_outputs", "outputs_of", "reference_outputs"]
 
 TOLERANCE = 1e-4
 _OWNER = "remove_blocks"
@@ -81,6 +81,13 @@ def check_outputs(model: nn.Module, inputs: Any, reference: list[Tensor] | None,
             "unchanged"
         )
     return diff, scale
+
+
+def outputs_of(model: nn.Module, inputs: Any) -> list[Tensor]:
+    """The floating tensors `model` returns on `inputs` (itself, or those of a tuple or
+    mapping at the top of its output), run in eval mode without gradients or a key/value
+    cache."""
+    return _run(model, inputs)
 
 
 def _run(model: nn.Module, inputs: Any) -> list[Tensor]:

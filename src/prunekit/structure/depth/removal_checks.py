@@ -10,19 +10,34 @@ classes, parameters and buffers of the same names and shapes, the same plain att
 but its index), and the model outside the blocks alike (but for counts of layers). The
 structure of the two built models is compared, not that of the model itself, so a model
 compacted earlier (widths its config cannot express) is checked all the same.
+
+A difference outside the blocks is no refusal by itself: what a model builds once for all
+its layers may follow the kinds of layer left, such as Gemma 3's rotary tables of each
+attention kind or Qwen2's sliding-window mask, and lack what no kept layer uses. Then the
+model built from the updated config is built for real on the model's device, given this
+model's state dict (strictly: every tensor, none missing, of the same shapes, as
+``from_pretrained`` loads the saved weights) and run on the example inputs
+(``check_reloaded``): the removal is accepted where it computes what the model computed
+with the blocks skipped, and refused naming the difference otherwise, or where there are
+no example inputs to run. That build holds a second copy of the model's weights while it
+runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
+from prunekit.core.difference import largest_over
 from prunekit.core.errors import value_error
+from prunekit.core.example_inputs import ExampleInputs
 from prunekit.structure.compaction.fromconfig import build_fresh
 from prunekit.structure.depth.layerconfig import position_fields
+from prunekit.structure.depth.outputs import TOLERANCE, outputs_of
 
-__all__ = ["built", "check_rebuilt", "index_attributes"]
+__all__ = ["built", "check_rebuilt", "check_reloaded", "index_attributes", "reloaded"]
 
 _OWNER = "remove_blocks"
 _INDEX = "layer_idx"
@@ -38,25 +53,86 @@ def built(model: nn.Module, config: Any) -> nn.Module | None:
 
 
 def check_rebuilt(model: nn.Module, before: nn.Module, config: Any, path: str,
-                  kept: list[int]) -> None:  # fmt: skip
+                  kept: list[int]) -> str | None:  # fmt: skip
     """Refuse (ValueError naming the difference and the config's positional fields) where a
     model built from the updated `config` differs from `before` (built from the old one)
-    in the kept blocks of the ModuleList at `path` or outside that list."""
+    in the kept blocks of the ModuleList at `path`.
+
+    Returns:
+        How it differs outside that list (None: it does not), for ``check_reloaded``.
+    """
     after = built(model, config)
     if after is None:
         raise value_error(
             f"{_OWNER}: {type(model).__name__} cannot be built from its updated config "
             f"({_why(model, config)}); the model is unchanged"
         )
-    why = _difference(before, after, path, kept, len(kept))
-    if why is not None:
-        fields = ", ".join(position_fields(config)) or "none found"
-        raise value_error(
-            f"{_OWNER}: a model built from the updated config (as from_pretrained builds "
-            f"it) would differ from this one: {why}; config fields that may depend on layer "
-            f"positions: {fields}; expected a config that describes the kept layers (other "
-            "blocks to remove); the model and its config are unchanged"
-        )
+    why, inside = _difference(before, after, path, kept, len(kept))
+    if why is not None and inside:
+        raise _refusal(config, why, "")
+    return why
+
+
+def check_reloaded(model: nn.Module, config: Any, inputs: ExampleInputs | None,
+                   reference: list[Tensor] | None, why: str) -> None:  # fmt: skip
+    """Accept a model built from the updated `config` that differs from this one outside
+    the blocks (`why`, from ``check_rebuilt``) where, built for real and given `model`'s
+    state dict, it computes on `inputs` the `reference` outputs (those with the blocks
+    skipped), within ``outputs.TOLERANCE`` of the largest.
+
+    Raises:
+        ValueError: no example inputs to run it on, weights it does not take, or outputs
+            that differ (each named with `why`).
+    """
+    if reference is None:
+        raise _refusal(config, why, "; and there are no example inputs to run it on "
+                       "(example_inputs=) to show it computes the same")  # fmt: skip
+    try:
+        fresh = reloaded(model, config)
+    except (RuntimeError, ValueError) as error:  # load_state_dict's refusal, named
+        raise _refusal(config, why, f"; and it does not take this model's weights "
+                       f"({' '.join(str(error).split())[:300]})") from None  # fmt: skip
+    try:
+        found = outputs_of(fresh, inputs)
+    except Exception as error:
+        raise _refusal(config, why, f"; loaded with this model's weights, it cannot run the "
+                       f"example inputs ({type(error).__name__}: {error})") from error  # fmt: skip
+    if [t.shape for t in found] != [t.shape for t in reference]:
+        raise _refusal(config, why, "; loaded with this model's weights, it returns outputs "
+                       f"of other shapes {[tuple(t.shape) for t in found]}")  # fmt: skip
+    diff, scale = largest_over(zip(reference, found, strict=True))
+    if not diff <= TOLERANCE * scale:  # NaN is a difference
+        raise _refusal(config, why, f"; loaded with this model's weights, it differs from it "
+                       f"by {diff:.3g} on the example inputs (largest output {scale:.3g}; "
+                       f"tolerance {TOLERANCE:g} x that)")  # fmt: skip
+
+
+def reloaded(model: nn.Module, config: Any) -> nn.Module:
+    """`model`'s class built from `config` as from_pretrained reads it, on `model`'s device
+    and in its floating type, holding `model`'s state dict (loaded strictly), in eval mode.
+
+    Raises:
+        RuntimeError: the state dict does not fit it (missing, unexpected, other shapes).
+        ValueError: it cannot be built.
+    """
+    first = next(iter(model.parameters()), None)
+    device = str(first.device) if first is not None else "cpu"
+    fresh = build_fresh(model, config, device=device)
+    if not isinstance(fresh, nn.Module):
+        raise value_error(f"{_OWNER}: {fresh or 'no class built from a config alone'}")
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    fresh.to(dtype).load_state_dict(model.state_dict(), strict=True)
+    return fresh.eval()
+
+
+def _refusal(config: Any, why: str, more: str) -> ValueError:
+    fields = ", ".join(position_fields(config)) or "none found"
+    return value_error(
+        f"{_OWNER}: a model built from the updated config (as from_pretrained builds "
+        f"it) would differ from this one: {why}{more}; config fields that may depend on "
+        f"layer positions: {fields}; expected a config that describes the kept layers "
+        "(other blocks to remove); the model and its config are unchanged"
+    )
 
 
 def index_attributes(before: nn.Module | None, path: str) -> set[tuple[str, str]]:
@@ -92,23 +168,30 @@ def _why(model: nn.Module, config: Any) -> str:
 
 
 def _difference(before: nn.Module, after: nn.Module, path: str, kept: list[int],
-                count: int) -> str | None:  # fmt: skip
+                count: int) -> tuple[str | None, bool]:  # fmt: skip
+    """How the model built after differs from the one built before (None: alike), and
+    whether the difference is in the block list (else outside it)."""
     old, new = before.get_submodule(path), after.get_submodule(path)
     assert isinstance(old, nn.ModuleList)
     if not isinstance(new, nn.ModuleList) or len(new) != count:
         held = len(new) if isinstance(new, nn.ModuleList) else 0
-        return f"{path} would hold {held} blocks, not {count}"
+        return f"{path} would hold {held} blocks, not {count}", True
     indexed = index_attributes(before, path)
     for j, i in enumerate(kept):
         why = _module_difference(old[i], new[j], f"{path}.{i}", f"{path}.{j}", (i, j), indexed)
         if why is not None:
-            return why
+            return why, True
+    return _outer_difference(before, after, path, (len(old), kept)), False
+
+
+def _outer_difference(before: nn.Module, after: nn.Module, path: str,
+                      kept: tuple[int, list[int]]) -> str | None:  # fmt: skip
     outer_old = {n: m for n, m in before.named_modules() if not _inside(n, path)}
     outer_new = {n: m for n, m in after.named_modules() if not _inside(n, path)}
     for name in [*outer_old, *(n for n in outer_new if n not in outer_old)]:
         if name not in outer_old or name not in outer_new:
             return f"it would {'have' if name in outer_new else 'lack'} {name}"
-        why = _own_difference(outer_old[name], outer_new[name], name, kept=(len(old), kept))
+        why = _own_difference(outer_old[name], outer_new[name], name, kept=kept)
         if why is not None:
             return why
     return None

@@ -8,9 +8,13 @@ built from the config numbers so) becomes the block's new position. A Hugging Fa
 field that describes layers by their position is rewritten for the kept layers or refused
 (``depth.layerconfig``). Maps fitted by ``prune_blocks(..., replace='linear')`` are folded
 into their projections' weights first. Before returning, a model built from the updated
-config must build the kept layers as the old one did (``depth.rebuild``), and the model must
-compute on example inputs what it computed with the blocks skipped (``depth.outputs``); a
-failure restores the model and its config.
+config must build the kept layers as the old one did (``depth.removal_checks``), and the
+model must compute on example inputs what it computed with the blocks skipped
+(``depth.outputs``); where the model built from the updated config differs outside the
+blocks (lacking what only the removed layers' kind used: Gemma 3's rotary tables of an
+attention kind no kept layer has, Qwen2's sliding-window mask), it is built for real with
+this model's weights and must compute the same too. A failure restores the model and its
+config.
 """
 
 from __future__ import annotations
@@ -28,7 +32,12 @@ from prunekit.structure.depth.blocks import BlockList, find_blocks, is_skipped, 
 from prunekit.structure.depth.layerconfig import layer_config, rewrite
 from prunekit.structure.depth.linear import fold, fold_problem, is_projection, replacement_of
 from prunekit.structure.depth.outputs import check_outputs, reference_outputs
-from prunekit.structure.depth.removal_checks import built, check_rebuilt, index_attributes
+from prunekit.structure.depth.removal_checks import (
+    built,
+    check_rebuilt,
+    check_reloaded,
+    index_attributes,
+)
 from prunekit.structure.depth.states import check_inputs
 from prunekit.structure.measure import count_params
 
@@ -108,6 +117,8 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
             cannot be folded exactly, a config field that depends on layer positions and
             cannot express the kept layers (named), a model built from the updated config
             that would differ from this one in the kept layers (the difference named), or
+            outside them and, given this model's weights, would not take them or compute
+            the same on the example inputs (or there are none to run), or
             outputs that differ from the skipped model's (a parent that does more than
             ``h = block(h)`` or ``h = h + block(h)``). The model and its config are then
             exactly as they were.
@@ -132,9 +143,12 @@ def remove_blocks(model: nn.Module, *, blocks: str | None = None,
         _delete(found, removed, index_attributes(rebuilt, found.name))
         for key, value in changes.items():
             setattr(layered, key, value)
+        outside = None
         if rebuilt is not None:
-            check_rebuilt(model, rebuilt, root, found.name, kept)
+            outside = check_rebuilt(model, rebuilt, root, found.name, kept)
         diff, scale = check_outputs(model, inputs, reference, found.name, removed)
+        if outside is not None:  # what no kept layer uses, say: run it to be sure
+            check_reloaded(model, root, inputs, reference, outside)
     after = count_params(model)
     return BlockRemoval(found.name, removed, folded, before, after, changes, diff, scale)
 
