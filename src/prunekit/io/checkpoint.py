@@ -11,11 +11,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from prunekit.core.backend import framework, is_module
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
-from prunekit.core.errors import describe
+from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
@@ -102,8 +104,10 @@ def load_pruned_state_dict(
     """Load a state_dict with ``_orig``/``_mask`` entries, pruning `model` to match.
 
     Tensors of `model` not yet pruned get the saved mask exactly (through CustomFromMask);
-    pruned ones keep their hooks and take the saved mask and values. Keys and shapes are
-    checked before anything changes: on error `model` is left as it was.
+    pruned ones keep their hooks and take the saved mask and values. Keys, entries and
+    shapes are checked before anything changes: on error `model` is left as it was. A
+    module's extra state (``get_extra_state``: ``<prefix>._extra_state``, any object) loads
+    as ``load_state_dict`` loads it.
 
     Args:
         model: the model to load into, pruned or not (a fresh, unpruned one is fine).
@@ -116,9 +120,11 @@ def load_pruned_state_dict(
         strict).
 
     Raises:
-        TypeError: `state_dict` is not a mapping, or a saved mask would prune a parameter
-            that is not floating-point.
-        ValueError: a mask holds values other than 0 and 1.
+        TypeError: `state_dict` is not a mapping, a key is no str, an entry is no tensor
+            (but the extra state of a module of `model` that has one), or a saved mask
+            would prune a parameter that is not floating-point.
+        ValueError: a mask holds values other than 0 and 1, an entry is on the meta device
+            (no values; unless the model's tensor is too) or is not dense (sparse).
         RuntimeError: missing or unexpected keys (when strict), an entry naming a submodule
             the model does not have (when strict), or shapes that differ.
     """
@@ -127,8 +133,10 @@ def load_pruned_state_dict(
             f"load_pruned_state_dict: invalid state_dict of type {type(state_dict).__name__}; "
             "expected a mapping of names to tensors"
         )
+    own = model.state_dict()
+    _check_entries(own, state_dict)
     installs = _installs(model, state_dict, strict)
-    _check_keys(model, state_dict, installs, strict)
+    _check_keys(model, own, state_dict, installs, strict)
     with transaction(m for target, _, _, owner in installs.values() for m in (target, owner)):
         for target, name, mask, _ in installs.values():
             install(target, name, CustomFromMask(mask))
@@ -138,6 +146,40 @@ def load_pruned_state_dict(
 
 
 Install = tuple[nn.Module, str, Tensor, nn.Module]
+
+
+def _check_entries(own: StateDict, state_dict: StateDict) -> None:
+    """Refuse, before anything changes, an entry ``load_state_dict`` would fail to copy
+    after copying the others: a key that is no str, a value that is no tensor (but a
+    module's extra state, where `own`, the model's state_dict, holds one under that key),
+    a tensor on the meta device (where the model's is not) or one that is not dense."""
+    where = "load_pruned_state_dict"
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise type_error(
+                f"{where}: invalid key {key!r} of type {type(key).__name__}; expected str "
+                "keys (the tensors' names), as model.state_dict() holds them"
+            )
+        mine = own.get(key, own.get(pruned_name(key) or key))
+        if not isinstance(value, Tensor):
+            if key.endswith(_EXTRA_STATE_KEY_SUFFIX) and key in own and not isinstance(mine, Tensor):
+                continue  # a module's extra state: set_extra_state takes any object
+            raise type_error(
+                f"{where}: entry {key!r} has type {type(value).__name__}; expected a tensor "
+                "(or the extra state of a module that has one, under <prefix>._extra_state)"
+            )
+        if value.is_meta and not (isinstance(mine, Tensor) and mine.is_meta):
+            raise value_error(
+                f"{where}: entry {key!r} is on the meta device, with no values to load; "
+                "expected tensors holding values (a state_dict of a model that was built "
+                "with its weights)"
+            )
+        if value.layout != torch.strided:
+            kind = str(value.layout).removeprefix("torch.")
+            raise value_error(
+                f"{where}: entry {key!r} is a {kind} tensor; expected dense tensors, as "
+                "model.state_dict() holds them (value.to_dense() first)"
+            )
 
 
 def _installs(
@@ -177,12 +219,14 @@ def _installs(
 
 def _check_keys(
     model: nn.Module,
+    own: StateDict,
     state_dict: StateDict,
     installs: Mapping[tuple[int, str], Install],
     strict: bool,
 ) -> None:
-    """Raise before loading if keys (when strict) or shapes do not match."""
-    expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    """Raise before loading if keys (when strict) or shapes do not match; `own` is the
+    model's state_dict (a module's extra state has no shape)."""
+    expected = {key: _shape(t) for key, t in own.items()}
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
         for (owner, name), _ in installs.items():
@@ -199,9 +243,9 @@ def _check_keys(
                 "the model's keys, with <name>_orig and <name>_mask for pruned tensors"
             )
     wrong = [
-        f"{key}: saved {tuple(t.shape)}, model {expected[key]}"
+        f"{key}: saved {_shape(t)}, model {expected[key]}"
         for key, t in state_dict.items()
-        if key in expected and tuple(t.shape) != expected[key]
+        if key in expected and _shape(t) != expected[key]
     ]
     if wrong:
         raise RuntimeError(f"{where}: shapes differ ({'; '.join(wrong)}); expected equal shapes")
@@ -214,6 +258,11 @@ def _check_keys(
                 f"{describe(module, name, paths.get(module_id))} has dtype {param.dtype}; "
                 "expected a floating-point parameter"
             )
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    """A tensor's shape; None for a module's extra state (any object)."""
+    return tuple(value.shape) if isinstance(value, Tensor) else None
 
 
 def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool = False) -> Path:
