@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import prunekit
-from hostile.support import refused, unchanged
+from hostile.support import refused
 
 
 class Noted(nn.Linear):
@@ -88,3 +88,26 @@ def test_a_model_with_extra_state_loads_its_own_state_dict() -> None:
     assert prunekit.is_pruned(fresh)
     x = torch.randn(4, 6)
     assert torch.equal(fresh(x), source(x))
+
+
+def test_save_pruned_and_load_pruned_keep_extra_state(tmp_path: Path) -> None:
+    source = pruned(noted=True)
+    source[0].note = {"calibrated": 2}
+    path = prunekit.save_pruned(source, tmp_path / "pruned.pt")
+    fresh = mlp(noted=True)
+    prunekit.load_pruned(fresh, path)
+    assert fresh[0].note == {"calibrated": 2}
+    x = torch.randn(4, 6)
+    assert torch.equal(fresh(x), source(x))
+
+
+def test_extra_state_is_refused_by_safetensors_before_a_file_changes(tmp_path: Path) -> None:
+    source = pruned(noted=True)
+    path = tmp_path / "pruned.safetensors"
+    path.write_bytes(b"the old file")
+    refused(
+        lambda: prunekit.save_pruned(source, path),
+        ValueError,
+        r"pruned\.safetensors.*'0\._extra_state'.*dict.*tensors only",
+        paths=(path,),
+    )

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from prunekit.core.backend import framework, is_module
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
@@ -24,7 +23,7 @@ from prunekit.core.unsaved import refuse_unsaved
 from prunekit.dropin.hooks import pruning_hooks, torch_pruned
 from prunekit.dropin.install import install, refresh_masked
 from prunekit.dropin.torch_methods import CustomFromMask
-from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
+from prunekit.io.files import EXTRA_STATE, load_state_dict, refuse_empty_path, save_state_dict
 
 if TYPE_CHECKING:  # what nn.Module.load_state_dict returns
     from torch.nn.modules.module import _IncompatibleKeys
@@ -162,7 +161,7 @@ def _check_entries(own: StateDict, state_dict: StateDict) -> None:
             )
         mine = own.get(key, own.get(pruned_name(key) or key))
         if not isinstance(value, Tensor):
-            if key.endswith(_EXTRA_STATE_KEY_SUFFIX) and key in own and not isinstance(mine, Tensor):
+            if key.endswith(EXTRA_STATE) and key in own and not isinstance(mine, Tensor):
                 continue  # a module's extra state: set_extra_state takes any object
             raise type_error(
                 f"{where}: entry {key!r} has type {type(value).__name__}; expected a tensor "
@@ -276,8 +275,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     Args:
         model: a torch model, pruned or not.
         path: the file to write; a ``.safetensors`` suffix writes safetensors (needs
-            ``prunekit[cli]``), anything else ``torch.save``'s format. Written to a
-            temporary file beside it and renamed into place.
+            ``prunekit[cli]``; tensors only, so no module's extra state), anything else
+            ``torch.save``'s format. Written to a temporary file beside it and renamed
+            into place.
         permanent: write mask * orig under the plain names instead of the masks.
 
     Returns:
@@ -290,7 +290,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
             width, which act through forward hooks no state_dict holds (reloaded, the
             model would compute something else): naming them and the call to make first
             (``prunekit.remove_blocks(model)``, ``prunekit.compact(model, inputs)``);
-            nothing is written; or an empty `path` (Path('') is the current folder).
+            nothing is written; or an empty `path` (Path('') is the current folder);
+            prunekit.io.files.CheckpointError (a ValueError) for a .safetensors `path` and
+            a module's extra state (no tensor), the file left as it was.
     """
     _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
     refuse_empty_path("save_pruned", "path", path)
@@ -304,7 +306,8 @@ def load_pruned(
 ) -> _IncompatibleKeys:
     """Load a file written by save_pruned (or any state_dict file) into `model`.
 
-    PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
+    PyTorch files are read with ``weights_only=True`` (the extra state of a module that has
+    one, under ``<prefix>._extra_state``, comes back too); see load_pruned_state_dict for
     the rest.
 
     Args:
@@ -323,7 +326,8 @@ def load_pruned(
         RuntimeError: keys or shapes do not match (see load_pruned_state_dict).
     """
     _refuse_tensorplay(model, "load_pruned", "load_pruned_state_dict(model, tensorplay.load(path))")
-    return load_pruned_state_dict(model, load_state_dict(path), strict=strict)
+    found = load_state_dict(path, extra_state=True)  # what save_pruned wrote, extra state too
+    return load_pruned_state_dict(model, found, strict=strict)
 
 
 def _refuse_tensorplay(model: Any, where: str, instead: str) -> None:
