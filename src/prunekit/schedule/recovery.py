@@ -177,8 +177,12 @@ def _run(
             output, teacher = _forwards(student, distiller, batch, number)
             loss = distiller.loss(output, batch, teacher_output=teacher)
             if not bool(torch.isfinite(loss)):
-                # the first loss comes before any update: the lr is not its cause
+                # the first loss comes before any update: the lr is not its cause, nor is
+                # it where the batch itself holds NaN or inf
+                found = _not_finite(batch)
                 cause = _FIRST if step == 0 else "a smaller lr"
+                if found is not None:
+                    cause = f"batch {step % len(batches)} holds {found}: {_FIRST}"
                 raise value_error(
                     f"{_OWNER}: the loss of step {step} is {float(loss.detach())}; expected "
                     f"a finite loss ({cause})"
@@ -265,6 +269,28 @@ def _described(batch: Any, depth: int = 0) -> str:
     ]
     more = [f"{len(items) - 4} more"] if len(items) > 4 else []
     return "; ".join(shown + more) or f"an empty {type(batch).__name__}"
+
+
+def _not_finite(batch: Any, depth: int = 0) -> str | None:
+    """The first value of `batch`'s floating tensors (a level of tuples, lists and mappings
+    deep) that is NaN or inf, and where it is; None if there is none."""
+    if isinstance(batch, torch.Tensor):
+        if not (batch.is_floating_point() or batch.is_complex()) or batch.is_meta:
+            return None
+        bad = ~torch.isfinite(batch.detach())
+        if not bool(bad.any()):
+            return None
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        return f"{batch.detach()[first].item()} at index {first}"
+    if depth or not isinstance(batch, Mapping | tuple | list):
+        return None
+    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
+    for key, value in items:
+        found = _not_finite(value, 1)
+        if found is not None:
+            name = repr(key) if isinstance(batch, Mapping) else f"argument {key}"
+            return f"{found} of {name}"
+    return None
 
 
 def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
