@@ -111,3 +111,16 @@ def test_extra_state_is_refused_by_safetensors_before_a_file_changes(tmp_path: P
         r"pruned\.safetensors.*'0\._extra_state'.*dict.*tensors only",
         paths=(path,),
     )
+
+
+def test_save_compacted_refuses_extra_state_by_module_before_writing(tmp_path: Path) -> None:
+    source = pruned(noted=True)
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("the old save")
+    refused(
+        lambda: prunekit.save_compacted(source, folder),
+        ValueError,
+        r"^save_compacted: .*module '0' \(Noted\).*extra state.*dict",
+        paths=(folder,),
+    )
