@@ -34,7 +34,14 @@ from prunekit.core.checks import (
 )
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.schedule.distill import Distiller, Inputs, Output, _logits, _split
+from prunekit.schedule.distill import (
+    Distiller,
+    Inputs,
+    Output,
+    _logits,
+    _split,
+    without_labels,
+)
 
 __all__ = ["Recovery", "recover"]
 
@@ -298,7 +305,7 @@ def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
     if distiller.hidden_weight:
         kwargs["output_hidden_states"] = True
     if distiller.alpha == 1:
-        kwargs.pop("labels", None)
+        without_labels(student, kwargs)  # an encoder-decoder keeps the target it decodes
     found: Output = student(*args, **kwargs)
     return found
 
