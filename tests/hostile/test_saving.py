@@ -56,6 +56,10 @@ BAD_ENTRIES: list[tuple[str, dict[Any, Any], type[BaseException], str]] = [
      r"'0\.weight_orig'.*meta"),
     ("sparse", {**SAVED, "2.weight": SAVED["2.weight"].to_sparse()}, ValueError,
      r"'2\.weight'.*sparse"),
+    ("quantized", {**SAVED, "2.weight": torch.quantize_per_tensor(SAVED["2.weight"], 0.1, 0,
+     torch.qint8)}, ValueError, r"'2\.weight'.*quantized"),
+    ("nested", {**SAVED, "2.bias": torch.nested.as_nested_tensor([torch.ones(3)])}, ValueError,
+     r"'2\.bias'.*nested"),
 ]  # fmt: skip
 
 

@@ -123,7 +123,8 @@ def load_pruned_state_dict(
             (but the extra state of a module of `model` that has one), or a saved mask
             would prune a parameter that is not floating-point.
         ValueError: a mask holds values other than 0 and 1, an entry is on the meta device
-            (no values; unless the model's tensor is too) or is not dense (sparse).
+            (no values; unless the model's tensor is too) or is not dense (sparse, nested,
+            or quantized where the model's tensor is not).
         RuntimeError: missing or unexpected keys (when strict), an entry naming a submodule
             the model does not have (when strict), or shapes that differ.
     """
@@ -151,7 +152,8 @@ def _check_entries(own: StateDict, state_dict: StateDict) -> None:
     """Refuse, before anything changes, an entry ``load_state_dict`` would fail to copy
     after copying the others: a key that is no str, a value that is no tensor (but a
     module's extra state, where `own`, the model's state_dict, holds one under that key),
-    a tensor on the meta device (where the model's is not) or one that is not dense."""
+    a tensor on the meta device (where the model's is not) or one that is not dense
+    (nested, sparse, or quantized where the model's is not)."""
     where = "load_pruned_state_dict"
     for key, value in state_dict.items():
         if not isinstance(key, str):
@@ -173,8 +175,8 @@ def _check_entries(own: StateDict, state_dict: StateDict) -> None:
                 "expected tensors holding values (a state_dict of a model that was built "
                 "with its weights)"
             )
-        if value.layout != torch.strided:
-            kind = str(value.layout).removeprefix("torch.")
+        kind = _unusual(value, mine)
+        if kind is not None:
             raise value_error(
                 f"{where}: entry {key!r} is a {kind} tensor; expected dense tensors, as "
                 "model.state_dict() holds them (value.to_dense() first)"
@@ -257,6 +259,18 @@ def _check_keys(
                 f"{describe(module, name, paths.get(module_id))} has dtype {param.dtype}; "
                 "expected a floating-point parameter"
             )
+
+
+def _unusual(value: Tensor, mine: object) -> str | None:
+    """What sets a saved tensor apart from a dense one that copies into the model's
+    (nested, sparse; quantized where the model's is not), or None."""
+    if value.is_nested:
+        return "nested"
+    if value.layout != torch.strided:
+        return str(value.layout).removeprefix("torch.")
+    if value.is_quantized and not (isinstance(mine, Tensor) and mine.is_quantized):
+        return "quantized"
+    return None
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
