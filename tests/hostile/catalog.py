@@ -17,6 +17,7 @@ ENTRY_POINTS = {
     "test_recovery": "recover",
     "test_distill": "Distiller / recover",
     "test_reconstruct": "reconstruct_blocks",
+    "test_gradual": "GradualPruner.load_state_dict",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -128,6 +129,10 @@ BROKE: dict[str, str] = {
     ),
     "test_distill::test_the_average_leaves_out_the_targets_padding": (
         "an encoder-decoder's logits averaged by the source's attention_mask"
+    ),
+    # GradualPruner (prunekit.schedule.state)
+    "test_gradual::test_a_mask_holding_other_values_than_0_and_1_is_refused": (
+        "a mask of 0.5, NaN, 2 or -1 read as 'kept'"
     ),
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (
