@@ -128,3 +128,39 @@ def test_save_compacted_refuses_extra_state_by_module_before_writing(tmp_path: P
         r"^save_compacted: .*module '0' \(Noted\).*extra state.*dict",
         paths=(folder,),
     )
+
+
+def on_meta() -> nn.Sequential:
+    """A pruned model whose last layer is on the meta device (a shape without values)."""
+    model = pruned()
+    model[2].to("meta")
+    return model
+
+
+@pytest.mark.parametrize("name", ["pruned.pt", "pruned.safetensors"])
+@pytest.mark.parametrize("permanent", [False, True])
+def test_save_pruned_refuses_a_model_on_the_meta_device(
+    tmp_path: Path, name: str, permanent: bool
+) -> None:
+    """A .pt file held the meta tensors (load_pruned then refused it); safetensors raised a
+    raw 'Cannot copy out of meta tensor'."""
+    path = tmp_path / name
+    path.write_bytes(b"the old file")
+    refused(
+        lambda: prunekit.save_pruned(on_meta(), path, permanent=permanent),
+        ValueError,
+        r"^save_pruned: .*'2\.weight' is on the meta device",
+        paths=(path,),
+    )
+
+
+def test_save_compacted_refuses_a_model_on_the_meta_device(tmp_path: Path) -> None:
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("the old save")
+    refused(
+        lambda: prunekit.save_compacted(on_meta(), folder),
+        ValueError,
+        r"^save_compacted: .*'2\.weight' is on the meta device",
+        paths=(folder,),
+    )

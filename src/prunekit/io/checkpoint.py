@@ -33,6 +33,7 @@ __all__ = [
     "load_pruned_state_dict",
     "permanent_state_dict",
     "refresh_pruned",
+    "refuse_meta",
     "save_pruned",
 ]
 
@@ -304,7 +305,8 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
             width, which act through forward hooks no state_dict holds (reloaded, the
             model would compute something else): naming them and the call to make first
             (``prunekit.remove_blocks(model)``, ``prunekit.compact(model, inputs)``);
-            nothing is written; or an empty `path` (Path('') is the current folder);
+            nothing is written; a tensor on the meta device (no values to write); or an
+            empty `path` (Path('') is the current folder);
             prunekit.io.files.CheckpointError (a ValueError) for a .safetensors `path` and
             a module's extra state (no tensor), the file left as it was.
     """
@@ -312,7 +314,28 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     refuse_empty_path("save_pruned", "path", path)
     refuse_unsaved(model, "save_pruned")
     state = permanent_state_dict(model) if permanent else model.state_dict()
+    refuse_meta(state, "save_pruned")
     return save_state_dict(state, path)
+
+
+def refuse_meta(state: StateDict, owner: str) -> None:
+    """Refuse a state_dict about to be written that holds a tensor on the meta device (a
+    shape without values): a file would hold no weights for it.
+
+    Args:
+        state: what is to be written.
+        owner: the public call, named first in the message.
+
+    Raises:
+        ValueError: naming `owner` and the first such entry.
+    """
+    for key, value in state.items():
+        if isinstance(value, Tensor) and value.is_meta:
+            raise value_error(
+                f"{owner}: the model's {key!r} is on the meta device (a shape without "
+                "values), so no file can hold its weights; expected a model with its "
+                "weights loaded"
+            )
 
 
 def load_pruned(

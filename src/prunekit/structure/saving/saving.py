@@ -32,7 +32,7 @@ from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
 from prunekit.io.atomic import atomic_folder, atomic_path
-from prunekit.io.checkpoint import load_pruned_state_dict
+from prunekit.io.checkpoint import load_pruned_state_dict, refuse_meta
 from prunekit.io.files import EXTRA_STATE, load_state_dict, refuse_empty_path, save_state_dict
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
@@ -81,8 +81,9 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     Raises:
         TypeError: `model` is no torch module.
         ValueError: the model holds masked experts, a masked hidden width or skipped blocks
-            (naming the routers, norms or blocks, and what to call first), a module with
-            extra state that is no tensor (``get_extra_state``: the weights file holds
+            (naming the routers, norms or blocks, and what to call first), a tensor on
+            the meta device (no values to write), a module with extra state that is no
+            tensor (``get_extra_state``: the weights file holds
             tensors only), or `path` is a file or empty (Path('') is the current folder);
             the folder and the model are left as they were.
     """
@@ -93,6 +94,7 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_compacted: path={str(path)!r} is a file; expected a folder")
     state = model.state_dict()
+    refuse_meta(state, "save_compacted")
     _refuse_extra_state(model, state)
     folder.parent.mkdir(parents=True, exist_ok=True)
     weights = "compacted.safetensors" if _has_safetensors() else "compacted.pt"
