@@ -13,7 +13,7 @@ ENTRY_POINTS = {
     "test_depth": "blocks / load_compacted",
     "test_dropin": "drop-in (torch prune)",
     "test_sequential_kinds": "prune_model(sequential=True) / prune_streamed",
-    "test_saving": "save_pruned / load_pruned(_sd)",
+    "test_saving": "save / load (pruned, compact)",
     "test_recovery": "recover",
     "test_distill": "Distiller / recover",
     "test_reconstruct": "reconstruct_blocks",
