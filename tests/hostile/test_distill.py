@@ -71,3 +71,15 @@ def test_recover_of_a_student_equal_to_its_teacher_starts_at_zero() -> None:
     student = copy.deepcopy(teacher)
     done = prunekit.recover(student, prunekit.Distiller(teacher), [batch()], steps=1, lr=1e-4)
     assert done.losses == (0.0,)
+
+
+def test_hidden_states_of_an_encoder_decoder_are_refused_for_what_they_are() -> None:
+    """Its output holds encoder_ and decoder_hidden_states, never hidden_states: the
+    refusal said to call the student with output_hidden_states=True, which it was."""
+    teacher = bart()
+    student = copy.deepcopy(teacher)
+    found = batch()
+    output = student(**found, output_hidden_states=True)
+    distiller = prunekit.Distiller(teacher, hidden_weight=1.0)
+    with pytest.raises(ValueError, match=r"^Distiller: hidden_weight=1\.0 .*encoder-decoder"):
+        distiller.loss(output, found)

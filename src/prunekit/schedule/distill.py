@@ -153,7 +153,8 @@ class Distiller:
             by all classes, nearly blind to the improbable ones).
         hidden_weight: weight >= 0 of the hidden-state term; above 0 both forwards return
             ``hidden_states`` (the teacher is called with ``output_hidden_states=True``;
-            call the student so too) of the same shapes.
+            call the student so too) of the same shapes (an encoder-decoder's output holds
+            none: 0 for it).
 
     Raises:
         TypeError: a teacher that is no nn.Module; a temperature, alpha or weight that is
@@ -282,6 +283,13 @@ class Distiller:
     ) -> Tensor:
         """``hidden_state_loss`` over both outputs' hidden states."""
         states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
+        if states[0] is None and _field(student_output, "decoder_hidden_states") is not None:
+            raise value_error(
+                f"Distiller: hidden_weight={self.hidden_weight} compares hidden_states, but "
+                "the student is an encoder-decoder, whose output holds encoder_hidden_states "
+                "and decoder_hidden_states instead; expected hidden_weight=0 for an "
+                "encoder-decoder (its logits are distilled)"
+            )
         for found, whose, expected in (
             (
                 states[0],
