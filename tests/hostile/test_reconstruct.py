@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import prunekit
 from helpers import tiny_llm
 
 
-def test_labels_in_the_batches_leave_the_head_training_towards_the_logits() -> None:
-    """A Hugging Face output given labels starts with its loss: the head's target is still
-    the reference's logits, so the run equals the one on the same batches without them."""
+@pytest.mark.parametrize("return_dict", [True, False], ids=["output", "tuple"])
+def test_labels_in_the_batches_leave_the_head_training_towards_the_logits(
+    return_dict: bool,
+) -> None:
+    """A Hugging Face output given labels starts with its loss (a scalar), as a mapping or
+    a tuple: the head's target is still the reference's logits, so the run equals the one
+    on the same batches without them."""
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
     reference = tiny_llm.llama()
     pruned = copy.deepcopy(reference)
     prunekit.prune_channels(pruned, ids, amount=0.25)
-    plain = [{"input_ids": ids}, {"input_ids": ids.flip(0)}]
+    plain = [{"input_ids": ids, "return_dict": return_dict}]
+    plain.append({"input_ids": ids.flip(0), "return_dict": return_dict})
     labelled = [{**b, "labels": b["input_ids"]} for b in plain]
     runs = []
     for batches in (plain, labelled):
