@@ -11,18 +11,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from prunekit.core.backend import framework, is_module
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
-from prunekit.core.errors import describe
+from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
 from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
 from prunekit.dropin.hooks import pruning_hooks, torch_pruned
 from prunekit.dropin.install import install, refresh_masked
 from prunekit.dropin.torch_methods import CustomFromMask
-from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
+from prunekit.io.files import EXTRA_STATE, load_state_dict, refuse_empty_path, save_state_dict
 
 if TYPE_CHECKING:  # what nn.Module.load_state_dict returns
     from torch.nn.modules.module import _IncompatibleKeys
@@ -32,6 +33,7 @@ __all__ = [
     "load_pruned_state_dict",
     "permanent_state_dict",
     "refresh_pruned",
+    "refuse_meta",
     "save_pruned",
 ]
 
@@ -102,8 +104,10 @@ def load_pruned_state_dict(
     """Load a state_dict with ``_orig``/``_mask`` entries, pruning `model` to match.
 
     Tensors of `model` not yet pruned get the saved mask exactly (through CustomFromMask);
-    pruned ones keep their hooks and take the saved mask and values. Keys and shapes are
-    checked before anything changes: on error `model` is left as it was.
+    pruned ones keep their hooks and take the saved mask and values. Keys, entries and
+    shapes are checked before anything changes: on error `model` is left as it was. A
+    module's extra state (``get_extra_state``: ``<prefix>._extra_state``, any object) loads
+    as ``load_state_dict`` loads it.
 
     Args:
         model: the model to load into, pruned or not (a fresh, unpruned one is fine).
@@ -116,9 +120,12 @@ def load_pruned_state_dict(
         strict).
 
     Raises:
-        TypeError: `state_dict` is not a mapping, or a saved mask would prune a parameter
-            that is not floating-point.
-        ValueError: a mask holds values other than 0 and 1.
+        TypeError: `state_dict` is not a mapping, a key is no str, an entry is no tensor
+            (but the extra state of a module of `model` that has one), or a saved mask
+            would prune a parameter that is not floating-point.
+        ValueError: a mask holds values other than 0 and 1, an entry is on the meta device
+            (no values; unless the model's tensor is too) or is not dense (sparse, nested,
+            or quantized where the model's tensor is not).
         RuntimeError: missing or unexpected keys (when strict), an entry naming a submodule
             the model does not have (when strict), or shapes that differ.
     """
@@ -127,8 +134,10 @@ def load_pruned_state_dict(
             f"load_pruned_state_dict: invalid state_dict of type {type(state_dict).__name__}; "
             "expected a mapping of names to tensors"
         )
+    own = model.state_dict()
+    _check_entries(own, state_dict)
     installs = _installs(model, state_dict, strict)
-    _check_keys(model, state_dict, installs, strict)
+    _check_keys(model, own, state_dict, installs, strict)
     with transaction(m for target, _, _, owner in installs.values() for m in (target, owner)):
         for target, name, mask, _ in installs.values():
             install(target, name, CustomFromMask(mask))
@@ -138,6 +147,41 @@ def load_pruned_state_dict(
 
 
 Install = tuple[nn.Module, str, Tensor, nn.Module]
+
+
+def _check_entries(own: StateDict, state_dict: StateDict) -> None:
+    """Refuse, before anything changes, an entry ``load_state_dict`` would fail to copy
+    after copying the others: a key that is no str, a value that is no tensor (but a
+    module's extra state, where `own`, the model's state_dict, holds one under that key),
+    a tensor on the meta device (where the model's is not) or one that is not dense
+    (nested, sparse, or quantized where the model's is not)."""
+    where = "load_pruned_state_dict"
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise type_error(
+                f"{where}: invalid key {key!r} of type {type(key).__name__}; expected str "
+                "keys (the tensors' names), as model.state_dict() holds them"
+            )
+        mine = own.get(key, own.get(pruned_name(key) or key))
+        if not isinstance(value, Tensor):
+            if key.endswith(EXTRA_STATE) and key in own and not isinstance(mine, Tensor):
+                continue  # a module's extra state: set_extra_state takes any object
+            raise type_error(
+                f"{where}: entry {key!r} has type {type(value).__name__}; expected a tensor "
+                "(or the extra state of a module that has one, under <prefix>._extra_state)"
+            )
+        if value.is_meta and not (isinstance(mine, Tensor) and mine.is_meta):
+            raise value_error(
+                f"{where}: entry {key!r} is on the meta device, with no values to load; "
+                "expected tensors holding values (a state_dict of a model that was built "
+                "with its weights)"
+            )
+        kind = _unusual(value, mine)
+        if kind is not None:
+            raise value_error(
+                f"{where}: entry {key!r} is a {kind} tensor; expected dense tensors, as "
+                "model.state_dict() holds them (value.to_dense() first)"
+            )
 
 
 def _installs(
@@ -177,12 +221,14 @@ def _installs(
 
 def _check_keys(
     model: nn.Module,
+    own: StateDict,
     state_dict: StateDict,
     installs: Mapping[tuple[int, str], Install],
     strict: bool,
 ) -> None:
-    """Raise before loading if keys (when strict) or shapes do not match."""
-    expected = {key: tuple(t.shape) for key, t in model.state_dict().items()}
+    """Raise before loading if keys (when strict) or shapes do not match; `own` is the
+    model's state_dict (a module's extra state has no shape)."""
+    expected = {key: _shape(t) for key, t in own.items()}
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
         for (owner, name), _ in installs.items():
@@ -199,9 +245,9 @@ def _check_keys(
                 "the model's keys, with <name>_orig and <name>_mask for pruned tensors"
             )
     wrong = [
-        f"{key}: saved {tuple(t.shape)}, model {expected[key]}"
+        f"{key}: saved {_shape(t)}, model {expected[key]}"
         for key, t in state_dict.items()
-        if key in expected and tuple(t.shape) != expected[key]
+        if key in expected and _shape(t) != expected[key]
     ]
     if wrong:
         raise RuntimeError(f"{where}: shapes differ ({'; '.join(wrong)}); expected equal shapes")
@@ -216,6 +262,23 @@ def _check_keys(
             )
 
 
+def _unusual(value: Tensor, mine: object) -> str | None:
+    """What sets a saved tensor apart from a dense one that copies into the model's
+    (nested, sparse; quantized where the model's is not), or None."""
+    if value.is_nested:
+        return "nested"
+    if value.layout != torch.strided:
+        return str(value.layout).removeprefix("torch.")
+    if value.is_quantized and not (isinstance(mine, Tensor) and mine.is_quantized):
+        return "quantized"
+    return None
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    """A tensor's shape; None for a module's extra state (any object)."""
+    return tuple(value.shape) if isinstance(value, Tensor) else None
+
+
 def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool = False) -> Path:
     """Save `model`'s state_dict to `path` atomically (safetensors if it ends in .safetensors).
 
@@ -227,8 +290,9 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
     Args:
         model: a torch model, pruned or not.
         path: the file to write; a ``.safetensors`` suffix writes safetensors (needs
-            ``prunekit[cli]``), anything else ``torch.save``'s format. Written to a
-            temporary file beside it and renamed into place.
+            ``prunekit[cli]``; tensors only, so no module's extra state), anything else
+            ``torch.save``'s format. Written to a temporary file beside it and renamed
+            into place.
         permanent: write mask * orig under the plain names instead of the masks.
 
     Returns:
@@ -241,13 +305,37 @@ def save_pruned(model: nn.Module, path: str | os.PathLike[str], permanent: bool 
             width, which act through forward hooks no state_dict holds (reloaded, the
             model would compute something else): naming them and the call to make first
             (``prunekit.remove_blocks(model)``, ``prunekit.compact(model, inputs)``);
-            nothing is written; or an empty `path` (Path('') is the current folder).
+            nothing is written; a tensor on the meta device (no values to write); or an
+            empty `path` (Path('') is the current folder);
+            prunekit.io.files.CheckpointError (a ValueError) for a .safetensors `path` and
+            a module's extra state (no tensor), the file left as it was.
     """
     _refuse_tensorplay(model, "save_pruned", "tensorplay.save(model.state_dict(), path)")
     refuse_empty_path("save_pruned", "path", path)
     refuse_unsaved(model, "save_pruned")
     state = permanent_state_dict(model) if permanent else model.state_dict()
+    refuse_meta(state, "save_pruned")
     return save_state_dict(state, path)
+
+
+def refuse_meta(state: StateDict, owner: str) -> None:
+    """Refuse a state_dict about to be written that holds a tensor on the meta device (a
+    shape without values): a file would hold no weights for it.
+
+    Args:
+        state: what is to be written.
+        owner: the public call, named first in the message.
+
+    Raises:
+        ValueError: naming `owner` and the first such entry.
+    """
+    for key, value in state.items():
+        if isinstance(value, Tensor) and value.is_meta:
+            raise value_error(
+                f"{owner}: the model's {key!r} is on the meta device (a shape without "
+                "values), so no file can hold its weights; expected a model with its "
+                "weights loaded"
+            )
 
 
 def load_pruned(
@@ -255,7 +343,8 @@ def load_pruned(
 ) -> _IncompatibleKeys:
     """Load a file written by save_pruned (or any state_dict file) into `model`.
 
-    PyTorch files are read with ``weights_only=True``; see load_pruned_state_dict for
+    PyTorch files are read with ``weights_only=True`` (the extra state of a module that has
+    one, under ``<prefix>._extra_state``, comes back too); see load_pruned_state_dict for
     the rest.
 
     Args:
@@ -274,7 +363,8 @@ def load_pruned(
         RuntimeError: keys or shapes do not match (see load_pruned_state_dict).
     """
     _refuse_tensorplay(model, "load_pruned", "load_pruned_state_dict(model, tensorplay.load(path))")
-    return load_pruned_state_dict(model, load_state_dict(path), strict=strict)
+    found = load_state_dict(path, extra_state=True)  # what save_pruned wrote, extra state too
+    return load_pruned_state_dict(model, found, strict=strict)
 
 
 def _refuse_tensorplay(model: Any, where: str, instead: str) -> None:

@@ -28,6 +28,7 @@ except ImportError:  # not on Windows
     resource = None  # type: ignore[assignment]
 
 __all__ = [
+    "EXTRA_STATE",
     "CheckpointError",
     "available_memory",
     "detect_format",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 FORMATS = ("torch", "safetensors")
+EXTRA_STATE = "_extra_state"
+"""The key under a module's prefix of its ``get_extra_state()`` in a state_dict."""
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_PROTO = 0x80
 
@@ -162,7 +165,10 @@ def _gib(n: float) -> str:
 
 
 def load_state_dict(
-    path: str | os.PathLike[str], trust_pickle: bool = False, headroom: float = 1.0
+    path: str | os.PathLike[str],
+    trust_pickle: bool = False,
+    headroom: float = 1.0,
+    extra_state: bool = False,
 ) -> dict[str, Tensor]:
     """Return the tensors saved in `path` by name, on the CPU.
 
@@ -170,7 +176,10 @@ def load_state_dict(
     `trust_pickle` is True (unpickling runs code from the file); with it, the
     module's state_dict() is returned. A file whose tensors, times `headroom` (what the
     caller needs beside them), would not fit in the memory available is refused before
-    anything is allocated, and so is any tensor but a dense one.
+    anything is allocated, and so is any tensor but a dense one. With `extra_state`, a
+    PyTorch file's entries under ``<prefix>._extra_state`` may hold other objects (a
+    module's ``get_extra_state``, which ``load_state_dict`` gives back to it) and are
+    returned as they are.
     """
     kind, needed = _probe(path)
     _check_memory(str(path), needed, headroom)
@@ -195,7 +204,7 @@ def load_state_dict(
         ) from None
     except Exception as error:
         raise CheckpointError(f"{path}: cannot load ({_first_line(error)})") from None
-    return _as_state_dict(obj, str(path))
+    return _as_state_dict(obj, str(path), extra_state)
 
 
 def writable_file(path: str | os.PathLike[str]) -> Path:
@@ -234,11 +243,19 @@ def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -
     Raises:
         ValueError: an empty `path` (Path('') is the current folder).
         CheckpointError: a `path` no file can be written at (a folder, or in a folder that
-            does not exist).
+            does not exist), or an entry that is no tensor (a module's extra state) for a
+            .safetensors file, which holds tensors only; `path` is left as it was.
     """
     refuse_empty_path("save_state_dict", "path", path)
     target = writable_file(path)
     if target.suffix == ".safetensors":
+        for key, value in state.items():
+            if not isinstance(value, Tensor):
+                raise CheckpointError(
+                    f"{target}: entry {key!r} is a {type(value).__name__} (a module's extra "
+                    "state), not a tensor, and .safetensors files hold tensors only; "
+                    "expected a PyTorch file for it (a path not ending in .safetensors)"
+                )
         st = require("safetensors.torch", "cli", "writing .safetensors files")
         data: bytes = st.save(_unshared(state))
         with atomic_path(target) as temp, open(temp, "wb") as stream:
@@ -249,8 +266,9 @@ def save_state_dict(state: Mapping[str, Tensor], path: str | os.PathLike[str]) -
     return target
 
 
-def _as_state_dict(obj: Any, where: str) -> dict[str, Tensor]:
-    """Check that a loaded object is a flat mapping of names to dense tensors (or a module)."""
+def _as_state_dict(obj: Any, where: str, extra_state: bool = False) -> dict[str, Tensor]:
+    """Check that a loaded object is a flat mapping of names to dense tensors (or a module);
+    with `extra_state`, entries under ``<prefix>._extra_state`` may hold any object."""
     if isinstance(obj, nn.Module):
         obj = obj.state_dict()
     if not isinstance(obj, Mapping):
@@ -258,6 +276,10 @@ def _as_state_dict(obj: Any, where: str) -> dict[str, Tensor]:
             f"{where}: holds a {type(obj).__name__}, expected a state_dict (names to tensors)"
         )
     for key, value in obj.items():
+        name = str(key)
+        extra = name == EXTRA_STATE or name.endswith("." + EXTRA_STATE)
+        if extra_state and extra and not isinstance(value, Tensor):
+            continue
         if not isinstance(value, Tensor):
             raise CheckpointError(
                 f"{where}: entry {key!r} has type {type(value).__name__}, not a tensor; expected a "

@@ -132,7 +132,11 @@ class Distiller:
     mean squared error of the logits, + `hidden_weight` x ``hidden_state_loss`` over the
     hidden states of both). `inputs` are what the student's forward took: a tensor, a tuple
     of positional arguments or a dict of keyword arguments (its ``labels`` are not passed to
-    the teacher; its ``attention_mask`` masks the average over tokens). Logits are the
+    the teacher; its ``attention_mask`` masks the average over tokens). An encoder-decoder
+    (a Hugging Face model that derives its decoder's inputs from ``labels``, such as BART
+    or T5) gets those decoder inputs instead of the labels, and its logits are averaged
+    over the target's positions: ``decoder_attention_mask``, else the labels that are not
+    -100 (its ``attention_mask`` is the source's). Logits are the
     output itself when it is a tensor, else its ``logits`` (an attribute, or a key of a dict
     output; so are ``loss`` and ``hidden_states``). The teacher is moved to the device of
     the student's logits when they differ.
@@ -149,7 +153,8 @@ class Distiller:
             by all classes, nearly blind to the improbable ones).
         hidden_weight: weight >= 0 of the hidden-state term; above 0 both forwards return
             ``hidden_states`` (the teacher is called with ``output_hidden_states=True``;
-            call the student so too) of the same shapes.
+            call the student so too) of the same shapes (an encoder-decoder's output holds
+            none: 0 for it).
 
     Raises:
         TypeError: a teacher that is no nn.Module; a temperature, alpha or weight that is
@@ -187,7 +192,8 @@ class Distiller:
 
         Args:
             inputs: a batch as the student takes it: a tensor, a tuple of positional
-                arguments or a mapping of keyword ones (``labels`` is left out).
+                arguments or a mapping of keyword ones (``labels`` is left out; an
+                encoder-decoder gets the decoder inputs it derives from them).
             device: where the teacher runs; it is moved there first if it is elsewhere.
                 None: where it is.
 
@@ -199,7 +205,7 @@ class Distiller:
             TypeError: `inputs` of another kind.
         """
         args, kwargs = _split(inputs)
-        kwargs.pop("labels", None)
+        without_labels(self.teacher, kwargs)
         if self.hidden_weight:
             kwargs["output_hidden_states"] = True
         first = next(self.teacher.parameters(), None)
@@ -244,6 +250,8 @@ class Distiller:
         given = _split(inputs)[1].get("attention_mask")
         given = given if isinstance(given, Tensor) else None
         mask = given if student.dim() == 3 else None  # logits over tokens
+        if _field(student_output, "encoder_last_hidden_state") is not None:
+            mask = _target_mask(inputs)  # an encoder-decoder's logits are the target's
         teacher = _logits(teacher_output, "teacher")
         total = self.alpha * distillation_loss(
             student, teacher, temperature=self.temperature, attention_mask=mask
@@ -275,6 +283,13 @@ class Distiller:
     ) -> Tensor:
         """``hidden_state_loss`` over both outputs' hidden states."""
         states = [_field(o, "hidden_states") for o in (student_output, teacher_output)]
+        if states[0] is None and _field(student_output, "decoder_hidden_states") is not None:
+            raise value_error(
+                f"Distiller: hidden_weight={self.hidden_weight} compares hidden_states, but "
+                "the student is an encoder-decoder, whose output holds encoder_hidden_states "
+                "and decoder_hidden_states instead; expected hidden_weight=0 for an "
+                "encoder-decoder (its logits are distilled)"
+            )
         for found, whose, expected in (
             (
                 states[0],
@@ -352,6 +367,36 @@ def _logits(output: Any, whose: str) -> Tensor:
             "expected a tensor of logits or an output with `.logits`"
         )
     return found
+
+
+def without_labels(model: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Take ``labels`` out of the keyword arguments of `model`'s forward (in place). An
+    encoder-decoder (a Hugging Face model that derives its decoder's inputs from its
+    labels) gets those decoder inputs instead, as it would make them itself: without
+    them it would decode the shifted source, not the target its student decodes."""
+    labels = kwargs.pop("labels", None)
+    derive = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    config = getattr(model, "config", None)
+    given = "decoder_input_ids" in kwargs or "decoder_inputs_embeds" in kwargs
+    if (
+        isinstance(labels, Tensor)
+        and callable(derive)
+        and getattr(config, "is_encoder_decoder", False)
+        and not given
+    ):
+        kwargs["decoder_input_ids"] = derive(labels=labels)
+
+
+def _target_mask(inputs: Inputs) -> Tensor | None:
+    """The positions of an encoder-decoder's logits to average: its
+    ``decoder_attention_mask``, else the ``labels`` not -100 (what its own loss leaves
+    out), else all of them (None); its ``attention_mask`` is the source's."""
+    kwargs = _split(inputs)[1]
+    mask = kwargs.get("decoder_attention_mask")
+    if isinstance(mask, Tensor):
+        return mask
+    labels = kwargs.get("labels")
+    return labels.ne(-100) if isinstance(labels, Tensor) else None
 
 
 def _split(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -315,8 +315,9 @@ class GradualPruner:
         """Resume from `state`: masks installed (or rewritten), step, amount, generator.
 
         Load it before the model's state_dict, which then finds its ``_orig``/``_mask``
-        keys. The state must come from a pruner set up the same way on the same model;
-        if it does not fit, nothing changes.
+        keys. The state must come from a pruner set up the same way on the same model,
+        its masks of the targets' shapes holding only 0 and 1 (or False and True); if it
+        does not fit, nothing changes.
 
         Args:
             state: what ``state_dict()`` returned (or ``torch.load`` read back).

@@ -34,7 +34,14 @@ from prunekit.core.checks import (
 )
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.transaction import transaction
-from prunekit.schedule.distill import Distiller, Inputs, Output, _logits, _split
+from prunekit.schedule.distill import (
+    Distiller,
+    Inputs,
+    Output,
+    _logits,
+    _split,
+    without_labels,
+)
 
 __all__ = ["Recovery", "recover"]
 
@@ -177,8 +184,12 @@ def _run(
             output, teacher = _forwards(student, distiller, batch, number)
             loss = distiller.loss(output, batch, teacher_output=teacher)
             if not bool(torch.isfinite(loss)):
-                # the first loss comes before any update: the lr is not its cause
+                # the first loss comes before any update: the lr is not its cause, nor is
+                # it where the batch itself holds NaN or inf
+                found = _not_finite(batch)
                 cause = _FIRST if step == 0 else "a smaller lr"
+                if found is not None:
+                    cause = f"batch {step % len(batches)} holds {found}: {_FIRST}"
                 raise value_error(
                     f"{_OWNER}: the loss of step {step} is {float(loss.detach())}; expected "
                     f"a finite loss ({cause})"
@@ -267,12 +278,34 @@ def _described(batch: Any, depth: int = 0) -> str:
     return "; ".join(shown + more) or f"an empty {type(batch).__name__}"
 
 
+def _not_finite(batch: Any, depth: int = 0) -> str | None:
+    """The first value of `batch`'s floating tensors (a level of tuples, lists and mappings
+    deep) that is NaN or inf, and where it is; None if there is none."""
+    if isinstance(batch, torch.Tensor):
+        if not (batch.is_floating_point() or batch.is_complex()) or batch.is_meta:
+            return None
+        bad = ~torch.isfinite(batch.detach())
+        if not bool(bad.any()):
+            return None
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        return f"{batch.detach()[first].item()} at index {first}"
+    if depth or not isinstance(batch, Mapping | tuple | list):
+        return None
+    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
+    for key, value in items:
+        found = _not_finite(value, 1)
+        if found is not None:
+            name = repr(key) if isinstance(batch, Mapping) else f"argument {key}"
+            return f"{found} of {name}"
+    return None
+
+
 def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:
     args, kwargs = _split(batch)
     if distiller.hidden_weight:
         kwargs["output_hidden_states"] = True
     if distiller.alpha == 1:
-        kwargs.pop("labels", None)
+        without_labels(student, kwargs)  # an encoder-decoder keeps the target it decodes
     found: Output = student(*args, **kwargs)
     return found
 

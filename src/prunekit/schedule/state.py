@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.checks import check_kind
+from prunekit.core.checks import check_binary_mask, check_kind
 from prunekit.core.errors import runtime_error, type_error, value_error
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def _masks(
                 f"{where}: the mask of {name!r} has shape "
                 f"{tuple(getattr(mask, 'shape', ()))}; expected {tuple(known[name])}"
             )
-        check_kind(mask, where, f"the mask of {name!r}")
+        check_binary_mask(mask, f"{where}: the mask of {name!r}")  # 0.5 is no 'kept'
     return {name: mask.ne(0) for name, mask in masks.items()}
 
 

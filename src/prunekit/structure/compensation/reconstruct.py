@@ -93,10 +93,12 @@ def reconstruct_blocks(
         lr: Adam's learning rate, finite and > 0.
         ends: also train the stem (the modules run before the first block) with the first
             block, and then the head (those run after the last block) towards the
-            reference's output (a tensor, the first tensor of a tuple or mapping: a Hugging
-            Face output's logits). A classifier head holds many parameters: on few
-            calibration samples it fits their outputs exactly and generalises worse (give
-            it hundreds of samples, not tens).
+            reference's output (a tensor, the ``logits`` of a mapping such as a Hugging
+            Face output, whose loss comes first when the batches hold labels, else the
+            first tensor of a tuple or mapping that is no scalar, as a loss is). A
+            classifier head holds many parameters: on few calibration samples it fits
+            their outputs exactly and generalises worse (give it hundreds of samples, not
+            tens).
         cpu_seconds: a budget of this process's CPU time (all its threads; a finite
             float > 0) for the whole call, its passes over the batches included: each
             block (and with `ends` the head) in turn gets the time left over the number
@@ -436,13 +438,18 @@ def _replaying(blocks: nn.ModuleList, output: Any) -> Iterator[None]:
 
 
 def _final(output: Any) -> Tensor:
-    """The model's output as one tensor: itself, or the first tensor of a tuple, list or
-    mapping (a Hugging Face output's logits)."""
+    """The model's output as one tensor: itself, its ``logits`` (a Hugging Face output's,
+    which holds its loss first when given labels), or the first tensor of a tuple, list or
+    mapping that is no scalar (a loss; the first tensor where all are)."""
     if isinstance(output, Tensor):
         return output
+    logits = output.get("logits") if isinstance(output, Mapping) else None
+    if isinstance(logits, Tensor):
+        return logits
     values = output.values() if isinstance(output, Mapping) else output
     values = values if isinstance(output, Mapping | tuple | list) else ()
-    found = next((v for v in values if isinstance(v, Tensor)), None)
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    found = next((t for t in tensors if t.dim() > 0), tensors[0] if tensors else None)
     if found is None:
         raise type_error(
             f"reconstruct_blocks: the model returned {type(output).__name__}; expected a "

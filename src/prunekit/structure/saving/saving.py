@@ -26,13 +26,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.transaction import transaction
 from prunekit.core.unsaved import refuse_unsaved
 from prunekit.io.atomic import atomic_folder, atomic_path
-from prunekit.io.checkpoint import load_pruned_state_dict
-from prunekit.io.files import load_state_dict, refuse_empty_path, save_state_dict
+from prunekit.io.checkpoint import load_pruned_state_dict, refuse_meta
+from prunekit.io.files import EXTRA_STATE, load_state_dict, refuse_empty_path, save_state_dict
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.saving.manifest import FORMAT, MANIFEST, VERSION, read_manifest
 from prunekit.structure.saving.shapes import (
@@ -80,9 +81,11 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     Raises:
         TypeError: `model` is no torch module.
         ValueError: the model holds masked experts, a masked hidden width or skipped blocks
-            (naming the routers, norms or blocks, and what to call first), or `path` is a
-            file or empty (Path('') is the current folder); the folder and the model are
-            left as they were.
+            (naming the routers, norms or blocks, and what to call first), a tensor on
+            the meta device (no values to write), a module with extra state that is no
+            tensor (``get_extra_state``: the weights file holds
+            tensors only), or `path` is a file or empty (Path('') is the current folder);
+            the folder and the model are left as they were.
     """
     check_model(model, "save_compacted")
     refuse_unsaved(model, "save_compacted")
@@ -90,6 +93,9 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"save_compacted: path={str(path)!r} is a file; expected a folder")
+    state = model.state_dict()
+    refuse_meta(state, "save_compacted")
+    _refuse_extra_state(model, state)
     folder.parent.mkdir(parents=True, exist_ok=True)
     weights = "compacted.safetensors" if _has_safetensors() else "compacted.pt"
     manifest = {
@@ -101,10 +107,29 @@ def save_compacted(model: nn.Module, path: str | os.PathLike[str]) -> Path:
         "config": _config_dict(model),
     }
     with atomic_folder(folder) as stage:  # weights and manifest replace the old pair whole
-        save_state_dict(model.state_dict(), stage / weights)
+        save_state_dict(state, stage / weights)
         with atomic_path(stage / MANIFEST) as temp, open(temp, "w", encoding="utf-8") as out:
             json.dump(manifest, out, indent=1)  # replaces the linked old file, never into it
     return folder
+
+
+def _refuse_extra_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Refuse a module's extra state that is no tensor: the weights file holds tensors only
+    (and compacted.json none of it), so it would not come back."""
+    for key, value in state.items():
+        if isinstance(value, Tensor):
+            continue
+        path = key.rpartition(".")[0]  # the prefix of the module that wrote the entry
+        module = dict(model.named_modules()).get(path)
+        where = f"module {path!r}" if path else "the model"
+        kind = f" ({type(module).__name__})" if module is not None else ""
+        what = "extra state (get_extra_state)" if key.endswith(EXTRA_STATE) else "an entry"
+        raise value_error(
+            f"save_compacted: {where}{kind} holds {what} of type {type(value).__name__} "
+            f"under {key!r}, which the "
+            "weights file (tensors only) cannot hold; expected modules whose state is all "
+            "tensors (save such a model's state_dict with prunekit.save_pruned to a .pt file)"
+        )
 
 
 def load_compacted(
