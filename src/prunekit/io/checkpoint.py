@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.core.backend import framework, is_module
+from prunekit.core.backend import framework, is_module, is_tensor
 from prunekit.core.checks import check_binary_mask, is_attention_out_proj
 from prunekit.core.errors import describe, type_error, value_error
 from prunekit.core.naming import MASK, mask_name, orig_name, pruned_name
@@ -164,6 +164,8 @@ def _check_entries(own: StateDict, state_dict: StateDict) -> None:
             )
         mine = own.get(key, own.get(pruned_name(key) or key))
         if not isinstance(value, Tensor):
+            if is_tensor(value):  # another framework's tensor: its own load checks it
+                continue
             if key.endswith(EXTRA_STATE) and key in own and not isinstance(mine, Tensor):
                 continue  # a module's extra state: set_extra_state takes any object
             raise type_error(

@@ -150,6 +150,7 @@ def _masks(
                 f"{where}: the mask of {name!r} has shape "
                 f"{tuple(getattr(mask, 'shape', ()))}; expected {tuple(known[name])}"
             )
+        check_kind(mask, where, f"the mask of {name!r}")
         check_binary_mask(mask, f"{where}: the mask of {name!r}")  # 0.5 is no 'kept'
     return {name: mask.ne(0) for name, mask in masks.items()}
 
