@@ -21,7 +21,9 @@ parameters that uniform cut removes, activation and compensation, calibrated on
 domain in turn; mean cosine of the sentence embeddings (mean pooling) to the dense model's
 over --paragraphs evaluation paragraphs of every domain. --minilm-augment (data-free windows
 added to what compensation fits) and --minilm-blend (the activation score blended with the
-weights' norm): rows of ``domains_minilm.py``.
+weights' norm): rows of ``domains_minilm.py``. --minilm-reconstruct S: after each row, the
+model compacted and ``prunekit.reconstruct_blocks`` (lr 1e-4) for S CPU seconds on the same
+windows compensation fitted, towards the dense model's blocks: a row '+rS' more.
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
@@ -199,7 +201,7 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
     levers = args.minilm_augment != ["none"] or args.minilm_blend != [0.0]
     if levers and args.criterion != "activation":
         sys.exit("--minilm-augment and --minilm-blend: with --criterion activation only")
-    width = 40 if levers else 26
+    width = 54 if levers or args.minilm_reconstruct else 26
     print(f"\nall-MiniLM-L6-v2, heads and MLP -25 % as a Budget of the same parameters, "
           f"activation, compensate=True; calibration {args.minilm_windows} x 128 tokens of one "
           f"domain; mean cosine to dense over {args.paragraphs} evaluation paragraphs of each "
@@ -238,6 +240,16 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             row = f"{name:<{width}}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
+            if args.minilm_reconstruct:
+                cpu = time.process_time()
+                prunekit.compact(model, example)
+                prunekit.reconstruct_blocks(model, dense, fitted, steps=1_000_000, lr=1e-4,
+                                            cpu_seconds=args.minilm_reconstruct)  # fmt: skip
+                values = {n: cosine(model, n) for n in names}
+                other = min(v for n, v in values.items() if n != source)
+                row = f"{name + f' +r{args.minilm_reconstruct:g}':<{width}}"
+                print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}"
+                      + f"  ({time.process_time() - cpu:.0f} CPU s)", flush=True)  # fmt: skip
 
 
 def _bert_batches(windows: list[Tensor]) -> list[dict[str, Tensor]]:
@@ -264,6 +276,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
     parser.add_argument("--minilm-augment", default="none", help="'freq32+random32', rows")
+    parser.add_argument("--minilm-reconstruct", type=float, default=0, help="CPU s, rows")
     parser.add_argument("--minilm-blend", default="0", help="share of 'l2' in the score, rows")
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
