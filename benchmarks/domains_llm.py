@@ -126,11 +126,16 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     }  # fmt: skip
     windows = calibration_windows(tokenizer, found, args.calibrate, args.calibration, args.length)
     batches = [{"input_ids": w[None]} for w in windows]
-    more = args.recover_windows  # the recovery's own windows, of the calibration documents too
-    recovery = batches if not more else [
-        {"input_ids": w[None]}
-        for w in calibration_windows(tokenizer, found, args.calibrate, more, args.length)
-    ]  # fmt: skip
+
+    def own(count: int, default: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+        """`count` windows of the calibration documents too (0: `default`)."""
+        return default if not count else [
+            {"input_ids": w[None]}
+            for w in calibration_windows(tokenizer, found, args.calibrate, count, args.length)
+        ]  # fmt: skip
+
+    recovery = own(args.recover_windows, batches)  # the distillation's
+    rebuilt = own(args.reconstruct_windows, recovery)  # the block-wise reconstruction's
     example = {"input_ids": windows[0][None, :32]}
     dense = {name: perplexity(model, parts) for name, parts in tests.items()}
     names = list(tests)
@@ -160,7 +165,7 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
             name = name if short == f"{target:.0%} {label}" else short
             _row(name, pruned, tests, dense, started, width=args.width)
             emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
-            domains_recover.rows(args, pruned, model, example, recovery, emit, short)
+            domains_recover.rows(args, pruned, model, example, (recovery, rebuilt), emit, short)
             del pruned
     if args.rotate:
         measure = lambda m: {n: perplexity(m, tests[n]) / dense[n] for n in names}  # noqa: E731
@@ -285,6 +290,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--lr", default="1e-4", help="--recover's peak rates, rows")
     parser.add_argument("--hidden-weight", default="0", help="--recover's, rows")
     parser.add_argument("--recover-windows", type=int, default=0, help="0: the pruning's")
+    parser.add_argument("--reconstruct-windows", type=int, default=0, help="0: --recover's")
     parser.add_argument("--reconstruct", type=int, default=0, help="steps per block, first")
     parser.add_argument("--reconstruct-lr", type=float, default=1e-3)
     parser.add_argument("--reconstruct-seconds", type=float, default=0, help="CPU s, first")

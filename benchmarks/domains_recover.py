@@ -10,7 +10,10 @@ trained block by block towards the dense model's blocks (``prunekit.reconstruct_
 seconds spread over the blocks, --reconstruct then only a cap), then distilled from the
 dense model (``prunekit.recover(cpu_seconds=...)``, KL at temperature 1) for what is left
 of B. Both use the recovery windows: --recover-windows windows of the calibration
-documents (the pruning's own 8 when 0), never the evaluation documents. The note of each
+documents (the pruning's own 8 when 0), never the evaluation documents; with
+--reconstruct-windows N, the reconstruction takes N windows of their own (its passes over
+every window before and after the steps cost time that more windows would eat, where the
+distillation sees each window once). The note of each
 row gives the distillation's steps, the reconstruction's steps per block and CPU seconds,
 the CPU seconds of reconstruction and distillation together, and their wall seconds.
 """
@@ -31,14 +34,16 @@ Batches = list[dict[str, Tensor]]
 
 
 def name(short: str, budget: float, lr: float, hidden: float, args: argparse.Namespace) -> str:
-    """A recovery row's name: '35% 0.3 +600s 3e-4' then ' wN', ' hW', ' rS' as used."""
+    """A recovery row's name: '35% 0.3 +600s 3e-4' then ' wN', ' hW', ' rS', ' rwN' as used."""
     rate = f"{lr:.0e}".replace("e-0", "e-")
     what = f"{short} +{budget:.0f}s {rate}"
     what += f" w{args.recover_windows}" if args.recover_windows else ""
     what += f" h{hidden:g}" if hidden else ""
     if args.reconstruct_seconds:
-        return what + f" r{args.reconstruct_seconds:g}s"
-    return what + (f" r{args.reconstruct}" if args.reconstruct else "")
+        what += f" r{args.reconstruct_seconds:g}s"
+    elif args.reconstruct:
+        what += f" r{args.reconstruct}"
+    return what + (f" rw{args.reconstruct_windows}" if args.reconstruct_windows else "")
 
 
 def rows(
@@ -46,11 +51,13 @@ def rows(
     pruned: nn.Module,
     dense: nn.Module,
     example: dict[str, Tensor],
-    batches: Batches,
+    windows: tuple[Batches, Batches],
     emit: Callable[[str, nn.Module, float, str], None],
     short: str,
 ) -> None:
-    """One row per (budget, rate, hidden weight): `emit(name, model, started, note)`."""
+    """One row per (budget, rate, hidden weight): `emit(name, model, started, note)`.
+    `windows`: the distillation's batches and the reconstruction's."""
+    batches, rebuilt_on = windows
     for budget, lr, hidden in itertools.product(args.recover, args.lr, args.hidden_weight):
         started = time.perf_counter()
         student = copy.deepcopy(pruned)
@@ -58,7 +65,7 @@ def rows(
         prunekit.compact(student, example)  # smaller: less time and memory to train it
         rebuilt = ""
         if args.reconstruct or args.reconstruct_seconds:
-            rebuilt = reconstruct(args, student, dense, batches)
+            rebuilt = reconstruct(args, student, dense, rebuilt_on)
         left = budget - (time.process_time() - cpu)
         steps = 0
         if left > 0:
