@@ -18,6 +18,7 @@ ENTRY_POINTS = {
     "test_distill": "Distiller / recover",
     "test_reconstruct": "reconstruct_blocks",
     "test_gradual": "GradualPruner.load_state_dict",
+    "test_hf_resume": "GradualPruningCallback (resume)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -151,6 +152,10 @@ BROKE: dict[str, str] = {
     ),
     "test_distill::test_hidden_states_of_an_encoder_decoder_are_refused_for_what_they_are": (
         "misdiagnosed: 'expected the student called with output_hidden_states=True'"
+    ),
+    # GradualPruningCallback (prunekit.schedule.hf_callback)
+    "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
+        "a checkpoint's mask of 0.5, NaN or 2 read as 'kept' on resume (made bool unchecked)"
     ),
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (
