@@ -19,6 +19,7 @@ ENTRY_POINTS = {
     "test_reconstruct": "reconstruct_blocks",
     "test_gradual": "GradualPruner.load_state_dict",
     "test_hf_resume": "GradualPruningCallback (resume)",
+    "test_oneshot": "prune_model",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -152,6 +153,10 @@ BROKE: dict[str, str] = {
     ),
     "test_distill::test_hidden_states_of_an_encoder_decoder_are_refused_for_what_they_are": (
         "misdiagnosed: 'expected the student called with output_hidden_states=True'"
+    ),
+    # prune_model (prunekit.whole)
+    "test_oneshot::test_globs_given_as_an_iterator_select_what_they_name": (
+        "read empty after its check: include pruned every weight, exclude left out none"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
