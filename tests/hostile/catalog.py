@@ -147,6 +147,9 @@ BROKE: dict[str, str] = {
     "test_distill::test_the_average_leaves_out_the_targets_padding": (
         "an encoder-decoder's logits averaged by the source's attention_mask"
     ),
+    "test_distill::test_hidden_states_of_a_model_whose_forward_takes_none_are_refused": (
+        "misdiagnosed: 'invalid batches: batch 0 fails in the student's forward'"
+    ),
     # GradualPruner (prunekit.schedule.state)
     "test_gradual::test_a_mask_holding_other_values_than_0_and_1_is_refused": (
         "a mask of 0.5, NaN, 2 or -1 read as 'kept'"
