@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import prunekit
+from hostile.support import refused
 
 
 def small() -> nn.Module:
@@ -44,3 +45,58 @@ def test_globs_given_as_an_iterator_select_what_they_name(kind: str, method: str
         model, 0.5, method=method, calibration=calibration, exclude=ONCE[kind](["0"])
     )
     assert masked(model) == ["2.weight"]
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Stack(nn.Module):
+    """Three blocks in a ModuleList; `order`: the blocks its forward calls, in turn."""
+
+    def __init__(self, order: tuple[int, ...]) -> None:
+        super().__init__()
+        self.order = order
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in self.order:
+            x = self.layers[i](x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize("sequential", [True, "layers"])
+@pytest.mark.parametrize(
+    ("order", "told"),
+    [
+        ((2, 1, 0), "calls block 2 before block 0"),
+        ((0, 2), "calls block 2 before block 1"),
+        ((0, 0, 1, 2), "calls block 0 a second time"),
+    ],
+    ids=["reversed", "skipping", "repeating"],
+)
+def test_blocks_called_out_of_turn_are_refused_block_by_block(
+    order: tuple[int, ...], told: str, sequential: bool | str, method: str
+) -> None:
+    """Block by block, each block is calibrated on the output of the one before it in the
+    ModuleList: a forward that calls them otherwise gave each block inputs the model never
+    gives it (reversed: block 0 the output of the dense blocks 2 and 1; skipping: block 2
+    the output of a block the model never runs), silently."""
+    torch.manual_seed(0)
+    model = Stack(order)
+    refused(
+        lambda: prunekit.prune_model(
+            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
+        ),
+        ValueError,
+        rf"^calibration: the model's forward {told} of its 3 blocks \(Block\) on batch 0 "
+        r".*\(or pass sequential=False\)$",
+        model=model,
+    )

@@ -187,12 +187,14 @@ def block_calls(
         return None
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
+    order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
     bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
+                order[-1].append(index)
                 hidden = args[0] if args else kwargs.get("hidden_states")
                 shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
                 cached = _cache_positions(module)
@@ -204,8 +206,8 @@ def block_calls(
             except Exception as error:
                 bugs.append(error)
                 raise
-            if index == len(blocks) - 1:
-                raise Stop
+            if index == len(blocks) - 1 or order[-1] != list(range(len(order[-1]))):
+                raise Stop  # the last block reached, or one called out of turn
 
         return hook
 
@@ -222,11 +224,13 @@ def block_calls(
             block.register_forward_pre_hook(recorder(index), with_kwargs=True)
         with torch.no_grad():
             for batch in batches:
+                order.append([])
                 try:
                     run_batch(model, batch)
                 except Stop:
-                    continue
-                return None
+                    if order[-1] == list(range(len(blocks))):
+                        continue
+                break  # a block called out of turn, or the last one never
     except Exception:  # a forward that needs its blocks' outputs: the first block's calls
         if bugs:
             raise bugs[0] from None
@@ -238,11 +242,34 @@ def block_calls(
                     block.__dict__[key] = own[key]
                 else:
                     block.__dict__.pop(key, None)
+    if order and order[-1] != list(range(len(blocks))):
+        raise _out_of_turn(blocks, order[-1], len(order) - 1)
     if any(len(found) != len(batches) for found in calls):
         return None
     if any(found != shapes[0] or None in found for found in shapes):
         return None  # a forward that takes more than the hidden states from a block's output
     return calls
+
+
+def _out_of_turn(blocks: Sequence[nn.Module], seen: list[int], number: int) -> ValueError:
+    """The refusal of a forward that calls `blocks` otherwise than one after another, each
+    once (`seen`: the indices it called on batch `number`, up to the first out of turn)."""
+    expected = list(range(len(blocks)))
+    if seen and seen[-1] in seen[:-1]:
+        what = f"calls block {seen[-1]} a second time"
+    elif seen and seen[-1] != len(seen) - 1:
+        what = f"calls block {seen[-1]} before block {len(seen) - 1}"
+    else:
+        what = f"never calls block {len(seen)}"
+    shown = ", ".join(map(str, seen)) or "none"
+    return value_error(
+        f"calibration: the model's forward {what} of its {len(blocks)} blocks "
+        f"({type(blocks[0]).__name__}) on batch {number} (called: {shown}), but block-by-block "
+        f"calibration runs blocks {expected[0]} to {expected[-1]} each once, in the order the "
+        "ModuleList holds them, on the outputs of the one before: each block would be "
+        f"calibrated on other inputs than the model gives it; expected a forward that calls "
+        f"them so{_SEQUENTIAL}"
+    )
 
 
 _SET_ASIDE = (
