@@ -251,7 +251,9 @@ def block_calls(
     return calls
 
 
-def _out_of_turn(blocks: Sequence[nn.Module], seen: list[int], number: int) -> ValueError:
+def _out_of_turn(
+    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int
+) -> ValueError:
     """The refusal of a forward that calls `blocks` otherwise than one after another, each
     once (`seen`: the indices it called on batch `number`, up to the first out of turn)."""
     expected = list(range(len(blocks)))
