@@ -100,3 +100,50 @@ def test_blocks_called_out_of_turn_are_refused_block_by_block(
         r".*\(or pass sequential=False\)$",
         model=model,
     )
+
+
+class Aside(nn.Module):
+    """`b` runs on every batch, but its output never reaches the model's output (a probe run
+    under no_grad, or detached)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.how == "no_grad":
+            with torch.no_grad():
+                self.b(h)
+        else:
+            self.b(h).detach()
+        return self.c(h)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+@pytest.mark.parametrize("how", ["no_grad", "detached"])
+def test_taylor_refuses_a_tensor_the_loss_gives_no_gradient(how: str, sequential: bool) -> None:
+    """A tensor whose gradient never came ranked as all zeros: its first half pruned, by
+    index, silently (as Wanda refuses a layer that never ran)."""
+    torch.manual_seed(0)
+    model = Aside(how)
+    refused(
+        lambda: prunekit.prune_model(
+            model,
+            0.5,
+            method="taylor",
+            sequential=sequential,
+            calibration=[torch.randn(4, 8)],
+            loss=lambda output, batch: output.pow(2).sum(),
+        ),
+        ValueError,
+        r"^prune_model: 'b\.weight', parameter 'weight' of Linear got no gradient from the "
+        r"loss on any calibration batch",
+        model=model,
+    )
+    prunekit.prune_model(
+        model, 0.5, method="taylor", calibration=[torch.randn(4, 8)], exclude="b",
+        loss=lambda output, batch: output.pow(2).sum(),
+    )  # fmt: skip
+    assert masked(model) == ["a.weight", "c.weight"]
