@@ -167,6 +167,9 @@ BROKE: dict[str, str] = {
     "test_oneshot::test_taylor_refuses_a_tensor_the_loss_gives_no_gradient": (
         "no gradient ranked as all zeros: the first half of the tensor pruned, by index"
     ),
+    "test_oneshot::test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer": (
+        "sequential='layers' calibrated a layer run twice on its first call alone, silently"
+    ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
         "a checkpoint's mask of 0.5, NaN or 2 read as 'kept' on resume (made bool unchecked)"

@@ -147,3 +147,61 @@ def test_taylor_refuses_a_tensor_the_loss_gives_no_gradient(how: str, sequential
         loss=lambda output, batch: output.pow(2).sum(),
     )  # fmt: skip
     assert masked(model) == ["a.weight", "c.weight"]
+
+
+class Again(nn.Module):
+    """A block that calls `up` once, or a second time: right after itself, or after `down`."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.up, self.down = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "once":
+            return x + self.down(torch.relu(self.up(x)))
+        if self.where == "in-a-row":
+            return x + self.down(torch.relu(self.up(torch.relu(self.up(x)))))
+        return x + self.up(torch.relu(self.down(torch.relu(self.up(x)))))
+
+
+class Twice(nn.Module):
+    """Two blocks of one class (so calibrated block by block), block `which` calling its
+    `up` twice."""
+
+    def __init__(self, where: str, which: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Again(where if i == which else "once") for i in range(2))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize("which", [0, 1], ids=["first-block", "last-block"])
+@pytest.mark.parametrize("where", ["in-a-row", "after-another"])
+def test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer(
+    where: str, which: int, method: str
+) -> None:
+    """sequential=True (and False) refuse a calibrated layer run twice in one forward;
+    'layers' calibrated it on its first call alone, silently: its runs stop at their group."""
+    torch.manual_seed(0)
+    model = Twice(where, which)
+    refused(
+        lambda: prunekit.prune_model(
+            model, 0.5, method=method, sequential="layers", calibration=[torch.randn(4, 8)]
+        ),
+        ValueError,
+        r"^calibration: Linear was called more than once per batch",
+        model=model,
+    )
+    model = Twice("once", which)  # the same model calling each layer once is pruned
+    prunekit.prune_model(
+        model, 0.5, method=method, sequential="layers", calibration=[torch.randn(4, 8)]
+    )
+    assert masked(model) == [f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("up", "down")] + [
+        "head.weight"
+    ]
