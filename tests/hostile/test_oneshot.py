@@ -205,3 +205,33 @@ def test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer(
     assert masked(model) == [f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("up", "down")] + [
         "head.weight"
     ]
+
+
+def funnel() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 8), nn.ReLU(), nn.Linear(8, 3)
+    )  # 96 + 96 + 24 entries
+
+
+def ranked(method: str) -> dict[str, object]:
+    if method == "wanda":
+        return {"calibration": [torch.randn(4, 8)], "sequential": False}
+    return {"calibration": [torch.randn(4, 8)], "loss": lambda output, b: output.pow(2).sum()}
+
+
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
+@pytest.mark.parametrize("count", [37, 100])
+def test_a_global_count_is_a_count_over_all_the_tensors(method: str, count: int) -> None:
+    """scope='global': `amount` entries of all the tensors together, as 'l1' takes it; a
+    count above one tensor's entries (the head's 24) was refused as too many for it."""
+    model = funnel()
+    found = prunekit.prune_model(model, count, method=method, scope="global", **ranked(method))
+    assert sum(row.zeros for row in found.rows if row.masked) == count
+    model = funnel()
+    refused(
+        lambda: prunekit.prune_model(model, 217, method=method, scope="global", **ranked(method)),
+        ValueError,
+        r"amount=217 is more than the 216 units available to prune",
+        model=model,
+    )
