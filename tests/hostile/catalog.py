@@ -173,6 +173,9 @@ BROKE: dict[str, str] = {
     "test_oneshot::test_a_global_count_is_a_count_over_all_the_tensors": (
         "a global count above one tensor's entries refused as too many for that tensor"
     ),
+    "test_oneshot::test_one_block_at_several_places_is_refused_for_that": (
+        "misdiagnosed: 'never ran on the calibration data' (one block listed thrice)"
+    ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
         "a checkpoint's mask of 0.5, NaN or 2 read as 'kept' on resume (made bool unchecked)"

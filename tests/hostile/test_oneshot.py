@@ -235,3 +235,40 @@ def test_a_global_count_is_a_count_over_all_the_tensors(method: str, count: int)
         r"amount=217 is more than the 216 units available to prune",
         model=model,
     )
+
+
+class Recurrent(nn.Module):
+    """One block run three times (its ModuleList holds it thrice), as weight-shared layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        block = Block()
+        self.layers = nn.ModuleList([block, block, block])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize("sequential", [True, "layers"])
+def test_one_block_at_several_places_is_refused_for_that(
+    sequential: bool | str, method: str
+) -> None:
+    """Its layers run three times a forward (refused as such in one pass); block by block it
+    was refused as a layer that 'never ran on the calibration data': the recording of each
+    block's arguments left its hooks on the block, whose next run stopped at them."""
+    torch.manual_seed(0)
+    model = Recurrent()
+    refused(
+        lambda: prunekit.prune_model(
+            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
+        ),
+        ValueError,
+        r"^calibration: the model's blocks hold one Block at positions 0 and 1 .*expected each "
+        r"calibrated layer to run once per forward",
+        model=model,
+    )
+    assert model(torch.randn(2, 8)).shape == (2, 2)  # no hook of the recording left on it

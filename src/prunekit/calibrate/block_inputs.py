@@ -185,6 +185,17 @@ def block_calls(
     """
     if len(blocks) < 2:  # the first block's inputs are captured apart
         return None
+    first: dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        before = first.setdefault(id(block), index)
+        if before != index:  # one module at two places: its hooks would be set twice
+            raise value_error(
+                f"calibration: the model's blocks hold one {type(block).__name__} at "
+                f"positions {before} and {index} (one module run at each: its layers run more "
+                "than once per batch, which no calibration of one weight matrix can follow); "
+                "expected each calibrated layer to run once per forward: exclude it, or give "
+                "each use its own module"
+            )
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
