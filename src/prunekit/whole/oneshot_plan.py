@@ -121,7 +121,7 @@ def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | Non
         if calibration is not None or loss is not None:
             raise value_error(
                 f"{owner}: method={method!r} uses no calibration data; expected "
-                f"calibration=None and loss=None (calibrated methods: {CALIBRATED})"
+                f"calibration=None and loss=None (calibrated methods: {', '.join(CALIBRATED)})"
             )
         return []
     if calibration is None:
