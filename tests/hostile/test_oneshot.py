@@ -11,6 +11,7 @@ from torch import nn
 
 import prunekit
 from hostile.support import refused
+from prunekit.whole import Config
 
 
 def small() -> nn.Module:
@@ -272,3 +273,25 @@ def test_one_block_at_several_places_is_refused_for_that(
         model=model,
     )
     assert model(torch.randn(2, 8)).shape == (2, 2)  # no hook of the recording left on it
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ({"damp": -1.0}, ValueError),
+        ({"damp": float("nan")}, ValueError),
+        ({"damp": "0.1"}, TypeError),
+        ({"damp": True}, TypeError),
+        ({"blocksize": 0}, ValueError),
+        ({"blocksize": 2.5}, TypeError),
+    ],
+    ids=["damp-negative", "damp-nan", "damp-str", "damp-bool", "blocksize-0", "blocksize-float"],
+)
+def test_sparsegpts_settings_are_checked_when_the_config_is_made(
+    given: dict[str, object], error: type[Exception]
+) -> None:
+    """Config says it is checked when made; damp and blocksize were checked only at the
+    first layer pruned, as SparseGPT's own (after calibrating)."""
+    name, value = next(iter(given.items()))
+    with pytest.raises(error, match=rf"^Config: invalid {name}={value!r}"):
+        Config(method="sparsegpt", amount=0.5, **given)
