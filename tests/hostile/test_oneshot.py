@@ -295,3 +295,53 @@ def test_sparsegpts_settings_are_checked_when_the_config_is_made(
     name, value = next(iter(given.items()))
     with pytest.raises(error, match=rf"^Config: invalid {name}={value!r}"):
         Config(method="sparsegpt", amount=0.5, **given)
+
+
+class Residual(nn.Module):
+    """A block adding to its input in place (``x += ...``), or to a new tensor."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.in_place = in_place
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_place:
+            x += self.down(torch.relu(self.up(x)))
+            return x
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Stream(nn.Module):
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Residual(in_place) for _ in range(3))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize("sequential", [False, True, "layers"])
+def test_a_residual_added_in_place_is_calibrated_as_one_added_anew(
+    sequential: bool | str, method: str
+) -> None:
+    """The same arithmetic gives the same masks and weights. In one pass, the later blocks'
+    first layers took block 0's statistics (one tensor object, so 'one input shared');
+    block by block, block 0 ran for its outputs on the input its statistics run had added to."""
+    calibration = [torch.randn(4, 8) for _ in range(3)]
+    found = []
+    for in_place in (False, True):
+        torch.manual_seed(0)
+        model = Stream(in_place)
+        prunekit.prune_model(
+            model, 0.5, method=method, sequential=sequential, calibration=calibration
+        )
+        found.append({k: v for k, v in model.state_dict().items() if k.startswith("layers.")})
+    assert found[0].keys() == found[1].keys()
+    for key in found[0]:
+        assert torch.equal(found[0][key], found[1][key]), key

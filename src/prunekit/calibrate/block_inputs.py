@@ -141,6 +141,26 @@ def with_hidden(
     )
 
 
+def own_hidden(inputs: Inputs) -> Inputs:
+    """`inputs` with a copy of its hidden states (the first positional argument, or
+    ``hidden_states=``), for a run of a block on inputs kept for another run: a block that
+    adds to its input in place (``x += ...``) leaves the kept ones as they were.
+
+    Args:
+        inputs: the positional and keyword arguments of one call of a block.
+
+    Returns:
+        The same arguments, the hidden states copied (as given where there is no tensor).
+    """
+    args, kwargs = inputs
+    if args and isinstance(args[0], Tensor):
+        return (args[0].clone(), *args[1:]), kwargs
+    hidden = kwargs.get("hidden_states")
+    if not args and isinstance(hidden, Tensor):
+        return args, {**kwargs, "hidden_states": hidden.clone()}
+    return inputs
+
+
 def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
     """`block`'s outputs for each batch, as the next block's inputs."""
     found = []

@@ -222,8 +222,9 @@ class GroupedRuns:
         try:
             if not keep:
                 return cal.run_block(self.block, call)
+            args, kwargs = cal.own_hidden(call)  # each run from the inputs as kept
             with suppress(cal.Stop):
-                self.block(*call[0], **call[1])
+                self.block(*args, **kwargs)
             return call
         except Exception as error:
             number = self.numbers[index]
