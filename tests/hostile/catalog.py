@@ -18,6 +18,8 @@ ENTRY_POINTS = {
     "test_distill": "Distiller / recover",
     "test_reconstruct": "reconstruct_blocks",
     "test_gradual": "GradualPruner.load_state_dict",
+    "test_hf_resume": "GradualPruningCallback (resume)",
+    "test_oneshot": "prune_model",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -145,12 +147,47 @@ BROKE: dict[str, str] = {
     "test_distill::test_the_average_leaves_out_the_targets_padding": (
         "an encoder-decoder's logits averaged by the source's attention_mask"
     ),
+    "test_distill::test_hidden_states_of_a_model_whose_forward_takes_none_are_refused": (
+        "misdiagnosed: 'invalid batches: batch 0 fails in the student's forward'"
+    ),
     # GradualPruner (prunekit.schedule.state)
     "test_gradual::test_a_mask_holding_other_values_than_0_and_1_is_refused": (
         "a mask of 0.5, NaN, 2 or -1 read as 'kept'"
     ),
     "test_distill::test_hidden_states_of_an_encoder_decoder_are_refused_for_what_they_are": (
         "misdiagnosed: 'expected the student called with output_hidden_states=True'"
+    ),
+    # prune_model (prunekit.whole)
+    "test_oneshot::test_globs_given_as_an_iterator_select_what_they_name": (
+        "read empty after its check: include pruned every weight, exclude left out none"
+    ),
+    "test_oneshot::test_blocks_called_out_of_turn_are_refused_block_by_block": (
+        "blocks called reversed, skipped or twice: each calibrated on other inputs, silently"
+    ),
+    "test_oneshot::test_taylor_refuses_a_tensor_the_loss_gives_no_gradient": (
+        "no gradient ranked as all zeros: the first half of the tensor pruned, by index"
+    ),
+    "test_oneshot::test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer": (
+        "sequential='layers' calibrated a layer run twice on its first call alone, silently"
+    ),
+    "test_oneshot::test_a_global_count_is_a_count_over_all_the_tensors": (
+        "a global count above one tensor's entries refused as too many for that tensor"
+    ),
+    "test_oneshot::test_one_block_at_several_places_is_refused_for_that": (
+        "misdiagnosed: 'never ran on the calibration data' (one block listed thrice)"
+    ),
+    "test_oneshot::test_sparsegpts_settings_are_checked_when_the_config_is_made": (
+        "Config(damp=-1 / nan, blocksize=0) made; refused only at the first layer pruned"
+    ),
+    "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[False-": (
+        "x += ...: later blocks' first layers took block 0's statistics (one tensor, 'shared')"
+    ),
+    "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
+        "x += ...: block 0 run for its outputs on the input its statistics run added to"
+    ),
+    # GradualPruningCallback (prunekit.schedule.hf_callback)
+    "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
+        "a checkpoint's mask of 0.5, NaN or 2 read as 'kept' on resume (made bool unchecked)"
     ),
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import prunekit
+from hostile.support import refused
 
 
 def bart() -> Any:
@@ -83,3 +84,38 @@ def test_hidden_states_of_an_encoder_decoder_are_refused_for_what_they_are() -> 
     distiller = prunekit.Distiller(teacher, hidden_weight=1.0)
     with pytest.raises(ValueError, match=r"^Distiller: hidden_weight=1\.0 .*encoder-decoder"):
         distiller.loss(output, found)
+
+
+class Plain(torch.nn.Module):
+    """A model whose forward takes no output_hidden_states (as most plain modules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+class Keywords(Plain):
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("whose", ["student", "teacher"])
+def test_hidden_states_of_a_model_whose_forward_takes_none_are_refused_for_that(
+    whose: str,
+) -> None:
+    """recover blamed batch 0 ('fails in the student's forward'), a good batch: the cause is
+    the distiller's hidden_weight, which calls a forward with a keyword it does not take."""
+    torch.manual_seed(0)
+    student, teacher = (Plain(), Keywords()) if whose == "student" else (Keywords(), Plain())
+    teacher.load_state_dict(student.state_dict())
+    distiller = prunekit.Distiller(teacher, hidden_weight=1.0)
+    refused(
+        lambda: prunekit.recover(student, distiller, [torch.randn(4, 8)], steps=1),
+        ValueError,
+        rf"^recover: invalid distiller: hidden_weight=1 calls the {whose} with "
+        rf"output_hidden_states=True, but Plain\.forward takes no output_hidden_states",
+        model=student,
+    )

@@ -38,6 +38,7 @@ from prunekit.calibrate.block_inputs import (
     called_as,
     capture_block_inputs,
     next_inputs,
+    own_hidden,
     run_block,
     with_hidden,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "is_callers",
     "next_inputs",
     "output_loss",
+    "own_hidden",
     "parameter",
     "requiring_grad",
     "run_batch",

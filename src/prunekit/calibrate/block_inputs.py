@@ -141,6 +141,26 @@ def with_hidden(
     )
 
 
+def own_hidden(inputs: Inputs) -> Inputs:
+    """`inputs` with a copy of its hidden states (the first positional argument, or
+    ``hidden_states=``), for a run of a block on inputs kept for another run: a block that
+    adds to its input in place (``x += ...``) leaves the kept ones as they were.
+
+    Args:
+        inputs: the positional and keyword arguments of one call of a block.
+
+    Returns:
+        The same arguments, the hidden states copied (as given where there is no tensor).
+    """
+    args, kwargs = inputs
+    if args and isinstance(args[0], Tensor):
+        return (args[0].clone(), *args[1:]), kwargs
+    hidden = kwargs.get("hidden_states")
+    if not args and isinstance(hidden, Tensor):
+        return args, {**kwargs, "hidden_states": hidden.clone()}
+    return inputs
+
+
 def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
     """`block`'s outputs for each batch, as the next block's inputs."""
     found = []
@@ -185,14 +205,27 @@ def block_calls(
     """
     if len(blocks) < 2:  # the first block's inputs are captured apart
         return None
+    first: dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        before = first.setdefault(id(block), index)
+        if before != index:  # one module at two places: its hooks would be set twice
+            raise value_error(
+                f"calibration: the model's blocks hold one {type(block).__name__} at "
+                f"positions {before} and {index} (one module run at each: its layers run more "
+                "than once per batch, which no calibration of one weight matrix can follow); "
+                "expected each calibrated layer to run once per forward: exclude it, or give "
+                "each use its own module"
+            )
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
+    order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
     bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
+                order[-1].append(index)
                 hidden = args[0] if args else kwargs.get("hidden_states")
                 shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
                 cached = _cache_positions(module)
@@ -204,8 +237,8 @@ def block_calls(
             except Exception as error:
                 bugs.append(error)
                 raise
-            if index == len(blocks) - 1:
-                raise Stop
+            if index == len(blocks) - 1 or order[-1] != list(range(len(order[-1]))):
+                raise Stop  # the last block reached, or one called out of turn
 
         return hook
 
@@ -222,11 +255,13 @@ def block_calls(
             block.register_forward_pre_hook(recorder(index), with_kwargs=True)
         with torch.no_grad():
             for batch in batches:
+                order.append([])
                 try:
                     run_batch(model, batch)
                 except Stop:
-                    continue
-                return None
+                    if order[-1] == list(range(len(blocks))):
+                        continue
+                break  # a block called out of turn, or the last one never
     except Exception:  # a forward that needs its blocks' outputs: the first block's calls
         if bugs:
             raise bugs[0] from None
@@ -238,11 +273,36 @@ def block_calls(
                     block.__dict__[key] = own[key]
                 else:
                     block.__dict__.pop(key, None)
+    if order and order[-1] != list(range(len(blocks))):
+        raise _out_of_turn(blocks, order[-1], len(order) - 1)
     if any(len(found) != len(batches) for found in calls):
         return None
     if any(found != shapes[0] or None in found for found in shapes):
         return None  # a forward that takes more than the hidden states from a block's output
     return calls
+
+
+def _out_of_turn(
+    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int
+) -> ValueError:
+    """The refusal of a forward that calls `blocks` otherwise than one after another, each
+    once (`seen`: the indices it called on batch `number`, up to the first out of turn)."""
+    expected = list(range(len(blocks)))
+    if seen and seen[-1] in seen[:-1]:
+        what = f"calls block {seen[-1]} a second time"
+    elif seen and seen[-1] != len(seen) - 1:
+        what = f"calls block {seen[-1]} before block {len(seen) - 1}"
+    else:
+        what = f"never calls block {len(seen)}"
+    shown = ", ".join(map(str, seen)) or "none"
+    return value_error(
+        f"calibration: the model's forward {what} of its {len(blocks)} blocks "
+        f"({type(blocks[0]).__name__}) on batch {number} (called: {shown}), but block-by-block "
+        f"calibration runs blocks {expected[0]} to {expected[-1]} each once, in the order the "
+        "ModuleList holds them, on the outputs of the one before: each block would be "
+        f"calibrated on other inputs than the model gives it; expected a forward that calls "
+        f"them so{_SEQUENTIAL}"
+    )
 
 
 _SET_ASIDE = (

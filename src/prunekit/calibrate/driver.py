@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate.batches import batch_error, evaluating, run_batch
-from prunekit.calibrate.block_inputs import Inputs
+from prunekit.calibrate.block_inputs import Inputs, own_hidden
 from prunekit.calibrate.reduce import Reduce
 from prunekit.calibrate.statistics import InputStatistics, Stop
 
@@ -74,7 +74,12 @@ def block_statistics(
     each input's batch index in the calibration (an error names it), where a subset runs."""
     with wanted.gather(modules, early=True) as stats:
         if failed is None:
-            run = lambda call: block(*call[0], **call[1])  # noqa: E731
+
+            def run(call: Inputs) -> object:
+                # a copy of the hidden states: the inputs are run again for the outputs
+                args, kwargs = own_hidden(call)
+                return block(*args, **kwargs)
+
             failed = _run_each(stats, inputs, run, reduce, numbers)
     return _finish(stats, reduce, failed)
 

@@ -44,6 +44,12 @@ class _Accumulator:
         self.hessian = torch.zeros((*lead, features, features)) if hessian else None
         self.lower = False  # whether only the lower triangle of `hessian` is up to date
         self.last: Tensor | None = None  # the input seen in this batch, if any
+        self.version: int | None = None  # its version then: changed in place, it is another
+
+    def saw(self, x: Tensor) -> bool:
+        """Whether `x` is the input seen last, with the values it had then (a residual
+        stream added to in place, ``x += ...``, is the same tensor holding another input)."""
+        return self.last is x and self.version == _version(x)
 
     def add(self, x: Tensor) -> None:
         """Add the rows of `x`, (rows, groups, features)."""
@@ -176,14 +182,14 @@ class InputStatistics:
         acc = self._of.get(module)
         shares = not (self._patches and isinstance(module, nn.modules.conv._ConvNd))
         if acc is None:
-            found = next((a for a in self._of.values() if a.last is x), None) if shares else None
+            found = next((a for a in self._of.values() if a.saw(x)), None) if shares else None
             if found is not None and found.groups == 1:  # another layer saw this input already
                 self._of[module] = found
                 return
             features = self._features(module, x)
             acc = _Accumulator(features.shape[-1], *self._want, groups=features.shape[1])
             self._of[module] = acc
-        elif acc.last is x:
+        elif acc.saw(x):
             return  # another Linear of the group saw this input already
         elif acc.last is not None:
             if not any(a is acc for m, a in self._of.items() if m is not module):
@@ -199,7 +205,7 @@ class InputStatistics:
                 "model the same way"
             )
         acc.add(self._features(module, x))
-        acc.last = x
+        acc.last, acc.version = x, _version(x)
 
     def _features(self, module: nn.Module, x: Tensor) -> Tensor:
         if self._patches:
@@ -315,6 +321,12 @@ def _width(module: nn.Module) -> int:
             f"calibration: {type(module).__name__} has no in_features; expected Linear layers"
         )
     return features
+
+
+def _version(x: Tensor) -> int | None:
+    """`x`'s version counter (moved by each change in place); None for an inference tensor,
+    which keeps none."""
+    return None if x.is_inference() else x._version
 
 
 def input_features(module: nn.Module, x: Tensor) -> Tensor:

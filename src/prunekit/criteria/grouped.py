@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
+from prunekit.core.errors import value_error
 
 __all__ = ["GroupedRuns"]
 
@@ -71,6 +72,7 @@ class _Run:
     kept: list[_Kept] = field(default_factory=list)
     at: int = 0
     keeping: bool = True
+    called: set[int] = field(default_factory=set)  # the targets called so far (ids)
 
 
 class GroupedRuns:
@@ -92,6 +94,7 @@ class GroupedRuns:
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
         self.wanted = wanted
         held = {id(m) for m in targets}
+        self._targets = held
         self._holders = [
             m
             for m in block.modules()
@@ -120,6 +123,15 @@ class GroupedRuns:
             run = self._run
             if run is None:
                 return forward(*args, **kwargs)
+            if id(module) in self._targets:
+                if id(module) in run.called:  # as InputStatistics refuses it (True, False)
+                    raise value_error(
+                        f"calibration: {type(module).__name__} was called more than once per "
+                        "batch (the same module run on two inputs in one forward); expected "
+                        "each calibrated layer to run once per forward: "
+                        "exclude it, or give each use its own module"
+                    )
+                run.called.add(id(module))
             found = None
             if run.at < len(run.replay) and run.replay[run.at].module is module:
                 found = run.replay[run.at]
@@ -186,6 +198,13 @@ class GroupedRuns:
                 handle.remove()
         return stats, group
 
+    def check_calls(self) -> None:
+        """Run the block to its end on each input (what the runs before kept replayed), so
+        that a target it calls twice is refused where no run for the outputs does it (the
+        runs for statistics stop at their group: a call after it is never seen)."""
+        for index in range(len(self.inputs)):
+            self._once(index, keep=True)
+
     def outputs(self) -> list[cal.Inputs]:
         """The block's outputs on each input, as the next block's inputs."""
         found = []
@@ -203,8 +222,9 @@ class GroupedRuns:
         try:
             if not keep:
                 return cal.run_block(self.block, call)
+            args, kwargs = cal.own_hidden(call)  # each run from the inputs as kept
             with suppress(cal.Stop):
-                self.block(*call[0], **call[1])
+                self.block(*args, **kwargs)
             return call
         except Exception as error:
             number = self.numbers[index]

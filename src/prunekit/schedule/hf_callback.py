@@ -72,7 +72,9 @@ class GradualPruningCallback(TrainerCallback):
             return
         saved = _entries(state).get(STATE_KEY)
         if isinstance(saved, dict) and saved.get("steps") == state.global_step:
-            masks = self.pruner.state_dict()["masks"]  # the model's: the checkpoint's, loaded
+            # the model's, as the checkpoint's loaded them (0.5 stays 0.5: load_state_dict
+            # checks it; the pruner's state_dict would have turned it into a 'kept')
+            masks = self.pruner._installed_masks()
             where = f"GradualPruningCallback: trainer_state.json ({STATE_KEY!r})"
             self.pruner.load_state_dict(from_json_state(saved, masks, where))
             return

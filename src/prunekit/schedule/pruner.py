@@ -308,8 +308,17 @@ class GradualPruner:
         Returns:
             A dict for ``torch.save`` and ``load_state_dict``.
         """
-        masks = {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
-        return pruner_state(self, masks, self._generator.get_state())
+        return pruner_state(self, self._installed_masks(), self._generator.get_state())
+
+    def _installed_masks(self) -> dict[str, Tensor]:
+        """The mask buffers of the targets pruned so far, by target name, as the model holds
+        them (not copied, not turned to booleans: a mask loaded into the model from a
+        checkpoint is read as it was saved, a 0.5 too).
+
+        Returns:
+            A dict of target name -> the module's ``<name>_mask`` buffer.
+        """
+        return {t.name: _mask(t) for t in self.targets if t.name in self._pruned}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from `state`: masks installed (or rewritten), step, amount, generator.

@@ -15,6 +15,7 @@ and no weight decay moves them): the student compacts exactly afterwards, as bef
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -320,6 +321,7 @@ def _check(
     if not isinstance(distiller, Distiller):
         raise type_error(f"{_OWNER}: invalid distiller of type {type(distiller).__name__}; "
                          "expected a prunekit.Distiller")  # fmt: skip
+    _check_hidden_states(student, distiller)
     seconds, cpu_seconds, steps = budgets
     if seconds is None and cpu_seconds is None and steps is None:
         raise value_error(
@@ -334,6 +336,36 @@ def _check(
         check_number(steps, "steps", _OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
     check_number(lr, "lr", _OWNER, "a finite float > 0", _positive)
     check_number(warmup, "warmup", _OWNER, "an int >= 0", lambda v: v >= 0, integral=True)
+
+
+def _check_hidden_states(student: nn.Module, distiller: Distiller) -> None:
+    """Refuse a `distiller` with a hidden-state term for a student or teacher whose forward
+    takes no ``output_hidden_states`` (its error would read as the first batch's)."""
+    if not distiller.hidden_weight:
+        return
+    for whose, model in (("student", student), ("teacher", distiller.teacher)):
+        if not _takes_keyword(model, "output_hidden_states"):
+            raise value_error(
+                f"{_OWNER}: invalid distiller: hidden_weight={distiller.hidden_weight:g} "
+                f"calls the {whose} with output_hidden_states=True, but "
+                f"{type(model).__name__}.forward takes no output_hidden_states; expected "
+                "hidden_weight=0 for a model that returns no hidden states, or a forward "
+                "that takes output_hidden_states and returns hidden_states"
+            )
+
+
+def _takes_keyword(model: nn.Module, name: str) -> bool:
+    """Whether `model`'s forward takes the keyword `name` (by name, or as **kwargs); True
+    where its signature cannot be read."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == name and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in parameters
+    )
 
 
 def _positive(value: float) -> bool:

@@ -7,6 +7,7 @@ trust what it holds: a known method, a scope, an amount in range, globs as tuple
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from prunekit.core.amount import (
     validate_norm_order,
     validate_pruning_amount_init,
 )
+from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.whole.registry import (
@@ -90,8 +92,9 @@ class Config:
             `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
             benchmarks/vs_llmcompressor.py), True otherwise.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
-        damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean).
-        blocksize: SparseGPT's columns updated at a time.
+        damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
+            finite float >= 0.
+        blocksize: SparseGPT's columns updated at a time, an int >= 1.
         n: 'ln' only: the norm order its channels are ranked by (None: 2).
         dim: 'ln' only: the axis of its channels (None: 0, the output channels).
         owner: the entry point the errors name ('Config' when made by hand; the entry
@@ -128,6 +131,11 @@ class Config:
             )
         check_scope(self.scope, owner)
         self._check_norm()
+        # SparseGPT's settings, checked when made as the rest (not at the first layer)
+        check_number(self.damp, "damp", owner, "a finite float >= 0",
+                     lambda v: 0 <= v < math.inf)  # fmt: skip
+        check_number(self.blocksize, "blocksize", owner, "an int >= 1", lambda v: v >= 1,
+                     integral=True)  # fmt: skip
         # Globs given as one str are one glob: kept as tuples.
         object.__setattr__(self, "include", globs(self.include, "include", owner))
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))

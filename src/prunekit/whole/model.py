@@ -170,7 +170,8 @@ def _prune(
     if not config.plain or calibration is not None:
         raise value_error(
             f"{OWNER}: method={method!r} takes no pattern and no calibration; expected "
-            f"pattern='unstructured', calibration=None (patterns: l1, random, {CALIBRATED})"
+            "pattern='unstructured', calibration=None (patterns: l1, random, "
+            f"{', '.join(CALIBRATED)})"
         )
     _prune_plain(model, config, group, arguments, keep_masks)
     return report(model)

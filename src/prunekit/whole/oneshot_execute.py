@@ -108,6 +108,16 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
         if plan.reduce is None:
             raise
         failed = error
+    if plan.reduce is None:  # over ranks, another rank's batches may give it one
+        for (module, name), total in zip(plan.targets, totals, strict=True):
+            if total is None:
+                raise value_error(
+                    f"{plan.config.owner}: {plan.describe(module, name)} got no gradient "
+                    "from the loss on any calibration batch (its output does not reach the "
+                    "loss: detached, or computed under torch.no_grad()), so Taylor has "
+                    "nothing to rank it by; expected every pruned tensor to take part in "
+                    "the loss (exclude it, or prune it with another method)"
+                )
     found = {}
     for target, total in zip(plan.targets, totals, strict=True):
         found[_key(target)] = (
@@ -248,7 +258,10 @@ def _by_groups(
             members = {id(m) for m in group}
             _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
             left = [t for t in left if id(t[0]) not in members]
-        return runs.outputs() if more else []
+        if more:
+            return runs.outputs()
+        runs.check_calls()  # the last block: no run for outputs goes to its end
+        return []
 
 
 def _check_seen(plan: Plan, stats: cal.InputStatistics, module: nn.Module, name: str) -> None:

@@ -121,7 +121,7 @@ def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | Non
         if calibration is not None or loss is not None:
             raise value_error(
                 f"{owner}: method={method!r} uses no calibration data; expected "
-                f"calibration=None and loss=None (calibrated methods: {CALIBRATED})"
+                f"calibration=None and loss=None (calibrated methods: {', '.join(CALIBRATED)})"
             )
         return []
     if calibration is None:
@@ -185,7 +185,8 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
                 raise value_error(
                     f"{owner}: pattern 'row' needs rows, got shape {tuple(values.shape)}"
                 )
-    if isinstance(amount, numbers.Integral) and int(amount) > values.numel():
+    global_ = plan.config.scope == "global"  # a count over all the targets: checked there
+    if isinstance(amount, numbers.Integral) and int(amount) > values.numel() and not global_:
         raise value_error(
             f"{where}: amount={amount} is more than its {values.numel()} entries; expected a "
             "fraction or a smaller count"

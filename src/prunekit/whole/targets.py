@@ -106,12 +106,15 @@ def globs(value: Any, what: str, owner: str) -> tuple[str, ...]:
     """
     if isinstance(value, str):
         return (value,)
-    if not isinstance(value, Iterable) or not all(isinstance(p, str) for p in value):
+    # Read once: an iterator checked and then copied would be empty by the copy.
+    found = tuple(value) if isinstance(value, Iterable) else None
+    if found is None or not all(isinstance(p, str) for p in found):
+        shown = value if found is None else list(found)
         raise type_error(
-            f"{owner}: invalid {what}={value!r}; expected globs of parameter names "
+            f"{owner}: invalid {what}={shown!r}; expected globs of parameter names "
             "(a str or a sequence of str), e.g. ('encoder.*',)"
         )
-    return tuple(value)
+    return found
 
 
 def select_names(
