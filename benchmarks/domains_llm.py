@@ -40,7 +40,8 @@ each compensated on the model the steps before left ('xN').
 ('fF'), or 'auto' (0.9 of the highest floor the budget allows).
 --recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
 text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
-the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct); its row
+the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct,
+--reconstruct-windows for the reconstruction's own windows); its row
 '+SECONDSs RATE', its note the steps, the CPU seconds and the wall seconds.
 """
 
