@@ -20,6 +20,7 @@ ENTRY_POINTS = {
     "test_gradual": "GradualPruner.load_state_dict",
     "test_hf_resume": "GradualPruningCallback (resume)",
     "test_oneshot": "prune_model",
+    "test_selection": "patterns/sharded/report",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -184,6 +185,22 @@ BROKE: dict[str, str] = {
     ),
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
+    ),
+    # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
+        "4 of the 8 channels asked removed: each layer's share rounded down on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-8]": (
+        "none of the 8 channels asked removed: each layer's share rounded down on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.3-": (
+        "fewer channels removed than round_to allows: each layer's share rounded on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.5-": (
+        "fewer channels removed than round_to allows: each layer's share rounded on its own"
+    ),
+    "test_selection::test_channel_norms_past_the_range_of_16_bits_still_rank[1-torch.float16]": (
+        "finite float16 weights refused: 'the channel norms hold inf' (L1 sums past 65504)"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (

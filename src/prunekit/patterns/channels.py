@@ -112,6 +112,8 @@ class Channels(Pattern):
             )
         scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
         norms = norm(scores, self.norm, others)
+        if not all_finite(norms) and all_finite(scores):  # past a 16-bit float's range
+            norms = norm(scores.to(dtype=namespace(scores).float64), self.norm, others)
         if not all_finite(norms):
             raise unrankable(norms, owner, "channel norms")
         return norms

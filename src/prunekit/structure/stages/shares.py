@@ -9,6 +9,7 @@ mixture-of-experts block keeps at least the experts its router picks per token.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import torch
@@ -92,12 +93,45 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
     """Units to mask per group."""
     if scope == "layer":
         counts = [round(amount * g.size) for g in groups]
-    else:
-        counts = [0] * len(groups)
-        order = _ranked(scores)
-        for k in order[: round(amount * len(order))]:
-            counts[k] += 1
-    return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+        return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+    return _global_counts(groups, scores, round(amount * sum(g.size for g in groups)), steps)
+
+
+def _global_counts(
+    groups: list[ChannelGroup], scores: list[Tensor], target: int, steps: list[int]
+) -> list[int]:
+    """Units to mask per group when all groups rank together: at most `target` in all, as
+    near it as the steps allow. Each group loses whole steps, its lowest units first (a
+    step: the units between two kept widths that are multiples of its step, at least one
+    kept); steps go in the order of their units' mean relative score (scores divided by
+    their group's mean), ties to the earlier group, and a step that would pass `target` is
+    passed over with the rest of its group's. With steps of one unit this is the `target`
+    lowest units of the joint ranking, a group keeping one unit at least."""
+    chains = []
+    for g, s, step in zip(groups, scores, steps, strict=True):
+        mean = float(s.mean()) if len(s) else 0.0
+        relative = (s / mean if mean > 0 else s).tolist()
+        ordered = sorted(relative)
+        chain, gone = [], 0
+        for keep in range((g.size - 1) // step * step, 0, -step):  # the widths it may keep
+            size = g.size - keep - gone
+            chain.append((sum(ordered[gone : gone + size]) / size, size))
+            gone += size
+        chains.append(chain)
+    counts = [0] * len(groups)
+    heads = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
+    heapq.heapify(heads)
+    left = target
+    while heads and left > 0:
+        _, k, i = heapq.heappop(heads)
+        size = chains[k][i][1]
+        if size > left:  # passed over, and the group's later steps with it
+            continue
+        counts[k] += size
+        left -= size
+        if i + 1 < len(chains[k]):
+            heapq.heappush(heads, (chains[k][i + 1][0], k, i + 1))
+    return counts
 
 
 def _ranked(scores: list[Tensor]) -> list[int]:

@@ -1,0 +1,125 @@
+"""Hostile cases for the selections: the patterns (Unstructured, PerRow, NM, Channels) through
+the drop-in and global_unstructured, prune_channels' shares under round_to, a sharded
+checkpoint pruned whole, the report of what a model holds, and the same over a process group
+of one rank. The counts are counted here, entry by entry, against references written apart
+from the code they check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+from hostile.support import refused
+
+# --- references ---------------------------------------------------------------------------
+
+
+def holder(w: torch.Tensor) -> nn.Module:
+    """A module holding `w` (a copy) as its parameter 'weight'."""
+    module = nn.Module()
+    module.weight = nn.Parameter(w.detach().clone())
+    return module
+
+
+def joint(
+    tensors: list[torch.Tensor], amount: float, alive: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """Each tensor's kept entries (bool) when the `amount` smallest |values| of all of them go,
+    ranked as float64 in one stable sort over the tensors concatenated in order; an `alive`
+    entry that is False stays pruned and does not compete."""
+    values = torch.cat([t.detach().double().abs().reshape(-1) for t in tensors])
+    live = torch.cat(
+        [
+            torch.ones(t.numel(), dtype=torch.bool) if alive is None else alive[i].reshape(-1)
+            for i, t in enumerate(tensors)
+        ]
+    )
+    where = live.nonzero().reshape(-1)
+    k = amount if isinstance(amount, int) else round(amount * len(where))
+    order = torch.sort(values[where], stable=True).indices[:k]
+    chosen = torch.zeros(values.numel(), dtype=torch.bool)
+    chosen[where[order]] = True
+    sizes = [t.numel() for t in tensors]
+    return [
+        (~c & keep).reshape(t.shape)
+        for c, keep, t in zip(chosen.split(sizes), live.split(sizes), tensors, strict=True)
+    ]
+
+
+# --- prune_channels: a global share under round_to --------------------------------------------
+
+
+def two_layers() -> nn.Module:
+    """Two hidden widths of 16 channels each whose scores differ in scale (the second
+    spreads wider), then a head."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
+    with torch.no_grad():
+        model[0].weight.mul_(torch.linspace(0.5, 1.5, 16)[:, None])
+        model[2].weight.mul_(torch.linspace(0.2, 2.0, 16)[:, None])
+    return model
+
+
+def removed_channels(model: nn.Module) -> list[int]:
+    """Output channels whose every weight is masked, per hidden layer (counted here)."""
+    found = []
+    for layer in (model[0], model[2]):
+        mask = getattr(layer, "weight_mask", torch.ones_like(layer.weight))
+        found.append(int((mask.sum(dim=1) == 0).sum()))
+    return found
+
+
+@pytest.mark.parametrize("round_to", [2, 4, 8])
+@pytest.mark.parametrize("amount", [0.25, 0.3, 0.5])
+def test_a_global_share_under_round_to_removes_what_was_asked(round_to: int, amount: float) -> None:
+    """scope='global' with round_to removes round(amount x all channels), as near as whole
+    steps allow (here: the largest multiple of round_to not above it), each width kept a
+    multiple of round_to. Each layer's share of the joint ranking was rounded down to its
+    step on its own: 0.25 of 32 with round_to=8 removed none of the 8 asked."""
+    model = two_layers()
+    prunekit.prune_channels(model, torch.randn(5, 8), amount, scope="global", round_to=round_to)
+    removed = removed_channels(model)
+    asked = round(amount * 32)
+    assert sum(removed) == asked // round_to * round_to, removed
+    assert all((16 - r) % round_to == 0 and 16 - r >= round_to for r in removed), removed
+
+
+# --- Channels: norms of 16-bit weights --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_channel_norms_past_the_range_of_16_bits_still_rank(dtype: torch.dtype, n: int) -> None:
+    """Finite float16 weights whose channel norms pass 65504 are ranked by those norms (as
+    float32 weights would be): the L1 norms overflowed to inf in float16 and the pruning was
+    refused as 'the channel norms hold inf', of weights that hold none."""
+    torch.manual_seed(0)
+    scale = torch.tensor([0.5, 1.0, 1.2, 0.7])[:, None]
+    w = (torch.randn(4, 3000) * 300 * scale).to(dtype)
+    assert torch.isfinite(w).all()
+    module = holder(w)
+    prunekit.ln_structured(module, "weight", 2, n=n, dim=0)
+    norms = torch.linalg.vector_norm(w.double(), n, dim=1)
+    want = torch.ones(4, dtype=torch.bool)
+    want[norms.argsort()[:2]] = False
+    assert torch.equal(module.weight_mask.bool().all(dim=1), want)
+    assert int((module.weight == 0).sum()) == 2 * 3000
+
+
+def test_channel_norms_of_weights_that_hold_inf_are_still_refused() -> None:
+    """The widening is for sums past 16 bits only: an inf among the weights is refused."""
+    w = torch.ones(4, 8, dtype=torch.float16)
+    w[1, 3] = math.inf
+    module = holder(w)
+    refused(
+        lambda: prunekit.ln_structured(module, "weight", 1, n=1, dim=0),
+        ValueError,
+        "cannot be ranked",
+        model=module,
+    )
