@@ -123,3 +123,88 @@ def test_channel_norms_of_weights_that_hold_inf_are_still_refused() -> None:
         "cannot be ranked",
         model=module,
     )
+
+
+@pytest.mark.parametrize("n", [1, 2, math.inf, -math.inf, "fro", "nuc"])
+def test_channels_ranked_by_integer_importance_scores(n: float | str) -> None:
+    """Integer importance scores (which the check lets through) rank channels by their norms
+    as the same scores in float64 do; ln_structured raised torch's raw 'linalg.vector_norm:
+    Expected a floating point or complex tensor as input. Got Long'."""
+    scores = torch.tensor(
+        [[[3, -1], [2, 0]], [[1, 1], [1, 1]], [[5, -5], [0, 2]], [[0, 0], [0, 1]]]
+    )
+    w = torch.randn(4, 2, 2)
+    ours, theirs = holder(w), holder(w)
+    prunekit.ln_structured(ours, "weight", 2, n=n, dim=0, importance_scores=scores)
+    prunekit.ln_structured(theirs, "weight", 2, n=n, dim=0, importance_scores=scores.double())
+    assert torch.equal(ours.weight_mask, theirs.weight_mask)
+    assert int((ours.weight_mask.reshape(4, -1).sum(dim=1) == 0).sum()) == 2
+
+
+# --- report: what a model or a state_dict holds -----------------------------------------------
+
+
+def test_report_counts_the_zeros_of_a_pruned_model_of_every_float_format() -> None:
+    """Each row's zeros are the entries of mask x orig that are zero (-0.0 and a value below
+    the format's smallest counted as such), the totals their sums; a state_dict's rows are
+    the model's."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        layer = nn.Linear(4, 3).to(dtype)
+        values = [[0.0, -0.0, 1.0, 2.0], [3.0, 4.0, 5.0, 6.0], [7.0, -0.0, 9.0, 1e-30]]
+        with torch.no_grad():
+            layer.weight.copy_(torch.tensor(values).to(dtype))
+            layer.bias.copy_(torch.tensor([0.0, -0.0, 1.0]).to(dtype))
+        prunekit.l1_unstructured(layer, "weight", 5)
+        found = prunekit.report(layer)
+        weight = layer.weight_orig.detach() * layer.weight_mask
+        assert found["weight"].zeros == sum(float(v) == 0 for v in weight.reshape(-1)), dtype
+        assert found["bias"].zeros == 2
+        assert found.zeros == found["weight"].zeros + 2 and found.numel == 15
+        rows = prunekit.report(layer.state_dict()).rows
+        assert [(r.name, r.zeros, r.numel) for r in rows] == [
+            (r.name, r.zeros, r.numel) for r in found.rows
+        ]
+
+
+@pytest.mark.parametrize(
+    ("state", "match"),
+    [
+        ({"w": torch.zeros(2, 3, device="meta")}, r"report: tensor 'w' is a meta tensor"),
+        ({"w": torch.eye(3).to_sparse()}, r"report: tensor 'w' is a sparse tensor"),
+        (
+            {"w_orig": torch.ones(3, 4), "w_mask": torch.ones(5)},
+            r"report: the mask 'w_mask' has shape \(5,\); expected the shape of 'w_orig', "
+            r"\(3, 4\)",
+        ),
+    ],
+    ids=["meta", "sparse", "mask-of-another-shape"],
+)
+def test_report_names_a_tensor_it_cannot_count(state: dict[str, torch.Tensor], match: str) -> None:
+    """A tensor without values (meta), of a layout not counted (sparse), or a mask of another
+    shape than its tensor's is named, with what is expected; these raised torch's raw
+    'Tensor.item() cannot be called on meta tensors', 'Cannot access storage of
+    SparseTensorImpl' and 'The size of tensor a (4) must match the size of tensor b (5)'."""
+    refused(lambda: prunekit.report(state), ValueError, match)
+
+
+def test_report_of_a_model_on_the_meta_device_names_its_first_tensor() -> None:
+    """A model made on the meta device (its parameters shapes only) is refused by the name
+    of its first parameter, not with torch's raw error."""
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3))
+    refused(lambda: prunekit.report(model), ValueError, r"report: tensor '0\.weight' is a meta")
+
+
+def test_prune_model_refuses_a_model_it_cannot_report_before_pruning() -> None:
+    """prune_model returns the report of the whole model: a parameter on the meta device
+    (left out of the pruning) is refused before any layer is pruned; the layer named in
+    `include` was pruned, then the report raised torch's raw error."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    with torch.device("meta"):
+        model.append(nn.Linear(4, 4))
+    refused(
+        lambda: prunekit.prune_model(model, 0.5, method="l1", include=["0.weight"]),
+        ValueError,
+        r"report: tensor '1\.weight' is a meta tensor",
+        model=model,
+    )
