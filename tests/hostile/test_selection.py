@@ -6,7 +6,10 @@ from the code they check."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ from torch import nn
 
 import prunekit
 from hostile.support import refused
+from prunekit.io.sharded import INDEX, prune_sharded
+from prunekit.io.statedict import prune_state_dict
 
 # --- references ---------------------------------------------------------------------------
 
@@ -207,4 +212,48 @@ def test_prune_model_refuses_a_model_it_cannot_report_before_pruning() -> None:
         ValueError,
         r"report: tensor '1\.weight' is a meta tensor",
         model=model,
+    )
+
+
+# --- prune_sharded: a checkpoint in shards -----------------------------------------------------
+
+
+def shards(folder: Path, state: dict[str, torch.Tensor], files: list[list[str]]) -> Path:
+    """The tensors of `state` in the shard files `files` lists (names per file), and an index
+    in the order of `state`."""
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    where = {}
+    for number, names in enumerate(files, 1):
+        file = f"model-{number:05d}-of-{len(files):05d}.safetensors"
+        save_file({n: state[n] for n in names}, str(folder / file), metadata={"format": "pt"})
+        where.update(dict.fromkeys(names, file))
+    index = {"metadata": {"total_size": 0}, "weight_map": {n: where[n] for n in state}}
+    (folder / INDEX).write_text(json.dumps(index))
+    return folder
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+@pytest.mark.parametrize("excluded", [False, True], ids=["pruned", "left"])
+@pytest.mark.parametrize("shape", [(12,), (2, 6), (4,)], ids=str)
+def test_a_saved_mask_of_another_shape_is_refused_as_in_memory(
+    tmp_path: Path, scope: str, excluded: bool, shape: tuple[int, ...]
+) -> None:
+    """A ``_mask`` of another shape than its ``_orig`` is refused by name, as prune_state_dict
+    refuses it, before the output changes: it was applied flat (a 12-entry mask of any shape
+    silently reshaped, even written back so with keep_masks), or raised torch's raw 'The size
+    of tensor a (12) must match the size of tensor b (4)'."""
+    mask = torch.ones(shape)
+    state = {"a.weight": torch.randn(4, 4), "w_orig": torch.randn(3, 4), "w_mask": mask}
+    folder = shards(tmp_path / "in", state, [["a.weight", "w_orig"], ["w_mask"]])
+    out = tmp_path / "out"
+    options: dict[str, Any] = {"method": "l1", "scope": scope}
+    if excluded:
+        options["exclude"] = ["w"]
+    message = rf"tensor 'w': the mask 'w_mask' has shape \({shape[0]},"
+    with pytest.raises(ValueError, match=message):
+        prune_state_dict(dict(state), 0.5, **options)
+    refused(
+        lambda: prune_sharded(folder, out, 0.5, **options), ValueError, message, paths=(folder, out)
     )
