@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +259,109 @@ def test_a_saved_mask_of_another_shape_is_refused_as_in_memory(
     refused(
         lambda: prune_sharded(folder, out, 0.5, **options), ValueError, message, paths=(folder, out)
     )
+
+
+# --- a process group of one rank --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A gloo group of this process alone (the default group, made here and destroyed after)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed with no default group yet")
+    folder = tmp_path_factory.mktemp("one-rank")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{folder}/rendezvous",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def layers(masked: bool) -> list[nn.Module]:
+    """Tensors of very different sizes and of every float format, with ties everywhere (small
+    integers, zeros of both signs); with `masked`, some entries pruned before."""
+    generator = torch.Generator().manual_seed(3)
+    found = []
+    formats = [
+        ((1,), torch.float16),
+        ((40, 30), torch.float32),
+        ((5,), torch.bfloat16),
+        ((0,), torch.float64),
+        ((7, 3), torch.float64),
+    ]
+    for shape, dtype in formats:
+        w = torch.randint(-3, 4, shape, generator=generator).to(dtype)
+        w = torch.where(torch.rand(shape, generator=generator) < 0.2, -0.0, w)
+        module = holder(w)
+        if masked:
+            alive = torch.rand(shape, generator=generator) > 0.3
+            prunekit.custom_from_mask(module, "weight", alive.to(dtype))
+        found.append(module)
+    return found
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["fresh", "masked"])
+@pytest.mark.parametrize("amount", [0, 1, 0.0, 0.37, 0.5, 1.0, 600])
+def test_one_rank_ranks_as_one_process(one_rank: Any, masked: bool, amount: float) -> None:
+    """global_unstructured over a group of one rank prunes what it prunes without one, and
+    both what a stable sort of all the magnitudes (as float64) chooses: ties to the earlier
+    tensor, then the lower index; entries pruned before stay pruned and do not compete."""
+    alone, ranked = layers(masked), layers(masked)
+    before = [m.weight.detach().clone() for m in alone]
+    alive = [getattr(m, "weight_mask", torch.ones_like(m.weight)).bool() for m in alone]
+    prunekit.global_unstructured([(m, "weight") for m in alone], prunekit.L1Unstructured,
+                                 amount=amount)  # fmt: skip
+    prunekit.global_unstructured([(m, "weight") for m in ranked], prunekit.L1Unstructured,
+                                 amount=amount, process_group=one_rank)  # fmt: skip
+    want = joint(before, amount, alive)
+    for a, b, kept in zip(alone, ranked, want, strict=True):
+        assert torch.equal(a.weight_mask.bool(), kept) and torch.equal(b.weight_mask.bool(), kept)
+        assert a.weight_mask.dtype == b.weight_mask.dtype == a.weight.dtype
+
+
+def test_one_rank_refuses_a_count_above_all_entries_by_the_function(one_rank: Any) -> None:
+    """A count above the entries of all ranks is refused naming global_unstructured, as it is
+    without a group (the message began with 'L1Unstructured:')."""
+    modules = layers(False)
+    total = sum(m.weight.numel() for m in modules)
+    pairs = [(m, "weight") for m in modules]
+    refused(
+        lambda: prunekit.global_unstructured(
+            pairs, prunekit.L1Unstructured, amount=total + 1, process_group=one_rank
+        ),
+        ValueError,
+        rf"^global_unstructured: L1Unstructured: amount={total + 1} is more than the "
+        rf"{total} units",
+        model=nn.ModuleList(modules),
+    )
+
+
+def test_statistics_of_one_rank_are_its_own_as_new_tensors(one_rank: Any) -> None:
+    """all_reduce_statistics over one rank gives each statistic's values (weighted or not,
+    -0.0 and NaN as they are) in new tensors of the same dtype, the inputs untouched."""
+    given = {
+        "h": torch.tensor([[1.5, -0.0], [math.nan, 6e4]], dtype=torch.float16),
+        "c": torch.tensor([3.0, -2.0], dtype=torch.float64),
+    }
+    kept = {k: v.clone() for k, v in given.items()}
+    for weight in (None, 3.0, {"h": 0.5}):
+        found = prunekit.all_reduce_statistics(given, one_rank, weight=weight)
+        assert list(found) == list(given)
+        for name, value in given.items():
+            got = found[name]
+            assert got.dtype == value.dtype and got.data_ptr() != value.data_ptr()
+            assert torch.equal(bits(got), bits(value)), (name, weight)
+            assert torch.equal(bits(value), bits(kept[name]))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bits of a float tensor (NaN equal to itself, -0.0 apart from 0.0)."""
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
