@@ -97,6 +97,32 @@ def test_a_global_share_under_round_to_removes_what_was_asked(round_to: int, amo
     assert all((16 - r) % round_to == 0 and 16 - r >= round_to for r in removed), removed
 
 
+@pytest.mark.parametrize("round_to", [2, 3, 4, 8])
+@pytest.mark.parametrize("amount", [0.1, 0.25, 0.5, 0.9])
+def test_a_global_share_over_uneven_widths_never_passes_the_ask(
+    round_to: int, amount: float
+) -> None:
+    """Widths that are no multiple of round_to (10, 16, 7): at most round(amount x 33)
+    channels go, each width kept a multiple of round_to (or whole), at least round_to of it.
+    (Whole steps taken in the order of their mean score may stop short of the nearest total
+    the steps allow: the first steps of 10 channels are 2 wide, and one taken early can leave
+    too little room for a step of 8.)"""
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Linear(8, 10), nn.ReLU(), nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 7), nn.ReLU(),
+        nn.Linear(7, 3),
+    )  # fmt: skip
+    prunekit.prune_channels(model, torch.randn(5, 8), amount, scope="global", round_to=round_to)
+    removed = []
+    for layer in (model[0], model[2], model[4]):
+        mask = getattr(layer, "weight_mask", torch.ones_like(layer.weight))
+        removed.append(int((mask.sum(dim=1) == 0).sum()))
+    assert sum(removed) <= round(amount * 33)
+    for size, gone in zip((10, 16, 7), removed, strict=True):
+        kept = size - gone
+        assert gone == 0 or (kept % round_to == 0 and kept >= round_to), removed
+
+
 # --- Channels: norms of 16-bit weights --------------------------------------------------------
 
 
