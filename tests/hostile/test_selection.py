@@ -123,6 +123,57 @@ def test_a_global_share_over_uneven_widths_never_passes_the_ask(
         assert gone == 0 or (kept % round_to == 0 and kept >= round_to), removed
 
 
+# --- PerRow and NM: entries pruned before ---------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=str)
+@pytest.mark.parametrize("scored", [False, True], ids=["values", "importance-scores"])
+@pytest.mark.parametrize(
+    "pattern",
+    [prunekit.PerRow(), prunekit.PerRow(dim=1), prunekit.NM(2, 4), prunekit.NM(1, 3, dim=0)],
+    ids=repr,
+)
+def test_what_lies_behind_a_mask_does_not_compete(
+    pattern: prunekit.Pattern, scored: bool, bad: float
+) -> None:
+    """PerRow and NM rank only the entries still unpruned, as Unstructured does: a NaN or
+    infinity where the mask is 0 (in the values or the importance scores) changes nothing;
+    it was refused as 'the scores hold 1 value(s) that cannot be ranked'."""
+    generator = torch.Generator().manual_seed(4)
+    w = torch.randn(6, 12, generator=generator)
+    scores = torch.rand(6, 12, generator=generator)
+    mask = (torch.rand(6, 12, generator=generator) > 0.25).float()
+    mask[0, 0] = 0.0
+    results = []
+    for poisoned in (False, True):
+        module = holder(w)
+        prunekit.custom_from_mask(module, "weight", mask)
+        given = scores.clone() if scored else None
+        if poisoned:
+            target = given if given is not None else module.weight_orig.data
+            target[0, 0] = bad
+        amount = getattr(pattern, "fraction", 0.5)  # NM's is fixed: (m - n) / m
+        prunekit.Pruning.apply(module, "weight", amount=amount, pattern=pattern,
+                               importance_scores=given)  # fmt: skip
+        results.append(module.weight_mask.clone())
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(results[1] * mask, results[1])  # pruned before: pruned still
+
+
+def test_what_competes_is_still_checked() -> None:
+    """A NaN where the mask is 1 is still refused, by its index, and nothing changes."""
+    module = holder(torch.randn(4, 8))
+    prunekit.custom_from_mask(module, "weight", torch.ones(4, 8))
+    with torch.no_grad():
+        module.weight_orig[2, 5] = math.nan
+    refused(
+        lambda: prunekit.Pruning.apply(module, "weight", amount=0.5, pattern=prunekit.PerRow()),
+        ValueError,
+        r"cannot be ranked, e\.g\. nan at index \(2, 5\)",
+        model=module,
+    )
+
+
 # --- Channels: norms of 16-bit weights --------------------------------------------------------
 
 
