@@ -294,6 +294,46 @@ def test_prune_model_refuses_a_model_it_cannot_report_before_pruning() -> None:
     )
 
 
+# --- prune_state_dict: a state_dict of a model with tied weights ---------------------------
+
+
+class Tied(nn.Module):
+    """An embedding and a head that share one weight, and a layer of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(2, 3)
+        self.head = nn.Linear(3, 2, bias=False)
+        self.head.weight = self.embed.weight
+        self.mid = nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            self.embed.weight.copy_(torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
+            self.mid.weight.copy_(torch.tensor([[2.5, 7.0]]))
+
+
+@pytest.mark.parametrize("amount", [1, 3, 4, 0.5])
+def test_a_tied_weight_in_a_state_dict_is_ranked_once(amount: float) -> None:
+    """A model's state_dict lists a tied weight under each of its names, one storage: it is
+    ranked once and masked alike under each name, as prune_model ranks the model itself.
+    Each name was ranked as a tensor of its own, its entries counted twice: with 3 entries
+    asked, 'embed.weight' lost 1 and 2, 'head.weight' 1 alone, and 'mid.weight' nothing."""
+    model = Tied()
+    result = prune_state_dict(model.state_dict(), amount, method="l1", scope="global")
+    prunekit.prune_model(model, amount, method="l1", scope="global")
+    assert list(result.state) == ["embed.weight", "head.weight", "mid.weight"]
+    for name, tensor in result.state.items():
+        layer, _ = name.split(".")
+        assert torch.equal(tensor, model.get_submodule(layer).weight), name
+    assert torch.equal(result.state["embed.weight"], result.state["head.weight"])
+
+
+def test_a_tied_weight_drawn_at_random_gets_one_draw() -> None:
+    """'random' in scope 'layer' draws once for a tied weight: both names get one mask."""
+    result = prune_state_dict(Tied().state_dict(), 0.5, method="random", seed=0)
+    embed, head = result.state["embed.weight"], result.state["head.weight"]
+    assert torch.equal(embed, head) and int((embed == 0).sum()) == 3
+
+
 # --- prune_sharded: a checkpoint in shards -----------------------------------------------------
 
 
