@@ -57,6 +57,154 @@ def joint(
     ]
 
 
+# --- Unstructured: counts, ties and formats ------------------------------------------------
+
+FORMATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def tied_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Small integers (ties everywhere) with zeros of both signs, in `dtype`."""
+    generator = torch.Generator().manual_seed(seed)
+    w = torch.randint(-3, 4, shape, generator=generator).to(dtype)
+    return torch.where(torch.rand(shape, generator=generator) < 0.3, -0.0, w).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", FORMATS, ids=str)
+@pytest.mark.parametrize("masked", [False, True], ids=["fresh", "masked"])
+def test_every_amount_prunes_what_a_stable_sort_chooses(dtype: torch.dtype, masked: bool) -> None:
+    """l1_unstructured on one tensor and global_unstructured over tensors of very different
+    sizes prune exactly the entries one stable sort of the magnitudes chooses (ties to the
+    earlier tensor, then the lower index; -0.0 equal to 0.0), counted here, for every amount
+    from none to all; entries pruned before stay pruned and are not counted again."""
+    shapes = [(1,), (60, 50), (3,), (0, 4)]
+    values = [tied_values(shape, dtype, i) for i, shape in enumerate(shapes)]
+    generator = torch.Generator().manual_seed(9)
+    alive = [
+        torch.rand(v.shape, generator=generator) > 0.4 if masked else torch.ones_like(v).bool()
+        for v in values
+    ]
+    competing = sum(int(a.sum()) for a in alive)
+    for amount in [0, 1, 0.0, 0.01, 0.5, 0.99, 1.0, competing - 1, competing]:
+        modules = [holder(v) for v in values]
+        for module, a in zip(modules, alive, strict=True):
+            if masked:
+                prunekit.custom_from_mask(module, "weight", a.to(dtype))
+        pairs = [(m, "weight") for m in modules]
+        prunekit.global_unstructured(pairs, prunekit.L1Unstructured, amount=amount)
+        for module, kept in zip(modules, joint(values, amount, alive), strict=True):
+            assert torch.equal(module.weight_mask.bool(), kept), amount
+        chosen = sum(int((m.weight_mask == 0).sum()) for m in modules)
+        masked_before = sum(int((~a).sum()) for a in alive)
+        want = amount if isinstance(amount, int) else round(amount * competing)
+        assert chosen - masked_before == want, amount
+    big = holder(values[1])
+    if masked:
+        prunekit.custom_from_mask(big, "weight", alive[1].to(dtype))
+    left = int(alive[1].sum())
+    for amount in [0, 1, left // 3, 0.3, left]:
+        one = holder(values[1])
+        if masked:
+            prunekit.custom_from_mask(one, "weight", alive[1].to(dtype))
+        prunekit.l1_unstructured(one, "weight", amount)
+        assert torch.equal(one.weight_mask.bool(), joint([values[1]], amount, [alive[1]])[0])
+    refused(
+        lambda: prunekit.l1_unstructured(big, "weight", left + 1),
+        ValueError,
+        rf"parameter 'weight' of Module: L1Unstructured: amount={left + 1} is more than the "
+        rf"{left} units available to prune; expected a count <= {left}",
+        model=big,
+    )
+
+
+def test_a_count_one_above_all_entries_changes_nothing() -> None:
+    """A global count one above the entries of all tensors is refused by global_unstructured,
+    naming the count and how many there are, and no tensor is pruned."""
+    modules = nn.ModuleList([holder(torch.randn(3, 4)), holder(torch.randn(5))])
+    pairs = [(m, "weight") for m in modules]
+    refused(
+        lambda: prunekit.global_unstructured(pairs, prunekit.L1Unstructured, amount=18),
+        ValueError,
+        r"^global_unstructured: L1Unstructured: amount=18 is more than the 17 units",
+        model=modules,
+    )
+
+
+# --- NM and PerRow: edges ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "m", "dim"), [(2, 4, 1), (1, 4, 0), (3, 4, -1), (1, 2, 2)])
+def test_nm_keeps_at_most_n_of_every_m_along_its_dim(n: int, m: int, dim: int) -> None:
+    """Every group of m consecutive entries along `dim` keeps its n largest magnitudes
+    (ties to the lower index), counted here group by group, in a 3-D tensor."""
+    w = tied_values((8, 8, 4), torch.float32, 5)
+    module = holder(w)
+    prunekit.Pruning.apply(module, "weight", amount=(m - n) / m, pattern=prunekit.NM(n, m, dim))
+    groups = module.weight_mask.movedim(dim, -1).reshape(-1, m)
+    scores = w.abs().movedim(dim, -1).reshape(-1, m)
+    for kept, score in zip(groups, scores, strict=True):
+        order = sorted(range(m), key=lambda i: (float(score[i]), i))
+        assert [int(kept[i]) for i in order] == [0] * (m - n) + [1] * n
+
+
+@pytest.mark.parametrize(
+    ("shape", "pattern", "amount", "error", "match"),
+    [
+        ((4, 6), prunekit.NM(2, 4), 0.5, ValueError, r"size 6 \(shape \(4, 6\)\) is not a "
+         r"multiple of 4; expected a size divisible by 4"),
+        ((4, 8), prunekit.NM(2, 4), 0.25, ValueError, r"invalid amount=0\.25 for NM\(2, 4\)"),
+        ((4, 8), prunekit.NM(2, 4), 2, ValueError, r"invalid amount=2 for NM\(2, 4\)"),
+        ((4, 8), prunekit.NM(2, 4, dim=2), 0.5, IndexError, r"dim=2 is out of range"),
+        ((5, 1), prunekit.PerRow(), 2, ValueError, r"amount=2 is more than the 1 units"),
+        ((8,), prunekit.PerRow(), 0.5, ValueError, r"per-row pruning needs rows"),
+    ],
+    ids=["nm-not-divisible", "nm-amount", "nm-count", "nm-dim", "row-count", "row-1d"],
+)  # fmt: skip
+def test_nm_and_per_row_refuse_by_the_parameter(
+    shape: tuple[int, ...], pattern: prunekit.Pattern, amount: float, error: type, match: str
+) -> None:
+    """A shape or amount the pattern cannot take is refused naming the parameter, the value
+    and what is allowed, and nothing changes."""
+    module = holder(torch.randn(shape))
+    refused(
+        lambda: prunekit.Pruning.apply(module, "weight", amount=amount, pattern=pattern),
+        error,
+        r"^parameter 'weight' of Module: Pruning: .*" + match,
+        model=module,
+    )
+
+
+@pytest.mark.parametrize(("n", "m"), [(4, 4), (5, 4), (0, 4), (2, 0)])
+def test_nm_refuses_n_not_below_m_when_made(n: int, m: int) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^NM: invalid n={n}, m={m}; expected ints with 1 <= n < m"
+    ):
+        prunekit.NM(n, m)
+
+
+@pytest.mark.parametrize(
+    ("amount", "pruned"), [(0.5, 0), (0.4, 0), (0.6, 5), (1.0, 5), (1, 5), (0, 0)]
+)
+def test_rows_of_one_entry(amount: float, pruned: int) -> None:
+    """Rows of one entry: a fraction rounds as Python's round does (0.5 -> 0, ties to even),
+    a count of 1 prunes every row."""
+    module = holder(torch.randn(5, 1))
+    prunekit.Pruning.apply(module, "weight", amount=amount, pattern=prunekit.PerRow())
+    assert int((module.weight == 0).sum()) == pruned
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0), (3, 0, 4)], ids=str)
+@pytest.mark.parametrize(
+    "pattern",
+    [prunekit.Unstructured(), prunekit.PerRow(), prunekit.NM(2, 4), prunekit.Channels(dim=0)],
+    ids=repr,
+)
+def test_empty_tensors_prune_nothing(shape: tuple[int, ...], pattern: prunekit.Pattern) -> None:
+    amount = getattr(pattern, "fraction", 0.5)
+    module = holder(torch.zeros(shape))
+    prunekit.Pruning.apply(module, "weight", amount=amount, pattern=pattern)
+    assert module.weight_mask.shape == shape and module.weight.shape == shape
+
+
 # --- prune_channels: a global share under round_to --------------------------------------------
 
 
