@@ -630,3 +630,69 @@ def test_statistics_of_one_rank_are_its_own_as_new_tensors(one_rank: Any) -> Non
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The bits of a float tensor (NaN equal to itself, -0.0 apart from 0.0)."""
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def weights(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """Three tensors in three shards, tied values across two of them (equal copies)."""
+    torch.manual_seed(0)
+    embed = torch.randn(4, 6)
+    state = {"embed.weight": embed, "mid.weight": torch.randn(6, 3), "head.weight": embed.clone()}
+    files = [["embed.weight"], ["mid.weight"], ["head.weight"]]
+    return shards(tmp_path / "in", state, files), state
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+@pytest.mark.parametrize("amount", [0, 1, 17, 0.5, 1.0, 48])
+def test_sharded_equals_the_state_dict_in_memory(tmp_path: Path, scope: str, amount: float) -> None:
+    """Shards pruned as prune_state_dict prunes the same tensors in one dict, bit for bit,
+    every amount up to all of them; equal copies in two shards (no storage to share) are
+    ranked apart, ties to the earlier in the index, as in memory."""
+    from safetensors.torch import load_file
+
+    if scope == "layer" and amount in (17, 48):  # a count per tensor: at most 18 here
+        amount = 5
+    folder, state = weights(tmp_path)
+    result = prune_sharded(folder, tmp_path / "out", amount, method="l1", scope=scope)
+    want = prune_state_dict(state, amount, method="l1", scope=scope).state
+    index = json.loads((tmp_path / "out" / INDEX).read_text())
+    assert list(index["weight_map"]) == list(state)
+    got = {n: load_file(str(tmp_path / "out" / f))[n] for n, f in index["weight_map"].items()}
+    for name in state:
+        assert torch.equal(bits(got[name]), bits(want[name])), name
+    assert result.zeros == sum(int((t == 0).sum()) for t in want.values())
+    assert result.numel == 66
+
+
+def test_an_index_naming_a_shard_without_the_tensor_is_refused(tmp_path: Path) -> None:
+    """The index says a tensor is in a shard that does not hold it: refused by name, and
+    the output folder is not made."""
+    folder, _ = weights(tmp_path)
+    index = json.loads((folder / INDEX).read_text())
+    index["weight_map"]["mid.weight"] = index["weight_map"]["head.weight"]
+    (folder / INDEX).write_text(json.dumps(index))
+    out = tmp_path / "out"
+    refused(
+        lambda: prune_sharded(folder, out, 0.5, method="l1", scope="global"),
+        ValueError,
+        r"'mid\.weight' is not in model-00003-of-00003\.safetensors, where the index says",
+        paths=(folder, out),
+    )
+
+
+def test_a_tensor_the_index_leaves_out_of_a_listed_shard_is_kept(tmp_path: Path) -> None:
+    """A tensor of a listed shard that the index leaves out still belongs: pruned, written,
+    and listed in the new index (after the listed ones)."""
+    folder, state = weights(tmp_path)
+    index = json.loads((folder / INDEX).read_text())
+    del index["weight_map"]["mid.weight"]
+    index["weight_map"]["stray.weight"] = index["weight_map"].pop("embed.weight")
+    from safetensors.torch import save_file
+
+    shard = folder / index["weight_map"]["stray.weight"]
+    save_file({"embed.weight": state["embed.weight"], "stray.weight": torch.ones(2, 2)}, str(shard))
+    index["weight_map"]["mid.weight"] = "model-00002-of-00003.safetensors"
+    (folder / INDEX).write_text(json.dumps(index))
+    result = prune_sharded(folder, tmp_path / "out", 0.5, method="l1")
+    written = json.loads((tmp_path / "out" / INDEX).read_text())["weight_map"]
+    assert set(written) == {"embed.weight", "mid.weight", "head.weight", "stray.weight"}
+    assert set(result.pruned) == set(written)
