@@ -199,6 +199,9 @@ BROKE: dict[str, str] = {
     "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.5-": (
         "fewer channels removed than round_to allows: each layer's share rounded on its own"
     ),
+    "test_selection::test_a_global_share_passes_a_layers_last_channel_to_the_next_in_rank": (
+        "13 of the 14 channels asked: the channel a layer keeps was dropped from the count"
+    ),
     "test_selection::test_channel_norms_past_the_range_of_16_bits_still_rank[1-torch.float16]": (
         "finite float16 weights refused: 'the channel norms hold inf' (L1 sums past 65504)"
     ),

@@ -245,6 +245,19 @@ def test_a_global_share_under_round_to_removes_what_was_asked(round_to: int, amo
     assert all((16 - r) % round_to == 0 and 16 - r >= round_to for r in removed), removed
 
 
+def test_a_global_share_passes_a_layers_last_channel_to_the_next_in_rank() -> None:
+    """A layer keeps one channel even where all of its channels rank inside the share: the
+    one it keeps goes to the next channel in the joint ranking, so the share asked still goes
+    (14 of 18). It was dropped from the count: 13 went."""
+    model = nn.Sequential(nn.Linear(4, 12), nn.ReLU(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, 2))
+    ranked = {12: torch.zeros(12), 6: torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])}
+    prunekit.prune_channels(
+        model, torch.randn(3, 4), 0.75, scope="global", criterion=lambda g: ranked[g.size]
+    )
+    removed = [int((layer.weight_mask.sum(dim=1) == 0).sum()) for layer in (model[0], model[2])]
+    assert removed == [11, 3]
+
+
 @pytest.mark.parametrize("round_to", [2, 3, 4, 8])
 @pytest.mark.parametrize("amount", [0.1, 0.25, 0.5, 0.9])
 def test_a_global_share_over_uneven_widths_never_passes_the_ask(
