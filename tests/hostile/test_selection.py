@@ -6,6 +6,7 @@ from the code they check."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -260,14 +261,14 @@ def test_a_global_share_passes_a_layers_last_channel_to_the_next_in_rank() -> No
 
 @pytest.mark.parametrize("round_to", [2, 3, 4, 8])
 @pytest.mark.parametrize("amount", [0.1, 0.25, 0.5, 0.9])
-def test_a_global_share_over_uneven_widths_never_passes_the_ask(
+def test_a_global_share_over_uneven_widths_is_the_nearest_the_steps_allow(
     round_to: int, amount: float
 ) -> None:
-    """Widths that are no multiple of round_to (10, 16, 7): at most round(amount x 33)
-    channels go, each width kept a multiple of round_to (or whole), at least round_to of it.
-    (Whole steps taken in the order of their mean score may stop short of the nearest total
-    the steps allow: the first steps of 10 channels are 2 wide, and one taken early can leave
-    too little room for a step of 8.)"""
+    """Widths that are no multiple of round_to (10, 16, 7): the nearest total to round(amount
+    x 33) that whole steps allow without passing it (found here by trying every width each
+    layer may keep) goes, each width kept a multiple of round_to (or whole), at least
+    round_to of it. Steps taken in the order of their mean score alone stopped short: a first
+    step of 2 of the 10 channels taken early left no room for a step of 8 (2 of 8 asked)."""
     torch.manual_seed(1)
     model = nn.Sequential(
         nn.Linear(8, 10), nn.ReLU(), nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 7), nn.ReLU(),
@@ -278,10 +279,13 @@ def test_a_global_share_over_uneven_widths_never_passes_the_ask(
     for layer in (model[0], model[2], model[4]):
         mask = getattr(layer, "weight_mask", torch.ones_like(layer.weight))
         removed.append(int((mask.sum(dim=1) == 0).sum()))
-    assert sum(removed) <= round(amount * 33)
     for size, gone in zip((10, 16, 7), removed, strict=True):
         kept = size - gone
         assert gone == 0 or (kept % round_to == 0 and kept >= round_to), removed
+    each = [[size - keep for keep in range(round_to, size, round_to)] + [0] for size in (10, 16, 7)]
+    asked = round(amount * 33)
+    totals = {sum(parts) for parts in itertools.product(*each)}
+    assert sum(removed) == max(t for t in totals if t <= asked), removed
 
 
 # --- PerRow and NM: entries pruned before ---------------------------------------------------
