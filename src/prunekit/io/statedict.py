@@ -59,9 +59,6 @@ def prune_state_dict(
 ) -> PruneResult:
     """Return a copy of `state` with its selected tensors pruned; `state` is not changed.
 
-    A tied weight (one storage under several names, as a model's state_dict lists it) is
-    ranked once and masked alike under each of its names, as prune_model ranks it.
-
     ``prune_state_dict(state, 0.5, method="l1", scope="global")`` or, the same,
     ``prune_state_dict(state, config=Config(method="l1", amount=0.5, scope="global"))``.
 
@@ -124,12 +121,8 @@ def prune_config(
     _refuse_stray_masks(found, targets)
     saved = {e.name: saved_mask(e) for e in found if e.mask is not None}
     chosen = [e for e in found if e.name in targets]
-    ranked, tied = _untied(chosen)
     with seeded(seed, OWNER):
-        masks = rank.masks(ranked, saved, config.scope)
-    for name, first in tied.items():  # a tied weight: ranked once, masked alike
-        if first in masks:
-            masks[name] = masks[first]
+        masks = rank.masks(chosen, saved, config.scope)
     out: dict[str, Tensor] = {}
     for e in found:
         mask = masks.get(e.name, saved.get(e.name))
@@ -188,30 +181,6 @@ def prune_file(
     result = prune_config(loaded, checked, keep_masks, seed)
     save_state_dict(result.state, out)
     return result
-
-
-def _untied(chosen: Sequence[Entry]) -> tuple[list[Entry], dict[str, str]]:
-    """The entries to rank, a tied weight once (a model's state_dict lists it under each
-    of its names, one storage), and each further name of a tied weight with its first."""
-    first: dict[tuple[object, ...], str] = {}
-    ranked, tied = [], {}
-    for e in chosen:
-        key = _storage(e.tensor) + (() if e.mask is None else _storage(e.mask))
-        if key and key in first:
-            tied[e.name] = first[key]
-            continue
-        if key:
-            first[key] = e.name
-        ranked.append(e)
-    return ranked, tied
-
-
-def _storage(t: Tensor) -> tuple[object, ...]:
-    """Where a tensor's values are (another view of them has the same), or () if it has
-    none to share (empty, or on the meta device)."""
-    if t.numel() == 0 or t.is_meta:
-        return ()
-    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
 
 
 def _refuse_stray_masks(found: Sequence[Entry], targets: Collection[str]) -> None:
