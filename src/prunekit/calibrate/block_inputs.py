@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from prunekit.calibrate.batches import batch_error, run_batch
 from prunekit.calibrate.statistics import Stop
 from prunekit.core.errors import value_error
+from prunekit.core.signature import forward_parameters
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -53,9 +54,8 @@ def cacheless(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _cache_positions(module: nn.Module) -> set[int]:
     """The positions at which `module`'s forward takes a key/value cache (GPT-2's blocks
     take ``past_key_values`` second): a cache given there is dropped as one by keyword."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):  # no signature to read
+    params = forward_parameters(module)
+    if params is None:  # no signature to read
         return set()
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     found: set[int] = set()

@@ -15,7 +15,6 @@ and no weight decay moves them): the student compacts exactly afterwards, as bef
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Iterable
@@ -35,6 +34,7 @@ from prunekit.core.checks import (
 )
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.nested import described, leaves
+from prunekit.core.signature import takes_keyword
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import (
     Distiller,
@@ -324,7 +324,7 @@ def _check_hidden_states(student: nn.Module, distiller: Distiller) -> None:
     if not distiller.hidden_weight:
         return
     for whose, model in (("student", student), ("teacher", distiller.teacher)):
-        if not _takes_keyword(model, "output_hidden_states"):
+        if takes_keyword(model, "output_hidden_states") is False:
             raise value_error(
                 f"{_OWNER}: invalid distiller: hidden_weight={distiller.hidden_weight:g} "
                 f"calls the {whose} with output_hidden_states=True, but "
@@ -332,20 +332,6 @@ def _check_hidden_states(student: nn.Module, distiller: Distiller) -> None:
                 "hidden_weight=0 for a model that returns no hidden states, or a forward "
                 "that takes output_hidden_states and returns hidden_states"
             )
-
-
-def _takes_keyword(model: nn.Module, name: str) -> bool:
-    """Whether `model`'s forward takes the keyword `name` (by name, or as **kwargs); True
-    where its signature cannot be read."""
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(
-        p.kind is inspect.Parameter.VAR_KEYWORD
-        or (p.name == name and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
-        for p in parameters
-    )
 
 
 def _positive(value: float) -> bool:
