@@ -165,7 +165,11 @@ BROKE: dict[str, str] = {
         "read empty after its check: include pruned every weight, exclude left out none"
     ),
     "test_oneshot::test_blocks_called_out_of_turn_are_refused_block_by_block": (
-        "blocks called reversed, skipped or twice: each calibrated on other inputs, silently"
+        "blocks called reversed, skipped or twice (again after the last one too): each "
+        "calibrated on other inputs, silently"
+    ),
+    "test_oneshot::test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused": (
+        "a pruned block run again after the last pruned one: calibrated on its first call"
     ),
     "test_oneshot::test_taylor_refuses_a_tensor_the_loss_gives_no_gradient": (
         "no gradient ranked as all zeros: the first half of the tensor pruned, by index"

@@ -97,7 +97,7 @@ def test_layer_by_layer_uses_each_blocks_own_arguments(builder: Callable[[], Any
     prunekit.prune_model(model, 0.5, method="wanda", calibration=_calibration(),
                          sequential="layers")  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:  # the old behaviour: block 0's arguments
-        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_, **__: None)
         prunekit.prune_model(first, 0.5, method="wanda", calibration=_calibration(),
                              sequential="layers")  # fmt: skip
     changed = _differing(model, first)
@@ -230,7 +230,7 @@ def test_a_forward_that_reads_more_than_the_hidden_states_keeps_the_first_blocks
     before = copy.deepcopy(model)
     prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_, **__: None)
         prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
     assert _differing(model, before) == []
     assert not any(b._forward_pre_hooks or "forward" in vars(b) for b in model.blocks)
