@@ -188,7 +188,13 @@ def block_calls(
     do not hold. Each batch runs the whole model in eval mode with every block passing its
     hidden states through, its own hooks set aside (no block computes, its parameters are
     not read, and no hook sees the call): the layers outside the blocks (a final norm, a
-    head) run on, so that a block called again after the last one is seen.
+    head) run on, so that a block called again after the last one is seen. Where the forward
+    reads more than the hidden states from a block's output (T5's blocks hand on the
+    position bias block 0 computes), the blocks cannot be passed through: the batches then
+    run through the blocks themselves (a full forward of each), and each block is recorded
+    with what the model gives it, the blocks' order checked the same way. An argument
+    computed from a block's output is then the model's as it is when recorded (before
+    anything is pruned; T5's bias comes from an embedding, which no block's pruning moves).
 
     Args:
         model: the model.
@@ -199,12 +205,12 @@ def block_calls(
             any order once they all ran.
 
     Returns:
-        The calls of the wanted blocks, or None where the model's forward cannot reach its
-        last wanted block with its blocks passed through, or gives a block other hidden
-        states than the first one's shape (it reads more than the hidden states from a
-        block's output: then each block is given the first block's arguments, as before),
-        or fewer than two blocks are wanted. A forward that fails after the last wanted
-        block (its head reading what the blocks passed through) is taken as it ran so far.
+        The calls of the wanted blocks, or None (each block is then given the first
+        block's arguments) where the model's forward cannot reach its last wanted block,
+        nor give every block hidden states of the first one's shape, with its blocks passed
+        through nor run, or fewer than two blocks are wanted. A forward that fails after the
+        last wanted block (its head reading what the blocks passed through, or held on the
+        meta device) is taken as it ran so far.
 
     Raises:
         ValueError: the forward calls a wanted block out of turn, again after its turn, or
@@ -217,10 +223,24 @@ def block_calls(
     if count < 2:  # the first block's inputs are captured apart
         return None
     hooked = _hooked(blocks, count)
+    for through in (True, False):
+        found = _record(model, blocks, batches, count, hooked, through)
+        if found is not None:
+            return found
+    return None
+
+
+def _record(
+    model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any],
+    count: int, hooked: list[int], through: bool,
+) -> BlockCalls | None:  # fmt: skip
+    """``block_calls``' recording, the blocks at `hooked` passed through (`through`) or run
+    as they are; None where it cannot tell the calls (see ``block_calls``)."""
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
+    handles: list[Any] = []
     bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
@@ -251,20 +271,23 @@ def block_calls(
     try:
         for index in hooked:
             block = blocks[index]
-            own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
-            saved.append((block, own))
-            for key, value in own.items():
-                block.__dict__[key] = type(value)()  # empty hooks
-            block.forward = passthrough
-            block.register_forward_pre_hook(recorder(index), with_kwargs=True)
+            if through:
+                own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
+                saved.append((block, own))
+                for key, value in own.items():
+                    block.__dict__[key] = type(value)()  # empty hooks
+                block.forward = passthrough
+            handles.append(block.register_forward_pre_hook(recorder(index), with_kwargs=True))
         with evaluating(model), torch.no_grad():
             for batch in batches:
                 order.append([])
                 if not _run_through(model, batch, order[-1], count, bugs):
                     break  # a block called out of turn, or the last wanted one never
-    except _Unreached:  # a forward that needs its blocks' outputs: the first block's calls
+    except _Unreached:  # a forward that needs its blocks' outputs: run them, or give up
         return None
     finally:
+        for handle in handles:
+            handle.remove()
         for block, own in saved:
             for key in _SET_ASIDE:
                 if key in own:
