@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +35,7 @@ from prunekit._extras import require
 from prunekit.calibrate import evaluating
 from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.signature import forward_parameters
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.export.request import ExportReport, Request
 
@@ -251,10 +251,7 @@ def _input_names(
 ) -> list[str]:
     """The graph's input names: the forward's parameter names for positional inputs (or
     ``input_<i>`` where it takes ``*args``), the keys for keyword inputs."""
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
+    parameters = forward_parameters(model) or []
     named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [named[i] if i < len(named) else f"input_{i}" for i in range(len(args))]
     return names + list(kwargs)

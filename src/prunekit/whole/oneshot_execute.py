@@ -169,7 +169,7 @@ def _by_blocks(
         try:
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
             # each block's own arguments (mask, rotary), up to the last pruned one
-            calls = cal.block_calls(model, blocks[: last + 1], plan.batches)
+            calls = cal.block_calls(model, blocks, plan.batches, wanted=last + 1)
         except Exception as error:
             if reduce is None:
                 raise
