@@ -107,7 +107,7 @@ def make_plan(
     if isinstance(chosen, NM):
         chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
     batches = _batches(config, calibration, loss)
-    settings = SparseGPT(config.damp, config.blocksize)
+    settings = config.sparsegpt
     found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)
     plan = Plan(targets, config, chosen, batches, loss, settings, found)
     for module, name in targets:
