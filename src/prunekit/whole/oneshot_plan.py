@@ -158,8 +158,8 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             raise value_error(
                 f"{owner}: method={method!r} calibrates the weight matrices of Linear "
                 f"layers, Hugging Face's Conv1D, convolutions and MultiheadAttention's "
-                f"in_proj_weight; {where} ({path!r}) is not one (exclude it, or prune it "
-                "with method='l1')"
+                f"in_proj_weight and out_proj; {where} ({path!r}) is not one (exclude it, "
+                "or prune it with method='l1')"
             )
         if not isinstance(values, Tensor):
             raise type_error(f"{owner}: method={method!r} needs a torch model")
