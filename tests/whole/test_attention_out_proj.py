@@ -77,3 +77,17 @@ def test_wandas_out_proj_mask_ranks_by_the_attention_output() -> None:
                          include=("self_attn.out_proj",))  # fmt: skip
     assert torch.equal(attention.out_proj.get_buffer("weight_mask").bool(), kept)
     assert not hasattr(model.self_attn, "in_proj_weight_mask")
+
+
+def test_a_failed_call_leaves_the_attention_as_it_was() -> None:
+    """The attention runs with an identity in place of out_proj while calibrating: a batch
+    the model refuses leaves its own forward, its out_proj and every tensor as they were."""
+    model = layer()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out_proj = model.self_attn.out_proj
+    bad = [torch.randn(2, 5, 16), torch.randn(2, 5, 15)]
+    with pytest.raises(ValueError, match="batch 1"):
+        prunekit.prune_model(model, 0.5, method="sparsegpt", calibration=bad)
+    assert "forward" not in vars(model.self_attn) and model.self_attn.out_proj is out_proj
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
