@@ -67,7 +67,9 @@ class ChannelConfig:
             largest |score| counts as 0); a lower one is refused by group and value.
         scope: 'layer', or 'global': the units of all groups of a kind are ranked together
             (scores divided by their group's mean) and that share of all of them goes
-            (heads with key/value groups are always counted per module).
+            (heads with key/value groups are always counted per module); where widths keep
+            a multiple of a step (`round_to`), groups lose whole steps, ranked by their
+            units' mean, and at most that share goes, as near it as the steps allow.
         exclude: modules, or their names (globs allowed; a block stands for its layers),
             whose output channels stay (those of a norm or a depthwise conv are its input
             channels too); their input channels still follow their producers. Kept as a
