@@ -24,8 +24,8 @@ added to what compensation fits) and --minilm-blend (the activation score blende
 weights' norm): rows of ``domains_minilm.py``. --minilm-reconstruct S: after each row, the
 model compacted and ``prunekit.reconstruct_blocks`` (lr 1e-4) for S CPU seconds on the same
 windows compensation fitted, towards the dense model's blocks: a row '+rS' more.
---token-weights: compensation's ``token_weights``, each value a row ('energy', the default,
-or 'equal': each token's error relative to its size; rows named 'tokens equal').
+--token-weights: compensation's ``token_weights``, each value a row of both models ('energy',
+the default, or 'equal': each token's error relative to its size; rows named with 'equal').
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
@@ -150,8 +150,11 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(header + "\n" + "-" * len(header))
     print(f"{'dense (perplexity)':<{args.width}}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
-        rows = itertools.product(args.damping, args.steps, args.sensitivity, args.floor)
-        for label, steps, level, floor in rows:
+        rows = itertools.product(args.damping, args.steps, args.sensitivity, args.floor,
+                                 args.token_weights)  # fmt: skip
+        for label, steps, level, floor, weights in rows:
+            if weights == "equal" and label == "none":
+                continue  # nothing fitted to weigh
             started = time.perf_counter()
             pruned = copy.deepcopy(model)
             for k in range(1, steps + 1):  # several smaller cuts, compensated after each
@@ -160,11 +163,13 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
                 prunekit.prune_channels(
                     pruned, example, budget=budget, criterion=args.criterion,
                     calibration=batches, round_to=args.round_to, **damping_kwargs(label),
+                    **({"token_weights": weights} if weights != "energy" else {}),
                 )  # fmt: skip
             name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
             short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
             short += f" s{level:g}" if level else ""
             short += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
+            short += " equal" if weights == "equal" else ""
             name = name if short == f"{target:.0%} {label}" else short
             _row(name, pruned, tests, dense, started, width=args.width)
             emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
@@ -229,6 +234,8 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
         rows = itertools.product(args.damping, args.sensitivity, args.floor, args.minilm_augment,
                                  args.minilm_blend, args.token_weights)  # fmt: skip
         for label, level, floor, augment, blend, weights in rows:
+            if weights == "equal" and label == "none":
+                continue  # nothing fitted to weigh
             budget = prunekit.Budget(params=removed, sensitivity=level, floor=floor)
             criterion: Any = args.criterion
             fitted = batches
@@ -288,7 +295,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-augment", default="none", help="'freq32+random32', rows")
     parser.add_argument("--minilm-reconstruct", type=float, default=0, help="CPU s, rows")
     parser.add_argument("--minilm-blend", default="0", help="share of 'l2' in the score, rows")
-    parser.add_argument("--token-weights", default="energy", help="MiniLM: 'energy,equal', rows")
+    parser.add_argument("--token-weights", default="energy", help="'energy,equal', rows")
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
