@@ -111,6 +111,9 @@ BROKE: dict[str, str] = {
     "test_sequential_kinds::test_t5_blocks": (
         "T5's later blocks calibrated without the position bias block 0 computes"
     ),
+    "test_sequential_kinds::test_a_block_with_a_forward_of_its_own": (
+        "raw TypeError from block_calls setting aside an instance forward (accelerate's hooks)"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

@@ -7,6 +7,7 @@ arguments the model's own forward gives it, not on the first block's."""
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -250,6 +251,26 @@ def test_a_forward_that_reads_more_than_the_hidden_states_gives_each_block_its_o
         patch.setattr(prunekit.calibrate, "block_calls", lambda *_, **__: None)
         prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
     assert _differing(before, want)
+
+
+def test_a_block_with_a_forward_of_its_own_is_recorded_and_left_as_it_was() -> None:
+    """A block whose forward is an instance attribute (accelerate's hooks set one): the
+    recording set it aside by calling its type with no argument (a function's needs one),
+    a TypeError from inside the library."""
+    torch.manual_seed(0)
+    model = _Stack()
+    want = copy.deepcopy(model)
+    for stack in (model, want):
+        original = stack.blocks[0].forward
+        stack.blocks[0].forward = functools.partial(original)  # type: ignore[method-assign]
+    own = model.blocks[0].forward
+    calibration = [torch.randn(2, 5, 8)]
+    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration)
+    assert calls is not None and len(calls[1]) == 1
+    assert vars(model.blocks[0])["forward"] is own
+    prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
+    _by_hand(want, "blocks", 2, calibration)
+    assert _differing(model, want) == []
 
 
 def test_such_a_forward_calling_a_block_again_is_refused() -> None:

@@ -275,7 +275,8 @@ def _record(
                 own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
                 saved.append((block, own))
                 for key, value in own.items():
-                    block.__dict__[key] = type(value)()  # empty hooks
+                    if key != "forward":  # set below
+                        block.__dict__[key] = type(value)()  # empty hooks
                 block.forward = passthrough
             handles.append(block.register_forward_pre_hook(recorder(index), with_kwargs=True))
         with evaluating(model), torch.no_grad():
