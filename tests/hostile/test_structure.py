@@ -1,0 +1,86 @@
+"""Hostile calls of structural pruning: prune_channels (budgets, floors, round_to,
+compensation), compact, rotate_hidden, channel_groups and save_compacted / load_compacted on
+unusual graphs and tiny Hugging Face models. A compacted model computes what the masked one
+did (NaN counts as a difference), a budget removes what it reports, and a refusal leaves the
+model (weights, hooks, config) as it was."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from hostile.support import refused, unchanged
+
+# --- what every case checks -------------------------------------------------------------------
+
+
+def gap(expected: Tensor, got: Tensor) -> float:
+    """The largest difference of `got` from `expected`, relative to the largest of
+    `expected`; a NaN anywhere (or another shape) counts as an infinite difference."""
+    if expected.shape != got.shape:
+        return math.inf
+    diff = (expected.double() - got.double()).abs()
+    diff = torch.where(diff.isnan(), torch.full_like(diff, math.inf), diff)
+    return float(diff.max()) / max(float(expected.double().abs().max()), 1e-30)
+
+
+def run(model: nn.Module, x: Any) -> Tensor:
+    with torch.no_grad():
+        out = model(**x) if isinstance(x, dict) else model(x)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def compacts_exactly(model: nn.Module, x: Any, tolerance: float = 1e-5) -> Tensor:
+    """Compact the masked `model` and check it computes what it did masked; its output."""
+    masked = run(model, x)
+    prunekit.compact(model, x, latency_runs=0)
+    got = run(model, x)
+    assert gap(masked, got) <= tolerance, f"compacted differs from masked by {gap(masked, got)}"
+    return got
+
+
+# --- tensors of the model used outside its layers ---------------------------------------------
+
+
+class Scaled(nn.Module):
+    """A Linear whose output channels meet a buffer of one entry per channel in forward
+    (multiplied, or added), then a Linear that reads them."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.op = op
+        self.a = nn.Linear(8, 16)
+        self.c = nn.Linear(16, 4)
+        self.register_buffer("scale", torch.rand(16) + 0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.a(x))
+        return self.c(h * self.scale if self.op == "mul" else h + self.scale)
+
+
+@pytest.mark.parametrize("op", ["mul", "add"])
+def test_a_buffer_met_in_forward_goes_with_its_channels(op: str) -> None:
+    model, x = Scaled(op).eval(), torch.randn(6, 8)
+    prunekit.prune_channels(model, x, 0.5)
+    assert model.a.out_features == 16  # masked, not yet removed
+    compacts_exactly(model, x)
+    assert model.a.out_features == model.c.in_features == 8
+    assert tuple(model.scale.shape) == (8,)
+
+
+def test_a_compacted_buffer_is_saved_and_loaded_at_its_width(tmp_path: Any) -> None:
+    model, x = Scaled("add").eval(), torch.randn(6, 8)
+    prunekit.prune_channels(model, x, 0.5)
+    expected = compacts_exactly(model, x)
+    prunekit.save_compacted(model, tmp_path / "saved")
+    again = prunekit.load_compacted(Scaled("add").eval(), tmp_path / "saved")
+    assert tuple(again.scale.shape) == (8,)
+    assert gap(expected, run(again, x)) == 0.0
