@@ -109,6 +109,15 @@ BROKE: dict[str, str] = {
     "test_structure::test_a_compacted_buffer_is_saved_and_loaded_at_its_width": (
         "no compaction at all: a buffer met in forward refused by the mask install"
     ),
+    "test_structure::[nan-obs]": (
+        "misdiagnosed: RuntimeError 'the input Hessian is not positive definite even damped'"
+    ),
+    "test_structure::[inf-obs]": (
+        "misdiagnosed: RuntimeError 'the input Hessian is not positive definite even damped'"
+    ),
+    "test_structure::[huge-obs]": (
+        "misdiagnosed: RuntimeError 'the input Hessian is not positive definite even damped'"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

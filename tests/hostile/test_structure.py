@@ -84,3 +84,29 @@ def test_a_compacted_buffer_is_saved_and_loaded_at_its_width(tmp_path: Any) -> N
     again = prunekit.load_compacted(Scaled("add").eval(), tmp_path / "saved")
     assert tuple(again.scale.shape) == (8,)
     assert gap(expected, run(again, x)) == 0.0
+
+
+# --- criteria and compensation on calibration that cannot be measured ------------------------
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)).eval()
+
+
+X = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+NOT_FINITE = [("nan", math.nan), ("inf", math.inf), ("huge", 1e30)]
+
+
+@pytest.mark.parametrize("criterion", ["obs", "activation", "fluctuation", "taylor"])
+@pytest.mark.parametrize(("case", "value"), NOT_FINITE, ids=[c[0] for c in NOT_FINITE])
+def test_calibration_of_no_finite_statistics_is_named_and_changes_nothing(
+    criterion: str, case: str, value: float
+) -> None:
+    model = mlp()
+    calibration = [X, torch.full((4, 8), value)]
+    loss = {"loss": lambda out, batch: out.square().mean()} if criterion == "taylor" else {}
+    call = lambda: prunekit.prune_channels(  # noqa: E731
+        model, X, 0.5, criterion=criterion, calibration=calibration, **loss
+    )
+    refused(call, ValueError, r"finite", model=model)
