@@ -118,6 +118,14 @@ BROKE: dict[str, str] = {
     "test_structure::[huge-obs]": (
         "misdiagnosed: RuntimeError 'the input Hessian is not positive definite even damped'"
     ),
+    "test_structure::[prune_channels]": (
+        "raw RuntimeError 'index_add(): self, index and source expected to be in the same "
+        "device' (a model on the meta device)"
+    ),
+    "test_structure::[compact]": "raw NotImplementedError 'Cannot copy out of meta tensor'",
+    "test_structure::[rotate_hidden]": (
+        "raw RuntimeError 'Tensor on device cpu is not on the expected device meta!'"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

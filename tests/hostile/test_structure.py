@@ -110,3 +110,48 @@ def test_calibration_of_no_finite_statistics_is_named_and_changes_nothing(
         model, X, 0.5, criterion=criterion, calibration=calibration, **loss
     )
     refused(call, ValueError, r"finite", model=model)
+
+
+# --- tiny Hugging Face models -------------------------------------------------------------------
+
+
+def llama(**options: Any) -> nn.Module:
+    """A tiny LlamaForCausalLM (hidden 32, 4 query heads in 2 key/value groups, MLP 48), its
+    norms' weights and biases random (so that folding and slicing them shows)."""
+    import transformers
+
+    settings: dict[str, Any] = dict(
+        vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**settings, **options}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model.eval()
+
+
+IDS = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+CALIBRATION = [torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(i))
+               for i in range(3)]  # fmt: skip
+
+ON_META: list[tuple[str, Callable[[nn.Module], Any]]] = [
+    ("prune_channels", lambda m: prunekit.prune_channels(m, {"input_ids": IDS}, 0.3)),
+    ("compact", lambda m: prunekit.compact(m, {"input_ids": IDS}, latency_runs=0)),
+    ("rotate_hidden", lambda m: prunekit.rotate_hidden(m, CALIBRATION, 0.25)),
+]
+
+
+@pytest.mark.parametrize(("entry", "call"), ON_META, ids=[c[0] for c in ON_META])
+def test_a_model_on_the_meta_device_is_refused_for_that(
+    entry: str, call: Callable[[nn.Module], Any]
+) -> None:
+    model = llama()
+    if entry == "compact":
+        prunekit.prune_channels(model, {"input_ids": IDS}, 0.3)
+    model = model.to("meta")
+    refused(lambda: call(model), ValueError, rf"^{entry}: .*meta device", model=model)

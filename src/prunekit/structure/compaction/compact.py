@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from prunekit.core.checks import refuse_meta
 from prunekit.core.difference import largest_over
 from prunekit.core.errors import warn_caller
 from prunekit.core.example_inputs import ExampleInputs
@@ -152,11 +153,13 @@ def compact(
 
     Raises:
         TypeError: `model` is no torch module, or `example_inputs` none of the three forms.
-        ValueError: `tolerance` or `latency_runs` is out of range.
+        ValueError: `tolerance` or `latency_runs` is out of range, or a tensor of `model`
+            is on the meta device (no values).
         RuntimeError: the compacted model's outputs differ beyond `tolerance`; the model is
             then restored as it was.
     """
     check_model(model, "compact")
+    refuse_meta("compact", model)
     _check_options(tolerance, latency_runs)
     inputs = split_inputs(example_inputs, "compact")
     # the transaction holds the traced forward too: it may write buffers

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number
+from prunekit.core.checks import check_number, refuse_meta
 from prunekit.core.errors import shown, type_error, value_error
 from prunekit.core.transaction import transaction
 from prunekit.structure.rotation.family import OWNER, Stream, find_stream
@@ -118,7 +118,8 @@ def rotate_hidden(
             whose multiples with the heads' count are no narrower than the width, an
             attention_mask without one entry per token, a batch the model cannot take
             (naming it and the model's error), an unsupported family or a
-            missing part, masks installed, no calibration batch, calibration whose every
+            missing part, masks installed, a tensor on the meta device (no values), no
+            calibration batch, calibration whose every
             token an attention_mask masks out, or calibration hidden states that are not
             finite. The model is left as it was.
         TypeError: `model`, `hidden`, `round_to`, `compensate`, `unit_tokens` or
@@ -126,6 +127,7 @@ def rotate_hidden(
     """
     _check_options(hidden, round_to, compensate, unit_tokens)
     stream = find_stream(model)
+    refuse_meta(OWNER, model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
     kept = _kept(model, width, hidden, round_to)
