@@ -155,3 +155,28 @@ def test_a_model_on_the_meta_device_is_refused_for_that(
         prunekit.prune_channels(model, {"input_ids": IDS}, 0.3)
     model = model.to("meta")
     refused(lambda: call(model), ValueError, rf"^{entry}: .*meta device", model=model)
+
+
+# --- options ------------------------------------------------------------------------------------
+
+BAD_EXCLUDE: list[tuple[str, Any, type[BaseException], str]] = [
+    ("int", 3, TypeError, r"^prune_channels: invalid exclude=3; expected"),
+    ("float", 0.5, TypeError, r"^prune_channels: invalid exclude=0\.5; expected"),
+    ("item-int", ["0", 3], TypeError, r"^prune_channels: invalid exclude=\['0', 3\].*expected"),
+    ("old-name-int", None, TypeError, r"^prune_channels: invalid ignore=3; expected"),
+    ("not-in-model", [nn.Linear(2, 2)], ValueError,
+     r"^prune_channels: exclude holds a Linear that is no module of the model; expected"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "exclude", "error", "match"), BAD_EXCLUDE,
+                         ids=[c[0] for c in BAD_EXCLUDE])  # fmt: skip
+def test_a_bad_exclude_is_named_and_changes_nothing(
+    case: str, exclude: Any, error: type[BaseException], match: str
+) -> None:
+    model = mlp()
+    given = {"ignore": 3} if case == "old-name-int" else {"exclude": exclude}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # ignore= is the old name
+        refused(lambda: prunekit.prune_channels(model, X, 0.5, **given), error, match,
+                model=model)  # fmt: skip

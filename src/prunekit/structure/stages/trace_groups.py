@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from prunekit.core.errors import value_error
 from prunekit.structure.graph.graph import ChannelGroup, channel_groups
 from prunekit.structure.stages.channel_config import ChannelConfig
 
@@ -93,7 +94,10 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
     for item in ignore:
         if isinstance(item, nn.Module):
             if not any(m is item for m in names.values()):
-                raise ValueError(f"prune_channels: {what} holds {type(item).__name__} not in model")
+                raise value_error(
+                    f"prune_channels: {what} holds a {type(item).__name__} that is no module "
+                    "of the model; expected modules of the model or their names"
+                )
             found.add(id(item))
         elif isinstance(item, str):
             matched = [m for n, m in names.items() if fnmatch.fnmatchcase(n, item)]
