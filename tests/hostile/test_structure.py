@@ -180,3 +180,62 @@ def test_a_bad_exclude_is_named_and_changes_nothing(
         warnings.simplefilter("ignore", FutureWarning)  # ignore= is the old name
         refused(lambda: prunekit.prune_channels(model, X, 0.5, **given), error, match,
                 model=model)  # fmt: skip
+
+
+# --- one tensor read by channels and by values of no channel ------------------------------------
+
+
+class Recurrent(nn.Module):
+    """One layer run on the model's input, then again on its own output: its input columns
+    read the input's features first (no channel of a layer), then its own channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.b = nn.Linear(16, 16)
+        self.c = nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.b(x)))))
+
+
+class SharedWeight(nn.Module):
+    """Two layers holding one Parameter: the first reads the model's input with it, the
+    second the first's channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class SharedNorm(nn.Module):
+    """One BatchNorm run on the model's input and on a layer's channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.n = nn.BatchNorm1d(16)
+        self.a, self.c = nn.Linear(16, 16), nn.Linear(16, 4)
+        with torch.no_grad():
+            self.n.weight.uniform_(0.5, 1.5)
+            self.n.bias.normal_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(torch.relu(self.n(self.a(torch.relu(self.n(x))))))
+
+
+@pytest.mark.parametrize("make", [Recurrent, SharedWeight, SharedNorm])
+def test_a_tensor_that_also_reads_values_of_no_channel_keeps_those_positions(
+    make: Callable[[], nn.Module],
+) -> None:
+    model, x = make().eval(), torch.randn(6, 16)
+    dense = run(model, x)
+    prunekit.prune_channels(model, x, 0.5)
+    assert gap(dense, run(model, x)) == 0.0  # nothing could go: the model's input is read
+    compacts_exactly(model, x)
+    assert any("no channel" in (g.reason or "") for g in prunekit.channel_groups(make(), x))
