@@ -239,3 +239,35 @@ def test_a_tensor_that_also_reads_values_of_no_channel_keeps_those_positions(
     assert gap(dense, run(model, x)) == 0.0  # nothing could go: the model's input is read
     compacts_exactly(model, x)
     assert any("no channel" in (g.reason or "") for g in prunekit.channel_groups(make(), x))
+
+
+# --- torch's own transformer layers -----------------------------------------------------------
+
+
+class Encoder(nn.Module):
+    """torch's TransformerEncoder between two Linears (its eval fast path needs the heads
+    to make the attention's width)."""
+
+    def __init__(self, norm_first: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.i, self.o = nn.Linear(8, 16), nn.Linear(16, 4)
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True,
+                                           norm_first=norm_first)  # fmt: skip
+        self.t = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.o(self.t(self.i(x)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("cut", [{"heads": 0.5}, {"hidden": 0.25}], ids=["heads", "hidden"])
+def test_torchs_encoder_layers_compact_with_heads_or_width_cut(
+    cut: dict[str, float], norm_first: bool
+) -> None:
+    model, x = Encoder(norm_first).eval(), torch.randn(2, 5, 8)
+    prunekit.prune_channels(model, x, 0.25, **cut)
+    got = compacts_exactly(model, x)
+    again = torch.randn(3, 7, 8)  # other shapes, the fast path's conditions met
+    with torch.no_grad():
+        assert bool(model(again).isfinite().all()) and got.shape == (2, 5, 4)
