@@ -271,3 +271,13 @@ def test_torchs_encoder_layers_compact_with_heads_or_width_cut(
     again = torch.randn(3, 7, 8)  # other shapes, the fast path's conditions met
     with torch.no_grad():
         assert bool(model(again).isfinite().all()) and got.shape == (2, 5, 4)
+
+
+def test_a_compacted_multihead_attention_is_loaded_into_a_fresh_model(tmp_path: Any) -> None:
+    model, x = Encoder(False).eval(), torch.randn(2, 5, 8)
+    prunekit.prune_channels(model, x, 0.25, heads=0.5)
+    expected = compacts_exactly(model, x)
+    prunekit.save_compacted(model, tmp_path / "saved")
+    again = prunekit.load_compacted(Encoder(False).eval(), tmp_path / "saved")
+    assert again.t.layers[0].self_attn.num_heads == 2
+    assert gap(expected, run(again, x)) == 0.0

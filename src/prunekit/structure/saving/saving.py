@@ -41,6 +41,7 @@ from prunekit.structure.saving.shapes import (
     apply_reload,
     check_widths,
     describe_module,
+    same_class,
     verify,
     width_value,
 )
@@ -267,8 +268,7 @@ def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) ->
     fresh = dict(model.named_modules())
     for path, entry in modules.items():
         module = fresh.get(path)
-        cls = type(module)
-        if module is None or f"{cls.__module__}.{cls.__qualname__}" != entry["type"]:
+        if module is None or not same_class(entry["type"], module):
             continue  # Reload.plan names the modules and classes that differ
         for name, saved in entry["attributes"].items():
             now = width_value(vars(module).get(name)) if not name.startswith("_") else None
