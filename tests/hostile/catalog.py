@@ -150,6 +150,18 @@ BROKE: dict[str, str] = {
         "load_compacted refused it: 'is a MultiheadAttention but was saved as a "
         "CompactMultiheadAttention; expected the same classes'"
     ),
+    "test_structure::[empty-channel_groups]": (
+        "traced an empty batch: no layer read any channel, the output layer's channels prunable"
+    ),
+    "test_structure::[empty-prune_channels]": (
+        "an empty batch traced: the model's output units masked, silently"
+    ),
+    "test_structure::[empty-compact]": (
+        "misdiagnosed: 'its code may fix a channel count' (mat1 and mat2 shapes, 0 rows)"
+    ),
+    "test_structure::[empty-compact-dict]": (
+        "misdiagnosed: 'its code may fix a channel count' (mat1 and mat2 shapes, 0 rows)"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

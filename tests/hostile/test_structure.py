@@ -281,3 +281,25 @@ def test_a_compacted_multihead_attention_is_loaded_into_a_fresh_model(tmp_path: 
     again = prunekit.load_compacted(Encoder(False).eval(), tmp_path / "saved")
     assert again.t.layers[0].self_attn.num_heads == 2
     assert gap(expected, run(again, x)) == 0.0
+
+
+# --- example inputs that trace nothing ----------------------------------------------------------
+
+EMPTY = torch.zeros(0, 8)
+ON_EMPTY: list[tuple[str, Callable[[nn.Module], Any]]] = [
+    ("channel_groups", lambda m: prunekit.channel_groups(m, EMPTY)),
+    ("prune_channels", lambda m: prunekit.prune_channels(m, EMPTY, 0.5)),
+    ("compact", lambda m: prunekit.compact(m, (EMPTY,), latency_runs=0)),
+    ("compact-dict", lambda m: prunekit.compact(m, {"input": EMPTY}, latency_runs=0)),
+]
+
+
+@pytest.mark.parametrize(("entry", "call"), ON_EMPTY, ids=[f"empty-{c[0]}" for c in ON_EMPTY])
+def test_empty_example_inputs_are_refused(entry: str, call: Callable[[nn.Module], Any]) -> None:
+    """An empty batch carries no channel: traced, every layer looked unread (the output
+    layer's channels prunable) and prune_channels masked the model's outputs."""
+    model = mlp()
+    if entry.startswith("compact"):
+        prunekit.prune_channels(model, X, 0.5)
+    owner = entry.split("-")[0]
+    refused(lambda: call(model), ValueError, rf"^{owner}: example_inputs .*empty", model=model)

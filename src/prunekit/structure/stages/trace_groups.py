@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from prunekit.core.errors import value_error
-from prunekit.structure.graph.graph import ChannelGroup, channel_groups
+from prunekit.structure.graph.graph import ChannelGroup, traced_groups
 from prunekit.structure.stages.channel_config import ChannelConfig
 
 
@@ -47,7 +47,7 @@ def trace(model: nn.Module, example_inputs: Any, config: ChannelConfig) -> Trace
         TypeError: `exclude` holds something other than modules and names.
     """
     skipped = _ignored(model, config.excluded, config.excluded_as)
-    found = channel_groups(model, example_inputs, gqa=config.gqa)
+    found = traced_groups(model, example_inputs, config.gqa, "prune_channels")  # gqa checked
     _check_found(model, found, config.amounts)
     held = {id(p) for m in model.modules() if id(m) in skipped
             for p in m._parameters.values() if p is not None}  # fmt: skip
