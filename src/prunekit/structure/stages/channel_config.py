@@ -316,7 +316,7 @@ def _damping(damping: object, compensate: object) -> float | str:
 
 def _listed(names: Excluded | str, what: str) -> list[nn.Module | str]:
     """Modules or globs as a list; a str is one glob. `what`: the option's name."""
-    listed = [names] if isinstance(names, (str, nn.Module)) else None
+    listed: list[Any] | None = [names] if isinstance(names, (str, nn.Module)) else None
     if listed is None and isinstance(names, Iterable) and not isinstance(names, Tensor):
         listed = list(names)
     if listed is None or not all(isinstance(n, (str, nn.Module)) for n in listed):
