@@ -303,3 +303,18 @@ def test_empty_example_inputs_are_refused(entry: str, call: Callable[[nn.Module]
         prunekit.prune_channels(model, X, 0.5)
     owner = entry.split("-")[0]
     refused(lambda: call(model), ValueError, rf"^{owner}: example_inputs .*empty", model=model)
+
+
+NOT_COMPUTABLE = [("nan-row", math.nan), ("inf-row", math.inf)]
+
+
+@pytest.mark.parametrize(("case", "value"), NOT_COMPUTABLE, ids=[c[0] for c in NOT_COMPUTABLE])
+def test_example_inputs_the_masked_model_computes_nan_on_are_named_for_that(
+    case: str, value: float
+) -> None:
+    """It was 'the compacted model differs from the masked one by nan'."""
+    model = mlp()
+    prunekit.prune_channels(model, X, 0.5)
+    x = torch.cat([X[:3], torch.full((1, 8), value)])
+    refused(lambda: prunekit.compact(model, x, latency_runs=0), ValueError,
+            r"^compact: the masked model's outputs on example_inputs hold NaN", model=model)  # fmt: skip
