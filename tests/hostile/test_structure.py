@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 from torch import Tensor, nn
 
 import prunekit
-from hostile.support import refused, unchanged
+from hostile.support import refused
 
 # --- what every case checks -------------------------------------------------------------------
 
@@ -34,7 +34,8 @@ def gap(expected: Tensor, got: Tensor) -> float:
 def run(model: nn.Module, x: Any) -> Tensor:
     with torch.no_grad():
         out = model(**x) if isinstance(x, dict) else model(x)
-    return out.logits if hasattr(out, "logits") else out
+    found: Tensor = out.logits if hasattr(out, "logits") else out
+    return found
 
 
 def compacts_exactly(model: nn.Module, x: Any, tolerance: float = 1e-5) -> Tensor:
@@ -62,13 +63,15 @@ class Scaled(nn.Module):
         self.register_buffer("scale", torch.rand(16) + 0.5)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = torch.relu(self.a(x))
-        return self.c(h * self.scale if self.op == "mul" else h + self.scale)
+        h, scale = torch.relu(self.a(x)), cast(Tensor, self.scale)
+        out: Tensor = self.c(h * scale if self.op == "mul" else h + scale)
+        return out
 
 
 @pytest.mark.parametrize("op", ["mul", "add"])
 def test_a_buffer_met_in_forward_goes_with_its_channels(op: str) -> None:
-    model, x = Scaled(op).eval(), torch.randn(6, 8)
+    model: Any = Scaled(op).eval()
+    x = torch.randn(6, 8)
     prunekit.prune_channels(model, x, 0.5)
     assert model.a.out_features == 16  # masked, not yet removed
     compacts_exactly(model, x)
@@ -81,7 +84,7 @@ def test_a_compacted_buffer_is_saved_and_loaded_at_its_width(tmp_path: Any) -> N
     prunekit.prune_channels(model, x, 0.5)
     expected = compacts_exactly(model, x)
     prunekit.save_compacted(model, tmp_path / "saved")
-    again = prunekit.load_compacted(Scaled("add").eval(), tmp_path / "saved")
+    again: Any = prunekit.load_compacted(Scaled("add").eval(), tmp_path / "saved")
     assert tuple(again.scale.shape) == (8,)
     assert gap(expected, run(again, x)) == 0.0
 
@@ -105,7 +108,9 @@ def test_calibration_of_no_finite_statistics_is_named_and_changes_nothing(
 ) -> None:
     model = mlp()
     calibration = [X, torch.full((4, 8), value)]
-    loss = {"loss": lambda out, batch: out.square().mean()} if criterion == "taylor" else {}
+    loss: dict[str, Any] = (
+        {"loss": lambda out, batch: out.square().mean()} if criterion == "taylor" else {}
+    )
     call = lambda: prunekit.prune_channels(  # noqa: E731
         model, X, 0.5, criterion=criterion, calibration=calibration, **loss
     )
@@ -115,7 +120,7 @@ def test_calibration_of_no_finite_statistics_is_named_and_changes_nothing(
 # --- tiny Hugging Face models -------------------------------------------------------------------
 
 
-def llama(**options: Any) -> nn.Module:
+def llama(**options: Any) -> Any:
     """A tiny LlamaForCausalLM (hidden 32, 4 query heads in 2 key/value groups, MLP 48), its
     norms' weights and biases random (so that folding and slicing them shows)."""
     import transformers
@@ -125,7 +130,7 @@ def llama(**options: Any) -> nn.Module:
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**settings, **options}))
+    model: Any = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**settings, **options}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -196,7 +201,8 @@ class Recurrent(nn.Module):
         self.c = nn.Linear(16, 4)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c(torch.relu(self.b(torch.relu(self.b(x)))))
+        out: Tensor = self.c(torch.relu(self.b(torch.relu(self.b(x)))))
+        return out
 
 
 class SharedWeight(nn.Module):
@@ -210,7 +216,8 @@ class SharedWeight(nn.Module):
         self.b.weight = self.a.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        out: Tensor = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        return out
 
 
 class SharedNorm(nn.Module):
@@ -226,7 +233,8 @@ class SharedNorm(nn.Module):
             self.n.bias.normal_()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c(torch.relu(self.n(self.a(torch.relu(self.n(x))))))
+        out: Tensor = self.c(torch.relu(self.n(self.a(torch.relu(self.n(x))))))
+        return out
 
 
 @pytest.mark.parametrize("make", [Recurrent, SharedWeight, SharedNorm])
@@ -257,13 +265,14 @@ class Encoder(nn.Module):
         self.t = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.o(self.t(self.i(x)))
+        out: Tensor = self.o(self.t(self.i(x)))
+        return out
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("cut", [{"heads": 0.5}, {"hidden": 0.25}], ids=["heads", "hidden"])
 def test_torchs_encoder_layers_compact_with_heads_or_width_cut(
-    cut: dict[str, float], norm_first: bool
+    cut: dict[str, Any], norm_first: bool
 ) -> None:
     model, x = Encoder(norm_first).eval(), torch.randn(2, 5, 8)
     prunekit.prune_channels(model, x, 0.25, **cut)
@@ -278,7 +287,7 @@ def test_a_compacted_multihead_attention_is_loaded_into_a_fresh_model(tmp_path: 
     prunekit.prune_channels(model, x, 0.25, heads=0.5)
     expected = compacts_exactly(model, x)
     prunekit.save_compacted(model, tmp_path / "saved")
-    again = prunekit.load_compacted(Encoder(False).eval(), tmp_path / "saved")
+    again: Any = prunekit.load_compacted(Encoder(False).eval(), tmp_path / "saved")
     assert again.t.layers[0].self_attn.num_heads == 2
     assert gap(expected, run(again, x)) == 0.0
 
@@ -316,5 +325,314 @@ def test_example_inputs_the_masked_model_computes_nan_on_are_named_for_that(
     model = mlp()
     prunekit.prune_channels(model, X, 0.5)
     x = torch.cat([X[:3], torch.full((1, 8), value)])
-    refused(lambda: prunekit.compact(model, x, latency_runs=0), ValueError,
-            r"^compact: the masked model's outputs on example_inputs hold NaN", model=model)  # fmt: skip
+    nan = r"^compact: the masked model's outputs on example_inputs hold NaN"
+    refused(lambda: prunekit.compact(model, x, latency_runs=0), ValueError, nan, model=model)
+
+
+# --- held: compaction of unusual graphs equals the masked model ---------------------------------
+
+
+class Graph(nn.Module):
+    """A model of one forward function over the layers given by name."""
+
+    def __init__(self, forward: Callable[[Any, Tensor], Tensor], **layers: nn.Module) -> None:
+        super().__init__()
+        self.run = forward
+        for name, layer in layers.items():
+            self.add_module(name, layer)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.run(self, x)
+
+
+def _graphs() -> list[tuple[str, Callable[[], nn.Module], Tensor, dict[str, Any]]]:
+    lin, conv = nn.Linear, nn.Conv2d
+    vec, img = torch.randn(6, 8), torch.randn(2, 3, 6, 6)
+    relu, sig = torch.relu, torch.sigmoid
+    return [
+        ("module-twice", lambda: Graph(lambda s, x: s.c(relu(s.b(relu(s.b(relu(s.a(x))))))),
+                                       a=lin(8, 16), b=lin(16, 16), c=lin(16, 4)), vec, {}),
+        ("cat", lambda: Graph(lambda s, x: s.c(torch.cat([relu(s.a(x)), sig(s.b(x))], -1)),
+                              a=lin(8, 16), b=lin(8, 12), c=lin(28, 4)), vec, {}),
+        ("chunk-gate", lambda: Graph(lambda s, x: s.c(relu(s.a(x).chunk(2, -1)[0])
+                                                      * s.a(x).chunk(2, -1)[1]),
+                                     a=lin(8, 32), c=lin(16, 4)), vec, {}),
+        ("inplace-residual", lambda: Graph(
+            lambda s, x: s.c(s.a(x).add_(s.b(relu(s.a(x)))).relu_()),
+            a=lin(8, 16), b=lin(16, 16), c=lin(16, 4)), vec, {}),
+        ("parameter-in-forward", lambda: Graph(
+            lambda s, x: s.c(relu(s.a(x)) * s.g.weight + s.g.weight),
+            a=lin(8, 16), g=nn.LayerNorm(16), c=lin(16, 4)), vec, {}),
+        ("sigmoid-fold-bias-free", lambda: Graph(lambda s, x: s.c(sig(s.a(x))),
+                                                 a=lin(8, 16, bias=False), c=lin(16, 4)), vec, {}),
+        ("depthwise-grouped-bn", lambda: Graph(
+            lambda s, x: s.p(relu(s.g(relu(s.bn(s.dw(relu(s.a(x)))))))).mean((2, 3)),
+            a=conv(3, 8, 1), dw=conv(8, 8, 3, padding=1, groups=8), bn=nn.BatchNorm2d(8),
+            g=conv(8, 8, 3, padding=1, groups=2), p=conv(8, 4, 1)), img, {}),
+        ("depthwise-multiplier", lambda: Graph(
+            lambda s, x: s.c(relu(s.d(relu(s.a(x))))).mean((2, 3)),
+            a=conv(3, 8, 1), d=conv(8, 16, 3, padding=1, groups=8), c=conv(16, 4, 1)), img, {}),
+        ("groupnorm-flatten", lambda: Graph(
+            lambda s, x: s.c(relu(s.n(s.a(x))).flatten(1)),
+            a=conv(3, 8, 3, padding=1, bias=False), n=nn.GroupNorm(4, 8), c=lin(8 * 36, 4)),
+            img, {}),
+        ("squeeze-excite", lambda: Graph(
+            lambda s, x: (lambda h: s.h(h * sig(s.e2(relu(s.e1(h.mean((2, 3))))))[:, :, None, None])
+                          .mean((2, 3)))(relu(s.a(x))),
+            a=conv(3, 8, 3, padding=1), e1=lin(8, 4), e2=lin(4, 8), h=conv(8, 4, 1)), img, {}),
+        ("sigmoid-reflect-pad", lambda: Graph(
+            lambda s, x: s.c(sig(s.a(x))).mean((2, 3)),
+            a=conv(3, 8, 3, padding=1), c=conv(8, 4, 3, padding=1, padding_mode="reflect")),
+            img, {}),
+        ("prelu-layernorm-hidden", lambda: Graph(lambda s, x: s.c(s.n(s.p(s.a(x)))),
+                                                 a=lin(8, 16), p=nn.PReLU(16), n=nn.LayerNorm(16),
+                                                 c=lin(16, 4)), vec, {"hidden": 0.5}),
+        ("multihead-attention", lambda: Graph(
+            lambda s, x: s.o(s.att(s.i(x), s.i(x), s.i(x), need_weights=False)[0]),
+            i=lin(8, 16), att=nn.MultiheadAttention(16, 4, batch_first=True), o=lin(16, 4)),
+            torch.randn(2, 5, 8), {"heads": 0.5}),
+    ]  # fmt: skip
+
+
+GRAPHS = _graphs()
+
+
+@pytest.mark.parametrize(("case", "make", "x", "options"), GRAPHS, ids=[g[0] for g in GRAPHS])
+def test_an_unusual_graph_compacts_to_what_it_computed_masked(
+    case: str, make: Callable[[], nn.Module], x: Tensor, options: dict[str, Any]
+) -> None:
+    torch.manual_seed(0)
+    model = make().eval()
+    with torch.no_grad():  # biases and norms that make removed channels carry constants
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                cast(Tensor, m.running_mean).normal_()
+                cast(Tensor, m.running_var).uniform_(0.5, 2.0)
+    before = sum(p.numel() for p in model.parameters())
+    prunekit.prune_channels(model, x, 0.5, **options)
+    compacts_exactly(model, x)
+    assert sum(p.numel() for p in model.parameters()) < before
+
+
+# --- held: a budget removes what it reports ---------------------------------------------------
+
+
+def non_embedding(model: nn.Module) -> int:
+    """Parameters counted once, those of nn.Embedding (and a head tied to one) left out."""
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    unique = {id(p): p for p in model.parameters() if id(p) not in embedded}
+    return sum(p.numel() for p in unique.values())
+
+
+BUDGETS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("untied", {}, {}),
+    ("tied", {"tie_word_embeddings": True}, {}),
+    ("biases", {"attention_bias": True, "mlp_bias": True}, {}),
+    ("round-to-8", {}, {"round_to": 8}),
+    ("gqa-group", {}, {"gqa": "group"}),
+    ("with-hidden", {"tie_word_embeddings": True}, {"kinds": ("channels", "heads", "hidden")}),
+    ("floor", {}, {"floor": 0.6, "share": 0.15}),
+    ("floor-by-name", {}, {"floor": {"*mlp*": 0.7, "*": 0.2}, "share": 0.2}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "config", "options"), BUDGETS, ids=[b[0] for b in BUDGETS])
+def test_a_budget_of_parameters_removes_what_it_reports(
+    case: str, config: dict[str, Any], options: dict[str, Any]
+) -> None:
+    model, inputs = llama(**config), {"input_ids": IDS}
+    round_to = options.pop("round_to", None)
+    gqa, share = options.pop("gqa", "query"), options.pop("share", 0.3)
+    before = non_embedding(model)
+    budget = prunekit.Budget(params=share, **options)
+    report: Any = prunekit.prune_channels(model, inputs, budget=budget, round_to=round_to, gqa=gqa)
+    compacts_exactly(model, inputs)
+    removed = before - non_embedding(model)
+    assert (report.total, report.removed) == (before, removed)
+    assert share <= report.achieved < share + 0.15
+    for row in report.rows:
+        floor = report.budget.floor_of(row.name)
+        assert row.after >= max(1, math.ceil(floor * row.before - 1e-9)), row
+        if round_to and row.kind == "channels" and row.after != row.before:
+            assert row.after % round_to == 0, row
+    widths = [layer.mlp.gate_proj.out_features for layer in model.model.layers]
+    assert widths == [r.after for r in report.rows if r.kind == "channels"]
+
+
+def test_a_budget_of_macs_removes_what_it_reports() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.ReLU(),
+                          nn.Conv2d(16, 32, 3, padding=1, groups=4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(32 * 16, 10)).eval()  # fmt: skip
+    x = torch.randn(2, 3, 4, 4)
+    macs = prunekit.structure.count_macs
+    before = macs(model, (x,), {})
+    report: Any = prunekit.prune_channels(model, x, budget=prunekit.Budget(macs=0.4))
+    compacts_exactly(model, x)
+    assert (report.total, report.removed) == (before, before - macs(model, (x,), {}))
+    assert report.achieved >= 0.4
+
+
+# --- held: rotate_hidden ------------------------------------------------------------------------
+
+ROTATED: list[tuple[str, dict[str, Any], torch.dtype, float]] = [
+    ("float32", {}, torch.float32, 1e-5),
+    ("tied", {"tie_word_embeddings": True}, torch.float32, 1e-5),
+    ("biases", {"attention_bias": True, "mlp_bias": True}, torch.float32, 1e-5),
+    ("float16", {}, torch.float16, 1e-2),
+    ("bfloat16-tied", {"tie_word_embeddings": True}, torch.bfloat16, 5e-2),
+]
+
+
+@pytest.mark.parametrize(("case", "config", "dtype", "tolerance"), ROTATED,
+                         ids=[r[0] for r in ROTATED])  # fmt: skip
+def test_a_rotation_alone_computes_what_the_model_did(
+    case: str, config: dict[str, Any], dtype: torch.dtype, tolerance: float
+) -> None:
+    model = llama(**config).to(dtype)
+    before = run(model, IDS)
+    report = prunekit.rotate_hidden(model, CALIBRATION)
+    assert (report.width_before, report.width_after) == (32, 32)
+    assert report.untied == bool(config.get("tie_word_embeddings"))
+    assert gap(before, run(model, IDS)) < tolerance
+    assert all(p.dtype == dtype for p in model.parameters())
+
+
+@pytest.mark.parametrize("config", [{}, {"attention_bias": True, "mlp_bias": True}],
+                         ids=["plain", "biases"])  # fmt: skip
+def test_a_cut_width_computes_what_the_rotation_did_with_those_directions_zeroed(
+    config: dict[str, Any],
+) -> None:
+    rotated, cut = llama(**config), llama(**config)
+    prunekit.rotate_hidden(rotated, CALIBRATION)
+    kept = prunekit.rotate_hidden(cut, CALIBRATION, 0.25).width_after
+    with torch.no_grad():  # the dropped directions zeroed where they enter the stream
+        rotated.model.embed_tokens.weight[:, kept:] = 0
+        for layer in rotated.model.layers:
+            for writer in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                writer.weight[kept:] = 0
+                if writer.bias is not None:
+                    writer.bias[kept:] = 0
+    assert kept == 24 and cut.config.hidden_size == 24
+    assert gap(run(rotated, IDS), run(cut, IDS)) < 1e-5
+
+
+ROTATE_REFUSED: list[tuple[str, Callable[[], list[Any]], str]] = [
+    ("second-batch-out-of-vocab", lambda: [CALIBRATION[0], torch.tensor([[1, 2, 300]])],
+     r"batch 1"),
+    ("float-ids", lambda: [torch.rand(2, 5)], r"batch 0"),
+    ("mask-of-other-shape", lambda: [{"input_ids": CALIBRATION[0],
+                                      "attention_mask": torch.ones(2, 3)}], r"attention_mask"),
+    ("mask-all-zero", lambda: [{"input_ids": CALIBRATION[0],
+                                "attention_mask": torch.zeros_like(CALIBRATION[0])}],
+     r"no token"),
+    ("no-batch", lambda: [], r"calibration"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "calibration", "match"), ROTATE_REFUSED,
+                         ids=[f"rotate-{r[0]}" for r in ROTATE_REFUSED])  # fmt: skip
+def test_a_rotation_refused_leaves_the_model_and_its_config(
+    case: str, calibration: Callable[[], list[Any]], match: str
+) -> None:
+    model = llama(tie_word_embeddings=True)
+    refused(lambda: prunekit.rotate_hidden(model, calibration(), 0.25), ValueError, match,
+            model=model)  # fmt: skip
+
+
+def test_a_rotation_of_a_model_computing_nan_is_refused_and_changes_nothing() -> None:
+    model = llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = math.nan
+    refused(lambda: prunekit.rotate_hidden(model, CALIBRATION, 0.25), ValueError,
+            r"^rotate_hidden: .*not all finite", model=model)  # fmt: skip
+
+
+# --- held: Hugging Face models, compacted, on other inputs and in generate() --------------------
+
+
+def _tiny(family: str) -> Any:
+    import transformers as T
+
+    torch.manual_seed(0)
+    if family == "llama-tied":
+        return llama(tie_word_embeddings=True)
+    model: Any
+    if family == "gpt2":
+        gpt2 = T.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        model = T.GPT2LMHeadModel(gpt2)
+        return model.eval()
+    settings: dict[str, Any] = dict(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    if family == "qwen3-moe":
+        moe = T.Qwen3MoeConfig(**settings, num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=16, intermediate_size=48)  # fmt: skip
+        model = T.Qwen3MoeForCausalLM(moe)
+    else:
+        model = T.Qwen3ForCausalLM(T.Qwen3Config(**settings, intermediate_size=48))
+    return model.eval()
+
+
+FAMILIES = [
+    ("llama-tied", {"heads": 0.5, "hidden": 0.25}),
+    ("gpt2", {"heads": 0.5, "hidden": 0.25}),
+    ("qwen3", {"heads": 0.5, "hidden": 0.25}),
+    ("qwen3-moe", {"experts": 0.5, "heads": 0.5, "hidden": 0.25}),
+]
+
+
+@pytest.mark.parametrize(("family", "options"), FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_a_compacted_language_model_computes_what_it_did_masked_on_other_inputs(
+    family: str, options: dict[str, Any]
+) -> None:
+    model = _tiny(family)
+    example = {"input_ids": IDS[:1, :6]}  # one short row: other inputs differ in shape
+    other = torch.randint(0, 100, (3, 13), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(other)
+    mask[0, :5] = 0  # left padding
+    prunekit.prune_channels(model, example, 0.3, **options)
+    masked = run(model, {"input_ids": other, "attention_mask": mask})
+    said = model.generate(other, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    prunekit.compact(model, example, latency_runs=0)
+    assert gap(masked, run(model, {"input_ids": other, "attention_mask": mask})) < 1e-5
+    again = model.generate(other, attention_mask=mask, max_new_tokens=5, do_sample=False)
+    assert torch.equal(said, again)
+
+
+HF_REFUSED: list[tuple[str, Callable[[nn.Module], Any], type[BaseException], str]] = [
+    ("bad-criterion", lambda m: prunekit.prune_channels(m, {"input_ids": IDS}, 0.3,
+                                                        criterion="nope"),
+     ValueError, r"criterion='nope'"),
+    ("out-of-vocab-calibration", lambda m: prunekit.prune_channels(
+        m, {"input_ids": IDS}, 0.3, heads=0.5, compensate=True,
+        calibration=[torch.tensor([[1, 2, 500]])]), ValueError, r"batch 0"),
+    ("budget-unreachable", lambda m: prunekit.prune_channels(
+        m, {"input_ids": IDS}, budget=prunekit.Budget(params=0.99)), ValueError,
+     r"cannot be met"),
+    ("experts-below-top-k", lambda m: prunekit.prune_channels(
+        m, {"input_ids": IDS}, experts=0.9), ValueError, r"experts"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "call", "error", "match"), HF_REFUSED,
+                         ids=[h[0] for h in HF_REFUSED])  # fmt: skip
+def test_a_refused_call_on_a_language_model_leaves_it_and_its_config(
+    case: str, call: Callable[[nn.Module], Any], error: type[BaseException], match: str
+) -> None:
+    model = _tiny("qwen3-moe" if case.startswith("experts") else "llama-tied")
+    prunekit.prune_channels(model, {"input_ids": IDS}, 0.25, hidden=0.25)  # masks and hooks
+    refused(lambda: call(model), error, match, model=model)
+
+
+def test_compensation_from_one_token_warns_and_stays_finite() -> None:
+    model = mlp()
+    with pytest.warns(UserWarning, match="1 calibration rows"):
+        prunekit.prune_channels(model, X, 0.5, compensate=True, calibration=[torch.randn(1, 8)])
+    assert bool(run(model, X).isfinite().all())
+    compacts_exactly(model, X)
