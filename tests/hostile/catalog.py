@@ -166,6 +166,10 @@ BROKE: dict[str, str] = {
     "one by nan' (example inputs holding NaN)",
     "test_structure::[inf-row]": "misdiagnosed: 'the compacted model differs from the masked "
     "one by nan' (example inputs holding inf)",
+    "test_structure::test_a_cut_width_is_loaded_into_a_fresh_model_with_its_norms_epsilon": (
+        "a rotated, cut model loaded into a fresh one kept the fresh norms' epsilon: outputs "
+        "off by 4e-4 (15 % at eps 0.05), no error"
+    ),
     # depth (prunekit.structure.depth.scores, states)
     "test_depth::[criterion-complex]": "raw 'cannot be converted to type double' (complex)",
     "test_depth::[inputs-meta]": "misdiagnosed: 'its forward does more with its blocks'",

@@ -636,3 +636,19 @@ def test_compensation_from_one_token_warns_and_stays_finite() -> None:
         prunekit.prune_channels(model, X, 0.5, compensate=True, calibration=[torch.randn(1, 8)])
     assert bool(run(model, X).isfinite().all())
     compacts_exactly(model, X)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.05])
+def test_a_cut_width_is_loaded_into_a_fresh_model_with_its_norms_epsilon(
+    tmp_path: Any, eps: float
+) -> None:
+    """rotate_hidden scales the norms' epsilon with the width cut (so they normalize as the
+    full width did): loaded into a model built from the first config, they kept its own."""
+    model = llama(rms_norm_eps=eps)
+    prunekit.rotate_hidden(model, CALIBRATION, 0.25)
+    expected = run(model, IDS)
+    prunekit.save_compacted(model, tmp_path / "saved")
+    again: Any = prunekit.load_compacted(llama(rms_norm_eps=eps), tmp_path / "saved")
+    assert again.model.norm.variance_epsilon == model.model.norm.variance_epsilon
+    assert again.config.rms_norm_eps == model.config.rms_norm_eps
+    assert gap(expected, run(again, IDS)) == 0.0

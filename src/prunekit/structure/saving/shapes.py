@@ -8,6 +8,7 @@ modules' dicts undoes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,10 @@ from prunekit.structure.compaction.fromconfig import embed_scales, set_embed_sca
 from prunekit.structure.compaction.widths import implied_widths
 from prunekit.structure.families.mha import CompactMultiheadAttention
 
-__all__ = ["Reload", "apply_reload", "check_widths", "describe_module", "same_class", "verify"]
+__all__ = [
+    "Reload", "apply_reload", "check_widths", "describe_module", "same_class", "saved_value",
+    "verify",
+]  # fmt: skip
 
 _MISSING: Any = object()
 _OWNER = "load_compacted"
@@ -38,6 +42,20 @@ def width_value(value: Any) -> Any:
         items = [int(v) for v in value]
         return {"tuple": items} if isinstance(value, tuple) else items
     return None
+
+
+NORM_EPS = ("eps", "variance_epsilon")
+"""Float attributes of a norm that its forward reads and that a width cut changes
+(``rotate_hidden`` scales a norm's epsilon with the width it keeps): saved and reloaded
+beside the widths."""
+
+
+def saved_value(name: str, value: Any) -> Any:
+    """What save_compacted records of the attribute `name` holding `value`: a width (see
+    ``width_value``), a norm's finite float epsilon, else None (not recorded)."""
+    if name in NORM_EPS and type(value) is float and math.isfinite(value):
+        return value
+    return width_value(value)
 
 
 def decoded(value: Any) -> Any:
@@ -64,7 +82,7 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
             }
     attributes = {}
     for name, value in vars(module).items():
-        encoded = None if name.startswith("_") else width_value(value)
+        encoded = None if name.startswith("_") else saved_value(name, value)
         if encoded is not None:
             attributes[name] = encoded
     described = {"type": _class_name(module), "tensors": tensors, "attributes": attributes}
@@ -313,11 +331,20 @@ def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, 
             continue
         wanted = width_value(value)
         if wanted is None:
+            if _epsilon(key, value) and _epsilon(key, current) and current != value:
+                out.append((config, key, value))  # a norm's epsilon a width cut scaled
             continue
         if current is _MISSING or current is None or width_value(current) is not None:
             normal = list(current) if isinstance(current, tuple) else current
             if normal != value:
                 out.append((config, key, value))
+
+
+def _epsilon(key: str, value: Any) -> bool:
+    """Whether a config field is a norm's epsilon (``rms_norm_eps``, ``layer_norm_eps``,
+    ``layer_norm_epsilon``) holding a finite float."""
+    named = key.endswith(("_eps", "_epsilon"))
+    return named and type(value) is float and math.isfinite(value)
 
 
 def apply_reload(
