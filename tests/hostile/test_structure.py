@@ -652,3 +652,22 @@ def test_a_cut_width_is_loaded_into_a_fresh_model_with_its_norms_epsilon(
     assert again.model.norm.variance_epsilon == model.model.norm.variance_epsilon
     assert again.config.rms_norm_eps == model.config.rms_norm_eps
     assert gap(expected, run(again, IDS)) == 0.0
+
+
+def test_a_cut_of_qwen3_warns_that_from_pretrained_would_not_rebuild_its_head_norms() -> None:
+    """Qwen3's query/key norms are built with config.rms_norm_eps too, which the cut scales
+    for the stream's norms: from_pretrained would give them the scaled one (outputs off by
+    1.6e-5 at eps 0.05), silently."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = T.Qwen3Config(vocab_size=100, hidden_size=32, intermediate_size=48,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=8, rms_norm_eps=0.05)  # fmt: skip
+    model: Any = T.Qwen3ForCausalLM(config)
+    with pytest.warns(UserWarning, match=r"rotate_hidden: .*q_norm.*load_compacted"):
+        prunekit.rotate_hidden(model.eval(), CALIBRATION, 0.25)
+    assert model.model.layers[0].self_attn.q_norm.variance_epsilon == 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prunekit.rotate_hidden(llama(), CALIBRATION, 0.25)  # Llama: no such norm, no warning
