@@ -24,6 +24,8 @@ added to what compensation fits) and --minilm-blend (the activation score blende
 weights' norm): rows of ``domains_minilm.py``. --minilm-reconstruct S: after each row, the
 model compacted and ``prunekit.reconstruct_blocks`` (lr 1e-4) for S CPU seconds on the same
 windows compensation fitted, towards the dense model's blocks: a row '+rS' more.
+--token-weights: compensation's ``token_weights``, each value a row of both models ('energy',
+the default, or 'equal': each token's error relative to its size; rows named with 'equal').
 
 --damping: the compensation's damping, each value a row: a number (the solve's damping
 relative to the mean diagonal of the input's second moment, the same for every layer),
@@ -148,8 +150,11 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
     print(header + "\n" + "-" * len(header))
     print(f"{'dense (perplexity)':<{args.width}}" + "".join(f"{dense[n]:>10.2f}" for n in names))
     for target in args.targets:
-        rows = itertools.product(args.damping, args.steps, args.sensitivity, args.floor)
-        for label, steps, level, floor in rows:
+        rows = itertools.product(args.damping, args.steps, args.sensitivity, args.floor,
+                                 args.token_weights)  # fmt: skip
+        for label, steps, level, floor, weights in rows:
+            if weights == "equal" and label == "none":
+                continue  # nothing fitted to weigh
             started = time.perf_counter()
             pruned = copy.deepcopy(model)
             for k in range(1, steps + 1):  # several smaller cuts, compensated after each
@@ -158,11 +163,13 @@ def smollm2(args: argparse.Namespace, found: list[Domain]) -> None:
                 prunekit.prune_channels(
                     pruned, example, budget=budget, criterion=args.criterion,
                     calibration=batches, round_to=args.round_to, **damping_kwargs(label),
+                    **({"token_weights": weights} if weights != "energy" else {}),
                 )  # fmt: skip
             name = f"{target:.0%} damping {label}"  # the new options' rows, shorter:
             short = f"{target:.0%} {label}" + (f" x{steps}" if steps > 1 else "")
             short += f" s{level:g}" if level else ""
             short += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
+            short += " equal" if weights == "equal" else ""
             name = name if short == f"{target:.0%} {label}" else short
             _row(name, pruned, tests, dense, started, width=args.width)
             emit = lambda what, m, t, note: _row(what, m, tests, dense, t, note, args.width)  # noqa: E731
@@ -207,11 +214,12 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
     levers = args.minilm_augment != ["none"] or args.minilm_blend != [0.0]
     if levers and args.criterion != "activation":
         sys.exit("--minilm-augment and --minilm-blend: with --criterion activation only")
-    width = 54 if levers or args.minilm_reconstruct else 26
+    wide = levers or args.minilm_reconstruct or args.token_weights != ["energy"]
+    width = 54 if wide else 26
     print(f"\nall-MiniLM-L6-v2, heads and MLP -25 % as a Budget of the same parameters, "
-          f"activation, compensate=True; calibration {args.minilm_windows} x 128 tokens of one "
-          f"domain; mean cosine to dense over {args.paragraphs} evaluation paragraphs of each "
-          f"domain; 'other': the worst of the other domains")  # fmt: skip
+          f"{args.criterion}, compensate=True; calibration {args.minilm_windows} x 128 tokens "
+          f"of one domain; mean cosine to dense over {args.paragraphs} evaluation paragraphs of "
+          f"each domain; 'other': the worst of the other domains")  # fmt: skip
     header = f"{'calibrated on':<{width}}" + "".join(f"{n:>10}" for n in names) + f"{'other':>10}"
     print(header + "\n" + "-" * len(header))
     for source in sources:
@@ -224,8 +232,10 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
         assert isinstance(probe, prunekit.BudgetReport)
         removed = _removed(uniform, probe)
         rows = itertools.product(args.damping, args.sensitivity, args.floor, args.minilm_augment,
-                                 args.minilm_blend)  # fmt: skip
-        for label, level, floor, augment, blend in rows:
+                                 args.minilm_blend, args.token_weights)  # fmt: skip
+        for label, level, floor, augment, blend, weights in rows:
+            if weights == "equal" and label == "none":
+                continue  # nothing fitted to weigh
             budget = prunekit.Budget(params=removed, sensitivity=level, floor=floor)
             criterion: Any = args.criterion
             fitted = batches
@@ -235,7 +245,7 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             model = copy.deepcopy(dense)
             prunekit.prune_channels(
                 model, example, budget=budget, criterion=criterion, calibration=fitted,
-                **damping_kwargs(label),
+                token_weights=weights, **damping_kwargs(label),
             )  # fmt: skip
             values = {n: cosine(model, n) for n in names}
             other = min(v for n, v in values.items() if n != source)
@@ -243,6 +253,7 @@ def minilm(args: argparse.Namespace, found: list[Domain]) -> None:
             name += f" f{floor}" if floor == "auto" else (f" f{floor:g}" if floor else "")
             name += f" +{augment}" if augment != "none" else ""
             name += f" b{blend:g}" if blend else ""
+            name += " tokens equal" if weights == "equal" else ""
             row = f"{name:<{width}}"
             print(row + "".join(f"{values[n]:>10.4f}" for n in names) + f"{other:>10.4f}",
                   flush=True)  # fmt: skip
@@ -284,6 +295,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--minilm-augment", default="none", help="'freq32+random32', rows")
     parser.add_argument("--minilm-reconstruct", type=float, default=0, help="CPU s, rows")
     parser.add_argument("--minilm-blend", default="0", help="share of 'l2' in the score, rows")
+    parser.add_argument("--token-weights", default="energy", help="'energy,equal', rows")
     parser.add_argument("--steps", default="1", help="SmolLM2: cuts per target, one row each")
     parser.add_argument("--recover", default="", help="SmolLM2: CPU seconds of recovery rows")
     parser.add_argument("--sensitivity", default="0", help="Budget(sensitivity=), rows")
@@ -312,6 +324,9 @@ def arguments() -> argparse.Namespace:
     for spec in args.minilm_augment:
         domains_minilm.parse_augment(spec)  # checked before any model loads
     args.minilm_blend = [float(v) for v in args.minilm_blend.split(",")]
+    args.token_weights = args.token_weights.split(",")
+    if not set(args.token_weights) <= {"energy", "equal"}:
+        sys.exit(f"--token-weights: 'energy' and/or 'equal', not {args.token_weights}")
     if not all(0 <= v <= 1 for v in args.minilm_blend):
         sys.exit(f"--minilm-blend: shares in [0, 1], not {args.minilm_blend}")
     args.recover = [float(t) for t in args.recover.split(",") if t]

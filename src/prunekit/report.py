@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,9 +20,10 @@ from torch import Tensor, nn
 
 from prunekit._extras import require
 from prunekit.core.backend import dtype_name, is_module, is_tensor
-from prunekit.core.checks import refuse_empty_path
+from prunekit.core.checks import check_kind, refuse_empty_path
 from prunekit.core.counting import zero_count
-from prunekit.core.naming import ORIG, entries, mask_name, pruned_name
+from prunekit.core.errors import value_error
+from prunekit.core.naming import ORIG, entries, mask_name, orig_name, pruned_name
 from prunekit.dropin.base_method import BasePruningMethod, PruningContainer
 from prunekit.dropin.hooks import find_pruning_hook
 
@@ -288,6 +289,8 @@ def report(source: nn.Module | Mapping[str, Tensor] | Any) -> Report:
 
     Raises:
         TypeError: `source` is neither a model nor a mapping.
+        ValueError: a tensor without values to count (meta) or of a sparse layout, or a
+            mask of another shape than its tensor's, by name.
     """
     if isinstance(source, Mapping):
         return Report(tuple(_state_rows(source)))
@@ -309,8 +312,28 @@ def human_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _module_rows(model: nn.Module) -> list[TensorRow]:
-    rows, seen = [], set()
+def check_countable(model: nn.Module) -> None:
+    """Refuse, as ``report(model)`` would, a model with a tensor whose zeros cannot be
+    counted: for a call that returns the report, before it changes the model.
+
+    Args:
+        model: a torch or TensorPlay model.
+
+    Raises:
+        ValueError: a parameter or mask without values (meta) or of a sparse layout, by name.
+    """
+    if not is_module(model):  # left to the caller's own check of the model
+        return
+    for name, tensor, mask, _ in _module_entries(model):
+        _check_countable(name, tensor, mask, None)
+
+
+def _module_entries(
+    model: nn.Module,
+) -> Iterator[tuple[str, Tensor, Tensor | None, nn.Module]]:
+    """Each floating-point parameter once: its name (a pruned one's own, not ``_orig``), its
+    values, its mask (None: not pruned) and its module."""
+    seen = set()
     for prefix, module in model.named_modules():
         dot = prefix + "." if prefix else ""
         for pname, param in module._parameters.items():
@@ -320,10 +343,18 @@ def _module_rows(model: nn.Module) -> list[TensorRow]:
             base = pruned_name(pname, ORIG)
             mask = module._buffers.get(mask_name(base)) if base is not None else None
             if base is None or mask is None:
-                rows.append(_row(dot + pname, param.detach(), None, None))
-                continue
-            _, hook = find_pruning_hook(module, base)
-            rows.append(_row(dot + base, param.detach(), mask, _method_name(hook)))
+                yield dot + pname, param.detach(), None, module
+            else:
+                yield dot + base, param.detach(), mask, module
+
+
+def _module_rows(model: nn.Module) -> list[TensorRow]:
+    rows = []
+    for name, tensor, mask, module in _module_entries(model):
+        hook = None
+        if mask is not None:
+            _, hook = find_pruning_hook(module, name.rsplit(".", 1)[-1])
+        rows.append(_row(name, tensor, mask, _method_name(hook)))
     return rows
 
 
@@ -334,11 +365,22 @@ def _state_rows(state: Mapping[str, Tensor]) -> list[TensorRow]:
                 f"report: state_dict entry {key!r} has type {type(value).__name__}, not a tensor"
             )
     return [
-        _row(e.name, e.tensor, e.mask, None) for e in entries(state) if e.tensor.is_floating_point()
+        _row(e.name, e.tensor, e.mask, None, (orig_name(e.name), mask_name(e.name)))
+        for e in entries(state)
+        if e.tensor.is_floating_point()
     ]
 
 
-def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> TensorRow:
+def _row(
+    name: str,
+    tensor: Tensor,
+    mask: Tensor | None,
+    method: str | None,
+    stored: tuple[str, str] | None = None,
+) -> TensorRow:
+    """The row of `tensor` (times `mask`), named `name`; `stored`: the names of the tensor
+    and its mask where they are stored apart (a state_dict's ``_orig`` and ``_mask``)."""
+    _check_countable(name, tensor, mask, stored)
     values = tensor if mask is None else tensor * mask.to(dtype=tensor.dtype)
     return TensorRow(
         name=name,
@@ -350,6 +392,23 @@ def _row(name: str, tensor: Tensor, mask: Tensor | None, method: str | None) -> 
         method=method,
         itemsize=int(tensor.element_size()),
     )
+
+
+def _check_countable(
+    name: str, tensor: Tensor, mask: Tensor | None, stored: tuple[str, str] | None
+) -> None:
+    """Refuse a tensor or mask without values (meta) or of a sparse layout, and a mask of
+    another shape than its tensor's, by name."""
+    check_kind(tensor, "report", f"tensor {name!r}", real=False)
+    if mask is None:
+        return
+    orig, kept = stored or (orig_name(name), mask_name(name))
+    check_kind(mask, "report", f"the mask {kept!r}", real=False)
+    if tuple(mask.shape) != tuple(tensor.shape):
+        raise value_error(
+            f"report: the mask {kept!r} has shape {tuple(mask.shape)}; expected the shape "
+            f"of {orig!r}, {tuple(tensor.shape)}"
+        )
 
 
 def _method_name(hook: BasePruningMethod | None) -> str | None:

@@ -88,8 +88,8 @@ def test_a_meta_calibration_batch_is_named_as_the_batch() -> None:
     model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 8))
     before = fingerprint(model)
     batch = {"input": torch.zeros(2, 4, dtype=torch.long, device="meta")}
-    with pytest.raises(ValueError, match=r"prune_model: calibration batch 1: the tensor at "
-                       r"\['input'\] is a meta tensor"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"prune_model: calibration batch 1: the tensor "
+                       r"input is a meta tensor"):  # fmt: skip
         prunekit.prune_model(model, 0.5, method="wanda", calibration=[X.long(), batch])
     assert fingerprint(model) == before
 

@@ -238,7 +238,8 @@ def test_in_proj_weight_prunes_as_one_linear(method: str) -> None:
     prune.prune_model(nn.Sequential(linear), 0.5, method=method, calibration=batches)
     assert torch.equal(mask(model.attn, "in_proj_weight"), mask(linear))
     assert torch.allclose(model.attn.in_proj_weight, linear.weight, atol=1e-5)
-    assert not hasattr(model.attn.out_proj, "weight_mask")  # its input is not seen
+    # out_proj too, on its own input (the heads' output): see tests/whole/test_attention_out_proj.py
+    assert float(mask(model.attn.out_proj).mean()) == 0.5
 
 
 def test_cross_attention_in_proj_is_refused_and_nothing_changes() -> None:

@@ -62,3 +62,27 @@ def test_a_failed_export_leaves_the_config_as_it_was(
     assert seen == [False]  # traced without the cache
     assert model.config.use_cache is True and model.config.to_dict() == saved
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_a_causal_lm_exports_from_a_one_token_example(tmp_path: Path, mask: bool) -> None:
+    """One token failed inside torch.export (transformers' attention turns the length into
+    is_causal, a SymBool where the example's 1 leaves it undecided): the trace runs on the
+    token repeated to two, the length stays dynamic, and the file is checked on the one
+    token given."""
+    model = llama()
+    one = {"input_ids": IDS[:, :1]}
+    if mask:
+        one["attention_mask"] = torch.ones_like(one["input_ids"])
+    report = export(model, tmp_path / "lm.onnx", "onnx", example_inputs=one)
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("traced on 2 tokens" in note for note in report.notes), report.notes
+    session = ort.InferenceSession(str(tmp_path / "lm.onnx"), providers=["CPUExecutionProvider"])
+    for length in (1, 5):
+        feed = {k: v.repeat(1, length) for k, v in one.items()}
+        (found,) = session.run(None, {k: v.numpy() for k, v in feed.items()})
+        with torch.no_grad():
+            expected = model(**feed, use_cache=False).logits
+        assert float((expected - torch.from_numpy(found)).abs().max()) <= 1e-4 * float(
+            expected.abs().max()
+        )

@@ -21,6 +21,7 @@ ENTRY_POINTS = {
     "test_hf_resume": "GradualPruningCallback (resume)",
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
+    "test_selection": "patterns/sharded/report",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -101,6 +102,15 @@ BROKE: dict[str, str] = {
     ),
     "test_sequential_kinds::test_a_failure_of_the_recording_itself": (
         "block_calls took its own failure for the fallback: block 0's arguments, silently"
+    ),
+    "test_sequential_kinds::test_a_forward_that_reads_more_than_the_hidden_states": (
+        "a block given block 0's arguments where the forward hands it another block's output"
+    ),
+    "test_sequential_kinds::test_such_a_forward_calling_a_block_again": (
+        "no order check where the blocks cannot be passed through: block 0 run twice, silently"
+    ),
+    "test_sequential_kinds::test_t5_blocks": (
+        "T5's later blocks calibrated without the position bias block 0 computes"
     ),
     # structural pruning (prunekit.structure: graph, stages, compaction, rotation)
     "test_structure::test_a_buffer_met_in_forward_goes_with_its_channels": (
@@ -213,6 +223,9 @@ BROKE: dict[str, str] = {
     ),
     # recover, Distiller (prunekit.schedule.recovery, distill)
     "test_recovery::[2-": "misdiagnosed: 'a smaller lr' for a batch holding NaN or inf",
+    "test_recovery::test_a_value_not_finite_deep_in_a_batch_is_named": (
+        "a NaN two levels into a batch (a keyword's tuple of tuples) named no batch"
+    ),
     "test_distill::test_a_student_equal_to_its_teacher_has_a_loss_of_zero": (
         "an encoder-decoder teacher decoded the shifted source, not the student's target"
     ),
@@ -234,7 +247,11 @@ BROKE: dict[str, str] = {
         "read empty after its check: include pruned every weight, exclude left out none"
     ),
     "test_oneshot::test_blocks_called_out_of_turn_are_refused_block_by_block": (
-        "blocks called reversed, skipped or twice: each calibrated on other inputs, silently"
+        "blocks called reversed, skipped or twice (again after the last one too): each "
+        "calibrated on other inputs, silently"
+    ),
+    "test_oneshot::test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused": (
+        "a pruned block run again after the last pruned one: calibrated on its first call"
     ),
     "test_oneshot::test_taylor_refuses_a_tensor_the_loss_gives_no_gradient": (
         "no gradient ranked as all zeros: the first half of the tensor pruned, by index"
@@ -256,6 +273,94 @@ BROKE: dict[str, str] = {
     ),
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
+    ),
+    # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
+        "4 of the 8 channels asked removed: each layer's share rounded down on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-8]": (
+        "none of the 8 channels asked removed: each layer's share rounded down on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.3-": (
+        "fewer channels removed than round_to allows: each layer's share rounded on its own"
+    ),
+    "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.5-": (
+        "fewer channels removed than round_to allows: each layer's share rounded on its own"
+    ),
+    **{
+        "test_selection::test_a_global_share_over_uneven_widths_is_the_nearest_the_steps_allow"
+        f"[{case}]": (
+            "fewer channels than whole steps allow: each layer's share rounded on its own"
+        )
+        for case in (
+            "0.1-2",
+            "0.1-4",
+            "0.1-8",
+            "0.25-2",
+            "0.25-3",
+            "0.25-4",
+            "0.25-8",
+            "0.5-2",
+            "0.5-4",
+            "0.5-8",
+        )
+    },
+    "test_selection::test_a_global_share_passes_a_layers_last_channel_to_the_next_in_rank": (
+        "13 of the 14 channels asked: the channel a layer keeps was dropped from the count"
+    ),
+    "test_selection::test_channel_norms_past_the_range_of_16_bits_still_rank[1-torch.float16]": (
+        "finite float16 weights refused: 'the channel norms hold inf' (L1 sums past 65504)"
+    ),
+    **{
+        f"test_selection::test_channels_ranked_by_integer_importance_scores[{n}]": (
+            "raw 'linalg.vector_norm: Expected a floating point ... Got Long' (int scores)"
+        )
+        for n in ("1", "2", "inf", "-inf", "fro")
+    },
+    "test_selection::test_report_names_a_tensor_it_cannot_count[meta]": (
+        "raw 'Tensor.item() cannot be called on meta tensors'"
+    ),
+    "test_selection::test_report_names_a_tensor_it_cannot_count[sparse]": (
+        "raw 'Cannot access storage of SparseTensorImpl'"
+    ),
+    "test_selection::test_report_names_a_tensor_it_cannot_count[mask-of-another-shape]": (
+        "raw 'The size of tensor a (4) must match the size of tensor b (5)'"
+    ),
+    "test_selection::test_report_of_a_model_on_the_meta_device_names_its_first_tensor": (
+        "raw 'Tensor.item() cannot be called on meta tensors'"
+    ),
+    "test_selection::test_prune_model_refuses_a_model_it_cannot_report_before_pruning": (
+        "the layer pruned, then the report's raw error: a failed call changed the model"
+    ),
+    **{
+        f"test_selection::test_a_saved_mask_of_another_shape_is_refused_as_in_memory[{case}]": (
+            "raw 'The size of tensor a (12) must match the size of tensor b (4)'"
+            if case.startswith("(4,)")
+            else "a 12-entry mask of another shape applied flat, silently (kept so)"
+        )
+        for case in [
+            *(
+                f"{shape}-left-{scope}"
+                for shape in ("(12,)", "(2, 6)", "(4,)")
+                for scope in ("layer", "global")
+            ),
+            *(f"{shape}-pruned-global" for shape in ("(12,)", "(2, 6)", "(4,)")),
+        ]
+    },
+    "test_selection::test_one_rank_refuses_a_count_above_all_entries_by_the_function": (
+        "the refusal named L1Unstructured, not global_unstructured, the function called"
+    ),
+    "test_selection::test_what_lies_behind_a_mask_does_not_compete[": (
+        "PerRow/NM refused NaN or inf where the mask is 0 (entries that do not compete)"
+    ),
+    **{
+        f"test_selection::test_a_tied_weight_in_a_state_dict_is_ranked_once[{count}]": (
+            "a tied weight ranked under each name: counted twice, its names masked apart"
+        )
+        for count in (1, 3, 4)
+    },
+    "test_selection::test_a_tied_weight_drawn_at_random_gets_one_draw": (
+        "a tied weight drawn once per name: two masks for one weight"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (

@@ -578,3 +578,27 @@ def test_onnx_of_a_model_that_needs_its_length_says_the_axis_is_fixed(tmp_path: 
     report = export(model, tmp_path / "ten.onnx", "onnx", example_inputs=ids)
     assert report.difference is not None and report.difference <= 1e-4
     assert any("axis 1 (sequence) of input 'ids' is fixed at 10" in n for n in report.notes)
+
+
+class _OneToken(nn.Module):
+    """A model whose code takes exactly one token (it flattens it into one Linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids).reshape(ids.shape[0], 4))
+
+
+def test_onnx_of_a_model_that_takes_one_token_keeps_the_length_fixed(tmp_path: Path) -> None:
+    """A sequence of 1 is traced on 2 tokens to stay dynamic; a model that takes no 2 is
+    traced on its one, the axis fixed, and the report says so."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = _OneToken().eval()
+    ids = torch.randint(0, 50, (2, 1), generator=torch.Generator().manual_seed(0))
+    report = export(model, tmp_path / "one.onnx", "onnx", example_inputs=ids)
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("axis 1 (sequence) of input 'ids' is fixed at 1" in n for n in report.notes)

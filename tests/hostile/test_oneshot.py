@@ -80,8 +80,9 @@ class Stack(nn.Module):
         ((2, 1, 0), "calls block 2 before block 0"),
         ((0, 2), "calls block 2 before block 1"),
         ((0, 0, 1, 2), "calls block 0 a second time"),
+        ((0, 1, 2, 0), "calls block 0 a second time"),
     ],
-    ids=["reversed", "skipping", "repeating"],
+    ids=["reversed", "skipping", "repeating", "repeating-after-the-last"],
 )
 def test_blocks_called_out_of_turn_are_refused_block_by_block(
     order: tuple[int, ...], told: str, sequential: bool | str, method: str
@@ -101,6 +102,31 @@ def test_blocks_called_out_of_turn_are_refused_block_by_block(
         r".*\(or pass sequential=False\)$",
         model=model,
     )
+
+
+@pytest.mark.parametrize("sequential", [True, "layers"])
+def test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused(
+    sequential: bool | str,
+) -> None:
+    """With blocks 0 and 1 pruned, recording stopped at block 1: block 1 run again after
+    block 2 (on its output) went unseen, calibrated on its first call alone. A block that is
+    not pruned (2) may run again: no block pruned is given other inputs."""
+    torch.manual_seed(0)
+    pruned = ["layers.0.*", "layers.1.*"]
+    model = Stack((0, 1, 2, 1))
+    refused(
+        lambda: prunekit.prune_model(model, 0.5, method="wanda", sequential=sequential,
+                                     calibration=[torch.randn(4, 8)], include=pruned),
+        ValueError,
+        r"^calibration: the model's forward calls block 1 a second time of its 3 blocks "
+        r"\(Block\) on batch 0 \(called: 0, 1, 2, 1\), but block-by-block calibration runs "
+        r"blocks 0 to 1 each once",
+        model=model,
+    )  # fmt: skip
+    model = Stack((0, 1, 2, 2))
+    prunekit.prune_model(model, 0.5, method="wanda", sequential=sequential,
+                         calibration=[torch.randn(4, 8)], include=pruned)  # fmt: skip
+    assert masked(model) == [f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("up", "down")]
 
 
 class Aside(nn.Module):

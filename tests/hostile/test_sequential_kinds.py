@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import prunekit
+from hostile.support import refused
 from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.io.streamed import prune_streamed
 from prunekit.structure.budget import Budget
@@ -97,7 +98,7 @@ def test_layer_by_layer_uses_each_blocks_own_arguments(builder: Callable[[], Any
     prunekit.prune_model(model, 0.5, method="wanda", calibration=_calibration(),
                          sequential="layers")  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:  # the old behaviour: block 0's arguments
-        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_, **__: None)
         prunekit.prune_model(first, 0.5, method="wanda", calibration=_calibration(),
                              sequential="layers")  # fmt: skip
     changed = _differing(model, first)
@@ -195,7 +196,8 @@ def test_a_streamed_shrink_with_sliding_layers_is_the_in_memory_result(tmp_path:
 
 
 class _Passing(torch.nn.Module):
-    """A block that returns (hidden states, a bias the next block takes), as T5's do."""
+    """A block that returns (hidden states, a bias the next block takes: the first block's
+    input's mean, taken off each block's input), as T5's do."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -203,37 +205,82 @@ class _Passing(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
         bias = hidden.mean(-1, keepdim=True) if bias is None else bias
-        return hidden + self.down(torch.relu(self.up(hidden))) + bias, bias
+        return hidden + self.down(torch.relu(self.up(hidden - bias))), bias
 
 
 class _Stack(torch.nn.Module):
-    def __init__(self) -> None:
+    """Two _Passing blocks, called in `order`."""
+
+    def __init__(self, order: tuple[int, ...] = (0, 1)) -> None:
         super().__init__()
+        self.order = order
         self.blocks = torch.nn.ModuleList(_Passing() for _ in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None
-        for block in self.blocks:
-            x, bias = block(x, bias=bias)
+        for i in self.order:
+            x, bias = self.blocks[i](x, bias=bias)
         return x
 
 
-def test_a_forward_that_reads_more_than_the_hidden_states_keeps_the_first_blocks_arguments() -> (
-    None
-):
-    """Blocks passed through cannot give what such a forward reads from their outputs: the
-    calls are not recorded (None), and sequential pruning runs as before."""
+def _by_hand(model: Any, prefix: str, count: int, calibration: list[Any]) -> None:
+    """Each of `count` blocks under `prefix` pruned with Wanda on the inputs the model's own
+    forward gives it, the blocks before it pruned already."""
+    for i in range(count):
+        prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration,
+                             sequential=False, include=[f"{prefix}.{i}.*"])  # fmt: skip
+
+
+def test_a_forward_that_reads_more_than_the_hidden_states_gives_each_block_its_own() -> None:
+    """Blocks passed through cannot give what such a forward reads from their outputs (the
+    bias block 0 computes for the next): the calls were not recorded (None), and block 1
+    computed a bias of its own from its input, calibrated on what the model never computes.
+    They are now recorded with the blocks run, each block given the bias the model gives it."""
     torch.manual_seed(0)
     model = _Stack()
     calibration = [torch.randn(2, 5, 8), torch.randn(2, 5, 8)]  # unpacked as two rows
-    assert prunekit.calibrate.block_calls(model, model.blocks, calibration) is None
-    before = copy.deepcopy(model)
-    prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prunekit.calibrate, "block_calls", lambda *_: None)
-        prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
-    assert _differing(model, before) == []
+    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration)
+    assert calls is not None and all(kwargs["bias"] is not None for _, kwargs in calls[1])
     assert not any(b._forward_pre_hooks or "forward" in vars(b) for b in model.blocks)
+    want, before = copy.deepcopy(model), copy.deepcopy(model)
+    prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
+    _by_hand(want, "blocks", 2, calibration)
+    assert _differing(model, want) == []
+    with pytest.MonkeyPatch.context() as patch:  # the old behaviour: block 0's arguments
+        patch.setattr(prunekit.calibrate, "block_calls", lambda *_, **__: None)
+        prunekit.prune_model(before, 0.5, method="wanda", calibration=calibration)
+    assert _differing(before, want)
+
+
+def test_such_a_forward_calling_a_block_again_is_refused() -> None:
+    """Where the forward could not run with its blocks passed through (here: it unpacks a
+    block's output, four rows, as two values), no order was checked: block 0 run again
+    after block 1 was calibrated on its first call alone."""
+    torch.manual_seed(0)
+    model = _Stack((0, 1, 0))
+    refused(
+        lambda: prunekit.prune_model(model, 0.5, method="wanda", sequential=True,
+                                     calibration=[torch.randn(4, 8)]),
+        ValueError,
+        r"^calibration: the model's forward calls block 0 a second time of its 2 blocks "
+        r"\(_Passing\) on batch 0 \(called: 0, 1, 0\)",
+        model=model,
+    )  # fmt: skip
+
+
+def test_t5_blocks_are_calibrated_on_the_position_bias_block_0_computes() -> None:
+    """T5's block 0 computes the relative position bias (with the mask added) and the stack
+    hands it to every later block; with block 0's arguments (no bias) the later blocks
+    attended without it, and their masks differed from block by block by hand."""
+    torch.manual_seed(1)
+    config = T.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=24, num_layers=3,
+                        num_heads=2, relative_attention_num_buckets=8,
+                        relative_attention_max_distance=16, dropout_rate=0.0)  # fmt: skip
+    model = T.T5EncoderModel(config).eval()
+    want = copy.deepcopy(model)
+    prunekit.prune_model(model, 0.5, method="wanda", calibration=_calibration(), sequential=True)
+    _by_hand(want, "encoder.block", 3, _calibration())
+    assert _differing(model, want) == []
 
 
 def test_a_failure_of_the_recording_itself_is_raised_not_taken_for_the_fallback() -> None:

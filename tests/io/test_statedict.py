@@ -312,3 +312,56 @@ def test_an_empty_out_is_refused_by_name_before_the_input_is_read(
     with pytest.raises(ValueError, match=r"^prune_file: invalid out=''"):
         prune_file(tmp_path / "missing.pt", "", 0.5)  # before the input is read
     assert list((tmp_path / "here").iterdir()) == []
+
+
+def _tied_state() -> dict[str, torch.Tensor]:
+    """A state_dict of a model whose head is its embedding's Parameter: the two names hold
+    one tensor (as torch.save keeps them, one storage)."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"emb": nn.Embedding(10, 8), "fc": nn.Linear(8, 8, bias=False)})
+    model["head"] = nn.Linear(8, 10, bias=False)
+    model["head"].weight = model["emb"].weight
+    return model.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("method", "amount", "scope"),
+    [("random", 0.5, "layer"), ("random", 0.5, "global"), ("l1", 41, "global")],
+)
+def test_tied_tensors_get_one_mask(method: str, amount: float, scope: str) -> None:
+    """'random' drew a mask for each name of a tied tensor, so its copies came out
+    different (and a global count took its entries twice): one mask is drawn for the
+    tensor and applied to every name of it, as prune_model masks a tied Parameter once."""
+    state = _tied_state()
+    assert state["emb.weight"].data_ptr() == state["head.weight"].data_ptr()
+    result = prune_state_dict(state, amount, method=method, scope=scope, seed=0)
+    emb, head, fc = (result.state[k] for k in ("emb.weight", "head.weight", "fc.weight"))
+    assert torch.equal(emb, head)
+    zeros = int((emb == 0).sum())
+    if scope == "layer":
+        assert zeros == 40 and int((fc == 0).sum()) == 32
+    else:  # the tied tensor's 80 entries count once among the 80 + 64
+        wanted = amount if isinstance(amount, int) else round(amount * (80 + 64))
+        assert zeros + int((fc == 0).sum()) == wanted
+    with torch.random.fork_rng(devices=[]):  # the masks prune_model gives the model
+        torch.manual_seed(0)
+        model = nn.ModuleDict({"emb": nn.Embedding(10, 8), "fc": nn.Linear(8, 8, bias=False)})
+        model["head"] = nn.Linear(8, 10, bias=False)
+        model["head"].weight = model["emb"].weight
+        torch.manual_seed(0)
+        import prunekit
+
+        prunekit.prune_model(model, amount, method=method, scope=scope, keep_masks=False)
+    for key, value in model.state_dict().items():
+        assert torch.equal(result.state[key], value), key
+
+
+def test_a_tied_tensor_is_written_once_and_read_back_equal(tmp_path: Path) -> None:
+    """prune_file with --method random: the tied copies of a torch.save file stay equal."""
+    save_state_dict(_tied_state(), tmp_path / "in.pt")
+    assert main(["prune", str(tmp_path / "in.pt"), "-o", str(tmp_path / "out.pt"),
+                 "--method", "random", "--amount", "0.5", "--seed", "1"]) == 0  # fmt: skip
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert torch.equal(out["emb.weight"], out["head.weight"])
+    assert int((out["emb.weight"] == 0).sum()) == 40
+    assert out["emb.weight"].data_ptr() == out["head.weight"].data_ptr()  # still one tensor

@@ -38,9 +38,33 @@ def test_a_list_of_kinds_passes_the_deci_check(tmp_path: Path) -> None:
 
 
 def test_budget_refusals_stay_the_users_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"^ShrinkConfig: .*params") as caught:
+    with pytest.raises(ValueError, match=r"^ShrinkConfig: invalid params=1\.5; expected") as caught:
         made(tmp_path, params=1.5)
     assert is_explained(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"params": 1.5}, ValueError, "invalid params=1.5; expected a float in (0, 1)"),
+        ({"params": None, "macs": 0.0}, ValueError, "invalid macs=0.0; expected a float in (0, 1)"),
+        ({"params": None, "latency": "0.2"}, TypeError, "invalid latency='0.2' of type str;"),
+        ({"kinds": ("bogus",)}, ValueError, "invalid kinds=('bogus',); expected distinct kinds"),
+        ({"kinds": ["heads", "heads"]}, ValueError, "invalid kinds=('heads', 'heads'); expected"),
+        ({"kinds": ()}, ValueError, "invalid kinds=(); expected distinct kinds"),
+        ({"compensate": 1}, TypeError, "invalid compensate=1; expected True or False"),
+    ],
+)
+def test_errors_name_the_parameter_given_not_the_budget_made_of_it(
+    tmp_path: Path, options: dict[str, object], error: type[Exception], words: str
+) -> None:
+    """The share and the kinds were refused as Budget's ('ShrinkConfig: Budget: invalid
+    params=...'), naming a class the caller never made; every other error of the config
+    reads 'ShrinkConfig: invalid <parameter>=<value>; expected ...', as the project's do."""
+    with pytest.raises(error) as caught:
+        made(tmp_path, **options)
+    assert str(caught.value).startswith(f"ShrinkConfig: {words}"), str(caught.value)
+    assert "Budget" not in str(caught.value) and is_explained(caught.value)
 
 
 def test_the_floor_is_auto_unless_given(tmp_path: Path) -> None:

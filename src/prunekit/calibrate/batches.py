@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core import nested
 from prunekit.core.checks import check_kind
 from prunekit.core.errors import type_error, value_error
 
@@ -71,25 +72,13 @@ def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) 
     score unrankable. Where they are not finite, the scores' own check names the tensor."""
     if bool(torch.isfinite(value.detach()).all()):
         return
-    tensors = [*model.parameters(), *_tensors(batch, 0)]
+    tensors = [*model.parameters(), *nested.tensors(batch)]
     if all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
         raise value_error(
             f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
             "with finite parameters and inputs; expected a finite loss (its gradients would "
             "make every score unrankable)"
         )
-
-
-def _tensors(value: Any, depth: int) -> list[Tensor]:
-    """The tensors of a batch, in mappings, lists and tuples a few levels deep."""
-    if isinstance(value, Tensor):
-        return [value.detach()]
-    if depth >= 3:
-        return []
-    items = value.values() if isinstance(value, Mapping) else value
-    if not isinstance(value, Mapping | list | tuple):
-        return []
-    return [t for item in items for t in _tensors(item, depth + 1)]
 
 
 def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
@@ -167,22 +156,13 @@ def batch_list(calibration: Any, owner: str) -> list[Any]:
     if not batches:
         raise value_error(f"{owner}: calibration holds no batch; expected at least one")
     for index, batch in enumerate(batches):
-        _check_batch(batch, f"{owner}: calibration batch {index}", "", 0)
+        _check_batch(batch, f"{owner}: calibration batch {index}")
     return batches
 
 
-def _check_batch(value: Any, where: str, path: str, depth: int) -> None:
+def _check_batch(batch: Any, where: str) -> None:
     """Refuse a tensor of a batch that holds no values (meta): a forward on it computes
-    nothing that can be ranked. Looks into mappings, lists and tuples, a few levels deep."""
-    if isinstance(value, Tensor):
-        if value.is_meta:
-            check_kind(value, where, f"the tensor{' at ' + path if path else ''}", real=False)
-        return
-    if depth >= 3:
-        return
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_batch(item, where, f"{path}[{key!r}]", depth + 1)
-    elif isinstance(value, list | tuple):
-        for k, item in enumerate(value):
-            _check_batch(item, where, f"{path}[{k}]", depth + 1)
+    nothing that can be ranked. Looks into the batch as ``core.nested.leaves`` does."""
+    for place, value in nested.leaves(batch):
+        if isinstance(value, Tensor) and value.is_meta:
+            check_kind(value, where, f"the tensor {place}".rstrip(), real=False)

@@ -10,9 +10,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.calibrate.batches import batch_error, run_batch
+from prunekit.calibrate.batches import batch_error, evaluating, run_batch
 from prunekit.calibrate.statistics import Stop
 from prunekit.core.errors import value_error
+from prunekit.core.signature import forward_parameters
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -53,9 +54,8 @@ def cacheless(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _cache_positions(module: nn.Module) -> set[int]:
     """The positions at which `module`'s forward takes a key/value cache (GPT-2's blocks
     take ``past_key_values`` second): a cache given there is dropped as one by keyword."""
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):  # no signature to read
+    params = forward_parameters(module)
+    if params is None:  # no signature to read
         return set()
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     found: set[int] = set()
@@ -178,54 +178,76 @@ hidden states left out (None in their place)."""
 
 
 def block_calls(
-    model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any]
-) -> BlockCalls | None:
+    model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any],
+    wanted: int | None = None,
+) -> BlockCalls | None:  # fmt: skip
     """What the model's forward gives each of `blocks` beside its hidden states, for each
     batch: a block may be called with arguments of its own (a sliding-window layer gets
     another attention mask than a full-attention one; Gemma 3's global layers another
     rotary embedding than its local ones), which the inputs captured for the first block
-    do not hold. Each batch runs the model with every block passing its hidden states
-    through, its own hooks set aside (no block computes, its parameters are not read, and
-    no hook sees the call) until the last of `blocks` is called; nothing after it runs.
+    do not hold. Each batch runs the whole model in eval mode with every block passing its
+    hidden states through, its own hooks set aside (no block computes, its parameters are
+    not read, and no hook sees the call): the layers outside the blocks (a final norm, a
+    head) run on, so that a block called again after the last one is seen. Where the forward
+    reads more than the hidden states from a block's output (T5's blocks hand on the
+    position bias block 0 computes), the blocks cannot be passed through: the batches then
+    run through the blocks themselves (a full forward of each), and each block is recorded
+    with what the model gives it, the blocks' order checked the same way. An argument
+    computed from a block's output is then the model's as it is when recorded (before
+    anything is pruned; T5's bias comes from an embedding, which no block's pruning moves).
 
     Args:
         model: the model.
-        blocks: its blocks, from the first up to the last one whose calls are wanted.
+        blocks: all its blocks, in order.
         batches: the calibration batches.
+        wanted: how many blocks, from the first, are calibrated (whose calls are wanted and
+            whose order is checked); all by default. A block after them may be called in
+            any order once they all ran.
 
     Returns:
-        The calls, or None where the model's forward cannot run with its blocks passed
-        through, or gives a block other hidden states than the first one's shape (it reads
-        more than the hidden states from a block's output: then each block is given the
-        first block's arguments, as before), or there is one block.
+        The calls of the wanted blocks, or None (each block is then given the first
+        block's arguments) where the model's forward cannot reach its last wanted block,
+        nor give every block hidden states of the first one's shape, with its blocks passed
+        through nor run, or fewer than two blocks are wanted. A forward that fails after the
+        last wanted block (its head reading what the blocks passed through, or held on the
+        meta device) is taken as it ran so far.
 
     Raises:
+        ValueError: the forward calls a wanted block out of turn, again after its turn, or
+            never (naming the block and the batch); or `blocks` hold one module at two
+            places, one of them wanted.
         Exception: a failure of the recording itself (a bug, never taken for a forward
             that cannot run with its blocks passed through).
     """
-    if len(blocks) < 2:  # the first block's inputs are captured apart
+    count = len(blocks) if wanted is None else wanted
+    if count < 2:  # the first block's inputs are captured apart
         return None
-    first: dict[int, int] = {}
-    for index, block in enumerate(blocks):
-        before = first.setdefault(id(block), index)
-        if before != index:  # one module at two places: its hooks would be set twice
-            raise value_error(
-                f"calibration: the model's blocks hold one {type(block).__name__} at "
-                f"positions {before} and {index} (one module run at each: its layers run more "
-                "than once per batch, which no calibration of one weight matrix can follow); "
-                "expected each calibrated layer to run once per forward: exclude it, or give "
-                "each use its own module"
-            )
+    hooked = _hooked(blocks, count)
+    for through in (True, False):
+        found = _record(model, blocks, batches, count, hooked, through)
+        if found is not None:
+            return found
+    return None
+
+
+def _record(
+    model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any],
+    count: int, hooked: list[int], through: bool,
+) -> BlockCalls | None:  # fmt: skip
+    """``block_calls``' recording, the blocks at `hooked` passed through (`through`) or run
+    as they are; None where it cannot tell the calls (see ``block_calls``)."""
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
     saved: list[tuple[nn.Module, dict[str, Any]]] = []
+    handles: list[Any] = []
     bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
-                order[-1].append(index)
+                seen = order[-1]
+                seen.append(index)
                 hidden = args[0] if args else kwargs.get("hidden_states")
                 shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
                 cached = _cache_positions(module)
@@ -237,8 +259,9 @@ def block_calls(
             except Exception as error:
                 bugs.append(error)
                 raise
-            if index == len(blocks) - 1 or order[-1] != list(range(len(order[-1]))):
-                raise Stop  # the last block reached, or one called out of turn
+            turn = len(seen) - 1
+            if index != turn if turn < count else index < count:
+                raise Stop  # a wanted block out of turn, or called again after its turn
 
         return hook
 
@@ -246,35 +269,34 @@ def block_calls(
         return args[0] if args else kwargs.get("hidden_states")
 
     try:
-        for index, block in enumerate(blocks):
-            own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
-            saved.append((block, own))
-            for key, value in own.items():
-                block.__dict__[key] = type(value)()  # empty hooks
-            block.forward = passthrough
-            block.register_forward_pre_hook(recorder(index), with_kwargs=True)
-        with torch.no_grad():
+        for index in hooked:
+            block = blocks[index]
+            if through:
+                own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
+                saved.append((block, own))
+                for key, value in own.items():
+                    block.__dict__[key] = type(value)()  # empty hooks
+                block.forward = passthrough
+            handles.append(block.register_forward_pre_hook(recorder(index), with_kwargs=True))
+        with evaluating(model), torch.no_grad():
             for batch in batches:
                 order.append([])
-                try:
-                    run_batch(model, batch)
-                except Stop:
-                    if order[-1] == list(range(len(blocks))):
-                        continue
-                break  # a block called out of turn, or the last one never
-    except Exception:  # a forward that needs its blocks' outputs: the first block's calls
-        if bugs:
-            raise bugs[0] from None
+                if not _run_through(model, batch, order[-1], count, bugs):
+                    break  # a block called out of turn, or the last wanted one never
+    except _Unreached:  # a forward that needs its blocks' outputs: run them, or give up
         return None
     finally:
+        for handle in handles:
+            handle.remove()
         for block, own in saved:
             for key in _SET_ASIDE:
                 if key in own:
                     block.__dict__[key] = own[key]
                 else:
                     block.__dict__.pop(key, None)
-    if order and order[-1] != list(range(len(blocks))):
-        raise _out_of_turn(blocks, order[-1], len(order) - 1)
+    if order and not _in_turn(order[-1], count):
+        raise _out_of_turn(blocks, order[-1], len(order) - 1, count)
+    calls, shapes = calls[:count], shapes[:count]
     if any(len(found) != len(batches) for found in calls):
         return None
     if any(found != shapes[0] or None in found for found in shapes):
@@ -282,12 +304,63 @@ def block_calls(
     return calls
 
 
+class _Unreached(Exception):
+    """The forward failed before its last wanted block, with its blocks passed through."""
+
+
+def _run_through(
+    model: nn.Module, batch: Any, seen: list[int], count: int, bugs: list[Exception]
+) -> bool:
+    """Run `model` on `batch`, its blocks passed through and recorded into `seen`; whether
+    the blocks ran in turn (False: the recorder stopped the forward at one out of turn).
+
+    Raises:
+        _Unreached: the forward failed before the last wanted block was called.
+        Exception: the recording's own failure (in `bugs`), as it is.
+    """
+    try:
+        run_batch(model, batch)
+    except Stop:
+        return False
+    except Exception as error:
+        if bugs:
+            raise bugs[0] from None
+        if len(seen) < count:
+            raise _Unreached from error
+    return _in_turn(seen, count)
+
+
+def _in_turn(seen: list[int], count: int) -> bool:
+    """Whether `seen`, the blocks a forward called, calls the first `count` each once, one
+    after another and before any other."""
+    return seen[:count] == list(range(count)) and all(index >= count for index in seen[count:])
+
+
+def _hooked(blocks: nn.ModuleList | Sequence[nn.Module], count: int) -> list[int]:
+    """The positions of `blocks` to record: each module at its first place (its hooks set
+    once). Raises ValueError for a module at two places of which one is wanted (the first
+    `count`): its layers run more than once per batch."""
+    first: dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        before = first.setdefault(id(block), index)
+        if before != index and before < count:  # hooks set once: counted at `before`
+            raise value_error(
+                f"calibration: the model's blocks hold one {type(block).__name__} at "
+                f"positions {before} and {index} (one module run at each: its layers run more "
+                "than once per batch, which no calibration of one weight matrix can follow); "
+                "expected each calibrated layer to run once per forward: exclude it, or give "
+                "each use its own module"
+            )
+    return sorted(first.values())
+
+
 def _out_of_turn(
-    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int
+    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int, count: int
 ) -> ValueError:
-    """The refusal of a forward that calls `blocks` otherwise than one after another, each
-    once (`seen`: the indices it called on batch `number`, up to the first out of turn)."""
-    expected = list(range(len(blocks)))
+    """The refusal of a forward that calls the first `count` of `blocks` otherwise than one
+    after another, each once (`seen`: the indices it called on batch `number`, up to the
+    first out of turn)."""
+    expected = list(range(count))
     if seen and seen[-1] in seen[:-1]:
         what = f"calls block {seen[-1]} a second time"
     elif seen and seen[-1] != len(seen) - 1:

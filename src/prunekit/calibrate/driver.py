@@ -24,6 +24,7 @@ class Wanted:
     hessian: bool
     means: bool = False
     patches: bool = False
+    equal: bool = False  # rows weighed by their size (InputStatistics' `equal`)
 
     def gather(self, modules: Sequence[nn.Module], *, early: bool = False) -> InputStatistics:
         """Statistics of these kinds for `modules`, gathered while the returned context is
@@ -35,6 +36,7 @@ class Wanted:
             means=self.means,
             patches=self.patches,
             early=early,
+            equal=self.equal,
         )
 
 

@@ -85,7 +85,8 @@ def requiring_grad(
 def parameter(module: nn.Module, name: str) -> nn.Parameter:
     """The Parameter behind ``module.<name>``, whose gradient `gradients` takes:
     ``<name>_orig`` where pruned."""
-    param = stored_parameter(module, name)
+    path, _, leaf = name.rpartition(".")  # a dotted name: a submodule's (an out_proj's)
+    param = stored_parameter(module.get_submodule(path) if path else module, leaf)
     assert param is not None, f"{type(module).__name__} has no parameter {name}"
     return param
 
@@ -99,8 +100,10 @@ def gradient_targets(
 
 
 def _reader(module: nn.Module, name: str) -> Callable[[], Tensor]:
+    path, _, leaf = name.rpartition(".")  # a dotted name: a submodule's (an out_proj's)
+
     def read() -> Tensor:
-        value: Tensor = getattr(module, name)
+        value: Tensor = getattr(module.get_submodule(path) if path else module, leaf)
         return value
 
     return read

@@ -11,21 +11,30 @@ output rows x input columns, applied to the rows of the layer's input.
   statistics of its own input channels.
 - ``nn.MultiheadAttention``'s ``in_proj_weight`` (the fused query, key and value
   projections, (3 x embed, embed)) on self-attention: the three read one input.
+- ``nn.MultiheadAttention``'s ``out_proj.weight``: the attention reads it without calling
+  out_proj (``F.multi_head_attention_forward`` takes the weight), so no hook on out_proj
+  sees its input, the heads' output. While `out_proj_called` is entered, the attention
+  computes that output with an identity projection and calls out_proj on it: the
+  statistics are out_proj's own (its `reader`), taken as any Linear's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from prunekit.calibrate.batches import calls_back
 from prunekit.core.errors import value_error
 from prunekit.patterns import NM, Pattern, PerRow
 
 __all__ = [
+    "OUT_PROJ",
     "calibrates",
     "entry_norms",
     "features",
@@ -33,8 +42,13 @@ __all__ = [
     "layer_input",
     "matrices",
     "oriented",
+    "out_proj_called",
+    "reader",
     "width",
 ]
+
+OUT_PROJ = "out_proj.weight"
+"""A MultiheadAttention's out_proj weight, as the attention module names it."""
 
 
 def _is_conv1d_hf(module: nn.Module) -> bool:
@@ -51,10 +65,77 @@ def _is_conv(module: nn.Module) -> bool:
 def calibrates(module: nn.Module, name: str) -> bool:
     """Whether ``module.<name>`` is a weight the calibrated criteria prune."""
     if isinstance(module, nn.MultiheadAttention):
+        if name == OUT_PROJ:
+            return isinstance(module.out_proj, nn.Linear)
         return name == "in_proj_weight" and module._qkv_same_embed_dim
     if name != "weight":
         return False
     return isinstance(module, nn.Linear) or _is_conv1d_hf(module) or _is_conv(module)
+
+
+def reader(module: nn.Module, name: str) -> nn.Module:
+    """The module whose input ``module.<name>`` multiplies, which the statistics hook: a
+    MultiheadAttention's out_proj for its `OUT_PROJ` (called inside `out_proj_called`),
+    else `module` itself."""
+    if isinstance(module, nn.MultiheadAttention) and name == OUT_PROJ:
+        found: nn.Module = module.out_proj
+        return found
+    return module
+
+
+@contextmanager
+def out_proj_called(targets: Iterable[tuple[nn.Module, str]]) -> Iterator[None]:
+    """While entered, each MultiheadAttention of `targets` whose `OUT_PROJ` is one calls its
+    out_proj: the attention runs with an identity projection in its place (no bias), giving
+    the heads' output, which out_proj is then called on. The attention's output is the same
+    (the identity's products are exact) and out_proj's hooks see its input. Each
+    attention's forward is its own again on exit."""
+    attentions = {
+        id(m): m for m, name in targets if isinstance(m, nn.MultiheadAttention) and name == OUT_PROJ
+    }
+    saved: list[tuple[nn.Module, Any]] = []
+    try:
+        for attention in attentions.values():
+            holder: nn.Module = attention  # its forward is a Callable attribute there
+            saved.append((holder, holder.__dict__.get("forward")))
+            holder.forward = _calling_out_proj(attention, attention.forward)
+        yield
+    finally:
+        for attention, own in reversed(saved):
+            del attention.forward
+            if own is not None:
+                attention.forward = own
+
+
+class _Identity(nn.Module):
+    """An out_proj that leaves its input as it is, for the attention to read in place of
+    the real one: an identity weight, a zero bias (or none)."""
+
+    def __init__(self, real: nn.Module) -> None:
+        super().__init__()
+        weight = getattr(real, "weight")  # noqa: B009 (the current values: masked if pruned)
+        self.weight = torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)
+        bias = getattr(real, "bias", None)
+        self.bias = None if bias is None else torch.zeros_like(bias)
+
+
+def _calling_out_proj(attention: nn.MultiheadAttention, forward: Any) -> Any:
+    identity: list[_Identity] = []  # made at the first call, from the weight's dtype
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        real = attention._modules["out_proj"]
+        assert real is not None
+        if not identity:
+            identity.append(_Identity(real))
+        attention._modules["out_proj"] = identity[0]
+        try:
+            heads, weights = forward(*args, **kwargs)
+        finally:
+            attention._modules["out_proj"] = real
+        return real(heads), weights
+
+    calls_back(call)
+    return call
 
 
 def width(module: nn.Module) -> tuple[int, int]:

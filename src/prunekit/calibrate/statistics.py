@@ -34,9 +34,17 @@ class _Accumulator:
     read only that triangle."""
 
     def __init__(
-        self, features: int, norms: bool, hessian: bool, sums: bool = False, groups: int = 1
+        self,
+        features: int,
+        norms: bool,
+        hessian: bool,
+        sums: bool = False,
+        groups: int = 1,
+        *,
+        equal: bool = False,
     ) -> None:
         self.rows = 0
+        self.equal = equal  # rows weighed by `row_weights` in the mean of X^T X and the sums
         self.groups = groups
         lead = (groups,) if groups > 1 else ()
         self.squares = torch.zeros((*lead, features), dtype=torch.float64) if norms else None
@@ -61,7 +69,12 @@ class _Accumulator:
         # each entry, about 10x slower), the batches in float64.
         if self.squares is not None:
             self.squares += flat.square().sum(dim=0)
-        if self.sums is not None:
+        if self.equal and (self.sums is not None or self.hessian is not None):
+            weights = row_weights(flat).view(-1, *(1,) * (flat.dim() - 1))
+            if self.sums is not None:
+                self.sums += (flat * weights).sum(dim=0)
+            flat = flat * weights.sqrt()  # X^T W X as (W^1/2 X)^T (W^1/2 X)
+        elif self.sums is not None:
             self.sums += flat.sum(dim=0)
         if self.hessian is not None and new:
             beta, alpha = self.rows / new, 1.0 / new
@@ -91,6 +104,28 @@ class _Accumulator:
         return self.hessian
 
 
+_LARGEST_WEIGHT = 100.0
+"""The largest weight `row_weights` gives a row, relative to a row of the median energy."""
+
+
+def row_weights(rows: Tensor) -> Tensor:
+    """A weight for each row of `rows` (rows first) so that every row counts by its error
+    relative to its own size: the median row energy (sum of squares) over the row's own, at
+    most ``_LARGEST_WEIGHT`` (a row of zeros gets that), scaled so that the weights average 1
+    (a mean of weighted rows stays a mean, the bias's constant input included). A few rows
+    far above the median (attention sinks, whose outputs can hold most of a layer's output
+    energy) then no longer decide a least-squares fit. Rows that are not finite, or all
+    zero, leave the weights at 1 (the statistics then show what they hold)."""
+    energy = rows.square().flatten(1).sum(1)
+    typical = energy.median() if energy.numel() else energy.new_zeros(())
+    if not bool(typical > 0):
+        typical = energy.mean() if energy.numel() else typical
+    if not bool(torch.isfinite(energy).all()) or not bool(typical > 0):
+        return torch.ones_like(energy)
+    weights = (typical / energy).clamp(max=_LARGEST_WEIGHT)
+    return weights / weights.mean()
+
+
 class Stop(Exception):
     """Raised by a hook to end a forward once it ran as far as needed (InputStatistics with
     `early`, the capture of a block's inputs, a grouped run, the refit's first input); the
@@ -103,7 +138,9 @@ class InputStatistics:
     rows of the input, for SparseGPT) and/or `means` (the mean of each input feature). The
     features of a Linear are its input's last dim; of a convolution, its input channels, or
     with `patches` the columns of its weight as criteria.layers sees them (patches of the
-    input, per group). Use as a context manager; call ``new_batch()`` before each batch.
+    input, per group). With `equal`, the mean of X^T X and the means weigh each row by
+    ``row_weights`` (a fit on them weighs each row's error relative to its size). Use as a
+    context manager; call ``new_batch()`` before each batch.
 
     With `early`, a run whose statistics are complete ends there: when the first batch
     called every module (once each: a second call is refused), each later batch raises
@@ -120,9 +157,11 @@ class InputStatistics:
         means: bool = False,
         patches: bool = False,
         early: bool = False,
+        equal: bool = False,
     ) -> None:
         self.modules = list(modules)
         self._want = (norms, hessian, means)
+        self._equal = equal
         self._patches = patches
         self._of: dict[nn.Module, _Accumulator] = {}
         self._handles: list[Any] = []
@@ -187,7 +226,9 @@ class InputStatistics:
                 self._of[module] = found
                 return
             features = self._features(module, x)
-            acc = _Accumulator(features.shape[-1], *self._want, groups=features.shape[1])
+            acc = _Accumulator(
+                features.shape[-1], *self._want, groups=features.shape[1], equal=self._equal
+            )
             self._of[module] = acc
         elif acc.saw(x):
             return  # another Linear of the group saw this input already
@@ -305,8 +346,8 @@ class InputStatistics:
         """The statistics of no rows, for a module this rank never ran."""
         if self._patches:
             groups, columns = layer_matrices.width(module)
-            return _Accumulator(columns, *self._want, groups=groups)
-        return _Accumulator(_width(module), *self._want)
+            return _Accumulator(columns, *self._want, groups=groups, equal=self._equal)
+        return _Accumulator(_width(module), *self._want, equal=self._equal)
 
     def accumulators(self) -> int:
         """How many distinct inputs are held (shared ones once)."""

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
-from prunekit.core.errors import attribute_error, describe, type_error, value_error
+from prunekit.core.errors import attribute_error, describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
 from prunekit.criteria.criterion import Criterion
@@ -98,7 +98,8 @@ def global_unstructured(
         keys = _keys(entries, group)
         pieces = _pieces(entries, keys, method.criterion)
         competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
-        k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
+        with naming(_OWNER):
+            k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
         if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
             _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
         try:

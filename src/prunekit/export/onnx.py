@@ -3,24 +3,27 @@ ONNX Runtime.
 
 The graph is traced by ``torch.onnx.export`` (the exporter built on ``torch.export``, with
 onnxscript) on the example inputs, in eval mode, with the weights inside the one file. The
-first axis of every input that shares the first input's batch size is dynamic (``batch``), and
-so is the second axis of integer inputs of rank 2 or more, such as token ids and attention
-masks (``sequence``). An axis the trace fixes stays fixed: at a size the model's code needs,
-the report says so; at 1 (a size torch.export fixes where the code tests or broadcasts it,
-and a larger example keeps dynamic) it is refused. Once written, the file is read back by
-ONNX Runtime (where installed) and run on the example inputs and on them twice over along the
-batch axis (unless the batch is fixed): every output must be within ``TOLERANCE`` x its
-largest magnitude of the model's (``HALF_TOLERANCE`` for an output in float16 or bfloat16),
-or nothing lands. A bfloat16 graph, which ONNX Runtime's CPU kernels do not run, is refused
-unless written as float32 or unchecked. A causal LM is traced without its key/value cache
-(``use_cache`` off for the call): the graph gives the logits.
+first axis of every input that shares the first input's batch size is dynamic (``batch``),
+and so is the second axis of integer inputs of rank 2 or more, such as token ids and
+attention masks (``sequence``). An axis the trace fixes stays fixed: at a size the model's
+code needs, the report says so; at 1 (a size torch.export fixes where the code tests or
+broadcasts it, and a larger example keeps dynamic) it is refused. A sequence of 1 (one
+token) is traced on the example's tokens repeated to 2 (torch.export cannot keep an axis of
+1 dynamic, and a causal LM's attention fails on the undecided length), and checked on the
+example as given; where the model takes no 2 tokens, the axis is traced fixed at 1. Once
+written, the file is read back by ONNX Runtime (where installed) and run on the example
+inputs and on them twice over along the batch axis (unless the batch is fixed): every output
+must be within ``TOLERANCE`` x its largest magnitude of the model's (``HALF_TOLERANCE`` for
+an output in float16 or bfloat16), or nothing lands. A bfloat16 graph, which ONNX Runtime's
+CPU kernels do not run, is refused unless written as float32 or unchecked. A causal LM is
+traced without its key/value cache (``use_cache`` off for the call): the graph gives the
+logits.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-import inspect
 import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,6 +39,7 @@ from prunekit._extras import require
 from prunekit.calibrate import evaluating
 from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.signature import forward_parameters
 from prunekit.dropin.hooks import pruning_hooks
 from prunekit.export.request import ExportReport, Request
 
@@ -102,11 +106,12 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     shapes = _dynamic(args, kwargs, names)  # the trace's, the note's and the check's
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
-        proto = _exported(model, (args, kwargs, names), shapes, [n for n, _ in outputs])
+        traced, widened = _traced_inputs(model, (args, kwargs, names), shapes)
+        proto = _exported(model, (*traced, names), shapes, [n for n, _ in outputs])
         fixed = _fixed_axes(proto, shapes)
         Path(target).write_bytes(proto.SerializeToString())
         notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
-        notes += fixed
+        notes += widened + fixed
         if cached:
             notes.append("traced with use_cache=False: the graph keeps no key/value cache")
         if request.source is not None:
@@ -251,10 +256,7 @@ def _input_names(
 ) -> list[str]:
     """The graph's input names: the forward's parameter names for positional inputs (or
     ``input_<i>`` where it takes ``*args``), the keys for keyword inputs."""
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
+    parameters = forward_parameters(model) or []
     named = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [named[i] if i < len(named) else f"input_{i}" for i in range(len(args))]
     return names + list(kwargs)
@@ -298,6 +300,44 @@ def _dynamic(args: tuple[Tensor, ...], kwargs: dict[str, Tensor], names: list[st
             axes[1] = sequence
         shapes[name] = axes
     return shapes
+
+
+def _traced_inputs(
+    model: nn.Module,
+    inputs: tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]],
+    shapes: Shapes,
+) -> tuple[tuple[tuple[Tensor, ...], dict[str, Tensor]], list[str]]:
+    """The inputs to trace on (positional, keyword) and a note on what was changed: each
+    input whose dynamic sequence axis holds 1 has it repeated to 2. torch.export cannot
+    keep an axis of 1 dynamic (it takes 1 for a constant), and code that tests the length
+    (a causal LM's attention: ``is_causal = length > 1``) fails on it inside the trace;
+    the graph traced on 2 takes any length, and is checked on the example as given. A model
+    that takes no 2 tokens (its forward raises on them) is traced on its example, the axis
+    made static (`shapes` changed) and the note saying so."""
+    args, kwargs, names = inputs
+    given = {**dict(zip(names, args, strict=False)), **kwargs}
+    ones = [n for n, axes in shapes.items() if 1 in axes and given[n].shape[1] == 1]
+    if not ones:
+        return (args, kwargs), []
+    twice = {n: torch.cat([given[n]] * 2, dim=1) for n in ones}
+    wide_args = tuple(twice.get(n, t) for n, t in zip(names, args, strict=False))
+    wide_kwargs = {k: twice.get(k, t) for k, t in kwargs.items()}
+    try:
+        model(*wide_args, **wide_kwargs)
+    except Exception:  # the model's code takes one token only: its graph too
+        for name in ones:
+            del shapes[name][1]
+        return (args, kwargs), [
+            f"axis 1 (sequence) of input {n!r} is fixed at 1: the model's code takes no "
+            "other length"
+            for n in ones
+        ]
+    listed = ", ".join(repr(n) for n in ones)
+    note = (
+        f"traced on 2 tokens (the example's one repeated along axis 1 of {listed}): a "
+        "sequence of 1 cannot stay dynamic in torch.export; checked on the example as given"
+    )
+    return (wide_args, wide_kwargs), [note]
 
 
 def _fixed_axes(proto: Any, wanted: Shapes) -> list[str]:

@@ -380,7 +380,9 @@ def _prune_block(
     install(holder, mine)
     batches = run.channel.batches
     if batches is not None and pairs:
-        compensate_groups(holder, pairs, openings, calls, run.channel.level)
+        compensate_groups(
+            holder, pairs, openings, calls, run.channel.level, run.channel.token_weights
+        )
     if i + 1 < len(run.blocks):
         inputs = cal.next_inputs(run.blocks[i], inputs)
     if mine:

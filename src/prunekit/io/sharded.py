@@ -34,6 +34,7 @@ from torch import Tensor
 
 from prunekit.core.amount import Amount
 from prunekit.core.counting import zero_count
+from prunekit.core.errors import value_error
 from prunekit.core.naming import Entry, entries
 from prunekit.criteria import Random
 from prunekit.io.atomic import atomic_folder, umask
@@ -257,6 +258,11 @@ def _plan(
 
     for e in found:
         values = stored[e.name + ORIG] if e.mask is not None else stored[e.name]
+        if e.mask is not None and stored[e.name + MASK].shape != values.shape:
+            raise value_error(  # as prune_state_dict names it (io.ranking.saved_mask)
+                f"tensor {e.name!r}: the mask {e.name + MASK!r} has shape "
+                f"{stored[e.name + MASK].shape}; expected the tensor's shape {values.shape}"
+            )
         if e.mask is None and e.name not in targets:
             put(e.name, values, values.path.name)
         elif keep_masks:

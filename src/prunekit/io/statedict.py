@@ -2,7 +2,8 @@
 
 Each tensor is ranked by the method's criterion and pattern (prunekit.patterns, which rank
 through prunekit.select) as a plain tensor: no module, no hook. The masks are the very ones
-the same methods give a model's parameters, composition and global selection included. A
+the same methods give a model's parameters, composition and global selection included; a
+tensor saved under several names (tied) is ranked once and every name gets its mask. A
 tensor saved as ``<name>_orig`` + ``<name>_mask`` resumes from its mask; an error about a
 tensor names it (``tensor 'fc.weight': ...``).
 """
@@ -121,9 +122,12 @@ def prune_config(
     _refuse_stray_masks(found, targets)
     saved = {e.name: saved_mask(e) for e in found if e.mask is not None}
     chosen = [e for e in found if e.name in targets]
+    first = tied_names(chosen, saved)
     with seeded(seed, OWNER):
-        masks = rank.masks(chosen, saved, config.scope)
+        masks = rank.masks([e for e in chosen if first[e.name] == e.name], saved, config.scope)
+    masks.update({name: masks[of] for name, of in first.items() if name != of})
     out: dict[str, Tensor] = {}
+    made: dict[str, Tensor] = {}  # a tied tensor's pruned values, by its first name
     for e in found:
         mask = masks.get(e.name, saved.get(e.name))
         if mask is None:
@@ -132,8 +136,43 @@ def prune_config(
             out[orig_name(e.name)] = e.tensor
             out[mask_name(e.name)] = mask
         else:
-            out[e.name] = mask.to(dtype=e.tensor.dtype) * e.tensor.detach()
+            of = first.get(e.name, e.name)
+            if of not in made:
+                made[of] = mask.to(dtype=e.tensor.dtype) * e.tensor.detach()
+            out[e.name] = made[of]
     return PruneResult(out, [e.name for e in chosen])
+
+
+def tied_names(chosen: Sequence[Entry], saved: Mapping[str, Tensor]) -> dict[str, str]:
+    """The first name of each of `chosen` among the names holding the same tensor (one
+    storage, offset, shape, strides and dtype: a tied Parameter saved under each of its
+    names, as torch.save keeps it) with the same saved mask, or its own name.
+
+    The tensor is ranked once, under its first name, and that mask is every name's: a
+    random draw made once, its entries counted once in a global count, as prune_model
+    masks a tied Parameter.
+    """
+    first: dict[str, str] = {}
+    seen: dict[tuple[object, ...], list[Entry]] = {}
+    for e in chosen:
+        first[e.name] = e.name
+        t = e.tensor
+        if t.numel() == 0 or t.device.type == "meta":  # no storage to share
+            continue
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), t.shape,
+               t.stride(), t.dtype)  # fmt: skip
+        mask = saved.get(e.name)
+        for other in seen.setdefault(key, []):
+            theirs = saved.get(other.name)
+            alike = (
+                theirs is None if mask is None else theirs is not None and torch.equal(mask, theirs)
+            )
+            if alike:
+                first[e.name] = other.name
+                break
+        else:
+            seen[key].append(e)
+    return first
 
 
 def prune_file(

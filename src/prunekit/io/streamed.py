@@ -22,7 +22,6 @@ its folder and swapped in whole (io.atomic.atomic_folder): a failure leaves it a
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,7 +35,6 @@ from torch import nn
 import prunekit.calibrate as cal
 from prunekit._extras import require
 from prunekit.calibrate.layer_matrices import calibrates
-from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
@@ -87,8 +85,8 @@ class StreamedOptions(TypedDict, total=False):
 
     pattern: Pattern | str | None
     sequential: bool | str | None
-    damp: float
-    blocksize: int
+    damp: float | None
+    blocksize: int | None
     progress: bool | None
 
 
@@ -108,8 +106,10 @@ class StreamedConfig:
             None: the method's own, as prune_model's. False (one pass of the whole model)
             cannot stream.
         damp: SparseGPT's dampening, the share of the Hessian's mean diagonal added to its
-            diagonal (see ``prunekit.SparseGPT``); Wanda ignores it.
-        blocksize: SparseGPT's columns pruned and updated at a time; Wanda ignores it.
+            diagonal (see ``prunekit.SparseGPT``); None: SparseGPT's own (0.1). 'sparsegpt'
+            only: 'wanda' refuses it (as ``whole.Config``).
+        blocksize: SparseGPT's columns pruned and updated at a time; None: SparseGPT's own
+            (128). 'sparsegpt' only, as `damp`.
         progress: a bar on stderr (default: when stderr is a terminal).
 
     Attributes:
@@ -117,7 +117,7 @@ class StreamedConfig:
 
     Raises:
         ValueError: a method that does not stream, sequential=False, or any option
-            ``whole.Config`` refuses.
+            ``whole.Config`` refuses (`damp` or `blocksize` with 'wanda').
         TypeError: an option of the wrong type.
     """
 
@@ -125,8 +125,8 @@ class StreamedConfig:
     amount: float = 0.5
     pattern: Pattern | str | None = None
     sequential: bool | str | None = None
-    damp: float = 0.1
-    blocksize: int = 128
+    damp: float | None = None
+    blocksize: int | None = None
     progress: bool | None = None
     whole: Config = field(init=False, repr=False)
 
@@ -257,8 +257,8 @@ def _config(
     amount: float,
     pattern: Any,
     sequential: bool | str | None,
-    damp: float,
-    blocksize: int,
+    damp: float | None,
+    blocksize: int | None,
     progress: bool | None,
 ) -> Config:
     """The checked arguments; the methods and modes that stream, else a clear refusal."""
@@ -267,8 +267,6 @@ def _config(
             f"{OWNER}: invalid method={method!r}; expected one of {', '.join(METHODS)} "
             "(the magnitude methods prune shards without the model: prune_sharded)"
         )
-    check_number(damp, "damp", OWNER, "a finite float >= 0", lambda v: 0 <= v < math.inf)
-    check_number(blocksize, "blocksize", OWNER, "an int >= 1", lambda v: v >= 1, integral=True)
     config = Config(
         method=method,
         amount=amount,

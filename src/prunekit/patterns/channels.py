@@ -111,7 +111,11 @@ class Channels(Pattern):
                 f"got shape {tuple(t.shape)}"
             )
         scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
+        if not scores.is_floating_point():  # integer importance scores: norms are floats
+            scores = scores.to(dtype=namespace(scores).float64)
         norms = norm(scores, self.norm, others)
+        if not all_finite(norms) and all_finite(scores):  # past a 16-bit float's range
+            norms = norm(scores.to(dtype=namespace(scores).float64), self.norm, others)
         if not all_finite(norms):
             raise unrankable(norms, owner, "channel norms")
         return norms

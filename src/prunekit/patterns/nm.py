@@ -112,7 +112,7 @@ class NM(RowwisePattern):
     ) -> Tensor:
         """A bool tensor shaped like `t`: False where this pruning prunes."""
         dim = self.check(tuple(t.shape), amount)
-        scores = competing_scores(criterion, t, target, amount.owner, "scores")
+        scores = competing_scores(criterion, t, target, amount.owner, "scores", mask)
         moved = scores.movedim(dim, -1)
         groups = moved.reshape(-1, self.m)
         alive = None

@@ -61,7 +61,7 @@ class PerRow(RowwisePattern):
                 "expected a tensor with 2 or more dims"
             )
         dim = validate_dim(self.dim, t.dim(), owner)
-        scores = competing_scores(criterion, t, target, owner, "scores")
+        scores = competing_scores(criterion, t, target, owner, "scores", mask)
         moved = scores.movedim(dim, 0)
         matrix = moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))  # not -1: 0 rows
         alive = None

@@ -80,16 +80,25 @@ class RowwisePattern(Pattern):
 
 
 def competing_scores(
-    criterion: Criterion, t: Tensor, target: TensorRef, owner: str, what: str
+    criterion: Criterion,
+    t: Tensor,
+    target: TensorRef,
+    owner: str,
+    what: str,
+    mask: Tensor | None = None,
 ) -> Tensor:
-    """The criterion's scores for `t`, as ranked (magnitudes where it ranks by them)."""
+    """The criterion's scores for `t`, as ranked (magnitudes where it ranks by them), finite
+    where they compete: where `mask` (the tensor's mask so far, None: all) is 1. Entries
+    pruned before do not compete, so NaN or infinity there is left (as Unstructured does)."""
     given = t if criterion._values_are_scores else criterion._checked_scores(t, target)
     scores = given.detach()
     if criterion.by_magnitude:
         scores = scores.abs()
-    low, high = namespace(scores).aminmax(scores) if scores.numel() else (0.0, 0.0)
+    competing = scores if mask is None else scores.masked_fill(mask.reshape(t.shape) != 1, 0)
+    low, high = namespace(scores).aminmax(competing) if scores.numel() else (0.0, 0.0)
     if not (math.isfinite(float(low)) and math.isfinite(float(high))):
-        check_finite(given, owner, what)  # names how many, the first and where
+        named = given if mask is None else given.masked_fill(mask.reshape(t.shape) != 1, 0)
+        check_finite(named, owner, what)  # names how many, the first and where
         raise value_error(
             f"{owner}: the {what} hold NaN or infinity, which cannot be ranked; "
             "expected finite scores"

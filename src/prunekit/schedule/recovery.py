@@ -15,10 +15,9 @@ and no weight decay moves them): the student compacts exactly afterwards, as bef
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,8 @@ from prunekit.core.checks import (
     refuse_shared,
 )
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.nested import described, leaves
+from prunekit.core.signature import takes_keyword
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import (
     Distiller,
@@ -225,7 +226,7 @@ def _forwards(
         if number is None or not is_callers(error):
             raise
         raise value_error(
-            f"{_OWNER}: invalid batches: batch {number} ({_described(batch)}) fails in the "
+            f"{_OWNER}: invalid batches: batch {number} ({described(batch)}) fails in the "
             f"student's forward: {type(error).__name__}: {error}; expected batches the "
             "student's forward takes"
         ) from error
@@ -250,10 +251,10 @@ def _teacher_error(
         return value_error(
             f"{_OWNER}: invalid distiller: its teacher is {' and '.join(found['teacher'])} and "
             f"the student {' and '.join(own)}; the teacher's forward fails on batch {number} "
-            f"({_described(batch)}): {failed}; expected a teacher of the student's dtype{fix}"
+            f"({described(batch)}): {failed}; expected a teacher of the student's dtype{fix}"
         )
     return value_error(
-        f"{_OWNER}: invalid batches: batch {number} ({_described(batch)}) goes through the "
+        f"{_OWNER}: invalid batches: batch {number} ({described(batch)}) goes through the "
         f"student but fails in the distiller's teacher's forward: {failed}; expected batches "
         "both models' forwards take"
     )
@@ -264,40 +265,19 @@ def _dtypes(model: nn.Module) -> list[str]:
     return sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
 
 
-def _described(batch: Any, depth: int = 0) -> str:
-    """A batch as errors name it: its tensors' shapes and dtypes (a few, a level deep)."""
-    if isinstance(batch, torch.Tensor):
-        return f"a tensor of shape {tuple(batch.shape)}, {batch.dtype}"
-    if depth or not isinstance(batch, Mapping | tuple | list):
-        return f"a {type(batch).__name__}"
-    items = list(batch.items()) if isinstance(batch, Mapping) else list(enumerate(batch))
-    shown = [
-        f"{key if isinstance(batch, Mapping) else f'argument {key}'}: {_described(value, 1)}"
-        for key, value in items[:4]
-    ]
-    more = [f"{len(items) - 4} more"] if len(items) > 4 else []
-    return "; ".join(shown + more) or f"an empty {type(batch).__name__}"
-
-
-def _not_finite(batch: Any, depth: int = 0) -> str | None:
-    """The first value of `batch`'s floating tensors (a level of tuples, lists and mappings
-    deep) that is NaN or inf, and where it is; None if there is none."""
-    if isinstance(batch, torch.Tensor):
-        if not (batch.is_floating_point() or batch.is_complex()) or batch.is_meta:
-            return None
-        bad = ~torch.isfinite(batch.detach())
-        if not bool(bad.any()):
-            return None
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        return f"{batch.detach()[first].item()} at index {first}"
-    if depth or not isinstance(batch, Mapping | tuple | list):
-        return None
-    items = batch.items() if isinstance(batch, Mapping) else enumerate(batch)
-    for key, value in items:
-        found = _not_finite(value, 1)
-        if found is not None:
-            name = repr(key) if isinstance(batch, Mapping) else f"argument {key}"
-            return f"{found} of {name}"
+def _not_finite(batch: Any) -> str | None:
+    """The first value of `batch`'s floating and complex tensors (``core.nested.leaves``)
+    that is NaN or inf, and where it is; None if there is none."""
+    for place, value in leaves(batch):
+        if not isinstance(value, torch.Tensor) or value.is_meta:
+            continue
+        if not (value.is_floating_point() or value.is_complex()):
+            continue
+        bad = ~torch.isfinite(value.detach())
+        if bool(bad.any()):
+            first = tuple(int(i) for i in bad.nonzero()[0])
+            where = f" of {place}" if place else ""
+            return f"{value.detach()[first].item()} at index {first}{where}"
     return None
 
 
@@ -344,7 +324,7 @@ def _check_hidden_states(student: nn.Module, distiller: Distiller) -> None:
     if not distiller.hidden_weight:
         return
     for whose, model in (("student", student), ("teacher", distiller.teacher)):
-        if not _takes_keyword(model, "output_hidden_states"):
+        if takes_keyword(model, "output_hidden_states") is False:
             raise value_error(
                 f"{_OWNER}: invalid distiller: hidden_weight={distiller.hidden_weight:g} "
                 f"calls the {whose} with output_hidden_states=True, but "
@@ -352,20 +332,6 @@ def _check_hidden_states(student: nn.Module, distiller: Distiller) -> None:
                 "hidden_weight=0 for a model that returns no hidden states, or a forward "
                 "that takes output_hidden_states and returns hidden_states"
             )
-
-
-def _takes_keyword(model: nn.Module, name: str) -> bool:
-    """Whether `model`'s forward takes the keyword `name` (by name, or as **kwargs); True
-    where its signature cannot be read."""
-    try:
-        parameters = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(
-        p.kind is inspect.Parameter.VAR_KEYWORD
-        or (p.name == name and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
-        for p in parameters
-    )
 
 
 def _positive(value: float) -> bool:

@@ -41,7 +41,7 @@ from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.request import GGUF_QUANTIZED, GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
-from prunekit.structure.budget import AUTO, Budget, BudgetReport
+from prunekit.structure.budget import AUTO, COUNTED, KINDS, Budget, BudgetReport
 from prunekit.structure.compaction.compact import compact
 from prunekit.structure.measure import count_params, paired_latency, perplexity
 from prunekit.structure.stages.entry import prune_channels
@@ -211,14 +211,17 @@ class ShrinkConfig:
             object.__setattr__(self, "kinds", tuple(self.kinds))
         self._defaults()
         if not isinstance(self.compensate, bool):
-            raise type_error(f"ShrinkConfig: invalid compensate={self.compensate!r}; a bool")
+            raise type_error(
+                f"ShrinkConfig: invalid compensate={self.compensate!r}; expected True or False"
+            )
         if self.criterion not in CRITERIA:
             raise value_error(
                 f"ShrinkConfig: invalid criterion={self.criterion!r}; expected one of "
                 f"{', '.join(CRITERIA)}"
             )
         self._check_numbers()
-        _ = self.budget  # one target, checked by Budget
+        self._check_budget()
+        _ = self.budget  # one target, the rest checked by Budget
         self._check_deci()
 
     def _check_gguf_type(self) -> None:
@@ -327,6 +330,26 @@ class ShrinkConfig:
                     "rate is used); expected no lr (--lr) unless distill > 0 (--distill "
                     f"SECONDS), got lr={shown(self.lr)}"
                 )
+
+    def _check_budget(self) -> None:
+        """The share asked and the kinds, refused in the config's words (the parameter
+        given), not as the Budget made of them."""
+        for name in _TARGETS:
+            value = getattr(self, name)
+            if value is not None:
+                wanted = f"a float in (0, 1): the share of the model's {COUNTED[name]} to remove"
+                check_number(value, name, "ShrinkConfig", wanted, lambda v: 0.0 < v < 1.0)
+        kinds = self.kinds
+        if not isinstance(kinds, tuple):  # a str or list was dealt with before
+            raise type_error(
+                f"ShrinkConfig: invalid kinds={kinds!r}; expected a tuple of kinds among "
+                f"{list(KINDS)}, or None"
+            )
+        if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+            raise value_error(
+                f"ShrinkConfig: invalid kinds={kinds!r}; expected distinct kinds among "
+                f"{list(KINDS)}, at least one, or None"
+            )
 
     def _check_windows(self) -> None:
         """One window of each text at least: `length` at most both token counts (the message

@@ -21,11 +21,13 @@ from prunekit.core.amount import (
 )
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
+from prunekit.criteria import SparseGPT
 from prunekit.patterns import NM, Pattern, PerRow, Unstructured
 from prunekit.whole.registry import (
     METHODS,
     Method,
     check_scope,
+    check_settings,
     default_pattern,
     default_sequential,
 )
@@ -93,8 +95,10 @@ class Config:
             benchmarks/vs_llmcompressor.py), True otherwise.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
-            finite float >= 0.
-        blocksize: SparseGPT's columns updated at a time, an int >= 1.
+            finite float >= 0; None: SparseGPT's own (0.1). Method ``'sparsegpt'`` only:
+            any other method refuses it rather than ignore it.
+        blocksize: SparseGPT's columns updated at a time, an int >= 1; None: SparseGPT's
+            own (128). Method ``'sparsegpt'`` only, as `damp`.
         n: 'ln' only: the norm order its channels are ranked by (None: 2).
         dim: 'ln' only: the axis of its channels (None: 0, the output channels).
         owner: the entry point the errors name ('Config' when made by hand; the entry
@@ -104,7 +108,8 @@ class Config:
 
     Raises:
         TypeError: an argument of the wrong type, naming `owner`, the argument and the value.
-        ValueError: an argument out of range, naming `owner`, the argument and the value.
+        ValueError: an argument out of range, naming `owner`, the argument and the value;
+            `damp` or `blocksize` given with a method other than ``'sparsegpt'``.
     """
 
     method: str = "l1"
@@ -115,8 +120,8 @@ class Config:
     exclude: tuple[str, ...] = ()
     sequential: bool | str | None = None
     progress: bool | None = None
-    damp: float = 0.1
-    blocksize: int = 128
+    damp: float | None = None
+    blocksize: int | None = None
     n: float | str | None = None
     dim: int | None = None
     owner: str = field(default="Config", compare=False)
@@ -131,11 +136,15 @@ class Config:
             )
         check_scope(self.scope, owner)
         self._check_norm()
-        # SparseGPT's settings, checked when made as the rest (not at the first layer)
-        check_number(self.damp, "damp", owner, "a finite float >= 0",
-                     lambda v: 0 <= v < math.inf)  # fmt: skip
-        check_number(self.blocksize, "blocksize", owner, "an int >= 1", lambda v: v >= 1,
-                     integral=True)  # fmt: skip
+        # SparseGPT's settings, checked when made as the rest (not at the first layer), and
+        # refused for the methods that would ignore them
+        check_settings(self.method, {"damp": self.damp, "blocksize": self.blocksize}, owner)
+        if self.damp is not None:
+            check_number(self.damp, "damp", owner, "a finite float >= 0",
+                         lambda v: 0 <= v < math.inf)  # fmt: skip
+        if self.blocksize is not None:
+            check_number(self.blocksize, "blocksize", owner, "an int >= 1", lambda v: v >= 1,
+                         integral=True)  # fmt: skip
         # Globs given as one str are one glob: kept as tuples.
         object.__setattr__(self, "include", globs(self.include, "include", owner))
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
@@ -182,6 +191,15 @@ class Config:
     def axis(self) -> int:
         """The axis of the channels of 'ln' (`dim`, default 0)."""
         return 0 if self.dim is None else self.dim
+
+    @property
+    def sparsegpt(self) -> SparseGPT:
+        """SparseGPT's settings: `damp` and `blocksize`, SparseGPT's own where None."""
+        own = SparseGPT()
+        return SparseGPT(
+            own.damp if self.damp is None else self.damp,
+            own.blocksize if self.blocksize is None else self.blocksize,
+        )
 
     @property
     def entry(self) -> Method:

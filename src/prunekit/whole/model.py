@@ -22,7 +22,7 @@ from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.stats import Reducer
 from prunekit.dropin.calls import custom_from_mask, rank_together
 from prunekit.dropin.torch_methods import LnStructured, Pruning
-from prunekit.report import Report, report
+from prunekit.report import Report, check_countable, report
 from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
@@ -154,6 +154,7 @@ def _prune(
     keep_masks: bool = True,
 ) -> Report:
     """prune_model's work; with `group`, the steps of its protocol."""
+    check_countable(model)  # the report it returns counts every tensor: before any change
     method = config.method
     arguments = {
         **config.compared(),

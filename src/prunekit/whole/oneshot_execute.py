@@ -55,7 +55,11 @@ def execute(model: nn.Module, plan: Plan, bar: Progress) -> None:
 
 
 def _key(target: TensorRef) -> tuple[int, str]:
-    return id(target[0]), target[1]
+    """The tensor `target` names, by its holder: ``(mha, 'out_proj.weight')`` is the
+    ``(mha.out_proj, 'weight')`` a joint ranking hands its criterion."""
+    module, name = target
+    path, _, leaf = name.rpartition(".")
+    return id(module.get_submodule(path) if path else module), leaf
 
 
 def _install_ranked(plan: Plan, criterion: Callable[[TensorRef], Criterion], bar: Progress) -> None:
@@ -133,24 +137,37 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
 
 def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
     """Wanda or SparseGPT: statistics of each layer's input, block by block or in one pass
-    (with `plan.reduce`, of every rank's batches)."""
+    (with `plan.reduce`, of every rank's batches). An attention's out_proj is calibrated
+    on its own input, the attention calling it meanwhile (layer_matrices.out_proj_called)."""
+    with layer_matrices.out_proj_called(plan.targets):
+        _calibrate_all(model, plan, bar)
+
+
+def _calibrate_all(model: nn.Module, plan: Plan, bar: Progress) -> None:
     owners = [m for m, _ in plan.targets]
+    readers = [_reader(t) for t in plan.targets]
     found = cal.block_list(model, owners) if plan.config.sequential else None
     want = wanted(plan)
     reduce = plan.reduce
     if plan.config.scope == "global":
-        stats = cal.calibrate(model, plan.batches, owners, want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce)
         for module, name in plan.targets:
             _check_seen(plan, stats, module, name)
         norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, owners, want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce)
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
     _by_blocks(model, plan, blocks, bar, want)
+
+
+def _reader(target: TensorRef) -> nn.Module:
+    """The module whose input the statistics of `target` are taken from (its own, or an
+    attention's out_proj: layer_matrices.reader)."""
+    return layer_matrices.reader(*target)
 
 
 def _by_blocks(
@@ -169,7 +186,7 @@ def _by_blocks(
         try:
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
             # each block's own arguments (mask, rotary), up to the last pruned one
-            calls = cal.block_calls(model, blocks[: last + 1], plan.batches)
+            calls = cal.block_calls(model, blocks, plan.batches, wanted=last + 1)
         except Exception as error:
             if reduce is None:
                 raise
@@ -182,7 +199,7 @@ def _by_blocks(
                 inputs = cal.called_as(inputs, calls, i + 1) if more else inputs
                 continue
             if here:
-                mods = [m for m, _ in here]
+                mods = [_reader(t) for t in here]
                 stats = cal.block_statistics(
                     block, inputs, mods, want, reduce=reduce, failed=pending
                 )
@@ -200,7 +217,7 @@ def _by_blocks(
         cal.agree(reduce, pending)
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
-        mods = [m for m, _ in rest]
+        mods = [_reader(t) for t in rest]
         stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce)
         _prune_layers(plan, rest, stats, bar)
 
@@ -225,13 +242,14 @@ def prune_block(
     order, so the same masks. Returns the pruned block's outputs, the next block's inputs,
     if there is `more` to calibrate (else none)."""
     want = wanted(plan)
-    if targets and plan.config.sequential == "layers":
-        return _by_groups(plan, block, inputs, targets, want, bar, more)
-    if targets:
-        stats = cal.block_statistics(block, inputs, [m for m, _ in targets], want)
-        _prune_layers(plan, targets, stats, bar)
-        del stats
-    return cal.next_inputs(block, inputs) if more else []
+    with layer_matrices.out_proj_called(targets):
+        if targets and plan.config.sequential == "layers":
+            return _by_groups(plan, block, inputs, targets, want, bar, more)
+        if targets:
+            stats = cal.block_statistics(block, inputs, [_reader(t) for t in targets], want)
+            _prune_layers(plan, targets, stats, bar)
+            del stats
+        return cal.next_inputs(block, inputs) if more else []
 
 
 def _by_groups(
@@ -250,14 +268,14 @@ def _by_groups(
     block's inputs, if there is `more` to calibrate (else none)."""
     left = list(targets)
     trim()  # the runs of the block before: their pages, not kept beside this block's
-    with GroupedRuns(block, inputs, [m for m, _ in targets], wanted) as runs:
+    with GroupedRuns(block, inputs, [_reader(t) for t in targets], wanted) as runs:
         while left:
-            stats, group = runs.next_group([m for m, _ in left])
+            stats, group = runs.next_group([_reader(t) for t in left])
             if not group:
                 _check_seen(plan, stats, *left[0])  # raises: it never ran
             members = {id(m) for m in group}
-            _prune_layers(plan, [t for t in left if id(t[0]) in members], stats, bar)
-            left = [t for t in left if id(t[0]) not in members]
+            _prune_layers(plan, [t for t in left if id(_reader(t)) in members], stats, bar)
+            left = [t for t in left if id(_reader(t)) not in members]
         if more:
             return runs.outputs()
         runs.check_calls()  # the last block: no run for outputs goes to its end
@@ -265,7 +283,7 @@ def _by_groups(
 
 
 def _check_seen(plan: Plan, stats: cal.InputStatistics, module: nn.Module, name: str) -> None:
-    if not stats.seen(module):
+    if not stats.seen(layer_matrices.reader(module, name)):
         raise value_error(
             f"{plan.config.owner}: {plan.describe(module, name)} never ran on the calibration "
             "data; expected every pruned layer to be used by the model's forward"
@@ -278,8 +296,10 @@ def _prune_layers(
     for module, name in targets:
         _check_seen(plan, stats, module, name)
     if plan.method == "sparsegpt":
-        for shared in stats.sharing(targets):  # layers reading one input: one Hessian
-            hessian = stats.hessian(shared[0][0])
+        read = [(_reader(t), t) for t in targets]
+        for sharing in stats.sharing(read):  # layers reading one input: one Hessian
+            hessian = stats.hessian(sharing[0][0])
+            shared = [t for _, t in sharing]
             trim()  # the pages freed before (runs, sweeps, writes), not kept beside this one
             _sparsegpt_layers(plan, shared, hessian)
             del hessian
@@ -308,7 +328,7 @@ def _path(plan: Plan, module: nn.Module, name: str) -> str:
 def _entry_norms(stats: cal.InputStatistics, module: nn.Module, name: str) -> Tensor:
     """Wanda's norms for ``module.<name>``: one per input feature of a Linear, else the
     norm of what each entry multiplies (criteria.layers)."""
-    norms = stats.norms(module)
+    norms = stats.norms(layer_matrices.reader(module, name))
     if isinstance(module, nn.Linear):
         return norms
     shape = current_values(module, name).shape

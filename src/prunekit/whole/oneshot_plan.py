@@ -107,7 +107,7 @@ def make_plan(
     if isinstance(chosen, NM):
         chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
     batches = _batches(config, calibration, loss)
-    settings = SparseGPT(config.damp, config.blocksize)
+    settings = config.sparsegpt
     found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)
     plan = Plan(targets, config, chosen, batches, loss, settings, found)
     for module, name in targets:
@@ -158,8 +158,8 @@ def _check_target(model: nn.Module, plan: Plan, module: nn.Module, name: str) ->
             raise value_error(
                 f"{owner}: method={method!r} calibrates the weight matrices of Linear "
                 f"layers, Hugging Face's Conv1D, convolutions and MultiheadAttention's "
-                f"in_proj_weight; {where} ({path!r}) is not one (exclude it, or prune it "
-                "with method='l1')"
+                f"in_proj_weight and out_proj; {where} ({path!r}) is not one (exclude it, "
+                "or prune it with method='l1')"
             )
         if not isinstance(values, Tensor):
             raise type_error(f"{owner}: method={method!r} needs a torch model")

@@ -24,6 +24,7 @@ __all__ = [
     "SCOPES",
     "Method",
     "check_scope",
+    "check_settings",
     "default_pattern",
     "default_sequential",
     "find",
@@ -47,6 +48,8 @@ class Method:
         criterion: the per-entry criterion it ranks with (None: the method ranks its own
             way, as 'ln' by channel norms and the calibrated ones from statistics).
         scopes: the scopes it ranks in.
+        settings: the ``whole.Config`` fields only this method reads (SparseGPT's `damp`
+            and `blocksize`); Config refuses them given for any other method.
     """
 
     name: str
@@ -55,6 +58,7 @@ class Method:
     pruning: type[Pruning] | None = None
     criterion: Callable[[], Criterion] | None = None
     scopes: tuple[str, ...] = SCOPES
+    settings: tuple[str, ...] = ()
 
 
 METHODS: dict[str, Method] = {
@@ -66,7 +70,12 @@ METHODS: dict[str, Method] = {
             "ln", "whole output channels by their L-n norm", pruning=LnStructured, scopes=("layer",)
         ),
         Method("wanda", "|W| x the input norm of each feature", calibrated=True),
-        Method("sparsegpt", "OBS with updates of the weights kept", calibrated=True),
+        Method(
+            "sparsegpt",
+            "OBS with updates of the weights kept",
+            calibrated=True,
+            settings=("damp", "blocksize"),
+        ),
         Method("taylor", "|W x grad| of a loss over the batches", calibrated=True),
     )
 }
@@ -137,3 +146,22 @@ def check_scope(scope: object, owner: str) -> str:
             "its own) or 'global' (all of them ranked together)"
         )
     return scope
+
+
+def check_settings(method: str, given: dict[str, object], owner: str) -> None:
+    """Refuse a setting of `given` (a name and its value; None: not given) that `method`
+    does not read: one the registry lists as another method's own.
+
+    Raises:
+        ValueError: naming `owner`, the setting, its value, `method` and the methods that
+            take it.
+    """
+    for name, value in given.items():
+        if value is None or name in METHODS[method].settings:
+            continue
+        takers = [f"{m!r}" for m, entry in METHODS.items() if name in entry.settings]
+        raise value_error(
+            f"{owner}: {name}={value!r} is read by method {' or '.join(takers)} only, not "
+            f"method={method!r}, which would ignore it; expected {name}=None (not given) "
+            f"with method={method!r}, or method={' or '.join(takers)}"
+        )

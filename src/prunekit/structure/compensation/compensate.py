@@ -18,7 +18,10 @@ pointwise convolution after it is the consumer. A consumer without a bias keeps
 having none (adding one would change the model's structure and its saved form). The solve
 is in float64, damped (``prunekit.structure.compensation.damping``: by default from the
 rows per feature the statistics hold) x the median of the diagonal (a convolution's: the
-mean; ``damping.by_median``), through a Cholesky factor.
+mean; ``damping.by_median``), through a Cholesky factor. With tokens='equal', H and the
+mean weigh each row of the input by its size (``prunekit.calibrate.statistics.row_weights``),
+so that the update fits each token's error relative to it: a few tokens of outsized
+activations (attention sinks) then do not decide it.
 
 Statistics come from the calibration machinery of ``prunekit.calibrate`` and are
 taken in forward order on the model as pruned so far: each consumer sees the outputs of the
@@ -35,6 +38,7 @@ batch, and a copy of each compensated weight (taken by the caller's transaction,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Sequence
@@ -206,12 +210,16 @@ def compensate_groups(
     openings: Openings,
     batches: Sequence[Any],
     damping: float | str = ROWS,
+    tokens: str = "energy",
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
     keeps to undo a failure. `damping`: the solve's damping relative to the median (or mean)
     diagonal, 'rows' (from each consumer's rows per feature) or 'auto', chosen per consumer on
-    held-out batches (``damping``; with one batch, 'rows').
+    held-out batches (``damping``; with one batch, 'rows'). `tokens`: how the fit weighs the
+    rows (tokens) of each input, 'energy' (each by its squared error, so rows of large
+    activations weigh most) or 'equal' (each by its error relative to its size:
+    ``prunekit.calibrate.statistics.row_weights``; the held-out choice of 'auto' too).
     Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
@@ -222,13 +230,15 @@ def compensate_groups(
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
     tuning = Tuning(damping, len(batches))
+    wanted = cal.Wanted(norms=False, hessian=True, means=True, equal=tokens == "equal")
     done: list[str] = []
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
                 measures = [_whole_model(model, part, numbers)
                             for part, numbers in tuning.folds(batches)]  # fmt: skip
-                if _measured_update(one, openings, measures, names[id(one.module)], tuning):
+                if _measured_update(one, openings, measures, names[id(one.module)], tuning,
+                                    wanted):  # fmt: skip
                     done.append(names[id(one.module)])
             tuning.warn(names)
             return done
@@ -239,13 +249,15 @@ def compensate_groups(
         for index, block in enumerate(sequence):
             here = [c for c in found if where[id(c.module)] == index]
             if _replayable(here, order):
-                inputs = _block(block, here, inputs, openings, names, tuning, done, index < last)
+                inputs = _block(block, here, inputs, openings, names, tuning, wanted, done,
+                                index < last)  # fmt: skip
                 inputs = cal.called_as(inputs, own, index + 1) if index < last else inputs
                 continue
             for one in here:  # each consumer on runs of the block of its own
                 measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers)
                             for part, numbers in tuning.folds(inputs)]  # fmt: skip
-                if _measured_update(one, openings, measures, names[id(one.module)], tuning):
+                if _measured_update(one, openings, measures, names[id(one.module)], tuning,
+                                    wanted):  # fmt: skip
                     done.append(names[id(one.module)])
             if index < last:
                 inputs = cal.called_as(cal.next_inputs(block, inputs), own, index + 1)
@@ -262,6 +274,7 @@ def _block(
     openings: Openings,
     names: dict[int, str],
     tuning: Tuning,
+    wanted: cal.Wanted,
     done: list[str],
     more: bool,
 ) -> list[cal.Inputs]:
@@ -277,13 +290,12 @@ def _block(
         return cal.next_inputs(block, inputs) if more else []
     weighted = [m for m in block.modules() if m is not block and bool(m._parameters)]
     folds = tuning.folds(inputs)
-    wanted = cal.Wanted(norms=False, hessian=True, means=True)
     with contextlib.ExitStack() as stack:
         runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers))
                 for part, numbers in folds]  # fmt: skip
         for one in here:
             measures = [functools.partial(_grouped, r) for r in runs]
-            if _measured_update(one, openings, measures, names[id(one.module)], tuning):
+            if _measured_update(one, openings, measures, names[id(one.module)], tuning, wanted):
                 done.append(names[id(one.module)])
         if not more:
             return []
@@ -336,13 +348,19 @@ def _whole_model(model: nn.Module, batches: Sequence[Any], numbers: Sequence[int
 
 
 def _measured_update(
-    one: _Consumer, openings: Openings, measures: Sequence[Measure], name: str, tuning: Tuning
+    one: _Consumer,
+    openings: Openings,
+    measures: Sequence[Measure],
+    name: str,
+    tuning: Tuning,
+    wanted: cal.Wanted,
 ) -> bool:
-    """Take `one`'s input statistics through each fold's `measure(modules, wanted)` with its
-    groups' producers opened, then update it (see ``_update``); `name`: its path."""
+    """Take `one`'s input statistics through each fold's `measure(modules, wanted)` (as
+    patches where ``_by_patches``) with its groups' producers opened, then update it (see
+    ``_update``); `name`: its path."""
     patches = _by_patches(one.module)
     opened = openings.open(one.groups)
-    wanted = cal.Wanted(norms=False, hessian=True, means=True, patches=patches)
+    wanted = dataclasses.replace(wanted, patches=patches)
     try:
         found = [measure([one.module], wanted) for measure in measures]
     finally:

@@ -11,7 +11,6 @@ place on both sides is none.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch import Tensor, nn
 from prunekit.calibrate import evaluating, run_batch
 from prunekit.core.difference import largest_over
 from prunekit.core.errors import is_explained, value_error
+from prunekit.core.signature import takes_keyword
 
 __all__ = ["TOLERANCE", "check_outputs", "outputs_of", "reference_outputs"]
 
@@ -91,7 +91,8 @@ def outputs_of(model: nn.Module, inputs: Any) -> list[Tensor]:
 
 
 def _run(model: nn.Module, inputs: Any) -> list[Tensor]:
-    if isinstance(inputs, Mapping) and "use_cache" not in inputs and _takes_cache(model):
+    named = takes_keyword(model, "use_cache") is True  # never added where **kwargs may take it
+    if isinstance(inputs, Mapping) and "use_cache" not in inputs and named:
         inputs = {**inputs, "use_cache": False}
     with evaluating(model), torch.no_grad():
         output = run_batch(model, inputs)
@@ -104,10 +105,3 @@ def _run(model: nn.Module, inputs: Any) -> list[Tensor]:
     else:
         values = []
     return [v.detach() for v in values if isinstance(v, Tensor) and v.is_floating_point()]
-
-
-def _takes_cache(model: nn.Module) -> bool:
-    try:
-        return "use_cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False

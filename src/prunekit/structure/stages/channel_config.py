@@ -67,7 +67,9 @@ class ChannelConfig:
             largest |score| counts as 0); a lower one is refused by group and value.
         scope: 'layer', or 'global': the units of all groups of a kind are ranked together
             (scores divided by their group's mean) and that share of all of them goes
-            (heads with key/value groups are always counted per module).
+            (heads with key/value groups are always counted per module); where widths keep
+            a multiple of a step (`round_to`), groups lose whole steps, ranked by their
+            units' mean, and at most that share goes, as near it as the steps allow.
         exclude: modules, or their names (globs allowed; a block stands for its layers),
             whose output channels stay (those of a norm or a depthwise conv are its input
             channels too); their input channels still follow their producers. Kept as a
@@ -119,6 +121,14 @@ class ChannelConfig:
             output on the others (both ways round), then fitted on all of them; a layer
             where no damping beats leaving it is left, with a warning
             (``prunekit.structure.compensation.damping``).
+        token_weights: with `compensate=True` only: how its fit weighs the calibration
+            rows (tokens) of each layer's input. 'energy' (the default): each by its
+            squared error, so that a few rows of outsized activations (attention sinks)
+            can hold most of what the fit sees; 'equal': each by its error relative to its
+            own size (the median row's energy over its own, at most 100x), so that they do
+            not decide it. 'equal' keeps a criterion that removes the channels such rows
+            use ('l1', 'l2') from being undone by compensation at the other tokens'
+            expense; with 'activation' it is about even.
 
     Attributes:
         excluded: the modules and globs excluded, from `exclude` or `ignore`.
@@ -127,11 +137,13 @@ class ChannelConfig:
         scoring: the batches the criterion is prepared on (None: none).
 
     Raises:
-        ValueError: a share outside [0, 1), an unknown scope, gqa, criterion or compensate,
-            a budget beside shares or scope='global', compensation without calibration,
-            damping without compensate=True, calibration or loss where the criterion takes
-            none (or none where it needs them), both `exclude` and `ignore`.
-        TypeError: a budget, criterion, compensate, calibration or damping of the wrong type.
+        ValueError: a share outside [0, 1), an unknown scope, gqa, criterion, compensate or
+            token_weights, a budget beside shares or scope='global', compensation without
+            calibration, damping or token_weights without compensate=True, calibration or
+            loss where the criterion takes none (or none where it needs them), both
+            `exclude` and `ignore`.
+        TypeError: a budget, criterion, compensate, calibration, damping or token_weights
+            of the wrong type.
     """
 
     amount: float = 0.0
@@ -149,6 +161,7 @@ class ChannelConfig:
     compensate: bool | str = False
     ignore: Excluded | None = None
     damping: float | str | None = None
+    token_weights: str = "energy"
     excluded: tuple[nn.Module | str, ...] = field(init=False, repr=False)
     excluded_as: str = field(init=False, repr=False)
     level: float | str = field(init=False, repr=False)
@@ -161,6 +174,7 @@ class ChannelConfig:
         check_gqa(self.gqa, OWNER)
         batches = _compensation_batches(self.compensate, self.calibration)
         self._set("level", _damping(self.damping, self.compensate))
+        _check_token_weights(self.token_weights, self.compensate)
         self._exclusions()
         found = group_criterion(self.criterion)
         given: Iterable[Any] | None = self.calibration
@@ -225,6 +239,7 @@ class ChannelOptions(TypedDict, total=False):
     compensate: bool | str
     ignore: Excluded | None
     damping: float | str | None
+    token_weights: str
 
 
 def _check_amounts(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
@@ -312,6 +327,25 @@ def _damping(damping: object, compensate: object) -> float | str:
             "or no damping"
         )
     return check_damping(damping, OWNER)
+
+
+TOKEN_WEIGHTS = ("energy", "equal")
+
+
+def _check_token_weights(weights: object, compensate: object) -> None:
+    """`token_weights` is one of ``TOKEN_WEIGHTS``, and other than the default only where
+    compensate=True fits with it."""
+    if not isinstance(weights, str) or weights not in TOKEN_WEIGHTS:
+        raise (value_error if isinstance(weights, str) else type_error)(
+            f"prune_channels: invalid token_weights={weights!r}; expected one of "
+            f"{TOKEN_WEIGHTS}: how compensate=True's fit weighs each calibration token"
+        )
+    if weights != "energy" and compensate is not True:
+        raise value_error(
+            f"prune_channels: token_weights={weights!r} needs compensate=True (it weighs that "
+            f"least-squares fit's tokens), not compensate={compensate!r}; expected "
+            "compensate=True or token_weights='energy'"
+        )
 
 
 def _listed(names: Excluded | str, what: str) -> list[nn.Module | str]:

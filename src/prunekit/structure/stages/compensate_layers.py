@@ -40,6 +40,7 @@ class Compensation:
         openings: the producers' masks as they were before the install stage.
         batches: the calibration batches.
         level: the damping of the least-squares update.
+        tokens: how the update weighs the calibration tokens ('energy' or 'equal').
         reference: a copy of the model as it was (the refit), or None (the update).
     """
 
@@ -47,6 +48,7 @@ class Compensation:
     openings: Openings
     batches: list[Any]
     level: float | str
+    tokens: str
     reference: nn.Module | None
 
     def apply(self, model: nn.Module) -> None:
@@ -54,7 +56,9 @@ class Compensation:
         if self.reference is not None:
             refit_groups(model, self.reference, self.pairs, self.openings, self.batches)
         else:
-            compensate_groups(model, self.pairs, self.openings, self.batches, self.level)
+            compensate_groups(
+                model, self.pairs, self.openings, self.batches, self.level, self.tokens
+            )
 
 
 def plan_compensation(
@@ -85,4 +89,6 @@ def plan_compensation(
         reference = copy.deepcopy(model)
     else:
         recorded.keep(written(pairs))  # compensation updates them in place
-    return Compensation(pairs, Openings(model, pairs), batches, config.level, reference)
+    return Compensation(
+        pairs, Openings(model, pairs), batches, config.level, config.token_weights, reference
+    )

@@ -58,7 +58,7 @@ def prune_channels(
             keyword beside it).
         **options: the other fields of ``ChannelConfig`` by name: `criterion`, `scope`,
             `exclude`, `round_to`, `heads`, `hidden`, `experts`, `gqa`, `calibration`,
-            `loss`, `budget`, `compensate`, `ignore`, `damping`.
+            `loss`, `budget`, `compensate`, `ignore`, `damping`, `token_weights`.
 
     Returns:
         The groups pruned, each with the units now masked; with a budget, a

@@ -9,6 +9,8 @@ mixture-of-experts block keeps at least the experts its router picks per token.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 
 import torch
@@ -92,12 +94,77 @@ def _counts(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
     """Units to mask per group."""
     if scope == "layer":
         counts = [round(amount * g.size) for g in groups]
-    else:
-        counts = [0] * len(groups)
-        order = _ranked(scores)
-        for k in order[: round(amount * len(order))]:
-            counts[k] += 1
-    return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+        return [_rounded(g.size, n, k) for g, n, k in zip(groups, counts, steps, strict=True)]
+    return _global_counts(groups, scores, round(amount * sum(g.size for g in groups)), steps)
+
+
+def _global_counts(
+    groups: list[ChannelGroup], scores: list[Tensor], target: int, steps: list[int]
+) -> list[int]:
+    """Units to mask per group when all groups rank together: at most `target` in all, as
+    near it as the steps allow. Each group loses whole steps, its lowest units first (a
+    step: the units between two kept widths that are multiples of its step, at least one
+    kept); steps go in the order of their units' mean relative score (scores divided by
+    their group's mean), ties to the earlier group, and a step that would pass `target` is
+    passed over with the rest of its group's. Where that stops short of the nearest total
+    the steps allow (steps of unequal sizes: widths that are no multiple of their step),
+    the parts are moved to that total, each group's as near its part in order as it allows
+    (_nearest). With steps of one unit this is the `target` lowest units of the joint
+    ranking, a group keeping one unit at least."""
+    chains = []
+    for g, s, step in zip(groups, scores, steps, strict=True):
+        mean = float(s.mean()) if len(s) else 0.0
+        relative = (s / mean if mean > 0 else s).tolist()
+        ordered = sorted(relative)
+        chain, gone = [], 0
+        for keep in range((g.size - 1) // step * step, 0, -step):  # the widths it may keep
+            size = g.size - keep - gone
+            chain.append((sum(ordered[gone : gone + size]) / size, size))
+            gone += size
+        chains.append(chain)
+    counts = [0] * len(groups)
+    heads = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
+    heapq.heapify(heads)
+    left, passed = target, False
+    while heads and left > 0:
+        _, k, i = heapq.heappop(heads)
+        size = chains[k][i][1]
+        if size > left:  # passed over, and the group's later steps with it
+            passed = True
+            continue
+        counts[k] += size
+        left -= size
+        if i + 1 < len(chains[k]):
+            heapq.heappush(heads, (chains[k][i + 1][0], k, i + 1))
+    if not passed:  # every step taken in order up to the target: none nearer
+        return counts
+    return _nearest([[size for _, size in chain] for chain in chains], counts, target)
+
+
+def _nearest(chains: list[list[int]], counts: list[int], target: int) -> list[int]:
+    """The parts of the largest total up to `target` that whole steps allow, each group's
+    as near its part in `counts` as that total allows (each group loses a prefix of its
+    `chains` entry: the sizes of its steps in order). The totals each prefix of the groups
+    reaches are the bits of one int, in units of the steps' greatest common divisor."""
+    unit = math.gcd(*(size for chain in chains for size in chain)) or 1
+    options = [[r // unit for r in [0, *itertools.accumulate(chain)]] for chain in chains]
+    top = target // unit
+    mask = (1 << (top + 1)) - 1
+    reach = [1]  # reach[k]: the totals groups 0..k-1 reach
+    for choices in options:
+        bits = 0
+        for r in choices:
+            bits |= reach[-1] << r
+        reach.append(bits & mask)
+    best = reach[-1].bit_length() - 1
+    if best * unit <= sum(counts):
+        return counts
+    found, left = [0] * len(chains), best
+    for k in range(len(chains) - 1, -1, -1):
+        fits = [r for r in options[k] if r <= left and reach[k] >> (left - r) & 1]
+        found[k] = min(fits, key=lambda r: (abs(r * unit - counts[k]), r))
+        left -= found[k]
+    return [r * unit for r in found]
 
 
 def _ranked(scores: list[Tensor]) -> list[int]:
