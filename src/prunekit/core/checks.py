@@ -43,6 +43,7 @@ __all__ = [
     "prunable_parameter",
     "refuse_empty_path",
     "refuse_float16",
+    "refuse_meta",
     "refuse_not_finite",
     "refuse_shared",
     "refuse_ties",
@@ -329,6 +330,21 @@ def as_float(value: Any) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def refuse_meta(owner: str, model: nn.Module) -> None:
+    """Refuse a model with a parameter or buffer on the meta device (no values to score,
+    run or slice), naming the first.
+
+    Raises:
+        ValueError: a tensor of `model` on the meta device.
+    """
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise value_error(
+                f"{owner}: model's {name} is on the meta device (it has no values); expected "
+                "a model with its weights loaded (load_state_dict, from_pretrained)"
+            )
 
 
 def refuse_float16(owner: str, model: nn.Module, trained: Iterable[Tensor]) -> None:

@@ -20,8 +20,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from prunekit.core.checks import refuse_meta
 from prunekit.core.difference import largest_over
-from prunekit.core.errors import warn_caller
+from prunekit.core.errors import value_error, warn_caller
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import Transaction, transaction
 from prunekit.structure.compaction.fromconfig import pretrained_mismatches
@@ -152,11 +153,14 @@ def compact(
 
     Raises:
         TypeError: `model` is no torch module, or `example_inputs` none of the three forms.
-        ValueError: `tolerance` or `latency_runs` is out of range.
+        ValueError: `tolerance` or `latency_runs` is out of range, a tensor of `model` is
+            on the meta device (no values), `example_inputs` is empty, or the masked model
+            computes NaN on it (nothing to check the compacted one against).
         RuntimeError: the compacted model's outputs differ beyond `tolerance`; the model is
             then restored as it was.
     """
     check_model(model, "compact")
+    refuse_meta("compact", model)
     _check_options(tolerance, latency_runs)
     inputs = split_inputs(example_inputs, "compact")
     # the transaction holds the traced forward too: it may write buffers
@@ -219,6 +223,7 @@ def _compacted(
     ran: set[int] = set()
     with torch.no_grad(), capture, _running(ran):
         reference = model(*args, **kwargs)
+    _refuse_nan(reference)
     before = _measures(model, args, kwargs)
     apply(result, folds(result, capture), model)
     config, stale = update_config(model)
@@ -235,6 +240,18 @@ def _compacted(
     after = _measures(model, args, kwargs)
     timed = _latency(model, args, kwargs, masked, latency_runs)
     return _Run(found, result, ran, before, after, config, stale, diff, scale, timed)
+
+
+def _refuse_nan(reference: Any) -> None:
+    """Refuse example inputs on which the masked model computes NaN: no compacted output
+    could be compared with it (NaN counts as a difference)."""
+    for k, value in enumerate(tree_flatten(reference)[0]):
+        if isinstance(value, Tensor) and value.is_floating_point() and bool(value.isnan().any()):
+            raise value_error(
+                f"compact: the masked model's outputs on example_inputs hold NaN (output {k}), "
+                "so the compacted model cannot be checked against them; expected example "
+                "inputs on which the model computes no NaN (finite ones)"
+            )
 
 
 def _report(model: nn.Module, run: _Run) -> CompactReport:

@@ -67,7 +67,19 @@ ADAPTER = Adapter(_read, _update)
 
 class CompactMultiheadAttention(nn.MultiheadAttention):
     """An ``nn.MultiheadAttention`` whose heads (``num_heads`` x ``head_dim`` rows) need not
-    make its ``embed_dim`` (the query's width); made by ``prunekit.compact``."""
+    make its ``embed_dim`` (the query's width); made by ``prunekit.compact``.
+
+    ``_qkv_same_embed_dim`` reads False: torch's ``TransformerEncoderLayer`` and
+    ``TransformerEncoder`` take their fused eval fast path (which needs the heads to make
+    ``embed_dim``) only where it is True, so they call this forward instead."""
+
+    @property  # an attribute of nn.MultiheadAttention, fixed here
+    def _qkv_same_embed_dim(self) -> bool:
+        return False
+
+    @_qkv_same_embed_dim.setter
+    def _qkv_same_embed_dim(self, value: bool) -> None:
+        """Set by nn.MultiheadAttention's __init__ and __setstate__: not this class's."""
 
     def forward(
         self,

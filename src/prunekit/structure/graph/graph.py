@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.structure.graph.grouping import build_groups
 from prunekit.structure.graph.groups import ChannelGroup, Slice
@@ -50,7 +51,8 @@ def channel_groups(model: nn.Module, example_inputs: ExampleInputs, *, gqa: str 
     Raises:
         TypeError: `model` is no ``torch.nn.Module``, or `example_inputs` is none of a
             tensor, a tuple or a dict.
-        ValueError: `gqa` is neither ``'query'`` nor ``'group'``.
+        ValueError: `gqa` is neither ``'query'`` nor ``'group'``, or `example_inputs` is
+            empty (its first tensor has no entry).
     """
     check_model(model, "channel_groups")
     check_gqa(gqa, "channel_groups")
@@ -63,6 +65,13 @@ def traced_groups(model: nn.Module, example_inputs: Any, gqa: str, owner: str) -
     """The groups, `gqa` unchecked: 'auto' (compact) takes whole key/value groups in the
     attention modules where some are masked whole, query heads elsewhere."""
     args, kwargs = split_inputs(example_inputs, owner)
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if isinstance(first, Tensor) and first.numel() == 0:  # no entry carries a channel
+        raise value_error(
+            f"{owner}: example_inputs is empty (its first tensor has shape "
+            f"{tuple(first.shape)}), so no channel reaches any layer to be traced; expected "
+            "inputs with at least one sample"
+        )
     tracer, _ = run_traced(model, args, kwargs, HANDLERS, {"gqa": gqa})
     return build_groups(tracer)
 

@@ -146,8 +146,11 @@ def _element_slices(
     r: Record, roots: Tensor, is_maker: Tensor, reasons: dict[int, list[str]]
 ) -> list[Record]:
     """A parameter combined with channels element by element becomes a slice along the one
-    dim whose index decides the unit; otherwise its units are blocked."""
+    dim whose index decides the unit; otherwise its units are blocked. A buffer becomes a
+    slice of role 'buffer': it goes with its units when they are removed, never masked (what
+    it adds to a masked channel is a constant that ``compact`` folds into the consumers)."""
     tensor = getattr(r.module, r.name)
+    role = "buffer" if r.name in r.module._buffers else "element"
     unit = roots[r.ids]
     live = is_maker[unit]
     if not bool(live.any()):
@@ -161,7 +164,7 @@ def _element_slices(
             ids = per[:, 0]
             keep = ids >= 0
             pos = torch.arange(tensor.shape[dim])[keep]
-            return [Record(r.module_name, r.module, r.name, dim, "element", pos, ids[keep])]
+            return [Record(r.module_name, r.module, r.name, dim, role, pos, ids[keep])]
     why = f"{_qualified(r.module_name, r.name)} is combined with them along several dims"
     for x in torch.unique(unit[unit >= 0]).tolist():
         _add(reasons[x], why)

@@ -89,7 +89,10 @@ def _per_channel(tr: Tracer, call: Call, tensors: list[tuple[object, str]]) -> T
     x = call.arg(0, "input")
     owners = [(tr.claim(t), role) for t, role in tensors]
     labels = tr.label(x)
-    if labels is None:
+    if labels is None:  # values of no channel: recorded, so that a use on channels of the
+        unowned = torch.full((x.shape[1],), -1, dtype=torch.long)  # same entries shows
+        for owner, role in owners:
+            tr.record(owner, 0, role, tr.positions(x.shape[1]), unowned)
         return None
     chan = channel_ids(tr, labels, 1, x.shape[1], describe_op(call))
     positions = tr.positions(len(chan))  # one tensor for all: their entries are built once

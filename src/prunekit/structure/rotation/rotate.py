@@ -42,8 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
-from prunekit.core.checks import check_number
-from prunekit.core.errors import shown, type_error, value_error
+from prunekit.core.checks import check_number, refuse_meta
+from prunekit.core.errors import shown, type_error, value_error, warn_caller
 from prunekit.core.transaction import transaction
 from prunekit.structure.rotation.family import OWNER, Stream, find_stream
 from prunekit.structure.rotation.pca import principal_directions, second_moments
@@ -118,7 +118,8 @@ def rotate_hidden(
             whose multiples with the heads' count are no narrower than the width, an
             attention_mask without one entry per token, a batch the model cannot take
             (naming it and the model's error), an unsupported family or a
-            missing part, masks installed, no calibration batch, calibration whose every
+            missing part, masks installed, a tensor on the meta device (no values), no
+            calibration batch, calibration whose every
             token an attention_mask masks out, or calibration hidden states that are not
             finite. The model is left as it was.
         TypeError: `model`, `hidden`, `round_to`, `compensate`, `unit_tokens` or
@@ -126,6 +127,7 @@ def rotate_hidden(
     """
     _check_options(hidden, round_to, compensate, unit_tokens)
     stream = find_stream(model)
+    refuse_meta(OWNER, model)
     batches = batch_list(calibration, OWNER)
     width = stream.width
     kept = _kept(model, width, hidden, round_to)
@@ -280,13 +282,33 @@ def _set_config(model: nn.Module, stream: Stream, width: int, kept: int, untied:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     config.head_dim = head_dim
     config.hidden_size = kept
-    config.rms_norm_eps = float(config.rms_norm_eps) * width / kept
+    old_eps = float(config.rms_norm_eps)
+    config.rms_norm_eps = old_eps * width / kept
+    _warn_other_norms(model, stream, old_eps, float(config.rms_norm_eps))
     if untied:
         config.tie_word_embeddings = False
     for block in stream.blocks:
         for module in block.modules():
             if getattr(module, "hidden_size", None) == width:
                 module.hidden_size = kept  # type: ignore[assignment]
+
+
+def _warn_other_norms(model: nn.Module, stream: Stream, old: float, new: float) -> None:
+    """Warn where norms off the stream (Qwen3's query/key norms over the head size) were
+    built from ``rms_norm_eps`` too: they keep `old`, from_pretrained would build `new`."""
+    if old == new:
+        return
+    mine = {id(reading.norm) for reading in stream.readings}
+    others = [name for name, m in model.named_modules()
+              if id(m) not in mine and getattr(m, "variance_epsilon", None) == old]  # fmt: skip
+    if others:
+        more = f" (and {len(others) - 2} more)" if len(others) > 2 else ""
+        warn_caller(
+            f"{OWNER}: {type(model).__name__}: config.rms_norm_eps is now {new:g} for the "
+            f"norms of the narrower stream, but {', '.join(others[:2])}{more} keep {old:g}: "
+            "save_pretrained / from_pretrained would rebuild them with the new value; save "
+            "with prunekit.save_compacted and reload with prunekit.load_compacted"
+        )
 
 
 def _count(model: nn.Module) -> int:

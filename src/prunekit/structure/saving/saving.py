@@ -41,8 +41,9 @@ from prunekit.structure.saving.shapes import (
     apply_reload,
     check_widths,
     describe_module,
+    same_class,
+    saved_value,
     verify,
-    width_value,
 )
 from prunekit.structure.saving.skeleton import Factory, build_skeleton
 
@@ -262,27 +263,32 @@ def _config_dict(model: nn.Module) -> dict[str, Any] | None:
 
 
 def _check_attributes(model: nn.Module, modules: dict[str, Any], where: Path) -> None:
-    """Only width attributes save_compacted writes: ones the fresh module has, holding an
-    int or ints of the same form as the saved value (never a method, flag or private)."""
+    """Only attributes save_compacted writes: ones the fresh module has, holding an int or
+    ints of the same form as the saved value, or a norm's float epsilon (never a method,
+    flag or private)."""
     fresh = dict(model.named_modules())
     for path, entry in modules.items():
         module = fresh.get(path)
-        cls = type(module)
-        if module is None or f"{cls.__module__}.{cls.__qualname__}" != entry["type"]:
+        if module is None or not same_class(entry["type"], module):
             continue  # Reload.plan names the modules and classes that differ
         for name, saved in entry["attributes"].items():
-            now = width_value(vars(module).get(name)) if not name.startswith("_") else None
+            held = vars(module).get(name)
+            now = saved_value(name, held) if not name.startswith("_") else None
             if now is None or not _same_form(now, saved):
                 kind = type(vars(module).get(name, getattr(module, name, None))).__name__
                 raise ValueError(
                     f"load_compacted: {where}: module {path!r} sets {name}={saved!r}, but "
                     f"{type(module).__name__}.{name} is a {kind}; expected only width "
-                    "attributes (ints, or lists or tuples of ints) the module has"
+                    "attributes (ints, or lists or tuples of ints) the module has, or a "
+                    "norm's float epsilon"
                 )
 
 
 def _same_form(now: Any, saved: Any) -> bool:
-    """Whether two encoded width values are both ints, both lists or both tuples of ints."""
+    """Whether two encoded values are both ints, both lists or both tuples of ints, or both
+    floats (a norm's epsilon)."""
+    if isinstance(now, float):
+        return type(saved) is float
     if isinstance(now, int):
         return isinstance(saved, int) and not isinstance(saved, bool)
     if isinstance(now, dict):

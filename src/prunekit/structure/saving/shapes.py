@@ -8,6 +8,7 @@ modules' dicts undoes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +19,12 @@ from torch import Tensor, nn
 from prunekit.core.naming import MASK, ORIG
 from prunekit.structure.compaction.fromconfig import embed_scales, set_embed_scale
 from prunekit.structure.compaction.widths import implied_widths
+from prunekit.structure.families.mha import CompactMultiheadAttention
 
-__all__ = ["Reload", "apply_reload", "check_widths", "describe_module", "verify"]
+__all__ = [
+    "Reload", "apply_reload", "check_widths", "describe_module", "same_class", "saved_value",
+    "verify",
+]  # fmt: skip
 
 _MISSING: Any = object()
 _OWNER = "load_compacted"
@@ -37,6 +42,20 @@ def width_value(value: Any) -> Any:
         items = [int(v) for v in value]
         return {"tuple": items} if isinstance(value, tuple) else items
     return None
+
+
+NORM_EPS = ("eps", "variance_epsilon")
+"""Float attributes of a norm that its forward reads and that a width cut changes
+(``rotate_hidden`` scales a norm's epsilon with the width it keeps): saved and reloaded
+beside the widths."""
+
+
+def saved_value(name: str, value: Any) -> Any:
+    """What save_compacted records of the attribute `name` holding `value`: a width (see
+    ``width_value``), a norm's finite float epsilon, else None (not recorded)."""
+    if name in NORM_EPS and type(value) is float and math.isfinite(value):
+        return value
+    return width_value(value)
 
 
 def decoded(value: Any) -> Any:
@@ -63,7 +82,7 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
             }
     attributes = {}
     for name, value in vars(module).items():
-        encoded = None if name.startswith("_") else width_value(value)
+        encoded = None if name.startswith("_") else saved_value(name, value)
         if encoded is not None:
             attributes[name] = encoded
     described = {"type": _class_name(module), "tensors": tensors, "attributes": attributes}
@@ -73,8 +92,30 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
     return described
 
 
-def _class_name(module: nn.Module) -> str:
-    return f"{type(module).__module__}.{type(module).__qualname__}"
+def _class_name(module: nn.Module | type[nn.Module]) -> str:
+    cls = module if isinstance(module, type) else type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+COMPACTED: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {
+    _class_name(CompactMultiheadAttention): (nn.MultiheadAttention, CompactMultiheadAttention),
+}
+"""The classes ``compact`` gives a module in place, by saved name: (the class the module is
+built as, the class it becomes). ``load_compacted`` gives a fresh module of the first the
+second."""
+
+
+def compacted_class(saved: Any, module: nn.Module) -> type[nn.Module] | None:
+    """The class `module` (built fresh) takes to be what was saved as the class `saved`
+    where compaction changed it in place; None for any other."""
+    found = COMPACTED.get(saved) if isinstance(saved, str) else None
+    return found[1] if found is not None and type(module) is found[0] else None
+
+
+def same_class(saved: Any, module: nn.Module) -> bool:
+    """Whether `module` (built fresh) is of the class saved as `saved`, or of the class
+    compaction made that one of."""
+    return saved == _class_name(module) or compacted_class(saved, module) is not None
 
 
 @dataclass
@@ -99,6 +140,7 @@ class Reload:
     targets: list[SavedTensor] = field(default_factory=list)
     attributes: list[tuple[nn.Module, str, Any]] = field(default_factory=list)
     scales: list[tuple[nn.Module, str, float]] = field(default_factory=list)
+    classes: list[tuple[nn.Module, type[nn.Module]]] = field(default_factory=list)
     config: list[tuple[Any, str, Any]] = field(default_factory=list)
     expected: dict[str, Any] = field(default_factory=dict)  # path -> manifest entry
 
@@ -119,6 +161,9 @@ class Reload:
         reload = cls(expected=dict(modules))
         for path, entry in modules.items():
             module = fresh[path]
+            swapped = compacted_class(entry.get("type"), module)
+            if swapped is not None:
+                reload.classes.append((module, swapped))
             reload.targets.extend(_targets(path, module, entry, state, owner))
             for name, saved in entry.get("attributes", {}).items():
                 value = decoded(saved)
@@ -157,7 +202,7 @@ def _same_modules(
             f"{extra[:5]} are not in the file; expected a model built by the same code"
         )
     for path, entry in saved.items():
-        if entry.get("type") != _class_name(fresh[path]):
+        if not same_class(entry.get("type"), fresh[path]):
             raise ValueError(
                 f"{where}: module {path or '(the model)'!r} is a {_class_name(fresh[path])} "
                 f"but was saved as a {entry.get('type')}; expected the same classes"
@@ -286,6 +331,8 @@ def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, 
             continue
         wanted = width_value(value)
         if wanted is None:
+            if _epsilon(key, value) and _epsilon(key, current) and current != value:
+                out.append((config, key, value))  # a norm's epsilon a width cut scaled
             continue
         if current is _MISSING or current is None or width_value(current) is not None:
             normal = list(current) if isinstance(current, tuple) else current
@@ -293,16 +340,26 @@ def _config_changes(config: Any, saved: Mapping[str, Any], out: list[tuple[Any, 
                 out.append((config, key, value))
 
 
+def _epsilon(key: str, value: Any) -> bool:
+    """Whether a config field is a norm's epsilon (``rms_norm_eps``, ``layer_norm_eps``,
+    ``layer_norm_epsilon``) holding a finite float."""
+    named = key.endswith(("_eps", "_epsilon"))
+    return named and type(value) is float and math.isfinite(value)
+
+
 def apply_reload(
     model: nn.Module, reload: Reload, source: Mapping[str, Tensor] | None = None
 ) -> None:
-    """New tensors of the planned shapes (dtype, device and requires_grad of the ones they
-    replace), then the attributes, embedding scales and config fields.
+    """The classes compaction gave modules in place, new tensors of the planned shapes
+    (dtype, device and requires_grad of the ones they replace), then the attributes,
+    embedding scales and config fields.
 
     With `source` (the weights file's tensors, by state_dict key), each new tensor is the
     file's own, taken as it is (no copy): what a model built with its parameters on the
     meta device needs, so that memory holds the weights once.
     """
+    for module, cls in reload.classes:  # as compact changed it: same object, its class
+        module.__class__ = cls
     made: dict[int, Tensor] = {}
     for t in reload.targets:
         current = _current(t)

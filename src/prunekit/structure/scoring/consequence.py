@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
+from prunekit.core.errors import value_error
 from prunekit.criteria.hessian import damped_inverse
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import (
@@ -49,9 +50,11 @@ class _PerConsumer(GroupCriterion):
 
     def __init__(self) -> None:
         self.totals: dict[int, Tensor] = {}
+        self.names: dict[int, str] = {}
 
     def gather(self, calibration: Calibration) -> None:
         self.totals = {}
+        self.names = {id(m): n for n, m in calibration.model.named_modules()}
         groups = calibration.groups
         modules = [m for m in consumer_modules(groups) if self._calibrates(m)]
         stats = cal.calibrate(calibration.model, calibration.required(), modules, self.wanted)
@@ -100,7 +103,17 @@ class OBS(_PerConsumer):
         return _two_dimensional(module)
 
     def _statistic(self, stats: cal.InputStatistics, module: nn.Module) -> Tensor:
-        return damped_inverse(stats.hessian(module), OBS_DAMP, "'obs'")
+        hessian = stats.hessian(module)
+        if not bool(torch.isfinite(hessian).all()):  # no damping inverts it: say why
+            kind = "NaN" if bool(hessian.isnan().any()) else "inf"
+            raise value_error(
+                f"prune_channels: criterion='obs': the input of {self.names.get(id(module))} "
+                f"on the calibration batches is not finite (its Hessian holds {kind}: the "
+                "batches or what the model computes from them hold NaN or inf, or their "
+                f"squares overflow {hessian.dtype}); expected calibration batches on which "
+                "the model computes finite inputs"
+            )
+        return damped_inverse(hessian, OBS_DAMP, "'obs'")
 
     def _unit_errors(self, s: Slice, statistic: Tensor) -> Tensor:
         return obs_errors(_columns(s), statistic, s.indices)

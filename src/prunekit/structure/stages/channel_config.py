@@ -210,10 +210,10 @@ class ChannelConfig:
         object.__setattr__(self, name, value)
 
     def _exclusions(self) -> None:
-        given = _listed(self.exclude)
+        given = _listed(self.exclude, "exclude")
         excluded, what = given, "exclude"
         if self.ignore is not None:  # the old name
-            old = _listed(self.ignore)
+            old = _listed(self.ignore, "ignore")
             excluded = renamed(OWNER, "exclude", excluded, "ignore", old, bool(excluded))
             what = "ignore"
             self._set("ignore", tuple(old))
@@ -348,6 +348,14 @@ def _check_token_weights(weights: object, compensate: object) -> None:
         )
 
 
-def _listed(names: Excluded | str) -> list[nn.Module | str]:
-    """Modules or globs as a list; a str is one glob."""
-    return [names] if isinstance(names, str) else list(names)
+def _listed(names: Excluded | str, what: str) -> list[nn.Module | str]:
+    """Modules or globs as a list; a str is one glob. `what`: the option's name."""
+    listed: list[Any] | None = [names] if isinstance(names, (str, nn.Module)) else None
+    if listed is None and isinstance(names, Iterable) and not isinstance(names, Tensor):
+        listed = list(names)
+    if listed is None or not all(isinstance(n, (str, nn.Module)) for n in listed):
+        raise type_error(
+            f"{OWNER}: invalid {what}={names!r}; expected modules of the model or their "
+            "names (globs allowed): a str, a module, or an iterable of them"
+        )
+    return listed

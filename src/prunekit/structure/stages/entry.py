@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from prunekit.core.checks import refuse_meta
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.core.transaction import transaction
@@ -64,7 +65,8 @@ def prune_channels(
         ``BudgetReport``.
 
     Raises:
-        ValueError: an option out of range or in conflict with another (``ChannelConfig``),
+        ValueError: a tensor of `model` on the meta device (no values), an option out of
+            range or in conflict with another (``ChannelConfig``),
             a kind of group the model does not have, a budget that cannot be met, a
             criterion's scores of the wrong shape, not finite, or below 0 under a budget or
             scope='global', or a `config` beside keywords.
@@ -72,6 +74,7 @@ def prune_channels(
             unknown keyword.
     """
     check_model(model, "prune_channels")
+    refuse_meta("prune_channels", model)
     return run_stages(model, example_inputs, _config(amount, config, options))
 
 

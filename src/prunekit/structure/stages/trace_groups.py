@@ -14,7 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from prunekit.structure.graph.graph import ChannelGroup, channel_groups
+from prunekit.core.errors import value_error
+from prunekit.structure.graph.graph import ChannelGroup, traced_groups
 from prunekit.structure.stages.channel_config import ChannelConfig
 
 
@@ -46,7 +47,7 @@ def trace(model: nn.Module, example_inputs: Any, config: ChannelConfig) -> Trace
         TypeError: `exclude` holds something other than modules and names.
     """
     skipped = _ignored(model, config.excluded, config.excluded_as)
-    found = channel_groups(model, example_inputs, gqa=config.gqa)
+    found = traced_groups(model, example_inputs, config.gqa, "prune_channels")  # gqa checked
     _check_found(model, found, config.amounts)
     held = {id(p) for m in model.modules() if id(m) in skipped
             for p in m._parameters.values() if p is not None}  # fmt: skip
@@ -93,7 +94,10 @@ def _ignored(model: nn.Module, ignore: Iterable[nn.Module | str], what: str) -> 
     for item in ignore:
         if isinstance(item, nn.Module):
             if not any(m is item for m in names.values()):
-                raise ValueError(f"prune_channels: {what} holds {type(item).__name__} not in model")
+                raise value_error(
+                    f"prune_channels: {what} holds a {type(item).__name__} that is no module "
+                    "of the model; expected modules of the model or their names"
+                )
             found.add(id(item))
         elif isinstance(item, str):
             matched = [m for n, m in names.items() if fnmatch.fnmatchcase(n, item)]

@@ -143,6 +143,8 @@ class Tracer:
     fakes: Fakes | None = None  # the fake values, when costly ops are skipped
     _labels: dict[int, tuple[weakref.ref[Tensor], Tensor]] = field(default_factory=dict)
     _positions: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
+    # per tensor and dim: the positions a record gave no id (they read values of no channel)
+    _unowned: dict[tuple[int, str, int], Tensor] = field(default_factory=dict)
     # the records of each tensor's positions while no two share one: (positions, ids, their
     # lowest and highest position, once a second record needs them)
     _apart: dict[tuple[int, str, int], list[_Span]] = field(default_factory=dict)
@@ -416,14 +418,30 @@ class Tracer:
     def _table(self, key: tuple[int, str, int], positions: Tensor, ids: Tensor) -> None:
         size = int(positions.max()) + 1
         seen = self._positions.get(key)
-        if seen is None or len(seen) < size:
+        unowned = self._unowned.get(key)
+        if seen is None or unowned is None or len(seen) < size:
             grown = torch.full((size,), -1, dtype=torch.long)
-            if seen is not None:
+            none = torch.zeros(size, dtype=torch.bool)
+            if seen is not None and unowned is not None:
                 grown[: len(seen)] = seen
+                none[: len(unowned)] = unowned
             seen = self._positions[key] = grown
-        self.merge(seen[positions], ids)
-        fresh = seen[positions] < 0
+            unowned = self._unowned[key] = none
+        before = seen[positions]
+        self.merge(before, ids)
+        # an entry one use reads as a channel and another as values of no channel (a layer
+        # run on the model's input and on channels, a Parameter of two layers): removing the
+        # channel would change the other use, so its channels stay
+        free = ids < 0
+        clash = torch.cat([ids[~free & unowned[positions]], before[free & (before >= 0)]])
+        if len(clash):
+            module = self.names.get(key[0], "")
+            name = f"{module}.{key[1]}" if module else key[1]
+            self.block(clash, f"{name} [dim {key[2]}] is also used on values of no channel "
+                              "(the model's input, or values no layer made)")  # fmt: skip
+        fresh = before < 0
         seen[positions[fresh]] = ids[fresh]
+        unowned[positions[free]] = True
 
 
 @dataclass
