@@ -110,3 +110,70 @@ def test_the_command_line_names_the_method_and_the_scope(
         assert [p.name for p in out.iterdir()] == ["earlier.txt"]
     else:
         assert out.read_bytes() == b"an earlier output"
+
+
+def _tied() -> dict[str, torch.Tensor]:
+    """A state_dict as torch.save keeps a model whose head shares the embedding's weight."""
+    torch.manual_seed(0)
+    shared = torch.randn(8, 4)
+    return {"embed.weight": shared, "mid.weight": torch.randn(4, 4), "head.weight": shared}
+
+
+TIED = (
+    r"'embed\.weight', 'head\.weight' are one tensor \(tied\), but include/exclude select only "
+    r"\['{}'\]; expected globs that select all of its names or none"
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "flags", "picked"),
+    [
+        ({"include": ["head.weight"]}, ["--include", "head.weight"], "head.weight"),
+        ({"exclude": ["head*"]}, ["--exclude", "head*"], "embed.weight"),
+        (
+            {"include": ["embed.*", "mid.*"], "keep_masks": True},
+            ["--include", "embed.*", "--include", "mid.*", "--keep-masks"],
+            "embed.weight",
+        ),
+    ],
+)
+def test_a_tied_tensor_selected_by_some_of_its_names_is_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: dict[str, object],
+    flags: list[str],
+    picked: str,
+) -> None:
+    """Pruned under one name and kept under the other, the names held two tensors, and a
+    model loading the file took whichever it read last: refused, as prune_model refuses."""
+    state = _tied()
+    kept = {k: v.clone() for k, v in state.items()}
+    message = TIED.format(picked.replace(".", r"\."))
+    with pytest.raises(ValueError, match="^prune_state_dict: " + message):
+        prune_state_dict(state, 0.5, **options)  # type: ignore[arg-type]
+    assert all(torch.equal(state[k], kept[k]) for k in kept)
+    source = tmp_path / "in.pt"
+    torch.save(state, source)  # keeps the names on one storage
+    out = tmp_path / "out.pt"
+    out.write_bytes(b"an earlier output")
+    with pytest.raises(ValueError, match="^prune_file: " + message):
+        prune_file(source, out, 0.5, **options)  # type: ignore[arg-type]
+    assert out.read_bytes() == b"an earlier output"
+    assert main(["prune", str(source), "-o", str(out), "--amount", "0.5", *flags]) == 1
+    _, err = capsys.readouterr()
+    assert err.startswith("prunekit prune: error: prune_file: 'embed.weight', 'head.weight'")
+    assert out.read_bytes() == b"an earlier output"
+
+
+def test_a_tied_tensor_selected_by_all_or_none_of_its_names_prunes() -> None:
+    state = _tied()
+    both = prune_state_dict(state, 0.5, include=["embed.weight", "head.weight"]).state
+    assert torch.equal(both["embed.weight"], both["head.weight"])
+    assert int((both["embed.weight"] == 0).sum()) == 16
+    none = prune_state_dict(state, 0.5, include=["mid.weight"]).state
+    assert none["embed.weight"] is state["embed.weight"] is none["head.weight"]
+    # The same values in two tensors are no tie: each name is pruned on its own.
+    apart = {**state, "head.weight": state["embed.weight"].clone()}
+    alone = prune_state_dict(apart, 0.5, include=["head.weight"]).state
+    assert torch.equal(alone["embed.weight"], state["embed.weight"])
+    assert int((alone["head.weight"] == 0).sum()) == 16
