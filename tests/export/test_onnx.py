@@ -224,3 +224,20 @@ def test_the_dynamic_axes_are_settled_once_for_the_trace_and_the_check(
     report = export(compacted_cnn(), tmp_path / "cnn.onnx", "onnx", example_inputs=IMAGES)
     assert report.difference is not None and report.difference <= 1e-4
     assert len(calls) == 1
+
+
+def test_a_cnn_exported_from_a_batch_of_one_takes_any_batch(tmp_path: Path) -> None:
+    """A batch of 1 is traced on the image repeated to 2 (torch.export may take a 1 for a
+    constant) and checked on the one image given."""
+    model = compacted_cnn()
+    path = tmp_path / "cnn.onnx"
+    report = export(model, path, "onnx", example_inputs=IMAGES[:1])
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("traced on a batch of 2" in note for note in report.notes), report.notes
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (given,) = session.get_inputs()
+    assert given.shape[0] == "batch"
+    for images in (IMAGES[:1], torch.randn(3, 3, 16, 16)):
+        (found,) = session.run(None, {given.name: images.numpy()})
+        with torch.no_grad():
+            assert close(model.eval()(images), found) <= 1e-4

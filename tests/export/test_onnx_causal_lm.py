@@ -86,3 +86,27 @@ def test_a_causal_lm_exports_from_a_one_token_example(tmp_path: Path, mask: bool
         assert float((expected - torch.from_numpy(found)).abs().max()) <= 1e-4 * float(
             expected.abs().max()
         )
+
+
+@pytest.mark.parametrize("length", [7, 1])
+def test_a_causal_lm_exports_from_a_batch_of_one(tmp_path: Path, length: int) -> None:
+    """A batch of 1 was fixed in the graph by the LM's code, and the export refused: the
+    trace runs on the example repeated to a batch of 2 (and a token repeated to 2), both
+    axes stay dynamic, and the file is checked on the example as given."""
+    model = llama()
+    one = {"input_ids": IDS[:1, :length], "attention_mask": torch.ones(1, length, dtype=torch.long)}
+    report = export(model, tmp_path / "lm.onnx", "onnx", example_inputs=one)
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("traced on a batch of 2" in note for note in report.notes), report.notes
+    assert any("traced on 2 tokens" in note for note in report.notes) == (length == 1)
+    session = ort.InferenceSession(str(tmp_path / "lm.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.shape for i in session.get_inputs()] == [["batch", "sequence"]] * 2
+    for rows, times in ((1, 1), (3, 2)):
+        feed = {k: v.repeat(rows, times) for k, v in one.items()}
+        feed["input_ids"] = (feed["input_ids"] + torch.arange(rows)[:, None]) % 100
+        (found,) = session.run(None, {k: v.numpy() for k, v in feed.items()})
+        with torch.no_grad():
+            expected = model(**feed, use_cache=False).logits
+        assert float((expected - torch.from_numpy(found)).abs().max()) <= 1e-4 * float(
+            expected.abs().max()
+        )

@@ -59,7 +59,7 @@ BROKE: dict[str, str] = {
     "test_export::test_onnx_of_a_float16_network": "refused: float32's tolerance for a half graph",
     "test_export::test_onnx_of_a_bfloat16_network": "raw onnxruntime INVALID_GRAPH after tracing",
     "test_export::test_gguf_f32_of_a_half_model": "refused: bfloat16 arithmetic vs a float32 load",
-    "test_export::test_onnx_of_a_batch_of_one": "batch fixed at 1; raw onnxruntime error",
+    "test_export::test_onnx_of_a_llama_from_a_batch_of_one": "batch fixed at 1; raw onnxruntime",
     # shrink (prunekit.tools.shrink, sources)
     "test_shrink::[kinds-str]": "kinds='channels' split into letters, the message showing them",
     "test_shrink::[calibration-blank]": "blank passages accepted, refused after loading",

@@ -541,19 +541,80 @@ def test_gguf_f32_of_a_half_model_is_checked_as_its_weights_compute(
     assert unchanged(model) == before
 
 
-def test_onnx_of_a_batch_of_one_that_the_trace_fixes_is_refused_by_name(tmp_path: Path) -> None:
+def test_onnx_of_a_llama_from_a_batch_of_one_takes_any_batch(tmp_path: Path) -> None:
     """A Llama's code specializes a batch of 1 (torch.export's 0/1 rule): the graph came out
-    with the batch fixed at 1, not the dynamic axis the docstring promises, and the check's
-    doubled batch then failed with onnxruntime's raw INVALID_ARGUMENT."""
+    with the batch fixed at 1, and the export was refused. Traced on the example repeated to
+    a batch of 2, the file takes any batch, and is checked on the example as given."""
     pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
     model = llama("uniform")
+    before = unchanged(model)
     one = {"input_ids": IDS[:1]}
     path = tmp_path / "lm.onnx"
+    report = export(model, path, "onnx", example_inputs=one)
+    assert unchanged(model) == before
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any(n.startswith("traced on a batch of 2 (the example's one repeated along axis 0 "
+                            "of 'input_ids')") for n in report.notes), report.notes  # fmt: skip
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == ["batch", "sequence"]
+    for ids in (IDS[:1], IDS[:1].repeat(3, 1).roll(1, dims=1)):
+        (found,) = session.run(None, {"input_ids": ids.numpy()})
+        expected = logits(model, ids)
+        gap = float((expected - torch.from_numpy(found)).abs().max())
+        assert gap <= 1e-4 * float(expected.abs().max())
+
+
+class _OneRow(nn.Module):
+    """A model whose code takes a batch of one row only (it flattens it into one Linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(x.reshape(4))
+        return out
+
+
+class _TwoRows(nn.Module):
+    """A model whose code runs any batch, but tests for a batch of 2 (the size a batch of 1
+    is traced on): the graph traced on 2 fixes the batch at 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(x)
+        return out * 2 if x.shape[0] == 2 else out
+
+
+def test_onnx_of_a_model_that_takes_one_row_keeps_the_batch_fixed(tmp_path: Path) -> None:
+    """A batch of 1 is traced on 2 to stay dynamic; a model that takes no 2 rows is traced
+    on its one, the axis fixed, and the report says so."""
+    pytest.importorskip("onnxscript")
+    report = export(_OneRow().eval(), tmp_path / "one.onnx", "onnx",
+                    example_inputs=torch.randn(1, 4))  # fmt: skip
+    assert report.difference is not None and report.difference <= 1e-4
+    assert any("axis 0 (batch) of input 'x' is fixed at 1" in n for n in report.notes)
+
+
+def test_onnx_refuses_a_batch_of_one_the_graph_fixes_at_two(tmp_path: Path) -> None:
+    """The file traced on a batch of 2 would not take the example's 1: refused by name,
+    before anything is written."""
+    pytest.importorskip("onnxscript")
+    model = _TwoRows().eval()
+    path = tmp_path / "two.onnx"
     for verify in (True, False):
-        refused(lambda v=verify: export(model, path, "onnx", example_inputs=one, verify=v),
-                ValueError, r"export\(format='onnx'\): the traced graph fixes axis 0 \(batch\) "
-                r"of input 'input_ids' at 1.*example_inputs.*2 or more", model=model,
-                paths=(tmp_path,))  # fmt: skip
+        refused(lambda v=verify: export(model, path, "onnx", example_inputs=torch.randn(1, 4),
+                                        verify=v),
+                ValueError, r"export\(format='onnx'\): traced on the example repeated to 2 "
+                r"along axis 0 \(batch\) of input 'x'.*fixes that axis at 2.*would not take "
+                r"the example's 1", model=model, paths=(tmp_path,))  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
 
 
 class _TenTokens(nn.Module):

@@ -54,7 +54,7 @@ def test_a_config_takes_the_options_the_keywords_do_not() -> None:
 
 def test_errors_of_a_config_made_by_hand_name_prune_model() -> None:
     config = Config(method="ln", amount=0.5)
-    with pytest.raises(ValueError, match=r"^prune_model: method='ln' prunes whole channels"):
+    with pytest.raises(ValueError, match=r"^prune_model: method='ln' prunes whole output channels"):
         prune.prune_model(mlp(), config=dataclasses.replace(config, scope="global"))
 
 

@@ -68,12 +68,15 @@ def _check_loss(value: Any, index: int) -> None:
 
 def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) -> None:
     """Raise if the loss on batch `index` is NaN or infinite while the model's parameters and
-    the batch are finite: the loss is then the cause, and its gradients would make every
-    score unrankable. Where they are not finite, the scores' own check names the tensor."""
+    the batch are finite (a complex value when both its parts are: the rule of
+    core.nested.first_not_finite, which recover's check of a batch follows too): the loss is
+    then the cause, and its gradients would make every score unrankable. Where they are not
+    finite, the scores' own check names the tensor."""
     if bool(torch.isfinite(value.detach()).all()):
         return
-    tensors = [*model.parameters(), *nested.tensors(batch)]
-    if all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
+    params = [p for p in model.parameters() if nested.is_numeric(p)]
+    finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
+    if finite and nested.first_not_finite(batch) is None:
         raise value_error(
             f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
             "with finite parameters and inputs; expected a finite loss (its gradients would "

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
-__all__ = ["LEVELS", "described", "leaves", "tensors"]
+__all__ = ["LEVELS", "described", "first_not_finite", "is_numeric", "leaves", "tensors"]
 
 LEVELS = 3
 """How many levels of mappings, lists and tuples are looked into: the batch, an argument of it,
@@ -71,6 +72,45 @@ def tensors(batch: Any) -> list[Tensor]:
         Each tensor found, as it is (not copied, not detached).
     """
     return [value for _, value in leaves(batch) if isinstance(value, Tensor)]
+
+
+def is_numeric(value: Any) -> bool:
+    """Whether `value` is a tensor whose values can be NaN or infinite, and are there to
+    read: floating or complex (a complex value is finite when both its parts are), not meta.
+
+    Args:
+        value: any value (a leaf of a batch, a parameter).
+
+    Returns:
+        True for a floating or complex tensor with values.
+    """
+    return (
+        isinstance(value, Tensor)
+        and (value.is_floating_point() or value.is_complex())
+        and not value.is_meta
+    )
+
+
+def first_not_finite(batch: Any) -> str | None:
+    """The first value of `batch`'s numeric tensors (see ``is_numeric``, ``leaves``) that
+    is NaN or infinite (a complex one with either part so), and where it is: the rule every
+    check of a batch's values follows.
+
+    Args:
+        batch: a batch, as ``leaves`` takes it.
+
+    Returns:
+        e.g. ``'nan at index (2, 5) of shift[0][0]'``; None if every value is finite.
+    """
+    for place, value in leaves(batch):
+        if not is_numeric(value):
+            continue
+        bad = ~torch.isfinite(value.detach())
+        if bool(bad.any()):
+            first = tuple(int(i) for i in bad.nonzero()[0])
+            where = f" of {place}" if place else ""
+            return f"{value.detach()[first].item()} at index {first}{where}"
+    return None
 
 
 def described(batch: Any) -> str:

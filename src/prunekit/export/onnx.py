@@ -5,19 +5,19 @@ The graph is traced by ``torch.onnx.export`` (the exporter built on ``torch.expo
 onnxscript) on the example inputs, in eval mode, with the weights inside the one file. The
 first axis of every input that shares the first input's batch size is dynamic (``batch``),
 and so is the second axis of integer inputs of rank 2 or more, such as token ids and
-attention masks (``sequence``). An axis the trace fixes stays fixed: at a size the model's
-code needs, the report says so; at 1 (a size torch.export fixes where the code tests or
-broadcasts it, and a larger example keeps dynamic) it is refused. A sequence of 1 (one
-token) is traced on the example's tokens repeated to 2 (torch.export cannot keep an axis of
-1 dynamic, and a causal LM's attention fails on the undecided length), and checked on the
-example as given; where the model takes no 2 tokens, the axis is traced fixed at 1. Once
-written, the file is read back by ONNX Runtime (where installed) and run on the example
-inputs and on them twice over along the batch axis (unless the batch is fixed): every output
-must be within ``TOLERANCE`` x its largest magnitude of the model's (``HALF_TOLERANCE`` for
-an output in float16 or bfloat16), or nothing lands. A bfloat16 graph, which ONNX Runtime's
-CPU kernels do not run, is refused unless written as float32 or unchecked. A causal LM is
-traced without its key/value cache (``use_cache`` off for the call): the graph gives the
-logits.
+attention masks (``sequence``). An axis the trace fixes stays fixed, at a size the model's
+code needs, and the report says so. A batch of 1, and a sequence of 1 (one token), are
+traced on the example repeated to 2 along that axis (torch.export takes a size of 1 for a
+constant: a causal LM's code fixed its batch at 1, and its attention failed on the undecided
+length), and checked on the example as given; where the model takes no 2, the axis is traced
+fixed at 1, and where the graph traced on 2 fixes the axis at 2, it is refused (the file
+would not take the example). Once written, the file is read back by ONNX Runtime (where
+installed) and run on the example inputs and on them twice over along the batch axis
+(unless the batch is fixed): every output must be within ``TOLERANCE`` x its largest
+magnitude of the model's (``HALF_TOLERANCE`` for an output in float16 or bfloat16), or
+nothing lands. A bfloat16 graph, which ONNX Runtime's CPU kernels do not run, is refused
+unless written as float32 or unchecked. A causal LM is traced without its key/value cache
+(``use_cache`` off for the call): the graph gives the logits.
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
             pruning masks (compact it first), one too large for one ONNX file, weights or
             inputs in bfloat16 that the check would run (ONNX Runtime's CPU kernels take
             none; dtype='float32' or verify=False), or example inputs whose batch or
-            sequence of 1 the trace fixed (the model's code specializes it); nothing is
-            written.
+            sequence of 1, traced on 2, the trace fixed at 2 (the model's code specializes
+            it); nothing is written.
         TypeError: example inputs or outputs that are not tensors.
         RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
     """
@@ -106,12 +106,12 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     shapes = _dynamic(args, kwargs, names)  # the trace's, the note's and the check's
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
         outputs = _outputs(model(*args, **kwargs))
-        traced, widened = _traced_inputs(model, (args, kwargs, names), shapes)
+        traced, changed, widened = _traced_inputs(model, (args, kwargs, names), shapes)
         proto = _exported(model, (*traced, names), shapes, [n for n, _ in outputs])
-        fixed = _fixed_axes(proto, shapes)
+        fixed = _fixed_axes(proto, shapes, widened)
         Path(target).write_bytes(proto.SerializeToString())
         notes = [f"inputs {', '.join(names)}; outputs {', '.join(n for n, _ in outputs)}"]
-        notes += widened + fixed
+        notes += changed + fixed
         if cached:
             notes.append("traced with use_cache=False: the graph keeps no key/value cache")
         if request.source is not None:
@@ -306,44 +306,52 @@ def _traced_inputs(
     model: nn.Module,
     inputs: tuple[tuple[Tensor, ...], dict[str, Tensor], list[str]],
     shapes: Shapes,
-) -> tuple[tuple[tuple[Tensor, ...], dict[str, Tensor]], list[str]]:
-    """The inputs to trace on (positional, keyword) and a note on what was changed: each
-    input whose dynamic sequence axis holds 1 has it repeated to 2. torch.export cannot
-    keep an axis of 1 dynamic (it takes 1 for a constant), and code that tests the length
-    (a causal LM's attention: ``is_causal = length > 1``) fails on it inside the trace;
-    the graph traced on 2 takes any length, and is checked on the example as given. A model
-    that takes no 2 tokens (its forward raises on them) is traced on its example, the axis
-    made static (`shapes` changed) and the note saying so."""
+) -> tuple[tuple[tuple[Tensor, ...], dict[str, Tensor]], list[str], set[tuple[str, int]]]:
+    """The inputs to trace on (positional, keyword), notes on what was changed, and the
+    axes widened (input name, axis): the inputs whose dynamic batch axis holds 1 have it
+    repeated to 2, and then those whose dynamic sequence axis holds 1. torch.export cannot
+    keep an axis of 1 dynamic (it takes 1 for a constant), and code that tests the size
+    fixes it at 1 (a causal LM's batch) or fails on it inside the trace (its attention:
+    ``is_causal = length > 1``); the graph traced on 2 takes any size, and is checked on the
+    example as given. A model that takes no 2 (its forward raises on them) is traced on its
+    example's 1, the axis made static (`shapes` changed) and a note saying so."""
     args, kwargs, names = inputs
-    given = {**dict(zip(names, args, strict=False)), **kwargs}
-    ones = [n for n, axes in shapes.items() if 1 in axes and given[n].shape[1] == 1]
-    if not ones:
-        return (args, kwargs), []
-    twice = {n: torch.cat([given[n]] * 2, dim=1) for n in ones}
-    wide_args = tuple(twice.get(n, t) for n, t in zip(names, args, strict=False))
-    wide_kwargs = {k: twice.get(k, t) for k, t in kwargs.items()}
-    try:
-        model(*wide_args, **wide_kwargs)
-    except Exception:  # the model's code takes one token only: its graph too
-        for name in ones:
-            del shapes[name][1]
-        return (args, kwargs), [
-            f"axis 1 (sequence) of input {n!r} is fixed at 1: the model's code takes no "
-            "other length"
-            for n in ones
-        ]
-    listed = ", ".join(repr(n) for n in ones)
-    note = (
-        f"traced on 2 tokens (the example's one repeated along axis 1 of {listed}): a "
-        "sequence of 1 cannot stay dynamic in torch.export; checked on the example as given"
-    )
-    return (wide_args, wide_kwargs), [note]
+    notes: list[str] = []
+    widened: set[tuple[str, int]] = set()
+    for axis, label, unit in ((0, "batch", "a batch of 2"), (1, "sequence", "2 tokens")):
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        ones = [n for n, axes in shapes.items() if axis in axes and given[n].shape[axis] == 1]
+        if not ones:
+            continue
+        twice = {n: torch.cat([given[n]] * 2, dim=axis) for n in ones}
+        wide_args = tuple(twice.get(n, t) for n, t in zip(names, args, strict=False))
+        wide_kwargs = {k: twice.get(k, t) for k, t in kwargs.items()}
+        try:
+            model(*wide_args, **wide_kwargs)
+        except Exception:  # the model's code takes a size of 1 only: its graph too
+            for name in ones:
+                del shapes[name][axis]
+            notes += [
+                f"axis {axis} ({label}) of input {n!r} is fixed at 1: the model's code takes "
+                "no other size"
+                for n in ones
+            ]
+            continue
+        args, kwargs = wide_args, wide_kwargs
+        widened.update((n, axis) for n in ones)
+        listed = ", ".join(repr(n) for n in ones)
+        notes.append(
+            f"traced on {unit} (the example's one repeated along axis {axis} of {listed}): "
+            f"a {label} of 1 may not stay dynamic in torch.export; checked on the example as "
+            "given"
+        )
+    return (args, kwargs), notes, widened
 
 
-def _fixed_axes(proto: Any, wanted: Shapes) -> list[str]:
+def _fixed_axes(proto: Any, wanted: Shapes, widened: set[tuple[str, int]]) -> list[str]:
     """Notes on the axes meant to be dynamic that the trace fixed (the model's code needs
-    that size); a size of 1 fixed is refused: torch.export fixes a size of 1 that the code
-    tests or broadcasts, which a larger example keeps dynamic."""
+    that size); an axis of the example's 1, traced on 2 (`widened`), that the trace fixed
+    at 2 is refused: the file would not take the example."""
     notes = []
     for graph_input in proto.graph.input:
         dims = graph_input.type.tensor_type.shape.dim
@@ -351,12 +359,14 @@ def _fixed_axes(proto: Any, wanted: Shapes) -> list[str]:
             if axis >= len(dims) or not dims[axis].HasField("dim_value"):
                 continue
             label, size = ("batch" if axis == 0 else "sequence"), dims[axis].dim_value
-            if size == 1:
+            if (graph_input.name, axis) in widened:
                 raise value_error(
-                    f"export(format='onnx'): the traced graph fixes axis {axis} ({label}) of "
-                    f"input {graph_input.name!r} at 1: the model's code specializes a size of "
-                    f"1, so the file would take no other; expected example_inputs whose "
-                    f"{label} is 2 or more, so that the axis stays dynamic"
+                    f"export(format='onnx'): traced on the example repeated to {size} along "
+                    f"axis {axis} ({label}) of input {graph_input.name!r} (its 1 cannot stay "
+                    f"dynamic), the graph fixes that axis at {size}: the model's code "
+                    f"specializes the size, so the file would not take the example's 1; "
+                    f"expected example_inputs whose {label} is the size the file is to take, "
+                    "2 or more"
                 )
             notes.append(
                 f"axis {axis} ({label}) of input {graph_input.name!r} is fixed at {size}: the "

@@ -20,11 +20,11 @@ else:  # typing_extensions: a dependency of torch
 
 from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.whole.config import Config
-from prunekit.whole.registry import OFFLINE
+from prunekit.whole.registry import CALIBRATED, METHODS, OFFLINE, Method
 from prunekit.whole.targets import ALL, TargetOptions, globs
 from prunekit.whole.vocabulary import scope_from
 
-__all__ = ["Options", "Unpack", "config_of"]
+__all__ = ["Options", "Unpack", "config_of", "offline_method"]
 
 
 class Options(TargetOptions, total=False):
@@ -89,11 +89,10 @@ def config_of(
             )
         return config if config.owner == owner else replace(config, owner=owner)
     method, amount = _method_and_amount(owner, args, options)
-    if not isinstance(method, str) or method not in OFFLINE:
-        raise value_error(f"method={method!r} is not known; expected one of {', '.join(OFFLINE)}")
+    name = offline_method(method, owner).name
     scope = scope_from(owner, options.get("scope", "layer"), options.get("global_pruning"))
     return Config(
-        method=method,
+        method=name,
         amount=amount,
         scope=scope,
         include=globs(options.get("include", ALL), "include", owner),
@@ -101,6 +100,25 @@ def config_of(
         n=options.get("n"),
         dim=options.get("dim"),
         owner=owner,
+    )
+
+
+def offline_method(method: object, owner: str) -> Method:
+    """The registry's entry of `method` if it prunes a tensor from its values alone (one of
+    whole.registry.OFFLINE: all a state_dict can take).
+
+    Raises:
+        ValueError: naming `owner`, the method and the methods allowed; for a calibrated
+            method, where it can prune.
+    """
+    if isinstance(method, str) and method in OFFLINE:
+        return METHODS[method]
+    where = ""
+    if isinstance(method, str) and method in CALIBRATED:
+        where = f" (method {method!r} learns from batches run through the model: prune_model)"
+    raise value_error(
+        f"{owner}: invalid method={method!r}; expected one of {', '.join(OFFLINE)}, which "
+        f"prune tensors from their values alone{where}"
     )
 
 

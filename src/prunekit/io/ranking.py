@@ -23,9 +23,10 @@ from prunekit.core.checks import check_binary_mask, check_finite
 from prunekit.core.errors import naming, value_error
 from prunekit.core.naming import Entry, mask_name
 from prunekit.criteria import Criterion, Magnitude
+from prunekit.io.options import offline_method
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.whole.config import Config
-from prunekit.whole.registry import OFFLINE, find
+from prunekit.whole.registry import OFFLINE, check_method_scope
 
 __all__ = ["Ranking", "ranking", "saved_mask"]
 
@@ -164,23 +165,19 @@ def ranking(config: Config) -> Ranking:
     Raises:
         ValueError: a method that needs a model or calibration data (only the methods of
             whole.registry.OFFLINE prune a state_dict), a pattern other than
-            'unstructured', or 'ln' in scope 'global'.
+            'unstructured', or 'ln' in scope 'global'; each naming `config.owner`.
     """
-    found = find(config.method, OFFLINE)
-    if found is None or found.pruning is None:
-        raise value_error(
-            f"method={config.method!r} is not known; expected one of {', '.join(OFFLINE)}"
-        )
+    found = offline_method(config.method, config.owner)
     if not config.plain:
         raise value_error(
             f"{config.owner}: invalid pattern={config.pattern!r}; a state_dict is pruned "
             "with pattern='unstructured' (whole channels: method 'ln')"
         )
+    assert found.pruning is not None  # every method of OFFLINE has one
     owner = found.pruning.__name__
     if found.criterion is not None:
         return Ranking(found.criterion(), Unstructured(), config.amount, owner)
-    if config.scope not in found.scopes:
-        raise value_error("global pruning ranks single entries: use method 'l1' or 'random'")
+    check_method_scope(found.name, config.scope, config.owner, OFFLINE)
     return Ranking(Magnitude(), Channels(config.axis, config.norm), config.amount, owner)
 
 

@@ -31,7 +31,7 @@ from prunekit.io.files import (
 from prunekit.io.options import Options, Unpack, config_of
 from prunekit.io.ranking import ranking, saved_mask
 from prunekit.whole.config import Config
-from prunekit.whole.targets import select_names
+from prunekit.whole.targets import select_names, tied_in_part
 
 __all__ = [
     "Entry",
@@ -87,7 +87,9 @@ def prune_state_dict(
         The new state_dict and the names pruned in it.
 
     Raises:
-        TypeError, ValueError: a bad argument, glob or tensor (nothing changed).
+        TypeError, ValueError: a bad argument, glob or tensor, or globs that select a tied
+            tensor (one tensor under several names) by some of its names only (nothing
+            changed).
     """
     return prune_config(state, config_of(OWNER, args, config, options), keep_masks, seed)
 
@@ -114,13 +116,14 @@ def prune_config(
 
     Raises:
         TypeError, ValueError: a method or pattern a state_dict cannot take, a bad glob
-            or tensor.
+            or tensor, globs that select a tied tensor by some of its names only.
     """
     rank = ranking(config)
     found = entries(state)
     targets = set(select_names(found, config.include, config.exclude))
     _refuse_stray_masks(found, targets)
     saved = {e.name: saved_mask(e) for e in found if e.mask is not None}
+    _refuse_ties_in_part(found, saved, targets, config.owner)
     chosen = [e for e in found if e.name in targets]
     first = tied_names(chosen, saved)
     with seeded(seed, OWNER):
@@ -175,6 +178,21 @@ def tied_names(chosen: Sequence[Entry], saved: Mapping[str, Tensor]) -> dict[str
     return first
 
 
+def _refuse_ties_in_part(
+    found: Sequence[Entry], saved: Mapping[str, Tensor], targets: Collection[str], owner: str
+) -> None:
+    """Raise if include/exclude select a tied tensor (see tied_names) by some of its names
+    only: pruned under those and kept under the others, its names would hold two tensors
+    (as prune_model refuses a tied Parameter selected by some of its names)."""
+    names: dict[str, list[str]] = {}
+    for name, first in tied_names(found, saved).items():
+        names.setdefault(first, []).append(name)
+    for tied in names.values():
+        picked = [name for name in tied if name in targets]
+        if picked and len(picked) < len(tied):
+            raise tied_in_part(tied, picked, owner, "one tensor")
+
+
 def prune_file(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -204,7 +222,8 @@ def prune_file(
         The new state_dict and the names pruned in it.
 
     Raises:
-        TypeError, ValueError: a bad argument, glob or tensor; CheckpointError: `out` is
+        TypeError, ValueError: a bad argument, glob or tensor, or globs that select a tied
+            tensor by some of its names only; CheckpointError: `out` is
             `path`, or a file that cannot be read or written (`out` left as it was).
     """
     refuse_empty_path("prune_file", "out", out)  # Path("") is ".": the current folder

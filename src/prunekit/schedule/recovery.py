@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -33,7 +32,7 @@ from prunekit.core.checks import (
     refuse_shared,
 )
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.nested import described, leaves
+from prunekit.core.nested import described, first_not_finite
 from prunekit.core.signature import takes_keyword
 from prunekit.core.transaction import transaction
 from prunekit.schedule.distill import (
@@ -188,7 +187,7 @@ def _run(
             if not bool(torch.isfinite(loss)):
                 # the first loss comes before any update: the lr is not its cause, nor is
                 # it where the batch itself holds NaN or inf
-                found = _not_finite(batch)
+                found = first_not_finite(batch)
                 cause = _FIRST if step == 0 else "a smaller lr"
                 if found is not None:
                     cause = f"batch {step % len(batches)} holds {found}: {_FIRST}"
@@ -263,22 +262,6 @@ def _teacher_error(
 def _dtypes(model: nn.Module) -> list[str]:
     """The floating dtypes of `model`'s parameters, as torch names them."""
     return sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
-
-
-def _not_finite(batch: Any) -> str | None:
-    """The first value of `batch`'s floating and complex tensors (``core.nested.leaves``)
-    that is NaN or inf, and where it is; None if there is none."""
-    for place, value in leaves(batch):
-        if not isinstance(value, torch.Tensor) or value.is_meta:
-            continue
-        if not (value.is_floating_point() or value.is_complex()):
-            continue
-        bad = ~torch.isfinite(value.detach())
-        if bool(bad.any()):
-            first = tuple(int(i) for i in bad.nonzero()[0])
-            where = f" of {place}" if place else ""
-            return f"{value.detach()[first].item()} at index {first}{where}"
-    return None
 
 
 def _forward(student: nn.Module, batch: Inputs, distiller: Distiller) -> Output:

@@ -27,7 +27,7 @@ from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
 from prunekit.whole.oneshot_plan import Loss
-from prunekit.whole.registry import CALIBRATED
+from prunekit.whole.registry import CALIBRATED, check_method_scope
 from prunekit.whole.targets import (
     ALL,
     Place,
@@ -212,11 +212,7 @@ def _plain_method(config: Config, group: Collective | None) -> tuple[type[Prunin
     """The registry's pruning method of `config` and the keyword arguments of its apply."""
     pruning = config.entry.pruning
     assert pruning is not None  # l1, random, ln: the registry's methods without data
-    if config.scope not in config.entry.scopes:
-        raise value_error(
-            f"{OWNER}: method={config.method!r} prunes whole channels of each tensor, so "
-            "scope must be 'layer'; for scope='global' use method 'l1' or 'random'"
-        )
+    check_method_scope(config.method, config.scope, OWNER)
     kwargs: dict[str, Any] = {"amount": config.amount}
     if pruning is LnStructured:
         kwargs.update(n=config.norm, dim=config.axis)

@@ -23,6 +23,7 @@ __all__ = [
     "OFFLINE",
     "SCOPES",
     "Method",
+    "check_method_scope",
     "check_scope",
     "check_settings",
     "default_pattern",
@@ -165,3 +166,37 @@ def check_settings(method: str, given: dict[str, object], owner: str) -> None:
             f"method={method!r}, which would ignore it; expected {name}=None (not given) "
             f"with method={method!r}, or method={' or '.join(takers)}"
         )
+
+
+def check_method_scope(
+    method: str, scope: str, owner: str, among: Iterable[str] | None = None
+) -> None:
+    """Refuse a `scope` (one of SCOPES) that `method` (one of METHODS) does not rank in:
+    'ln' ranks the channels of each tensor on its own, so only in scope 'layer'.
+
+    Args:
+        method: the method's name, known.
+        scope: the scope, checked (check_scope).
+        owner: the entry point the error names.
+        among: the methods the entry point takes (default: all), of which the error lists
+            those that rank in `scope`.
+
+    Raises:
+        ValueError: naming `owner`, the method, the scope, the scopes the method ranks in
+            and the methods that rank in `scope`.
+    """
+    entry = METHODS[method]
+    if scope in entry.scopes:
+        return
+    takers = [repr(m) for m in (METHODS if among is None else among) if scope in METHODS[m].scopes]
+    own = " or ".join(repr(s) for s in entry.scopes)
+    raise value_error(
+        f"{owner}: method={method!r} prunes {entry.summary}, each tensor on its own, so "
+        f"scope must be {own}, not scope={scope!r}; for scope={scope!r} use method "
+        f"{_either(takers)}"
+    )
+
+
+def _either(items: list[str]) -> str:
+    """``'a', 'b' or 'c'``."""
+    return items[-1] if len(items) < 2 else f"{', '.join(items[:-1])} or {items[-1]}"

@@ -32,6 +32,7 @@ __all__ = [
     "output_heads",
     "select_names",
     "select_targets",
+    "tied_in_part",
     "unpruned_name",
 ]
 
@@ -320,12 +321,27 @@ def select_targets(
             selected.append(f.target())
         elif any(hits):
             picked = [n for n, hit in zip(names, hits, strict=True) if hit]
-            raise value_error(
-                f"{owner}: {', '.join(map(repr, names))} are one Parameter (tied), but "
-                f"include/exclude select only {picked}; "
-                "expected globs that select all of its names or none"
-            )
+            raise tied_in_part(names, picked, owner, "one Parameter")
     return selected
+
+
+def tied_in_part(names: Sequence[str], picked: Sequence[str], owner: str, what: str) -> ValueError:
+    """The error for globs that select a tied tensor by some of its `names` only (`picked`):
+    pruned under those, kept under the rest, its names would no longer hold one tensor.
+
+    Args:
+        names: every name of the tensor.
+        picked: those include/exclude select.
+        owner: the entry point the error names.
+        what: what the names hold ('one Parameter', 'one tensor').
+
+    Returns:
+        The ValueError to raise, naming `owner`, every name and those selected.
+    """
+    return value_error(
+        f"{owner}: {', '.join(map(repr, names))} are {what} (tied), but include/exclude "
+        f"select only {list(picked)}; expected globs that select all of its names or none"
+    )
 
 
 def _walk(model: Any) -> tuple[list[_Found], list[Entry]]:
