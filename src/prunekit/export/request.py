@@ -7,12 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GGUF_QUANTIZED", "GGUF_TYPES", "ExportReport", "Request"]
+__all__ = ["GGUF_BLOCK", "GGUF_QUANTIZED", "GGUF_TYPES", "ExportReport", "Request"]
 
 GGUF_QUANTIZED = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 """The block-quantized GGUF tensor types written (those the ``gguf`` package quantizes in
 numpy: llama.cpp's legacy types, blocks of 32 values with a float16 scale), by the names
 `dtype` takes for them."""
+GGUF_BLOCK = 32
+"""The values in a block of every type of ``GGUF_QUANTIZED``: a matrix is quantized only
+where its rows are a multiple of it (else written F16)."""
 GGUF_TYPES = ("f32", "f16", "bf16", *GGUF_QUANTIZED)
 """The tensor types a GGUF file is written in, by the names `dtype` takes for them."""
 

@@ -115,7 +115,8 @@ def _pruning_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="keep MLP widths a multiple of N (default 1; 256 for deci, whose MLP widths "
-        "are multiples of 256, and which prunes no heads)",
+        "are multiples of 256, and which prunes no heads; 32 where the gguf format is "
+        "written in a quantized type, so that every matrix is quantized)",
     )
     parser.add_argument(
         "--distill",

@@ -38,7 +38,7 @@ from prunekit.core.errors import (
 )
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
-from prunekit.export.request import GGUF_QUANTIZED, GGUF_TYPES
+from prunekit.export.request import GGUF_BLOCK, GGUF_QUANTIZED, GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.structure.budget import AUTO, COUNTED, KINDS, Budget, BudgetReport
@@ -118,8 +118,11 @@ class ShrinkConfig:
             matrices are rounded to it before the perplexity after is measured, so that the
             perplexity is of the file's weights; every format written holds them.
         compensate: the least-squares update of the layers that read removed units.
-        round_to: channel widths kept a multiple of it (>= 1); None: 1, or 256 with the
-            ``deci`` format (whose readers derive MLP widths rounded to 256).
+        round_to: channel widths kept a multiple of it (>= 1); None: 256 with the ``deci``
+            format (whose readers derive MLP widths rounded to 256); else the block of a
+            quantized type the ``gguf`` format is written in (32: a matrix whose rows are
+            not a multiple of it could not be quantized, and would be written F16); else 1
+            (``channel_step``).
         distill: seconds of distillation from the dense model on the calibration text (0: none).
         calibration_tokens, evaluation_tokens: tokens of each (>= `length`). 16384 by
             default: SmolLM2-135M at 20 %, calibrated on a mixture of five kinds of text,
@@ -290,8 +293,19 @@ class ShrinkConfig:
         deci = "deci" in self.formats
         if self.kinds is None:
             object.__setattr__(self, "kinds", ("channels",) if deci else ("channels", "heads"))
-        if self.round_to is None:
-            object.__setattr__(self, "round_to", DECI_ROUND if deci else 1)
+        if self.round_to is None and deci:
+            object.__setattr__(self, "round_to", DECI_ROUND)
+
+    def channel_step(self, gguf: str | None) -> int:
+        """The multiple channel widths are kept at: `round_to`; where None, ``GGUF_BLOCK``
+        when the ``gguf`` format is written in a quantized type, else 1.
+
+        Args:
+            gguf: the ``gguf`` format's tensor type (``written_gguf_type``), or None.
+        """
+        if self.round_to is not None:
+            return self.round_to
+        return GGUF_BLOCK if gguf in GGUF_QUANTIZED else 1
 
     def _check_deci(self) -> None:
         rounded = (self.round_to or 1) % DECI_ROUND == 0
@@ -457,7 +471,8 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     window = {"input_ids": texts.calibration[0][None]}
     example = window if config.latency else {"input_ids": window["input_ids"][:, :_TRACED]}
     with clock("prune (budget)", 1):
-        measured.found = _prune(model, config, texts.calibration, example)
+        step = config.channel_step(gguf)
+        measured.found = _prune(model, config, texts.calibration, example, step)
     with clock("compact", 1):
         measured.compacted = _compact(model, example)
     _distil_and_measure(model, dense, texts, config, clock, measured)
@@ -761,9 +776,14 @@ def _probe(out: Path) -> None:
 
 
 def _prune(
-    model: nn.Module, config: ShrinkConfig, windows: list[Tensor], example: dict[str, Tensor]
+    model: nn.Module,
+    config: ShrinkConfig,
+    windows: list[Tensor],
+    example: dict[str, Tensor],
+    step: int,
 ) -> BudgetReport:
-    """Meet the budget: the units of least score for their cost, masked (and compensated)."""
+    """Meet the budget: the units of least score for their cost, masked (and compensated),
+    channel widths a multiple of `step`."""
     labels = config.criterion == "taylor"  # the one criterion that needs the model's loss
     batches = [{"input_ids": w[None], **({"labels": w[None]} if labels else {})} for w in windows]
     found = prune_channels(
@@ -773,7 +793,7 @@ def _prune(
         criterion=config.criterion,
         calibration=batches,
         compensate=config.compensate,
-        round_to=config.round_to or 1,
+        round_to=step,
     )
     assert isinstance(found, BudgetReport)
     return found
