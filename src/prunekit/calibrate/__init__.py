@@ -51,7 +51,7 @@ from prunekit.calibrate.gradients import (
     requiring_grad,
 )
 from prunekit.calibrate.reduce import Reduce, agree
-from prunekit.calibrate.statistics import InputStatistics, Stop, input_features
+from prunekit.calibrate.statistics import InputStatistics, Stop, called_twice, input_features
 
 __all__ = [
     "BlockCalls",
@@ -69,6 +69,7 @@ __all__ = [
     "cacheless",
     "calibrate",
     "called_as",
+    "called_twice",
     "calls_back",
     "capture_block_inputs",
     "evaluating",
