@@ -96,3 +96,95 @@ def test_prune_channels_names_a_layer_called_twice_by_its_path(options: dict[str
         r"calibration: module 'down' \(Linear\) was called more than once per batch",
         model=model,
     )
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+ENTRIES: dict[str, Any] = {
+    "prune_channels": lambda model, inputs: prunekit.prune_channels(model, inputs, 0.5),
+    "channel_groups": prunekit.channel_groups,
+    "compact": prunekit.compact,
+}
+
+WRONG: dict[str, tuple[Any, type[BaseException], str]] = {
+    "features": (torch.randn(3, 5), RuntimeError, r"mat1 and mat2 shapes cannot be multiplied"),
+    "dtype": (torch.ones(3, 4, dtype=torch.long), RuntimeError, r"mat1 and mat2 must have"),
+    "keyword": ({"y": torch.randn(3, 4)}, TypeError, r"got an unexpected keyword argument 'y'"),
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+@pytest.mark.parametrize("wrong", list(WRONG))
+def test_example_inputs_the_model_cannot_take_are_named_with_the_model_s_error(
+    entry: str, wrong: str
+) -> None:
+    model = mlp()
+    inputs, kind, said = WRONG[wrong]
+    error = refused(
+        lambda: ENTRIES[entry](model, inputs),
+        ValueError,
+        rf"^{entry}: the model cannot take example_inputs: {kind.__name__}: .*{said}.*; "
+        r"expected example_inputs the model's forward accepts",
+        model=model,
+    )
+    assert isinstance(error.__cause__, kind)
+
+
+def test_the_model_s_own_error_on_example_inputs_is_named_so() -> None:
+    class Picky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] < 2:
+                raise ValueError("two rows at least")
+            return self.a(x)
+
+    model = Picky()
+    error = refused(
+        lambda: prunekit.channel_groups(model, torch.randn(1, 4)),
+        ValueError,
+        r"^channel_groups: the model cannot take example_inputs: ValueError: two rows at least",
+        model=model,
+    )
+    assert isinstance(error.__cause__, ValueError)
+
+
+def test_a_bug_in_a_graph_handler_is_not_blamed_on_the_example_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prunekit.structure.graph.tables import HANDLERS
+
+    def broken(*args: Any) -> None:
+        raise ZeroDivisionError("a bug in a handler")
+
+    monkeypatch.setitem(HANDLERS.ops, "relu", broken)
+    model = mlp()
+    refused(
+        lambda: prunekit.prune_channels(model, torch.randn(3, 4), 0.5),
+        ZeroDivisionError,
+        "a bug in a handler",
+        model=model,
+    )
+
+
+def test_a_bug_in_the_tracer_s_hooks_is_not_blamed_on_the_example_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prunekit.structure.trace import tracer
+
+    def broken(*args: Any) -> None:
+        raise ZeroDivisionError("a bug in an op's inputs")
+
+    monkeypatch.setattr(tracer, "_inputs", broken)
+    model = mlp()
+    refused(
+        lambda: prunekit.channel_groups(model, torch.randn(3, 4)),
+        ZeroDivisionError,
+        "a bug in an op's inputs",
+        model=model,
+    )

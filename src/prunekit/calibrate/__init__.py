@@ -26,8 +26,10 @@ from prunekit.calibrate.batches import (
     batch_list,
     calls_back,
     evaluating,
+    example_error,
     is_callers,
     run_batch,
+    runs_op,
 )
 from prunekit.calibrate.block_inputs import (
     BlockCalls,
@@ -73,6 +75,7 @@ __all__ = [
     "calls_back",
     "capture_block_inputs",
     "evaluating",
+    "example_error",
     "gradient_targets",
     "gradients",
     "input_features",
@@ -84,5 +87,6 @@ __all__ = [
     "requiring_grad",
     "run_batch",
     "run_block",
+    "runs_op",
     "with_hidden",
 ]

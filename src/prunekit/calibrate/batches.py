@@ -104,6 +104,21 @@ def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
     return found
 
 
+def example_error(owner: str, error: Exception) -> Exception:
+    """The error to raise for `error`, met running the model on `owner`'s example_inputs
+    (a trace of its forward): as ``batch_error`` decides, an error prunekit explained
+    already or one raised in prunekit's own code (a bug) as it is; else the caller's model
+    is named as the one that failed, `error` the cause."""
+    if not is_callers(error):
+        return error
+    found = value_error(
+        f"{owner}: the model cannot take example_inputs: {type(error).__name__}: {error}; "
+        "expected example_inputs the model's forward accepts"
+    )
+    found.__cause__ = error
+    return found
+
+
 def is_callers(error: BaseException) -> bool:
     """Whether `error`, met running the caller's model, is the caller's to be told of in
     words of the caller's input: neither explained by prunekit already nor raised in
@@ -127,6 +142,20 @@ def calls_back(function: Callable[..., Any]) -> None:
     _THROUGH.add(function.__code__)
 
 
+_OPS: set[CodeType] = set()
+
+
+"""The code of prunekit's functions that run one op the model called, as it called it (a
+torch function mode handing the op on to torch): an error raised in them is the op's."""
+
+
+def runs_op(function: Callable[..., Any]) -> None:
+    """Mark `function` as running one op of the model's, and nothing else: an error raised
+    in it (by torch, on the model's own arguments) is the model's, not prunekit's, and so
+    is one passing through the code that called it there."""
+    _OPS.add(function.__code__)
+
+
 def _raised_by_prunekit(error: BaseException) -> bool:
     """Whether `error` came from prunekit's own code run inside the model's call (a hook of
     prunekit's, torch calling back into it) rather than from the caller's model or loss."""
@@ -134,8 +163,12 @@ def _raised_by_prunekit(error: BaseException) -> bool:
     trace = error.__traceback__
     while trace is not None:
         code = trace.tb_frame.f_code
-        if code in _THROUGH and trace.tb_next is not None:
-            trace = trace.tb_next  # passed through on its way into the model
+        further = trace.tb_next
+        if code in _OPS or (further is not None and code in _THROUGH):
+            trace = further  # passed through on its way into the model, or the model's op
+            continue
+        if further is not None and further.tb_frame.f_code in _OPS:
+            trace = further  # handed the model's op on to torch
             continue
         ours = os.path.abspath(code.co_filename).startswith(_PACKAGE)
         if ours and left:
