@@ -188,3 +188,39 @@ def test_a_bug_in_the_tracer_s_hooks_is_not_blamed_on_the_example_inputs(
         "a bug in an op's inputs",
         model=model,
     )
+
+
+LOSSES: dict[str, tuple[Any, str]] = {
+    "not-a-scalar": (
+        lambda output, batch: output,
+        r"calibration: loss\(output, batch\) returned a tensor of shape \(3, 2\) on batch 0; "
+        r"expected loss to return a scalar floating tensor",
+    ),
+    "not-finite": (
+        lambda output, batch: output.sum() * float("nan"),
+        r"calibration: loss\(output, batch\) is nan on batch 0, with finite parameters and "
+        r"inputs; expected a finite loss",
+    ),
+    "raises": (
+        lambda output, batch: output["labels"],
+        r"calibration: the loss raised on batch 0: IndexError: .*; expected loss\(output, "
+        r"batch\) to return a scalar tensor",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(LOSSES))
+@pytest.mark.parametrize("entry", ["prune_model", "prune_channels"])
+def test_a_loss_that_fails_is_named_with_the_entry_point(entry: str, case: str) -> None:
+    model = mlp()
+    x = torch.randn(3, 4)
+    loss, said = LOSSES[case]
+    if entry == "prune_model":
+        call = lambda: prunekit.prune_model(  # noqa: E731
+            model, 0.5, method="taylor", calibration=[x], loss=loss
+        )
+    else:
+        call = lambda: prunekit.prune_channels(  # noqa: E731
+            model, x, 0.5, criterion="taylor", calibration=[x], loss=loss
+        )
+    refused(call, ValueError, rf"^{entry}: {said}", model=model)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from prunekit.core import nested
 from prunekit.core.checks import check_kind
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import type_error, value_error, with_context
 
 
 def run_batch(model: nn.Module, batch: Any) -> Any:
@@ -44,9 +44,10 @@ def evaluating(model: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
-def _check_loss(value: Any, index: int) -> None:
+def _check_loss(value: Any, index: int, owner: str) -> None:
     """Raise unless `value`, what the caller's loss returned on batch `index`, is a tensor
-    a gradient can flow back from: one floating element, computed from the model."""
+    a gradient can flow back from: one floating element, computed from the model. The
+    error names `owner`, the entry point whose calibration it is."""
     if not isinstance(value, Tensor):
         found = f"a {type(value).__name__} ({value!r:.60})"
     elif value.numel() != 1:
@@ -60,34 +61,38 @@ def _check_loss(value: Any, index: int) -> None:
     else:
         return
     raise value_error(
-        f"calibration: loss(output, batch) returned {found} on batch {index}; expected "
+        f"{owner}: calibration: loss(output, batch) returned {found} on batch {index}; expected "
         "loss to return a scalar floating tensor that requires grad (computed from the "
         "model's output)"
     )
 
 
-def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) -> None:
+def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any, owner: str) -> None:
     """Raise if the loss on batch `index` is NaN or infinite while the model's parameters and
     the batch are finite (a complex value when both its parts are: the rule of
     core.nested.first_not_finite, which recover's check of a batch follows too): the loss is
     then the cause, and its gradients would make every score unrankable. Where they are not
-    finite, the scores' own check names the tensor."""
+    finite, the scores' own check names the tensor. The error names `owner`."""
     if bool(torch.isfinite(value.detach()).all()):
         return
     params = [p for p in model.parameters() if nested.is_numeric(p)]
     finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
     if finite and nested.first_not_finite(batch) is None:
         raise value_error(
-            f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
+            f"{owner}: calibration: loss(output, batch) is {float(value.detach())} on batch "
+            f"{index}, "
             "with finite parameters and inputs; expected a finite loss (its gradients would "
             "make every score unrankable)"
         )
 
 
-def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
+def batch_error(
+    index: int, error: Exception, what: str = "model", owner: str | None = None
+) -> Exception:
     """The error to raise for `error`, met on batch `index`: an error prunekit explained
     already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
-    else the caller's `what` ('model' or 'loss') is named as the one that failed."""
+    else the caller's `what` ('model' or 'loss') is named as the one that failed, after
+    `owner` (the entry point whose calibration it is) where given."""
     if not is_callers(error):
         return error
     if what == "loss":
@@ -100,6 +105,8 @@ def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
             f"calibration: the model cannot take batch {index}: {type(error).__name__}: "
             f"{error}; expected batches the model's forward accepts"
         )
+    if owner is not None:
+        found = with_context(found, owner)
     found.__cause__ = error
     return found
 

@@ -107,7 +107,7 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
 
     failed = None
     try:
-        cal.gradients(model, plan.batches, params, loss, step)
+        cal.gradients(model, plan.batches, params, loss, step, owner=plan.config.owner)
     except Exception as error:
         if plan.reduce is None:
             raise
