@@ -224,3 +224,18 @@ def test_a_loss_that_fails_is_named_with_the_entry_point(entry: str, case: str) 
             model, x, 0.5, criterion="taylor", calibration=[x], loss=loss
         )
     refused(call, ValueError, rf"^{entry}: {said}", model=model)
+
+
+def test_an_error_of_the_tracer_itself_is_not_blamed_on_the_example_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A TypeError raised in prunekit's code before the model is called (one of its
+    functions called with the wrong arguments; no frame of the test's in between)."""
+    from prunekit.structure.trace import tracer
+
+    monkeypatch.setattr(tracer, "tensor_owners", tracer.compressed)
+    refused(
+        lambda: prunekit.channel_groups(mlp(), torch.randn(3, 4)),
+        TypeError,
+        r"^compressed\(\) takes 1 positional argument but 2 were given$",
+    )

@@ -115,8 +115,10 @@ def example_error(owner: str, error: Exception) -> Exception:
     """The error to raise for `error`, met running the model on `owner`'s example_inputs
     (a trace of its forward): as ``batch_error`` decides, an error prunekit explained
     already or one raised in prunekit's own code (a bug) as it is; else the caller's model
-    is named as the one that failed, `error` the cause."""
-    if not is_callers(error):
+    is named as the one that failed, `error` the cause. An error that never left
+    prunekit's code (raised before the model was called, or after it returned) is
+    prunekit's too."""
+    if not is_callers(error) or not _entered_other_code(error):
         return error
     found = value_error(
         f"{owner}: the model cannot take example_inputs: {type(error).__name__}: {error}; "
@@ -161,6 +163,18 @@ def runs_op(function: Callable[..., Any]) -> None:
     in it (by torch, on the model's own arguments) is the model's, not prunekit's, and so
     is one passing through the code that called it there."""
     _OPS.add(function.__code__)
+
+
+def _entered_other_code(error: BaseException) -> bool:
+    """Whether the traceback of `error` reaches code other than prunekit's (the model's,
+    torch's), or the model's op (`runs_op`): else prunekit's own code raised it."""
+    trace = error.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code in _OPS or not os.path.abspath(code.co_filename).startswith(_PACKAGE):
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _raised_by_prunekit(error: BaseException) -> bool:
