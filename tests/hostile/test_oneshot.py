@@ -207,22 +207,25 @@ class Twice(nn.Module):
         return self.head(x)
 
 
+@pytest.mark.parametrize("sequential", [True, "layers"])
 @pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
 @pytest.mark.parametrize("which", [0, 1], ids=["first-block", "last-block"])
 @pytest.mark.parametrize("where", ["in-a-row", "after-another"])
 def test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer(
-    where: str, which: int, method: str
+    where: str, which: int, method: str, sequential: bool | str
 ) -> None:
     """sequential=True (and False) refuse a calibrated layer run twice in one forward;
-    'layers' calibrated it on its first call alone, silently: its runs stop at their group."""
+    'layers' calibrated it on its first call alone, silently: its runs stop at their group.
+    Either names the layer by its path in the model."""
     torch.manual_seed(0)
     model = Twice(where, which)
     refused(
         lambda: prunekit.prune_model(
-            model, 0.5, method=method, sequential="layers", calibration=[torch.randn(4, 8)]
+            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
         ),
         ValueError,
-        r"^calibration: Linear was called more than once per batch",
+        rf"^calibration: module 'layers\.{which}\.up' \(Linear\) was called more than once "
+        "per batch",
         model=model,
     )
     model = Twice("once", which)  # the same model calling each layer once is pruned

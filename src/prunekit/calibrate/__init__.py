@@ -26,8 +26,10 @@ from prunekit.calibrate.batches import (
     batch_list,
     calls_back,
     evaluating,
+    example_error,
     is_callers,
     run_batch,
+    runs_op,
 )
 from prunekit.calibrate.block_inputs import (
     BlockCalls,
@@ -51,7 +53,7 @@ from prunekit.calibrate.gradients import (
     requiring_grad,
 )
 from prunekit.calibrate.reduce import Reduce, agree
-from prunekit.calibrate.statistics import InputStatistics, Stop, input_features
+from prunekit.calibrate.statistics import InputStatistics, Stop, called_twice, input_features
 
 __all__ = [
     "BlockCalls",
@@ -69,9 +71,11 @@ __all__ = [
     "cacheless",
     "calibrate",
     "called_as",
+    "called_twice",
     "calls_back",
     "capture_block_inputs",
     "evaluating",
+    "example_error",
     "gradient_targets",
     "gradients",
     "input_features",
@@ -83,5 +87,6 @@ __all__ = [
     "requiring_grad",
     "run_batch",
     "run_block",
+    "runs_op",
     "with_hidden",
 ]

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from prunekit.core import nested
 from prunekit.core.checks import check_kind
-from prunekit.core.errors import type_error, value_error
+from prunekit.core.errors import type_error, value_error, with_context
 
 
 def run_batch(model: nn.Module, batch: Any) -> Any:
@@ -44,9 +44,10 @@ def evaluating(model: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
-def _check_loss(value: Any, index: int) -> None:
+def _check_loss(value: Any, index: int, owner: str) -> None:
     """Raise unless `value`, what the caller's loss returned on batch `index`, is a tensor
-    a gradient can flow back from: one floating element, computed from the model."""
+    a gradient can flow back from: one floating element, computed from the model. The
+    error names `owner`, the entry point whose calibration it is."""
     if not isinstance(value, Tensor):
         found = f"a {type(value).__name__} ({value!r:.60})"
     elif value.numel() != 1:
@@ -60,34 +61,38 @@ def _check_loss(value: Any, index: int) -> None:
     else:
         return
     raise value_error(
-        f"calibration: loss(output, batch) returned {found} on batch {index}; expected "
+        f"{owner}: calibration: loss(output, batch) returned {found} on batch {index}; expected "
         "loss to return a scalar floating tensor that requires grad (computed from the "
         "model's output)"
     )
 
 
-def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any) -> None:
+def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any, owner: str) -> None:
     """Raise if the loss on batch `index` is NaN or infinite while the model's parameters and
     the batch are finite (a complex value when both its parts are: the rule of
     core.nested.first_not_finite, which recover's check of a batch follows too): the loss is
     then the cause, and its gradients would make every score unrankable. Where they are not
-    finite, the scores' own check names the tensor."""
+    finite, the scores' own check names the tensor. The error names `owner`."""
     if bool(torch.isfinite(value.detach()).all()):
         return
     params = [p for p in model.parameters() if nested.is_numeric(p)]
     finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
     if finite and nested.first_not_finite(batch) is None:
         raise value_error(
-            f"calibration: loss(output, batch) is {float(value.detach())} on batch {index}, "
+            f"{owner}: calibration: loss(output, batch) is {float(value.detach())} on batch "
+            f"{index}, "
             "with finite parameters and inputs; expected a finite loss (its gradients would "
             "make every score unrankable)"
         )
 
 
-def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
+def batch_error(
+    index: int, error: Exception, what: str = "model", owner: str | None = None
+) -> Exception:
     """The error to raise for `error`, met on batch `index`: an error prunekit explained
     already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
-    else the caller's `what` ('model' or 'loss') is named as the one that failed."""
+    else the caller's `what` ('model' or 'loss') is named as the one that failed, after
+    `owner` (the entry point whose calibration it is) where given."""
     if not is_callers(error):
         return error
     if what == "loss":
@@ -100,6 +105,25 @@ def batch_error(index: int, error: Exception, what: str = "model") -> Exception:
             f"calibration: the model cannot take batch {index}: {type(error).__name__}: "
             f"{error}; expected batches the model's forward accepts"
         )
+    if owner is not None:
+        found = with_context(found, owner)
+    found.__cause__ = error
+    return found
+
+
+def example_error(owner: str, error: Exception) -> Exception:
+    """The error to raise for `error`, met running the model on `owner`'s example_inputs
+    (a trace of its forward): as ``batch_error`` decides, an error prunekit explained
+    already or one raised in prunekit's own code (a bug) as it is; else the caller's model
+    is named as the one that failed, `error` the cause. An error that never left
+    prunekit's code (raised before the model was called, or after it returned) is
+    prunekit's too."""
+    if not is_callers(error) or not _entered_other_code(error):
+        return error
+    found = value_error(
+        f"{owner}: the model cannot take example_inputs: {type(error).__name__}: {error}; "
+        "expected example_inputs the model's forward accepts"
+    )
     found.__cause__ = error
     return found
 
@@ -127,6 +151,32 @@ def calls_back(function: Callable[..., Any]) -> None:
     _THROUGH.add(function.__code__)
 
 
+_OPS: set[CodeType] = set()
+
+
+"""The code of prunekit's functions that run one op the model called, as it called it (a
+torch function mode handing the op on to torch): an error raised in them is the op's."""
+
+
+def runs_op(function: Callable[..., Any]) -> None:
+    """Mark `function` as running one op of the model's, and nothing else: an error raised
+    in it (by torch, on the model's own arguments) is the model's, not prunekit's, and so
+    is one passing through the code that called it there."""
+    _OPS.add(function.__code__)
+
+
+def _entered_other_code(error: BaseException) -> bool:
+    """Whether the traceback of `error` reaches code other than prunekit's (the model's,
+    torch's), or the model's op (`runs_op`): else prunekit's own code raised it."""
+    trace = error.__traceback__
+    while trace is not None:
+        code = trace.tb_frame.f_code
+        if code in _OPS or not os.path.abspath(code.co_filename).startswith(_PACKAGE):
+            return True
+        trace = trace.tb_next
+    return False
+
+
 def _raised_by_prunekit(error: BaseException) -> bool:
     """Whether `error` came from prunekit's own code run inside the model's call (a hook of
     prunekit's, torch calling back into it) rather than from the caller's model or loss."""
@@ -134,8 +184,12 @@ def _raised_by_prunekit(error: BaseException) -> bool:
     trace = error.__traceback__
     while trace is not None:
         code = trace.tb_frame.f_code
-        if code in _THROUGH and trace.tb_next is not None:
-            trace = trace.tb_next  # passed through on its way into the model
+        further = trace.tb_next
+        if code in _OPS or (further is not None and code in _THROUGH):
+            trace = further  # passed through on its way into the model, or the model's op
+            continue
+        if further is not None and further.tb_frame.f_code in _OPS:
+            trace = further  # handed the model's op on to torch
             continue
         ours = os.path.abspath(code.co_filename).startswith(_PACKAGE)
         if ours and left:

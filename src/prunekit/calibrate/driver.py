@@ -3,7 +3,7 @@ or one block at a time, reduced over ranks where asked."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +26,15 @@ class Wanted:
     patches: bool = False
     equal: bool = False  # rows weighed by their size (InputStatistics' `equal`)
 
-    def gather(self, modules: Sequence[nn.Module], *, early: bool = False) -> InputStatistics:
+    def gather(
+        self,
+        modules: Sequence[nn.Module],
+        *,
+        early: bool = False,
+        names: Mapping[nn.Module, str] | None = None,
+    ) -> InputStatistics:
         """Statistics of these kinds for `modules`, gathered while the returned context is
-        entered (`early`: see InputStatistics)."""
+        entered (`early`, `names`: see InputStatistics)."""
         return InputStatistics(
             modules,
             norms=self.norms,
@@ -37,6 +43,7 @@ class Wanted:
             patches=self.patches,
             early=early,
             equal=self.equal,
+            names=names,
         )
 
 
@@ -48,12 +55,17 @@ def calibrate(
     *,
     reduce: Reduce | None = None,
     numbers: Sequence[int] | None = None,
+    names: Mapping[nn.Module, str] | None = None,
 ) -> InputStatistics:
     """One pass of the whole model over `batches`, the `wanted` statistics for `modules`
     (with `reduce`: of every rank's batches). After the first batch, each run ends once
     every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
-    index in the caller's calibration (an error names it), where a subset is run."""
-    with evaluating(model), torch.no_grad(), wanted.gather(modules, early=True) as stats:
+    index in the caller's calibration (an error names it), where a subset is run. `names`:
+    each module's path, which an error names (default: its path in `model`)."""
+    if names is None:
+        names = {m: path for path, m in model.named_modules()}
+    gather = wanted.gather(modules, early=True, names=names)
+    with evaluating(model), torch.no_grad(), gather as stats:
         run = lambda batch: run_batch(model, batch)  # noqa: E731
         failed = _run_each(stats, batches, run, reduce, numbers)
     return _finish(stats, reduce, failed)
@@ -68,13 +80,15 @@ def block_statistics(
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
     numbers: Sequence[int] | None = None,
+    names: Mapping[nn.Module, str] | None = None,
 ) -> InputStatistics:
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
     before (the block is not run then), is raised here once every rank has learnt of it.
     After the first input, each run ends once every module has taken its input. `numbers`:
-    each input's batch index in the calibration (an error names it), where a subset runs."""
-    with wanted.gather(modules, early=True) as stats:
+    each input's batch index in the calibration (an error names it), where a subset runs.
+    `names`: each module's path in the whole model, which an error names (else its class)."""
+    with wanted.gather(modules, early=True, names=names) as stats:
         if failed is None:
 
             def run(call: Inputs) -> object:

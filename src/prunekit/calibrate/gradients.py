@@ -28,12 +28,13 @@ def gradients(
     loss: Callable[[Any, Any], Tensor],
     step: Callable[[int, Tensor, Tensor], None],
     *,
+    owner: str,
     end_batch: Callable[[], None] | None = None,
 ) -> None:
     """Backward of `loss` for each batch; for each of `params` (a Parameter and a function
     giving the tensor it stands for), ``step(i, values, grad)``, then ``end_batch()``.
     Only `params` get gradients; every requires_grad flag and .grad is as before
-    afterwards."""
+    afterwards. An error of the loss names `owner`, the entry point calibrating."""
     wanted = [p for p, _ in params]
     with requiring_grad(model, wanted, restore_grads=True), evaluating(model), torch.enable_grad():
         for index, batch in enumerate(batches):
@@ -44,9 +45,9 @@ def gradients(
             try:
                 value = loss(output, batch)
             except Exception as error:
-                raise batch_error(index, error, "loss")  # noqa: B904 (the cause is set on a new error)
-            _check_loss(value, index)
-            _check_finite_loss(value, index, model, batch)
+                raise batch_error(index, error, "loss", owner)  # noqa: B904 (its cause is set)
+            _check_loss(value, index, owner)
+            _check_finite_loss(value, index, model, batch, owner)
             value.backward()  # type: ignore[no-untyped-call]
             for i, (p, current) in enumerate(params):
                 if p.grad is not None:

@@ -4,7 +4,7 @@ share one accumulator."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -132,6 +132,23 @@ class Stop(Exception):
     code that started the forward catches it."""
 
 
+def named(module: nn.Module, names: Mapping[nn.Module, str] | None) -> str:
+    """How a calibration error names `module`: ``module 'a.b' (Linear)`` where `names` (each
+    module's path in the model) holds it, else its class."""
+    path = None if names is None else names.get(module)
+    kind = type(module).__name__
+    return kind if path is None else f"module {path or '(the model)'!r} ({kind})"
+
+
+def called_twice(module: nn.Module, names: Mapping[nn.Module, str] | None) -> ValueError:
+    """The error for a calibrated `module` run on a second input in one forward."""
+    return value_error(
+        f"calibration: {named(module, names)} was called more than once per batch (the "
+        "same module run on two inputs in one forward); expected each calibrated layer to "
+        "run once per forward: exclude it, or give each use its own module"
+    )
+
+
 class InputStatistics:
     """Forward pre-hooks on `modules` that accumulate their inputs' statistics: `norms` (the
     L2 norm of each input feature, for Wanda) and/or `hessian` (the mean of X^T X over the
@@ -146,7 +163,10 @@ class InputStatistics:
     called every module (once each: a second call is refused), each later batch raises
     `Stop` as soon as every module has taken its input, before the last one computes and
     before whatever the model runs after it. The statistics are those of the whole run; a
-    run whose code swallows `Stop` goes on and takes nothing more in that batch."""
+    run whose code swallows `Stop` goes on and takes nothing more in that batch.
+
+    `names`: each module's path in the model, which an error about a module names (else
+    its class)."""
 
     def __init__(
         self,
@@ -158,8 +178,10 @@ class InputStatistics:
         patches: bool = False,
         early: bool = False,
         equal: bool = False,
+        names: Mapping[nn.Module, str] | None = None,
     ) -> None:
         self.modules = list(modules)
+        self.names = names
         self._want = (norms, hessian, means)
         self._equal = equal
         self._patches = patches
@@ -234,15 +256,10 @@ class InputStatistics:
             return  # another Linear of the group saw this input already
         elif acc.last is not None:
             if not any(a is acc for m, a in self._of.items() if m is not module):
-                raise value_error(
-                    f"calibration: {type(module).__name__} was called more than once per "
-                    "batch (the same module run on two inputs in one forward); expected "
-                    "each calibrated layer to run once per forward: "
-                    "exclude it, or give each use its own module"
-                )
+                raise called_twice(module, self.names)
             raise value_error(
-                f"calibration: {type(module).__name__} shared its input with another layer "
-                "in the first batch but not in this one; expected each batch to run the "
+                f"calibration: {named(module, self.names)} shared its input with another "
+                "layer in the first batch but not in this one; expected each batch to run the "
                 "model the same way"
             )
         acc.add(self._features(module, x))

@@ -26,7 +26,7 @@ first input that calls a member, and each later run stops at the first member it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +35,6 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
-from prunekit.core.errors import value_error
 
 __all__ = ["GroupedRuns"]
 
@@ -79,7 +78,8 @@ class GroupedRuns:
     """Runs of `block` on `inputs` (the arguments of each call, as
     calibration.capture_block_inputs gives them) for its `targets`, a group at a time;
     inside ``with``, where the submodules holding a target have their forward wrapped.
-    `numbers`: the calibration batch of each input, as errors name it (default: its index)."""
+    `numbers`: the calibration batch of each input, as errors name it (default: its index).
+    `names`: each module's path in the whole model, which an error names (else its class)."""
 
     def __init__(
         self,
@@ -88,8 +88,10 @@ class GroupedRuns:
         targets: Sequence[nn.Module],
         wanted: cal.Wanted,
         numbers: Sequence[int] | None = None,
+        names: Mapping[nn.Module, str] | None = None,
     ) -> None:
         self.block = block
+        self.names = names
         self.inputs = list(inputs)
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
         self.wanted = wanted
@@ -125,12 +127,7 @@ class GroupedRuns:
                 return forward(*args, **kwargs)
             if id(module) in self._targets:
                 if id(module) in run.called:  # as InputStatistics refuses it (True, False)
-                    raise value_error(
-                        f"calibration: {type(module).__name__} was called more than once per "
-                        "batch (the same module run on two inputs in one forward); expected "
-                        "each calibrated layer to run once per forward: "
-                        "exclude it, or give each use its own module"
-                    )
+                    raise cal.called_twice(module, self.names)
                 run.called.add(id(module))
             found = None
             if run.at < len(run.replay) and run.replay[run.at].module is module:
@@ -187,7 +184,8 @@ class GroupedRuns:
 
         handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
         try:
-            with self.wanted.gather([]) as stats:  # hooked here, not by `stats`
+            gather = self.wanted.gather([], names=self.names)
+            with gather as stats:  # hooked here, not by `stats`
                 for index in range(len(self.inputs)):
                     stats.new_batch()
                     self._once(index, keep=True)

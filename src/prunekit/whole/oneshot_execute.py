@@ -107,7 +107,7 @@ def _taylor(model: nn.Module, plan: Plan) -> dict[tuple[int, str], Tensor]:
 
     failed = None
     try:
-        cal.gradients(model, plan.batches, params, loss, step)
+        cal.gradients(model, plan.batches, params, loss, step, owner=plan.config.owner)
     except Exception as error:
         if plan.reduce is None:
             raise
@@ -150,14 +150,14 @@ def _calibrate_all(model: nn.Module, plan: Plan, bar: Progress) -> None:
     want = wanted(plan)
     reduce = plan.reduce
     if plan.config.scope == "global":
-        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce, names=plan.paths)
         for module, name in plan.targets:
             _check_seen(plan, stats, module, name)
         norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce, names=plan.paths)
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
@@ -201,7 +201,7 @@ def _by_blocks(
             if here:
                 mods = [_reader(t) for t in here]
                 stats = cal.block_statistics(
-                    block, inputs, mods, want, reduce=reduce, failed=pending
+                    block, inputs, mods, want, reduce=reduce, failed=pending, names=plan.paths
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
@@ -218,7 +218,7 @@ def _by_blocks(
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
         mods = [_reader(t) for t in rest]
-        stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce)
+        stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce, names=plan.paths)
         _prune_layers(plan, rest, stats, bar)
 
 
@@ -246,7 +246,9 @@ def prune_block(
         if targets and plan.config.sequential == "layers":
             return _by_groups(plan, block, inputs, targets, want, bar, more)
         if targets:
-            stats = cal.block_statistics(block, inputs, [_reader(t) for t in targets], want)
+            stats = cal.block_statistics(
+                block, inputs, [_reader(t) for t in targets], want, names=plan.paths
+            )
             _prune_layers(plan, targets, stats, bar)
             del stats
         return cal.next_inputs(block, inputs) if more else []
@@ -268,7 +270,8 @@ def _by_groups(
     block's inputs, if there is `more` to calibrate (else none)."""
     left = list(targets)
     trim()  # the runs of the block before: their pages, not kept beside this block's
-    with GroupedRuns(block, inputs, [_reader(t) for t in targets], wanted) as runs:
+    readers = [_reader(t) for t in targets]
+    with GroupedRuns(block, inputs, readers, wanted, names=plan.paths) as runs:
         while left:
             stats, group = runs.next_group([_reader(t) for t in left])
             if not group:

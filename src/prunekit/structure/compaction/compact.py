@@ -154,8 +154,9 @@ def compact(
     Raises:
         TypeError: `model` is no torch module, or `example_inputs` none of the three forms.
         ValueError: `tolerance` or `latency_runs` is out of range, a tensor of `model` is
-            on the meta device (no values), `example_inputs` is empty, or the masked model
-            computes NaN on it (nothing to check the compacted one against).
+            on the meta device (no values), `example_inputs` is empty or the model's forward
+            fails on it (the model's error its cause), or the masked model computes NaN on
+            it (nothing to check the compacted one against).
         RuntimeError: the compacted model's outputs differ beyond `tolerance`; the model is
             then restored as it was.
     """

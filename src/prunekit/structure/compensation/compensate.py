@@ -291,7 +291,8 @@ def _block(
     weighted = [m for m in block.modules() if m is not block and bool(m._parameters)]
     folds = tuning.folds(inputs)
     with contextlib.ExitStack() as stack:
-        runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers))
+        paths = {m: names[id(m)] for m in weighted if id(m) in names}  # as errors name them
+        runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers, paths))
                 for part, numbers in folds]  # fmt: skip
         for one in here:
             measures = [functools.partial(_grouped, r) for r in runs]

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from prunekit.calibrate.batches import example_error
 from prunekit.core.errors import value_error
 from prunekit.core.example_inputs import ExampleInputs
 from prunekit.structure.graph.grouping import build_groups
@@ -52,7 +53,8 @@ def channel_groups(model: nn.Module, example_inputs: ExampleInputs, *, gqa: str 
         TypeError: `model` is no ``torch.nn.Module``, or `example_inputs` is none of a
             tensor, a tuple or a dict.
         ValueError: `gqa` is neither ``'query'`` nor ``'group'``, or `example_inputs` is
-            empty (its first tensor has no entry).
+            empty (its first tensor has no entry), or the model's forward fails on it (the
+            model's error its cause).
     """
     check_model(model, "channel_groups")
     check_gqa(gqa, "channel_groups")
@@ -72,7 +74,10 @@ def traced_groups(model: nn.Module, example_inputs: Any, gqa: str, owner: str) -
             f"{tuple(first.shape)}), so no channel reaches any layer to be traced; expected "
             "inputs with at least one sample"
         )
-    tracer, _ = run_traced(model, args, kwargs, HANDLERS, {"gqa": gqa})
+    try:
+        tracer, _ = run_traced(model, args, kwargs, HANDLERS, {"gqa": gqa})
+    except Exception as error:  # the model's own error, named so; a bug of prunekit's as it is
+        raise example_error(owner, error)  # noqa: B904 (the cause is set on a new error)
     return build_groups(tracer)
 
 

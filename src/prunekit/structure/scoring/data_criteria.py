@@ -147,7 +147,7 @@ def _from_batches(
             batch[id(g)] += per_unit(s, product, g.size)
 
     params = cal.gradient_targets(tensors)
-    cal.gradients(model, batches, params, loss, step, end_batch=close_batch)
+    cal.gradients(model, batches, params, loss, step, owner="prune_channels", end_batch=close_batch)
     return totals
 
 

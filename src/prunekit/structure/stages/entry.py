@@ -65,7 +65,8 @@ def prune_channels(
         ``BudgetReport``.
 
     Raises:
-        ValueError: a tensor of `model` on the meta device (no values), an option out of
+        ValueError: a tensor of `model` on the meta device (no values), `example_inputs`
+            the model's forward fails on (the model's error its cause), an option out of
             range or in conflict with another (``ChannelConfig``),
             a kind of group the model does not have, a budget that cannot be met, a
             criterion's scores of the wrong shape, not finite, or below 0 under a budget or

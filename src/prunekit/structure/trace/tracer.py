@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from prunekit.calibrate.batches import runs_op
 from prunekit.core.checks import is_attention_out_proj
 from prunekit.structure.trace.labels import along, channel_ids, core, varying
 from prunekit.structure.trace.skim import REAL_OUTPUT, Blind, Fakes, autocast
@@ -527,7 +528,7 @@ class _Mode(TorchFunctionMode):
             name = _NAMES[func] = op_name(func)
         fakes, inputs = tr.fakes, None
         if fakes is None or name in _NO_FAKES:
-            out = func(*args, **kwargs)
+            out = _model_op(func, args, kwargs)
         else:
             inputs = _inputs(args, kwargs)
             out = fakes.run(func, name, args, kwargs, inputs, _blind(name, tr.handlers))
@@ -551,6 +552,15 @@ class _Mode(TorchFunctionMode):
             for found in unclaimed:
                 tr.unclaimed.setdefault((found[0], found[2]), []).append(describe_op(call))
         return out
+
+
+def _model_op(func: Any, args: Any, kwargs: Any) -> Any:
+    """The op the model called, run as it called it: an error here is the model's (on its
+    inputs), not the tracer's (see calibrate.batches.is_callers)."""
+    return func(*args, **kwargs)
+
+
+runs_op(_model_op)
 
 
 # each torch function seen -> its op name
