@@ -661,3 +661,64 @@ def test_negative_scores_within_one_group_only_still_rank() -> None:
     assert [(p.group.name, sorted(p.units)) for p in found] == [
         ("a.weight", [0, 1, 2, 3]), ("b.weight", [12, 13, 14, 15])
     ]  # fmt: skip
+
+
+def _llama_params(hidden: int, widths: list[int], heads: list[int]) -> int:
+    """The non-embedding parameters of a ``_llama()`` (head_dim 8, 2 key/value heads, no
+    biases, the head tied) of residual width `hidden`, MLP widths and query heads per layer."""
+    per_layer = [hidden * 8 * (2 * q + 2 * 2) + 3 * hidden * i + 2 * hidden
+                 for i, q in zip(widths, heads, strict=True)]  # fmt: skip
+    return sum(per_layer) + hidden
+
+
+def test_an_auto_floor_with_hidden_steps_stops_at_the_nearest_total_the_steps_allow() -> None:
+    """At the auto floor every group of this Llama has one step: 8 hidden channels (a
+    quarter of the model), 8 MLP channels or 2 query heads per layer. The MLP and head
+    steps together fall just short of 20 %, so the hidden step must go; taking it on top of
+    all of them removed 40 %, where the hidden step alone is the nearest total at or above
+    the target. The report counts what compact removes."""
+    model = _llama()
+    budget = prunekit.Budget(params=0.2, kinds=("channels", "heads", "hidden"), floor="auto")
+    report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget, round_to=8)
+    total = _llama_params(32, [40, 40], [8, 8])
+    assert report.total == total == 18080 and report.floor is not None
+    least = [math.ceil(report.floor * n - 1e-9) for n in (32, 40, 4)]
+    hiddens = [h for h in (8, 16, 24, 32) if h >= least[0]]
+    widths = [w for w in (8, 16, 24, 32, 40) if w >= least[1]]
+    heads = [2 * k for k in (1, 2, 3, 4) if k >= least[2]]
+    assert (hiddens, widths, heads) == ([24, 32], [32, 40], [6, 8])  # one step each
+    allowed = [total - _llama_params(h, [i0, i1], [q0, q1])
+               for h in hiddens for i0 in widths for i1 in widths
+               for q0 in heads for q1 in heads]  # fmt: skip
+    nearest = min(r for r in allowed if r >= 0.2 * total)
+    assert report.removed == nearest == total - _llama_params(24, [40, 40], [8, 8])
+    kept = {r.kind: r.after for r in report.rows}
+    rows = sorted((r.name, r.after) for r in report.rows if r.kind != "hidden")
+    assert kept["hidden"] == 24 and [after for _, after in rows] == [40, 8, 40, 8]
+    assert report.achieved == 0.25 and "removed 4,520 (25.00%)" in str(report)
+    prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    embedding = model.model.embed_tokens.weight.numel()
+    assert sum(p.numel() for p in model.parameters()) - embedding == total - report.removed
+
+
+def test_a_step_passing_the_target_by_more_than_a_smaller_one_removes_is_passed_over() -> None:
+    """The hidden channels score lowest, so the hidden step (8 channels, 25 % of the model)
+    comes first; a 3 % budget is met by one step of 8 MLP channels (768 parameters) instead.
+    Before, the hidden step went and 25 % was removed."""
+
+    def scores(group: Any) -> Tensor:  # 8 hidden channels score near nothing
+        out = torch.arange(1.0, group.size + 1)
+        if group.kind == "hidden":
+            out[:8] = 1e-6
+        return out
+
+    model = _llama()
+    budget = prunekit.Budget(params=0.03, kinds=("channels", "hidden"))
+    report = prunekit.prune_channels(model, {"input_ids": IDS}, budget=budget, round_to=8,
+                                     criterion=scores)  # fmt: skip
+    assert report.removed == 3 * 32 * 8 and report.achieved < 0.05
+    assert sorted(r.before - r.after for r in report.rows) == [0, 0, 8]
+    assert {r.kind: r.after for r in report.rows}["hidden"] == 32
+    prunekit.compact(model, {"input_ids": IDS}, latency_runs=0)
+    embedding = model.model.embed_tokens.weight.numel()
+    assert sum(p.numel() for p in model.parameters()) - embedding == 18080 - report.removed

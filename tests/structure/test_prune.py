@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -471,3 +472,70 @@ def test_a_pruned_model_traces_to_the_same_groups() -> None:
     before = [(g.name, g.size, g.prunable) for g in prunekit.channel_groups(model, x)]
     prunekit.prune_channels(model, x, 0.5)
     assert [(g.name, g.size, g.prunable) for g in prunekit.channel_groups(model, x)] == before
+
+
+class Widths(nn.Module):
+    """Two candidate groups: a.weight of 16 channels and b.weight of 64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 64), nn.Linear(64, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.mark.parametrize(
+    ("options", "rule", "removed"),
+    [({"amount": 0.25, "round_to": 8}, "amount=0.25 removes nothing from a.weight: 0.25 of 16 "
+      "channels rounds down to 0 under round_to=8;", [("b.weight", 16)]),
+     ({"amount": 0.5, "round_to": 16}, "amount=0.5 removes nothing from a.weight: 0.5 of 16 "
+      "channels rounds down to 0 under round_to=16 (at or above its width);",
+      [("b.weight", 32)]),
+     ({"amount": 0.02}, "amount=0.02 removes nothing from a.weight: 0.02 of 16 channels "
+      "rounds to 0;", [("b.weight", 1)]),
+     ({"amount": 0.1, "round_to": 64}, "amount=0.1 removes nothing from a.weight: 0.1 of 16 "
+      "channels rounds down to 0 under round_to=64 (at or above its width); so do 1 more "
+      "group", []),
+     ({"amount": 0.03, "scope": "global", "round_to": 8}, "amount=0.03 removes nothing from "
+      "the 2 groups of channels: 0.03 of their 80 channels rounds down to 0 under round_to=8;",
+      []),
+     ({"amount": 0.005, "scope": "global"}, "amount=0.005 removes nothing from the 2 groups "
+      "of channels: 0.005 of their 80 channels rounds to 0;", [])],
+)  # fmt: skip
+def test_a_share_that_rounds_to_nothing_warns_once_naming_the_group_and_the_rule(
+    options: dict[str, Any], rule: str, removed: list[tuple[str, int]]
+) -> None:
+    x = torch.randn(4, 8)
+    with pytest.warns(UserWarning) as caught:
+        found = prunekit.prune_channels(Widths(), x, **options)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith("prune_channels: " + rule), said
+    hint = "a larger share or a smaller round_to removes some" if "under" in rule else (
+        "a larger share removes some")  # fmt: skip
+    assert said[0].endswith(hint)
+    assert caught[0].filename == __file__
+    assert [(p.group.name, len(p.units)) for p in found] == removed
+
+
+def test_shares_that_remove_something_from_every_group_say_nothing() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = prunekit.prune_channels(Widths(), torch.randn(4, 8), 0.5, round_to=8)
+        assert [len(p.units) for p in found] == [8, 32]
+        assert prunekit.prune_channels(Widths(), torch.randn(4, 8), 0.0) == []
+
+
+def test_query_heads_a_share_rounds_to_none_of_per_key_value_group_warn() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                      num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                                      intermediate_size=40, max_position_embeddings=32)  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = {"input_ids": torch.randint(0, 100, (2, 7))}
+    with pytest.warns(UserWarning, match=r"^prune_channels: heads=0\.1 removes nothing from "
+                      r"model\.layers\.0\.self_attn\.q_proj\.weight: 0\.1 of 4 query heads per "
+                      r"key/value group rounds to 0; a larger share removes some$"):  # fmt: skip
+        found = prunekit.prune_channels(model, ids, 0.0, heads=0.1)
+    assert found == []

@@ -8,7 +8,11 @@ the units of every candidate group at once: each unit's score is divided by its 
 (so scores compare across layers and criteria scales; every group's units average 1), then
 by its cost relative to the average unit of its kind (the parameters or MACs that removing
 it alone saves), and the units of lowest value for their cost go first, until the target is
-met. Removals are counted exactly as ``compact`` will make them (a weight that loses rows
+met: in steps that keep the constraints below, where a step that would pass the target by
+more than the smallest step left that would meet it alone removes is passed over (with its
+group's later steps), and the steps taken are then put back, the last taken first, wherever
+the target stays met without them (so a large step that had to come last leaves no smaller
+ones on top). Removals are counted exactly as ``compact`` will make them (a weight that loses rows
 and columns to two groups loses their product once). Constraints hold throughout: a group
 keeps at least one unit (and at least `floor` of its units), channel and hidden widths a
 multiple of `round_to`, and grouped-query heads leave the same count in every key/value
@@ -258,9 +262,10 @@ class BudgetReport(list[PrunedGroup]):
 
     `total`: the parameters (or MACs) counted; `removed`: how many of them the masked units
     and the skipped blocks make (once compacted and removed), `depth` of them the blocks';
-    `achieved` = removed / total, at least `target`. For a latency budget, `total` is the
-    measured milliseconds, `removed` the estimate from the probes, and `rates` each kind's
-    milliseconds saved per MAC removed (empty otherwise).
+    `achieved` = removed / total, at least `target`, and above it by no more than the
+    smallest step that could meet it (see the module's docstring). For a latency budget,
+    `total` is the measured milliseconds, `removed` the estimate from the probes, and
+    `rates` each kind's milliseconds saved per MAC removed (empty otherwise).
 
     Args:
         pruned: the groups pruned, as ``prune_channels`` returns them; the report is this

@@ -73,6 +73,12 @@ def prune_channels(
             scope='global', or a `config` beside keywords.
         TypeError: a `model` that is no torch module, an option of the wrong type or an
             unknown keyword.
+
+    Warns:
+        UserWarning: once per call, where a share (`amount`, `heads`, `hidden`,
+            `experts`) rounds to no unit of a group (of all its kind under
+            scope='global'): to 0 units, or under `round_to` at or near the group's width;
+            it names the first such group and the rule, and nothing else changes.
     """
     check_model(model, "prune_channels")
     refuse_meta("prune_channels", model)

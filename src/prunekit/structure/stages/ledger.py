@@ -21,11 +21,12 @@ from prunekit.structure.measure import macs_per_entry
 
 @dataclass
 class TensorCost:
-    """A parameter's shape, what one of its entries costs, and the positions removed."""
+    """A parameter's shape, what one of its entries costs, and the positions removed (per
+    dim, each position with how many of the units counted remove it)."""
 
     shape: tuple[int, ...]
     weight: float
-    removed: dict[int, set[int]] = field(default_factory=dict)
+    removed: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def cost(self) -> float:
         kept = math.prod(n - len(self.removed.get(d, ())) for d, n in enumerate(self.shape))
@@ -39,7 +40,8 @@ def untouched(tensors: dict[int, TensorCost]) -> dict[int, TensorCost]:
 
 
 class Ledger:
-    """What the units chosen so far remove, counted per tensor as compact slices them."""
+    """What the units chosen so far remove, counted per tensor as compact slices them; units
+    can be put back (``restore``), in any order."""
 
     def __init__(self, tensors: dict[int, TensorCost], units: bool = False) -> None:
         self.tensors = tensors
@@ -52,12 +54,26 @@ class Ledger:
         if self.units:
             self.removed += rate * len(units)
             return
+        self._count(group, units, rate, 1)
+
+    def restore(self, group: ChannelGroup, units: tuple[int, ...], rate: float = 1.0) -> None:
+        """Put back `units` of `group`, counted as removed before with the same `rate`."""
+        if self.units:
+            self.removed -= rate * len(units)
+            return
+        self._count(group, units, rate, -1)
+
+    def _count(self, group: ChannelGroup, units: tuple[int, ...], rate: float, sign: int) -> None:
         for s in costed(group):
             t = self.tensors.get(tensor_key(s))
             if t is None:
                 continue
             before = t.cost()
-            t.removed.setdefault(s.dim, set()).update(p for u in units for p in s.indices[u])
+            held = t.removed.setdefault(s.dim, {})
+            for p in (p for u in units for p in s.indices[u]):
+                held[p] = held.get(p, 0) + sign
+                if not held[p]:
+                    del held[p]
             self.removed += rate * (t.cost() - before)
 
 

@@ -92,15 +92,13 @@ def meet(
     pooled = budget.measure == "latency"
     levels = _levels(groups, scores, budget.sensitivity)
     chains = _chains(groups, scores, unit_cost, round_to, floors, pooled=pooled, levels=levels)
-    ledger = Ledger(tensors, units=by_units)
-    ledger.removed = depth
-    taken = _take(groups, chains, ledger, rates, goal)
+    taken, removed = _take(groups, chains, tensors, by_units, depth, rates, goal)
     if taken is None:
-        _unreachable(budget, total, ledger.removed, round_to)
+        _unreachable(budget, total, removed, round_to)
     pruned = [PrunedGroup(g, tuple(sorted(u))) for g, u in zip(groups, taken, strict=True) if u]
     rows = [BudgetRow(g.name, g.kind, g.size, g.size - len(u))
             for g, u in zip(groups, taken, strict=True)]  # fmt: skip
-    return BudgetReport(pruned, budget, total, ledger.removed, rows, depth, rates, found)
+    return BudgetReport(pruned, budget, total, removed, rows, depth, rates, found)
 
 
 def _highest_floor(
@@ -169,23 +167,65 @@ def _counted(
 
 def _take(
     groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
-    ledger: Ledger, rates: dict[str, float], goal: float,
-) -> list[list[int]] | None:  # fmt: skip
-    """The units each group loses, the steps of lowest priority first, until `ledger` has
-    removed `goal` (None: the steps ran out first)."""
+    tensors: dict[int, TensorCost], by_units: bool, depth: float, rates: dict[str, float],
+    goal: float,
+) -> tuple[list[list[int]] | None, float]:  # fmt: skip
+    """The units each group loses and what they remove (with `depth`, the skipped blocks),
+    or (None, the most all steps remove) where that falls short of `goal`.
+
+    The steps go lowest priority first until `goal` is met. A step that would pass it by
+    more than the smallest step left that would meet it alone removes is passed over, with
+    its group's later steps (the others go on); so the last step passes `goal` by no more
+    than that. Then the steps taken are put back, the last taken (of highest priority)
+    first, wherever `goal` stays met without them (a group's later step first): a large
+    step that had to come last does not leave all the smaller ones before it on top."""
+    ledger = Ledger(untouched(tensors), units=by_units)
+    ledger.removed = depth
+    least = goal * (1 - 1e-12)
+
+    def gain(k: int, i: int) -> float:
+        before = ledger.removed
+        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        gained = ledger.removed - before
+        ledger.restore(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.removed = before
+        return gained
+
     heap = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
     heapq.heapify(heap)
-    taken: list[list[int]] = [[] for _ in groups]
-    while ledger.removed < goal * (1 - 1e-12):
+    order: list[tuple[int, int]] = []
+    while ledger.removed < least:
         if not heap:
-            return None
-        _, k, step = heapq.heappop(heap)
-        units = chains[k][step][1]
-        ledger.remove(groups[k], units, rates.get(groups[k].kind, 1.0))
-        taken[k] += units
-        if step + 1 < len(chains[k]):
-            heapq.heappush(heap, (chains[k][step + 1][0], k, step + 1))
-    return taken
+            return None, ledger.removed
+        _, k, i = heapq.heappop(heap)
+        over = ledger.removed + gain(k, i) - goal
+        if over > 0:
+            meeting = [g for _, j, s in heap if (g := gain(j, s)) >= goal - ledger.removed]
+            if meeting and min(meeting) < over * (1 - 1e-12):
+                continue  # passed over with its group's later steps
+        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        order.append((k, i))
+        if i + 1 < len(chains[k]):
+            heapq.heappush(heap, (chains[k][i + 1][0], k, i + 1))
+    staying: set[int] = set()
+    for k, i in reversed(order):
+        if k in staying:
+            continue
+        before = ledger.removed
+        ledger.restore(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        if ledger.removed >= least:
+            order.remove((k, i))
+            continue
+        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.removed = before
+        staying.add(k)
+    counted = Ledger(untouched(tensors), units=by_units)  # the steps kept, counted afresh
+    counted.removed = depth
+    taken: list[list[int]] = [[] for _ in groups]
+    for k, i in order:
+        counted.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        taken[k] += chains[k][i][1]
+    return taken, counted.removed
 
 
 def _rates(

@@ -4,7 +4,10 @@ of a kind ranked together.
 
 A group keeps at least one unit (per key/value group for grouped-query heads) and a number
 of units that is a multiple of its step (``round_to``, or what the model's kernels need); a
-mixture-of-experts block keeps at least the experts its router picks per token.
+mixture-of-experts block keeps at least the experts its router picks per token. A share
+that rounds to nothing in a group (scope 'layer') or in all its kind (scope 'global') is
+said once per call, in a warning naming the first such group and the rule; what is removed
+stays as it is.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import math
 import torch
 from torch import Tensor
 
+from prunekit.core.errors import warn_caller
 from prunekit.structure.families.experts import check_expert_counts, experts_limit, width_step
 from prunekit.structure.graph.graph import ChannelGroup
 from prunekit.structure.pruned import PrunedGroup
@@ -46,6 +50,7 @@ def by_shares(
             picks per token.
     """
     chosen: list[PrunedGroup] = []
+    silent: list[tuple[str, bool]] = []
     for kind, share in amounts.items():
         mine = [k for k, g in enumerate(groups) if g.kind == kind]
         if not share or not mine:
@@ -59,7 +64,61 @@ def by_shares(
             masked = [(g, _masked(g, found)) for g in kept]
             check_expert_counts(masked, share, experts_limit(kept, order), scope)
         chosen += found
+        silent += _for_nothing(kept, found, kind, float(share), scope, steps, round_to)
+    if silent:
+        more = len(silent) - 1
+        rest = f"; so do {more} more group{'s' * (more > 1)}" if more else ""
+        line, stepped = silent[0]
+        smaller = " or a smaller round_to" if stepped else ""
+        warn_caller(f"prune_channels: {line}{rest}; a larger share{smaller} removes some")
     return chosen
+
+
+PARAMETERS = {"channels": "amount", "heads": "heads", "hidden": "hidden", "experts": "experts"}
+UNITS = {"channels": "channels", "heads": "heads", "hidden": "hidden channels",
+         "experts": "experts"}  # fmt: skip
+
+
+def _for_nothing(
+    groups: list[ChannelGroup], found: list[PrunedGroup], kind: str, share: float, scope: str,
+    steps: list[int], round_to: int | None,
+) -> list[tuple[str, bool]]:  # fmt: skip
+    """What a share of `kind` removed nothing from for its rounding alone, one line per
+    group (of 'layer' scope, or with key/value blocks), or one for the kind ('global'),
+    each with whether the step of the kept widths is why (not the share's 0 units)."""
+    said = f"{PARAMETERS.get(kind, kind)}={share!r} removes nothing from"
+    what = UNITS.get(kind, kind)
+    gone = {id(p.group) for p in found if p.units}
+    lines = []
+    for g in groups:
+        if g.blocks and id(g) not in gone and len(g.blocks[0]) > 1:
+            lines.append((f"{said} {g.name}: {share!r} of {len(g.blocks[0])} query heads "
+                          "per key/value group rounds to 0", False))  # fmt: skip
+    plain = [(g, step) for g, step in zip(groups, steps, strict=True) if not g.blocks]
+    if scope == "global":
+        total = sum(g.size for g, _ in plain)
+        if plain and total > len(plain) and not any(id(g) in gone for g, _ in plain):
+            step = min(step for _, step in plain)
+            rule = _rule(share, total, step, round_to, all(step >= g.size for g, _ in plain))
+            lines.append((f"{said} the {len(plain)} groups of {what}: {share!r} of their "
+                          f"{total} {what} {rule}", round(share * total) > 0))  # fmt: skip
+        return lines
+    for g, step in plain:
+        if id(g) not in gone and g.size > 1:
+            rule = _rule(share, g.size, step, round_to, step >= g.size)
+            lines.append((f"{said} {g.name}: {share!r} of {g.size} {what} {rule}",
+                          round(share * g.size) > 0))  # fmt: skip
+    return lines
+
+
+def _rule(share: float, size: int, step: int, round_to: int | None, wide: bool) -> str:
+    """Why `share` of `size` units rounds to nothing: to 0 units, or under the step (`wide`:
+    at or above the width of every group concerned)."""
+    if round(share * size) == 0:
+        return "rounds to 0"
+    rule = f"round_to={round_to}" if round_to is not None else (
+        f"the step of {step} its kernels need (round_to=None)")  # fmt: skip
+    return f"rounds down to 0 under {rule}" + (" (at or above its width)" if wide else "")
 
 
 def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, scope: str,
