@@ -320,13 +320,19 @@ def _damping(damping: object, compensate: object) -> float | str:
     """The damping compensation uses: `damping` checked, or the default where None."""
     if damping is None:
         return DAMPING
+    _only_compensating("damping", damping, compensate, "damps that least-squares update",
+                       "no damping")  # fmt: skip
+    return check_damping(damping, OWNER)
+
+
+def _only_compensating(name: str, value: object, compensate: object, what: str, or_: str) -> None:
+    """Refuse `name`=`value`, an option of compensate=True's least-squares update (it `what`),
+    beside any other `compensate`; `or_`: what to pass instead of it."""
     if compensate is not True:
         raise value_error(
-            f"prune_channels: damping={damping!r} needs compensate=True (it damps that "
-            f"least-squares update), not compensate={compensate!r}; expected compensate=True "
-            "or no damping"
+            f"prune_channels: {name}={value!r} needs compensate=True (it {what}), not "
+            f"compensate={compensate!r}; expected compensate=True or {or_}"
         )
-    return check_damping(damping, OWNER)
 
 
 TOKEN_WEIGHTS = ("energy", "equal")
@@ -340,12 +346,9 @@ def _check_token_weights(weights: object, compensate: object) -> None:
             f"prune_channels: invalid token_weights={weights!r}; expected one of "
             f"{TOKEN_WEIGHTS}: how compensate=True's fit weighs each calibration token"
         )
-    if weights != "energy" and compensate is not True:
-        raise value_error(
-            f"prune_channels: token_weights={weights!r} needs compensate=True (it weighs that "
-            f"least-squares fit's tokens), not compensate={compensate!r}; expected "
-            "compensate=True or token_weights='energy'"
-        )
+    if weights != "energy":
+        what = "weighs that least-squares fit's tokens"
+        _only_compensating("token_weights", weights, compensate, what, "token_weights='energy'")
 
 
 def _listed(names: Excluded | str, what: str) -> list[nn.Module | str]:
