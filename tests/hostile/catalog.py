@@ -22,6 +22,7 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_experts": "prune_channels(experts=...)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -364,6 +365,19 @@ BROKE: dict[str, str] = {
     },
     "test_selection::test_a_tied_weight_drawn_at_random_gets_one_draw": (
         "a tied weight drawn once per name: two masks for one weight"
+    ),
+    # routed experts (prunekit.structure.scoring.expert_criteria)
+    "test_experts::test_padding_an_attention_mask_leaves_out_does_not_rank_the_experts": (
+        "the pad tokens counted: frequency and REAP moved toward the pad token's experts"
+    ),
+    "test_experts::test_a_padded_batch_among_unpadded_ones_counts_its_tokens_only": (
+        "a padded batch's pad tokens counted among the routed tokens"
+    ),
+    "test_experts::test_pruning_experts_on_padded_calibration_masks_those_unpadded_": (
+        "other experts masked than the same tokens without padding choose"
+    ),
+    "test_experts::test_an_attention_mask_of_another_shape_is_refused_naming_the_batch": (
+        "a mask of another shape than the tokens accepted (not read at all)"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (
