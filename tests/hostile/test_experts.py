@@ -83,3 +83,14 @@ def test_an_attention_mask_of_another_shape_is_refused_naming_the_batch() -> Non
             ValueError, r"^prune_channels: calibration batch 1 has an attention_mask of shape "
             r"\(2, 3\) \(6 entries\) for 12 tokens .*model\.layers\.0\.mlp\.experts.*; "
             r"expected one entry per token", model=model)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["frequency", "reap"])
+def test_a_batch_the_model_cannot_take_is_named_as_the_other_criteria_name_it(name: str) -> None:
+    """'activation' names the batch and the model's error; the expert criteria let the
+    model's raw IndexError through."""
+    model = _moe()
+    out_of_vocab = torch.tensor([[1, 2, 500]])
+    refused(lambda: prunekit.prune_channels(model, {"input_ids": IDS}, experts=0.25,
+                                            criterion=name, calibration=[IDS, out_of_vocab]),
+            ValueError, r"the model cannot take batch 1: IndexError", model=model)  # fmt: skip

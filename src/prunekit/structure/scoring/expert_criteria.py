@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.calibrate import evaluating, run_batch
+from prunekit.calibrate import batch_error, evaluating, run_batch
 from prunekit.core.errors import value_error
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import Calibration, GroupCriterion
@@ -98,7 +98,10 @@ class _ExpertCriterion(GroupCriterion):
                     kept = _kept_tokens(batch)
                     for tally in self.tallies.values():
                         tally.batch, tally.kept = index, kept
-                    run_batch(model, batch)
+                    try:
+                        run_batch(model, batch)
+                    except Exception as error:  # the model's own, named; prunekit's as they are
+                        raise batch_error(index, error)  # noqa: B904 (its cause is set)
         finally:
             for handle in handles:
                 handle.remove()
