@@ -23,6 +23,7 @@ ENTRY_POINTS = {
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
     "test_experts": "prune_channels(experts=...)",
+    "test_patterns": "Channels: channel_scores",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -381,6 +382,25 @@ BROKE: dict[str, str] = {
     ),
     "test_experts::test_a_batch_the_model_cannot_take_is_named_as_the_other_criteria_": (
         "raw IndexError 'index out of range in self', no batch named ('frequency', 'reap')"
+    ),
+    # a criterion's own channel scores (prunekit.patterns.channels)
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[nan]": (
+        "a NaN channel score ranked as the largest: its channel kept, another pruned"
+    ),
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[inf]": (
+        "an infinite channel score ranked, where infinite entry scores are refused"
+    ),
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[-inf]": (
+        "a -inf channel score ranked as the smallest: its channel pruned, silently"
+    ),
+    "test_patterns::test_channel_scores_of_another_shape_are_refused_naming_the_criterion[too": (
+        "raw RuntimeError \"shape '[4, 1]' is invalid for input of size 2\""
+    ),
+    "test_patterns::test_channel_scores_of_another_shape_are_refused_naming_the_criterion[2-d": (
+        "a (1, 4) tensor of channel scores read flat, silently"
+    ),
+    "test_patterns::test_channel_scores_that_are_no_tensor_are_refused_naming_the_criterion": (
+        "raw AttributeError 'list' object has no attribute 'reshape'"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (

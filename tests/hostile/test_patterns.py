@@ -1,0 +1,82 @@
+"""Hostile cases of the patterns (prunekit.patterns) with criteria of a user's own: a
+criterion's per-channel scores (``Criterion.channel_scores``) are checked as its per-entry
+scores are, and a refusal leaves the module as it was."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import prunekit
+from hostile.support import refused
+from prunekit.core.naming import TensorRef
+from prunekit.criteria.criterion import Criterion
+
+
+class OwnChannels(Criterion):
+    """A criterion of a user's own that scores whole channels itself."""
+
+    def __init__(self, channels: object) -> None:
+        self.channels = channels
+
+    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
+        return values.abs()
+
+    def channel_scores(self, values: Tensor, dim: int, target: TensorRef = None) -> Tensor:
+        return self.channels  # type: ignore[return-value]
+
+
+def _linear() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(3, 4)
+
+
+def _prune(module: nn.Module, criterion: Criterion) -> None:
+    prunekit.Pruning.apply(module, "weight", amount=1, pattern=prunekit.Channels(dim=0),
+                           criterion=criterion)  # fmt: skip
+
+
+@pytest.mark.parametrize(("bad", "shown"),
+                         [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")],
+                         ids=["nan", "inf", "-inf"])  # fmt: skip
+def test_channel_scores_that_cannot_be_ranked_are_refused(bad: float, shown: str) -> None:
+    """A NaN was ranked as the largest score (its channel kept, another pruned) and -inf as
+    the smallest, where the same values among the entries' scores are refused."""
+    module = _linear()
+    scores = torch.tensor([1.0, bad, 3.0, 0.5])
+    refused(lambda: _prune(module, OwnChannels(scores)), ValueError,
+            rf"^parameter 'weight' of Linear: Pruning: the channel scores of OwnChannels hold 1 "
+            rf"value\(s\) that cannot be ranked, e\.g\. {shown} at index \(1,\)",
+            model=module)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scores", "shown"),
+    [(torch.tensor([1.0, 2.0]), r"\(2,\)"), (torch.tensor([[1.0, 2.0, 3.0, 4.0]]), r"\(1, 4\)")],
+    ids=["too-few", "2-d"],
+)
+def test_channel_scores_of_another_shape_are_refused_naming_the_criterion(
+    scores: Tensor, shown: str
+) -> None:
+    """Too few: a raw "shape '[4, 1]' is invalid for input of size 2" from a reshape; a (1, 4)
+    tensor was read flat."""
+    module = _linear()
+    refused(lambda: _prune(module, OwnChannels(scores)), ValueError,
+            rf"OwnChannels\.channel_scores returned shape {shown}; expected \(4,\)",
+            model=module)  # fmt: skip
+
+
+def test_channel_scores_that_are_no_tensor_are_refused_naming_the_criterion() -> None:
+    module = _linear()
+    refused(lambda: _prune(module, OwnChannels([1.0, 2.0, 3.0, 0.5])), TypeError,
+            r"OwnChannels\.channel_scores returned list", model=module)  # fmt: skip
+
+
+def test_integer_channel_scores_rank_as_numbers() -> None:
+    module = _linear()
+    _prune(module, OwnChannels(torch.tensor([3, 1, 2, 4])))
+    mask: Tensor = getattr(module, "weight_mask")  # noqa: B009 (typed as a Tensor)
+    assert mask[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
