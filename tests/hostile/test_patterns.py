@@ -80,3 +80,28 @@ def test_integer_channel_scores_rank_as_numbers() -> None:
     _prune(module, OwnChannels(torch.tensor([3, 1, 2, 4])))
     mask: Tensor = getattr(module, "weight_mask")  # noqa: B009 (typed as a Tensor)
     assert mask[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("pattern", [prunekit.PerRow(), prunekit.NM(2, 4)], ids=repr)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16], ids=str)
+def test_integer_importance_scores_rank_a_tensor_pruned_before(
+    pattern: prunekit.Pattern, dtype: torch.dtype
+) -> None:
+    """As Unstructured and Channels rank them: PerRow and NM raised a raw "value cannot be
+    converted to type int64_t without overflow" once a mask was there (the entries pruned
+    before were set apart as +inf in the scores' own dtype)."""
+    scores = (torch.arange(32).reshape(4, 8) * 7 % 11).to(dtype)
+    masks = []
+    for given in (scores, scores.double()):
+        module = _linear8()
+        prunekit.Pruning.apply(module, "weight", amount=8, importance_scores=given)
+        prunekit.Pruning.apply(module, "weight", amount=0.5, pattern=pattern,
+                               importance_scores=given)  # fmt: skip
+        masks.append(getattr(module, "weight_mask"))  # noqa: B009 (typed as a Tensor)
+    assert torch.equal(masks[0], masks[1])
+    assert int(masks[0].sum()) < 24  # the second pruning pruned
+
+
+def _linear8() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(8, 4)
