@@ -23,7 +23,7 @@ ENTRY_POINTS = {
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
     "test_experts": "prune_channels(experts=...)",
-    "test_patterns": "Channels: channel_scores",
+    "test_patterns": "patterns (own scores)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
