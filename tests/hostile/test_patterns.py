@@ -1,6 +1,7 @@
-"""Hostile cases of the patterns (prunekit.patterns) with criteria of a user's own: a
-criterion's per-channel scores (``Criterion.channel_scores``) are checked as its per-entry
-scores are, and a refusal leaves the module as it was."""
+"""Hostile cases of the patterns (prunekit.patterns) and the criteria: a criterion's own
+per-channel scores (``Criterion.channel_scores``) are checked as its per-entry scores are,
+integer importance scores rank under every pattern, Wanda's norms stay finite for finite
+inputs, and a refusal leaves the module as it was."""
 
 from __future__ import annotations
 
@@ -105,3 +106,22 @@ def test_integer_importance_scores_rank_a_tensor_pruned_before(
 def _linear8() -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(8, 4)
+
+
+# --- Wanda's input norms ----------------------------------------------------------------------
+
+
+def test_wanda_ranks_finite_inputs_whose_squares_pass_float32() -> None:
+    """An input of 1e30 (finite in float32) made the norm inf (its square summed in float32)
+    and the layer was refused: 'the scores hold 8 value(s) that cannot be ranked, e.g. inf'."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    batches = [torch.randn(5, 8), torch.randn(3, 8)]
+    batches[1][0, 2] = 1e30
+    weight = model[0].weight.detach().clone()
+    prunekit.prune_model(model, 0.5, calibration=batches, method="wanda")
+    norms = torch.cat(batches).double().square().sum(0).sqrt()
+    scores = weight.double().abs() * norms
+    order = scores.argsort(dim=1, stable=True)
+    expected = torch.ones_like(weight).scatter_(1, order[:, :4], 0.0)
+    assert torch.equal(getattr(model[0], "weight_mask"), expected)  # noqa: B009
