@@ -115,13 +115,14 @@ def test_wanda_ranks_finite_inputs_whose_squares_pass_float32() -> None:
     """An input of 1e30 (finite in float32) made the norm inf (its square summed in float32)
     and the layer was refused: 'the scores hold 8 value(s) that cannot be ranked, e.g. inf'."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    first = nn.Linear(8, 8)
+    model = nn.Sequential(first, nn.ReLU(), nn.Linear(8, 4))
     batches = [torch.randn(5, 8), torch.randn(3, 8)]
     batches[1][0, 2] = 1e30
-    weight = model[0].weight.detach().clone()
+    weight = first.weight.detach().clone()
     prunekit.prune_model(model, 0.5, calibration=batches, method="wanda")
     norms = torch.cat(batches).double().square().sum(0).sqrt()
     scores = weight.double().abs() * norms
     order = scores.argsort(dim=1, stable=True)
     expected = torch.ones_like(weight).scatter_(1, order[:, :4], 0.0)
-    assert torch.equal(getattr(model[0], "weight_mask"), expected)  # noqa: B009
+    assert torch.equal(getattr(first, "weight_mask"), expected)  # noqa: B009
