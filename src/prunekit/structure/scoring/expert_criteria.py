@@ -6,13 +6,13 @@ hands them the hidden states, the top-k expert indices and the top-k routing wei
 'reap', an expert's score is the mean, over the calibration tokens routed to it, of its
 routing weight x the L2 norm of its output on that token (computed from its own weights,
 as masked); an expert no token reached scores 0. The tokens a mapping batch's
-``attention_mask`` masks out (padding, which the router routes all the same) are left out.
+``attention_mask`` masks out (padding, which the router routes all the same) are left out;
+a mask not shaped as its batch's ``input_ids`` is refused.
 Neither changes the model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_error, evaluating, run_batch
 from prunekit.core.errors import value_error
+from prunekit.core.example_inputs import token_mask
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import Calibration, GroupCriterion
 
@@ -95,7 +96,7 @@ class _ExpertCriterion(GroupCriterion):
         try:
             with torch.no_grad(), evaluating(model):
                 for index, batch in enumerate(batches):
-                    kept = _kept_tokens(batch)
+                    kept = token_mask(batch, index, "prune_channels")
                     for tally in self.tallies.values():
                         tally.batch, tally.kept = index, kept
                     try:
@@ -129,13 +130,6 @@ class _ExpertCriterion(GroupCriterion):
 
     def __repr__(self) -> str:
         return repr(self.name)
-
-
-def _kept_tokens(batch: Any) -> Tensor | None:
-    """True for each token the batch's ``attention_mask`` keeps (any nonzero value), in its
-    shape; None where the batch gives no mask (every token counts)."""
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    return mask.ne(0).cpu() if isinstance(mask, Tensor) else None
 
 
 class RoutingFrequency(_ExpertCriterion):
