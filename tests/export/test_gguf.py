@@ -147,6 +147,10 @@ def test_the_legacy_quantized_types(tmp_path: Path, tokenizer: Path, dtype: str)
     assert found["blk.1.attn_q.weight"][0] == found["blk.1.ffn_up.weight"][0] == dtype.upper()
     assert found["blk.1.ffn_down.weight"][0] == "F16"  # rows of 80: not blocks of 32
     assert found["blk.0.attn_norm.weight"][0] == "F32"
+    assert [note for note in report.notes if note.startswith("F16 for")] == [  # norms: F32
+        f"F16 for 2 matrices with rows of 80 values, not whole {dtype.upper()} blocks of 32: "
+        "blk.0.ffn_down.weight, blk.1.ffn_down.weight"
+    ]
     assert report.difference is not None and 0 < report.difference < 0.25
     reader = gg.GGUFReader(tmp_path / "m.gguf")
     up = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")

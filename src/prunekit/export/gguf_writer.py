@@ -389,7 +389,10 @@ def _tensors(
             layer = layers[bid]
             heads = layer.heads if name.split(".")[2] == "attn_q" else layer.kv_heads
             data = data[_pairs(heads, layer.head_dim)]
-        meant, why = _wanted(name, data, kept) if kept is not None else (DTYPES[dtype], None)
+        if kept is not None:
+            meant, why = _wanted(name, data, kept)
+        else:  # vectors are F32 in every file type, not in place of another
+            meant, why = (DTYPES[dtype] if data.dim() >= 2 else DTYPES["f32"]), None
         qtype = _qtype(data, meant)
         if why is None and qtype != meant:
             block = gg.GGML_QUANT_SIZES[meant][0]
