@@ -82,7 +82,9 @@ class Config:
             (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
             other `include` selects by name, any number of dims. Kept as a tuple; one str is
             one glob.
-        exclude: globs of parameter names left alone, kept as a tuple.
+        exclude: globs of parameter names left alone, kept as a tuple. A parameter of
+            several names (tied, or a module shared under several paths) is left out under
+            all of them or none: excluding some of its names is refused.
         sequential: True calibrates block by block, each on the outputs of the pruned blocks
             before it (one block's statistics in memory). ``'layers'``: in each block too,
             its layers group by group in the order the block calls them (query, key and

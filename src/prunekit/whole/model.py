@@ -95,7 +95,8 @@ def prune_model(
         TypeError: an argument, glob, tensor or batch of the wrong type, or an unknown
             keyword, naming it (the model unchanged).
         ValueError: an argument, glob, tensor or batch out of range or matching nothing, or
-            a `config` beside `amount` or keywords, naming it (the model unchanged).
+            a `config` beside `amount` or keywords, or `calibration` or `loss` beside a
+            method that uses no data, naming it (the model unchanged).
     """
     if not isinstance(keep_masks, bool):
         raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
@@ -168,11 +169,15 @@ def _prune(
             reduce = _reducer(method, group, arguments)
         _oneshot(model, config, calibration, loss, reduce, keep_masks)
         return report(model)
-    if not config.plain or calibration is not None:
+    if calibration is not None or loss is not None:  # as the engine words it: never ignored
         raise value_error(
-            f"{OWNER}: method={method!r} takes no pattern and no calibration; expected "
-            "pattern='unstructured', calibration=None (patterns: l1, random, "
-            f"{', '.join(CALIBRATED)})"
+            f"{OWNER}: method={method!r} uses no calibration data; expected "
+            f"calibration=None and loss=None (calibrated methods: {', '.join(CALIBRATED)})"
+        )
+    if not config.plain:
+        raise value_error(
+            f"{OWNER}: method={method!r} takes no pattern; expected pattern='unstructured' "
+            f"(patterns: l1, random, {', '.join(CALIBRATED)})"
         )
     _prune_plain(model, config, group, arguments, keep_masks)
     return report(model)

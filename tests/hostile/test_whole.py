@@ -1,0 +1,94 @@
+"""Hostile calls of prunekit.prune_model (prunekit.whole): arguments the method would read
+and ignore, globs that leave out one name of a module shared under several paths; each
+refusal names the argument or the names and leaves the model exactly as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hostile.support import refused
+from prunekit.whole import Config, prune_model
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(),
+                         nn.Linear(8, 4))  # fmt: skip
+
+
+def _loss(output: torch.Tensor, batch: Any) -> torch.Tensor:
+    return output.pow(2).sum()
+
+
+# --- a loss beside a method that ranks without data --------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["keywords", "config"])
+@pytest.mark.parametrize("method", ["l1", "random", "ln"])
+def test_a_loss_beside_a_method_without_data_is_refused(method: str, given: str) -> None:
+    """`loss` ranks the entries of 'taylor'; with l1, random or ln (pattern unstructured)
+    it was read and silently ignored, where the same call with pattern='row' refused it."""
+    model = _net()
+    if given == "keywords":
+        call = lambda: prune_model(model, 0.5, method=method, loss=_loss)  # noqa: E731
+    else:
+        config = Config(method=method, amount=0.5)
+        call = lambda: prune_model(model, config=config, loss=_loss)  # noqa: E731
+    refused(call, ValueError,
+            rf"prune_model: method='{method}' uses no calibration data; expected "
+            r"calibration=None and loss=None \(calibrated methods: wanda, sparsegpt, taylor\)",
+            model=model)  # fmt: skip
+
+
+def test_a_pattern_beside_ln_is_still_named_as_such() -> None:
+    model = _net()
+    refused(lambda: prune_model(model, 0.5, method="ln", pattern="row"), ValueError,
+            r"prune_model: method='ln' takes no pattern; expected pattern='unstructured'",
+            model=model)  # fmt: skip
+
+
+# --- a module shared under several paths -------------------------------------------------------
+
+
+def _shared() -> tuple[nn.Sequential, nn.Linear]:
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 8)
+    return nn.Sequential(layer, nn.ReLU(), layer, nn.ReLU(), nn.Linear(8, 2)), layer
+
+
+@pytest.mark.parametrize("exclude", ["2", "2.weight", "0.weight", "0"])
+@pytest.mark.parametrize("method", ["l1", "random"])
+def test_a_shared_module_left_out_under_one_of_its_names_is_refused(
+    method: str, exclude: str
+) -> None:
+    """One module at '0' and '2': exclude='2' (or '0.weight') left it out under that name
+    and pruned it under the other, silently (its weight masked, both uses with it)."""
+    model, _ = _shared()
+    refused(lambda: prune_model(model, 0.5, method=method, exclude=exclude), ValueError,
+            r"prune_model: '0.weight', '2.weight' are one Parameter .*select only "
+            r"\['(0|2).weight'\]; expected globs that select all of its names or none",
+            model=model)  # fmt: skip
+
+
+@pytest.mark.parametrize("exclude", [["0", "2"], ["0.weight", "2.weight"], ["*.weight"]])
+def test_a_shared_module_left_out_under_all_its_names_is_left_dense(exclude: list[str]) -> None:
+    model, layer = _shared()
+    if exclude == ["*.weight"]:
+        refused(lambda: prune_model(model, 0.5, exclude=exclude), ValueError,
+                "no tensor left to prune", model=model)  # fmt: skip
+        return
+    found = prune_model(model, 0.5, exclude=exclude)
+    assert not hasattr(layer, "weight_mask")
+    assert found["4.weight"].sparsity == 0.5
+
+
+def test_a_shared_module_included_under_one_name_is_pruned_once() -> None:
+    """What the refusal above must leave: include by either name selects it (one module)."""
+    model, layer = _shared()
+    found = prune_model(model, 0.5, include="2")
+    assert found["0.weight"].sparsity == 0.5 and not hasattr(model[4], "weight_mask")
+    assert len(layer._forward_pre_hooks) == 1
