@@ -22,6 +22,8 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_cli": "prunekit prune / demo",
+    "test_whole": "prune_model (selection)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -276,6 +278,24 @@ BROKE: dict[str, str] = {
     ),
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
+    ),
+    # prune_model's selection and plain methods (prunekit.whole.model, targets)
+    "test_whole::test_a_loss_beside_a_method_without_data_is_refused": (
+        "loss= with l1, random or ln read and ignored (refused with pattern='row')"
+    ),
+    "test_whole::test_a_shared_module_left_out_under_one_of_its_names_is_refused": (
+        "a module at two paths excluded under one: pruned under the other, silently"
+    ),
+    # the command line (prunekit.tools.cli, calibrate)
+    "test_cli::[single-inside]": "a model folder pruned into a folder inside it: input changed",
+    "test_cli::[single-holds]": (
+        "a model folder pruned into the folder holding it: that folder copied and swapped"
+    ),
+    "test_cli::test_a_calibration_option_of_a_method_without_calibration_is_refused": (
+        "--window/--windows with l1, random or ln read and silently ignored"
+    ),
+    "test_cli::test_a_demo_option_of_the_other_demo_is_refused": (
+        "--distill without --llm, or the CNN demo's options with it, read and ignored"
     ),
     # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
     "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
