@@ -92,3 +92,29 @@ def test_a_shared_module_included_under_one_name_is_pruned_once() -> None:
     found = prune_model(model, 0.5, include="2")
     assert found["0.weight"].sparsity == 0.5 and not hasattr(model[4], "weight_mask")
     assert len(layer._forward_pre_hooks) == 1
+
+
+# --- the unstructured pattern given as a Pattern ------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["l1", "random", "ln"])
+def test_the_unstructured_pattern_as_an_object_prunes_as_its_name(method: str) -> None:
+    """pattern=Unstructured() is pattern='unstructured': 'ln' (which takes no other) refused
+    it ("takes no pattern; expected pattern='unstructured'"), prune_state_dict too ("a
+    state_dict is pruned with pattern='unstructured'")."""
+    from prunekit.io.statedict import prune_state_dict
+    from prunekit.patterns import Unstructured
+
+    named, given = _net(), _net()
+    prune_model(named, 0.5, method=method, pattern="unstructured")
+    prune_model(given, 0.5, method=method, pattern=Unstructured())
+    assert [n for n, _ in named.named_buffers()] == [n for n, _ in given.named_buffers()]
+    if method != "random":  # drawn: masks of their own
+        assert all(torch.equal(a, b) for a, b in zip(named.buffers(), given.buffers(),
+                                                     strict=True))  # fmt: skip
+    state = _net().state_dict()
+    config = Config(method=method, amount=0.5, pattern=Unstructured())
+    found = prune_state_dict(state, config=config, seed=0 if method == "random" else None)
+    plain = prune_state_dict(state, config=Config(method=method, amount=0.5),
+                             seed=0 if method == "random" else None)  # fmt: skip
+    assert all(torch.equal(found.state[k], plain.state[k]) for k in plain.state)

@@ -210,7 +210,10 @@ class Config:
 
     @property
     def plain(self) -> bool:
-        """Whether the pattern is whole tensors' entries, named 'unstructured'."""
+        """Whether the pattern is whole tensors' entries: 'unstructured', by its name or as
+        the Pattern ``Unstructured()`` (a subclass may rank otherwise: not plain)."""
+        if type(self.pattern) is Unstructured:
+            return True
         return isinstance(self.pattern, str) and self.pattern == "unstructured"
 
     def compared(self) -> dict[str, Any]:
