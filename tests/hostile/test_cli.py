@@ -128,3 +128,23 @@ def test_a_demo_option_of_the_other_demo_is_refused(
     assert code == 1, error
     assert re.search(match, error), error
     assert not looked_up and list(tmp_path.iterdir()) == []
+
+
+# --- an output folder written before -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["sharded", "single"])
+def test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights(
+    first: str, folder: Path, sharded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A single-file folder pruned into the output of a sharded one kept the old shards and
+    their index beside the new model.safetensors: `prunekit report OUT` read the old
+    weights (90 % zero) where from_pretrained loads the new ones (10 %)."""
+    earlier, later = (sharded, folder) if first == "sharded" else (folder, sharded)
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    for source, amount, target in ((earlier, "0.9", out), (later, "0.1", out),
+                                   (later, "0.1", fresh)):  # fmt: skip
+        code, error = _run(["prune", str(source), "-o", str(target), "--amount", amount], capsys)
+        assert code == 0, error
+    written = {p.relative_to(out): p.read_bytes() for p in out.rglob("*")}
+    assert written == {p.relative_to(fresh): p.read_bytes() for p in fresh.rglob("*")}

@@ -23,7 +23,7 @@ from prunekit.io.files import (
 )
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.options import Options, config_of
-from prunekit.io.sharded import index_of, is_sharded, prune_sharded
+from prunekit.io.sharded import drop_stale_shards, index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
 from prunekit.report import Report, report
 from prunekit.tools import calibrate
@@ -392,6 +392,7 @@ def _run_prune_folder(args: argparse.Namespace) -> int:
             "(the input is never changed)"
         )
     with atomic_folder(out) as stage:
+        drop_stale_shards(stage)  # an earlier sharded output's, read before model.safetensors
         status = _run_prune_file(args, weights, stage / WEIGHTS, out / WEIGHTS)
         copy_companions(args.path, stage)
     return status
