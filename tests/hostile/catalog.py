@@ -297,6 +297,9 @@ BROKE: dict[str, str] = {
     "test_cli::test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights[sh": (
         "old shards and index kept beside the new model.safetensors: report read the old"
     ),
+    "test_cli::test_a_plot_inside_the_model_folder_reported_is_refused": (
+        "report DIR --plot DIR/model.safetensors wrote the PNG over the weights, status 0"
+    ),
     "test_cli::test_a_calibration_option_of_a_method_without_calibration_is_refused": (
         "--window/--windows with l1, random or ln read and silently ignored"
     ),

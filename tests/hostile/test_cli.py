@@ -148,3 +148,25 @@ def test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights
         assert code == 0, error
     written = {p.relative_to(out): p.read_bytes() for p in out.rglob("*")}
     assert written == {p.relative_to(fresh): p.read_bytes() for p in fresh.rglob("*")}
+
+
+# --- a plot over the input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["<weights>", "config.json", "plot.png"])
+@pytest.mark.parametrize("kind", ["single", "sharded"])
+def test_a_plot_inside_the_model_folder_reported_is_refused(
+    kind: str, name: str, folder: Path, sharded: Path, copy_of: Callable[[Path], Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`prunekit report DIR --plot DIR/model.safetensors` wrote the PNG over the model's
+    weights (or a shard, or its config), exit status 0: only a plot naming the input file
+    itself was refused, never one inside the input folder."""
+    source = copy_of(folder if kind == "single" else sharded)
+    weights = "model.safetensors" if kind == "single" else "model-00001-of-00007.safetensors"
+    plot = source / (weights if name == "<weights>" else name)
+    before = tree(source)
+    code, error = _run(["report", str(source), "--plot", str(plot)], capsys)
+    assert code == 1, error
+    assert f"{plot}: lies inside the input folder {source}" in error, error
+    assert tree(source) == before

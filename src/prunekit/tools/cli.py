@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prunekit.core.checks import check_seed
-from prunekit.io.atomic import atomic_folder, atomic_path, same_file
+from prunekit.io.atomic import atomic_folder, atomic_path, overlaps, same_file
 from prunekit.io.files import (
     CheckpointError,
     load_state_dict,
@@ -314,6 +314,11 @@ def _run_report(args: argparse.Namespace) -> int:
         raise CheckpointError(
             f"{args.plot}: is the input file itself; expected another file for the plot "
             "(the input is never changed)"
+        )
+    if args.plot and Path(args.path).is_dir() and overlaps(args.path, args.plot):
+        raise CheckpointError(  # over its weights, config or beside them: the input changed
+            f"{args.plot}: lies inside the input folder {args.path} (links resolved); expected "
+            "a plot file apart from the input (the input is never changed)"
         )
     if args.plot:  # checked before the checkpoint is read, as prune checks its output
         writable_file(args.plot)
