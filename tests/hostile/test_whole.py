@@ -118,3 +118,25 @@ def test_the_unstructured_pattern_as_an_object_prunes_as_its_name(method: str) -
     plain = prune_state_dict(state, config=Config(method=method, amount=0.5),
                              seed=0 if method == "random" else None)  # fmt: skip
     assert all(torch.equal(found.state[k], plain.state[k]) for k in plain.state)
+
+
+# --- the old name of scope beside the new one ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("scope", "old"), [("layer", True), ("global", False)])
+def test_scope_and_its_old_name_that_disagree_are_refused(scope: str, old: bool) -> None:
+    """scope='layer' given with global_pruning=True pruned globally (a FutureWarning
+    alone): a scope given as its default was taken for none given; the other way round
+    was refused."""
+    import warnings
+
+    from prunekit.io.statedict import prune_state_dict
+
+    state = _net().state_dict()
+    before = {k: v.clone() for k, v in state.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(ValueError, match=rf"prune_state_dict: scope='{scope}' and "
+                           rf"global_pruning={old} disagree; expected scope= alone"):  # fmt: skip
+            prune_state_dict(state, 0.5, scope=scope, global_pruning=old)
+    assert all(torch.equal(state[k], before[k]) for k in before)
