@@ -292,6 +292,10 @@ BROKE: dict[str, str] = {
     "test_whole::test_scope_and_its_old_name_that_disagree_are_refused[layer-True]": (
         "scope='layer' with global_pruning=True pruned globally, a FutureWarning alone"
     ),
+    "test_whole::test_a_config_prunes_as_its_keywords_over_ranks_and_alone": (
+        "Config's defaulted sequential kept for other ranks: refused over a process_group "
+        "('layers'), block by block alone (ranks=True), where the keywords prune"
+    ),
     # the command line (prunekit.tools.cli, calibrate)
     "test_cli::[single-inside]": "a model folder pruned into a folder inside it: input changed",
     "test_cli::[single-holds]": (

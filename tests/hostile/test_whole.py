@@ -140,3 +140,58 @@ def test_scope_and_its_old_name_that_disagree_are_refused(scope: str, old: bool)
                            rf"global_pruning={old} disagree; expected scope= alone"):  # fmt: skip
             prune_state_dict(state, 0.5, scope=scope, global_pruning=old)
     assert all(torch.equal(state[k], before[k]) for k in before)
+
+
+# --- a Config made without ranks, given with a process group -----------------------------------
+
+
+@pytest.mark.parametrize("over", [True, False], ids=["over-ranks", "alone"])
+def test_a_config_prunes_as_its_keywords_over_ranks_and_alone(over: bool) -> None:
+    """Config(method='sparsegpt') defaulted sequential to 'layers' for a run alone; given
+    with a process_group it kept it, refused there ("expected sequential=True with
+    process_group") where the same keywords prune. Made with ranks=True (True) and run
+    alone, it calibrated block by block where the keywords take 'layers', silently."""
+    from helpers import distributed_calibration as calibrated
+    from helpers.thread_group import on_threads
+
+    batches = calibrated.batches(0, 1)  # one of odd size: the experts run
+
+    def run(group: Any, config: Config | None) -> dict[str, torch.Tensor]:
+        model = calibrated.build()
+        given: dict[str, Any] = {"process_group": group} if group is not None else {}
+        if config is None:
+            prune_model(model, 0.5, method="sparsegpt", calibration=batches, **given)
+        else:
+            prune_model(model, config=config, calibration=batches, **given)
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    config = Config(method="sparsegpt", amount=0.5, ranks=not over)
+    if over:
+        found = on_threads(2, lambda g: run(g, config))
+        want = on_threads(2, lambda g: run(g, None))
+    else:
+        found, want = [run(None, config)], [run(None, None)]
+    for mine, told in zip(found, want, strict=True):
+        assert mine.keys() == told.keys()
+        assert all(torch.equal(mine[k], told[k]) for k in told)
+
+
+def test_a_sequential_given_in_a_config_is_kept_over_ranks() -> None:
+    """What the fix above must leave: sequential='layers' given is refused over ranks, not
+    changed to True."""
+    from helpers import distributed_calibration as calibrated
+    from helpers.thread_group import on_threads
+
+    config = Config(method="sparsegpt", amount=0.5, sequential="layers")
+
+    def run(group: Any) -> str:
+        model = calibrated.build()
+        batches = calibrated.batches(0, 1)
+        try:
+            prune_model(model, config=config, calibration=batches, process_group=group)
+        except ValueError as error:
+            return str(error)
+        return "pruned"
+
+    for found in on_threads(2, run):
+        assert "expected sequential=True with process_group" in found, found

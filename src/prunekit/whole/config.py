@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from prunekit.core.amount import (
@@ -157,6 +157,9 @@ class Config:
             chosen.check((chosen.m,) * 2, Amount(self.amount, owner))
         if self.sequential is None:
             object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
+            # the default of this Config's `ranks`: an entry point that runs it over other
+            # ranks defaults it anew (``over_ranks``), where one given stays as given
+            object.__setattr__(self, "_defaulted_sequential", True)
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error
@@ -183,6 +186,22 @@ class Config:
             validate_norm_order(self.n, owner=self.owner)
         if self.dim is not None:
             validate_dim_type(self.dim, owner=self.owner)
+
+    def over_ranks(self, ranks: bool, owner: str) -> Config:
+        """This Config for the entry point `owner`, run over data-parallel ranks or not
+        (`ranks`): `sequential`, if this Config defaulted it, defaulted for `ranks`
+        (SparseGPT's 'layers' alone, True over ranks); as given otherwise.
+
+        Args:
+            ranks: whether the call runs over a process group.
+            owner: the entry point the errors name.
+
+        Returns:
+            The Config the call runs with.
+        """
+        defaulted = getattr(self, "_defaulted_sequential", False)
+        sequential = None if defaulted else self.sequential
+        return replace(self, owner=owner, ranks=ranks, sequential=sequential)
 
     @property
     def norm(self) -> float | str:

@@ -10,7 +10,6 @@ under every name, and returns the model's Report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -143,7 +142,7 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
             f"{OWNER}: config= holds every option, but {', '.join(given)} came beside it; "
             "expected config=dataclasses.replace(config, ...) or the keywords alone"
         )
-    return replace(config, owner=OWNER, ranks=ranks)
+    return config.over_ranks(ranks, OWNER)  # sequential, if defaulted, defaulted for ranks
 
 
 def _prune(
