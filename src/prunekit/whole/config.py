@@ -94,7 +94,10 @@ class Config:
             False: one pass of the whole model. None becomes the method's own when made
             (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'`` unless over
             `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
-            benchmarks/vs_llmcompressor.py), True otherwise.
+            benchmarks/vs_llmcompressor.py), True otherwise. ``prune_model(config=...)``
+            defaults it anew for its call's ranks (with or without `process_group`) when
+            this Config defaulted it; a Config made by ``dataclasses.replace`` holds the
+            value as given, a default included.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
             finite float >= 0; None: SparseGPT's own (0.1). Method ``'sparsegpt'`` only:
