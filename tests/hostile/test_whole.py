@@ -195,3 +195,22 @@ def test_a_sequential_given_in_a_config_is_kept_over_ranks() -> None:
 
     for found in on_threads(2, run):
         assert "expected sequential=True with process_group" in found, found
+
+
+# --- options of the calibrated methods beside the others ----------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [("sequential", False), ("sequential", "layers"),
+                                            ("progress", True)])  # fmt: skip
+@pytest.mark.parametrize("method", ["l1", "random", "ln"])
+def test_a_calibration_option_beside_a_method_without_data_is_refused(
+    method: str, key: str, value: Any
+) -> None:
+    """sequential= and progress= shape the calibrated methods' runs; with l1, random or ln
+    they were read and silently ignored (the masks the same whatever was given)."""
+    model = _net()
+    refused(lambda: prune_model(model, 0.5, method=method, **{key: value}), ValueError,
+            rf"prune_model: {key}={value!r} applies to the calibrated methods \(wanda, "
+            rf"sparsegpt, taylor\) only, not method='{method}', which would ignore it; "
+            rf"expected no {key}",
+            model=model)  # fmt: skip

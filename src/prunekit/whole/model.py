@@ -26,7 +26,7 @@ from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
 from prunekit.whole.oneshot_plan import Loss
-from prunekit.whole.registry import CALIBRATED, check_method_scope
+from prunekit.whole.registry import CALIBRATED, METHODS, check_method_scope
 from prunekit.whole.targets import (
     ALL,
     Place,
@@ -85,7 +85,8 @@ def prune_model(
             by layer as they go, never holding the masks and original values of all layers.
         config: every option at once, a ``Config`` (then neither `amount` nor `**options`).
         **options: the other options of ``Config`` by name: `method` (default ``'l1'``),
-            `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress`.
+            `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress` (these two
+            for the calibrated methods only: refused with the others, which ignore them).
 
     Returns:
         The Report of the whole model after pruning.
@@ -115,6 +116,16 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
     if unknown:  # as Python words it for a keyword the signature lacks
         raise TypeError(f"prune_model() got an unexpected keyword argument {unknown[0]!r}")
     if config is None:
+        method = options.get("method", "l1")
+        plain = isinstance(method, str) and method in METHODS and method not in CALIBRATED
+        for key in ("sequential", "progress"):  # given, they would be read and ignored
+            value = options.get(key)
+            if value is not None and plain:
+                raise value_error(
+                    f"{OWNER}: {key}={value!r} applies to the calibrated methods "
+                    f"({', '.join(CALIBRATED)}) only, not method={method!r}, which would "
+                    f"ignore it; expected no {key} (None) with method={method!r}"
+                )
         if amount is None:
             raise type_error(
                 f"{OWNER}: amount=None; expected the fraction to prune, a float in [0, 1], "
