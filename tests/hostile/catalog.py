@@ -25,6 +25,8 @@ ENTRY_POINTS = {
     "test_experts": "prune_channels(experts=...)",
     "test_patterns": "patterns / criteria",
     "test_rotation": "rotate_hidden",
+    "test_cli": "prunekit prune / demo",
+    "test_whole": "prune_model (selection)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -279,6 +281,43 @@ BROKE: dict[str, str] = {
     ),
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
+    ),
+    # prune_model's selection and plain methods (prunekit.whole.model, targets)
+    "test_whole::test_a_loss_beside_a_method_without_data_is_refused": (
+        "loss= with l1, random or ln read and ignored (refused with pattern='row')"
+    ),
+    "test_whole::test_a_shared_module_left_out_under_one_of_its_names_is_refused": (
+        "a module at two paths excluded under one: pruned under the other, silently"
+    ),
+    "test_whole::test_the_unstructured_pattern_as_an_object_prunes_as_its_name": (
+        "pattern=Unstructured() refused as not 'unstructured' (ln, prune_state_dict)"
+    ),
+    "test_whole::test_scope_and_its_old_name_that_disagree_are_refused[layer-True]": (
+        "scope='layer' with global_pruning=True pruned globally, a FutureWarning alone"
+    ),
+    "test_whole::test_a_config_prunes_as_its_keywords_over_ranks_and_alone": (
+        "Config's defaulted sequential kept for other ranks: refused over a process_group "
+        "('layers'), block by block alone (ranks=True), where the keywords prune"
+    ),
+    "test_whole::test_a_calibration_option_beside_a_method_without_data_is_refused": (
+        "sequential= or progress= with l1, random or ln read and silently ignored"
+    ),
+    # the command line (prunekit.tools.cli, calibrate)
+    "test_cli::[single-inside]": "a model folder pruned into a folder inside it: input changed",
+    "test_cli::[single-holds]": (
+        "a model folder pruned into the folder holding it: that folder copied and swapped"
+    ),
+    "test_cli::test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights[sh": (
+        "old shards and index kept beside the new model.safetensors: report read the old"
+    ),
+    "test_cli::test_a_plot_inside_the_model_folder_reported_is_refused": (
+        "report DIR --plot DIR/model.safetensors wrote the PNG over the weights, status 0"
+    ),
+    "test_cli::test_a_calibration_option_of_a_method_without_calibration_is_refused": (
+        "--window/--windows with l1, random or ln read and silently ignored"
+    ),
+    "test_cli::test_a_demo_option_of_the_other_demo_is_refused": (
+        "--distill without --llm, or the CNN demo's options with it, read and ignored"
     ),
     # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
     "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
