@@ -22,6 +22,9 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_distributed": "global_unstructured(process_group=...)",
+    "test_io": "prune_sharded / open_tensors",
+    "test_schedule": "GradualPruner (state)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -372,6 +375,29 @@ BROKE: dict[str, str] = {
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (
         "the head trained towards the reference's loss (a labelled output's first tensor)"
+    ),
+    # global_unstructured over ranks (prunekit.dropin.across_ranks)
+    "test_distributed::test_what_lies_behind_a_mask_does_not_compete_across_ranks": (
+        "NaN or inf in entries pruned before: every rank refused what one process prunes"
+    ),
+    "test_distributed::test_importance_scores_behind_a_mask_do_not_compete_across_ranks": (
+        "NaN scores where the mask pruned: every rank refused what one process prunes"
+    ),
+    "test_distributed::[negative]": "'L1Unstructured: invalid amount=-1': no global_unstructured",
+    "test_distributed::[nan]": "'L1Unstructured: invalid amount=nan': no global_unstructured",
+    "test_distributed::[bool]": "'global_unstructured: L1Unstructured: L1Unstructured: ...'",
+    "test_distributed::test_a_bug_in_a_methods_constructor_is_not_made_the_callers_error": (
+        "a TypeError from inside a method's constructor rewrapped as the caller's TypeError"
+    ),
+    # sharded checkpoints (prunekit.io.mapped, io.sharded)
+    "test_io::test_a_folder_written_again_is_read_as_it_is_now": (
+        "the replaced file's memory map reused (by path and offset): the old values, silently"
+    ),
+    "test_io::test_a_folder_written_again_is_pruned_from_what_it_holds_now": (
+        "prune_sharded pruned the replaced files' values (a held tensor's map reused)"
+    ),
+    "test_io::test_a_global_pruning_ranks_what_a_saved_mask_left_as_in_memory": (
+        "NaN or inf where a saved mask pruned: refused, though prune_state_dict prunes it"
     ),
 }
 

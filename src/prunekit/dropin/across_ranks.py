@@ -35,6 +35,7 @@ from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.collectives import Group
 from prunekit.distributed.tensors import Placement, local, placement
+from prunekit.dropin.base_method import construct
 from prunekit.dropin.install import install
 from prunekit.dropin.torch_methods import CustomFromMask, Pruning
 from prunekit.patterns.unstructured import Unstructured
@@ -137,10 +138,9 @@ def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
             f"{_OWNER}: invalid pruning_method={pruning_method!r} for a process group; expected "
             "L1Unstructured, RandomUnstructured or another prunekit.Pruning class"
         )
-    try:
-        method = pruning_method(**kwargs)
-    except TypeError as error:  # arguments the class does not take
-        raise type_error(f"{_OWNER}: {pruning_method.__name__}: {error}") from None
+    # the call's own errors (an unknown keyword) and prunekit's checks named as without a
+    # group; a TypeError from inside a constructor (a bug there) travels as it is
+    method: Pruning = construct(pruning_method, (), kwargs, _OWNER)
     fits = (
         type(method).compute_mask is Pruning.compute_mask
         and isinstance(method.pattern, Unstructured)
@@ -280,7 +280,10 @@ def _scores(e: _Entry, criterion: Criterion) -> Any:
     ranked = e.values if e.scores is None else e.scores
 
     def read() -> tuple[Tensor, Tensor | None]:
-        return criterion._checked_scores(ranked, target), e.alive
+        scores = criterion._checked_scores(ranked, target)
+        if e.alive is not None:  # entries pruned before do not compete: NaN there is no harm
+            scores = torch.where(e.alive == 1, scores, torch.zeros((), dtype=scores.dtype))
+        return scores, e.alive
 
     return read
 

@@ -1,0 +1,177 @@
+"""Hostile cases for pruning across ranks (prunekit.distributed, global_unstructured with a
+process_group), the ranks as threads of one process (tests/helpers/thread_group.py): each rank
+gets the masks one process holding every tensor gets, and a refusal names the call and the
+bad value as it does without a group."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+from helpers.thread_group import on_threads
+from hostile.support import refused
+from prunekit.core.errors import is_explained
+from prunekit.distributed.collectives import Group
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def layers(dtype: torch.dtype, behind: float | None = None) -> list[nn.Linear]:
+    """Three Linear layers; the second pruned before (two entries of its first row), and with
+    `behind`, those pruned entries holding that value (a weight gone bad after its pruning)."""
+    torch.manual_seed(0)
+    made = [nn.Linear(4, 5), nn.Linear(5, 3), nn.Linear(3, 4)]
+    made = [m.to(dtype) for m in made]
+    mask = torch.ones(3, 5, dtype=dtype)
+    mask[0, :2] = 0
+    prunekit.custom_from_mask(made[1], "weight", mask)
+    if behind is not None:
+        with torch.no_grad():
+            made[1].weight_orig[0, :2] = behind
+    return made
+
+
+def masks_of(made: list[nn.Linear]) -> list[torch.Tensor]:
+    return [m.weight_mask.clone() for m in made]
+
+
+def over_ranks(made: list[nn.Linear], by_rank: tuple[int, ...], **kwargs: Any) -> list[Any]:
+    """global_unstructured over two ranks, layer i listed by rank `by_rank[i]` (each rank a
+    copy of the layers made before the threads start: torch's seed is one for all threads);
+    each rank's masks of its layers, by index, or its error."""
+    copies = [copy.deepcopy(made) for _ in range(2)]
+    scores = kwargs.pop("scores", None)
+
+    def rank(group: Group) -> Any:
+        mine = copies[group.rank]
+        listed = [i for i, r in enumerate(by_rank) if r == group.rank]
+        given = None if scores is None else {(mine[i], "weight"): scores[i] for i in listed}
+        try:
+            prunekit.global_unstructured(
+                [(mine[i], "weight") for i in listed],
+                prunekit.L1Unstructured,
+                given,
+                process_group=group,
+                **kwargs,
+            )
+        except Exception as error:  # noqa: BLE001 (what each rank raised is the result)
+            return error
+        return {i: mine[i].weight_mask.clone() for i in listed}
+
+    return on_threads(2, rank)
+
+
+# --- what lies behind a mask ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("behind", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("by_rank", [(0, 1, 1), (1, 0, 0)], ids=["on-rank-1", "on-rank-0"])
+def test_what_lies_behind_a_mask_does_not_compete_across_ranks(
+    dtype: torch.dtype, behind: float, by_rank: tuple[int, ...]
+) -> None:
+    """Entries pruned before hold NaN or inf: they do not compete, so one process ranks the
+    others and prunes; over ranks every rank raised 'the scores ... hold NaN or infinity,
+    which cannot be ranked' (the check read the entries the mask had pruned)."""
+    made = layers(dtype, behind)
+    alone = copy.deepcopy(made)
+    prunekit.global_unstructured([(m, "weight") for m in alone], prunekit.L1Unstructured, amount=0.5)
+    want = masks_of(alone)
+    found = over_ranks(made, by_rank, amount=0.5)
+    for r, got in enumerate(found):
+        assert isinstance(got, dict), f"rank {r}: {got}"
+        for i, mask in got.items():
+            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+
+
+def test_importance_scores_behind_a_mask_do_not_compete_across_ranks() -> None:
+    """Importance scores that are NaN where the mask pruned: ranked as one process ranks
+    them (there they never compete); over ranks every rank refused them."""
+    made = layers(torch.float32)
+    scores = [m.weight.detach().abs() + 1 for m in made]
+    scores[1][0, :2] = math.nan
+    alone = copy.deepcopy(made)
+    given = {(m, "weight"): s for m, s in zip(alone, scores, strict=True)}
+    prunekit.global_unstructured(
+        [(m, "weight") for m in alone], prunekit.L1Unstructured, given, amount=0.4
+    )
+    want = masks_of(alone)
+    for r, got in enumerate(over_ranks(made, (0, 1, 1), amount=0.4, scores=scores)):
+        assert isinstance(got, dict), f"rank {r}: {got}"
+        for i, mask in got.items():
+            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+
+
+def test_nan_that_competes_is_still_refused_on_every_rank() -> None:
+    """A NaN in an entry still alive cannot be ranked: every rank raises, naming it, and no
+    rank's model changes (the guard beside the fix above)."""
+    made = layers(torch.float32)
+    with torch.no_grad():
+        made[2].weight[1, 1] = math.nan
+    found = over_ranks(made, (0, 1, 1), amount=0.5)
+    for r, error in enumerate(found):
+        assert isinstance(error, ValueError), f"rank {r}: {error}"
+        assert "hold NaN or infinity" in str(error) and "global_unstructured" in str(error)
+
+
+# --- the method's arguments -------------------------------------------------------------------
+
+
+class Buggy(prunekit.L1Unstructured):
+    """A method whose constructor has a bug of its own: a TypeError from inside it."""
+
+    def __init__(self, amount: float) -> None:
+        super().__init__(amount)
+        self.steps = len(amount)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("amount", "error", "match"),
+    [
+        (-1, ValueError, r"^global_unstructured: L1Unstructured: invalid amount=-1; expected"),
+        (math.nan, ValueError, r"^global_unstructured: L1Unstructured: invalid amount=nan;"),
+        (True, TypeError, r"^global_unstructured: L1Unstructured: invalid amount=True of type"),
+    ],
+    ids=["negative", "nan", "bool"],
+)
+def test_a_bad_amount_over_one_rank_is_named_as_without_a_group(
+    amount: Any, error: type[Exception], match: str
+) -> None:
+    """Over a group of one rank the amount's refusal began 'L1Unstructured: invalid
+    amount=-1' (no global_unstructured), or named L1Unstructured twice ('global_unstructured:
+    L1Unstructured: L1Unstructured: invalid amount=True'); without a group it is named
+    once, after the call."""
+    made = layers(torch.float32)
+    pairs = [(m, "weight") for m in made]
+    model = nn.ModuleList(made)
+    with pytest.raises(error, match=match):
+        prunekit.global_unstructured(pairs, prunekit.L1Unstructured, amount=amount)
+    refused(
+        lambda: prunekit.global_unstructured(
+            pairs, prunekit.L1Unstructured, amount=amount, process_group=Group()
+        ),
+        error,
+        match,
+        model=model,
+    )
+
+
+def test_a_bug_in_a_methods_constructor_is_not_made_the_callers_error() -> None:
+    """A TypeError from inside a method's own constructor is a bug there: it travels as it
+    is, as without a group; over ranks it was rewrapped as the caller's TypeError
+    ('global_unstructured: Buggy: object of type 'float' has no len()')."""
+    made = layers(torch.float32)
+    pairs = [(m, "weight") for m in made]
+    with pytest.raises(TypeError, match=r"^object of type 'float' has no len\(\)$") as alone:
+        prunekit.global_unstructured(pairs, Buggy, amount=0.5)
+    assert not is_explained(alone.value)
+    with pytest.raises(TypeError, match=r"^object of type 'float' has no len\(\)$") as grouped:
+        prunekit.global_unstructured(pairs, Buggy, amount=0.5, process_group=Group())
+    assert not is_explained(grouped.value)
+    assert not prunekit.is_pruned(made[0]) and not prunekit.is_pruned(made[2])
