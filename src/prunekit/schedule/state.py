@@ -118,8 +118,16 @@ def check_state(
     steps, amount, generator = state["steps"], state["amount"], state["generator"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise value_error(f"{where}: invalid steps={steps!r}; expected an int >= 0")
-    if not isinstance(amount, numbers.Real) or not 0 <= float(amount) <= 1:
-        raise value_error(f"{where}: invalid amount={amount!r}; expected a float in [0, 1]")
+    final = pruner.timetable.final_amount  # no update goes past it: a state above is no state
+    if isinstance(amount, bool):
+        raise type_error(
+            f"{where}: invalid amount={amount!r} of type bool; expected a float in "
+            f"[0, final_amount={final}]"
+        )
+    if not isinstance(amount, numbers.Real) or not 0 <= float(amount) <= final:
+        raise value_error(
+            f"{where}: invalid amount={amount!r}; expected a float in [0, final_amount={final}]"
+        )
     if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
         raise value_error(f"{where}: invalid generator state; expected a uint8 tensor")
     try:  # on a scratch generator: the pruner's own is set only once all is checked

@@ -1,0 +1,124 @@
+"""Hostile states for GradualPruner.load_state_dict, and resumes the earlier rounds left out:
+a state the pruner could never have saved is refused by its value and nothing changes; a run
+resumed where the masks of emptied channels' biases follow, or from before the first step,
+ends bit for bit as the run that never stopped."""
+
+from __future__ import annotations
+
+import copy
+import io
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import prunekit
+from helpers.gradual_models import Small, batch, train_step
+from hostile.support import refused
+
+STEPS = 12
+
+
+def setup(seed: int = 0, prepare: bool = False, **kw: Any) -> tuple[nn.Module, Any, Any]:
+    torch.manual_seed(seed)
+    model = Small()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    args = {"start_step": 2, "end_step": 9, "every": 3, **kw}
+    pruner = prunekit.GradualPruner(model, 0.8, **args)
+    if prepare:
+        pruner.prepare()
+    return model, optimizer, pruner
+
+
+def train(model: nn.Module, optimizer: Any, pruner: Any, steps: range) -> None:
+    for i in steps:
+        train_step(model, optimizer, i)
+        pruner.step()
+
+
+# --- states no pruner saves -------------------------------------------------------------------
+
+
+def saved() -> dict[str, Any]:
+    model, optimizer, pruner = setup()
+    train(model, optimizer, pruner, range(1, 6))
+    return pruner.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("amount", "error", "match"),
+    [
+        (0.95, ValueError, r"invalid amount=0\.95; expected a float in \[0, final_amount=0\.8\]"),
+        (True, TypeError, r"invalid amount=True of type bool; expected a float in \[0, "),
+    ],
+    ids=["above-final", "bool"],
+)
+def test_an_amount_no_pruner_reaches_is_refused(
+    amount: Any, error: type[Exception], match: str
+) -> None:
+    """A state whose amount is above final_amount (0.95 of a pruner to 0.8) was loaded, and
+    every later update pruned to 0.95, past the sparsity asked; True was read as 1.0."""
+    state = copy.deepcopy(saved())
+    state["amount"] = amount
+    model, _, pruner = setup(seed=1)
+    refused(
+        lambda: pruner.load_state_dict(state),
+        error,
+        rf"^GradualPruner\.load_state_dict: {match}",
+        model=model,
+    )
+    assert pruner.steps == 0 and pruner.amount == 0.0
+
+
+def test_the_final_amount_itself_loads() -> None:
+    """The bound is final_amount itself: a state at the end of its schedule loads (the
+    guard beside the refusal above)."""
+    model, optimizer, pruner = setup()
+    train(model, optimizer, pruner, range(1, STEPS + 1))
+    state = pruner.state_dict()
+    assert state["amount"] == 0.8
+    _, _, again = setup(seed=1)
+    again.load_state_dict(state)
+    assert again.amount == 0.8 and again.steps == STEPS
+
+
+# --- resumes ----------------------------------------------------------------------------------
+
+
+def resumed_equals_uninterrupted(stop: int, prepare: bool, **kw: Any) -> None:
+    model, optimizer, pruner = setup(prepare=prepare, **kw)
+    train(model, optimizer, pruner, range(1, stop + 1))
+    buffer = io.BytesIO()
+    torch.save(
+        {"model": model.state_dict(), "opt": optimizer.state_dict(), "pruner": pruner.state_dict()},
+        buffer,
+    )
+    train(model, optimizer, pruner, range(stop + 1, STEPS + 1))
+
+    again, again_optimizer, again_pruner = setup(seed=7, prepare=prepare, **kw)
+    state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    again_pruner.load_state_dict(state["pruner"])
+    again.load_state_dict(state["model"])
+    again_optimizer.load_state_dict(state["opt"])
+    train(again, again_optimizer, again_pruner, range(stop + 1, STEPS + 1))
+    ours, theirs = model.state_dict(), again.state_dict()
+    assert list(ours) == list(theirs)
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+@pytest.mark.parametrize("prepare", [False, True], ids=["plain", "prepared"])
+@pytest.mark.parametrize("stop", [0, 3, 5])
+def test_a_resume_with_companion_masks_ends_bit_for_bit(stop: int, prepare: bool) -> None:
+    """Channels pruned with example_inputs (the biases of emptied channels masked too),
+    stopped before any step, at an update step, and between two."""
+    options = {"method": "ln", "include": ("conv.weight", "fc1.weight")}
+    resumed_equals_uninterrupted(stop, prepare, example_inputs=(batch(0)[0],), **options)
+
+
+@pytest.mark.parametrize("stop", [0, 1, 4])
+def test_a_resume_of_a_pruner_that_updates_when_made_ends_bit_for_bit(stop: int) -> None:
+    """start_step=0: the pruner prunes when it is made (the fresh pruner of the resumed run
+    too, with another seed), then loads the state."""
+    resumed_equals_uninterrupted(stop, False, start_step=0, method="random", scope="global")
