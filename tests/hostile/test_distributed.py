@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import prunekit
 from helpers.thread_group import on_threads
 from hostile.support import refused
 from prunekit.core.errors import is_explained
+from prunekit.distributed import all_reduce_statistics
 from prunekit.distributed.collectives import Group
 
 # --- models -----------------------------------------------------------------------------------
@@ -60,7 +62,7 @@ def over_ranks(made: list[nn.Linear], by_rank: tuple[int, ...], **kwargs: Any) -
                 process_group=group,
                 **kwargs,
             )
-        except Exception as error:  # noqa: BLE001 (what each rank raised is the result)
+        except Exception as error:  # what each rank raised is the result
             return error
         return {i: mine[i].weight_mask.clone() for i in listed}
 
@@ -81,7 +83,9 @@ def test_what_lies_behind_a_mask_does_not_compete_across_ranks(
     which cannot be ranked' (the check read the entries the mask had pruned)."""
     made = layers(dtype, behind)
     alone = copy.deepcopy(made)
-    prunekit.global_unstructured([(m, "weight") for m in alone], prunekit.L1Unstructured, amount=0.5)
+    prunekit.global_unstructured(
+        [(m, "weight") for m in alone], prunekit.L1Unstructured, amount=0.5
+    )
     want = masks_of(alone)
     found = over_ranks(made, by_rank, amount=0.5)
     for r, got in enumerate(found):
@@ -175,3 +179,51 @@ def test_a_bug_in_a_methods_constructor_is_not_made_the_callers_error() -> None:
         prunekit.global_unstructured(pairs, Buggy, amount=0.5, process_group=Group())
     assert not is_explained(grouped.value)
     assert not prunekit.is_pruned(made[0]) and not prunekit.is_pruned(made[2])
+
+
+# --- all_reduce_statistics --------------------------------------------------------------------
+
+
+def _meta() -> torch.Tensor:
+    return torch.empty(3, 3, device="meta")
+
+
+def _sparse() -> torch.Tensor:
+    return torch.eye(3).to_sparse()
+
+
+def _nested() -> torch.Tensor:
+    with warnings.catch_warnings():  # torch's, once a process: nested tensors are a prototype
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [(_meta, "a meta tensor"), (_sparse, "a sparse tensor"), (_nested, "a nested tensor")],
+    ids=["meta", "sparse", "nested"],
+)
+@pytest.mark.parametrize("weight", [None, 2.0], ids=["summed", "weighted"])
+def test_a_statistic_without_dense_values_is_named_on_every_rank(
+    make: Any, words: str, weight: float | None
+) -> None:
+    """One rank's statistic on the meta device, sparse or nested: raw torch errors ('Cannot
+    copy out of meta tensor; no data!', 'reshape is not implemented for sparse tensors',
+    'NestedTensorImpl doesn't support sizes') raised as they were on that rank, a
+    RuntimeError on the others, the statistic unnamed; now the caller's ValueError on every
+    rank, naming it."""
+    bad = make()
+
+    def rank(group: Group) -> Any:
+        statistics = {"h": bad if group.rank == 1 else torch.eye(3), "n": torch.ones(2)}
+        try:
+            return all_reduce_statistics(statistics, group, weight=weight)
+        except Exception as error:  # what each rank raised is the result
+            return error
+
+    for r, error in enumerate(on_threads(2, rank)):
+        assert isinstance(error, ValueError), f"rank {r}: {error!r}"
+        assert "all_reduce_statistics" in str(error) and "rank(s) [1]" in str(error)
+        assert f"statistics['h'] is {words}" in str(error), str(error)
+    with pytest.raises(ValueError, match=rf"^all_reduce_statistics: statistics\['h'\] is {words}"):
+        all_reduce_statistics({"h": bad}, Group(), weight=weight)
