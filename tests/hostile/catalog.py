@@ -397,6 +397,22 @@ BROKE: dict[str, str] = {
         for w in ("summed", "weighted")
         for k in ("meta", "sparse", "nested")
     },
+    "test_distributed::[scores-meta]": "a segmentation fault in the selection (meta scores)",
+    "test_distributed::[scores-sparse]": "raw 'reshape is not implemented for sparse tensors'",
+    "test_distributed::[scores-bool]": "'Magnitude.scores returned Tensor of dtype torch.bool'",
+    "test_distributed::[scores-complex]": "'Magnitude.scores returned ... torch.complex64'",
+    "test_distributed::test_a_parameter_on_the_meta_device_is_refused_over_ranks": (
+        "a segmentation fault in the selection (a parameter on the meta device)"
+    ),
+    "test_distributed::test_integer_importance_scores_rank_as_in_one_process": (
+        "refused: 'Magnitude.scores returned Tensor of dtype torch.int64', the scores unnamed"
+    ),
+    "test_distributed::[f64-scores-of-f32]": (
+        "float64 scores ranked as float32 (the tensor's dtype): ties, other entries pruned"
+    ),
+    "test_distributed::[f32-scores-of-bf16]": (
+        "float32 scores read as 16-bit: raw 'The size of tensor a (15) must match ... (30)'"
+    ),
     # sharded checkpoints (prunekit.io.mapped, io.sharded)
     "test_io::test_a_folder_written_again_is_read_as_it_is_now": (
         "the replaced file's memory map reused (by path and offset): the old values, silently"

@@ -227,3 +227,120 @@ def test_a_statistic_without_dense_values_is_named_on_every_rank(
         assert f"statistics['h'] is {words}" in str(error), str(error)
     with pytest.raises(ValueError, match=rf"^all_reduce_statistics: statistics\['h'\] is {words}"):
         all_reduce_statistics({"h": bad}, Group(), weight=weight)
+
+
+# --- importance scores and tensors a rank cannot rank -----------------------------------------
+
+
+def _scores_of(kind: str, made: list[nn.Linear]) -> dict[tuple[nn.Module, str], torch.Tensor]:
+    w = [m.weight.detach() for m in made]
+    found = {
+        "meta": [torch.empty(t.shape, device="meta") for t in w],
+        "sparse": [t.to_sparse() for t in w],
+        "bool": [t > 0 for t in w],
+        "complex": [t.to(torch.complex64) for t in w],
+    }[kind]
+    return {(m, "weight"): s for m, s in zip(made, found, strict=True)}
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "match"),
+    [
+        ("meta", ValueError, r"importance_scores .*meta"),
+        ("sparse", ValueError, r"importance_scores is a sparse tensor"),
+        ("bool", TypeError, r"importance_scores have dtype torch\.bool; expected a real"),
+        ("complex", TypeError, r"importance_scores have dtype torch\.complex64; expected a real"),
+    ],
+    ids=["scores-meta", "scores-sparse", "scores-bool", "scores-complex"],
+)
+def test_importance_scores_one_process_refuses_are_refused_over_ranks(
+    kind: str, error: type[Exception], match: str
+) -> None:
+    """Scores without values (meta: the process crashed, a segmentation fault in the
+    selection), sparse (raw 'reshape is not implemented for sparse tensors'), bool or
+    complex ('Magnitude.scores returned Tensor of dtype torch.bool', the scores unnamed):
+    refused naming the tensor and importance_scores, as without a group; nothing pruned."""
+    made = layers(torch.float32)
+    pairs = [(m, "weight") for m in made]
+    with pytest.raises(error, match=match):
+        prunekit.global_unstructured(
+            pairs, prunekit.L1Unstructured, _scores_of(kind, made), amount=0.5
+        )
+    refused(
+        lambda: prunekit.global_unstructured(
+            pairs, prunekit.L1Unstructured, _scores_of(kind, made), amount=0.5,
+            process_group=Group(),
+        ),
+        error,
+        rf"parameter 'weight' of Linear: {match}",
+        model=nn.ModuleList(made),
+    )  # fmt: skip
+
+
+def test_a_parameter_on_the_meta_device_is_refused_over_ranks() -> None:
+    """A listed parameter without values: the process crashed (a segmentation fault in the
+    selection); refused naming it, as without a group."""
+    made = [m.to("meta") for m in layers(torch.float32)]
+    pairs = [(m, "weight") for m in made]
+    with pytest.raises(ValueError, match=r"meta tensor"):
+        prunekit.global_unstructured(pairs, prunekit.L1Unstructured, amount=0.5)
+    refused(
+        lambda: prunekit.global_unstructured(
+            pairs, prunekit.L1Unstructured, amount=0.5, process_group=Group()
+        ),
+        ValueError,
+        r"parameter 'weight' of Linear: the parameter is a meta tensor",
+        model=nn.ModuleList(made),
+    )
+
+
+def test_integer_importance_scores_rank_as_in_one_process() -> None:
+    """Integer scores rank without a group; over ranks they were refused ('Magnitude.scores
+    returned Tensor of dtype torch.int64', the scores unnamed)."""
+    made = layers(torch.float32)
+    scores = [(m.weight.detach() * 1000).round().to(torch.int64) for m in made]
+    scores[0][0, :3] = 2**40 + torch.arange(3)  # apart only as integers past float32's 2**24
+    alone = copy.deepcopy(made)
+    given = {(m, "weight"): s for m, s in zip(alone, scores, strict=True)}
+    prunekit.global_unstructured(
+        [(m, "weight") for m in alone], prunekit.L1Unstructured, given, amount=0.5
+    )
+    want = masks_of(alone)
+    for r, got in enumerate(over_ranks(made, (0, 1, 0), amount=0.5, scores=scores)):
+        assert isinstance(got, dict), f"rank {r}: {got}"
+        for i, mask in got.items():
+            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+
+
+@pytest.mark.parametrize(
+    ("weights", "scores", "step"),
+    [(torch.float32, torch.float64, 1e-12), (torch.bfloat16, torch.float32, 5e-5)],
+    ids=["f64-scores-of-f32", "f32-scores-of-bf16"],
+)
+def test_scores_finer_than_their_tensor_rank_at_their_own_precision(
+    weights: torch.dtype, scores: torch.dtype, step: float
+) -> None:
+    """Importance scores apart only in their own dtype (1 + i * step, all equal in the
+    tensors' dtype), the later ones smallest: one process prunes the later entries; over
+    ranks the scores were ranked in the tensors' dtype, all tied, and the earlier entries
+    went (every mask of layer 0 the other way round), silently."""
+    made = layers(weights)
+    total = sum(m.weight.numel() for m in made)
+    given, offset = [], 0
+    for m in made:
+        n = m.weight.numel()
+        ranks = torch.arange(offset, offset + n, dtype=scores).view(m.weight.shape)
+        given.append(1 + (total - ranks) * step)
+        offset += n
+    assert all(bool((s.to(weights) == 1).all()) for s in given)  # ties in the tensors' dtype
+    alone = copy.deepcopy(made)
+    pairs = {(m, "weight"): s for m, s in zip(alone, given, strict=True)}
+    prunekit.global_unstructured(
+        [(m, "weight") for m in alone], prunekit.L1Unstructured, pairs, amount=0.5
+    )
+    want = masks_of(alone)
+    assert not bool(want[2].any())  # the last layer's entries are the smallest scores
+    for r, got in enumerate(over_ranks(made, (0, 1, 1), amount=0.5, scores=given)):
+        assert isinstance(got, dict), f"rank {r}: {got}"
+        for i, mask in got.items():
+            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"

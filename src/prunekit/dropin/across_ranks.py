@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
+from prunekit.core.checks import check_kind, check_scores
 from prunekit.core.errors import attribute_error, describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
@@ -196,13 +197,18 @@ def _entries(
         alive = local(getattr(owner, mask_name(leaf)).detach()) if pruned else None
         given = scores.get((module, name))
         values = local(param.detach())
+        check_kind(values, where, "the parameter")  # meta: no values to rank
         if given is not None:
-            given = local(given.detach())
-            if tuple(given.shape) != tuple(values.shape):
-                raise value_error(
-                    f"{where}: importance_scores of shape {tuple(given.shape)}; expected the "
-                    f"shape of the tensor this rank holds, {tuple(values.shape)}"
-                )
+            if isinstance(given, Tensor):
+                given = local(given.detach())
+                if tuple(given.shape) != tuple(values.shape):
+                    raise value_error(
+                        f"{where}: importance_scores of shape {tuple(given.shape)}; expected "
+                        f"the shape of the tensor this rank holds, {tuple(values.shape)}"
+                    )
+            given = check_scores(given, values, where, alive)  # as without a group
+            if not given.is_floating_point():  # integers rank by value, as in one process
+                given = given.to(torch.float64)
         if not values.is_floating_point():
             raise type_error(f"{where} is of dtype {values.dtype}; expected floating point")
         lay = placement(param, where)
@@ -268,9 +274,8 @@ def _pieces(entries: list[_Entry], keys: list[int], criterion: Any) -> list[Piec
         count = values.numel() if alive is None else int((alive == 1).sum())
         source = _scores(e, criterion)
         competing = count if lay.counts else 0
-        pieces.append(
-            Piece(source, values.numel(), values.dtype, key, lay.runs, lay.counts, competing)
-        )
+        ranked = values.dtype if e.scores is None else e.scores.dtype  # what the source gives
+        pieces.append(Piece(source, values.numel(), ranked, key, lay.runs, lay.counts, competing))
     return pieces
 
 
