@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hostile.support import refused
 from prunekit.io.sharded import INDEX, open_tensors, prune_sharded
 from prunekit.io.statedict import prune_state_dict
 
@@ -130,3 +131,41 @@ def test_nan_a_saved_mask_left_is_still_refused_before_the_output_changes(tmp_pa
     with pytest.raises(ValueError, match=r"'a\.weight' hold NaN or infinity"):
         prune_sharded(source, out, 0.5, method="l1", scope="global")
     assert not out.exists()
+
+
+# --- a saved mask that is no mask -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scope", "exclude"),
+    [("global", ()), ("layer", ("a",)), ("global", ("a",))],
+    ids=["global", "layer-left", "global-left"],
+)
+@pytest.mark.parametrize("value", [0.5, math.nan, 2.0], ids=["half", "nan", "two"])
+def test_a_saved_mask_that_is_no_mask_is_named_with_its_value_and_place(
+    tmp_path: Path, scope: str, exclude: tuple[str, ...], value: float
+) -> None:
+    """A ``_mask`` holding 0.5 (NaN, 2): prune_state_dict names the tensor, the value and its
+    index; prune_sharded said only "'a.weight_mask' holds values other than 0 and 1" where
+    the tensor was ranked with others or left out. The output stays as it was."""
+    mask = torch.ones(6, 4)
+    mask[5, 3] = value
+    saved = {
+        "z.weight": torch.randn(4, 4),
+        "a.weight_orig": torch.randn(6, 4),
+        "a.weight_mask": mask,
+    }
+    message = rf"tensor 'a\.weight': the mask .*{value} at index \(5, 3\); expected only 0 and 1"
+    options: dict[str, object] = {"method": "l1", "scope": scope, "exclude": exclude}
+    with pytest.raises(ValueError, match=message):
+        prune_state_dict(saved, 0.5, **options)  # type: ignore[arg-type]
+    source = shards(tmp_path / "in", saved)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00001-of-00003.safetensors").write_bytes(b"an earlier output")
+    refused(
+        lambda: prune_sharded(source, out, 0.5, **options),  # type: ignore[arg-type]
+        ValueError,
+        message,
+        paths=(source, out),
+    )
