@@ -122,3 +122,74 @@ def test_a_resume_of_a_pruner_that_updates_when_made_ends_bit_for_bit(stop: int)
     """start_step=0: the pruner prunes when it is made (the fresh pruner of the resumed run
     too, with another seed), then loads the state."""
     resumed_equals_uninterrupted(stop, False, start_step=0, method="random", scope="global")
+
+
+# --- a state of another set-up ----------------------------------------------------------------
+
+
+def pruned(pattern: str | prunekit.Pattern) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = Small()
+    options: dict[str, Any] = {"start_step": 1, "end_step": 4, "schedule": "constant"}
+    pruner = prunekit.GradualPruner(
+        model, 0.5, include=("fc1.weight", "fc2.weight"), pattern=pattern, **options
+    )
+    return model, pruner
+
+
+@pytest.mark.parametrize(
+    ("saved_by", "loaded_by", "words"),
+    [
+        ("row", "unstructured", r"'PerRow\(dim=0\)'; this pruner has pattern='Unstructured\(\)'"),
+        ("2:4", "unstructured", r"'NM\(2, 4\)'; this pruner has pattern='Unstructured\(\)'"),
+        ("2:4", "row", r"'NM\(2, 4\)'; this pruner has pattern='PerRow\(dim=0\)'"),
+    ],
+)
+def test_a_state_of_another_pattern_is_refused(saved_by: str, loaded_by: str, words: str) -> None:
+    """The set-up compared on loading left the pattern out (the label says 'L1' for each):
+    a state of a pruner by rows or N:M loaded into an unstructured one, whose later updates
+    then pruned otherwise than the run that saved it, silently."""
+    _, pruner = pruned(saved_by)
+    for _ in range(3):
+        pruner.step()
+    state = pruner.state_dict()
+    again, other = pruned(loaded_by)
+    refused(
+        lambda: other.load_state_dict(state),
+        ValueError,
+        rf"^GradualPruner\.load_state_dict: the state was saved with pattern={words}; expected",
+        model=again,
+    )
+    assert other.steps == 0
+
+
+def test_a_state_saved_before_the_pattern_was_compared_still_loads() -> None:
+    """A state whose set-up has no pattern (saved before it was compared) loads as before
+    (the guard beside the refusal above)."""
+    model, pruner = pruned("row")
+    for _ in range(3):
+        pruner.step()
+    state = copy.deepcopy(pruner.state_dict())
+    state["setup"].pop("pattern", None)
+    again, other = pruned("row")
+    other.load_state_dict(state)
+    assert other.steps == 3
+    assert torch.equal(again.fc1.weight_mask, model.fc1.weight_mask)
+
+
+class Plain(prunekit.Unstructured):
+    """A pattern of the user's whose repr is object's (it holds the object's address)."""
+
+    __repr__ = object.__repr__
+
+
+def test_a_pattern_without_a_repr_of_its_own_resumes() -> None:
+    """The pattern is compared by its repr; one that holds an address (another in every
+    process) is compared by its class (the guard of the comparison above)."""
+    model, pruner = pruned(Plain())
+    for _ in range(3):
+        pruner.step()
+    again, other = pruned(Plain())
+    other.load_state_dict(pruner.state_dict())
+    assert other.steps == 3
+    assert torch.equal(again.fc1.weight_mask, model.fc1.weight_mask)

@@ -2,8 +2,8 @@
 
 The state is plain numbers, strings and tensors (masks as bool), so
 ``torch.load(path, weights_only=True)`` reads it. Loading checks everything before
-anything changes: the same set-up (schedule, method, scope, targets) and masks of the
-targets' shapes.
+anything changes: the same set-up (schedule, method, pattern, scope, targets), a sparsity
+not above final_amount, and masks of the targets' shapes.
 """
 
 from __future__ import annotations
@@ -40,8 +40,20 @@ def setup(pruner: GradualPruner) -> dict[str, Any]:
         "every": t.every,
         "schedule": shape,
         "method": pruner.label,
+        "pattern": _described(pruner.pattern),  # the label says 'L1' for rows and N:M too
         "targets": [target.name for target in pruner.targets],
     }
+
+
+def _described(pattern: object) -> str:
+    """`pattern` as text equal in any process: its repr, or its class where the repr holds
+    an address (a pattern of the user's without a repr of its own)."""
+    text = repr(pattern)
+    return type(pattern).__qualname__ if " at 0x" in text else text
+
+
+LATER = ("pattern",)
+"""Set-up keys added after version 1 was written: a state saved without one still loads."""
 
 
 def pruner_state(
@@ -109,6 +121,8 @@ def check_state(
         )
     mine = setup(pruner)
     for key, value in mine.items():
+        if key in LATER and isinstance(state["setup"], Mapping) and key not in state["setup"]:
+            continue
         saved = state["setup"].get(key) if isinstance(state["setup"], Mapping) else None
         if saved != value:
             raise value_error(
