@@ -428,6 +428,12 @@ BROKE: dict[str, str] = {
         "amount 0.95 of a pruner to 0.8 loaded: every later update pruned past final_amount"
     ),
     "test_schedule::[bool]": "amount=True loaded as 1.0",
+    "test_schedule::test_a_state_missing_some_masks_is_refused": (
+        "a state without fc1's mask loaded: fc1 left unpruned at the state's sparsity"
+    ),
+    "test_schedule::test_a_state_without_masks_past_the_first_update_is_refused": (
+        "a state of amount 0.8 without masks loaded: the model stayed dense, no update came"
+    ),
     "test_schedule::test_a_state_of_another_pattern_is_refused": (
         "a state of rows or N:M loaded into another pattern's pruner (the set-up left it out)"
     ),

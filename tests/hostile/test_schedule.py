@@ -193,3 +193,54 @@ def test_a_pattern_without_a_repr_of_its_own_resumes() -> None:
     other.load_state_dict(pruner.state_dict())
     assert other.steps == 3
     assert torch.equal(again.fc1.weight_mask, model.fc1.weight_mask)
+
+
+# --- masks a state leaves out -----------------------------------------------------------------
+
+
+def test_a_state_missing_some_masks_is_refused() -> None:
+    """A pruner saves the masks of all its targets once it has updated: a state without
+    fc1's loaded, fc1 left unpruned at the state's sparsity (its entries competing again at
+    the next update), silently."""
+    state = copy.deepcopy(saved())
+    del state["masks"]["fc1.weight"]
+    model, _, pruner = setup(seed=1)
+    refused(
+        lambda: pruner.load_state_dict(state),
+        ValueError,
+        r"^GradualPruner\.load_state_dict: the state holds no mask for \['fc1\.weight'\]; "
+        r"expected the masks of every target",
+        model=model,
+    )
+
+
+@pytest.mark.parametrize("stop", [5, STEPS])
+def test_a_state_without_masks_past_the_first_update_is_refused(stop: int) -> None:
+    """A state of step 5 (amount 0.47) or of the end (0.8) with its masks left out loaded
+    into a model left dense: past end_step no update comes, so the run ended unpruned while
+    the pruner said 0.8, silently."""
+    model, optimizer, pruner = setup()
+    train(model, optimizer, pruner, range(1, stop + 1))
+    state = copy.deepcopy(pruner.state_dict())
+    state["masks"] = {}
+    again, _, other = setup(seed=1)
+    refused(
+        lambda: other.load_state_dict(state),
+        ValueError,
+        rf"^GradualPruner\.load_state_dict: the state holds no masks at step {stop} "
+        r"\(amount 0\.\d+\); expected the masks of",
+        model=again,
+    )
+    assert not prunekit.is_pruned(again)
+
+
+def test_a_state_before_the_first_update_loads_without_masks() -> None:
+    """Before start_step a pruner has no masks (unless prepared): its state loads (the
+    guard beside the refusals above)."""
+    model, optimizer, pruner = setup()
+    train(model, optimizer, pruner, range(1, 2))
+    state = pruner.state_dict()
+    assert state["masks"] == {}
+    again, _, other = setup(seed=1)
+    other.load_state_dict(state)
+    assert other.steps == 1 and not prunekit.is_pruned(again)

@@ -152,7 +152,29 @@ def check_state(
             "expected the state torch.Generator().get_state() returns"
         ) from None
     masks = _masks(state["masks"], pruner, shapes, where)
+    _check_all_masks(masks, pruner, steps, float(amount), where)
     return steps, float(amount), generator, masks
+
+
+def _check_all_masks(
+    masks: Mapping[str, Tensor], pruner: GradualPruner, steps: int, amount: float, where: str
+) -> None:
+    """A pruner holds the masks of all its targets from its first update (or prepare) on,
+    and none before: a state holding some, or none once an update has come, was not saved
+    by one (loaded, the targets it leaves out would stay unpruned at its sparsity)."""
+    names = [t.name for t in pruner.targets]
+    missing = [name for name in names if name not in masks]
+    if masks and missing:
+        raise value_error(
+            f"{where}: the state holds no mask for {missing}; expected the masks of every "
+            f"target ({names}), as a pruner saves them once it has updated"
+        )
+    if not masks and (amount > 0 or steps >= pruner.timetable.start_step):
+        raise value_error(
+            f"{where}: the state holds no masks at step {steps} (amount {amount:g}); expected "
+            f"the masks of {names}, which a pruner holds from its first update (step "
+            f"{pruner.timetable.start_step}) on"
+        )
 
 
 def _masks(
