@@ -344,3 +344,27 @@ def test_scores_finer_than_their_tensor_rank_at_their_own_precision(
         assert isinstance(got, dict), f"rank {r}: {got}"
         for i, mask in got.items():
             assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+
+
+# --- prune_model over ranks -------------------------------------------------------------------
+
+
+def test_prune_model_over_ranks_names_itself_and_the_path() -> None:
+    """prune_model(scope='global', process_group=...) ranks through global_unstructured's
+    selection over ranks: its refusals named global_unstructured (not called) and the
+    tensor without its path ('parameter 'weight' of Linear'); without a group they name
+    prune_model and '1.weight'."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 3))
+    with torch.no_grad():
+        model[1].weight[0, 0] = math.nan
+    with pytest.raises(ValueError, match=r"^prune_model: '1\.weight', parameter 'weight' of"):
+        prunekit.prune_model(copy.deepcopy(model), 0.5, method="l1", scope="global")
+    refused(
+        lambda: prunekit.prune_model(
+            model, 0.5, method="l1", scope="global", process_group=Group()
+        ),
+        ValueError,
+        r"^prune_model: the scores of '1\.weight', parameter 'weight' of Linear hold NaN",
+        model=model,
+    )
