@@ -437,6 +437,10 @@ BROKE: dict[str, str] = {
     "test_schedule::test_a_state_without_masks_past_the_first_update_is_refused": (
         "a state of amount 0.8 without masks loaded: the model stayed dense, no update came"
     ),
+    "test_schedule::test_what_lies_behind_a_mask_does_not_change_the_next_update[global-": (
+        "NaN or inf behind a mask, scope='global': misdiagnosed 'cannot rank several tensors "
+        "together ... expected scope='layer'' (the layer scope ranks the others)"
+    ),
     "test_schedule::test_a_state_of_another_pattern_is_refused": (
         "a state of rows or N:M loaded into another pattern's pruner (the set-up left it out)"
     ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 from typing import Any
 
 import pytest
@@ -244,3 +245,32 @@ def test_a_state_before_the_first_update_loads_without_masks() -> None:
     again, _, other = setup(seed=1)
     other.load_state_dict(state)
     assert other.steps == 1 and not prunekit.is_pruned(again)
+
+
+# --- what lies behind a mask ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("behind", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_what_lies_behind_a_mask_does_not_change_the_next_update(scope: str, behind: float) -> None:
+    """Entries pruned at an update hold NaN or inf by the next: they do not compete, so the
+    next masks are those of the same pruner where they stayed finite (scope 'layer' ranked
+    the others); scope='global' refused them, misdiagnosed: 'pattern=Unstructured() cannot
+    rank several tensors together (its select() gave None); expected scope='layer' for
+    it'."""
+    runs = []
+    for bad in (False, True):
+        model, optimizer, pruner = setup(scope=scope, start_step=1, end_step=4, every=1)
+        train(model, optimizer, pruner, range(1, 3))
+        if bad:
+            with torch.no_grad():
+                for name in ("conv", "fc1"):
+                    layer = getattr(model, name)
+                    dead = (layer.weight_mask == 0).nonzero()[0]
+                    layer.weight_orig[tuple(dead)] = behind
+        pruner.step()  # the update of step 3 (no training: a forward would spread the NaN)
+        runs.append({k: v for k, v in model.state_dict().items() if k.endswith("_mask")})
+    clean, dirty = runs
+    assert list(clean) == list(dirty)
+    for key in clean:
+        assert torch.equal(clean[key], dirty[key]), key
