@@ -22,9 +22,9 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
-    "test_distributed": "global_unstructured(process_group=...)",
+    "test_distributed": "global pruning over ranks",
     "test_io": "prune_sharded / open_tensors",
-    "test_schedule": "GradualPruner (state)",
+    "test_schedule": "GradualPruner (resume)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
