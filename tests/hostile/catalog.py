@@ -22,6 +22,9 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_distributed": "global pruning over ranks",
+    "test_io": "prune_sharded / open_tensors",
+    "test_schedule": "GradualPruner (resume)",
     "test_experts": "prune_channels(experts=...)",
     "test_patterns": "patterns / criteria",
     "test_rotation": "rotate_hidden",
@@ -463,6 +466,77 @@ BROKE: dict[str, str] = {
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (
         "the head trained towards the reference's loss (a labelled output's first tensor)"
+    ),
+    # global_unstructured over ranks (prunekit.dropin.across_ranks)
+    "test_distributed::test_what_lies_behind_a_mask_does_not_compete_across_ranks": (
+        "NaN or inf in entries pruned before: every rank refused what one process prunes"
+    ),
+    "test_distributed::test_importance_scores_behind_a_mask_do_not_compete_across_ranks": (
+        "NaN scores where the mask pruned: every rank refused what one process prunes"
+    ),
+    "test_distributed::[negative]": "'L1Unstructured: invalid amount=-1': no global_unstructured",
+    "test_distributed::[nan]": "'L1Unstructured: invalid amount=nan': no global_unstructured",
+    "test_distributed::[bool]": "'global_unstructured: L1Unstructured: L1Unstructured: ...'",
+    "test_distributed::test_a_bug_in_a_methods_constructor_is_not_made_the_callers_error": (
+        "a TypeError from inside a method's constructor rewrapped as the caller's TypeError"
+    ),
+    **{
+        "test_distributed::test_a_statistic_without_dense_values_is_named_on_every_rank"
+        f"[{w}-{k}]": (
+            f"raw torch error ({k}) on its rank, a RuntimeError elsewhere, the statistic unnamed"
+        )
+        for w in ("summed", "weighted")
+        for k in ("meta", "sparse", "nested")
+    },
+    "test_distributed::[scores-meta]": "a segmentation fault in the selection (meta scores)",
+    "test_distributed::[scores-sparse]": "raw 'reshape is not implemented for sparse tensors'",
+    "test_distributed::[scores-bool]": "'Magnitude.scores returned Tensor of dtype torch.bool'",
+    "test_distributed::[scores-complex]": "'Magnitude.scores returned ... torch.complex64'",
+    "test_distributed::test_a_parameter_on_the_meta_device_is_refused_over_ranks": (
+        "a segmentation fault in the selection (a parameter on the meta device)"
+    ),
+    "test_distributed::test_integer_importance_scores_rank_as_in_one_process": (
+        "refused: 'Magnitude.scores returned Tensor of dtype torch.int64', the scores unnamed"
+    ),
+    "test_distributed::[f64-scores-of-f32]": (
+        "float64 scores ranked as float32 (the tensor's dtype): ties, other entries pruned"
+    ),
+    "test_distributed::[f32-scores-of-bf16]": (
+        "float32 scores read as 16-bit: raw 'The size of tensor a (15) must match ... (30)'"
+    ),
+    "test_distributed::test_prune_model_over_ranks_names_itself_and_the_path": (
+        "prune_model over ranks: refusals named global_unstructured (not called), no path"
+    ),
+    # sharded checkpoints (prunekit.io.mapped, io.sharded)
+    "test_io::test_a_folder_written_again_is_read_as_it_is_now": (
+        "the replaced file's memory map reused (by path and offset): the old values, silently"
+    ),
+    "test_io::test_a_folder_written_again_is_pruned_from_what_it_holds_now": (
+        "prune_sharded pruned the replaced files' values (a held tensor's map reused)"
+    ),
+    "test_io::test_a_global_pruning_ranks_what_a_saved_mask_left_as_in_memory": (
+        "NaN or inf where a saved mask pruned: refused, though prune_state_dict prunes it"
+    ),
+    # GradualPruner's state (prunekit.schedule.state)
+    "test_schedule::[above-final]": (
+        "amount 0.95 of a pruner to 0.8 loaded: every later update pruned past final_amount"
+    ),
+    "test_schedule::[bool]": "amount=True loaded as 1.0",
+    "test_schedule::test_a_state_missing_some_masks_is_refused": (
+        "a state without fc1's mask loaded: fc1 left unpruned at the state's sparsity"
+    ),
+    "test_schedule::test_a_state_without_masks_past_the_first_update_is_refused": (
+        "a state of amount 0.8 without masks loaded: the model stayed dense, no update came"
+    ),
+    "test_schedule::test_what_lies_behind_a_mask_does_not_change_the_next_update[global-": (
+        "NaN or inf behind a mask, scope='global': misdiagnosed 'cannot rank several tensors "
+        "together ... expected scope='layer'' (the layer scope ranks the others)"
+    ),
+    "test_schedule::test_a_state_of_another_pattern_is_refused": (
+        "a state of rows or N:M loaded into another pattern's pruner (the set-up left it out)"
+    ),
+    "test_io::test_a_saved_mask_that_is_no_mask_is_named_with_its_value_and_place": (
+        "\"'a.weight_mask' holds values other than 0 and 1\": no value, no index, no expected"
     ),
 }
 

@@ -346,8 +346,8 @@ def _apply(
         share = chunk.to(flat.dtype)
         if alive is not None:
             part = alive[start:end]
-            if part.dtype != torch.bool and bool(((part != 0) & (part != 1)).any()):
-                raise CheckpointError(f"{name + MASK!r} holds values other than 0 and 1")
+            if part.dtype != torch.bool:
+                _check_binary(name, part, start, values.shape)
             share.mul_(part == 1)
         product = flat[start:end] * share
         zeros += zero_count(product)
@@ -356,6 +356,21 @@ def _apply(
         else:
             writer.write(name, start, product)
     return zeros
+
+
+def _check_binary(name: str, part: Tensor, start: int, shape: tuple[int, ...]) -> None:
+    """Refuse a chunk of a saved mask (from flat entry `start` of a tensor of `shape`) that
+    holds other values than 0 and 1, naming the tensor, a value and its index, as
+    prune_state_dict names them."""
+    bad = (part != 0) & (part != 1)
+    if not bool(bad.any()):
+        return
+    at = int(bad.nonzero()[0, 0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(start + at), shape))
+    raise CheckpointError(
+        f"tensor {name!r}: the mask {name + MASK!r} holds value(s) other than 0 and 1, e.g. "
+        f"{part[at].item()!r} at index {index}; expected only 0 and 1 (or False and True)"
+    )
 
 
 def _global(
@@ -396,7 +411,12 @@ def _global(
 
 def _source(values: Stored, mask: Stored | None) -> Source:
     def read() -> tuple[Tensor, Tensor | None]:
-        return values.load(), None if mask is None else mask.load()
+        if mask is None:
+            return values.load(), None
+        alive = mask.load()
+        # the entries the saved mask pruned do not compete: NaN or inf there is no harm
+        kept = torch.where(alive == 1, values.load(), torch.zeros((), dtype=values.dtype))
+        return kept, alive
 
     return read
 
