@@ -171,9 +171,8 @@ def _global_counts(
     the parts are moved to that total, each group's as near its part in order as it allows
     (_nearest). With steps of one unit this is the `target` lowest units of the joint
     ranking, a group keeping one unit at least."""
-    chains = [
-        _steps(_relative(s), g.size, step) for g, s, step in zip(groups, scores, steps, strict=True)
-    ]
+    chains = [_steps(relative_scores(s), g.size, step)
+              for g, s, step in zip(groups, scores, steps, strict=True)]  # fmt: skip
     counts = [0] * len(groups)
     queue = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]  # (mean, group, step)
     heapq.heapify(queue)
@@ -206,9 +205,16 @@ def _steps(relative: Tensor, size: int, step: int) -> list[tuple[float, int]]:
     return found
 
 
-def _relative(scores: Tensor) -> Tensor:
+def relative_scores(scores: Tensor) -> Tensor:
     """A group's scores divided by their mean (as they are where it is not positive), so
-    that groups of scores on other scales rank together."""
+    that groups of scores on other scales rank together (shares and budgets alike).
+
+    Args:
+        scores: one score per unit of a group.
+
+    Returns:
+        The scores relative to their mean.
+    """
     mean = float(scores.mean()) if len(scores) else 0.0
     return scores / mean if mean > 0 else scores
 
@@ -244,7 +250,7 @@ def _ranked(scores: list[Tensor]) -> list[int]:
     group's mean), as the index of each unit's group."""
     ranked: list[tuple[float, int]] = []
     for k, s in enumerate(scores):
-        ranked.extend((float(v), k) for v in _relative(s))
+        ranked.extend((float(v), k) for v in relative_scores(s))
     ranked.sort()
     return [k for _, k in ranked]
 
