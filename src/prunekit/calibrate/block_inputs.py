@@ -80,10 +80,11 @@ def _hidden(inputs: Inputs) -> Any:
 
 
 def capture_block_inputs(
-    model: nn.Module, block: nn.Module, batches: Sequence[Any]
+    model: nn.Module, block: nn.Module, batches: Sequence[Any], *, owner: str
 ) -> list[Inputs]:
     """Run the model on each batch up to `block` and keep what `block` was called with
-    (caches dropped); nothing after the block runs."""
+    (caches dropped); nothing after the block runs. An error names `owner`, the entry
+    point calibrating."""
     captured: list[Inputs] = []
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -98,9 +99,9 @@ def capture_block_inputs(
             except Stop:
                 continue
             except Exception as error:
-                raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+                raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
             raise value_error(
-                f"calibration: batch {index} ran the model's forward without reaching its "
+                f"{owner}: calibration: batch {index} ran the model's forward without reaching its "
                 f"blocks ({type(block).__name__}); expected a model that calls them"
             )
     finally:
@@ -112,9 +113,10 @@ _SEQUENTIAL = " (or pass sequential=False)"
 """What run_block's refusals end with: a calibrated call can run the whole model instead."""
 
 
-def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
+def run_block(block: nn.Module, inputs: Inputs, owner: str) -> Inputs:
     """Call `block` and return the inputs of the next one: the same arguments with the
-    hidden states (the first positional one, or ``hidden_states=``) replaced."""
+    hidden states (the first positional one, or ``hidden_states=``) replaced. An error
+    names `owner`, the entry point calibrating."""
     args, kwargs = inputs
     out = block(*args, **kwargs)
     hidden = out[0] if isinstance(out, tuple | list) and out else out
@@ -123,11 +125,11 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
         if out is not hidden:
             shown += f" starting with a {type(hidden).__name__}"
         raise value_error(
-            f"calibration: {type(block).__name__} returned {shown}, whose hidden states the "
-            "next block cannot be given; expected a tensor (or a tuple or list starting with "
-            f"one){_SEQUENTIAL}"
+            f"{owner}: calibration: {type(block).__name__} returned {shown}, whose hidden "
+            "states the next block cannot be given; expected a tensor (or a tuple or list "
+            f"starting with one){_SEQUENTIAL}"
         )
-    return with_hidden(inputs, hidden, block, "calibration", _SEQUENTIAL)
+    return with_hidden(inputs, hidden, block, f"{owner}: calibration", _SEQUENTIAL)
 
 
 def with_hidden(
@@ -175,14 +177,15 @@ def own_hidden(inputs: Inputs) -> Inputs:
     return inputs if found is None else found
 
 
-def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
-    """`block`'s outputs for each batch, as the next block's inputs."""
+def next_inputs(block: nn.Module, inputs: Sequence[Inputs], *, owner: str) -> list[Inputs]:
+    """`block`'s outputs for each batch, as the next block's inputs (an error names
+    `owner`, the entry point calibrating)."""
     found = []
     for index, one in enumerate(inputs):
         try:
-            found.append(run_block(block, one))
+            found.append(run_block(block, one, owner))
         except Exception as error:
-            raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
     return found
 
 
