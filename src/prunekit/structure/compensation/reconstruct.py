@@ -292,8 +292,8 @@ def _trainable(module: nn.Module) -> list[nn.Parameter]:
 
 
 def _runner(block: nn.Module, inputs: Sequence[_Inputs]) -> Callable[[int], Tensor]:
-    """``block``'s output on the inputs of batch k."""
-    return lambda k: _output(block, inputs[k])
+    """``block``'s output on the inputs of batch k (an error of the block names batch k)."""
+    return lambda k: _on_batch(k, block, inputs[k])
 
 
 def _through_stem(
@@ -461,15 +461,18 @@ def _final(output: Any) -> Tensor:
 
 
 def _outputs(block: nn.Module, inputs: Sequence[_Inputs]) -> list[Tensor]:
-    """The hidden states `block` returns on each batch's inputs; an error of the block on
-    one names that batch (the first run of a block on the calibration's inputs)."""
-    found = []
-    for index, one in enumerate(inputs):
-        try:
-            found.append(_output(block, one))
-        except Exception as error:
-            raise cal.batch_error(index, error, owner=_OWNER)  # noqa: B904 (its cause is set)
-    return found
+    """The hidden states `block` returns on each batch's inputs (an error of the block on
+    one names that batch)."""
+    return [_on_batch(k, block, one) for k, one in enumerate(inputs)]
+
+
+def _on_batch(k: int, block: nn.Module, inputs: _Inputs) -> Tensor:
+    """The hidden states `block` returns on `inputs`, those of batch `k`: an error the
+    block raises is named as the model's on that batch (``calibrate.batch_error``)."""
+    try:
+        return _output(block, inputs)
+    except Exception as error:
+        raise cal.batch_error(k, error, owner=_OWNER)  # noqa: B904 (its cause is set)
 
 
 def _output(block: nn.Module, inputs: _Inputs) -> Tensor:
