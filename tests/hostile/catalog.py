@@ -22,6 +22,11 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_experts": "prune_channels(experts=...)",
+    "test_patterns": "patterns / criteria",
+    "test_rotation": "rotate_hidden",
+    "test_cli": "prunekit prune / demo",
+    "test_whole": "prune_model (selection)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -277,6 +282,43 @@ BROKE: dict[str, str] = {
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
     ),
+    # prune_model's selection and plain methods (prunekit.whole.model, targets)
+    "test_whole::test_a_loss_beside_a_method_without_data_is_refused": (
+        "loss= with l1, random or ln read and ignored (refused with pattern='row')"
+    ),
+    "test_whole::test_a_shared_module_left_out_under_one_of_its_names_is_refused": (
+        "a module at two paths excluded under one: pruned under the other, silently"
+    ),
+    "test_whole::test_the_unstructured_pattern_as_an_object_prunes_as_its_name": (
+        "pattern=Unstructured() refused as not 'unstructured' (ln, prune_state_dict)"
+    ),
+    "test_whole::test_scope_and_its_old_name_that_disagree_are_refused[layer-True]": (
+        "scope='layer' with global_pruning=True pruned globally, a FutureWarning alone"
+    ),
+    "test_whole::test_a_config_prunes_as_its_keywords_over_ranks_and_alone": (
+        "Config's defaulted sequential kept for other ranks: refused over a process_group "
+        "('layers'), block by block alone (ranks=True), where the keywords prune"
+    ),
+    "test_whole::test_a_calibration_option_beside_a_method_without_data_is_refused": (
+        "sequential= or progress= with l1, random or ln read and silently ignored"
+    ),
+    # the command line (prunekit.tools.cli, calibrate)
+    "test_cli::[single-inside]": "a model folder pruned into a folder inside it: input changed",
+    "test_cli::[single-holds]": (
+        "a model folder pruned into the folder holding it: that folder copied and swapped"
+    ),
+    "test_cli::test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights[sh": (
+        "old shards and index kept beside the new model.safetensors: report read the old"
+    ),
+    "test_cli::test_a_plot_inside_the_model_folder_reported_is_refused": (
+        "report DIR --plot DIR/model.safetensors wrote the PNG over the weights, status 0"
+    ),
+    "test_cli::test_a_calibration_option_of_a_method_without_calibration_is_refused": (
+        "--window/--windows with l1, random or ln read and silently ignored"
+    ),
+    "test_cli::test_a_demo_option_of_the_other_demo_is_refused": (
+        "--distill without --llm, or the CNN demo's options with it, read and ignored"
+    ),
     # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
     "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
         "4 of the 8 channels asked removed: each layer's share rounded down on its own"
@@ -364,6 +406,55 @@ BROKE: dict[str, str] = {
     },
     "test_selection::test_a_tied_weight_drawn_at_random_gets_one_draw": (
         "a tied weight drawn once per name: two masks for one weight"
+    ),
+    # routed experts (prunekit.structure.scoring.expert_criteria)
+    "test_experts::test_padding_an_attention_mask_leaves_out_does_not_rank_the_experts": (
+        "the pad tokens counted: frequency and REAP moved toward the pad token's experts"
+    ),
+    "test_experts::test_a_padded_batch_among_unpadded_ones_counts_its_tokens_only": (
+        "a padded batch's pad tokens counted among the routed tokens"
+    ),
+    "test_experts::test_pruning_experts_on_padded_calibration_masks_those_unpadded_": (
+        "other experts masked than the same tokens without padding choose"
+    ),
+    "test_experts::test_an_attention_mask_of_another_shape_is_refused_naming_the_batch": (
+        "a mask of another shape than the tokens accepted (not read at all)"
+    ),
+    "test_experts::test_a_batch_the_model_cannot_take_is_named_as_the_other_criteria_": (
+        "raw IndexError 'index out of range in self', no batch named ('frequency', 'reap')"
+    ),
+    "test_experts::test_a_mask_of_as_many_entries_in_another_shape_is_refused": (
+        "a transposed mask read flat as the tokens' (as many entries, other tokens left out)"
+    ),
+    # rotate_hidden's calibration (prunekit.structure.rotation.pca, core.example_inputs)
+    "test_rotation::test_a_mask_of_as_many_entries_in_another_shape_is_refused[": (
+        "a transposed or reshaped mask read flat as the tokens' (padding counted, tokens left out)"
+    ),
+    # a criterion's own channel scores (prunekit.patterns.channels)
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[nan]": (
+        "a NaN channel score ranked as the largest: its channel kept, another pruned"
+    ),
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[inf]": (
+        "an infinite channel score ranked, where infinite entry scores are refused"
+    ),
+    "test_patterns::test_channel_scores_that_cannot_be_ranked_are_refused[-inf]": (
+        "a -inf channel score ranked as the smallest: its channel pruned, silently"
+    ),
+    "test_patterns::test_channel_scores_of_another_shape_are_refused_naming_the_criterion[too": (
+        "raw RuntimeError \"shape '[4, 1]' is invalid for input of size 2\""
+    ),
+    "test_patterns::test_channel_scores_of_another_shape_are_refused_naming_the_criterion[2-d": (
+        "a (1, 4) tensor of channel scores read flat, silently"
+    ),
+    "test_patterns::test_channel_scores_that_are_no_tensor_are_refused_naming_the_criterion": (
+        "raw AttributeError 'list' object has no attribute 'reshape'"
+    ),
+    "test_patterns::test_integer_importance_scores_rank_a_tensor_pruned_before[": (
+        "raw RuntimeError 'value cannot be converted to type int64_t without overflow' "
+        "(PerRow, NM on a tensor with a mask)"
+    ),
+    "test_patterns::test_wanda_ranks_finite_inputs_whose_squares_pass_float32": (
+        "a finite input of 1e30 refused: its square summed in float32 made the norm inf"
     ),
     # GradualPruningCallback (prunekit.schedule.hf_callback)
     "test_hf_resume::test_a_checkpoint_whose_mask_is_no_mask_is_refused_on_resume": (

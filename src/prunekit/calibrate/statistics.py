@@ -25,7 +25,8 @@ _PANEL = 256
 class _Accumulator:
     """Running statistics of one input: sum of squares per feature, mean of X^T X, sum per
     feature; with `groups` > 1, one of each per group of features (a leading dim). Sums run
-    in float64 from batch to batch; within one batch, in float32 (the input's precision).
+    in float64 from batch to batch; within one batch, in float32 (the input's precision),
+    the squares in float64 where finite inputs' float32 sum overflows.
 
     X^T X (one group) is summed on and below its diagonal only, in panels of `_PANEL`
     columns (for 1536 features, 60 % of the products, 30 % less time); `full_hessian`
@@ -68,7 +69,10 @@ class _Accumulator:
         # One batch's rows are summed in float32 (a reduction with dtype=float64 converts
         # each entry, about 10x slower), the batches in float64.
         if self.squares is not None:
-            self.squares += flat.square().sum(dim=0)
+            squares = flat.square().sum(dim=0)
+            if not bool(torch.isfinite(squares).all()) and bool(torch.isfinite(flat).all()):
+                squares = flat.double().square().sum(dim=0)  # finite, past float32's squares
+            self.squares += squares
         if self.equal and (self.sums is not None or self.hessian is not None):
             weights = row_weights(flat).view(-1, *(1,) * (flat.dim() - 1))
             if self.sums is not None:

@@ -12,7 +12,9 @@ from typing import TypeAlias
 
 from torch import Tensor
 
-__all__ = ["ExampleInputs", "rowless"]
+from prunekit.core.errors import value_error
+
+__all__ = ["ExampleInputs", "rowless", "token_mask"]
 
 ExampleInputs: TypeAlias = Tensor | Sequence[object] | Mapping[str, object]
 """A forward's inputs: a tensor, a tuple (or list) of positional arguments, or a mapping of
@@ -47,3 +49,48 @@ def _first(batch: object) -> object:
     if isinstance(batch, tuple | list):
         return batch[0] if batch else None
     return batch
+
+
+def token_mask(batch: object, index: int, owner: str) -> Tensor | None:
+    """Which tokens of a calibration batch count: True where a mapping batch's
+    ``attention_mask`` is nonzero, in its shape; None where the batch has no such mask.
+
+    Args:
+        batch: a calibration batch (only a mapping of keyword arguments has a mask).
+        index: its place among the batches, as the error names it.
+        owner: the entry point the error names.
+
+    Returns:
+        Bool flags shaped like the mask, or None: every token counts.
+
+    Raises:
+        ValueError: the mask's shape is not its ``input_ids``' (or its ``inputs_embeds``'
+            without the last dim): which entry is which token could not be told, even
+            where the count is the same (a transposed or reshaped mask).
+    """
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if not isinstance(mask, Tensor):
+        return None
+    given = _tokens(batch)
+    if given is not None and tuple(mask.shape) != given[2]:
+        name, shape, _ = given
+        raise value_error(
+            f"{owner}: calibration batch {index} has an attention_mask of shape "
+            f"{tuple(mask.shape)} for {name} of shape {shape}; expected the shape of its "
+            f"{name}{'' if name == 'input_ids' else ' without its last dim'} (one entry per token)"
+        )
+    flags: Tensor = mask.ne(0)
+    return flags
+
+
+def _tokens(batch: object) -> tuple[str, tuple[int, ...], tuple[int, ...]] | None:
+    """The input a mapping batch gives its tokens by: its name, its shape and the tokens'
+    shape (``input_ids``' own, ``inputs_embeds``' without the last dim); None: neither."""
+    if not isinstance(batch, Mapping):
+        return None
+    ids, embeds = batch.get("input_ids"), batch.get("inputs_embeds")
+    if isinstance(ids, Tensor):
+        return "input_ids", tuple(ids.shape), tuple(ids.shape)
+    if isinstance(embeds, Tensor) and embeds.dim() > 0:
+        return "inputs_embeds", tuple(embeds.shape), tuple(embeds.shape[:-1])
+    return None

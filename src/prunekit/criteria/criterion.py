@@ -68,7 +68,8 @@ class Criterion(ABC):
             target: the tensor's ``(module, name)`` where known.
 
         Returns:
-            A 1-D tensor of ``values.shape[dim]`` scores, or None.
+            A 1-D tensor of ``values.shape[dim]`` finite scores (Channels refuses another
+            shape, NaN or infinity), or None.
         """
         return None
 

@@ -54,6 +54,7 @@ __all__ = [
     "INDEX",
     "Checkpoint",
     "ShardedResult",
+    "drop_stale_shards",
     "index_of",
     "is_sharded",
     "open_checkpoint",
@@ -455,6 +456,21 @@ def _drop_stale_weights(folder: Path, shards: set[str]) -> None:
         name = path.name
         weights = name == SINGLE or _SHARD.fullmatch(name) is not None
         if weights and name not in shards and path.is_file():
+            path.unlink()
+
+
+def drop_stale_shards(folder: Path) -> None:
+    """Remove from `folder` (a stage holding an earlier output's files) the index and the
+    shards of save_pretrained's names an earlier sharded model left there, before a single
+    ``model.safetensors`` is written: readers of the index (``prunekit report``) would read
+    the old shards instead. Other files stay.
+
+    Args:
+        folder: the stage of the output folder.
+    """
+    for path in folder.iterdir():
+        stale = path.name == INDEX or _SHARD.fullmatch(path.name) is not None
+        if stale and path.is_file():
             path.unlink()
 
 

@@ -3,7 +3,7 @@ entries' scores."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -15,8 +15,8 @@ from prunekit.core.amount import (
     validate_norm_order,
     validate_structured_tensor,
 )
-from prunekit.core.backend import namespace, norm
-from prunekit.core.errors import value_error
+from prunekit.core.backend import is_tensor, namespace, norm
+from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import TensorRef
 from prunekit.patterns.pattern import Pattern, all_ones
 from prunekit.patterns.unstructured import unrankable
@@ -103,7 +103,7 @@ class Channels(Pattern):
     ) -> Tensor:
         own = criterion.channel_scores(t, dim, target)
         if own is not None:
-            return own
+            return _checked_own(own, criterion, t, dim, owner)
         others = [d for d in range(t.dim()) if d != dim]
         if self.norm == "nuc" and len(others) != 2:
             raise value_error(
@@ -122,3 +122,24 @@ class Channels(Pattern):
 
     def __repr__(self) -> str:
         return f"Channels(dim={self.dim}, norm={self.norm!r})"
+
+
+def _checked_own(own: object, criterion: Criterion, t: Tensor, dim: int, owner: str) -> Tensor:
+    """A criterion's own channel scores, refused unless one finite score per channel along
+    `dim` (as its entries' scores are checked: ``Criterion._checked_scores``)."""
+    name = f"{type(criterion).__name__}.channel_scores"
+    if not is_tensor(own):
+        raise type_error(
+            f"{owner}: {name} returned {type(own).__name__}; expected a 1-D tensor of one "
+            f"score per channel along dim {dim}"
+        )
+    scores = cast(Tensor, own)
+    expected = (t.shape[dim],)
+    if tuple(scores.shape) != expected:
+        raise value_error(
+            f"{owner}: {name} returned shape {tuple(scores.shape)}; expected {expected}, one "
+            f"score per channel along dim {dim} of the tensor of shape {tuple(t.shape)}"
+        )
+    if not all_finite(scores):
+        raise unrankable(scores, owner, f"channel scores of {type(criterion).__name__}")
+    return scores

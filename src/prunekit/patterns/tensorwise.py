@@ -89,11 +89,14 @@ def competing_scores(
 ) -> Tensor:
     """The criterion's scores for `t`, as ranked (magnitudes where it ranks by them), finite
     where they compete: where `mask` (the tensor's mask so far, None: all) is 1. Entries
-    pruned before do not compete, so NaN or infinity there is left (as Unstructured does)."""
+    pruned before do not compete, so NaN or infinity there is left (as Unstructured does).
+    Integer scores are ranked as float64 (as Channels takes their norms)."""
     given = t if criterion._values_are_scores else criterion._checked_scores(t, target)
     scores = given.detach()
     if criterion.by_magnitude:
         scores = scores.abs()
+    if not scores.is_floating_point():  # integer importance scores: the entries pruned
+        scores = scores.to(dtype=namespace(scores).float64)  # before are set apart as +inf
     competing = scores if mask is None else scores.masked_fill(mask.reshape(t.shape) != 1, 0)
     low, high = namespace(scores).aminmax(competing) if scores.numel() else (0.0, 0.0)
     if not (math.isfinite(float(low)) and math.isfinite(float(high))):

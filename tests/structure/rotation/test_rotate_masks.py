@@ -47,8 +47,8 @@ def test_a_mask_that_does_not_fit_the_tokens_is_refused() -> None:
     before, config = fingerprint(built), built.config.to_dict()
     calibration = [A, {"input_ids": B, "attention_mask": torch.ones(2, 5, dtype=torch.long)}]
     with pytest.raises(ValueError, match=r"rotate_hidden: calibration batch 1 has an "
-                       r"attention_mask of shape \(2, 5\) \(10 entries\) for 20 tokens; "
-                       r"expected one entry per token"):  # fmt: skip
+                       r"attention_mask of shape \(2, 5\) for input_ids of shape \(2, 10\); "
+                       r"expected the shape of its input_ids \(one entry per token\)"):  # fmt: skip
         prunekit.rotate_hidden(built, calibration, 0.25)
     assert fingerprint(built) == before and built.config.to_dict() == config
 

@@ -10,7 +10,7 @@ eigenvectors, by decreasing eigenvalue, are the columns of the one rotation of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_error, evaluating, run_batch
 from prunekit.core.errors import value_error
+from prunekit.core.example_inputs import token_mask
 from prunekit.structure.rotation.family import OWNER, Stream
 
 
@@ -26,8 +27,8 @@ def second_moments(
 ) -> list[Tensor]:
     """For each norm of ``stream.readings``, the sum of x x^T (float64, width x width) of the
     token vectors at its input, over `batches` (tokens an ``attention_mask`` of a mapping
-    batch masks out are left out; a mask that does not give one entry per token is
-    refused); each vector scaled to unit length first when
+    batch masks out are left out; a mask not shaped as the batch's input_ids, or not of
+    one entry per token, is refused); each vector scaled to unit length first when
     `unit_tokens`, else as it is (the large tokens weighing more)."""
     width = stream.width
     totals = [torch.zeros(width, width, dtype=torch.float64) for _ in stream.readings]
@@ -52,7 +53,7 @@ def second_moments(
     try:
         with torch.no_grad(), evaluating(model):
             for index[0], batch in enumerate(batches):
-                weights[0] = _token_weights(batch)
+                weights[0] = _token_weights(batch, index[0])
                 try:
                     run_batch(model, batch)
                 except Exception as error:  # the model's own, named; prunekit's as they are
@@ -63,11 +64,12 @@ def second_moments(
     return totals
 
 
-def _token_weights(batch: Any) -> Tensor | None:
+def _token_weights(batch: Any, index: int) -> Tensor | None:
     """1 for each token the batch's ``attention_mask`` keeps (any nonzero value), 0 for
-    the others; None: no mask, every token counts."""
-    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    return mask.ne(0).to(torch.float64) if isinstance(mask, Tensor) else None
+    the others; None: no mask, every token counts. A mask of another shape than its
+    ``input_ids`` is refused (``token_mask``)."""
+    kept = token_mask(batch, index, OWNER)
+    return None if kept is None else kept.to(torch.float64)
 
 
 def _check_fits(mask: Tensor, tokens: int, index: int) -> None:

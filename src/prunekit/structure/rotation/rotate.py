@@ -116,7 +116,7 @@ def rotate_hidden(
     Raises:
         ValueError: `hidden` outside [0, 1), `round_to` below 1 or (with `hidden` > 0) one
             whose multiples with the heads' count are no narrower than the width, an
-            attention_mask without one entry per token, a batch the model cannot take
+            attention_mask not shaped as its batch's input_ids, a batch the model cannot take
             (naming it and the model's error), an unsupported family or a
             missing part, masks installed, a tensor on the meta device (no values), no
             calibration batch, calibration whose every

@@ -5,7 +5,10 @@ Both hook the experts modules of the groups (``prunekit.structure.families.exper
 hands them the hidden states, the top-k expert indices and the top-k routing weights. For
 'reap', an expert's score is the mean, over the calibration tokens routed to it, of its
 routing weight x the L2 norm of its output on that token (computed from its own weights,
-as masked); an expert no token reached scores 0. Neither changes the model.
+as masked); an expert no token reached scores 0. The tokens a mapping batch's
+``attention_mask`` masks out (padding, which the router routes all the same) are left out;
+a mask not shaped as its batch's ``input_ids`` is refused.
+Neither changes the model.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunekit.calibrate import evaluating, run_batch
+from prunekit.calibrate import batch_error, evaluating, run_batch
+from prunekit.core.errors import value_error
+from prunekit.core.example_inputs import token_mask
 from prunekit.structure.graph.graph import ChannelGroup, Slice
 from prunekit.structure.scoring.protocol import Calibration, GroupCriterion
 
@@ -29,11 +34,26 @@ class _Tally:
         self.module, self.saliency = module, saliency
         self.routed = torch.zeros(count, dtype=torch.float64)
         self.weighted = torch.zeros(count, dtype=torch.float64)
+        self.name = ""  # the module's path in the model, for an error
+        self.batch = 0  # the calibration batch running
+        self.kept: Tensor | None = None  # its tokens an attention_mask keeps; None: all
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs["hidden_states"]
         index = args[1] if len(args) > 1 else kwargs["top_k_index"]
         weights = args[2] if len(args) > 2 else kwargs["top_k_weights"]
+        if self.kept is not None:  # the tokens padding holds are routed too: left out
+            tokens = index.shape[0]
+            if self.kept.numel() != tokens:
+                raise value_error(
+                    f"prune_channels: calibration batch {self.batch} has an attention_mask of "
+                    f"shape {tuple(self.kept.shape)} ({self.kept.numel()} entries) for "
+                    f"{tokens} tokens routed to the experts {self.name or '(the model)'}; "
+                    "expected one entry per token (the shape of its input_ids)"
+                )
+            keep = self.kept.reshape(-1).to(index.device)
+            x = x.reshape(tokens, -1)[keep]
+            index, weights = index.reshape(tokens, -1)[keep], weights.reshape(tokens, -1)[keep]
         flat = index.reshape(-1).cpu()
         self.routed += torch.bincount(flat, minlength=len(self.routed)).double()
         if not self.saliency:
@@ -70,12 +90,19 @@ class _ExpertCriterion(GroupCriterion):
             if id(s.module) not in self.tallies:
                 count = int(getattr(s.module, s.name).shape[0])
                 self.tallies[id(s.module)] = _Tally(s.module, count, self.saliency)
+                self.tallies[id(s.module)].name = s.module_name
         handles = [t.module.register_forward_pre_hook(t, with_kwargs=True)
                    for t in self.tallies.values()]  # fmt: skip
         try:
             with torch.no_grad(), evaluating(model):
-                for batch in batches:
-                    run_batch(model, batch)
+                for index, batch in enumerate(batches):
+                    kept = token_mask(batch, index, "prune_channels")
+                    for tally in self.tallies.values():
+                        tally.batch, tally.kept = index, kept
+                    try:
+                        run_batch(model, batch)
+                    except Exception as error:  # the model's own, named; prunekit's as they are
+                        raise batch_error(index, error)  # noqa: B904 (its cause is set)
         finally:
             for handle in handles:
                 handle.remove()
