@@ -53,6 +53,7 @@ def calibrate(
     modules: Sequence[nn.Module],
     wanted: Wanted,
     *,
+    owner: str,
     reduce: Reduce | None = None,
     numbers: Sequence[int] | None = None,
     names: Mapping[nn.Module, str] | None = None,
@@ -61,13 +62,14 @@ def calibrate(
     (with `reduce`: of every rank's batches). After the first batch, each run ends once
     every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
     index in the caller's calibration (an error names it), where a subset is run. `names`:
-    each module's path, which an error names (default: its path in `model`)."""
+    each module's path, which an error names (default: its path in `model`). An error of a
+    batch names `owner`, the entry point calibrating."""
     if names is None:
         names = {m: path for path, m in model.named_modules()}
     gather = wanted.gather(modules, early=True, names=names)
     with evaluating(model), torch.no_grad(), gather as stats:
         run = lambda batch: run_batch(model, batch)  # noqa: E731
-        failed = _run_each(stats, batches, run, reduce, numbers)
+        failed = _run_each(stats, batches, run, owner, reduce, numbers)
     return _finish(stats, reduce, failed)
 
 
@@ -77,6 +79,7 @@ def block_statistics(
     modules: Sequence[nn.Module],
     wanted: Wanted,
     *,
+    owner: str,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
     numbers: Sequence[int] | None = None,
@@ -87,7 +90,8 @@ def block_statistics(
     before (the block is not run then), is raised here once every rank has learnt of it.
     After the first input, each run ends once every module has taken its input. `numbers`:
     each input's batch index in the calibration (an error names it), where a subset runs.
-    `names`: each module's path in the whole model, which an error names (else its class)."""
+    `names`: each module's path in the whole model, which an error names (else its class).
+    An error of an input names `owner`, the entry point calibrating."""
     with wanted.gather(modules, early=True, names=names) as stats:
         if failed is None:
 
@@ -96,16 +100,16 @@ def block_statistics(
                 args, kwargs = own_hidden(call)
                 return block(*args, **kwargs)
 
-            failed = _run_each(stats, inputs, run, reduce, numbers)
+            failed = _run_each(stats, inputs, run, owner, reduce, numbers)
     return _finish(stats, reduce, failed)
 
 
 def _run_each(
-    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
+    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object], owner: str,
     reduce: Reduce | None, numbers: Sequence[int] | None = None,
 ) -> BaseException | None:  # fmt: skip
-    """Run each item as a batch of `stats`. An error names its batch (its entry of
-    `numbers` where given); with `reduce` it is returned (every rank must learn of it in
+    """Run each item as a batch of `stats`. An error names `owner` and its batch (its entry
+    of `numbers` where given); with `reduce` it is returned (every rank must learn of it in
     the reduction) instead of raised."""
     try:
         for index, item in enumerate(items):
@@ -116,7 +120,7 @@ def _run_each(
                 pass  # every module took its input: the rest of the run is not needed
             except Exception as error:
                 number = index if numbers is None else numbers[index]
-                raise batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
+                raise batch_error(number, error, owner=owner)  # noqa: B904 (its cause is set)
     except Exception as error:
         if reduce is None:
             raise

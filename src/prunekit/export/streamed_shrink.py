@@ -319,7 +319,9 @@ def _calls(inputs: Sequence[cal.Inputs]) -> list[dict[str, object]]:
 def _score_pass(run: _Run) -> Scored:
     """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
     channel = run.channel
-    inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+    inputs = computed_inputs(
+        cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
+    )
     own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
     groups, scores = [], []
     for i in range(len(run.blocks)):
@@ -331,7 +333,7 @@ def _score_pass(run: _Run) -> Scored:
         scores += rank(holder, traced.groups, found, scoring, None, "a budget")
         groups += traced.groups
         if i + 1 < len(run.blocks):
-            inputs = cal.called_as(cal.next_inputs(run.blocks[i], inputs), own, i + 1)
+            inputs = cal.called_as(cal.next_inputs(run.blocks[i], inputs, owner=OWNER), own, i + 1)
             inputs = computed_inputs(inputs)
         del holder
         run.release(i)
@@ -348,7 +350,9 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
     files = {f: run.checkpoint.files.get(f, {}) for f in plans}
     writer = Writer(stage, plans, files)
     try:
-        inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+        inputs = computed_inputs(
+            cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
+        )
         own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
         for i in range(len(run.blocks)):
             inputs = _prune_block(run, i, chosen, inputs, writer)
@@ -380,11 +384,10 @@ def _prune_block(
     install(holder, mine)
     batches = run.channel.batches
     if batches is not None and pairs:
-        compensate_groups(
-            holder, pairs, openings, calls, run.channel.level, run.channel.token_weights
-        )
+        compensate_groups(holder, pairs, openings, calls, run.channel.level,
+                          run.channel.token_weights, owner=OWNER)  # fmt: skip
     if i + 1 < len(run.blocks):
-        inputs = cal.next_inputs(run.blocks[i], inputs)
+        inputs = cal.next_inputs(run.blocks[i], inputs, owner=OWNER)
     if mine:
         compact(holder, calls[0], latency_runs=0)
     params = dict(run.blocks[i].named_parameters())
