@@ -277,7 +277,7 @@ def _config(
         blocksize=blocksize,
         owner=OWNER,
     )
-    if config.sequential is False:
+    if config.chosen_sequential is False:
         raise value_error(
             f"{OWNER}: sequential=False calibrates the whole model in one pass, which needs "
             "all of it in memory; expected True (block by block) or 'layers'"

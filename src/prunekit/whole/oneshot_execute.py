@@ -146,7 +146,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
 def _calibrate_all(model: nn.Module, plan: Plan, bar: Progress) -> None:
     owners = [m for m, _ in plan.targets]
     readers = [_reader(t) for t in plan.targets]
-    found = cal.block_list(model, owners) if plan.config.sequential else None
+    found = cal.block_list(model, owners) if plan.config.chosen_sequential else None
     want = wanted(plan)
     reduce, owner = plan.reduce, plan.config.owner
     if plan.config.scope == "global":
@@ -198,7 +198,7 @@ def _by_blocks(
         for i, block in enumerate(blocks[: last + 1]):  # none after the last pruned one
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             more = i < last
-            if here and plan.config.sequential == "layers":  # refused with `reduce`
+            if here and plan.config.chosen_sequential == "layers":  # refused with `reduce`
                 inputs = _by_groups(plan, block, inputs, here, want, bar, more)
                 inputs = cal.called_as(inputs, calls, i + 1) if more else inputs
                 continue
@@ -258,7 +258,7 @@ def prune_block(
     if there is `more` to calibrate (else none)."""
     want = wanted(plan)
     with layer_matrices.out_proj_called(targets):
-        if targets and plan.config.sequential == "layers":
+        if targets and plan.config.chosen_sequential == "layers":
             return _by_groups(plan, block, inputs, targets, want, bar, more)
         if targets:
             stats = cal.block_statistics(
