@@ -122,7 +122,8 @@ def test_blocks_called_out_of_turn_are_refused_block_by_block(
     refused(
         pruning(model, method, sequential),
         ValueError,
-        rf"^calibration: the model's forward {told} of its 3 blocks \(Block\) on batch 0 "
+        rf"^prune_model: calibration: the model's forward {told} of its 3 blocks \(Block\) "
+        r"on batch 0 "
         r".*\(or pass sequential=False\)$",
         model=model,
     )
@@ -142,7 +143,8 @@ def test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused(
         lambda: prunekit.prune_model(model, 0.5, method="wanda", sequential=sequential,
                                      calibration=[torch.randn(4, 8)], include=pruned),
         ValueError,
-        r"^calibration: the model's forward calls block 1 a second time of its 3 blocks "
+        r"^prune_model: calibration: the model's forward calls block 1 a second time of its "
+        r"3 blocks "
         r"\(Block\) on batch 0 \(called: 0, 1, 2, 1\), but block-by-block calibration runs "
         r"blocks 0 to 1 each once",
         model=model,
@@ -278,7 +280,8 @@ def test_one_block_at_several_places_is_refused_for_that(
     refused(
         pruning(model, method, sequential),
         ValueError,
-        r"^calibration: the model's blocks hold one Block at positions 0 and 1 .*expected each "
+        r"^prune_model: calibration: the model's blocks hold one Block at positions 0 and 1 "
+        r".*expected each "
         r"calibrated layer to run once per forward",
         model=model,
     )

@@ -240,7 +240,7 @@ def test_a_forward_that_reads_more_than_the_hidden_states_gives_each_block_its_o
     torch.manual_seed(0)
     model = _Stack()
     calibration = [torch.randn(2, 5, 8), torch.randn(2, 5, 8)]  # unpacked as two rows
-    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration)
+    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration, owner="test")
     assert calls is not None and all(kwargs["bias"] is not None for _, kwargs in calls[1])
     assert not any(b._forward_pre_hooks or "forward" in vars(b) for b in model.blocks)
     want, before = copy.deepcopy(model), copy.deepcopy(model)
@@ -265,7 +265,7 @@ def test_a_block_with_a_forward_of_its_own_is_recorded_and_left_as_it_was() -> N
         stack.blocks[0].forward = functools.partial(original)  # type: ignore[method-assign]
     own = model.blocks[0].forward
     calibration = [torch.randn(2, 5, 8)]
-    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration)
+    calls = prunekit.calibrate.block_calls(model, model.blocks, calibration, owner="test")
     assert calls is not None and len(calls[1]) == 1
     assert vars(model.blocks[0])["forward"] is own
     prunekit.prune_model(model, 0.5, method="wanda", calibration=calibration)
@@ -283,7 +283,8 @@ def test_such_a_forward_calling_a_block_again_is_refused() -> None:
         lambda: prunekit.prune_model(model, 0.5, method="wanda", sequential=True,
                                      calibration=[torch.randn(4, 8)]),
         ValueError,
-        r"^calibration: the model's forward calls block 0 a second time of its 2 blocks "
+        r"^prune_model: calibration: the model's forward calls block 0 a second time of its "
+        r"2 blocks "
         r"\(_Passing\) on batch 0 \(called: 0, 1, 0\)",
         model=model,
     )  # fmt: skip
@@ -316,4 +317,4 @@ def test_a_failure_of_the_recording_itself_is_raised_not_taken_for_the_fallback(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(prunekit.calibrate.block_inputs, "cacheless", broken)
         with pytest.raises(RuntimeError, match="recording failed"):
-            prunekit.calibrate.block_calls(model, model.model.layers, _calibration())
+            prunekit.calibrate.block_calls(model, model.model.layers, _calibration(), owner="test")

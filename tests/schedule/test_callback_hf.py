@@ -159,3 +159,39 @@ def test_resuming_without_the_pruner_state_is_an_error(tmp_path: Path) -> None:
     assert again_pruner.steps == 0
     with pytest.raises(TypeError, match=r"expected a prunekit\.GradualPruner"):
         GradualPruningCallback(model)  # type: ignore[arg-type]
+
+
+def test_each_step_records_the_state_without_copying_the_masks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state written into the Trainer's at every step names the masks, and is made
+    without state_dict (which copies every mask to bool): it is called at saves only."""
+    import base64
+
+    from prunekit.schedule.hf_callback import STATE_KEY
+
+    model, pruner = make()
+    calls: list[int] = []
+    full = pruner.state_dict
+
+    def counted() -> dict[str, Any]:
+        calls.append(pruner.steps)
+        return full()
+
+    monkeypatch.setattr(pruner, "state_dict", counted)
+    run = trainer(tmp_path / "run", model, pruner)
+    run.train()
+    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*"))
+    assert len(saved) >= 2 and calls == saved  # once a save, not once a step (12 steps)
+    recorded = run.state.stateful_callbacks[STATE_KEY]
+    state = full()
+    assert recorded == {
+        "version": state["version"],
+        "steps": 12,
+        "amount": state["amount"],
+        "generator": base64.b64encode(state["generator"].numpy().tobytes()).decode("ascii"),
+        "masks": ["fc1.weight", "fc2.weight"],
+        "setup": state["setup"],
+    }
+    assert sorted(state["masks"]) == recorded["masks"]
+    json.dumps(recorded)  # as trainer_state.json holds it

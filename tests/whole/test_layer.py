@@ -60,8 +60,10 @@ def test_each_registered_method_prunes_a_model(method: str) -> None:
 
 def test_config_is_checked_and_frozen() -> None:
     config = Config(method="wanda", amount=0.5, include="layers.*", owner="mine")
-    assert config.include == ("layers.*",) and config.pattern == "row"
-    assert Config(method="wanda", amount=0.5, scope="global").pattern == "unstructured"
+    assert config.include == ("layers.*",) and config.pattern is None  # as given
+    assert config.chosen_pattern == "row"
+    made = Config(method="wanda", amount=0.5, scope="global", sequential=False)
+    assert made.chosen_pattern == "unstructured"
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.amount = 0.9  # type: ignore[misc]
     with pytest.raises(ValueError, match=r"mine: invalid method='obs'; expected one of l1, "):

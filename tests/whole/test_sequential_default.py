@@ -23,7 +23,8 @@ transformers = pytest.importorskip("transformers")
 )  # fmt: skip
 def test_the_default_by_method_and_ranks(method: str, ranks: bool, expected: bool | str) -> None:
     assert default_sequential(method, ranks) == expected
-    assert Config(method=method, amount=0.5, ranks=ranks).sequential == expected
+    made = Config(method=method, amount=0.5, ranks=ranks)
+    assert made.sequential is None and made.chosen_sequential == expected
 
 
 def _masks(pattern: str, **options: bool | str) -> dict[str, torch.Tensor]:

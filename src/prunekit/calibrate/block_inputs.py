@@ -109,14 +109,17 @@ def capture_block_inputs(
     return captured
 
 
-_SEQUENTIAL = " (or pass sequential=False)"
-"""What run_block's refusals end with: a calibrated call can run the whole model instead."""
+SEQUENTIAL = " (or pass sequential=False)"
+"""The `hint` that the refusals of block-by-block calibration end with for an entry point
+that can run the whole model in one pass instead (prune_model); none for those that have no
+such option (prune_channels, reconstruct_blocks, the streamed calls)."""
 
 
-def run_block(block: nn.Module, inputs: Inputs, owner: str) -> Inputs:
+def run_block(block: nn.Module, inputs: Inputs, owner: str, hint: str = "") -> Inputs:
     """Call `block` and return the inputs of the next one: the same arguments with the
     hidden states (the first positional one, or ``hidden_states=``) replaced. An error
-    names `owner`, the entry point calibrating."""
+    names `owner`, the entry point calibrating, and ends with `hint` (``SEQUENTIAL`` where
+    the entry point has that option)."""
     args, kwargs = inputs
     out = block(*args, **kwargs)
     hidden = out[0] if isinstance(out, tuple | list) and out else out
@@ -127,9 +130,9 @@ def run_block(block: nn.Module, inputs: Inputs, owner: str) -> Inputs:
         raise value_error(
             f"{owner}: calibration: {type(block).__name__} returned {shown}, whose hidden "
             "states the next block cannot be given; expected a tensor (or a tuple or list "
-            f"starting with one){_SEQUENTIAL}"
+            f"starting with one){hint}"
         )
-    return with_hidden(inputs, hidden, block, f"{owner}: calibration", _SEQUENTIAL)
+    return with_hidden(inputs, hidden, block, f"{owner}: calibration", hint)
 
 
 def with_hidden(
@@ -177,13 +180,15 @@ def own_hidden(inputs: Inputs) -> Inputs:
     return inputs if found is None else found
 
 
-def next_inputs(block: nn.Module, inputs: Sequence[Inputs], *, owner: str) -> list[Inputs]:
+def next_inputs(
+    block: nn.Module, inputs: Sequence[Inputs], *, owner: str, hint: str = ""
+) -> list[Inputs]:
     """`block`'s outputs for each batch, as the next block's inputs (an error names
-    `owner`, the entry point calibrating)."""
+    `owner`, the entry point calibrating; see ``run_block`` for `hint`)."""
     found = []
     for index, one in enumerate(inputs):
         try:
-            found.append(run_block(block, one, owner))
+            found.append(run_block(block, one, owner, hint))
         except Exception as error:
             raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
     return found
@@ -196,7 +201,7 @@ hidden states left out (None in their place)."""
 
 def block_calls(
     model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any],
-    wanted: int | None = None,
+    wanted: int | None = None, *, owner: str, hint: str = "",
 ) -> BlockCalls | None:  # fmt: skip
     """What the model's forward gives each of `blocks` beside its hidden states, for each
     batch. A block may be called with arguments of its own (a sliding-window layer gets
@@ -222,6 +227,9 @@ def block_calls(
         wanted: how many blocks, from the first, are calibrated (whose calls are wanted and
             whose order is checked); all by default. A block after them may be called in
             any order once they all ran.
+        owner: the entry point calibrating, which the refusals name.
+        hint: what the refusals end with: ``SEQUENTIAL`` where the entry point can run
+            the whole model in one pass instead, else nothing.
 
     Returns:
         The calls of the wanted blocks; None (each block is then given the first block's
@@ -233,16 +241,16 @@ def block_calls(
     Raises:
         ValueError: the forward calls a wanted block out of turn, again after its turn, or
             never (naming the block and the batch); or `blocks` hold one module at two
-            places, one of them wanted.
+            places, one of them wanted. Each begins ``<owner>: calibration:``.
         Exception: a failure of the recording itself (a bug, never taken for a forward
             that cannot run with its blocks passed through).
     """
     count = len(blocks) if wanted is None else wanted
     if count < 2:  # the first block's inputs are captured apart
         return None
-    hooked = _hooked(blocks, count)
+    hooked = _hooked(blocks, count, owner)
     for through in (True, False):
-        found = _record(model, blocks, batches, count, hooked, through)
+        found = _record(model, blocks, batches, count, hooked, through, (owner, hint))
         if found is not None:
             return found
     return None
@@ -250,10 +258,11 @@ def block_calls(
 
 def _record(
     model: nn.Module, blocks: nn.ModuleList | Sequence[nn.Module], batches: Sequence[Any],
-    count: int, hooked: list[int], through: bool,
+    count: int, hooked: list[int], through: bool, told: tuple[str, str],
 ) -> BlockCalls | None:  # fmt: skip
     """``block_calls``' recording, the blocks at `hooked` passed through (`through`) or run
-    as they are; None where it cannot tell the calls (see ``block_calls``)."""
+    as they are; None where it cannot tell the calls (see ``block_calls``; `told`: its
+    owner and hint)."""
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
@@ -296,7 +305,7 @@ def _record(
     except _Unreached:  # a forward that needs its blocks' outputs: run them, or give up
         return None
     if order and not _in_turn(order[-1], count):
-        raise _out_of_turn(blocks, order[-1], len(order) - 1, count)
+        raise _out_of_turn(blocks, order[-1], len(order) - 1, count, told)
     calls, shapes = calls[:count], shapes[:count]
     if any(len(found) != len(batches) for found in calls):
         return None
@@ -378,16 +387,17 @@ def _in_turn(seen: list[int], count: int) -> bool:
     return seen[:count] == list(range(count)) and all(index >= count for index in seen[count:])
 
 
-def _hooked(blocks: nn.ModuleList | Sequence[nn.Module], count: int) -> list[int]:
+def _hooked(blocks: nn.ModuleList | Sequence[nn.Module], count: int, owner: str) -> list[int]:
     """The positions of `blocks` to record: each module at its first place (its hooks set
-    once). Raises ValueError for a module at two places of which one is wanted (the first
-    `count`): its layers run more than once per batch."""
+    once). Raises ValueError (naming `owner`) for a module at two places of which one is
+    wanted (the first `count`): its layers run more than once per batch, which one pass
+    refuses too (no hint of sequential=False)."""
     first: dict[int, int] = {}
     for index, block in enumerate(blocks):
         before = first.setdefault(id(block), index)
         if before != index and before < count:  # hooks set once: counted at `before`
             raise value_error(
-                f"calibration: the model's blocks hold one {type(block).__name__} at "
+                f"{owner}: calibration: the model's blocks hold one {type(block).__name__} at "
                 f"positions {before} and {index} (one module run at each: its layers run more "
                 "than once per batch, which no calibration of one weight matrix can follow); "
                 "expected each calibrated layer to run once per forward: exclude it, or give "
@@ -397,11 +407,13 @@ def _hooked(blocks: nn.ModuleList | Sequence[nn.Module], count: int) -> list[int
 
 
 def _out_of_turn(
-    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int, count: int
-) -> ValueError:
+    blocks: nn.ModuleList | Sequence[nn.Module], seen: list[int], number: int, count: int,
+    told: tuple[str, str],
+) -> ValueError:  # fmt: skip
     """The refusal of a forward that calls the first `count` of `blocks` otherwise than one
     after another, each once (`seen`: the indices it called on batch `number`, up to the
-    first out of turn)."""
+    first out of turn); `told`: the owner it names and the hint it ends with."""
+    owner, hint = told
     expected = list(range(count))
     if seen and seen[-1] in seen[:-1]:
         what = f"calls block {seen[-1]} a second time"
@@ -411,12 +423,12 @@ def _out_of_turn(
         what = f"never calls block {len(seen)}"
     shown = ", ".join(map(str, seen)) or "none"
     return value_error(
-        f"calibration: the model's forward {what} of its {len(blocks)} blocks "
+        f"{owner}: calibration: the model's forward {what} of its {len(blocks)} blocks "
         f"({type(blocks[0]).__name__}) on batch {number} (called: {shown}), but block-by-block "
         f"calibration runs blocks {expected[0]} to {expected[-1]} each once, in the order the "
         "ModuleList holds them, on the outputs of the one before: each block would be "
         f"calibrated on other inputs than the model gives it; expected a forward that calls "
-        f"them so{_SEQUENTIAL}"
+        f"them so{hint}"
     )
 
 

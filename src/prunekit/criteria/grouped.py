@@ -80,7 +80,9 @@ class GroupedRuns:
     inside ``with``, where the submodules holding a target have their forward wrapped.
     `numbers`: the calibration batch of each input, as errors name it (default: its index).
     `names`: each module's path in the whole model, which an error names (else its class).
-    `owner`: the entry point calibrating, which an error of an input names."""
+    `owner`: the entry point calibrating, which an error of an input names; `hint`: what a
+    block's refusal ends with (``calibrate.block_inputs.SEQUENTIAL`` where `owner` has
+    that option)."""
 
     def __init__(
         self,
@@ -92,9 +94,11 @@ class GroupedRuns:
         names: Mapping[nn.Module, str] | None = None,
         *,
         owner: str,
+        hint: str = "",
     ) -> None:
         self.block = block
         self.owner = owner
+        self.hint = hint
         self.names = names
         self.inputs = list(inputs)
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
@@ -223,7 +227,7 @@ class GroupedRuns:
         call = self.inputs[index]
         try:
             if not keep:
-                return cal.run_block(self.block, call, self.owner)
+                return cal.run_block(self.block, call, self.owner, self.hint)
             args, kwargs = cal.own_hidden(call)  # each run from the inputs as kept
             with suppress(cal.Stop):
                 self.block(*args, **kwargs)

@@ -122,7 +122,7 @@ def rank_across(
         if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
             _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
         try:
-            selection = select(pieces, lambda total: k, group)
+            selection = select(pieces, lambda total: k, group, owner=caller)
         except Unrankable as bad:
             named = ", ".join(entries[i].where for i in bad.pieces)
             raise value_error(

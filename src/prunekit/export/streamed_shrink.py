@@ -322,7 +322,9 @@ def _score_pass(run: _Run) -> Scored:
     inputs = computed_inputs(
         cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
     )
-    own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
+    own = cal.block_calls(
+        run.model, run.blocks, run.batches, owner=OWNER
+    )  # a block's own mask, rotary
     groups, scores = [], []
     for i in range(len(run.blocks)):
         holder = run.load(i)
@@ -353,7 +355,9 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
         inputs = computed_inputs(
             cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
         )
-        own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
+        own = cal.block_calls(
+            run.model, run.blocks, run.batches, owner=OWNER
+        )  # a block's own mask, rotary
         for i in range(len(run.blocks)):
             inputs = _prune_block(run, i, chosen, inputs, writer)
             if i + 1 < len(run.blocks):

@@ -170,7 +170,7 @@ def ranking(config: Config) -> Ranking:
     found = offline_method(config.method, config.owner)
     if not config.plain:
         raise value_error(
-            f"{config.owner}: invalid pattern={config.pattern!r}; a state_dict is pruned "
+            f"{config.owner}: invalid pattern={config.chosen_pattern!r}; a state_dict is pruned "
             "with pattern='unstructured' (whole channels: method 'ln')"
         )
     assert found.pruning is not None  # every method of OFFLINE has one

@@ -396,10 +396,10 @@ def _global(
         for piece, noise, count in zip(pieces, noises, counts, strict=True):
             piece.source, piece.competing = _noisy(piece.source, noise), count
             piece.dtype = torch.float32
-        selection = select(pieces, lambda total: k, Alone())
+        selection = select(pieces, lambda total: k, Alone(), owner=owner)
     else:
         try:
-            selection = select(pieces, Amount(amount, owner).count, Alone())
+            selection = select(pieces, Amount(amount, owner).count, Alone(), owner=owner)
         except Unrankable as error:
             names = ", ".join(repr(chosen[i].name) for i in error.pieces)
             raise CheckpointError(

@@ -277,7 +277,7 @@ def _config(
         blocksize=blocksize,
         owner=OWNER,
     )
-    if config.sequential is False:
+    if config.chosen_sequential is False:
         raise value_error(
             f"{OWNER}: sequential=False calibrates the whole model in one pass, which needs "
             "all of it in memory; expected True (block by block) or 'layers'"
@@ -437,7 +437,7 @@ def _stream(
             inputs = computed_inputs(
                 cal.capture_block_inputs(model, blocks[0], batches, owner=OWNER)
             )
-            calls = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
+            calls = cal.block_calls(model, blocks, batches, owner=OWNER)  # own mask, rotary
             for i, prefix in enumerate(prefixes):
                 inputs = _one_block(run, blocks, i, prefix, inputs)
                 if i + 1 < len(blocks):

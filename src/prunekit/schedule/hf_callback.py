@@ -30,8 +30,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.schedule.distill import Distiller
-from prunekit.schedule.pruner import GradualPruner, checked_pruner
-from prunekit.schedule.state import from_json_state, json_state
+from prunekit.schedule.pruner import GradualPruner, checked_pruner, named_state
+from prunekit.schedule.state import from_json_state
 
 __all__ = ["STATE_FILE", "STATE_KEY", "DistillationTrainer", "GradualPruningCallback"]
 
@@ -97,7 +97,8 @@ class GradualPruningCallback(TrainerCallback):
             self.pruner.step()
         # into the Trainer's state, which every checkpoint saves with the model (and so the
         # masks): a run resumed from any checkpoint, wherever it was moved, finds it there
-        _entries(state)[STATE_KEY] = json_state(self.pruner.state_dict())
+        # (the masks named, not copied as state_dict would at every step)
+        _entries(state)[STATE_KEY] = named_state(self.pruner)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -33,7 +33,7 @@ from prunekit.schedule.settings import (
     Unpack,
     config_of,
 )
-from prunekit.schedule.state import check_state, pruner_state, rewound_state
+from prunekit.schedule.state import check_state, json_state, pruner_state, rewound_state
 from prunekit.structure.graph.graph import split_inputs
 from prunekit.whole.targets import Place, Target, select_targets
 
@@ -402,3 +402,17 @@ def _shape(target: Target) -> torch.Size:
 
 def _where(target: Target) -> str:
     return f"{OWNER} ({target.name})"
+
+
+def named_state(pruner: GradualPruner) -> dict[str, Any]:
+    """`pruner`'s state as the Trainer's state holds it (``state.json_state``): its
+    state_dict with the masks named, read without copying them.
+
+    Args:
+        pruner: the pruner.
+
+    Returns:
+        A dict of JSON values.
+    """
+    names = [t.name for t in pruner.targets if t.name in pruner._pruned]
+    return json_state(pruner, names, pruner._generator.get_state())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,17 +69,17 @@ def pruner_state(
     }
 
 
-def json_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A pruner's `state` (its state_dict) as JSON, masks named but not held: what a
-    checkpoint that holds the model (whose buffers are the masks) needs beside it."""
-    generator = state["generator"].numpy().tobytes()
+def json_state(pruner: GradualPruner, masks: Iterable[str], generator: Tensor) -> dict[str, Any]:
+    """`pruner`'s state_dict as JSON, its `masks` named but not held (nor copied): what a
+    checkpoint that holds the model (whose buffers are the masks) needs beside it; made at
+    every training step, so without state_dict's copy of each mask to bool."""
     return {
-        "version": state["version"],
-        "steps": state["steps"],
-        "amount": state["amount"],
-        "generator": base64.b64encode(generator).decode("ascii"),
-        "masks": sorted(state["masks"]),
-        "setup": dict(state["setup"]),
+        "version": VERSION,
+        "steps": pruner.steps,
+        "amount": pruner.amount,
+        "generator": base64.b64encode(generator.numpy().tobytes()).decode("ascii"),
+        "masks": sorted(masks),
+        "setup": setup(pruner),
     }
 
 

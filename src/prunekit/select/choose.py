@@ -19,6 +19,7 @@ from prunekit.select.inputs import (
     count_of,
     multiplied,
     refuse_non_finite,
+    refusing_meta,
 )
 from prunekit.select.passes import Marks
 from prunekit.select.pieces import Piece, select
@@ -39,7 +40,9 @@ def smallest_k(
     """
     flat = scores.reshape(-1)
     live = None if alive is None else alive.reshape(-1)
-    chosen = next(smallest_k_many([lambda: (flat, live)], k, magnitude=magnitude))
+    chosen = next(
+        smallest_k_many([lambda: (flat, live)], k, magnitude=magnitude, owner="smallest_k")
+    )
     return chosen.reshape(scores.shape)
 
 
@@ -52,6 +55,7 @@ def smallest_k_many(
     total: int | None = None,
     finite: bool = False,
     products: Sequence[Tensor | None] | None = None,
+    owner: str = "smallest_k_many",
 ) -> Iterator[Tensor]:
     """Yield, for each source in turn, a flat bool tensor marking its share of the `k` smallest.
 
@@ -73,7 +77,11 @@ def smallest_k_many(
     into which the source's scores times its mask are written by the time the mask
     is yielded: in the one pass, as the mask is written, while the scores are read
     anyway. A source given a product must have no flags and finite scores.
+
+    A source giving scores or flags on the meta device (no values) raises ValueError
+    naming `owner` (the entry point the caller is) and the source.
     """
+    sources = [refusing_meta(s, f"sources[{i}]", owner) for i, s in enumerate(sources)]
     if products is not None:
         check_products(sources, products, keep_dtype)
     chosen = strategy.make(sources, magnitude)

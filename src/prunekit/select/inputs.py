@@ -29,6 +29,7 @@ __all__ = [
     "count_of",
     "multiplied",
     "refuse_non_finite",
+    "refusing_meta",
 ]
 
 Count = int | Callable[[int], int]
@@ -45,6 +46,35 @@ Called about once per pass, so a source may recompute its scores instead of hold
 
 class NotFinite(ValueError):
     """Raised, when asked, if a score is NaN or infinite."""
+
+
+def refusing_meta(source: Source, where: str, owner: str) -> Source:
+    """`source`, read as it is, but refusing scores or flags on the meta device: a shape
+    without values, which the C loop would read as memory (a crash) and the tensor methods
+    would rank into masks without values. Every entry of the selection wraps its sources,
+    so every read is checked (an attribute's look-up, not a pass over the values).
+
+    Args:
+        source: the source the caller gave.
+        where: the source as the caller named it (``'sources[2]'``, ``'pieces[0]'``).
+        owner: the entry point the error names.
+
+    Returns:
+        The source that checks what it returns.
+    """
+
+    def read() -> tuple[Tensor, Tensor | None]:
+        scores, alive = source()
+        for what, value in (("scores", scores), ("flags", alive)):
+            if isinstance(value, Tensor) and value.is_meta:
+                raise ValueError(
+                    f"{owner}: {where} gave {what} on the meta device (a shape without "
+                    "values, which cannot be ranked); expected tensors holding values, on "
+                    "the CPU or another device"
+                )
+        return scores, alive
+
+    return read
 
 
 def count_of(k: Count, total: int) -> int:

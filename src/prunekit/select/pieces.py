@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -52,6 +52,7 @@ from prunekit.select.inputs import (
     competing,
     count_of,
     refuse_non_finite,
+    refusing_meta,
 )
 from prunekit.select.native import Gather
 from prunekit.select.passes import Buffers, Marks
@@ -247,6 +248,7 @@ def select(
     total: int | None = None,
     marks: Marks | None = None,
     signed: bool = False,
+    owner: str = "select",
 ) -> Selection:
     """Choose ``count(total)`` entries among the `total` competing in all pieces of all
     ranks: those of smallest magnitude (with `signed`, of smallest value: whole tensors
@@ -259,8 +261,15 @@ def select(
     With `marks` (whole tensors in one process), the count pass also writes every
     selection around the sampled guess, settled after when the guess holds; scores
     that are not finite are then refused only as `marks` asks, NaN ranking last.
+
+    A piece whose source gives scores or flags on the meta device raises ValueError
+    naming `owner` (the caller's entry point) and the piece, before the C loop reads them.
     """
-    return engine.run(Bits(pieces, group, total, marks, signed), count)
+    checked = [
+        replace(piece, source=refusing_meta(piece.source, f"pieces[{i}]", owner))
+        for i, piece in enumerate(pieces)
+    ]
+    return engine.run(Bits(checked, group, total, marks, signed), count)
 
 
 class Bits:

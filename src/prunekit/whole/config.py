@@ -70,10 +70,10 @@ class Config:
             of entries (or channels, for ``'ln'``) where the entry point takes one.
         pattern: ``'unstructured'``, ``'row'`` (the same share of each output row),
             ``'N:M'`` (``'2:4'``, ``'4:8'``: keep N of every M along the input dim) or a
-            ``prunekit.Pattern``. None becomes the method's own when made
-            (``registry.default_pattern``): ``'row'`` for ``'wanda'`` in scope ``'layer'``
-            (as Wanda's paper ranks; whole-layer ranking is clearly worse on LLMs),
-            ``'unstructured'`` otherwise.
+            ``prunekit.Pattern``. None (kept as None): the method's own
+            (``registry.default_pattern``, read as `chosen_pattern`): ``'row'`` for
+            ``'wanda'`` in scope ``'layer'`` (as Wanda's paper ranks; whole-layer ranking is
+            clearly worse on LLMs), ``'unstructured'`` otherwise.
         scope: ``'layer'`` prunes `amount` of each tensor, ``'global'`` `amount` of all the
             selected tensors ranked together (unstructured only).
         include: globs of parameter names, as the CLI's. The default ``('*',)`` takes every
@@ -91,13 +91,14 @@ class Config:
             value; the attention's output; gate and up; down), each on the outputs of the
             groups pruned before it, as SparseGPT's paper prunes (each layer runs about once
             a batch, where True runs each block twice; as True for a model without blocks).
-            False: one pass of the whole model. None becomes the method's own when made
-            (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'`` unless over
-            `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
-            benchmarks/vs_llmcompressor.py), True otherwise. ``prune_model(config=...)``
-            defaults it anew for its call's ranks (with or without `process_group`) when
-            this Config defaulted it; a Config made by ``dataclasses.replace`` holds the
-            value as given, a default included.
+            False: one pass of the whole model. None (kept as None): the method's own
+            (``registry.default_sequential``, read as `chosen_sequential`): ``'layers'`` for
+            ``'sparsegpt'`` unless over `ranks` (the better scores on SmolLM2-135M and
+            all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py), True otherwise;
+            ``prune_model(config=...)`` defaults it for its call's ranks (with or without
+            `process_group`). As `pattern`, a None stays None through
+            ``dataclasses.replace``: a copy with another method or scope takes that one's
+            defaults, as a Config made with the same fields does.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
             finite float >= 0; None: SparseGPT's own (0.1). Method ``'sparsegpt'`` only:
@@ -114,7 +115,9 @@ class Config:
     Raises:
         TypeError: an argument of the wrong type, naming `owner`, the argument and the value.
         ValueError: an argument out of range, naming `owner`, the argument and the value;
-            `damp` or `blocksize` given with a method other than ``'sparsegpt'``.
+            `damp` or `blocksize` given with a method other than ``'sparsegpt'``; scope
+            ``'global'`` with a pattern other than unstructured, with ``'sparsegpt'``, or
+            with ``'wanda'`` calibrated sequentially (its default: give sequential=False).
     """
 
     method: str = "l1"
@@ -153,18 +156,29 @@ class Config:
         # Globs given as one str are one glob: kept as tuples.
         object.__setattr__(self, "include", globs(self.include, "include", owner))
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
-        if self.pattern is None:
-            object.__setattr__(self, "pattern", default_pattern(self.method, self.scope))
-        chosen = parse_pattern(self.pattern, owner)
+        # `pattern` and `sequential` stay None when not given (``dataclasses.replace`` copies
+        # them as they are, so a copy's defaults follow its method); read resolved as
+        # `chosen_pattern` and `chosen_sequential`
+        chosen = parse_pattern(self.chosen_pattern, owner)
         if isinstance(chosen, NM):  # its amount is the pattern's own
             chosen.check((chosen.m,) * 2, Amount(self.amount, owner))
-        if self.sequential is None:
-            object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
-            # the default of this Config's `ranks`: an entry point that runs it over other
-            # ranks defaults it anew (``over_ranks``), where one given stays as given
-            object.__setattr__(self, "_defaulted_sequential", True)
+        ranked = type(chosen) is Unstructured and self.method != "sparsegpt"
+        if self.scope == "global" and not ranked:
+            raise value_error(
+                f"{owner}: scope='global' ranks entries of all layers together, which only "
+                f"the unstructured pattern with l1, random, wanda or taylor does; got "
+                f"method={self.method!r}, pattern={self.chosen_pattern!r} (expected "
+                "scope='layer')"
+            )
+        if self.scope == "global" and self.method == "wanda" and self.chosen_sequential:
+            raise value_error(
+                f"{owner}: scope='global' needs every layer's statistics before any is "
+                f"pruned, which sequential calibration does not give; got "
+                f"sequential={self.sequential!r} (None: True for 'wanda'), expected "
+                "sequential=False"
+            )
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
-        if not isinstance(self.sequential, bool) and not layered:
+        if self.sequential is not None and not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error
             raise make(
                 f"{owner}: invalid sequential={self.sequential!r}; expected True (block by "
@@ -192,8 +206,8 @@ class Config:
 
     def over_ranks(self, ranks: bool, owner: str) -> Config:
         """This Config for the entry point `owner`, run over data-parallel ranks or not
-        (`ranks`): `sequential`, if this Config defaulted it, defaulted for `ranks`
-        (SparseGPT's 'layers' alone, True over ranks); as given otherwise.
+        (`ranks`): `sequential`, if not given, defaulted for `ranks` (SparseGPT's 'layers'
+        alone, True over ranks); as given otherwise.
 
         Args:
             ranks: whether the call runs over a process group.
@@ -202,9 +216,22 @@ class Config:
         Returns:
             The Config the call runs with.
         """
-        defaulted = getattr(self, "_defaulted_sequential", False)
-        sequential = None if defaulted else self.sequential
-        return replace(self, owner=owner, ranks=ranks, sequential=sequential)
+        return replace(self, owner=owner, ranks=ranks)
+
+    @property
+    def chosen_pattern(self) -> str | Pattern:
+        """`pattern`, or the method's own where None (``registry.default_pattern``)."""
+        if self.pattern is None:
+            return default_pattern(self.method, self.scope)
+        return self.pattern
+
+    @property
+    def chosen_sequential(self) -> bool | str:
+        """`sequential`, or the method's own for `ranks` where None
+        (``registry.default_sequential``)."""
+        if self.sequential is None:
+            return default_sequential(self.method, self.ranks)
+        return self.sequential
 
     @property
     def norm(self) -> float | str:
@@ -234,20 +261,21 @@ class Config:
     def plain(self) -> bool:
         """Whether the pattern is whole tensors' entries: 'unstructured', by its name or as
         the Pattern ``Unstructured()`` (a subclass may rank otherwise: not plain)."""
-        if type(self.pattern) is Unstructured:
+        pattern = self.chosen_pattern
+        if type(pattern) is Unstructured:
             return True
-        return isinstance(self.pattern, str) and self.pattern == "unstructured"
+        return isinstance(pattern, str) and pattern == "unstructured"
 
     def compared(self) -> dict[str, Any]:
         """The arguments every rank of a process group must give alike."""
         return {
             "method": self.method,
             "amount": self.amount,
-            "pattern": self.pattern,
+            "pattern": self.chosen_pattern,
             "scope": self.scope,
             "include": self.include,
             "exclude": self.exclude,
-            "sequential": self.sequential,
+            "sequential": self.chosen_sequential,
         }
 
 

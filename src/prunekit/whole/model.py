@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from prunekit.calibrate.layer_matrices import calibrates
-from prunekit.core.errors import naming, type_error, value_error
+from prunekit.core.errors import naming, type_error, value_error, warn_caller
 from prunekit.core.transaction import transaction
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.stats import Reducer
@@ -32,6 +32,7 @@ from prunekit.whole.targets import (
     Place,
     Target,
     globs,
+    matches,
     output_heads,
     select_targets,
     unpruned_name,
@@ -282,6 +283,38 @@ def _oneshot(
         then=(lambda: _mask_ties(targets)) if keep_masks else None,
         reduce=reduce,
         keep_masks=keep_masks,
+    )
+    if config.method in CALIBRATED and config.include == ALL:
+        _tell_fused(model, config)
+
+
+def _tell_fused(model: nn.Module, config: Config) -> None:
+    """Warn once, naming them, of the floating-point Parameters of 3 dims (fused experts:
+    one matrix per expert along the first dim) that the calibrated methods, which prune
+    Linear weights only, left dense, `config.exclude` aside; a 1-D convolution's weight is
+    no such tensor."""
+    found, seen = [], set()
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Conv1d | nn.ConvTranspose1d):
+            continue
+        for leaf, param in module.named_parameters(recurse=False):
+            if id(param) in seen or param.dim() != 3 or not param.is_floating_point():
+                continue
+            seen.add(id(param))
+            name = f"{path}.{unpruned_name(module, leaf)}" if path else unpruned_name(module, leaf)
+            if not any(matches(name, glob) for glob in config.exclude):
+                found.append(name)
+    if not found:
+        return
+    shown = ", ".join(repr(n) for n in found[:8]) + (
+        f", ... ({len(found)} in all)" if len(found) > 8 else ""
+    )
+    warn_caller(
+        f"{OWNER}: method={config.method!r} prunes Linear weights only, and left dense the "
+        f"weights of 3 dims (fused experts, one matrix per expert): {shown}; prune them by "
+        "magnitude with prune_model(model, amount, method='l1', include=[their names]), "
+        "remove whole experts with prune_channels, or leave them out with exclude to "
+        "silence this"
     )
 
 

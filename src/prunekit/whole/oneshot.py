@@ -53,7 +53,7 @@ def run(
     the original values of more than one layer beside the pruned ones.
     """
     try:
-        if reduce is not None and config.sequential == "layers":
+        if reduce is not None and config.chosen_sequential == "layers":
             raise value_error(
                 f"{config.owner}: sequential='layers' finds each block's groups of layers "
                 "from the order its batches call them, which may differ from rank to rank; "

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
+from prunekit.calibrate.block_inputs import SEQUENTIAL
 from prunekit.core.amount import Amount
 from prunekit.core.errors import naming, value_error
 from prunekit.core.heap import trim
@@ -146,7 +147,7 @@ def _calibrated(model: nn.Module, plan: Plan, bar: Progress) -> None:
 def _calibrate_all(model: nn.Module, plan: Plan, bar: Progress) -> None:
     owners = [m for m, _ in plan.targets]
     readers = [_reader(t) for t in plan.targets]
-    found = cal.block_list(model, owners) if plan.config.sequential else None
+    found = cal.block_list(model, owners) if plan.config.chosen_sequential else None
     want = wanted(plan)
     reduce, owner = plan.reduce, plan.config.owner
     if plan.config.scope == "global":
@@ -190,7 +191,9 @@ def _by_blocks(
         try:
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches, owner=owner)
             # each block's own arguments (mask, rotary), up to the last pruned one
-            calls = cal.block_calls(model, blocks, plan.batches, wanted=last + 1)
+            calls = cal.block_calls(
+                model, blocks, plan.batches, wanted=last + 1, owner=owner, hint=SEQUENTIAL
+            )
         except Exception as error:
             if reduce is None:
                 raise
@@ -198,8 +201,8 @@ def _by_blocks(
         for i, block in enumerate(blocks[: last + 1]):  # none after the last pruned one
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             more = i < last
-            if here and plan.config.sequential == "layers":  # refused with `reduce`
-                inputs = _by_groups(plan, block, inputs, here, want, bar, more)
+            if here and plan.config.chosen_sequential == "layers":  # refused with `reduce`
+                inputs = _by_groups(plan, block, inputs, here, want, bar, more, SEQUENTIAL)
                 inputs = cal.called_as(inputs, calls, i + 1) if more else inputs
                 continue
             if here:
@@ -219,7 +222,7 @@ def _by_blocks(
             if more and pending is None:
                 try:
                     inputs = cal.called_as(
-                        cal.next_inputs(block, inputs, owner=owner), calls, i + 1
+                        cal.next_inputs(block, inputs, owner=owner, hint=SEQUENTIAL), calls, i + 1
                     )
                 except Exception as error:
                     if reduce is None:
@@ -258,7 +261,7 @@ def prune_block(
     if there is `more` to calibrate (else none)."""
     want = wanted(plan)
     with layer_matrices.out_proj_called(targets):
-        if targets and plan.config.sequential == "layers":
+        if targets and plan.config.chosen_sequential == "layers":
             return _by_groups(plan, block, inputs, targets, want, bar, more)
         if targets:
             stats = cal.block_statistics(
@@ -282,17 +285,19 @@ def _by_groups(
     wanted: cal.Wanted,
     bar: Progress,
     more: bool,
+    hint: str = "",
 ) -> list[cal.Inputs]:
     """The targets of one block, one group of layers at a time in the order the block
     calls them (those reading one input together: query, key and value; then the
     attention's output; gate and up; down), each calibrated on the outputs of the
     groups pruned before it (criteria.grouped). Returns the block's outputs, the next
-    block's inputs, if there is `more` to calibrate (else none)."""
+    block's inputs, if there is `more` to calibrate (else none). `hint`: what a block's
+    refusal ends with (``SEQUENTIAL`` for the in-memory call, which takes it)."""
     left = list(targets)
     trim()  # the runs of the block before: their pages, not kept beside this block's
     readers = [_reader(t) for t in targets]
     with GroupedRuns(
-        block, inputs, readers, wanted, names=plan.paths, owner=plan.config.owner
+        block, inputs, readers, wanted, names=plan.paths, owner=plan.config.owner, hint=hint
     ) as runs:
         while left:
             stats, group = runs.next_group([_reader(t) for t in left])

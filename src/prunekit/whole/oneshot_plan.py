@@ -20,7 +20,7 @@ from prunekit.core.example_inputs import rowless
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import Transaction
 from prunekit.criteria.sparsegpt import SparseGPT
-from prunekit.patterns import NM, Pattern, PerRow, Unstructured
+from prunekit.patterns import NM, Pattern, PerRow
 from prunekit.whole.config import PATTERNS, Config, parse_pattern
 from prunekit.whole.registry import CALIBRATED
 
@@ -89,23 +89,11 @@ def make_plan(
         TypeError, ValueError: naming `config.owner`, the argument (or the target) and
             the value.
     """
-    owner, method, scope = config.owner, config.method, config.scope
+    owner, method = config.owner, config.method
     if method not in ENGINE:
         raise value_error(f"{owner}: invalid method={method!r}; expected one of {ENGINE}")
-    chosen = parse_pattern(config.pattern, owner)
-    if scope == "global" and (type(chosen) is not Unstructured or method == "sparsegpt"):
-        raise value_error(
-            f"{owner}: scope='global' ranks entries of all layers together, which only "
-            f"the unstructured pattern with l1, random, wanda or taylor does; got "
-            f"method={method!r}, pattern={config.pattern!r} (expected scope='layer')"
-        )
-    if scope == "global" and method == "wanda" and config.sequential:
-        raise value_error(
-            f"{owner}: scope='global' needs every layer's statistics before any is "
-            "pruned, which sequential calibration does not give; expected sequential=False"
-        )
-    if isinstance(chosen, NM):
-        chosen.check((chosen.m,) * 2, Amount(config.amount, owner))
+    # the Config refused a pattern, method or sequential scope 'global' cannot take
+    chosen = parse_pattern(config.chosen_pattern, owner)
     batches = _batches(config, calibration, loss)
     settings = config.sparsegpt
     found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)

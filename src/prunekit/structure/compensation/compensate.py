@@ -248,7 +248,7 @@ def compensate_groups(
             return done
         sequence, where = blocks
         inputs = cal.capture_block_inputs(model, sequence[0], batches, owner=owner)
-        own = cal.block_calls(model, sequence, batches)  # a block's own mask, rotary
+        own = cal.block_calls(model, sequence, batches, owner=owner)  # a block's own mask, rotary
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             here = [c for c in found if where[id(c.module)] == index]

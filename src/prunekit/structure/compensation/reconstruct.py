@@ -228,10 +228,10 @@ def _fit_blocks(
     (model, reference), (blocks, theirs) = models, pairs
     with torch.no_grad():
         ours_in = cal.capture_block_inputs(model, blocks[0], batches, owner=_OWNER)
-        own = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
+        own = cal.block_calls(model, blocks, batches, owner=_OWNER)  # own mask, rotary
         with _reference_named(model, reference):
             theirs_in = cal.capture_block_inputs(reference, theirs[0], batches, owner=_OWNER)
-            their_own = cal.block_calls(reference, theirs, batches)
+            their_own = cal.block_calls(reference, theirs, batches, owner=_OWNER)
     _check_widths(ours_in, theirs_in)
     errors = []
     for index, (block, their_block) in enumerate(zip(blocks, theirs, strict=True)):
