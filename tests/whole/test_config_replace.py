@@ -41,8 +41,10 @@ def test_a_replaced_scope_takes_its_default_pattern_and_is_checked_when_made() -
     assert replaced.chosen_pattern == "unstructured"
     with pytest.raises(ValueError, match=r"^Config: scope='global' .*pattern='row'"):
         dataclasses.replace(wanda, scope="global", pattern="row")
-    with pytest.raises(ValueError, match=r"^Config: scope='global' .*sequential=None"):
-        dataclasses.replace(wanda, scope="global", sequential=None)
+    with pytest.raises(ValueError, match=r"^Config: scope='global' .*sequential=True"):
+        dataclasses.replace(wanda, scope="global", sequential=True)
+    # not given: Wanda's global ranking takes one pass
+    assert dataclasses.replace(wanda, scope="global", sequential=None).chosen_sequential is False
     with pytest.raises(ValueError, match=r"^Config: scope='global' .*method='sparsegpt'"):
         Config(method="sparsegpt", amount=0.5, scope="global")
 

@@ -1,7 +1,7 @@
 """The default of `sequential`: 'layers' for SparseGPT, block by block (True) for every other
-method and over ranks. Wanda on a decoder ranks from norms calibrated block by block, as
-llm-compressor's Wanda does ('layers' moved SmolLM2-135M's perplexity on five domains
-both ways: benchmarks/domains_llmcompressor.py)."""
+method and over ranks, one pass (False) for Wanda's global ranking. Wanda on a decoder ranks
+from norms calibrated block by block, as llm-compressor's Wanda does ('layers' moved
+SmolLM2-135M's perplexity on five domains both ways: benchmarks/domains_llmcompressor.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,29 @@ def test_the_default_by_method_and_ranks(method: str, ranks: bool, expected: boo
     assert default_sequential(method, ranks) == expected
     made = Config(method=method, amount=0.5, ranks=ranks)
     assert made.sequential is None and made.chosen_sequential == expected
+
+
+def test_wanda_ranked_globally_takes_one_pass_unless_told_otherwise() -> None:
+    assert default_sequential("wanda", False, "global") is False
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    other = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    other.load_state_dict(model.state_dict())
+    batches = [torch.randn(5, 8) for _ in range(3)]
+    prune.prune_model(model, 0.5, method="wanda", scope="global", calibration=batches)
+    prune.prune_model(
+        other, 0.5, method="wanda", scope="global", sequential=False, calibration=batches
+    )
+    masks = [(n, b) for n, b in model.named_buffers() if n.endswith("_mask")]
+    assert masks
+    for (name, got), want in zip(
+        masks, [b for n, b in other.named_buffers() if n.endswith("_mask")], strict=True
+    ):
+        assert torch.equal(got, want), name
+    with pytest.raises(ValueError, match=r"scope='global' .*sequential=True"):
+        prune.prune_model(
+            model, 0.5, method="wanda", scope="global", sequential=True, calibration=batches
+        )
 
 
 def _masks(pattern: str, **options: bool | str) -> dict[str, torch.Tensor]:

@@ -94,7 +94,8 @@ class Config:
             False: one pass of the whole model. None (kept as None): the method's own
             (``registry.default_sequential``, read as `chosen_sequential`): ``'layers'`` for
             ``'sparsegpt'`` unless over `ranks` (the better scores on SmolLM2-135M and
-            all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py), True otherwise;
+            all-MiniLM-L6-v2, see benchmarks/vs_llmcompressor.py), False for ``'wanda'``
+            with `scope` ``'global'``, True otherwise;
             ``prune_model(config=...)`` defaults it for its call's ranks (with or without
             `process_group`). As `pattern`, a None stays None through
             ``dataclasses.replace``: a copy with another method or scope takes that one's
@@ -174,8 +175,8 @@ class Config:
             raise value_error(
                 f"{owner}: scope='global' needs every layer's statistics before any is "
                 f"pruned, which sequential calibration does not give; got "
-                f"sequential={self.sequential!r} (None: True for 'wanda'), expected "
-                "sequential=False"
+                f"sequential={self.sequential!r}, expected sequential=False (the default "
+                "for 'wanda' with scope='global')"
             )
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if self.sequential is not None and not isinstance(self.sequential, bool) and not layered:
@@ -230,7 +231,7 @@ class Config:
         """`sequential`, or the method's own for `ranks` where None
         (``registry.default_sequential``)."""
         if self.sequential is None:
-            return default_sequential(self.method, self.ranks)
+            return default_sequential(self.method, self.ranks, self.scope)
         return self.sequential
 
     @property

@@ -121,7 +121,7 @@ def default_pattern(method: object, scope: object) -> str:
     return "row" if method == "wanda" and scope == "layer" else "unstructured"
 
 
-def default_sequential(method: object, ranks: bool) -> bool | str:
+def default_sequential(method: object, ranks: bool, scope: object = "layer") -> bool | str:
     """How a method calibrates when `sequential` is not given: SparseGPT 'layers' (block by
     block, and in each block layer group by layer group, each on the outputs of the groups
     pruned before it), as its paper prunes, unless over data-parallel `ranks` (which
@@ -131,7 +131,11 @@ def default_sequential(method: object, ranks: bool) -> bool | str:
     input and reusing what the run before computed, less forward work). For Wanda it did
     not: on SmolLM2-135M it moved the perplexity on five text domains both ways (per row
     0.990-1.009 x, 2:4 0.874-1.044 x llm-compressor's, benchmarks/domains_llmcompressor.py)
-    and lowered all-MiniLM-L6-v2's cosine, so Wanda ranks as llm-compressor does."""
+    and lowered all-MiniLM-L6-v2's cosine, so Wanda ranks as llm-compressor does. Wanda
+    with `scope` 'global' ranks every layer's entries together, so it takes one pass
+    (False): all statistics before any layer is pruned."""
+    if method == "wanda" and scope == "global":
+        return False
     return "layers" if method == "sparsegpt" and not ranks else True
 
 
