@@ -53,7 +53,13 @@ from prunekit.calibrate.gradients import (
     requiring_grad,
 )
 from prunekit.calibrate.reduce import Reduce, agree
-from prunekit.calibrate.statistics import InputStatistics, Stop, called_twice, input_features
+from prunekit.calibrate.statistics import (
+    InputStatistics,
+    Stop,
+    batch_masks,
+    called_twice,
+    input_features,
+)
 
 __all__ = [
     "BlockCalls",
@@ -65,6 +71,7 @@ __all__ = [
     "agree",
     "batch_error",
     "batch_list",
+    "batch_masks",
     "block_calls",
     "block_list",
     "block_statistics",

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from prunekit.calibrate.batches import batch_error, evaluating, run_batch
 from prunekit.calibrate.block_inputs import Inputs, own_hidden
 from prunekit.calibrate.reduce import Reduce
-from prunekit.calibrate.statistics import InputStatistics, Stop
+from prunekit.calibrate.statistics import InputStatistics, Stop, batch_masks
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,20 @@ def calibrate(
     (with `reduce`: of every rank's batches). After the first batch, each run ends once
     every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
     index in the caller's calibration (an error names it), where a subset is run. `names`:
-    each module's path, which an error names (default: its path in `model`)."""
+    each module's path, which an error names (default: its path in `model`). The tokens
+    a mapping batch's ``attention_mask`` masks out take no part (``batch_masks``)."""
     if names is None:
         names = {m: path for path, m in model.named_modules()}
+    try:
+        masks = batch_masks(batches, numbers)
+    except ValueError as error:  # every rank must learn of it in the reduction
+        if reduce is None:
+            raise
+        return _finish(wanted.gather(modules, names=names), reduce, error)
     gather = wanted.gather(modules, early=True, names=names)
     with evaluating(model), torch.no_grad(), gather as stats:
         run = lambda batch: run_batch(model, batch)  # noqa: E731
-        failed = _run_each(stats, batches, run, reduce, numbers)
+        failed = _run_each(stats, batches, run, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
@@ -81,13 +88,15 @@ def block_statistics(
     failed: BaseException | None = None,
     numbers: Sequence[int] | None = None,
     names: Mapping[nn.Module, str] | None = None,
+    masks: Sequence[Tensor | None] | None = None,
 ) -> InputStatistics:
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
     before (the block is not run then), is raised here once every rank has learnt of it.
     After the first input, each run ends once every module has taken its input. `numbers`:
     each input's batch index in the calibration (an error names it), where a subset runs.
-    `names`: each module's path in the whole model, which an error names (else its class)."""
+    `names`: each module's path in the whole model, which an error names (else its class).
+    `masks`: each input's tokens that count (``batch_masks`` of its batches), None: all."""
     with wanted.gather(modules, early=True, names=names) as stats:
         if failed is None:
 
@@ -96,20 +105,21 @@ def block_statistics(
                 args, kwargs = own_hidden(call)
                 return block(*args, **kwargs)
 
-            failed = _run_each(stats, inputs, run, reduce, numbers)
+            failed = _run_each(stats, inputs, run, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
 def _run_each(
     stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
     reduce: Reduce | None, numbers: Sequence[int] | None = None,
+    masks: Sequence[Tensor | None] | None = None,
 ) -> BaseException | None:  # fmt: skip
-    """Run each item as a batch of `stats`. An error names its batch (its entry of
-    `numbers` where given); with `reduce` it is returned (every rank must learn of it in
-    the reduction) instead of raised."""
+    """Run each item as a batch of `stats` (its tokens that count: its entry of `masks`).
+    An error names its batch (its entry of `numbers` where given); with `reduce` it is
+    returned (every rank must learn of it in the reduction) instead of raised."""
     try:
         for index, item in enumerate(items):
-            stats.new_batch()
+            stats.new_batch(None if masks is None else masks[index])
             try:
                 run(item)
             except Stop:

@@ -79,7 +79,8 @@ class GroupedRuns:
     calibration.capture_block_inputs gives them) for its `targets`, a group at a time;
     inside ``with``, where the submodules holding a target have their forward wrapped.
     `numbers`: the calibration batch of each input, as errors name it (default: its index).
-    `names`: each module's path in the whole model, which an error names (else its class)."""
+    `names`: each module's path in the whole model, which an error names (else its class).
+    `masks`: each input's tokens that count (``cal.batch_masks`` of its batches), None: all."""
 
     def __init__(
         self,
@@ -89,11 +90,15 @@ class GroupedRuns:
         wanted: cal.Wanted,
         numbers: Sequence[int] | None = None,
         names: Mapping[nn.Module, str] | None = None,
+        masks: Sequence[Tensor | None] | None = None,
     ) -> None:
         self.block = block
         self.names = names
         self.inputs = list(inputs)
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
+        self.masks: list[Tensor | None] = (
+            [None] * len(self.inputs) if masks is None else list(masks)
+        )
         self.wanted = wanted
         held = {id(m) for m in targets}
         self._targets = held
@@ -187,7 +192,7 @@ class GroupedRuns:
             gather = self.wanted.gather([], names=self.names)
             with gather as stats:  # hooked here, not by `stats`
                 for index in range(len(self.inputs)):
-                    stats.new_batch()
+                    stats.new_batch(self.masks[index])
                     self._once(index, keep=True)
                     if group:
                         finding = False
