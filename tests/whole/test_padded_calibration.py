@@ -5,13 +5,15 @@ left, with the mask give the same masks and weights."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 
 import prunekit.calibrate as cal
-from helpers.tiny_llm import llama
+from helpers.tiny_llm import folder_tensors, llama, sharded_folder
 from prunekit import prune_model
+from prunekit.io.streamed import prune_streamed
 
 pytest.importorskip("transformers")
 
@@ -100,3 +102,18 @@ def test_misshaped_mask_is_refused_naming_the_batch() -> None:
         prune_model(model, 0.5, method="wanda", calibration=batches)
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batches_prune_streamed_as_unpadded(tmp_path: Path, method: str, side: str) -> None:
+    """prune_streamed, block by block from the shards, as prune_model: padding left out."""
+    folder = sharded_folder(tmp_path / "model")
+    found = []
+    for name, batches in (("plain", _batches(None)), ("padded", _batches(side))):
+        prune_streamed(folder, tmp_path / name, method, 0.5, calibration=batches)
+        found.append(folder_tensors(tmp_path / name))
+    assert found[0].keys() == found[1].keys()
+    for name, value in found[0].items():
+        assert torch.equal(value == 0, found[1][name] == 0), name
+        assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name

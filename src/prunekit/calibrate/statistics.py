@@ -393,8 +393,10 @@ def batch_masks(
 ) -> list[Tensor | None]:
     """Each batch's tokens that count, for ``InputStatistics.new_batch``: True where a
     mapping batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``);
-    None for a batch without a mask, and for one whose mask keeps every token (its
-    statistics are then those of no mask, gathered as fast).
+    None for a batch without a mask, for one whose mask keeps every token (its
+    statistics are then those of no mask, gathered as fast), and for a mask of more dims
+    than (batch, tokens) (a block's own attention mask, as a block's captured call holds
+    it: no token mask).
 
     Args:
         batches: the calibration batches.
@@ -411,7 +413,9 @@ def batch_masks(
     found: list[Tensor | None] = []
     for place, batch in enumerate(batches):
         kept = token_mask(batch, place if numbers is None else numbers[place], owner)
-        found.append(None if kept is None or bool(kept.all()) else kept)
+        if kept is not None and (kept.dim() > 2 or bool(kept.all())):
+            kept = None  # more dims than (batch, tokens): a block's own attention mask
+        found.append(kept)
     return found
 
 
