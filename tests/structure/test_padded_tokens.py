@@ -5,13 +5,17 @@ tokens padded, right or left, with the mask give the same results."""
 from __future__ import annotations
 
 import copy
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from helpers.tiny_llm import llama
+from helpers.tiny_llm import folder_tensors, llama, sharded_folder
 from prunekit import prune_blocks, prune_channels
+from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
+from prunekit.structure.budget import Budget
 from prunekit.structure.stages.channel_config import ChannelConfig
 from prunekit.structure.stages.score_units import score
 from prunekit.structure.stages.trace_groups import trace
@@ -151,5 +155,23 @@ def test_padded_batches_fit_the_linear_map_as_unpadded(side: str) -> None:
         model = llama(layers=4)
         prune_blocks(model, batches, 1, replace="linear")
         found.append(model.state_dict())
+    for name, value in found[0].items():
+        assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batches_shrink_streamed_as_unpadded(tmp_path: Path, side: str) -> None:
+    """shrink_streamed (activation scores and compensation on each block's captured calls)
+    leaves padding out as prune_channels does in memory."""
+    pytest.importorskip("accelerate")
+    folder = sharded_folder(tmp_path / "model")
+    config = ShrinkStreamedConfig(Budget(params=0.3))
+    found = []
+    for name, batches in (("plain", _batches(None)), ("padded", _batches(side))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            shrink_streamed(folder, tmp_path / name, calibration=batches, config=config)
+        found.append(folder_tensors(tmp_path / name))
+    assert {k: v.shape for k, v in found[0].items()} == {k: v.shape for k, v in found[1].items()}
     for name, value in found[0].items():
         assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name

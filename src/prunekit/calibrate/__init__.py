@@ -60,6 +60,7 @@ from prunekit.calibrate.reduce import Reduce, agree
 from prunekit.calibrate.statistics import (
     InputStatistics,
     Stop,
+    TokenCall,
     batch_masks,
     called_twice,
     input_features,
@@ -71,6 +72,7 @@ __all__ = [
     "Inputs",
     "Reduce",
     "Stop",
+    "TokenCall",
     "Wanted",
     "agree",
     "batch_error",

@@ -388,15 +388,26 @@ class InputStatistics:
         return len({id(a) for a in self._of.values()})
 
 
+class TokenCall(dict[str, object]):
+    """A block's captured call as keyword arguments (its ``attention_mask``, if any, the
+    block's own), run as a batch of the block alone, with `tokens`: the token mask of the
+    calibration batch it came from (``batch_masks``' entry; None: every token counts),
+    which ``batch_masks`` gives for it."""
+
+    def __init__(self, kwargs: Mapping[str, object], tokens: Tensor | None) -> None:
+        super().__init__(kwargs)
+        self.tokens = tokens
+
+
 def batch_masks(
     batches: Sequence[object], numbers: Sequence[int] | None = None, owner: str = "calibration"
 ) -> list[Tensor | None]:
     """Each batch's tokens that count, for ``InputStatistics.new_batch``: True where a
     mapping batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``);
-    None for a batch without a mask, for one whose mask keeps every token (its
-    statistics are then those of no mask, gathered as fast), and for a mask of more dims
-    than (batch, tokens) (a block's own attention mask, as a block's captured call holds
-    it: no token mask).
+    a ``TokenCall``'s own `tokens`; None for a batch without a mask, for one whose mask
+    keeps every token (its statistics are then those of no mask, gathered as fast), and
+    for a mask of more dims than (batch, tokens) (a block's own attention mask, as a
+    block's captured call holds it: no token mask).
 
     Args:
         batches: the calibration batches.
@@ -412,6 +423,9 @@ def batch_masks(
     """
     found: list[Tensor | None] = []
     for place, batch in enumerate(batches):
+        if isinstance(batch, TokenCall):
+            found.append(batch.tokens)
+            continue
         kept = token_mask(batch, place if numbers is None else numbers[place], owner)
         if kept is not None and (kept.dim() > 2 or bool(kept.all())):
             kept = None  # more dims than (batch, tokens): a block's own attention mask
