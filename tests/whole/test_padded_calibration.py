@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import prunekit.calibrate as cal
 from helpers.tiny_llm import folder_tensors, llama, sharded_folder
@@ -117,3 +118,22 @@ def test_padded_batches_prune_streamed_as_unpadded(tmp_path: Path, method: str, 
     for name, value in found[0].items():
         assert torch.equal(value == 0, found[1][name] == 0), name
         assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_attention_query_rows_follow_its_layout(batch_first: bool) -> None:
+    """A MultiheadAttention's in_proj statistics keep the rows of the kept tokens, its query
+    read as (tokens, batch) without batch_first (as many tokens as batch rows: the layout
+    cannot be told from the shape)."""
+    attention = nn.MultiheadAttention(8, 2, batch_first=batch_first).eval()
+    x = torch.randn(4, 4, 8, generator=torch.Generator().manual_seed(0))  # (batch, tokens)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 1, 1, 1]]).bool()
+    given = x if batch_first else x.transpose(0, 1)
+    wanted = cal.Wanted(norms=True, hessian=True, patches=True)
+    with torch.no_grad(), wanted.gather([attention]) as stats:
+        stats.new_batch(mask)
+        attention(given, given, given)
+    kept = x[mask]
+    assert stats.rows(attention) == int(mask.sum())
+    assert torch.allclose(stats.hessian(attention), kept.T @ kept / len(kept), atol=1e-6)
+    assert torch.allclose(stats.norms(attention), kept.double().norm(dim=0), atol=1e-6)
