@@ -239,3 +239,55 @@ def test_an_error_of_the_tracer_itself_is_not_blamed_on_the_example_inputs(
         TypeError,
         r"^compressed\(\) takes 1 positional argument but 2 were given$",
     )
+
+
+class Stack(nn.Module):
+    """Two residual blocks of 8 features in a ModuleList, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)) for _ in range(2)
+        )
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+CALIBRATED: dict[str, tuple[str, Any]] = {
+    "wanda": ("prune_model", lambda m, xs: prunekit.prune_model(
+        m, 0.5, method="wanda", calibration=xs, sequential=False)),
+    "sparsegpt-sequential": ("prune_model", lambda m, xs: prunekit.prune_model(
+        m, 0.5, method="sparsegpt", calibration=xs, sequential=True)),
+    "taylor": ("prune_model", lambda m, xs: prunekit.prune_model(
+        m, 0.5, method="taylor", calibration=xs, loss=lambda out, _: out.sum())),
+    "activation": ("prune_channels", lambda m, xs: prunekit.prune_channels(
+        m, xs[0], 0.25, criterion="activation", calibration=xs)),
+    "compensate": ("prune_channels", lambda m, xs: prunekit.prune_channels(
+        m, xs[0], 0.25, calibration=xs, compensate=True)),
+    "reference": ("prune_channels", lambda m, xs: prunekit.prune_channels(
+        m, xs[0], 0.25, calibration=xs, compensate="reference")),
+    "reconstruct": ("reconstruct_blocks", lambda m, xs: prunekit.reconstruct_blocks(
+        m, Stack(), xs, steps=1)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CALIBRATED))
+def test_a_batch_the_model_cannot_take_is_named_with_the_entry_point(case: str) -> None:
+    """The error names what the user called, then the batch and the model's own error; it
+    started with 'calibration:', whichever entry point it was."""
+    entry, call = CALIBRATED[case]
+    model = Stack()
+    xs = [torch.randn(3, 8), torch.randn(3, 5)]  # batch 1 has the wrong width
+    error = refused(
+        lambda: call(model, xs),
+        ValueError,
+        rf"^{entry}: calibration: the model cannot take batch 1: RuntimeError: .*; expected "
+        r"batches the model's forward accepts$",
+        model=model,
+    )
+    assert isinstance(error.__cause__, RuntimeError)

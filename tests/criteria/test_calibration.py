@@ -237,10 +237,10 @@ def test_block_list_and_capture() -> None:
     model = Tiny()
     found = cal.block_list(model, [m for m, _ in linears(model)])
     assert found is not None and found[0] == "blocks"
-    inputs = cal.capture_block_inputs(model, model.blocks[0], batches(2))
+    inputs = cal.capture_block_inputs(model, model.blocks[0], batches(2), owner="test")
     assert len(inputs) == 2 and inputs[0][1] == {"scale": 0.5}
     expected = model.blocks[0](*inputs[0][0], **inputs[0][1])
-    assert torch.equal(cal.run_block(model.blocks[0], inputs[0])[0][0], expected)
+    assert torch.equal(cal.run_block(model.blocks[0], inputs[0], "test")[0][0], expected)
 
 
 BY_BLOCKS: dict[str, Any] = {"pattern": "row", "sequential": True}
@@ -741,7 +741,7 @@ def test_calibration_ends_each_later_run_once_every_layer_took_its_input() -> No
     targets = [model[0], model[2].inner]
     expected = _full_statistics(model, data, targets)
     model[2].calls = model[4].calls = 0
-    stats = cal.calibrate(model, data, targets, cal.Wanted(norms=True, hessian=True))
+    stats = cal.calibrate(model, data, targets, cal.Wanted(norms=True, hessian=True), owner="test")
     # the first batch runs whole; each later one stops before the last target computes
     assert (model[2].calls, model[4].calls) == (4, 1)
     for m in targets:
@@ -772,7 +772,9 @@ def test_a_run_that_swallows_the_stop_goes_on_and_takes_nothing_twice() -> None:
     data = [torch.randn(3, 4) for _ in range(3)]
     expected = _full_statistics(model, data, [model.layer])
     model.after.calls = 0
-    stats = cal.calibrate(model, data, [model.layer], cal.Wanted(norms=True, hessian=False))
+    stats = cal.calibrate(
+        model, data, [model.layer], cal.Wanted(norms=True, hessian=False), owner="test"
+    )
     assert model.after.calls == 3  # every run went on past the stop
     assert stats.rows(model.layer) == 9
     assert torch.equal(stats.norms(model.layer), expected.norms(model.layer))
@@ -797,7 +799,9 @@ class Branch(nn.Module):
 def test_a_layer_the_first_batch_does_not_run_is_still_calibrated() -> None:
     model = Branch()
     data = [-torch.ones(2, 4), torch.ones(2, 4), torch.ones(2, 4)]
-    stats = cal.calibrate(model, data, [model.first, model.late], cal.Wanted(True, False))
+    stats = cal.calibrate(
+        model, data, [model.first, model.late], cal.Wanted(True, False), owner="test"
+    )
     assert model.tail.calls == 3  # no run ended early: the first did not call `late`
     assert stats.rows(model.first) == 6 and stats.rows(model.late) == 4
 
@@ -809,7 +813,7 @@ def test_block_statistics_end_each_later_run_at_the_last_layer_s_input() -> None
     targets = [block[0], block[1].inner]
     expected = _full_statistics(block, [i[0][0] for i in inputs], targets)
     block[1].calls = block[2].calls = 0
-    stats = cal.block_statistics(block, inputs, targets, cal.Wanted(True, True))
+    stats = cal.block_statistics(block, inputs, targets, cal.Wanted(True, True), owner="test")
     assert (block[1].calls, block[2].calls) == (3, 1)
     for m in targets:
         assert torch.equal(stats.hessian(m), expected.hessian(m))

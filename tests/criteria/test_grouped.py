@@ -14,6 +14,7 @@ import prunekit.calibrate as cal
 from prunekit.criteria.grouped import GroupedRuns
 
 WANTED = cal.Wanted(norms=True, hessian=True)
+OWNER = "prune_model"  # the entry point an error names
 
 
 class Attention(nn.Module):
@@ -89,12 +90,12 @@ def test_each_group_gets_a_full_run_s_statistics_and_the_block_its_outputs() -> 
     targets = linears(block)
     a, m = block.attention, block.mlp
     found = []
-    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED) as runs:
+    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED, owner=OWNER) as runs:
         left = list(targets)
         while left:
             stats, group = runs.next_group(left)
             found.append(group)
-            whole = cal.block_statistics(block, calls, group, WANTED)  # full runs
+            whole = cal.block_statistics(block, calls, group, WANTED, owner=OWNER)  # full runs
             for layer in group:
                 assert torch.equal(stats.hessian(layer), whole.hessian(layer))
                 assert torch.equal(stats.norms(layer), whole.norms(layer))
@@ -103,7 +104,7 @@ def test_each_group_gets_a_full_run_s_statistics_and_the_block_its_outputs() -> 
             left = [t for t in left if all(t is not g for g in group)]
         outputs = runs.outputs()
     assert found == [[a.q, a.k, a.v], [a.o], [m.gate, m.up], [m.down]]
-    expected = cal.next_inputs(block, calls)
+    expected = cal.next_inputs(block, calls, owner=OWNER)
     for (args, kwargs), (want, want_kwargs) in zip(outputs, expected, strict=True):
         assert torch.equal(args[0], want[0]) and kwargs == want_kwargs
 
@@ -113,7 +114,7 @@ def test_each_run_stops_at_its_group_and_computes_no_finished_call_again() -> No
     calls = inputs()
     targets = linears(block)
     counts = computations(targets)
-    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED) as runs:
+    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED, owner=OWNER) as runs:
         left = list(targets)
         while left:
             _, group = runs.next_group(left)
@@ -145,11 +146,11 @@ def test_an_output_changed_in_place_after_it_was_kept_is_computed_again() -> Non
     block = Changed().eval()
     calls = inputs(2, 4)
     targets = [block.a, block.b, block.c]
-    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED) as runs:
+    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED, owner=OWNER) as runs:
         for layer in targets:
             stats, group = runs.next_group([layer])
             assert group == [layer]
-            whole = cal.block_statistics(block, calls, group, WANTED)
+            whole = cal.block_statistics(block, calls, group, WANTED, owner=OWNER)
             assert torch.equal(stats.hessian(layer), whole.hessian(layer))
             prune_half(group)
 
@@ -179,14 +180,14 @@ def test_an_output_of_another_kind_is_computed_again() -> None:
     calls = inputs(2, 4)
     targets = [block.first.a, block.first.b, block.c]
     counts = computations([block.first])
-    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED) as runs:
+    with torch.no_grad(), GroupedRuns(block, calls, targets, WANTED, owner=OWNER) as runs:
         for layer in targets:
             stats, group = runs.next_group([layer])
-            whole = cal.block_statistics(block, calls, group, WANTED)
+            whole = cal.block_statistics(block, calls, group, WANTED, owner=OWNER)
             assert torch.equal(stats.hessian(layer), whole.hessian(layer))
             prune_half(group)
         outputs = runs.outputs()
-    assert torch.equal(outputs[1][0][0], cal.next_inputs(block, calls)[1][0][0])
+    assert torch.equal(outputs[1][0][0], cal.next_inputs(block, calls, owner=OWNER)[1][0][0])
     # each group's runs (the first two stop inside it) and the outputs; the full runs
     assert list(counts.values()) == [3 * 2 + 2 + (3 + 1) * 2]
 
@@ -216,10 +217,10 @@ def test_an_error_of_the_model_inside_a_wrapped_forward_names_the_batch() -> Non
     block = Holder().eval()
     calls: list[cal.Inputs] = [((torch.randn(2, 4),), {}), ((torch.randn(1, 4),), {})]
     targets = [block.inner.a, block.b]
-    expected = "cannot take batch 1: RuntimeError: no single"
+    expected = "^prune_model: calibration: the model cannot take batch 1: RuntimeError: no single"
     with (
         torch.no_grad(),
-        GroupedRuns(block, calls, targets, WANTED) as runs,
+        GroupedRuns(block, calls, targets, WANTED, owner=OWNER) as runs,
         pytest.raises(ValueError, match=expected),
     ):
         runs.next_group(targets)

@@ -101,12 +101,12 @@ def test_statistics_are_those_of_all_batches() -> None:
         model = calibrated.build()
         reduce = Reducer(collective(group, "calibrate"), "calibrate", {})
         batches = calibrated.batches(group.rank, world)
-        return cal.calibrate(model, batches, linears(model), BOTH, reduce=reduce)
+        return cal.calibrate(model, batches, linears(model), BOTH, owner="test", reduce=reduce)
 
     found = on_threads(world, run)
     model = calibrated.build()
     every = [b for r in range(world) for b in calibrated.batches(r, world)]
-    want = cal.calibrate(model, every, linears(model), BOTH)
+    want = cal.calibrate(model, every, linears(model), BOTH, owner="test")
     for stats in found:
         assert stats.accumulators() == want.accumulators()  # q, k and v still share one
         for mine, one in zip(stats.modules, want.modules, strict=True):

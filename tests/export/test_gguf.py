@@ -13,6 +13,7 @@ import torch
 import prunekit
 from helpers.gguf_models import (
     gguf_logits,
+    retyped_gguf,
     tiny_llama,
     tiny_llama_gguf,
     tiny_sentencepiece_tokenizer,
@@ -146,6 +147,10 @@ def test_the_legacy_quantized_types(tmp_path: Path, tokenizer: Path, dtype: str)
     assert found["blk.1.attn_q.weight"][0] == found["blk.1.ffn_up.weight"][0] == dtype.upper()
     assert found["blk.1.ffn_down.weight"][0] == "F16"  # rows of 80: not blocks of 32
     assert found["blk.0.attn_norm.weight"][0] == "F32"
+    assert [note for note in report.notes if note.startswith("F16 for")] == [  # norms: F32
+        f"F16 for 2 matrices with rows of 80 values, not whole {dtype.upper()} blocks of 32: "
+        "blk.0.ffn_down.weight, blk.1.ffn_down.weight"
+    ]
     assert report.difference is not None and 0 < report.difference < 0.25
     reader = gg.GGUFReader(tmp_path / "m.gguf")
     up = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
@@ -154,6 +159,80 @@ def test_the_legacy_quantized_types(tmp_path: Path, tokenizer: Path, dtype: str)
     assert torch.equal(torch.from_numpy(held.copy()), stored(weight, dtype))
     again = stored(stored(weight, dtype), dtype)  # written once more, the same values
     assert torch.equal(again, stored(weight, dtype))
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Q4_1 file of mixed types, as llama.cpp's quantizer writes them: its embedding Q8_0,
+    an up projection Q5_0, a value projection F16, a key projection in Q4_K (which the gguf
+    package does not quantize), the rest Q4_1, the vectors F32."""
+    folder = tmp_path_factory.mktemp("mixed")
+    q4_1, _ = tiny_llama_gguf(folder / "q4_1.gguf", dtype="q4_1")
+    return retyped_gguf(q4_1, folder / "mixed.gguf", {
+        "token_embd.weight": "Q8_0", "blk.1.ffn_up.weight": "Q5_0",
+        "blk.0.attn_v.weight": "F16", "blk.1.attn_k.weight": "Q4_K"})  # fmt: skip
+
+
+def test_each_tensor_is_written_in_its_source_s_type(tmp_path: Path, mixed: Path) -> None:
+    """dtype='source': each tensor in the type the source holds it in; F16 for the Q4_K one
+    and for the down projections (rows of 80: not Q4_1 blocks), each named in the notes;
+    every value is what ``stored`` says for its parameter's type (``written_types``)."""
+    from prunekit.export.gguf_writer import source_types, stored, written_types
+
+    model = tiny_llama(320, intermediate_size=80, seed=1)
+    report = export(model, tmp_path / "m.gguf", "gguf", source=mixed, dtype="source")
+    found = {name: kind for name, (kind, _) in tensors(tmp_path / "m.gguf").items()}
+    held = source_types(mixed)
+    fallback = {"blk.1.attn_k.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"}
+    assert found == {name: "F16" if name in fallback else kind for name, kind in held.items()}
+    assert found["token_embd.weight"] == "Q8_0" and found["blk.1.ffn_up.weight"] == "Q5_0"
+    assert found["blk.0.attn_v.weight"] == "F16" and found["blk.0.attn_q.weight"] == "Q4_1"
+    # the file type: the type of most bytes, here F16 (the down projections, a key and a
+    # value projection: 28,672 bytes against Q4_1's 22,400 and Q8_0's 21,760)
+    assert value(gg.GGUFReader(tmp_path / "m.gguf"), "general.file_type") == 1  # MOSTLY_F16
+    assert report.notes[0].endswith("in the source's types, tensor by tensor")
+    assert ("F16 for 1 matrix held in Q4_K by the source, a type the gguf package does not "
+            "quantize (llama.cpp's llama-quantize makes it from this file): "
+            "blk.1.attn_k.weight") in report.notes  # fmt: skip
+    assert ("F16 for 2 matrices with rows of 80 values, not whole Q4_1 blocks of 32: "
+            "blk.0.ffn_down.weight, blk.1.ffn_down.weight") in report.notes  # fmt: skip
+    assert report.difference is not None and 0 < report.difference < 0.25
+    types = written_types(model, held)
+    assert types["lm_head.weight"] == types["model.embed_tokens.weight"] == "q8_0"  # tied
+    assert types["model.layers.1.self_attn.k_proj.weight"] == "f16"
+    assert types["model.norm.weight"] == "f32"
+    reader = gg.GGUFReader(tmp_path / "m.gguf")
+    file = {t.name: gg.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    compared = 0
+    for path, parameter in model.named_parameters():
+        if "q_proj" in path or "k_proj" in path:  # rows reordered for the rotation
+            continue
+        held_values = torch.from_numpy(file[gguf_name(path)].copy()).reshape(parameter.shape)
+        assert torch.equal(held_values, stored(parameter, types[path])), path
+        compared += 1
+    assert compared == 2 + 2 * 7  # embedding, final norm; each layer's but q and k
+
+
+_LAYER_NAMES = {"input_layernorm": "attn_norm", "v_proj": "attn_v", "o_proj": "attn_output",
+                "post_attention_layernorm": "ffn_norm", "gate_proj": "ffn_gate",
+                "up_proj": "ffn_up", "down_proj": "ffn_down"}  # fmt: skip
+
+
+def gguf_name(path: str) -> str:
+    """The GGUF tensor of a tiny Llama's parameter (but q_proj, k_proj and lm_head)."""
+    top = {"model.embed_tokens.weight": "token_embd.weight",
+           "model.norm.weight": "output_norm.weight"}  # fmt: skip
+    if path in top:
+        return top[path]
+    _, _, layer, *rest = path.split(".")  # model.layers.N.[self_attn.|mlp.]NAME.weight
+    return f"blk.{layer}.{_LAYER_NAMES[rest[-2]]}.weight"
+
+
+def test_an_explicit_type_wins_over_the_source_s(tmp_path: Path, mixed: Path) -> None:
+    model = tiny_llama(320, seed=1)
+    export(model, tmp_path / "m.gguf", "gguf", source=mixed, dtype="q4_1")
+    found = tensors(tmp_path / "m.gguf")
+    assert {kind for name, (kind, shape) in found.items() if len(shape) == 2} == {"Q4_1"}
 
 
 def test_no_dtype_keeps_the_model_s_float_type(tmp_path: Path, tokenizer: Path) -> None:
@@ -294,7 +373,18 @@ def test_qwen3_and_other_families_are_refused(tmp_path: Path, tokenizer: Path) -
 
 def test_unknown_dtype_is_named(tmp_path: Path, tokenizer: Path) -> None:
     refused(tmp_path, tiny_llama(320), r"dtype='q4_k'.*f32, f16, bf16, q8_0, q5_1, q5_0, "
-            r"q4_1, q4_0 \(or None", source=tokenizer, dtype="q4_k")  # fmt: skip
+            r"q4_1, q4_0, 'source' \(each tensor in its GGUF source's type\) \(or None",
+            source=tokenizer, dtype="q4_k")  # fmt: skip
+
+
+def test_the_source_s_types_need_a_gguf_source(tmp_path: Path, tokenizer: Path) -> None:
+    """'source' reads the types from a GGUF file: a folder, no source or a file that is no
+    GGUF is refused, naming dtype and what it takes; the file there stays as it was."""
+    for source, why in [(None, r"source=None"), (tokenizer, r"which is no file"),
+                        (tokenizer / "tokenizer.json", r"which is no GGUF file")]:  # fmt: skip
+        refused(tmp_path, tiny_llama(320), rf"^export: dtype='source'.*{why}.*expected the "
+                r"GGUF file the model came from, or a dtype among f32, f16, bf16, q8_0",
+                source=source, dtype="source")  # fmt: skip
 
 
 def test_no_tokenizer_is_refused(tmp_path: Path, tokenizer: Path) -> None:

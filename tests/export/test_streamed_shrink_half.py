@@ -40,9 +40,9 @@ def test_a_half_folder_is_computed_in_float32_and_written_in_its_dtype(
     seen: list[torch.dtype] = []
     compensate = streamed_shrink.compensate_groups
 
-    def spy(holder: Any, *args: Any) -> Any:
+    def spy(holder: Any, *args: Any, **kwargs: Any) -> Any:
         seen.extend({p.dtype for p in holder.parameters()})
-        return compensate(holder, *args)
+        return compensate(holder, *args, **kwargs)
 
     monkeypatch.setattr(streamed_shrink, "compensate_groups", spy)
     with warnings.catch_warnings():  # few calibration rows: compensation warns

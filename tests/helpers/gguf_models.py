@@ -5,7 +5,9 @@ GGUF export and of commands that start from a GGUF file.
 byte level) with ChatML special tokens and saves it as a Hugging Face tokenizer;
 ``tiny_llama(vocab)`` builds a random LlamaForCausalLM; ``tiny_llama_gguf(path)`` writes both as
 one GGUF file (F32, architecture ``llama``), which ``AutoModelForCausalLM.from_pretrained(
-path.parent, gguf_file=path.name)`` and ``AutoTokenizer`` (same arguments) load.
+path.parent, gguf_file=path.name)`` and ``AutoTokenizer`` (same arguments) load;
+``retyped_gguf(source, path, types)`` copies a GGUF file with some tensors in other types (a
+source of mixed types, as llama.cpp's quantizer writes them).
 """
 
 from __future__ import annotations
@@ -122,6 +124,59 @@ def tiny_llama_gguf(
     model = tiny_llama(vocab)
     export(model, path, "gguf", source=folder, dtype=dtype)
     return path, model
+
+
+def retyped_gguf(source: Path, path: Path, types: dict[str, str]) -> Path:
+    """Copy the GGUF file `source` to `path`, each tensor named in `types` in that type (a
+    ``GGMLQuantizationType`` name such as ``"Q8_0"``), the others as they are.
+
+    Every field is copied but ``general.file_type``, which is set from the type holding most
+    of the new file's bytes. A type the ``gguf`` package cannot quantize (``"Q4_K"``) is
+    written as zero bytes of that type's size: a tensor of zeros, for tests of the types a
+    writer reads, not of its values.
+
+    Returns:
+        `path`.
+    """
+    import gguf as gg
+    import numpy as np
+
+    reader = gg.GGUFReader(source)
+    arch = reader.get_field("general.architecture")
+    assert arch is not None
+    writer = gg.GGUFWriter(str(path), str(arch.contents()))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gg.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    sizes: dict[gg.GGMLQuantizationType, int] = {}
+    for tensor in reader.tensors:
+        qtype = gg.GGMLQuantizationType[types.get(tensor.name, tensor.tensor_type.name)]
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # rows last, as numpy has them
+        if qtype == tensor.tensor_type:
+            data = np.array(tensor.data)
+        else:
+            values = gg.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            if qtype == gg.GGMLQuantizationType.F32:
+                data = values.astype(np.float32)
+            elif qtype == gg.GGMLQuantizationType.F16:
+                data = values.astype(np.float16)
+            elif qtype in (gg.GGMLQuantizationType.Q4_K, gg.GGMLQuantizationType.Q6_K):
+                block, size = gg.GGML_QUANT_SIZES[qtype]
+                data = np.zeros((*shape[:-1], shape[-1] // block * size), dtype=np.uint8)
+            else:
+                data = gg.quants.quantize(values.astype(np.float32), qtype)
+        writer.add_tensor(tensor.name, data, raw_dtype=qtype)
+        sizes[qtype] = sizes.get(qtype, 0) + data.nbytes
+    main = max(sizes, key=lambda t: sizes[t])
+    writer.add_file_type(gg.LlamaFileType[f"MOSTLY_{main.name}"] if main.name != "F32"
+                         else gg.LlamaFileType.ALL_F32)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def gguf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,14 @@ ENTRY_POINTS = {
     "test_oneshot": "prune_model",
     "test_structure": "prune_channels / compact / rotate_hidden",
     "test_selection": "patterns/sharded/report",
+    "test_distributed": "global pruning over ranks",
+    "test_io": "prune_sharded / open_tensors",
+    "test_schedule": "GradualPruner (resume)",
     "test_experts": "prune_channels(experts=...)",
     "test_patterns": "patterns / criteria",
     "test_rotation": "rotate_hidden",
+    "test_cli": "prunekit prune / demo",
+    "test_whole": "prune_model (selection)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -280,6 +285,43 @@ BROKE: dict[str, str] = {
     "test_oneshot::test_a_residual_added_in_place_is_calibrated_as_one_added_anew[True-": (
         "x += ...: block 0 run for its outputs on the input its statistics run added to"
     ),
+    # prune_model's selection and plain methods (prunekit.whole.model, targets)
+    "test_whole::test_a_loss_beside_a_method_without_data_is_refused": (
+        "loss= with l1, random or ln read and ignored (refused with pattern='row')"
+    ),
+    "test_whole::test_a_shared_module_left_out_under_one_of_its_names_is_refused": (
+        "a module at two paths excluded under one: pruned under the other, silently"
+    ),
+    "test_whole::test_the_unstructured_pattern_as_an_object_prunes_as_its_name": (
+        "pattern=Unstructured() refused as not 'unstructured' (ln, prune_state_dict)"
+    ),
+    "test_whole::test_scope_and_its_old_name_that_disagree_are_refused[layer-True]": (
+        "scope='layer' with global_pruning=True pruned globally, a FutureWarning alone"
+    ),
+    "test_whole::test_a_config_prunes_as_its_keywords_over_ranks_and_alone": (
+        "Config's defaulted sequential kept for other ranks: refused over a process_group "
+        "('layers'), block by block alone (ranks=True), where the keywords prune"
+    ),
+    "test_whole::test_a_calibration_option_beside_a_method_without_data_is_refused": (
+        "sequential= or progress= with l1, random or ln read and silently ignored"
+    ),
+    # the command line (prunekit.tools.cli, calibrate)
+    "test_cli::[single-inside]": "a model folder pruned into a folder inside it: input changed",
+    "test_cli::[single-holds]": (
+        "a model folder pruned into the folder holding it: that folder copied and swapped"
+    ),
+    "test_cli::test_a_model_folder_pruned_over_an_earlier_output_holds_only_the_new_weights[sh": (
+        "old shards and index kept beside the new model.safetensors: report read the old"
+    ),
+    "test_cli::test_a_plot_inside_the_model_folder_reported_is_refused": (
+        "report DIR --plot DIR/model.safetensors wrote the PNG over the weights, status 0"
+    ),
+    "test_cli::test_a_calibration_option_of_a_method_without_calibration_is_refused": (
+        "--window/--windows with l1, random or ln read and silently ignored"
+    ),
+    "test_cli::test_a_demo_option_of_the_other_demo_is_refused": (
+        "--distill without --llm, or the CNN demo's options with it, read and ignored"
+    ),
     # selections (prunekit.patterns, structure.stages.shares, io.sharded, report)
     "test_selection::test_a_global_share_under_round_to_removes_what_was_asked[0.25-4]": (
         "4 of the 8 channels asked removed: each layer's share rounded down on its own"
@@ -424,6 +466,77 @@ BROKE: dict[str, str] = {
     # reconstruct_blocks (prunekit.structure.compensation.reconstruct)
     "test_reconstruct::test_labels_in_the_batches_leave_the_head_training_towards_the_logits": (
         "the head trained towards the reference's loss (a labelled output's first tensor)"
+    ),
+    # global_unstructured over ranks (prunekit.dropin.across_ranks)
+    "test_distributed::test_what_lies_behind_a_mask_does_not_compete_across_ranks": (
+        "NaN or inf in entries pruned before: every rank refused what one process prunes"
+    ),
+    "test_distributed::test_importance_scores_behind_a_mask_do_not_compete_across_ranks": (
+        "NaN scores where the mask pruned: every rank refused what one process prunes"
+    ),
+    "test_distributed::[negative]": "'L1Unstructured: invalid amount=-1': no global_unstructured",
+    "test_distributed::[nan]": "'L1Unstructured: invalid amount=nan': no global_unstructured",
+    "test_distributed::[bool]": "'global_unstructured: L1Unstructured: L1Unstructured: ...'",
+    "test_distributed::test_a_bug_in_a_methods_constructor_is_not_made_the_callers_error": (
+        "a TypeError from inside a method's constructor rewrapped as the caller's TypeError"
+    ),
+    **{
+        "test_distributed::test_a_statistic_without_dense_values_is_named_on_every_rank"
+        f"[{w}-{k}]": (
+            f"raw torch error ({k}) on its rank, a RuntimeError elsewhere, the statistic unnamed"
+        )
+        for w in ("summed", "weighted")
+        for k in ("meta", "sparse", "nested")
+    },
+    "test_distributed::[scores-meta]": "a segmentation fault in the selection (meta scores)",
+    "test_distributed::[scores-sparse]": "raw 'reshape is not implemented for sparse tensors'",
+    "test_distributed::[scores-bool]": "'Magnitude.scores returned Tensor of dtype torch.bool'",
+    "test_distributed::[scores-complex]": "'Magnitude.scores returned ... torch.complex64'",
+    "test_distributed::test_a_parameter_on_the_meta_device_is_refused_over_ranks": (
+        "a segmentation fault in the selection (a parameter on the meta device)"
+    ),
+    "test_distributed::test_integer_importance_scores_rank_as_in_one_process": (
+        "refused: 'Magnitude.scores returned Tensor of dtype torch.int64', the scores unnamed"
+    ),
+    "test_distributed::[f64-scores-of-f32]": (
+        "float64 scores ranked as float32 (the tensor's dtype): ties, other entries pruned"
+    ),
+    "test_distributed::[f32-scores-of-bf16]": (
+        "float32 scores read as 16-bit: raw 'The size of tensor a (15) must match ... (30)'"
+    ),
+    "test_distributed::test_prune_model_over_ranks_names_itself_and_the_path": (
+        "prune_model over ranks: refusals named global_unstructured (not called), no path"
+    ),
+    # sharded checkpoints (prunekit.io.mapped, io.sharded)
+    "test_io::test_a_folder_written_again_is_read_as_it_is_now": (
+        "the replaced file's memory map reused (by path and offset): the old values, silently"
+    ),
+    "test_io::test_a_folder_written_again_is_pruned_from_what_it_holds_now": (
+        "prune_sharded pruned the replaced files' values (a held tensor's map reused)"
+    ),
+    "test_io::test_a_global_pruning_ranks_what_a_saved_mask_left_as_in_memory": (
+        "NaN or inf where a saved mask pruned: refused, though prune_state_dict prunes it"
+    ),
+    # GradualPruner's state (prunekit.schedule.state)
+    "test_schedule::[above-final]": (
+        "amount 0.95 of a pruner to 0.8 loaded: every later update pruned past final_amount"
+    ),
+    "test_schedule::[bool]": "amount=True loaded as 1.0",
+    "test_schedule::test_a_state_missing_some_masks_is_refused": (
+        "a state without fc1's mask loaded: fc1 left unpruned at the state's sparsity"
+    ),
+    "test_schedule::test_a_state_without_masks_past_the_first_update_is_refused": (
+        "a state of amount 0.8 without masks loaded: the model stayed dense, no update came"
+    ),
+    "test_schedule::test_what_lies_behind_a_mask_does_not_change_the_next_update[global-": (
+        "NaN or inf behind a mask, scope='global': misdiagnosed 'cannot rank several tensors "
+        "together ... expected scope='layer'' (the layer scope ranks the others)"
+    ),
+    "test_schedule::test_a_state_of_another_pattern_is_refused": (
+        "a state of rows or N:M loaded into another pattern's pruner (the set-up left it out)"
+    ),
+    "test_io::test_a_saved_mask_that_is_no_mask_is_named_with_its_value_and_place": (
+        "\"'a.weight_mask' holds values other than 0 and 1\": no value, no index, no expected"
     ),
 }
 

@@ -48,25 +48,51 @@ def test_globs_given_as_an_iterator_select_what_they_name(kind: str, method: str
     assert masked(model) == ["2.weight"]
 
 
+def pruning(model: nn.Module, method: str, sequential: bool | str) -> Callable[[], object]:
+    """``prune_model`` of half of `model`'s weights by `method`, on one batch."""
+    return lambda: prunekit.prune_model(
+        model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
+    )
+
+
 class Block(nn.Module):
-    def __init__(self) -> None:
+    """`up`, then `down`, added to the input; or as `how` says: 'in-a-row' calls `up` twice,
+    one call after the other, 'after-another' calls it again after `down` (both with
+    hidden=8), 'in-place' adds to the input in place (``x += ...``)."""
+
+    def __init__(self, how: str = "once", hidden: int = 16) -> None:
         super().__init__()
-        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+        self.how = how
+        self.up, self.down = nn.Linear(8, hidden), nn.Linear(hidden, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "in-a-row":
+            return x + self.down(torch.relu(self.up(torch.relu(self.up(x)))))
+        if self.how == "after-another":
+            return x + self.up(torch.relu(self.down(torch.relu(self.up(x)))))
+        if self.how == "in-place":
+            x += self.down(torch.relu(self.up(x)))
+            return x
         return x + self.down(torch.relu(self.up(x)))
 
 
 class Stack(nn.Module):
-    """Three blocks in a ModuleList; `order`: the blocks its forward calls, in turn."""
+    """`blocks` in a ModuleList (one module may stand at several places), then a head.
+    `order`: the blocks its forward calls, in turn (each once, in order, by default);
+    `clone`: the input copied first, for blocks that add to it in place."""
 
-    def __init__(self, order: tuple[int, ...]) -> None:
+    def __init__(
+        self, blocks: Iterable[nn.Module], order: tuple[int, ...] | None = None,
+        clone: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.order = order
-        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.layers = nn.ModuleList(blocks)
         self.head = nn.Linear(8, 2)
+        self.order = tuple(range(len(self.layers))) if order is None else order
+        self.clone = clone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone() if self.clone else x
         for i in self.order:
             x = self.layers[i](x)
         return self.head(x)
@@ -92,11 +118,9 @@ def test_blocks_called_out_of_turn_are_refused_block_by_block(
     gives it (reversed: block 0 the output of the dense blocks 2 and 1; skipping: block 2
     the output of a block the model never runs), silently."""
     torch.manual_seed(0)
-    model = Stack(order)
+    model = Stack((Block() for _ in range(3)), order)
     refused(
-        lambda: prunekit.prune_model(
-            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
-        ),
+        pruning(model, method, sequential),
         ValueError,
         rf"^calibration: the model's forward {told} of its 3 blocks \(Block\) on batch 0 "
         r".*\(or pass sequential=False\)$",
@@ -113,7 +137,7 @@ def test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused(
     not pruned (2) may run again: no block pruned is given other inputs."""
     torch.manual_seed(0)
     pruned = ["layers.0.*", "layers.1.*"]
-    model = Stack((0, 1, 2, 1))
+    model = Stack((Block() for _ in range(3)), (0, 1, 2, 1))
     refused(
         lambda: prunekit.prune_model(model, 0.5, method="wanda", sequential=sequential,
                                      calibration=[torch.randn(4, 8)], include=pruned),
@@ -123,7 +147,7 @@ def test_a_pruned_block_called_again_after_the_last_pruned_one_is_refused(
         r"blocks 0 to 1 each once",
         model=model,
     )  # fmt: skip
-    model = Stack((0, 1, 2, 2))
+    model = Stack((Block() for _ in range(3)), (0, 1, 2, 2))
     prunekit.prune_model(model, 0.5, method="wanda", sequential=sequential,
                          calibration=[torch.randn(4, 8)], include=pruned)  # fmt: skip
     assert masked(model) == [f"layers.{i}.{n}.weight" for i in (0, 1) for n in ("up", "down")]
@@ -176,35 +200,10 @@ def test_taylor_refuses_a_tensor_the_loss_gives_no_gradient(how: str, sequential
     assert masked(model) == ["a.weight", "c.weight"]
 
 
-class Again(nn.Module):
-    """A block that calls `up` once, or a second time: right after itself, or after `down`."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__()
-        self.where = where
-        self.up, self.down = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.where == "once":
-            return x + self.down(torch.relu(self.up(x)))
-        if self.where == "in-a-row":
-            return x + self.down(torch.relu(self.up(torch.relu(self.up(x)))))
-        return x + self.up(torch.relu(self.down(torch.relu(self.up(x)))))
-
-
-class Twice(nn.Module):
+def twice(where: str, which: int) -> nn.Module:
     """Two blocks of one class (so calibrated block by block), block `which` calling its
-    `up` twice."""
-
-    def __init__(self, where: str, which: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Again(where if i == which else "once") for i in range(2))
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+    `up` twice (`where`: as ``Block`` says; 'once': neither)."""
+    return Stack(Block(where if i == which else "once", hidden=8) for i in range(2))
 
 
 @pytest.mark.parametrize("sequential", [True, "layers"])
@@ -218,17 +217,15 @@ def test_a_layer_called_twice_in_a_block_is_refused_layer_by_layer(
     'layers' calibrated it on its first call alone, silently: its runs stop at their group.
     Either names the layer by its path in the model."""
     torch.manual_seed(0)
-    model = Twice(where, which)
+    model = twice(where, which)
     refused(
-        lambda: prunekit.prune_model(
-            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
-        ),
+        pruning(model, method, sequential),
         ValueError,
         rf"^calibration: module 'layers\.{which}\.up' \(Linear\) was called more than once "
         "per batch",
         model=model,
     )
-    model = Twice("once", which)  # the same model calling each layer once is pruned
+    model = twice("once", which)  # the same model calling each layer once is pruned
     prunekit.prune_model(
         model, 0.5, method=method, sequential="layers", calibration=[torch.randn(4, 8)]
     )
@@ -267,21 +264,6 @@ def test_a_global_count_is_a_count_over_all_the_tensors(method: str, count: int)
     )
 
 
-class Recurrent(nn.Module):
-    """One block run three times (its ModuleList holds it thrice), as weight-shared layers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        block = Block()
-        self.layers = nn.ModuleList([block, block, block])
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
 @pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
 @pytest.mark.parametrize("sequential", [True, "layers"])
 def test_one_block_at_several_places_is_refused_for_that(
@@ -291,11 +273,10 @@ def test_one_block_at_several_places_is_refused_for_that(
     was refused as a layer that 'never ran on the calibration data': the recording of each
     block's arguments left its hooks on the block, whose next run stopped at them."""
     torch.manual_seed(0)
-    model = Recurrent()
+    block = Block()
+    model = Stack([block, block, block])  # one block run three times, as weight-shared layers
     refused(
-        lambda: prunekit.prune_model(
-            model, 0.5, method=method, sequential=sequential, calibration=[torch.randn(4, 8)]
-        ),
+        pruning(model, method, sequential),
         ValueError,
         r"^calibration: the model's blocks hold one Block at positions 0 and 1 .*expected each "
         r"calibrated layer to run once per forward",
@@ -326,34 +307,6 @@ def test_sparsegpts_settings_are_checked_when_the_config_is_made(
         Config(method="sparsegpt", amount=0.5, **given)
 
 
-class Residual(nn.Module):
-    """A block adding to its input in place (``x += ...``), or to a new tensor."""
-
-    def __init__(self, in_place: bool) -> None:
-        super().__init__()
-        self.in_place = in_place
-        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.in_place:
-            x += self.down(torch.relu(self.up(x)))
-            return x
-        return x + self.down(torch.relu(self.up(x)))
-
-
-class Stream(nn.Module):
-    def __init__(self, in_place: bool) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Residual(in_place) for _ in range(3))
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
 @pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
 @pytest.mark.parametrize("sequential", [False, True, "layers"])
 def test_a_residual_added_in_place_is_calibrated_as_one_added_anew(
@@ -366,7 +319,8 @@ def test_a_residual_added_in_place_is_calibrated_as_one_added_anew(
     found = []
     for in_place in (False, True):
         torch.manual_seed(0)
-        model = Stream(in_place)
+        how = "in-place" if in_place else "once"
+        model = Stack((Block(how) for _ in range(3)), clone=True)
         prunekit.prune_model(
             model, 0.5, method=method, sequential=sequential, calibration=calibration
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +29,20 @@ def batches(count: int = 4) -> list[torch.Tensor]:
     return [torch.randn(8, 6, generator=generator) for _ in range(count)]
 
 
+def refuses_a_nan_loss(
+    teacher: nn.Module, student: nn.Module, found: list[Any], steps: int, step: int, said: str
+) -> None:
+    """``recover`` of `student` towards `teacher` on `found` over `steps` is refused at `step`,
+    its loss NaN, the error going on with `said` (a regex); `student` is left as it was."""
+    refused(
+        lambda: prunekit.recover(student, prunekit.Distiller(teacher), found, steps=steps,
+                                 lr=1e-3),
+        ValueError,
+        rf"^recover: the loss of step {step} is nan; expected {said}",
+        model=student,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("index", [0, 2])
 def test_a_batch_holding_values_that_are_not_finite_is_named_not_the_lr(
@@ -37,13 +52,7 @@ def test_a_batch_holding_values_that_are_not_finite_is_named_not_the_lr(
     found = batches()
     found[index] = found[index].clone()
     found[index][3, 1] = bad
-    refused(
-        lambda: prunekit.recover(student, prunekit.Distiller(teacher), found, steps=8, lr=1e-3),
-        ValueError,
-        rf"^recover: the loss of step {index} is nan; expected .*batch {index} holds "
-        rf"{bad}.*finite",
-        model=student,
-    )
+    refuses_a_nan_loss(teacher, student, found, 8, index, rf".*batch {index} holds {bad}.*finite")
 
 
 def test_a_loss_gone_nan_on_finite_batches_still_blames_the_lr() -> None:
@@ -75,10 +84,6 @@ def test_a_value_not_finite_deep_in_a_batch_is_named() -> None:
     shift = torch.zeros(8, 6)
     shift[2, 5] = math.nan
     found = [{"x": torch.randn(8, 6), "shift": ((shift,),)}]
-    refused(
-        lambda: prunekit.recover(student, prunekit.Distiller(teacher), found, steps=2, lr=1e-3),
-        ValueError,
-        r"^recover: the loss of step 0 is nan; expected a finite loss \(batch 0 holds nan at "
-        r"index \(2, 5\) of shift\[0\]\[0\]: batches on which both models",
-        model=student,
-    )
+    said = (r"a finite loss \(batch 0 holds nan at index \(2, 5\) of shift\[0\]\[0\]: batches "
+            r"on which both models")  # fmt: skip
+    refuses_a_nan_loss(teacher, student, found, 2, 0, said)

@@ -519,6 +519,50 @@ def test_a_share_that_rounds_to_nothing_warns_once_naming_the_group_and_the_rule
     assert [(p.group.name, len(p.units)) for p in found] == removed
 
 
+class Widened(nn.Module):
+    """A residual block with an inner width of its own."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, width), nn.Linear(width, 16)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Blocks(nn.Module):
+    """Three blocks of inner widths 8, 8 and 32, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([Widened(8), Widened(8), Widened(32)])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_share_that_rounds_to_nothing_in_several_blocks_warns_once_per_call() -> None:
+    """Compensated block by block (each block calibrated on the outputs of the one before),
+    a share that rounds to nothing in blocks 0 and 1 is said once, for the whole call."""
+    model = Blocks()
+    batches = [torch.randn(20, 16) for _ in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = prunekit.prune_channels(model, batches[0], 0.25, round_to=8, compensate=True,
+                                        calibration=batches)  # fmt: skip
+    said = [str(w.message) for w in caught]
+    assert said == [
+        "prune_channels: amount=0.25 removes nothing from blocks.0.up.weight: 0.25 of 8 "
+        "channels rounds down to 0 under round_to=8 (at or above its width); so do 1 more "
+        "group; a larger share or a smaller round_to removes some"
+    ]
+    assert [(p.group.name, len(p.units)) for p in found] == [("blocks.2.up.weight", 8)]
+
+
 def test_shares_that_remove_something_from_every_group_say_nothing() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

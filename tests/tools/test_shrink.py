@@ -378,7 +378,13 @@ def test_a_writer_that_fails_half_way_leaves_the_old_output_as_it_was(
         ({"calibration": 3}, r"invalid calibration=3"),
         ({"formats": ("deci",), "round_to": 8}, r"round_to=8 with format 'deci'; expected"),
         ({"formats": ("deci",), "kinds": ("channels", "heads")}, r"with format 'deci'"),
-        ({"formats": ("gguf",), "gguf_type": "q4_k"}, r"invalid gguf_type='q4_k'"),
+        (
+            {"formats": ("gguf",), "gguf_type": "q4_k"},
+            r"invalid gguf_type='q4_k'; expected "
+            r"one of f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, 'source' \(each tensor",
+        ),
+        ({"formats": ("gguf",), "gguf_type": "same"}, r"invalid gguf_type='same'"),
+        ({"gguf_type": "source"}, r"gguf_type='source' with formats=\('hf',\)"),
         ({"gguf_type": "f16"}, r"gguf_type='f16' with formats=\('hf',\)"),
     ],
 )
@@ -404,6 +410,19 @@ def test_channels_go_in_whole_quantization_blocks_where_the_gguf_is_quantized(
     assert config(folder, folder.parent / "out", text).channel_step(gguf) == step
     given = config(folder, folder.parent / "out", text, round_to=8)
     assert given.channel_step(gguf) == 8  # asked for: kept
+
+
+@pytest.mark.parametrize(
+    ("types", "step"),
+    [(("q4_1", "q8_0", "f32"), 32), (("f16", "f32"), 1), (("bf16", "q5_0"), 32), ((), 1)],
+)
+def test_under_the_source_s_types_channels_go_in_blocks_of_every_quantized_one(
+    types: tuple[str, ...], step: int, folder: Path, text: Path
+) -> None:
+    cfg = config(folder, folder.parent / "out", text)
+    assert cfg.channel_step("source", types) == step
+    assert config(folder, folder.parent / "out", text, round_to=8).channel_step(
+        "source", types) == 8  # fmt: skip
 
 
 def test_the_gguf_block_is_the_gguf_packages_for_every_quantized_type() -> None:

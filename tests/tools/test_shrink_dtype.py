@@ -358,6 +358,24 @@ def q4_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return gguf_models.tiny_llama_gguf(path, dtype="q4_0")[0]
 
 
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Q4_1 file whose embedding (tied to the output) is Q8_0, as SmolLM2's Q4_1 file
+    keeps it."""
+    pytest.importorskip("gguf")
+    from helpers import gguf_models
+
+    folder = tmp_path_factory.mktemp("mixed")
+    q4_1 = gguf_models.tiny_llama_gguf(folder / "q4_1.gguf", dtype="q4_1")[0]
+    return gguf_models.retyped_gguf(q4_1, folder / "tiny.gguf", {"token_embd.weight": "Q8_0"})
+
+
+def gguf_types(path: Path) -> dict[str, str]:
+    """Each tensor's type in the GGUF file at `path`, by name."""
+    gguf = pytest.importorskip("gguf")
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+
+
 class FileLM(torch.nn.Module):
     """A written GGUF file's logits, computed from its dequantized tensors as llama.cpp's
     llama and deci graphs compute them (``gguf_models.gguf_logits``)."""
@@ -421,6 +439,56 @@ def test_a_q4_0_gguf_source_is_requantized_to_q4_0_and_measured_as_written(
     assert json.loads((out / "report.json").read_text())["gguf_type"] == "q4_0"
 
 
+def test_a_gguf_source_s_types_are_kept_tensor_by_tensor(
+    mixed: Path, text: Path, tmp_path: Path
+) -> None:
+    """The embedding the source keeps in Q8_0 stays Q8_0, the other matrices Q4_1, the
+    vectors F32 (it was written Q4_1 with the rest: the shrunk model lost what the source
+    had not); the perplexity after is that of the file as a reader dequantizes it."""
+    out = tmp_path / "out"
+    cfg = config(mixed, out, text, formats=("gguf", "hf"), kinds=("channels",))
+    report = shrink(cfg)
+    written = gguf_types(out / "model.gguf")
+    assert written["token_embd.weight"] == "Q8_0"
+    assert written == gguf_types(mixed)
+    ppl = report.perplexity.after
+    assert gguf_perplexity(out / "model.gguf", out / "hf", cfg) == pytest.approx(ppl, rel=1e-5)
+    assert written_perplexity(out / "hf", cfg) == pytest.approx(ppl, rel=1e-3)
+    assert report.gguf_type == "q4_1,q8_0"
+    assert "matrices rounded to the source's Q4_1 and Q8_0," in report.summary()[0]
+    assert "in the source's types, tensor by tensor" in "\n".join(report.exports[0].notes)
+
+
+def test_an_explicit_gguf_type_wins_over_the_source_s_types(
+    mixed: Path, text: Path, tmp_path: Path
+) -> None:
+    """--gguf-type q4_1 asks for one type: the embedding too is Q4_1, as before."""
+    out = tmp_path / "out"
+    shrink(config(mixed, out, text, formats=("gguf",), kinds=("channels",), gguf_type="q4_1"))
+    written = gguf_types(out / "model.gguf")
+    assert written["token_embd.weight"] == "Q4_1"
+    assert {kind for name, kind in written.items() if "norm" not in name} == {"Q4_1"}
+    assert json.loads((out / "report.json").read_text())["gguf_type"] == "q4_1"
+
+
+def test_the_source_s_types_of_a_folder_are_refused_before_anything_is_written(
+    float32: Path, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("{}")  # an earlier output: left as it was
+    status = main(["shrink", str(float32), "-o", str(out), "--params", "0.25",
+                   "--calibration", str(text), "--format", "gguf", "--gguf-type", "source",
+                   *FAST_FLAGS])  # fmt: skip
+    error = capsys.readouterr().err
+    assert status == 1
+    assert "gguf_type='source' writes each tensor in the type its GGUF source holds it in" in error
+    assert "expected a GGUF source, or gguf_type one of f32, f16, bf16, q8_0" in error
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+    assert (out / "report.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_a_gguf_type_asked_for_wins_over_the_source_s(
     q4_0: Path, text: Path, tmp_path: Path
 ) -> None:
@@ -433,29 +501,31 @@ def test_a_gguf_type_asked_for_wins_over_the_source_s(
 
 
 @pytest.mark.parametrize(
-    ("storage", "options", "expected"),
+    ("kinds", "options", "expected"),
     [
-        ("GGUF Q4_0", {}, "re-quantized to Q4_0, the source's type"),
-        ("GGUF Q4_K", {}, "written in F16, not the source's Q4_K, which the gguf package "
-         "does not quantize (llama.cpp's llama-quantize makes it from this file)"),
-        ("GGUF Q4_K", {"gguf_type": "q8_0"}, None),  # asked for: nothing to explain
-        ("GGUF Q4_0", {"dtype": "float32"}, None),  # a type asked for: written as asked
-        ("GGUF F16", {}, None),
-        ("safetensors BF16", {}, None),
+        (("Q4_0", "F32"), {}, "re-quantized to Q4_0, the source's type"),
+        (("Q4_1", "Q8_0", "F32"), {},
+         "re-quantized in the source's types, tensor by tensor (Q4_1, Q8_0)"),
+        (("Q4_K", "Q6_K", "Q8_0", "F32"), {}, "in the source's types, tensor by tensor, but "
+         "F16 for those in Q4_K, Q6_K, which the gguf package does not quantize (llama.cpp's "
+         "llama-quantize makes them from this file)"),
+        (("Q4_K", "F32"), {"gguf_type": "q8_0"}, None),  # asked for: nothing to explain
+        (("Q4_0", "F32"), {"dtype": "float32"}, None),  # a type asked for: written as asked
+        (("F16", "F32"), {}, None),
+        ((), {}, None),  # no GGUF source
     ],
 )  # fmt: skip
-def test_the_gguf_record_says_what_became_of_a_quantized_source_s_type(
-    storage: str, options: dict[str, Any], expected: str | None, float32: Path, tmp_path: Path
-) -> None:
+def test_the_gguf_record_says_what_became_of_a_quantized_source_s_types(
+    kinds: tuple[str, ...], options: dict[str, Any], expected: str | None, float32: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
     from prunekit.tools.shrink import gguf_note
 
-    gguf = storage.startswith("GGUF")
-    source = Source(tmp_path / "m.gguf", tmp_path, "m.gguf" if gguf else None, "llama", (),
-                    storage)  # fmt: skip
+    gguf = bool(kinds)
+    source = Source(tmp_path / "m.gguf", tmp_path, "m.gguf" if gguf else None, "llama", ())
     cfg = ShrinkConfig(float32, tmp_path / "out", params=0.25, formats=("gguf",), **options)
     written = cfg.written_dtype(torch.float16)
-    quantized = "q4_0" if storage == "GGUF Q4_0" else None
-    assert gguf_note(cfg, source, cfg.written_gguf_type(quantized, written)) == expected
+    assert gguf_note(cfg, cfg.written_gguf_type(source, written), kinds) == expected
 
 
 def test_weights_a_quantized_type_cannot_scale_are_refused_and_left_as_they_were() -> None:

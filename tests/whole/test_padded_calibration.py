@@ -82,7 +82,7 @@ def test_statistics_leave_out_masked_rows() -> None:
         model = llama()
         mods = [model.model.layers[0].mlp.down_proj, model.model.layers[1].self_attn.q_proj]
         wanted = cal.Wanted(norms=True, hessian=True, means=True)
-        stats = cal.calibrate(model, _batches(side), mods, wanted)
+        stats = cal.calibrate(model, _batches(side), mods, wanted, owner="prune_model")
         layers.append({f"{i}.{k}": getattr(stats, k)(m) for i, m in enumerate(mods)
                        for k in ("norms", "hessian", "means")})  # fmt: skip
         rows.append([stats.rows(m) for m in mods])

@@ -42,9 +42,9 @@ BATCHES = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i i
 def test_a_block_that_returns_a_dict_is_named(method: str) -> None:
     model = Net()
     before = fingerprint(model)
-    with pytest.raises(ValueError, match=r"calibration: Block returned a dict, whose hidden "
-                       r"states the next block cannot be given; expected a tensor \(or a tuple "
-                       r"or list starting with one\).*sequential=False"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"^prune_model: calibration: Block returned a dict, "
+                       r"whose hidden states the next block cannot be given; expected a tensor "
+                       r"\(or a tuple or list starting with one\).*sequential=False"):  # fmt: skip
         prunekit.prune_model(model, 0.5, method=method, calibration=BATCHES, sequential=True)
     assert fingerprint(model) == before
 

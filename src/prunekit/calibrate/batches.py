@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from prunekit.core import nested
 from prunekit.core.checks import check_kind
-from prunekit.core.errors import type_error, value_error, with_context
+from prunekit.core.errors import type_error, value_error
 
 
 def run_batch(model: nn.Module, batch: Any) -> Any:
@@ -86,27 +86,23 @@ def _check_finite_loss(value: Tensor, index: int, model: nn.Module, batch: Any, 
         )
 
 
-def batch_error(
-    index: int, error: Exception, what: str = "model", owner: str | None = None
-) -> Exception:
+def batch_error(index: int, error: Exception, *, owner: str, what: str = "model") -> Exception:
     """The error to raise for `error`, met on batch `index`: an error prunekit explained
     already, or one raised in prunekit's own code (a bug, not the caller's), as it is;
     else the caller's `what` ('model' or 'loss') is named as the one that failed, after
-    `owner` (the entry point whose calibration it is) where given."""
+    `owner` (the entry point whose calibration it is: what the user called)."""
     if not is_callers(error):
         return error
     if what == "loss":
         found = value_error(
-            f"calibration: the loss raised on batch {index}: {type(error).__name__}: "
+            f"{owner}: calibration: the loss raised on batch {index}: {type(error).__name__}: "
             f"{error}; expected loss(output, batch) to return a scalar tensor"
         )
     else:
         found = value_error(
-            f"calibration: the model cannot take batch {index}: {type(error).__name__}: "
-            f"{error}; expected batches the model's forward accepts"
+            f"{owner}: calibration: the model cannot take batch {index}: "
+            f"{type(error).__name__}: {error}; expected batches the model's forward accepts"
         )
-    if owner is not None:
-        found = with_context(found, owner)
     found.__cause__ = error
     return found
 

@@ -3,8 +3,9 @@ inputs (key/value caches left out)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -16,8 +17,6 @@ from prunekit.core.errors import value_error
 from prunekit.core.signature import forward_parameters
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
-
-
 """The positional and keyword arguments one block was called with, for one batch."""
 
 
@@ -67,17 +66,29 @@ def _cache_positions(module: nn.Module) -> set[int]:
     return found
 
 
+def _without_caches(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Inputs:
+    """A call of `module` with its key/value cache dropped, by position or by keyword."""
+    cached = _cache_positions(module)
+    return tuple(None if i in cached else a for i, a in enumerate(args)), cacheless(kwargs)
+
+
+def _hidden(inputs: Inputs) -> Any:
+    """The hidden states of a block's call: its first positional argument, or
+    ``hidden_states=`` (None where it has neither)."""
+    args, kwargs = inputs
+    return args[0] if args else kwargs.get("hidden_states")
+
+
 def capture_block_inputs(
-    model: nn.Module, block: nn.Module, batches: Sequence[Any]
+    model: nn.Module, block: nn.Module, batches: Sequence[Any], *, owner: str
 ) -> list[Inputs]:
     """Run the model on each batch up to `block` and keep what `block` was called with
-    (caches dropped); nothing after the block runs."""
+    (caches dropped); nothing after the block runs. An error names `owner`, the entry
+    point calibrating."""
     captured: list[Inputs] = []
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        cached = _cache_positions(module)
-        args = tuple(None if i in cached else a for i, a in enumerate(args))
-        captured.append((args, cacheless(kwargs)))
+        captured.append(_without_caches(module, args, kwargs))
         raise Stop
 
     handle = block.register_forward_pre_hook(hook, with_kwargs=True)
@@ -88,9 +99,9 @@ def capture_block_inputs(
             except Stop:
                 continue
             except Exception as error:
-                raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+                raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
             raise value_error(
-                f"calibration: batch {index} ran the model's forward without reaching its "
+                f"{owner}: calibration: batch {index} ran the model's forward without reaching its "
                 f"blocks ({type(block).__name__}); expected a model that calls them"
             )
     finally:
@@ -102,9 +113,10 @@ _SEQUENTIAL = " (or pass sequential=False)"
 """What run_block's refusals end with: a calibrated call can run the whole model instead."""
 
 
-def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
+def run_block(block: nn.Module, inputs: Inputs, owner: str) -> Inputs:
     """Call `block` and return the inputs of the next one: the same arguments with the
-    hidden states (the first positional one, or ``hidden_states=``) replaced."""
+    hidden states (the first positional one, or ``hidden_states=``) replaced. An error
+    names `owner`, the entry point calibrating."""
     args, kwargs = inputs
     out = block(*args, **kwargs)
     hidden = out[0] if isinstance(out, tuple | list) and out else out
@@ -113,11 +125,11 @@ def run_block(block: nn.Module, inputs: Inputs) -> Inputs:
         if out is not hidden:
             shown += f" starting with a {type(hidden).__name__}"
         raise value_error(
-            f"calibration: {type(block).__name__} returned {shown}, whose hidden states the "
-            "next block cannot be given; expected a tensor (or a tuple or list starting with "
-            f"one){_SEQUENTIAL}"
+            f"{owner}: calibration: {type(block).__name__} returned {shown}, whose hidden "
+            "states the next block cannot be given; expected a tensor (or a tuple or list "
+            f"starting with one){_SEQUENTIAL}"
         )
-    return with_hidden(inputs, hidden, block, "calibration", _SEQUENTIAL)
+    return with_hidden(inputs, hidden, block, f"{owner}: calibration", _SEQUENTIAL)
 
 
 def with_hidden(
@@ -130,15 +142,23 @@ def with_hidden(
         ValueError: `block` takes neither, so its hidden states cannot be told (the
             message starts with `owner` and ends with `hint`).
     """
+    found = _swapped(inputs, hidden)
+    if found is not None:
+        return found
+    raise value_error(
+        f"{owner}: cannot tell which argument of {type(block).__name__} carries the hidden "
+        f"states; expected a first positional argument or hidden_states={hint}"
+    )
+
+
+def _swapped(inputs: Inputs, hidden: Any) -> Inputs | None:
+    """`inputs` with `hidden` in place of their hidden states; None where they have none."""
     args, kwargs = inputs
     if args:
         return (hidden, *args[1:]), kwargs
     if "hidden_states" in kwargs:
         return args, {**kwargs, "hidden_states": hidden}
-    raise value_error(
-        f"{owner}: cannot tell which argument of {type(block).__name__} carries the hidden "
-        f"states; expected a first positional argument or hidden_states={hint}"
-    )
+    return None
 
 
 def own_hidden(inputs: Inputs) -> Inputs:
@@ -152,23 +172,20 @@ def own_hidden(inputs: Inputs) -> Inputs:
     Returns:
         The same arguments, the hidden states copied (as given where there is no tensor).
     """
-    args, kwargs = inputs
-    if args and isinstance(args[0], Tensor):
-        return (args[0].clone(), *args[1:]), kwargs
-    hidden = kwargs.get("hidden_states")
-    if not args and isinstance(hidden, Tensor):
-        return args, {**kwargs, "hidden_states": hidden.clone()}
-    return inputs
+    hidden = _hidden(inputs)
+    found = _swapped(inputs, hidden.clone()) if isinstance(hidden, Tensor) else None
+    return inputs if found is None else found
 
 
-def next_inputs(block: nn.Module, inputs: Sequence[Inputs]) -> list[Inputs]:
-    """`block`'s outputs for each batch, as the next block's inputs."""
+def next_inputs(block: nn.Module, inputs: Sequence[Inputs], *, owner: str) -> list[Inputs]:
+    """`block`'s outputs for each batch, as the next block's inputs (an error names
+    `owner`, the entry point calibrating)."""
     found = []
     for index, one in enumerate(inputs):
         try:
-            found.append(run_block(block, one))
+            found.append(run_block(block, one, owner))
         except Exception as error:
-            raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
     return found
 
 
@@ -182,19 +199,21 @@ def block_calls(
     wanted: int | None = None,
 ) -> BlockCalls | None:  # fmt: skip
     """What the model's forward gives each of `blocks` beside its hidden states, for each
-    batch: a block may be called with arguments of its own (a sliding-window layer gets
+    batch. A block may be called with arguments of its own (a sliding-window layer gets
     another attention mask than a full-attention one; Gemma 3's global layers another
     rotary embedding than its local ones), which the inputs captured for the first block
-    do not hold. Each batch runs the whole model in eval mode with every block passing its
-    hidden states through, its own hooks set aside (no block computes, its parameters are
-    not read, and no hook sees the call): the layers outside the blocks (a final norm, a
-    head) run on, so that a block called again after the last one is seen. Where the forward
-    reads more than the hidden states from a block's output (T5's blocks hand on the
-    position bias block 0 computes), the blocks cannot be passed through: the batches then
-    run through the blocks themselves (a full forward of each), and each block is recorded
-    with what the model gives it, the blocks' order checked the same way. An argument
-    computed from a block's output is then the model's as it is when recorded (before
-    anything is pruned; T5's bias comes from an embedding, which no block's pruning moves).
+    do not hold.
+
+    The batches first run the whole model in eval mode with every block passing its hidden
+    states through, its own forward and hooks set aside (no block computes, its parameters
+    are not read, no hook of its own sees the call); the layers after the blocks (a final
+    norm, a head) run on, so that a block called again after the last one is seen. A
+    forward that reads more than the hidden states from a block's output (T5's blocks hand
+    on the position bias block 0 computes) then fails or hands on other shapes: the
+    batches run again with the blocks computing (a full forward each). Either run checks
+    the blocks' order; in the second, an argument computed from a block's output is the
+    model's before anything is pruned (T5's bias comes from an embedding, which no block's
+    pruning moves).
 
     Args:
         model: the model.
@@ -205,12 +224,11 @@ def block_calls(
             any order once they all ran.
 
     Returns:
-        The calls of the wanted blocks, or None (each block is then given the first
-        block's arguments) where the model's forward cannot reach its last wanted block,
-        nor give every block hidden states of the first one's shape, with its blocks passed
-        through nor run, or fewer than two blocks are wanted. A forward that fails after the
-        last wanted block (its head reading what the blocks passed through, or held on the
-        meta device) is taken as it ran so far.
+        The calls of the wanted blocks; None (each block is then given the first block's
+        arguments) where fewer than two blocks are wanted, or where neither run reaches the
+        last wanted block with hidden states of the first block's shape at every block. A
+        forward that fails after the last wanted block (its head reading what the blocks
+        passed through, or held on the meta device) is taken as it ran so far.
 
     Raises:
         ValueError: the forward calls a wanted block out of turn, again after its turn, or
@@ -239,8 +257,6 @@ def _record(
     calls: BlockCalls = [[] for _ in blocks]
     shapes: list[list[object]] = [[] for _ in blocks]
     order: list[list[int]] = []  # per batch, the blocks in the order the forward calls them
-    saved: list[tuple[nn.Module, dict[str, Any]]] = []
-    handles: list[Any] = []
     bugs: list[Exception] = []  # the recording's own failures: raised, never a fallback
 
     def recorder(index: int) -> Any:
@@ -248,53 +264,37 @@ def _record(
             try:
                 seen = order[-1]
                 seen.append(index)
-                hidden = args[0] if args else kwargs.get("hidden_states")
+                hidden = _hidden((args, kwargs))
                 shapes[index].append(hidden.shape if isinstance(hidden, Tensor) else None)
-                cached = _cache_positions(module)
-                kept = tuple(None if i in cached or i == 0 else a for i, a in enumerate(args))
-                rest = cacheless(kwargs)
-                if not args and "hidden_states" in rest:
-                    rest["hidden_states"] = None
-                calls[index].append((kept, rest))
+                call = _without_caches(module, args, kwargs)
+                blanked = _swapped(call, None)
+                calls[index].append(call if blanked is None else blanked)
             except Exception as error:
                 bugs.append(error)
                 raise
             turn = len(seen) - 1
-            if index != turn if turn < count else index < count:
+            if not (index == turn if turn < count else index >= count):
                 raise Stop  # a wanted block out of turn, or called again after its turn
 
         return hook
 
-    def passthrough(*args: Any, **kwargs: Any) -> Any:
-        return args[0] if args else kwargs.get("hidden_states")
-
     try:
-        for index in hooked:
-            block = blocks[index]
+        with contextlib.ExitStack() as stack:
             if through:
-                own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
-                saved.append((block, own))
-                for key, value in own.items():
-                    if key != "forward":  # set below
-                        block.__dict__[key] = type(value)()  # empty hooks
-                block.forward = passthrough
-            handles.append(block.register_forward_pre_hook(recorder(index), with_kwargs=True))
-        with evaluating(model), torch.no_grad():
+                stack.enter_context(_passed_through([blocks[index] for index in hooked]))
+            for index in hooked:
+                hook = recorder(index)
+                stack.callback(
+                    blocks[index].register_forward_pre_hook(hook, with_kwargs=True).remove
+                )
+            stack.enter_context(evaluating(model))
+            stack.enter_context(torch.no_grad())
             for batch in batches:
                 order.append([])
-                if not _run_through(model, batch, order[-1], count, bugs):
+                if not _run_recorded(model, batch, order[-1], count, bugs):
                     break  # a block called out of turn, or the last wanted one never
     except _Unreached:  # a forward that needs its blocks' outputs: run them, or give up
         return None
-    finally:
-        for handle in handles:
-            handle.remove()
-        for block, own in saved:
-            for key in _SET_ASIDE:
-                if key in own:
-                    block.__dict__[key] = own[key]
-                else:
-                    block.__dict__.pop(key, None)
     if order and not _in_turn(order[-1], count):
         raise _out_of_turn(blocks, order[-1], len(order) - 1, count)
     calls, shapes = calls[:count], shapes[:count]
@@ -305,15 +305,56 @@ def _record(
     return calls
 
 
+_SET_ASIDE = (
+    "forward",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+"""A block's own forward (an instance attribute, where it has one) and hooks, set aside while
+``block_calls`` passes its hidden states through."""
+
+
+@contextlib.contextmanager
+def _passed_through(blocks: Sequence[nn.Module]) -> Iterator[None]:
+    """Each of `blocks` returning the hidden states it is given, its own forward (an instance
+    attribute, where it has one) and hooks set aside: no block computes, its parameters are
+    not read, and no hook of its own sees the call. All restored on exit."""
+    saved: list[tuple[nn.Module, dict[str, Any]]] = []
+    try:
+        for block in blocks:
+            own = {key: block.__dict__[key] for key in _SET_ASIDE if key in block.__dict__}
+            saved.append((block, own))
+            for key, value in own.items():
+                if key != "forward":  # set below
+                    block.__dict__[key] = type(value)()  # empty hooks
+            block.forward = _pass_through
+        yield
+    finally:
+        for block, own in saved:
+            for key in _SET_ASIDE:
+                if key in own:
+                    block.__dict__[key] = own[key]
+                else:
+                    block.__dict__.pop(key, None)
+
+
+def _pass_through(*args: Any, **kwargs: Any) -> Any:
+    """A passed-through block's forward: its hidden states, as given."""
+    return _hidden((args, kwargs))
+
+
 class _Unreached(Exception):
-    """The forward failed before its last wanted block, with its blocks passed through."""
+    """The forward failed before its last wanted block was called."""
 
 
-def _run_through(
+def _run_recorded(
     model: nn.Module, batch: Any, seen: list[int], count: int, bugs: list[Exception]
 ) -> bool:
-    """Run `model` on `batch`, its blocks passed through and recorded into `seen`; whether
-    the blocks ran in turn (False: the recorder stopped the forward at one out of turn).
+    """Run `model` on `batch`, the blocks it calls recorded into `seen`; whether they ran in
+    turn (False: the recorder stopped the forward at one out of turn).
 
     Raises:
         _Unreached: the forward failed before the last wanted block was called.
@@ -379,18 +420,6 @@ def _out_of_turn(
     )
 
 
-_SET_ASIDE = (
-    "forward",
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-)
-"""A block's own forward (an instance attribute, where it has one) and hooks, set aside while
-``block_calls`` passes its hidden states through."""
-
-
 def called_as(inputs: Sequence[Inputs], calls: BlockCalls | None, index: int) -> list[Inputs]:
     """`inputs` (the hidden states the block before block `index` gave, with that block's
     arguments) with the other arguments block `index` is called with (`calls`, see
@@ -414,12 +443,9 @@ def called_as(inputs: Sequence[Inputs], calls: BlockCalls | None, index: int) ->
         if _same_call(own, first):
             found.append(one)
             continue
-        args, kwargs = one
-        hidden = args[0] if args else kwargs["hidden_states"]
-        args, kwargs = own
-        found.append(
-            ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
-        )
+        swapped = _swapped(own, _hidden(one))
+        assert swapped is not None  # a call without hidden states is never recorded
+        found.append(swapped)
     return found
 
 

@@ -53,6 +53,7 @@ def calibrate(
     modules: Sequence[nn.Module],
     wanted: Wanted,
     *,
+    owner: str,
     reduce: Reduce | None = None,
     numbers: Sequence[int] | None = None,
     names: Mapping[nn.Module, str] | None = None,
@@ -61,12 +62,13 @@ def calibrate(
     (with `reduce`: of every rank's batches). After the first batch, each run ends once
     every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
     index in the caller's calibration (an error names it), where a subset is run. `names`:
-    each module's path, which an error names (default: its path in `model`). The tokens
-    a mapping batch's ``attention_mask`` masks out take no part (``batch_masks``)."""
+    each module's path, which an error names (default: its path in `model`). An error of a
+    batch names `owner`, the entry point calibrating. The tokens a mapping batch's
+    ``attention_mask`` masks out take no part (``batch_masks``)."""
     if names is None:
         names = {m: path for path, m in model.named_modules()}
     try:
-        masks = batch_masks(batches, numbers)
+        masks = batch_masks(batches, numbers, owner)
     except ValueError as error:  # every rank must learn of it in the reduction
         if reduce is None:
             raise
@@ -74,7 +76,7 @@ def calibrate(
     gather = wanted.gather(modules, early=True, names=names)
     with evaluating(model), torch.no_grad(), gather as stats:
         run = lambda batch: run_batch(model, batch)  # noqa: E731
-        failed = _run_each(stats, batches, run, reduce, numbers, masks)
+        failed = _run_each(stats, batches, run, owner, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
@@ -84,6 +86,7 @@ def block_statistics(
     modules: Sequence[nn.Module],
     wanted: Wanted,
     *,
+    owner: str,
     reduce: Reduce | None = None,
     failed: BaseException | None = None,
     numbers: Sequence[int] | None = None,
@@ -96,7 +99,8 @@ def block_statistics(
     After the first input, each run ends once every module has taken its input. `numbers`:
     each input's batch index in the calibration (an error names it), where a subset runs.
     `names`: each module's path in the whole model, which an error names (else its class).
-    `masks`: each input's tokens that count (``batch_masks`` of its batches), None: all."""
+    An error of an input names `owner`, the entry point calibrating. `masks`: each input's
+    tokens that count (``batch_masks`` of its batches), None: all."""
     with wanted.gather(modules, early=True, names=names) as stats:
         if failed is None:
 
@@ -105,18 +109,19 @@ def block_statistics(
                 args, kwargs = own_hidden(call)
                 return block(*args, **kwargs)
 
-            failed = _run_each(stats, inputs, run, reduce, numbers, masks)
+            failed = _run_each(stats, inputs, run, owner, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
 def _run_each(
-    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object],
+    stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object], owner: str,
     reduce: Reduce | None, numbers: Sequence[int] | None = None,
     masks: Sequence[Tensor | None] | None = None,
 ) -> BaseException | None:  # fmt: skip
     """Run each item as a batch of `stats` (its tokens that count: its entry of `masks`).
-    An error names its batch (its entry of `numbers` where given); with `reduce` it is
-    returned (every rank must learn of it in the reduction) instead of raised."""
+    An error names `owner` and its batch (its entry of `numbers` where given); with
+    `reduce` it is returned (every rank must learn of it in the reduction) instead of
+    raised."""
     try:
         for index, item in enumerate(items):
             stats.new_batch(None if masks is None else masks[index])
@@ -126,7 +131,7 @@ def _run_each(
                 pass  # every module took its input: the rest of the run is not needed
             except Exception as error:
                 number = index if numbers is None else numbers[index]
-                raise batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
+                raise batch_error(number, error, owner=owner)  # noqa: B904 (its cause is set)
     except Exception as error:
         if reduce is None:
             raise

@@ -34,18 +34,18 @@ def gradients(
     """Backward of `loss` for each batch; for each of `params` (a Parameter and a function
     giving the tensor it stands for), ``step(i, values, grad)``, then ``end_batch()``.
     Only `params` get gradients; every requires_grad flag and .grad is as before
-    afterwards. An error of the loss names `owner`, the entry point calibrating."""
+    afterwards. An error of a batch or of the loss names `owner`, the entry point calibrating."""
     wanted = [p for p, _ in params]
     with requiring_grad(model, wanted, restore_grads=True), evaluating(model), torch.enable_grad():
         for index, batch in enumerate(batches):
             try:
                 output = run_batch(model, batch)
             except Exception as error:
-                raise batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+                raise batch_error(index, error, owner=owner)  # noqa: B904 (its cause is set)
             try:
                 value = loss(output, batch)
             except Exception as error:
-                raise batch_error(index, error, "loss", owner)  # noqa: B904 (its cause is set)
+                raise batch_error(index, error, owner=owner, what="loss")  # noqa: B904 (cause set)
             _check_loss(value, index, owner)
             _check_finite_loss(value, index, model, batch, owner)
             value.backward()  # type: ignore[no-untyped-call]

@@ -80,6 +80,7 @@ class GroupedRuns:
     inside ``with``, where the submodules holding a target have their forward wrapped.
     `numbers`: the calibration batch of each input, as errors name it (default: its index).
     `names`: each module's path in the whole model, which an error names (else its class).
+    `owner`: the entry point calibrating, which an error of an input names.
     `masks`: each input's tokens that count (``cal.batch_masks`` of its batches), None: all."""
 
     def __init__(
@@ -90,9 +91,12 @@ class GroupedRuns:
         wanted: cal.Wanted,
         numbers: Sequence[int] | None = None,
         names: Mapping[nn.Module, str] | None = None,
+        *,
+        owner: str,
         masks: Sequence[Tensor | None] | None = None,
     ) -> None:
         self.block = block
+        self.owner = owner
         self.names = names
         self.inputs = list(inputs)
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
@@ -224,14 +228,14 @@ class GroupedRuns:
         call = self.inputs[index]
         try:
             if not keep:
-                return cal.run_block(self.block, call)
+                return cal.run_block(self.block, call, self.owner)
             args, kwargs = cal.own_hidden(call)  # each run from the inputs as kept
             with suppress(cal.Stop):
                 self.block(*args, **kwargs)
             return call
         except Exception as error:
             number = self.numbers[index]
-            raise cal.batch_error(number, error)  # noqa: B904 (the cause is set on a new error)
+            raise cal.batch_error(number, error, owner=self.owner)  # noqa: B904 (cause set)
         finally:
             self._run = None
             if keep:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prunekit.core.checks import check_kind
 from prunekit.core.errors import type_error, value_error
 from prunekit.distributed.agree import Collective, collective
 
@@ -147,6 +148,12 @@ def _checked(
             raise type_error(
                 f"{_OWNER}: statistics[{name!r}] is {type(t).__name__} "
                 f"{getattr(t, 'dtype', '')}; expected a floating-point tensor"
+            )
+        check_kind(t, _OWNER, f"statistics[{name!r}]")  # meta, sparse: no values to sum
+        if t.is_nested:
+            raise value_error(
+                f"{_OWNER}: statistics[{name!r}] is a nested tensor; expected a dense "
+                "(strided) tensor of one shape"
             )
     if not (weight is None or isinstance(weight, Mapping)):
         _weight(weight, "weight")

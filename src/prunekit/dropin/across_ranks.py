@@ -19,7 +19,7 @@ on every rank or on none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit.core.amount import Amount
+from prunekit.core.checks import check_kind, check_scores
 from prunekit.core.errors import attribute_error, describe, naming, type_error, value_error
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import transaction
@@ -35,6 +36,7 @@ from prunekit.criteria.random import Random
 from prunekit.distributed.agree import Collective, collective
 from prunekit.distributed.collectives import Group
 from prunekit.distributed.tensors import Placement, local, placement
+from prunekit.dropin.base_method import construct
 from prunekit.dropin.install import install
 from prunekit.dropin.torch_methods import CustomFromMask, Pruning
 from prunekit.patterns.unstructured import Unstructured
@@ -58,6 +60,7 @@ class _Entry:
     alive: Tensor | None  # local mask, None if not pruned yet
     scores: Tensor | None  # local importance scores given
     placement: Placement
+    where: str  # how errors name it (with its path, where the caller knows it)
 
 
 def global_unstructured(
@@ -90,24 +93,40 @@ def global_unstructured(
             error's type); nothing is pruned on any rank.
         RanksTimeout: a rank waited for the others longer than the group's timeout.
     """
-    group = collective(process_group, _OWNER)
+    rank_across(parameters, pruning_method, importance_scores, process_group, kwargs)
+
+
+def rank_across(
+    parameters: Iterable[tuple[nn.Module, str]],
+    pruning_method: Any,
+    importance_scores: dict[tuple[nn.Module, str], Tensor] | None,
+    process_group: Any,
+    kwargs: dict[str, Any],
+    caller: str = _OWNER,
+    paths: Mapping[nn.Module, str] | None = None,
+) -> None:
+    """global_unstructured's work, for prunekit's whole-model calls too: errors begin with
+    `caller`, the function the user called, and name a tensor by its path where `paths`
+    (each module's path in the model) has it, as without a group."""
+    group = collective(process_group, caller)
     with group.telling():
-        method = _method(pruning_method, kwargs)
-        entries = _entries(parameters, {} if importance_scores is None else importance_scores)
-        group.start(_OWNER, _digest(pruning_method, method, kwargs))
-        keys = _keys(entries, group)
+        method = _method(pruning_method, kwargs, caller)
+        given = {} if importance_scores is None else importance_scores
+        entries = _entries(parameters, given, caller, paths or {})
+        group.start(caller, _digest(pruning_method, method, kwargs))
+        keys = _keys(entries, group, caller)
         pieces = _pieces(entries, keys, method.criterion)
         competing = torch.tensor([sum(p.competing or 0 for p in pieces)], dtype=torch.int64)
-        with naming(_OWNER):
+        with naming(caller):
             k = Amount(method.amount, type(method).__name__).count(int(group.sum(competing)[0]))
         if isinstance(method.criterion, Random) and getattr(method.criterion, "_compact", False):
             _noise(entries, pieces, method.criterion, group)  # after the amount, as in one process
         try:
             selection = select(pieces, lambda total: k, group)
         except Unrankable as bad:
-            named = ", ".join(describe(entries[i].module, entries[i].name) for i in bad.pieces)
+            named = ", ".join(entries[i].where for i in bad.pieces)
             raise value_error(
-                f"{_OWNER}: the scores of "
+                f"{caller}: the scores of "
                 f"{named or 'a tensor of another rank'} hold NaN or infinity, which cannot be "
                 "ranked"
             ) from None
@@ -130,17 +149,16 @@ def _digest(pruning_method: Any, method: Pruning, kwargs: dict[str, Any]) -> dic
     return digest
 
 
-def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
+def _method(pruning_method: Any, kwargs: dict[str, Any], caller: str) -> Pruning:
     """The method, checked to be one this selection runs: unstructured, by magnitude."""
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, Pruning)):
         raise type_error(
-            f"{_OWNER}: invalid pruning_method={pruning_method!r} for a process group; expected "
+            f"{caller}: invalid pruning_method={pruning_method!r} for a process group; expected "
             "L1Unstructured, RandomUnstructured or another prunekit.Pruning class"
         )
-    try:
-        method = pruning_method(**kwargs)
-    except TypeError as error:  # arguments the class does not take
-        raise type_error(f"{_OWNER}: {pruning_method.__name__}: {error}") from None
+    # the call's own errors (an unknown keyword) and prunekit's checks named as without a
+    # group; a TypeError from inside a constructor (a bug there) travels as it is
+    method: Pruning = construct(pruning_method, (), kwargs, caller)
     fits = (
         type(method).compute_mask is Pruning.compute_mask
         and isinstance(method.pattern, Unstructured)
@@ -148,7 +166,7 @@ def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
     )
     if not fits:
         raise type_error(
-            f"{_OWNER}: pruning_method={pruning_method.__name__} ({method!r}) cannot rank "
+            f"{caller}: pruning_method={pruning_method.__name__} ({method!r}) cannot rank "
             "across processes; expected the Unstructured pattern and a criterion ranking by "
             "magnitude (by_magnitude = True), with compute_mask not overridden"
         )
@@ -156,25 +174,28 @@ def _method(pruning_method: Any, kwargs: dict[str, Any]) -> Pruning:
 
 
 def _entries(
-    parameters: Iterable[tuple[nn.Module, str]], scores: dict[tuple[nn.Module, str], Tensor]
+    parameters: Iterable[tuple[nn.Module, str]],
+    scores: dict[tuple[nn.Module, str], Tensor],
+    caller: str,
+    paths: Mapping[nn.Module, str],
 ) -> list[_Entry]:
     if not isinstance(parameters, Iterable):
         raise type_error(
-            f"{_OWNER}: invalid parameters of type {type(parameters).__name__}; "
+            f"{caller}: invalid parameters of type {type(parameters).__name__}; "
             "expected an iterable of (module, name) pairs"
         )
     if not isinstance(scores, dict):
         raise type_error(
-            f"{_OWNER}: invalid importance_scores of type {type(scores).__name__}; expected "
+            f"{caller}: invalid importance_scores of type {type(scores).__name__}; expected "
             "a dict keyed by (module, name)"
         )
     found: list[_Entry] = []
     seen: dict[int, str] = {}
     for pair in parameters:
         if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], nn.Module)):
-            raise type_error(f"{_OWNER}: invalid entry {pair!r}; expected (module, name) pairs")
+            raise type_error(f"{caller}: invalid entry {pair!r}; expected (module, name) pairs")
         module, name = pair
-        where = describe(module, name)
+        where = describe(module, name, paths.get(module))
         path, _, leaf = str(name).rpartition(".")
         try:
             owner = module.get_submodule(path) if path else module
@@ -196,13 +217,18 @@ def _entries(
         alive = local(getattr(owner, mask_name(leaf)).detach()) if pruned else None
         given = scores.get((module, name))
         values = local(param.detach())
+        check_kind(values, where, "the parameter")  # meta: no values to rank
         if given is not None:
-            given = local(given.detach())
-            if tuple(given.shape) != tuple(values.shape):
-                raise value_error(
-                    f"{where}: importance_scores of shape {tuple(given.shape)}; expected the "
-                    f"shape of the tensor this rank holds, {tuple(values.shape)}"
-                )
+            if isinstance(given, Tensor):
+                given = local(given.detach())
+                if tuple(given.shape) != tuple(values.shape):
+                    raise value_error(
+                        f"{where}: importance_scores of shape {tuple(given.shape)}; expected "
+                        f"the shape of the tensor this rank holds, {tuple(values.shape)}"
+                    )
+            given = check_scores(given, values, where, alive)  # as without a group
+            if not given.is_floating_point():  # integers rank by value, as in one process
+                given = given.to(torch.float64)
         if not values.is_floating_point():
             raise type_error(f"{where} is of dtype {values.dtype}; expected floating point")
         lay = placement(param, where)
@@ -212,18 +238,18 @@ def _entries(
                 "shard on every rank (composing with its earlier mask takes DTensor "
                 "reductions, which torch refuses on empty shards)"
             )
-        found.append(_Entry(module, name, owner, leaf, param, values, alive, given, lay))
+        found.append(_Entry(module, name, owner, leaf, param, values, alive, given, lay, where))
     return found
 
 
-def _keys(entries: list[_Entry], group: Group) -> list[int]:
+def _keys(entries: list[_Entry], group: Group, caller: str) -> list[int]:
     """Each entry's place in the one list of the whole model (see the module's docstring)."""
     mine = [(e.placement.sharded, e.placement.shape) for e in entries]
     everyone = group.objects(mine)
     sharded = [[shape for is_d, shape in found if is_d] for found in everyone]
     if any(shapes != sharded[0] for shapes in sharded):
         raise value_error(
-            f"{_OWNER}: the ranks list different DTensors (global shapes by rank: {sharded}); "
+            f"{caller}: the ranks list different DTensors (global shapes by rank: {sharded}); "
             "expected the same DTensors in the same order on every rank"
         )
     first = [k for k, (is_d, _) in enumerate(everyone[0]) if is_d]
@@ -248,7 +274,7 @@ def _keys(entries: list[_Entry], group: Group) -> list[int]:
     expected = [_numel(shape) for shape in sharded[0]]
     if group.sum(owned).tolist() != expected:
         raise value_error(
-            f"{_OWNER}: the ranks of the group do not hold every shard of their DTensors "
+            f"{caller}: the ranks of the group do not hold every shard of their DTensors "
             "exactly once; expected a group covering each DTensor's mesh"
         )
     return keys
@@ -268,9 +294,8 @@ def _pieces(entries: list[_Entry], keys: list[int], criterion: Any) -> list[Piec
         count = values.numel() if alive is None else int((alive == 1).sum())
         source = _scores(e, criterion)
         competing = count if lay.counts else 0
-        pieces.append(
-            Piece(source, values.numel(), values.dtype, key, lay.runs, lay.counts, competing)
-        )
+        ranked = values.dtype if e.scores is None else e.scores.dtype  # what the source gives
+        pieces.append(Piece(source, values.numel(), ranked, key, lay.runs, lay.counts, competing))
     return pieces
 
 
@@ -280,7 +305,10 @@ def _scores(e: _Entry, criterion: Criterion) -> Any:
     ranked = e.values if e.scores is None else e.scores
 
     def read() -> tuple[Tensor, Tensor | None]:
-        return criterion._checked_scores(ranked, target), e.alive
+        scores = criterion._checked_scores(ranked, target)
+        if e.alive is not None:  # entries pruned before do not compete: NaN there is no harm
+            scores = torch.where(e.alive == 1, scores, torch.zeros((), dtype=scores.dtype))
+        return scores, e.alive
 
     return read
 

@@ -21,7 +21,7 @@ from prunekit.core.errors import (
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.product import fusable
 from prunekit.core.transaction import transaction
-from prunekit.dropin.across_ranks import global_unstructured as across_ranks
+from prunekit.dropin.across_ranks import rank_across
 from prunekit.dropin.base_method import (
     PRUNING_TYPES,
     BasePruningMethod,
@@ -314,10 +314,12 @@ def rank_together(
     """global_unstructured's work, for prunekit's whole-model calls too: with `paths` (each
     module's path in the model), an error about one tensor names it by its path
     (``'a.weight', parameter 'weight' of Linear``, see describe), as their per-layer scope
-    does. Errors start with `caller`, the function the user called. Across ranks
-    (``process_group=``), tensors are named as without `paths`."""
+    does. Errors start with `caller`, the function the user called, across ranks
+    (``process_group=``) too."""
     if kwargs.get("process_group") is not None:
-        across_ranks(parameters, pruning_method, importance_scores, **kwargs)
+        rest = {k: v for k, v in kwargs.items() if k != "process_group"}
+        group = kwargs["process_group"]
+        rank_across(parameters, pruning_method, importance_scores, group, rest, caller, paths)
         return
     kwargs.pop("process_group", None)
     if not isinstance(parameters, Iterable):

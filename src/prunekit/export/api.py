@@ -59,7 +59,8 @@ def export(
         format: ``"hf"``, ``"deci"``, ``"gguf"`` or ``"onnx"``.
         source: the Hugging Face folder or GGUF file the model was loaded from; its tokenizer
             and generation config are written beside the model.
-        dtype: the tensor type to write; None keeps the model's.
+        dtype: the tensor type to write; None keeps the model's. For ``gguf`` also
+            ``"source"``: each tensor in the type its GGUF `source` holds it in.
         example_inputs: inputs on which the written model's outputs are compared with the
             model's.
         verify: read the written model back with the format's own reader (where installed)

@@ -17,10 +17,16 @@ factors; those that also scale attention or depend on the length (``yarn``, ``lo
 
 Tensor types (``dtype``): ``"f32"``, ``"f16"``, ``"bf16"``, or a block-quantized type
 (``request.GGUF_QUANTIZED``: ``"q8_0"``, ``"q5_1"``, ``"q5_0"``, ``"q4_1"``, ``"q4_0"``); None
-writes the model's own float type (f16 for float16, bf16 for bfloat16, else f32). As
+writes the model's own float type (f16 for float16, bf16 for bfloat16, else f32);
+``"source"`` (``request.GGUF_SOURCE``, with a GGUF file as ``source``) writes each matrix in
+the type the source holds the tensor of its name in (``source_types``), so that a file whose
+embedding is Q8_0 and the rest Q4_1 stays so: F16 where the source's type is one the ``gguf``
+package does not quantize (the K and IQ types) or where the source has no such tensor. As
 llama.cpp's own converter does, 1-D tensors (norms, biases, rotary factors) stay F32 in every
 file type, and under a quantized type a matrix whose rows are not a multiple of its block
-(32 values) is written F16. ``stored`` gives the values a tensor holds once so written.
+(32 values) is written F16; the report's notes name each matrix written F16 so and why.
+``stored`` gives the values a tensor holds once so written (``written_types``: the type of
+each parameter under ``"source"``).
 
 The tokenizer comes from ``source``: a GGUF file (every ``tokenizer.*`` field is copied) or a
 Hugging Face folder (see ``gguf_vocab``); without one the file would not run, so it is refused.
@@ -42,9 +48,18 @@ from prunekit.dropin.calls import is_pruned
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers, uniform
-from prunekit.export.request import GGUF_TYPES, ExportReport, Request
+from prunekit.export.request import GGUF_SOURCE, GGUF_TYPES, ExportReport, Request
 
-__all__ = ["DTYPES", "FAMILIES", "Plan", "plan", "stored", "write"]
+__all__ = [
+    "DTYPES",
+    "FAMILIES",
+    "Plan",
+    "plan",
+    "source_types",
+    "stored",
+    "write",
+    "written_types",
+]
 
 # the tensor types it writes (``request.GGUF_TYPES``), by the names `dtype` takes
 DTYPES: dict[str, gg.GGMLQuantizationType] = {
@@ -87,9 +102,11 @@ class Plan:
 
     Attributes:
         arch: ``"llama"`` or ``"deci"``.
-        dtype: one of ``DTYPES``.
+        dtype: one of ``DTYPES``: the one asked for, or under ``"source"`` the type holding
+            most of the tensors' bytes (the file type the metadata says).
         layers: each decoder layer's widths.
         tensors: GGUF name -> (the tensor to write, its type), in writing order.
+        source: whether each tensor's type is its source's (``dtype`` ``"source"``).
         config: the scalar metadata: hidden, context, eps, rope_theta, vocab, name.
         vocab: the tokenizer fields.
         ids: the token ids the written file's logits are compared on.
@@ -100,6 +117,7 @@ class Plan:
     dtype: str
     layers: list[DecoderLayer]
     tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]]
+    source: bool
     config: dict[str, Any]
     vocab: Vocab
     ids: torch.Tensor
@@ -148,9 +166,11 @@ def plan(model: nn.Module, request: Request) -> Plan:
 
     Raises:
         ValueError, TypeError: masks still installed, a family or layer llama.cpp's ``llama``
-            and ``deci`` cannot run, an unknown dtype, no or an unreadable tokenizer source.
+            and ``deci`` cannot run, an unknown dtype, no or an unreadable tokenizer source,
+            ``"source"`` with a source that is no GGUF file.
     """
     dtype = _dtype(model, request.dtype)
+    kept = _kept_types(request.source) if dtype == GGUF_SOURCE else None
     masked = [name for name, _ in model.named_buffers() if name.endswith("_mask")]
     if masked or is_pruned(model):  # torch.nn.utils.prune's masks too, as the hf check
         which = f" ({masked[0]})" if masked else ""
@@ -175,7 +195,7 @@ def plan(model: nn.Module, request: Request) -> Plan:
     layers = decoder_layers(model)
     _check_layers(config, layers)
     arch = "llama" if uniform(layers) else "deci"
-    tensors, tied = _tensors(model, layers, dtype)
+    tensors, tied, fallbacks = _tensors(model, layers, dtype, kept)
     _check_query_biases(tensors, int(_embedding(model).shape[1]))
     rope = _rope_factors(model)
     if rope is not None:
@@ -183,7 +203,10 @@ def plan(model: nn.Module, request: Request) -> Plan:
     vocab_rows = int(_embedding(model).shape[0])
     vocab = read_vocab(request.source, vocab_rows)
     settings = _settings(model, config, vocab_rows)
-    notes = [f"architecture {arch}, {_types_note(tensors)}"]
+    if kept is not None:
+        dtype = _main_type(tensors)
+    notes = [f"architecture {arch}, {_types_note(tensors, kept is not None)}"]
+    notes += _fallback_notes(fallbacks)
     if tied:
         notes.append("output tied to token_embd (no output.weight)")
     if kind == "mistral" and getattr(config, "sliding_window", None):
@@ -193,23 +216,110 @@ def plan(model: nn.Module, request: Request) -> Plan:
             f"transformers"
         )
     ids = example_ids(request.example_inputs, vocab_rows)
-    return Plan(arch, dtype, layers, tensors, settings, vocab, ids, tuple(notes))
+    return Plan(arch, dtype, layers, tensors, kept is not None, settings, vocab, ids,
+                tuple(notes))  # fmt: skip
 
 
 def _dtype(model: nn.Module, dtype: object) -> str:
     if dtype is None:
         first = next(iter(model.parameters()), None)
         return _OWN.get(first.dtype, "f32") if first is not None else "f32"
-    return _checked(dtype)
+    if isinstance(dtype, str) and dtype.lower() == GGUF_SOURCE:
+        return GGUF_SOURCE
+    return _checked(dtype, f", {GGUF_SOURCE!r} (each tensor in its GGUF source's type)")
 
 
-def _checked(dtype: object) -> str:
+def _checked(dtype: object, more: str = "") -> str:
     if not isinstance(dtype, str) or dtype.lower() not in DTYPES:
         raise value_error(
             f"export: dtype={dtype!r} is not a GGUF tensor type it writes; expected one of "
-            f"{', '.join(DTYPES)} (or None: the model's own float type)"
+            f"{', '.join(DTYPES)}{more} (or None: the model's own float type)"
         )
     return dtype.lower()
+
+
+def source_types(path: Path) -> dict[str, str]:
+    """The type the GGUF file at `path` holds each tensor in.
+
+    Args:
+        path: a GGUF file.
+
+    Returns:
+        GGUF tensor name -> ``GGMLQuantizationType`` name (``"Q8_0"``, ``"Q4_K"``, ``"F32"``).
+
+    Raises:
+        ValueError: `path` is no GGUF file the ``gguf`` package reads.
+    """
+    try:
+        reader = gg.GGUFReader(path)
+    except (ValueError, OSError) as error:
+        raise value_error(
+            f"export: dtype={GGUF_SOURCE!r} with source={str(path)!r}, which is no GGUF file "
+            f"({error}); expected the GGUF file the model came from, or a dtype among "
+            f"{', '.join(DTYPES)}"
+        ) from None
+    return {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
+
+
+def _kept_types(source: Path | None) -> dict[str, str]:
+    """`source`'s types (``source_types``), refusing a source that is no GGUF file."""
+    if source is None or not source.is_file():
+        what = "None" if source is None else f"{str(source)!r}, which is no file"
+        raise value_error(
+            f"export: dtype={GGUF_SOURCE!r} writes each tensor in the type its GGUF source "
+            f"holds it in; source={what}; expected the GGUF file the model came from, or a "
+            f"dtype among {', '.join(DTYPES)}"
+        )
+    return source_types(source)
+
+
+def written_types(model: nn.Module, kept: dict[str, str]) -> dict[str, str]:
+    """The type (a ``DTYPES`` name) each parameter of `model` is written in under
+    ``"source"``, from its source's types `kept`: the source's type of the tensor of its GGUF
+    name where it is one of ``DTYPES``, else ``"f16"`` (a type the ``gguf`` package does not
+    quantize, or no such tensor in the source); ``"f32"`` for a 1-D tensor. ``stored``
+    applies the rule for rows that are not whole blocks. A tied output weight takes the
+    embedding's type (one tensor, ``token_embd``).
+
+    Args:
+        model: a Llama-family causal LM (its parameter names, as ``write`` names them).
+        kept: GGUF name -> type name, from ``source_types``.
+
+    Returns:
+        Parameter name (``named_parameters``, tied ones included) -> ``DTYPES`` name; a
+        parameter with no GGUF tensor (which ``write`` refuses) is left out.
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    embed = params.get("model.embed_tokens.weight")
+    found: dict[str, str] = {}
+    for path, tensor in params.items():
+        known = _known_name(path)
+        if known is None:
+            continue
+        name = known[0]
+        if path == "lm_head.weight" and tensor is embed:
+            name = gg.TENSOR_NAMES[_T.TOKEN_EMBD] + ".weight"
+        qtype, _ = _wanted(name, tensor, kept)
+        found[path] = qtype.name.lower()
+    return found
+
+
+def _wanted(
+    name: str, data: torch.Tensor, kept: dict[str, str]
+) -> tuple[gg.GGMLQuantizationType, str | None]:
+    """The type tensor `name` is written in under ``"source"`` before the rule for rows,
+    and why it is not the source's (None: it is)."""
+    if data.dim() < 2:
+        return DTYPES["f32"], None
+    held = kept.get(name)
+    if held is None:
+        return DTYPES["f16"], "not in the source"
+    if held.lower() not in DTYPES:
+        return DTYPES["f16"], (
+            f"held in {held} by the source, a type the gguf package does not quantize "
+            "(llama.cpp's llama-quantize makes it from this file)"
+        )
+    return DTYPES[held.lower()], None
 
 
 def _check_layers(config: Any, layers: list[DecoderLayer]) -> None:
@@ -259,14 +369,17 @@ def _check_query_biases(
 
 
 def _tensors(
-    model: nn.Module, layers: list[DecoderLayer], dtype: str
-) -> tuple[dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]], bool]:
-    """Every parameter under its GGUF name and type, q/k rows reordered for the rotation."""
+    model: nn.Module, layers: list[DecoderLayer], dtype: str, kept: dict[str, str] | None
+) -> tuple[dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]], bool, dict[str, str]]:
+    """Every parameter under its GGUF name and type (`dtype`, or under ``"source"`` its
+    source's in `kept`), q/k rows reordered for the rotation; whether the output is tied;
+    why each matrix written F16 instead of the type meant is (GGUF name -> reason)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     embed = _embedding(model)
     head = params.get("lm_head.weight")
     tied = head is None or head is embed
     out: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]] = {}
+    fallbacks: dict[str, str] = {}
     for path, tensor in params.items():
         if path == "lm_head.weight" and tied:
             continue
@@ -276,8 +389,19 @@ def _tensors(
             layer = layers[bid]
             heads = layer.heads if name.split(".")[2] == "attn_q" else layer.kv_heads
             data = data[_pairs(heads, layer.head_dim)]
-        out[name] = (data, _qtype(name, data, dtype))
-    return out, tied
+        if kept is not None:
+            meant, why = _wanted(name, data, kept)
+        else:  # vectors are F32 in every file type, not in place of another
+            meant, why = (DTYPES[dtype] if data.dim() >= 2 else DTYPES["f32"]), None
+        qtype = _qtype(data, meant)
+        if why is None and qtype != meant:
+            block = gg.GGML_QUANT_SIZES[meant][0]
+            why = (f"with rows of {data.shape[-1]} values, not whole {meant.name} blocks of "
+                   f"{block}")  # fmt: skip
+        if why is not None:
+            fallbacks[name] = why
+        out[name] = (data, qtype)
+    return out, tied, fallbacks
 
 
 def _embedding(model: nn.Module) -> torch.Tensor:
@@ -287,7 +411,8 @@ def _embedding(model: nn.Module) -> torch.Tensor:
     return weight
 
 
-def _gguf_name(path: str) -> tuple[str, int | None]:
+def _known_name(path: str) -> tuple[str, int | None] | None:
+    """The GGUF name of parameter `path` and its layer (None: llama.cpp has no tensor for it)."""
     stem, _, suffix = path.rpartition(".")
     parts = stem.split(".")
     if stem in _TOP and suffix == "weight":
@@ -297,6 +422,13 @@ def _gguf_name(path: str) -> tuple[str, int | None]:
         if key is not None and suffix in ("weight", "bias"):
             bid = int(parts[2])
             return gg.TENSOR_NAMES[key].format(bid=bid) + "." + suffix, bid
+    return None
+
+
+def _gguf_name(path: str) -> tuple[str, int | None]:
+    known = _known_name(path)
+    if known is not None:
+        return known
     raise value_error(
         f"export: model has parameter {path!r}, which llama.cpp's llama and deci "
         f"architectures have no tensor for; expected only the Llama layout (embed_tokens, "
@@ -310,12 +442,14 @@ def _pairs(heads: int, head_dim: int) -> torch.Tensor:
     return order.transpose(1, 2).reshape(-1)
 
 
-def _qtype(name: str, data: torch.Tensor, dtype: str) -> gg.GGMLQuantizationType:
+def _qtype(data: torch.Tensor, meant: gg.GGMLQuantizationType) -> gg.GGMLQuantizationType:
+    """The type `data` is written in where `meant` is asked: F32 for a 1-D tensor, F16 for
+    a matrix whose rows are not whole blocks of `meant`."""
     if data.dim() < 2:
         return DTYPES["f32"]
-    if data.shape[-1] % gg.GGML_QUANT_SIZES[DTYPES[dtype]][0]:  # blocks of 32: quantized
+    if data.shape[-1] % gg.GGML_QUANT_SIZES[meant][0]:  # blocks of 32: quantized
         return DTYPES["f16"]
-    return DTYPES[dtype]
+    return meant
 
 
 def stored(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -323,7 +457,8 @@ def stored(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
     float32: its 1-D tensors F32, its matrices in `dtype` (F16 under a quantized type where
     the rows are not a multiple of the block), quantized and dequantized by the ``gguf``
     package as the writer and the readers do. The order of the rows does not matter (each
-    row is quantized alone), so the q/k rows need not be reordered first.
+    row is quantized alone), so the q/k rows need not be reordered first. Under ``"source"``
+    each parameter's `dtype` is its entry of ``written_types``.
 
     Args:
         tensor: a floating tensor of the model.
@@ -337,7 +472,7 @@ def stored(tensor: torch.Tensor, dtype: str) -> torch.Tensor:
     """
     name = _checked(dtype)
     data = tensor.detach().to("cpu", torch.float32)
-    qtype = _qtype("", data, name)
+    qtype = _qtype(data, DTYPES[name])
     if qtype == DTYPES["f32"]:
         return data.clone()
     with np.errstate(over="ignore", invalid="ignore"):  # an inf scale: the caller's to say
@@ -394,7 +529,7 @@ def _settings(model: nn.Module, config: Any, vocab_rows: int) -> dict[str, Any]:
 def _metadata(writer: gg.GGUFWriter, settled: Plan) -> None:
     c, layers = settled.config, settled.layers
     writer.add_name(c["name"])
-    writer.add_file_type(_FILE_TYPES[settled.dtype])
+    writer.add_file_type(_FILE_TYPES[settled.dtype])  # under "source": the main type's
     writer.add_quantization_version(gg.GGML_QUANT_VERSION)
     writer.add_vocab_size(c["vocab"])
     writer.add_context_length(c["context"])
@@ -415,8 +550,34 @@ def _metadata(writer: gg.GGUFWriter, settled: Plan) -> None:
     writer.add_rope_dimension_count(layers[0].head_dim)
 
 
-def _types_note(tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]]) -> str:
+def _types_note(
+    tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]], source: bool
+) -> str:
     counts: dict[str, int] = {}
     for _, qtype in tensors.values():
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
-    return "tensors " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    note = "tensors " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    return note + (", in the source's types, tensor by tensor" if source else "")
+
+
+def _fallback_notes(fallbacks: dict[str, str]) -> list[str]:
+    """One note for each reason some matrices were written F16, naming them."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in fallbacks.items():
+        by_reason.setdefault(why, []).append(name)
+    notes = []
+    for why, names in by_reason.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        count = f"{len(names)} matrix" if len(names) == 1 else f"{len(names)} matrices"
+        notes.append(f"F16 for {count} {why}: {shown}")
+    return notes
+
+
+def _main_type(tensors: dict[str, tuple[torch.Tensor, gg.GGMLQuantizationType]]) -> str:
+    """The ``DTYPES`` name of the type holding most of `tensors`' bytes."""
+    sizes: dict[str, int] = {}
+    for tensor, qtype in tensors.values():
+        block, size = gg.GGML_QUANT_SIZES[qtype]
+        name = qtype.name.lower()
+        sizes[name] = sizes.get(name, 0) + tensor.numel() // block * size
+    return max(sizes, key=lambda name: sizes[name]) if sizes else "f32"

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GGUF_BLOCK", "GGUF_QUANTIZED", "GGUF_TYPES", "ExportReport", "Request"]
+__all__ = [
+    "GGUF_BLOCK",
+    "GGUF_QUANTIZED",
+    "GGUF_SOURCE",
+    "GGUF_TYPES",
+    "ExportReport",
+    "Request",
+]
 
 GGUF_QUANTIZED = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 """The block-quantized GGUF tensor types written (those the ``gguf`` package quantizes in
@@ -18,6 +25,9 @@ GGUF_BLOCK = 32
 where its rows are a multiple of it (else written F16)."""
 GGUF_TYPES = ("f32", "f16", "bf16", *GGUF_QUANTIZED)
 """The tensor types a GGUF file is written in, by the names `dtype` takes for them."""
+GGUF_SOURCE = "source"
+"""The `dtype` of the ``gguf`` format that writes each tensor in the type its GGUF source
+holds it in (one of ``GGUF_TYPES`` where it is one, else F16; see ``gguf_writer``)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,8 @@ class Request:
         path: the destination, as given.
         source: the Hugging Face folder or GGUF file the model came from, whose tokenizer and
             generation config go along (None: none are written).
-        dtype: the tensor type to write (format-specific names), or None for the model's own.
+        dtype: the tensor type to write (format-specific names; the ``gguf`` format's also
+            ``GGUF_SOURCE``, each tensor in its source's type), or None for the model's own.
         example_inputs: inputs to compare the written model's outputs with the model's on
             (None: the format's own default, where it has one).
         verify: whether to read the written model back and compare.

@@ -321,7 +321,9 @@ def _calls(inputs: Sequence[cal.Inputs], masks: Sequence[Tensor | None]) -> list
 def _score_pass(run: _Run) -> Scored:
     """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
     channel = run.channel
-    inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+    inputs = computed_inputs(
+        cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
+    )
     own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
     masks = cal.batch_masks(run.batches, owner=OWNER)
     groups, scores = [], []
@@ -334,7 +336,7 @@ def _score_pass(run: _Run) -> Scored:
         scores += rank(holder, traced.groups, found, scoring, None, "a budget")
         groups += traced.groups
         if i + 1 < len(run.blocks):
-            inputs = cal.called_as(cal.next_inputs(run.blocks[i], inputs), own, i + 1)
+            inputs = cal.called_as(cal.next_inputs(run.blocks[i], inputs, owner=OWNER), own, i + 1)
             inputs = computed_inputs(inputs)
         del holder
         run.release(i)
@@ -351,7 +353,9 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
     files = {f: run.checkpoint.files.get(f, {}) for f in plans}
     writer = Writer(stage, plans, files)
     try:
-        inputs = computed_inputs(cal.capture_block_inputs(run.model, run.blocks[0], run.batches))
+        inputs = computed_inputs(
+            cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
+        )
         own = cal.block_calls(run.model, run.blocks, run.batches)  # a block's own mask, rotary
         masks = cal.batch_masks(run.batches, owner=OWNER)
         for i in range(len(run.blocks)):
@@ -386,11 +390,10 @@ def _prune_block(
     install(holder, mine)
     batches = run.channel.batches
     if batches is not None and pairs:
-        compensate_groups(
-            holder, pairs, openings, calls, run.channel.level, run.channel.token_weights
-        )
+        compensate_groups(holder, pairs, openings, calls, run.channel.level,
+                          run.channel.token_weights, owner=OWNER)  # fmt: skip
     if i + 1 < len(run.blocks):
-        inputs = cal.next_inputs(run.blocks[i], inputs)
+        inputs = cal.next_inputs(run.blocks[i], inputs, owner=OWNER)
     if mine:
         compact(holder, calls[0], latency_runs=0)
     params = dict(run.blocks[i].named_parameters())

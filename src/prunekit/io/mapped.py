@@ -81,27 +81,32 @@ class Stored:
     def load(self) -> Tensor:
         """The tensor, backed by a private memory map of the file: pages are read when
         touched and let go when the tensor (and every view of it) is dropped. While one
-        is held, loading again maps nothing new."""
+        is held, loading again from the same file maps nothing new; a file written anew
+        at the path since is mapped anew (what the path holds now is read)."""
         if not self.nbytes:
             return torch.empty(self.shape, dtype=self.dtype)
         start = self.begin - self.begin % mmap.ALLOCATIONGRANULARITY
-        mapped = _MAPPED.get((self.path, self.begin))
-        if mapped is None:
-            fd, _ = open_regular(self.path)
-            try:
+        fd, info = open_regular(self.path)
+        try:  # the file there now: one written anew at the same path is another file
+            key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, self.begin)
+            mapped = _MAPPED.get(key)
+            if mapped is None:
                 length = self.begin - start + self.nbytes
                 mapped = mmap.mmap(fd, length, offset=start, access=mmap.ACCESS_COPY)
-            finally:
-                os.close(fd)
-            _MAPPED[(self.path, self.begin)] = mapped
+                _MAPPED[key] = mapped
+        finally:
+            os.close(fd)
         flat = torch.frombuffer(
             mapped, dtype=self.dtype, count=self.numel, offset=self.begin - start
         )
         return flat.view(self.shape)
 
 
-# The maps in use (a tensor's storage keeps its map alive), by file and offset.
-_MAPPED: weakref.WeakValueDictionary[tuple[Path, int], mmap.mmap] = weakref.WeakValueDictionary()
+# The maps in use (a tensor's storage keeps its map alive), by file (device, inode, size and
+# modification time: not its path, which a file written anew takes over) and offset.
+_MAPPED: weakref.WeakValueDictionary[tuple[int, int, int, int, int], mmap.mmap] = (
+    weakref.WeakValueDictionary()
+)
 
 
 def read_header(path: Path) -> tuple[dict[str, Stored], dict[str, str]]:

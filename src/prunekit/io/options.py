@@ -90,7 +90,8 @@ def config_of(
         return config if config.owner == owner else replace(config, owner=owner)
     method, amount = _method_and_amount(owner, args, options)
     name = offline_method(method, owner).name
-    scope = scope_from(owner, options.get("scope", "layer"), options.get("global_pruning"))
+    scope = scope_from(owner, options.get("scope", "layer"), options.get("global_pruning"),
+                       given="scope" in options)  # fmt: skip
     return Config(
         method=name,
         amount=amount,

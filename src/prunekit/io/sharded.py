@@ -54,6 +54,7 @@ __all__ = [
     "INDEX",
     "Checkpoint",
     "ShardedResult",
+    "drop_stale_shards",
     "index_of",
     "is_sharded",
     "open_checkpoint",
@@ -345,8 +346,8 @@ def _apply(
         share = chunk.to(flat.dtype)
         if alive is not None:
             part = alive[start:end]
-            if part.dtype != torch.bool and bool(((part != 0) & (part != 1)).any()):
-                raise CheckpointError(f"{name + MASK!r} holds values other than 0 and 1")
+            if part.dtype != torch.bool:
+                _check_binary(name, part, start, values.shape)
             share.mul_(part == 1)
         product = flat[start:end] * share
         zeros += zero_count(product)
@@ -355,6 +356,21 @@ def _apply(
         else:
             writer.write(name, start, product)
     return zeros
+
+
+def _check_binary(name: str, part: Tensor, start: int, shape: tuple[int, ...]) -> None:
+    """Refuse a chunk of a saved mask (from flat entry `start` of a tensor of `shape`) that
+    holds other values than 0 and 1, naming the tensor, a value and its index, as
+    prune_state_dict names them."""
+    bad = (part != 0) & (part != 1)
+    if not bool(bad.any()):
+        return
+    at = int(bad.nonzero()[0, 0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(start + at), shape))
+    raise CheckpointError(
+        f"tensor {name!r}: the mask {name + MASK!r} holds value(s) other than 0 and 1, e.g. "
+        f"{part[at].item()!r} at index {index}; expected only 0 and 1 (or False and True)"
+    )
 
 
 def _global(
@@ -395,7 +411,12 @@ def _global(
 
 def _source(values: Stored, mask: Stored | None) -> Source:
     def read() -> tuple[Tensor, Tensor | None]:
-        return values.load(), None if mask is None else mask.load()
+        if mask is None:
+            return values.load(), None
+        alive = mask.load()
+        # the entries the saved mask pruned do not compete: NaN or inf there is no harm
+        kept = torch.where(alive == 1, values.load(), torch.zeros((), dtype=values.dtype))
+        return kept, alive
 
     return read
 
@@ -455,6 +476,21 @@ def _drop_stale_weights(folder: Path, shards: set[str]) -> None:
         name = path.name
         weights = name == SINGLE or _SHARD.fullmatch(name) is not None
         if weights and name not in shards and path.is_file():
+            path.unlink()
+
+
+def drop_stale_shards(folder: Path) -> None:
+    """Remove from `folder` (a stage holding an earlier output's files) the index and the
+    shards of save_pretrained's names an earlier sharded model left there, before a single
+    ``model.safetensors`` is written: readers of the index (``prunekit report``) would read
+    the old shards instead. Other files stay.
+
+    Args:
+        folder: the stage of the output folder.
+    """
+    for path in folder.iterdir():
+        stale = path.name == INDEX or _SHARD.fullmatch(path.name) is not None
+        if stale and path.is_file():
             path.unlink()
 
 

@@ -434,7 +434,9 @@ def _stream(
     prefixes = [f"{paths[block]}." for block in blocks]
     try:
         with cal.evaluating(model), torch.no_grad():
-            inputs = computed_inputs(cal.capture_block_inputs(model, blocks[0], batches))
+            inputs = computed_inputs(
+                cal.capture_block_inputs(model, blocks[0], batches, owner=OWNER)
+            )
             calls = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
             for i, prefix in enumerate(prefixes):
                 inputs = _one_block(run, blocks, i, prefix, inputs)

@@ -2,8 +2,8 @@
 
 The state is plain numbers, strings and tensors (masks as bool), so
 ``torch.load(path, weights_only=True)`` reads it. Loading checks everything before
-anything changes: the same set-up (schedule, method, scope, targets) and masks of the
-targets' shapes.
+anything changes: the same set-up (schedule, method, pattern, scope, targets), a sparsity
+not above final_amount, and masks of the targets' shapes.
 """
 
 from __future__ import annotations
@@ -40,8 +40,20 @@ def setup(pruner: GradualPruner) -> dict[str, Any]:
         "every": t.every,
         "schedule": shape,
         "method": pruner.label,
+        "pattern": _described(pruner.pattern),  # the label says 'L1' for rows and N:M too
         "targets": [target.name for target in pruner.targets],
     }
+
+
+def _described(pattern: object) -> str:
+    """`pattern` as text equal in any process: its repr, or its class where the repr holds
+    an address (a pattern of the user's without a repr of its own)."""
+    text = repr(pattern)
+    return type(pattern).__qualname__ if " at 0x" in text else text
+
+
+LATER = ("pattern",)
+"""Set-up keys added after version 1 was written: a state saved without one still loads."""
 
 
 def pruner_state(
@@ -109,6 +121,8 @@ def check_state(
         )
     mine = setup(pruner)
     for key, value in mine.items():
+        if key in LATER and isinstance(state["setup"], Mapping) and key not in state["setup"]:
+            continue
         saved = state["setup"].get(key) if isinstance(state["setup"], Mapping) else None
         if saved != value:
             raise value_error(
@@ -118,8 +132,16 @@ def check_state(
     steps, amount, generator = state["steps"], state["amount"], state["generator"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise value_error(f"{where}: invalid steps={steps!r}; expected an int >= 0")
-    if not isinstance(amount, numbers.Real) or not 0 <= float(amount) <= 1:
-        raise value_error(f"{where}: invalid amount={amount!r}; expected a float in [0, 1]")
+    final = pruner.timetable.final_amount  # no update goes past it: a state above is no state
+    if isinstance(amount, bool):
+        raise type_error(
+            f"{where}: invalid amount={amount!r} of type bool; expected a float in "
+            f"[0, final_amount={final}]"
+        )
+    if not isinstance(amount, numbers.Real) or not 0 <= float(amount) <= final:
+        raise value_error(
+            f"{where}: invalid amount={amount!r}; expected a float in [0, final_amount={final}]"
+        )
     if not isinstance(generator, Tensor) or generator.dtype != torch.uint8:
         raise value_error(f"{where}: invalid generator state; expected a uint8 tensor")
     try:  # on a scratch generator: the pruner's own is set only once all is checked
@@ -130,7 +152,29 @@ def check_state(
             "expected the state torch.Generator().get_state() returns"
         ) from None
     masks = _masks(state["masks"], pruner, shapes, where)
+    _check_all_masks(masks, pruner, steps, float(amount), where)
     return steps, float(amount), generator, masks
+
+
+def _check_all_masks(
+    masks: Mapping[str, Tensor], pruner: GradualPruner, steps: int, amount: float, where: str
+) -> None:
+    """A pruner holds the masks of all its targets from its first update (or prepare) on,
+    and none before: a state holding some, or none once an update has come, was not saved
+    by one (loaded, the targets it leaves out would stay unpruned at its sparsity)."""
+    names = [t.name for t in pruner.targets]
+    missing = [name for name in names if name not in masks]
+    if masks and missing:
+        raise value_error(
+            f"{where}: the state holds no mask for {missing}; expected the masks of every "
+            f"target ({names}), as a pruner saves them once it has updated"
+        )
+    if not masks and (amount > 0 or steps >= pruner.timetable.start_step):
+        raise value_error(
+            f"{where}: the state holds no masks at step {steps} (amount {amount:g}); expected "
+            f"the masks of {names}, which a pruner holds from its first update (step "
+            f"{pruner.timetable.start_step}) on"
+        )
 
 
 def _masks(

@@ -37,6 +37,20 @@ __all__ = [
     "streamed",
 ]
 
+WINDOW = 512
+"""Tokens per calibration window where ``--window`` is not given."""
+WINDOWS = 32
+"""The most calibration windows taken where ``--windows`` is not given."""
+
+# Options of the calibrated methods, which the others do not take (flag, key): None when
+# not given.
+_OWN = (
+    ("--calibration", "calibration"),
+    ("--pattern", "pattern"),
+    ("--window", "window"),
+    ("--windows", "windows"),
+)
+
 # Options of the magnitude methods, which the calibrated ones do not take (flag, default).
 _MAGNITUDE_ONLY: tuple[tuple[str, str, object], ...] = (
     ("--n", "n", None),
@@ -61,25 +75,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="wanda, sparsegpt: unstructured, row, or N:M such as 2:4 (AMOUNT then "
         "(M-N)/M) (default: row for wanda, unstructured for sparsegpt)",
     )
+    # None when not given: the other methods refuse them rather than ignore them
     parser.add_argument(
         "--window",
         type=int,
-        default=512,
         metavar="TOKENS",
-        help="wanda, sparsegpt: tokens per calibration window (default %(default)s)",
+        help=f"wanda, sparsegpt: tokens per calibration window (default {WINDOW})",
     )
     parser.add_argument(
         "--windows",
         type=int,
-        default=32,
         metavar="COUNT",
-        help="wanda, sparsegpt: the most calibration windows taken (default %(default)s)",
+        help=f"wanda, sparsegpt: the most calibration windows taken (default {WINDOWS})",
     )
 
 
 def streamed(args: argparse.Namespace) -> bool:
     """Whether the command line asks for a calibrated method (or its options)."""
-    return args.method in METHODS or args.calibration is not None or args.pattern is not None
+    return args.method in METHODS or any(getattr(args, key) is not None for _, key in _OWN)
 
 
 def run_streamed(args: argparse.Namespace) -> int:
@@ -97,7 +110,9 @@ def run_streamed(args: argparse.Namespace) -> int:
             f"{args.path}: no {INDEX}; --method {args.method} prunes a sharded Hugging Face "
             "folder (save_pretrained(..., max_shard_size=...)) one block at a time"
         )
-    batches = calibration_windows(index.parent, args.calibration, args.window, args.windows)
+    window = WINDOW if args.window is None else args.window
+    count = WINDOWS if args.windows is None else args.windows
+    batches = calibration_windows(index.parent, args.calibration, window, count)
     done = prune_streamed(
         index.parent,
         args.out,
@@ -115,10 +130,14 @@ def run_streamed(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.method not in METHODS:
+    if args.method not in METHODS:  # they would be read and ignored
+        given = [f"{flag} {getattr(args, key)}" for flag, key in _OWN if getattr(args, key)
+                 is not None]  # fmt: skip
         raise ValueError(
-            f"--calibration and --pattern are for --method {' or '.join(METHODS)}; "
-            f"got --method {args.method}"
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --method "
+            f"{' or '.join(METHODS)} only (the calibration text and its windows); got "
+            f"--method {args.method}, which would ignore them: expected none of "
+            "--calibration, --pattern, --window, --windows with it"
         )
     if args.calibration is None:
         raise ValueError(
@@ -130,7 +149,7 @@ def _check(args: argparse.Namespace) -> None:
         if getattr(args, key) != default:
             raise ValueError(f"{flag} is for the magnitude methods, not --method {args.method}")
     for flag, value in (("--window", args.window), ("--windows", args.windows)):
-        if value < 1:
+        if value is not None and value < 1:
             raise ValueError(f"invalid {flag} {value}; expected a count of at least 1")
 
 

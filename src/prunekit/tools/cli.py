@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prunekit.core.checks import check_seed
-from prunekit.io.atomic import atomic_folder, atomic_path, same_file
+from prunekit.io.atomic import atomic_folder, atomic_path, overlaps, same_file
 from prunekit.io.files import (
     CheckpointError,
     load_state_dict,
@@ -23,13 +23,13 @@ from prunekit.io.files import (
 )
 from prunekit.io.folders import WEIGHTS, copy_companions, folder_report, weights_file
 from prunekit.io.options import Options, config_of
-from prunekit.io.sharded import index_of, is_sharded, prune_sharded
+from prunekit.io.sharded import drop_stale_shards, index_of, is_sharded, prune_sharded
 from prunekit.io.statedict import prune_file
 from prunekit.report import Report, report
 from prunekit.tools import calibrate
 from prunekit.tools.cli_shrink import add_shrink_parser, run_llm_demo_command
 from prunekit.tools.console import consoles, printable, progress_bars
-from prunekit.tools.demo import run_demo
+from prunekit.tools.demo import DEFAULT_SPARSITIES, GRADUAL_AMOUNT, GRADUAL_EPOCHS, run_demo
 from prunekit.whole.config import Config
 from prunekit.whole.registry import OFFLINE, SCOPES
 
@@ -96,12 +96,13 @@ def _demo_parser(commands: Any) -> None:
         "of sparsity, test accuracy, non-zero parameters and size, and write the pruned "
         "checkpoint, its report (JSON) and plots (PNG) to --out.",
     )
+    # None when not given: each demo refuses the other's options rather than ignore them
     demo.add_argument(
         "--sparsity",
         type=_fractions,
-        default="0.5,0.75,0.9",
         metavar="S1,S2,...",
-        help="increasing fractions of the weights to prune, one step each (default %(default)s)",
+        help="increasing fractions of the weights to prune, one step each (default "
+        f"{','.join(map(str, DEFAULT_SPARSITIES))})",
     )
     demo.add_argument(
         "--llm",
@@ -110,29 +111,23 @@ def _demo_parser(commands: Any) -> None:
         "non-embedding parameters, print perplexity, size and latency before and after, and "
         "write it as GGUF and as a Hugging Face folder (default --out demo-llm-out)",
     )
-    demo.add_argument(
-        "--distill", type=float, default=0.0, help="--llm: seconds of distillation (default 0)"
-    )
+    demo.add_argument("--distill", type=float, help="--llm: seconds of distillation (default 0)")
     demo.add_argument(
         "--out", help="folder to write to (default demo-out; demo-llm-out with --llm)"
     )
-    demo.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
-    demo.add_argument(
-        "--finetune-epochs", type=int, default=6, help="epochs after each step (default 6)"
-    )
+    demo.add_argument("--epochs", type=int, help="training epochs (default 20)")
+    demo.add_argument("--finetune-epochs", type=int, help="epochs after each step (default 6)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument(
         "--gradual-epochs",
         type=int,
-        default=20,
         help="epochs of the gradual run, which prunes a copy of the dense model while it "
-        "trains (default 20; 0 skips it)",
+        f"trains (default {GRADUAL_EPOCHS}; 0 skips it)",
     )
     demo.add_argument(
         "--gradual-sparsity",
         type=float,
-        default=0.95,
-        help="sparsity the gradual run reaches, on the cubic schedule (default 0.95)",
+        help=f"sparsity the gradual run reaches, on the cubic schedule (default {GRADUAL_AMOUNT})",
     )
     demo.set_defaults(run=_run_demo)
 
@@ -251,11 +246,26 @@ def _trust_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The CNN demo's options (flag, key, default), which the LLM demo does not take.
+_CNN_ONLY = (
+    ("--sparsity", "sparsity", list(DEFAULT_SPARSITIES)),
+    ("--epochs", "epochs", 20),
+    ("--finetune-epochs", "finetune_epochs", 6),
+    ("--gradual-epochs", "gradual_epochs", GRADUAL_EPOCHS),
+    ("--gradual-sparsity", "gradual_sparsity", GRADUAL_AMOUNT),
+)
+
+
 def _run_demo(args: argparse.Namespace) -> int:
+    _check_demo_options(args)
     if args.out is None:  # an empty one is refused, not taken for the default
         args.out = "demo-llm-out" if args.llm else "demo-out"
     if args.llm:
+        args.distill = 0.0 if args.distill is None else args.distill
         return run_llm_demo_command(args)
+    for _, key, default in _CNN_ONLY:
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     console, errors = consoles()
     with progress_bars(errors) as tick:
         result = run_demo(
@@ -277,11 +287,38 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_demo_options(args: argparse.Namespace) -> None:
+    """Refuse an option of the other demo, which this one would read and ignore."""
+    if args.llm:
+        given = [f"{flag} {_shown(getattr(args, key))}" for flag, key, _ in _CNN_ONLY
+                 if getattr(args, key) is not None]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for the CNN demo "
+                "(prunekit demo without --llm); expected none of --sparsity, --epochs, "
+                "--finetune-epochs, --gradual-epochs, --gradual-sparsity with --llm"
+            )
+    elif args.distill is not None:
+        raise ValueError(
+            f"--distill {args.distill} is for --llm (the LLM demo's distillation); expected "
+            "no --distill without --llm"
+        )
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def _run_report(args: argparse.Namespace) -> int:
     if args.plot and same_file(args.path, args.plot):
         raise CheckpointError(
             f"{args.plot}: is the input file itself; expected another file for the plot "
             "(the input is never changed)"
+        )
+    if args.plot and Path(args.path).is_dir() and overlaps(args.path, args.plot):
+        raise CheckpointError(  # over its weights, config or beside them: the input changed
+            f"{args.plot}: lies inside the input folder {args.path} (links resolved); expected "
+            "a plot file apart from the input (the input is never changed)"
         )
     if args.plot:  # checked before the checkpoint is read, as prune checks its output
         writable_file(args.plot)
@@ -351,13 +388,16 @@ def _run_prune_folder(args: argparse.Namespace) -> int:
     """A single-file model folder into the folder OUT: its weights pruned, the rest copied,
     both staged beside OUT and swapped in together (a failure leaves OUT as it was)."""
     weights = weights_file(args.path)
-    out = writable_folder(args.out, _COPY)
+    # apart from the input, as a sharded folder's: OUT inside it would change it, and OUT
+    # holding it would be copied whole and swapped, the input moved meanwhile
+    out = writable_folder(args.out, _COPY, Path(args.path))
     if same_file(weights, out / WEIGHTS):
         raise CheckpointError(
             f"{out / WEIGHTS}: is the input file itself; expected another output folder "
             "(the input is never changed)"
         )
     with atomic_folder(out) as stage:
+        drop_stale_shards(stage)  # an earlier sharded output's, read before model.safetensors
         status = _run_prune_file(args, weights, stage / WEIGHTS, out / WEIGHTS)
         copy_companions(args.path, stage)
     return status

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from prunekit.export.api import FORMATS
-from prunekit.export.request import GGUF_TYPES
+from prunekit.export.request import GGUF_SOURCE, GGUF_TYPES
 from prunekit.tools.calibrate import run_shrink_streamed
 from prunekit.tools.console import consoles, printable, progress_bars
 from prunekit.tools.demo_llm import run_llm_demo
@@ -76,10 +76,12 @@ def _text_and_formats(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gguf-type",
-        choices=GGUF_TYPES,
-        help="tensor type of the gguf format (default: a quantized GGUF source's own type "
-        "where it is one of these and --dtype is auto, re-quantized; else as --dtype: f32, "
-        "f16 or bf16); under a quantized type the perplexity is of the quantized weights",
+        choices=(*GGUF_TYPES, GGUF_SOURCE),
+        help="tensor type of the gguf format, or 'source': each tensor in the type its GGUF "
+        "source holds it in (f16 for the K and IQ types, which are not quantized here). "
+        "Default: 'source' for a GGUF source with --dtype auto, re-quantized; else as "
+        "--dtype: f32, f16 or bf16. Under a quantized type the perplexity is of the "
+        "quantized weights",
     )
     parser.add_argument(
         "--dtype",
@@ -115,8 +117,8 @@ def _pruning_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="keep MLP widths a multiple of N (default 1; 256 for deci, whose MLP widths "
-        "are multiples of 256, and which prunes no heads; 32 where the gguf format is "
-        "written in a quantized type, so that every matrix is quantized)",
+        "are multiples of 256, and which prunes no heads; 32, the block of every quantized "
+        "type, where the gguf format holds one, so that every matrix is quantized)",
     )
     parser.add_argument(
         "--distill",

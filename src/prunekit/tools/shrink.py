@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,7 +38,7 @@ from prunekit.core.errors import (
 )
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
-from prunekit.export.request import GGUF_BLOCK, GGUF_QUANTIZED, GGUF_TYPES
+from prunekit.export.request import GGUF_BLOCK, GGUF_QUANTIZED, GGUF_SOURCE, GGUF_TYPES
 from prunekit.io.atomic import atomic_folder, overlaps, same_file
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
 from prunekit.structure.budget import AUTO, COUNTED, KINDS, Budget, BudgetReport
@@ -51,7 +51,6 @@ from prunekit.tools.shrink_source import (
     check_source,
     load_source,
     source_dtype,
-    source_quantization,
 )
 from prunekit.tools.shrink_steps import Texts, distill, export_all, read_passages, text_windows
 
@@ -112,17 +111,20 @@ class ShrinkConfig:
             folder format, `out` is the model folder; otherwise each folder format goes to
             ``out/<format>`` and each file format to ``out/model.<format>``.
         gguf_type: the tensor type of the ``gguf`` format (``prunekit.export.request.GGUF_TYPES``:
-            f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0); None: with `dtype` 'auto' and a
-            GGUF source quantized in one of the quantized types, that type (re-quantized);
-            else as the type written (f32, f16 or bf16). Under a quantized type the model's
-            matrices are rounded to it before the perplexity after is measured, so that the
-            perplexity is of the file's weights; every format written holds them.
+            f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0), or 'source' (a GGUF source only):
+            each tensor in the type the source holds it in (re-quantized; F16 where that is
+            a type the ``gguf`` package does not quantize, the K and IQ types). None: with
+            `dtype` 'auto' and a GGUF source, 'source' (so that SmolLM2's Q4_1 file keeps
+            its Q8_0 embedding); else as the type written (f32, f16 or bf16). Under a
+            quantized type the model's matrices are rounded to it (each to its own under
+            'source') before the perplexity after is measured, so that the perplexity is of
+            the file's weights; every format written holds them.
         compensate: the least-squares update of the layers that read removed units.
         round_to: channel widths kept a multiple of it (>= 1); None: 256 with the ``deci``
-            format (whose readers derive MLP widths rounded to 256); else the block of a
-            quantized type the ``gguf`` format is written in (32: a matrix whose rows are
-            not a multiple of it could not be quantized, and would be written F16); else 1
-            (``channel_step``).
+            format (whose readers derive MLP widths rounded to 256); else a multiple of the
+            block of every quantized type the ``gguf`` format is written in (32: a matrix
+            whose rows are not a multiple of it could not be quantized, and would be
+            written F16); else 1 (``channel_step``).
         distill: seconds of distillation from the dense model on the calibration text (0: none).
         calibration_tokens, evaluation_tokens: tokens of each (>= `length`). 16384 by
             default: SmolLM2-135M at 20 %, calibrated on a mixture of five kinds of text,
@@ -157,7 +159,7 @@ class ShrinkConfig:
             `dtype` (its matrices to the ``gguf`` format's quantized type, where it has one);
             the perplexity after is of those weights, as written (computed in float32, as
             the source's before). It is the type of the ``hf`` and ``deci`` folders and of
-            the ``gguf`` file where `gguf_type` is None and the source is no quantized GGUF;
+            the ``gguf`` file where `gguf_type` is None and the source is no GGUF file;
             an ``onnx`` file is float32 (the type ONNX Runtime's CPU kernels run), so
             'float16' or 'bfloat16' with ``onnx`` the only format is refused.
             ``shrink_folder`` (streamed) writes each tensor in its stored type: 'auto' only.
@@ -230,10 +232,11 @@ class ShrinkConfig:
     def _check_gguf_type(self) -> None:
         if self.gguf_type is None:
             return
-        if self.gguf_type not in GGUF_TYPES:
+        if self.gguf_type not in (*GGUF_TYPES, GGUF_SOURCE):
             raise value_error(
                 f"ShrinkConfig: invalid gguf_type={self.gguf_type!r}; expected one of "
-                f"{', '.join(GGUF_TYPES)}, or None for the model's own float type"
+                f"{', '.join(GGUF_TYPES)}, {GGUF_SOURCE!r} (each tensor in its GGUF source's "
+                "type), or None (the source's types for a GGUF source, else the type written)"
             )
         if "gguf" not in self.formats:
             raise value_error(
@@ -267,25 +270,25 @@ class ShrinkConfig:
         """
         return source if self.dtype == "auto" else TENSOR_TYPES[self.dtype]
 
-    def written_gguf_type(self, quantized: str | None, written: torch.dtype) -> str | None:
-        """The tensor type of the ``gguf`` format: `gguf_type`; else, with `dtype` 'auto',
-        `quantized` (the source's quantized type, ``shrink_source.source_quantization``);
-        else f16 or bf16 for a half `written` type, None (f32) for float32. None also
-        without the ``gguf`` format.
+    def written_gguf_type(self, source: Source, written: torch.dtype) -> str | None:
+        """The tensor type of the ``gguf`` format: `gguf_type`; else, with `dtype` 'auto'
+        and a GGUF `source`, 'source' (each tensor in the source's type); else f16 or bf16
+        for a half `written` type, None (f32) for float32. None also without the ``gguf``
+        format.
 
         Args:
-            quantized: the source's quantized GGUF type the writer writes, or None.
+            source: the checked source (``shrink_source.check_source``).
             written: the floating type the model is written in (``written_dtype``).
 
         Returns:
-            One of ``GGUF_TYPES``, or None.
+            One of ``GGUF_TYPES``, 'source' (``request.GGUF_SOURCE``), or None.
         """
         if "gguf" not in self.formats:
             return None
         if self.gguf_type is not None:
             return self.gguf_type
-        if self.dtype == "auto" and quantized is not None:
-            return quantized
+        if self.dtype == "auto" and source.gguf_file is not None:
+            return GGUF_SOURCE
         return _GGUF_HALF.get(written)
 
     def _defaults(self) -> None:
@@ -296,16 +299,20 @@ class ShrinkConfig:
         if self.round_to is None and deci:
             object.__setattr__(self, "round_to", DECI_ROUND)
 
-    def channel_step(self, gguf: str | None) -> int:
-        """The multiple channel widths are kept at: `round_to`; where None, ``GGUF_BLOCK``
-        when the ``gguf`` format is written in a quantized type, else 1.
+    def channel_step(self, gguf: str | None, types: Collection[str] = ()) -> int:
+        """The multiple channel widths are kept at: `round_to`; where None, the least
+        multiple of the block of every quantized type the ``gguf`` format is written in
+        (``GGUF_BLOCK``, 32, for each), else 1.
 
         Args:
             gguf: the ``gguf`` format's tensor type (``written_gguf_type``), or None.
+            types: under 'source', the type each matrix is written in (the values of
+                ``gguf_writer.written_types``).
         """
         if self.round_to is not None:
             return self.round_to
-        return GGUF_BLOCK if gguf in GGUF_QUANTIZED else 1
+        used = set(types) if gguf == GGUF_SOURCE else {gguf}
+        return math.lcm(1, *(GGUF_BLOCK for kind in used if kind in GGUF_QUANTIZED))
 
     def _check_deci(self) -> None:
         rounded = (self.round_to or 1) % DECI_ROUND == 0
@@ -455,10 +462,12 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     _warn_unless_held_out(config)
     clock = _Clock(tick)
     written = config.written_dtype(source_dtype(source))
-    gguf = config.written_gguf_type(source_quantization(source), written)
+    gguf = config.written_gguf_type(source, written)
     measured = _Measured(dtype=written, gguf=gguf)
     with clock("load model", 1):
         model, tokenizer = load_source(source)
+    if gguf == GGUF_SOURCE:
+        measured.kept, measured.types = _source_types(model, source)
     _refuse_beyond(model, measured.dtype, "the source's")  # at once, not after the pruning
     with clock("tokenize", 1):
         texts = text_windows(config, tokenizer, model, passages)
@@ -471,7 +480,7 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
     window = {"input_ids": texts.calibration[0][None]}
     example = window if config.latency else {"input_ids": window["input_ids"][:, :_TRACED]}
     with clock("prune (budget)", 1):
-        step = config.channel_step(gguf)
+        step = config.channel_step(gguf, (measured.types or {}).values())
         measured.found = _prune(model, config, texts.calibration, example, step)
     with clock("compact", 1):
         measured.compacted = _compact(model, example)
@@ -485,39 +494,46 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
         with clock("export", 1):
             exported = export_all(model, tokenizer, stage, config, example,
                                   (measured.dtype, measured.gguf))  # fmt: skip
-        exported = (_noted(exported[0], gguf_note(config, source, measured.gguf)),
-                    *exported[1:])  # fmt: skip
+        note = gguf_note(config, measured.gguf, (measured.kept or {}).values())
+        exported = (_noted(exported[0], note), *exported[1:])
         report = _report(config, (source, out), model, texts, measured, exported, clock)
         (stage / REPORT_JSON).write_text(report.to_json(), encoding="utf-8")
         (stage / "report.md").write_text(report.to_markdown(), encoding="utf-8")
     return report
 
 
-def gguf_note(config: ShrinkConfig, source: Source, gguf: str | None) -> str | None:
-    """What the ``gguf`` format's record says of a quantized GGUF source's type where
-    `config` leaves the type to the source (``dtype`` 'auto', no ``gguf_type``): that it
-    was re-quantized to it, or that the type `gguf` (the one written, None: f32) was
-    written instead; None where there is nothing to say.
+def gguf_note(config: ShrinkConfig, gguf: str | None, kinds: Collection[str]) -> str | None:
+    """What the ``gguf`` format's record says of a quantized GGUF source's types where they
+    are kept (`gguf` 'source'): that the file was re-quantized to the source's one type,
+    or in its types tensor by tensor, and which of them were written F16 instead (those the
+    ``gguf`` package does not quantize); None where there is nothing to say (another type,
+    or a source of float types only).
 
     Args:
         config: the run's config.
-        source: the checked source.
         gguf: the gguf format's tensor type (``ShrinkConfig.written_gguf_type``).
+        kinds: the types the source holds its tensors in (``gguf_writer.source_types``'
+            values, such as ``"Q4_1"``, ``"Q4_K"``, ``"F32"``).
 
     Returns:
         The note, or None.
     """
-    if "gguf" not in config.formats or config.gguf_type is not None or config.dtype != "auto":
+    if "gguf" not in config.formats or gguf != GGUF_SOURCE:
         return None
-    kind = source.storage.rpartition(" ")[2]
-    if source.gguf_file is None or kind in ("", "GGUF", "F32", "F16", "BF16"):
-        return None
-    if gguf == kind.lower():
-        return f"re-quantized to {kind}, the source's type"
-    return (
-        f"written in {(gguf or 'f32').upper()}, not the source's {kind}, which the gguf "
-        "package does not quantize (llama.cpp's llama-quantize makes it from this file)"
-    )
+    held = set(kinds) - {"F32"}  # the vectors' type, and a matrix's kept as it is
+    quantized = sorted(k for k in held if k.lower() in GGUF_QUANTIZED)
+    other = sorted(k for k in held if k.lower() not in GGUF_TYPES)
+    if other:
+        return (
+            f"in the source's types, tensor by tensor, but F16 for those in "
+            f"{', '.join(other)}, which the gguf package does not quantize (llama.cpp's "
+            "llama-quantize makes them from this file)"
+        )
+    if len(held) == 1 and quantized:
+        return f"re-quantized to {quantized[0]}, the source's type"
+    if quantized:
+        return f"re-quantized in the source's types, tensor by tensor ({', '.join(sorted(held))})"
+    return None
 
 
 def _noted(records: tuple[ExportRecord, ...], note: str | None) -> tuple[ExportRecord, ...]:
@@ -580,11 +596,32 @@ class _Measured:
     seconds: float = 0.0
     dtype: torch.dtype = torch.float32  # the type the model is written in
     gguf: str | None = None  # the gguf format's tensor type (None: no gguf format, or f32)
+    kept: dict[str, str] | None = None  # under 'source': the source's type of each tensor
+    types: dict[str, str] | None = None  # under 'source': the type of each parameter
 
     @property
-    def quantized(self) -> str | None:
-        """The gguf format's type where it is block-quantized (its matrices rounded to it)."""
+    def rounding(self) -> str | dict[str, str] | None:
+        """What the matrices are rounded to: each parameter's type under 'source', else the
+        gguf format's type where it is block-quantized, else None."""
+        if self.types is not None:
+            return self.types
         return self.gguf if self.gguf in GGUF_QUANTIZED else None
+
+    @property
+    def quantized(self) -> str:
+        """The block-quantized types the matrices were rounded to, comma-separated ('')."""
+        used = self.types.values() if self.types is not None else [self.gguf or ""]
+        return ",".join(sorted({kind for kind in used if kind in GGUF_QUANTIZED}))
+
+
+def _source_types(model: nn.Module, source: Source) -> tuple[dict[str, str], dict[str, str]]:
+    """The type a GGUF `source` holds each tensor in (``gguf_writer.source_types``) and the
+    type each parameter of `model` is written in so (``gguf_writer.written_types``)."""
+    from prunekit.export import gguf_writer  # noqa: PLC0415  # gguf: only where written
+
+    assert source.gguf_file is not None  # 'source' is refused for another source
+    kept = gguf_writer.source_types(source.folder / source.gguf_file)
+    return kept, gguf_writer.written_types(model, kept)
 
 
 def _saved(model: nn.Module) -> list[tuple[str, Tensor]]:
@@ -613,7 +650,9 @@ def _refuse_beyond(model: nn.Module, dtype: torch.dtype, whose: str) -> None:
             )
 
 
-def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = None) -> None:
+def _as_written(
+    model: nn.Module, dtype: torch.dtype, quantized: str | dict[str, str] | None = None
+) -> None:
     """Round the floating tensors `model` saves to `dtype` in place, kept in their own type:
     the model then computes as its weights written in `dtype` do, loaded in float32, and is
     written in `dtype` without a further change. With `quantized`, the matrices are rounded
@@ -625,7 +664,9 @@ def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = No
     Args:
         model: the shrunk model, in float32.
         dtype: the floating type it is written in (float32: nothing to do).
-        quantized: the block-quantized GGUF type of the ``gguf`` format, or None.
+        quantized: the block-quantized GGUF type of the ``gguf`` format, or each
+            parameter's GGUF type (``gguf_writer.written_types``: the ``gguf`` format in
+            its source's types), or None.
 
     Raises:
         ValueError: a finite value beyond `dtype`'s range (``_refuse_beyond``), or one
@@ -644,24 +685,31 @@ def _as_written(model: nn.Module, dtype: torch.dtype, quantized: str | None = No
                 tensor.copy_(tensor.to(dtype))
 
 
-def _quantized(model: nn.Module, quantized: str) -> dict[int, Tensor]:
+def _quantized(model: nn.Module, quantized: str | dict[str, str]) -> dict[int, Tensor]:
     """The matrices `model` saves, by their storage, as a GGUF file of type `quantized`
-    holds them (quantized, or F16 where their rows are not whole blocks), computed before
-    any is changed."""
+    (or of each one's type in it) holds them (quantized, or F16 where their rows are not
+    whole blocks), computed before any is changed."""
     from prunekit.export import gguf_writer  # noqa: PLC0415  # gguf: only where written
 
     found: dict[int, Tensor] = {}
     for key, tensor in _saved(model):
-        if tensor.dim() >= 2 and tensor.data_ptr() not in found:
-            values = gguf_writer.stored(tensor, quantized)
-            if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
-                raise value_error(
-                    f"shrink: the shrunk model's {key} holds values whose {quantized} blocks "
-                    f"would be written with an inf scale (largest {float(tensor.abs().max()):.6g}"
-                    f"; a block's scale is a float16); expected gguf_type 'f32' or 'bf16' "
-                    "(--gguf-type) for such weights"
-                )
-            found[tensor.data_ptr()] = values
+        kind = quantized if isinstance(quantized, str) else quantized.get(key)
+        if tensor.dim() < 2 or tensor.data_ptr() in found or kind is None:
+            continue
+        values = gguf_writer.stored(tensor, kind)
+        if bool(torch.isfinite(tensor).all()) and not bool(torch.isfinite(values).all()):
+            why = (
+                f"whose {kind} blocks would be written with an inf scale"
+                if kind in GGUF_QUANTIZED
+                else f"beyond {kind}'s range, which would be written as inf"
+            )
+            scale = "; a block's scale is a float16" if kind in GGUF_QUANTIZED else ""
+            raise value_error(
+                f"shrink: the shrunk model's {key} holds values {why} (largest "
+                f"{float(tensor.abs().max()):.6g}{scale}); expected gguf_type 'f32' or 'bf16' "
+                "(--gguf-type) for such weights"
+            )
+        found[tensor.data_ptr()] = values
     return found
 
 
@@ -672,13 +720,13 @@ def _distil_and_measure(
     """Distil `model` from `dense` where asked (the perplexity measured before it too), then
     measure the perplexity after: each of the model in the type it is written in (rounded to
     it before the distillation and again after)."""
-    _as_written(model, measured.dtype, measured.quantized)
+    _as_written(model, measured.dtype, measured.rounding)
     if config.distill:
         measured.ppl_pruned = perplexity(model, texts.evaluation)
         measured.steps, measured.seconds = distill(
             model, dense, texts.calibration, config, clock.tick
         )
-        _as_written(model, measured.dtype, measured.quantized)
+        _as_written(model, measured.dtype, measured.rounding)
     with clock("perplexity after", 1):
         measured.ppl_after = perplexity(model, texts.evaluation)
     if not config.distill:
@@ -724,7 +772,7 @@ def _report(
         seconds=tuple(clock.seconds.items()),
         storage=(source.storage, storage),
         dtype=str(measured.dtype).removeprefix("torch."),
-        gguf_type=measured.quantized or "",
+        gguf_type=measured.quantized,
     )
 
 
@@ -747,6 +795,13 @@ class _Clock:
 def _checked_paths(config: ShrinkConfig) -> tuple[Source, Path]:
     """The source, checked, and the output folder, checked apart from it."""
     source = check_source(config.source)
+    if config.gguf_type == GGUF_SOURCE and source.gguf_file is None:
+        raise value_error(
+            f"ShrinkConfig: gguf_type={GGUF_SOURCE!r} writes each tensor in the type its GGUF "
+            f"source holds it in, and source={str(config.source)!r} is a Hugging Face folder "
+            f"({source.storage or 'no GGUF types'}); expected a GGUF source, or gguf_type "
+            f"one of {', '.join(GGUF_TYPES)} (--gguf-type)"
+        )
     out = config.out
     if overlaps(source.path, out) or (overlaps(source.folder, out) and source.gguf_file is None):
         raise CheckpointError(

@@ -89,9 +89,11 @@ class ShrinkReport:
             'bfloat16'; the ``onnx`` format is float32, the ``gguf`` format in its
             ``gguf_type`` where given); '' in a report from before it was recorded.
         gguf_type: the ``gguf`` format's tensor type where it is block-quantized ('q8_0',
-            'q4_0', ...): the shrunk model's matrices were rounded to it before the
-            perplexity after was measured, and every format holds them so (the folders in
-            `dtype`, within its rounding); '' where none is.
+            'q4_0', ...), or the block-quantized types of its matrices, comma-separated,
+            where it holds each in its GGUF source's type ('q4_1,q8_0'): the shrunk model's
+            matrices were rounded to it before the perplexity after was measured, and every
+            format holds them so (the folders in `dtype`, within its rounding); '' where
+            none is.
     """
 
     source: str
@@ -230,7 +232,12 @@ class ShrinkReport:
         or '' where the report does not say."""
         if not self.dtype:
             return ""
-        rounded = f", matrices rounded to {self.gguf_type.upper()}," if self.gguf_type else ""
+        kinds = self.gguf_type.upper().split(",") if self.gguf_type else []
+        if len(kinds) > 1:  # several: the source's types, each matrix in its own
+            listed = ", ".join(kinds[:-1]) + " and " + kinds[-1]
+            rounded = f", matrices rounded to the source's {listed},"
+        else:
+            rounded = f", matrices rounded to {kinds[0]}," if kinds else ""
         return f"; {self.dtype} weights{rounded} as written"
 
     def to_markdown(self) -> str:

@@ -23,7 +23,6 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.layer_widths import LLAMA_FAMILY
-from prunekit.export.request import GGUF_QUANTIZED
 from prunekit.io.files import CheckpointError, open_regular
 from prunekit.io.folders import WEIGHTS
 from prunekit.io.mapped import read_header
@@ -35,7 +34,6 @@ __all__ = [
     "check_source",
     "load_source",
     "source_dtype",
-    "source_quantization",
 ]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -200,25 +198,6 @@ def source_dtype(source: Source) -> torch.dtype:
         if isinstance(name, str) and name.removeprefix("torch.") in TENSOR_TYPES:
             return TENSOR_TYPES[name.removeprefix("torch.")]
     return torch.float32
-
-
-def source_quantization(source: Source) -> str | None:
-    """The block-quantized type of a GGUF source's weights (the one holding most of their
-    bytes), by the name ``ShrinkConfig.gguf_type`` takes, where the GGUF writer writes it
-    (``request.GGUF_QUANTIZED``: q8_0, q5_1, q5_0, q4_1, q4_0); None for any other source,
-    or a type it does not quantize (the K and IQ types: llama.cpp's own tools quantize
-    those).
-
-    Args:
-        source: from ``check_source``.
-
-    Returns:
-        Such as ``"q4_0"``, or None.
-    """
-    if source.gguf_file is None:
-        return None
-    name = source.storage.rpartition(" ")[2].lower()
-    return name if name in GGUF_QUANTIZED else None
 
 
 def _gguf_half(path: Path) -> torch.dtype:

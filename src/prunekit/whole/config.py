@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from prunekit.core.amount import (
@@ -82,7 +82,9 @@ class Config:
             (``get_output_embeddings()``, or a Linear sharing an embedding's weight); any
             other `include` selects by name, any number of dims. Kept as a tuple; one str is
             one glob.
-        exclude: globs of parameter names left alone, kept as a tuple.
+        exclude: globs of parameter names left alone, kept as a tuple. A parameter of
+            several names (tied, or a module shared under several paths) is left out under
+            all of them or none: excluding some of its names is refused.
         sequential: True calibrates block by block, each on the outputs of the pruned blocks
             before it (one block's statistics in memory). ``'layers'``: in each block too,
             its layers group by group in the order the block calls them (query, key and
@@ -92,7 +94,10 @@ class Config:
             False: one pass of the whole model. None becomes the method's own when made
             (``registry.default_sequential``): ``'layers'`` for ``'sparsegpt'`` unless over
             `ranks` (the better scores on SmolLM2-135M and all-MiniLM-L6-v2, see
-            benchmarks/vs_llmcompressor.py), True otherwise.
+            benchmarks/vs_llmcompressor.py), True otherwise. ``prune_model(config=...)``
+            defaults it anew for its call's ranks (with or without `process_group`) when
+            this Config defaulted it; a Config made by ``dataclasses.replace`` holds the
+            value as given, a default included.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
             finite float >= 0; None: SparseGPT's own (0.1). Method ``'sparsegpt'`` only:
@@ -155,6 +160,9 @@ class Config:
             chosen.check((chosen.m,) * 2, Amount(self.amount, owner))
         if self.sequential is None:
             object.__setattr__(self, "sequential", default_sequential(self.method, self.ranks))
+            # the default of this Config's `ranks`: an entry point that runs it over other
+            # ranks defaults it anew (``over_ranks``), where one given stays as given
+            object.__setattr__(self, "_defaulted_sequential", True)
         layered = isinstance(self.sequential, str) and self.sequential == "layers"
         if not isinstance(self.sequential, bool) and not layered:
             make = type_error if not isinstance(self.sequential, str) else value_error
@@ -182,6 +190,22 @@ class Config:
         if self.dim is not None:
             validate_dim_type(self.dim, owner=self.owner)
 
+    def over_ranks(self, ranks: bool, owner: str) -> Config:
+        """This Config for the entry point `owner`, run over data-parallel ranks or not
+        (`ranks`): `sequential`, if this Config defaulted it, defaulted for `ranks`
+        (SparseGPT's 'layers' alone, True over ranks); as given otherwise.
+
+        Args:
+            ranks: whether the call runs over a process group.
+            owner: the entry point the errors name.
+
+        Returns:
+            The Config the call runs with.
+        """
+        defaulted = getattr(self, "_defaulted_sequential", False)
+        sequential = None if defaulted else self.sequential
+        return replace(self, owner=owner, ranks=ranks, sequential=sequential)
+
     @property
     def norm(self) -> float | str:
         """The norm order of 'ln' (`n`, default 2)."""
@@ -208,7 +232,10 @@ class Config:
 
     @property
     def plain(self) -> bool:
-        """Whether the pattern is whole tensors' entries, named 'unstructured'."""
+        """Whether the pattern is whole tensors' entries: 'unstructured', by its name or as
+        the Pattern ``Unstructured()`` (a subclass may rank otherwise: not plain)."""
+        if type(self.pattern) is Unstructured:
+            return True
         return isinstance(self.pattern, str) and self.pattern == "unstructured"
 
     def compared(self) -> dict[str, Any]:

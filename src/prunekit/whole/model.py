@@ -10,7 +10,6 @@ under every name, and returns the model's Report.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -27,7 +26,7 @@ from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
 from prunekit.whole.oneshot_plan import Loss
-from prunekit.whole.registry import CALIBRATED, check_method_scope
+from prunekit.whole.registry import CALIBRATED, METHODS, check_method_scope
 from prunekit.whole.targets import (
     ALL,
     Place,
@@ -86,7 +85,8 @@ def prune_model(
             by layer as they go, never holding the masks and original values of all layers.
         config: every option at once, a ``Config`` (then neither `amount` nor `**options`).
         **options: the other options of ``Config`` by name: `method` (default ``'l1'``),
-            `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress`.
+            `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress` (these two
+            for the calibrated methods only: refused with the others, which ignore them).
 
     Returns:
         The Report of the whole model after pruning.
@@ -95,7 +95,8 @@ def prune_model(
         TypeError: an argument, glob, tensor or batch of the wrong type, or an unknown
             keyword, naming it (the model unchanged).
         ValueError: an argument, glob, tensor or batch out of range or matching nothing, or
-            a `config` beside `amount` or keywords, naming it (the model unchanged).
+            a `config` beside `amount` or keywords, or `calibration` or `loss` beside a
+            method that uses no data, naming it (the model unchanged).
     """
     if not isinstance(keep_masks, bool):
         raise type_error(f"{OWNER}: invalid keep_masks={keep_masks!r}; expected True or False")
@@ -115,6 +116,16 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
     if unknown:  # as Python words it for a keyword the signature lacks
         raise TypeError(f"prune_model() got an unexpected keyword argument {unknown[0]!r}")
     if config is None:
+        method = options.get("method", "l1")
+        plain = isinstance(method, str) and method in METHODS and method not in CALIBRATED
+        for key in ("sequential", "progress"):  # given, they would be read and ignored
+            value = options.get(key)
+            if value is not None and plain:
+                raise value_error(
+                    f"{OWNER}: {key}={value!r} applies to the calibrated methods "
+                    f"({', '.join(CALIBRATED)}) only, not method={method!r}, which would "
+                    f"ignore it; expected no {key} (None) with method={method!r}"
+                )
         if amount is None:
             raise type_error(
                 f"{OWNER}: amount=None; expected the fraction to prune, a float in [0, 1], "
@@ -142,7 +153,7 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
             f"{OWNER}: config= holds every option, but {', '.join(given)} came beside it; "
             "expected config=dataclasses.replace(config, ...) or the keywords alone"
         )
-    return replace(config, owner=OWNER, ranks=ranks)
+    return config.over_ranks(ranks, OWNER)  # sequential, if defaulted, defaulted for ranks
 
 
 def _prune(
@@ -168,11 +179,15 @@ def _prune(
             reduce = _reducer(method, group, arguments)
         _oneshot(model, config, calibration, loss, reduce, keep_masks)
         return report(model)
-    if not config.plain or calibration is not None:
+    if calibration is not None or loss is not None:  # as the engine words it: never ignored
         raise value_error(
-            f"{OWNER}: method={method!r} takes no pattern and no calibration; expected "
-            "pattern='unstructured', calibration=None (patterns: l1, random, "
-            f"{', '.join(CALIBRATED)})"
+            f"{OWNER}: method={method!r} uses no calibration data; expected "
+            f"calibration=None and loss=None (calibrated methods: {', '.join(CALIBRATED)})"
+        )
+    if not config.plain:
+        raise value_error(
+            f"{OWNER}: method={method!r} takes no pattern; expected pattern='unstructured' "
+            f"(patterns: l1, random, {', '.join(CALIBRATED)})"
         )
     _prune_plain(model, config, group, arguments, keep_masks)
     return report(model)

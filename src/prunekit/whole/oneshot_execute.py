@@ -148,16 +148,20 @@ def _calibrate_all(model: nn.Module, plan: Plan, bar: Progress) -> None:
     readers = [_reader(t) for t in plan.targets]
     found = cal.block_list(model, owners) if plan.config.sequential else None
     want = wanted(plan)
-    reduce = plan.reduce
+    reduce, owner = plan.reduce, plan.config.owner
     if plan.config.scope == "global":
-        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce, names=plan.paths)
+        stats = cal.calibrate(
+            model, plan.batches, readers, want, owner=owner, reduce=reduce, names=plan.paths
+        )
         for module, name in plan.targets:
             _check_seen(plan, stats, module, name)
         norms = {_key(t): _entry_norms(stats, *t) for t in plan.targets}
         _install_ranked(plan, lambda t: Wanda(norms[_key(t)]), bar)
         return
     if found is None:
-        stats = cal.calibrate(model, plan.batches, readers, want, reduce=reduce, names=plan.paths)
+        stats = cal.calibrate(
+            model, plan.batches, readers, want, owner=owner, reduce=reduce, names=plan.paths
+        )
         _prune_layers(plan, plan.targets, stats, bar)
         return
     _, blocks = found
@@ -175,7 +179,7 @@ def _by_blocks(
 ) -> None:
     """Each block calibrated on the outputs of the pruned blocks before it, then the
     layers outside the blocks (a head) on one pass of the pruned model."""
-    reduce = plan.reduce
+    reduce, owner = plan.reduce, plan.config.owner
     inside = {id(sub): i for i, block in enumerate(blocks) for sub in block.modules()}
     # Over ranks, an error here is held until the next reduction, where every rank raises.
     pending: BaseException | None = None
@@ -185,8 +189,8 @@ def _by_blocks(
     last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
     with cal.evaluating(model), torch.no_grad():
         try:
-            masks = cal.batch_masks(plan.batches, owner=plan.config.owner)
-            inputs = cal.capture_block_inputs(model, blocks[0], plan.batches)
+            masks = cal.batch_masks(plan.batches, owner=owner)
+            inputs = cal.capture_block_inputs(model, blocks[0], plan.batches, owner=owner)
             # each block's own arguments (mask, rotary), up to the last pruned one
             calls = cal.block_calls(model, blocks, plan.batches, wanted=last + 1)
         except Exception as error:
@@ -207,6 +211,7 @@ def _by_blocks(
                     inputs,
                     mods,
                     want,
+                    owner=owner,
                     reduce=reduce,
                     failed=pending,
                     names=plan.paths,
@@ -216,7 +221,9 @@ def _by_blocks(
                 del stats
             if more and pending is None:
                 try:
-                    inputs = cal.called_as(cal.next_inputs(block, inputs), calls, i + 1)
+                    inputs = cal.called_as(
+                        cal.next_inputs(block, inputs, owner=owner), calls, i + 1
+                    )
                 except Exception as error:
                     if reduce is None:
                         raise
@@ -227,7 +234,9 @@ def _by_blocks(
     rest = [t for t in plan.targets if id(t[0]) not in inside]
     if rest:  # layers outside the blocks (a head): one pass of the pruned model
         mods = [_reader(t) for t in rest]
-        stats = cal.calibrate(model, plan.batches, mods, want, reduce=reduce, names=plan.paths)
+        stats = cal.calibrate(
+            model, plan.batches, mods, want, owner=owner, reduce=reduce, names=plan.paths
+        )
         _prune_layers(plan, rest, stats, bar)
 
 
@@ -264,12 +273,13 @@ def prune_block(
                 inputs,
                 [_reader(t) for t in targets],
                 want,
+                owner=plan.config.owner,
                 names=plan.paths,
                 masks=masks,
             )
             _prune_layers(plan, targets, stats, bar)
             del stats
-        return cal.next_inputs(block, inputs) if more else []
+        return cal.next_inputs(block, inputs, owner=plan.config.owner) if more else []
 
 
 def _by_groups(
@@ -290,7 +300,9 @@ def _by_groups(
     left = list(targets)
     trim()  # the runs of the block before: their pages, not kept beside this block's
     readers = [_reader(t) for t in targets]
-    with GroupedRuns(block, inputs, readers, wanted, names=plan.paths, masks=masks) as runs:
+    with GroupedRuns(
+        block, inputs, readers, wanted, names=plan.paths, owner=plan.config.owner, masks=masks
+    ) as runs:
         while left:
             stats, group = runs.next_group([_reader(t) for t in left])
             if not group:

@@ -297,7 +297,8 @@ def select_targets(
     Raises:
         TypeError: `model` is not a module; `include`/`exclude` are not globs.
         ValueError: as select_names, or globs that select a tied parameter by some of its
-            names only.
+            names only, or exclude a module shared under several paths by some of its names
+            only.
     """
     if not is_module(model):
         raise type_error(
@@ -313,8 +314,15 @@ def select_targets(
     chosen = set(select_names(listed, includes, excludes, named, where))
     selected = []
     for f in found:
-        # A shared module is one module under several paths: any of its names selects it.
-        own = any(name in chosen for name in [f.name, *f.aliases])
+        # A shared module is one module under several paths: any of its names selects it,
+        # but one left out by exclude under some of its names only would be pruned under
+        # the others (its every use with it): refused, as a tie is.
+        paths = [f.name, *f.aliases]
+        own = any(name in chosen for name in paths)
+        left = [n for n in paths if any(matches(n, p) for p in excludes)]
+        if own and left:
+            kept = [n for n in paths if n not in left]
+            raise tied_in_part(paths, kept, owner, "one Parameter of a module shared by paths")
         names = [f.name, *(name for _, name in f.ties)]
         hits = [own, *(name in chosen for _, name in f.ties)]
         if all(hits):

@@ -38,13 +38,24 @@ def warn_renamed(owner: str, old: str, instead: str, new: str | None = None) -> 
     )
 
 
-def scope_from(owner: str, scope: Any, global_pruning: Any) -> str:
+def scope_from(owner: str, scope: Any, global_pruning: Any, given: bool = True) -> str:
     """The scope a call asks for: `scope`, or what the old ``global_pruning=`` said
     (None: not given), with a FutureWarning.
 
+    Args:
+        owner: the entry point the errors name.
+        scope: the scope given, or the entry point's default.
+        global_pruning: the old argument, or None where not given.
+        given: whether `scope` was given (False: it is the default, which
+            `global_pruning` overrides).
+
+    Returns:
+        'layer' or 'global'.
+
     Raises:
         TypeError: `global_pruning` is not a bool.
-        ValueError: an unknown `scope`, or ``scope='global'`` with ``global_pruning=False``.
+        ValueError: an unknown `scope`, or a `scope` given with a `global_pruning` that
+            says the other one.
     """
     check_scope(scope, owner)
     if global_pruning is None:
@@ -56,11 +67,12 @@ def scope_from(owner: str, scope: Any, global_pruning: Any) -> str:
         )
     meant = "global" if global_pruning else "layer"
     warn_renamed(owner, "global_pruning", f"scope={meant!r}")
-    if scope == "global" and meant == "layer":
+    if given and scope != meant:  # a scope given is never taken for the other one
         raise value_error(
-            f"{owner}: scope='global' and global_pruning=False disagree; expected scope= alone"
+            f"{owner}: scope={scope!r} and global_pruning={global_pruning} disagree; "
+            "expected scope= alone"
         )
-    return meant if scope == "layer" else str(scope)
+    return meant
 
 
 def renamed(owner: str, new: str, value: T, old: str, given: T | None, set_too: bool) -> T:

@@ -118,14 +118,20 @@ def test_training_flags_are_restored() -> None:
     assert not any(m.training for m in reference.modules())
 
 
-def test_an_error_midway_leaves_the_model_as_it_was() -> None:
+@pytest.mark.parametrize("whose", ["reference", "model"])
+def test_an_error_midway_leaves_the_model_as_it_was(whose: str) -> None:
+    """Block 2 of the reference is first called for its targets, block 1 of the model in its
+    training, once the blocks before have trained; either's error is named as the model's
+    on the batch (the model's was torch's bare RuntimeError)."""
     model, reference, batches = _pruned()
-    block = reference.blocks[2]
+    block = reference.blocks[2] if whose == "reference" else model.blocks[1]
     assert isinstance(block, _Block)
-    block.fail = True  # first called for its targets, once the model's first two have trained
+    block.fail = True
     before = _state(model)
-    with pytest.raises(RuntimeError, match="this block fails"):
+    with pytest.raises(ValueError, match=r"^reconstruct_blocks: calibration: the model cannot "
+                       r"take batch 0: RuntimeError: this block fails") as caught:  # fmt: skip
         reconstruct_blocks(model, reference, batches, steps=20, lr=1e-2)
+    assert isinstance(caught.value.__cause__, RuntimeError)  # named as the model's, as it is
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 

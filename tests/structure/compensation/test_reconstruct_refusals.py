@@ -152,8 +152,8 @@ def test_a_reference_block_of_another_dtype_is_named() -> None:
 def test_a_batch_the_model_cannot_take_with_ends_is_named_as_calibration() -> None:
     model, reference = _pair()
     before = _state(model)
-    with pytest.raises(ValueError, match=r"calibration: the model cannot take batch 0: "
-                       r"RuntimeError") as caught:  # fmt: skip
+    with pytest.raises(ValueError, match=r"^reconstruct_blocks: calibration: the model cannot "
+                       r"take batch 0: RuntimeError") as caught:  # fmt: skip
         reconstruct_blocks(model, reference, [torch.randn(5, 7)], steps=2, ends=True)
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert _same(model, before)

@@ -211,6 +211,8 @@ def compensate_groups(
     batches: Sequence[Any],
     damping: float | str = ROWS,
     tokens: str = "energy",
+    *,
+    owner: str,
 ) -> list[str]:
     """Update every compensable consumer of the `chosen` units, the masks being installed
     (see the module's docstring), in place: the tensors ``written`` lists, which the caller
@@ -220,15 +222,16 @@ def compensate_groups(
     rows (tokens) of each input, 'energy' (each by its squared error, so rows of large
     activations weigh most) or 'equal' (each by its error relative to its size:
     ``prunekit.calibrate.statistics.row_weights``; the held-out choice of 'auto' too).
-    The tokens a mapping batch's ``attention_mask`` masks out take no part in any moment
-    (``cal.batch_masks``). Returns the names of the consumers updated, in the order they
-    were."""
+    An error of a batch names `owner`, the entry point calibrating. The tokens a mapping
+    batch's ``attention_mask`` masks out take no part in any moment (``cal.batch_masks``).
+    Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
         return []
     names = {id(m): n for n, m in model.named_modules()}
     producers = {id(p): p for c in found for p in _producers(c)}
-    order = _forward_order(model, [*(c.module for c in found), *producers.values()], batches[0])
+    modules = [*(c.module for c in found), *producers.values()]
+    order = _forward_order(model, modules, batches[0], owner)
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
     tuning = Tuning(damping, len(batches))
@@ -237,7 +240,7 @@ def compensate_groups(
     with cal.evaluating(model), torch.no_grad():
         if blocks is None:
             for one in found:
-                measures = [_whole_model(model, part, numbers)
+                measures = [_whole_model(model, part, numbers, owner)
                             for part, numbers in tuning.folds(batches)]  # fmt: skip
                 if _measured_update(one, openings, measures, names[id(one.module)], tuning,
                                     wanted):  # fmt: skip
@@ -245,26 +248,26 @@ def compensate_groups(
             tuning.warn(names)
             return done
         sequence, where = blocks
-        masks = cal.batch_masks(batches)  # each block input's tokens that count
-        inputs = cal.capture_block_inputs(model, sequence[0], batches)
+        masks = cal.batch_masks(batches, owner=owner)  # each block input's tokens that count
+        inputs = cal.capture_block_inputs(model, sequence[0], batches, owner=owner)
         own = cal.block_calls(model, sequence, batches)  # a block's own mask, rotary
         last = max(where[id(c.module)] for c in found)
         for index, block in enumerate(sequence):
             here = [c for c in found if where[id(c.module)] == index]
             if _replayable(here, order):
                 inputs = _block(block, here, inputs, openings, names, tuning, wanted, done,
-                                index < last, masks)  # fmt: skip
+                                index < last, owner, masks)  # fmt: skip
                 inputs = cal.called_as(inputs, own, index + 1) if index < last else inputs
                 continue
             for one in here:  # each consumer on runs of the block of its own
                 measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers,
-                                              masks=[masks[n] for n in numbers])
+                                              owner=owner, masks=[masks[n] for n in numbers])
                             for part, numbers in tuning.folds(inputs)]  # fmt: skip
                 if _measured_update(one, openings, measures, names[id(one.module)], tuning,
                                     wanted):  # fmt: skip
                     done.append(names[id(one.module)])
             if index < last:
-                inputs = cal.called_as(cal.next_inputs(block, inputs), own, index + 1)
+                inputs = cal.called_as(cal.next_inputs(block, inputs, owner=owner), own, index + 1)
             if index == last:
                 break
     tuning.warn(names)
@@ -281,6 +284,7 @@ def _block(
     wanted: cal.Wanted,
     done: list[str],
     more: bool,
+    owner: str,
     masks: Sequence[Tensor | None],
 ) -> list[cal.Inputs]:
     """Update the consumers `here` of `block` in forward order, each measured on the
@@ -293,13 +297,13 @@ def _block(
     producers were opened holds values of removed units, which reach only the consumers of
     those units, whose weights are masked there: what they compute is the same."""
     if not here:
-        return cal.next_inputs(block, inputs) if more else []
+        return cal.next_inputs(block, inputs, owner=owner) if more else []
     weighted = [m for m in block.modules() if m is not block and bool(m._parameters)]
     folds = tuning.folds(inputs)
     with contextlib.ExitStack() as stack:
         paths = {m: names[id(m)] for m in weighted if id(m) in names}  # as errors name them
         runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers, paths,
-                                                [masks[n] for n in numbers]))
+                                                owner=owner, masks=[masks[n] for n in numbers]))
                 for part, numbers in folds]  # fmt: skip
         for one in here:
             measures = [functools.partial(_grouped, r) for r in runs]
@@ -345,12 +349,14 @@ def _grouped(
 Measure = Callable[[Sequence[nn.Module], cal.Wanted], cal.InputStatistics]
 
 
-def _whole_model(model: nn.Module, batches: Sequence[Any], numbers: Sequence[int]) -> Measure:
+def _whole_model(
+    model: nn.Module, batches: Sequence[Any], numbers: Sequence[int], owner: str
+) -> Measure:
     """`Measure` by one pass of the whole `model` over `batches` (`numbers`: their indices
-    in the calibration)."""
+    in the calibration; `owner`: the entry point an error names)."""
 
     def measure(modules: Sequence[nn.Module], wanted: cal.Wanted) -> cal.InputStatistics:
-        return cal.calibrate(model, batches, modules, wanted, numbers=numbers)
+        return cal.calibrate(model, batches, modules, wanted, owner=owner, numbers=numbers)
 
     return measure
 
@@ -501,8 +507,11 @@ def _per_group(moments: Moments, groups: int, columns: int) -> list[Moments]:
     return [Moments(hessians[g], means[g], moments.rows) for g in range(groups)]
 
 
-def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -> dict[int, int]:
-    """The order in which `modules` first run in the model's forward on `batch`."""
+def _forward_order(
+    model: nn.Module, modules: Sequence[nn.Module], batch: Any, owner: str
+) -> dict[int, int]:
+    """The order in which `modules` first run in the model's forward on `batch` (an error
+    names `owner`, the entry point calibrating)."""
     order: dict[int, int] = {}
 
     def hook(module: nn.Module, args: Any) -> None:
@@ -514,7 +523,7 @@ def _forward_order(model: nn.Module, modules: Sequence[nn.Module], batch: Any) -
             try:
                 cal.run_batch(model, batch)
             except Exception as error:
-                raise cal.batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
+                raise cal.batch_error(0, error, owner=owner)  # noqa: B904 (its cause is set)
     finally:
         for handle in handles:
             handle.remove()

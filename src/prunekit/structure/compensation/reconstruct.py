@@ -162,7 +162,7 @@ def _reference_named(model: nn.Module, reference: nn.Module) -> Iterator[None]:
             cause = error.__cause__
             if not isinstance(cause, Exception) or is_explained(cause):
                 raise
-        elif cal.batch_error(0, error) is error:  # raised by prunekit's own code: a bug
+        elif not cal.is_callers(error):  # raised by prunekit's own code: a bug
             raise
         else:
             cause = error
@@ -227,23 +227,23 @@ def _fit_blocks(
     targets and its next inputs, the model's last pass gives its error and its next inputs."""
     (model, reference), (blocks, theirs) = models, pairs
     with torch.no_grad():
-        ours_in = cal.capture_block_inputs(model, blocks[0], batches)
+        ours_in = cal.capture_block_inputs(model, blocks[0], batches, owner=_OWNER)
         own = cal.block_calls(model, blocks, batches)  # a block's own mask, rotary
         with _reference_named(model, reference):
-            theirs_in = cal.capture_block_inputs(reference, theirs[0], batches)
+            theirs_in = cal.capture_block_inputs(reference, theirs[0], batches, owner=_OWNER)
             their_own = cal.block_calls(reference, theirs, batches)
     _check_widths(ours_in, theirs_in)
     errors = []
     for index, (block, their_block) in enumerate(zip(blocks, theirs, strict=True)):
         with torch.no_grad(), _reference_named(model, reference):
-            targets = [_output(their_block, one) for one in theirs_in]
+            targets = _outputs(their_block, theirs_in)
         if block is blocks[0] and stem:
             params = _trainable(block) + stem
             with cal.requiring_grad(model, params):  # no graph through the others
                 before, after, outputs = fit(params, _through_stem(model, block, batches),
                                              targets, _name(model, block), keep=True)  # fmt: skip
             with torch.no_grad():  # the stem's other outputs (a mask, positions) too
-                ours_in = cal.capture_block_inputs(model, block, batches)
+                ours_in = cal.capture_block_inputs(model, block, batches, owner=_OWNER)
         else:
             before, after, outputs = fit(_trainable(block), _runner(block, ours_in), targets,
                                          _name(model, block), keep=True)  # fmt: skip
@@ -292,15 +292,17 @@ def _trainable(module: nn.Module) -> list[nn.Parameter]:
 
 
 def _runner(block: nn.Module, inputs: Sequence[_Inputs]) -> Callable[[int], Tensor]:
-    """``block``'s output on the inputs of batch k."""
-    return lambda k: _output(block, inputs[k])
+    """``block``'s output on the inputs of batch k (an error of the block names batch k)."""
+    return lambda k: _on_batch(k, block, inputs[k])
 
 
 def _through_stem(
     model: nn.Module, block: nn.Module, batches: Sequence[Any]
 ) -> Callable[[int], Tensor]:
     """The first block's output on batch k, from the stem's output (with its graph)."""
-    return lambda k: _output(block, cal.capture_block_inputs(model, block, [batches[k]])[0])
+    return lambda k: _output(
+        block, cal.capture_block_inputs(model, block, [batches[k]], owner=_OWNER)[0]
+    )
 
 
 def _check_trained(model: nn.Module, reference: nn.Module, trained: list[nn.Parameter]) -> None:
@@ -365,7 +367,7 @@ def _ends(
         with torch.no_grad():
             cal.run_batch(model, batch)
     except Exception as error:
-        raise cal.batch_error(0, error)  # noqa: B904 (the cause is set on a new error)
+        raise cal.batch_error(0, error, owner=_OWNER)  # noqa: B904 (its cause is set)
     finally:
         for handle in handles:
             handle.remove()
@@ -456,6 +458,21 @@ def _final(output: Any) -> Tensor:
             "tensor, or a tuple or mapping holding one (with ends=True)"
         )
     return found
+
+
+def _outputs(block: nn.Module, inputs: Sequence[_Inputs]) -> list[Tensor]:
+    """The hidden states `block` returns on each batch's inputs (an error of the block on
+    one names that batch)."""
+    return [_on_batch(k, block, one) for k, one in enumerate(inputs)]
+
+
+def _on_batch(k: int, block: nn.Module, inputs: _Inputs) -> Tensor:
+    """The hidden states `block` returns on `inputs`, those of batch `k`: an error the
+    block raises is named as the model's on that batch (``calibrate.batch_error``)."""
+    try:
+        return _output(block, inputs)
+    except Exception as error:
+        raise cal.batch_error(k, error, owner=_OWNER)  # noqa: B904 (its cause is set)
 
 
 def _output(block: nn.Module, inputs: _Inputs) -> Tensor:

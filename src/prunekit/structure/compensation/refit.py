@@ -53,6 +53,9 @@ many per feature. Measured on EfficientNet-Lite0, 30 % of every
 expansion width, 64 calibration crops, plain compensation: top-1 agreement 48.4 % at 0.3,
 59.4 % at 0.01, 57.8 % at 0.001 (``benchmarks/cnn_structure.py``)."""
 
+_OWNER = "prune_channels"
+"""The entry point whose calibration a refit is (``compensate='reference'``)."""
+
 
 def refit_update(
     weight: Tensor,
@@ -182,7 +185,7 @@ def _paired_statistics(
             x = _first_input(model, module, batch, paired)
             t = _first_input(reference, twin, batch, paired)
         except Exception as error:
-            raise cal.batch_error(index, error)  # noqa: B904 (the cause is set on a new error)
+            raise cal.batch_error(index, error, owner=_OWNER)  # noqa: B904 (its cause is set)
         paired.add(x, t)
     return paired
 
@@ -206,7 +209,7 @@ def refit_groups(
     twins = dict(reference.named_modules())
     listed = {id(c.module) for c in found}
     found += [c for c in layers_refitted(model) if id(c.module) not in listed]
-    order = plain._forward_order(model, [c.module for c in found], batches[0])
+    order = plain._forward_order(model, [c.module for c in found], batches[0], _OWNER)
     reached = [order[i] for i in listed if i in order]
     if not reached:
         return []

@@ -57,7 +57,7 @@ def second_moments(
                 try:
                     run_batch(model, batch)
                 except Exception as error:  # the model's own, named; prunekit's as they are
-                    raise batch_error(index[0], error)  # noqa: B904 (its cause is set)
+                    raise batch_error(index[0], error, owner=OWNER)  # noqa: B904 (cause set)
     finally:
         for handle in handles:
             handle.remove()

@@ -57,7 +57,9 @@ class _PerConsumer(GroupCriterion):
         self.names = {id(m): n for n, m in calibration.model.named_modules()}
         groups = calibration.groups
         modules = [m for m in consumer_modules(groups) if self._calibrates(m)]
-        stats = cal.calibrate(calibration.model, calibration.required(), modules, self.wanted)
+        stats = cal.calibrate(
+            calibration.model, calibration.required(), modules, self.wanted, owner="prune_channels"
+        )
         for module in modules:
             if not stats.seen(module) or not self._measures(module):
                 continue

@@ -53,7 +53,9 @@ class Activation(GroupCriterion):
     def gather(self, calibration: Calibration) -> None:
         modules = consumer_modules(calibration.groups)
         wanted = cal.Wanted(norms=True, hessian=False)
-        stats = cal.calibrate(calibration.model, calibration.required(), modules, wanted)
+        stats = cal.calibrate(
+            calibration.model, calibration.required(), modules, wanted, owner="prune_channels"
+        )
         self.norms = {id(m): stats.norms(m).double() for m in modules if stats.seen(m)}
 
     def scores(self, group: ChannelGroup) -> Tensor:

@@ -102,7 +102,7 @@ class _ExpertCriterion(GroupCriterion):
                     try:
                         run_batch(model, batch)
                     except Exception as error:  # the model's own, named; prunekit's as they are
-                        raise batch_error(index, error)  # noqa: B904 (its cause is set)
+                        raise batch_error(index, error, owner="prune_channels")  # noqa: B904
         finally:
             for handle in handles:
                 handle.remove()

@@ -28,7 +28,7 @@ from prunekit.structure.compensation.refit import refit_groups
 from prunekit.structure.compensation.refit import written as refitted
 from prunekit.structure.graph.graph import ChannelGroup
 from prunekit.structure.pruned import PrunedGroup
-from prunekit.structure.stages.channel_config import ChannelConfig
+from prunekit.structure.stages.channel_config import OWNER, ChannelConfig
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,8 @@ class Compensation:
         if self.reference is not None:
             refit_groups(model, self.reference, self.pairs, self.openings, self.batches)
         else:
-            compensate_groups(
-                model, self.pairs, self.openings, self.batches, self.level, self.tokens
-            )
+            compensate_groups(model, self.pairs, self.openings, self.batches, self.level,
+                              self.tokens, owner=OWNER)  # fmt: skip
 
 
 def plan_compensation(

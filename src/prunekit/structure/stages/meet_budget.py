@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from torch import Tensor, nn
@@ -40,6 +41,7 @@ from prunekit.structure.stages.ledger import (
     unit_costs,
     untouched,
 )
+from prunekit.structure.stages.shares import relative_scores
 
 
 def meet(
@@ -165,29 +167,55 @@ def _counted(
     return weights, total, depth
 
 
+_Chains = list[list[tuple[float, tuple[int, ...]]]]
+"""Per group, the steps it may lose in order, each (priority, units): see ``_chains``."""
+
+_Step = tuple[ChannelGroup, tuple[int, ...], float]
+"""A step as the ledger takes it: its group, its units and its kind's rate."""
+
+
 def _take(
-    groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
-    tensors: dict[int, TensorCost], by_units: bool, depth: float, rates: dict[str, float],
-    goal: float,
+    groups: list[ChannelGroup], chains: _Chains, tensors: dict[int, TensorCost], by_units: bool,
+    depth: float, rates: dict[str, float], goal: float,
 ) -> tuple[list[list[int]] | None, float]:  # fmt: skip
     """The units each group loses and what they remove (with `depth`, the skipped blocks),
-    or (None, the most all steps remove) where that falls short of `goal`.
-
-    The steps go lowest priority first until `goal` is met. A step that would pass it by
-    more than the smallest step left that would meet it alone removes is passed over, with
-    its group's later steps (the others go on); so the last step passes `goal` by no more
-    than that. Then the steps taken are put back, the last taken (of highest priority)
-    first, wherever `goal` stays met without them (a group's later step first): a large
-    step that had to come last does not leave all the smaller ones before it on top."""
+    or (None, the most all steps remove) where that falls short of `goal`: the steps
+    ``_in_order`` takes, less those ``_put_back`` finds needless."""
     ledger = Ledger(untouched(tensors), units=by_units)
     ledger.removed = depth
+
+    def step(k: int, i: int) -> _Step:
+        return groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0)
+
+    order = _in_order(ledger, chains, step, goal)
+    if order is None:
+        return None, ledger.removed
+    order = _put_back(ledger, order, step, goal)
+    counted = Ledger(untouched(tensors), units=by_units)  # the steps kept, counted afresh
+    counted.removed = depth
+    taken: list[list[int]] = [[] for _ in groups]
+    for k, i in order:
+        counted.remove(*step(k, i))
+        taken[k] += chains[k][i][1]
+    return taken, counted.removed
+
+
+def _in_order(
+    ledger: Ledger, chains: _Chains, step: Callable[[int, int], _Step], goal: float
+) -> list[tuple[int, int]] | None:
+    """Remove steps from `ledger`, lowest priority first, until `goal` is met; the steps
+    taken as (group, step) in the order taken, or None where all of them fall short.
+
+    A step that would pass `goal` by more than the smallest step left that would meet it
+    alone removes is passed over, with its group's later steps (the others go on); so the
+    last step passes `goal` by no more than that."""
     least = goal * (1 - 1e-12)
 
     def gain(k: int, i: int) -> float:
         before = ledger.removed
-        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.remove(*step(k, i))
         gained = ledger.removed - before
-        ledger.restore(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.restore(*step(k, i))
         ledger.removed = before
         return gained
 
@@ -196,40 +224,46 @@ def _take(
     order: list[tuple[int, int]] = []
     while ledger.removed < least:
         if not heap:
-            return None, ledger.removed
+            return None
         _, k, i = heapq.heappop(heap)
         over = ledger.removed + gain(k, i) - goal
         if over > 0:
             meeting = [g for _, j, s in heap if (g := gain(j, s)) >= goal - ledger.removed]
             if meeting and min(meeting) < over * (1 - 1e-12):
                 continue  # passed over with its group's later steps
-        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.remove(*step(k, i))
         order.append((k, i))
         if i + 1 < len(chains[k]):
             heapq.heappush(heap, (chains[k][i + 1][0], k, i + 1))
+    return order
+
+
+def _put_back(
+    ledger: Ledger, order: list[tuple[int, int]], step: Callable[[int, int], _Step], goal: float
+) -> list[tuple[int, int]]:
+    """`order` (the steps taken, in `ledger`) without those `goal` stays met without: put
+    back the last taken (of highest priority) first, a group's later step before its
+    earlier ones, and none of a group once one of its steps must stay. A large step that
+    had to come last so does not leave all the smaller ones before it on top."""
+    least = goal * (1 - 1e-12)
+    kept = list(order)
     staying: set[int] = set()
     for k, i in reversed(order):
         if k in staying:
             continue
         before = ledger.removed
-        ledger.restore(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.restore(*step(k, i))
         if ledger.removed >= least:
-            order.remove((k, i))
+            kept.remove((k, i))
             continue
-        ledger.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
+        ledger.remove(*step(k, i))
         ledger.removed = before
         staying.add(k)
-    counted = Ledger(untouched(tensors), units=by_units)  # the steps kept, counted afresh
-    counted.removed = depth
-    taken: list[list[int]] = [[] for _ in groups]
-    for k, i in order:
-        counted.remove(groups[k], chains[k][i][1], rates.get(groups[k].kind, 1.0))
-        taken[k] += chains[k][i][1]
-    return taken, counted.removed
+    return kept
 
 
 def _rates(
-    groups: list[ChannelGroup], chains: list[list[tuple[float, tuple[int, ...]]]],
+    groups: list[ChannelGroup], chains: _Chains,
     tensors: dict[int, TensorCost], probe: Probe,
 ) -> tuple[float, dict[str, float]]:  # fmt: skip
     """The model's measured milliseconds and, per kind, the milliseconds saved per MAC: each
@@ -275,7 +309,7 @@ def _chains(
     floors: list[float] | None = None,
     pooled: bool = False,
     levels: list[float] | None = None,
-) -> list[list[tuple[float, tuple[int, ...]]]]:
+) -> _Chains:
     """Per group, the removals it allows in order, each (priority, units): lowest relative
     score per relative cost first, in steps that keep its constraints (at least its share
     in `floors` of its units kept). Costs are relative to the mean unit of their kind, or
@@ -291,8 +325,7 @@ def _chains(
     floors = floors if floors is not None else [0.0] * len(groups)
     levels = levels if levels is not None else [1.0] * len(groups)
     for g, s, cs, floor, level in zip(groups, scores, costs, floors, levels, strict=True):
-        mean = float(s.mean()) if len(s) else 0.0
-        relative = ((s / mean if mean > 0 else s) * level).tolist()
+        relative = (relative_scores(s) * level).tolist()
         value = [
             r / (c / mean_cost[g.kind]) if c > 0 else math.inf
             for r, c in zip(relative, cs, strict=True)

@@ -130,7 +130,7 @@ def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
                     [steps[k] for k in plain])  # fmt: skip
     counts = dict(zip(plain, found, strict=True))
     chosen = []
-    for k, (g, s) in enumerate(zip(groups, scores, strict=False)):
+    for k, (g, s) in enumerate(zip(groups, scores, strict=True)):
         if g.blocks:
             units: list[int] = []
             for block in g.blocks:
@@ -145,6 +145,7 @@ def _choose(groups: list[ChannelGroup], scores: list[Tensor], amount: float, sco
 
 
 def _masked(group: ChannelGroup, chosen: list[PrunedGroup]) -> int:
+    """How many units of `group` are in `chosen` (0 where it is not)."""
     return next((len(p.units) for p in chosen if p.group is group), 0)
 
 
@@ -170,23 +171,14 @@ def _global_counts(
     the parts are moved to that total, each group's as near its part in order as it allows
     (_nearest). With steps of one unit this is the `target` lowest units of the joint
     ranking, a group keeping one unit at least."""
-    chains = []
-    for g, s, step in zip(groups, scores, steps, strict=True):
-        mean = float(s.mean()) if len(s) else 0.0
-        relative = (s / mean if mean > 0 else s).tolist()
-        ordered = sorted(relative)
-        chain, gone = [], 0
-        for keep in range((g.size - 1) // step * step, 0, -step):  # the widths it may keep
-            size = g.size - keep - gone
-            chain.append((sum(ordered[gone : gone + size]) / size, size))
-            gone += size
-        chains.append(chain)
+    chains = [_steps(relative_scores(s), g.size, step)
+              for g, s, step in zip(groups, scores, steps, strict=True)]  # fmt: skip
     counts = [0] * len(groups)
-    heads = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]
-    heapq.heapify(heads)
+    queue = [(chain[0][0], k, 0) for k, chain in enumerate(chains) if chain]  # (mean, group, step)
+    heapq.heapify(queue)
     left, passed = target, False
-    while heads and left > 0:
-        _, k, i = heapq.heappop(heads)
+    while queue and left > 0:
+        _, k, i = heapq.heappop(queue)
         size = chains[k][i][1]
         if size > left:  # passed over, and the group's later steps with it
             passed = True
@@ -194,10 +186,37 @@ def _global_counts(
         counts[k] += size
         left -= size
         if i + 1 < len(chains[k]):
-            heapq.heappush(heads, (chains[k][i + 1][0], k, i + 1))
+            heapq.heappush(queue, (chains[k][i + 1][0], k, i + 1))
     if not passed:  # every step taken in order up to the target: none nearer
         return counts
     return _nearest([[size for _, size in chain] for chain in chains], counts, target)
+
+
+def _steps(relative: Tensor, size: int, step: int) -> list[tuple[float, int]]:
+    """The steps a group of `size` units gives up in turn, lowest units first: per step,
+    the mean of its units' `relative` scores and how many units it holds (from the width
+    to the largest multiple of `step` below it, then `step` at a time; one unit kept)."""
+    ordered = sorted(relative.tolist())
+    found, gone = [], 0
+    for keep in range((size - 1) // step * step, 0, -step):  # the widths it may keep
+        units = size - keep - gone
+        found.append((sum(ordered[gone : gone + units]) / units, units))
+        gone += units
+    return found
+
+
+def relative_scores(scores: Tensor) -> Tensor:
+    """A group's scores divided by their mean (as they are where it is not positive), so
+    that groups of scores on other scales rank together (shares and budgets alike).
+
+    Args:
+        scores: one score per unit of a group.
+
+    Returns:
+        The scores relative to their mean.
+    """
+    mean = float(scores.mean()) if len(scores) else 0.0
+    return scores / mean if mean > 0 else scores
 
 
 def _nearest(chains: list[list[int]], counts: list[int], target: int) -> list[int]:
@@ -231,9 +250,7 @@ def _ranked(scores: list[Tensor]) -> list[int]:
     group's mean), as the index of each unit's group."""
     ranked: list[tuple[float, int]] = []
     for k, s in enumerate(scores):
-        mean = float(s.mean()) if len(s) else 0.0
-        normal = s / mean if mean > 0 else s
-        ranked.extend((float(v), k) for v in normal)
+        ranked.extend((float(v), k) for v in relative_scores(s))
     ranked.sort()
     return [k for _, k in ranked]
 
