@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from prunekit.calibrate.batches import batch_error, evaluating, run_batch
 from prunekit.calibrate.block_inputs import Inputs, own_hidden
 from prunekit.calibrate.reduce import Reduce
-from prunekit.calibrate.statistics import InputStatistics, Stop
+from prunekit.calibrate.statistics import InputStatistics, Stop, batch_masks
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,20 @@ def calibrate(
     every module has taken its input (InputStatistics' `early`). `numbers`: each batch's
     index in the caller's calibration (an error names it), where a subset is run. `names`:
     each module's path, which an error names (default: its path in `model`). An error of a
-    batch names `owner`, the entry point calibrating."""
+    batch names `owner`, the entry point calibrating. The tokens a mapping batch's
+    ``attention_mask`` masks out take no part (``batch_masks``)."""
     if names is None:
         names = {m: path for path, m in model.named_modules()}
+    try:
+        masks = batch_masks(batches, numbers, owner)
+    except ValueError as error:  # every rank must learn of it in the reduction
+        if reduce is None:
+            raise
+        return _finish(wanted.gather(modules, names=names), reduce, error)
     gather = wanted.gather(modules, early=True, names=names)
     with evaluating(model), torch.no_grad(), gather as stats:
         run = lambda batch: run_batch(model, batch)  # noqa: E731
-        failed = _run_each(stats, batches, run, owner, reduce, numbers)
+        failed = _run_each(stats, batches, run, owner, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
@@ -84,6 +91,7 @@ def block_statistics(
     failed: BaseException | None = None,
     numbers: Sequence[int] | None = None,
     names: Mapping[nn.Module, str] | None = None,
+    masks: Sequence[Tensor | None] | None = None,
 ) -> InputStatistics:
     """The `wanted` statistics for `modules` (inside `block`) from running `block` on
     `inputs` (with `reduce`: of every rank's inputs). `failed`, an error this rank met
@@ -91,7 +99,8 @@ def block_statistics(
     After the first input, each run ends once every module has taken its input. `numbers`:
     each input's batch index in the calibration (an error names it), where a subset runs.
     `names`: each module's path in the whole model, which an error names (else its class).
-    An error of an input names `owner`, the entry point calibrating."""
+    An error of an input names `owner`, the entry point calibrating. `masks`: each input's
+    tokens that count (``batch_masks`` of its batches), None: all."""
     with wanted.gather(modules, early=True, names=names) as stats:
         if failed is None:
 
@@ -100,20 +109,22 @@ def block_statistics(
                 args, kwargs = own_hidden(call)
                 return block(*args, **kwargs)
 
-            failed = _run_each(stats, inputs, run, owner, reduce, numbers)
+            failed = _run_each(stats, inputs, run, owner, reduce, numbers, masks)
     return _finish(stats, reduce, failed)
 
 
 def _run_each(
     stats: InputStatistics, items: Iterable[Any], run: Callable[[Any], object], owner: str,
     reduce: Reduce | None, numbers: Sequence[int] | None = None,
+    masks: Sequence[Tensor | None] | None = None,
 ) -> BaseException | None:  # fmt: skip
-    """Run each item as a batch of `stats`. An error names `owner` and its batch (its entry
-    of `numbers` where given); with `reduce` it is returned (every rank must learn of it in
-    the reduction) instead of raised."""
+    """Run each item as a batch of `stats` (its tokens that count: its entry of `masks`).
+    An error names `owner` and its batch (its entry of `numbers` where given); with
+    `reduce` it is returned (every rank must learn of it in the reduction) instead of
+    raised."""
     try:
         for index, item in enumerate(items):
-            stats.new_batch()
+            stats.new_batch(None if masks is None else masks[index])
             try:
                 run(item)
             except Stop:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from prunekit.calibrate import layer_matrices
 from prunekit.calibrate.reduce import Reduce, agree
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.example_inputs import token_mask
 
 T = TypeVar("T", bound=tuple[Any, ...])
 
@@ -169,6 +170,12 @@ class InputStatistics:
     before whatever the model runs after it. The statistics are those of the whole run; a
     run whose code swallows `Stop` goes on and takes nothing more in that batch.
 
+    ``new_batch(mask)`` names the batch's tokens that count (``batch_masks``): a layer
+    whose input is token-shaped, ``(*mask.shape, features)`` or ``(mask.numel(),
+    features)``, takes only the rows of the tokens kept; a layer whose rows are not the
+    batch's tokens (a convolution, a routed expert's gathered tokens, a pooled input)
+    takes all its rows, as no row of it can be told to be a masked token.
+
     `names`: each module's path in the model, which an error about a module names (else
     its class)."""
 
@@ -197,6 +204,7 @@ class InputStatistics:
         self._stopped = False
         self._distinct = len(set(self.modules))
         self._failed: Exception | None = None  # by the last take, raised if the call returns
+        self._mask: Tensor | None = None  # this batch's tokens that count; None: all
 
     def __enter__(self) -> InputStatistics:
         for module in self.modules:
@@ -211,7 +219,10 @@ class InputStatistics:
         for acc in self._of.values():
             acc.last = None
 
-    def new_batch(self) -> None:
+    def new_batch(self, mask: Tensor | None = None) -> None:
+        """Start a batch; `mask`: its tokens that count (bool, the tokens' shape, as
+        ``batch_masks`` gives it), None: every row of every input counts."""
+        self._mask = mask
         if self._batch == 1 and len(self._called) < self._distinct:
             self._early = False  # a module the first batch did not call may run later
         self._batch += 1
@@ -270,6 +281,8 @@ class InputStatistics:
         acc.last, acc.version = x, _version(x)
 
     def _features(self, module: nn.Module, x: Tensor) -> Tensor:
+        if self._mask is not None:
+            x = kept_tokens(module, x, self._mask)
         if self._patches:
             return layer_matrices.features(module, x)
         moved = input_features(module, x)
@@ -373,6 +386,69 @@ class InputStatistics:
     def accumulators(self) -> int:
         """How many distinct inputs are held (shared ones once)."""
         return len({id(a) for a in self._of.values()})
+
+
+class TokenCall(dict[str, object]):
+    """A block's captured call as keyword arguments (its ``attention_mask``, if any, the
+    block's own), run as a batch of the block alone, with `tokens`: the token mask of the
+    calibration batch it came from (``batch_masks``' entry; None: every token counts),
+    which ``batch_masks`` gives for it."""
+
+    def __init__(self, kwargs: Mapping[str, object], tokens: Tensor | None) -> None:
+        super().__init__(kwargs)
+        self.tokens = tokens
+
+
+def batch_masks(
+    batches: Sequence[object], numbers: Sequence[int] | None = None, owner: str = "calibration"
+) -> list[Tensor | None]:
+    """Each batch's tokens that count, for ``InputStatistics.new_batch``: True where a
+    mapping batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``);
+    a ``TokenCall``'s own `tokens`; None for a batch without a mask, for one whose mask
+    keeps every token (its statistics are then those of no mask, gathered as fast), and
+    for a mask of more dims than (batch, tokens) (a block's own attention mask, as a
+    block's captured call holds it: no token mask).
+
+    Args:
+        batches: the calibration batches.
+        numbers: each batch's index in the caller's calibration, as an error names it
+            (default: its place in `batches`).
+        owner: the entry point an error names.
+
+    Returns:
+        One bool tensor (or None) per batch.
+
+    Raises:
+        ValueError: a batch's mask is not shaped like its ``input_ids`` (token_mask).
+    """
+    found: list[Tensor | None] = []
+    for place, batch in enumerate(batches):
+        if isinstance(batch, TokenCall):
+            found.append(batch.tokens)
+            continue
+        kept = token_mask(batch, place if numbers is None else numbers[place], owner)
+        if kept is not None and (kept.dim() > 2 or bool(kept.all())):
+            kept = None  # more dims than (batch, tokens): a block's own attention mask
+        found.append(kept)
+    return found
+
+
+def kept_tokens(module: nn.Module, x: Tensor, mask: Tensor) -> Tensor:
+    """The rows of `x` (a layer's input) of the tokens `mask` keeps, where `x` is
+    token-shaped: ``(*mask.shape, features)`` (the tokens kept, as ``(kept, features)``),
+    or ``(mask.numel(), features)`` (the tokens flattened, in order); a MultiheadAttention
+    without ``batch_first`` reads its query as (tokens, batch, features). Else `x` itself: a
+    convolution's input, or rows that are not the batch's tokens (a routed expert's
+    gathered tokens, a pooled input), where no row can be told to be a masked one."""
+    if isinstance(module, nn.modules.conv._ConvNd) or x.dim() < 2:
+        return x
+    if isinstance(module, nn.MultiheadAttention) and not module.batch_first and x.dim() == 3:
+        mask = mask.T  # its query is (tokens, batch, features)
+    if tuple(x.shape[:-1]) == tuple(mask.shape):
+        return x[mask.to(device=x.device)]
+    if x.dim() == 2 and x.shape[0] == mask.numel() and mask.dim() > 1:
+        return x[mask.to(device=x.device).reshape(-1)]
+    return x
 
 
 def _width(module: nn.Module) -> int:

@@ -82,7 +82,8 @@ class GroupedRuns:
     `names`: each module's path in the whole model, which an error names (else its class).
     `owner`: the entry point calibrating, which an error of an input names; `hint`: what a
     block's refusal ends with (``calibrate.block_inputs.SEQUENTIAL`` where `owner` has
-    that option)."""
+    that option).
+    `masks`: each input's tokens that count (``cal.batch_masks`` of its batches), None: all."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class GroupedRuns:
         *,
         owner: str,
         hint: str = "",
+        masks: Sequence[Tensor | None] | None = None,
     ) -> None:
         self.block = block
         self.owner = owner
@@ -102,6 +104,9 @@ class GroupedRuns:
         self.names = names
         self.inputs = list(inputs)
         self.numbers = list(range(len(self.inputs)) if numbers is None else numbers)
+        self.masks: list[Tensor | None] = (
+            [None] * len(self.inputs) if masks is None else list(masks)
+        )
         self.wanted = wanted
         held = {id(m) for m in targets}
         self._targets = held
@@ -195,7 +200,7 @@ class GroupedRuns:
             gather = self.wanted.gather([], names=self.names)
             with gather as stats:  # hooked here, not by `stats`
                 for index in range(len(self.inputs)):
-                    stats.new_batch()
+                    stats.new_batch(self.masks[index])
                     self._once(index, keep=True)
                     if group:
                         finding = False

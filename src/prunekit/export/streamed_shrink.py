@@ -307,12 +307,14 @@ class _Holder(nn.Module):
         return block(**kwargs)
 
 
-def _calls(inputs: Sequence[cal.Inputs]) -> list[dict[str, object]]:
-    """Each captured call of a block as the keyword arguments of its holder."""
-    found = []
-    for args, kwargs in inputs:
+def _calls(inputs: Sequence[cal.Inputs], masks: Sequence[Tensor | None]) -> list[dict[str, object]]:
+    """Each captured call of a block as the keyword arguments of its holder, with the
+    token mask of its batch (`masks`, ``cal.batch_masks``): padding counts no more than in
+    memory."""
+    found: list[dict[str, object]] = []
+    for (args, kwargs), tokens in zip(inputs, masks, strict=True):
         assert len(args) == 1, "a decoder block takes its hidden states first"
-        found.append({"hidden_states": args[0], **kwargs})
+        found.append(cal.TokenCall({"hidden_states": args[0], **kwargs}, tokens))
     return found
 
 
@@ -325,10 +327,11 @@ def _score_pass(run: _Run) -> Scored:
     own = cal.block_calls(
         run.model, run.blocks, run.batches, owner=OWNER
     )  # a block's own mask, rotary
+    masks = cal.batch_masks(run.batches, owner=OWNER)
     groups, scores = [], []
     for i in range(len(run.blocks)):
         holder = run.load(i)
-        calls = _calls(inputs)
+        calls = _calls(inputs, masks)
         traced = trace(holder, calls[0], channel)
         scoring = None if channel.scoring is None else list(calls)
         found = group_criterion(channel.criterion)
@@ -358,8 +361,9 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
         own = cal.block_calls(
             run.model, run.blocks, run.batches, owner=OWNER
         )  # a block's own mask, rotary
+        masks = cal.batch_masks(run.batches, owner=OWNER)
         for i in range(len(run.blocks)):
-            inputs = _prune_block(run, i, chosen, inputs, writer)
+            inputs = _prune_block(run, i, chosen, inputs, writer, masks)
             if i + 1 < len(run.blocks):
                 inputs = computed_inputs(cal.called_as(inputs, own, i + 1))
         inside = tuple(f"{run.prefix(i)}." for i in range(len(run.blocks)))
@@ -375,15 +379,17 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
 
 
 def _prune_block(
-    run: _Run, i: int, chosen: list[PrunedGroup], inputs: list[cal.Inputs], writer: Writer
-) -> list[cal.Inputs]:
-    """Mask, compensate, compact and write block `i`; returns the next block's inputs (the
-    outputs of this one, masked and compensated)."""
+    run: _Run, i: int, chosen: list[PrunedGroup], inputs: list[cal.Inputs], writer: Writer,
+    masks: Sequence[Tensor | None],
+) -> list[cal.Inputs]:  # fmt: skip
+    """Mask, compensate, compact and write block `i` (`masks`: each input's tokens that
+    count); returns the next block's inputs (the outputs of this one, masked and
+    compensated)."""
     holder = run.load(i)
     prefix = f"{run.prefix(i)}."
     mine = [p for p in chosen if all(s.module_name.startswith(prefix) for s in p.group.slices)]
     pairs = [(p.group, p.units) for p in mine]
-    calls = _calls(inputs)
+    calls = _calls(inputs, masks)
     openings = Openings(holder, pairs)
     install(holder, mine)
     batches = run.channel.batches

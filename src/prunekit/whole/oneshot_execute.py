@@ -185,10 +185,12 @@ def _by_blocks(
     # Over ranks, an error here is held until the next reduction, where every rank raises.
     pending: BaseException | None = None
     inputs: list[cal.Inputs] = []
+    masks: list[Tensor | None] = [None] * len(plan.batches)  # each input's tokens counted
     calls = None
     last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
     with cal.evaluating(model), torch.no_grad():
         try:
+            masks = cal.batch_masks(plan.batches, owner=owner)
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches, owner=owner)
             # each block's own arguments (mask, rotary), up to the last pruned one
             calls = cal.block_calls(
@@ -202,7 +204,7 @@ def _by_blocks(
             here = [t for t in plan.targets if inside.get(id(t[0])) == i]
             more = i < last
             if here and plan.config.chosen_sequential == "layers":  # refused with `reduce`
-                inputs = _by_groups(plan, block, inputs, here, want, bar, more, SEQUENTIAL)
+                inputs = _by_groups(plan, block, inputs, here, want, bar, more, SEQUENTIAL, masks)
                 inputs = cal.called_as(inputs, calls, i + 1) if more else inputs
                 continue
             if here:
@@ -216,6 +218,7 @@ def _by_blocks(
                     reduce=reduce,
                     failed=pending,
                     names=plan.paths,
+                    masks=masks,
                 )
                 _prune_layers(plan, here, stats, bar)
                 del stats
@@ -258,11 +261,15 @@ def prune_block(
     """Prune `targets` (tensors of `block`) from `block`'s `inputs` as the sequential
     in-memory driver does (one process, no ranks): the same statistics, criteria and
     order, so the same masks. Returns the pruned block's outputs, the next block's inputs,
-    if there is `more` to calibrate (else none)."""
+    if there is `more` to calibrate (else none). The inputs are those of `plan.batches`,
+    in order, whose masked tokens take no part (``cal.batch_masks``)."""
     want = wanted(plan)
+    masks = cal.batch_masks(plan.batches, owner=plan.config.owner)
+    if len(masks) != len(inputs):
+        masks = [None] * len(inputs)  # inputs of other batches: no token told apart
     with layer_matrices.out_proj_called(targets):
         if targets and plan.config.chosen_sequential == "layers":
-            return _by_groups(plan, block, inputs, targets, want, bar, more)
+            return _by_groups(plan, block, inputs, targets, want, bar, more, masks=masks)
         if targets:
             stats = cal.block_statistics(
                 block,
@@ -271,6 +278,7 @@ def prune_block(
                 want,
                 owner=plan.config.owner,
                 names=plan.paths,
+                masks=masks,
             )
             _prune_layers(plan, targets, stats, bar)
             del stats
@@ -286,6 +294,7 @@ def _by_groups(
     bar: Progress,
     more: bool,
     hint: str = "",
+    masks: Sequence[Tensor | None] | None = None,
 ) -> list[cal.Inputs]:
     """The targets of one block, one group of layers at a time in the order the block
     calls them (those reading one input together: query, key and value; then the
@@ -297,7 +306,14 @@ def _by_groups(
     trim()  # the runs of the block before: their pages, not kept beside this block's
     readers = [_reader(t) for t in targets]
     with GroupedRuns(
-        block, inputs, readers, wanted, names=plan.paths, owner=plan.config.owner, hint=hint
+        block,
+        inputs,
+        readers,
+        wanted,
+        names=plan.paths,
+        owner=plan.config.owner,
+        hint=hint,
+        masks=masks,
     ) as runs:
         while left:
             stats, group = runs.next_group([_reader(t) for t in left])

@@ -16,7 +16,7 @@ from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.amount import Amount, validate_dim
 from prunekit.core.checks import check_finite
 from prunekit.core.errors import describe, naming, type_error, value_error
-from prunekit.core.example_inputs import rowless
+from prunekit.core.example_inputs import rowless, token_mask
 from prunekit.core.naming import mask_name, orig_name
 from prunekit.core.transaction import Transaction
 from prunekit.criteria.sparsegpt import SparseGPT
@@ -126,6 +126,8 @@ def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | Non
             )
     if method != "taylor" and loss is not None:
         raise value_error(f"{owner}: loss is for method='taylor'; got method={method!r}")
+    for index, batch in enumerate(batches):  # which token each mask entry is
+        token_mask(batch, index, owner)
     empty = rowless(batches)
     if empty is not None:  # Taylor would rank on gradients of zero, the others on nothing
         raise value_error(

@@ -222,8 +222,9 @@ def compensate_groups(
     rows (tokens) of each input, 'energy' (each by its squared error, so rows of large
     activations weigh most) or 'equal' (each by its error relative to its size:
     ``prunekit.calibrate.statistics.row_weights``; the held-out choice of 'auto' too).
-    An error of a batch names `owner`, the entry point calibrating. Returns the names of the
-    consumers updated, in the order they were."""
+    An error of a batch names `owner`, the entry point calibrating. The tokens a mapping
+    batch's ``attention_mask`` masks out take no part in any moment (``cal.batch_masks``).
+    Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:
         return []
@@ -247,6 +248,7 @@ def compensate_groups(
             tuning.warn(names)
             return done
         sequence, where = blocks
+        masks = cal.batch_masks(batches, owner=owner)  # each block input's tokens that count
         inputs = cal.capture_block_inputs(model, sequence[0], batches, owner=owner)
         own = cal.block_calls(model, sequence, batches, owner=owner)  # a block's own mask, rotary
         last = max(where[id(c.module)] for c in found)
@@ -254,12 +256,12 @@ def compensate_groups(
             here = [c for c in found if where[id(c.module)] == index]
             if _replayable(here, order):
                 inputs = _block(block, here, inputs, openings, names, tuning, wanted, done,
-                                index < last, owner)  # fmt: skip
+                                index < last, owner, masks)  # fmt: skip
                 inputs = cal.called_as(inputs, own, index + 1) if index < last else inputs
                 continue
             for one in here:  # each consumer on runs of the block of its own
                 measures = [functools.partial(cal.block_statistics, block, part, numbers=numbers,
-                                              owner=owner)
+                                              owner=owner, masks=[masks[n] for n in numbers])
                             for part, numbers in tuning.folds(inputs)]  # fmt: skip
                 if _measured_update(one, openings, measures, names[id(one.module)], tuning,
                                     wanted):  # fmt: skip
@@ -283,10 +285,12 @@ def _block(
     done: list[str],
     more: bool,
     owner: str,
+    masks: Sequence[Tensor | None],
 ) -> list[cal.Inputs]:
     """Update the consumers `here` of `block` in forward order, each measured on the
     outputs of those updated before it, and return the block's outputs (the next block's
-    inputs) if there are `more` blocks to go: each sublayer of the block runs once per input.
+    inputs) if there are `more` blocks to go (`masks`: each input's tokens that count):
+    each sublayer of the block runs once per input.
     A run for one consumer stops at its input; the next run takes the outputs of the calls
     the run before finished from memory (criteria.grouped: every submodule with weights is
     kept), and the last run gives the outputs. A call kept while an earlier consumer's
@@ -299,7 +303,7 @@ def _block(
     with contextlib.ExitStack() as stack:
         paths = {m: names[id(m)] for m in weighted if id(m) in names}  # as errors name them
         runs = [stack.enter_context(GroupedRuns(block, part, weighted, wanted, numbers, paths,
-                                                owner=owner))
+                                                owner=owner, masks=[masks[n] for n in numbers]))
                 for part, numbers in folds]  # fmt: skip
         for one in here:
             measures = [functools.partial(_grouped, r) for r in runs]

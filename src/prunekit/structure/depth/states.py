@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import run_batch
 from prunekit.core.errors import is_explained, type_error, value_error
+from prunekit.core.example_inputs import token_mask as shared_token_mask
 from prunekit.structure.depth.blocks import ADDS, REPLACES, BlockList, hidden_in, hidden_out
 
 __all__ = [
@@ -95,14 +96,28 @@ def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int, 
     return found
 
 
-def token_mask(batch: Any, hidden: Tensor) -> Tensor | None:
-    """Which tokens count: a batch's ``attention_mask`` (batch x tokens) when it has one of
-    the hidden state's leading shape; None: all of them."""
-    if isinstance(batch, Mapping):
-        mask = batch.get("attention_mask")
-        if isinstance(mask, Tensor) and tuple(mask.shape) == tuple(hidden.shape[:-1]):
-            return mask.to(device=hidden.device) != 0
-    return None
+def token_mask(batch: Any, index: int, owner: str, hidden: Tensor) -> Tensor | None:
+    """Which tokens of `hidden` (a block's hidden state for calibration batch `index`)
+    count: True where the batch's ``attention_mask`` is nonzero, on `hidden`'s device;
+    None: every one (no mask).
+
+    Raises:
+        ValueError: the mask is not shaped like the batch's ``input_ids``
+            (``core.example_inputs.token_mask``), or `hidden` is not one row per token
+            (``(*mask.shape, features)``, or the tokens flattened): which row is a masked
+            token could not be told.
+    """
+    kept = shared_token_mask(batch, index, owner)
+    if kept is None:
+        return None
+    if tuple(hidden.shape[:-1]) != tuple(kept.shape) and hidden.shape[:-1].numel() != kept.numel():
+        raise value_error(
+            f"{owner}: calibration batch {index} has an attention_mask of shape "
+            f"{tuple(kept.shape)}, but the blocks' hidden states are of shape "
+            f"{tuple(hidden.shape)}; expected hidden states of one row per token "
+            "(the mask's shape and the features), or a batch without attention_mask"
+        )
+    return kept.to(device=hidden.device)
 
 
 def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
@@ -113,7 +128,10 @@ def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
 
 def check_tokens(batches: list[Any], owner: str) -> None:
     """Refuse calibration batches whose ``attention_mask`` keeps no token at all: there is
-    nothing to score blocks (or fit a map) on."""
+    nothing to score blocks (or fit a map) on; or a mask not shaped like its batch's
+    ``input_ids`` (``core.example_inputs.token_mask``)."""
+    for index, batch in enumerate(batches):
+        shared_token_mask(batch, index, owner)
     masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
     if all(isinstance(m, Tensor) for m in masks) and not any(
         bool((m != 0).any()) for m in masks if isinstance(m, Tensor)

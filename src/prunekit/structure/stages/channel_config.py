@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from prunekit.calibrate import batch_list
 from prunekit.core.errors import type_error, value_error
-from prunekit.core.example_inputs import rowless
+from prunekit.core.example_inputs import rowless, token_mask
 from prunekit.structure.budget import Budget
 from prunekit.structure.compensation.damping import ROWS, check_damping
 from prunekit.structure.graph.graph import ChannelGroup, check_gqa
@@ -307,7 +307,10 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
 def _check_rows(batches: list[Any], why: str) -> None:
     """Refuse calibration with nothing to fit or score on: every batch empty, or every
     ``attention_mask`` all zero (the update would be fitted on no row, and change nothing;
-    a criterion would rank on nothing). `why`: what has no row."""
+    a criterion would rank on nothing), or a mask not shaped like its batch's tokens
+    (``token_mask``). `why`: what has no row."""
+    for index, batch in enumerate(batches):
+        token_mask(batch, index, "prune_channels")
     what = rowless(batches)
     if what is not None:
         raise value_error(
