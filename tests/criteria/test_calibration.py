@@ -375,7 +375,11 @@ def test_l1_with_patterns_needs_no_calibration() -> None:
         ({"pattern": "2:4", "amount": 0.6}, ValueError, "expected amount=0.5"),
         ({"pattern": "diagonal"}, ValueError, "invalid pattern='diagonal'"),
         ({"pattern": "row", "scope": "global"}, ValueError, "scope='global'"),
-        ({"method": "wanda", "scope": "global", "calibration": "B"}, ValueError, "sequential"),
+        (
+            {"method": "wanda", "scope": "global", "sequential": True, "calibration": "B"},
+            ValueError,
+            "sequential",
+        ),
         ({"method": "wanda", "calibration": []}, ValueError, "holds no batch"),
         ({"method": "wanda", "calibration": [3]}, TypeError, "batch 0 is a int"),
         ({"method": "l1", "calibration": "B"}, ValueError, "uses no calibration"),
