@@ -14,6 +14,7 @@ from torch import nn
 import prunekit.calibrate as cal
 from helpers.tiny_llm import folder_tensors, llama, sharded_folder
 from prunekit import prune_model
+from prunekit.calibrate import layer_matrices
 from prunekit.io.streamed import prune_streamed
 
 pytest.importorskip("transformers")
@@ -137,3 +138,29 @@ def test_attention_query_rows_follow_its_layout(batch_first: bool) -> None:
     assert stats.rows(attention) == int(mask.sum())
     assert torch.allclose(stats.hessian(attention), kept.T @ kept / len(kept), atol=1e-6)
     assert torch.allclose(stats.norms(attention), kept.double().norm(dim=0), atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (4, 4)], ids=["2x5", "4x4"])
+def test_attention_out_proj_rows_follow_its_layout(shape: tuple[int, int]) -> None:
+    """The out_proj of a MultiheadAttention without batch_first reads the heads' output as
+    (tokens, batch), as its query: its statistics keep the rows of the kept tokens, those
+    the same attention with batch_first keeps (2x5: no padding row; 4x4: as many tokens as
+    batch rows, not the transposed rows)."""
+    batch, tokens = shape
+    x = torch.randn(batch, tokens, 8, generator=torch.Generator().manual_seed(1))
+    mask = torch.rand(batch, tokens, generator=torch.Generator().manual_seed(2)) > 0.4
+    wanted = cal.Wanted(norms=True, hessian=True, patches=True)
+    found = []
+    for batch_first in (True, False):
+        torch.manual_seed(0)
+        attention = nn.MultiheadAttention(8, 2, batch_first=batch_first).eval()
+        given = x if batch_first else x.transpose(0, 1)
+        targets = [(attention, layer_matrices.OUT_PROJ)]
+        gather = wanted.gather([attention.out_proj])
+        with torch.no_grad(), layer_matrices.out_proj_called(targets), gather as stats:
+            stats.new_batch(mask)
+            attention(given, given, given)
+        found.append((stats.rows(attention.out_proj), stats.hessian(attention.out_proj)))
+    (rows, hessian), (other_rows, other_hessian) = found
+    assert rows == other_rows == int(mask.sum())
+    assert torch.allclose(other_hessian, hessian, atol=1e-6)

@@ -44,11 +44,16 @@ __all__ = [
     "oriented",
     "out_proj_called",
     "reader",
+    "tokens_first",
     "width",
 ]
 
 OUT_PROJ = "out_proj.weight"
 """A MultiheadAttention's out_proj weight, as the attention module names it."""
+
+_TOKENS_FIRST: set[int] = set()
+"""The out_projs (ids) that `out_proj_called` calls on the heads' output of an attention
+without batch_first: (tokens, batch, features)."""
 
 
 def _is_conv1d_hf(module: nn.Module) -> bool:
@@ -94,13 +99,18 @@ def out_proj_called(targets: Iterable[tuple[nn.Module, str]]) -> Iterator[None]:
         id(m): m for m, name in targets if isinstance(m, nn.MultiheadAttention) and name == OUT_PROJ
     }
     saved: list[tuple[nn.Module, Any]] = []
+    marked: list[int] = []  # the out_projs this call marks as reading (tokens, batch)
     try:
         for attention in attentions.values():
             holder: nn.Module = attention  # its forward is a Callable attribute there
             saved.append((holder, holder.__dict__.get("forward")))
             holder.forward = _calling_out_proj(attention, attention.forward)
+            if not attention.batch_first and id(attention.out_proj) not in _TOKENS_FIRST:
+                _TOKENS_FIRST.add(id(attention.out_proj))
+                marked.append(id(attention.out_proj))
         yield
     finally:
+        _TOKENS_FIRST.difference_update(marked)
         for attention, own in reversed(saved):
             del attention.forward
             if own is not None:
@@ -117,6 +127,22 @@ class _Identity(nn.Module):
         self.weight = torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)
         bias = getattr(real, "bias", None)
         self.bias = None if bias is None else torch.zeros_like(bias)
+
+
+def tokens_first(module: nn.Module) -> bool:
+    """Whether `module` reads a token-shaped input as (tokens, batch, features): a
+    MultiheadAttention without batch_first (its query), or the out_proj of one while
+    `out_proj_called` calls it on the heads' output.
+
+    Args:
+        module: a layer whose input statistics are taken.
+
+    Returns:
+        True for those two; False for any other module (batch first).
+    """
+    if isinstance(module, nn.MultiheadAttention):
+        return not module.batch_first
+    return id(module) in _TOKENS_FIRST
 
 
 def _calling_out_proj(attention: nn.MultiheadAttention, forward: Any) -> Any:

@@ -437,13 +437,14 @@ def kept_tokens(module: nn.Module, x: Tensor, mask: Tensor) -> Tensor:
     """The rows of `x` (a layer's input) of the tokens `mask` keeps, where `x` is
     token-shaped: ``(*mask.shape, features)`` (the tokens kept, as ``(kept, features)``),
     or ``(mask.numel(), features)`` (the tokens flattened, in order); a MultiheadAttention
-    without ``batch_first`` reads its query as (tokens, batch, features). Else `x` itself: a
+    without ``batch_first`` reads its query, and its out_proj the heads' output, as (tokens,
+    batch, features) (``layer_matrices.tokens_first``). Else `x` itself: a
     convolution's input, or rows that are not the batch's tokens (a routed expert's
     gathered tokens, a pooled input), where no row can be told to be a masked one."""
     if isinstance(module, nn.modules.conv._ConvNd) or x.dim() < 2:
         return x
-    if isinstance(module, nn.MultiheadAttention) and not module.batch_first and x.dim() == 3:
-        mask = mask.T  # its query is (tokens, batch, features)
+    if x.dim() == 3 and layer_matrices.tokens_first(module):
+        mask = mask.T  # its input is (tokens, batch, features)
     if tuple(x.shape[:-1]) == tuple(mask.shape):
         return x[mask.to(device=x.device)]
     if x.dim() == 2 and x.shape[0] == mask.numel() and mask.dim() > 1:
