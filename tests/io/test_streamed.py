@@ -97,6 +97,17 @@ def test_sparsegpt_block_by_block(tmp_path: Path, llama_folder: Callable[..., Pa
     assert_same_as_in_memory(tmp_path / "out", model)
 
 
+@pytest.mark.parametrize(("method", "shown"), [("wanda", "'row'"), ("sparsegpt", "'unstructured'")])
+def test_the_bar_names_the_pattern_pruned_with(
+    tmp_path: Path, llama_folder: Callable[..., Path], capsys: Any, method: str, shown: str
+) -> None:
+    """Without pattern=, the bar names the method's own (as prune_model's), not None."""
+    prune_streamed(llama_folder(), tmp_path / "out", method, 0.5, calibration=batches(),
+                   progress=True)  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"{method} {shown} streamed [" in err and "None" not in err
+
+
 def test_a_failure_mid_way_leaves_no_output(
     tmp_path: Path, llama_folder: Callable[..., Path], monkeypatch: Any
 ) -> None:

@@ -186,7 +186,8 @@ def prune_streamed(
     checkpoint, model, blocks, folder = open_streamed(path, out)
     source = checkpoint.index.parent
     total = sum(len(_targets(block)) for block in blocks)
-    bar = Progress(f"{settings.method} {settings.pattern!r} streamed", total, settings.progress)
+    label = f"{settings.method} {settings.chosen_pattern!r} streamed"  # None: the method's own
+    bar = Progress(label, total, settings.progress)
     try:
         with atomic_folder(folder) as stage:
             done = _stream(model, blocks, checkpoint, stage, settings, batches, bar)
