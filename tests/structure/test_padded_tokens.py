@@ -100,6 +100,20 @@ def test_padded_batches_compensate_as_unpadded(side: str, damping: str, tokens: 
         assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batches_refit_to_the_reference_as_unpadded(side: str) -> None:
+    done = []
+    for batches in (_batches(None), _batches(side)):
+        model = llama()
+        chosen = prune_channels(model, {"input_ids": _ids(0)}, 0.25, criterion="activation",
+                                calibration=batches, compensate="reference")  # fmt: skip
+        done.append((model.state_dict(), [p.units for p in chosen]))
+    (plain, units), (padded, padded_units) = done
+    assert units == padded_units
+    for name, value in plain.items():
+        assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
+
+
 def _misshaped() -> list[dict[str, torch.Tensor]]:
     """Padded batches, the second's mask transposed: as many entries, none in its place."""
     batches = _batches("right")

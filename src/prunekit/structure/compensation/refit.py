@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
+from prunekit.calibrate.statistics import kept_tokens
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria.hessian import damped_cholesky
 from prunekit.structure.compensation import compensate as plain
@@ -120,9 +121,14 @@ class _Paired:
         self.sx: Tensor | None = None
         self.st: Tensor | None = None
 
-    def features(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-        """(groups, rows, columns) of the consumer's input, float64."""
+    def features(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], mask: Tensor | None = None
+    ) -> Tensor:
+        """(groups, rows, columns) of the consumer's input, float64: only the rows of the
+        tokens `mask` keeps (``kept_tokens``; None: every row)."""
         x = layer_matrices.layer_input(self.module, args, kwargs)
+        if mask is not None:
+            x = kept_tokens(self.module, x, mask)
         if self.patches:
             found = layer_matrices.features(self.module, x)
         else:
@@ -152,12 +158,15 @@ class _Paired:
         self.rows += x.shape[1]
 
 
-def _first_input(model: nn.Module, module: nn.Module, batch: Any, paired: _Paired) -> Tensor:
-    """`module`'s input features on `batch` (its first call), the forward stopped there."""
+def _first_input(
+    model: nn.Module, module: nn.Module, batch: Any, paired: _Paired, mask: Tensor | None
+) -> Tensor:
+    """`module`'s input features on `batch` (its first call), the forward stopped there:
+    those of the tokens `mask` keeps (None: all)."""
     found: list[Tensor] = []
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        found.append(paired.features(args, kwargs))
+        found.append(paired.features(args, kwargs, mask))
         raise cal.Stop  # its input is taken: the rest of the forward is not needed
 
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
@@ -179,11 +188,14 @@ def _paired_statistics(
     model: nn.Module, reference: nn.Module, module: nn.Module, twin: nn.Module,
     batches: Sequence[Any], patches: bool,
 ) -> _Paired:  # fmt: skip
+    """The paired moments of `module`'s input and its `twin`'s in `reference` over
+    `batches`, the tokens a batch's ``attention_mask`` masks out left out (``batch_masks``)."""
     paired = _Paired(module, patches)
+    masks = cal.batch_masks(batches, owner=_OWNER)
     for index, batch in enumerate(batches):
         try:
-            x = _first_input(model, module, batch, paired)
-            t = _first_input(reference, twin, batch, paired)
+            x = _first_input(model, module, batch, paired, masks[index])
+            t = _first_input(reference, twin, batch, paired, masks[index])
         except Exception as error:
             raise cal.batch_error(index, error, owner=_OWNER)  # noqa: B904 (its cause is set)
         paired.add(x, t)
