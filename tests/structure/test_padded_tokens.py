@@ -16,6 +16,7 @@ from helpers.tiny_llm import folder_tensors, llama, sharded_folder
 from prunekit import prune_blocks, prune_channels
 from prunekit.export.streamed_shrink import ShrinkStreamedConfig, shrink_streamed
 from prunekit.structure.budget import Budget
+from prunekit.structure.compensation.reconstruct import reconstruct_blocks
 from prunekit.structure.stages.channel_config import ChannelConfig
 from prunekit.structure.stages.score_units import score
 from prunekit.structure.stages.trace_groups import trace
@@ -112,6 +113,28 @@ def test_padded_batches_refit_to_the_reference_as_unpadded(side: str) -> None:
     assert units == padded_units
     for name, value in plain.items():
         assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
+
+
+@pytest.mark.parametrize("ends", [False, True])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_batches_reconstruct_as_unpadded(side: str, ends: bool) -> None:
+    reference = llama()
+    pruned = copy.deepcopy(reference)
+    prune_channels(pruned, {"input_ids": _ids(0)}, 0.25, criterion="activation",
+                   calibration=_batches(None))  # fmt: skip
+    done = []
+    for batches in (_batches(None), _batches(side)):
+        model = copy.deepcopy(pruned)
+        errors = reconstruct_blocks(model, reference, batches, steps=6, lr=1e-4, ends=ends)
+        done.append((errors, model.state_dict()))
+    (errors, plain), (padded_errors, padded) = done
+    assert any(after < before for before, after in errors)  # the steps changed something
+    assert len(errors) == len(padded_errors)
+    for (before, after), (padded_before, padded_after) in zip(errors, padded_errors, strict=True):
+        assert padded_before == pytest.approx(before, rel=1e-4)
+        assert padded_after == pytest.approx(after, rel=1e-3)
+    for name, value in plain.items():
+        assert torch.allclose(value, padded[name], rtol=1e-3, atol=1e-4), name
 
 
 def _misshaped() -> list[dict[str, torch.Tensor]]:

@@ -10,10 +10,17 @@ the reference's same block (ref) computes on *its* input:
     min over the block's parameters of  sum || block(x) - ref(t) ||^2 / sum || ref(t) ||^2
 
 with x the block's inputs in the pruned model as reconstructed so far and t the reference's,
-over the calibration batches. Blocks go in order, each from the inputs the blocks before it
-now give, so later blocks also correct what earlier ones left. Masked entries stay zero (a
-mask multiplies the stored weight, so their gradient is zero and Adam leaves them), and a
-block whose error on the calibration batches did not fall gets its parameters back.
+over the calibration batches and their tokens that count: where a batch is a mapping with an
+``attention_mask`` (``calibrate.batch_masks``) and an output is (batch, tokens, features) of
+its mask's shape, both sums run over the tokens it keeps only, so padding neither weighs in
+nor sets the scale (the sum, not the mean, over them: a step's gradient on a padded batch is
+the one on the same tokens unpadded). An output of any other shape counts whole: a
+(tokens, batch, features) output of a model that is not batch-first is not told from a
+batch-first one, and is masked as one only where its shape matches. Blocks go in order,
+each from the inputs the blocks before it now give, so later blocks also correct what
+earlier ones left. Masked entries stay zero (a mask multiplies the stored weight, so their
+gradient is zero and Adam leaves them), and a block whose error on the calibration batches
+did not fall gets its parameters back.
 
 With ``ends=True`` the two ends of the model take part too. The stem (the modules that run
 before the first block, outside it: a CNN's first convolution and norm, a transformer's
@@ -77,10 +84,11 @@ def reconstruct_blocks(
     Typically after ``prune_channels(..., compensate="reference")``, with `reference` the
     copy of the model taken before pruning. Each block gets `steps` Adam steps (one
     calibration batch per step, in turn; the learning rate decays from `lr` to 0 along a
-    cosine) on its relative squared error to the reference block's output; see the module
-    docstring. With `cpu_seconds`, the call's CPU time is spread over the blocks instead:
-    each block trains until an even share of what is left is used (or `steps`), the
-    cosine following that share.
+    cosine) on its relative squared error to the reference block's output, summed over the
+    tokens a batch's ``attention_mask`` keeps (padding left out); see the module docstring.
+    With `cpu_seconds`, the call's CPU time is spread over the blocks instead: each block
+    trains until an even share of what is left is used (or `steps`), the cosine following
+    that share.
 
     Args:
         model: the pruned model, masked, or compacted if its hidden width (the blocks'
@@ -128,7 +136,8 @@ def reconstruct_blocks(
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
     budget = None if cpu_seconds is None else float(cpu_seconds)
-    fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends))
+    masks = cal.batch_masks(batches, owner=_OWNER)  # each batch's tokens that count
+    fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends), masks)
     inner = [p for block in blocks for p in _trainable(block)]
     # the forward that finds the ends runs inside the transaction: a refusal after it
     # leaves what it wrote (a buffer, an attribute) as it was
@@ -491,9 +500,14 @@ def _output(block: nn.Module, inputs: _Inputs) -> Tensor:
 class _Fit:
     """Adam steps of some parameters towards targets, one batch per step, the rate decaying
     along a cosine over the share of the call's budget used: `steps`, and with
-    `cpu_seconds` an even share of the CPU time left over the `parts` calls left."""
+    `cpu_seconds` an even share of the CPU time left over the `parts` calls left. `masks`:
+    each batch's tokens that count (``_kept``), None: all."""
 
-    def __init__(self, steps: int, lr: float, cpu_seconds: float | None, parts: int) -> None:
+    def __init__(
+        self, steps: int, lr: float, cpu_seconds: float | None, parts: int,
+        masks: Sequence[Tensor | None],
+    ) -> None:  # fmt: skip
+        self.masks = masks
         self.steps = steps
         self.lr = lr
         self.cpu_seconds = cpu_seconds
@@ -522,8 +536,11 @@ class _Fit:
         `keep` the outputs that gave the second. An error that is not finite is refused
         before any step, naming `what` is trained."""
         begun = time.process_time()
-        scale = sum(float(t.double().square().sum()) for t in targets) or 1.0
-        error, first = _error(run, targets, keep)
+        scale = sum(
+            float(_kept(t, self.masks[k]).double().square().sum()) for k, t in enumerate(targets)
+        )
+        scale = scale or 1.0
+        error, first = _error(run, targets, keep, self.masks)
         before = error / scale
         if not math.isfinite(before):
             raise value_error(
@@ -536,7 +553,7 @@ class _Fit:
             return before, before, first
         saved = [p.detach().clone() for p in params]
         self._steps(params, run, targets, scale, seconds)
-        error, outputs = _error(run, targets, keep)
+        error, outputs = _error(run, targets, keep, self.masks)
         after = error / scale
         if not after < before:  # NaN too
             with torch.no_grad():
@@ -555,7 +572,9 @@ class _Fit:
         with torch.enable_grad():
             while (used := self._used(step, time.process_time() - begun, seconds)) < 1.0:
                 k = step % len(targets)
-                loss = (run(k) - targets[k]).square().sum() * (len(targets) / scale)
+                mask = self.masks[k]
+                loss = (_kept(run(k), mask) - _kept(targets[k], mask)).square().sum()
+                loss = loss * (len(targets) / scale)
                 for group in optimizer.param_groups:
                     group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * used))
                 optimizer.zero_grad(set_to_none=True)
@@ -571,15 +590,27 @@ class _Fit:
         return min(1.0, max(step / self.steps, timed))
 
 
+def _kept(x: Tensor, mask: Tensor | None) -> Tensor:
+    """The rows of `x` of the tokens `mask` keeps, as (kept, features), where `x` is
+    (batch, tokens, features) of `mask`'s shape; else `x` whole (no mask, or an output not
+    shaped by the batch's tokens)."""
+    if mask is None or x.dim() != 3 or tuple(x.shape[:2]) != tuple(mask.shape):
+        return x
+    return x[mask.to(device=x.device)]
+
+
 def _error(
-    run: Callable[[int], Tensor], targets: Sequence[Tensor], keep: bool
-) -> tuple[float, list[Tensor]]:
-    """The squared error of ``run(k)`` to each target, summed, and with `keep` the outputs."""
+    run: Callable[[int], Tensor], targets: Sequence[Tensor], keep: bool,
+    masks: Sequence[Tensor | None],
+) -> tuple[float, list[Tensor]]:  # fmt: skip
+    """The squared error of ``run(k)`` to each target over the tokens ``masks[k]`` keeps
+    (``_kept``), summed, and with `keep` the outputs (whole)."""
     total, kept = 0.0, []
     with torch.no_grad():
         for k, target in enumerate(targets):
             out = run(k)
-            total += float((out - target).double().square().sum())
+            mask = masks[k]
+            total += float((_kept(out, mask) - _kept(target, mask)).double().square().sum())
             if keep:
                 kept.append(out)
     return total, kept
