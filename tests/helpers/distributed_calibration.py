@@ -55,7 +55,7 @@ class Net(nn.Module):
 class Calibrated:
     method: str
     scope: str = "layer"
-    sequential: bool = True
+    sequential: bool | None = True  # None: Taylor, which refuses it (it never goes by blocks)
     pattern: str = "unstructured"
 
 
@@ -65,7 +65,7 @@ CALIBRATED = {
     "wanda_rows": Calibrated("wanda", sequential=False, pattern="row"),
     "sparsegpt": Calibrated("sparsegpt"),
     "sparsegpt_2of4": Calibrated("sparsegpt", sequential=False, pattern="2:4"),
-    "taylor": Calibrated("taylor"),
+    "taylor": Calibrated("taylor", sequential=None),
 }
 
 

@@ -214,3 +214,19 @@ def test_a_calibration_option_beside_a_method_without_data_is_refused(
             rf"sparsegpt, taylor\) only, not method='{method}', which would ignore it; "
             rf"expected no {key}",
             model=model)  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [True, False, "layers"])
+def test_sequential_beside_taylor_is_refused(value: Any) -> None:
+    """Taylor ranks by the gradients of whole-model backward passes, never block by block:
+    sequential= was read and silently ignored with it."""
+    model = _net()
+    refused(lambda: prune_model(model, 0.5, method="taylor", sequential=value,
+                                calibration=[torch.randn(4, 8)],
+                                loss=lambda output, batch: output.pow(2).sum()),
+            ValueError,
+            rf"prune_model: sequential={value!r} applies to the methods calibrated block by "
+            rf"block \(wanda, sparsegpt\) only, not method='taylor', which would ignore it "
+            rf"\(its gradients come from backward passes of the whole model\); expected no "
+            rf"sequential \(None\) with method='taylor'",
+            model=model)  # fmt: skip

@@ -26,7 +26,7 @@ from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
 from prunekit.whole.oneshot_plan import Loss
-from prunekit.whole.registry import CALIBRATED, METHODS, check_method_scope
+from prunekit.whole.registry import BLOCKWISE, CALIBRATED, METHODS, check_method_scope
 from prunekit.whole.targets import (
     ALL,
     Place,
@@ -87,7 +87,8 @@ def prune_model(
         config: every option at once, a ``Config`` (then neither `amount` nor `**options`).
         **options: the other options of ``Config`` by name: `method` (default ``'l1'``),
             `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress` (these two
-            for the calibrated methods only: refused with the others, which ignore them).
+            for the calibrated methods only: refused with the others, which ignore them;
+            `sequential` refused with ``'taylor'`` too, which never goes block by block).
 
     Returns:
         The Report of the whole model after pruning.
@@ -127,6 +128,14 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
                     f"({', '.join(CALIBRATED)}) only, not method={method!r}, which would "
                     f"ignore it; expected no {key} (None) with method={method!r}"
                 )
+        sequential = options.get("sequential")
+        if sequential is not None and method == "taylor":  # Taylor never calibrates by blocks
+            raise value_error(
+                f"{OWNER}: sequential={sequential!r} applies to the methods calibrated block by "
+                f"block ({', '.join(BLOCKWISE)}) only, not method='taylor', which would "
+                "ignore it (its gradients come from backward passes of the whole model); "
+                "expected no sequential (None) with method='taylor'"
+            )
         if amount is None:
             raise type_error(
                 f"{OWNER}: amount=None; expected the fraction to prune, a float in [0, 1], "

@@ -18,6 +18,7 @@ from prunekit.dropin.torch_methods import L1Unstructured, LnStructured, Pruning,
 
 __all__ = [
     "ALIASES",
+    "BLOCKWISE",
     "CALIBRATED",
     "METHODS",
     "OFFLINE",
@@ -87,6 +88,10 @@ ALIASES = {"magnitude": "l1"}
 
 CALIBRATED = tuple(name for name, m in METHODS.items() if m.calibrated)
 """The methods that learn from calibration batches."""
+
+BLOCKWISE = tuple(name for name in CALIBRATED if name != "taylor")
+"""The calibrated methods that can calibrate block by block (which `sequential` chooses):
+Taylor's gradients come from backward passes of the whole model."""
 
 OFFLINE = tuple(name for name, m in METHODS.items() if m.pruning is not None)
 """The methods that prune a tensor from its values alone: all a state_dict can take."""
