@@ -12,13 +12,17 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import prunekit as prune
 from prunekit.io.files import CheckpointError
 from prunekit.io.sharded import INDEX
 from prunekit.io.streamed import StreamedConfig, prune_streamed
+from prunekit.progress import Progress
 from prunekit.tools.cli import main
+from prunekit.whole import Config
 from prunekit.whole.oneshot_execute import prune_block
+from prunekit.whole.oneshot_plan import make_plan
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -315,3 +319,21 @@ def test_an_empty_out_is_refused_by_name_before_a_shard_is_read(
     with pytest.raises(ValueError, match=r"^prune_streamed: invalid out=''; expected a path"):
         prune_streamed(folder, "", "wanda", 0.5, calibration=batches())
     assert list(empty_cwd.iterdir()) == []
+
+
+def test_prune_block_on_inputs_of_other_batches_is_an_internal_error() -> None:
+    """Its inputs are those of the plan's batches, one each, which is what lets each take
+    its batch's token mask: a count that differs is a bug of its caller, raised as such (it
+    replaced every mask with None, so padding counted, and went on)."""
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(8, 8))
+    batches = [
+        {"x": torch.randn(2, 4, 8), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
+        for _ in range(2)
+    ]
+    plan = make_plan(block, [(block[0], "weight")], Config("wanda", 0.5), batches, None)
+    before = block[0].weight.clone()
+    inputs = [((batches[0]["x"],), {})]  # one input for two batches
+    with pytest.raises(AssertionError, match=r"prune_block: 1 block inputs for 2 batches"):
+        prune_block(plan, block, [(block[0], "weight")], inputs, Progress("", 1, False), False)
+    assert torch.equal(block[0].weight, before) and not hasattr(block[0], "weight_mask")

@@ -262,11 +262,19 @@ def prune_block(
     in-memory driver does (one process, no ranks): the same statistics, criteria and
     order, so the same masks. Returns the pruned block's outputs, the next block's inputs,
     if there is `more` to calibrate (else none). The inputs are those of `plan.batches`,
-    in order, whose masked tokens take no part (``cal.batch_masks``)."""
+    in order, whose masked tokens take no part (``cal.batch_masks``).
+
+    Raises:
+        AssertionError: `inputs` not one per batch of `plan` (a bug of the caller: which
+            input's tokens a batch's mask names could not be told).
+    """
+    if len(inputs) != len(plan.batches):  # raised under python -O too
+        raise AssertionError(
+            f"prune_block: {len(inputs)} block inputs for {len(plan.batches)} batches; "
+            "expected one per batch of the plan"
+        )
     want = wanted(plan)
     masks = cal.batch_masks(plan.batches, owner=plan.config.owner)
-    if len(masks) != len(inputs):
-        masks = [None] * len(inputs)  # inputs of other batches: no token told apart
     with layer_matrices.out_proj_called(targets):
         if targets and plan.config.chosen_sequential == "layers":
             return _by_groups(plan, block, inputs, targets, want, bar, more, masks=masks)
