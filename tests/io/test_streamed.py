@@ -326,14 +326,16 @@ def test_prune_block_on_inputs_of_other_batches_is_an_internal_error() -> None:
     its batch's token mask: a count that differs is a bug of its caller, raised as such (it
     replaced every mask with None, so padding counted, and went on)."""
     torch.manual_seed(0)
-    block = nn.Sequential(nn.Linear(8, 8))
+    layer = nn.Linear(8, 8)
+    block = nn.Sequential(layer)
     batches = [
         {"x": torch.randn(2, 4, 8), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
         for _ in range(2)
     ]
-    plan = make_plan(block, [(block[0], "weight")], Config("wanda", 0.5), batches, None)
-    before = block[0].weight.clone()
-    inputs = [((batches[0]["x"],), {})]  # one input for two batches
+    plan = make_plan(block, [(layer, "weight")], Config("wanda", 0.5), batches, None)
+    before = layer.weight.clone()
+    nothing: dict[str, Any] = {}
+    inputs = [((batches[0]["x"],), nothing)]  # one input for two batches
     with pytest.raises(AssertionError, match=r"prune_block: 1 block inputs for 2 batches"):
-        prune_block(plan, block, [(block[0], "weight")], inputs, Progress("", 1, False), False)
-    assert torch.equal(block[0].weight, before) and not hasattr(block[0], "weight_mask")
+        prune_block(plan, block, [(layer, "weight")], inputs, Progress("", 1, False), False)
+    assert torch.equal(layer.weight, before) and not hasattr(layer, "weight_mask")
