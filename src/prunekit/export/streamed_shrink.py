@@ -318,16 +318,22 @@ def _calls(inputs: Sequence[cal.Inputs], masks: Sequence[Tensor | None]) -> list
     return found
 
 
-def _score_pass(run: _Run) -> Scored:
-    """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
-    channel = run.channel
+def _first_inputs(
+    run: _Run,
+) -> tuple[list[cal.Inputs], cal.BlockCalls | None, list[Tensor | None]]:
+    """What each pass starts from: the first block's inputs of every batch, every block's
+    own call (its mask, its rotary embedding) and each batch's token mask."""
     inputs = computed_inputs(
         cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
     )
-    own = cal.block_calls(
-        run.model, run.blocks, run.batches, owner=OWNER
-    )  # a block's own mask, rotary
-    masks = cal.batch_masks(run.batches, owner=OWNER)
+    own = cal.block_calls(run.model, run.blocks, run.batches, owner=OWNER)
+    return inputs, own, cal.batch_masks(run.batches, owner=OWNER)
+
+
+def _score_pass(run: _Run) -> Scored:
+    """Pass 1: every block's candidate groups and their scores, on the dense model's inputs."""
+    channel = run.channel
+    inputs, own, masks = _first_inputs(run)
     groups, scores = [], []
     for i in range(len(run.blocks)):
         holder = run.load(i)
@@ -355,13 +361,7 @@ def _prune_pass(run: _Run, chosen: list[PrunedGroup], stage: Path) -> Path:
     files = {f: run.checkpoint.files.get(f, {}) for f in plans}
     writer = Writer(stage, plans, files)
     try:
-        inputs = computed_inputs(
-            cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
-        )
-        own = cal.block_calls(
-            run.model, run.blocks, run.batches, owner=OWNER
-        )  # a block's own mask, rotary
-        masks = cal.batch_masks(run.batches, owner=OWNER)
+        inputs, own, masks = _first_inputs(run)
         for i in range(len(run.blocks)):
             inputs = _prune_block(run, i, chosen, inputs, writer, masks)
             if i + 1 < len(run.blocks):
