@@ -43,6 +43,26 @@ def masks_of(made: list[nn.Linear]) -> list[torch.Tensor]:
     return [m.weight_mask.clone() for m in made]
 
 
+def one_process(
+    made: list[nn.Linear], amount: float, scores: list[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """The masks global_unstructured gives `made` (a copy) in one process, with `scores` (one
+    per layer) as its importance scores."""
+    alone = copy.deepcopy(made)
+    pairs: list[tuple[nn.Module, str]] = [(m, "weight") for m in alone]
+    given = None if scores is None else dict(zip(pairs, scores, strict=True))
+    prunekit.global_unstructured(pairs, prunekit.L1Unstructured, given, amount=amount)
+    return masks_of(alone)
+
+
+def assert_each_rank_holds(found: list[Any], want: list[torch.Tensor]) -> None:
+    """Every rank's masks (`over_ranks`' result) are `want`'s, no rank raised."""
+    for r, got in enumerate(found):
+        assert isinstance(got, dict), f"rank {r}: {got}"
+        for i, mask in got.items():
+            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+
+
 def over_ranks(made: list[nn.Linear], by_rank: tuple[int, ...], **kwargs: Any) -> list[Any]:
     """global_unstructured over two ranks, layer i listed by rank `by_rank[i]` (each rank a
     copy of the layers made before the threads start: torch's seed is one for all threads);
@@ -82,16 +102,8 @@ def test_what_lies_behind_a_mask_does_not_compete_across_ranks(
     others and prunes; over ranks every rank raised 'the scores ... hold NaN or infinity,
     which cannot be ranked' (the check read the entries the mask had pruned)."""
     made = layers(dtype, behind)
-    alone = copy.deepcopy(made)
-    prunekit.global_unstructured(
-        [(m, "weight") for m in alone], prunekit.L1Unstructured, amount=0.5
-    )
-    want = masks_of(alone)
-    found = over_ranks(made, by_rank, amount=0.5)
-    for r, got in enumerate(found):
-        assert isinstance(got, dict), f"rank {r}: {got}"
-        for i, mask in got.items():
-            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+    want = one_process(made, 0.5)
+    assert_each_rank_holds(over_ranks(made, by_rank, amount=0.5), want)
 
 
 def test_importance_scores_behind_a_mask_do_not_compete_across_ranks() -> None:
@@ -100,16 +112,8 @@ def test_importance_scores_behind_a_mask_do_not_compete_across_ranks() -> None:
     made = layers(torch.float32)
     scores = [m.weight.detach().abs() + 1 for m in made]
     scores[1][0, :2] = math.nan
-    alone = copy.deepcopy(made)
-    given = {(m, "weight"): s for m, s in zip(alone, scores, strict=True)}
-    prunekit.global_unstructured(
-        [(m, "weight") for m in alone], prunekit.L1Unstructured, given, amount=0.4
-    )
-    want = masks_of(alone)
-    for r, got in enumerate(over_ranks(made, (0, 1, 1), amount=0.4, scores=scores)):
-        assert isinstance(got, dict), f"rank {r}: {got}"
-        for i, mask in got.items():
-            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+    want = one_process(made, 0.4, scores)
+    assert_each_rank_holds(over_ranks(made, (0, 1, 1), amount=0.4, scores=scores), want)
 
 
 def test_nan_that_competes_is_still_refused_on_every_rank() -> None:
@@ -300,16 +304,8 @@ def test_integer_importance_scores_rank_as_in_one_process() -> None:
     made = layers(torch.float32)
     scores = [(m.weight.detach() * 1000).round().to(torch.int64) for m in made]
     scores[0][0, :3] = 2**40 + torch.arange(3)  # apart only as integers past float32's 2**24
-    alone = copy.deepcopy(made)
-    given = {(m, "weight"): s for m, s in zip(alone, scores, strict=True)}
-    prunekit.global_unstructured(
-        [(m, "weight") for m in alone], prunekit.L1Unstructured, given, amount=0.5
-    )
-    want = masks_of(alone)
-    for r, got in enumerate(over_ranks(made, (0, 1, 0), amount=0.5, scores=scores)):
-        assert isinstance(got, dict), f"rank {r}: {got}"
-        for i, mask in got.items():
-            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+    want = one_process(made, 0.5, scores)
+    assert_each_rank_holds(over_ranks(made, (0, 1, 0), amount=0.5, scores=scores), want)
 
 
 @pytest.mark.parametrize(
@@ -333,17 +329,9 @@ def test_scores_finer_than_their_tensor_rank_at_their_own_precision(
         given.append(1 + (total - ranks) * step)
         offset += n
     assert all(bool((s.to(weights) == 1).all()) for s in given)  # ties in the tensors' dtype
-    alone = copy.deepcopy(made)
-    pairs = {(m, "weight"): s for m, s in zip(alone, given, strict=True)}
-    prunekit.global_unstructured(
-        [(m, "weight") for m in alone], prunekit.L1Unstructured, pairs, amount=0.5
-    )
-    want = masks_of(alone)
+    want = one_process(made, 0.5, given)
     assert not bool(want[2].any())  # the last layer's entries are the smallest scores
-    for r, got in enumerate(over_ranks(made, (0, 1, 1), amount=0.5, scores=given)):
-        assert isinstance(got, dict), f"rank {r}: {got}"
-        for i, mask in got.items():
-            assert torch.equal(mask, want[i]), f"rank {r}, layer {i}"
+    assert_each_rank_holds(over_ranks(made, (0, 1, 1), amount=0.5, scores=given), want)
 
 
 # --- prune_model over ranks -------------------------------------------------------------------
