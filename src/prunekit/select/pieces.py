@@ -66,7 +66,8 @@ __all__ = ["Bits", "Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 
 class Unrankable(ValueError):
-    """Some scores are NaN or infinite; `pieces` are the local ones that hold them."""
+    """Some competing scores are NaN or infinite; `pieces` are the local ones that hold
+    them."""
 
     def __init__(self, pieces: list[int]) -> None:
         super().__init__("the scores hold NaN or infinity, which cannot be ranked")
@@ -255,7 +256,8 @@ def select(
     in one process), ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
-    score is NaN or infinite, after any error `count` raises. `total`, if known, is how
+    competing score is NaN or infinite, after any error `count` raises; what lies behind
+    the flags never counts, whatever it holds. `total`, if known, is how
     many compete in all (else counted first, or in the count pass with `marks`).
 
     With `marks` (whole tensors in one process), the count pass also writes every
