@@ -119,7 +119,7 @@ class Selection:
     the count pass (onepass.split), with the bounds set about the threshold. With `held`,
     the selections the count pass wrote (see select's `marks`), as they are. `k` and
     `total`: how many were chosen among how many competing (None: not known here);
-    `finite`: every score was read and found finite."""
+    `finite`: every competing score was read and found finite."""
 
     def __init__(
         self,
@@ -303,7 +303,7 @@ class Bits:
         self.given = total  # as the caller knew it
         self.total = total if known else counted
         self.k: int | None = None
-        self.finite = False  # every score read by the count pass, and found finite
+        self.finite = False  # every competing score read by the count pass, found finite
         self.route = Route(True, dtype, size, largest, signed=signed)
         self.buffers = Buffers(self.route.work, signed=signed)
         self.limits = (0.0, 0.0, math.inf)
