@@ -305,10 +305,8 @@ def _scores(e: _Entry, criterion: Criterion) -> Any:
     ranked = e.values if e.scores is None else e.scores
 
     def read() -> tuple[Tensor, Tensor | None]:
-        scores = criterion._checked_scores(ranked, target)
-        if e.alive is not None:  # entries pruned before do not compete: NaN there is no harm
-            scores = torch.where(e.alive == 1, scores, torch.zeros((), dtype=scores.dtype))
-        return scores, e.alive
+        # entries pruned before do not compete: the selection never reads what they hold
+        return criterion._checked_scores(ranked, target), e.alive
 
     return read
 

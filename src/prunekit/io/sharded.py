@@ -411,12 +411,8 @@ def _global(
 
 def _source(values: Stored, mask: Stored | None) -> Source:
     def read() -> tuple[Tensor, Tensor | None]:
-        if mask is None:
-            return values.load(), None
-        alive = mask.load()
-        # the entries the saved mask pruned do not compete: NaN or inf there is no harm
-        kept = torch.where(alive == 1, values.load(), torch.zeros((), dtype=values.dtype))
-        return kept, alive
+        # the entries the saved mask pruned do not compete: the selection never reads them
+        return values.load(), None if mask is None else mask.load()
 
     return read
 

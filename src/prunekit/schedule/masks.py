@@ -121,18 +121,10 @@ def global_masks(
         criterion, values, masks, Amount(extra, owner), keep_dtype=keep_dtype, targets=targets
     )
     if kept is None:
+        # Values that cannot be ranked are named (what lies behind the masks never counts:
+        # the selection does not read it), else the pattern has no such selection.
         for t, current, where in zip(values, currents, wheres, strict=True):
             _check_finite(t[current == 1], where)
-        # the alive entries are finite: what lies behind the masks (NaN, inf) does not
-        # compete, so it is ranked as 0 (the layer scope ranks the alive entries alone)
-        finite = [
-            t if m is None else torch.where(m == 1, t, torch.zeros((), dtype=t.dtype))
-            for t, m in zip(values, masks, strict=True)
-        ]
-        kept = pattern.select(
-            criterion, finite, masks, Amount(extra, owner), keep_dtype=keep_dtype, targets=targets
-        )
-    if kept is None:
         raise value_error(
             f"{owner}: pattern={pattern!r} cannot rank several tensors together "
             "(its select() gave None); expected scope='layer' for it"

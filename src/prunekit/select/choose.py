@@ -70,8 +70,9 @@ def smallest_k_many(
     itself instead of reading them beforehand. The function may be called with
     estimates of the count too, and raise ValueError to refuse one: a refused
     estimate costs speed only, a refused count is raised. With `finite`, raises
-    NotFinite if a score is NaN or infinite, after any error about `k` and before
-    yielding anything (all scores count here, competing or not).
+    NotFinite if a competing score is NaN or infinite, after any error about `k` and
+    before yielding anything. What lies behind the flags (entries that do not compete)
+    never counts, whatever it holds: it is neither ranked nor refused.
 
     `products` (with `keep_dtype`) may hold, per source, a flat tensor of that dtype
     into which the source's scores times its mask are written by the time the mask

@@ -6,6 +6,7 @@ and products, and turning selections into masks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -25,6 +26,7 @@ __all__ = [
     "check_flags",
     "check_products",
     "competing",
+    "competing_finite",
     "complement",
     "count_of",
     "multiplied",
@@ -113,9 +115,30 @@ def all_finite(t: Tensor) -> bool:
     return finite(t, tuning.get().chunk)
 
 
+def competing_finite(scores: Tensor, alive: Tensor | None) -> bool:
+    """True if the competing scores (where `alive` is True or 1; all for None) hold no NaN
+    or infinity, read in chunks of the tuning's size. What lies behind the flags (entries
+    pruned before) never counts, whatever it holds: the selection's one rule for it."""
+    if alive is None:
+        return all_finite(scores)
+    flat, flags = scores.reshape(-1), alive.reshape(-1)
+    ns = namespace(flat)
+    chunk = tuning.get().chunk
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start : start + chunk]
+        if math.isfinite(float(part.sum())):  # every entry finite, competing or not
+            continue
+        live = flags[start : start + chunk]
+        live = live if live.dtype == ns.bool else live == 1
+        if bool((~ns.isfinite(part) & live).any()):
+            return False
+    return True
+
+
 def refuse_non_finite(sources: Sequence[Source]) -> None:
-    """Raise NotFinite if any score is NaN or infinite."""
-    if not all(all_finite(source()[0]) for source in sources):
+    """Raise NotFinite if a competing score is NaN or infinite (what lies behind the
+    flags does not count)."""
+    if not all(competing_finite(*source()) for source in sources):
         raise NotFinite("the scores hold NaN or infinity, which cannot be ranked")
 
 

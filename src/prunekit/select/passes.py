@@ -18,7 +18,7 @@ from torch import Tensor
 
 from prunekit.select import native, onepass, trace, tuning
 from prunekit.select.chunks import Chunks, ones
-from prunekit.select.inputs import all_finite
+from prunekit.select.inputs import competing_finite
 from prunekit.select.native import Gather
 from prunekit.select.onepass import Gathered
 from prunekit.select.process_group import Group
@@ -71,8 +71,9 @@ def magnitudes(
 
 
 def non_finite(pieces: Sequence[Piece], owned: list[int]) -> list[int]:
-    """The local pieces whose scores (any, competing or not) hold NaN or infinity."""
-    return [i for i in owned if not all_finite(pieces[i].source()[0])]
+    """The local pieces whose competing scores hold NaN or infinity (what lies behind the
+    flags never counts)."""
+    return [i for i in owned if not competing_finite(*pieces[i].source())]
 
 
 def histograms(
@@ -80,7 +81,8 @@ def histograms(
 ) -> tuple[Tensor, dict[int, Tensor], int]:
     """For scores all of one 16-bit float format: the histogram of the competing
     magnitudes' bits (summed over the ranks), each local piece's own, and how many
-    scores are not finite (summed). One pass, no sample: the bits are the values."""
+    competing scores are not finite (summed; those behind the flags never count). One
+    pass, no sample: the bits are the values."""
     infinity = INFINITY[fmt]
     mine: dict[int, Tensor] = {}
     nonfinite = 0
@@ -97,10 +99,9 @@ def histograms(
                 out = flags[start : start + step]
                 out = out.logical_not() if out.dtype == torch.bool else out != 1
                 dead += int(out.count_nonzero())
-                nonfinite += int((out & (keys >= infinity)).count_nonzero())
                 keys.masked_fill_(out, HALF - 1)  # a NaN's bits: never counted below
             hist += torch.bincount(keys, minlength=HALF)
-        nonfinite += int(hist[infinity:].sum()) - dead
+        nonfinite += int(hist[infinity:].sum()) - dead  # the dead all lie there
         mine[i] = hist
     local = sum(mine.values(), torch.zeros(HALF, dtype=torch.int64))
     summed = group.sum(torch.cat([local, torch.tensor([nonfinite])]))
@@ -127,12 +128,12 @@ class Counted:
 
     below: int  # competing entries below the lower bound
     kept: int  # entries kept between the bounds in all; -1 if a rank went over its budget
-    nonfinite: int  # pieces whose scores are not all finite
+    nonfinite: int  # pieces whose competing scores are not all finite
     competing: int  # entries competing (-1: the pass stopped early)
     held: dict[int, Tensor]  # per local piece: the magnitudes kept
     values: Tensor  # the magnitudes kept, all local pieces in order
     marked: list[Gathered]  # with Marks: each piece's selection and positions kept
-    finite: bool  # every score was read, and found finite
+    finite: bool  # every competing score was read, and found finite
 
 
 def between(
@@ -182,9 +183,13 @@ def between(
                 over, gather.size, first = True, 0, 0  # the count goes on, nothing is kept
         if peaks is None:
             unknown = True
-            finite = marks is not None or all_finite(scores)  # with marks: not asked here
+            finite = marks is not None or competing_finite(scores, alive)  # marks: not asked
         else:
+            # The C loop tells of every entry: where some do not compete, a chunk it found
+            # not finite is read again for the competing ones alone (what lies behind the
+            # flags never counts).
             finite = all(bool(peak) for peak in peaks)
+            finite = finite or (alive is not None and competing_finite(scores, alive))
         nonfinite += not finite
         if marks is not None:
             # Scores are kept only where a product needs them: sources may make theirs anew.

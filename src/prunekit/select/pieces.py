@@ -66,7 +66,8 @@ __all__ = ["Bits", "Marks", "Piece", "Run", "Selection", "Unrankable", "select"]
 
 
 class Unrankable(ValueError):
-    """Some scores are NaN or infinite; `pieces` are the local ones that hold them."""
+    """Some competing scores are NaN or infinite; `pieces` are the local ones that hold
+    them."""
 
     def __init__(self, pieces: list[int]) -> None:
         super().__init__("the scores hold NaN or infinity, which cannot be ranked")
@@ -118,7 +119,7 @@ class Selection:
     the count pass (onepass.split), with the bounds set about the threshold. With `held`,
     the selections the count pass wrote (see select's `marks`), as they are. `k` and
     `total`: how many were chosen among how many competing (None: not known here);
-    `finite`: every score was read and found finite."""
+    `finite`: every competing score was read and found finite."""
 
     def __init__(
         self,
@@ -255,7 +256,8 @@ def select(
     in one process), ties by key, then position in the tensor.
 
     Every rank calls it with its own pieces. Raises Unrankable (on every rank) if a
-    score is NaN or infinite, after any error `count` raises. `total`, if known, is how
+    competing score is NaN or infinite, after any error `count` raises; what lies behind
+    the flags never counts, whatever it holds. `total`, if known, is how
     many compete in all (else counted first, or in the count pass with `marks`).
 
     With `marks` (whole tensors in one process), the count pass also writes every
@@ -301,7 +303,7 @@ class Bits:
         self.given = total  # as the caller knew it
         self.total = total if known else counted
         self.k: int | None = None
-        self.finite = False  # every score read by the count pass, and found finite
+        self.finite = False  # every competing score read by the count pass, found finite
         self.route = Route(True, dtype, size, largest, signed=signed)
         self.buffers = Buffers(self.route.work, signed=signed)
         self.limits = (0.0, 0.0, math.inf)
