@@ -400,10 +400,15 @@ class TokenCall(dict[str, object]):
 
 
 def batch_masks(
-    batches: Sequence[object], numbers: Sequence[int] | None = None, owner: str = "calibration"
+    batches: Sequence[object],
+    numbers: Sequence[int] | None = None,
+    owner: str = "calibration",
+    *,
+    model: nn.Module | None = None,
 ) -> list[Tensor | None]:
     """Each batch's tokens that count, for ``InputStatistics.new_batch``: True where a
-    mapping batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``);
+    batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``: a
+    mapping's, or a tuple's item that `model`'s forward names so);
     a ``TokenCall``'s own `tokens`; None for a batch without a mask, for one whose mask
     keeps every token (its statistics are then those of no mask, gathered as fast), and
     for a mask of more dims than (batch, tokens) (a block's own attention mask, as a
@@ -414,6 +419,8 @@ def batch_masks(
         numbers: each batch's index in the caller's calibration, as an error names it
             (default: its place in `batches`).
         owner: the entry point an error names.
+        model: the model the batches are given to, whose forward names the items of a
+            tuple or list batch (None: such a batch has no mask).
 
     Returns:
         One bool tensor (or None) per batch.
@@ -426,7 +433,7 @@ def batch_masks(
         if isinstance(batch, TokenCall):
             found.append(batch.tokens)
             continue
-        kept = token_mask(batch, place if numbers is None else numbers[place], owner)
+        kept = token_mask(batch, place if numbers is None else numbers[place], owner, model)
         if kept is not None and (kept.dim() > 2 or bool(kept.all())):
             kept = None  # more dims than (batch, tokens): a block's own attention mask
         found.append(kept)

@@ -136,7 +136,7 @@ def reconstruct_blocks(
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
     budget = None if cpu_seconds is None else float(cpu_seconds)
-    masks = cal.batch_masks(batches, owner=_OWNER)  # each batch's tokens that count
+    masks = cal.batch_masks(batches, owner=_OWNER, model=model)  # the tokens that count
     fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends), masks)
     inner = [p for block in blocks for p in _trainable(block)]
     # the forward that finds the ends runs inside the transaction: a refusal after it
