@@ -200,33 +200,85 @@ def test_a_sequential_given_in_a_config_is_kept_over_ranks() -> None:
 # --- options of the calibrated methods beside the others ----------------------------------------
 
 
+@pytest.mark.parametrize("given", ["keywords", "config"])
 @pytest.mark.parametrize(("key", "value"), [("sequential", False), ("sequential", "layers"),
                                             ("progress", True)])  # fmt: skip
 @pytest.mark.parametrize("method", ["l1", "random", "ln"])
 def test_a_calibration_option_beside_a_method_without_data_is_refused(
-    method: str, key: str, value: Any
+    method: str, key: str, value: Any, given: str
 ) -> None:
     """sequential= and progress= shape the calibrated methods' runs; with l1, random or ln
-    they were read and silently ignored (the masks the same whatever was given)."""
+    they were read and silently ignored (the masks the same whatever was given), and in a
+    Config they still were after the keywords refused them."""
     model = _net()
-    refused(lambda: prune_model(model, 0.5, method=method, **{key: value}), ValueError,
+    if given == "keywords":
+        call = lambda: prune_model(model, 0.5, method=method, **{key: value})  # noqa: E731
+    else:
+        config = Config(method=method, amount=0.5, **{key: value})
+        call = lambda: prune_model(model, config=config)  # noqa: E731
+    refused(call, ValueError,
             rf"prune_model: {key}={value!r} applies to the calibrated methods \(wanda, "
             rf"sparsegpt, taylor\) only, not method='{method}', which would ignore it; "
             rf"expected no {key}",
             model=model)  # fmt: skip
 
 
+@pytest.mark.parametrize("given", ["keywords", "config"])
 @pytest.mark.parametrize("value", [True, False, "layers"])
-def test_sequential_beside_taylor_is_refused(value: Any) -> None:
+def test_sequential_beside_taylor_is_refused(value: Any, given: str) -> None:
     """Taylor ranks by the gradients of whole-model backward passes, never block by block:
-    sequential= was read and silently ignored with it."""
+    sequential= was read and silently ignored with it (in a Config, after the keyword was
+    refused, still)."""
     model = _net()
-    refused(lambda: prune_model(model, 0.5, method="taylor", sequential=value,
-                                calibration=[torch.randn(4, 8)],
-                                loss=lambda output, batch: output.pow(2).sum()),
-            ValueError,
+    batches = [torch.randn(4, 8)]
+    if given == "keywords":
+        call = lambda: prune_model(model, 0.5, method="taylor", sequential=value,  # noqa: E731
+                                   calibration=batches, loss=_loss)  # fmt: skip
+    else:
+        config = Config(method="taylor", amount=0.5, sequential=value)
+        call = lambda: prune_model(model, config=config, calibration=batches,  # noqa: E731
+                                   loss=_loss)  # fmt: skip
+    refused(call, ValueError,
             rf"prune_model: sequential={value!r} applies to the methods calibrated block by "
             rf"block \(wanda, sparsegpt\) only, not method='taylor', which would ignore it "
             rf"\(its gradients come from backward passes of the whole model\); expected no "
             rf"sequential \(None\) with method='taylor'",
             model=model)  # fmt: skip
+
+
+@pytest.mark.parametrize("setting", [{"damp": (0.01, 0.5)}, {"blocksize": (4, 128)}])
+def test_sparsegpts_settings_must_agree_over_ranks(setting: dict[str, tuple[Any, Any]]) -> None:
+    """SparseGPT's damp and blocksize (None: its own) shape each rank's masks and updates
+    after the statistics are reduced; the ranks compared every other option but not these,
+    so two ranks given different ones pruned their copies differently, silently."""
+    from helpers import distributed_calibration as calibrated
+    from helpers.thread_group import on_threads
+
+    ((key, values),) = setting.items()
+
+    def run(group: Any) -> str:
+        model = calibrated.build()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        config = Config(method="sparsegpt", amount=0.5, **{key: values[group.rank]})
+        try:
+            prune_model(model, config=config, calibration=calibrated.batches(group.rank, 2),
+                        process_group=group)  # fmt: skip
+        except ValueError as error:
+            after = model.state_dict()
+            assert after.keys() == before.keys()
+            assert all(torch.equal(after[k], v) for k, v in before.items())
+            return str(error)
+        return "pruned"
+
+    for found in on_threads(2, run):
+        assert "the ranks were called with different arguments" in found, found
+        assert f"{key}: {values[0]!r} on rank(s) [0], {values[1]!r} on rank(s) [1]" in found
+
+
+@pytest.mark.parametrize("value", [1, 0.5, "yes"])
+def test_a_bad_sequential_is_named_before_scope_global_reads_it(value: Any) -> None:
+    """Config checked scope='global' with 'wanda' against `sequential` before checking
+    `sequential` itself: a 1 or 'yes' was told to be sequential calibration, not invalid."""
+    error = TypeError if not isinstance(value, str) else ValueError
+    with pytest.raises(error, match=rf"^Config: invalid sequential={value!r}; expected True"):
+        Config(method="wanda", amount=0.5, scope="global", sequential=value)

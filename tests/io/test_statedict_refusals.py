@@ -54,8 +54,13 @@ def _sharded(folder: Path) -> Path:
         ({"method": "wanda"}, r"invalid method='wanda'; expected one of l1, .*: prune_model"),
         ({"config": Config(method="taylor", amount=0.5)}, r"invalid method='taylor'; expected"),
         ({"config": Config(method="ln", amount=0.5, scope="global")}, LN_GLOBAL),
+        ({"config": Config(method="l1", amount=0.5, sequential=True)},
+         r"sequential=True applies to the calibrated methods \(wanda, sparsegpt, taylor\) "
+         r"only, not method='l1', which would ignore it; expected no sequential \(None\)"),
+        ({"config": Config(method="random", amount=0.5, progress=False)},
+         r"progress=False applies to the calibrated methods .* not method='random'"),
     ],
-)
+)  # fmt: skip
 def test_every_entry_point_names_itself_and_writes_nothing(
     tmp_path: Path, kwargs: dict[str, object], message: str
 ) -> None:

@@ -212,3 +212,55 @@ def test_padded_batches_shrink_streamed_as_unpadded(tmp_path: Path, side: str) -
     assert {k: v.shape for k, v in found[0].items()} == {k: v.shape for k, v in found[1].items()}
     for name, value in found[0].items():
         assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name
+
+
+def _tuples(side: str | None) -> list[tuple[torch.Tensor, ...]]:
+    """`_batches(side)` as tuples of positional arguments: (input_ids, attention_mask), a
+    Llama's first two parameters, or (input_ids,)."""
+    return [tuple(b.values()) for b in _batches(side)]
+
+
+@pytest.mark.parametrize("criterion", ["activation", "obs"])
+def test_padded_tuple_batches_score_as_unpadded(criterion: str) -> None:
+    """A tuple batch's mask (the forward's positional attention_mask) counts as a
+    mapping's does: it was ignored, and the padding scored the channels."""
+    for a, b in zip(_scores(criterion, _tuples(None)), _scores(criterion, _tuples("right")),
+                    strict=True):  # fmt: skip
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max())), criterion
+
+
+def test_padded_tuple_batches_compensate_as_unpadded() -> None:
+    done = []
+    for batches in (_tuples(None), _tuples("right")):
+        model = llama()
+        prune_channels(model, {"input_ids": _ids(0)}, 0.25, criterion="activation",
+                       calibration=batches, compensate=True)  # fmt: skip
+        done.append(model.state_dict())
+    for name, value in done[0].items():
+        assert torch.allclose(value, done[1][name], rtol=1e-4, atol=1e-5), name
+
+
+def test_padded_tuple_batches_reconstruct_as_unpadded() -> None:
+    reference = llama()
+    pruned = copy.deepcopy(reference)
+    prune_channels(pruned, {"input_ids": _ids(0)}, 0.25, criterion="activation",
+                   calibration=_batches(None))  # fmt: skip
+    done = []
+    for batches in (_tuples(None), _tuples("right")):
+        model = copy.deepcopy(pruned)
+        done.append(reconstruct_blocks(model, reference, batches, steps=3, lr=1e-4))
+    for (before, after), (padded_before, padded_after) in zip(*done, strict=True):
+        assert padded_before == pytest.approx(before, rel=1e-4)
+        assert padded_after == pytest.approx(after, rel=1e-3)
+
+
+def test_padded_tuple_batches_rank_blocks_as_unpadded() -> None:
+    found = [prune_blocks(llama(layers=4), b, 1, criterion="angular").scores
+             for b in (_tuples(None), _tuples("right"))]  # fmt: skip
+    assert found[0] == pytest.approx(found[1], rel=1e-4, abs=1e-6)
+
+
+def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_prune_blocks() -> None:
+    batches = [(ids, torch.zeros_like(mask)) for ids, mask in _tuples("right")]
+    with pytest.raises(ValueError, match=r"prune_blocks: every attention_mask of the 4 "):
+        prune_blocks(llama(layers=4), batches, 1)

@@ -164,3 +164,74 @@ def test_attention_out_proj_rows_follow_its_layout(shape: tuple[int, int]) -> No
     (rows, hessian), (other_rows, other_hessian) = found
     assert rows == other_rows == int(mask.sum())
     assert torch.allclose(other_hessian, hessian, atol=1e-6)
+
+
+def _tuples(side: str | None) -> list[tuple[torch.Tensor, ...]]:
+    """`_batches(side)` as tuples of positional arguments, ``model(*batch)``: (input_ids,
+    attention_mask), or (input_ids,) without a mask."""
+    return [tuple(b.values()) for b in _batches(side)]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "wanda", "sequential": False},
+        {"method": "wanda", "sequential": True},
+        {"method": "sparsegpt", "sequential": "layers"},
+    ],
+    ids=lambda o: "-".join(str(v) for v in o.values()),
+)
+def test_padded_tuple_batches_prune_as_unpadded(side: str, options: dict[str, object]) -> None:
+    """A batch given as a tuple, its mask the forward's positional parameter
+    attention_mask (a Llama's second), leaves padding out as a mapping batch does: the
+    mask was read from mappings alone, and the padding ranked the weights."""
+    plain, padded = _pruned(_tuples(None), **options), _pruned(_tuples(side), **options)  # type: ignore[arg-type]
+    assert plain.keys() == padded.keys()
+    for name, value in plain.items():
+        if name.endswith("_mask"):
+            assert torch.equal(value, padded[name]), name
+        else:
+            assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
+
+
+def test_padded_tuple_batches_prune_streamed_as_unpadded(tmp_path: Path) -> None:
+    folder = sharded_folder(tmp_path / "model")
+    found = []
+    for name, batches in (("plain", _tuples(None)), ("padded", _tuples("right"))):
+        prune_streamed(folder, tmp_path / name, "wanda", 0.5, calibration=batches)
+        found.append(folder_tensors(tmp_path / name))
+    for name, value in found[0].items():
+        assert torch.allclose(value, found[1][name], rtol=1e-4, atol=1e-5), name
+
+
+def test_misshaped_mask_of_a_tuple_batch_is_refused_naming_the_batch() -> None:
+    batches = _tuples("right")
+    batches[1] = (batches[1][0], batches[1][1].reshape(-1, 2))
+    model = llama()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(
+        ValueError,
+        match=r"prune_model: calibration batch 1 has an attention_mask of shape \(16, 2\) "
+        r"for input_ids of shape \(2, 16\)",
+    ):
+        prune_model(model, 0.5, method="wanda", calibration=batches)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_tuple_batch_has_a_mask_only_where_the_forward_names_it() -> None:
+    """The positional argument counts as the mask only where the forward's parameter of
+    that place is named attention_mask; without a model, as before, a tuple has none."""
+    from prunekit.core.example_inputs import token_mask
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            return x * scale
+
+    ids, mask = _tuples("right")[0]
+    assert token_mask((ids, mask), 0, "prune_model", llama()) is not None
+    assert torch.equal(token_mask((ids, mask), 0, "prune_model", llama()), mask.ne(0))  # type: ignore[arg-type]
+    assert token_mask((ids, mask), 0, "prune_model", Scaled()) is None
+    assert token_mask((ids, mask), 0, "prune_model") is None
+    assert token_mask((ids,), 0, "prune_model", llama()) is None

@@ -64,11 +64,12 @@ def calibrate(
     index in the caller's calibration (an error names it), where a subset is run. `names`:
     each module's path, which an error names (default: its path in `model`). An error of a
     batch names `owner`, the entry point calibrating. The tokens a mapping batch's
-    ``attention_mask`` masks out take no part (``batch_masks``)."""
+    ``attention_mask`` (a mapping's, or a tuple's by the forward's names) masks out take no
+    part (``batch_masks``)."""
     if names is None:
         names = {m: path for path, m in model.named_modules()}
     try:
-        masks = batch_masks(batches, numbers, owner)
+        masks = batch_masks(batches, numbers, owner, model=model)
     except ValueError as error:  # every rank must learn of it in the reduction
         if reduce is None:
             raise

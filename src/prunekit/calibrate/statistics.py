@@ -400,10 +400,15 @@ class TokenCall(dict[str, object]):
 
 
 def batch_masks(
-    batches: Sequence[object], numbers: Sequence[int] | None = None, owner: str = "calibration"
+    batches: Sequence[object],
+    numbers: Sequence[int] | None = None,
+    owner: str = "calibration",
+    *,
+    model: nn.Module | None = None,
 ) -> list[Tensor | None]:
     """Each batch's tokens that count, for ``InputStatistics.new_batch``: True where a
-    mapping batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``);
+    batch's ``attention_mask`` is nonzero (``core.example_inputs.token_mask``: a
+    mapping's, or a tuple's item that `model`'s forward names so);
     a ``TokenCall``'s own `tokens`; None for a batch without a mask, for one whose mask
     keeps every token (its statistics are then those of no mask, gathered as fast), and
     for a mask of more dims than (batch, tokens) (a block's own attention mask, as a
@@ -414,6 +419,8 @@ def batch_masks(
         numbers: each batch's index in the caller's calibration, as an error names it
             (default: its place in `batches`).
         owner: the entry point an error names.
+        model: the model the batches are given to, whose forward names the items of a
+            tuple or list batch (None: such a batch has no mask).
 
     Returns:
         One bool tensor (or None) per batch.
@@ -426,7 +433,7 @@ def batch_masks(
         if isinstance(batch, TokenCall):
             found.append(batch.tokens)
             continue
-        kept = token_mask(batch, place if numbers is None else numbers[place], owner)
+        kept = token_mask(batch, place if numbers is None else numbers[place], owner, model)
         if kept is not None and (kept.dim() > 2 or bool(kept.all())):
             kept = None  # more dims than (batch, tokens): a block's own attention mask
         found.append(kept)
@@ -434,17 +441,35 @@ def batch_masks(
 
 
 def kept_tokens(module: nn.Module, x: Tensor, mask: Tensor) -> Tensor:
-    """The rows of `x` (a layer's input) of the tokens `mask` keeps, where `x` is
-    token-shaped: ``(*mask.shape, features)`` (the tokens kept, as ``(kept, features)``),
-    or ``(mask.numel(), features)`` (the tokens flattened, in order); a MultiheadAttention
-    without ``batch_first`` reads its query, and its out_proj the heads' output, as (tokens,
-    batch, features) (``layer_matrices.tokens_first``). Else `x` itself: a
-    convolution's input, or rows that are not the batch's tokens (a routed expert's
-    gathered tokens, a pooled input), where no row can be told to be a masked one."""
-    if isinstance(module, nn.modules.conv._ConvNd) or x.dim() < 2:
+    """The rows of `x` (`module`'s input) of the tokens `mask` keeps (``token_rows``); a
+    MultiheadAttention without ``batch_first`` reads its query, and its out_proj the
+    heads' output, as (tokens, batch, features) (``layer_matrices.tokens_first``), so the
+    mask is read transposed there. A convolution's input is `x` itself (its rows are
+    positions of a map, not the batch's tokens)."""
+    if isinstance(module, nn.modules.conv._ConvNd):
         return x
     if x.dim() == 3 and layer_matrices.tokens_first(module):
         mask = mask.T  # its input is (tokens, batch, features)
+    return token_rows(x, mask)
+
+
+def token_rows(x: Tensor, mask: Tensor | None) -> Tensor:
+    """The rows of `x` of the tokens `mask` keeps, where `x` is one row per token:
+    ``(*mask.shape, features)`` (the tokens kept, as ``(kept, features)``; a mask of
+    (tokens,) and `x` of (tokens, features) too: one sequence, unbatched), or
+    ``(mask.numel(), features)`` (the tokens flattened, in order). Else `x` itself: rows
+    that are not the batch's tokens (a routed expert's gathered tokens, a pooled output),
+    where no row can be told to be a masked one, and `x` without a mask.
+
+    Args:
+        x: a layer's input or a block's output, features last.
+        mask: True for each token kept (a batch's ``batch_masks`` entry), or None: all.
+
+    Returns:
+        The kept rows, as ``(kept, features)``, or `x` as it is.
+    """
+    if mask is None or x.dim() < 2:
+        return x
     if tuple(x.shape[:-1]) == tuple(mask.shape):
         return x[mask.to(device=x.device)]
     if x.dim() == 2 and x.shape[0] == mask.numel() and mask.dim() > 1:

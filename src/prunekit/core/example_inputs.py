@@ -10,23 +10,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from prunekit.core.errors import value_error
+from prunekit.core.signature import positional_names
 
-__all__ = ["ExampleInputs", "rowless", "token_mask"]
+__all__ = ["ExampleInputs", "named", "rowless", "token_mask"]
 
 ExampleInputs: TypeAlias = Tensor | Sequence[object] | Mapping[str, object]
 """A forward's inputs: a tensor, a tuple (or list) of positional arguments, or a mapping of
 keyword arguments."""
 
 
-def rowless(batches: Sequence[object]) -> str | None:
+def rowless(batches: Sequence[object], model: nn.Module | None = None) -> str | None:
     """Why no batch of `batches` holds a row (a sample, a token) a calibration can use.
 
     Args:
         batches: each a tensor, a tuple or list of positional arguments, or a mapping of
             keyword arguments (its first value is the one looked at).
+        model: the model the batches are given to, whose forward names a tuple's items
+            (its ``attention_mask``, see `named`); None: a tuple has no mask.
 
     Returns:
         ``'is empty'`` (every batch's first tensor has no entry), ``'has an attention_mask
@@ -35,7 +38,8 @@ def rowless(batches: Sequence[object]) -> str | None:
     """
     if all(isinstance(t, Tensor) and t.numel() == 0 for t in map(_first, batches)):
         return "is empty"
-    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    named_batches = [named(b, model) for b in batches]
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in named_batches]
     if all(isinstance(m, Tensor) and not bool((m != 0).any()) for m in masks):
         return "has an attention_mask that is all zero"
     return None
@@ -51,14 +55,40 @@ def _first(batch: object) -> object:
     return batch
 
 
-def token_mask(batch: object, index: int, owner: str) -> Tensor | None:
-    """Which tokens of a calibration batch count: True where a mapping batch's
-    ``attention_mask`` is nonzero, in its shape; None where the batch has no such mask.
+def named(batch: object, model: nn.Module | None) -> object:
+    """A tuple or list batch as the mapping of the parameters of `model`'s forward its
+    items fill (``model(*batch)``: the first item the first parameter's, and on), as far
+    as the forward names them; any other batch, or without a `model` or a signature to
+    read, the batch itself.
 
     Args:
-        batch: a calibration batch (only a mapping of keyword arguments has a mask).
+        batch: a calibration batch.
+        model: the module whose forward the batch is given to (None: not known).
+
+    Returns:
+        A dict of parameter name -> item, or `batch` as it is.
+    """
+    if model is None or not isinstance(batch, tuple | list):
+        return batch
+    names = positional_names(model)
+    return batch if names is None else dict(zip(names, batch, strict=False))
+
+
+def token_mask(
+    batch: object, index: int, owner: str, model: nn.Module | None = None
+) -> Tensor | None:
+    """Which tokens of a calibration batch count: True where the batch's
+    ``attention_mask`` is nonzero, in its shape; None where the batch has no such mask.
+    A mapping names it; a tuple or list gives it by place, where `model`'s forward names
+    the parameter of that place ``attention_mask`` (``model(*batch)``, see `named`).
+
+    Args:
+        batch: a calibration batch (a mapping of keyword arguments, or a tuple or list of
+            positional ones; a tensor has no mask).
         index: its place among the batches, as the error names it.
         owner: the entry point the error names.
+        model: the module the batch is given to, whose forward names a tuple's items
+            (None: a tuple or list has no mask).
 
     Returns:
         Bool flags shaped like the mask, or None: every token counts.
@@ -68,6 +98,7 @@ def token_mask(batch: object, index: int, owner: str) -> Tensor | None:
             without the last dim): which entry is which token could not be told, even
             where the count is the same (a transposed or reshaped mask).
     """
+    batch = named(batch, model)
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     if not isinstance(mask, Tensor):
         return None

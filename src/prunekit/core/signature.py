@@ -14,7 +14,7 @@ import inspect
 
 from torch import nn
 
-__all__ = ["forward_parameters", "takes_keyword"]
+__all__ = ["forward_parameters", "positional_names", "takes_keyword"]
 
 
 def forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
@@ -60,3 +60,29 @@ def takes_keyword(module: nn.Module, name: str) -> bool | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return False
+
+
+def positional_names(module: nn.Module) -> list[str] | None:
+    """The names of the parameters that the positional arguments of ``module(*args)``
+    fill, in order: the forward's parameters up to its ``*args`` (or its first
+    keyword-only one).
+
+    Args:
+        module: the module whose ``forward`` is read.
+
+    Returns:
+        The names (as many as the forward takes by place), or None where no signature can
+        be read.
+    """
+    parameters = forward_parameters(module)
+    if parameters is None:
+        return None
+    found = []
+    for parameter in parameters:
+        if parameter.kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            break
+        found.append(parameter.name)
+    return found

@@ -18,7 +18,7 @@ from torch import nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.unsaved import refuse_unsaved
-from prunekit.export import deci, gguf, hf_folder, onnx
+from prunekit.export import deci, gguf, gguf_reading, hf_folder, onnx
 from prunekit.export.request import ExportReport, Request
 from prunekit.io.atomic import atomic_folder, atomic_path, overlaps
 
@@ -94,12 +94,13 @@ def export(
     _check_weights(model)
     if format != "onnx":  # rebuilt from weights and config; an ONNX graph holds the hooks
         refuse_unsaved(model, "export")
-    if FORMATS[format]:
-        with atomic_folder(request.path) as stage:
-            report = writer(model, stage, request)
-    else:
-        with atomic_path(request.path) as staged:
-            report = writer(model, Path(staged), request)
+    with gguf_reading.shared():  # a GGUF source read once by the writer's steps
+        if FORMATS[format]:
+            with atomic_folder(request.path) as stage:
+                report = writer(model, stage, request)
+        else:
+            with atomic_path(request.path) as staged:
+                report = writer(model, Path(staged), request)
     return report
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import gguf as gg
 
 from prunekit.core.errors import value_error
+from prunekit.export import gguf_reading
 
 __all__ = ["CHECK_TEXT", "PRE_TOKENIZERS", "Vocab", "read_vocab"]
 
@@ -115,7 +116,7 @@ def read_vocab(source: Path | None, rows: int) -> Vocab:
 
 def _from_gguf(path: Path, rows: int) -> Vocab:
     try:
-        reader = gg.GGUFReader(path)
+        reader = gguf_reading.reader(path)
     except (ValueError, OSError) as error:
         raise value_error(f"export: source={str(path)!r} is not a GGUF file ({error}); "
                           f"expected a GGUF file or a Hugging Face folder") from None  # fmt: skip

@@ -45,6 +45,7 @@ from torch import nn
 
 from prunekit.core.errors import type_error, value_error
 from prunekit.dropin.calls import is_pruned
+from prunekit.export import gguf_reading
 from prunekit.export.gguf_check import check_file, example_ids
 from prunekit.export.gguf_vocab import Vocab, read_vocab
 from prunekit.export.layer_widths import DecoderLayer, decoder_layers, uniform
@@ -251,7 +252,7 @@ def source_types(path: Path) -> dict[str, str]:
         ValueError: `path` is no GGUF file the ``gguf`` package reads.
     """
     try:
-        reader = gg.GGUFReader(path)
+        reader = gguf_reading.reader(path)
     except (ValueError, OSError) as error:
         raise value_error(
             f"export: dtype={GGUF_SOURCE!r} with source={str(path)!r}, which is no GGUF file "

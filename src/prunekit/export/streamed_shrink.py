@@ -327,7 +327,7 @@ def _first_inputs(
         cal.capture_block_inputs(run.model, run.blocks[0], run.batches, owner=OWNER)
     )
     own = cal.block_calls(run.model, run.blocks, run.batches, owner=OWNER)
-    return inputs, own, cal.batch_masks(run.batches, owner=OWNER)
+    return inputs, own, cal.batch_masks(run.batches, owner=OWNER, model=run.model)
 
 
 def _score_pass(run: _Run) -> Scored:

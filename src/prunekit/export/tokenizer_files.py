@@ -21,6 +21,7 @@ from torch import nn
 from prunekit._extras import require
 from prunekit.core.errors import type_error, value_error
 from prunekit.dropin.calls import is_pruned
+from prunekit.export import gguf_reading
 from prunekit.io.folders import copy_companions
 
 __all__ = ["check_model", "check_source", "clear", "dequantized", "write_companions"]
@@ -52,11 +53,11 @@ def check_source(source: Path | None) -> Path | None:
 def _check_gguf(source: Path) -> None:
     """Refuse a GGUF source its reader cannot read (checked before anything is written)."""
     try:
-        gguf: Any = require("gguf", "llm", "export: the tokenizer of a GGUF file")
+        require("gguf", "llm", "export: the tokenizer of a GGUF file")
     except ImportError:
         return  # transformers reads it later and says what is missing
     try:
-        gguf.GGUFReader(str(source))
+        gguf_reading.reader(source)
     except (ValueError, OSError, IndexError, KeyError, TypeError) as error:
         raise value_error(
             f"export: source={str(source)!r} is not a readable GGUF file ({error}); expected "

@@ -24,8 +24,16 @@ __all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file", "umask"]
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[str]:
-    """Yield a path to write to; on success its content replaces `target` atomically."""
-    final = Path(os.path.abspath(target))  # the link below is made by the folder's descriptor
+    """Yield a path to write to; on success its content replaces `target` atomically.
+
+    A `target` that is a symbolic link (or a chain of them) is written through: the file
+    it names takes the content, made beside that file (in its folder, where the rename is
+    atomic), and the link stays a link. A dangling link makes the file it names.
+    """
+    # by its full name (the link below is made by the folder's descriptor); a symbolic
+    # link resolved to the file it names, which the rename would otherwise put a file over
+    given = Path(target)
+    final = Path((os.path.realpath if given.is_symlink() else os.path.abspath)(given))
     fd = _unnamed_file(final.parent)
     if fd is None:
         with _named_temp(final) as temp:

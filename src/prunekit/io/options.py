@@ -20,7 +20,13 @@ else:  # typing_extensions: a dependency of torch
 
 from prunekit.core.errors import type_error, value_error, warn_caller
 from prunekit.whole.config import Config
-from prunekit.whole.registry import CALIBRATED, METHODS, OFFLINE, Method
+from prunekit.whole.registry import (
+    CALIBRATED,
+    METHODS,
+    OFFLINE,
+    Method,
+    check_calibration_options,
+)
 from prunekit.whole.targets import ALL, TargetOptions, globs
 from prunekit.whole.vocabulary import scope_from
 
@@ -87,6 +93,9 @@ def config_of(
                 f"{owner}: invalid config of type {type(config).__name__}; expected a "
                 "prunekit.whole.Config"
             )
+        # what the method would ignore is refused here, where the Config is used (made, it
+        # may still become another method's through dataclasses.replace)
+        check_calibration_options(config.method, config.sequential, config.progress, owner)
         return config if config.owner == owner else replace(config, owner=owner)
     method, amount = _method_and_amount(owner, args, options)
     name = offline_method(method, owner).name

@@ -464,7 +464,9 @@ def _one_block(
         stored = tensors[prefix + name]  # each in its own compute dtype (folders mix dtypes)
         put(run.model, prefix + name, stored, COMPUTE.get(stored.dtype))
     targets = _targets(block)
-    plan = make_plan(block, targets, run.config, run.batches, None, paths=run.paths)
+    plan = make_plan(
+        block, targets, run.config, run.batches, None, paths=run.paths, forward=run.model
+    )
     plan.keep_masks = False  # written as mask x orig: no mask kept beside a layer's values
     outputs = prune_block(plan, block, targets, inputs, run.bar, i + 1 < len(blocks))
     paths = {m: p for p, m in block.named_modules()}

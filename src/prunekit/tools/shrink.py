@@ -36,6 +36,7 @@ from prunekit.core.errors import (
     warn_caller,
     with_context,
 )
+from prunekit.export import gguf_reading
 from prunekit.export.api import FORMATS, WRITERS
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.request import GGUF_BLOCK, GGUF_QUANTIZED, GGUF_SOURCE, GGUF_TYPES
@@ -455,6 +456,12 @@ def shrink(config: ShrinkConfig, progress: Progress | None = None) -> ShrinkRepo
             a format cannot express; in every case no output is left behind (an existing
             one stays as it was).
     """
+    with gguf_reading.shared():  # a GGUF source's reader made once for every step
+        return _shrink(config, progress)
+
+
+def _shrink(config: ShrinkConfig, progress: Progress | None) -> ShrinkReport:
+    """shrink's work."""
     tick = progress or (lambda label, done, total: None)
     source, out = _checked_paths(config)
     _check_writers(config)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from prunekit._extras import require
+from prunekit.export import gguf_reading
 from prunekit.export.hf_folder import DTYPES as TENSOR_TYPES
 from prunekit.export.layer_widths import LLAMA_FAMILY
 from prunekit.io.files import CheckpointError, open_regular
@@ -135,9 +136,9 @@ def _check_gguf(path: Path) -> Source:
             f"{path}: is not a GGUF file (it starts with {magic!r}); expected a Hugging Face "
             "model folder or a GGUF file"
         )
-    gguf = require("gguf", "llm", "reading a GGUF file")
+    require("gguf", "llm", "reading a GGUF file")
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = gguf_reading.reader(path)
     except (ValueError, OSError, IndexError, KeyError) as error:
         raise CheckpointError(f"{path}: not a readable GGUF file ({error})") from None
     kind = _field(reader, "general.architecture")
@@ -155,8 +156,8 @@ def storage_of(weights: tuple[Path, ...] | list[Path]) -> str:
     of their bytes (``"GGUF Q4_1"``, ``"safetensors BF16"``, ``"ONNX"``), read from headers."""
     suffixes = {path.suffix for path in weights}
     if suffixes == {".gguf"}:
-        gguf = require("gguf", "llm", "a GGUF file's tensor types")
-        return _gguf_storage([gguf.GGUFReader(str(path)) for path in weights])
+        require("gguf", "llm", "a GGUF file's tensor types")
+        return _gguf_storage([gguf_reading.reader(path) for path in weights])
     if suffixes == {".safetensors"}:
         return _safetensors_storage(weights)
     return "ONNX" if suffixes == {".onnx"} else "torch"
@@ -202,8 +203,8 @@ def source_dtype(source: Source) -> torch.dtype:
 
 def _gguf_half(path: Path) -> torch.dtype:
     """bfloat16 where a quantized GGUF file keeps a matrix in BF16, else float16."""
-    gguf = require("gguf", "llm", "a GGUF file's tensor types")
-    for tensor in gguf.GGUFReader(str(path)).tensors:
+    require("gguf", "llm", "a GGUF file's tensor types")
+    for tensor in gguf_reading.reader(path).tensors:
         if len(tensor.shape) >= 2 and tensor.tensor_type.name == "BF16":
             return torch.bfloat16
     return torch.float16

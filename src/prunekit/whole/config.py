@@ -101,6 +101,9 @@ class Config:
             ``dataclasses.replace``: a copy with another method or scope takes that one's
             defaults, as a Config made with the same fields does.
         progress: a bar on stderr for calibrated runs; None: when stderr is a terminal.
+            Given (as `sequential`) with a method that would ignore it, the Config is made
+            (``dataclasses.replace`` may yet change its method) but the entry point it is
+            given to refuses it, as it refuses the keyword.
         damp: SparseGPT's dampening of the Hessian's diagonal (a share of its mean), a
             finite float >= 0; None: SparseGPT's own (0.1). Method ``'sparsegpt'`` only:
             any other method refuses it rather than ignore it.
@@ -159,7 +162,16 @@ class Config:
         object.__setattr__(self, "exclude", globs(self.exclude, "exclude", owner))
         # `pattern` and `sequential` stay None when not given (``dataclasses.replace`` copies
         # them as they are, so a copy's defaults follow its method); read resolved as
-        # `chosen_pattern` and `chosen_sequential`
+        # `chosen_pattern` and `chosen_sequential`; `sequential` checked before the checks
+        # below read it (a 1 or 'yes' is invalid, not sequential calibration)
+        layered = isinstance(self.sequential, str) and self.sequential == "layers"
+        if self.sequential is not None and not isinstance(self.sequential, bool) and not layered:
+            make = type_error if not isinstance(self.sequential, str) else value_error
+            raise make(
+                f"{owner}: invalid sequential={self.sequential!r}; expected True (block by "
+                "block), False (one pass) or 'layers' (block by block, and in each block "
+                "layer by layer)"
+            )
         chosen = parse_pattern(self.chosen_pattern, owner)
         if isinstance(chosen, NM):  # its amount is the pattern's own
             chosen.check((chosen.m,) * 2, Amount(self.amount, owner))
@@ -177,14 +189,6 @@ class Config:
                 f"pruned, which sequential calibration does not give; got "
                 f"sequential={self.sequential!r}, expected sequential=False (the default "
                 "for 'wanda' with scope='global')"
-            )
-        layered = isinstance(self.sequential, str) and self.sequential == "layers"
-        if self.sequential is not None and not isinstance(self.sequential, bool) and not layered:
-            make = type_error if not isinstance(self.sequential, str) else value_error
-            raise make(
-                f"{owner}: invalid sequential={self.sequential!r}; expected True (block by "
-                "block), False (one pass) or 'layers' (block by block, and in each block "
-                "layer by layer)"
             )
         if self.progress is not None and not isinstance(self.progress, bool):
             raise type_error(
@@ -277,6 +281,9 @@ class Config:
             "include": self.include,
             "exclude": self.exclude,
             "sequential": self.chosen_sequential,
+            # SparseGPT's (its own where None): each rank updates its copy with them
+            "damp": self.sparsegpt.damp,
+            "blocksize": self.sparsegpt.blocksize,
         }
 
 

@@ -26,7 +26,7 @@ from prunekit.whole.config import Config, ModelOptions
 from prunekit.whole.oneshot import run
 from prunekit.whole.oneshot_execute import make_permanent
 from prunekit.whole.oneshot_plan import Loss
-from prunekit.whole.registry import BLOCKWISE, CALIBRATED, METHODS, check_method_scope
+from prunekit.whole.registry import CALIBRATED, check_calibration_options, check_method_scope
 from prunekit.whole.targets import (
     ALL,
     Place,
@@ -88,7 +88,8 @@ def prune_model(
         **options: the other options of ``Config`` by name: `method` (default ``'l1'``),
             `pattern`, `scope`, `include`, `exclude`, `sequential`, `progress` (these two
             for the calibrated methods only: refused with the others, which ignore them;
-            `sequential` refused with ``'taylor'`` too, which never goes block by block).
+            `sequential` refused with ``'taylor'`` too, which never goes block by block;
+            refused alike in a `config`).
 
     Returns:
         The Report of the whole model after pruning.
@@ -118,24 +119,9 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
     if unknown:  # as Python words it for a keyword the signature lacks
         raise TypeError(f"prune_model() got an unexpected keyword argument {unknown[0]!r}")
     if config is None:
-        method = options.get("method", "l1")
-        plain = isinstance(method, str) and method in METHODS and method not in CALIBRATED
-        for key in ("sequential", "progress"):  # given, they would be read and ignored
-            value = options.get(key)
-            if value is not None and plain:
-                raise value_error(
-                    f"{OWNER}: {key}={value!r} applies to the calibrated methods "
-                    f"({', '.join(CALIBRATED)}) only, not method={method!r}, which would "
-                    f"ignore it; expected no {key} (None) with method={method!r}"
-                )
-        sequential = options.get("sequential")
-        if sequential is not None and method == "taylor":  # Taylor never calibrates by blocks
-            raise value_error(
-                f"{OWNER}: sequential={sequential!r} applies to the methods calibrated block by "
-                f"block ({', '.join(BLOCKWISE)}) only, not method='taylor', which would "
-                "ignore it (its gradients come from backward passes of the whole model); "
-                "expected no sequential (None) with method='taylor'"
-            )
+        check_calibration_options(
+            options.get("method", "l1"), options.get("sequential"), options.get("progress"), OWNER
+        )
         if amount is None:
             raise type_error(
                 f"{OWNER}: amount=None; expected the fraction to prune, a float in [0, 1], "
@@ -163,6 +149,9 @@ def _config(amount: float | None, config: object, options: ModelOptions, ranks: 
             f"{OWNER}: config= holds every option, but {', '.join(given)} came beside it; "
             "expected config=dataclasses.replace(config, ...) or the keywords alone"
         )
+    # a Config is made before its method is final (dataclasses.replace may change it), so
+    # what its method would ignore is refused here, where it is used, as for the keywords
+    check_calibration_options(config.method, config.sequential, config.progress, OWNER)
     return config.over_ranks(ranks, OWNER)  # sequential, if defaulted, defaulted for ranks
 
 

@@ -190,7 +190,7 @@ def _by_blocks(
     last = max((inside.get(id(t[0]), -1) for t in plan.targets), default=-1)
     with cal.evaluating(model), torch.no_grad():
         try:
-            masks = cal.batch_masks(plan.batches, owner=owner)
+            masks = cal.batch_masks(plan.batches, owner=owner, model=model)
             inputs = cal.capture_block_inputs(model, blocks[0], plan.batches, owner=owner)
             # each block's own arguments (mask, rotary), up to the last pruned one
             calls = cal.block_calls(
@@ -274,7 +274,7 @@ def prune_block(
             "expected one per batch of the plan"
         )
     want = wanted(plan)
-    masks = cal.batch_masks(plan.batches, owner=plan.config.owner)
+    masks = cal.batch_masks(plan.batches, owner=plan.config.owner, model=plan.model)
     with layer_matrices.out_proj_called(targets):
         if targets and plan.config.chosen_sequential == "layers":
             return _by_groups(plan, block, inputs, targets, want, bar, more, masks=masks)

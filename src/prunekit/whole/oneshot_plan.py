@@ -48,6 +48,9 @@ class Plan:
     keep_masks: bool = True
     # the call's transaction: tensors are written ahead to it before they change in place
     journal: Transaction | None = None
+    # the model the batches are given to, whose forward names a tuple batch's items (its
+    # attention_mask); None: not known
+    model: nn.Module | None = None
 
     def write_ahead(self, tensors: list[Tensor]) -> None:
         """Before `tensors` change in place: their values to the journal, if there is one
@@ -79,11 +82,14 @@ def make_plan(
     calibration: Iterable[Any] | None,
     loss: Loss | None,
     paths: Mapping[nn.Module, str] | None = None,
+    forward: nn.Module | None = None,
 ) -> Plan:
     """Check every argument against the others and against each target.
 
     `paths` names each module in errors (default: its path in `model`; a block streamed
-    alone passes the paths in the whole model).
+    alone passes the paths in the whole model). `forward`: the model the batches are given
+    to, whose forward names a tuple batch's items (default: `model`; a block streamed
+    alone passes the whole model).
 
     Raises:
         TypeError, ValueError: naming `config.owner`, the argument (or the target) and
@@ -94,16 +100,19 @@ def make_plan(
         raise value_error(f"{owner}: invalid method={method!r}; expected one of {ENGINE}")
     # the Config refused a pattern, method or sequential scope 'global' cannot take
     chosen = parse_pattern(config.chosen_pattern, owner)
-    batches = _batches(config, calibration, loss)
+    forward = model if forward is None else forward
+    batches = _batches(config, calibration, loss, forward)
     settings = config.sparsegpt
     found = {m: p for p, m in model.named_modules()} if paths is None else dict(paths)
-    plan = Plan(targets, config, chosen, batches, loss, settings, found)
+    plan = Plan(targets, config, chosen, batches, loss, settings, found, model=forward)
     for module, name in targets:
         _check_target(model, plan, module, name)
     return plan
 
 
-def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | None) -> list[Any]:
+def _batches(
+    config: Config, calibration: Iterable[Any] | None, loss: Loss | None, model: nn.Module
+) -> list[Any]:
     owner, method = config.owner, config.method
     if method not in CALIBRATED:
         if calibration is not None or loss is not None:
@@ -127,8 +136,8 @@ def _batches(config: Config, calibration: Iterable[Any] | None, loss: Loss | Non
     if method != "taylor" and loss is not None:
         raise value_error(f"{owner}: loss is for method='taylor'; got method={method!r}")
     for index, batch in enumerate(batches):  # which token each mask entry is
-        token_mask(batch, index, owner)
-    empty = rowless(batches)
+        token_mask(batch, index, owner, model)
+    empty = rowless(batches, model)
     if empty is not None:  # Taylor would rank on gradients of zero, the others on nothing
         raise value_error(
             f"{owner}: every one of the {len(batches)} calibration batches {empty}, so "

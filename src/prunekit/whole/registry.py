@@ -24,6 +24,7 @@ __all__ = [
     "OFFLINE",
     "SCOPES",
     "Method",
+    "check_calibration_options",
     "check_method_scope",
     "check_scope",
     "check_settings",
@@ -174,6 +175,41 @@ def check_settings(method: str, given: dict[str, object], owner: str) -> None:
             f"{owner}: {name}={value!r} is read by method {' or '.join(takers)} only, not "
             f"method={method!r}, which would ignore it; expected {name}=None (not given) "
             f"with method={method!r}, or method={' or '.join(takers)}"
+        )
+
+
+def check_calibration_options(
+    method: object, sequential: object, progress: object, owner: str
+) -> None:
+    """Refuse `sequential` or `progress` given (not None) beside a method that would read
+    and ignore them: both shape the runs of the calibrated methods only, and `sequential`
+    those calibrated block by block (BLOCKWISE) only. An unknown `method` is left to the
+    caller's own check.
+
+    Args:
+        method: the method's name, as given.
+        sequential: the `sequential` given (None: not given).
+        progress: the `progress` given (None: not given).
+        owner: the entry point the error names.
+
+    Raises:
+        ValueError: naming `owner`, the option, its value, `method` and the methods that
+            read it.
+    """
+    plain = isinstance(method, str) and method in METHODS and method not in CALIBRATED
+    for key, value in (("sequential", sequential), ("progress", progress)):
+        if value is not None and plain:
+            raise value_error(
+                f"{owner}: {key}={value!r} applies to the calibrated methods "
+                f"({', '.join(CALIBRATED)}) only, not method={method!r}, which would "
+                f"ignore it; expected no {key} (None) with method={method!r}"
+            )
+    if sequential is not None and method == "taylor":
+        raise value_error(
+            f"{owner}: sequential={sequential!r} applies to the methods calibrated block by "
+            f"block ({', '.join(BLOCKWISE)}) only, not method='taylor', which would "
+            "ignore it (its gradients come from backward passes of the whole model); "
+            "expected no sequential (None) with method='taylor'"
         )
 
 

@@ -248,7 +248,7 @@ def compensate_groups(
             tuning.warn(names)
             return done
         sequence, where = blocks
-        masks = cal.batch_masks(batches, owner=owner)  # each block input's tokens that count
+        masks = cal.batch_masks(batches, owner=owner, model=model)  # each input's tokens counted
         inputs = cal.capture_block_inputs(model, sequence[0], batches, owner=owner)
         own = cal.block_calls(model, sequence, batches, owner=owner)  # a block's own mask, rotary
         last = max(where[id(c.module)] for c in found)

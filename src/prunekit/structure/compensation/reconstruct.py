@@ -10,9 +10,11 @@ the reference's same block (ref) computes on *its* input:
     min over the block's parameters of  sum || block(x) - ref(t) ||^2 / sum || ref(t) ||^2
 
 with x the block's inputs in the pruned model as reconstructed so far and t the reference's,
-over the calibration batches and their tokens that count: where a batch is a mapping with an
-``attention_mask`` (``calibrate.batch_masks``) and an output is (batch, tokens, features) of
-its mask's shape, both sums run over the tokens it keeps only, so padding neither weighs in
+over the calibration batches and their tokens that count: where a batch has an
+``attention_mask`` (``calibrate.batch_masks``) and an output is one row per token
+(``calibrate.statistics.token_rows``, the rule the statistics follow: (*mask.shape,
+features), so (batch, tokens, features), or (tokens, features) for one unbatched sequence,
+or the tokens flattened), both sums run over the tokens it keeps only, so padding neither weighs in
 nor sets the scale (the sum, not the mean, over them: a step's gradient on a padded batch is
 the one on the same tokens unpadded). An output of any other shape counts whole: a
 (tokens, batch, features) output of a model that is not batch-first is not told from a
@@ -54,6 +56,7 @@ import torch
 from torch import Tensor, nn
 
 import prunekit.calibrate as cal
+from prunekit.calibrate.statistics import token_rows
 from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_shared
 from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.core.naming import orig_name
@@ -136,7 +139,7 @@ def reconstruct_blocks(
     batches = _checked(model, reference, calibration, steps, lr, (ends, cpu_seconds))
     blocks, theirs = _blocks(model, reference)
     budget = None if cpu_seconds is None else float(cpu_seconds)
-    masks = cal.batch_masks(batches, owner=_OWNER)  # each batch's tokens that count
+    masks = cal.batch_masks(batches, owner=_OWNER, model=model)  # the tokens that count
     fit = _Fit(int(steps), float(lr), budget, len(blocks) + int(ends), masks)
     inner = [p for block in blocks for p in _trainable(block)]
     # the forward that finds the ends runs inside the transaction: a refusal after it
@@ -501,7 +504,7 @@ class _Fit:
     """Adam steps of some parameters towards targets, one batch per step, the rate decaying
     along a cosine over the share of the call's budget used: `steps`, and with
     `cpu_seconds` an even share of the CPU time left over the `parts` calls left. `masks`:
-    each batch's tokens that count (``_kept``), None: all."""
+    each batch's tokens that count (``token_rows``), None: all."""
 
     def __init__(
         self, steps: int, lr: float, cpu_seconds: float | None, parts: int,
@@ -537,7 +540,8 @@ class _Fit:
         before any step, naming `what` is trained."""
         begun = time.process_time()
         scale = sum(
-            float(_kept(t, self.masks[k]).double().square().sum()) for k, t in enumerate(targets)
+            float(token_rows(t, self.masks[k]).double().square().sum())
+            for k, t in enumerate(targets)
         )
         scale = scale or 1.0
         error, first = _error(run, targets, keep, self.masks)
@@ -573,7 +577,7 @@ class _Fit:
             while (used := self._used(step, time.process_time() - begun, seconds)) < 1.0:
                 k = step % len(targets)
                 mask = self.masks[k]
-                loss = (_kept(run(k), mask) - _kept(targets[k], mask)).square().sum()
+                loss = (token_rows(run(k), mask) - token_rows(targets[k], mask)).square().sum()
                 loss = loss * (len(targets) / scale)
                 for group in optimizer.param_groups:
                     group["lr"] = self.lr * 0.5 * (1 + math.cos(math.pi * used))
@@ -590,27 +594,20 @@ class _Fit:
         return min(1.0, max(step / self.steps, timed))
 
 
-def _kept(x: Tensor, mask: Tensor | None) -> Tensor:
-    """The rows of `x` of the tokens `mask` keeps, as (kept, features), where `x` is
-    (batch, tokens, features) of `mask`'s shape; else `x` whole (no mask, or an output not
-    shaped by the batch's tokens)."""
-    if mask is None or x.dim() != 3 or tuple(x.shape[:2]) != tuple(mask.shape):
-        return x
-    return x[mask.to(device=x.device)]
-
-
 def _error(
     run: Callable[[int], Tensor], targets: Sequence[Tensor], keep: bool,
     masks: Sequence[Tensor | None],
 ) -> tuple[float, list[Tensor]]:  # fmt: skip
     """The squared error of ``run(k)`` to each target over the tokens ``masks[k]`` keeps
-    (``_kept``), summed, and with `keep` the outputs (whole)."""
+    (``token_rows``), summed, and with `keep` the outputs (whole)."""
     total, kept = 0.0, []
     with torch.no_grad():
         for k, target in enumerate(targets):
             out = run(k)
             mask = masks[k]
-            total += float((_kept(out, mask) - _kept(target, mask)).double().square().sum())
+            total += float(
+                (token_rows(out, mask) - token_rows(target, mask)).double().square().sum()
+            )
             if keep:
                 kept.append(out)
     return total, kept

@@ -191,7 +191,7 @@ def _paired_statistics(
     """The paired moments of `module`'s input and its `twin`'s in `reference` over
     `batches`, the tokens a batch's ``attention_mask`` masks out left out (``batch_masks``)."""
     paired = _Paired(module, patches)
-    masks = cal.batch_masks(batches, owner=_OWNER)
+    masks = cal.batch_masks(batches, owner=_OWNER, model=model)
     for index, batch in enumerate(batches):
         try:
             x = _first_input(model, module, batch, paired, masks[index])

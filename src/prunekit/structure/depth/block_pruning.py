@@ -125,7 +125,7 @@ def _calibration(
             f"{found.name} on data; expected an iterable of batches"
         )
     batches = batch_list(calibration, _OWNER)
-    check_tokens(batches, _OWNER)
+    check_tokens(batches, _OWNER, model)
     already = [i for i, block in enumerate(found.modules) if is_skipped(block)]
     if already:
         raise value_error(

@@ -208,7 +208,7 @@ def fit_map(
                 if index == 0:
                     chosen = linear
                     _check_additive(before, linear, caught["call"], m, out, where, owner)
-                mask = token_mask(batch, index, owner, out)
+                mask = token_mask(batch, index, owner, out, model)
                 rm = rows(m, mask)
                 rr = rows(target, mask) - (rows(out, mask) - rm)
                 gram = rm.T @ rm if gram is None else gram + rm.T @ rm

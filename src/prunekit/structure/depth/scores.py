@@ -75,13 +75,13 @@ def block_scores(
                 before, after = found.inputs[start], found.outputs[start + width - 1]
                 assert before is not None and after is not None
                 if isinstance(criterion, str):
-                    cos = _cosines(before, after, token_mask(batch, index, owner, before))
+                    cos = _cosines(before, after, token_mask(batch, index, owner, before, model))
                     sums[start] += _distance(criterion, cos).sum()
                 else:
                     sums[start] += _own_score(criterion, before, after, blocks.path(start), owner)
             first = found.inputs[0]
             assert first is not None
-            mask = token_mask(batch, index, owner, first)
+            mask = token_mask(batch, index, owner, first, model)
             tokens += first.shape[:-1].numel() if mask is None else int(mask.sum())
         if isinstance(criterion, str):
             sums /= max(tokens, 1)

@@ -96,10 +96,12 @@ def run_boundaries(model: nn.Module, blocks: BlockList, batch: Any, index: int, 
     return found
 
 
-def token_mask(batch: Any, index: int, owner: str, hidden: Tensor) -> Tensor | None:
+def token_mask(
+    batch: Any, index: int, owner: str, hidden: Tensor, model: nn.Module
+) -> Tensor | None:
     """Which tokens of `hidden` (a block's hidden state for calibration batch `index`)
-    count: True where the batch's ``attention_mask`` is nonzero, on `hidden`'s device;
-    None: every one (no mask).
+    count: True where the batch's ``attention_mask`` (a tuple's by `model`'s forward's
+    names) is nonzero, on `hidden`'s device; None: every one (no mask).
 
     Raises:
         ValueError: the mask is not shaped like the batch's ``input_ids``
@@ -107,7 +109,7 @@ def token_mask(batch: Any, index: int, owner: str, hidden: Tensor) -> Tensor | N
             (``(*mask.shape, features)``, or the tokens flattened): which row is a masked
             token could not be told.
     """
-    kept = shared_token_mask(batch, index, owner)
+    kept = shared_token_mask(batch, index, owner, model)
     if kept is None:
         return None
     if tuple(hidden.shape[:-1]) != tuple(kept.shape) and hidden.shape[:-1].numel() != kept.numel():
@@ -126,13 +128,12 @@ def rows(hidden: Tensor, mask: Tensor | None) -> Tensor:
     return flat if mask is None else flat[mask.reshape(-1)]
 
 
-def check_tokens(batches: list[Any], owner: str) -> None:
-    """Refuse calibration batches whose ``attention_mask`` keeps no token at all: there is
-    nothing to score blocks (or fit a map) on; or a mask not shaped like its batch's
-    ``input_ids`` (``core.example_inputs.token_mask``)."""
-    for index, batch in enumerate(batches):
-        shared_token_mask(batch, index, owner)
-    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+def check_tokens(batches: list[Any], owner: str, model: nn.Module) -> None:
+    """Refuse calibration batches whose ``attention_mask`` (a tuple's by `model`'s
+    forward's names) keeps no token at all: there is nothing to score blocks (or fit a
+    map) on; or a mask not shaped like its batch's ``input_ids``
+    (``core.example_inputs.token_mask``)."""
+    masks = [shared_token_mask(batch, index, owner, model) for index, batch in enumerate(batches)]
     if all(isinstance(m, Tensor) for m in masks) and not any(
         bool((m != 0).any()) for m in masks if isinstance(m, Tensor)
     ):

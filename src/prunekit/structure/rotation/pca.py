@@ -53,7 +53,7 @@ def second_moments(
     try:
         with torch.no_grad(), evaluating(model):
             for index[0], batch in enumerate(batches):
-                weights[0] = _token_weights(batch, index[0])
+                weights[0] = _token_weights(model, batch, index[0])
                 try:
                     run_batch(model, batch)
                 except Exception as error:  # the model's own, named; prunekit's as they are
@@ -64,11 +64,11 @@ def second_moments(
     return totals
 
 
-def _token_weights(batch: Any, index: int) -> Tensor | None:
-    """1 for each token the batch's ``attention_mask`` keeps (any nonzero value), 0 for
-    the others; None: no mask, every token counts. A mask of another shape than its
-    ``input_ids`` is refused (``token_mask``)."""
-    kept = token_mask(batch, index, OWNER)
+def _token_weights(model: nn.Module, batch: Any, index: int) -> Tensor | None:
+    """1 for each token the batch's ``attention_mask`` (a tuple's by `model`'s forward's
+    names) keeps (any nonzero value), 0 for the others; None: no mask, every token
+    counts. A mask of another shape than its ``input_ids`` is refused (``token_mask``)."""
+    kept = token_mask(batch, index, OWNER, model)
     return None if kept is None else kept.to(torch.float64)
 
 

@@ -96,7 +96,7 @@ class _ExpertCriterion(GroupCriterion):
         try:
             with torch.no_grad(), evaluating(model):
                 for index, batch in enumerate(batches):
-                    kept = token_mask(batch, index, "prune_channels")
+                    kept = token_mask(batch, index, "prune_channels", model)
                     for tally in self.tallies.values():
                         tally.batch, tally.kept = index, kept
                     try:
