@@ -31,6 +31,7 @@ ENTRY_POINTS = {
     "test_cli": "prunekit prune / demo",
     "test_whole": "prune_model (selection)",
     "test_calibrated": "prune_model (calibrated) / compensate",
+    "test_budget": "Budget / prune_channels(budget=)",
 }
 
 # "<test file>::<case id, or test name>" -> the bug it found (fixed since); found by running
@@ -567,6 +568,10 @@ BROKE: dict[str, str] = {
     "test_calibrated::[heads-float32]": "prune_channels(heads=np.float32(0.5)) refused",
     "test_calibrated::[round_to-int64]": "prune_channels(round_to=np.int64(4)) refused",
     "test_calibrated::[damping-float32]": "prune_channels(damping=np.float32(0.25)) refused",
+    # budgets (prunekit.structure.stages.meet_budget)
+    "test_budget::test_a_floor_glob_that_matches_no_group_is_refused": (
+        "Budget(floor={'*self-attn*': 0.5}) (a typo for self_attn): silently no floor at all"
+    ),
 }
 
 
