@@ -565,6 +565,10 @@ BROKE: dict[str, str] = {
     "test_calibrated::test_sparsegpt_prune_alone_takes_the_amount_prune_model_takes": (
         "sparsegpt_prune with a float or int amount: raw AttributeError (an Amount only)"
     ),
+    "test_calibrated::test_sparsegpt_refuses_a_weight_tied_across_two_layers": (
+        "SparseGPT on a weight tied across two layers: the first's update silently made the "
+        "second's calibration error 0.184 against 0.115 for the same masks, no update"
+    ),
     "test_calibrated::[amount-float32]": "prune_channels(amount=np.float32(0.5)) refused",
     "test_calibrated::[heads-float32]": "prune_channels(heads=np.float32(0.5)) refused",
     "test_calibrated::[round_to-int64]": "prune_channels(round_to=np.int64(4)) refused",

@@ -328,7 +328,7 @@ def test_taylor_refuses_a_layer_that_never_ran_by_name() -> None:
             r"'idle\.weight'.*got no gradient", model=idle)  # fmt: skip
 
 
-@pytest.mark.parametrize("method", CALIBRATED)
+@pytest.mark.parametrize("method", ["wanda", "taylor"])
 def test_a_tied_weight_is_masked_alike_under_both_names(method: str) -> None:
     torch.manual_seed(0)
     model = Tied()
@@ -336,6 +336,21 @@ def test_a_tied_weight_is_masked_alike_under_both_names(method: str) -> None:
     assert torch.equal(model.a.weight_mask, model.b.weight_mask)
     assert float(model.a.weight_mask.mean()) == 0.5
     assert torch.equal(model.a.weight, model.b.weight)
+
+
+def test_sparsegpt_refuses_a_weight_tied_across_two_layers() -> None:
+    """SparseGPT updates the weights it keeps toward one layer's output on that layer's
+    inputs; a weight tied to a second layer, which reads other inputs, had the first
+    layer's update: on a pair 16 wide, the second layer's error on the very calibration data
+    came out 0.184 against 0.115 for the same masks without an update. Refused, naming both
+    names and what to do instead."""
+    torch.manual_seed(0)
+    model = Tied()
+    refused(lambda: pruning(model, "sparsegpt", [X]), ValueError,
+            r"method='sparsegpt'.*'a\.weight', 'b\.weight' are one Parameter.*"
+            r"exclude=\['a\.weight', 'b\.weight'\].*method='wanda'", model=model)  # fmt: skip
+    pruning(model, "sparsegpt", [X], exclude=["a.weight", "b.weight"])
+    assert set(masks(model)) == {"head.weight_mask"}
 
 
 # --- compensation -----------------------------------------------------------------------------
