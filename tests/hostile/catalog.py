@@ -569,6 +569,10 @@ BROKE: dict[str, str] = {
         "SparseGPT on a weight tied across two layers: the first's update silently made the "
         "second's calibration error 0.184 against 0.115 for the same masks, no update"
     ),
+    "test_calibrated::test_compensation_of_a_weight_tied_to_another_layer_is_refused": (
+        "compensating 'down' tied to 'down2' moved down2 unchecked: calibration error 0.210 "
+        "(True), 0.438 ('reference') against 0.190 without compensation"
+    ),
     "test_calibrated::[amount-float32]": "prune_channels(amount=np.float32(0.5)) refused",
     "test_calibrated::[heads-float32]": "prune_channels(heads=np.float32(0.5)) refused",
     "test_calibrated::[round_to-int64]": "prune_channels(round_to=np.int64(4)) refused",
