@@ -167,12 +167,13 @@ def _poisoned(value: float, where: str, earlier: bool) -> tuple[nn.Module, list[
     return model, [tokens(2, 4, 8, seed=9), batch]
 
 
+@pytest.mark.parametrize("keep_masks", [True, False], ids=["masks", "permanent"])
 @pytest.mark.parametrize("method", CALIBRATED)
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=str)
 @pytest.mark.parametrize("where", ["input", "weight"])
 @pytest.mark.parametrize("earlier", [False, True], ids=["dense", "masked-before"])
 def test_a_value_that_cannot_be_ranked_is_refused_naming_a_layer(
-    method: str, value: float, where: str, earlier: bool
+    method: str, value: float, where: str, earlier: bool, keep_masks: bool
 ) -> None:
     """NaN or infinity in a batch or a weight: refused naming a layer whose scores it reaches
     (a weight's own layer, or one before it whose Taylor gradient it spoils), masks,
@@ -184,7 +185,7 @@ def test_a_value_that_cannot_be_ranked_is_refused_naming_a_layer(
     layer = r"layers\.0\.up" if where == "input" else r"layers\.[01]\.up"
     if where == "weight" and method != "taylor":
         layer = r"layers\.1\.up"
-    refused(lambda: pruning(model, method, calibration), ValueError,
+    refused(lambda: pruning(model, method, calibration, keep_masks=keep_masks), ValueError,
             rf"'{layer}\.weight'.*(cannot be ranked|not finite|overflow|NaN|inf)",
             model=model)  # fmt: skip
     assert set(masks(model)) == before
