@@ -445,6 +445,37 @@ def test_compensation_of_a_weight_tied_to_another_layer_is_refused(compensate: A
     prunekit.prune_channels(model, CALIBRATION[0][:2], 0.5)  # without compensation: taken
 
 
+class Branch(nn.Module):
+    """`up`, then `down` for a batch of several rows, `other` for a batch of one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.other = nn.Linear(8, 32), nn.Linear(32, 8), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.up(x))
+        return self.down(hidden) if x.shape[0] > 1 else self.other(hidden)
+
+
+@pytest.mark.parametrize("compensate", [True, "reference"], ids=str)
+def test_a_reader_the_calibration_never_runs_is_named_not_left_silently(compensate: Any) -> None:
+    """The example inputs (one row) run `other`, which reads the units removed; the
+    calibration batches (16 rows) never do: no update can be fitted for it, and it was left
+    as it was without a word. Now a warning names it."""
+    torch.manual_seed(0)
+    model = Branch().eval()
+    other = model.other.weight.detach().clone()
+    with pytest.warns(
+        UserWarning,
+        match=rf"compensate={compensate!r} left 'other' as it was: "
+        r"it reads removed units .* never ran on the first calibration batch",
+    ):
+        prunekit.prune_channels(model, CALIBRATION[0][:1], 0.5, compensate=compensate,
+                                calibration=CALIBRATION)  # fmt: skip
+    assert torch.equal(model.other.weight_orig, other)
+    assert float(model.up.weight_mask.mean()) == 0.5
+
+
 @pytest.mark.parametrize("compensate", [True, "reference"], ids=str)
 def test_compensation_in_train_mode_is_eval_modes(compensate: Any) -> None:
     found = []
