@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunekit.core.amount import Amount
+from prunekit.core.amount import Amount, validate_pruning_amount_init
 from prunekit.core.checks import check_finite, check_number
 from prunekit.core.errors import naming, value_error
 from prunekit.core.heap import trim
@@ -108,7 +108,7 @@ class SparseGPT:
 def sparsegpt_prune(
     weight: Tensor,
     hessian: Tensor,
-    amount: Amount,
+    amount: Amount | float,
     pattern: Pattern,
     alive: Tensor | None = None,
     settings: SparseGPT = SparseGPT(),
@@ -119,8 +119,36 @@ def sparsegpt_prune(
     pruned ones at 0 and the others updated, in `weight`'s dtype. `alive` (bool) marks
     the entries still unpruned: the others stay at 0 and do not count. The work is done
     in the Hessian's dtype (float32 or float64).
+
+    Args:
+        weight: the weight matrix, out x in.
+        hessian: in x in, e.g. the sum or mean of X^T X over the layer's inputs.
+        amount: a float in [0, 1] (a fraction) or an int >= 0 (a count), as ``prune_model``
+            takes it (numpy numbers too), or an ``Amount`` naming the errors' owner.
+        pattern: ``Unstructured``, ``PerRow`` or ``NM``.
+        alive: bool flags of the entries still unpruned, or None (all of them).
+        settings: the damping, block size and refit steps.
+
+    Returns:
+        (keep, updated), as above.
+
+    Raises:
+        TypeError: an `amount` that is no number (a bool included).
+        ValueError: an `amount` out of range, or a weight, Hessian or pattern that do not
+            fit (naming what is wrong).
     """
-    return sparsegpt_prune_shared([weight], hessian, amount, pattern, [alive], settings)[0]
+    checked = _amount(amount, "sparsegpt_prune")
+    return sparsegpt_prune_shared([weight], hessian, checked, pattern, [alive], settings)[0]
+
+
+def _amount(amount: Amount | float, owner: str) -> Amount:
+    """`amount` as an Amount: one given as is, or a number checked as ``prune_model`` checks
+    it, its errors going by `owner`."""
+    if isinstance(amount, Amount):
+        return amount
+    validate_pruning_amount_init(amount, owner)
+    value = int(amount) if isinstance(amount, numbers.Integral) else float(amount)
+    return Amount(value, owner)
 
 
 def sparsegpt_prune_shared(

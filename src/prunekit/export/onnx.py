@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from prunekit._extras import require
-from prunekit.calibrate import evaluating
+from prunekit.calibrate import evaluating, example_error
 from prunekit.core.difference import larger, largest_difference
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.signature import forward_parameters
@@ -58,6 +58,7 @@ CPU kernels), "float32" writes a float32 copy of a model held in another precisi
 
 # ONNX keeps a model whose weights are inside the file under protobuf's 2 GiB limit
 _LIMIT = 2**31 - 2**20
+OWNER = "export(format='onnx')"
 
 Named = list[tuple[str, Tensor]]
 Shapes = dict[str, dict[int, Any]]
@@ -83,7 +84,9 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     logits), and on again afterwards, also on an error.
 
     Raises:
-        ValueError: no example inputs, a dtype it does not write, a model still holding
+        ValueError: no example inputs, example inputs without values (meta, empty), holding
+            NaN or inf where the file is checked, or that the model cannot take (naming
+            them, before anything is traced), a dtype it does not write, a model still holding
             pruning masks (compact it first), one too large for one ONNX file, weights or
             inputs in bfloat16 that the check would run (ONNX Runtime's CPU kernels take
             none; dtype='float32' or verify=False), or example inputs whose batch or
@@ -93,6 +96,7 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
         RuntimeError: ONNX Runtime's outputs differ from the model's; nothing lands.
     """
     args, kwargs = _inputs(request.example_inputs)
+    _check_values(args, kwargs, request.verify)
     _check_dtype(request.dtype)
     _refuse_masked(model)
     _refuse_large(model)
@@ -105,7 +109,11 @@ def write(model: nn.Module, target: Path, request: Request) -> ExportReport:
     names = _input_names(model, args, kwargs)
     shapes = _dynamic(args, kwargs, names)  # the trace's, the note's and the check's
     with _without_cache(model) as cached, evaluating(model), torch.no_grad():
-        outputs = _outputs(model(*args, **kwargs))
+        try:
+            computed = model(*args, **kwargs)
+        except Exception as error:
+            raise example_error(OWNER, error)  # noqa: B904 (the cause is set on a new error)
+        outputs = _outputs(computed)
         traced, changed, widened = _traced_inputs(model, (args, kwargs, names), shapes)
         proto = _exported(model, (*traced, names), shapes, [n for n, _ in outputs])
         fixed = _fixed_axes(proto, shapes, widened)
@@ -186,6 +194,34 @@ def _check_tensor(value: Any, where: str) -> None:
             f"export(format='onnx'): {where} is a {type(value).__name__}; expected a tensor "
             "(ONNX inputs are tensors)"
         )
+
+
+def _check_values(args: tuple[Tensor, ...], kwargs: dict[str, Tensor], verify: bool) -> None:
+    """Refuse example inputs the graph cannot be traced on (no values: on the meta device,
+    or empty) or, where the written file is checked, compared on (floating with NaN or inf:
+    NaN equals nothing, and an output of NaN or inf compares nothing)."""
+    named = [(f"example_inputs[{i}]", t) for i, t in enumerate(args)]
+    named += [(f"example_inputs[{k!r}]", t) for k, t in kwargs.items()]
+    for where, tensor in named:
+        wrong = None
+        if tensor.is_meta:
+            wrong = "is on the meta device (a shape without values)"
+        elif tensor.numel() == 0:
+            wrong = f"is empty (shape {tuple(tensor.shape)}): no value to trace or check on"
+        elif verify and not _finite(tensor):
+            wrong = "holds NaN or inf, on which the check cannot compare outputs"
+        if wrong is not None:
+            raise value_error(
+                f"{OWNER}: {where} {wrong}; expected tensors of finite values, at least one "
+                "entry (or verify=False to write the graph unchecked)"
+            )
+
+
+def _finite(tensor: Tensor) -> bool:
+    """Whether `tensor` holds no NaN or inf (integers and bools always)."""
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return True
+    return bool(torch.isfinite(tensor).all())
 
 
 def _check_dtype(dtype: Any) -> None:

@@ -102,7 +102,8 @@ class Budget:
             `round_to`; per key/value group for grouped-query heads); 0 keeps one. Or a
             mapping from globs over group names (as ``BudgetReport.rows`` names them) to
             such shares: a group takes the share of the first glob that matches its name,
-            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs. Or
+            0 where none does (``"*"`` sets the rest); kept as a tuple of pairs
+            (``prune_channels`` refuses a glob that matches no candidate group). Or
             ``"auto"``: ``AUTO_FLOOR`` (0.9) of the highest floor for all groups at which
             the budget can be met, found when it is (``BudgetReport.floor`` says which).
         sensitivity: how much a group's level of scores counts, in [0, 1]. Each unit's

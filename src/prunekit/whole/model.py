@@ -61,9 +61,10 @@ def prune_model(
 
     Tensors pruned before are pruned further (their entries already pruned stay so). A tied
     parameter is ranked once and masked under each of its names: ``remove()`` each name to
-    make it permanent. Every argument, tensor and batch is checked first; if anything fails,
-    the model is left exactly as it was. What to prune and how is a ``prunekit.whole.Config``,
-    which says what each option means.
+    make it permanent (``'sparsegpt'`` refuses one: its update fits one layer's inputs).
+    Every argument, tensor and batch is checked first; if anything fails, the model is left
+    exactly as it was. What to prune and how is a ``prunekit.whole.Config``, which says what
+    each option means.
 
     Args:
         model: the torch module to prune in place (masks installed as ``prune`` installs
@@ -272,6 +273,8 @@ def _oneshot(
             )
         natural = _calibrated(heads)
     targets = select_targets(model, config.include, config.exclude, OWNER, natural)
+    if config.method == "sparsegpt":
+        _refuse_tied_updates(model, targets)
     run(
         model,
         [(t.first.module, t.first.leaf) for t in targets],
@@ -284,6 +287,24 @@ def _oneshot(
     )
     if config.method in CALIBRATED and config.include == ALL:
         _tell_fused(model, config)
+
+
+def _refuse_tied_updates(model: nn.Module, targets: Sequence[Target]) -> None:
+    """Refuse SparseGPT on a Parameter tied across layers: its update keeps the first
+    layer's output on that layer's inputs, and moves the others' (which read other inputs)
+    unchecked, worse than the same masks without an update."""
+    paths = {m: p for p, m in model.named_modules()}
+    for target in targets:
+        if not target.ties:
+            continue
+        names = [f"{paths[p.holder]}.{p.own}".lstrip(".") for p in target.places]
+        raise value_error(
+            f"{OWNER}: method='sparsegpt' updates the weights it keeps so that one layer's "
+            f"output on its own inputs changes least, but {', '.join(map(repr, names))} are "
+            "one Parameter (tied), read by layers with other inputs, whose outputs the "
+            f"update would move unchecked; expected exclude={names!r} (pruned by another "
+            "call), or method='wanda' (masks only, no update)"
+        )
 
 
 def _tell_fused(model: nn.Module, config: Config) -> None:

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate import layer_matrices
-from prunekit.core.errors import value_error
+from prunekit.core.errors import value_error, warn_caller
 from prunekit.core.naming import mask_name, stored_parameter
 from prunekit.criteria.grouped import GroupedRuns
 from prunekit.structure.compensation.damping import (
@@ -232,6 +232,7 @@ def compensate_groups(
     producers = {id(p): p for c in found for p in _producers(c)}
     modules = [*(c.module for c in found), *producers.values()]
     order = _forward_order(model, modules, batches[0], owner)
+    warn_unrun(found, order, names, "compensate=True")
     found = sorted((c for c in found if id(c.module) in order), key=lambda c: order[id(c.module)])
     blocks = _blocks(model, found, chosen)
     tuning = Tuning(damping, len(batches))
@@ -505,6 +506,22 @@ def _per_group(moments: Moments, groups: int, columns: int) -> list[Moments]:
     hessians = moments.hessian.reshape(groups, columns, columns)
     means = moments.mean.reshape(groups, columns)
     return [Moments(hessians[g], means[g], moments.rows) for g in range(groups)]
+
+
+def warn_unrun(
+    found: Sequence[_Consumer], order: dict[int, int], names: dict[int, str], what: str
+) -> None:
+    """Warn, naming them, of the consumers of removed units that did not run on the first
+    calibration batch (`order`): their inputs lost units, but no update can be fitted for
+    them (the example inputs ran them; the calibration batches take another path)."""
+    unrun = [names.get(id(c.module), "?") for c in found if id(c.module) not in order]
+    if unrun:
+        warn_caller(
+            f"prune_channels: {what} left {', '.join(map(repr, unrun))} as it was: it reads "
+            "removed units (the example inputs ran it) but never ran on the first calibration "
+            "batch, so no update could be fitted; expected calibration batches that run every "
+            "layer reading the removed units"
+        )
 
 
 def _forward_order(

@@ -22,6 +22,7 @@ E is the removed columns alone), the consumer is left.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -184,12 +185,12 @@ def check_damping(damping: object, owner: str) -> float | str:
                 "calibration batches) or a number > 0"
             )
         return damping
-    if isinstance(damping, bool) or not isinstance(damping, (int, float)):
+    if isinstance(damping, bool) or not isinstance(damping, numbers.Real):
         raise type_error(
             f"{owner}: damping must be 'rows', 'auto' or a number > 0, not "
             f"{type(damping).__name__} ({damping!r})"
         )
-    if not math.isfinite(damping) or damping <= 0:
+    if not math.isfinite(float(damping)) or damping <= 0:
         raise value_error(
             f"{owner}: invalid damping={damping!r}; expected 'rows', 'auto' or a finite number "
             "> 0 (relative to the median diagonal of the input's second moment; a convolution's "

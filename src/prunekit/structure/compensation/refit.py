@@ -222,6 +222,8 @@ def refit_groups(
     listed = {id(c.module) for c in found}
     found += [c for c in layers_refitted(model) if id(c.module) not in listed]
     order = plain._forward_order(model, [c.module for c in found], batches[0], _OWNER)
+    plain.warn_unrun([c for c in found if id(c.module) in listed], order, names,
+                     "compensate='reference'")  # fmt: skip
     reached = [order[i] for i in listed if i in order]
     if not reached:
         return []

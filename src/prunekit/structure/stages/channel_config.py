@@ -7,6 +7,7 @@ checked by the stage that meets the model.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -169,6 +170,10 @@ class ChannelConfig:
 
     def __post_init__(self) -> None:
         _check_amounts(self.amounts, self.scope, self.round_to)
+        for name in ("amount", "heads", "hidden", "experts"):  # numpy's numbers as Python's
+            self._set(name, float(getattr(self, name)))
+        if self.round_to is not None:
+            self._set("round_to", int(self.round_to))
         if self.budget is not None:
             _check_budget(self.budget, self.amounts, self.scope)
         check_gqa(self.gqa, OWNER)
@@ -243,9 +248,12 @@ class ChannelOptions(TypedDict, total=False):
 
 
 def _check_amounts(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
+    """Refuse a share or `round_to` out of place (numpy's numbers are taken as Python's;
+    `amount` is a fraction only, never an integer that could read as a count)."""
     for kind, value in amounts.items():
         name, what = _WHAT[kind]
-        number = isinstance(value, float) or (name != "amount" and isinstance(value, int))
+        integral = isinstance(value, numbers.Integral)
+        number = isinstance(value, numbers.Real) and (name != "amount" or not integral)
         if isinstance(value, bool) or not number or not 0.0 <= value < 1.0:
             raise ValueError(
                 f"prune_channels: invalid {name}={value!r}; expected a float in [0, 1): the "
@@ -253,7 +261,7 @@ def _check_amounts(amounts: dict[str, Any], scope: Any, round_to: Any) -> None:
             )
     check_scope(scope, OWNER)
     if round_to is not None and (
-        isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1
+        isinstance(round_to, bool) or not isinstance(round_to, numbers.Integral) or round_to < 1
     ):
         raise ValueError(
             f"prune_channels: invalid round_to={round_to!r}; expected an int >= 1, or None "

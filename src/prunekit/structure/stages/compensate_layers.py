@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
+from prunekit.core.errors import value_error
 from prunekit.core.transaction import Transaction
 from prunekit.structure.compensation.compensate import (
     Openings,
@@ -60,6 +61,30 @@ class Compensation:
                               self.tokens, owner=OWNER)  # fmt: skip
 
 
+def _refuse_tied(model: nn.Module, updated: Sequence[Tensor], compensate: object) -> None:
+    """Refuse to update in place a weight tied to another layer's (one Parameter in two
+    Linears or convolutions): the update fits one layer's inputs and would move the other's
+    output unchecked (on a small MLP pair, worse than no update on the calibration data)."""
+    layers: dict[int, dict[int, str]] = {}  # a Parameter's id -> its layers' ids -> a name
+    for path, module in model.named_modules():
+        conv = isinstance(module, nn.modules.conv._ConvNd)
+        if not (conv or isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
+            continue
+        for name, parameter in module._parameters.items():
+            if parameter is not None:
+                held = layers.setdefault(id(parameter), {})
+                held.setdefault(id(module), f"{path}.{name}".lstrip("."))
+    for tensor in updated:
+        names = list(layers.get(id(tensor), {}).values())
+        if len(names) > 1:
+            raise value_error(
+                f"{OWNER}: compensate={compensate!r} would update {names[0]!r} in place, but "
+                f"{', '.join(map(repr, names))} are one Parameter (tied) of layers that read "
+                "other inputs, whose outputs the update would move unchecked; expected "
+                "compensate=False, or the layers untied"
+            )
+
+
 def plan_compensation(
     model: nn.Module, chosen: list[PrunedGroup], config: ChannelConfig, recorded: Transaction
 ) -> Compensation | None:
@@ -83,11 +108,11 @@ def plan_compensation(
     pairs: list[tuple[ChannelGroup, Sequence[int]]] = [(p.group, p.units) for p in chosen]
     refuse_uncompensable(pairs, config.compensate)
     reference = None
+    updated = refitted(model) if config.compensate == "reference" else written(pairs)
+    _refuse_tied(model, updated, config.compensate)
+    recorded.keep(updated)  # compensation (or the refit) updates them in place
     if config.compensate == "reference":
-        recorded.keep(refitted(model))  # the refit updates them in place
         reference = copy.deepcopy(model)
-    else:
-        recorded.keep(written(pairs))  # compensation updates them in place
     return Compensation(
         pairs, Openings(model, pairs), batches, config.level, config.token_weights, reference
     )

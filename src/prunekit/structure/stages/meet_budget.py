@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from typing import Any, NoReturn
 
 from torch import Tensor, nn
@@ -67,6 +68,7 @@ def meet(
         ValueError: the model has nothing to count, or the budget cannot be met within the
             groups' constraints.
     """
+    _check_floor_globs(budget, groups)
     weights, total, depth = _counted(model, example_inputs, groups, budget)
     tensors = {
         tensor_key(s): TensorCost(tuple(costed_parameter(s).shape), weights.get(tensor_key(s), 0.0))
@@ -287,6 +289,22 @@ def _rates(
         times.append(timed.before_ms)
         rates[kind] = max(saved, 0.0) / ledger.removed if ledger.removed > 0 else 0.0
     return (sorted(times)[len(times) // 2] if times else 0.0), rates
+
+
+def _check_floor_globs(budget: Budget, groups: list[ChannelGroup]) -> None:
+    """Refuse a floor given per glob whose glob matches no candidate group: a typo would
+    silently keep no floor at all."""
+    if not isinstance(budget.floor, tuple):
+        return
+    names = [g.name for g in groups]
+    for glob, _ in budget.floor:
+        if not any(fnmatchcase(name, glob) for name in names):
+            shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+            raise value_error(
+                f"prune_channels: Budget(floor={dict(budget.floor)!r}) glob {glob!r} matches no "
+                f"candidate group (of kinds {list(budget.kinds)}); expected globs over the "
+                f"group names BudgetReport.rows shows: {shown or 'none (no group of them)'}"
+            )
 
 
 def _unreachable(budget: Budget, total: float, most: float, round_to: int | None) -> NoReturn:
