@@ -243,20 +243,17 @@ class BasePruningMethod(BoundToModule, ABC):
         """
         return None
 
-    def _choose_competing(self, t: Tensor, mask: Tensor, target: TensorRef = None) -> Tensor | None:
-        """The new mask of `t` under `mask` where ``_choose`` gave None for it, or None where
-        the method has no choice of its own (the caller then gathers the entries that
-        compete and calls compute_mask on them).
+    def _refuse_unrankable(self, t: Tensor, mask: Tensor, target: TensorRef = None) -> None:
+        """Where ``_choose`` gave None for `t` because its selection found NaN or infinity
+        among the entries that compete: raise the error that names the first, read on the
+        tensor's own scores. The default does nothing (the caller then gathers the entries
+        that compete and calls compute_mask on them).
 
         Args:
             t: the tensor's values, or the importance scores given for it.
             mask: its mask so far (1 where its entries still compete).
             target: the tensor's ``(module, name)`` where known.
-
-        Returns:
-            The mask, of `mask`'s dtype and `t`'s shape, or None (the default).
         """
-        return None
 
     def _first_mask(self, scores: Tensor, dtype: Any, target: TensorRef = None) -> Tensor | None:
         """``compute_mask(scores, ones)`` in `dtype`, made without building the ones.
@@ -430,11 +427,9 @@ def combine_masks(
         kept = method._choose([t], [mask], keep_dtype=mask.dtype, targets=[target])
         if kept is not None:
             return multiply_(next(kept).reshape(t.shape), mask)
-        # Not the entries gathered flat for a method whose criterion scores the tensor by its
-        # shape (Taylor's saliency, Wanda's norms): its None meant scores it could not rank.
-        chosen = method._choose_competing(t, mask, target)
-        if chosen is not None:
-            return chosen
+        # None: scores it could not rank, named on the whole tensor; gathered flat, they
+        # could not be scored by a criterion that scores by shape (Taylor's, Wanda's)
+        method._refuse_unrankable(t, mask, target)
     new_mask = mask.clone()
     if kind == "unstructured":
         keep = mask == 1

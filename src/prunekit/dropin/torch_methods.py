@@ -14,7 +14,7 @@ from prunekit.core.amount import (
     validate_norm_order,
     validate_pruning_amount_init,
 )
-from prunekit.core.backend import common_namespace, multiply_
+from prunekit.core.backend import common_namespace
 from prunekit.core.checks import check_binary_mask
 from prunekit.core.errors import type_error, value_error
 from prunekit.core.naming import TensorRef
@@ -22,8 +22,7 @@ from prunekit.criteria import Criterion, Magnitude, Random
 from prunekit.dropin.base_method import BasePruningMethod
 from prunekit.patterns import Channels, Pattern, Unstructured
 from prunekit.patterns.pattern import all_ones
-from prunekit.patterns.unstructured import unrankable
-from prunekit.select import all_finite
+from prunekit.patterns.tensorwise import competing_scores
 
 __all__ = [
     "CustomFromMask",
@@ -119,24 +118,9 @@ class Pruning(BasePruningMethod):
     def compute_mask(self, t: Tensor, default_mask: Tensor) -> Tensor:
         return self.pattern.mask(self.criterion, t, default_mask, self._amount())
 
-    def _choose_competing(self, t: Tensor, mask: Tensor, target: TensorRef = None) -> Tensor | None:
-        """Where ``_choose`` gave None, its selection found NaN or infinity in the scores,
-        which it checks over every entry: refused naming the first where an entry that
-        competes holds one; else the entries that compete ranked by their scores (the
-        others set to 0, competing no more), as the gathered entries would rank. The entries
-        are never gathered flat: a criterion that scores the tensor by its shape (Taylor's
-        saliency, Wanda's norms) cannot score them so."""
-        if not self._own_mask():
-            return None
-        criterion = self.criterion
-        scores = t if criterion._values_are_scores else criterion._checked_scores(t, target)
-        competing = scores.detach().masked_fill(mask.reshape(scores.shape) != 1, 0)
-        amount = self._amount()
-        if not all_finite(competing):
-            raise unrankable(competing, amount.owner, "scores")
-        given = Magnitude() if criterion.by_magnitude else _Given()
-        kept = self.pattern.select(given, [competing], [mask], amount, mask.dtype)
-        return None if kept is None else multiply_(next(kept).reshape(t.shape), mask)
+    def _refuse_unrankable(self, t: Tensor, mask: Tensor, target: TensorRef = None) -> None:
+        if self._own_mask():  # refuses, naming the first competing score not finite
+            competing_scores(self.criterion, t, target, self._amount().owner, "scores", mask)
 
     def _compute_mask(self, t: Tensor, default_mask: Tensor, target: TensorRef) -> Tensor:
         if not self._own_mask():
@@ -170,16 +154,6 @@ class Pruning(BasePruningMethod):
             f"{type(self).__name__}(amount={self.amount!r}, criterion={self.criterion!r}, "
             f"pattern={self.pattern!r})"
         )
-
-
-class _Given(Criterion):
-    """Scores made already, ranked by their signed values (``Magnitude`` ranks them by
-    their absolute values)."""
-
-    _values_are_scores = True
-
-    def scores(self, values: Tensor, target: TensorRef = None) -> Tensor:
-        return values
 
 
 class RandomUnstructured(Pruning):
