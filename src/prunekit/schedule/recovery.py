@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from prunekit.calibrate import batch_list, is_callers
+from prunekit.core.autocast import fresh_casts
 from prunekit.core.checks import (
     check_number,
     check_rate,
@@ -105,6 +106,12 @@ def recover(
     Returns:
         The steps taken, their wall and CPU seconds and the loss of each.
 
+    Under ``torch.autocast`` both forwards compute in its dtype (the loss promotes the
+    logits to float32), the parameters and AdamW's moments staying in theirs. Autocast's
+    cache of cast parameters is off during the call, or every forward after the first
+    would read the weights as they were then (steps that train blind), and it is emptied on
+    return, so the caller's forwards in the same context read the new weights.
+
     Memory beyond the two models: a copy of the trained parameters (put back on an error),
     their gradients and AdamW's two moments, so about five times the student's parameters
     (compact the student first: it is smaller, and its masks and stored weights go).
@@ -131,7 +138,8 @@ def recover(
     refuse_shared(student, distiller.teacher, "student", _TEACHER, _APART)
     refuse_float16(_OWNER, student, trained)
     check_rate(_OWNER, lr, trained)
-    with transaction(student, writes=trained):
+    # under autocast: each forward casts the weights as the steps left them
+    with fresh_casts(), transaction(student, writes=trained):
         plan = _Plan(seconds, steps, lr, warmup, cpu_seconds)
         return _run(student, distiller, found, trained, plan)
 

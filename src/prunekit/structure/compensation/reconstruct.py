@@ -57,6 +57,7 @@ from torch import Tensor, nn
 
 import prunekit.calibrate as cal
 from prunekit.calibrate.statistics import token_rows
+from prunekit.core.autocast import fresh_casts
 from prunekit.core.checks import check_number, check_rate, refuse_float16, refuse_shared
 from prunekit.core.errors import is_explained, type_error, value_error
 from prunekit.core.naming import orig_name
@@ -92,6 +93,13 @@ def reconstruct_blocks(
     With `cpu_seconds`, the call's CPU time is spread over the blocks instead: each block
     trains until an even share of what is left is used (or `steps`), the cosine following
     that share.
+
+    Under ``torch.autocast`` the forwards (the targets, the steps, the errors before and
+    after) compute in its dtype, the parameters and Adam's moments staying in theirs.
+    Autocast's cache of cast parameters is off during the call, or every forward after the
+    first would read the weights as they were then (steps that train blind, and an error
+    after that does not see them), and it is emptied on return, so the caller's forwards in
+    the same context read the new weights.
 
     Args:
         model: the pruned model, masked, or compacted if its hidden width (the blocks'
@@ -145,6 +153,7 @@ def reconstruct_blocks(
     # the forward that finds the ends runs inside the transaction: a refusal after it
     # leaves what it wrote (a buffer, an attribute) as it was
     with (
+        fresh_casts(),  # under autocast: each forward casts the weights as the steps left them
         cal.evaluating(model),
         cal.evaluating(reference),
         transaction(model, writes=inner) as undo,
