@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from prunekit.core.autocast import fresh_casts
 from prunekit.core.checks import refuse_not_finite
 from prunekit.core.errors import value_error
 from prunekit.export.api import FORMATS, export
@@ -170,28 +171,29 @@ def distill(
     seconds = max(int(config.distill), 1)
     student.train()
     started, steps = time.perf_counter(), 0
-    try:
-        while (elapsed := time.perf_counter() - started) < config.distill:
-            tick("distill", min(int(elapsed), seconds), seconds)
-            x = parts[int(torch.randint(len(parts), (1,), generator=generator))][None]
-            for group in optimizer.param_groups:  # a short warm-up of the learning rate
-                group["lr"] = config.run_lr * min(1.0, (steps + 1) / 10)
-            loss = distiller.loss(student(input_ids=x), {"input_ids": x})
-            if not bool(torch.isfinite(loss)):
-                raise value_error(
-                    f"shrink: the distillation loss of step {steps} is {float(loss.detach())}; "
-                    f"expected a finite loss ({_SMALLER_LR})"
-                )
+    with fresh_casts():  # under a caller's autocast: each step reads the weights as they are
+        try:
+            while (elapsed := time.perf_counter() - started) < config.distill:
+                tick("distill", min(int(elapsed), seconds), seconds)
+                x = parts[int(torch.randint(len(parts), (1,), generator=generator))][None]
+                for group in optimizer.param_groups:  # a short warm-up of the learning rate
+                    group["lr"] = config.run_lr * min(1.0, (steps + 1) / 10)
+                loss = distiller.loss(student(input_ids=x), {"input_ids": x})
+                if not bool(torch.isfinite(loss)):
+                    raise value_error(
+                        f"shrink: the distillation loss of step {steps} is {float(loss.detach())}; "
+                        f"expected a finite loss ({_SMALLER_LR})"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                torch.nn.utils.clip_grad_norm_(trained, 1.0)
+                optimizer.step()
+                steps += 1
+            if steps:
+                refuse_not_finite("shrink", student, trained, "the distillation", _SMALLER_LR)
+        finally:
+            student.eval()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            optimizer.step()
-            steps += 1
-        if steps:
-            refuse_not_finite("shrink", student, trained, "the distillation", _SMALLER_LR)
-    finally:
-        student.eval()
-        optimizer.zero_grad(set_to_none=True)
     tick("distill", seconds, seconds)
     return steps, time.perf_counter() - started
 
