@@ -291,3 +291,21 @@ def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_prune_channels(
         prune_channels(model, {"input_ids": _ids(0)}, 0.25, calibration=batches, **options)
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_shrink_streamed(
+    tmp_path: Path,
+) -> None:
+    """As the same batches as mappings are: the masks were checked before the model was
+    known (whose forward names a tuple's second item attention_mask), and the folder was
+    shrunk on no token at all."""
+    pytest.importorskip("accelerate")
+    folder = sharded_folder(tmp_path / "model")
+    batches = [(ids, torch.zeros_like(mask)) for ids, mask in _tuples("right")]
+    config = ShrinkStreamedConfig(Budget(params=0.3))
+    with pytest.raises(
+        ValueError,
+        match=r"shrink_streamed: every attention_mask of the 4 calibration batches is all zero",
+    ):
+        shrink_streamed(folder, tmp_path / "out", calibration=batches, config=config)
+    assert not (tmp_path / "out").exists()
