@@ -105,7 +105,8 @@ class ChannelConfig:
             output on the `calibration` batches (needed then), taken in forward order on the
             model as masked so far (``prunekit.structure.compensation.compensate``);
             'reference': those layers and every Linear or convolution that runs after the
-            first of them are refitted towards the outputs they had in the model as it was
+            first of them (but one whose weight another module holds too: a head tied to
+            the embedding) are refitted towards the outputs they had in the model as it was
             before the call, from their inputs in the model as pruned so far
             (``prunekit.structure.compensation.refit``; it holds a copy of the model while
             it runs, and runs the model up to each layer for each batch: meant for CNNs);
