@@ -241,3 +241,24 @@ def test_a_cnn_exported_from_a_batch_of_one_takes_any_batch(tmp_path: Path) -> N
         (found,) = session.run(None, {given.name: images.numpy()})
         with torch.no_grad():
             assert close(model.eval()(images), found) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("inputs", "wrong", "allowed"),
+    [
+        (torch.zeros(0, 3, 16, 16), r"is empty \(shape \(0, 3, 16, 16\)\)", "at least one entry"),
+        (torch.zeros(2, 3, 16, 16, device="meta"), "is on the meta device", "values"),
+    ],
+    ids=["empty", "meta"],
+)
+def test_inputs_without_values_are_refused_without_offering_verify_false(
+    tmp_path: Path, inputs: torch.Tensor, wrong: str, allowed: str
+) -> None:
+    """verify=False takes inputs holding NaN (nothing is compared), never inputs without
+    values (nothing to trace on): the refusal offered it for both."""
+    for verify in (True, False):
+        with pytest.raises(ValueError, match=rf"example_inputs\[0\] {wrong}.*{allowed}") as caught:
+            export(compacted_cnn(), tmp_path / "m.onnx", "onnx", example_inputs=inputs,
+                   verify=verify)  # fmt: skip
+        assert "verify=False" not in str(caught.value)
+        assert not (tmp_path / "m.onnx").exists()

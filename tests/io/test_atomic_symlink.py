@@ -11,6 +11,7 @@ import pytest
 
 from prunekit.io import atomic
 from prunekit.io.atomic import atomic_path
+from prunekit.io.folders import copy_companions
 
 
 @pytest.fixture(params=["unnamed", "named"])
@@ -67,3 +68,33 @@ def test_a_failed_write_through_a_link_leaves_both_as_they_were(tmp_path: Path, 
         raise RuntimeError("stopped")
     assert link.is_symlink() and real.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.txt", "real.txt"]
+
+
+def test_a_link_in_a_staged_folder_is_replaced_and_a_failure_leaves_its_file(
+    tmp_path: Path, way: str
+) -> None:
+    """A folder written whole (atomic_folder) starts its stage with the folder's files,
+    links as links; writing a file of the stage went through such a link to the file it
+    names outside the folder (a Hugging Face cache's blob, say), so a call that failed
+    afterwards left that file changed. The stage's file replaces the link instead."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "source").mkdir()
+    real = tmp_path / "store" / "config.json"
+    real.write_text("old")
+    (tmp_path / "out" / "config.json").symlink_to(real)
+    (tmp_path / "source" / "config.json").write_text("new")
+    (tmp_path / "source" / "tokenizer.json").write_text("{}")
+    with (
+        pytest.raises(RuntimeError, match="stopped"),
+        atomic.atomic_folder(tmp_path / "out") as stage,
+    ):
+        copy_companions(tmp_path / "source", stage)
+        raise RuntimeError("stopped")
+    assert real.read_text() == "old"
+    assert (tmp_path / "out" / "config.json").is_symlink()
+    with atomic.atomic_folder(tmp_path / "out") as stage:
+        copy_companions(tmp_path / "source", stage)
+    assert real.read_text() == "old"  # the folder's own file now, not the one linked
+    assert not (tmp_path / "out" / "config.json").is_symlink()
+    assert (tmp_path / "out" / "config.json").read_text() == "new"

@@ -368,3 +368,23 @@ def test_a_given_teacher_output_is_checked() -> None:
     states = (torch.randn(5, 2),)
     loss = hidden.loss(output, x, teacher_output={"logits": student, "hidden_states": states})
     assert float(loss) == pytest.approx(float(F.mse_loss(output["hidden_states"][0], states[0])))
+
+
+def test_a_tuple_batch_s_attention_mask_leaves_padding_out_as_a_mapping_s() -> None:
+    """A tuple of positional arguments gives the attention_mask by the place the forward
+    names it (as calibration reads it): its padding counted in the average, unlike the
+    same batch as a mapping."""
+    pytest.importorskip("transformers")
+    from helpers.tiny_llm import llama
+
+    teacher, student = llama(seed=0), llama(seed=1)
+    ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0  # the first row's last four tokens are padding
+    distiller = prune.Distiller(teacher, logit_weight=1.0)
+    found = []
+    for inputs in ({"input_ids": ids, "attention_mask": mask}, (ids, mask)):
+        args = inputs if isinstance(inputs, tuple) else ()
+        kwargs = inputs if isinstance(inputs, dict) else {}
+        found.append(float(distiller.loss(student(*args, **kwargs), inputs)))
+    assert found[1] == pytest.approx(found[0], rel=1e-6)

@@ -264,3 +264,48 @@ def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_prune_blocks() ->
     batches = [(ids, torch.zeros_like(mask)) for ids, mask in _tuples("right")]
     with pytest.raises(ValueError, match=r"prune_blocks: every attention_mask of the 4 "):
         prune_blocks(llama(layers=4), batches, 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"compensate": True}, "compensation has no row to fit on"),
+        ({"criterion": "activation"}, r"criterion='activation' has no row to score on"),
+    ],
+    ids=["compensate", "criterion"],
+)
+def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_prune_channels(
+    options: dict[str, Any], why: str
+) -> None:
+    """As the same batches as mappings are: the masks were read without the model (whose
+    forward names a tuple's second item attention_mask), and the call fitted and scored
+    on no token at all."""
+    batches = [(ids, torch.zeros_like(mask)) for ids, mask in _tuples("right")]
+    model = llama()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(
+        ValueError,
+        match=rf"prune_channels: every one of the 4 calibration batches has an attention_mask "
+        rf"that is all zero, so {why}",
+    ):
+        prune_channels(model, {"input_ids": _ids(0)}, 0.25, calibration=batches, **options)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_tuple_batches_whose_every_mask_is_zero_are_refused_by_shrink_streamed(
+    tmp_path: Path,
+) -> None:
+    """As the same batches as mappings are: the masks were checked before the model was
+    known (whose forward names a tuple's second item attention_mask), and the folder was
+    shrunk on no token at all."""
+    pytest.importorskip("accelerate")
+    folder = sharded_folder(tmp_path / "model")
+    batches = [(ids, torch.zeros_like(mask)) for ids, mask in _tuples("right")]
+    config = ShrinkStreamedConfig(Budget(params=0.3))
+    with pytest.raises(
+        ValueError,
+        match=r"shrink_streamed: every attention_mask of the 4 calibration batches is all zero",
+    ):
+        shrink_streamed(folder, tmp_path / "out", calibration=batches, config=config)
+    assert not (tmp_path / "out").exists()

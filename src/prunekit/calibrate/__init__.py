@@ -3,13 +3,13 @@ Taylor, and the driver that calibrates a model whole or one block at a time.
 
 Statistics are running sums, updated batch by batch: never a list of activations. Linears
 that read the same input tensor (query, key and value; gate and up) share one accumulator,
-found by identity in the first batch. The tokens a mapping batch's ``attention_mask``
-masks out (padding) take no part: each batch's mask (``batch_masks``) goes to
-``InputStatistics.new_batch``, which keeps only the kept tokens' rows of every
-token-shaped layer input, whole-model or block by block. In sequential mode the model
-runs once up to its first block, whose inputs are kept; then each block is calibrated on
-them, pruned, and run again to give the next block's inputs: only one block's statistics
-exist at a time.
+found by identity in the first batch. The tokens a batch's ``attention_mask`` (a
+mapping's, or a tuple's item the model's forward names so) masks out (padding) take no
+part: each batch's mask (``batch_masks``) goes to ``InputStatistics.new_batch``, which
+keeps only the kept tokens' rows of every token-shaped layer input, whole-model or block
+by block. In sequential mode the model runs once up to its first block, whose inputs are
+kept; then each block is calibrated on them, pruned, and run again to give the next
+block's inputs: only one block's statistics exist at a time.
 
 Across data-parallel ranks, each calibrating on its own batches, a `Reduce` (given from
 above: prunekit.distributed.stats.Reducer over a process group) sums the statistics where

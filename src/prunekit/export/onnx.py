@@ -205,16 +205,19 @@ def _check_values(args: tuple[Tensor, ...], kwargs: dict[str, Tensor], verify: b
     for where, tensor in named:
         wrong = None
         if tensor.is_meta:
-            wrong = "is on the meta device (a shape without values)"
+            wrong = "is on the meta device (a shape without values); expected tensors with values"
         elif tensor.numel() == 0:
-            wrong = f"is empty (shape {tuple(tensor.shape)}): no value to trace or check on"
-        elif verify and not _finite(tensor):
-            wrong = "holds NaN or inf, on which the check cannot compare outputs"
-        if wrong is not None:
-            raise value_error(
-                f"{OWNER}: {where} {wrong}; expected tensors of finite values, at least one "
-                "entry (or verify=False to write the graph unchecked)"
+            wrong = (
+                f"is empty (shape {tuple(tensor.shape)}): no value to trace or check on; "
+                "expected tensors of at least one entry"
             )
+        elif verify and not _finite(tensor):
+            wrong = (
+                "holds NaN or inf, on which the check cannot compare outputs; expected finite "
+                "values (or verify=False to write the graph unchecked)"
+            )
+        if wrong is not None:
+            raise value_error(f"{OWNER}: {where} {wrong}")
 
 
 def _finite(tensor: Tensor) -> bool:

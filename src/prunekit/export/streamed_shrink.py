@@ -237,6 +237,7 @@ def shrink_streamed(
     check_tokens(batches, OWNER)
     channel = config.channels(batches)
     checkpoint, model, blocks, folder = open_streamed(path, out)
+    check_tokens(batches, OWNER, model)  # a tuple batch's mask, by the forward's names
     source = checkpoint.index.parent
     before = sum(p.numel() for p in _unique(model))
     run = _Run(model, blocks, checkpoint, channel, batches,

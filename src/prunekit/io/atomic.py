@@ -21,6 +21,10 @@ from pathlib import Path
 
 __all__ = ["atomic_folder", "atomic_path", "overlaps", "same_file", "umask"]
 
+# The stages of the atomic_folder blocks running (in any thread): a link in one is a copy of
+# the folder's own, which the stage's new file replaces rather than writes through.
+_STAGES: set[Path] = set()
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[str]:
@@ -28,12 +32,16 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[str]:
 
     A `target` that is a symbolic link (or a chain of them) is written through: the file
     it names takes the content, made beside that file (in its folder, where the rename is
-    atomic), and the link stays a link. A dangling link makes the file it names.
+    atomic), and the link stays a link. A dangling link makes the file it names. Inside
+    the stage of an ``atomic_folder`` block, a link (copied from the folder replaced) is
+    replaced by the new file instead: the folder is written whole, and nothing outside it
+    changes, even where the block fails after.
     """
     # by its full name (the link below is made by the folder's descriptor); a symbolic
     # link resolved to the file it names, which the rename would otherwise put a file over
     given = Path(target)
-    final = Path((os.path.realpath if given.is_symlink() else os.path.abspath)(given))
+    through = given.is_symlink() and not _staged(Path(os.path.abspath(given)))
+    final = Path((os.path.realpath if through else os.path.abspath)(given))
     fd = _unnamed_file(final.parent)
     if fd is None:
         with _named_temp(final) as temp:
@@ -74,6 +82,7 @@ def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
     # by its full name: the system refuses to rename '.', and 'a/..' stages inside itself
     final = Path((os.path.realpath if Path(target).is_symlink() else os.path.abspath)(target))
     stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    _STAGES.add(stage)
     try:
         if final.is_dir():  # its files, and its permissions (copytree copies them)
             shutil.copytree(final, stage, symlinks=True, copy_function=_link_or_copy,
@@ -87,8 +96,15 @@ def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
                     os.fsync(stream.fileno())
         _swap(stage, final)
     finally:
+        _STAGES.discard(stage)
         shutil.rmtree(stage, ignore_errors=True)  # the stage, or the old folder once swapped
     _sync_folder(final.parent)
+
+
+def _staged(path: Path) -> bool:
+    """Whether `path` (absolute, links not resolved) lies in a running atomic_folder's
+    stage."""
+    return any(stage in path.parents for stage in set(_STAGES))
 
 
 def overlaps(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -36,6 +36,7 @@ import prunekit.calibrate as cal
 from prunekit._extras import require
 from prunekit.calibrate.layer_matrices import calibrates
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.example_inputs import named
 from prunekit.core.heap import trim
 from prunekit.io.atomic import atomic_folder
 from prunekit.io.files import CheckpointError, refuse_empty_path, writable_folder
@@ -184,6 +185,7 @@ def prune_streamed(
     batches = cal.batch_list(calibration, OWNER)
     check_tokens(batches, OWNER)
     checkpoint, model, blocks, folder = open_streamed(path, out)
+    check_tokens(batches, OWNER, model)  # a tuple batch's mask, by the forward's names
     source = checkpoint.index.parent
     total = sum(len(_targets(block)) for block in blocks)
     label = f"{settings.method} {settings.chosen_pattern!r} streamed"  # None: the method's own
@@ -241,10 +243,13 @@ def check_free(folder: Path, need: int) -> None:
         raise CheckpointError(f"{folder}: the output needs {need:,} bytes, {free:,} are free")
 
 
-def check_tokens(batches: Sequence[object], owner: str) -> None:
+def check_tokens(batches: Sequence[object], owner: str, model: nn.Module | None = None) -> None:
     """Refuse batches whose every ``attention_mask`` keeps no token: nothing the caller
-    counts as text would be calibrated on."""
-    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in batches]
+    counts as text would be calibrated on. A tuple or list batch's mask is the item that
+    `model`'s forward names so (``core.example_inputs.named``); without a `model`, only a
+    mapping's is seen (the caller checks again once the model is built)."""
+    named_batches = [named(b, model) for b in batches]
+    masks = [b.get("attention_mask") if isinstance(b, Mapping) else None for b in named_batches]
     if masks and all(isinstance(m, torch.Tensor) and not bool((m != 0).any()) for m in masks):
         raise value_error(
             f"{owner}: every attention_mask of the {len(batches)} calibration batches is all "

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from prunekit.core.checks import check_number
 from prunekit.core.errors import type_error, value_error
+from prunekit.core.example_inputs import named
 
 __all__ = ["Distiller", "Inputs", "Output", "distillation_loss", "hidden_state_loss"]
 
@@ -132,7 +133,8 @@ class Distiller:
     mean squared error of the logits, + `hidden_weight` x ``hidden_state_loss`` over the
     hidden states of both). `inputs` are what the student's forward took: a tensor, a tuple
     of positional arguments or a dict of keyword arguments (its ``labels`` are not passed to
-    the teacher; its ``attention_mask`` masks the average over tokens). An encoder-decoder
+    the teacher; its ``attention_mask``, a tuple's by the place the forward names it, masks
+    the average over tokens). An encoder-decoder
     (a Hugging Face model that derives its decoder's inputs from ``labels``, such as BART
     or T5) gets those decoder inputs instead of the labels, and its logits are averaged
     over the target's positions: ``decoder_attention_mask``, else the labels that are not
@@ -247,11 +249,13 @@ class Distiller:
         student = _logits(student_output, "student")
         if teacher_output is None:
             teacher_output = self.teacher_output(inputs, student.device)
-        given = _split(inputs)[1].get("attention_mask")
+        _split(inputs)  # refuses inputs of another kind
+        keywords = _keywords(inputs, self.teacher)
+        given = keywords.get("attention_mask")
         given = given if isinstance(given, Tensor) else None
         mask = given if student.dim() == 3 else None  # logits over tokens
         if _field(student_output, "encoder_last_hidden_state") is not None:
-            mask = _target_mask(inputs)  # an encoder-decoder's logits are the target's
+            mask = _target_mask(keywords)  # an encoder-decoder's logits are the target's
         teacher = _logits(teacher_output, "teacher")
         total = self.alpha * distillation_loss(
             student, teacher, temperature=self.temperature, attention_mask=mask
@@ -387,11 +391,19 @@ def without_labels(model: nn.Module, kwargs: dict[str, Any]) -> None:
         kwargs["decoder_input_ids"] = derive(labels=labels)
 
 
-def _target_mask(inputs: Inputs) -> Tensor | None:
+def _keywords(inputs: Inputs, model: nn.Module) -> dict[str, Any]:
+    """`inputs` by the names of `model`'s forward: a mapping's own, a tuple's items by the
+    parameters they fill (``core.example_inputs.named``; the teacher's forward, which takes
+    what the student's does); a tensor names nothing."""
+    found = named(inputs, model)
+    return dict(found) if isinstance(found, Mapping) else {}
+
+
+def _target_mask(kwargs: Mapping[str, Any]) -> Tensor | None:
     """The positions of an encoder-decoder's logits to average: its
     ``decoder_attention_mask``, else the ``labels`` not -100 (what its own loss leaves
-    out), else all of them (None); its ``attention_mask`` is the source's."""
-    kwargs = _split(inputs)[1]
+    out), else all of them (None), from `kwargs` (the inputs by name, ``_keywords``); its
+    ``attention_mask`` is the source's."""
     mask = kwargs.get("decoder_attention_mask")
     if isinstance(mask, Tensor):
         return mask

@@ -222,8 +222,9 @@ def compensate_groups(
     rows (tokens) of each input, 'energy' (each by its squared error, so rows of large
     activations weigh most) or 'equal' (each by its error relative to its size:
     ``prunekit.calibrate.statistics.row_weights``; the held-out choice of 'auto' too).
-    An error of a batch names `owner`, the entry point calibrating. The tokens a mapping
-    batch's ``attention_mask`` masks out take no part in any moment (``cal.batch_masks``).
+    An error of a batch names `owner`, the entry point calibrating. The tokens a batch's
+    ``attention_mask`` (a mapping's, or a tuple's item `model`'s forward names so) masks out
+    take no part in any moment (``cal.batch_masks``).
     Returns the names of the consumers updated, in the order they were."""
     found = consumers(chosen)
     if not found:

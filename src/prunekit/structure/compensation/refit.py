@@ -248,11 +248,18 @@ def layers_refitted(model: nn.Module) -> list[plain._Consumer]:
     """Every layer a reference refit may update besides the consumers of removed units: the
     Linears, Hugging Face Conv1Ds and convolutions (not transposed) of `model`. Those that
     run after the first consumer are refitted too, with nothing removed: their input has
-    drifted from the reference's."""
+    drifted from the reference's. A layer whose weight another module holds too (a language
+    model's head tied to its embedding) is left out: its update would move that module's
+    output unchecked (the embedding's, which every block reads)."""
+    holders: dict[int, int] = {}  # a Parameter's id -> how many modules hold it
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                holders[id(parameter)] = holders.get(id(parameter), 0) + 1
     found = []
     for module in model.modules():
         weight = stored_parameter(module, "weight")
-        if weight is None:
+        if weight is None or holders.get(id(weight), 0) > 1:
             continue
         conv = isinstance(module, nn.modules.conv._ConvNd) and not module.transposed
         if conv or (isinstance(module, nn.Linear) and weight.dim() == 2):

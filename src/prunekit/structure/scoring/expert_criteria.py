@@ -5,9 +5,10 @@ Both hook the experts modules of the groups (``prunekit.structure.families.exper
 hands them the hidden states, the top-k expert indices and the top-k routing weights. For
 'reap', an expert's score is the mean, over the calibration tokens routed to it, of its
 routing weight x the L2 norm of its output on that token (computed from its own weights,
-as masked); an expert no token reached scores 0. The tokens a mapping batch's
-``attention_mask`` masks out (padding, which the router routes all the same) are left out;
-a mask not shaped as its batch's ``input_ids`` is refused.
+as masked); an expert no token reached scores 0. The tokens a batch's ``attention_mask``
+(a mapping's, or a tuple's item the model's forward names so) masks out (padding, which the
+router routes all the same) are left out; a mask not shaped as its batch's ``input_ids`` is
+refused.
 Neither changes the model.
 """
 

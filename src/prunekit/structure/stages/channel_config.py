@@ -105,7 +105,8 @@ class ChannelConfig:
             output on the `calibration` batches (needed then), taken in forward order on the
             model as masked so far (``prunekit.structure.compensation.compensate``);
             'reference': those layers and every Linear or convolution that runs after the
-            first of them are refitted towards the outputs they had in the model as it was
+            first of them (but one whose weight another module holds too: a head tied to
+            the embedding) are refitted towards the outputs they had in the model as it was
             before the call, from their inputs in the model as pruned so far
             (``prunekit.structure.compensation.refit``; it holds a copy of the model while
             it runs, and runs the model up to each layer for each batch: meant for CNNs);
@@ -312,14 +313,36 @@ def _compensation_batches(compensate: Any, calibration: Any) -> list[Any] | None
     return batches
 
 
-def _check_rows(batches: list[Any], why: str) -> None:
+def check_rows(config: ChannelConfig, model: nn.Module) -> None:
+    """Refuse, now that the model is known, calibration with nothing to fit or score on
+    where a tuple batch's mask says so: its item that `model`'s forward names
+    ``attention_mask`` (``core.example_inputs.named``). The Config, made without a model,
+    checked the mappings' masks only.
+
+    Args:
+        config: the checked options.
+        model: the model the batches are given to.
+
+    Raises:
+        ValueError: every batch's mask all zero, or a mask not shaped like its batch's
+            tokens, naming the batch (as ``ChannelConfig`` does for mappings).
+    """
+    if config.compensate and config.calibration is not None:
+        _check_rows(list(config.calibration), "compensation has no row to fit on", model)
+    if config.scoring is not None:
+        why = f"criterion={config.criterion!r} has no row to score on"
+        _check_rows(list(config.scoring), why, model)
+
+
+def _check_rows(batches: list[Any], why: str, model: nn.Module | None = None) -> None:
     """Refuse calibration with nothing to fit or score on: every batch empty, or every
     ``attention_mask`` all zero (the update would be fitted on no row, and change nothing;
     a criterion would rank on nothing), or a mask not shaped like its batch's tokens
-    (``token_mask``). `why`: what has no row."""
+    (``token_mask``; a tuple's by `model`'s forward's names, where it is known). `why`:
+    what has no row."""
     for index, batch in enumerate(batches):
-        token_mask(batch, index, "prune_channels")
-    what = rowless(batches)
+        token_mask(batch, index, "prune_channels", model)
+    what = rowless(batches, model)
     if what is not None:
         raise value_error(
             f"prune_channels: every one of the {len(batches)} calibration batches {what}, so "

@@ -108,7 +108,9 @@ def plan_compensation(
     pairs: list[tuple[ChannelGroup, Sequence[int]]] = [(p.group, p.units) for p in chosen]
     refuse_uncompensable(pairs, config.compensate)
     reference = None
-    updated = refitted(model) if config.compensate == "reference" else written(pairs)
+    updated = written(pairs)  # the consumers of removed units, refitted or updated
+    if config.compensate == "reference":  # and the layers the refit takes besides them
+        updated += refitted(model)
     _refuse_tied(model, updated, config.compensate)
     recorded.keep(updated)  # compensation (or the refit) updates them in place
     if config.compensate == "reference":

@@ -20,7 +20,12 @@ from prunekit.core.transaction import transaction
 from prunekit.structure.graph.graph import check_model
 from prunekit.structure.pruned import PrunedGroup
 from prunekit.structure.stages.allocate_units import allocate
-from prunekit.structure.stages.channel_config import DAMPING, ChannelConfig, ChannelOptions
+from prunekit.structure.stages.channel_config import (
+    DAMPING,
+    ChannelConfig,
+    ChannelOptions,
+    check_rows,
+)
 from prunekit.structure.stages.compensate_layers import plan_compensation
 from prunekit.structure.stages.install_masks import install
 from prunekit.structure.stages.score_units import score
@@ -99,6 +104,7 @@ def run_stages(model: nn.Module, example_inputs: Any, config: ChannelConfig) -> 
     Raises:
         ValueError: as ``prune_channels``; the model is then as it was.
     """
+    check_rows(config, model)  # a tuple batch's mask, which the model's forward names
     with transaction(model) as recorded:  # the traced and calibrating forwards write buffers
         scored = score(model, trace(model, example_inputs, config), config)
         chosen = allocate(model, example_inputs, scored, config)
