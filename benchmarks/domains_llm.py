@@ -43,8 +43,9 @@ each compensated on the model the steps before left ('xN').
 --recover SECONDS: each pruned SmolLM2 also recovered in that many CPU seconds, on calibration
 text only (``domains_recover.py``: optional block-wise reconstruction, then distillation from
 the dense model; --lr and --hidden-weight rows, --recover-windows, --reconstruct,
---reconstruct-windows for the reconstruction's own windows); its row
-'+SECONDSs RATE', its note the steps, the CPU seconds and the wall seconds.
+--reconstruct-windows for the reconstruction's own windows, --autocast bfloat16 for both
+under bfloat16 autocast); its row '+SECONDSs RATE', its note the steps, the CPU seconds and
+the wall seconds.
 """
 
 from __future__ import annotations
@@ -307,6 +308,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--reconstruct", type=int, default=0, help="steps per block, first")
     parser.add_argument("--reconstruct-lr", type=float, default=1e-3)
     parser.add_argument("--reconstruct-seconds", type=float, default=0, help="CPU s, first")
+    parser.add_argument("--autocast", choices=("none", "bfloat16"), default="none",
+                        help="--recover under bfloat16 autocast")  # fmt: skip
     parser.add_argument("--rotate", default="", help="hidden shares for rotate_hidden rows")
     parser.add_argument("--rotate-targets", default=None, help="with --rotate; default --targets")
     parser.add_argument("--rotate-round-to", type=int, default=1)
