@@ -66,12 +66,7 @@ def _pruned(batches: list[dict[str, torch.Tensor]], **options: object) -> dict[s
 )
 def test_padded_batches_prune_as_unpadded(side: str, options: dict[str, object]) -> None:
     plain, padded = _pruned(_batches(None), **options), _pruned(_batches(side), **options)
-    assert plain.keys() == padded.keys()
-    for name, value in plain.items():
-        if name.endswith("_mask"):
-            assert torch.equal(value, padded[name]), name
-        else:
-            assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
+    _assert_same(plain, padded)
 
 
 def test_statistics_leave_out_masked_rows() -> None:
@@ -187,12 +182,7 @@ def test_padded_tuple_batches_prune_as_unpadded(side: str, options: dict[str, ob
     attention_mask (a Llama's second), leaves padding out as a mapping batch does: the
     mask was read from mappings alone, and the padding ranked the weights."""
     plain, padded = _pruned(_tuples(None), **options), _pruned(_tuples(side), **options)  # type: ignore[arg-type]
-    assert plain.keys() == padded.keys()
-    for name, value in plain.items():
-        if name.endswith("_mask"):
-            assert torch.equal(value, padded[name]), name
-        else:
-            assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
+    _assert_same(plain, padded)
 
 
 def test_padded_tuple_batches_prune_streamed_as_unpadded(tmp_path: Path) -> None:
@@ -235,3 +225,13 @@ def test_a_tuple_batch_has_a_mask_only_where_the_forward_names_it() -> None:
     assert token_mask((ids, mask), 0, "prune_model", Scaled()) is None
     assert token_mask((ids, mask), 0, "prune_model") is None
     assert token_mask((ids,), 0, "prune_model", llama()) is None
+
+
+def _assert_same(plain: dict[str, torch.Tensor], padded: dict[str, torch.Tensor]) -> None:
+    """The same masks exactly, and the same weights to float32's rounding."""
+    assert plain.keys() == padded.keys()
+    for name, value in plain.items():
+        if name.endswith("_mask"):
+            assert torch.equal(value, padded[name]), name
+        else:
+            assert torch.allclose(value, padded[name], rtol=1e-4, atol=1e-5), name
